@@ -1,0 +1,237 @@
+"""The one model-backend interface and its typed records.
+
+Every backend (OpenAI-compatible HTTP, SGLang native ``/generate``, in-process transformers, the
+scripted fake for tests) implements :class:`Backend`:
+
+    out = await backend.generate(messages, SamplingParams())          # -> ModelOutput
+    sc  = await backend.score(messages, Continuation(ids, text))       # -> ScoredTokens
+
+``messages`` follow the OpenAI chat format; image parts may be a local path, a ``file://`` URL,
+a ``data:`` URI or an http(s) URL (see :mod:`agent.backends.messages`).
+
+Which distribution a logprob describes is part of every record (:class:`LogprobSemantics`):
+``raw`` = log_softmax(logits); ``scaled`` = log_softmax(logits / T). SGLang returns *scaled*
+output logprobs by default and raw ones under ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``; vLLM returns
+raw ones by default; prompt (teacher-forced) logprobs are raw everywhere. A server's mode is not
+visible in its replies, so each backend is *told* (``logprob_mode=``) and stamps it on its outputs.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = [
+    "BackendError",
+    "TopLogprob",
+    "TokenLogprob",
+    "Usage",
+    "LogprobSemantics",
+    "SamplingParams",
+    "ModelOutput",
+    "Continuation",
+    "ScoredTokens",
+    "Backend",
+    "DEFAULT_TOP_LOGPROBS",
+]
+
+#: The paper asks every backend for the top-20 alternatives of each token (B.1).
+DEFAULT_TOP_LOGPROBS = 20
+
+
+class BackendError(RuntimeError):
+    """A harness-level failure talking to a model: bad endpoint, malformed reply, drifted ids.
+
+    Raised (never swallowed): the runner records it as the sample's error and moves on.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class TopLogprob:
+    """One alternative at a position: token id (None when the server does not say), text, logprob."""
+
+    id: int | None
+    text: str
+    logprob: float
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    """One generated (or scored) token with its top-k alternatives, sorted best first."""
+
+    id: int | None
+    text: str
+    logprob: float
+    top: list[TopLogprob]
+    think: bool = False
+
+    def top_logprobs(self) -> list[float]:
+        return [t.logprob for t in self.top]
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LogprobSemantics:
+    """Which distribution the logprobs of a record describe.
+
+    ``kind="raw"``: log_softmax(logits). ``kind="scaled"``: log_softmax(logits / temperature).
+    Neither is top-p filtered.
+    """
+
+    kind: Literal["raw", "scaled"]
+    temperature: float | None = None
+
+    def __post_init__(self):
+        if self.kind not in ("raw", "scaled"):
+            raise ValueError(f"logprob kind must be 'raw' or 'scaled', got {self.kind!r}")
+        if self.kind == "scaled" and (self.temperature is None or self.temperature <= 0):
+            raise ValueError("scaled logprobs need the sampling temperature (> 0)")
+
+    @classmethod
+    def for_generation(cls, mode: str, temperature: float) -> "LogprobSemantics":
+        """Semantics of *output* logprobs of a server in ``mode`` ('raw'|'scaled') at temperature T.
+
+        At T == 0 (greedy) SGLang's scaled logprobs fall back to the raw distribution.
+        """
+        if mode == "raw" or temperature <= 0:
+            return cls("raw")
+        return cls("scaled", float(temperature))
+
+    def label(self) -> str:
+        return "raw" if self.kind == "raw" else f"scaled(T={self.temperature:g})"
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """Sampling settings; defaults are the paper's (B.1): T=0.2, top-p=0.95, top-20 logprobs."""
+
+    temperature: float = 0.2
+    top_p: float = 0.95
+    max_tokens: int = 4096
+    top_logprobs: int = DEFAULT_TOP_LOGPROBS
+    seed: int | None = None
+    stop: list[str] | None = None
+    enable_thinking: bool | None = True
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def template_kwargs(self) -> dict[str, Any]:
+        kw = dict(self.chat_template_kwargs or {})
+        if self.enable_thinking is not None:
+            kw.setdefault("enable_thinking", self.enable_thinking)
+        return kw
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class ModelOutput:
+    """The full record of one generation.
+
+    ``text`` is the visible answer (after the think segment), ``reasoning`` the thinking text;
+    ``tokens[i].think`` says which output tokens lie strictly inside ``<think>…</think>``.
+    ``request`` is what was sent, with images replaced by their sha256; ``response`` the raw reply.
+    """
+
+    text: str
+    reasoning: str
+    tokens: list[TokenLogprob]
+    finish_reason: str | None
+    usage: Usage
+    semantics: LogprobSemantics
+    backend: str
+    model: str
+    latency_s: float = 0.0
+    request: dict[str, Any] = field(default_factory=dict)
+    response: Any = None
+    exact_entropy: list[float] | None = None
+    top_k_requested: int = DEFAULT_TOP_LOGPROBS
+
+    @property
+    def full_text(self) -> str:
+        """Reasoning and answer as the model emitted them (for history reconstruction)."""
+        if self.reasoning:
+            return f"<think>\n{self.reasoning}\n</think>\n\n{self.text}"
+        return self.text
+
+    def top_counts(self) -> list[int]:
+        """How many alternatives came back per token (deduping chat servers can return < k)."""
+        return [len(t.top) for t in self.tokens]
+
+    def think_mask(self) -> np.ndarray:
+        return np.array([t.think for t in self.tokens], dtype=bool)
+
+    def top_logprob_matrix(self, k: int | None = None) -> np.ndarray:
+        """(n_tokens, k) float array of top logprobs, NaN-padded where fewer came back."""
+        return top_matrix(self.tokens, k or self.top_k_requested)
+
+
+@dataclass(slots=True)
+class Continuation:
+    """A fixed continuation to score: token ids (preferred) and/or text."""
+
+    ids: list[int] | None = None
+    text: str | None = None
+
+    def __post_init__(self):
+        if not self.ids and not self.text:
+            raise ValueError("a continuation needs token ids or text")
+
+
+@dataclass(slots=True)
+class ScoredTokens:
+    """Teacher-forced log-probabilities of a continuation under a context (raw unless stated)."""
+
+    tokens: list[TokenLogprob]
+    semantics: LogprobSemantics
+    backend: str
+    model: str
+    exact_entropy: list[float] | None = None
+    request: dict[str, Any] = field(default_factory=dict)
+    response: Any = None
+    top_k_requested: int = DEFAULT_TOP_LOGPROBS
+
+    def top_logprob_matrix(self, k: int | None = None) -> np.ndarray:
+        return top_matrix(self.tokens, k or self.top_k_requested)
+
+
+def top_matrix(tokens: list[TokenLogprob], k: int) -> np.ndarray:
+    out = np.full((len(tokens), k), np.nan, dtype=np.float64)
+    for i, t in enumerate(tokens):
+        vals = [x.logprob for x in t.top[:k]]
+        out[i, : len(vals)] = vals
+    return out
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What every model backend provides."""
+
+    name: str
+    model: str
+
+    async def generate(self, messages: list[dict], sampling: SamplingParams | None = None) -> ModelOutput:
+        """Sample one response with per-token top-k logprobs."""
+        ...
+
+    async def score(
+        self,
+        messages: list[dict],
+        continuation: Continuation,
+        *,
+        top_logprobs: int = DEFAULT_TOP_LOGPROBS,
+        enable_thinking: bool | None = True,
+    ) -> ScoredTokens:
+        """Teacher-forced logprobs of ``continuation`` placed right after the generation prompt."""
+        ...
+
+    async def aclose(self) -> None:
+        ...

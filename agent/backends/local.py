@@ -1,0 +1,274 @@
+"""In-process transformers backend: any local image-text-to-text model directory (Qwen3.5 first).
+
+    backend = LocalBackend("path/to/model", logprob_mode="scaled")   # SGLang's default semantics
+    out = await backend.generate(messages, SamplingParams())
+    sc  = await backend.score(messages, Continuation(ids=[t.id for t in out.tokens]))
+
+Generation samples with temperature and top-p like SGLang, recording for every token its top-k
+alternatives of either the *raw* (log_softmax(logits)) or the *scaled* (log_softmax(logits / T))
+distribution — and the **exact full-vocabulary entropy** of that same distribution, so the grouped
+top-20 estimate can be compared with the truth. Scoring is teacher-forced on the whole sequence
+with the vocabulary projection applied in chunks of positions (memory O(chunk × vocab), never
+O(sequence × vocab)). Needs the ``local`` extra (torch, torchvision, transformers >= 5.2).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from pathlib import Path
+
+from .base import (
+    DEFAULT_TOP_LOGPROBS, BackendError, Continuation, LogprobSemantics, ModelOutput, SamplingParams,
+    ScoredTokens, TokenLogprob, TopLogprob, Usage,
+)
+from .messages import message_image_hashes, record_messages, split_text_and_images
+from .think import THINK_CLOSE, THINK_OPEN, mark_think, split_think
+
+__all__ = ["LocalBackend", "load_chat_renderer"]
+
+
+def _import_torch():
+    try:
+        import torch
+        import transformers  # noqa: F401
+    except ImportError as e:
+        raise BackendError(f"the local backend needs the 'local' extra: pip install 'mmcf-toolkit[local]' ({e})") from e
+    return torch
+
+
+def load_chat_renderer(model_dir: str | os.PathLike):
+    """The tokenizer of a model directory with its chat template loaded (no torch needed)."""
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise BackendError(f"{path}: model directory not found")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as e:
+        raise BackendError(f"rendering prompts needs transformers: pip install 'transformers>=5.2' ({e})") from e
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise BackendError(f"{path}: cannot load a tokenizer ({e})") from e
+    if not getattr(tok, "chat_template", None):
+        jinja = path / "chat_template.jinja"
+        if jinja.exists():
+            tok.chat_template = jinja.read_text()
+        else:
+            raise BackendError(f"{path}: no chat template (chat_template.jinja or tokenizer_config.json)")
+    return tok
+
+
+class _TokenCodec:
+    """Per-id decoding with a cache (the top-20 of every token needs 20 decodes)."""
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+        self._cache: dict[int, str] = {}
+
+    def text(self, i: int) -> str:
+        s = self._cache.get(i)
+        if s is None:
+            s = self.tok.decode([int(i)], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            self._cache[i] = s
+        return s
+
+
+class LocalBackend:
+    """Runs a transformers model in this process (CPU or one GPU)."""
+
+    name = "local"
+
+    def __init__(self, model_dir: str | os.PathLike, *, logprob_mode: str = "scaled", device: str | None = None,
+                 score_chunk: int = 256, seed: int = 0, dtype: str | None = None):
+        if logprob_mode not in ("raw", "scaled"):
+            raise ValueError(f"logprob_mode must be 'raw' or 'scaled', got {logprob_mode!r}")
+        torch = _import_torch()
+        path = Path(model_dir)
+        if not path.is_dir() or not (path / "config.json").exists():
+            raise BackendError(f"{path}: model directory not found (expected a config.json there)")
+        from transformers import AutoModelForImageTextToText, AutoProcessor, GenerationConfig
+
+        try:
+            self.processor = AutoProcessor.from_pretrained(path)
+            kw = {"dtype": getattr(torch, dtype)} if dtype else {}
+            self.hf_model = AutoModelForImageTextToText.from_pretrained(path, **kw).eval()
+        except (OSError, ValueError) as e:
+            raise BackendError(f"{path}: cannot load model/processor ({e})") from e
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.hf_model.to(self.device)
+        self.tokenizer = self.processor.tokenizer
+        self.codec = _TokenCodec(self.tokenizer)
+        eos = self.hf_model.generation_config.eos_token_id
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if isinstance(im_end, int) and im_end not in eos:
+            eos.append(im_end)
+        self.eos_ids = eos
+        # A clean generation config: the model directory's own sampling defaults (do_sample, top_k…)
+        # must not add logits warpers in front of ours, or the recorded distribution would be theirs.
+        self.hf_model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=self.tokenizer.pad_token_id)
+        self.model = path.name
+        self.model_dir = path
+        self.logprob_mode = logprob_mode
+        self.score_chunk = int(score_chunk)
+        self.seed = seed
+        self._lock = threading.Lock()
+        self._calls = 0
+
+    # ---------------------------------------------------------------- prompt encoding
+    def _encode(self, messages: list[dict], enable_thinking: bool | None, extra_kwargs: dict | None = None):
+        hf_msgs, images = split_text_and_images(messages, fetch_urls=True)
+        kw = dict(extra_kwargs or {})
+        if enable_thinking is not None:
+            kw["enable_thinking"] = enable_thinking
+        text = self.processor.apply_chat_template(hf_msgs, add_generation_prompt=True, tokenize=False, **kw)
+        pil = [im.pil() for im in images]
+        inputs = self.processor(text=[text], images=pil or None, return_tensors="pt")
+        return text, inputs.to(self.device), images
+
+    def _starts_in_think(self, prompt_text: str) -> bool:
+        tail = prompt_text.rstrip()
+        return tail.endswith(THINK_OPEN)
+
+    # ---------------------------------------------------------------- generation
+    def _generate_sync(self, messages: list[dict], sp: SamplingParams) -> ModelOutput:
+        torch = _import_torch()
+        from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+
+        t0 = time.perf_counter()
+        prompt_text, inputs, images = self._encode(messages, sp.enable_thinking, sp.chat_template_kwargs)
+        k = int(sp.top_logprobs)
+        sem = LogprobSemantics.for_generation(self.logprob_mode, sp.temperature)
+        gen = torch.Generator(device="cpu").manual_seed(sp.seed if sp.seed is not None else self.seed + self._calls)
+        self._calls += 1
+        rec: list[tuple[int, float, list[int], list[float], float]] = []
+        T, top_p = float(sp.temperature), float(sp.top_p)
+
+        class Recorder(LogitsProcessor):
+            def __call__(self, input_ids, scores):
+                logits = scores[0].float()
+                raw = torch.log_softmax(logits, dim=-1)
+                scaled = torch.log_softmax(logits / T, dim=-1) if T > 0 else raw
+                rep = raw if sem.kind == "raw" else scaled
+                p = rep.exp()
+                exact = float(-(torch.where(p > 0, p * rep, torch.zeros_like(p))).sum())
+                tv, ti = torch.topk(rep, min(k, rep.numel()))
+                if T <= 0:
+                    choice = int(torch.argmax(logits))
+                else:
+                    probs = scaled.exp()
+                    if top_p < 1.0:
+                        sp_, si = torch.sort(probs, descending=True)
+                        keep = (torch.cumsum(sp_, 0) - sp_) < top_p
+                        filt = torch.zeros_like(probs)
+                        filt[si[keep]] = sp_[keep]
+                        probs = filt / filt.sum()
+                    choice = int(torch.multinomial(probs.cpu(), 1, generator=gen))
+                rec.append((choice, float(rep[choice]), ti.tolist(), tv.tolist(), exact))
+                out = torch.full_like(scores, float("-inf"))
+                out[0, choice] = 0.0
+                return out
+
+        stops = [s for s in (sp.stop or []) if s]
+        codec = self.codec
+
+        class StopOnStrings(StoppingCriteria):
+            def __call__(self, input_ids, scores, **kw):
+                if not stops or not rec:
+                    return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+                tail = "".join(codec.text(r[0]) for r in rec[-16:])
+                hit = any(s in tail for s in stops)
+                return torch.full((input_ids.shape[0],), hit, dtype=torch.bool, device=input_ids.device)
+
+        with torch.no_grad():
+            self.hf_model.generate(
+                **inputs, do_sample=False, max_new_tokens=int(sp.max_tokens),
+                logits_processor=LogitsProcessorList([Recorder()]),
+                stopping_criteria=StoppingCriteriaList([StopOnStrings()]),
+                eos_token_id=self.eos_ids, pad_token_id=self.tokenizer.pad_token_id,
+            )
+        tokens = [TokenLogprob(c, codec.text(c), lp, [TopLogprob(int(i), codec.text(int(i)), float(v)) for i, v in zip(ti, tv)])
+                  for c, lp, ti, tv, _ in rec]
+        ids = [r[0] for r in rec]
+        finish = "length"
+        if ids and ids[-1] in self.eos_ids:
+            finish = "stop"
+        text_ids = ids[:-1] if finish == "stop" else ids
+        raw_text = self.tokenizer.decode(text_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        if stops and finish == "length" and any(s in raw_text for s in stops):
+            finish = "stop"
+        starts = self._starts_in_think(prompt_text)
+        mark_think(tokens, starts)
+        reasoning, answer = split_think(raw_text, starts)
+        n_think = sum(t.think for t in tokens)
+        prompt_len = int(inputs["input_ids"].shape[1])
+        return ModelOutput(
+            text=answer, reasoning=reasoning, tokens=tokens, finish_reason=finish,
+            usage=Usage(prompt_tokens=prompt_len, completion_tokens=len(tokens), cached_tokens=0, reasoning_tokens=n_think),
+            semantics=sem, backend=self.name, model=self.model, latency_s=time.perf_counter() - t0,
+            request={"messages": record_messages(messages), "sampling": sp.to_dict(), "prompt_text": prompt_text,
+                     "image_sha256": [im.sha256 for im in images]},
+            response={"output_ids": ids, "raw_text": raw_text}, exact_entropy=[r[4] for r in rec], top_k_requested=k,
+        )
+
+    async def generate(self, messages: list[dict], sampling: SamplingParams | None = None) -> ModelOutput:
+        sp = sampling or SamplingParams()
+        return await asyncio.to_thread(self._locked, self._generate_sync, messages, sp)
+
+    def _locked(self, fn, *a, **kw):
+        with self._lock:
+            return fn(*a, **kw)
+
+    # ---------------------------------------------------------------- teacher-forced scoring
+    def _score_sync(self, messages: list[dict], cont: Continuation, k: int, enable_thinking: bool | None,
+                    temperature: float | None) -> ScoredTokens:
+        torch = _import_torch()
+        prompt_text, inputs, images = self._encode(messages, enable_thinking)
+        ids = list(cont.ids) if cont.ids else self.tokenizer(cont.text, add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise BackendError("empty continuation: nothing to score")
+        P = int(inputs["input_ids"].shape[1])
+        c = torch.tensor([ids], dtype=inputs["input_ids"].dtype, device=self.device)
+        full = dict(inputs)
+        full["input_ids"] = torch.cat([inputs["input_ids"], c], dim=1)
+        full["attention_mask"] = torch.ones_like(full["input_ids"])
+        if "mm_token_type_ids" in inputs:
+            full["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(c)], dim=1)
+        sem = LogprobSemantics("raw") if not temperature else LogprobSemantics("scaled", float(temperature))
+        with torch.no_grad():
+            base = self.hf_model.model(**full, use_cache=False)
+            hidden = base.last_hidden_state[0, P - 1: P - 1 + len(ids)]
+            lm_head = self.hf_model.get_output_embeddings()
+            tokens, exact = [], []
+            for s in range(0, len(ids), self.score_chunk):
+                logits = lm_head(hidden[s: s + self.score_chunk]).float()
+                if temperature:
+                    logits = logits / float(temperature)
+                lp = torch.log_softmax(logits, dim=-1)
+                p = lp.exp()
+                ent = -(torch.where(p > 0, p * lp, torch.zeros_like(p))).sum(-1)
+                tv, ti = torch.topk(lp, min(k, lp.shape[-1]), dim=-1)
+                tgt = torch.tensor(ids[s: s + self.score_chunk], device=lp.device)
+                chosen = lp.gather(1, tgt[:, None])[:, 0]
+                for j in range(lp.shape[0]):
+                    tid = int(tgt[j])
+                    tokens.append(TokenLogprob(tid, self.codec.text(tid), float(chosen[j]),
+                                               [TopLogprob(int(a), self.codec.text(int(a)), float(b)) for a, b in zip(ti[j].tolist(), tv[j].tolist())]))
+                exact.extend(ent.tolist())
+                del logits, lp, p
+        mark_think(tokens, self._starts_in_think(prompt_text))
+        return ScoredTokens(tokens=tokens, semantics=sem, backend=self.name, model=self.model, exact_entropy=exact,
+                            request={"messages": record_messages(messages), "continuation_ids": ids,
+                                     "image_sha256": [im.sha256 for im in images]},
+                            top_k_requested=k)
+
+    async def score(self, messages: list[dict], continuation: Continuation, *, top_logprobs: int = DEFAULT_TOP_LOGPROBS,
+                    enable_thinking: bool | None = True, temperature: float | None = None) -> ScoredTokens:
+        """Teacher-forced logprobs (raw; or of log_softmax(logits/T) when ``temperature`` is given)."""
+        return await asyncio.to_thread(self._locked, self._score_sync, messages, continuation, int(top_logprobs),
+                                       enable_thinking, temperature)
+
+    async def aclose(self) -> None:
+        return None

@@ -1,0 +1,267 @@
+"""OpenAI-format chat messages with image parts: loading, hashing, encoding, recording.
+
+An image part is ``{"type": "image_url", "image_url": {"url": REF}}`` (or ``{"type": "image",
+"image": REF}``) where REF is a local path, a ``file://`` URL, a ``data:`` URI or an http(s) URL.
+Images are identified by the sha256 of their bytes; each image is read and encoded once per
+process (a small cache keyed by path, size and mtime), so a 20-call trajectory does not re-encode
+its query image 20 times.
+"""
+from __future__ import annotations
+
+import base64
+import copy
+import hashlib
+import io
+import mimetypes
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+from urllib.parse import unquote, urlparse
+
+__all__ = [
+    "ImageError",
+    "ImageData",
+    "load_image",
+    "image_ref",
+    "is_image_part",
+    "iter_image_parts",
+    "message_image_hashes",
+    "record_messages",
+    "strip_images",
+    "to_openai_messages",
+    "split_text_and_images",
+    "text_of",
+]
+
+
+class ImageError(ValueError):
+    """An image part that cannot be used: missing/unreadable file, not an image, bad data URI."""
+
+
+@dataclass(frozen=True)
+class ImageData:
+    sha256: str
+    data: bytes
+    mime: str
+    source: str
+    width: int
+    height: int
+
+    def data_uri(self) -> str:
+        return _data_uri(self)
+
+    def pil(self):
+        from PIL import Image
+
+        img = Image.open(io.BytesIO(self.data))
+        img.load()
+        return img.convert("RGB") if img.mode not in ("RGB", "L") else img
+
+
+_lock = threading.Lock()
+_by_key: dict[tuple, ImageData] = {}
+_uri_by_sha: dict[str, str] = {}
+
+
+def _data_uri(img: ImageData) -> str:
+    with _lock:
+        uri = _uri_by_sha.get(img.sha256)
+    if uri is None:
+        uri = f"data:{img.mime};base64," + base64.b64encode(img.data).decode("ascii")
+        with _lock:
+            _uri_by_sha[img.sha256] = uri
+    return uri
+
+
+def _validate(data: bytes, source: str) -> tuple[str, int, int]:
+    try:
+        from PIL import Image, UnidentifiedImageError
+    except ImportError as e:  # pragma: no cover - pillow is a core dependency
+        raise ImageError("pillow is required to read images: pip install pillow") from e
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            fmt = (im.format or "PNG").lower()
+            w, h = im.size
+            im.verify()
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        raise ImageError(f"{source}: not a readable image ({e.__class__.__name__}: {e})") from None
+    mime = {"jpeg": "image/jpeg", "jpg": "image/jpeg", "png": "image/png", "webp": "image/webp",
+            "gif": "image/gif", "bmp": "image/bmp"}.get(fmt, mimetypes.types_map.get("." + fmt, "image/png"))
+    return mime, w, h
+
+
+def load_image(ref: str | os.PathLike, *, base_dir: str | os.PathLike | None = None, fetch_urls: bool = False) -> ImageData:
+    """Read and validate an image reference; raises :class:`ImageError` naming it on failure."""
+    ref = os.fspath(ref)
+    if ref.startswith("data:"):
+        try:
+            header, b64 = ref.split(",", 1)
+            if ";base64" not in header:
+                raise ValueError("not base64")
+            data = base64.b64decode(b64, validate=False)
+        except (ValueError, base64.binascii.Error) as e:
+            raise ImageError(f"malformed data URI image ({e})") from None
+        mime, w, h = _validate(data, "data URI image")
+        return ImageData(hashlib.sha256(data).hexdigest(), data, mime, "data-uri", w, h)
+    if ref.startswith(("http://", "https://")):
+        if not fetch_urls:
+            raise ImageError(f"{ref}: image URLs are passed to the server as they are; this backend needs a local file or data URI")
+        import httpx
+
+        try:
+            r = httpx.get(ref, timeout=30, follow_redirects=True)
+            r.raise_for_status()
+        except httpx.HTTPError as e:
+            raise ImageError(f"{ref}: could not download image ({e})") from None
+        mime, w, h = _validate(r.content, ref)
+        return ImageData(hashlib.sha256(r.content).hexdigest(), r.content, mime, ref, w, h)
+    path = Path(unquote(urlparse(ref).path) if ref.startswith("file://") else ref)
+    if base_dir is not None and not path.is_absolute():
+        path = Path(base_dir) / path
+    try:
+        st = path.stat()
+    except OSError as e:
+        raise ImageError(f"{path}: image file not found or unreadable ({e.strerror})") from None
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    with _lock:
+        hit = _by_key.get(key)
+    if hit is not None:
+        return hit
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ImageError(f"{path}: cannot read image ({e.strerror})") from None
+    mime, w, h = _validate(data, str(path))
+    img = ImageData(hashlib.sha256(data).hexdigest(), data, mime, str(path), w, h)
+    with _lock:
+        _by_key[key] = img
+    return img
+
+
+def is_image_part(part: Any) -> bool:
+    return isinstance(part, dict) and part.get("type") in ("image_url", "image")
+
+
+def image_ref(part: dict) -> str:
+    """The reference string of an image part (path, data URI or URL)."""
+    if part.get("type") == "image":
+        ref = part.get("image") or part.get("url") or part.get("path")
+    else:
+        iu = part.get("image_url")
+        ref = iu.get("url") if isinstance(iu, dict) else iu
+    if not isinstance(ref, (str, os.PathLike)) or not str(ref):
+        raise ImageError(f"image part without a usable reference: {str(part)[:200]}")
+    return os.fspath(ref)
+
+
+def _parts(msg: dict) -> list:
+    c = msg.get("content")
+    if c is None:
+        return []
+    if isinstance(c, str):
+        return [{"type": "text", "text": c}]
+    return list(c)
+
+
+def iter_image_parts(messages: list[dict]) -> Iterator[dict]:
+    for m in messages:
+        for p in _parts(m):
+            if is_image_part(p):
+                yield p
+
+
+def text_of(msg: dict) -> str:
+    """Concatenated text parts of a message."""
+    return "".join(p.get("text", "") for p in _parts(msg) if isinstance(p, dict) and p.get("type") == "text")
+
+
+def _image_of(part: dict, base_dir=None) -> ImageData:
+    if "sha256" in part and "_data" in part:  # already resolved
+        return part["_data"]
+    return load_image(image_ref(part), base_dir=base_dir)
+
+
+def message_image_hashes(messages: list[dict], base_dir=None) -> list[str]:
+    """sha256 of every image in the messages, in order (URLs are recorded as 'url:<url>')."""
+    out = []
+    for p in iter_image_parts(messages):
+        ref = image_ref(p)
+        out.append("url:" + ref if ref.startswith(("http://", "https://")) else _image_of(p, base_dir).sha256)
+    return out
+
+
+def record_messages(messages: list[dict], base_dir=None) -> list[dict]:
+    """A JSON-able copy of ``messages`` with every image replaced by its sha256 (never its bytes)."""
+    out = []
+    for m in messages:
+        m2 = {k: v for k, v in m.items() if k != "content"}
+        parts = []
+        c = m.get("content")
+        if isinstance(c, str) or c is None:
+            m2["content"] = c
+            out.append(m2)
+            continue
+        for p in c:
+            if is_image_part(p):
+                ref = image_ref(p)
+                if ref.startswith(("http://", "https://")):
+                    parts.append({"type": "image", "url": ref})
+                else:
+                    img = _image_of(p, base_dir)
+                    src = None if ref.startswith("data:") else img.source
+                    parts.append({"type": "image", "sha256": img.sha256, **({"source": src} if src else {})})
+            else:
+                parts.append(copy.deepcopy(p))
+        m2["content"] = parts
+        out.append(m2)
+    return out
+
+
+def strip_images(messages: list[dict]) -> list[dict]:
+    """The same messages with every image part dropped (text parts, identifiers included, kept)."""
+    out = []
+    for m in messages:
+        c = m.get("content")
+        if isinstance(c, list):
+            m = {**m, "content": [p for p in c if not is_image_part(p)]}
+        out.append(m)
+    return out
+
+
+def to_openai_messages(messages: list[dict], base_dir=None) -> list[dict]:
+    """Messages for an OpenAI-compatible server: local images become (cached) data URIs."""
+    out = []
+    for m in messages:
+        c = m.get("content")
+        if not isinstance(c, list):
+            out.append(dict(m))
+            continue
+        parts = []
+        for p in c:
+            if is_image_part(p):
+                ref = image_ref(p)
+                url = ref if ref.startswith(("http://", "https://", "data:")) else _image_of(p, base_dir).data_uri()
+                if ref.startswith("data:"):
+                    load_image(ref)  # validate early, with a clear error
+                parts.append({"type": "image_url", "image_url": {"url": url}})
+            else:
+                parts.append(p)
+        out.append({**m, "content": parts})
+    return out
+
+
+def split_text_and_images(messages: list[dict], base_dir=None, fetch_urls: bool = False) -> tuple[list[dict], list[ImageData]]:
+    """HF-style messages (``{"type": "image"}`` placeholders) and the images in order."""
+    hf, images = [], []
+    for m in messages:
+        parts = []
+        for p in _parts(m):
+            if is_image_part(p):
+                images.append(load_image(image_ref(p), base_dir=base_dir, fetch_urls=fetch_urls))
+                parts.append({"type": "image"})
+            elif isinstance(p, dict) and p.get("type") == "text":
+                parts.append({"type": "text", "text": p.get("text", "")})
+        hf.append({"role": m["role"], "content": parts})
+    return hf, images

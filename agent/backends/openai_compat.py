@@ -1,0 +1,170 @@
+"""OpenAI-compatible chat backend: SGLang ``/v1/chat/completions``, vLLM, OpenRouter.
+
+    b = OpenAIBackend("http://localhost:30000", model="qwen3.5-27b", server="sglang", logprob_mode="scaled")
+    out = await b.generate(messages)
+
+Images are sent as data URIs (each file encoded once per process); ``logprobs: true,
+top_logprobs: 20``; the paper's sampling defaults; ``chat_template_kwargs`` passed through (e.g.
+``enable_thinking``); ``reasoning_content`` kept. With ``server="sglang"`` the request also sets
+``return_meta_info`` so SGLang's raw triples (with token ids, all output tokens, thinking included)
+come back in ``choices[0].meta_info``; otherwise the OpenAI ``logprobs.content`` list is parsed
+(no ids; SGLang dedupes its alternatives by text, so fewer than 20 may come back).
+Teacher-forced scoring is not available over the chat API: use :class:`SGLangBackend` or the
+local backend for it.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import httpx
+
+from ..http import HTTPError, RetryPolicy, request_json
+from .base import (
+    DEFAULT_TOP_LOGPROBS, BackendError, Continuation, LogprobSemantics, ModelOutput, SamplingParams,
+    ScoredTokens, Usage,
+)
+from .messages import record_messages, to_openai_messages
+from .think import THINK_CLOSE, THINK_OPEN, mark_think, mark_think_by_text
+from .wire import finish_reason_of, tokens_from_chat_logprobs, tokens_from_triples
+
+__all__ = ["OpenAIBackend", "base_url"]
+
+
+def base_url(endpoint: str) -> str:
+    """``http://h:p``, ``http://h:p/``, ``http://h:p/v1`` -> ``http://h:p/v1``."""
+    e = endpoint.rstrip("/")
+    if not e.startswith(("http://", "https://")):
+        raise BackendError(f"endpoint {endpoint!r} is not an http(s) URL")
+    return e if e.endswith("/v1") else e + "/v1"
+
+
+class OpenAIBackend:
+    name = "openai"
+
+    def __init__(self, endpoint: str, model: str | None = None, *, api_key: str | None = None,
+                 api_key_env: str | None = None, server: str = "sglang", logprob_mode: str = "scaled",
+                 policy: RetryPolicy = RetryPolicy(), extra_body: dict | None = None,
+                 client: httpx.AsyncClient | None = None):
+        if logprob_mode not in ("raw", "scaled"):
+            raise ValueError(f"logprob_mode must be 'raw' or 'scaled', got {logprob_mode!r}")
+        self.base = base_url(endpoint)
+        self.model = model or ""
+        key = api_key or (os.environ.get(api_key_env) if api_key_env else None)
+        if api_key_env and not key:
+            raise BackendError(f"{api_key_env} is not set in the environment (needed for {self.base})")
+        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.server = server
+        self.logprob_mode = logprob_mode
+        self.policy = policy
+        self.extra_body = dict(extra_body or {})
+        self._client = client or httpx.AsyncClient()
+
+    async def resolve_model(self) -> str:
+        if not self.model:
+            try:
+                data = await request_json(self._client, "GET", self.base + "/models", headers=self._headers,
+                                          policy=self.policy, what="list models")
+            except HTTPError as e:
+                raise BackendError(str(e)) from e
+            try:
+                self.model = data["data"][0]["id"]
+            except (KeyError, IndexError, TypeError):
+                raise BackendError(f"{self.base}/models: no model listed ({str(data)[:200]})") from None
+        return self.model
+
+    def _payload(self, messages: list[dict], sp: SamplingParams) -> dict:
+        body = {
+            "model": self.model,
+            "messages": to_openai_messages(messages),
+            "temperature": sp.temperature,
+            "top_p": sp.top_p,
+            "max_tokens": sp.max_tokens,
+            "logprobs": True,
+            "top_logprobs": sp.top_logprobs,
+        }
+        if sp.seed is not None:
+            body["seed"] = sp.seed
+        if sp.stop:
+            body["stop"] = list(sp.stop)
+        kw = sp.template_kwargs()
+        if kw and self.server in ("sglang", "vllm"):
+            body["chat_template_kwargs"] = kw
+        if self.server == "sglang":
+            body["return_meta_info"] = True
+            body["separate_reasoning"] = True
+        body.update(self.extra_body)
+        return body
+
+    async def generate(self, messages: list[dict], sampling: SamplingParams | None = None) -> ModelOutput:
+        sp = sampling or SamplingParams()
+        await self.resolve_model()
+        body = self._payload(messages, sp)
+        t0 = time.perf_counter()
+        try:
+            resp = await request_json(self._client, "POST", self.base + "/chat/completions", json_body=body,
+                                      headers=self._headers, policy=self.policy, what="chat completion")
+        except HTTPError as e:
+            raise BackendError(str(e)) from e
+        out = self.parse(resp, sp)
+        out.latency_s = time.perf_counter() - t0
+        out.request = {"endpoint": self.base + "/chat/completions", "messages": record_messages(messages),
+                       **{k: v for k, v in body.items() if k != "messages"}}
+        return out
+
+    def parse(self, resp: dict, sp: SamplingParams) -> ModelOutput:
+        """A chat-completion body -> :class:`ModelOutput` (public for tests on captured bodies)."""
+        where = f"{self.base}/chat/completions"
+        try:
+            choice = resp["choices"][0]
+            msg = choice["message"]
+        except (KeyError, IndexError, TypeError):
+            raise BackendError(f"{where}: reply has no choices[0].message: {str(resp)[:300]}") from None
+        content = msg.get("content") or ""
+        reasoning = msg.get("reasoning_content") or msg.get("reasoning") or ""
+        meta = choice.get("meta_info") or {}
+        if meta.get("output_token_logprobs") is not None:
+            tokens = tokens_from_triples(meta["output_token_logprobs"], meta.get("output_top_logprobs"),
+                                         where=f"{where} meta_info")
+            chat = (choice.get("logprobs") or {}).get("content")
+            if chat and len(chat) == len(tokens):  # fill texts the triples left null
+                for t, c in zip(tokens, chat):
+                    if not t.text:
+                        t.text = c.get("token", "")
+        elif choice.get("logprobs") and choice["logprobs"].get("content") is not None:
+            tokens = tokens_from_chat_logprobs(choice["logprobs"]["content"], where=f"{where} logprobs.content")
+        else:
+            raise BackendError(f"{where}: reply carries no logprobs (does this server support logprobs=true?)")
+        # Which tokens are thinking: by the tag tokens when present, else by the reasoning text.
+        if any(t.text.strip() == THINK_CLOSE for t in tokens):
+            mark_think(tokens, starts_in_think=not any(t.text.strip() == THINK_OPEN for t in tokens[:1]))
+        elif reasoning:
+            joined = "".join(t.text for t in tokens).strip()
+            if not content.strip():
+                mark_think(tokens, starts_in_think=True)
+            elif joined.startswith(reasoning.strip()[:32]):
+                mark_think_by_text(tokens, reasoning)
+            else:  # the logprobs cover only the answer: no think tokens are known
+                mark_think(tokens, starts_in_think=False)
+        else:
+            mark_think(tokens, starts_in_think=False)
+        u = resp.get("usage") or {}
+        cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens") or meta.get("cached_tokens") or 0
+        usage = Usage(prompt_tokens=int(u.get("prompt_tokens") or meta.get("prompt_tokens") or 0),
+                      completion_tokens=int(u.get("completion_tokens") or meta.get("completion_tokens") or len(tokens)),
+                      cached_tokens=int(cached), reasoning_tokens=u.get("reasoning_tokens"))
+        return ModelOutput(
+            text=content.strip(), reasoning=reasoning.strip(), tokens=tokens,
+            finish_reason=finish_reason_of(choice.get("finish_reason")), usage=usage,
+            semantics=LogprobSemantics.for_generation(self.logprob_mode, sp.temperature),
+            backend=f"{self.name}:{self.server}", model=resp.get("model") or self.model, response=resp,
+            top_k_requested=sp.top_logprobs,
+        )
+
+    async def score(self, messages: list[dict], continuation: Continuation, *, top_logprobs: int = DEFAULT_TOP_LOGPROBS,
+                    enable_thinking: bool | None = True, temperature: float | None = None) -> ScoredTokens:
+        raise BackendError("teacher-forced scoring is not available over the chat API; use --backend sglang "
+                           "(native /generate with --model-dir) or --backend local")
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

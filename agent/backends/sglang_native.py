@@ -1,0 +1,160 @@
+"""SGLang native ``/generate`` backend: generation and teacher-forced scoring with token ids.
+
+    b = SGLangBackend("http://localhost:30000", model_dir="/models/Qwen3.5-27B", logprob_mode="scaled")
+    out = await b.generate(messages)                          # return_logprob, top_logprobs_num=20
+    sc  = await b.score(messages, Continuation(ids=...))      # max_new_tokens=0, input top logprobs
+
+The prompt is rendered here with the model's own chat template from the local model directory
+(only the tokenizer files are needed); images go in ``image_data`` as data URIs. Wire format:
+each logprob is ``[logprob, token_id, text_or_null]``; ``input_token_logprobs[0]`` is
+``[null, id, …]`` and ``input_top_logprobs[0]`` is ``null``. With images the server expands each
+image placeholder to many tokens, so the expanded prompt length is unknown here: scoring asks
+from the *unexpanded* prompt length on (never later than the true start), takes the last
+len(continuation) entries and **verifies their token ids** against the continuation. A mismatch
+(re-tokenisation drift) is an error, never a silently wrong number.
+"""
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from ..http import HTTPError, RetryPolicy, request_json
+from .base import (
+    DEFAULT_TOP_LOGPROBS, BackendError, Continuation, LogprobSemantics, ModelOutput, SamplingParams,
+    ScoredTokens, Usage,
+)
+from .local import load_chat_renderer
+from .messages import record_messages, split_text_and_images
+from .think import THINK_OPEN, mark_think, split_think
+from .wire import finish_reason_of, tokens_from_triples
+
+__all__ = ["SGLangBackend"]
+
+_TRAILING_SPECIALS = ("<|im_end|>", "<|endoftext|>")
+
+
+class SGLangBackend:
+    name = "sglang"
+
+    def __init__(self, endpoint: str, model_dir: str, *, model: str | None = None, logprob_mode: str = "scaled",
+                 policy: RetryPolicy = RetryPolicy(), client: httpx.AsyncClient | None = None, renderer=None):
+        if logprob_mode not in ("raw", "scaled"):
+            raise ValueError(f"logprob_mode must be 'raw' or 'scaled', got {logprob_mode!r}")
+        if not str(endpoint).startswith(("http://", "https://")):
+            raise BackendError(f"endpoint {endpoint!r} is not an http(s) URL")
+        self.url = endpoint.rstrip("/").removesuffix("/v1") + "/generate"
+        self.tok = renderer or load_chat_renderer(model_dir)
+        self.model = model or str(model_dir).rstrip("/").split("/")[-1]
+        self.logprob_mode = logprob_mode
+        self.policy = policy
+        self._client = client or httpx.AsyncClient()
+        self._decode_cache: dict[int, str] = {}
+
+    def _decode(self, tid: int) -> str:
+        s = self._decode_cache.get(tid)
+        if s is None:
+            s = self._decode_cache[tid] = self.tok.decode([tid], skip_special_tokens=False)
+        return s
+
+    def render(self, messages: list[dict], template_kwargs: dict | None = None) -> tuple[str, list]:
+        hf, images = split_text_and_images(messages)
+        text = self.tok.apply_chat_template(hf, add_generation_prompt=True, tokenize=False, **(template_kwargs or {}))
+        return text, images
+
+    async def _post(self, payload: dict, what: str) -> dict:
+        try:
+            resp = await request_json(self._client, "POST", self.url, json_body=payload, policy=self.policy, what=what)
+        except HTTPError as e:
+            raise BackendError(str(e)) from e
+        if not isinstance(resp, dict) or not isinstance(resp.get("meta_info"), dict):
+            raise BackendError(f"{what}: {self.url} reply has no meta_info: {str(resp)[:300]}")
+        return resp
+
+    async def generate(self, messages: list[dict], sampling: SamplingParams | None = None) -> ModelOutput:
+        sp = sampling or SamplingParams()
+        prompt, images = self.render(messages, sp.template_kwargs())
+        params = {"temperature": sp.temperature, "top_p": sp.top_p, "max_new_tokens": sp.max_tokens,
+                  "skip_special_tokens": False}
+        if sp.stop:
+            params["stop"] = list(sp.stop)
+        if sp.seed is not None:
+            params["sampling_seed"] = sp.seed
+        payload = {"text": prompt, "sampling_params": params, "return_logprob": True,
+                   "top_logprobs_num": sp.top_logprobs, "return_text_in_logprobs": True}
+        if images:
+            payload["image_data"] = [im.data_uri() for im in images]
+        t0 = time.perf_counter()
+        resp = await self._post(payload, "generate")
+        out = self.parse_generate(resp, sp, prompt)
+        out.latency_s = time.perf_counter() - t0
+        out.request = {"endpoint": self.url, "messages": record_messages(messages), "prompt_text": prompt,
+                       "image_sha256": [im.sha256 for im in images],
+                       **{k: v for k, v in payload.items() if k not in ("text", "image_data")}}
+        return out
+
+    def parse_generate(self, resp: dict, sp: SamplingParams, prompt: str) -> ModelOutput:
+        meta = resp["meta_info"]
+        tokens = tokens_from_triples(meta.get("output_token_logprobs"), meta.get("output_top_logprobs"),
+                                     decode=self._decode, where=f"{self.url} meta_info.output")
+        starts = prompt.rstrip().endswith(THINK_OPEN)
+        mark_think(tokens, starts)
+        text = resp.get("text") or ""
+        for s in _TRAILING_SPECIALS:
+            text = text.removesuffix(s)
+        reasoning, answer = split_think(text, starts)
+        return ModelOutput(
+            text=answer, reasoning=reasoning, tokens=tokens, finish_reason=finish_reason_of(meta.get("finish_reason")),
+            usage=Usage(prompt_tokens=int(meta.get("prompt_tokens") or 0),
+                        completion_tokens=int(meta.get("completion_tokens") or len(tokens)),
+                        cached_tokens=int(meta.get("cached_tokens") or 0), reasoning_tokens=meta.get("reasoning_tokens")),
+            semantics=LogprobSemantics.for_generation(self.logprob_mode, sp.temperature),
+            backend=self.name, model=self.model, response=resp, top_k_requested=sp.top_logprobs,
+        )
+
+    async def score(self, messages: list[dict], continuation: Continuation, *, top_logprobs: int = DEFAULT_TOP_LOGPROBS,
+                    enable_thinking: bool | None = True, temperature: float | None = None) -> ScoredTokens:
+        if temperature:
+            raise BackendError("SGLang's prompt (input) logprobs are raw; scaled scoring is not available")
+        kw = {"enable_thinking": enable_thinking} if enable_thinking is not None else {}
+        prompt, images = self.render(messages, kw)
+        ids = list(continuation.ids) if continuation.ids else self.tok(continuation.text, add_special_tokens=False)["input_ids"]
+        cont_text = self.tok.decode(ids, skip_special_tokens=False) if continuation.ids else continuation.text
+        n_prompt = len(self.tok(prompt, add_special_tokens=False)["input_ids"])
+        payload = {"text": prompt + cont_text, "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+                   "return_logprob": True, "logprob_start_len": max(n_prompt - 1, 0),
+                   "top_logprobs_num": int(top_logprobs), "return_text_in_logprobs": True}
+        if images:
+            payload["image_data"] = [im.data_uri() for im in images]
+        resp = await self._post(payload, "score")
+        tokens = self.parse_score(resp, ids)
+        mark_think(tokens, prompt.rstrip().endswith(THINK_OPEN))
+        return ScoredTokens(tokens=tokens, semantics=LogprobSemantics("raw"), backend=self.name, model=self.model,
+                            request={"endpoint": self.url, "messages": record_messages(messages), "continuation_ids": ids,
+                                     "image_sha256": [im.sha256 for im in images],
+                                     "logprob_start_len": payload["logprob_start_len"]},
+                            response=resp, top_k_requested=int(top_logprobs))
+
+    def parse_score(self, resp: dict, ids: list[int]):
+        meta = resp["meta_info"]
+        entries, tops = meta.get("input_token_logprobs"), meta.get("input_top_logprobs")
+        where = f"{self.url} meta_info.input"
+        if not isinstance(entries, list) or len(entries) < len(ids):
+            got = len(entries) if isinstance(entries, list) else "no"
+            raise BackendError(f"{where}: {got} input logprobs for a {len(ids)}-token continuation")
+        n = len(ids)
+        tail = entries[-n:]
+        tail_tops = tops[-n:] if isinstance(tops, list) and len(tops) >= n else None
+        got_ids = [t[1] if isinstance(t, (list, tuple)) and len(t) > 1 else None for t in tail]
+        if got_ids != list(ids):
+            first = next(i for i, (a, b) in enumerate(zip(got_ids, ids)) if a != b)
+            raise BackendError(
+                f"{where}: token ids drifted when the server re-tokenised prompt+continuation "
+                f"(first mismatch at continuation token {first}: server {got_ids[first]} vs recorded {ids[first]}); "
+                "refusing to report logprobs of different tokens")
+        if tail[0][0] is None:
+            raise BackendError(f"{where}: the first continuation token has no logprob (logprob_start_len too late)")
+        return tokens_from_triples(tail, tail_tops, decode=self._decode, where=where)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

@@ -1,0 +1,75 @@
+"""Parsers for SGLang's and OpenAI's logprob wire formats (pure functions, unit-tested on real bodies).
+
+SGLang native (``/generate`` ``meta_info``, and chat ``choices[0].meta_info`` when the request sets
+``return_meta_info``): each logprob is a triple ``[logprob, token_id, text_or_null]``; a top list
+is a list of such triples or ``null`` (e.g. ``input_top_logprobs[0]``).
+
+OpenAI chat: ``choices[0].logprobs.content[] = {token, logprob, bytes, top_logprobs: [{token,
+logprob, bytes}]}`` with no token ids. SGLang's chat path deduplicates alternatives by decoded
+text, so fewer than k can come back; the count is kept per token.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from .base import BackendError, TokenLogprob, TopLogprob
+
+__all__ = ["tokens_from_triples", "tokens_from_chat_logprobs", "finish_reason_of"]
+
+
+def _num(x: Any, where: str) -> float:
+    if x is None:
+        return float("nan")
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        raise BackendError(f"{where}: logprob {x!r} is not a number") from None
+    return v
+
+
+def _triple(t: Any, where: str, decode: Callable[[int], str] | None) -> TopLogprob:
+    if not isinstance(t, (list, tuple)) or len(t) < 2:
+        raise BackendError(f"{where}: expected [logprob, token_id, text], got {str(t)[:80]}")
+    tid = None if t[1] is None else int(t[1])
+    text = t[2] if len(t) > 2 and t[2] is not None else (decode(tid) if decode and tid is not None else "")
+    return TopLogprob(tid, text, _num(t[0], where))
+
+
+def tokens_from_triples(token_lps: list, top_lps: list | None, *, decode: Callable[[int], str] | None = None,
+                        where: str = "meta_info") -> list[TokenLogprob]:
+    """Tokens from SGLang triples; ``top_lps[i]`` may be None (no alternatives at that position)."""
+    if not isinstance(token_lps, list):
+        raise BackendError(f"{where}: token logprobs missing or not a list (did the server get return_logprob?)")
+    if top_lps is not None and len(top_lps) != len(token_lps):
+        raise BackendError(f"{where}: {len(token_lps)} token logprobs but {len(top_lps)} top-logprob lists")
+    out = []
+    for i, t in enumerate(token_lps):
+        tok = _triple(t, f"{where}[{i}]", decode)
+        top = []
+        if top_lps is not None and top_lps[i] is not None:
+            top = [_triple(a, f"{where}.top[{i}]", decode) for a in top_lps[i]]
+            top.sort(key=lambda a: -a.logprob if not math.isnan(a.logprob) else math.inf)
+        out.append(TokenLogprob(tok.id, tok.text, tok.logprob, top))
+    return out
+
+
+def tokens_from_chat_logprobs(content: list, where: str = "logprobs.content") -> list[TokenLogprob]:
+    if not isinstance(content, list):
+        raise BackendError(f"{where}: missing (did the server get logprobs=true?)")
+    out = []
+    for i, e in enumerate(content):
+        if not isinstance(e, dict) or "logprob" not in e:
+            raise BackendError(f"{where}[{i}]: malformed entry {str(e)[:80]}")
+        top = [TopLogprob(None, a.get("token", ""), _num(a.get("logprob"), f"{where}[{i}].top"))
+               for a in (e.get("top_logprobs") or [])]
+        top.sort(key=lambda a: -a.logprob)
+        out.append(TokenLogprob(None, e.get("token", ""), _num(e["logprob"], f"{where}[{i}]"), top))
+    return out
+
+
+def finish_reason_of(x: Any) -> str | None:
+    """SGLang native: ``{"type": "stop"|"length", ...}`` or null; OpenAI: a string."""
+    if isinstance(x, dict):
+        return x.get("type")
+    return x

@@ -1,0 +1,1 @@
+"""Entropy math, statistics and the paper's figures and tables."""

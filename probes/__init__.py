@@ -1,0 +1,1 @@
+"""The paper's probes: think-segment entropy with/without images, step-k removal replays, grounding."""

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Create (or reuse) the project venv and install the toolkit with its CPU-capable extras.
+#   bash scripts/setup_env.sh            # used by scripts/demo.sh and scripts/test.sh
+# Env: VENV (default .venv), PYTHON (default python3). Re-runs are no-ops unless pyproject.toml changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating $VENV with $($PYTHON --version 2>&1)"
+  "$PYTHON" -m venv "$VENV"
+fi
+stamp="$VENV/.mmcf-installed"
+want=$(cat pyproject.toml scripts/setup_env.sh | sha256sum | cut -c1-16)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+# torch + torchvision pairs known to import together (transformers' Qwen3.5 processor needs torchvision).
+case "$(uname -m)" in
+  x86_64) TORCH_PINS=${TORCH_PINS:-"torch==2.14.1 torchvision==0.29.1"} ;;
+  aarch64|arm64) TORCH_PINS=${TORCH_PINS:-"torch==2.9.1 torchvision==0.24.1"} ;;
+  *) TORCH_PINS=${TORCH_PINS:-"torch torchvision"} ;;
+esac
+echo "[setup] installing $TORCH_PINS and mmcf-toolkit[local,dev] into $VENV (first run: a few minutes)"
+"$VENV/bin/python" -m pip install -q --upgrade pip
+# shellcheck disable=SC2086
+"$VENV/bin/python" -m pip install -q $TORCH_PINS
+"$VENV/bin/python" -m pip install -q -e ".[local,dev]"
+echo "$want" > "$stamp"

@@ -1,0 +1,144 @@
+"""Smoke test users run first: one image+text request asking for top-20 logprobs, validated.
+
+    python -m serving.check --endpoint http://localhost:30000 [--model NAME] [--api openai|sglang --model-dir DIR]
+    python -m serving.check --model-dir DIR            # in-process transformers
+    python -m serving.check                            # the embedded tiny Qwen3.5 (random weights)
+
+Checks: every token has k alternatives (up to k for a deduplicating chat server), sorted best
+first; the chosen token's logprob agrees with its list (equal to its entry, or below the k-th
+when it is not listed); logprobs are finite and <= 0; thinking is separated from the answer.
+``--json`` prints one JSON object; the exit status is 0 only if everything is ok.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+import tempfile
+from pathlib import Path
+
+from agent.backends import BackendError, ImageError, ModelOutput, SamplingParams, make_backend
+from agent.http import RetryPolicy
+from analysis.entropy import grouped_tail_entropy
+
+TOL = 1e-3
+
+
+def validate(out: ModelOutput, k: int, *, exact_topk: bool) -> list[str]:
+    """Problems found in one output (empty list = ok)."""
+    problems: list[str] = []
+    if not out.tokens:
+        problems.append("no tokens came back")
+    for i, t in enumerate(out.tokens):
+        n = len(t.top)
+        if n == 0 or (exact_topk and n != k) or n > k:
+            problems.append(f"token {i} ({t.text!r}): {n} alternatives, expected {'' if exact_topk else 'up to '}{k}")
+        lps = [a.logprob for a in t.top]
+        if any(not math.isfinite(x) or x > TOL for x in lps + [t.logprob]):
+            problems.append(f"token {i} ({t.text!r}): non-finite or positive logprob")
+            continue
+        if any(a < b - 1e-9 for a, b in zip(lps, lps[1:])):
+            problems.append(f"token {i} ({t.text!r}): alternatives not sorted best first")
+        match = [a for a in t.top if (a.id is not None and a.id == t.id) or (a.id is None and a.text == t.text)]
+        if match:
+            if abs(match[0].logprob - t.logprob) > TOL:
+                problems.append(f"token {i} ({t.text!r}): logprob {t.logprob:.4f} differs from its list entry {match[0].logprob:.4f}")
+        elif lps and n == k and t.logprob > lps[-1] + TOL:
+            problems.append(f"token {i} ({t.text!r}): not in its top-{k} yet more likely than the k-th")
+    for tag in ("<think>", "</think>"):
+        if tag in out.text:
+            problems.append(f"answer text still contains {tag}: thinking not separated")
+    if out.reasoning and not any(t.think for t in out.tokens):
+        problems.append("reasoning text came back but no logprob entry is marked as thinking")
+    return problems
+
+
+def report(out: ModelOutput, k: int, problems: list[str]) -> dict:
+    H = grouped_tail_entropy(out.top_logprob_matrix(k)) if out.tokens else []
+    ex = out.exact_entropy
+    return {
+        "backend": out.backend, "model": out.model, "logprobs": out.semantics.label(),
+        "finish_reason": out.finish_reason,
+        "tokens": [{"id": t.id, "text": t.text, "logprob": t.logprob, "think": t.think,
+                    "top": [[a.id, a.text, a.logprob] for a in t.top],
+                    "entropy_grouped": float(H[i]), "entropy_exact": (float(ex[i]) if ex else None)}
+                   for i, t in enumerate(out.tokens)],
+        "ok": not problems, "problems": problems,
+    }
+
+
+def default_image() -> Path:
+    """A small synthetic test image (so the check needs no file)."""
+    from PIL import Image, ImageDraw
+
+    p = Path(tempfile.gettempdir()) / "mmcf_check_image.png"
+    if not p.exists():
+        im = Image.new("RGB", (96, 64), (240, 240, 230))
+        d = ImageDraw.Draw(im)
+        d.rectangle([8, 8, 40, 56], fill=(200, 30, 30))
+        d.ellipse([52, 12, 88, 48], fill=(30, 60, 200))
+        im.save(p)
+    return p
+
+
+async def run_check(args) -> dict:
+    if args.endpoint:
+        kind = "sglang" if args.api == "sglang" else "openai"
+        policy = RetryPolicy(retries=args.retries, backoff_s=0.5, timeout_s=args.timeout)
+        backend = make_backend(kind, endpoint=args.endpoint, model=args.model, model_dir=args.model_dir,
+                               logprob_mode=args.logprob_mode, server=args.server, policy=policy)
+    else:
+        backend = make_backend("local", model_dir=args.model_dir, logprob_mode=args.logprob_mode)
+    image = Path(args.image) if args.image else default_image()
+    messages = [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": str(image)}},
+        {"type": "text", "text": args.prompt}]}]
+    sp = SamplingParams(max_tokens=args.max_tokens, top_logprobs=args.top_logprobs, seed=0)
+    try:
+        out = await backend.generate(messages, sp)
+    finally:
+        await backend.aclose()
+    exact_topk = not (out.backend.startswith("openai") and out.response and not
+                      (out.response.get("choices") or [{}])[0].get("meta_info"))
+    return report(out, args.top_logprobs, validate(out, args.top_logprobs, exact_topk=exact_topk))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m serving.check", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--endpoint", help="server URL, e.g. http://localhost:30000")
+    ap.add_argument("--model", help="served model name (default: the first of /v1/models)")
+    ap.add_argument("--model-dir", help="local model directory (in-process, or the chat template for --api sglang)")
+    ap.add_argument("--api", choices=["openai", "sglang"], default="openai",
+                    help="with --endpoint: OpenAI chat API (default) or SGLang native /generate")
+    ap.add_argument("--server", default="sglang", choices=["sglang", "vllm", "openrouter", "generic"])
+    ap.add_argument("--logprob-mode", default="scaled", choices=["scaled", "raw"],
+                    help="what the server's output logprobs are (SGLang default: scaled)")
+    ap.add_argument("--image", help="image file (default: a generated test image)")
+    ap.add_argument("--prompt", default="Describe this image in one sentence.")
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--top-logprobs", type=int, default=20)
+    ap.add_argument("--retries", type=int, default=2, help="retries on 429/5xx/connection errors")
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args(argv)
+    try:
+        rep = asyncio.run(run_check(args))
+    except (BackendError, ImageError) as e:
+        rep = {"backend": None, "tokens": [], "ok": False, "problems": [str(e)]}
+    if args.json:
+        print(json.dumps(rep, ensure_ascii=False))
+    else:
+        if rep.get("model"):
+            print(f"backend {rep['backend']}  model {rep['model']}  logprobs {rep.get('logprobs')}")
+        for t in rep["tokens"]:
+            top = ", ".join(f"{a[1]!r}:{a[2]:.2f}" for a in t["top"][:5])
+            ex = f" exact={t['entropy_exact']:.3f}" if t["entropy_exact"] is not None else ""
+            print(f"{'T' if t['think'] else ' '} {t['text']!r:>14} lp={t['logprob']:.3f} H_grouped={t['entropy_grouped']:.3f}{ex}  top: {top} …")
+        print("OK" if rep["ok"] else "FAILED:\n  " + "\n  ".join(rep["problems"]))
+    return 0 if rep["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""python -m serving.check: the smoke test users run first."""
+import json
+
+import pytest
+
+from serving.check import main
+
+
+def run(capsys, *argv):
+    rc = main(["--json", *argv])
+    return rc, json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.model
+def test_check_local_tiny_model(capsys, tiny_model_dir, red_image):
+    rc, rep = run(capsys, "--model-dir", str(tiny_model_dir), "--image", str(red_image), "--max-tokens", "6")
+    assert rc == 0 and rep["ok"] and rep["problems"] == []
+    t = rep["tokens"][0]
+    assert set(t) >= {"id", "text", "logprob", "think", "top", "entropy_grouped", "entropy_exact"}
+    assert len(t["top"]) == 20 and t["entropy_exact"] >= t["entropy_grouped"] - 1e-5
+
+
+def test_check_against_sglang_chat_and_native(capsys, fake_sglang, tiny_model_dir):
+    rc, rep = run(capsys, "--endpoint", fake_sglang.url, "--max-tokens", "40")
+    assert rc == 0 and rep["ok"], rep["problems"]
+    assert rep["tokens"][0]["entropy_exact"] is None and rep["tokens"][0]["think"]
+    rc, rep = run(capsys, "--endpoint", fake_sglang.url, "--api", "sglang", "--model-dir", str(tiny_model_dir))
+    assert rc == 0 and rep["ok"]
+
+
+def test_check_fails_on_unsorted_alternatives(capsys, fake_sglang, monkeypatch):
+    from tests.fakes import sglang_server
+
+    orig = sglang_server._top
+    monkeypatch.setattr(sglang_server, "_top", lambda *a: list(reversed(orig(*a))))
+    rc, rep = run(capsys, "--endpoint", fake_sglang.url, "--server", "generic")
+    # the chat parser sorts alternatives itself, but the chosen token then disagrees with its list
+    assert rc == 1 and not rep["ok"] and rep["problems"]
+
+
+def test_check_reports_bad_inputs(capsys, tmp_path, fake_sglang):
+    rc, rep = run(capsys, "--model-dir", str(tmp_path / "nope"))
+    assert rc == 1 and "nope" in rep["problems"][0]
+    bad = tmp_path / "x.png"
+    bad.write_text("text")
+    rc, rep = run(capsys, "--endpoint", fake_sglang.url, "--image", str(bad))
+    assert rc == 1 and "x.png" in rep["problems"][0]
+    rc, rep = run(capsys, "--endpoint", "http://127.0.0.1:9")
+    assert rc == 1 and "127.0.0.1:9" in rep["problems"][0]

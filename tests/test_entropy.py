@@ -1,0 +1,50 @@
+import math
+
+import numpy as np
+import pytest
+
+from analysis.entropy import exact_entropy_from_logprobs, grouped_tail_entropy, tail_mass
+
+
+def test_uniform_topk_without_tail():
+    k = 20
+    H = grouped_tail_entropy(np.full((k,), math.log(1 / k)))
+    assert H == pytest.approx(math.log(k))
+
+
+def test_uniform_topk_with_tail():
+    # 20 tokens of 0.04 each, tail mass 0.2 in one bin
+    lp = np.full((20,), math.log(0.04))
+    expected = -20 * 0.04 * math.log(0.04) - 0.2 * math.log(0.2)
+    assert grouped_tail_entropy(lp) == pytest.approx(expected)
+    assert tail_mass(lp) == pytest.approx(0.2)
+
+
+def test_one_hot_is_zero():
+    lp = np.array([0.0] + [-np.inf] * 19)
+    assert grouped_tail_entropy(lp) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_sum_exceeding_one_by_rounding_clips_tail():
+    lp = np.log(np.array([0.5, 0.3, 0.2000004]))
+    H = grouped_tail_entropy(lp)
+    expected = -sum(p * math.log(p) for p in [0.5, 0.3, 0.2000004])
+    assert H == pytest.approx(expected)
+    assert np.isfinite(H)
+
+
+def test_vectorised_shapes_and_nan_padding():
+    a = np.log(np.array([[0.5, 0.25, np.nan], [0.9, 0.05, 0.05]]))
+    H = grouped_tail_entropy(np.stack([a, a]))
+    assert H.shape == (2, 2)
+    row0 = -(0.5 * math.log(0.5) + 0.25 * math.log(0.25) + 0.25 * math.log(0.25))
+    assert H[0, 0] == pytest.approx(row0)
+    assert H[1, 1] == pytest.approx(-(0.9 * math.log(0.9) + 2 * 0.05 * math.log(0.05)))
+
+
+def test_grouped_is_lower_bound_of_exact():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(200, 500)) * 3
+    lp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    top = -np.sort(-lp, axis=-1)[:, :20]
+    assert (exact_entropy_from_logprobs(lp) >= grouped_tail_entropy(top) - 1e-12).all()

@@ -1,0 +1,96 @@
+"""The in-process backend on the tiny Qwen3.5 with an image message."""
+import numpy as np
+import pytest
+
+from agent.backends import BackendError, Continuation, ImageError, SamplingParams
+from analysis.entropy import grouped_tail_entropy
+
+pytestmark = pytest.mark.model
+
+
+def msgs(img):
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": str(img)}},
+                                         {"type": "text", "text": "What is in the picture?"}]}]
+
+
+async def test_generation_has_20_sorted_alternatives_and_think_mask(local_backends, red_image):
+    out = await local_backends["scaled"].generate(msgs(red_image), SamplingParams(max_tokens=24, seed=3))
+    assert len(out.tokens) == 24 and out.finish_reason == "length"
+    for t in out.tokens:
+        assert len(t.top) == 20
+        lps = [a.logprob for a in t.top]
+        assert lps == sorted(lps, reverse=True)
+        assert t.logprob <= lps[0] + 1e-6
+    # the template pre-fills <think>, so generation starts inside the think segment
+    assert out.tokens[0].think
+    assert out.semantics.kind == "scaled" and out.semantics.temperature == pytest.approx(0.2)
+    assert out.request["image_sha256"] and len(out.request["image_sha256"][0]) == 64
+    # the record never holds image bytes
+    assert "base64" not in str(out.request)
+
+
+async def test_raw_mode_scoring_reproduces_generation(local_backends, red_image):
+    b = local_backends["raw"]
+    out = await b.generate(msgs(red_image), SamplingParams(max_tokens=20, seed=5))
+    sc = await b.score(msgs(red_image), Continuation(ids=[t.id for t in out.tokens]))
+    assert sc.semantics.kind == "raw"
+    np.testing.assert_allclose([t.logprob for t in out.tokens], [t.logprob for t in sc.tokens], atol=1e-4)
+    np.testing.assert_allclose(out.top_logprob_matrix(), sc.top_logprob_matrix(), atol=1e-4)
+    assert [a.id for a in out.tokens[0].top] == [a.id for a in sc.tokens[0].top]
+
+
+async def test_scaled_mode_equals_log_softmax_of_logits_over_T(local_backends, red_image):
+    b = local_backends["scaled"]
+    sp = SamplingParams(max_tokens=20, seed=7, temperature=0.7)
+    out = await b.generate(msgs(red_image), sp)
+    raw = await b.score(msgs(red_image), Continuation(ids=[t.id for t in out.tokens]))
+    scaled = await b.score(msgs(red_image), Continuation(ids=[t.id for t in out.tokens]), temperature=0.7)
+    np.testing.assert_allclose([t.logprob for t in out.tokens], [t.logprob for t in scaled.tokens], atol=1e-4)
+    # ... and they are not the raw ones (the two distributions really differ)
+    assert np.abs(np.array([t.logprob for t in out.tokens]) - np.array([t.logprob for t in raw.tokens])).max() > 1e-3
+
+
+async def test_exact_entropy_bounds_grouped_estimate(local_backends, red_image):
+    for mode, b in local_backends.items():
+        out = await b.generate(msgs(red_image), SamplingParams(max_tokens=16, seed=11))
+        g = grouped_tail_entropy(out.top_logprob_matrix())
+        assert (np.array(out.exact_entropy) >= g - 1e-5).all(), mode
+        sc = await b.score(msgs(red_image), Continuation(ids=[t.id for t in out.tokens]))
+        assert (np.array(sc.exact_entropy) >= grouped_tail_entropy(sc.top_logprob_matrix()) - 1e-5).all()
+
+
+async def test_scoring_a_continuation_without_images_changes_the_distribution(local_backends, red_image):
+    b = local_backends["raw"]
+    out = await b.generate(msgs(red_image), SamplingParams(max_tokens=12, seed=2))
+    no_img = [{"role": "user", "content": [{"type": "text", "text": "What is in the picture?"}]}]
+    a = await b.score(msgs(red_image), Continuation(ids=[t.id for t in out.tokens]))
+    c = await b.score(no_img, Continuation(ids=[t.id for t in out.tokens]))
+    assert [t.id for t in a.tokens] == [t.id for t in c.tokens]
+    assert not np.allclose([t.logprob for t in a.tokens], [t.logprob for t in c.tokens])
+
+
+async def test_score_chunking_matches_unchunked(local_backends, red_image):
+    b = local_backends["raw"]
+    out = await b.generate(msgs(red_image), SamplingParams(max_tokens=20, seed=9))
+    cont = Continuation(ids=[t.id for t in out.tokens])
+    full = await b.score(msgs(red_image), cont)
+    old = b.score_chunk
+    b.score_chunk = 3
+    try:
+        chunked = await b.score(msgs(red_image), cont)
+    finally:
+        b.score_chunk = old
+    np.testing.assert_allclose(full.top_logprob_matrix(), chunked.top_logprob_matrix(), atol=1e-5)
+
+
+async def test_bad_inputs_name_the_culprit(local_backends, tmp_path):
+    bad = tmp_path / "notes.png"
+    bad.write_text("not an image")
+    with pytest.raises(ImageError, match="notes.png"):
+        await local_backends["raw"].generate(msgs(bad), SamplingParams(max_tokens=2))
+    with pytest.raises(ImageError, match="missing.jpg"):
+        await local_backends["raw"].generate(msgs(tmp_path / "missing.jpg"), SamplingParams(max_tokens=2))
+    from agent.backends.local import LocalBackend
+
+    with pytest.raises(BackendError, match="no-such-model"):
+        LocalBackend(tmp_path / "no-such-model")
