@@ -59,13 +59,13 @@ async def request_json(
     on_retry: Callable[[int, str], None] | None = None,
 ) -> Any:
     """Send a request and return its parsed JSON (or text when ``parse=False``)."""
-    last = "no attempt"
+    last, last_status = "no attempt", None
     for attempt in range(policy.retries + 1):
         try:
             r = await client.request(method, url, json=json_body, params=params, headers=headers, timeout=policy.timeout_s)
         except (httpx.TimeoutException, httpx.TransportError) as e:
             last = f"{e.__class__.__name__}: {e}" if str(e) else e.__class__.__name__
-            retry_after = None
+            retry_after, last_status = None, None
         else:
             if r.status_code < 400:
                 if not parse:
@@ -79,10 +79,10 @@ async def request_json(
             body = r.text[:500]
             if r.status_code not in RETRY_STATUS:
                 raise HTTPError(f"{what}: {url} answered HTTP {r.status_code}: {body}", r.status_code, body)
-            last = f"HTTP {r.status_code}: {body[:200]}"
+            last, last_status = f"HTTP {r.status_code}: {body[:200]}", r.status_code
             retry_after = r.headers.get("retry-after")
         if attempt < policy.retries:
             if on_retry:
                 on_retry(attempt + 1, last)
             await asyncio.sleep(policy.delay(attempt, retry_after))
-    raise HTTPError(f"{what}: {url} failed after {policy.retries + 1} attempts; last error: {last}")
+    raise HTTPError(f"{what}: {url} failed after {policy.retries + 1} attempts; last error: {last}", last_status)

@@ -1,0 +1,117 @@
+"""Persistent record/replay cache for tool calls (SQLite, stdlib).
+
+    cache = ToolCache("runs/tools.sqlite")           # every tool call goes through a Toolbox + cache
+
+Keyed by tool + normalised arguments (+ the image's sha256 for lens); stores the raw API response,
+the formatted observation, whether the call succeeded, whether a failure was transient, and a
+timestamp. WAL mode and a busy timeout make it safe for many async workers and several processes at
+once; ``INSERT OR IGNORE`` means the first writer wins and nothing is duplicated.
+
+Modes (see :class:`~agent.tools.toolbox.Toolbox`): ``readwrite`` (default: hit -> cached, miss ->
+live call, stored), ``replay`` (a miss is an error: replays are exactly reproducible), ``off``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["ToolCache", "CacheEntry", "cache_key", "normalise_args", "MODES"]
+
+MODES = ("readwrite", "replay", "off")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tool_cache (
+  key TEXT PRIMARY KEY,
+  tool TEXT NOT NULL,
+  args TEXT NOT NULL,
+  raw TEXT,
+  observation TEXT NOT NULL,
+  ok INTEGER NOT NULL,
+  transient INTEGER NOT NULL DEFAULT 0,
+  created REAL NOT NULL
+);
+"""
+
+
+def normalise_args(tool: str, args: dict) -> dict:
+    """The arguments that decide a tool's result, normalised (``goal`` does not change results)."""
+    out = {}
+    for k, v in sorted(args.items()):
+        if k == "goal":
+            continue
+        if isinstance(v, str):
+            v = re.sub(r"\s+", " ", v.strip())
+            if k == "url":
+                v = v.rstrip("/") if v.count("/") > 3 else v
+        out[k] = v
+    return out
+
+
+def cache_key(tool: str, args: dict, image_sha256: str | None = None) -> str:
+    payload = json.dumps({"tool": tool, "args": normalise_args(tool, args), "image": image_sha256},
+                         sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+@dataclass
+class CacheEntry:
+    raw: object
+    observation: str
+    ok: bool
+    transient: bool
+    created: float
+
+
+class ToolCache:
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        with self._conn() as c:
+            c.execute("PRAGMA journal_mode=WAL")
+            c.executescript(_SCHEMA)
+
+    def _conn(self) -> sqlite3.Connection:
+        c = getattr(self._local, "conn", None)
+        if c is None:
+            c = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+            c.execute("PRAGMA busy_timeout=60000")
+            c.execute("PRAGMA synchronous=NORMAL")
+            self._local.conn = c
+        return c
+
+    def get(self, key: str) -> CacheEntry | None:
+        row = self._conn().execute(
+            "SELECT raw, observation, ok, transient, created FROM tool_cache WHERE key=?", (key,)).fetchone()
+        if row is None:
+            return None
+        raw = json.loads(row[0]) if row[0] is not None else None
+        return CacheEntry(raw, row[1], bool(row[2]), bool(row[3]), row[4])
+
+    def put(self, key: str, tool: str, args: dict, raw, observation: str, ok: bool, transient: bool = False) -> None:
+        c = self._conn()
+        params = (key, tool, json.dumps(normalise_args(tool, args), ensure_ascii=False),
+                  json.dumps(raw, ensure_ascii=False) if raw is not None else None, observation, int(ok),
+                  int(transient), time.time())
+        if transient:
+            c.execute("INSERT OR IGNORE INTO tool_cache VALUES (?,?,?,?,?,?,?,?)", params)
+        else:  # a good answer replaces a stored transient failure, never the other way round
+            c.execute("INSERT INTO tool_cache VALUES (?,?,?,?,?,?,?,?) ON CONFLICT(key) DO UPDATE SET "
+                      "raw=excluded.raw, observation=excluded.observation, ok=excluded.ok, transient=0, "
+                      "created=excluded.created WHERE tool_cache.transient=1", params)
+
+    def count(self) -> int:
+        return self._conn().execute("SELECT COUNT(*) FROM tool_cache").fetchone()[0]
+
+    def close(self) -> None:
+        c = getattr(self._local, "conn", None)
+        if c is not None:
+            c.close()
+            self._local.conn = None

@@ -1,0 +1,170 @@
+"""Live retrieval tools (paper §4.1, B.2, E.3): Serper search, Google Lens via Serper, Jina Reader.
+
+    provider = LiveProvider.from_env(lens_url=LensURL(template="https://host/{benchmark}/{filename}"))
+    provider.require(["search", "visit", "lens_search"])     # fails at start if a key is missing
+
+Keys come from the environment (``SERPER_API_KEY``, ``JINA_API_KEY``) and never appear in any
+observation, record or error message. Every request has a timeout and bounded retries with backoff.
+Google Lens needs a *public* URL for the image: a URL template, or an upload to an S3-compatible
+bucket with a presigned URL (``pip install 'mmcf-toolkit[s3]'``); with neither, lens_search returns
+a clear error observation.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import httpx
+
+from ..http import HTTPError, RetryPolicy, request_json
+from .formatting import failed_visit, format_lens, format_search, format_visit, looks_blocked
+from .registry import RegisteredImage
+
+__all__ = ["LiveProvider", "LensURL", "ProviderResult", "MissingKeyError"]
+
+
+class MissingKeyError(RuntimeError):
+    """A run needs an API key that is not in the environment."""
+
+
+@dataclass
+class ProviderResult:
+    observation: str
+    raw: object = None
+    ok: bool = True
+    transient: bool = False
+    paid_calls: int = 0
+
+
+@dataclass
+class LensURL:
+    """How a query image gets the public URL Google Lens needs."""
+
+    template: str | None = None            # e.g. "https://host/{benchmark}/{filename}" ({sha256} too)
+    s3_bucket: str | None = None
+    s3_prefix: str = "mmcf-lens/"
+    s3_endpoint_url: str | None = None
+    expires_s: int = 3600
+
+    @classmethod
+    def from_env(cls) -> "LensURL":
+        return cls(template=os.environ.get("MMCF_LENS_URL_TEMPLATE"), s3_bucket=os.environ.get("MMCF_LENS_S3_BUCKET"),
+                   s3_endpoint_url=os.environ.get("MMCF_LENS_S3_ENDPOINT"))
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.template or self.s3_bucket)
+
+    def url_for(self, img: RegisteredImage) -> str:
+        if self.template:
+            return self.template.format(benchmark=img.benchmark, filename=img.filename, sha256=img.sha256)
+        if self.s3_bucket:
+            try:
+                import boto3
+            except ImportError as e:
+                raise RuntimeError("S3 upload for Lens needs boto3: pip install 'mmcf-toolkit[s3]'") from e
+            s3 = boto3.client("s3", endpoint_url=self.s3_endpoint_url)
+            ext = img.image.mime.split("/")[-1]
+            key = f"{self.s3_prefix}{img.sha256}.{ext}"
+            s3.put_object(Bucket=self.s3_bucket, Key=key, Body=img.image.data, ContentType=img.image.mime)
+            return s3.generate_presigned_url("get_object", Params={"Bucket": self.s3_bucket, "Key": key},
+                                             ExpiresIn=self.expires_s)
+        raise RuntimeError("no public image URL configured")
+
+
+class LiveProvider:
+    kind = "live"
+
+    def __init__(self, *, serper_key: str | None, jina_key: str | None, lens_url: LensURL | None = None,
+                 visit_max_chars: int = 12000, policy: RetryPolicy = RetryPolicy(retries=3, timeout_s=45),
+                 serper_base: str = "https://google.serper.dev", scrape_base: str = "https://scrape.serper.dev",
+                 jina_base: str = "https://r.jina.ai", client: httpx.AsyncClient | None = None):
+        self.serper_key, self.jina_key = serper_key, jina_key
+        self.lens_url = lens_url or LensURL()
+        self.visit_max_chars = visit_max_chars
+        self.policy = policy
+        self.serper_base, self.scrape_base, self.jina_base = serper_base.rstrip("/"), scrape_base.rstrip("/"), jina_base.rstrip("/")
+        self._client = client or httpx.AsyncClient(follow_redirects=True)
+
+    @classmethod
+    def from_env(cls, **kw) -> "LiveProvider":
+        return cls(serper_key=os.environ.get("SERPER_API_KEY"), jina_key=os.environ.get("JINA_API_KEY"),
+                   lens_url=kw.pop("lens_url", None) or LensURL.from_env(), **kw)
+
+    def require(self, tools) -> None:
+        """Fail at start, naming the variable, when a needed key is missing."""
+        need = set(tools)
+        if need & {"search", "lens_search"} and not self.serper_key:
+            raise MissingKeyError("SERPER_API_KEY is not set: search and lens_search need a Serper key "
+                                  "(or run with the offline tool world: --tools offline)")
+        if "visit" in need and not (self.jina_key or self.serper_key):
+            raise MissingKeyError("visit needs JINA_API_KEY (Jina Reader) or SERPER_API_KEY (scrape fallback)")
+
+    def _serper_headers(self) -> dict:
+        return {"X-API-KEY": self.serper_key or "", "Content-Type": "application/json"}
+
+    async def search(self, query: str) -> ProviderResult:
+        try:
+            data = await request_json(self._client, "POST", self.serper_base + "/search", json_body={"q": query, "num": 10},
+                                      headers=self._serper_headers(), policy=self.policy, what="serper search")
+        except HTTPError as e:
+            return ProviderResult(f"Search failed: {_public(e)}. Try again later or rephrase.", ok=False, transient=True, paid_calls=1)
+        rows = [{"title": r.get("title", ""), "link": r.get("link", ""), "snippet": r.get("snippet", "")}
+                for r in (data.get("organic") or [])[:10]]
+        return ProviderResult(format_search(query, rows), raw=data, paid_calls=1)
+
+    async def lens(self, img: RegisteredImage) -> ProviderResult:
+        if not self.lens_url.configured:
+            return ProviderResult(f"lens_search is unavailable: no public URL is configured for {img.image_id} "
+                                  "(set MMCF_LENS_URL_TEMPLATE or MMCF_LENS_S3_BUCKET). Describe the image and use search instead.",
+                                  ok=False)
+        try:
+            url = self.lens_url.url_for(img)
+        except Exception as e:  # noqa: BLE001 - an upload failure is the tool's error, shown to the agent
+            return ProviderResult(f"lens_search failed to publish {img.image_id}: {e}", ok=False, transient=True)
+        try:
+            data = await request_json(self._client, "POST", self.serper_base + "/lens", json_body={"url": url},
+                                      headers=self._serper_headers(), policy=self.policy, what="serper lens")
+        except HTTPError as e:
+            return ProviderResult(f"lens_search failed: {_public(e)}.", ok=False, transient=True, paid_calls=1)
+        items = data.get("organic") or data.get("visual_matches") or data.get("visualMatches") or []
+        rows = [{"title": r.get("title", ""), "link": r.get("link", ""), "source": r.get("source", "")} for r in items[:10]]
+        return ProviderResult(format_lens(img.image_id, rows), raw=data, paid_calls=1)
+
+    async def visit(self, url: str) -> ProviderResult:
+        if not url.startswith(("http://", "https://")):
+            return ProviderResult(failed_visit(url, "not an http(s) URL"), ok=False)
+        paid, why = 0, "no reader configured"
+        if self.jina_key or not self.serper_key:
+            headers = {"Authorization": f"Bearer {self.jina_key}"} if self.jina_key else {}
+            headers["X-Return-Format"] = "markdown"
+            paid += 1
+            try:
+                text = await request_json(self._client, "GET", f"{self.jina_base}/{url}", headers=headers,
+                                          policy=self.policy, what="jina reader", parse=False)
+                why = looks_blocked(text)
+                if why is None:
+                    return ProviderResult(format_visit(url, text, self.visit_max_chars), raw={"reader": "jina", "content": text}, paid_calls=paid)
+            except HTTPError as e:
+                why = looks_blocked("", e.status) or _public(e)
+        if self.serper_key:
+            paid += 1
+            try:
+                data = await request_json(self._client, "POST", self.scrape_base, json_body={"url": url},
+                                          headers=self._serper_headers(), policy=self.policy, what="serper scrape")
+                text = data.get("markdown") or data.get("text") or ""
+                why2 = looks_blocked(text)
+                if why2 is None:
+                    return ProviderResult(format_visit(url, text, self.visit_max_chars), raw={"reader": "serper-scrape", "content": text}, paid_calls=paid)
+                why = why2
+            except HTTPError as e:
+                why = looks_blocked("", e.status) or _public(e)
+        return ProviderResult(failed_visit(url, why), raw={"blocked": why}, ok=False, paid_calls=paid)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def _public(e: HTTPError) -> str:
+    """An error message safe to show the model (status only; never headers or keys)."""
+    return f"HTTP {e.status}" if e.status else "the service could not be reached"

@@ -1,0 +1,123 @@
+"""Offline tool world: the same three tools answered from a local corpus, formatted like the live ones.
+
+    provider = OfflineProvider("path/to/world")     # world/pages.jsonl + world/images/
+
+``search``: SQLite FTS5 over page titles and text, BM25-ranked, top 10. ``lens_search``: pages that
+show the query image, matched by content hash and, for re-encoded or resized copies, by a
+perceptual difference hash (Hamming distance <= ``phash_max_distance``). ``visit``: the page by URL
+(block pages in the corpus are reported as failed visits, like the live tool does).
+This is the embedded default world and the test fixture; it costs nothing (``paid_calls = 0``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sqlite3
+from pathlib import Path
+
+from .formatting import failed_visit, format_lens, format_search, format_visit, looks_blocked
+from .live import ProviderResult
+from .registry import RegisteredImage
+
+__all__ = ["OfflineProvider", "dhash", "WorldError"]
+
+
+class WorldError(ValueError):
+    """A missing or malformed offline world."""
+
+
+def dhash(img, size: int = 8) -> int:
+    """64-bit difference hash of a PIL image (robust to resizing and re-encoding)."""
+    g = img.convert("L").resize((size + 1, size))
+    px = list(g.tobytes())
+    bits = 0
+    for r in range(size):
+        row = px[r * (size + 1): (r + 1) * (size + 1)]
+        for c in range(size):
+            bits = (bits << 1) | (1 if row[c] > row[c + 1] else 0)
+    return bits
+
+
+class OfflineProvider:
+    kind = "offline"
+
+    def __init__(self, world_dir: str | Path, *, visit_max_chars: int = 12000, phash_max_distance: int = 10):
+        from PIL import Image
+
+        root = Path(world_dir)
+        root = root / "world" if (root / "world" / "pages.jsonl").exists() else root
+        pages = root / "pages.jsonl"
+        if not pages.exists():
+            raise WorldError(f"{pages}: offline world not found (expected pages.jsonl)")
+        self.visit_max_chars = visit_max_chars
+        self.phash_max_distance = phash_max_distance
+        self.db = sqlite3.connect(":memory:", check_same_thread=False)
+        self.db.execute("CREATE VIRTUAL TABLE pages USING fts5(url UNINDEXED, title, text, tokenize='porter unicode61')")
+        self.pages: dict[str, dict] = {}
+        self.by_sha: dict[str, list[str]] = {}
+        self.by_phash: list[tuple[int, str]] = []
+        for n, line in enumerate(pages.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                p = json.loads(line)
+                url, title, text = p["url"], p.get("title", ""), p.get("text", "")
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise WorldError(f"{pages}:{n}: malformed page record ({e})") from None
+            self.pages[url] = p
+            self.db.execute("INSERT INTO pages(url, title, text) VALUES (?,?,?)", (url, title, text))
+            for fn in p.get("images", []):
+                f = root / "images" / fn
+                try:
+                    data = f.read_bytes()
+                    with Image.open(f) as im:
+                        ph = dhash(im)
+                except OSError as e:
+                    raise WorldError(f"{f}: image of page {url} unreadable ({e})") from None
+                self.by_sha.setdefault(hashlib.sha256(data).hexdigest(), []).append(url)
+                self.by_phash.append((ph, url))
+
+    @staticmethod
+    def _fts_query(q: str) -> str:
+        words = [w for w in re.findall(r"\w+", q.lower()) if len(w) > 1]
+        return " OR ".join(f'"{w}"' for w in words)
+
+    async def search(self, query: str) -> ProviderResult:
+        fq = self._fts_query(query)
+        rows = []
+        if fq:
+            cur = self.db.execute(
+                "SELECT url, title, snippet(pages, 2, '', '', '…', 24) FROM pages WHERE pages MATCH ? "
+                "ORDER BY bm25(pages) LIMIT 10", (fq,))
+            rows = [{"title": t, "link": u, "snippet": s} for u, t, s in cur.fetchall()]
+        return ProviderResult(format_search(query, rows), raw={"organic": rows})
+
+    async def lens(self, img: RegisteredImage) -> ProviderResult:
+        urls = list(self.by_sha.get(img.sha256, []))
+        if not urls:
+            ph = dhash(img.image.pil())
+            scored = sorted((bin(ph ^ h).count("1"), u) for h, u in self.by_phash)
+            urls = [u for d, u in scored if d <= self.phash_max_distance]
+        seen, rows = set(), []
+        for u in urls:
+            if u not in seen:
+                seen.add(u)
+                rows.append({"title": self.pages[u].get("title", ""), "link": u, "source": u.split("/")[2]})
+        return ProviderResult(format_lens(img.image_id, rows[:10]), raw={"organic": rows[:10]})
+
+    async def visit(self, url: str) -> ProviderResult:
+        p = self.pages.get(url) or self.pages.get(url.rstrip("/")) or self.pages.get(url.rstrip("/") + "/")
+        if p is None:
+            return ProviderResult(failed_visit(url, "HTTP 404 (page not found)"), raw={"status": 404}, ok=False)
+        text = f"# {p.get('title', '')}\n\n{p.get('text', '')}"
+        why = looks_blocked(p.get("text", ""))
+        if why:
+            return ProviderResult(failed_visit(url, why), raw={"blocked": why}, ok=False)
+        return ProviderResult(format_visit(url, text, self.visit_max_chars), raw={"reader": "offline", "content": text})
+
+    def require(self, tools) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        self.db.close()

@@ -1,0 +1,91 @@
+"""Loopback stand-ins for Serper (/search, /lens, scrape) and Jina Reader, with their response shapes.
+
+``server.faults`` is consumed one per request: "429", "500", or None. ``server.pages`` maps a URL to
+the markdown Jina returns for it (a block page is just a page whose text is a bot wall).
+"""
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class _H(BaseHTTPRequestHandler):
+    server: "FakeWeb"
+
+    def log_message(self, *a):
+        pass
+
+    def _send(self, code, body, ctype="application/json"):
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        if code == 429:
+            self.send_header("Retry-After", "0")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _pre(self):
+        with self.server.lock:
+            self.server.log.append((self.command, self.path, dict(self.headers)))
+            f = self.server.faults.pop(0) if self.server.faults else None
+        if f in ("429", "500", "403"):
+            self._send(int(f), {"message": "fault"})
+            return True
+        return False
+
+    def do_GET(self):  # Jina Reader: GET /https://site/page
+        if self._pre():
+            return
+        url = self.path.lstrip("/")
+        if url in self.server.pages:
+            return self._send(200, self.server.pages[url], "text/plain")
+        self._send(404, "not found", "text/plain")
+
+    def do_POST(self):
+        if self._pre():
+            return
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        if self.path == "/search":
+            q = body.get("q", "")
+            if "nothing" in q:
+                return self._send(200, {"searchParameters": {"q": q, "type": "search"}, "organic": []})
+            org = [{"title": f"Result {i} for {q}", "link": f"https://site{i}.example/{i}", "snippet": f"snippet {i}",
+                    "position": i} for i in range(1, 13)]
+            return self._send(200, {"searchParameters": {"q": q, "type": "search", "engine": "google"}, "organic": org,
+                                    "credits": 1})
+        if self.path == "/lens":
+            return self._send(200, {"searchParameters": {"url": body.get("url"), "type": "lens"},
+                                    "organic": [{"title": f"Lens match {i}", "source": "example.org",
+                                                 "link": f"https://match{i}.example/", "imageUrl": "https://img/x.jpg",
+                                                 "thumbnailUrl": "https://img/t.jpg"} for i in range(1, 15)]})
+        if self.path == "/scrape":
+            url = body.get("url", "")
+            return self._send(200, {"text": self.server.scrape.get(url, ""), "metadata": {"title": "t"}})
+        self._send(404, {"message": "no route"})
+
+
+class FakeWeb(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), _H)
+        self.faults: list = []
+        self.pages: dict[str, str] = {}
+        self.scrape: dict[str, str] = {}
+        self.log: list = []
+        self.lock = threading.Lock()
+        self._t = threading.Thread(target=self.serve_forever, daemon=True)
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def __enter__(self):
+        self._t.start()
+        return self
+
+    def __exit__(self, *e):
+        self.shutdown()
+        self.server_close()

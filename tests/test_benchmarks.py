@@ -1,0 +1,81 @@
+"""Benchmark loader, stats CLI and subset policy on the shared samples, real manifests and broken files."""
+import json
+from collections import Counter
+
+import pytest
+
+from agent.benchmarks import PAPER_CATEGORY, load_benchmark, load_dataset_dir, main, paper_subset
+
+
+def test_shared_samples_load(shared_dir):
+    ms = load_dataset_dir(shared_dir / "samples", check_images=False)
+    assert set(ms) == {"browsecomp_vl", "livevqa", "mmsearch", "mmsearch_plus", "simplevqa", "vdr_bench", "world_vqa"}
+    live = ms["livevqa"].samples[0]
+    assert live.options and "Options:" in live.question and "A. Air Force One" in live.question
+    assert ms["simplevqa"].category == "Atomic factuality"
+
+
+def test_stats_json_on_real_manifests(shared_dir, capsys):
+    rc = main(["stats", str(shared_dir / "data/mmcf_manifests"), "--json", "--no-image-check"])
+    rep = json.loads(capsys.readouterr().out)
+    assert rc == 0 and rep["total"] == 1725  # 1,727 rows, two duplicate ids counted once
+    mm = rep["benchmarks"]["mmsearch"]
+    assert mm["samples"] == 169 and [p["kind"] for p in mm["problems"]] == ["duplicate_id", "duplicate_id"]
+    assert all(p["line"] > 0 for p in mm["problems"])
+    assert rep["benchmarks"]["mmsearch_plus"]["images_per_sample"]["2"] > 0
+    kinds = Counter(p["kind"] for p in rep["benchmarks"]["simplevqa"]["problems"])
+    assert kinds["category_json_list"] > 0
+    assert {b["category"] for b in rep["benchmarks"].values()} == {
+        "Atomic factuality", "Dynamic information-seeking", "Visual deep research"}
+    assert main(["stats", str(shared_dir / "data/mmcf_manifests"), "--strict", "--no-image-check"]) == 1
+
+
+def test_broken_file_keeps_valid_rows(tmp_path):
+    d = tmp_path / "toy"
+    (d / "imgs").mkdir(parents=True)
+    (d / "imgs" / "a.jpg").write_bytes(b"x")
+    rows = [
+        {"id": "1", "query": "q1", "query_images": ["a.jpg"], "answer": "A", "category": '["ocr", "math"]'},
+        {"id": "1", "query": "dup", "query_images": ["a.jpg"], "answer": "B"},
+        {"id": "2", "query": "q2", "query_images": ["missing.jpg"], "answer": ""},
+    ]
+    text = "\n".join(json.dumps(r) for r in rows) + '\n{"id": "3", "query": "torn'
+    (d / "data_unified.jsonl").write_text(text)
+    m = load_benchmark(d)
+    assert [s.id for s in m.samples] == ["1", "2"] and m.samples[0].category == "ocr / math"
+    kinds = [(p.line, p.kind) for p in m.problems]
+    assert (1, "category_json_list") in kinds and (2, "duplicate_id") in kinds
+    assert (3, "empty_answer") in kinds and (3, "missing_image") in kinds and (4, "torn_line") in kinds
+
+
+def test_missing_manifest_is_clear(tmp_path, capsys):
+    assert main(["stats", str(tmp_path / "nope")]) == 2
+    assert "nope" in capsys.readouterr().err
+
+
+def test_paper_subsets_are_deterministic(shared_dir):
+    root = shared_dir / "data/mmcf_manifests"
+    bc = load_benchmark(root / "browsecomp_vl", check_images=False)
+    sub = paper_subset(bc, seed=1)
+    lv = Counter(s.extra["level"] for s in sub)
+    assert lv["level2"] == sum(1 for s in bc.samples if s.extra["level"] == "level2") and lv["level1"] == 100
+    wv = load_benchmark(root / "world_vqa", check_images=False)
+    a, b = paper_subset(wv, seed=3, n=50), paper_subset(wv, seed=3, n=50)
+    assert [s.id for s in a] == [s.id for s in b] and len(a) == 50
+    assert [s.id for s in paper_subset(wv, seed=4, n=50)] != [s.id for s in a]
+    full, part = Counter(s.category for s in wv.samples), Counter(s.category for s in a)
+    for c in full:  # proportional within one
+        assert abs(part[c] - 50 * full[c] / len(wv.samples)) <= 1
+    vdr = load_benchmark(root / "vdr_bench", check_images=False)
+    tiers = Counter(s.id.split("_")[0] for s in paper_subset(vdr, seed=0, n=60))
+    assert set(tiers) == set(Counter(s.id.split("_")[0] for s in vdr.samples))
+
+
+def test_demo_benchmark_points_at_the_world(tmp_path, monkeypatch):
+    monkeypatch.setenv("MMCF_DEMO_DIR", str(tmp_path / "demo-data"))
+    from agent.benchmarks import resolve_benchmark
+
+    m = resolve_benchmark("demo")
+    assert len(m.samples) >= 5 and not m.problems
+    assert all(p.exists() for s in m.samples for p in s.image_paths)
+    assert PAPER_CATEGORY["demo"] and max(len(s.query_images) for s in m.samples) == 2

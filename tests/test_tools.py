@@ -1,0 +1,165 @@
+"""Tools: live providers against loopback Serper/Jina, the offline world, the record/replay cache."""
+import asyncio
+import json
+import multiprocessing as mp
+import sqlite3
+
+import pytest
+
+from agent.http import RetryPolicy
+from agent.tools import CacheMiss, ImageRegistry, LensURL, LiveProvider, MissingKeyError, OfflineProvider, ToolCache, Toolbox
+from agent.tools.demo_world import QUESTIONS, build_demo_world
+from tests.fakes.web_apis import FakeWeb
+
+FAST = RetryPolicy(retries=2, backoff_s=0.01, timeout_s=5)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return build_demo_world(tmp_path_factory.mktemp("world"))
+
+
+@pytest.fixture
+def web():
+    with FakeWeb() as w:
+        yield w
+
+
+def live(web, **kw):
+    return LiveProvider(serper_key="sk-test-SECRET", jina_key="jina-SECRET", serper_base=web.url,
+                        scrape_base=web.url + "/scrape", jina_base=web.url, policy=FAST, **kw)
+
+
+async def test_live_search_top10_and_key_header(web):
+    tb = Toolbox(live(web))
+    r = await tb.call("search", {"query": "kestrel observatory", "goal": "x"})
+    assert r.ok and r.observation.count("\n1. ") == 1 and "10. [Result 10" in r.observation and "11." not in r.observation
+    assert web.log[-1][2]["X-API-KEY"] == "sk-test-SECRET"
+    assert "SECRET" not in r.observation
+    r = await tb.call("search", {"query": "nothing at all"})
+    assert r.ok and "no results" in r.observation
+
+
+async def test_live_429_then_success_and_500_exhausted(web):
+    tb = Toolbox(live(web))
+    web.faults = ["429", None]
+    r = await tb.call("search", {"query": "a"})
+    assert r.ok and len(web.log) == 2
+    web.faults = ["500"] * 5
+    r = await tb.call("search", {"query": "b"})
+    assert not r.ok and "HTTP 500" in r.observation and "SECRET" not in r.observation
+
+
+async def test_live_visit_block_page_falls_back_to_scrape_then_fails(web):
+    url = "https://news.example/story"
+    web.pages[url] = "# Story\n\nThe answer is 42."
+    tb = Toolbox(live(web, visit_max_chars=20))
+    r = await tb.call("visit", {"url": url, "goal": "g"})
+    assert r.ok and "The answer" in r.observation and "truncated" in r.observation
+    blocked = "https://cf.example/p"
+    web.pages[blocked] = "Just a moment... Verify you are human"
+    web.scrape[blocked] = "Attention Required! | Cloudflare"
+    r = await tb.call("visit", {"url": blocked})
+    assert not r.ok and "Failed to visit" in r.observation and "block page" in r.observation
+    web.scrape["https://x.example/forbidden"] = "Real article text from scrape."
+    web.faults = ["403"]
+    r = await tb.call("visit", {"url": "https://x.example/forbidden"})
+    assert r.ok and "Real article text" in r.observation
+
+
+async def test_live_lens_needs_public_url(web, world):
+    reg = ImageRegistry.from_paths([world / "demo/imgs/kestrel_logo.png"], "demo")
+    r = await Toolbox(live(web)).call("lens_search", {"image_id": "<image_0>"}, reg)
+    assert not r.ok and "no public URL" in r.observation
+    tb = Toolbox(live(web, lens_url=LensURL(template="https://host/{benchmark}/{filename}")))
+    r = await tb.call("lens_search", {"image_id": "image_0"}, reg)
+    assert r.ok and "10. [Lens match 10]" in r.observation
+
+
+def test_missing_keys_fail_at_start():
+    p = LiveProvider(serper_key=None, jina_key=None)
+    with pytest.raises(MissingKeyError, match="SERPER_API_KEY"):
+        p.require(["search"])
+    LiveProvider(serper_key=None, jina_key="j").require(["visit"])
+
+
+async def test_offline_world_answers_every_demo_question(world):
+    tb = Toolbox(OfflineProvider(world))
+    for qid, query, imgs, answer, _ in QUESTIONS:
+        reg = ImageRegistry.from_paths([world / "demo/imgs" / f"{n}.png" for n in imgs], "demo")
+        lens = await tb.call("lens_search", {"image_id": "<image_0>"}, reg)
+        assert lens.ok and "1. [" in lens.observation, qid  # found through the re-encoded web copy
+        title = lens.observation.split("1. [")[1].split("]")[0]
+        entity = title.split(" — ")[0].split(" by ")[0].replace("Flag of ", "")
+        found = await tb.call("search", {"query": entity}, reg)
+        urls = [l.split("](")[1].rstrip(")") for l in found.observation.splitlines() if "](" in l]
+        texts = [(await tb.call("visit", {"url": u}, reg)).observation for u in urls]
+        assert any(answer.split(";")[0] in t for t in texts), (qid, entity)
+
+
+async def test_invalid_calls_are_observations(world):
+    tb = Toolbox(OfflineProvider(world))
+    assert "Unknown tool" in (await tb.call("browse", {})).observation
+    assert "needs a non-empty string argument 'query'" in (await tb.call("search", {"q": "x"})).observation
+    r = await tb.call("lens_search", {"image_id": "/etc/passwd"}, ImageRegistry())
+    assert not r.ok and "Unknown image id" in r.observation
+    assert tb.stats["invalid_calls"] == 3
+
+
+async def test_cache_modes(world, tmp_path):
+    cache = ToolCache(tmp_path / "c.sqlite")
+    tb = Toolbox(OfflineProvider(world), cache=cache)
+    a = await tb.call("search", {"query": "Valdoria capital", "goal": "g1"})
+    b = await tb.call("search", {"query": "  Valdoria   capital ", "goal": "other goal"})
+    assert not a.cache_hit and b.cache_hit and a.observation == b.observation
+    rp = Toolbox(OfflineProvider(world), cache=cache, mode="replay")
+    assert (await rp.call("search", {"query": "Valdoria capital"})).cache_hit
+    with pytest.raises(CacheMiss):
+        await rp.call("search", {"query": "never asked"})
+    fb = Toolbox(OfflineProvider(world), cache=cache, mode="replay", live_fallback=True)
+    assert not (await fb.call("search", {"query": "never asked"})).cache_hit
+    off = Toolbox(OfflineProvider(world), cache=cache, mode="off")
+    assert not (await off.call("search", {"query": "Valdoria capital"})).cache_hit
+    assert tb.stats["cache.hits"] == 1 and tb.stats["cache.misses"] == 1
+
+
+async def test_transient_failures_are_retried_in_readwrite_but_replayed(web, tmp_path):
+    cache = ToolCache(tmp_path / "c.sqlite")
+    tb = Toolbox(live(web), cache=cache)
+    web.faults = ["500"] * 3
+    assert not (await tb.call("search", {"query": "q"})).ok
+    assert (await Toolbox(live(web), cache=cache, mode="replay").call("search", {"query": "q"})).ok is False
+    r = await tb.call("search", {"query": "q"})
+    assert r.ok and not r.cache_hit and tb.stats["paid_calls"] == 2
+    assert (await Toolbox(live(web), cache=cache, mode="replay").call("search", {"query": "q"})).ok
+
+
+async def test_concurrent_identical_calls_pay_once(web, tmp_path):
+    tb = Toolbox(live(web), cache=ToolCache(tmp_path / "c.sqlite"))
+    res = await asyncio.gather(*[tb.call("search", {"query": "same"}) for _ in range(8)])
+    assert all(r.ok for r in res) and tb.stats["paid_calls"] == 1 and len(web.log) == 1
+
+
+def _writer(path, world, wid, n, q):
+    async def go():
+        tb = Toolbox(OfflineProvider(world), cache=ToolCache(path))
+        for i in range(n):
+            await tb.call("search", {"query": f"term{i % 25} Valdoria"})
+            await tb.call("visit", {"url": f"https://wiki.example.org/Valdoria?{wid}-{i}"})
+        q.put(dict(tb.stats))
+    asyncio.run(go())
+
+
+def test_several_processes_write_at_once(world, tmp_path):
+    path = tmp_path / "shared.sqlite"
+    ToolCache(path)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    ps = [ctx.Process(target=_writer, args=(str(path), str(world), w, 40, q)) for w in range(3)]
+    for p in ps:
+        p.start()
+    for p in ps:
+        p.join(120)
+        assert p.exitcode == 0
+    rows = sqlite3.connect(path).execute("SELECT tool, COUNT(*) FROM tool_cache GROUP BY tool").fetchall()
+    assert dict(rows) == {"search": 25, "visit": 120}  # shared keys once, distinct keys all kept
