@@ -18,7 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import sys
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # runnable as a script too
+
+from tests.fakes.http_base import JSONHandler  # noqa: E402
 
 IMAGE_EXPANSION = 4  # tokens per image placeholder (unknown to the client, as on a real server)
 DEFAULT_REPLY = "Let me look at the picture.</think>\n\nIt shows a red square."
@@ -53,21 +59,8 @@ def _top(tid: int, k: int, pos: int, tok: _Tok, with_text: bool):
     return [[lp, i, tok.decode(i) if with_text else None] for lp, i in zip(lps, ids)]
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JSONHandler):
     server: "FakeServer"
-
-    def log_message(self, *a):  # quiet
-        pass
-
-    def _send(self, code: int, body, ctype="application/json"):
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(data)))
-        if code == 429:
-            self.send_header("Retry-After", "0")
-        self.end_headers()
-        self.wfile.write(data)
 
     def _fault(self):
         with self.server.lock:

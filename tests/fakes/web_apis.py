@@ -7,24 +7,13 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
+
+from tests.fakes.http_base import JSONHandler
 
 
-class _H(BaseHTTPRequestHandler):
+class _H(JSONHandler):
     server: "FakeWeb"
-
-    def log_message(self, *a):
-        pass
-
-    def _send(self, code, body, ctype="application/json"):
-        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(data)))
-        if code == 429:
-            self.send_header("Retry-After", "0")
-        self.end_headers()
-        self.wfile.write(data)
 
     def _pre(self):
         with self.server.lock:
