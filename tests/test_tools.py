@@ -76,6 +76,29 @@ async def test_live_lens_needs_public_url(web, world):
     assert r.ok and "10. [Lens match 10]" in r.observation
 
 
+async def test_lens_thumbnails_saved_and_s3_presigned_url(web, world, tmp_path, monkeypatch):
+    import sys
+    import types
+
+    reg = ImageRegistry.from_paths([world / "demo/imgs/kestrel_logo.png"], "demo")
+    calls = {}
+
+    class FakeS3:  # the two boto3 S3 client calls the uploader uses
+        def put_object(self, **kw):
+            calls["put"] = kw
+
+        def generate_presigned_url(self, op, Params, ExpiresIn):
+            calls["presign"] = (op, Params, ExpiresIn)
+            return f"https://bucket.example/{Params['Key']}?sig=x"
+
+    monkeypatch.setitem(sys.modules, "boto3", types.SimpleNamespace(client=lambda *a, **kw: FakeS3()))
+    tb = Toolbox(live(web, lens_url=LensURL(s3_bucket="b"), thumbnail_dir=tmp_path / "thumbs"))
+    r = await tb.call("lens_search", {"image_id": "<image_0>"}, reg)
+    assert r.ok and calls["put"]["Bucket"] == "b" and calls["put"]["Key"].endswith(reg.images[0].sha256 + ".png")
+    saved = [t for t in r.raw["saved_thumbnails"] if t]
+    assert len(saved) == 10 and all((tmp_path / "thumbs" / t["path"].split("/")[-1]).exists() for t in saved)
+
+
 def test_missing_keys_fail_at_start():
     p = LiveProvider(serper_key=None, jina_key=None)
     with pytest.raises(MissingKeyError, match="SERPER_API_KEY"):

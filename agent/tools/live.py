@@ -11,8 +11,10 @@ a clear error observation.
 """
 from __future__ import annotations
 
+import base64
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
@@ -78,13 +80,15 @@ class LiveProvider:
     def __init__(self, *, serper_key: str | None, jina_key: str | None, lens_url: LensURL | None = None,
                  visit_max_chars: int = 12000, policy: RetryPolicy = RetryPolicy(retries=3, timeout_s=45),
                  serper_base: str = "https://google.serper.dev", scrape_base: str = "https://scrape.serper.dev",
-                 jina_base: str = "https://r.jina.ai", client: httpx.AsyncClient | None = None):
+                 jina_base: str = "https://r.jina.ai", client: httpx.AsyncClient | None = None,
+                 thumbnail_dir: str | os.PathLike | None = None):
         self.serper_key, self.jina_key = serper_key, jina_key
         self.lens_url = lens_url or LensURL()
         self.visit_max_chars = visit_max_chars
         self.policy = policy
         self.serper_base, self.scrape_base, self.jina_base = serper_base.rstrip("/"), scrape_base.rstrip("/"), jina_base.rstrip("/")
         self._client = client or httpx.AsyncClient(follow_redirects=True)
+        self.thumbnail_dir = thumbnail_dir
 
     @classmethod
     def from_env(cls, **kw) -> "LiveProvider":
@@ -129,7 +133,34 @@ class LiveProvider:
             return ProviderResult(f"lens_search failed: {_public(e)}.", ok=False, transient=True, paid_calls=1)
         items = data.get("organic") or data.get("visual_matches") or data.get("visualMatches") or []
         rows = [{"title": r.get("title", ""), "link": r.get("link", ""), "source": r.get("source", "")} for r in items[:10]]
+        if self.thumbnail_dir:
+            data = {**data, "saved_thumbnails": await self._save_thumbnails(items[:10])}
         return ProviderResult(format_lens(img.image_id, rows), raw=data, paid_calls=1)
+
+    async def _save_thumbnails(self, items: list) -> list:
+        """Download each result's thumbnail once, stored by content hash; failures are skipped."""
+        from ..backends.messages import ImageError, load_image
+
+        out_dir = Path(self.thumbnail_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        saved = []
+        for r in items:
+            url = r.get("thumbnailUrl") or r.get("imageUrl")
+            if not url:
+                saved.append(None)
+                continue
+            try:
+                resp = await self._client.get(url, timeout=15)
+                resp.raise_for_status()
+                img = load_image("data:image;base64," + base64.b64encode(resp.content).decode())  # validates
+            except (httpx.HTTPError, ImageError):
+                saved.append(None)
+                continue
+            path = out_dir / f"{img.sha256}.{img.mime.split('/')[-1]}"
+            if not path.exists():
+                path.write_bytes(resp.content)
+            saved.append({"url": url, "sha256": img.sha256, "path": str(path)})
+        return saved
 
     async def visit(self, url: str) -> ProviderResult:
         if not url.startswith(("http://", "https://")):

@@ -27,6 +27,14 @@ class _H(JSONHandler):
     def do_GET(self):  # Jina Reader: GET /https://site/page
         if self._pre():
             return
+        if self.path.startswith("/thumb/"):
+            import io
+
+            from PIL import Image
+
+            buf = io.BytesIO()
+            Image.new("RGB", (8, 8), (int(self.path[7:].split(".")[0]) * 20 % 255, 0, 0)).save(buf, "PNG")
+            return self._send(200, buf.getvalue(), "image/png")
         url = self.path.lstrip("/")
         if url in self.server.pages:
             return self._send(200, self.server.pages[url], "text/plain")
@@ -48,7 +56,7 @@ class _H(JSONHandler):
             return self._send(200, {"searchParameters": {"url": body.get("url"), "type": "lens"},
                                     "organic": [{"title": f"Lens match {i}", "source": "example.org",
                                                  "link": f"https://match{i}.example/", "imageUrl": "https://img/x.jpg",
-                                                 "thumbnailUrl": "https://img/t.jpg"} for i in range(1, 15)]})
+                                                 "thumbnailUrl": f"{self.server.url}/thumb/{i}.png"} for i in range(1, 15)]})
         if self.path == "/scrape":
             url = body.get("url", "")
             return self._send(200, {"text": self.server.scrape.get(url, ""), "metadata": {"title": "t"}})
