@@ -1,0 +1,92 @@
+"""A scripted backend for tests: real interface, scripted text, planted distributions.
+
+    b = ScriptedBackend(["<think>look</think><answer>Paris</answer>"], k=20,
+                        top_fn=lambda has_images, pos: [-0.1] + [-3.0] * 19)
+    out = await b.generate(messages)
+
+Each ``generate`` returns the next scripted response (a string, or a callable of the messages);
+responses are split into one token per character run of word/non-word so that ``<think>`` and
+``</think>`` are tokens of their own. ``top_fn(has_images, position)`` gives each token's top-k
+logprobs (best first), so a test can plant the entropy with and without images and check that a
+probe recovers the difference; ``score`` uses the same function. Every call is kept in ``calls``.
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+from .base import (
+    DEFAULT_TOP_LOGPROBS, BackendError, Continuation, LogprobSemantics, ModelOutput, SamplingParams, ScoredTokens,
+    TokenLogprob, TopLogprob, Usage,
+)
+from .messages import iter_image_parts, record_messages
+from .think import mark_think, split_think
+
+__all__ = ["ScriptedBackend", "uniform_top"]
+
+_TOKEN_RE = re.compile(r"</?think>|<[^>\s]{1,20}>|\w+|\s+|[^\w\s]")
+
+
+def uniform_top(n: int, k: int = DEFAULT_TOP_LOGPROBS):
+    """top_fn giving a uniform distribution over ``n`` tokens (k listed, the rest in the tail)."""
+    import math
+
+    def fn(has_images: bool, pos: int) -> list[float]:
+        return [math.log(1.0 / n)] * min(k, n)
+    return fn
+
+
+class ScriptedBackend:
+    name = "scripted"
+
+    def __init__(self, script: list, *, model: str = "scripted", k: int = DEFAULT_TOP_LOGPROBS,
+                 top_fn: Callable[[bool, int], list[float]] | None = None, semantics: LogprobSemantics | None = None):
+        self.script = list(script)
+        self.model = model
+        self.k = k
+        self.top_fn = top_fn or uniform_top(4, k)
+        self.semantics = semantics or LogprobSemantics("raw")
+        self.calls: list[dict] = []
+        self._vocab: dict[str, int] = {}
+
+    def _id(self, text: str) -> int:
+        return self._vocab.setdefault(text, len(self._vocab) + 1)
+
+    def _tokens(self, text: str, has_images: bool) -> list[TokenLogprob]:
+        out = []
+        for pos, piece in enumerate(_TOKEN_RE.findall(text)):
+            lps = list(self.top_fn(has_images, pos))
+            top = [TopLogprob(self._id(piece) if j == 0 else -(j + 1), piece if j == 0 else f"<alt{j}>", lp)
+                   for j, lp in enumerate(lps)]
+            out.append(TokenLogprob(self._id(piece), piece, lps[0], top))
+        return out
+
+    async def generate(self, messages: list[dict], sampling: SamplingParams | None = None) -> ModelOutput:
+        sp = sampling or SamplingParams()
+        if not self.script:
+            raise BackendError("scripted backend: the script ran out of responses")
+        item = self.script.pop(0)
+        text = item(messages) if callable(item) else item
+        has_images = any(True for _ in iter_image_parts(messages))
+        tokens = mark_think(self._tokens(text, has_images), starts_in_think=False)
+        reasoning, answer = split_think(text, starts_in_think=False)
+        self.calls.append({"kind": "generate", "messages": record_messages(messages), "has_images": has_images})
+        return ModelOutput(text=answer, reasoning=reasoning, tokens=tokens, finish_reason="stop",
+                           usage=Usage(prompt_tokens=sum(len(str(m.get("content"))) for m in messages) // 4,
+                                       completion_tokens=len(tokens), reasoning_tokens=sum(t.think for t in tokens)),
+                           semantics=self.semantics, backend=self.name, model=self.model,
+                           request={"messages": record_messages(messages), "sampling": sp.to_dict()},
+                           response={"text": text}, top_k_requested=self.k)
+
+    async def score(self, messages: list[dict], continuation: Continuation, *, top_logprobs: int = DEFAULT_TOP_LOGPROBS,
+                    enable_thinking: bool | None = True, temperature: float | None = None) -> ScoredTokens:
+        if continuation.text is None:
+            raise BackendError("scripted backend scores text continuations")
+        has_images = any(True for _ in iter_image_parts(messages))
+        tokens = mark_think(self._tokens(continuation.text, has_images), starts_in_think=False)
+        self.calls.append({"kind": "score", "messages": record_messages(messages), "has_images": has_images})
+        return ScoredTokens(tokens=tokens, semantics=LogprobSemantics("raw"), backend=self.name, model=self.model,
+                            request={"messages": record_messages(messages)}, top_k_requested=self.k)
+
+    async def aclose(self) -> None:
+        return None
