@@ -178,8 +178,6 @@ def text_of(msg: dict) -> str:
 
 
 def _image_of(part: dict, base_dir=None) -> ImageData:
-    if "sha256" in part and "_data" in part:  # already resolved
-        return part["_data"]
     return load_image(image_ref(part), base_dir=base_dir)
 
 

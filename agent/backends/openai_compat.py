@@ -25,7 +25,7 @@ from .base import (
     ScoredTokens, Usage,
 )
 from .messages import record_messages, to_openai_messages
-from .think import THINK_CLOSE, THINK_OPEN, mark_think, mark_think_by_text
+from .think import THINK_CLOSE, mark_think, mark_think_by_text
 from .wire import finish_reason_of, tokens_from_chat_logprobs, tokens_from_triples
 
 __all__ = ["OpenAIBackend", "base_url"]
@@ -137,7 +137,7 @@ class OpenAIBackend:
             raise BackendError(f"{where}: reply carries no logprobs (does this server support logprobs=true?)")
         # Which tokens are thinking: by the tag tokens when present, else by the reasoning text.
         if any(t.text.strip() == THINK_CLOSE for t in tokens):
-            mark_think(tokens, starts_in_think=not any(t.text.strip() == THINK_OPEN for t in tokens[:1]))
+            mark_think(tokens, starts_in_think=True)  # a leading <think> tag token is handled by mark_think
         elif reasoning:
             joined = "".join(t.text for t in tokens).strip()
             if not content.strip():

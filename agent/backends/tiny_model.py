@@ -12,7 +12,6 @@ Nothing is downloaded; the build is deterministic for a seed.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -174,10 +173,6 @@ def build(out_dir: str | os.PathLike, *, seed: int = 0, bpe_vocab: int = 1024) -
         "note": "randomly initialised; outputs are meaningless",
     }, indent=2))
     return out
-
-
-def _build_id(seed: int) -> str:
-    return hashlib.sha256(f"{BUILD_VERSION}:{seed}".encode()).hexdigest()[:12]
 
 
 def ensure_tiny_model(path: str | os.PathLike | None = None, *, seed: int = 0, quiet: bool = False) -> Path:
