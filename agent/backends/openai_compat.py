@@ -80,9 +80,10 @@ class OpenAIBackend:
             "temperature": sp.temperature,
             "top_p": sp.top_p,
             "max_tokens": sp.max_tokens,
-            "logprobs": True,
-            "top_logprobs": sp.top_logprobs,
         }
+        if sp.top_logprobs > 0:  # 0 = plain completion (judges and annotators need no logprobs)
+            body["logprobs"] = True
+            body["top_logprobs"] = sp.top_logprobs
         if sp.seed is not None:
             body["seed"] = sp.seed
         if sp.stop:
@@ -91,8 +92,9 @@ class OpenAIBackend:
         if kw and self.server in ("sglang", "vllm"):
             body["chat_template_kwargs"] = kw
         if self.server == "sglang":
-            body["return_meta_info"] = True
             body["separate_reasoning"] = True
+            if sp.top_logprobs > 0:
+                body["return_meta_info"] = True
         body.update(self.extra_body)
         return body
 
@@ -133,6 +135,8 @@ class OpenAIBackend:
                         t.text = c.get("token", "")
         elif choice.get("logprobs") and choice["logprobs"].get("content") is not None:
             tokens = tokens_from_chat_logprobs(choice["logprobs"]["content"], where=f"{where} logprobs.content")
+        elif sp.top_logprobs == 0:
+            tokens = []
         else:
             raise BackendError(f"{where}: reply carries no logprobs (does this server support logprobs=true?)")
         # Which tokens are thinking: by the tag tokens when present, else by the reasoning text.

@@ -12,6 +12,7 @@ probe recovers the difference; ``score`` uses the same function. Every call is k
 """
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Callable
 
@@ -63,6 +64,7 @@ class ScriptedBackend:
 
     async def generate(self, messages: list[dict], sampling: SamplingParams | None = None) -> ModelOutput:
         sp = sampling or SamplingParams()
+        await asyncio.sleep(0)  # yield like a real backend does
         if not self.script:
             raise BackendError("scripted backend: the script ran out of responses")
         item = self.script.pop(0)

@@ -36,6 +36,19 @@ def _triple(t: Any, where: str, decode: Callable[[int], str] | None) -> TopLogpr
     return TopLogprob(tid, text, _num(t[0], where))
 
 
+def _fast_tops(lst: list, decode: Callable[[int], str] | None) -> list[TopLogprob] | None:
+    """The common case (well-formed triples, sorted best first) without per-item checks; None if not."""
+    try:
+        top = [TopLogprob(int(t[1]), t[2] if t[2] is not None else (decode(int(t[1])) if decode else ""), float(t[0]))
+               for t in lst]
+    except (TypeError, ValueError, IndexError):
+        return None
+    lps = [a.logprob for a in top]
+    if any(x != x for x in lps) or any(a < b for a, b in zip(lps, lps[1:])):
+        return None  # NaN or unsorted: the checked path sorts
+    return top
+
+
 def tokens_from_triples(token_lps: list, top_lps: list | None, *, decode: Callable[[int], str] | None = None,
                         where: str = "meta_info") -> list[TokenLogprob]:
     """Tokens from SGLang triples; ``top_lps[i]`` may be None (no alternatives at that position)."""
@@ -45,11 +58,14 @@ def tokens_from_triples(token_lps: list, top_lps: list | None, *, decode: Callab
         raise BackendError(f"{where}: {len(token_lps)} token logprobs but {len(top_lps)} top-logprob lists")
     out = []
     for i, t in enumerate(token_lps):
-        tok = _triple(t, f"{where}[{i}]", decode)
+        tok = _triple(t, where, decode)
         top = []
         if top_lps is not None and top_lps[i] is not None:
-            top = [_triple(a, f"{where}.top[{i}]", decode) for a in top_lps[i]]
-            top.sort(key=lambda a: -a.logprob if not math.isnan(a.logprob) else math.inf)
+            top = _fast_tops(top_lps[i], decode)
+            if top is None:
+                w = f"{where}.top[{i}]"
+                top = [_triple(a, w, decode) for a in top_lps[i]]
+                top.sort(key=lambda a: -a.logprob if not math.isnan(a.logprob) else math.inf)
         out.append(TokenLogprob(tok.id, tok.text, tok.logprob, top))
     return out
 

@@ -1,8 +1,9 @@
 """A quiet JSON request handler shared by the loopback fakes."""
 from __future__ import annotations
 
-import json
 from http.server import BaseHTTPRequestHandler
+
+from agent.http import dumps  # orjson when installed: a real server does not serialise in Python
 
 
 class JSONHandler(BaseHTTPRequestHandler):
@@ -15,7 +16,7 @@ class JSONHandler(BaseHTTPRequestHandler):
         elif isinstance(body, str):
             data = body.encode()
         else:
-            data = json.dumps(body).encode()
+            data = dumps(body)
         self.send_response(code)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))

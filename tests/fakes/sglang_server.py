@@ -1,6 +1,6 @@
 """A loopback stand-in for an SGLang server, speaking SGLang's real wire format.
 
-    python tests/fakes/sglang_server.py --port 30000 [--model-name NAME] [--tokenizer DIR]
+    python tests/fakes/sglang_server.py --port 30000 [--model-name NAME] [--tokenizer DIR] [--latency S] [--reply TEXT]
 
 Serves ``/health``, ``/health_generate``, ``/v1/models``, ``/get_model_info``, native
 ``/generate`` (``meta_info`` with ``[logprob, token_id, text_or_null]`` triples; scoring with
@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import threading
 import sys
+import threading
+import time
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # runnable as a script too
 
+from agent.http import loads  # noqa: E402
 from tests.fakes.http_base import JSONHandler  # noqa: E402
 
 IMAGE_EXPANSION = 4  # tokens per image placeholder (unknown to the client, as on a real server)
@@ -84,12 +86,14 @@ class _Handler(JSONHandler):
     def do_POST(self):
         n = int(self.headers.get("Content-Length") or 0)
         try:
-            req = json.loads(self.rfile.read(n) or b"{}")
-        except json.JSONDecodeError:
+            req = loads(self.rfile.read(n) or b"{}")
+        except ValueError:
             return self._send(400, {"error": "bad json"})
         with self.server.lock:
             self.server.bodies.append(req)
         fault = self._fault()
+        if self.server.latency_s:
+            time.sleep(self.server.latency_s)
         if fault == "429":
             return self._send(429, {"error": "rate limited"})
         if fault == "500":
@@ -101,7 +105,7 @@ class _Handler(JSONHandler):
         if self.path == "/generate":
             return self._send(200, self._generate(req, drift=(fault == "drift")))
         if self.path == "/v1/chat/completions":
-            return self._send(200, self._chat(req))
+            return self._send(200, self._chat_cached(req))
         self._send(404, {"detail": "Not Found"})
 
     # -------------------------------------------------------------- native
@@ -131,23 +135,42 @@ class _Handler(JSONHandler):
                          "input_token_logprobs": entries, "input_top_logprobs": tops,
                          "output_token_logprobs": [], "output_top_logprobs": []})
             return {"text": "", "output_ids": [], "meta_info": meta}
-        reply = self.server.reply
+        reply = self.server.reply(req) if callable(self.server.reply) else self.server.reply
         out_ids = tok.encode(reply)[: int(sp.get("max_new_tokens", 16))]
         finish = {"type": "stop", "matched": 151645} if len(out_ids) == len(tok.encode(reply)) else {"type": "length", "length": len(out_ids)}
         meta.update({"finish_reason": finish, "completion_tokens": len(out_ids), "e2e_latency": 0.01,
                      "input_token_logprobs": [[None, prompt_ids[-1], None]], "input_top_logprobs": [None]})
-        if req.get("return_logprob"):
-            meta["output_token_logprobs"] = [[_top(t, max(k, 1), j, tok, with_text)[0][0], t, tok.decode(t) if with_text else None]
-                                             for j, t in enumerate(out_ids)]
-            meta["output_top_logprobs"] = [_top(t, k, j, tok, with_text) for j, t in enumerate(out_ids)]
+        if req.get("return_logprob"):  # depends on the reply only: computed once per distinct reply
+            key = ("gen", reply, k, with_text, len(out_ids))
+            with self.server.lock:
+                hit = self.server.chat_cache.get(key)
+            if hit is None:
+                hit = ([[_top(t, max(k, 1), j, tok, with_text)[0][0], t, tok.decode(t) if with_text else None]
+                        for j, t in enumerate(out_ids)], [_top(t, k, j, tok, with_text) for j, t in enumerate(out_ids)])
+                with self.server.lock:
+                    self.server.chat_cache[key] = hit
+            meta["output_token_logprobs"], meta["output_top_logprobs"] = hit
         text = "".join(tok.decode(t) for t in out_ids)
         return {"text": text, "output_ids": out_ids, "meta_info": meta}
 
     # -------------------------------------------------------------- chat
+    def _chat_cached(self, req: dict) -> bytes:
+        """Replies depend only on (text, k, max_tokens, flags): encode each distinct one once."""
+        reply = self.server.reply(req) if callable(self.server.reply) else self.server.reply
+        key = (reply, req.get("top_logprobs"), req.get("max_tokens"), bool(req.get("logprobs")),
+               bool(req.get("return_meta_info")))
+        with self.server.lock:
+            hit = self.server.chat_cache.get(key)
+        if hit is None:
+            hit = json.dumps(self._chat({**req, "_reply": reply})).encode()
+            with self.server.lock:
+                self.server.chat_cache[key] = hit
+        return hit
+
     def _chat(self, req: dict) -> dict:
         tok = self.server.tok
         k = int(req.get("top_logprobs") or 0)
-        reply = self.server.reply
+        reply = req["_reply"]
         out_ids = tok.encode(reply)[: int(req.get("max_tokens") or 16)]
         texts = [tok.decode(t) for t in out_ids]
         full = "".join(texts)
@@ -187,12 +210,14 @@ class FakeServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, port: int = 0, *, model_name: str = "fake-qwen3.5", tokenizer_dir: str | None = None,
-                 reply: str = DEFAULT_REPLY):
+                 reply: str = DEFAULT_REPLY, latency_s: float = 0.0):
         super().__init__(("127.0.0.1", port), _Handler)
         self.model_name = model_name
         self.tok = _Tok(tokenizer_dir)
         self.reply = reply
+        self.latency_s = latency_s
         self.faults: list = []
+        self.chat_cache: dict = {}
         self.requests: list[str] = []
         self.bodies: list[dict] = []
         self.lock = threading.Lock()
@@ -224,8 +249,11 @@ def main() -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--model-name", "--served-model-name", dest="model_name", default="fake-qwen3.5")
     ap.add_argument("--tokenizer")
+    ap.add_argument("--latency", type=float, default=0.0, help="seconds to wait before each POST reply")
+    ap.add_argument("--reply", default=DEFAULT_REPLY, help="the text every generation returns")
     args, _unknown = ap.parse_known_args()
-    srv = FakeServer(args.port, model_name=args.model_name, tokenizer_dir=args.tokenizer)
+    srv = FakeServer(args.port, model_name=args.model_name, tokenizer_dir=args.tokenizer, reply=args.reply,
+                     latency_s=args.latency)
     print(f"fake sglang serving {args.model_name} on {srv.url}", flush=True)
     srv.serve_forever()
 

@@ -1,0 +1,258 @@
+"""The judge (paper B.6, appendix E.5): grade a run's answers, then accuracy in the layout of Table 1.
+
+    python -m agent.judge RUN_DIR                                   # OpenRouter google/gemini-3-flash ($OPENROUTER_API_KEY)
+    python -m agent.judge RUN_DIR --endpoint http://gpu:30000 --model qwen3.5-27b
+    python -m agent.judge RUN_DIR --judge exact                     # offline: normalised exact / contains match
+
+The E.5 extract-then-grade prompt, temperature 0, 8 concurrent requests. The two-line reply is parsed
+into CORRECT / INCORRECT / NOT_ATTEMPTED (textual grades or the letters A/B/C); any other reply is
+UNPARSED — counted and shown, never silently INCORRECT. Trajectories that failed (status other
+than ``ok``) or gave an empty answer are NOT_ATTEMPTED without calling the judge. Accuracy = CORRECT
+/ all samples; mean ± std (ddof=1) over trials, per benchmark and per category; Avg. is weighted by
+the number of samples. Written beside the run: ``judge-<name>.jsonl`` (resumable: a rerun grades
+only what is new or whose answer changed), ``judge-<name>-summary.json``, ``table1-<name>.md/.csv``.
+``--judge exact`` is labelled "exact-match (offline)" in every output: it is not the paper's judge.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import re
+import sys
+import unicodedata
+
+import numpy as np
+
+from .backends.base import BackendError, SamplingParams
+from .prompts import JUDGE, fill
+from .rundir import RunDir, RunError
+
+__all__ = ["parse_grade", "exact_grade", "judge_run", "accuracy_table", "GRADES", "main"]
+
+GRADES = ("CORRECT", "INCORRECT", "NOT_ATTEMPTED", "UNPARSED")
+_LETTER = {"A": "CORRECT", "B": "INCORRECT", "C": "NOT_ATTEMPTED"}
+_WORD = {"CORRECT": "CORRECT", "INCORRECT": "INCORRECT", "NOT ATTEMPTED": "NOT_ATTEMPTED",
+         "NOTATTEMPTED": "NOT_ATTEMPTED"}
+DEFAULT_ENDPOINT = "https://openrouter.ai/api/v1"
+DEFAULT_MODEL = "google/gemini-3-flash"
+DEFAULT_KEY_ENV = "OPENROUTER_API_KEY"
+
+
+def _grade_token(s: str) -> str | None:
+    """One grade from 'A', 'CORRECT', '**B**', 'C (NOT_ATTEMPTED)', 'INCORRECT - B'; None otherwise."""
+    words = re.sub(r"[*_`\"'\[\]().:,=-]+", " ", s).upper().split()
+    t = " ".join(words)
+    if t in _LETTER:
+        return _LETTER[t]
+    if t in _WORD:
+        return _WORD[t]
+    if len(words) >= 2:
+        for letter, word in ((words[0], " ".join(words[1:])), (words[-1], " ".join(words[:-1]))):
+            if letter in _LETTER and _WORD.get(word) == _LETTER[letter]:
+                return _LETTER[letter]
+    return None
+
+
+def parse_grade(reply: str) -> tuple[str, str | None]:
+    """``(grade, extracted)`` from the judge's reply; ``UNPARSED`` unless exactly one grade is stated."""
+    text = (reply or "").strip()
+    text = re.sub(r"<think>.*?</think>", "", text, flags=re.S).strip()
+    extracted = None
+    m = re.search(r"^\W*extracted\W*:\s*(.+)$", text, flags=re.I | re.M)
+    if m:
+        extracted = m.group(1).strip().strip("*").strip()
+    grades = []
+    for gm in re.finditer(r"^\W*grade\W*:\s*(.+?)\s*$", text, flags=re.I | re.M):
+        g = _grade_token(gm.group(1))
+        grades.append(g)
+    if not grades:  # the bare reply is just a grade
+        g = _grade_token(text) if len(text) <= 20 else None
+        return (g, extracted) if g else ("UNPARSED", extracted)
+    if None in grades or len(set(grades)) != 1:
+        return "UNPARSED", extracted
+    return grades[0], extracted
+
+
+def _norm(s: str) -> str:
+    s = unicodedata.normalize("NFKD", str(s)).encode("ascii", "ignore").decode().lower()
+    s = re.sub(r"[^a-z0-9.\s]", " ", s)
+    s = re.sub(r"(?<!\d)\.|\.(?!\d)", " ", s)
+    s = re.sub(r"\b(a|an|the)\b", " ", s)
+    return " ".join(s.split())
+
+
+def exact_grade(answer: str, gold: str) -> str:
+    """Offline grading: CORRECT when the normalised gold (every ';'-separated part) appears in the answer."""
+    a = _norm(answer)
+    if not a:
+        return "NOT_ATTEMPTED"
+    parts = [_norm(p) for p in str(gold).split(";") if _norm(p)]
+    if not parts:
+        return "UNPARSED"  # no gold to compare with (a manifest flaw): reported, not guessed
+    ok = all(re.search(rf"(?<![a-z0-9]){re.escape(p)}(?![a-z0-9])", a) for p in parts)
+    return "CORRECT" if ok else "INCORRECT"
+
+
+def _answer_key(line: dict) -> str:
+    return hashlib.sha256(json.dumps([line["status"], line.get("answer"), line.get("gold")]).encode()).hexdigest()[:16]
+
+
+async def judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_ENDPOINT, model: str = DEFAULT_MODEL,
+                    api_key_env: str | None = DEFAULT_KEY_ENV, server: str = "openrouter", concurrency: int = 8,
+                    backend=None, progress: bool = True) -> dict:
+    """Grade every (sample, trial) of the run (resumable); returns the summary dict."""
+    rd = RunDir(run_dir)
+    header = rd.read_header()
+    lines = list(rd.latest().values())
+    name = "exact" if judge == "exact" else "llm"
+    out_path = rd.path / f"judge-{name}.jsonl"
+    done = {}
+    if out_path.exists():
+        for raw in out_path.read_text().splitlines():
+            try:
+                r = json.loads(raw)
+                done[(r["sample_id"], r["trial"], r["answer_key"])] = r
+            except (json.JSONDecodeError, KeyError):
+                continue
+    label = ("exact-match (offline; NOT the paper's LLM judge)" if judge == "exact"
+             else f"LLM judge {model} @ {endpoint} (paper E.5 prompt, T=0)")
+    todo = [ln for ln in lines if (ln["sample_id"], ln["trial"], _answer_key(ln)) not in done]
+    print(f"judge [{label}]: {len(lines)} trajectories, {len(lines) - len(todo)} already graded", file=sys.stderr)
+    own = False
+    if judge == "llm" and any(ln["status"] == "ok" and (ln.get("answer") or "").strip() for ln in todo) and backend is None:
+        from .backends.openai_compat import OpenAIBackend
+
+        if api_key_env and not os.environ.get(api_key_env) and "openrouter.ai" in endpoint:
+            raise BackendError(f"{api_key_env} is not set: the default judge is {model} on OpenRouter. "
+                               f"Set it, point --endpoint/--model at another OpenAI-compatible server, "
+                               f"or use --judge exact offline")
+        backend = OpenAIBackend(endpoint, model, server=server,
+                                api_key_env=api_key_env if os.environ.get(api_key_env or "") else None)
+        own = True
+    sp = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=2048, top_logprobs=0, enable_thinking=None)
+    sem = asyncio.Semaphore(concurrency)
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(todo), desc="judge", unit="answer", disable=not progress, file=sys.stderr, mininterval=1.0)
+
+    async def grade(ln: dict) -> dict:
+        rec = {"sample_id": ln["sample_id"], "trial": ln["trial"], "answer_key": _answer_key(ln),
+               "benchmark": ln["benchmark"], "category": ln.get("category"), "paper_category": ln.get("paper_category"),
+               "method": ln["method"], "variant": ln.get("variant", ""), "answer": ln.get("answer", ""),
+               "gold": ln.get("gold"), "judge": label}
+        answer = (ln.get("answer") or "").strip()
+        if ln["status"] != "ok" or not answer:
+            rec.update(grade="NOT_ATTEMPTED", extracted=None, reply=None,
+                       reason=f"trajectory status {ln['status']}" if ln["status"] != "ok" else "empty answer")
+        elif judge == "exact":
+            rec.update(grade=exact_grade(answer, ln.get("gold", "")), extracted=answer, reply=None, reason="exact")
+        else:
+            prompt = fill(JUDGE, question=ln["question"], correct_answer=ln.get("gold", ""), response=answer)
+            async with sem:
+                try:
+                    out = await backend.generate([{"role": "user", "content": prompt}], sp)
+                    g, ext = parse_grade(out.text or out.reasoning)
+                    rec.update(grade=g, extracted=ext, reply=out.text, reason="llm")
+                except BackendError as e:  # recorded and retried on the next run
+                    rec.update(grade="UNPARSED", extracted=None, reply=None, reason=f"judge call failed: {e}",
+                               failed=True)
+        bar.update(1)
+        return rec
+
+    try:
+        results = await asyncio.gather(*(grade(ln) for ln in todo))
+    finally:
+        bar.close()
+        if own:
+            await backend.aclose()
+    with open(out_path, "a") as f:
+        for r in results:
+            if not r.get("failed"):
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    graded = {(r["sample_id"], r["trial"], r["answer_key"]): r for r in [*done.values(), *results]}
+    current = [graded[(ln["sample_id"], ln["trial"], _answer_key(ln))] for ln in lines]
+    summary = accuracy_table(current, label=label, run_label=header.get("label") or header.get("method", ""))
+    summary["judge"] = label
+    summary["failed_judge_calls"] = sum(1 for r in results if r.get("failed"))
+    table = summary.pop("table")
+    (rd.path / f"judge-{name}-summary.json").write_text(json.dumps(summary, indent=2))
+    (rd.path / f"table1-{name}.md").write_text(summary["markdown"])
+    table.to_csv(rd.path / f"table1-{name}.csv", index=False)
+    return summary
+
+
+def _mean_std(vals: list[float]) -> tuple[float, float]:
+    a = np.asarray(vals, dtype=float)
+    return float(a.mean() * 100), float(a.std(ddof=1) * 100) if len(a) > 1 else 0.0
+
+
+def accuracy_table(records: list[dict], *, label: str = "", run_label: str = "") -> dict:
+    """Accuracy (%) per benchmark, per category and weighted overall: mean ± std over trials."""
+    import pandas as pd
+
+    df = pd.DataFrame(records)
+    if df.empty:
+        raise RunError("nothing to grade: the run has no finished trajectories")
+    df["correct"] = df["grade"] == "CORRECT"
+    trials = sorted(df["trial"].unique())
+
+    def block(sub: "pd.DataFrame") -> dict:
+        per_trial = [sub[sub.trial == t]["correct"].mean() for t in trials if (sub.trial == t).any()]
+        m, s = _mean_std(per_trial)
+        return {"n": int(sub[sub.trial == trials[0]].shape[0]), "mean": m, "std": s, "per_trial": [p * 100 for p in per_trial],
+                "grades": sub["grade"].value_counts().to_dict()}
+
+    benchmarks = {b: block(g) for b, g in df.groupby("benchmark")}
+    categories = {c: block(g) for c, g in df.groupby(df["category"].fillna("(none)"))}
+    paper_categories = {c: block(g) for c, g in df.groupby(df["paper_category"].fillna("(none)"))}
+    overall = block(df)
+    cols, row = [], {"method": run_label}
+    for b, r in benchmarks.items():
+        cols.append(f"{b} (n={r['n']})")
+        row[cols[-1]] = f"{r['mean']:.1f} ± {r['std']:.1f}"
+    row["Avg."] = f"{overall['mean']:.1f} ± {overall['std']:.1f}"
+    table = pd.DataFrame([row])
+    md = [f"Accuracy (%), mean ± std over {len(trials)} trial(s). Judge: {label}.", "",
+          "| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns),
+          "| " + " | ".join(str(v) for v in row.values()) + " |", "",
+          "| category | n | accuracy |", "|---|---|---|"]
+    md += [f"| {c} | {r['n']} | {r['mean']:.1f} ± {r['std']:.1f} |" for c, r in categories.items()]
+    unparsed = int((df["grade"] == "UNPARSED").sum())
+    if unparsed:
+        md += ["", f"**{unparsed} UNPARSED judge replies** (counted as not correct; see judge-*.jsonl)."]
+    return {"trials": [int(t) for t in trials], "benchmarks": benchmarks, "categories": categories,
+            "paper_categories": paper_categories, "overall": overall, "unparsed": unparsed,
+            "markdown": "\n".join(md) + "\n", "table": table}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m agent.judge", description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_dir")
+    ap.add_argument("--judge", default="llm", choices=("llm", "exact"))
+    ap.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
+    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--api-key-env", default=DEFAULT_KEY_ENV)
+    ap.add_argument("--server", default=None, help="openrouter (default for the default endpoint) | sglang | vllm | other")
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--no-progress", dest="progress", action="store_false")
+    a = ap.parse_args(argv)
+    server = a.server or ("openrouter" if "openrouter.ai" in a.endpoint else "other")
+    try:
+        s = asyncio.run(judge_run(a.run_dir, judge=a.judge, endpoint=a.endpoint, model=a.model,
+                                  api_key_env=a.api_key_env, server=server, concurrency=a.concurrency,
+                                  progress=a.progress))
+    except (RunError, BackendError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(s["markdown"])
+    if s["failed_judge_calls"]:
+        print(f"{s['failed_judge_calls']} judge calls failed; rerun to retry them", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""The agents: direct inference, ReAct (+ Removal@k), MM-ContextFold (+ ablations).
+
+    from agent.methods import MethodSpec, run_sample
+    line, traj = await run_sample(MethodSpec("react"), sample, trial=0, backend=b, toolbox=tb)
+
+``run_sample`` runs one (sample, trial) and returns its result line (see ``docs/trajectory.md``).
+Harness errors (backend down, replay cache miss, unreadable image) end the sample with
+``status="error"`` and are recorded; the model's and the tools' mistakes never do (they go back to
+the agent as observations and count toward the budget).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..backends.base import BackendError, SamplingParams
+from ..backends.messages import ImageError
+from ..tools.toolbox import TOOL_NAMES, CacheMiss
+from ..trajectory import Trajectory
+from .common import BudgetExceeded, Budgets, Episode
+from .contextfold import VARIANTS, run_contextfold
+from .direct import run_direct
+from .react import run_react
+
+__all__ = ["MethodSpec", "run_sample", "new_trajectory", "METHODS", "VARIANTS", "Budgets", "Episode"]
+
+METHODS = ("direct", "react", "mmcontextfold")
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    method: str
+    variant: str = ""
+    remove_images_from_step: int | None = None
+    budgets: Budgets = Budgets()
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r}; choose one of {METHODS}")
+        if self.variant and self.method != "mmcontextfold":
+            raise ValueError("--variant applies to --method mmcontextfold only")
+        if self.variant not in VARIANTS:
+            raise ValueError(f"unknown variant {self.variant!r}; choose one of {VARIANTS[1:]}")
+        if self.remove_images_from_step is not None:
+            if self.method != "react":
+                raise ValueError("--remove-images-from-step applies to --method react only")
+            if self.remove_images_from_step < 1:
+                raise ValueError("--remove-images-from-step must be >= 1")
+
+    @property
+    def label(self) -> str:
+        if self.remove_images_from_step is not None:
+            return f"react-removal@{self.remove_images_from_step}"
+        return self.method + (f"[{self.variant}]" if self.variant else "")
+
+    @property
+    def variant_label(self) -> str:
+        if self.remove_images_from_step is not None:
+            return f"removal@{self.remove_images_from_step}"
+        return self.variant
+
+    def allowed_tools(self) -> tuple:
+        return tuple(t for t in TOOL_NAMES if not (self.variant == "image-caption" and t == "lens_search"))
+
+
+def new_trajectory(spec: MethodSpec, sample, trial: int) -> Trajectory:
+    return Trajectory(sample, trial, spec.method, spec.variant_label)
+
+
+HARNESS_ERRORS = (BackendError, CacheMiss, ImageError, BudgetExceeded, OSError)
+
+
+async def run_sample(spec: MethodSpec, sample, trial: int, *, backend, toolbox,
+                     sampling: SamplingParams | None = None, traj: Trajectory | None = None) -> tuple[dict, Trajectory]:
+    """Run one (sample, trial); pass ``traj`` to keep the partial record if the caller cancels (timeout)."""
+    traj = traj or new_trajectory(spec, sample, trial)
+    try:
+        ep = Episode(sample, trial, backend=backend, toolbox=toolbox, sampling=sampling or SamplingParams(),
+                     traj=traj, budgets=spec.budgets, allowed_tools=spec.allowed_tools())
+        if spec.method == "direct":
+            status, answer = await run_direct(ep)
+        elif spec.method == "react":
+            status, answer = await run_react(ep, remove_from=spec.remove_images_from_step)
+        else:
+            status, answer = await run_contextfold(ep, variant=spec.variant)
+    except HARNESS_ERRORS as e:
+        msg = f"{type(e).__name__}: {e}"
+        traj.error(type(e).__name__, msg)
+        return traj.to_line("error", "", error=msg), traj
+    return traj.to_line(status, answer), traj

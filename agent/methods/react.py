@@ -1,0 +1,62 @@
+"""ReAct (the WebWatcher-style baseline, paper C.1 / B.2) and ReAct-Removal@k (paper §3.2.3).
+
+    python -m agent.run --method react --benchmark demo --out runs/react
+    python -m agent.run --method react --remove-images-from-step 3 --benchmark demo --out runs/react-rm3
+
+All query images sit in the first user turn (each after its ``<image_k>`` identifier) and stay for
+the whole trajectory; every tool observation is appended as a ``<tool_response>`` user turn. One
+JSON ``<tool_call>`` or one ``<answer>`` per response; a malformed response gets the correction
+re-prompt (counts toward T_max). The T_max-th call carries the force-answer prompt (E.2).
+
+Removal@k: calls with index >= k get the same messages with the image parts dropped
+(:func:`react_messages` then ``strip_images``); the ``<image_k>`` identifiers stay.
+"""
+from __future__ import annotations
+
+from ..parsing import ActionError, parse_action
+from ..prompts import FORCE_ANSWER, REACT_SYSTEM, REACT_USER, fill
+from .common import Episode, chat, correction_text, image_parts, strip_images, tool_response, with_suffix
+
+__all__ = ["run_react", "react_messages"]
+
+
+def react_messages(ep: Episode, turns: list[tuple[str, str]], *, step: int, remove_from: int | None,
+                   force: bool = False) -> list[dict]:
+    """The context of LLM call ``step`` rebuilt from the recorded turns (assistant text, next user text)."""
+    first = [*image_parts(ep.registry.images), {"type": "text", "text": fill(REACT_USER, question=ep.sample.question)}]
+    msgs = [chat("system", REACT_SYSTEM), chat("user", first)]
+    for assistant, user in turns:
+        msgs += [chat("assistant", assistant), chat("user", user)]
+    if force:
+        msgs = with_suffix(msgs, FORCE_ANSWER)
+    if remove_from is not None and step >= remove_from:
+        msgs = strip_images(msgs)
+    return msgs
+
+
+async def run_react(ep: Episode, *, remove_from: int | None = None, turns: list | None = None,
+                    correction: bool = False) -> tuple[str, str]:
+    """Run the loop; returns (status, answer). ``turns`` lets a replay start from a recorded prefix."""
+    turns = list(turns or [])
+    while ep.remaining > 0:
+        step = ep.used + 1
+        forced = ep.remaining == 1
+        msgs = react_messages(ep, turns, step=step, remove_from=remove_from, force=forced)
+        out, ev = await ep.llm(msgs, state="react", correction=correction, forced=forced)
+        try:
+            act = parse_action(out.text, ("tool_call", "answer"))
+        except ActionError as e:
+            ep.reject(ev, e)
+            turns.append((out.text, correction_text(e)))
+            correction = True
+            continue
+        ep.accept(ev, act)
+        correction = False
+        if act.kind == "answer":
+            ep.traj.final_answer(ev, act.answer, forced=forced)
+            return "ok", act.answer
+        if forced:
+            break
+        res = await ep.tool(ev, act.name, act.args)
+        turns.append((out.text, tool_response(res.observation)))
+    return "no_answer", ""

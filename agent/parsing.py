@@ -1,0 +1,112 @@
+"""Parsing the agents' action grammars out of a model's visible output.
+
+    act = parse_action(text, allowed=("tool_call", "answer"))
+    act.kind in {"tool_call", "answer", "subtask"}; act.name, act.args / act.answer / act.subtask
+
+Grammar (paper B.2, Table 11, and appendix E): ``<tool_call>{"name": ..., "arguments"|"parameters":
+{...}}</tool_call>``, ``<subtask>{"description", "prompt", "assigned_images"}</subtask>``,
+``<answer>…</answer>``. Only the visible text (after ``</think>``) is parsed. A malformed output
+raises :class:`ActionError` with a message written for the model: it goes back in the correction
+re-prompt (paper B.3), it is not a harness error.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+__all__ = ["Action", "ActionError", "parse_action", "parse_init_description"]
+
+_TAG = {k: re.compile(rf"<{k}>(.*?)</{k}>", re.S) for k in ("tool_call", "answer", "subtask")}
+_OPEN = {k: re.compile(rf"<{k}>", re.S) for k in ("tool_call", "answer", "subtask")}
+
+
+class ActionError(ValueError):
+    """The output has no usable action; the message is shown to the model."""
+
+
+@dataclass
+class Action:
+    kind: str                      # tool_call | answer | subtask
+    name: str = ""                 # tool name
+    args: dict = field(default_factory=dict)
+    answer: str = ""
+    subtask: dict = field(default_factory=dict)
+    raw: str = ""
+
+
+def _json_obj(body: str, what: str) -> dict:
+    s = body.strip()
+    s = re.sub(r"^```(?:json)?\s*|\s*```$", "", s)
+    try:
+        obj = json.loads(s)
+    except json.JSONDecodeError as e:
+        # a common slip: trailing text after the object
+        try:
+            obj, _ = json.JSONDecoder().raw_decode(s)
+        except json.JSONDecodeError:
+            raise ActionError(f"the content of <{what}> is not valid JSON ({e.msg} at char {e.pos}).") from None
+    if not isinstance(obj, dict):
+        raise ActionError(f"the content of <{what}> must be a JSON object, got {type(obj).__name__}.")
+    return obj
+
+
+def parse_action(text: str, allowed=("tool_call", "answer")) -> Action:
+    """The single action in ``text``; raises :class:`ActionError` (no action, several, bad JSON)."""
+    text = text or ""
+    found = {k: _TAG[k].findall(text) for k in allowed}
+    n = sum(len(v) for v in found.values())
+    if n == 0:
+        unclosed = [k for k in allowed if _OPEN[k].search(text)]
+        if unclosed:
+            raise ActionError(f"<{unclosed[0]}> is not closed with </{unclosed[0]}>.")
+        tags = " or ".join(f"<{k}>" for k in allowed)
+        raise ActionError(f"no action found; the response must contain exactly one {tags} block.")
+    if n > 1:
+        kinds = ", ".join(f"{len(v)} <{k}>" for k, v in found.items() if v)
+        raise ActionError(f"found {kinds}; exactly one action per response is allowed.")
+    kind = next(k for k, v in found.items() if v)
+    body = found[kind][0]
+    if kind == "answer":
+        ans = body.strip()
+        if not ans:
+            raise ActionError("the <answer> block is empty.")
+        return Action("answer", answer=ans, raw=body)
+    obj = _json_obj(body, kind)
+    if kind == "tool_call":
+        name = obj.get("name")
+        args = obj.get("arguments", obj.get("parameters", {}))
+        if isinstance(args, str):  # some models double-encode the arguments
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError:
+                raise ActionError("the tool call's arguments are a string that is not JSON.") from None
+        if not isinstance(name, str) or not name.strip():
+            raise ActionError('the tool call has no "name".')
+        if not isinstance(args, dict):
+            raise ActionError('the tool call\'s "arguments" must be a JSON object.')
+        return Action("tool_call", name=name.strip(), args=args, raw=body)
+    # subtask
+    desc, prompt, imgs = obj.get("description"), obj.get("prompt"), obj.get("assigned_images", [])
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ActionError('the subtask needs a non-empty "prompt".')
+    if imgs is None:
+        imgs = []
+    if not isinstance(imgs, list) or not all(isinstance(x, str) for x in imgs):
+        raise ActionError('"assigned_images" must be a list of image identifiers such as ["<image_0>"].')
+    return Action("subtask", subtask={"description": str(desc or "").strip() or prompt.strip()[:40],
+                                      "prompt": prompt.strip(), "assigned_images": imgs}, raw=body)
+
+
+def parse_init_description(text: str) -> tuple[dict | None, str]:
+    """E.4's ``{"summary", "source_hint"}`` if the output holds it, and the text to fold into the main state."""
+    m = re.search(r"\{.*\}", text or "", re.S)
+    if m:
+        try:
+            obj = json.loads(m.group(0))
+            if isinstance(obj, dict) and ("summary" in obj or "source_hint" in obj):
+                return obj, json.dumps({"summary": obj.get("summary", ""), "source_hint": obj.get("source_hint", "")},
+                                       ensure_ascii=False)
+        except json.JSONDecodeError:
+            pass
+    return None, (text or "").strip()

@@ -1,0 +1,273 @@
+"""Every prompt the toolkit sends, as module constants, with where each one comes from.
+
+The MM-ContextFold prompts (E.1-E.4), the judge (E.5) and the grounding annotator (E.6, E.7) are
+copied verbatim from the paper's appendix E. The paper's text extraction flattened their line
+breaks; they are restored here at the markdown structure (headings, numbered and bulleted items,
+tags) and the extraction's ‘…‘ quotes are restored to backticks. ``tests/test_prompts.py`` checks
+that, whitespace and those quotes aside, each constant equals the paper's text word for word.
+
+Prompts the paper does not print are ours and say so: the ReAct system prompt (WebWatcher-style
+JSON ``<tool_call>`` grammar, paper B.2 / C.1), the direct-inference prompt, the correction
+re-prompt, the branch-budget summarise constraint and the image-caption tool list.
+
+Placeholders are ``{name}``; fill them with :func:`fill` (the prompts contain JSON braces, so
+``str.format`` cannot be used).
+"""
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "fill", "SYSTEM", "MAIN", "CONTINUATION", "FORCE_ANSWER", "BRANCH", "BRANCH_CAPTION_ONLY", "INIT", "JUDGE",
+    "GROUNDING_PASS1", "GROUNDING_PASS2", "REACT_SYSTEM", "REACT_USER", "DIRECT_SYSTEM", "CORRECTION",
+    "BRANCH_SUMMARISE", "NO_INIT_IMAGE_CONTEXT", "PAPER_PROMPTS",
+]
+
+
+def fill(template: str, **values) -> str:
+    """Replace ``{name}`` for the given names only (JSON braces in the template are left alone)."""
+    def sub(m):
+        key = m.group(1)
+        return str(values[key]) if key in values else m.group(0)
+    out = re.sub(r"\{([a-z_]+)\}", sub, template)
+    missing = [k for k in re.findall(r"\{([a-z_]+)\}", template) if k not in values]
+    if missing:
+        raise KeyError(f"prompt placeholders not filled: {missing}")
+    return out
+
+
+# --------------------------------------------------------------------------- paper, appendix E.1
+SYSTEM = ("You are a research agent that answers questions by planning and executing focused subtasks. "
+          "You operate in two states: MAIN (planner) or BRANCH (executor).")
+
+# --------------------------------------------------------------------------- paper, appendix E.2
+MAIN = """**STATE: MAIN** -- You are the research strategist.
+
+## Workflow
+1. Analyze the question and image descriptions
+2. Identify what information is still missing
+3. Create a focused subtask to gather it
+4. Review subtask results, then create another subtask or answer
+5. Keep a global round budget in mind; when budget is low, request a synthesis-focused subtask or provide the best calibrated answer.
+
+## Creating a Subtask
+Output ONE subtask per response. The executor (BRANCH) will inherit your full context and can use web search, page reading, and reverse image search.
+<subtask>
+{"description": "3-5 word summary", "prompt": "Clear task prompt with objectives. State what to search for, what specific information to extract, and what to return.", "assigned_images": ["<image_0>"]}
+</subtask>
+
+**`assigned_images` guide:**
+- Only assign images that the subtask **directly needs** (e.g., for reverse image search, reading text/numbers, identifying visual details).
+- For pure text-based research (e.g., searching a name or fact), use an empty list [] -- no images needed.
+- Each image is only loaded inside the BRANCH that receives it, keeping context focused.
+
+## Answering
+When evidence is sufficient:
+<answer>your final answer</answer>
+
+## Image Context
+{image_context}
+
+## Question
+{question}"""
+
+# E.2, continuation prompt (after each branch returns)
+CONTINUATION = """## Subtask [{description}] completed
+{return_message}
+
+---
+Review the findings above. Then take **exactly one** action:
+
+**Option A -- Create another subtask:**
+<subtask>
+{"description": "...", "prompt": "...", "assigned_images": [...]}
+</subtask>
+
+**Option B -- Provide your final answer:**
+<answer>your final answer</answer>"""
+
+# E.2, force-answer prompt (T_max reached)
+FORCE_ANSWER = """Maximum research rounds reached. You MUST provide your best answer now based on all evidence gathered.
+<answer>your final answer</answer>"""
+
+# --------------------------------------------------------------------------- paper, appendix E.3
+_TOOL_SEARCH = '{"name": "search", "description": "Perform a Google web search.", "parameters": {"query": "string", "goal": "string"}}'
+_TOOL_VISIT = '{"name": "visit", "description": "Visit a URL to extract detailed content.", "parameters": {"url": "string", "goal": "string"}}'
+_TOOL_LENS = '{"name": "lens_search", "description": "Perform Google Lens reverse image search.", "parameters": {"image_id": "string", "goal": "string"}}'
+_TOOL_RETURN = '{"name": "return", "description": "Report findings back to MAIN.", "parameters": {"message": "string"}}'
+
+_BRANCH_TEMPLATE = """**STATE: BRANCH** -- Execute the assigned research task.
+
+## Available Tools
+<tools>
+%s
+</tools>
+
+## Response Format
+Think step-by-step, then call **one tool** per response:
+<tool_call>
+{"name": "tool_name", "parameters": {"key": "value"}}
+</tool_call>
+
+## Rules
+1. Focus exclusively on the assigned task.
+2. When done, you **must** call `return` to report findings back to MAIN.
+3. Budget: finish within at most 5 tool calls; if uncertainty remains, call `return` with the best-supported conclusion and explicit uncertainty.
+4. Evidence policy: before `return`, try to validate the key claim with at least two independent signals (e.g., lens_search + search, or search + visit).
+5. Anti-loop: do not repeat near-duplicate queries more than twice; if results are noisy, pivot strategy, then conclude.
+6. Source quality: prefer official or domain-relevant sources over forums/aggregators when evidence conflicts.
+
+## Task
+{task_prompt}"""
+
+BRANCH = _BRANCH_TEMPLATE % "\n".join([_TOOL_SEARCH, _TOOL_VISIT, _TOOL_LENS, _TOOL_RETURN])
+
+#: Ours (derived from E.3): the Image Caption ablation (paper §4.3) runs branches with Text Retrieval
+#: and Web Visit only, so lens_search is removed from the tool list; nothing else changes.
+BRANCH_CAPTION_ONLY = _BRANCH_TEMPLATE % "\n".join([_TOOL_SEARCH, _TOOL_VISIT, _TOOL_RETURN])
+
+# --------------------------------------------------------------------------- paper, appendix E.4
+INIT = """Briefly describe this image for a research planner who cannot see it.
+1. What the image shows (subject, type of content)
+2. Any visible text or numbers
+3. What type of source it appears to be from
+Output as JSON: {"summary": "...", "source_hint": "..."}"""
+
+# --------------------------------------------------------------------------- paper, appendix E.5
+JUDGE = """You are grading a predicted answer against a gold target.
+
+Task -- two steps:
+1. EXTRACT: From the predicted answer, extract the core factual claim that directly answers the question. Write it as a short phrase.
+2. GRADE: Compare the extracted claim with the gold target and assign exactly one grade.
+
+Grading rules:
+- CORRECT: The extracted claim is semantically equivalent to the gold target. Ignore casing, punctuation, phrasing, order, or minor typos. Hedging is acceptable if the correct answer is clearly stated.
+- INCORRECT: The extracted claim contains a factual statement that contradicts the gold target (even if hedged). If correct and incorrect claims coexist, grade INCORRECT.
+- NOT_ATTEMPTED: No clear factual claim is made (e.g. "I don’t know"), or only partial information is given with no contradictions.
+
+Additional rules:
+- For numbers, accept values correct to the last significant figure of the gold target.
+- The prediction only needs to address what the question asks, even if the gold target contains extra detail.
+- Do not penalize omission of info clearly inferable from the question.
+
+Question: {question}
+Gold target: {correct_answer}
+Predicted answer: {response}
+
+Reply in exactly this format (2 lines, nothing else):
+Extracted: <core answer in a short phrase>
+Grade: <A, B, or C>"""
+
+# --------------------------------------------------------------------------- paper, appendix E.6
+GROUNDING_PASS1 = """You are analyzing a multi-step reasoning trajectory from a vision-language agent. The agent was given a question about an image and used tools (web_search, lens_search, visit) to find the answer.
+
+Your task: For each assistant step below, determine whether the step requires direct access to the original image to obtain NEW visual information, or whether it merely reuses image-derived information that was already textualized in a previous step.
+
+## Classification Labels
+
+**"image_needed" = true**: This step extracts NEW information directly from the image that has NOT appeared in any previous step’s text. Examples:
+- FIRST mention of what the image depicts
+- Using lens_search / reverse image search on the original image
+- Noticing a NEW visual detail not previously described
+- Re-examining the image to verify or correct a previous observation
+
+**"image_needed" = false**: This step does NOT require the original image. All image-related information it uses was already converted to text in earlier steps. Examples:
+- Searching for an entity identified from the image in a PREVIOUS step
+- Reasoning about facts retrieved from web search results
+- Mentioning image content that was already fully described earlier
+- The step is purely text-based: processing search results, synthesizing information, or giving a final answer
+
+## Key Principle
+Ask yourself: "If I removed the original image from this step’s input but kept all previous steps’ text output, could this step still produce the same result?" If YES -> image_needed = false.
+
+## Question
+{question}
+
+## Steps (in chronological order)
+{steps_text}
+
+## Output Format
+Return a JSON array with one object per step:
+[{"step": 1, "tool": "...", "image_needed": true/false, "reason": "brief explanation (1 sentence)"}]"""
+
+# --------------------------------------------------------------------------- paper, appendix E.7
+GROUNDING_PASS2 = """Each step has already been labeled with:
+image_needed: whether this step requires DIRECT access to the original image
+
+Your additional task: for each step, determine **image_info_used** -- whether this step’s reasoning or action makes use of ANY image-derived information, regardless of whether it comes directly from the original image or was textualized in a previous step.
+
+## Classification for image_info_used
+
+**true**: This step uses image information in any form. Examples:
+- The step directly examines the original image (image_needed=true implies this)
+- The step’s search query or reasoning references something identified from the image in a previous step
+- The step’s reasoning mentions visual details that came from the image
+
+**false**: This step has NO dependency on image information whatsoever. Examples:
+- The step processes purely factual web results unrelated to the image content
+- The step reasons about dates, numbers, or facts that could have been in a text-only question
+- The step synthesizes information that has no connection to the original image
+
+## Key Principle
+Ask yourself: "If this had been a text-only question (no image at all), could this step still appear in an equivalent reasoning trajectory?" If YES -> image_info_used = false.
+
+## Question
+{question}
+
+## Steps (in chronological order)
+{steps_text}
+
+## Output Format
+[{"step": 1, "tool": "...", "image_needed": true/false, "image_info_used": true/false, "reason": "brief explanation (1 sentence)"}]
+For steps where image_needed=true, image_info_used must also be true."""
+
+#: name -> (appendix section, constant) for the prompts taken verbatim from the paper.
+PAPER_PROMPTS = {
+    "E.1 system": SYSTEM, "E.2 main": MAIN, "E.2 continuation": CONTINUATION, "E.2 force-answer": FORCE_ANSWER,
+    "E.3 branch": BRANCH, "E.4 init": INIT, "E.5 judge": JUDGE, "E.6 grounding pass 1": GROUNDING_PASS1,
+    "E.7 grounding pass 2": GROUNDING_PASS2,
+}
+
+# =========================================================================== ours (not in the paper)
+#: Ours: the ReAct baseline's system prompt. The paper runs WebWatcher's released agent (C.1) with the
+#: JSON ``<tool_call>`` grammar of Table 11 and the shared tools and answer format; WebWatcher's exact
+#: prompt is not printed in the paper, so this one states the same grammar and tools.
+REACT_SYSTEM = """You are a research assistant that answers questions about images by searching the web.
+
+You can call these tools:
+<tools>
+{"name": "search", "description": "Perform a Google web search; returns the top 10 results with titles, snippets and URLs.", "arguments": {"query": "string", "goal": "string"}}
+{"name": "visit", "description": "Visit a URL to extract detailed content.", "arguments": {"url": "string", "goal": "string"}}
+{"name": "lens_search", "description": "Perform Google Lens reverse image search on a query image, given its identifier such as <image_0>.", "arguments": {"image_id": "string", "goal": "string"}}
+</tools>
+
+Think step by step. In each response, either call exactly one tool:
+<tool_call>
+{"name": "tool_name", "arguments": {"key": "value"}}
+</tool_call>
+or, when you have enough evidence, give the final answer:
+<answer>your final answer</answer>
+Tool results come back inside <tool_response></tool_response>."""
+
+#: Ours: the first user turn of ReAct (and of direct inference): the images, each after its identifier.
+REACT_USER = "Question: {question}"
+
+#: Ours: direct inference (no tools), paper §4.1 baseline.
+DIRECT_SYSTEM = """You are a knowledgeable assistant. Answer the question about the image(s) from your own knowledge; you cannot use any tools.
+Think step by step, then give the final answer as:
+<answer>your final answer</answer>"""
+
+#: Ours: the correction re-prompt for malformed outputs (paper B.3 "Error handling" describes it; the
+#: wording is not printed). The malformed output itself stays in the context as the assistant turn.
+CORRECTION = """Your previous response could not be executed: {error}
+Respond again with exactly one action in the required format."""
+
+#: Ours: the constraint on a branch's last allowed call (paper B.3: "the final call is constrained to
+#: summarize partial findings and terminate").
+BRANCH_SUMMARISE = """Branch budget exhausted. Do not call any more tools. Call `return` now with your best-supported findings so far and the remaining uncertainty:
+<tool_call>
+{"name": "return", "parameters": {"message": "..."}}
+</tool_call>"""
+
+#: Ours: the image context of the w/o Init ablation (paper §4.3: "planning only with the image identifiers").
+NO_INIT_IMAGE_CONTEXT = "The question comes with {n} query image(s), not described: {ids}."

@@ -1,0 +1,318 @@
+"""The resumable runner: a method over a benchmark, N trials, recorded into a run directory.
+
+    python -m agent.run --method react --out runs/demo-react              # embedded default: tiny model, offline world, demo
+    python -m agent.run --method mmcontextfold --benchmark data/mmsearch --backend sglang \\
+        --endpoint http://gpu:30000 --endpoint http://gpu:30001 --model-dir /models/Qwen3.5-27B \\
+        --tools live --trials 3 --concurrency 64 --out runs/mmsearch-cf-27b
+
+asyncio workers (``--concurrency``) share the backends (one per ``--endpoint``; each trajectory stays
+on one endpoint so the server's prefix cache is reused; the least busy endpoint gets the next one).
+A rerun of the same command skips the (sample, trial) pairs already written; ``--retry-errors``
+reruns the ones that ended in ``error`` or ``timeout``. Ctrl-C stops cleanly: every finished pair is
+on disk; the ones in flight are dropped and rerun next time. ``--timeout`` bounds one sample.
+See ``agent/rundir.py`` and ``docs/trajectory.md`` for what is written.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from .backends.base import DEFAULT_TOP_LOGPROBS, BackendError, SamplingParams
+from .benchmarks import resolve_benchmark
+from .methods import METHODS, VARIANTS, Budgets, MethodSpec, new_trajectory, run_sample
+from .rundir import RunDir, RunError, versions
+from .tools import MODES, MissingKeyError, make_toolbox
+from .trajectory import SCHEMA_VERSION
+
+__all__ = ["RunConfig", "run", "main", "EMBEDDED_MAX_TOKENS"]
+
+#: The tiny random model never closes its think block on its own; cap its outputs so the embedded
+#: default finishes in seconds. Served models get the usual 4096.
+EMBEDDED_MAX_TOKENS = 48
+
+
+@dataclass
+class RunConfig:
+    method: str
+    out: str
+    benchmark: str = "demo"
+    variant: str = ""
+    remove_images_from_step: int | None = None
+    trials: int = 1
+    concurrency: int = 4
+    limit: int | None = None
+    sample_ids: list[str] | None = None
+    backend: str = "local"
+    endpoints: list[str] = field(default_factory=list)
+    model: str | None = None
+    model_dir: str | None = None
+    logprob_mode: str = "scaled"
+    server: str = "sglang"
+    api_key_env: str | None = None
+    temperature: float = 0.2
+    top_p: float = 0.95
+    max_tokens: int | None = None
+    top_logprobs: int = DEFAULT_TOP_LOGPROBS
+    seed: int | None = None
+    thinking: bool = True
+    t_max: int = 20
+    b_max: int = 5
+    tools: str = "offline"
+    world: str | None = None
+    tool_cache: str | None = None
+    cache_mode: str = "readwrite"
+    live_fallback: bool = False
+    timeout: float | None = None
+    retry_errors: bool = False
+    force: bool = False
+    progress: bool = True
+    token_precision: str = "float32"
+
+    @property
+    def embedded(self) -> bool:
+        return self.backend == "local" and not self.model_dir
+
+    def spec(self) -> MethodSpec:
+        return MethodSpec(self.method, self.variant, self.remove_images_from_step, Budgets(self.t_max, self.b_max))
+
+    def sampling(self, trial: int = 0) -> SamplingParams:
+        mt = self.max_tokens or (EMBEDDED_MAX_TOKENS if self.embedded else 4096)
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, max_tokens=mt,
+                              top_logprobs=self.top_logprobs, seed=None if self.seed is None else self.seed + trial,
+                              enable_thinking=self.thinking)
+
+
+def make_backends(cfg: RunConfig) -> list:
+    from .backends import make_backend
+
+    if cfg.backend == "local":
+        return [make_backend("local", model_dir=cfg.model_dir, logprob_mode=cfg.logprob_mode)]
+    if not cfg.endpoints:
+        raise BackendError(f"--backend {cfg.backend} needs --endpoint URL (repeat it for several servers)")
+    return [make_backend(cfg.backend, endpoint=e, model=cfg.model, model_dir=cfg.model_dir, logprob_mode=cfg.logprob_mode,
+                         server=cfg.server, api_key_env=cfg.api_key_env) for e in cfg.endpoints]
+
+
+class BackendPool:
+    """Hands each trajectory the least busy backend; it keeps that backend for all its calls."""
+
+    def __init__(self, backends: list):
+        self.backends = backends
+        self.busy = [0] * len(backends)
+        self.given = [0] * len(backends)
+
+    def acquire(self) -> int:
+        i = min(range(len(self.backends)), key=lambda j: (self.busy[j], self.given[j]))
+        self.busy[i] += 1
+        self.given[i] += 1
+        return i
+
+    def release(self, i: int) -> None:
+        self.busy[i] -= 1
+
+
+def header_for(cfg: RunConfig, manifest, argv) -> dict:
+    spec = cfg.spec()
+    return {
+        "schema_version": SCHEMA_VERSION, "created": time.time(), "argv": list(argv) if argv is not None else sys.argv,
+        "method": spec.method, "variant": spec.variant_label, "label": spec.label,
+        "remove_images_from_step": spec.remove_images_from_step, "budgets": spec.budgets.to_dict(),
+        "sampling": cfg.sampling().to_dict() | {"seed": cfg.seed}, "trials": cfg.trials,
+        "benchmark": manifest.name, "benchmark_path": str(manifest.path), "n_samples": len(manifest.samples),
+        "backend": {"kind": cfg.backend, "endpoints": cfg.endpoints, "model": cfg.model, "model_dir": cfg.model_dir,
+                    "logprob_mode": cfg.logprob_mode, "server": cfg.server, "embedded_tiny_model": cfg.embedded,
+                    "api_key_env": cfg.api_key_env},
+        "tools": {"provider": cfg.tools, "world": cfg.world, "cache": cfg.tool_cache, "cache_mode": cfg.cache_mode,
+                  "live_fallback": cfg.live_fallback},
+        "token_precision": cfg.token_precision, "versions": versions(),
+    }
+
+
+def _select(manifest, cfg: RunConfig) -> list:
+    samples = manifest.samples
+    if cfg.sample_ids:
+        want = set(cfg.sample_ids)
+        samples = [s for s in samples if s.id in want]
+        missing = want - {s.id for s in samples}
+        if missing:
+            raise RunError(f"{manifest.path}: sample ids not found: {sorted(missing)[:10]}")
+    if cfg.limit is not None:
+        samples = samples[: cfg.limit]
+    return samples
+
+
+async def run(cfg: RunConfig, argv=None, *, backends: list | None = None, toolbox=None) -> dict:
+    """Run (or resume) ``cfg``; returns a summary dict. ``backends``/``toolbox`` override the built ones."""
+    spec = cfg.spec()
+    manifest = resolve_benchmark(cfg.benchmark)
+    rd = RunDir(cfg.out, cfg.token_precision)
+    header = header_for(cfg, manifest, argv)
+    rd.write_header(header, force=cfg.force)
+    cache_path = cfg.tool_cache or str(rd.path / "tools.sqlite")
+    samples = _select(manifest, cfg)
+    done = rd.done_keys(retry_errors=cfg.retry_errors)
+    jobs = [(s, t) for t in range(cfg.trials) for s in samples if (s.id, t) not in done]
+    skipped = len(samples) * cfg.trials - len(jobs)
+    if cfg.embedded and backends is None:
+        print("NOTE: embedded default: a tiny RANDOMLY INITIALISED Qwen3.5 and the offline demo world; "
+              "its answers and numbers are meaningless.", file=sys.stderr)
+    print(f"{spec.label} on {manifest.name}: {len(samples)} samples x {cfg.trials} trials; "
+          f"{skipped} already done, {len(jobs)} to run -> {rd.path}", file=sys.stderr)
+    counts: Counter = Counter()
+    if not jobs:
+        return {"run_dir": str(rd.path), "ran": 0, "skipped": skipped, "counts": {}}
+    own_backends = backends is None
+    backends = backends if backends is not None else make_backends(cfg)
+    own_toolbox = toolbox is None
+    if toolbox is None:
+        toolbox = make_toolbox(cfg.tools, world_dir=cfg.world, cache_path=cache_path, mode=cfg.cache_mode,
+                               live_fallback=cfg.live_fallback)
+        if cfg.tools == "live" and spec.method != "direct":
+            toolbox.require(spec.allowed_tools())
+    pool = BackendPool(backends)
+    queue: asyncio.Queue = asyncio.Queue()
+    for j in jobs:
+        queue.put_nowait(j)
+    write_lock = asyncio.Lock()
+    bar = _progress(len(jobs), cfg.progress, spec.label)
+    t0 = time.perf_counter()
+    n_calls = 0
+
+    async def worker():
+        nonlocal n_calls
+        while True:
+            try:
+                sample, trial = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            i = pool.acquire()
+            traj = new_trajectory(spec, sample, trial)
+            try:
+                coro = run_sample(spec, sample, trial, backend=backends[i], toolbox=toolbox,
+                                  sampling=cfg.sampling(trial), traj=traj)
+                line, _ = await (asyncio.wait_for(coro, cfg.timeout) if cfg.timeout else coro)
+            except asyncio.TimeoutError:
+                traj.error("Timeout", f"sample exceeded --timeout {cfg.timeout:g}s")
+                line = traj.to_line("timeout", "", error=f"sample exceeded --timeout {cfg.timeout:g}s")
+            finally:
+                pool.release(i)
+            line["endpoint"] = cfg.endpoints[i] if cfg.endpoints else cfg.backend
+            async with write_lock:
+                await asyncio.to_thread(rd.append, traj, line)
+            counts[line["status"]] += 1
+            n_calls += line["n_calls"]
+            bar.update(1)
+            bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+                                + f" calls/s={n_calls / max(time.perf_counter() - t0, 1e-9):.1f}", refresh=False)
+
+    tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(cfg.concurrency, len(jobs))))]
+    interrupted = False
+    try:
+        await asyncio.gather(*tasks)
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        interrupted = True
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        bar.close()
+        if own_toolbox:
+            await toolbox.aclose()
+        if own_backends:
+            for b in backends:
+                await b.aclose()
+    elapsed = time.perf_counter() - t0
+    summary = {"run_dir": str(rd.path), "ran": sum(counts.values()), "skipped": skipped, "counts": dict(counts),
+               "llm_calls": n_calls, "elapsed_s": round(elapsed, 2), "interrupted": interrupted,
+               "tool_stats": dict(toolbox.stats)}
+    print(f"{'interrupted' if interrupted else 'done'}: {summary['ran']} written ({dict(counts)}), "
+          f"{n_calls} LLM calls in {elapsed:.1f}s; tools: {dict(toolbox.stats)}", file=sys.stderr)
+    if interrupted:
+        print("rerun the same command to resume; finished samples are kept.", file=sys.stderr)
+        raise KeyboardInterrupt
+    return summary
+
+
+def _progress(total: int, enabled: bool, label: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=label, unit="sample", disable=not enabled, mininterval=1.0, file=sys.stderr)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m agent.run", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--method", required=True, choices=METHODS)
+    ap.add_argument("--variant", default="", choices=VARIANTS, help="MM-ContextFold ablation (paper §4.3)")
+    ap.add_argument("--remove-images-from-step", type=int, metavar="K", help="ReAct-Removal@K")
+    ap.add_argument("--benchmark", default="demo", help="'demo' (offline) or a benchmark dir / data_unified.jsonl")
+    ap.add_argument("--out", required=True, metavar="RUN_DIR")
+    ap.add_argument("--trials", type=int, default=1, help="independent trials per sample (paper: 3)")
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--limit", type=int)
+    ap.add_argument("--sample-ids", help="comma-separated ids to run")
+    g = ap.add_argument_group("backend (default: the embedded tiny Qwen3.5)")
+    g.add_argument("--backend", default="local", choices=("local", "openai", "sglang"))
+    g.add_argument("--endpoint", action="append", default=[], help="server URL; repeat to spread the load")
+    g.add_argument("--model", help="served model name (openai); default: the first listed by /v1/models")
+    g.add_argument("--model-dir", help="weights/tokenizer dir (local; sglang: for the chat template)")
+    g.add_argument("--logprob-mode", default="scaled", choices=("raw", "scaled"),
+                   help="what the server's output logprobs are (see serving/launch_qwen35.sh)")
+    g.add_argument("--server", default="sglang", help="openai backend: sglang | vllm | openrouter | other")
+    g.add_argument("--api-key-env", help="environment variable holding the API key")
+    g = ap.add_argument_group("sampling (paper defaults)")
+    g.add_argument("--temperature", type=float, default=0.2)
+    g.add_argument("--top-p", type=float, default=0.95)
+    g.add_argument("--max-tokens", type=int, help=f"per call (default 4096; {EMBEDDED_MAX_TOKENS} on the tiny model)")
+    g.add_argument("--top-logprobs", type=int, default=DEFAULT_TOP_LOGPROBS)
+    g.add_argument("--seed", type=int, help="base seed (trial t uses seed + t)")
+    g.add_argument("--no-thinking", dest="thinking", action="store_false")
+    g.add_argument("--t-max", type=int, default=20, help="LLM calls per trajectory (paper: 20)")
+    g.add_argument("--b-max", type=int, default=5, help="calls per branch (paper: 5)")
+    g = ap.add_argument_group("tools")
+    g.add_argument("--tools", default="offline", choices=("offline", "live"))
+    g.add_argument("--world", help="offline world dir (default: the shipped demo world)")
+    g.add_argument("--tool-cache", help="SQLite cache path (default RUN_DIR/tools.sqlite)")
+    g.add_argument("--cache-mode", default="readwrite", choices=MODES)
+    g.add_argument("--live-fallback", action="store_true", help="replay mode: call the tool on a cache miss")
+    g = ap.add_argument_group("run control")
+    g.add_argument("--timeout", type=float, help="seconds per sample (ends it as status=timeout)")
+    g.add_argument("--retry-errors", action="store_true", help="rerun pairs that ended in error/timeout")
+    g.add_argument("--force", action="store_true", help="write into a run dir whose header differs")
+    g.add_argument("--no-progress", dest="progress", action="store_false")
+    g.add_argument("--token-precision", default="float32", choices=("float32", "float16"),
+                   help="storage of the top-k logprobs in the token sidecar (float16: ~35%% smaller, lossy)")
+    return ap
+
+
+def config_from_args(a) -> RunConfig:
+    return RunConfig(
+        method=a.method, out=a.out, benchmark=a.benchmark, variant=a.variant,
+        remove_images_from_step=a.remove_images_from_step, trials=a.trials, concurrency=a.concurrency, limit=a.limit,
+        sample_ids=[x for x in (a.sample_ids or "").split(",") if x] or None, backend=a.backend, endpoints=a.endpoint,
+        model=a.model, model_dir=a.model_dir, logprob_mode=a.logprob_mode, server=a.server, api_key_env=a.api_key_env,
+        temperature=a.temperature, top_p=a.top_p, max_tokens=a.max_tokens, top_logprobs=a.top_logprobs, seed=a.seed,
+        thinking=a.thinking, t_max=a.t_max, b_max=a.b_max, tools=a.tools, world=a.world, tool_cache=a.tool_cache,
+        cache_mode=a.cache_mode, live_fallback=a.live_fallback, timeout=a.timeout, retry_errors=a.retry_errors,
+        force=a.force, progress=a.progress, token_precision=a.token_precision)
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        cfg = config_from_args(a)
+        cfg.spec()  # validate method/variant/removal before touching anything
+        asyncio.run(run(cfg, argv))
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, RunError, BackendError, OSError, MissingKeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

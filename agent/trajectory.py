@@ -1,0 +1,188 @@
+"""The trajectory record: an append-only list of typed events per (sample, trial).
+
+    traj = Trajectory(sample, trial=0, method="react", variant="")
+    ev = traj.llm_call(messages, out, state="react")          # every LLM call, exactly as sent
+    traj.tool_call(ev, result)                                # every tool call
+    traj.branch_begin(...); traj.branch_end(...)              # MM-ContextFold branches are spans
+    traj.final_answer(ev, "Paris"); line = traj.to_line("ok", "Paris")
+
+Event types (each has ``type``, ``id`` (sequence number), ``parent`` (the span it belongs to:
+``"init"``, a branch id such as ``"b2"``, or None for the top level) and ``t`` (unix time)):
+
+- ``llm_call``: ``index`` (1-based position among the trajectory's LLM calls: the paper's step t),
+  ``state`` (react | direct | init | main | branch), ``branch``, ``correction`` (this call answers a
+  correction re-prompt), ``forced`` (force-answer / branch-summarise constraint), ``message_ids``
+  (indices into the line's ``messages`` table: the exact messages sent, images as sha256),
+  ``image_hashes`` / ``n_images`` (pixels visible in that call), ``text``, ``reasoning``,
+  ``finish_reason``, ``usage``, ``latency_s``, ``n_tokens``, ``think_tokens``, ``semantics``
+  (``raw`` or ``scaled(T=…)``), ``sampling``, ``backend``, ``model``, ``action`` or ``action_error``.
+  Its per-token arrays (ids, logprobs, top-k, think mask, exact entropy) are rows ``call == index``
+  of the line's token sidecar.
+- ``tool_call``: ``call_index`` (the LLM call that asked for it), ``name``, ``args``, ``observation``,
+  ``ok``, ``cache_hit``, ``paid_calls``, ``image_sha256``.
+- ``branch_begin`` / ``branch_end``: ``branch``, ``description``, ``prompt``, ``assigned_images``,
+  ``assigned_hashes`` / ``message`` (folded back to the main state), ``reason``, ``steps``.
+- ``init_end``: ``descriptions`` (image id -> text folded into the main state).
+- ``final_answer``: ``answer``, ``call_index``, ``forced``.
+- ``error``: ``kind``, ``message``.
+
+The full schema of a run directory is in ``docs/trajectory.md``.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from .backends.base import ModelOutput
+from .backends.messages import record_messages
+
+__all__ = ["Trajectory", "SCHEMA_VERSION", "token_arrays"]
+
+SCHEMA_VERSION = 1
+
+
+def token_arrays(out: ModelOutput, k: int) -> dict[str, np.ndarray]:
+    """Columnar per-token arrays of one generation (top-k NaN / -1 padded)."""
+    n = len(out.tokens)
+    ids = np.full(n, -1, dtype=np.int32)
+    lp = np.zeros(n, dtype=np.float32)
+    think = np.zeros(n, dtype=bool)
+    top_ids = np.full((n, k), -1, dtype=np.int32)
+    top_lp = np.full((n, k), np.nan, dtype=np.float32)
+    for i, t in enumerate(out.tokens):
+        ids[i] = -1 if t.id is None else t.id
+        lp[i] = t.logprob
+        think[i] = t.think
+        for j, alt in enumerate(t.top[:k]):
+            top_ids[i, j] = -1 if alt.id is None else alt.id
+            top_lp[i, j] = alt.logprob
+    ent = (np.asarray(out.exact_entropy, dtype=np.float32) if out.exact_entropy is not None and len(out.exact_entropy) == n
+           else np.full(n, np.nan, dtype=np.float32))
+    return {"id": ids, "logprob": lp, "think": think, "top_ids": top_ids, "top_logprobs": top_lp, "exact_entropy": ent}
+
+
+class Trajectory:
+    def __init__(self, sample, trial: int, method: str, variant: str = ""):
+        self.sample = sample
+        self.trial = int(trial)
+        self.method = method
+        self.variant = variant
+        self.events: list[dict] = []
+        self.messages: list[dict] = []
+        self._msg_ids: dict[str, int] = {}
+        self.tokens: dict[int, dict[str, np.ndarray]] = {}   # call index -> arrays
+        self.n_calls = 0
+        self.started = time.time()
+        self.backend = ""
+        self.model = ""
+        self.top_k = 0
+        self.query_hashes: list[str] = []
+
+    # ------------------------------------------------------------------ events
+    def _add(self, type_: str, parent: str | None, **fields) -> dict:
+        ev = {"type": type_, "id": len(self.events), "parent": parent, "t": round(time.time(), 3), **fields}
+        self.events.append(ev)
+        return ev
+
+    def _message_ids(self, messages: list[dict]) -> list[int]:
+        out = []
+        for m in record_messages(messages):
+            key = json.dumps(m, sort_keys=True, ensure_ascii=False)
+            i = self._msg_ids.get(key)
+            if i is None:
+                i = self._msg_ids[key] = len(self.messages)
+                self.messages.append(m)
+            out.append(i)
+        return out
+
+    def llm_call(self, messages: list[dict], out: ModelOutput, *, state: str, branch: str | None = None,
+                 correction: bool = False, forced: bool = False, parent: str | None = None,
+                 sampling: dict | None = None) -> dict:
+        self.n_calls += 1
+        idx = self.n_calls
+        mids = self._message_ids(messages)
+        hashes = [p.get("sha256") or p.get("url") for i in mids for p in (self.messages[i].get("content") or [])
+                  if isinstance(p, dict) and p.get("type") == "image"]
+        self.top_k = max(self.top_k, out.top_k_requested, max(out.top_counts(), default=0))
+        self.tokens[idx] = token_arrays(out, out.top_k_requested)
+        self.backend, self.model = out.backend, out.model
+        u = out.usage
+        return self._add(
+            "llm_call", parent if parent is not None else branch, index=idx, state=state, branch=branch,
+            correction=correction, forced=forced, message_ids=mids, image_hashes=hashes, n_images=len(hashes),
+            text=out.text, reasoning=out.reasoning, finish_reason=out.finish_reason,
+            usage={"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+                   "cached_tokens": u.cached_tokens, "reasoning_tokens": u.reasoning_tokens},
+            latency_s=round(out.latency_s, 4), n_tokens=len(out.tokens), think_tokens=int(out.think_mask().sum()),
+            semantics=out.semantics.label(), sampling=sampling or {},
+            backend=out.backend, model=out.model, top_k=out.top_k_requested,
+        )
+
+    def tool_call(self, call_ev: dict, res) -> dict:
+        return self._add("tool_call", call_ev.get("parent"), call_index=call_ev["index"], name=res.name, args=res.args,
+                         observation=res.observation, ok=res.ok, cache_hit=res.cache_hit, paid_calls=res.paid_calls,
+                         image_sha256=res.image_sha256)
+
+    def branch_begin(self, branch: str, *, description: str, prompt: str, assigned_images: list[str],
+                     assigned_hashes: list[str], main_call_index: int) -> dict:
+        return self._add("branch_begin", branch, branch=branch, description=description, prompt=prompt,
+                         assigned_images=assigned_images, assigned_hashes=assigned_hashes, main_call_index=main_call_index)
+
+    def branch_end(self, branch: str, *, message: str, reason: str, steps: int) -> dict:
+        return self._add("branch_end", branch, branch=branch, message=message, reason=reason, steps=steps)
+
+    def init_end(self, descriptions: dict[str, str], parsed: dict[str, bool]) -> dict:
+        return self._add("init_end", "init", descriptions=descriptions, parsed=parsed)
+
+    def final_answer(self, call_ev: dict | None, answer: str, *, forced: bool = False) -> dict:
+        return self._add("final_answer", None, answer=answer, call_index=call_ev["index"] if call_ev else None, forced=forced)
+
+    def error(self, kind: str, message: str) -> dict:
+        return self._add("error", None, kind=kind, message=message)
+
+    # ------------------------------------------------------------------ views
+    def llm_events(self) -> list[dict]:
+        return [e for e in self.events if e["type"] == "llm_call"]
+
+    def calls_summary(self) -> list[dict]:
+        tools_by_call: dict[int, list[str]] = {}
+        for e in self.events:
+            if e["type"] == "tool_call":
+                tools_by_call.setdefault(e["call_index"], []).append(e["name"])
+        out = []
+        for e in self.llm_events():
+            act = e.get("action") or {}
+            out.append({
+                "index": e["index"], "state": e["state"], "branch": e["branch"], "correction": e["correction"],
+                "forced": e["forced"], "n_images": e["n_images"], "image_hashes": e["image_hashes"],
+                "prompt_tokens": e["usage"]["prompt_tokens"], "completion_tokens": e["usage"]["completion_tokens"],
+                "cached_tokens": e["usage"]["cached_tokens"], "think_tokens": e["think_tokens"],
+                "n_tokens": e["n_tokens"], "latency_s": e["latency_s"], "finish_reason": e["finish_reason"],
+                "action": act.get("kind") or ("malformed" if e.get("action_error") else None),
+                "tool": (tools_by_call.get(e["index"]) or [act.get("name")])[0] if act.get("kind") == "tool_call" else None,
+            })
+        return out
+
+    def to_line(self, status: str, answer: str, *, error: str | None = None, extra: dict | None = None) -> dict[str, Any]:
+        s = self.sample
+        tools = Counter(e["name"] for e in self.events if e["type"] == "tool_call")
+        n_tokens = sum(len(a["id"]) for a in self.tokens.values())
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "sample_id": s.id, "trial": self.trial, "method": self.method, "variant": self.variant,
+            "benchmark": s.benchmark, "category": s.category, "paper_category": s.paper_category,
+            "question": s.question, "gold": s.answer, "answer": answer or "", "status": status, "error": error,
+            "query_images": {f"<image_{i}>": h for i, h in enumerate(self.query_hashes)},
+            "n_calls": self.n_calls, "n_tool_calls": sum(tools.values()), "tool_calls": dict(tools),
+            "generated_tokens": n_tokens, "think_tokens": int(sum(a["think"].sum() for a in self.tokens.values())),
+            "backend": self.backend, "model": self.model,
+            "started": round(self.started, 3), "finished": round(time.time(), 3),
+            "duration_s": round(time.time() - self.started, 3),
+            "calls": self.calls_summary(), "events": self.events, "messages": self.messages,
+            **(extra or {}),
+        }
+

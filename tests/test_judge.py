@@ -1,0 +1,133 @@
+"""The judge: reply parsing on real-looking outputs, NOT_ATTEMPTED shortcuts, resumability, Table 1 numbers."""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import pytest
+
+from agent.backends.scripted import ScriptedBackend
+from agent.judge import accuracy_table, exact_grade, judge_run, main as judge_main, parse_grade
+from agent.prompts import JUDGE
+from agent.run import RunConfig, run
+from tests.fakes.sglang_server import FakeSGLang
+
+
+@pytest.mark.parametrize("reply,grade,extracted", [
+    ("Extracted: 1911\nGrade: A", "CORRECT", "1911"),
+    ("Extracted: Lyon\nGrade: B", "INCORRECT", "Lyon"),
+    ("Extracted: I don't know\nGrade: C", "NOT_ATTEMPTED", "I don't know"),
+    ("**Extracted:** Marsel\n**Grade:** A", "CORRECT", "Marsel"),
+    ("Extracted: 87 m\nGrade: CORRECT", "CORRECT", "87 m"),
+    ("Extracted: 1997\nGrade: INCORRECT", "INCORRECT", "1997"),   # INCORRECT contains CORRECT: must not match it
+    ("Extracted: -\nGrade: NOT_ATTEMPTED", "NOT_ATTEMPTED", "-"),
+    ("Extracted: x\nGrade: B (INCORRECT)", "INCORRECT", "x"),
+    ("Extracted: x\nGrade: A.", "CORRECT", "x"),
+    ("<think>The gold is 1911... Grade: B?</think>\nExtracted: 1911\nGrade: A", "CORRECT", "1911"),
+    ("Extracted: x\nGrade: A (INCORRECT)", "UNPARSED", "x"),          # contradictory
+    ("Extracted: x\nGrade: A\nGrade: B", "UNPARSED", "x"),            # two grades
+    ("Extracted: x\nGrade: D", "UNPARSED", "x"),
+    ("The prediction matches the gold target.", "UNPARSED", None),   # no grade at all: never a silent INCORRECT
+    ("", "UNPARSED", None),
+    ("B", "INCORRECT", None),
+])
+def test_parse_grade(reply, grade, extracted):
+    assert parse_grade(reply) == (grade, extracted)
+
+
+def test_exact_grade():
+    assert exact_grade("It was founded in 1911.", "1911") == "CORRECT"
+    assert exact_grade("19115", "1911") == "INCORRECT"
+    assert exact_grade("Ilse Morrow, at the Aldgate Museum of Art", "Ilse Morrow; Aldgate Museum of Art") == "CORRECT"
+    assert exact_grade("Ilse Morrow", "Ilse Morrow; Aldgate Museum of Art") == "INCORRECT"
+    assert exact_grade("  ", "x") == "NOT_ATTEMPTED"
+    assert exact_grade("anything", "") == "UNPARSED"
+    assert exact_grade("Zürich", "zurich") == "CORRECT"
+
+
+def answer_policy(messages):
+    q = json.dumps(messages)
+    if "observatory" in q:
+        return "<think>k</think><answer>It was founded in 1911.</answer>"   # correct
+    if "flag" in q:
+        return "<think>k</think><answer>Lyon</answer>"                      # wrong
+    if "painted" in q:
+        return "<think>k</think><answer>garble</answer>"                    # the judge will garble its reply
+    if "publisher" in q:
+        return "<think>k</think>no answer tag at all"                      # malformed until forced -> no_answer
+    return "<think>k</think><answer>1998 and 87</answer>"
+
+
+def judge_reply(req):
+    prompt = req["messages"][0]["content"]
+    gold = re.search(r"Gold target: (.*)", prompt).group(1)
+    pred = re.search(r"Predicted answer: (.*)", prompt).group(1)
+    if pred == "garble":
+        return "</think>I am not sure how to grade this."
+    return f"</think>Extracted: {pred}\nGrade: {'A' if gold in pred else 'B'}"
+
+
+async def _make_run(tmp_path, trials=2):
+    await run(RunConfig(method="react", out=str(tmp_path / "run"), trials=trials, t_max=3, progress=False),
+              [], backends=[ScriptedBackend([answer_policy] * 200)])
+    return tmp_path / "run"
+
+
+async def test_llm_judge_against_an_openai_compatible_server(tmp_path):
+    rd = await _make_run(tmp_path)
+    with FakeSGLang(reply=judge_reply) as srv:
+        s = await judge_run(rd, endpoint=srv.url, model="judge", api_key_env=None, server="sglang", progress=False)
+        bodies = list(srv.bodies)
+        # resumable: a second run asks nothing
+        s2 = await judge_run(rd, endpoint=srv.url, model="judge", api_key_env=None, server="sglang", progress=False)
+        assert len(srv.bodies) == len(bodies)
+    assert s2["overall"] == s["overall"]
+    # 6 samples x 2 trials; the no_answer trajectories (publisher) are never sent to the judge
+    assert len(bodies) == 10
+    assert all(b["temperature"] == 0.0 and "logprobs" not in b for b in bodies)
+    sent = bodies[0]["messages"][0]["content"]
+    assert sent.startswith(JUDGE.split("\n")[0]) and "Reply in exactly this format" in sent
+    recs = [json.loads(x) for x in (rd / "judge-llm.jsonl").read_text().splitlines()]
+    by = {(r["sample_id"], r["trial"]): r for r in recs}
+    assert by[("demo_1", 0)]["grade"] == "CORRECT" and by[("demo_2", 0)]["grade"] == "INCORRECT"
+    assert by[("demo_3", 1)]["grade"] == "UNPARSED" and by[("demo_5", 0)]["grade"] == "NOT_ATTEMPTED"
+    assert by[("demo_5", 0)]["reason"].startswith("trajectory status no_answer")
+    assert by[("demo_4", 0)]["grade"] == "CORRECT" and by[("demo_6", 0)]["grade"] == "CORRECT"
+    # 3 of 6 correct in each trial
+    assert s["overall"]["mean"] == pytest.approx(50.0) and s["overall"]["std"] == 0.0 and s["unparsed"] == 2
+    md = (rd / "table1-llm.md").read_text()
+    assert "demo (n=6)" in md and "50.0 ± 0.0" in md and "2 UNPARSED" in md
+    assert (rd / "table1-llm.csv").exists() and (rd / "judge-llm-summary.json").exists()
+
+
+def test_exact_judge_is_labelled(tmp_path, capsys):
+    rd = asyncio.run(_make_run(tmp_path, trials=1))
+    assert judge_main([str(rd), "--judge", "exact", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "exact-match (offline; NOT the paper's LLM judge)" in out
+    assert "exact-match" in (rd / "table1-exact.md").read_text()
+    assert all("exact-match" in json.loads(x)["judge"] for x in (rd / "judge-exact.jsonl").read_text().splitlines())
+
+
+def test_default_judge_needs_its_key(tmp_path, monkeypatch, capsys):
+    rd = asyncio.run(_make_run(tmp_path, trials=1))
+    monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)
+    assert judge_main([str(rd), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "OPENROUTER_API_KEY is not set" in err and "--judge exact" in err
+
+
+def test_accuracy_mean_std_over_trials_and_weighted_avg():
+    recs = []
+    # benchmark a: 2 samples, b: 4 samples; 3 trials
+    grades = {0: ("C", "I", "C", "C", "C", "I"), 1: ("C", "C", "I", "I", "C", "I"), 2: ("I", "I", "C", "C", "C", "C")}
+    for t, gs in grades.items():
+        for i, g in enumerate(gs):
+            recs.append({"sample_id": f"s{i}", "trial": t, "benchmark": "a" if i < 2 else "b", "category": None,
+                         "paper_category": "x", "grade": "CORRECT" if g == "C" else "INCORRECT"})
+    s = accuracy_table(recs, label="t")
+    a = s["benchmarks"]["a"]
+    assert a["n"] == 2 and a["per_trial"] == [50.0, 100.0, 0.0] and a["mean"] == pytest.approx(50.0)
+    assert a["std"] == pytest.approx(50.0)  # ddof=1
+    assert s["overall"]["per_trial"] == pytest.approx([400 / 6, 300 / 6, 400 / 6])  # weighted by counts

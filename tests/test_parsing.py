@@ -1,0 +1,54 @@
+"""Action parsing on the outputs models really produce (and get wrong)."""
+from __future__ import annotations
+
+import pytest
+
+from agent.parsing import ActionError, parse_action, parse_init_description
+
+
+@pytest.mark.parametrize("text,kind,detail", [
+    ('<tool_call>\n{"name": "search", "arguments": {"query": "x", "goal": "g"}}\n</tool_call>', "tool_call", ("search", {"query": "x", "goal": "g"})),
+    ('<tool_call>{"name": "return", "parameters": {"message": "found"}}</tool_call>', "tool_call", ("return", {"message": "found"})),
+    ('<tool_call>```json\n{"name": "visit", "arguments": {"url": "u"}}\n```</tool_call>', "tool_call", ("visit", {"url": "u"})),
+    ('<tool_call>{"name": "search", "arguments": "{\\"query\\": \\"q\\"}"}</tool_call>', "tool_call", ("search", {"query": "q"})),
+    ('<tool_call>{"name": "search", "arguments": {"query": "q"}} trailing words</tool_call>', "tool_call", ("search", {"query": "q"})),
+    ("Reasoning first.\n<answer> 1911 </answer>", "answer", "1911"),
+])
+def test_valid_actions(text, kind, detail):
+    act = parse_action(text)
+    assert act.kind == kind
+    assert ((act.name, act.args) if kind == "tool_call" else act.answer) == detail
+
+
+def test_subtask():
+    act = parse_action('<subtask>\n{"description": "find club", "prompt": "Identify it.", "assigned_images": ["<image_0>"]}\n</subtask>',
+                       ("subtask", "answer"))
+    assert act.subtask == {"description": "find club", "prompt": "Identify it.", "assigned_images": ["<image_0>"]}
+    act = parse_action('<subtask>{"prompt": "Search the name.", "assigned_images": null}</subtask>', ("subtask",))
+    assert act.subtask["assigned_images"] == [] and act.subtask["description"]
+
+
+@pytest.mark.parametrize("text,allowed,msg", [
+    ("I think the answer is Paris.", ("tool_call", "answer"), "no action found"),
+    ("<tool_call>{\"name\": \"search\"", ("tool_call", "answer"), "not closed"),
+    ("<answer>a</answer><answer>b</answer>", ("tool_call", "answer"), "2 <answer>"),
+    ('<tool_call>{"name": "search", "arguments": {}}</tool_call><answer>x</answer>', ("tool_call", "answer"), "exactly one"),
+    ("<tool_call>{'name': 'search'}</tool_call>", ("tool_call",), "not valid JSON"),
+    ('<tool_call>["search"]</tool_call>', ("tool_call",), "must be a JSON object"),
+    ('<tool_call>{"arguments": {"query": "q"}}</tool_call>', ("tool_call",), 'no "name"'),
+    ('<tool_call>{"name": "search", "arguments": ["q"]}</tool_call>', ("tool_call",), "must be a JSON object"),
+    ("<answer>  </answer>", ("answer",), "empty"),
+    ('<subtask>{"description": "d"}</subtask>', ("subtask",), '"prompt"'),
+    ('<subtask>{"prompt": "p", "assigned_images": "<image_0>"}</subtask>', ("subtask",), "must be a list"),
+    ("<answer>x</answer>", ("subtask",), "no action found"),  # an answer where only a subtask is allowed
+])
+def test_malformed_actions(text, allowed, msg):
+    with pytest.raises(ActionError, match=msg):
+        parse_action(text, allowed)
+
+
+def test_init_description():
+    obj, text = parse_init_description('Sure.\n{"summary": "a red logo", "source_hint": "website"}')
+    assert obj["summary"] == "a red logo" and text == '{"summary": "a red logo", "source_hint": "website"}'
+    obj, text = parse_init_description("A red logo with a bird.")
+    assert obj is None and text == "A red logo with a bird."

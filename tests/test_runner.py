@@ -1,0 +1,206 @@
+"""The runner: record layout, resume, retry, timeout, interruption, endpoints; the pandas reader."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from agent.backends.base import ModelOutput
+from agent.backends.messages import text_of
+from agent.backends.scripted import ScriptedBackend
+from agent.run import RunConfig, main as run_main, run
+from agent.rundir import RunDir, RunError, load_run
+from tests.conftest import REPO
+from tests.fakes.sglang_server import FakeSGLang
+
+
+def react_policy(messages):
+    """A scripted agent that solves demo_1-style questions: lens, then answer from what it saw."""
+    n_assistant = sum(m["role"] == "assistant" for m in messages)
+    if n_assistant == 0:
+        return ('<think>\nlook\n</think>\n\n<tool_call>\n{"name": "lens_search", "arguments": '
+                '{"image_id": "<image_0>", "goal": "identify"}}\n</tool_call>')
+    return "<think>\nanswer\n</think>\n\n<answer>seen " + str(n_assistant) + "</answer>"
+
+
+def cfg(tmp_path, **kw):
+    base = dict(method="react", out=str(tmp_path / "run"), benchmark="demo", progress=False, concurrency=3)
+    base.update(kw)
+    return RunConfig(**base)
+
+
+async def test_run_writes_header_lines_sidecars_images(tmp_path):
+    b = ScriptedBackend([react_policy] * 100)
+    summary = await run(cfg(tmp_path, trials=2), [], backends=[b])
+    assert summary["counts"] == {"ok": 12} and summary["llm_calls"] == 24
+    rd = RunDir(tmp_path / "run")
+    header = rd.read_header()
+    assert header["method"] == "react" and header["budgets"] == {"t_max": 20, "b_max": 5}
+    assert header["sampling"]["temperature"] == 0.2 and header["sampling"]["top_p"] == 0.95
+    assert header["sampling"]["top_logprobs"] == 20 and "numpy" in header["versions"]
+    run_ = load_run(tmp_path / "run")
+    df = run_.samples()
+    assert len(df) == 12 and set(df.trial) == {0, 1} and (df.status == "ok").all()
+    for col in ("sample_id", "trial", "method", "benchmark", "category", "status", "answer", "gold"):
+        assert col in df.columns
+    calls = run_.calls()
+    for col in ("index", "state", "n_images", "prompt_tokens", "completion_tokens", "think_tokens"):
+        assert col in calls.columns
+    assert len(calls) == 24 and (calls.groupby(["sample_id", "trial"]).size() == 2).all()
+    # the sidecar holds each call's tokens, matching the events
+    line = run_.lines[0]
+    tok = run_.tokens(line)
+    assert tok["top_logprobs"].shape[1] == 20 and tok["top_logprobs"].dtype == np.float32
+    for c in line["calls"]:
+        assert (tok["call"] == c["index"]).sum() == c["n_tokens"]
+        assert tok["think"][tok["call"] == c["index"]].sum() == c["think_tokens"]
+    # images are stored once, by content hash
+    hashes = {h for ln in run_.lines for h in ln["query_images"].values()}
+    stored = {p.name.split(".")[0] for p in (tmp_path / "run" / "images").iterdir()}
+    assert hashes == stored and len(stored) == 7
+    # messages are recorded with images as hashes, and can be rebuilt per call
+    ev = next(e for e in line["events"] if e["type"] == "llm_call")
+    msgs = run_.call_messages(line, ev)
+    assert msgs[1]["content"][1] == {"type": "image", "sha256": line["query_images"]["<image_0>"],
+                                     "source": msgs[1]["content"][1]["source"]}
+    assert "data:" not in (tmp_path / "run" / "results.jsonl").read_text()
+
+
+async def test_resume_skips_done_and_retry_errors_reruns_failures(tmp_path):
+    b = ScriptedBackend([react_policy] * 100)
+    await run(cfg(tmp_path, limit=2), [], backends=[b])
+    # a rerun does nothing
+    again = await run(cfg(tmp_path, limit=4), [], backends=[ScriptedBackend([react_policy] * 100)])
+    assert again["skipped"] == 2 and again["ran"] == 2
+    # a failing backend: errors are written; --retry-errors reruns only those
+    failing = ScriptedBackend([])  # runs out at once -> BackendError -> status=error
+    out = await run(cfg(tmp_path, limit=6), [], backends=[failing])
+    assert out["counts"] == {"error": 2}
+    out = await run(cfg(tmp_path, limit=6), [], backends=[ScriptedBackend([react_policy] * 100)])
+    assert out["ran"] == 0
+    out = await run(cfg(tmp_path, limit=6, retry_errors=True), [], backends=[ScriptedBackend([react_policy] * 100)])
+    assert out["counts"] == {"ok": 2}
+    latest = RunDir(tmp_path / "run").latest()
+    assert len(latest) == 6 and all(line["status"] == "ok" for line in latest.values())
+    assert len(RunDir(tmp_path / "run").read_lines()) == 8  # history kept, latest wins
+
+
+async def test_header_mismatch_is_refused(tmp_path):
+    await run(cfg(tmp_path, limit=1), [], backends=[ScriptedBackend([react_policy] * 10)])
+    with pytest.raises(RunError, match="remove_images_from_step"):
+        await run(cfg(tmp_path, limit=1, remove_images_from_step=2), [], backends=[ScriptedBackend([react_policy] * 10)])
+
+
+async def test_torn_last_line_is_ignored_and_rerun(tmp_path, capsys):
+    await run(cfg(tmp_path, limit=2), [], backends=[ScriptedBackend([react_policy] * 10)])
+    res = tmp_path / "run" / "results.jsonl"
+    lines = res.read_bytes().splitlines(keepends=True)
+    res.write_bytes(lines[0] + lines[1][:57])  # a crash in the middle of the second line
+    rd = RunDir(tmp_path / "run")
+    assert len(rd.read_lines()) == 1 and "torn or malformed" in capsys.readouterr().err
+    with open(res, "ab") as f:
+        f.write(b"\n")
+    out = await run(cfg(tmp_path, limit=2), [], backends=[ScriptedBackend([react_policy] * 10)])
+    assert out["ran"] == 1 and len(rd.latest()) == 2
+
+
+class SlowBackend(ScriptedBackend):
+    async def generate(self, messages, sampling=None) -> ModelOutput:
+        if "Kestrel" not in json.dumps(messages) and "observatory" in text_of(messages[1]).lower():
+            await asyncio.sleep(30)
+        return await super().generate(messages, sampling)
+
+
+async def test_timeout_keeps_partial_record(tmp_path):
+    b = SlowBackend([react_policy] * 100)
+    out = await run(cfg(tmp_path, limit=2, timeout=1.0), [], backends=[b])
+    assert out["counts"] == {"timeout": 1, "ok": 1}
+    line = next(ln for ln in RunDir(tmp_path / "run").read_lines() if ln["status"] == "timeout")
+    assert line["sample_id"] == "demo_1" and "timeout" in line["error"] and line["events"][-1]["type"] == "error"
+
+
+async def test_several_endpoints_share_the_load(tmp_path):
+    a, b = ScriptedBackend([react_policy] * 100, model="a"), ScriptedBackend([react_policy] * 100, model="b")
+    await run(cfg(tmp_path, trials=2, concurrency=4), [], backends=[a, b])
+    lines = RunDir(tmp_path / "run").read_lines()
+    models = [ln["model"] for ln in lines]
+    assert models.count("a") >= 4 and models.count("b") >= 4
+    for ln in lines:  # a trajectory stays on one endpoint
+        assert {e["model"] for e in ln["events"] if e["type"] == "llm_call"} == {ln["model"]}
+
+
+def _runner_cmd(url, out, trials=3):
+    return [sys.executable, "-m", "agent.run", "--method", "react", "--backend", "openai", "--endpoint", url,
+            "--benchmark", "demo", "--trials", str(trials), "--concurrency", "2", "--t-max", "4", "--out", str(out),
+            "--no-progress"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_killed_runner_resumes_without_loss_or_duplicates(tmp_path, sig):
+    out = tmp_path / "run"
+    with FakeSGLang(latency_s=0.05) as srv:
+        p = subprocess.Popen(_runner_cmd(srv.url, out), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        res = out / "results.jsonl"
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if res.exists() and res.read_bytes().count(b"\n") >= 3:
+                break
+            time.sleep(0.05)
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=60)
+        before = res.read_bytes()
+        n_before = before.count(b"\n")
+        assert 3 <= n_before < 18, "the run must be killed mid-way"
+        if sig == signal.SIGINT:
+            assert p.returncode == 130 and b"rerun the same command to resume" in err
+        r = subprocess.run(_runner_cmd(srv.url, out), cwd=REPO, capture_output=True, timeout=120)
+        assert r.returncode == 0, r.stderr.decode()[-2000:]
+    after = res.read_bytes()
+    assert after.startswith(before)  # append-only: nothing already written changed
+    keys = [(ln["sample_id"], ln["trial"]) for ln in map(json.loads, after.splitlines())]
+    assert len(keys) == len(set(keys)) == 18
+    assert f"{18 - n_before} to run".encode() in r.stderr
+
+
+def test_cli_errors_are_clear(tmp_path, capsys):
+    assert run_main(["--method", "react", "--variant", "no-init", "--out", str(tmp_path / "x")]) == 2
+    assert "mmcontextfold only" in capsys.readouterr().err
+    assert run_main(["--method", "react", "--benchmark", str(tmp_path / "missing"), "--out", str(tmp_path / "x")]) == 2
+    assert "missing" in capsys.readouterr().err
+    assert run_main(["--method", "react", "--backend", "openai", "--out", str(tmp_path / "y")]) == 2
+    assert "--endpoint" in capsys.readouterr().err
+    assert not (tmp_path / "y" / "results.jsonl").exists()
+
+
+@pytest.mark.model
+def test_embedded_default_runs_end_to_end(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    monkeypatch.setenv("MMCF_TINY_MODEL_DIR", str(tiny_model_dir))
+    rc = run_main(["--method", "mmcontextfold", "--limit", "1", "--t-max", "4", "--max-tokens", "8",
+                   "--out", str(tmp_path / "emb"), "--no-progress"])
+    assert rc == 0
+    assert "RANDOMLY INITIALISED" in capsys.readouterr().err
+    run_ = load_run(tmp_path / "emb")
+    line = run_.lines[0]
+    assert line["n_calls"] == 4 and line["calls"][0]["state"] == "init" and line["backend"] == "local"
+    tok = run_.tokens(line)
+    assert len(tok["id"]) == line["generated_tokens"] > 0 and np.isfinite(tok["exact_entropy"]).all()
+
+
+async def test_float16_storage_is_smaller_and_close(tmp_path):
+    outs = {}
+    for prec in ("float32", "float16"):
+        await run(cfg(tmp_path / prec, limit=2, token_precision=prec), [],
+                  backends=[ScriptedBackend([react_policy] * 10, top_fn=lambda h, p: [-0.1234567, -2.7654321] + [-9.87654] * 18)])
+        run_ = load_run(tmp_path / prec / "run")
+        assert run_.header["token_precision"] == prec
+        outs[prec] = run_.tokens(run_.lines[0])["top_logprobs"]
+    assert outs["float32"][0, 0] == np.float32(-0.1234567)
+    assert outs["float16"][0, 0] != outs["float32"][0, 0]
+    assert np.allclose(outs["float16"], outs["float32"], atol=5e-3)
