@@ -19,7 +19,7 @@ from ..tools.toolbox import TOOL_NAMES, ToolResult
 from ..trajectory import Trajectory
 
 __all__ = ["Budgets", "Episode", "BudgetExceeded", "image_parts", "with_suffix", "tool_response", "correction_text",
-           "strip_images", "chat"]
+           "strip_images", "chat", "with_turns"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,14 @@ def image_parts(images: list[RegisteredImage]) -> list[dict]:
 
 def chat(role: str, content) -> dict:
     return {"role": role, "content": content}
+
+
+def with_turns(base: list[dict], turns: list[tuple[str, str]]) -> list[dict]:
+    """``base`` followed by the recorded turns: (assistant output, the user message that answered it)."""
+    msgs = list(base)
+    for assistant, user in turns:
+        msgs += [chat("assistant", assistant), chat("user", user)]
+    return msgs
 
 
 def with_suffix(messages: list[dict], suffix: str) -> list[dict]:

@@ -26,7 +26,7 @@ from ..prompts import (
     BRANCH, BRANCH_CAPTION_ONLY, BRANCH_SUMMARISE, CONTINUATION, FORCE_ANSWER, INIT, MAIN, NO_INIT_IMAGE_CONTEXT,
     SYSTEM, fill,
 )
-from .common import Episode, chat, correction_text, image_parts, tool_response, with_suffix
+from .common import Episode, chat, correction_text, image_parts, tool_response, with_suffix, with_turns
 
 __all__ = ["run_contextfold", "VARIANTS"]
 
@@ -67,9 +67,7 @@ async def run_contextfold(ep: Episode, *, variant: str = "") -> tuple[str, str]:
     n_branch = 0
 
     def main_messages(extra_assistant: str | None = None) -> list[dict]:
-        msgs = list(base)
-        for a, u in turns:
-            msgs += [chat("assistant", a), chat("user", u)]
+        msgs = with_turns(base, turns)
         if extra_assistant is not None:
             msgs.append(chat("assistant", extra_assistant))
         return msgs
@@ -131,9 +129,7 @@ async def _branch(ep: Episode, bid: str, subtask: dict, inherited: list[dict], m
             return message
         steps += 1
         last = steps >= ep.budgets.b_max or ep.remaining <= 2
-        msgs = list(base)
-        for a, u in turns:
-            msgs += [chat("assistant", a), chat("user", u)]
+        msgs = with_turns(base, turns)
         if last:
             msgs = with_suffix(msgs, BRANCH_SUMMARISE)
         out, ev = await ep.llm(msgs, state="branch", branch=bid, correction=correction, forced=last)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ..parsing import ActionError, parse_action
 from ..prompts import FORCE_ANSWER, REACT_SYSTEM, REACT_USER, fill
-from .common import Episode, chat, correction_text, image_parts, strip_images, tool_response, with_suffix
+from .common import Episode, chat, correction_text, image_parts, strip_images, tool_response, with_suffix, with_turns
 
 __all__ = ["run_react", "react_messages"]
 
@@ -24,9 +24,7 @@ def react_messages(ep: Episode, turns: list[tuple[str, str]], *, step: int, remo
                    force: bool = False) -> list[dict]:
     """The context of LLM call ``step`` rebuilt from the recorded turns (assistant text, next user text)."""
     first = [*image_parts(ep.registry.images), {"type": "text", "text": fill(REACT_USER, question=ep.sample.question)}]
-    msgs = [chat("system", REACT_SYSTEM), chat("user", first)]
-    for assistant, user in turns:
-        msgs += [chat("assistant", assistant), chat("user", user)]
+    msgs = with_turns([chat("system", REACT_SYSTEM), chat("user", first)], turns)
     if force:
         msgs = with_suffix(msgs, FORCE_ANSWER)
     if remove_from is not None and step >= remove_from:
