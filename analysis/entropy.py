@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["grouped_tail_entropy", "exact_entropy_from_logprobs", "tail_mass"]
+__all__ = ["grouped_tail_entropy", "exact_entropy_from_logprobs", "tail_mass", "think_segment_entropy",
+           "step_entropies"]
 
 
 def tail_mass(top_logprobs) -> np.ndarray:
@@ -56,3 +57,58 @@ def exact_entropy_from_logprobs(logprobs) -> np.ndarray:
     p = np.exp(lp)
     with np.errstate(invalid="ignore"):
         return -np.where(p > 0.0, p * lp, 0.0).sum(axis=-1)
+
+
+def think_segment_entropy(call, top_logprobs, think, exact=None) -> dict[str, np.ndarray]:
+    """Per call: H(τ_t) = mean grouped entropy over the call's think tokens (paper §3.2.2, B.4).
+
+    ``call`` (n,) is each token's call index, ``top_logprobs`` (n, k), ``think`` (n,) bool (strictly
+    inside ``<think>…</think>``; answer tokens and the tags are excluded), ``exact`` (n,) optional
+    full-vocabulary entropies (NaN where unknown). Returns arrays over the sorted unique calls:
+    ``call``, ``n_think``, ``H`` (NaN for a call with no think tokens: excluded from means, and
+    counted through ``n_think == 0``), ``H_exact`` and ``gap`` = H_exact - H (>= 0) where exact is known.
+    """
+    call = np.asarray(call)
+    think = np.asarray(think, dtype=bool)
+    calls, inv = np.unique(call, return_inverse=True)
+    h = grouped_tail_entropy(top_logprobs)
+    n = np.bincount(inv, weights=think, minlength=len(calls))
+    s = np.bincount(inv, weights=np.where(think, h, 0.0), minlength=len(calls))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        H = np.where(n > 0, s / np.where(n > 0, n, 1), np.nan)
+    out = {"call": calls, "n_think": n.astype(int), "H": H}
+    if exact is not None:
+        ex = np.asarray(exact, dtype=np.float64)
+        ok = think & np.isfinite(ex)
+        ne = np.bincount(inv, weights=ok, minlength=len(calls))
+        se = np.bincount(inv, weights=np.where(ok, ex, 0.0), minlength=len(calls))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            He = np.where((ne == n) & (n > 0), se / np.where(ne > 0, ne, 1), np.nan)
+        out["H_exact"], out["gap"] = He, He - H
+    return out
+
+
+def step_entropies(run):
+    """One row per (sample, trial, LLM call) of a run: step, state, images in context, H(τ_t).
+
+    ``run`` is :func:`agent.rundir.load_run`'s result. Columns: sample_id, trial, benchmark,
+    paper_category, step (the call index), state, n_images, n_think, H, H_exact, gap.
+    """
+    import pandas as pd
+
+    rows = []
+    for line in run.lines:
+        tok = run.tokens(line)
+        if not tok:
+            continue
+        e = think_segment_entropy(tok["call"], tok["top_logprobs"], tok["think"], tok.get("exact_entropy"))
+        by_call = {int(c): i for i, c in enumerate(e["call"])}
+        for c in line.get("calls", []):
+            i = by_call.get(c["index"])
+            rows.append({"sample_id": line["sample_id"], "trial": line["trial"], "benchmark": line["benchmark"],
+                         "paper_category": line.get("paper_category"), "step": c["index"], "state": c["state"],
+                         "n_images": c["n_images"], "n_think": int(e["n_think"][i]) if i is not None else 0,
+                         "H": float(e["H"][i]) if i is not None else np.nan,
+                         "H_exact": float(e["H_exact"][i]) if i is not None else np.nan,
+                         "gap": float(e["gap"][i]) if i is not None else np.nan})
+    return pd.DataFrame(rows)

@@ -48,3 +48,25 @@ def test_grouped_is_lower_bound_of_exact():
     lp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     top = -np.sort(-lp, axis=-1)[:, :20]
     assert (exact_entropy_from_logprobs(lp) >= grouped_tail_entropy(top) - 1e-12).all()
+
+
+def test_think_segment_entropy_per_call():
+    import math
+
+    from analysis.entropy import think_segment_entropy
+
+    k = 4
+    uniform4 = [math.log(0.25)] * k          # H = log 4
+    onehot = [0.0] + [float("-inf")] * (k - 1)  # H = 0
+    half_tail = [math.log(0.125)] * k        # 4 x 1/8 + tail 1/2
+    h_half = -4 * 0.125 * math.log(0.125) - 0.5 * math.log(0.5)
+    call = [1, 1, 1, 2, 2, 3, 3]
+    top = [uniform4, onehot, uniform4, half_tail, uniform4, uniform4, uniform4]
+    think = [True, True, False, True, False, False, False]  # call 1: 2 think tokens; call 3: none
+    exact = [math.log(4), 0.0, math.log(4), 2.0, 1.0, 1.0, 1.0]
+    out = think_segment_entropy(call, top, think, exact)
+    assert list(out["call"]) == [1, 2, 3] and list(out["n_think"]) == [2, 1, 0]
+    assert out["H"][0] == pytest.approx(math.log(4) / 2)     # the answer token of call 1 is excluded
+    assert out["H"][1] == pytest.approx(h_half) and np.isnan(out["H"][2])
+    assert out["H_exact"][1] == pytest.approx(2.0) and out["gap"][1] == pytest.approx(2.0 - h_half)
+    assert out["gap"][0] == pytest.approx(0.0)

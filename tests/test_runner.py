@@ -204,3 +204,16 @@ async def test_float16_storage_is_smaller_and_close(tmp_path):
     assert outs["float32"][0, 0] == np.float32(-0.1234567)
     assert outs["float16"][0, 0] != outs["float32"][0, 0]
     assert np.allclose(outs["float16"], outs["float32"], atol=5e-3)
+
+
+async def test_step_entropies_recover_planted_entropy(tmp_path):
+    import math
+
+    from agent.backends.scripted import uniform_top
+    from analysis.entropy import step_entropies
+
+    await run(cfg(tmp_path, limit=3), [], backends=[ScriptedBackend([react_policy] * 10, top_fn=uniform_top(8))])
+    df = step_entropies(load_run(tmp_path / "run"))
+    assert len(df) == 6 and list(df.step.unique()) == [1, 2]
+    assert (df.n_think > 0).all() and np.allclose(df.H, math.log(8))
+    assert (df.n_images == 1).all() and df.H_exact.isna().all()  # the scripted backend has no exact entropy
