@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -71,12 +73,16 @@ class RunConfig:
     force: bool = False
     progress: bool = True
     token_precision: str = "float32"
+    processes: int = 1
+    shard: tuple[int, int] | None = None   # internal: this process runs jobs with crc32(key) % n == i
 
     @property
     def embedded(self) -> bool:
         return self.backend == "local" and not self.model_dir
 
     def spec(self) -> MethodSpec:
+        if self.processes < 1 or self.concurrency < 1 or self.trials < 1:
+            raise ValueError("--processes, --concurrency and --trials must be >= 1")
         return MethodSpec(self.method, self.variant, self.remove_images_from_step, Budgets(self.t_max, self.b_max))
 
     def sampling(self, trial: int = 0) -> SamplingParams:
@@ -128,7 +134,7 @@ def header_for(cfg: RunConfig, manifest, argv) -> dict:
                     "api_key_env": cfg.api_key_env},
         "tools": {"provider": cfg.tools, "world": cfg.world, "cache": cfg.tool_cache, "cache_mode": cfg.cache_mode,
                   "live_fallback": cfg.live_fallback},
-        "token_precision": cfg.token_precision, "versions": versions(),
+        "token_precision": cfg.token_precision, "processes": cfg.processes, "versions": versions(),
     }
 
 
@@ -150,21 +156,35 @@ async def run(cfg: RunConfig, argv=None, *, backends: list | None = None, toolbo
     spec = cfg.spec()
     manifest = resolve_benchmark(cfg.benchmark)
     rd = RunDir(cfg.out, cfg.token_precision)
-    header = header_for(cfg, manifest, argv)
-    rd.write_header(header, force=cfg.force)
+    rd.lock(shared_only=cfg.shard is not None)
+    try:
+        return await _run_locked(cfg, argv, spec, manifest, rd, backends, toolbox)
+    finally:
+        rd.unlock()
+
+
+async def _run_locked(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends, toolbox) -> dict:
+    if cfg.shard is None:
+        rd.write_header(header_for(cfg, manifest, argv), force=cfg.force)
     cache_path = cfg.tool_cache or str(rd.path / "tools.sqlite")
     samples = _select(manifest, cfg)
     done = rd.done_keys(retry_errors=cfg.retry_errors)
     jobs = [(s, t) for t in range(cfg.trials) for s in samples if (s.id, t) not in done]
     skipped = len(samples) * cfg.trials - len(jobs)
-    if cfg.embedded and backends is None:
-        print("NOTE: embedded default: a tiny RANDOMLY INITIALISED Qwen3.5 and the offline demo world; "
-              "its answers and numbers are meaningless.", file=sys.stderr)
-    print(f"{spec.label} on {manifest.name}: {len(samples)} samples x {cfg.trials} trials; "
-          f"{skipped} already done, {len(jobs)} to run -> {rd.path}", file=sys.stderr)
+    if cfg.shard is not None:
+        i, n = cfg.shard
+        jobs = [(s, t) for s, t in jobs if zlib.crc32(f"{s.id}\0{t}".encode()) % n == i]
+    else:
+        if cfg.embedded and backends is None:
+            print("NOTE: embedded default: a tiny RANDOMLY INITIALISED Qwen3.5 and the offline demo world; "
+                  "its answers and numbers are meaningless.", file=sys.stderr)
+        print(f"{spec.label} on {manifest.name}: {len(samples)} samples x {cfg.trials} trials; "
+              f"{skipped} already done, {len(jobs)} to run -> {rd.path}", file=sys.stderr)
     counts: Counter = Counter()
     if not jobs:
-        return {"run_dir": str(rd.path), "ran": 0, "skipped": skipped, "counts": {}}
+        return {"run_dir": str(rd.path), "ran": 0, "skipped": skipped, "counts": {}, "llm_calls": 0}
+    if cfg.processes > 1 and cfg.shard is None and backends is None:
+        return await _run_processes(cfg, rd, len(jobs), skipped, spec.label)
     own_backends = backends is None
     backends = backends if backends is not None else make_backends(cfg)
     own_toolbox = toolbox is None
@@ -180,10 +200,10 @@ async def run(cfg: RunConfig, argv=None, *, backends: list | None = None, toolbo
     write_lock = asyncio.Lock()
     bar = _progress(len(jobs), cfg.progress, spec.label)
     t0 = time.perf_counter()
-    n_calls = 0
+    n_calls = n_tokens = 0
 
     async def worker():
-        nonlocal n_calls
+        nonlocal n_calls, n_tokens
         while True:
             try:
                 sample, trial = queue.get_nowait()
@@ -205,6 +225,7 @@ async def run(cfg: RunConfig, argv=None, *, backends: list | None = None, toolbo
                 await asyncio.to_thread(rd.append, traj, line)
             counts[line["status"]] += 1
             n_calls += line["n_calls"]
+            n_tokens += line["generated_tokens"]
             bar.update(1)
             bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in sorted(counts.items()))
                                 + f" calls/s={n_calls / max(time.perf_counter() - t0, 1e-9):.1f}", refresh=False)
@@ -227,13 +248,108 @@ async def run(cfg: RunConfig, argv=None, *, backends: list | None = None, toolbo
                 await b.aclose()
     elapsed = time.perf_counter() - t0
     summary = {"run_dir": str(rd.path), "ran": sum(counts.values()), "skipped": skipped, "counts": dict(counts),
-               "llm_calls": n_calls, "elapsed_s": round(elapsed, 2), "interrupted": interrupted,
-               "tool_stats": dict(toolbox.stats)}
-    print(f"{'interrupted' if interrupted else 'done'}: {summary['ran']} written ({dict(counts)}), "
-          f"{n_calls} LLM calls in {elapsed:.1f}s; tools: {dict(toolbox.stats)}", file=sys.stderr)
+               "llm_calls": n_calls, "generated_tokens": n_tokens, "elapsed_s": round(elapsed, 2),
+               "interrupted": interrupted, "tool_stats": dict(toolbox.stats)}
+    if cfg.shard is None:
+        print(f"{'interrupted' if interrupted else 'done'}: {summary['ran']} written ({dict(counts)}), "
+              f"{n_calls} LLM calls in {elapsed:.1f}s; tools: {dict(toolbox.stats)}", file=sys.stderr)
     if interrupted:
         print("rerun the same command to resume; finished samples are kept.", file=sys.stderr)
         raise KeyboardInterrupt
+    return summary
+
+
+def _child(cfg_fields: dict, i: int, n: int, results) -> None:
+    """One shard of a multi-process run (spawned); reports its summary through ``results``."""
+    import signal
+    import threading
+
+    cfg = RunConfig(**cfg_fields)
+    cfg.shard, cfg.processes, cfg.progress = (i, n), 1, False
+    cfg.concurrency = max(1, -(-cfg.concurrency // n))
+    parent = os.getppid()
+
+    def orphan_watch():  # the parent was killed: stop like Ctrl-C, so nothing outlives the run
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=orphan_watch, daemon=True).start()
+    try:
+        results.put(asyncio.run(run(cfg)))
+    except KeyboardInterrupt:
+        results.put({"interrupted": True})
+    except Exception as e:  # reported by the parent; the lines already written stay
+        results.put({"error": f"{type(e).__name__}: {e}"})
+
+
+async def _run_processes(cfg: RunConfig, rd: RunDir, n_jobs: int, skipped: int, label: str) -> dict:
+    """``--processes P``: P runner processes over disjoint shards of the jobs, appending to one file.
+
+    Each process parses its own replies (top-20 JSON decoding is the runner's main CPU cost), so a
+    busy run is not bound to one core. The parent shows the progress by watching results.jsonl.
+    """
+    import dataclasses
+    import multiprocessing as mp
+    import signal
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    fields = dataclasses.asdict(cfg)
+    procs = [ctx.Process(target=_child, args=(fields, i, cfg.processes, results), daemon=False)
+             for i in range(cfg.processes)]
+    for p in procs:
+        p.start()
+    bar = _progress(n_jobs, cfg.progress, f"{label} x{cfg.processes}")
+    t0 = time.perf_counter()
+    offset = rd.results.stat().st_size if rd.results.exists() else 0
+    summaries, interrupted = [], False
+    try:
+        while len(summaries) < len(procs):
+            await asyncio.sleep(0.5)
+            if rd.results.exists():
+                with open(rd.results, "rb") as f:
+                    f.seek(offset)
+                    new = f.read()
+                done = new.rfind(b"\n") + 1
+                offset += done
+                bar.update(new[:done].count(b"\n"))
+            while not results.empty():
+                summaries.append(results.get())
+            if not any(p.is_alive() for p in procs) and results.empty() and len(summaries) < len(procs):
+                break
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        interrupted = True
+        for p in procs:
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGINT)
+    finally:
+        for p in procs:
+            p.join(60)
+            if p.is_alive():
+                p.terminate()
+        bar.close()
+    while not results.empty():
+        summaries.append(results.get())
+    counts: Counter = Counter()
+    for s in summaries:
+        counts.update(s.get("counts") or {})
+    errors = [s["error"] for s in summaries if "error" in s]
+    interrupted = interrupted or any(s.get("interrupted") for s in summaries)
+    elapsed = time.perf_counter() - t0
+    summary = {"run_dir": str(rd.path), "ran": sum(counts.values()), "skipped": skipped, "counts": dict(counts),
+               "llm_calls": sum(s.get("llm_calls", 0) for s in summaries),
+               "generated_tokens": sum(s.get("generated_tokens", 0) for s in summaries), "elapsed_s": round(elapsed, 2),
+               "interrupted": interrupted, "processes": cfg.processes, "errors": errors}
+    print(f"{'interrupted' if interrupted else 'done'}: {summary['ran']} written ({dict(counts)}) by "
+          f"{cfg.processes} processes, {summary['llm_calls']} LLM calls in {elapsed:.1f}s", file=sys.stderr)
+    for e in errors:
+        print(f"a runner process failed: {e}", file=sys.stderr)
+    if interrupted:
+        print("rerun the same command to resume; finished samples are kept.", file=sys.stderr)
+        raise KeyboardInterrupt
+    if errors:
+        raise RunError(f"{len(errors)} runner process(es) failed; rerun to resume: {errors[0]}")
     return summary
 
 
@@ -251,7 +367,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--benchmark", default="demo", help="'demo' (offline) or a benchmark dir / data_unified.jsonl")
     ap.add_argument("--out", required=True, metavar="RUN_DIR")
     ap.add_argument("--trials", type=int, default=1, help="independent trials per sample (paper: 3)")
-    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--concurrency", type=int, default=4, help="samples in flight (over all processes)")
+    ap.add_argument("--processes", type=int, default=1,
+                    help="runner processes sharing the jobs (decoding top-20 replies is CPU-bound)")
     ap.add_argument("--limit", type=int)
     ap.add_argument("--sample-ids", help="comma-separated ids to run")
     g = ap.add_argument_group("backend (default: the embedded tiny Qwen3.5)")
@@ -297,7 +415,7 @@ def config_from_args(a) -> RunConfig:
         temperature=a.temperature, top_p=a.top_p, max_tokens=a.max_tokens, top_logprobs=a.top_logprobs, seed=a.seed,
         thinking=a.thinking, t_max=a.t_max, b_max=a.b_max, tools=a.tools, world=a.world, tool_cache=a.tool_cache,
         cache_mode=a.cache_mode, live_fallback=a.live_fallback, timeout=a.timeout, retry_errors=a.retry_errors,
-        force=a.force, progress=a.progress, token_precision=a.token_precision)
+        force=a.force, progress=a.progress, token_precision=a.token_precision, processes=a.processes)
 
 
 def main(argv=None) -> int:

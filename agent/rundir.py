@@ -20,6 +20,7 @@ A torn last line (a crash mid-write) is reported and ignored; the pair is rerun 
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -147,6 +148,36 @@ class RunDir:
         _atomic_write(self.header_path, json.dumps(header, indent=2, sort_keys=True).encode())
         return header
 
+    def lock(self, *, wait_s: float = 30.0, shared_only: bool = False) -> None:
+        """Hold the run lock for this process's lifetime: one runner (and its --processes) per directory.
+
+        A runner takes it exclusively (waiting up to ``wait_s`` for a previous runner's processes to
+        exit), then downgrades to shared so its own worker processes (``shared_only``) can join.
+        """
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / ".runner.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        if shared_only:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        else:
+            deadline = time.time() + wait_s
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.time() > deadline:
+                        os.close(fd)
+                        raise RunError(f"{self.path}: another runner is writing to this run directory") from None
+                    time.sleep(0.2)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        fd = getattr(self, "_lock_fd", None)
+        if fd is not None:
+            os.close(fd)
+            self._lock_fd = None
+
     def read_header(self) -> dict:
         try:
             return json.loads(self.header_path.read_text())
@@ -201,10 +232,14 @@ class RunDir:
         data = (json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
         if b"\n" in data[:-1]:  # cannot happen with json.dumps, but a torn line must never be possible
             raise RunError("internal: a result line contains a newline")
-        with open(self.results, "ab") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        with open(self.results, "ab") as f:  # one write under an exclusive lock: --processes share the file
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            try:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
     def store_image(self, path) -> str | None:
         from .backends.messages import ImageError, load_image

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from .backends.base import ModelOutput
+from .backends.base import ModelOutput, top_id_matrix, top_matrix
 from .backends.messages import record_messages
 
 __all__ = ["Trajectory", "SCHEMA_VERSION", "token_arrays"]
@@ -48,21 +48,13 @@ SCHEMA_VERSION = 1
 def token_arrays(out: ModelOutput, k: int) -> dict[str, np.ndarray]:
     """Columnar per-token arrays of one generation (top-k NaN / -1 padded)."""
     n = len(out.tokens)
-    ids = np.full(n, -1, dtype=np.int32)
-    lp = np.zeros(n, dtype=np.float32)
-    think = np.zeros(n, dtype=bool)
-    top_ids = np.full((n, k), -1, dtype=np.int32)
-    top_lp = np.full((n, k), np.nan, dtype=np.float32)
-    for i, t in enumerate(out.tokens):
-        ids[i] = -1 if t.id is None else t.id
-        lp[i] = t.logprob
-        think[i] = t.think
-        for j, alt in enumerate(t.top[:k]):
-            top_ids[i, j] = -1 if alt.id is None else alt.id
-            top_lp[i, j] = alt.logprob
     ent = (np.asarray(out.exact_entropy, dtype=np.float32) if out.exact_entropy is not None and len(out.exact_entropy) == n
            else np.full(n, np.nan, dtype=np.float32))
-    return {"id": ids, "logprob": lp, "think": think, "top_ids": top_ids, "top_logprobs": top_lp, "exact_entropy": ent}
+    return {"id": np.array([-1 if t.id is None else t.id for t in out.tokens], dtype=np.int32),
+            "logprob": np.array([t.logprob for t in out.tokens], dtype=np.float32),
+            "think": np.array([t.think for t in out.tokens], dtype=bool),
+            "top_ids": top_id_matrix(out.tokens, k), "top_logprobs": top_matrix(out.tokens, k, np.float32),
+            "exact_entropy": ent}
 
 
 class Trajectory:

@@ -32,7 +32,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from agent.backends.base import LogprobSemantics, ModelOutput, TokenLogprob, TopLogprob, Usage  # noqa: E402
-from agent.backends.openai_compat import OpenAIBackend  # noqa: E402
 from agent.run import RunConfig, run  # noqa: E402
 from agent.rundir import RunDir  # noqa: E402
 from agent.tools.demo_world import ensure_demo_world  # noqa: E402
@@ -75,8 +74,12 @@ def _server_process(args):
     with socket.socket() as sk:
         sk.bind(("127.0.0.1", 0))
         port = sk.getsockname()[1]
-    p = subprocess.Popen([sys.executable, __file__, "--serve", str(port), "--latency", str(args.latency),
-                          "--calls", str(args.calls)])
+    cmd = [sys.executable, __file__, "--serve", str(port), "--latency", str(args.latency), "--calls", str(args.calls)]
+    if args.tokenizer == "bpe":
+        from agent.backends.tiny_model import ensure_tiny_model
+
+        cmd += ["--server-tokenizer", str(ensure_tiny_model(quiet=True))]
+    p = subprocess.Popen(cmd)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(200):
@@ -91,36 +94,36 @@ def _server_process(args):
         p.wait(10)
 
 
-def serve(port: int, latency: float, calls: int) -> None:
+def serve(port: int, latency: float, calls: int, tokenizer: str | None) -> None:
     from tests.fakes.sglang_server import FakeServer
 
-    srv = FakeServer(port, reply=policy(calls), latency_s=latency)
-    srv.request_queue_size = 256
+    srv = FakeServer(port, reply=policy(calls), latency_s=latency, tokenizer_dir=tokenizer)
     srv.serve_forever()
 
 
 async def bench_rate(args) -> dict:
+    import resource
+
+    from agent.backends.tiny_model import ensure_tiny_model
+
     tmp = Path(tempfile.mkdtemp(prefix="mmcf-bench-"))
     try:
         bench = make_benchmark(tmp, args.samples)
         with _server_process(args) as url:
-            srv = type("S", (), {"url": url})
-            if args.api == "native":
-                from agent.backends.sglang_native import SGLangBackend
-                from agent.backends.tiny_model import ensure_tiny_model
-
-                backend = SGLangBackend(srv.url, str(ensure_tiny_model(quiet=True)))  # its chat template renders prompts
-            else:
-                backend = OpenAIBackend(srv.url, "fake-qwen3.5", server="sglang")
-            # warm-up: one sample, so imports and the first connection are not timed
-            await run(RunConfig(method="react", out=str(tmp / "warm"), benchmark=str(bench), limit=1,
-                                backend="openai", endpoints=[srv.url], progress=False), [], backends=[backend])
-            cfg = RunConfig(method="react", out=str(tmp / "run"), benchmark=str(bench), concurrency=args.concurrency,
-                            backend="openai", endpoints=[srv.url], progress=False)
+            kind = {"native": dict(backend="sglang", model_dir=str(ensure_tiny_model(quiet=True))),  # chat template
+                    "chat": dict(backend="openai", model="fake-qwen3.5")}[args.api]
+            common = dict(benchmark=str(bench), endpoints=[url], progress=False, **kind)
+            # warm-up: one sample, so the first connection and imports are not timed
+            await run(RunConfig(method="react", out=str(tmp / "warm"), limit=1, **common), [])
+            cfg = RunConfig(method="react", out=str(tmp / "run"), concurrency=args.concurrency,
+                            processes=args.processes, **common)
             t0, c0 = time.perf_counter(), time.process_time()
-            s = await run(cfg, [], backends=[backend])
+            ch0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            s = await run(cfg, [])
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-            await backend.aclose()
+            ch1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if args.processes > 1:  # the work is in the worker processes (the server is still running)
+                cpu = (ch1.ru_utime + ch1.ru_stime) - (ch0.ru_utime + ch0.ru_stime)
         calls = s["llm_calls"]
         if s["counts"] != {"ok": args.samples}:
             raise SystemExit(f"benchmark run did not finish cleanly: {s['counts']}")
@@ -128,7 +131,8 @@ async def bench_rate(args) -> dict:
         ideal_wall = waves * args.calls * args.latency
         return {"samples": args.samples, "concurrency": args.concurrency, "latency_s": args.latency,
                 "llm_calls": calls, "wall_s": wall, "rate": calls / wall, "ideal_rate": calls / ideal_wall,
-                "ratio": ideal_wall / wall, "statuses": s["counts"], "cpu_ms_per_call": cpu / calls * 1000}
+                "ratio": ideal_wall / wall, "statuses": s["counts"], "cpu_ms_per_call": cpu / calls * 1000,
+                "tokens_per_call": s.get("generated_tokens", 0) / max(calls, 1)}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -196,23 +200,29 @@ def main() -> int:
                     help="seconds per call (3 s for ~165 tokens = 55 tok/s per stream, 3.5k tok/s over 64 streams)")
     ap.add_argument("--calls", type=int, default=5, help="LLM calls per sample")
     ap.add_argument("--storage-calls", type=int, default=200, help="synthetic calls for the storage measurement")
+    ap.add_argument("--processes", type=int, default=1, help="runner processes (agent.run --processes)")
     ap.add_argument("--api", default="native", choices=("native", "chat"),
                     help="native /generate (SGLangBackend: triples only) or /v1/chat/completions (OpenAIBackend, "
                          "whose replies also carry logprobs.content: ~4x the bytes)")
+    ap.add_argument("--tokenizer", default="bpe", choices=("bpe", "char"),
+                    help="how the stand-in server tokenizes replies: the tiny model's BPE (~50 tokens per reply) "
+                         "or one token per character (~165 tokens: 3x the JSON per call)")
     ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--server-tokenizer", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
-        serve(args.serve, args.latency, args.calls)
+        serve(args.serve, args.latency, args.calls, args.server_tokenizer)
         return 0
     print(f"machine: {os.cpu_count()} CPUs; python {sys.version.split()[0]}")
     r = bench_rate(args)
     r = asyncio.run(r)
     print(f"\n[call rate] {r['samples']} samples x {args.calls} calls, concurrency {r['concurrency']}, "
-          f"server latency {r['latency_s']:.2f}s, {args.api} API")
+          f"server latency {r['latency_s']:.2f}s, {args.api} API, {args.processes} runner process(es)")
     print(f"  measured {r['rate']:.1f} calls/s over {r['wall_s']:.2f}s; ideal {r['ideal_rate']:.1f} calls/s")
     print(f"  ratio measured/ideal = {r['ratio']:.3f}  (target >= 0.90)  statuses={r['statuses']}")
-    print(f"  runner CPU per call: {r['cpu_ms_per_call']:.1f} ms (~165 tokens with top-20: mostly JSON decoding); "
-          f"one core sustains ~{1000 / r['cpu_ms_per_call']:.0f} such calls/s")
+    print(f"  runner CPU per call: {r['cpu_ms_per_call']:.1f} ms for {r['tokens_per_call']:.0f} tokens with top-20 "
+          f"({r['cpu_ms_per_call'] / max(r['tokens_per_call'], 1) * 1000:.0f} us/token, mostly JSON decoding); with a "
+          f"fixed latency all replies of a wave arrive together and are decoded one after another")
     s = bench_storage(args)
     print("\n[storage] synthetic top-20 tokens over a 248k vocabulary")
     for prec, v in s.items():

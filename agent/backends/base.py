@@ -18,6 +18,7 @@ visible in its replies, so each backend is *told* (``logprob_mode=``) and stamps
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
@@ -25,6 +26,7 @@ import numpy as np
 __all__ = [
     "BackendError",
     "TopLogprob",
+    "TopList",
     "TokenLogprob",
     "Usage",
     "LogprobSemantics",
@@ -56,6 +58,44 @@ class TopLogprob:
     logprob: float
 
 
+class TopList(Sequence):
+    """A token's top-k alternatives (best first) held as parallel lists; items are built on access.
+
+    Wire parsers return these instead of lists of :class:`TopLogprob`: a top-20 reply of a thousand
+    tokens holds 20,000 alternatives, and building an object for each costs more than the HTTP call's
+    JSON decoding. ``ids``/``logprobs`` feed the record's arrays directly; indexing, iteration, ``len``
+    and ``==`` behave like the list of :class:`TopLogprob` it stands for (texts decoded on demand).
+    """
+
+    __slots__ = ("ids", "logprobs", "texts", "_decode", "_items")
+
+    def __init__(self, ids: list, logprobs: list[float], texts: list | None = None, decode=None):
+        self.ids, self.logprobs, self.texts, self._decode, self._items = ids, logprobs, texts, decode, None
+
+    def _materialise(self) -> list[TopLogprob]:
+        if self._items is None:
+            texts = self.texts or [None] * len(self.logprobs)
+            dec = self._decode
+            self._items = [TopLogprob(i, t if t is not None else (dec(i) if dec is not None and i is not None else ""), lp)
+                           for i, t, lp in zip(self.ids, texts, self.logprobs)]
+        return self._items
+
+    def __len__(self) -> int:
+        return len(self.logprobs)
+
+    def __getitem__(self, i):
+        return self._materialise()[i]
+
+    def __iter__(self):
+        return iter(self._materialise())
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"TopList({self._materialise()!r})"
+
+
 @dataclass(slots=True)
 class TokenLogprob:
     """One generated (or scored) token with its top-k alternatives, sorted best first."""
@@ -63,11 +103,11 @@ class TokenLogprob:
     id: int | None
     text: str
     logprob: float
-    top: list[TopLogprob]
+    top: "list[TopLogprob] | TopList"
     think: bool = False
 
     def top_logprobs(self) -> list[float]:
-        return [t.logprob for t in self.top]
+        return list(self.top.logprobs) if isinstance(self.top, TopList) else [t.logprob for t in self.top]
 
 
 @dataclass(slots=True)
@@ -203,11 +243,25 @@ class ScoredTokens:
         return top_matrix(self.tokens, k or self.top_k_requested)
 
 
-def top_matrix(tokens: list[TokenLogprob], k: int) -> np.ndarray:
-    out = np.full((len(tokens), k), np.nan, dtype=np.float64)
+def top_matrix(tokens: list[TokenLogprob], k: int, dtype=np.float64) -> np.ndarray:
+    """(n, k) top logprobs, NaN-padded where fewer than k came back."""
+    if tokens and all(isinstance(t.top, TopList) and len(t.top.logprobs) == k for t in tokens):
+        return np.array([t.top.logprobs for t in tokens], dtype=dtype)
+    out = np.full((len(tokens), k), np.nan, dtype=dtype)
     for i, t in enumerate(tokens):
-        vals = [x.logprob for x in t.top[:k]]
+        vals = t.top_logprobs()[:k]
         out[i, : len(vals)] = vals
+    return out
+
+
+def top_id_matrix(tokens: list[TokenLogprob], k: int) -> np.ndarray:
+    """(n, k) top token ids, -1 where absent or unknown (chat servers give no ids)."""
+    if tokens and all(isinstance(t.top, TopList) and len(t.top.ids) == k and None not in t.top.ids for t in tokens):
+        return np.array([t.top.ids for t in tokens], dtype=np.int32)
+    out = np.full((len(tokens), k), -1, dtype=np.int32)
+    for i, t in enumerate(tokens):
+        for j, alt in enumerate(t.top[:k]):
+            out[i, j] = -1 if alt.id is None else alt.id
     return out
 
 

@@ -11,7 +11,9 @@ each logprob is ``[logprob, token_id, text_or_null]``; ``input_token_logprobs[0]
 image placeholder to many tokens, so the expanded prompt length is unknown here: scoring asks
 from the *unexpanded* prompt length on (never later than the true start), takes the last
 len(continuation) entries and **verifies their token ids** against the continuation. A mismatch
-(re-tokenisation drift) is an error, never a silently wrong number.
+(re-tokenisation drift) is an error, never a silently wrong number. Token texts are not requested
+(``return_text_in_logprobs`` would double the reply); they are decoded here from the ids with the
+same tokenizer, the chosen tokens at once, the alternatives only when something reads them.
 """
 from __future__ import annotations
 
@@ -81,7 +83,7 @@ class SGLangBackend:
         if sp.seed is not None:
             params["sampling_seed"] = sp.seed
         payload = {"text": prompt, "sampling_params": params, "return_logprob": True,
-                   "top_logprobs_num": sp.top_logprobs, "return_text_in_logprobs": True}
+                   "top_logprobs_num": sp.top_logprobs}
         if images:
             payload["image_data"] = [im.data_uri() for im in images]
         t0 = time.perf_counter()
@@ -123,7 +125,7 @@ class SGLangBackend:
         n_prompt = len(self.tok(prompt, add_special_tokens=False)["input_ids"])
         payload = {"text": prompt + cont_text, "sampling_params": {"max_new_tokens": 0, "temperature": 0},
                    "return_logprob": True, "logprob_start_len": max(n_prompt - 1, 0),
-                   "top_logprobs_num": int(top_logprobs), "return_text_in_logprobs": True}
+                   "top_logprobs_num": int(top_logprobs)}
         if images:
             payload["image_data"] = [im.data_uri() for im in images]
         resp = await self._post(payload, "score")

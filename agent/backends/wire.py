@@ -13,7 +13,9 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from .base import BackendError, TokenLogprob, TopLogprob
+import numpy as np
+
+from .base import BackendError, TokenLogprob, TopList, TopLogprob
 
 __all__ = ["tokens_from_triples", "tokens_from_chat_logprobs", "finish_reason_of"]
 
@@ -36,17 +38,26 @@ def _triple(t: Any, where: str, decode: Callable[[int], str] | None) -> TopLogpr
     return TopLogprob(tid, text, _num(t[0], where))
 
 
-def _fast_tops(lst: list, decode: Callable[[int], str] | None) -> list[TopLogprob] | None:
-    """The common case (well-formed triples, sorted best first) without per-item checks; None if not."""
+def _fast_tops(rows: list, decode: Callable[[int], str] | None) -> list[TopList] | None:
+    """All positions' top lists in one pass when every row is well-formed, sorted and of equal length.
+
+    Returns None for anything else (ragged rows, null rows, NaN, unsorted): the checked path handles it.
+    """
     try:
-        top = [TopLogprob(int(t[1]), t[2] if t[2] is not None else (decode(int(t[1])) if decode else ""), float(t[0]))
-               for t in lst]
+        k = len(rows[0])
+        if k == 0 or any(len(r) != k for r in rows):
+            return None
+        lps = [float(t[0]) for r in rows for t in r]
+        ids = [int(t[1]) for r in rows for t in r]
+        texts = [t[2] for r in rows for t in r]
     except (TypeError, ValueError, IndexError):
         return None
-    lps = [a.logprob for a in top]
-    if any(x != x for x in lps) or any(a < b for a, b in zip(lps, lps[1:])):
-        return None  # NaN or unsorted: the checked path sorts
-    return top
+    a = np.asarray(lps).reshape(len(rows), k)
+    if not (np.diff(a, axis=1) <= 0).all():  # unsorted or NaN
+        return None
+    has_text = any(x is not None for x in texts)
+    return [TopList(ids[i:i + k], lps[i:i + k], texts[i:i + k] if has_text else None, decode)
+            for i in range(0, len(lps), k)]
 
 
 def tokens_from_triples(token_lps: list, top_lps: list | None, *, decode: Callable[[int], str] | None = None,
@@ -56,16 +67,17 @@ def tokens_from_triples(token_lps: list, top_lps: list | None, *, decode: Callab
         raise BackendError(f"{where}: token logprobs missing or not a list (did the server get return_logprob?)")
     if top_lps is not None and len(top_lps) != len(token_lps):
         raise BackendError(f"{where}: {len(token_lps)} token logprobs but {len(top_lps)} top-logprob lists")
+    fast = _fast_tops(top_lps, decode) if top_lps else None
     out = []
     for i, t in enumerate(token_lps):
         tok = _triple(t, where, decode)
         top = []
-        if top_lps is not None and top_lps[i] is not None:
-            top = _fast_tops(top_lps[i], decode)
-            if top is None:
-                w = f"{where}.top[{i}]"
-                top = [_triple(a, w, decode) for a in top_lps[i]]
-                top.sort(key=lambda a: -a.logprob if not math.isnan(a.logprob) else math.inf)
+        if fast is not None:
+            top = fast[i]
+        elif top_lps is not None and top_lps[i] is not None:
+            w = f"{where}.top[{i}]"
+            top = [_triple(a, w, decode) for a in top_lps[i]]
+            top.sort(key=lambda a: -a.logprob if not math.isnan(a.logprob) else math.inf)
         out.append(TokenLogprob(tok.id, tok.text, tok.logprob, top))
     return out
 

@@ -208,6 +208,7 @@ class _Handler(JSONHandler):
 
 class FakeServer(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 256  # listen() backlog: the default 5 drops bursts of connections (1 s SYN retries)
 
     def __init__(self, port: int = 0, *, model_name: str = "fake-qwen3.5", tokenizer_dir: str | None = None,
                  reply: str = DEFAULT_REPLY, latency_s: float = 0.0):
