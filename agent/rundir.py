@@ -314,6 +314,29 @@ class Run:
     def call_messages(self, line: dict, call_event: dict) -> list[dict]:
         return [line["messages"][i] for i in call_event["message_ids"]]
 
+    def sendable_messages(self, line: dict, call_event: dict) -> list[dict]:
+        """The call's messages ready to send again: each recorded image part points at the stored image."""
+        out = []
+        for m in self.call_messages(line, call_event):
+            c = m.get("content")
+            if isinstance(c, list):
+                parts = []
+                for p in c:
+                    if isinstance(p, dict) and p.get("type") == "image":
+                        if p.get("url"):
+                            parts.append({"type": "image_url", "image_url": {"url": p["url"]}})
+                            continue
+                        path = self.image_path(p["sha256"])
+                        if path is None:
+                            raise RunError(f"{self.path}/images: image {p['sha256'][:12]}… of {line['sample_id']} "
+                                           f"is not stored (was the run directory copied without images/?)")
+                        parts.append({"type": "image_url", "image_url": {"url": str(path)}})
+                    else:
+                        parts.append(p)
+                m = {**m, "content": parts}
+            out.append(m)
+        return out
+
     def image_path(self, sha256: str) -> Path | None:
         hits = list((self.path / "images").glob(f"{sha256}.*"))
         return hits[0] if hits else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["grouped_tail_entropy", "exact_entropy_from_logprobs", "tail_mass", "think_segment_entropy",
-           "step_entropies"]
+           "step_entropies", "kl_union_tail"]
 
 
 def tail_mass(top_logprobs) -> np.ndarray:
@@ -112,3 +112,35 @@ def step_entropies(run):
                          "H_exact": float(e["H_exact"][i]) if i is not None else np.nan,
                          "gap": float(e["gap"][i]) if i is not None else np.nan})
     return pd.DataFrame(rows)
+
+
+def kl_union_tail(ids_p, lps_p, ids_q, lps_q) -> float:
+    """KL(P || Q) in nats between two top-k lists of one position, on the union of their supports + a tail bin.
+
+    Each side's known probabilities are its top-k; a union token missing from one side's top-k gets
+    an even share of that side's tail mass (1 - sum of its top-k), shared with one "rest" bin that
+    holds everything else. Both sides are then normalised distributions over the same bins, so the
+    value is finite. It approximates the KL of the full distributions and is exact when both top-k
+    lists cover the same tokens and the tails are equal. NaN / -1 padding is ignored.
+    """
+    def side(ids, lps):
+        d = {}
+        for i, lp in zip(ids, lps):
+            if i is not None and i >= 0 and np.isfinite(lp):
+                d[int(i)] = float(np.exp(min(lp, 0.0)))
+        return d
+
+    p, q = side(ids_p, lps_p), side(ids_q, lps_q)
+    union = sorted(set(p) | set(q))
+
+    def dist(d):
+        tail = max(0.0, 1.0 - sum(d.values()))
+        missing = [u for u in union if u not in d]
+        share = tail / (len(missing) + 1)
+        vec = np.array([d.get(u, share) for u in union] + [share], dtype=np.float64)
+        return vec / vec.sum() if vec.sum() > 0 else vec
+
+    P, Q = dist(p), dist(q)
+    mask = P > 0
+    with np.errstate(divide="ignore"):
+        return float(np.sum(P[mask] * (np.log(P[mask]) - np.log(np.maximum(Q[mask], 1e-300)))))

@@ -1,4 +1,4 @@
-"""The embedded demo: tiny random Qwen3.5, one generation with an image, per-token top-20 logprobs.
+"""The embedded demo: tiny random Qwen3.5: one generation with an image, then the entropy probe end to end.
 
     python -m scripts.demo            # or: bash scripts/demo.sh (sets up the venv first)
 
@@ -20,8 +20,14 @@ BANNER = """\
 
 def main() -> int:
     print(BANNER, flush=True)
-    print("\n[1/1] one image+text generation with top-20 logprobs (T = think token):\n", flush=True)
+    print("\n[1/2] one image+text generation with top-20 logprobs (T = think token):\n", flush=True)
     rc = check_main(["--max-tokens", "24", *sys.argv[1:]])
+    if rc:
+        return rc
+    print("\n[2/2] the entropy probe end to end: python -m probes.entropy (no arguments)\n", flush=True)
+    from probes.entropy import main as entropy_main
+
+    rc = entropy_main([])
     print("\n(random weights: numbers above are meaningless)")
     return rc
 

@@ -1,0 +1,64 @@
+"""Statistics for the probes: bootstrap confidence intervals, Wilcoxon signed-rank, McNemar.
+
+    from analysis.stats import bootstrap_ci, wilcoxon_p, mcnemar_p
+    lo, hi = bootstrap_ci(delta_h)            # 95% percentile CI of the mean, seeded
+    p = wilcoxon_p(delta_h)                   # paired: H(with) - H(without) against 0
+    p = mcnemar_p(correct_before, correct_after)
+
+Every function returns NaN rather than raising when there is too little data to say anything.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["bootstrap_ci", "wilcoxon_p", "mcnemar_p", "summarise_by"]
+
+
+def bootstrap_ci(values, *, level: float = 0.95, reps: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap CI of the mean (NaNs dropped); (nan, nan) for fewer than 2 values."""
+    x = np.asarray(values, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    if len(x) < 2:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, len(x), size=(reps, len(x)))].mean(axis=1)
+    a = (1 - level) / 2
+    return float(np.quantile(means, a)), float(np.quantile(means, 1 - a))
+
+
+def wilcoxon_p(diffs) -> float:
+    """Two-sided Wilcoxon signed-rank p-value of paired differences against 0 (NaN if undefined)."""
+    from scipy.stats import wilcoxon
+
+    d = np.asarray(diffs, dtype=np.float64)
+    d = d[np.isfinite(d)]
+    if len(d) < 2 or np.all(d == 0):
+        return float("nan")
+    return float(wilcoxon(d, zero_method="wilcox").pvalue)
+
+
+def mcnemar_p(before, after) -> float:
+    """Exact McNemar p-value for paired binary outcomes (binomial test on the discordant pairs)."""
+    from scipy.stats import binomtest
+
+    b = np.asarray(before, dtype=bool)
+    a = np.asarray(after, dtype=bool)
+    n01 = int((b & ~a).sum())
+    n10 = int((~b & a).sum())
+    if n01 + n10 == 0:
+        return 1.0
+    return float(binomtest(n01, n01 + n10, 0.5).pvalue)
+
+
+def summarise_by(df, key: str, value: str, *, seed: int = 0):
+    """Per value of ``key``: n, mean, 95% bootstrap CI and Wilcoxon p of ``value`` (a paired difference)."""
+    import pandas as pd
+
+    rows = []
+    for k, g in df.groupby(key, sort=True):
+        v = g[value].to_numpy(dtype=float)
+        v = v[np.isfinite(v)]
+        lo, hi = bootstrap_ci(v, seed=seed)
+        rows.append({key: k, "n": len(v), "mean": float(v.mean()) if len(v) else float("nan"),
+                     "ci_low": lo, "ci_high": hi, "wilcoxon_p": wilcoxon_p(v)})
+    return pd.DataFrame(rows)

@@ -1,0 +1,286 @@
+"""The entropy probe (paper §3.2.2, B.4): think-segment entropy at step t with vs without the query images.
+
+    python -m probes.entropy                                   # the embedded demo, end to end (random model!)
+    python -m probes.entropy RUN_DIR [--mode regenerate|teacher-forced] [--backend sglang --endpoint URL
+        --model-dir DIR | --backend local --model-dir DIR] [--concurrency 8] [--limit N] [--out DIR]
+
+For every LLM call (step t) of every trajectory in RUN_DIR whose context held query images, τ_t is the
+call's recorded messages and τ_t^IR the same messages with the image parts dropped (their ``<image_k>``
+text identifiers kept). H(τ) is the mean grouped-tail entropy (top-20 + one tail bin, nats; a lower
+bound on the exact entropy) over the think tokens of the response; ΔH_t = H(τ_t) - H(τ_t^IR)
+(positive: the images raise the entropy).
+
+- ``regenerate`` (the paper's setting): H(τ_t) from the recorded response, H(τ_t^IR) from a new
+  response sampled under τ_t^IR with the same sampling parameters and the same logprob semantics
+  (checked: a scaled generation is never paired with a raw one).
+- ``teacher-forced``: the recorded response scored under both τ_t and τ_t^IR (same tokens, both raw,
+  lower variance; needs a backend that scores: ``local`` or ``sglang``). Also reports, per step, the
+  mean over think tokens of KL(with || without) on the union of both top-20 supports plus a tail bin.
+
+Where the backend computes exact entropy (in-process), the exact values and the gap of the grouped
+estimate are reported too. Writes ``OUT/steps.jsonl`` (resumable: a rerun probes only missing steps),
+``steps.parquet`` + ``steps.csv`` (one row per (trajectory, step)), ``summary.csv`` (per step: n, mean
+ΔH, 95% bootstrap CI, Wilcoxon signed-rank p; calls without think tokens are excluded and counted) and
+the Figure 2(b) panel ``fig2b_entropy.png/.pdf``. OUT defaults to ``RUN_DIR/probes/entropy-<mode>``.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from agent.backends.base import BackendError, Continuation, SamplingParams
+from agent.backends.messages import strip_images
+from agent.rundir import Run, RunError, load_run
+from analysis.entropy import grouped_tail_entropy, kl_union_tail
+from analysis.stats import summarise_by
+
+__all__ = ["probe_run", "main", "MODES"]
+
+MODES = ("regenerate", "teacher-forced")
+DEMO_BANNER = """\
+==========================================================================================
+ probes.entropy DEMO on the EMBEDDED DEFAULT: a tiny, RANDOMLY INITIALISED Qwen3.5 and the
+ offline demo world. Every entropy and ΔH below is MEANINGLESS: the point is that the whole
+ pipeline (collect ReAct trajectories -> strip images -> regenerate -> ΔH -> Figure 2(b)) runs.
+ Run it on a served Qwen3.5 (README: "Probes") for real numbers.
+=========================================================================================="""
+
+
+def _think_mean(values: np.ndarray, think: np.ndarray) -> float:
+    return float(values[think].mean()) if think.any() else float("nan")
+
+
+def _sampling_of(ev: dict) -> SamplingParams:
+    s = dict(ev.get("sampling") or {})
+    keep = {k: s[k] for k in ("temperature", "top_p", "max_tokens", "top_logprobs", "seed", "stop", "enable_thinking",
+                               "chat_template_kwargs") if k in s}
+    return SamplingParams(**keep)
+
+
+async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: str) -> dict:
+    sel = tok["call"] == ev["index"]
+    think = tok["think"][sel].astype(bool)
+    row = {"sample_id": line["sample_id"], "trial": line["trial"], "benchmark": line["benchmark"],
+           "paper_category": line.get("paper_category"), "category": line.get("category"), "step": ev["index"],
+           "state": ev["state"], "n_images": ev["n_images"], "n_tokens": int(sel.sum()), "n_think": int(think.sum()),
+           "mode": mode, "semantics": ev.get("semantics")}
+    with_imgs = run.sendable_messages(line, ev)
+    without = strip_images(with_imgs)
+    if mode == "regenerate":
+        top = tok["top_logprobs"][sel]
+        row["H_with"] = _think_mean(grouped_tail_entropy(top), think)
+        ex = tok["exact_entropy"][sel]
+        row["H_exact_with"] = _think_mean(ex.astype(np.float64), think) if np.isfinite(ex[think]).all() else float("nan")
+        sp = _sampling_of(ev)
+        out = await backend.generate(without, sp)
+        if ev.get("semantics") and out.semantics.label() != ev["semantics"]:
+            raise BackendError(f"regenerated logprobs are {out.semantics.label()} but the record's are {ev['semantics']}: "
+                               "the two sides would describe different distributions (use the same --logprob-mode)")
+        th2 = out.think_mask()
+        row["n_think_without"] = int(th2.sum())
+        row["H_without"] = _think_mean(grouped_tail_entropy(out.top_logprob_matrix(20)), th2)
+        if out.exact_entropy is not None:
+            row["H_exact_without"] = _think_mean(np.asarray(out.exact_entropy, dtype=np.float64), th2)
+        row["regenerated_text"] = out.text[:2000]
+    else:
+        ids = [int(i) for i in tok["id"][sel]]
+        if not ids or min(ids) < 0:
+            raise RunError(f"{line['sample_id']} step {ev['index']}: the record has no token ids "
+                           "(teacher-forced scoring needs them; use --mode regenerate)")
+        cont = Continuation(ids=ids)
+        a = await backend.score(with_imgs, cont, top_logprobs=20)
+        b = await backend.score(without, cont, top_logprobs=20)
+        for side, sc in (("with", a), ("without", b)):
+            if len(sc.tokens) != len(ids):
+                raise BackendError(f"scoring returned {len(sc.tokens)} positions for {len(ids)} tokens")
+            row[f"H_{side}"] = _think_mean(grouped_tail_entropy(sc.top_logprob_matrix(20)), think)
+            if sc.exact_entropy is not None:
+                row[f"H_exact_{side}"] = _think_mean(np.asarray(sc.exact_entropy, dtype=np.float64), think)
+        kls = [kl_union_tail([t.id for t in x.top], [t.logprob for t in x.top], [t.id for t in y.top],
+                             [t.logprob for t in y.top])
+               for x, y, th in zip(a.tokens, b.tokens, think) if th]
+        row["kl_with_without"] = float(np.mean(kls)) if kls else float("nan")
+        row["n_think_without"] = row["n_think"]
+    row["dH"] = row["H_with"] - row["H_without"]
+    if np.isfinite(row.get("H_exact_with", np.nan)) and np.isfinite(row.get("H_exact_without", np.nan)):
+        row["dH_exact"] = row["H_exact_with"] - row["H_exact_without"]
+        row["gap_with"] = row["H_exact_with"] - row["H_with"]
+    return row
+
+
+async def probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir=None, concurrency: int = 8,
+                    limit: int | None = None, progress: bool = True) -> dict:
+    """Probe every image-bearing step of the run; returns {"steps": DataFrame, "summary": DataFrame, "out": Path}."""
+    import pandas as pd
+
+    if mode not in MODES:
+        raise ValueError(f"--mode must be one of {MODES}")
+    run = load_run(run_dir)
+    out = Path(out_dir) if out_dir else run.path / "probes" / f"entropy-{mode}"
+    out.mkdir(parents=True, exist_ok=True)
+    steps_path = out / "steps.jsonl"
+    done = set()
+    if steps_path.exists():
+        for raw in steps_path.read_text().splitlines():
+            try:
+                r = json.loads(raw)
+                done.add((r["sample_id"], r["trial"], r["step"]))
+            except (json.JSONDecodeError, KeyError):
+                continue
+    lines = sorted(run.lines, key=lambda ln: (ln["sample_id"], ln["trial"]))[: limit or None]
+    todo = []
+    for line in lines:
+        for ev in line["events"]:
+            if ev["type"] == "llm_call" and ev["n_images"] > 0 and (line["sample_id"], line["trial"], ev["index"]) not in done:
+                todo.append((line, ev))
+    print(f"entropy probe ({mode}): {len(lines)} trajectories, {len(todo)} image-bearing steps to probe, "
+          f"{len(done)} already done -> {out}", file=sys.stderr)
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(todo), desc=f"entropy/{mode}", unit="step", disable=not progress, file=sys.stderr,
+               mininterval=1.0)
+    sem = asyncio.Semaphore(concurrency)
+    tokens_cache: dict = {}
+    failures = []
+
+    async def one(line, ev):
+        key = (line["sample_id"], line["trial"])
+        if key not in tokens_cache:
+            tokens_cache[key] = run.tokens(line)
+        async with sem:
+            try:
+                row = await _probe_step(run, line, ev, tokens_cache[key], backend, mode)
+            except (BackendError, RunError) as e:
+                failures.append(f"{line['sample_id']}/t{line['trial']} step {ev['index']}: {e}")
+                row = None
+        if row is not None:
+            with open(steps_path, "a") as f:  # each finished step at once: an interrupted probe resumes
+                f.write(json.dumps(row, default=float) + "\n")
+        bar.update(1)
+
+    try:
+        await asyncio.gather(*(one(line, ev) for line, ev in todo))
+    finally:
+        bar.close()
+    (out / "probe.json").write_text(json.dumps({"run_dir": str(run.path), "mode": mode, "finished": time.time(),
+                                                "failures": failures}, indent=2))
+    rows = [json.loads(x) for x in steps_path.read_text().splitlines() if x.strip()] if steps_path.exists() else []
+    steps = pd.DataFrame(rows)
+    if steps.empty:
+        raise RunError(f"{run.path}: no step with query images was probed ({len(failures)} failed"
+                       + (f"; first: {failures[0]}" if failures else "") + ")")
+    steps = steps.sort_values(["sample_id", "trial", "step"]).reset_index(drop=True)
+    steps.to_parquet(out / "steps.parquet", index=False)
+    steps.to_csv(out / "steps.csv", index=False)
+    valid = steps[np.isfinite(steps["dH"])]
+    summary = summarise_by(valid, "step", "dH")
+    counts = steps.groupby("step").agg(n_steps=("dH", "size"), excluded_no_think=("dH", lambda x: int((~np.isfinite(x)).sum())),
+                                       H_with=("H_with", "mean"), H_without=("H_without", "mean"))
+    summary = summary.merge(counts.reset_index(), on="step", how="right")
+    if "kl_with_without" in steps:
+        summary = summary.merge(steps.groupby("step")["kl_with_without"].mean().reset_index(), on="step", how="left")
+    if "dH_exact" in steps:
+        summary = summary.merge(steps.groupby("step")[["dH_exact", "gap_with"]].mean().reset_index(), on="step", how="left")
+    summary.to_csv(out / "summary.csv", index=False)
+    from analysis.figures import fig2b_entropy
+
+    model = (run.lines[0].get("model") if run.lines else None) or "model"
+    fig2b_entropy(summary, out / "fig2b_entropy", title=f"ΔH per step ({mode}; {model})")
+    for f in failures[:10]:
+        print(f"failed: {f}", file=sys.stderr)
+    return {"steps": steps, "summary": summary, "out": out, "failures": failures}
+
+
+def _backend_for(args, run_header: dict):
+    from agent.backends import make_backend
+
+    if args.backend:
+        if args.backend == "local":
+            return make_backend("local", model_dir=args.model_dir, logprob_mode=args.logprob_mode)
+        return make_backend(args.backend, endpoint=args.endpoint, model=args.model, model_dir=args.model_dir,
+                            logprob_mode=args.logprob_mode)
+    b = run_header.get("backend") or {}
+    if b.get("kind") == "local":
+        return make_backend("local", model_dir=b.get("model_dir"), logprob_mode=b.get("logprob_mode", "scaled"))
+    if b.get("kind") in ("sglang", "openai") and b.get("endpoints"):
+        return make_backend(b["kind"], endpoint=b["endpoints"][0], model=b.get("model"), model_dir=b.get("model_dir"),
+                            logprob_mode=b.get("logprob_mode", "scaled"))
+    raise BackendError("no backend given and the run header names none: pass --backend/--endpoint/--model-dir")
+
+
+def _print_summary(s) -> None:
+    cols = [c for c in ("step", "n", "mean", "ci_low", "ci_high", "wilcoxon_p", "excluded_no_think", "H_with", "H_without",
+                        "kl_with_without", "dH_exact", "gap_with") if c in s]
+    print(s[cols].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+
+
+async def _demo(args) -> int:
+    from agent.run import RunConfig, run
+
+    print(DEMO_BANNER, flush=True)
+    out = Path(args.demo_dir)
+    print(f"\n[1/2] collecting {args.demo_samples} ReAct trajectories on the demo benchmark -> {out}", flush=True)
+    await run(RunConfig(method="react", out=str(out), benchmark="demo", limit=args.demo_samples, t_max=4,
+                        max_tokens=24, concurrency=1, seed=0, progress=not args.no_progress), [])
+    print(f"\n[2/2] probing every image-bearing step ({args.mode})", flush=True)
+    from agent.backends import make_backend
+
+    backend = make_backend("local")
+    try:
+        res = await probe_run(out, mode=args.mode, backend=backend, progress=not args.no_progress)
+    finally:
+        await backend.aclose()
+    _print_summary(res["summary"])
+    print(f"\nwrote {res['out']}/steps.parquet, summary.csv, fig2b_entropy.png/.pdf")
+    print("(random weights: every number above is meaningless)")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m probes.entropy", description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_dir", nargs="?", help="a run directory of python -m agent.run (none: the embedded demo)")
+    ap.add_argument("--mode", default="regenerate", choices=MODES)
+    ap.add_argument("--backend", choices=("local", "sglang", "openai"), help="default: the one the run used")
+    ap.add_argument("--endpoint")
+    ap.add_argument("--model")
+    ap.add_argument("--model-dir")
+    ap.add_argument("--logprob-mode", default="scaled", choices=("raw", "scaled"))
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--limit", type=int, help="probe the first N trajectories only")
+    ap.add_argument("--out", help="output dir (default RUN_DIR/probes/entropy-MODE)")
+    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--demo-dir", default="runs/demo-entropy", help="demo: where the demo run is written")
+    ap.add_argument("--demo-samples", type=int, default=3)
+    args = ap.parse_args(argv)
+    try:
+        if not args.run_dir:
+            return asyncio.run(_demo(args))
+
+        async def go():
+            run = load_run(args.run_dir)
+            backend = _backend_for(args, run.header)
+            try:
+                return await probe_run(args.run_dir, mode=args.mode, backend=backend, out_dir=args.out,
+                                       concurrency=args.concurrency, limit=args.limit, progress=not args.no_progress)
+            finally:
+                await backend.aclose()
+
+        res = asyncio.run(go())
+    except KeyboardInterrupt:
+        print("interrupted; rerun to resume (finished steps are kept)", file=sys.stderr)
+        return 130
+    except (RunError, BackendError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    _print_summary(res["summary"])
+    return 1 if res["failures"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""The entropy probe recovers a planted ΔH (both modes), resumes, refuses mixed semantics; KL and stats."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from agent.backends.base import LogprobSemantics
+from agent.backends.scripted import ScriptedBackend
+from agent.run import RunConfig, run
+from agent.rundir import RunError
+from analysis.entropy import kl_union_tail
+from analysis.stats import bootstrap_ci, mcnemar_p, wilcoxon_p
+from probes.entropy import main as entropy_main, probe_run
+
+
+def policy(messages):
+    n = sum(m["role"] == "assistant" for m in messages)
+    if n < 2:
+        return ('<think>\nlook at it\n</think>\n\n<tool_call>\n{"name": "search", "arguments": {"query": "q' + str(n)
+                + '", "goal": "g"}}\n</tool_call>')
+    return "<think>\nso the answer\n</think>\n\n<answer>x</answer>"
+
+
+def planted(has_images: bool, pos: int):
+    """With images: 10 tokens at 0.08 + tail 0.2; without: 5 at 0.16 + tail 0.2."""
+    return [math.log(0.08)] * 10 if has_images else [math.log(0.16)] * 5
+
+
+H_WITH = -10 * 0.08 * math.log(0.08) - 0.2 * math.log(0.2)
+H_WITHOUT = -5 * 0.16 * math.log(0.16) - 0.2 * math.log(0.2)
+
+
+async def _run(tmp_path, **kw):
+    backend = ScriptedBackend([policy] * 500, top_fn=planted)
+    await run(RunConfig(method="react", out=str(tmp_path / "run"), limit=3, progress=False, **kw), [], backends=[backend])
+    return backend
+
+
+@pytest.mark.parametrize("mode", ["regenerate", "teacher-forced"])
+async def test_probe_recovers_planted_delta_h(tmp_path, mode):
+    backend = await _run(tmp_path)
+    n_before = len(backend.calls)
+    res = await probe_run(tmp_path / "run", mode=mode, backend=backend, progress=False)
+    steps, summary = res["steps"], res["summary"]
+    assert len(steps) == 9 and set(steps.step) == {1, 2, 3}  # 3 trajectories x 3 calls, all with the image
+    assert np.allclose(steps.H_with, H_WITH) and np.allclose(steps.H_without, H_WITHOUT)
+    assert np.allclose(summary["mean"], H_WITH - H_WITHOUT) and (summary["n"] == 3).all()
+    new = backend.calls[n_before:]
+    if mode == "regenerate":
+        assert len(new) == 9 and all(c["kind"] == "generate" and not c["has_images"] for c in new)
+    else:  # both sides scored, the recorded tokens, with and without the image
+        assert [c["has_images"] for c in new] == [True, False] * 9 and all(c["kind"] == "score" for c in new)
+        assert (steps.kl_with_without > 0).all()
+    out = res["out"]
+    assert (out / "steps.parquet").exists() and (out / "summary.csv").exists() and (out / "fig2b_entropy.png").exists()
+    assert (out / "fig2b_entropy.pdf").exists()
+
+
+async def test_probe_skips_steps_without_images_and_resumes(tmp_path):
+    backend = await _run(tmp_path, remove_images_from_step=2)
+    res = await probe_run(tmp_path / "run", backend=backend, progress=False)
+    assert set(res["steps"].step) == {1}  # steps 2.. had no images in their context
+    n = len(backend.calls)
+    res2 = await probe_run(tmp_path / "run", backend=backend, progress=False)
+    assert len(backend.calls) == n and len(res2["steps"]) == 3  # nothing probed twice
+
+
+async def test_probe_refuses_to_pair_scaled_with_raw(tmp_path):
+    await _run(tmp_path)  # recorded with raw semantics
+    scaled = ScriptedBackend([policy] * 50, top_fn=planted, semantics=LogprobSemantics("scaled", 0.2))
+    with pytest.raises(RunError, match="no step with query images was probed"):
+        await probe_run(tmp_path / "run", backend=scaled, progress=False)
+    failures = json.loads((tmp_path / "run" / "probes" / "entropy-regenerate" / "probe.json").read_text())["failures"]
+    assert len(failures) == 9 and "different distributions" in failures[0]
+
+
+def test_kl_union_tail():
+    ids, lps = [1, 2, 3], [math.log(0.5), math.log(0.3), math.log(0.1)]
+    assert kl_union_tail(ids, lps, ids, lps) == pytest.approx(0.0, abs=1e-12)
+    # hand computed: P = {1: .5, 2: .3, rest: .2}, Q = {1: .3, 2: .5, rest: .2}
+    p = kl_union_tail([1, 2], [math.log(0.5), math.log(0.3)], [2, 1], [math.log(0.5), math.log(0.3)])
+    assert p == pytest.approx(0.5 * math.log(0.5 / 0.3) + 0.3 * math.log(0.3 / 0.5))
+    # a token only in P's top-k gets an even share of Q's tail (shared with Q's rest bin)
+    p = kl_union_tail([1, 2], [math.log(0.6), math.log(0.2)], [1], [math.log(0.6)])
+    assert p == pytest.approx(0.6 * 0 + 0.2 * math.log(0.2 / 0.2) + 0.2 * math.log(0.2 / 0.2))
+    assert np.isfinite(kl_union_tail([1], [0.0], [2], [0.0]))
+
+
+def test_stats_helpers():
+    assert np.isnan(bootstrap_ci([1.0])[0])
+    lo, hi = bootstrap_ci([1.0, 2.0, 3.0, 4.0])
+    assert 1.0 <= lo < 2.5 < hi <= 4.0
+    assert np.isnan(wilcoxon_p([0.0, 0.0])) and wilcoxon_p([1, 2, 3, 4, 5, 6, 7, 8]) < 0.01
+    assert mcnemar_p([1, 1, 1, 0], [1, 1, 1, 0]) == 1.0
+    assert mcnemar_p([1] * 10, [0] * 10) < 0.01
+
+
+@pytest.mark.model
+def test_no_argument_demo_runs_end_to_end(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    monkeypatch.setenv("MMCF_TINY_MODEL_DIR", str(tiny_model_dir))
+    assert entropy_main(["--demo-dir", str(tmp_path / "demo"), "--demo-samples", "2", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "RANDOMLY INITIALISED" in out and "meaningless" in out and "step" in out
+    d = tmp_path / "demo" / "probes" / "entropy-regenerate"
+    assert (d / "fig2b_entropy.png").exists() and (d / "steps.parquet").exists()
