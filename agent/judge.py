@@ -30,7 +30,7 @@ from .backends.base import BackendError, SamplingParams
 from .prompts import JUDGE, fill
 from .rundir import RunDir, RunError
 
-__all__ = ["parse_grade", "exact_grade", "judge_run", "accuracy_table", "GRADES", "main"]
+__all__ = ["parse_grade", "exact_grade", "judge_run", "accuracy_table", "Grader", "GRADES", "main"]
 
 GRADES = ("CORRECT", "INCORRECT", "NOT_ATTEMPTED", "UNPARSED")
 _LETTER = {"A": "CORRECT", "B": "INCORRECT", "C": "NOT_ATTEMPTED"}
@@ -100,6 +100,74 @@ def _answer_key(line: dict) -> str:
     return hashlib.sha256(json.dumps([line["status"], line.get("answer"), line.get("gold")]).encode()).hexdigest()[:16]
 
 
+class Grader:
+    """Grades result lines: failed/empty -> NOT_ATTEMPTED, else exact match or the E.5 LLM judge (T=0).
+
+    ``await grader.grade(line)`` returns a record with ``grade``, ``extracted``, ``reply``, ``reason``
+    (and ``failed`` when the judge call itself failed). Shared by ``agent.judge`` and the probes.
+    """
+
+    def __init__(self, judge: str = "llm", *, endpoint: str = DEFAULT_ENDPOINT, model: str = DEFAULT_MODEL,
+                 api_key_env: str | None = DEFAULT_KEY_ENV, server: str = "openrouter", concurrency: int = 8,
+                 backend=None):
+        if judge not in ("llm", "exact"):
+            raise ValueError(f"judge must be 'llm' or 'exact', got {judge!r}")
+        self.judge = judge
+        self.name = judge
+        self.label = ("exact-match (offline; NOT the paper's LLM judge)" if judge == "exact"
+                      else f"LLM judge {model} @ {endpoint} (paper E.5 prompt, T=0)")
+        self._spec = (endpoint, model, api_key_env, server)
+        self.backend = backend
+        self._own = False
+        self.sem = asyncio.Semaphore(concurrency)
+        self.sp = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=2048, top_logprobs=0, enable_thinking=None)
+
+    def _client(self):
+        if self.backend is None:
+            from .backends.openai_compat import OpenAIBackend
+
+            endpoint, model, key_env, server = self._spec
+            if key_env and not os.environ.get(key_env) and "openrouter.ai" in endpoint:
+                raise BackendError(f"{key_env} is not set: the default judge is {model} on OpenRouter. "
+                                   f"Set it, point --endpoint/--model at another OpenAI-compatible server, "
+                                   f"or use --judge exact offline")
+            self.backend = OpenAIBackend(endpoint, model, server=server,
+                                         api_key_env=key_env if os.environ.get(key_env or "") else None)
+            self._own = True
+        return self.backend
+
+    def needs_client(self, lines) -> bool:
+        return self.judge == "llm" and any(ln["status"] == "ok" and (ln.get("answer") or "").strip() for ln in lines)
+
+    async def grade(self, ln: dict) -> dict:
+        rec = {"sample_id": ln["sample_id"], "trial": ln["trial"], "answer_key": _answer_key(ln),
+               "benchmark": ln["benchmark"], "category": ln.get("category"), "paper_category": ln.get("paper_category"),
+               "method": ln["method"], "variant": ln.get("variant", ""), "answer": ln.get("answer", ""),
+               "gold": ln.get("gold"), "judge": self.label}
+        answer = (ln.get("answer") or "").strip()
+        if ln["status"] != "ok" or not answer:
+            rec.update(grade="NOT_ATTEMPTED", extracted=None, reply=None,
+                       reason=f"trajectory status {ln['status']}" if ln["status"] != "ok" else "empty answer")
+        elif self.judge == "exact":
+            rec.update(grade=exact_grade(answer, ln.get("gold", "")), extracted=answer, reply=None, reason="exact")
+        else:
+            prompt = fill(JUDGE, question=ln["question"], correct_answer=ln.get("gold", ""), response=answer)
+            client = self._client()
+            async with self.sem:
+                try:
+                    out = await client.generate([{"role": "user", "content": prompt}], self.sp)
+                    g, ext = parse_grade(out.text or out.reasoning)
+                    rec.update(grade=g, extracted=ext, reply=out.text, reason="llm")
+                except BackendError as e:  # recorded and retried on the next run
+                    rec.update(grade="UNPARSED", extracted=None, reply=None, reason=f"judge call failed: {e}",
+                               failed=True)
+        return rec
+
+    async def aclose(self) -> None:
+        if self._own and self.backend is not None:
+            await self.backend.aclose()
+
+
 async def judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_ENDPOINT, model: str = DEFAULT_MODEL,
                     api_key_env: str | None = DEFAULT_KEY_ENV, server: str = "openrouter", concurrency: int = 8,
                     backend=None, progress: bool = True) -> dict:
@@ -107,7 +175,9 @@ async def judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_ENDP
     rd = RunDir(run_dir)
     header = rd.read_header()
     lines = list(rd.latest().values())
-    name = "exact" if judge == "exact" else "llm"
+    grader = Grader(judge, endpoint=endpoint, model=model, api_key_env=api_key_env, server=server,
+                    concurrency=concurrency, backend=backend)
+    name, label = grader.name, grader.label
     out_path = rd.path / f"judge-{name}.jsonl"
     done = {}
     if out_path.exists():
@@ -117,48 +187,16 @@ async def judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_ENDP
                 done[(r["sample_id"], r["trial"], r["answer_key"])] = r
             except (json.JSONDecodeError, KeyError):
                 continue
-    label = ("exact-match (offline; NOT the paper's LLM judge)" if judge == "exact"
-             else f"LLM judge {model} @ {endpoint} (paper E.5 prompt, T=0)")
     todo = [ln for ln in lines if (ln["sample_id"], ln["trial"], _answer_key(ln)) not in done]
     print(f"judge [{label}]: {len(lines)} trajectories, {len(lines) - len(todo)} already graded", file=sys.stderr)
-    own = False
-    if judge == "llm" and any(ln["status"] == "ok" and (ln.get("answer") or "").strip() for ln in todo) and backend is None:
-        from .backends.openai_compat import OpenAIBackend
-
-        if api_key_env and not os.environ.get(api_key_env) and "openrouter.ai" in endpoint:
-            raise BackendError(f"{api_key_env} is not set: the default judge is {model} on OpenRouter. "
-                               f"Set it, point --endpoint/--model at another OpenAI-compatible server, "
-                               f"or use --judge exact offline")
-        backend = OpenAIBackend(endpoint, model, server=server,
-                                api_key_env=api_key_env if os.environ.get(api_key_env or "") else None)
-        own = True
-    sp = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=2048, top_logprobs=0, enable_thinking=None)
-    sem = asyncio.Semaphore(concurrency)
+    if grader.needs_client(todo):
+        grader._client()  # fail early (missing key) before any work
     from tqdm import tqdm
 
     bar = tqdm(total=len(todo), desc="judge", unit="answer", disable=not progress, file=sys.stderr, mininterval=1.0)
 
     async def grade(ln: dict) -> dict:
-        rec = {"sample_id": ln["sample_id"], "trial": ln["trial"], "answer_key": _answer_key(ln),
-               "benchmark": ln["benchmark"], "category": ln.get("category"), "paper_category": ln.get("paper_category"),
-               "method": ln["method"], "variant": ln.get("variant", ""), "answer": ln.get("answer", ""),
-               "gold": ln.get("gold"), "judge": label}
-        answer = (ln.get("answer") or "").strip()
-        if ln["status"] != "ok" or not answer:
-            rec.update(grade="NOT_ATTEMPTED", extracted=None, reply=None,
-                       reason=f"trajectory status {ln['status']}" if ln["status"] != "ok" else "empty answer")
-        elif judge == "exact":
-            rec.update(grade=exact_grade(answer, ln.get("gold", "")), extracted=answer, reply=None, reason="exact")
-        else:
-            prompt = fill(JUDGE, question=ln["question"], correct_answer=ln.get("gold", ""), response=answer)
-            async with sem:
-                try:
-                    out = await backend.generate([{"role": "user", "content": prompt}], sp)
-                    g, ext = parse_grade(out.text or out.reasoning)
-                    rec.update(grade=g, extracted=ext, reply=out.text, reason="llm")
-                except BackendError as e:  # recorded and retried on the next run
-                    rec.update(grade="UNPARSED", extracted=None, reply=None, reason=f"judge call failed: {e}",
-                               failed=True)
+        rec = await grader.grade(ln)
         bar.update(1)
         return rec
 
@@ -166,8 +204,7 @@ async def judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_ENDP
         results = await asyncio.gather(*(grade(ln) for ln in todo))
     finally:
         bar.close()
-        if own:
-            await backend.aclose()
+        await grader.aclose()
     with open(out_path, "a") as f:
         for r in results:
             if not r.get("failed"):

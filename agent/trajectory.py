@@ -136,6 +136,25 @@ class Trajectory:
     def error(self, kind: str, message: str) -> dict:
         return self._add("error", None, kind=kind, message=message)
 
+    def seed_prefix(self, line: dict, tokens: dict[str, np.ndarray], upto: int) -> None:
+        """Start from a recorded trajectory's calls 1..upto (events, messages, token arrays), as recorded."""
+        import copy
+
+        keep = [e for e in line["events"] if (e["type"] == "llm_call" and e["index"] <= upto)
+                or (e["type"] == "tool_call" and e["call_index"] <= upto)]
+        self.events = [dict(copy.deepcopy(e), id=i) for i, e in enumerate(keep)]
+        self.messages = copy.deepcopy(line["messages"])
+        self._msg_ids = {json.dumps(m, sort_keys=True, ensure_ascii=False): i for i, m in enumerate(self.messages)}
+        self.n_calls = upto
+        self.query_hashes = list((line.get("query_images") or {}).values())
+        if tokens:
+            self.top_k = max(self.top_k, tokens["top_logprobs"].shape[1])
+            for c in range(1, upto + 1):
+                sel = tokens["call"] == c
+                self.tokens[c] = {k: tokens[k][sel] for k in ("id", "logprob", "think", "top_ids", "top_logprobs",
+                                                                "exact_entropy")}
+        self.backend, self.model = line.get("backend", ""), line.get("model", "")
+
     # ------------------------------------------------------------------ views
     def llm_events(self) -> list[dict]:
         return [e for e in self.events if e["type"] == "llm_call"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["fig1_tool_calls", "fig2b_entropy", "save"]
+__all__ = ["fig1_tool_calls", "fig2b_entropy", "fig2c_removal", "save"]
 
 TOOL_ORDER = ["lens_search", "search", "visit"]
 TOOL_LABEL = {"lens_search": "Visual Search (lens)", "search": "Text Retrieval (search)", "visit": "Web Visit"}
@@ -85,6 +85,34 @@ def fig2b_entropy(summary, stem, *, title: str | None = None, ax=None):
     ax.set_title(title or "Figure 2(b): entropy change from the query images")
     if len(s):
         ax.set_xticks(s["step"].tolist())
+    if own:
+        save(fig, stem)
+    return fig
+
+
+def fig2c_removal(summary, stem, *, title: str | None = None, ax=None):
+    """Figure 2(c): accuracy (%) when the query images are removed from step k on, per paper category.
+
+    Solid lines: replays; dashed: the original trajectories' accuracy (same samples).
+    """
+    plt, sns = _plt()
+    own = ax is None
+    if own:
+        fig, ax = plt.subplots(figsize=(5.2, 3.2))
+    else:
+        fig = ax.figure
+    cats = list(dict.fromkeys(summary["paper_category"]))
+    colors = dict(zip(cats, sns.color_palette("colorblind", n_colors=max(3, len(cats)))))
+    for cat in cats:
+        g = summary[summary["paper_category"] == cat].sort_values("k")
+        ax.plot(g["k"], g["accuracy_removed"], "o-", color=colors[cat], lw=1.4, ms=4, label=cat)
+        ax.plot(g["k"], g["accuracy_original"], "--", color=colors[cat], lw=0.9, alpha=0.8)
+    ax.set_xlabel("k (query images removed from step k on)")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title(title or "Figure 2(c): step-k image removal (dashed: original)")
+    if len(summary):
+        ax.set_xticks(sorted(summary["k"].unique()))
+    ax.legend(frameon=False, fontsize=7)
     if own:
         save(fig, stem)
     return fig

@@ -1,0 +1,273 @@
+"""Step-k image-removal replays (paper §3.2.3, Figure 2(c)): accuracy when the query images go from step k on.
+
+    python -m probes.removal RUN_DIR --steps 1..5 [--judge exact | --judge llm --judge-endpoint URL --judge-model M]
+        [--backend sglang --endpoint URL --model-dir DIR] [--concurrency 8] [--live-fallback] [--out DIR]
+
+RUN_DIR is a ReAct run (``python -m agent.run --method react``). For each trajectory and each k: steps
+1..k-1 are kept exactly as recorded (the same responses and observations; the rebuilt context of step
+k is checked byte for byte against the recorded one), then from step k on the query images are
+removed (their ``<image_k>`` identifiers stay) and the agent continues live with the run's budgets and
+sampling. Tools go through the run's cache in replay mode (falling back to live calls only with
+``--live-fallback``; the offline world always may). A trajectory that ended before step k keeps its
+original outcome. The k replays of one trajectory run back to back, so a server's prefix cache is reused.
+
+Writes ``OUT/k<K>/`` (each a run directory of the replays: judge or probe them like any run),
+``OUT/outcomes.csv`` (one row per (trajectory, k): original and replayed grade), ``OUT/summary.csv``
+(accuracy vs k per paper category and overall, paired with the original, exact McNemar p per k)
+and the Figure 2(c) panel ``fig2c_removal.png/.pdf``. OUT defaults to ``RUN_DIR/probes/removal``.
+Resumable: finished replays are skipped on a rerun.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from agent.backends.base import BackendError, SamplingParams
+from agent.backends.messages import record_messages
+from agent.benchmarks import Sample
+from agent.judge import DEFAULT_ENDPOINT, DEFAULT_KEY_ENV, DEFAULT_MODEL, Grader
+from agent.methods import HARNESS_ERRORS, Budgets, Episode
+from agent.methods.common import tool_response
+from agent.methods.react import react_messages, run_react
+from agent.prompts import CORRECTION, fill
+from agent.rundir import Run, RunDir, RunError, load_run
+from agent.tools import make_toolbox
+from agent.trajectory import Trajectory
+from analysis.stats import mcnemar_p
+
+__all__ = ["replay_prefix_turns", "replay_one", "removal_probe", "parse_steps", "main"]
+
+
+def parse_steps(spec: str) -> list[int]:
+    """``"1..5"``, ``"1,2,4"`` or ``"3"`` -> sorted step numbers (>= 1)."""
+    out = set()
+    for part in str(spec).split(","):
+        part = part.strip()
+        if ".." in part:
+            a, b = part.split("..", 1)
+            out.update(range(int(a), int(b) + 1))
+        elif part:
+            out.add(int(part))
+    if not out or min(out) < 1:
+        raise ValueError(f"--steps {spec!r}: give steps >= 1 like 1..5 or 1,3,5")
+    return sorted(out)
+
+
+def replay_prefix_turns(line: dict, upto: int) -> tuple[list[tuple[str, str]], bool]:
+    """The ReAct turns of calls 1..upto as recorded (assistant text, the user message that followed).
+
+    Returns (turns, correction): whether call upto+1 answers a correction re-prompt.
+    """
+    tools = {e["call_index"]: e for e in line["events"] if e["type"] == "tool_call"}
+    turns, correction = [], False
+    for ev in line["events"]:
+        if ev["type"] != "llm_call" or ev["index"] > upto:
+            continue
+        if ev.get("action_error"):
+            turns.append((ev["text"], fill(CORRECTION, error=ev["action_error"])))
+            correction = True
+        elif ev["index"] in tools:
+            turns.append((ev["text"], tool_response(tools[ev["index"]]["observation"])))
+            correction = False
+        else:
+            raise RunError(f"{line['sample_id']}: call {ev['index']} ended the trajectory; it cannot be a replay prefix")
+    return turns, correction
+
+
+def _sample_of(run: Run, line: dict) -> Sample:
+    """The sample as the agent saw it, with the query images from the run's image store."""
+    paths = []
+    for i, (ident, sha) in enumerate(sorted((line.get("query_images") or {}).items(), key=lambda kv: int(kv[0][7:-1]))):
+        p = run.image_path(sha)
+        if p is None:
+            raise RunError(f"{run.path}/images: query image {ident} of {line['sample_id']} is not stored")
+        paths.append(str(p))
+    return Sample(id=line["sample_id"], query=line["question"], query_images=paths, answer=line.get("gold", ""),
+                  benchmark=line["benchmark"], line=0, image_dir="", category=line.get("category"),
+                  paper_category=line.get("paper_category") or "")
+
+
+def _sent(messages: list[dict]) -> str:
+    """What reaches the model: the messages with each image's local path (``source``) left out."""
+    import json
+
+    def strip(p):
+        return {k: v for k, v in p.items() if k != "source"} if isinstance(p, dict) else p
+    return json.dumps([{**m, "content": [strip(p) for p in m["content"]] if isinstance(m.get("content"), list)
+                        else m.get("content")} for m in messages], sort_keys=True, ensure_ascii=False)
+
+
+async def replay_one(run: Run, line: dict, tokens: dict, k: int, *, backend, toolbox, budgets: Budgets,
+                     sampling: SamplingParams) -> tuple[dict, Trajectory]:
+    """Replay ``line`` from step k with the images removed; returns the replay's result line."""
+    sample = _sample_of(run, line)
+    traj = Trajectory(sample, line["trial"], "react", f"replay-removal@{k}")
+    turns, correction = replay_prefix_turns(line, k - 1)
+    traj.seed_prefix(line, tokens, k - 1)
+    try:
+        ep = Episode(sample, line["trial"], backend=backend, toolbox=toolbox, sampling=sampling, traj=traj, budgets=budgets)
+        # the prefix must reproduce the original context of step k exactly (before the images go)
+        ev_k = next(e for e in line["events"] if e["type"] == "llm_call" and e["index"] == k)
+        rebuilt = record_messages(react_messages(ep, turns, step=k, remove_from=None, force=ev_k["forced"]))
+        if _sent(rebuilt) != _sent(run.call_messages(line, ev_k)):
+            raise RunError(f"{line['sample_id']}/t{line['trial']}: the recorded prefix does not rebuild step {k}'s "
+                           "context byte for byte (was the run made by another version of the agent?)")
+        status, answer = await run_react(ep, remove_from=k, turns=turns, correction=correction)
+        out = traj.to_line(status, answer)
+    except (*HARNESS_ERRORS, RunError) as e:  # recorded on this replay; the others go on
+        traj.error(type(e).__name__, f"{type(e).__name__}: {e}")
+        out = traj.to_line("error", "", error=f"{type(e).__name__}: {e}")
+    out.update(replay_of={"sample_id": line["sample_id"], "trial": line["trial"], "k": k})
+    return out, traj
+
+
+async def removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, out_dir=None, concurrency: int = 8,
+                        live_fallback: bool = False, limit: int | None = None, progress: bool = True) -> dict:
+    import pandas as pd
+
+    run = load_run(run_dir)
+    h = run.header
+    if h.get("method") != "react" or h.get("remove_images_from_step") is not None:
+        raise RunError(f"{run.path}: step-k removal replays need a plain ReAct run (this is {h.get('label')})")
+    out = Path(out_dir) if out_dir else run.path / "probes" / "removal"
+    budgets = Budgets(**h["budgets"])
+    sp = h.get("sampling") or {}
+    sampling = SamplingParams(**{k: sp[k] for k in ("temperature", "top_p", "max_tokens", "top_logprobs", "seed",
+                                                    "enable_thinking") if k in sp})
+    tools_h = h.get("tools") or {}
+    toolbox = make_toolbox(tools_h.get("provider") or "offline", world_dir=tools_h.get("world"),
+                           cache_path=tools_h.get("cache") or str(run.path / "tools.sqlite"), mode="replay",
+                           live_fallback=live_fallback or (tools_h.get("provider") or "offline") == "offline")
+    dirs = {k: RunDir(out / f"k{k}") for k in steps}
+    for k, rd in dirs.items():
+        rd.write_header({**{x: h.get(x) for x in ("benchmark", "budgets", "sampling", "schema_version", "backend",
+                                                  "tools", "benchmark_path", "versions")},
+                         "method": "react", "variant": f"replay-removal@{k}", "label": f"react replay, images removed from step {k}",
+                         "remove_images_from_step": k, "replay_of": str(run.path), "trials": h.get("trials")})
+    done = {k: rd.done_keys(retry_errors=True) for k, rd in dirs.items()}
+    lines = sorted(run.lines, key=lambda ln: (ln["sample_id"], ln["trial"]))[: limit or None]
+    lines = [ln for ln in lines if ln["status"] in ("ok", "no_answer")]  # harness failures are not trajectories
+    todo = {(ln["sample_id"], ln["trial"]): [k for k in steps if ln["n_calls"] >= k
+                                             and (ln["sample_id"], ln["trial"]) not in done[k]] for ln in lines}
+    n_jobs = sum(len(v) for v in todo.values())
+    print(f"removal replays: {len(lines)} trajectories x steps {steps}: {n_jobs} replays to run -> {out}", file=sys.stderr)
+    from tqdm import tqdm
+
+    bar = tqdm(total=n_jobs, desc="removal", unit="replay", disable=not progress, file=sys.stderr, mininterval=1.0)
+    sem = asyncio.Semaphore(concurrency)
+
+    async def trajectory_group(line):  # the k replays of one trajectory back to back (prefix cache)
+        ks = todo[(line["sample_id"], line["trial"])]
+        if not ks:
+            return
+        async with sem:
+            tokens = run.tokens(line)
+            for k in ks:
+                rl, traj = await replay_one(run, line, tokens, k, backend=backend, toolbox=toolbox, budgets=budgets,
+                                            sampling=sampling)
+                await asyncio.to_thread(dirs[k].append, traj, rl)
+                bar.update(1)
+
+    try:
+        await asyncio.gather(*(trajectory_group(ln) for ln in lines))
+    finally:
+        bar.close()
+        await toolbox.aclose()
+    # grade the originals and every replay with the same grader
+    originals = {(ln["sample_id"], ln["trial"]): ln for ln in lines}
+    if grader.needs_client(lines):
+        grader._client()
+    orig_grades = dict(zip(originals, await asyncio.gather(*(grader.grade(ln) for ln in originals.values()))))
+    rows = []
+    for k, rd in dirs.items():
+        latest = rd.latest()
+        replays = {key: ln for key, ln in latest.items() if key in originals}
+        graded = dict(zip(replays, await asyncio.gather(*(grader.grade(ln) for ln in replays.values()))))
+        for key, orig in originals.items():
+            o = orig_grades[key]["grade"] == "CORRECT"
+            if orig["n_calls"] < k:  # ended before step k: keeps its original outcome
+                r, replayed, status = o, False, orig["status"]
+            elif key in graded:
+                r, replayed, status = graded[key]["grade"] == "CORRECT", True, replays[key]["status"]
+            else:
+                continue
+            rows.append({"sample_id": key[0], "trial": key[1], "k": k, "benchmark": orig["benchmark"],
+                         "paper_category": orig.get("paper_category"), "original_correct": o, "replay_correct": r,
+                         "replayed": replayed, "replay_status": status})
+    await grader.aclose()
+    outcomes = pd.DataFrame(rows)
+    if outcomes.empty:
+        raise RunError(f"{run.path}: no replay outcome to report")
+    out.mkdir(parents=True, exist_ok=True)
+    outcomes.to_csv(out / "outcomes.csv", index=False)
+    summary = _summary(outcomes)
+    summary.to_csv(out / "summary.csv", index=False)
+    from analysis.figures import fig2c_removal
+
+    fig2c_removal(summary, out / "fig2c_removal")
+    return {"outcomes": outcomes, "summary": summary, "out": out, "judge": grader.label}
+
+
+def _summary(outcomes):
+    import pandas as pd
+
+    rows = []
+    for (cat, k), g in [*(((c, k), g) for (c, k), g in outcomes.groupby(["paper_category", "k"])),
+                        *((("All", k), g) for k, g in outcomes.groupby("k"))]:
+        rows.append({"paper_category": cat, "k": int(k), "n": len(g), "replayed": int(g["replayed"].sum()),
+                     "accuracy_original": 100 * g["original_correct"].mean(), "accuracy_removed": 100 * g["replay_correct"].mean(),
+                     "mcnemar_p": mcnemar_p(g["original_correct"], g["replay_correct"])})
+    return pd.DataFrame(rows).sort_values(["paper_category", "k"]).reset_index(drop=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m probes.removal", description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_dir")
+    ap.add_argument("--steps", default="1..5", help="k values: 1..5, or 1,2,4")
+    ap.add_argument("--backend", choices=("local", "sglang", "openai"), help="default: the one the run used")
+    ap.add_argument("--endpoint")
+    ap.add_argument("--model")
+    ap.add_argument("--model-dir")
+    ap.add_argument("--logprob-mode", default="scaled", choices=("raw", "scaled"))
+    ap.add_argument("--judge", default="llm", choices=("llm", "exact"))
+    ap.add_argument("--judge-endpoint", default=DEFAULT_ENDPOINT)
+    ap.add_argument("--judge-model", default=DEFAULT_MODEL)
+    ap.add_argument("--judge-api-key-env", default=DEFAULT_KEY_ENV)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--limit", type=int)
+    ap.add_argument("--live-fallback", action="store_true", help="call live tools on a replay-cache miss")
+    ap.add_argument("--out")
+    ap.add_argument("--no-progress", action="store_true")
+    a = ap.parse_args(argv)
+    from probes.entropy import _backend_for
+
+    async def go():
+        run = load_run(a.run_dir)
+        backend = _backend_for(a, run.header)
+        server = "openrouter" if "openrouter.ai" in a.judge_endpoint else "other"
+        grader = Grader(a.judge, endpoint=a.judge_endpoint, model=a.judge_model, api_key_env=a.judge_api_key_env,
+                        server=server)
+        try:
+            return await removal_probe(a.run_dir, parse_steps(a.steps), backend=backend, grader=grader, out_dir=a.out,
+                                       concurrency=a.concurrency, live_fallback=a.live_fallback, limit=a.limit,
+                                       progress=not a.no_progress)
+        finally:
+            await backend.aclose()
+
+    try:
+        res = asyncio.run(go())
+    except KeyboardInterrupt:
+        print("interrupted; rerun to resume (finished replays are kept)", file=sys.stderr)
+        return 130
+    except (RunError, BackendError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"judge: {res['judge']}")
+    print(res["summary"].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
