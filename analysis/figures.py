@@ -14,7 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["fig1_tool_calls", "fig2b_entropy", "fig2c_removal", "save"]
+__all__ = ["fig1_tool_calls", "fig2a_grounding", "fig2b_entropy", "fig2c_removal", "save"]
+
+GROUNDING = ["Image Needed", "Image-Derived", "Text Only"]
 
 TOOL_ORDER = ["lens_search", "search", "visit"]
 TOOL_LABEL = {"lens_search": "Visual Search (lens)", "search": "Text Retrieval (search)", "visit": "Web Visit"}
@@ -112,6 +114,34 @@ def fig2c_removal(summary, stem, *, title: str | None = None, ax=None):
     ax.set_title(title or "Figure 2(c): step-k image removal (dashed: original)")
     if len(summary):
         ax.set_xticks(sorted(summary["k"].unique()))
+    ax.legend(frameon=False, fontsize=7)
+    if own:
+        save(fig, stem)
+    return fig
+
+
+def fig2a_grounding(steps, stem, *, max_step: int = 20, title: str | None = None, ax=None):
+    """Figure 2(a): share (%) of Image Needed / Image-Derived / Text Only among the steps at each step t."""
+    plt, sns = _plt()
+    own = ax is None
+    if own:
+        fig, ax = plt.subplots(figsize=(5.2, 3.2))
+    else:
+        fig = ax.figure
+    df = steps[steps["step"] <= max_step]
+    shares = (df.groupby("step")["category"].value_counts(normalize=True).unstack(fill_value=0.0)
+              .reindex(columns=GROUNDING, fill_value=0.0) * 100)
+    bottom = np.zeros(len(shares))
+    colors = sns.color_palette("colorblind", n_colors=3)
+    for c, color in zip(GROUNDING, colors):
+        ax.bar(shares.index, shares[c].to_numpy(), bottom=bottom, color=color, label=c)
+        bottom += shares[c].to_numpy()
+    ax.set_xlabel("step t (LLM call index)")
+    ax.set_ylabel("share of steps (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title(title or "Figure 2(a): grounding of each step")
+    if len(shares):
+        ax.set_xticks(shares.index.tolist())
     ax.legend(frameon=False, fontsize=7)
     if own:
         save(fig, stem)

@@ -1,0 +1,297 @@
+"""The grounding annotator (paper §3.2.1, B.4, appendix E.6 / E.7): Image Needed / Image-Derived / Text Only per step.
+
+    python -m probes.grounding RUN_DIR                                  # OpenRouter google/gemini-3-flash ($OPENROUTER_API_KEY)
+    python -m probes.grounding RUN_DIR --endpoint http://gpu:30000 --model qwen3.5-27b [--retries 2] [--limit N]
+
+Two passes per trajectory, with the question, the query images and the steps in chronological order
+(each step: its tool, reasoning, action and the observation it received, the observation cut at
+``--observation-chars``): pass 1 (E.6, verbatim) labels ``image_needed``; pass 2 (E.7, verbatim, the
+steps now carrying their pass-1 label) labels ``image_info_used``. Image Needed = image_needed;
+Image-Derived = not image_needed and image_info_used; Text Only = neither. A reply that is not a JSON
+array with one object per step and boolean labels, or that holds the invalid combination
+(image_needed true, image_info_used false), is asked again up to ``--retries`` times and then
+reported as ``invalid`` with the reason — never guessed.
+
+Writes ``OUT/labels.jsonl`` (one line per trajectory; resumable), ``steps.csv`` + ``steps.parquet``
+(one row per step), ``summary.json`` (category shares per step, the share of Image Needed steps within
+the first five steps, invalid counts) and the Figure 2(a) panel ``fig2a_grounding.png/.pdf``. OUT
+defaults to ``RUN_DIR/probes/grounding``.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+from pathlib import Path
+
+from agent.backends.base import BackendError, SamplingParams
+from agent.judge import DEFAULT_ENDPOINT, DEFAULT_KEY_ENV, DEFAULT_MODEL
+from agent.prompts import GROUNDING_PASS1, GROUNDING_PASS2, fill
+from agent.rundir import RunError, load_run
+
+__all__ = ["steps_of", "steps_text", "parse_labels", "LabelError", "annotate_run", "CATEGORIES", "main"]
+
+CATEGORIES = ("Image Needed", "Image-Derived", "Text Only")
+
+
+class LabelError(ValueError):
+    """The annotator's reply cannot be used as labels (it is asked again, then reported)."""
+
+
+def steps_of(line: dict) -> list[dict]:
+    """The trajectory's steps: one per LLM call, with its tool and the observation that followed."""
+    tools = {e["call_index"]: e for e in line["events"] if e["type"] == "tool_call"}
+    out = []
+    for ev in line["events"]:
+        if ev["type"] != "llm_call":
+            continue
+        t = tools.get(ev["index"])
+        act = ev.get("action") or {}
+        tool = t["name"] if t else ("answer" if act.get("kind") == "answer" else act.get("kind") or "none")
+        out.append({"step": ev["index"], "tool": tool, "reasoning": ev.get("reasoning") or "", "action": ev.get("text") or "",
+                    "observation": t["observation"] if t else (f"(format error: {ev['action_error']})"
+                                                                if ev.get("action_error") else "")})
+    return out
+
+
+def steps_text(steps: list[dict], *, observation_chars: int = 1500, labels: list[dict] | None = None) -> str:
+    """Render the steps for the annotator (ours: the paper does not print this layout)."""
+    parts = []
+    for i, s in enumerate(steps):
+        obs = s["observation"]
+        if len(obs) > observation_chars:
+            obs = obs[:observation_chars] + f" …[{len(obs) - observation_chars} more characters]"
+        block = [f"### Step {i + 1}", f"Tool: {s['tool']}"]
+        if labels is not None:
+            block.append(f"image_needed: {'true' if labels[i]['image_needed'] else 'false'}")
+        block += [f"Reasoning: {s['reasoning'].strip() or '(none)'}", f"Action: {s['action'].strip() or '(none)'}"]
+        if obs:
+            block.append(f"Observation: {obs}")
+        parts.append("\n".join(block))
+    return "\n\n".join(parts)
+
+
+def _bool(v, key: str, step: int) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in ("true", "false"):
+        return v.strip().lower() == "true"
+    raise LabelError(f"step {step}: {key} must be true or false, got {v!r}")
+
+
+def parse_labels(reply: str, n_steps: int, keys: tuple[str, ...]) -> list[dict]:
+    """The JSON array of the reply, validated: one object per step 1..n with boolean ``keys``."""
+    text = re.sub(r"<think>.*?</think>", "", reply or "", flags=re.S)
+    text = re.sub(r"```(?:json)?", "", text)
+    start, end = text.find("["), text.rfind("]")
+    if start < 0 or end <= start:
+        raise LabelError("no JSON array in the reply")
+    try:
+        arr = json.loads(text[start:end + 1])
+    except json.JSONDecodeError as e:
+        raise LabelError(f"the JSON array does not parse ({e.msg})") from None
+    if not isinstance(arr, list) or not all(isinstance(x, dict) for x in arr):
+        raise LabelError("the reply is not an array of objects")
+    by_step = {}
+    for x in arr:
+        try:
+            st = int(x.get("step"))
+        except (TypeError, ValueError):
+            raise LabelError(f"an object has no integer step: {str(x)[:80]}") from None
+        if st in by_step:
+            raise LabelError(f"step {st} labelled twice")
+        by_step[st] = x
+    if sorted(by_step) != list(range(1, n_steps + 1)):
+        raise LabelError(f"expected steps 1..{n_steps}, got {sorted(by_step)[:12]}")
+    out = []
+    for st in range(1, n_steps + 1):
+        x = by_step[st]
+        rec = {"step": st, "reason": str(x.get("reason", ""))}
+        for k in keys:
+            if k not in x:
+                raise LabelError(f"step {st}: no {k}")
+            rec[k] = _bool(x[k], k, st)
+        out.append(rec)
+    return out
+
+
+def category(image_needed: bool, image_info_used: bool) -> str:
+    if image_needed:
+        return "Image Needed"
+    return "Image-Derived" if image_info_used else "Text Only"
+
+
+class Annotator:
+    def __init__(self, backend, *, retries: int = 2, observation_chars: int = 1500):
+        self.backend = backend
+        self.retries = retries
+        self.observation_chars = observation_chars
+        self.sp = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=8192, top_logprobs=0, enable_thinking=None)
+
+    async def _ask(self, content: list, n: int, keys: tuple[str, ...], check=None) -> tuple[list[dict] | None, list[str]]:
+        errors = []
+        for _ in range(self.retries + 1):
+            out = await self.backend.generate([{"role": "user", "content": content}], self.sp)
+            try:
+                labels = parse_labels(out.text or out.reasoning, n, keys)
+                if check:
+                    check(labels)
+                return labels, errors
+            except LabelError as e:
+                errors.append(str(e))
+        return None, errors
+
+    async def annotate(self, run, line: dict) -> dict:
+        steps = steps_of(line)
+        n = len(steps)
+        rec = {"sample_id": line["sample_id"], "trial": line["trial"], "benchmark": line["benchmark"],
+               "paper_category": line.get("paper_category"), "n_steps": n}
+        if n == 0:
+            return {**rec, "status": "invalid", "errors": ["no steps"], "steps": []}
+        images = []
+        for ident, sha in (line.get("query_images") or {}).items():
+            p = run.image_path(sha)
+            if p is None:
+                raise RunError(f"{run.path}/images: query image {ident} of {line['sample_id']} is not stored")
+            images += [{"type": "text", "text": ident}, {"type": "image_url", "image_url": {"url": str(p)}}]
+        text1 = fill(GROUNDING_PASS1, question=line["question"], steps_text=steps_text(steps, observation_chars=self.observation_chars))
+        p1, err1 = await self._ask([*images, {"type": "text", "text": text1}], n, ("image_needed",))
+        if p1 is None:
+            return {**rec, "status": "invalid", "pass": 1, "errors": err1, "steps": []}
+        text2 = fill(GROUNDING_PASS2, question=line["question"],
+                     steps_text=steps_text(steps, observation_chars=self.observation_chars, labels=p1))
+
+        def consistent(labels):
+            bad = [x["step"] for x, y in zip(labels, p1) if y["image_needed"] and not x["image_info_used"]]
+            if bad:
+                raise LabelError(f"steps {bad}: image_needed=true requires image_info_used=true")
+
+        p2, err2 = await self._ask([*images, {"type": "text", "text": text2}], n, ("image_info_used",), consistent)
+        if p2 is None:
+            return {**rec, "status": "invalid", "pass": 2, "errors": err1 + err2, "steps": []}
+        rows = [{"step": s["step"], "tool": s["tool"], "image_needed": a["image_needed"],
+                 "image_info_used": b["image_info_used"], "category": category(a["image_needed"], b["image_info_used"]),
+                 "reason_1": a["reason"], "reason_2": b["reason"]} for s, a, b in zip(steps, p1, p2)]
+        return {**rec, "status": "ok", "retried": len(err1) + len(err2), "errors": err1 + err2, "steps": rows}
+
+
+async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, concurrency: int = 8,
+                       limit: int | None = None, observation_chars: int = 1500, progress: bool = True) -> dict:
+    import pandas as pd
+
+    run = load_run(run_dir)
+    out = Path(out_dir) if out_dir else run.path / "probes" / "grounding"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "labels.jsonl"
+    done = {}
+    if path.exists():
+        for raw in path.read_text().splitlines():
+            try:
+                r = json.loads(raw)
+                done[(r["sample_id"], r["trial"])] = r
+            except (json.JSONDecodeError, KeyError):
+                continue
+    lines = sorted(run.lines, key=lambda ln: (ln["sample_id"], ln["trial"]))[: limit or None]
+    lines = [ln for ln in lines if ln["status"] in ("ok", "no_answer")]
+    todo = [ln for ln in lines if (ln["sample_id"], ln["trial"]) not in done]
+    print(f"grounding annotation: {len(lines)} trajectories, {len(todo)} to annotate -> {out}", file=sys.stderr)
+    ann = Annotator(backend, retries=retries, observation_chars=observation_chars)
+    sem = asyncio.Semaphore(concurrency)
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(todo), desc="grounding", unit="traj", disable=not progress, file=sys.stderr, mininterval=1.0)
+    failed = []
+
+    async def one(line):
+        async with sem:
+            try:
+                rec = await ann.annotate(run, line)
+            except BackendError as e:  # the annotator endpoint failed: not written, retried on the next run
+                failed.append(f"{line['sample_id']}/t{line['trial']}: {e}")
+                rec = None
+        if rec is not None:
+            with open(path, "a") as f:
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            done[(rec["sample_id"], rec["trial"])] = rec
+        bar.update(1)
+
+    try:
+        await asyncio.gather(*(one(ln) for ln in todo))
+    finally:
+        bar.close()
+    keep = {(ln["sample_id"], ln["trial"]) for ln in lines}
+    recs = [r for k, r in done.items() if k in keep]
+    rows = [{"sample_id": r["sample_id"], "trial": r["trial"], "benchmark": r["benchmark"],
+             "paper_category": r.get("paper_category"), **s} for r in recs if r["status"] == "ok" for s in r["steps"]]
+    steps = pd.DataFrame(rows)
+    invalid = [{"sample_id": r["sample_id"], "trial": r["trial"], "errors": r["errors"]} for r in recs if r["status"] != "ok"]
+    summary = {"trajectories": len(recs), "annotated": len(recs) - len(invalid), "invalid": len(invalid),
+               "invalid_examples": invalid[:20], "endpoint_failures": failed}
+    if not steps.empty:
+        steps.to_csv(out / "steps.csv", index=False)
+        steps.to_parquet(out / "steps.parquet", index=False)
+        shares = (steps.groupby("step")["category"].value_counts(normalize=True).unstack(fill_value=0.0)
+                  .reindex(columns=list(CATEGORIES), fill_value=0.0))
+        needed = steps[steps["category"] == "Image Needed"]
+        summary.update({
+            "share_per_step": {int(k): {c: float(v) for c, v in row.items()} for k, row in shares.iterrows()},
+            "steps_per_step": {int(k): int(v) for k, v in steps.groupby("step").size().items()},
+            "image_needed_within_first_5": float((needed["step"] <= 5).mean()) if len(needed) else float("nan"),
+            "image_needed_steps": int(len(needed)),
+        })
+        from analysis.figures import fig2a_grounding
+
+        fig2a_grounding(steps, out / "fig2a_grounding")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return {"steps": steps, "summary": summary, "out": out}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m probes.grounding", description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_dir")
+    ap.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
+    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--api-key-env", default=DEFAULT_KEY_ENV)
+    ap.add_argument("--server", help="openrouter | sglang | vllm | other (default from the endpoint)")
+    ap.add_argument("--retries", type=int, default=2, help="re-asks for an unusable or invalid reply")
+    ap.add_argument("--observation-chars", type=int, default=1500)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--limit", type=int)
+    ap.add_argument("--out")
+    ap.add_argument("--no-progress", action="store_true")
+    a = ap.parse_args(argv)
+    import os
+
+    from agent.backends.openai_compat import OpenAIBackend
+
+    async def go():
+        if a.api_key_env and not os.environ.get(a.api_key_env) and "openrouter.ai" in a.endpoint:
+            raise BackendError(f"{a.api_key_env} is not set: the default annotator is {a.model} on OpenRouter; set it "
+                               "or point --endpoint/--model at another OpenAI-compatible server")
+        server = a.server or ("openrouter" if "openrouter.ai" in a.endpoint else "other")
+        backend = OpenAIBackend(a.endpoint, a.model, server=server,
+                                api_key_env=a.api_key_env if os.environ.get(a.api_key_env or "") else None)
+        try:
+            return await annotate_run(a.run_dir, backend=backend, out_dir=a.out, retries=a.retries,
+                                      concurrency=a.concurrency, limit=a.limit, observation_chars=a.observation_chars,
+                                      progress=not a.no_progress)
+        finally:
+            await backend.aclose()
+
+    try:
+        res = asyncio.run(go())
+    except KeyboardInterrupt:
+        print("interrupted; rerun to resume (annotated trajectories are kept)", file=sys.stderr)
+        return 130
+    except (RunError, BackendError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    s = res["summary"]
+    print(json.dumps({k: v for k, v in s.items() if k not in ("invalid_examples",)}, indent=2))
+    return 1 if s["endpoint_failures"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
