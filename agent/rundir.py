@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,8 +69,13 @@ def token_key(sample_id: str, trial: int) -> str:
     return f"{safe}-{hashlib.sha1(str(sample_id).encode()).hexdigest()[:8]}__t{int(trial)}"
 
 
+def _tmp_name(path: Path) -> Path:
+    """A temporary sibling unique to this process and thread (appends may run in worker threads)."""
+    return path.with_name(f"{path.name}.tmp{os.getpid()}-{threading.get_ident()}")
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp = _tmp_name(path)
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
@@ -252,9 +258,9 @@ class RunDir:
         dst = self.path / "images" / f"{img.sha256}.{ext}"
         if not dst.exists():
             dst.parent.mkdir(exist_ok=True)
-            tmp = dst.with_name(dst.name + f".tmp{os.getpid()}")
+            tmp = _tmp_name(dst)
             shutil.copyfile(img.source, tmp)
-            os.replace(tmp, dst)
+            os.replace(tmp, dst)  # the same bytes under the same name: a concurrent writer does no harm
         return img.sha256
 
 

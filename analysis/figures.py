@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["fig1_tool_calls", "fig2a_grounding", "fig2b_entropy", "fig2c_removal", "save"]
+__all__ = ["fig1_tool_calls", "fig2a_grounding", "fig2b_entropy", "fig2c_removal", "fig2_combined", "fig4_context",
+           "save"]
 
 GROUNDING = ["Image Needed", "Image-Derived", "Text Only"]
 
@@ -87,7 +88,7 @@ def fig2b_entropy(summary, stem, *, title: str | None = None, ax=None):
     ax.set_title(title or "Figure 2(b): entropy change from the query images")
     if len(s):
         ax.set_xticks(s["step"].tolist())
-    if own:
+    if own and stem is not None:
         save(fig, stem)
     return fig
 
@@ -115,7 +116,7 @@ def fig2c_removal(summary, stem, *, title: str | None = None, ax=None):
     if len(summary):
         ax.set_xticks(sorted(summary["k"].unique()))
     ax.legend(frameon=False, fontsize=7)
-    if own:
+    if own and stem is not None:
         save(fig, stem)
     return fig
 
@@ -143,6 +144,54 @@ def fig2a_grounding(steps, stem, *, max_step: int = 20, title: str | None = None
     if len(shares):
         ax.set_xticks(shares.index.tolist())
     ax.legend(frameon=False, fontsize=7)
-    if own:
+    if own and stem is not None:
         save(fig, stem)
+    return fig
+
+
+def fig2_combined(grounding_steps, entropy_summary, removal_summary, stem):
+    """Figure 2 (a)(b)(c) side by side; a missing panel (None) is drawn as an empty, labelled axis."""
+    plt, _ = _plt()
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
+    for ax, data, fn, name in ((axes[0], grounding_steps, fig2a_grounding, "(a) grounding"),
+                               (axes[1], entropy_summary, fig2b_entropy, "(b) entropy"),
+                               (axes[2], removal_summary, fig2c_removal, "(c) image removal")):
+        if data is None or len(data) == 0:
+            ax.text(0.5, 0.5, f"{name}: not computed", ha="center", va="center", transform=ax.transAxes)
+            ax.set_axis_off()
+        else:
+            fn(data, None, ax=ax, title=name)
+    fig.tight_layout()
+    save(fig, stem)
+    return fig
+
+
+def fig4_context(calls, samples, stem, *, bins=(1, 5, 9, 13, 17, 21)):
+    """Figure 4: working context (prompt tokens of the call at step t) and accuracy vs trajectory length.
+
+    ``calls``: one row per LLM call with ``method``, ``index``, ``prompt_tokens``; ``samples``: one row
+    per trajectory with ``method``, ``n_calls`` and ``correct`` (bool).
+    """
+    plt, sns = _plt()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.4))
+    colors = dict(zip(calls["method"].unique(), sns.color_palette("colorblind", n_colors=max(3, calls["method"].nunique()))))
+    for m, g in calls.groupby("method"):
+        per = g.groupby("index")["prompt_tokens"].mean()
+        a.plot(per.index, per.to_numpy(), "o-", ms=3, lw=1.3, color=colors[m], label=m)
+    a.set_xlabel("step t (LLM call index)")
+    a.set_ylabel("prompt tokens at step t (mean)")
+    a.set_title("working context vs step")
+    a.legend(frameon=False, fontsize=7)
+    labels = [f"{lo}-{hi - 1}" for lo, hi in zip(bins[:-1], bins[1:])]
+    for m, g in samples.groupby("method"):
+        cut = np.digitize(g["n_calls"], bins[1:-1], right=False)
+        acc = [g["correct"][cut == i].mean() * 100 if (cut == i).any() else np.nan for i in range(len(labels))]
+        b.plot(range(len(labels)), acc, "o-", ms=3, lw=1.3, color=colors.get(m), label=m)
+    b.set_xticks(range(len(labels)), labels)
+    b.set_xlabel("trajectory length (LLM calls)")
+    b.set_ylabel("accuracy (%)")
+    b.set_title("accuracy vs trajectory length")
+    fig.suptitle("Figure 4")
+    fig.tight_layout()
+    save(fig, stem)
     return fig
