@@ -83,7 +83,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def read_parquet(path):
+def read_parquet(path, columns: list[str] | None = None):
     """Read a Parquet file single-threaded.
 
     pyarrow's threaded reader (``pq.read_table``) intermittently aborts the interpreter at exit
@@ -91,7 +91,7 @@ def read_parquet(path):
     """
     import pyarrow.parquet as pq
 
-    return pq.ParquetFile(path).read(use_threads=False)
+    return pq.ParquetFile(path).read(columns=columns, use_threads=False)
 
 
 def _token_table(tokens: dict[int, dict[str, np.ndarray]], k: int, precision: str = "float32"):
@@ -298,12 +298,13 @@ class Run:
                              "paper_category": ln.get("paper_category"), "status": ln["status"], **c})
         return pd.DataFrame(rows)
 
-    def tokens(self, line: dict) -> dict[str, np.ndarray]:
+    def tokens(self, line: dict, columns: list[str] | None = None) -> dict[str, np.ndarray]:
+        """The line's per-token arrays (``columns`` to read only some: the sidecar is columnar)."""
         if not line.get("tokens_file"):
             return {}
         p = self.path / line["tokens_file"]
         try:
-            t = read_parquet(p)
+            t = read_parquet(p, columns)
         except (OSError, ValueError) as e:
             raise RunError(f"{p}: unreadable token sidecar ({e})") from None
         out = {}

@@ -59,7 +59,10 @@ def fig1_tool_calls(calls, stem, *, max_step: int = 20, title: str | None = None
     ax.set_xlabel("step t (LLM call index)")
     ax.set_ylabel("tool calls (count)")
     ax.set_xticks(range(1, max_step + 1) if counts.empty else counts.index)
-    ax.legend(frameon=False, fontsize=8)
+    if counts.shape[1]:
+        ax.legend(frameon=False, fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no tool calls in these trajectories", ha="center", va="center", transform=ax.transAxes)
     ax.set_title(title or "Figure 1: tool calls by type per step")
     save(fig, stem)
     return fig

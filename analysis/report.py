@@ -52,7 +52,9 @@ def make_report(*, react: str | None = None, runs=(), removal_runs=(), out="figu
         for name, data, fn in (("fig2a_grounding", gs, figures.fig2a_grounding), ("fig2b_entropy", es, figures.fig2b_entropy),
                                ("fig2c_removal", rs, figures.fig2c_removal)):
             if data is None:
-                missing.append(f"{name}: run the probe on {react} first")
+                ran = name == "fig2a_grounding" and (probes / "grounding" / "summary.json").exists()
+                missing.append(f"{name}: the grounding probe produced no valid labels (see {probes / 'grounding' / 'summary.json'})"
+                               if ran else f"{name}: run the probe on {react} first")
             else:
                 fn(data, out / name)
                 made.append(name)

@@ -124,11 +124,11 @@ def category(image_needed: bool, image_info_used: bool) -> str:
 
 
 class Annotator:
-    def __init__(self, backend, *, retries: int = 2, observation_chars: int = 1500):
+    def __init__(self, backend, *, retries: int = 2, observation_chars: int = 1500, max_tokens: int = 8192):
         self.backend = backend
         self.retries = retries
         self.observation_chars = observation_chars
-        self.sp = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=8192, top_logprobs=0, enable_thinking=None)
+        self.sp = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=max_tokens, top_logprobs=0, enable_thinking=None)
 
     async def _ask(self, content: list, n: int, keys: tuple[str, ...], check=None) -> tuple[list[dict] | None, list[str]]:
         errors = []
@@ -178,7 +178,8 @@ class Annotator:
 
 
 async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, concurrency: int = 8,
-                       limit: int | None = None, observation_chars: int = 1500, progress: bool = True) -> dict:
+                       limit: int | None = None, observation_chars: int = 1500, max_tokens: int = 8192,
+                       progress: bool = True) -> dict:
     import pandas as pd
 
     run = load_run(run_dir)
@@ -197,7 +198,7 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
     lines = [ln for ln in lines if ln["status"] in ("ok", "no_answer")]
     todo = [ln for ln in lines if (ln["sample_id"], ln["trial"]) not in done]
     print(f"grounding annotation: {len(lines)} trajectories, {len(todo)} to annotate -> {out}", file=sys.stderr)
-    ann = Annotator(backend, retries=retries, observation_chars=observation_chars)
+    ann = Annotator(backend, retries=retries, observation_chars=observation_chars, max_tokens=max_tokens)
     sem = asyncio.Semaphore(concurrency)
     from tqdm import tqdm
 
@@ -255,8 +256,12 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--api-key-env", default=DEFAULT_KEY_ENV)
     ap.add_argument("--server", help="openrouter | sglang | vllm | other (default from the endpoint)")
+    ap.add_argument("--local", action="store_true",
+                    help="annotate with an in-process model (--model-dir, default the embedded tiny model)")
+    ap.add_argument("--model-dir")
     ap.add_argument("--retries", type=int, default=2, help="re-asks for an unusable or invalid reply")
     ap.add_argument("--observation-chars", type=int, default=1500)
+    ap.add_argument("--max-tokens", type=int, default=8192, help="per annotator reply")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--limit", type=int)
     ap.add_argument("--out")
@@ -267,6 +272,17 @@ def main(argv=None) -> int:
     from agent.backends.openai_compat import OpenAIBackend
 
     async def go():
+        if a.local:
+            from agent.backends import make_backend
+
+            backend = make_backend("local", model_dir=a.model_dir)
+            try:
+                return await annotate_run(a.run_dir, backend=backend, out_dir=a.out, retries=a.retries,
+                                          concurrency=a.concurrency, limit=a.limit,
+                                          observation_chars=a.observation_chars, max_tokens=a.max_tokens,
+                                          progress=not a.no_progress)
+            finally:
+                await backend.aclose()
         if a.api_key_env and not os.environ.get(a.api_key_env) and "openrouter.ai" in a.endpoint:
             raise BackendError(f"{a.api_key_env} is not set: the default annotator is {a.model} on OpenRouter; set it "
                                "or point --endpoint/--model at another OpenAI-compatible server")
@@ -276,7 +292,7 @@ def main(argv=None) -> int:
         try:
             return await annotate_run(a.run_dir, backend=backend, out_dir=a.out, retries=a.retries,
                                       concurrency=a.concurrency, limit=a.limit, observation_chars=a.observation_chars,
-                                      progress=not a.no_progress)
+                                      max_tokens=a.max_tokens, progress=not a.no_progress)
         finally:
             await backend.aclose()
 

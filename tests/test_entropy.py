@@ -70,3 +70,11 @@ def test_think_segment_entropy_per_call():
     assert out["H"][1] == pytest.approx(h_half) and np.isnan(out["H"][2])
     assert out["H_exact"][1] == pytest.approx(2.0) and out["gap"][1] == pytest.approx(2.0 - h_half)
     assert out["gap"][0] == pytest.approx(0.0)
+
+
+def test_float32_input_matches_float64():
+    rng = np.random.default_rng(1)
+    p = np.sort(rng.dirichlet(np.full(50, 0.3), size=500), axis=1)[:, ::-1][:, :20]
+    lp64 = np.log(p)
+    lp32 = lp64.astype(np.float32)
+    assert np.abs(grouped_tail_entropy(lp32) - grouped_tail_entropy(lp32.astype(np.float64))).max() < 1e-5

@@ -56,3 +56,23 @@ async def test_report_makes_every_figure_and_table(tmp_path):
     assert "working context" in t4 and "search calls" in t4
     rep = json.loads((out / "report.json").read_text())
     assert any("unjudged" in m and "agent.judge" in m for m in rep["missing"])
+
+
+def test_reproduce_figure2_demo_runs_the_chain(tmp_path, tiny_model_dir):
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    out = tmp_path / "fig2"
+    env = {**os.environ, "PYTHON": sys.executable, "MMCF_TINY_MODEL_DIR": str(tiny_model_dir)}
+    r = subprocess.run(["bash", "scripts/reproduce_figure2.sh", "--demo", "--limit", "2", "--steps", "1..2",
+                        "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "RANDOMLY INITIALISED" in r.stdout
+    figs = out / "figures"
+    for f in ("fig1_tool_calls", "fig2", "fig2b_entropy", "fig2c_removal", "fig4_context"):
+        assert (figs / f"{f}.png").exists(), f
+    assert (out / "probes" / "grounding" / "summary.json").exists()  # ran; the random model's labels are invalid
+    assert (out / "judge-exact.jsonl").exists() and (figs / "table1_accuracy.md").exists()
