@@ -76,3 +76,29 @@ def test_reproduce_figure2_demo_runs_the_chain(tmp_path, tiny_model_dir):
         assert (figs / f"{f}.png").exists(), f
     assert (out / "probes" / "grounding" / "summary.json").exists()  # ran; the random model's labels are invalid
     assert (out / "judge-exact.jsonl").exists() and (figs / "table1_accuracy.md").exists()
+
+
+def _by_question(messages):
+    q = json.dumps(messages)
+    return "<answer>" + ("1911" if "q1?" in q else "Lyon" if "q2?" in q else "1998") + "</answer>"
+
+
+async def test_table5_by_number_of_query_images(tmp_path):
+    import shutil
+
+    from agent.tools.demo_world import ensure_demo_world
+    from analysis.tables import table5
+
+    demo = ensure_demo_world() / "demo"
+    bench = tmp_path / "mmsearch_plus"
+    shutil.copytree(demo / "imgs", bench / "imgs")
+    rows = [{"id": "a", "query": "q1?", "query_images": ["kestrel_logo.png"], "answer": "1911"},
+            {"id": "b", "query": "q2?", "query_images": ["valdoria_flag.png"], "answer": "Marsel"},
+            {"id": "c", "query": "q3?", "query_images": ["rivermoor_crest.png", "rivermoor_stadium.png"], "answer": "1998"}]
+    (bench / "data_unified.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    await run(RunConfig(method="direct", out=str(tmp_path / "run"), benchmark=str(bench), progress=False), [],
+              backends=[ScriptedBackend([_by_question] * 3)])
+    await judge_run(tmp_path / "run", judge="exact", progress=False)
+    t = table5([tmp_path / "run"])
+    assert list(t.columns) == ["method", "1 image (n=2)", "2 images (n=1)"]
+    assert t.iloc[0]["1 image (n=2)"] == "50.0" and t.iloc[0]["2 images (n=1)"] == "100.0"

@@ -1,0 +1,59 @@
+"""Think segmentation: the tokens strictly inside <think>…</think>, whatever the template pre-filled."""
+from __future__ import annotations
+
+import numpy as np
+
+from agent.backends.base import TokenLogprob
+from agent.backends.think import mark_think, mark_think_by_text, split_think
+from analysis.entropy import think_segment_entropy
+
+
+def toks(*texts):
+    return [TokenLogprob(i, t, -0.1, []) for i, t in enumerate(texts)]
+
+
+def mask(tokens):
+    return [t.think for t in tokens]
+
+
+def test_prefilled_think_with_closing_tag():
+    t = mark_think(toks("Let", " me", " see", "</think>", "\n\n", "Paris"), starts_in_think=True)
+    assert mask(t) == [True, True, True, False, False, False]
+
+
+def test_no_closing_tag_means_everything_is_think():
+    assert mask(mark_think(toks("a", "b", "c"), starts_in_think=True)) == [True, True, True]
+
+
+def test_explicit_open_tag_is_not_think_itself():
+    t = mark_think(toks("<think>", "\n", "x", "</think>", "y"), starts_in_think=False)
+    assert mask(t) == [False, True, True, False, False]
+
+
+def test_tags_with_surrounding_whitespace_are_tags():
+    t = mark_think(toks(" <think>", "x", "</think>\n", "y"), starts_in_think=False)
+    assert mask(t) == [False, True, False, False]
+
+
+def test_no_thinking_call_has_an_empty_segment_and_is_excluded():
+    t = mark_think(toks("Paris", "."), starts_in_think=False)
+    assert not any(mask(t))
+    out = think_segment_entropy(np.array([1, 1]), np.full((2, 3), np.log(1 / 3)), np.array(mask(t)))
+    assert out["n_think"][0] == 0 and np.isnan(out["H"][0])
+
+
+def test_a_second_think_block_counts_too():
+    t = mark_think(toks("a", "</think>", "b", "<think>", "c", "</think>", "d"), starts_in_think=True)
+    assert mask(t) == [True, False, False, False, True, False, False]
+
+
+def test_mark_by_reasoning_text():
+    t = mark_think_by_text(toks("Let", " me", " see", "Paris"), "Let me see")
+    assert mask(t) == [True, True, True, False]
+
+
+def test_split_think():
+    assert split_think("<think>\nhmm\n</think>\n\nParis", starts_in_think=False) == ("hmm", "Paris")
+    assert split_think("hmm\n</think>\nParis", starts_in_think=True) == ("hmm", "Paris")
+    assert split_think("still thinking", starts_in_think=True) == ("still thinking", "")
+    assert split_think("Paris", starts_in_think=False) == ("", "Paris")
