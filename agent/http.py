@@ -55,8 +55,20 @@ def loads(data: bytes):
     return _orjson.loads(data) if _orjson is not None else json.loads(data)
 
 
-def dumps(obj) -> bytes:
-    return _orjson.dumps(obj) if _orjson is not None else json.dumps(obj).encode()
+def dumps(obj, *, sort_keys: bool = False) -> bytes:
+    """Compact UTF-8 JSON (orjson when installed); non-finite floats become null."""
+    if _orjson is not None:
+        opt = _orjson.OPT_SERIALIZE_NUMPY | (_orjson.OPT_SORT_KEYS if sort_keys else 0)
+        return _orjson.dumps(obj, option=opt, default=_default)
+    return json.dumps(obj, sort_keys=sort_keys, ensure_ascii=False, separators=(",", ":"), default=_default).encode()
+
+
+def _default(o):
+    if hasattr(o, "item"):  # numpy scalars
+        return o.item()
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    return str(o)
 
 
 async def request_json(

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .http import dumps
+
 __all__ = ["RunDir", "Run", "load_run", "RunError", "IDENTITY_KEYS", "versions", "token_key", "read_parquet",
            "TOKEN_PRECISIONS"]
 
@@ -235,7 +237,7 @@ class RunDir:
             line["tokens_file"] = None
         for p in getattr(traj.sample, "image_paths", []):
             self.store_image(p)
-        data = (json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+        data = dumps(line) + b"\n"
         if b"\n" in data[:-1]:  # cannot happen with json.dumps, but a torn line must never be possible
             raise RunError("internal: a result line contains a newline")
         with open(self.results, "ab") as f:  # one write under an exclusive lock: --processes share the file

@@ -30,7 +30,6 @@ The full schema of a run directory is in ``docs/trajectory.md``.
 """
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from typing import Any
@@ -39,6 +38,7 @@ import numpy as np
 
 from .backends.base import ModelOutput, top_id_matrix, top_matrix
 from .backends.messages import record_messages
+from .http import dumps
 
 __all__ = ["Trajectory", "SCHEMA_VERSION", "token_arrays"]
 
@@ -83,7 +83,7 @@ class Trajectory:
     def _message_ids(self, messages: list[dict]) -> list[int]:
         out = []
         for m in record_messages(messages):
-            key = json.dumps(m, sort_keys=True, ensure_ascii=False)
+            key = dumps(m, sort_keys=True)
             i = self._msg_ids.get(key)
             if i is None:
                 i = self._msg_ids[key] = len(self.messages)
@@ -144,7 +144,7 @@ class Trajectory:
                 or (e["type"] == "tool_call" and e["call_index"] <= upto)]
         self.events = [dict(copy.deepcopy(e), id=i) for i, e in enumerate(keep)]
         self.messages = copy.deepcopy(line["messages"])
-        self._msg_ids = {json.dumps(m, sort_keys=True, ensure_ascii=False): i for i, m in enumerate(self.messages)}
+        self._msg_ids = {dumps(m, sort_keys=True): i for i, m in enumerate(self.messages)}
         self.n_calls = upto
         self.query_hashes = list((line.get("query_images") or {}).values())
         if tokens:

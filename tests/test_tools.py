@@ -1,6 +1,5 @@
 """Tools: live providers against loopback Serper/Jina, the offline world, the record/replay cache."""
 import asyncio
-import json
 import multiprocessing as mp
 import sqlite3
 

@@ -23,8 +23,8 @@ from .base import (
     DEFAULT_TOP_LOGPROBS, BackendError, Continuation, LogprobSemantics, ModelOutput, SamplingParams,
     ScoredTokens, TokenLogprob, TopLogprob, Usage,
 )
-from .messages import message_image_hashes, record_messages, split_text_and_images
-from .think import THINK_CLOSE, THINK_OPEN, mark_think, split_think
+from .messages import record_messages, split_text_and_images
+from .think import THINK_OPEN, mark_think, split_think
 
 __all__ = ["LocalBackend", "load_chat_renderer"]
 
