@@ -1,6 +1,6 @@
 """Benchmark: the runner's call rate against a fixed-latency loopback server, and bytes stored per token.
 
-    python scripts/bench_runner.py [--samples 128] [--concurrency 64] [--latency 1.0] [--calls 5]
+    python scripts/bench_runner.py [--samples 512] [--concurrency 64] [--latency 3.0] [--calls 5] [--processes 2]
 
 1. Call rate. A loopback server speaking SGLang's OpenAI-compatible wire format (tests/fakes) answers
    every request after ``--latency`` seconds (in its own process, as a real server is); a scripted
@@ -194,13 +194,14 @@ def bench_storage(args) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--samples", type=int, default=128)
+    ap.add_argument("--samples", type=int, default=512, help="enough waves that process start-up is amortised")
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--latency", type=float, default=3.0,
                     help="seconds per call (3 s for ~165 tokens = 55 tok/s per stream, 3.5k tok/s over 64 streams)")
     ap.add_argument("--calls", type=int, default=5, help="LLM calls per sample")
     ap.add_argument("--storage-calls", type=int, default=200, help="synthetic calls for the storage measurement")
-    ap.add_argument("--processes", type=int, default=1, help="runner processes (agent.run --processes)")
+    ap.add_argument("--processes", type=int, default=2,
+                    help="runner processes (agent.run --processes; the setting recommended for 64 samples in flight)")
     ap.add_argument("--api", default="native", choices=("native", "chat"),
                     help="native /generate (SGLangBackend: triples only) or /v1/chat/completions (OpenAIBackend, "
                          "whose replies also carry logprobs.content: ~4x the bytes)")

@@ -19,7 +19,7 @@ import time
 
 import httpx
 
-from ..http import HTTPError, RetryPolicy, request_json
+from ..http import HTTPError, RetryPolicy, make_client, request_json
 from .base import (
     DEFAULT_TOP_LOGPROBS, BackendError, Continuation, LogprobSemantics, ModelOutput, SamplingParams,
     ScoredTokens, Usage,
@@ -58,7 +58,7 @@ class OpenAIBackend:
         self.logprob_mode = logprob_mode
         self.policy = policy
         self.extra_body = dict(extra_body or {})
-        self._client = client or httpx.AsyncClient()
+        self._client = client or make_client()
 
     async def resolve_model(self) -> str:
         if not self.model:

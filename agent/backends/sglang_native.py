@@ -21,7 +21,7 @@ import time
 
 import httpx
 
-from ..http import HTTPError, RetryPolicy, request_json
+from ..http import HTTPError, RetryPolicy, make_client, request_json
 from .base import (
     DEFAULT_TOP_LOGPROBS, BackendError, Continuation, LogprobSemantics, ModelOutput, SamplingParams,
     ScoredTokens, Usage,
@@ -50,7 +50,7 @@ class SGLangBackend:
         self.model = model or str(model_dir).rstrip("/").split("/")[-1]
         self.logprob_mode = logprob_mode
         self.policy = policy
-        self._client = client or httpx.AsyncClient()
+        self._client = client or make_client()
         self._decode_cache: dict[int, str] = {}
 
     def _decode(self, tid: int) -> str:

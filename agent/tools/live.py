@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from ..http import HTTPError, RetryPolicy, request_json
+from ..http import HTTPError, RetryPolicy, make_client, request_json
 from .formatting import failed_visit, format_lens, format_search, format_visit, looks_blocked
 from .registry import RegisteredImage
 
@@ -87,7 +87,7 @@ class LiveProvider:
         self.visit_max_chars = visit_max_chars
         self.policy = policy
         self.serper_base, self.scrape_base, self.jina_base = serper_base.rstrip("/"), scrape_base.rstrip("/"), jina_base.rstrip("/")
-        self._client = client or httpx.AsyncClient(follow_redirects=True)
+        self._client = client or make_client(follow_redirects=True)
         self.thumbnail_dir = thumbnail_dir
 
     @classmethod
