@@ -17,10 +17,13 @@ class JSONHandler(BaseHTTPRequestHandler):
             data = body.encode()
         else:
             data = dumps(body)
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(data)))
-        if code == 429:
-            self.send_header("Retry-After", "0")
-        self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            if code == 429:
+                self.send_header("Retry-After", "0")
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):  # the client went away (a probe that timed out)
+            pass
