@@ -34,6 +34,15 @@ def _plt():
     return plt, sns
 
 
+def _panel(ax, size=(5.2, 3.2)):
+    """(seaborn, figure, axis, own): a new figure unless the caller passes the axis to draw into."""
+    plt, sns = _plt()
+    if ax is None:
+        fig, ax = plt.subplots(figsize=size)
+        return sns, fig, ax, True
+    return sns, ax.figure, ax, False
+
+
 def save(fig, stem) -> list[Path]:
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
@@ -70,12 +79,7 @@ def fig1_tool_calls(calls, stem, *, max_step: int = 20, title: str | None = None
 
 def fig2b_entropy(summary, stem, *, title: str | None = None, ax=None):
     """Figure 2(b): mean ΔH_t = H(τ_t) - H(τ_t^IR) per step with 95% bootstrap CI (nats)."""
-    plt, sns = _plt()
-    own = ax is None
-    if own:
-        fig, ax = plt.subplots(figsize=(5.2, 3.2))
-    else:
-        fig = ax.figure
+    sns, fig, ax, own = _panel(ax)
     s = summary.sort_values("step")
     s = s[np.isfinite(s["mean"])]
     color = sns.color_palette("colorblind")[0]
@@ -91,7 +95,7 @@ def fig2b_entropy(summary, stem, *, title: str | None = None, ax=None):
     ax.set_title(title or "Figure 2(b): entropy change from the query images")
     if len(s):
         ax.set_xticks(s["step"].tolist())
-    if own and stem is not None:
+    if own and stem is not None:  # a panel drawn into a caller's axis is saved by the caller
         save(fig, stem)
     return fig
 
@@ -101,12 +105,7 @@ def fig2c_removal(summary, stem, *, title: str | None = None, ax=None):
 
     Solid lines: replays; dashed: the original trajectories' accuracy (same samples).
     """
-    plt, sns = _plt()
-    own = ax is None
-    if own:
-        fig, ax = plt.subplots(figsize=(5.2, 3.2))
-    else:
-        fig = ax.figure
+    sns, fig, ax, own = _panel(ax)
     cats = list(dict.fromkeys(summary["paper_category"]))
     colors = dict(zip(cats, sns.color_palette("colorblind", n_colors=max(3, len(cats)))))
     for cat in cats:
@@ -119,19 +118,14 @@ def fig2c_removal(summary, stem, *, title: str | None = None, ax=None):
     if len(summary):
         ax.set_xticks(sorted(summary["k"].unique()))
     ax.legend(frameon=False, fontsize=7)
-    if own and stem is not None:
+    if own and stem is not None:  # a panel drawn into a caller's axis is saved by the caller
         save(fig, stem)
     return fig
 
 
 def fig2a_grounding(steps, stem, *, max_step: int = 20, title: str | None = None, ax=None):
     """Figure 2(a): share (%) of Image Needed / Image-Derived / Text Only among the steps at each step t."""
-    plt, sns = _plt()
-    own = ax is None
-    if own:
-        fig, ax = plt.subplots(figsize=(5.2, 3.2))
-    else:
-        fig = ax.figure
+    sns, fig, ax, own = _panel(ax)
     df = steps[steps["step"] <= max_step]
     shares = (df.groupby("step")["category"].value_counts(normalize=True).unstack(fill_value=0.0)
               .reindex(columns=GROUNDING, fill_value=0.0) * 100)
@@ -147,7 +141,7 @@ def fig2a_grounding(steps, stem, *, max_step: int = 20, title: str | None = None
     if len(shares):
         ax.set_xticks(shares.index.tolist())
     ax.legend(frameon=False, fontsize=7)
-    if own and stem is not None:
+    if own and stem is not None:  # a panel drawn into a caller's axis is saved by the caller
         save(fig, stem)
     return fig
 
