@@ -122,7 +122,7 @@ class Grader:
         self.sem = asyncio.Semaphore(concurrency)
         self.sp = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=2048, top_logprobs=0, enable_thinking=None)
 
-    def _client(self):
+    def client(self):
         if self.backend is None:
             from .backends.openai_compat import OpenAIBackend
 
@@ -152,7 +152,7 @@ class Grader:
             rec.update(grade=exact_grade(answer, ln.get("gold", "")), extracted=answer, reply=None, reason="exact")
         else:
             prompt = fill(JUDGE, question=ln["question"], correct_answer=ln.get("gold", ""), response=answer)
-            client = self._client()
+            client = self.client()
             async with self.sem:
                 try:
                     out = await client.generate([{"role": "user", "content": prompt}], self.sp)
@@ -190,7 +190,7 @@ async def judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_ENDP
     todo = [ln for ln in lines if (ln["sample_id"], ln["trial"], _answer_key(ln)) not in done]
     print(f"judge [{label}]: {len(lines)} trajectories, {len(lines) - len(todo)} already graded", file=sys.stderr)
     if grader.needs_client(todo):
-        grader._client()  # fail early (missing key) before any work
+        grader.client()  # fail early (missing key) before any work
     from tqdm import tqdm
 
     bar = tqdm(total=len(todo), desc="judge", unit="answer", disable=not progress, file=sys.stderr, mininterval=1.0)

@@ -178,7 +178,7 @@ async def removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, o
     # grade the originals and every replay with the same grader
     originals = {(ln["sample_id"], ln["trial"]): ln for ln in lines}
     if grader.needs_client(lines):
-        grader._client()
+        grader.client()  # fail early (a missing key) before grading anything
     orig_grades = dict(zip(originals, await asyncio.gather(*(grader.grade(ln) for ln in originals.values()))))
     rows = []
     for k, rd in dirs.items():
