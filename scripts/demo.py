@@ -27,9 +27,7 @@ def main() -> int:
     print("\n[2/2] the entropy probe end to end: python -m probes.entropy (no arguments)\n", flush=True)
     from probes.entropy import main as entropy_main
 
-    rc = entropy_main([])
-    print("\n(random weights: numbers above are meaningless)")
-    return rc
+    return entropy_main([])  # it ends by saying that its numbers are meaningless
 
 
 if __name__ == "__main__":
