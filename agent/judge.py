@@ -187,13 +187,13 @@ async def judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_ENDP
                 done[(r["sample_id"], r["trial"], r["answer_key"])] = r
             except (json.JSONDecodeError, KeyError):
                 continue
-    todo = [ln for ln in lines if (ln["sample_id"], ln["trial"], _answer_key(ln)) not in done]
-    print(f"judge [{label}]: {len(lines)} trajectories, {len(lines) - len(todo)} already graded", file=sys.stderr)
-    if grader.needs_client(todo):
+    pending = [ln for ln in lines if (ln["sample_id"], ln["trial"], _answer_key(ln)) not in done]
+    print(f"judge [{label}]: {len(lines)} trajectories, {len(lines) - len(pending)} already graded", file=sys.stderr)
+    if grader.needs_client(pending):
         grader.client()  # fail early (missing key) before any work
     from tqdm import tqdm
 
-    bar = tqdm(total=len(todo), desc="judge", unit="answer", disable=not progress, file=sys.stderr, mininterval=1.0)
+    bar = tqdm(total=len(pending), desc="judge", unit="answer", disable=not progress, file=sys.stderr, mininterval=1.0)
 
     async def grade(ln: dict) -> dict:
         rec = await grader.grade(ln)
@@ -201,7 +201,7 @@ async def judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_ENDP
         return rec
 
     try:
-        results = await asyncio.gather(*(grade(ln) for ln in todo))
+        results = await asyncio.gather(*(grade(ln) for ln in pending))
     finally:
         bar.close()
         await grader.aclose()

@@ -39,6 +39,7 @@ from agent.backends.messages import strip_images
 from agent.rundir import Run, RunError, load_run
 from analysis.entropy import grouped_tail_entropy, kl_union_tail
 from analysis.stats import summarise_by
+from probes.cli import run_async
 
 __all__ = ["probe_run", "main", "MODES"]
 
@@ -134,16 +135,16 @@ async def probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir=
             except (json.JSONDecodeError, KeyError):
                 continue
     lines = sorted(run.lines, key=lambda ln: (ln["sample_id"], ln["trial"]))[: limit or None]
-    todo = []
+    pending = []
     for line in lines:
         for ev in line["events"]:
             if ev["type"] == "llm_call" and ev["n_images"] > 0 and (line["sample_id"], line["trial"], ev["index"]) not in done:
-                todo.append((line, ev))
-    print(f"entropy probe ({mode}): {len(lines)} trajectories, {len(todo)} image-bearing steps to probe, "
+                pending.append((line, ev))
+    print(f"entropy probe ({mode}): {len(lines)} trajectories, {len(pending)} image-bearing steps to probe, "
           f"{len(done)} already done -> {out}", file=sys.stderr)
     from tqdm import tqdm
 
-    bar = tqdm(total=len(todo), desc=f"entropy/{mode}", unit="step", disable=not progress, file=sys.stderr,
+    bar = tqdm(total=len(pending), desc=f"entropy/{mode}", unit="step", disable=not progress, file=sys.stderr,
                mininterval=1.0)
     sem = asyncio.Semaphore(concurrency)
     tokens_cache: dict = {}
@@ -165,7 +166,7 @@ async def probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir=
         bar.update(1)
 
     try:
-        await asyncio.gather(*(one(line, ev) for line, ev in todo))
+        await asyncio.gather(*(one(line, ev) for line, ev in pending))
     finally:
         bar.close()
     (out / "probe.json").write_text(json.dumps({"run_dir": str(run.path), "mode": mode, "finished": time.time(),
@@ -258,26 +259,22 @@ def main(argv=None) -> int:
     ap.add_argument("--demo-dir", default="runs/demo-entropy", help="demo: where the demo run is written")
     ap.add_argument("--demo-samples", type=int, default=3)
     args = ap.parse_args(argv)
-    try:
-        if not args.run_dir:
-            return asyncio.run(_demo(args))
+    if not args.run_dir:
+        rc, code = run_async(_demo(args), "finished steps and trajectories")
+        return code or rc
 
-        async def go():
-            run = load_run(args.run_dir)
-            backend = _backend_for(args, run.header)
-            try:
-                return await probe_run(args.run_dir, mode=args.mode, backend=backend, out_dir=args.out,
-                                       concurrency=args.concurrency, limit=args.limit, progress=not args.no_progress)
-            finally:
-                await backend.aclose()
+    async def go():
+        run = load_run(args.run_dir)
+        backend = _backend_for(args, run.header)
+        try:
+            return await probe_run(args.run_dir, mode=args.mode, backend=backend, out_dir=args.out,
+                                   concurrency=args.concurrency, limit=args.limit, progress=not args.no_progress)
+        finally:
+            await backend.aclose()
 
-        res = asyncio.run(go())
-    except KeyboardInterrupt:
-        print("interrupted; rerun to resume (finished steps are kept)", file=sys.stderr)
-        return 130
-    except (RunError, BackendError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    res, code = run_async(go(), "finished steps")
+    if code:
+        return code
     _print_summary(res["summary"])
     return 1 if res["failures"] else 0
 

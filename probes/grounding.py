@@ -30,6 +30,7 @@ from agent.backends.base import BackendError, SamplingParams
 from agent.judge import DEFAULT_ENDPOINT, DEFAULT_KEY_ENV, DEFAULT_MODEL
 from agent.prompts import GROUNDING_PASS1, GROUNDING_PASS2, fill
 from agent.rundir import RunError, load_run
+from probes.cli import run_async
 
 __all__ = ["steps_of", "steps_text", "parse_labels", "LabelError", "annotate_run", "CATEGORIES", "main"]
 
@@ -196,13 +197,13 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
                 continue
     lines = sorted(run.lines, key=lambda ln: (ln["sample_id"], ln["trial"]))[: limit or None]
     lines = [ln for ln in lines if ln["status"] in ("ok", "no_answer")]
-    todo = [ln for ln in lines if (ln["sample_id"], ln["trial"]) not in done]
-    print(f"grounding annotation: {len(lines)} trajectories, {len(todo)} to annotate -> {out}", file=sys.stderr)
+    pending = [ln for ln in lines if (ln["sample_id"], ln["trial"]) not in done]
+    print(f"grounding annotation: {len(lines)} trajectories, {len(pending)} to annotate -> {out}", file=sys.stderr)
     ann = Annotator(backend, retries=retries, observation_chars=observation_chars, max_tokens=max_tokens)
     sem = asyncio.Semaphore(concurrency)
     from tqdm import tqdm
 
-    bar = tqdm(total=len(todo), desc="grounding", unit="traj", disable=not progress, file=sys.stderr, mininterval=1.0)
+    bar = tqdm(total=len(pending), desc="grounding", unit="traj", disable=not progress, file=sys.stderr, mininterval=1.0)
     failed = []
 
     async def one(line):
@@ -219,7 +220,7 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
         bar.update(1)
 
     try:
-        await asyncio.gather(*(one(ln) for ln in todo))
+        await asyncio.gather(*(one(ln) for ln in pending))
     finally:
         bar.close()
     keep = {(ln["sample_id"], ln["trial"]) for ln in lines}
@@ -296,14 +297,9 @@ def main(argv=None) -> int:
         finally:
             await backend.aclose()
 
-    try:
-        res = asyncio.run(go())
-    except KeyboardInterrupt:
-        print("interrupted; rerun to resume (annotated trajectories are kept)", file=sys.stderr)
-        return 130
-    except (RunError, BackendError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    res, code = run_async(go(), "annotated trajectories")
+    if code:
+        return code
     s = res["summary"]
     print(json.dumps({k: v for k, v in s.items() if k not in ("invalid_examples",)}, indent=2))
     return 1 if s["endpoint_failures"] else 0

@@ -24,7 +24,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from agent.backends.base import BackendError, SamplingParams
+from agent.backends.base import SamplingParams
 from agent.backends.messages import record_messages
 from agent.benchmarks import Sample
 from agent.judge import DEFAULT_ENDPOINT, DEFAULT_KEY_ENV, DEFAULT_MODEL, Grader
@@ -36,6 +36,7 @@ from agent.rundir import Run, RunDir, RunError, load_run
 from agent.tools import make_toolbox
 from agent.trajectory import Trajectory
 from analysis.stats import mcnemar_p
+from probes.cli import run_async
 
 __all__ = ["replay_prefix_turns", "replay_one", "removal_probe", "parse_steps", "main"]
 
@@ -149,9 +150,9 @@ async def removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, o
     done = {k: rd.done_keys(retry_errors=True) for k, rd in dirs.items()}
     lines = sorted(run.lines, key=lambda ln: (ln["sample_id"], ln["trial"]))[: limit or None]
     lines = [ln for ln in lines if ln["status"] in ("ok", "no_answer")]  # harness failures are not trajectories
-    todo = {(ln["sample_id"], ln["trial"]): [k for k in steps if ln["n_calls"] >= k
+    pending = {(ln["sample_id"], ln["trial"]): [k for k in steps if ln["n_calls"] >= k
                                              and (ln["sample_id"], ln["trial"]) not in done[k]] for ln in lines}
-    n_jobs = sum(len(v) for v in todo.values())
+    n_jobs = sum(len(v) for v in pending.values())
     print(f"removal replays: {len(lines)} trajectories x steps {steps}: {n_jobs} replays to run -> {out}", file=sys.stderr)
     from tqdm import tqdm
 
@@ -159,7 +160,7 @@ async def removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, o
     sem = asyncio.Semaphore(concurrency)
 
     async def trajectory_group(line):  # the k replays of one trajectory back to back (prefix cache)
-        ks = todo[(line["sample_id"], line["trial"])]
+        ks = pending[(line["sample_id"], line["trial"])]
         if not ks:
             return
         async with sem:
@@ -256,14 +257,9 @@ def main(argv=None) -> int:
         finally:
             await backend.aclose()
 
-    try:
-        res = asyncio.run(go())
-    except KeyboardInterrupt:
-        print("interrupted; rerun to resume (finished replays are kept)", file=sys.stderr)
-        return 130
-    except (RunError, BackendError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    res, code = run_async(go(), "finished replays")
+    if code:
+        return code
     print(f"judge: {res['judge']}")
     print(res["summary"].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     return 0
