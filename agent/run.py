@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from .backends.base import DEFAULT_TOP_LOGPROBS, BackendError, SamplingParams
 from .benchmarks import resolve_benchmark
 from .methods import METHODS, VARIANTS, Budgets, MethodSpec, new_trajectory, run_sample
+from .methods.common import HISTORY_REASONING, WEBWATCHER_OBSERVATION_IMAGES
+from .preflight import PreflightError, check_benchmark_images, local_identity, model_identity
 from .rundir import RunDir, RunError, versions
 from .tools import MODES, MissingKeyError, make_toolbox
 from .trajectory import SCHEMA_VERSION
@@ -63,6 +65,8 @@ class RunConfig:
     thinking: bool = True
     t_max: int = 20
     b_max: int = 5
+    history_reasoning: str = "keep"
+    observation_images: int = WEBWATCHER_OBSERVATION_IMAGES
     tools: str = "offline"
     world: str | None = None
     tool_cache: str | None = None
@@ -74,6 +78,8 @@ class RunConfig:
     progress: bool = True
     token_precision: str = "float32"
     processes: int = 1
+    max_consecutive_errors: int = 10
+    allow_missing_images: bool = False
     shard: tuple[int, int] | None = None   # internal: this process runs jobs with crc32(key) % n == i
 
     @property
@@ -83,7 +89,8 @@ class RunConfig:
     def spec(self) -> MethodSpec:
         if self.processes < 1 or self.concurrency < 1 or self.trials < 1:
             raise ValueError("--processes, --concurrency and --trials must be >= 1")
-        return MethodSpec(self.method, self.variant, self.remove_images_from_step, Budgets(self.t_max, self.b_max))
+        return MethodSpec(self.method, self.variant, self.remove_images_from_step, Budgets(self.t_max, self.b_max),
+                          self.history_reasoning, self.observation_images)
 
     def sampling(self, trial: int = 0) -> SamplingParams:
         mt = self.max_tokens or (EMBEDDED_MAX_TOKENS if self.embedded else 4096)
@@ -121,12 +128,14 @@ class BackendPool:
         self.busy[i] -= 1
 
 
-def header_for(cfg: RunConfig, manifest, argv) -> dict:
+def header_for(cfg: RunConfig, manifest, argv, model: dict | None = None) -> dict:
     spec = cfg.spec()
     return {
         "schema_version": SCHEMA_VERSION, "created": time.time(), "argv": list(argv) if argv is not None else sys.argv,
         "method": spec.method, "variant": spec.variant_label, "label": spec.label,
         "remove_images_from_step": spec.remove_images_from_step, "budgets": spec.budgets.to_dict(),
+        "history_reasoning": spec.history_reasoning, "observation_images": spec.observation_images,
+        "model": model,
         "sampling": cfg.sampling().to_dict() | {"seed": cfg.seed}, "trials": cfg.trials,
         "benchmark": manifest.name, "benchmark_path": str(manifest.path), "n_samples": len(manifest.samples),
         "backend": {"kind": cfg.backend, "endpoints": cfg.endpoints, "model": cfg.model, "model_dir": cfg.model_dir,
@@ -163,11 +172,50 @@ async def run(cfg: RunConfig, argv=None, *, backends: list | None = None, toolbo
         rd.unlock()
 
 
+async def identify_backends(cfg: RunConfig, backends: list | None) -> dict:
+    """The one model every backend serves (asking each server); refuses unreachable or mixed endpoints."""
+    if backends is None and cfg.backend == "local":
+        from .backends.tiny_model import ensure_tiny_model
+
+        return local_identity(cfg.model_dir or ensure_tiny_model())
+    own = backends is None
+    backends = backends if backends is not None else make_backends(cfg)
+    try:
+        idents = [await model_identity(b) for b in backends]
+    finally:
+        if own:
+            for b in backends:
+                await b.aclose()
+    names = {i.get("served_model") for i in idents}
+    if len(names) > 1:
+        where = ", ".join(f"{e} -> {i.get('served_model')}" for e, i in zip(cfg.endpoints or ["backend"] * len(idents), idents))
+        raise PreflightError(f"the endpoints serve different models ({where}): one run must use one model")
+    return idents[0]
+
+
 async def _run_locked(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends, toolbox) -> dict:
-    if cfg.shard is None:
-        rd.write_header(header_for(cfg, manifest, argv), force=cfg.force)
     cache_path = cfg.tool_cache or str(rd.path / "tools.sqlite")
     samples = _select(manifest, cfg)
+    skipped_images: list = []
+    if cfg.shard is None:
+        # --- preflight: nothing is written and nothing runs until every check passes (exit 2 otherwise)
+        if cfg.embedded and backends is None:
+            print("NOTE: embedded default: a tiny RANDOMLY INITIALISED Qwen3.5 and the offline demo world; "
+                  "its answers and numbers are meaningless.", file=sys.stderr)
+        if cfg.tools == "live" and spec.method != "direct" and toolbox is None:
+            from .tools.live import require_live_tools
+
+            require_live_tools(spec.allowed_tools())
+        samples, skipped_images = check_benchmark_images(manifest, samples, allow_missing=cfg.allow_missing_images)
+        if skipped_images:
+            print(f"--allow-missing-images: {len(skipped_images)} samples skipped for a missing or unreadable image "
+                  f"(first: {skipped_images[0][0]}: {skipped_images[0][1]})", file=sys.stderr)
+        ident = await identify_backends(cfg, backends)
+        header = rd.write_header(header_for(cfg, manifest, argv, ident), force=cfg.force)
+        if skipped_images:
+            rd.note_skipped(skipped_images)
+    else:
+        header = rd.read_header()
     done = rd.done_keys(retry_errors=cfg.retry_errors)
     jobs = [(s, t) for t in range(cfg.trials) for s in samples if (s.id, t) not in done]
     skipped = len(samples) * cfg.trials - len(jobs)
@@ -175,36 +223,37 @@ async def _run_locked(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends
         i, n = cfg.shard
         jobs = [(s, t) for s, t in jobs if zlib.crc32(f"{s.id}\0{t}".encode()) % n == i]
     else:
-        if cfg.embedded and backends is None:
-            print("NOTE: embedded default: a tiny RANDOMLY INITIALISED Qwen3.5 and the offline demo world; "
-                  "its answers and numbers are meaningless.", file=sys.stderr)
         print(f"{spec.label} on {manifest.name}: {len(samples)} samples x {cfg.trials} trials; "
               f"{skipped} already done, {len(jobs)} to run -> {rd.path}", file=sys.stderr)
     counts: Counter = Counter()
     if not jobs:
-        return {"run_dir": str(rd.path), "ran": 0, "skipped": skipped, "counts": {}, "llm_calls": 0}
+        return {"run_dir": str(rd.path), "ran": 0, "skipped": skipped, "counts": {}, "llm_calls": 0,
+                "skipped_images": len(skipped_images), "first_error": None}
     if cfg.processes > 1 and cfg.shard is None and backends is None:
         return await _run_processes(cfg, rd, len(jobs), skipped, spec.label)
     own_backends = backends is None
     backends = backends if backends is not None else make_backends(cfg)
+    if own_backends and cfg.backend == "sglang":
+        for b in backends:  # records name the served model (the preflight asked a fresh client)
+            b.model = (header.get("model") or {}).get("served_model") or b.model
     own_toolbox = toolbox is None
     if toolbox is None:
         toolbox = make_toolbox(cfg.tools, world_dir=cfg.world, cache_path=cache_path, mode=cfg.cache_mode,
                                live_fallback=cfg.live_fallback)
-        if cfg.tools == "live" and spec.method != "direct":
-            toolbox.require(spec.allowed_tools())
     pool = BackendPool(backends)
     queue: asyncio.Queue = asyncio.Queue()
     for j in jobs:
         queue.put_nowait(j)
-    write_lock = asyncio.Lock()
     bar = _progress(len(jobs), cfg.progress, spec.label)
     t0 = time.perf_counter()
     n_calls = n_tokens = 0
+    first_error: list[str] = []
+    streak = {"n": 0, "last": ""}
+    stop = asyncio.Event()
 
     async def worker():
         nonlocal n_calls, n_tokens
-        while True:
+        while not stop.is_set():
             try:
                 sample, trial = queue.get_nowait()
             except asyncio.QueueEmpty:
@@ -221,11 +270,18 @@ async def _run_locked(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends
             finally:
                 pool.release(i)
             line["endpoint"] = cfg.endpoints[i] if cfg.endpoints else cfg.backend
-            async with write_lock:
-                await asyncio.to_thread(rd.append, traj, line)
+            await asyncio.to_thread(rd.append, traj, line)
             counts[line["status"]] += 1
             n_calls += line["n_calls"]
             n_tokens += line["generated_tokens"]
+            if line["status"] == "error":
+                first_error[:0] = [] if first_error else [f"{line['sample_id']}/t{line['trial']}: {line.get('error')}"]
+                streak["n"] += 1
+                streak["last"] = line.get("error") or ""
+                if cfg.max_consecutive_errors and streak["n"] >= cfg.max_consecutive_errors:
+                    stop.set()
+            else:
+                streak["n"] = 0
             bar.update(1)
             bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in sorted(counts.items()))
                                 + f" calls/s={n_calls / max(time.perf_counter() - t0, 1e-9):.1f}", refresh=False)
@@ -249,7 +305,9 @@ async def _run_locked(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends
     elapsed = time.perf_counter() - t0
     summary = {"run_dir": str(rd.path), "ran": sum(counts.values()), "skipped": skipped, "counts": dict(counts),
                "llm_calls": n_calls, "generated_tokens": n_tokens, "elapsed_s": round(elapsed, 2),
-               "interrupted": interrupted, "tool_stats": dict(toolbox.stats)}
+               "interrupted": interrupted, "tool_stats": dict(toolbox.stats), "skipped_images": len(skipped_images),
+               "first_error": first_error[0] if first_error else None,
+               "stopped_after_errors": streak["n"] if stop.is_set() else 0}
     if cfg.shard is None:
         print(f"{'interrupted' if interrupted else 'done'}: {summary['ran']} written ({dict(counts)}), "
               f"{n_calls} LLM calls in {elapsed:.1f}s; tools: {dict(toolbox.stats)}", file=sys.stderr)
@@ -390,6 +448,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-thinking", dest="thinking", action="store_false")
     g.add_argument("--t-max", type=int, default=20, help="LLM calls per trajectory (paper: 20)")
     g.add_argument("--b-max", type=int, default=5, help="calls per branch (paper: 5)")
+    g.add_argument("--history-reasoning", default="keep", choices=HISTORY_REASONING,
+                   help="keep each step's reasoning in the history as reasoning_content (the chat template decides "
+                        "what it renders; paper B.3) or drop it")
+    g.add_argument("--observation-images", type=int, default=WEBWATCHER_OBSERVATION_IMAGES, metavar="N",
+                   help="lens result images put into the observation (WebWatcher: 5; 0 = none)")
     g = ap.add_argument_group("tools")
     g.add_argument("--tools", default="offline", choices=("offline", "live"))
     g.add_argument("--world", help="offline world dir (default: the shipped demo world)")
@@ -399,6 +462,10 @@ def build_parser() -> argparse.ArgumentParser:
     g = ap.add_argument_group("run control")
     g.add_argument("--timeout", type=float, help="seconds per sample (ends it as status=timeout)")
     g.add_argument("--retry-errors", action="store_true", help="rerun pairs that ended in error/timeout")
+    g.add_argument("--max-consecutive-errors", type=int, default=10, metavar="N",
+                   help="stop the run after N harness errors in a row (0 = never)")
+    g.add_argument("--allow-missing-images", action="store_true",
+                   help="run the samples whose images load, skip (and list) the others")
     g.add_argument("--force", action="store_true", help="write into a run dir whose header differs")
     g.add_argument("--no-progress", dest="progress", action="store_false")
     g.add_argument("--token-precision", default="float32", choices=("float32", "float16"),
@@ -413,22 +480,40 @@ def config_from_args(a) -> RunConfig:
         sample_ids=[x for x in (a.sample_ids or "").split(",") if x] or None, backend=a.backend, endpoints=a.endpoint,
         model=a.model, model_dir=a.model_dir, logprob_mode=a.logprob_mode, server=a.server, api_key_env=a.api_key_env,
         temperature=a.temperature, top_p=a.top_p, max_tokens=a.max_tokens, top_logprobs=a.top_logprobs, seed=a.seed,
-        thinking=a.thinking, t_max=a.t_max, b_max=a.b_max, tools=a.tools, world=a.world, tool_cache=a.tool_cache,
+        thinking=a.thinking, t_max=a.t_max, b_max=a.b_max, history_reasoning=a.history_reasoning,
+        observation_images=a.observation_images, max_consecutive_errors=a.max_consecutive_errors,
+        allow_missing_images=a.allow_missing_images, tools=a.tools, world=a.world, tool_cache=a.tool_cache,
         cache_mode=a.cache_mode, live_fallback=a.live_fallback, timeout=a.timeout, retry_errors=a.retry_errors,
         force=a.force, progress=a.progress, token_precision=a.token_precision, processes=a.processes)
 
 
 def main(argv=None) -> int:
+    """Exit status: 0 all units finished; 2 refused before any work (a preflight check, a bad argument);
+    3 finished, but some units ended in ``error``/``timeout`` (rerun with ``--retry-errors``); 4 stopped
+    after ``--max-consecutive-errors`` harness errors in a row; 130 interrupted (rerun to resume)."""
+    import shlex
+
     a = build_parser().parse_args(argv)
     try:
         cfg = config_from_args(a)
         cfg.spec()  # validate method/variant/removal before touching anything
-        asyncio.run(run(cfg, argv))
+        summary = asyncio.run(run(cfg, argv))
     except KeyboardInterrupt:
         return 130
-    except (ValueError, RunError, BackendError, OSError, MissingKeyError) as e:
+    except (ValueError, RunError, BackendError, OSError, MissingKeyError, PreflightError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    bad = sum(summary.get("counts", {}).get(k, 0) for k in ("error", "timeout"))
+    retry = shlex.join(["python", "-m", "agent.run", *(sys.argv[1:] if argv is None else argv)]
+                       + ([] if a.retry_errors else ["--retry-errors"]))
+    if summary.get("stopped_after_errors"):
+        print(f"stopped after {summary['stopped_after_errors']} harness errors in a row; first error: "
+              f"{summary.get('first_error')}\nfix the cause, then rerun: {retry}", file=sys.stderr)
+        return 4
+    if bad:
+        print(f"{bad} unit(s) ended in error or timeout; first error: {summary.get('first_error')}\n"
+              f"rerun them with: {retry}", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -46,7 +46,8 @@ __all__ = ["RunDir", "Run", "load_run", "RunError", "IDENTITY_KEYS", "versions",
 TOKEN_PRECISIONS = ("float32", "float16")
 
 #: Header fields that must match when a run directory is resumed.
-IDENTITY_KEYS = ("method", "variant", "benchmark", "remove_images_from_step", "budgets", "sampling", "schema_version")
+IDENTITY_KEYS = ("method", "variant", "benchmark", "remove_images_from_step", "budgets", "sampling", "schema_version",
+                 "history_reasoning", "observation_images")
 
 
 class RunError(RuntimeError):
@@ -146,15 +147,25 @@ class RunDir:
         (self.path / "images").mkdir(exist_ok=True)
         if self.header_path.exists():
             old = self.read_header()
+            from .preflight import same_model
+
             diff = [k for k in IDENTITY_KEYS if old.get(k) != header.get(k)]
-            if diff and not force:
-                detail = "; ".join(f"{k}: {old.get(k)!r} -> {header.get(k)!r}" for k in diff)
-                raise RunError(f"{self.path} holds a different run ({detail}); use another --out or --force")
+            detail = [f"{k}: {old.get(k)!r} -> {header.get(k)!r}" for k in diff]
+            model_diff = same_model(old.get("model"), header.get("model")) if "model" in header else None
+            if model_diff:
+                detail.append(f"model: {model_diff}")
+            if detail and not force:
+                raise RunError(f"{self.path} holds a different run ({'; '.join(detail)}); use another --out or --force")
             old.setdefault("resumed", []).append({"at": time.time(), "argv": header.get("argv")})
             _atomic_write(self.header_path, json.dumps(old, indent=2, sort_keys=True).encode())
             return old
         _atomic_write(self.header_path, json.dumps(header, indent=2, sort_keys=True).encode())
         return header
+
+    def note_skipped(self, skipped: list[tuple[str, str]]) -> None:
+        """Record which samples a run left out (``--allow-missing-images``) and why."""
+        _atomic_write(self.path / "skipped_samples.json",
+                      json.dumps([{"sample_id": i, "reason": r} for i, r in skipped], indent=1).encode())
 
     def lock(self, *, wait_s: float = 30.0, shared_only: bool = False) -> None:
         """Hold the run lock for this process's lifetime: one runner (and its --processes) per directory.
@@ -235,7 +246,7 @@ class RunDir:
             line["tokens_file"] = f"tokens/{key}.parquet"
         else:
             line["tokens_file"] = None
-        for p in getattr(traj.sample, "image_paths", []):
+        for p in [*getattr(traj.sample, "image_paths", []), *getattr(traj, "image_files", {}).values()]:
             self.store_image(p)
         data = dumps(line) + b"\n"
         if b"\n" in data[:-1]:  # cannot happen with json.dumps, but a torn line must never be possible

@@ -13,13 +13,15 @@ Event types (each has ``type``, ``id`` (sequence number), ``parent`` (the span i
   ``state`` (react | direct | init | main | branch), ``branch``, ``correction`` (this call answers a
   correction re-prompt), ``forced`` (force-answer / branch-summarise constraint), ``message_ids``
   (indices into the line's ``messages`` table: the exact messages sent, images as sha256),
-  ``image_hashes`` / ``n_images`` (pixels visible in that call), ``text``, ``reasoning``,
+  ``image_hashes`` / ``n_images`` (pixels visible in that call: query and retrieved images),
+  ``n_query_images`` (how many of them are query images), ``text``, ``reasoning``,
   ``finish_reason``, ``usage``, ``latency_s``, ``n_tokens``, ``think_tokens``, ``semantics``
   (``raw`` or ``scaled(T=…)``), ``sampling``, ``backend``, ``model``, ``action`` or ``action_error``.
   Its per-token arrays (ids, logprobs, top-k, think mask, exact entropy) are rows ``call == index``
   of the line's token sidecar.
 - ``tool_call``: ``call_index`` (the LLM call that asked for it), ``name``, ``args``, ``observation``,
-  ``ok``, ``cache_hit``, ``paid_calls``, ``image_sha256``.
+  ``ok``, ``cache_hit``, ``paid_calls``, ``image_sha256`` (lens: the query image searched),
+  ``result_images`` (sha256 of the result images put into the observation, in order).
 - ``branch_begin`` / ``branch_end``: ``branch``, ``description``, ``prompt``, ``assigned_images``,
   ``assigned_hashes`` / ``message`` (folded back to the main state), ``reason``, ``steps``.
 - ``init_end``: ``descriptions`` (image id -> text folded into the main state).
@@ -42,7 +44,7 @@ from .http import dumps
 
 __all__ = ["Trajectory", "SCHEMA_VERSION", "token_arrays"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: reasoning kept in the history, retrieved images in observations, n_query_images
 
 
 def token_arrays(out: ModelOutput, k: int) -> dict[str, np.ndarray]:
@@ -73,6 +75,7 @@ class Trajectory:
         self.model = ""
         self.top_k = 0
         self.query_hashes: list[str] = []
+        self.image_files: dict[str, str] = {}   # sha256 -> path of every retrieved image shown (stored with the run)
 
     # ------------------------------------------------------------------ events
     def _add(self, type_: str, parent: str | None, **fields) -> dict:
@@ -99,6 +102,7 @@ class Trajectory:
         mids = self._message_ids(messages)
         hashes = [p.get("sha256") or p.get("url") for i in mids for p in (self.messages[i].get("content") or [])
                   if isinstance(p, dict) and p.get("type") == "image"]
+        query = set(self.query_hashes)
         self.top_k = max(self.top_k, out.top_k_requested, max(out.top_counts(), default=0))
         self.tokens[idx] = token_arrays(out, out.top_k_requested)
         self.backend, self.model = out.backend, out.model
@@ -106,6 +110,7 @@ class Trajectory:
         return self._add(
             "llm_call", parent if parent is not None else branch, index=idx, state=state, branch=branch,
             correction=correction, forced=forced, message_ids=mids, image_hashes=hashes, n_images=len(hashes),
+            n_query_images=sum(h in query for h in hashes),
             text=out.text, reasoning=out.reasoning, finish_reason=out.finish_reason,
             usage={"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
                    "cached_tokens": u.cached_tokens, "reasoning_tokens": u.reasoning_tokens},
@@ -114,10 +119,14 @@ class Trajectory:
             backend=out.backend, model=out.model, top_k=out.top_k_requested,
         )
 
-    def tool_call(self, call_ev: dict, res) -> dict:
+    def tool_call(self, call_ev: dict, res, shown_images: int | None = None) -> dict:
+        """``shown_images``: how many of the result images went into the observation (None: all)."""
+        shown = list(res.images[:shown_images] if shown_images is not None else res.images)
+        for sha, path in shown:
+            self.image_files.setdefault(sha, str(path))
         return self._add("tool_call", call_ev.get("parent"), call_index=call_ev["index"], name=res.name, args=res.args,
                          observation=res.observation, ok=res.ok, cache_hit=res.cache_hit, paid_calls=res.paid_calls,
-                         image_sha256=res.image_sha256)
+                         image_sha256=res.image_sha256, result_images=[sha for sha, _ in shown])
 
     def branch_begin(self, branch: str, *, description: str, prompt: str, assigned_images: list[str],
                      assigned_hashes: list[str], main_call_index: int) -> dict:
@@ -169,7 +178,8 @@ class Trajectory:
             act = e.get("action") or {}
             out.append({
                 "index": e["index"], "state": e["state"], "branch": e["branch"], "correction": e["correction"],
-                "forced": e["forced"], "n_images": e["n_images"], "image_hashes": e["image_hashes"],
+                "forced": e["forced"], "n_images": e["n_images"], "n_query_images": e.get("n_query_images", 0),
+                "image_hashes": e["image_hashes"],
                 "prompt_tokens": e["usage"]["prompt_tokens"], "completion_tokens": e["usage"]["completion_tokens"],
                 "cached_tokens": e["usage"]["cached_tokens"], "think_tokens": e["think_tokens"],
                 "n_tokens": e["n_tokens"], "latency_s": e["latency_s"], "finish_reason": e["finish_reason"],

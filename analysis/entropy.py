@@ -95,7 +95,8 @@ def step_entropies(run):
     """One row per (sample, trial, LLM call) of a run: step, state, images in context, H(τ_t).
 
     ``run`` is :func:`agent.rundir.load_run`'s result. Columns: sample_id, trial, benchmark,
-    paper_category, step (the call index), state, n_images, n_think, H, H_exact, gap.
+    paper_category, step (the call index), state, n_images (all pixels in context), n_query_images,
+    n_think, H, H_exact, gap.
     """
     import pandas as pd
 
@@ -110,7 +111,7 @@ def step_entropies(run):
             i = by_call.get(c["index"])
             rows.append({"sample_id": line["sample_id"], "trial": line["trial"], "benchmark": line["benchmark"],
                          "paper_category": line.get("paper_category"), "step": c["index"], "state": c["state"],
-                         "n_images": c["n_images"], "n_think": int(e["n_think"][i]) if i is not None else 0,
+                         "n_images": c["n_images"], "n_query_images": c.get("n_query_images", 0), "n_think": int(e["n_think"][i]) if i is not None else 0,
                          "H": float(e["H"][i]) if i is not None else np.nan,
                          "H_exact": float(e["H_exact"][i]) if i is not None else np.nan,
                          "gap": float(e["gap"][i]) if i is not None else np.nan})

@@ -5,8 +5,11 @@
         --model-dir DIR | --backend local --model-dir DIR] [--concurrency 8] [--limit N] [--out DIR]
 
 For every LLM call (step t) of every trajectory in RUN_DIR whose context held query images, τ_t is the
-call's recorded messages and τ_t^IR the same messages with the image parts dropped (their ``<image_k>``
-text identifiers kept). H(τ) is the mean grouped-tail entropy (top-20 + one tail bin, nats; a lower
+call's recorded messages (each step's reasoning included, as the agent saw it) and τ_t^IR the same
+messages with the *query* image parts dropped (their ``<image_k>`` text identifiers kept; images that a
+tool retrieved stay, paper B.5). Trajectories are selected by the shared rule of
+:mod:`analysis.selection` (paper B.1, Table 10); the exclusion counts are printed and saved as
+``exclusions.csv``. The probe must query the model that recorded the run (checked; ``--force``). H(τ) is the mean grouped-tail entropy (top-20 + one tail bin, nats; a lower
 bound on the exact entropy) over the think tokens of the response; ΔH_t = H(τ_t) - H(τ_t^IR)
 (positive: the images raise the entropy).
 
@@ -38,8 +41,9 @@ from agent.backends.base import BackendError, Continuation, SamplingParams
 from agent.backends.messages import strip_images
 from agent.rundir import Run, RunError, load_run
 from analysis.entropy import grouped_tail_entropy, kl_union_tail
+from analysis.selection import select_trajectories
 from analysis.stats import summarise_by
-from probes.cli import run_async
+from probes.cli import add_backend_args, backend_for, probe_model_check, run_async
 
 __all__ = ["probe_run", "main", "MODES"]
 
@@ -69,10 +73,11 @@ async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: 
     think = tok["think"][sel].astype(bool)
     row = {"sample_id": line["sample_id"], "trial": line["trial"], "benchmark": line["benchmark"],
            "paper_category": line.get("paper_category"), "category": line.get("category"), "step": ev["index"],
-           "state": ev["state"], "n_images": ev["n_images"], "n_tokens": int(sel.sum()), "n_think": int(think.sum()),
-           "mode": mode, "semantics": ev.get("semantics")}
+           "state": ev["state"], "n_images": ev["n_images"], "n_query_images": ev.get("n_query_images", 0),
+           "n_tokens": int(sel.sum()), "n_think": int(think.sum()), "mode": mode, "semantics": ev.get("semantics"),
+           "model": line.get("model")}
     with_imgs = run.sendable_messages(line, ev)
-    without = strip_images(with_imgs)
+    without = strip_images(with_imgs, (line.get("query_images") or {}).values())
     if mode == "regenerate":
         top = tok["top_logprobs"][sel]
         row["H_with"] = _think_mean(grouped_tail_entropy(top), think)
@@ -115,14 +120,24 @@ async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: 
     return row
 
 
+#: Methods whose trajectories the entropy probe reads (the paper probes ReAct; Removal@k runs have steps
+#: without query images by design, which the selection rule handles).
+SUPPORTED_METHODS = ("react",)
+
+
 async def probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir=None, concurrency: int = 8,
-                    limit: int | None = None, progress: bool = True) -> dict:
+                    limit: int | None = None, progress: bool = True, force: bool = False,
+                    include_unparsed: bool = False) -> dict:
     """Probe every image-bearing step of the run; returns {"steps": DataFrame, "summary": DataFrame, "out": Path}."""
     import pandas as pd
 
     if mode not in MODES:
         raise ValueError(f"--mode must be one of {MODES}")
     run = load_run(run_dir)
+    if run.header.get("method") not in SUPPORTED_METHODS:
+        raise RunError(f"{run.path}: the entropy probe reads ReAct runs (paper §3.2.2); this run is "
+                       f"{run.header.get('label') or run.header.get('method')}")
+    ident = await probe_model_check(run, backend, force=force)
     out = Path(out_dir) if out_dir else run.path / "probes" / f"entropy-{mode}"
     out.mkdir(parents=True, exist_ok=True)
     steps_path = out / "steps.jsonl"
@@ -135,11 +150,16 @@ async def probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir=
             except (json.JSONDecodeError, KeyError):
                 continue
     lines = sorted(run.lines, key=lambda ln: (ln["sample_id"], ln["trial"]))[: limit or None]
+    lines, exclusions = select_trajectories(lines, include_unparsed=include_unparsed)
+    exclusions.to_csv(out / "exclusions.csv", index=False)
     pending = []
     for line in lines:
         for ev in line["events"]:
-            if ev["type"] == "llm_call" and ev["n_images"] > 0 and (line["sample_id"], line["trial"], ev["index"]) not in done:
+            if (ev["type"] == "llm_call" and ev.get("n_query_images", 0) > 0
+                    and (line["sample_id"], line["trial"], ev["index"]) not in done):
                 pending.append((line, ev))
+    print("trajectories entering the analysis (rule: analysis/selection.py):\n"
+          + exclusions.to_string(index=False), file=sys.stderr)
     print(f"entropy probe ({mode}): {len(lines)} trajectories, {len(pending)} image-bearing steps to probe, "
           f"{len(done)} already done -> {out}", file=sys.stderr)
     from tqdm import tqdm
@@ -170,12 +190,16 @@ async def probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir=
     finally:
         bar.close()
     (out / "probe.json").write_text(json.dumps({"run_dir": str(run.path), "mode": mode, "finished": time.time(),
+                                                "model": ident, "forced_model_mismatch": force,
+                                                "include_unparsed": include_unparsed,
                                                 "failures": failures}, indent=2))
     rows = [json.loads(x) for x in steps_path.read_text().splitlines() if x.strip()] if steps_path.exists() else []
     steps = pd.DataFrame(rows)
     if steps.empty:
         raise RunError(f"{run.path}: no step with query images was probed ({len(failures)} failed"
                        + (f"; first: {failures[0]}" if failures else "") + ")")
+    keep = {(ln["sample_id"], ln["trial"]) for ln in lines}  # a rerun after a selection change drops stale rows
+    steps = steps[[(a, b) in keep for a, b in zip(steps["sample_id"], steps["trial"])]]
     steps = steps.sort_values(["sample_id", "trial", "step"]).reset_index(drop=True)
     steps.to_parquet(out / "steps.parquet", index=False)
     steps.to_csv(out / "steps.csv", index=False)
@@ -198,23 +222,6 @@ async def probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir=
     return {"steps": steps, "summary": summary, "out": out, "failures": failures}
 
 
-def _backend_for(args, run_header: dict):
-    from agent.backends import make_backend
-
-    if args.backend:
-        if args.backend == "local":
-            return make_backend("local", model_dir=args.model_dir, logprob_mode=args.logprob_mode)
-        return make_backend(args.backend, endpoint=args.endpoint, model=args.model, model_dir=args.model_dir,
-                            logprob_mode=args.logprob_mode)
-    b = run_header.get("backend") or {}
-    if b.get("kind") == "local":
-        return make_backend("local", model_dir=b.get("model_dir"), logprob_mode=b.get("logprob_mode", "scaled"))
-    if b.get("kind") in ("sglang", "openai") and b.get("endpoints"):
-        return make_backend(b["kind"], endpoint=b["endpoints"][0], model=b.get("model"), model_dir=b.get("model_dir"),
-                            logprob_mode=b.get("logprob_mode", "scaled"))
-    raise BackendError("no backend given and the run header names none: pass --backend/--endpoint/--model-dir")
-
-
 def _print_summary(s) -> None:
     cols = [c for c in ("step", "n", "mean", "ci_low", "ci_high", "wilcoxon_p", "excluded_no_think", "H_with", "H_without",
                         "kl_with_without", "dH_exact", "gap_with") if c in s]
@@ -234,7 +241,10 @@ async def _demo(args) -> int:
 
     backend = make_backend("local")
     try:
-        res = await probe_run(out, mode=args.mode, backend=backend, progress=not args.no_progress)
+        # the tiny random model never emits a valid action: the paper's rule would exclude every trajectory
+        print("(demo: --include-unparsed, since the random model's first calls never parse)", flush=True)
+        res = await probe_run(out, mode=args.mode, backend=backend, progress=not args.no_progress,
+                              include_unparsed=True)
     finally:
         await backend.aclose()
     _print_summary(res["summary"])
@@ -247,11 +257,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m probes.entropy", description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir", nargs="?", help="a run directory of python -m agent.run (none: the embedded demo)")
     ap.add_argument("--mode", default="regenerate", choices=MODES)
-    ap.add_argument("--backend", choices=("local", "sglang", "openai"), help="default: the one the run used")
-    ap.add_argument("--endpoint")
-    ap.add_argument("--model")
-    ap.add_argument("--model-dir")
-    ap.add_argument("--logprob-mode", default="scaled", choices=("raw", "scaled"))
+    add_backend_args(ap)
+    ap.add_argument("--force", action="store_true", help="probe with a model other than the run's (recorded)")
+    ap.add_argument("--include-unparsed", action="store_true",
+                    help="keep trajectories whose first call did not parse (the paper excludes them; recorded)")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--limit", type=int, help="probe the first N trajectories only")
     ap.add_argument("--out", help="output dir (default RUN_DIR/probes/entropy-MODE)")
@@ -265,10 +274,11 @@ def main(argv=None) -> int:
 
     async def go():
         run = load_run(args.run_dir)
-        backend = _backend_for(args, run.header)
+        backend = backend_for(args, run.header)
         try:
             return await probe_run(args.run_dir, mode=args.mode, backend=backend, out_dir=args.out,
-                                   concurrency=args.concurrency, limit=args.limit, progress=not args.no_progress)
+                                   concurrency=args.concurrency, limit=args.limit, progress=not args.no_progress,
+                                   force=args.force, include_unparsed=args.include_unparsed)
         finally:
             await backend.aclose()
 

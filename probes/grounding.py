@@ -12,7 +12,8 @@ array with one object per step and boolean labels, or that holds the invalid com
 (image_needed true, image_info_used false), is asked again up to ``--retries`` times and then
 reported as ``invalid`` with the reason — never guessed.
 
-Writes ``OUT/labels.jsonl`` (one line per trajectory; resumable), ``steps.csv`` + ``steps.parquet``
+Trajectories are selected by the same rule as the entropy probe (:mod:`analysis.selection`; the counts
+go to ``exclusions.csv``). Writes ``OUT/labels.jsonl`` (one line per trajectory; resumable), ``steps.csv`` + ``steps.parquet``
 (one row per step), ``summary.json`` (category shares per step, the share of Image Needed steps within
 the first five steps, invalid counts) and the Figure 2(a) panel ``fig2a_grounding.png/.pdf``. OUT
 defaults to ``RUN_DIR/probes/grounding``.
@@ -30,6 +31,7 @@ from agent.backends.base import BackendError, SamplingParams
 from agent.judge import DEFAULT_ENDPOINT, DEFAULT_KEY_ENV, DEFAULT_MODEL
 from agent.prompts import GROUNDING_PASS1, GROUNDING_PASS2, fill
 from agent.rundir import RunError, load_run
+from analysis.selection import select_trajectories
 from probes.cli import run_async
 
 __all__ = ["steps_of", "steps_text", "parse_labels", "LabelError", "annotate_run", "CATEGORIES", "main"]
@@ -180,7 +182,7 @@ class Annotator:
 
 async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, concurrency: int = 8,
                        limit: int | None = None, observation_chars: int = 1500, max_tokens: int = 8192,
-                       progress: bool = True) -> dict:
+                       progress: bool = True, include_unparsed: bool = False) -> dict:
     import pandas as pd
 
     run = load_run(run_dir)
@@ -195,8 +197,12 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
                 done[(r["sample_id"], r["trial"])] = r
             except (json.JSONDecodeError, KeyError):
                 continue
+    if run.header.get("method") != "react":
+        raise RunError(f"{run.path}: the grounding annotator reads ReAct runs (paper §3.2.1); this run is "
+                       f"{run.header.get('label') or run.header.get('method')}")
     lines = sorted(run.lines, key=lambda ln: (ln["sample_id"], ln["trial"]))[: limit or None]
-    lines = [ln for ln in lines if ln["status"] in ("ok", "no_answer")]
+    lines, exclusions = select_trajectories(lines, include_unparsed=include_unparsed)  # the same rule as the entropy probe (analysis/selection.py)
+    exclusions.to_csv(out / "exclusions.csv", index=False)
     pending = [ln for ln in lines if (ln["sample_id"], ln["trial"]) not in done]
     print(f"grounding annotation: {len(lines)} trajectories, {len(pending)} to annotate -> {out}", file=sys.stderr)
     ann = Annotator(backend, retries=retries, observation_chars=observation_chars, max_tokens=max_tokens)
@@ -265,6 +271,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=8192, help="per annotator reply")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--limit", type=int)
+    ap.add_argument("--include-unparsed", action="store_true",
+                    help="keep trajectories whose first call did not parse (the paper excludes them)")
     ap.add_argument("--out")
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args(argv)
@@ -281,7 +289,7 @@ def main(argv=None) -> int:
                 return await annotate_run(a.run_dir, backend=backend, out_dir=a.out, retries=a.retries,
                                           concurrency=a.concurrency, limit=a.limit,
                                           observation_chars=a.observation_chars, max_tokens=a.max_tokens,
-                                          progress=not a.no_progress)
+                                          progress=not a.no_progress, include_unparsed=a.include_unparsed)
             finally:
                 await backend.aclose()
         if a.api_key_env and not os.environ.get(a.api_key_env) and "openrouter.ai" in a.endpoint:
@@ -293,7 +301,8 @@ def main(argv=None) -> int:
         try:
             return await annotate_run(a.run_dir, backend=backend, out_dir=a.out, retries=a.retries,
                                       concurrency=a.concurrency, limit=a.limit, observation_chars=a.observation_chars,
-                                      max_tokens=a.max_tokens, progress=not a.no_progress)
+                                      max_tokens=a.max_tokens, progress=not a.no_progress,
+                                      include_unparsed=a.include_unparsed)
         finally:
             await backend.aclose()
 

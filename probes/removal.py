@@ -1,26 +1,35 @@
 """Step-k image-removal replays (paper §3.2.3, Figure 2(c)): accuracy when the query images go from step k on.
 
     python -m probes.removal RUN_DIR --steps 1..5 [--judge exact | --judge llm --judge-endpoint URL --judge-model M]
-        [--backend sglang --endpoint URL --model-dir DIR] [--concurrency 8] [--live-fallback] [--out DIR]
+        [--backend sglang --endpoint URL --model-dir DIR] [--concurrency 8] [--out DIR]
 
-RUN_DIR is a ReAct run (``python -m agent.run --method react``). For each trajectory and each k: steps
-1..k-1 are kept exactly as recorded (the same responses and observations; the rebuilt context of step
-k is checked byte for byte against the recorded one), then from step k on the query images are
-removed (their ``<image_k>`` identifiers stay) and the agent continues live with the run's budgets and
-sampling. Tools go through the run's cache in replay mode (falling back to live calls only with
-``--live-fallback``; the offline world always may). A trajectory that ended before step k keeps its
-original outcome. The k replays of one trajectory run back to back, so a server's prefix cache is reused.
+RUN_DIR is a ReAct run (``python -m agent.run --method react``). For each trajectory and each k (paper
+§3.2.3, B.5): steps 1..k-1 are kept exactly as recorded (the same responses, reasoning and observations,
+retrieved images included; no tool is called for them, and the rebuilt context of step k is checked
+byte for byte against the recorded one), then from step k on the *query* images are removed (their
+``<image_k>`` identifiers stay; retrieved images stay) and the agent continues live with the run's
+budgets, sampling and history settings. Tool calls after step k go through the run's tool cache in
+``readwrite`` mode: a call the original run made is answered from the cache, a new one is made live
+(or from the offline world, when the run was offline) and written back, so rerunning the probe replays
+it exactly. A trajectory that ended before step k keeps its original outcome. The k replays of one
+trajectory run back to back, so a server's prefix cache is reused.
+
+A replay that ends in ``error`` or ``timeout`` (a backend failure, an unreadable image, a prefix that
+does not rebuild) is a **missing pair**, not a wrong answer: it is left out of that k's accuracy and
+McNemar test, counted in ``n_error``, listed in ``errors.csv``, and the command exits with status 3
+while any remain (a rerun retries exactly those).
 
 Writes ``OUT/k<K>/`` (each a run directory of the replays: judge or probe them like any run),
 ``OUT/outcomes.csv`` (one row per (trajectory, k): original and replayed grade), ``OUT/summary.csv``
-(accuracy vs k per paper category and overall, paired with the original, exact McNemar p per k)
-and the Figure 2(c) panel ``fig2c_removal.png/.pdf``. OUT defaults to ``RUN_DIR/probes/removal``.
-Resumable: finished replays are skipped on a rerun.
+(per paper category and overall, per k: pairs ``n``, ``n_error``, accuracy original vs removed on the
+same pairs, exact McNemar p), ``OUT/errors.csv``, ``OUT/probe.json`` and the Figure 2(c) panel
+``fig2c_removal.png/.pdf``. OUT defaults to ``RUN_DIR/probes/removal``. Resumable.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 from pathlib import Path
 
@@ -28,15 +37,15 @@ from agent.backends.base import SamplingParams
 from agent.backends.messages import record_messages
 from agent.benchmarks import Sample
 from agent.judge import DEFAULT_ENDPOINT, DEFAULT_KEY_ENV, DEFAULT_MODEL, Grader
-from agent.methods import HARNESS_ERRORS, Budgets, Episode
-from agent.methods.common import tool_response
+from agent.methods import HARNESS_ERRORS, Budgets, Episode, MethodSpec
+from agent.methods.common import WEBWATCHER_OBSERVATION_IMAGES, Turn, tool_reply
 from agent.methods.react import react_messages, run_react
 from agent.prompts import CORRECTION, fill
 from agent.rundir import Run, RunDir, RunError, load_run
 from agent.tools import make_toolbox
 from agent.trajectory import Trajectory
 from analysis.stats import mcnemar_p
-from probes.cli import run_async
+from probes.cli import add_backend_args, backend_for, probe_model_check, run_async
 
 __all__ = ["replay_prefix_turns", "replay_one", "removal_probe", "parse_steps", "main"]
 
@@ -56,10 +65,11 @@ def parse_steps(spec: str) -> list[int]:
     return sorted(out)
 
 
-def replay_prefix_turns(line: dict, upto: int) -> tuple[list[tuple[str, str]], bool]:
-    """The ReAct turns of calls 1..upto as recorded (assistant text, the user message that followed).
+def replay_prefix_turns(run: Run, line: dict, upto: int) -> tuple[list[Turn], bool]:
+    """The ReAct turns of calls 1..upto exactly as recorded (output, reasoning, and the reply that followed).
 
-    Returns (turns, correction): whether call upto+1 answers a correction re-prompt.
+    Observations are rebuilt from the record, with their result images from the run's image store: no
+    tool is called. Returns (turns, correction): whether call upto+1 answers a correction re-prompt.
     """
     tools = {e["call_index"]: e for e in line["events"] if e["type"] == "tool_call"}
     turns, correction = [], False
@@ -67,10 +77,18 @@ def replay_prefix_turns(line: dict, upto: int) -> tuple[list[tuple[str, str]], b
         if ev["type"] != "llm_call" or ev["index"] > upto:
             continue
         if ev.get("action_error"):
-            turns.append((ev["text"], fill(CORRECTION, error=ev["action_error"])))
+            turns.append(Turn(ev["text"], ev.get("reasoning") or "", fill(CORRECTION, error=ev["action_error"])))
             correction = True
         elif ev["index"] in tools:
-            turns.append((ev["text"], tool_response(tools[ev["index"]]["observation"])))
+            t = tools[ev["index"]]
+            images = []
+            for sha in t.get("result_images") or []:
+                p = run.image_path(sha)
+                if p is None:
+                    raise RunError(f"{run.path}/images: result image {sha[:12]}… of {line['sample_id']} "
+                                   f"(call {ev['index']}) is not stored")
+                images.append(str(p))
+            turns.append(Turn(ev["text"], ev.get("reasoning") or "", tool_reply(t["observation"], images)))
             correction = False
         else:
             raise RunError(f"{line['sample_id']}: call {ev['index']} ended the trajectory; it cannot be a replay prefix")
@@ -100,15 +118,20 @@ def _sent(messages: list[dict]) -> str:
                         else m.get("content")} for m in messages], sort_keys=True, ensure_ascii=False)
 
 
-async def replay_one(run: Run, line: dict, tokens: dict, k: int, *, backend, toolbox, budgets: Budgets,
+async def replay_one(run: Run, line: dict, tokens: dict, k: int, *, backend, toolbox, spec: MethodSpec,
                      sampling: SamplingParams) -> tuple[dict, Trajectory]:
-    """Replay ``line`` from step k with the images removed; returns the replay's result line."""
+    """Replay ``line`` from step k with the query images removed; returns the replay's result line."""
     sample = _sample_of(run, line)
     traj = Trajectory(sample, line["trial"], "react", f"replay-removal@{k}")
-    turns, correction = replay_prefix_turns(line, k - 1)
-    traj.seed_prefix(line, tokens, k - 1)
     try:
-        ep = Episode(sample, line["trial"], backend=backend, toolbox=toolbox, sampling=sampling, traj=traj, budgets=budgets)
+        turns, correction = replay_prefix_turns(run, line, k - 1)
+        traj.seed_prefix(line, tokens, k - 1)
+        for e in traj.events:  # the prefix's retrieved images are stored with the replay too
+            for sha in e.get("result_images") or []:
+                traj.image_files.setdefault(sha, str(run.image_path(sha)))
+        ep = Episode(sample, line["trial"], backend=backend, toolbox=toolbox, sampling=sampling, traj=traj,
+                     budgets=spec.budgets, history_reasoning=spec.history_reasoning,
+                     observation_images=spec.observation_images)
         # the prefix must reproduce the original context of step k exactly (before the images go)
         ev_k = next(e for e in line["events"] if e["type"] == "llm_call" and e["index"] == k)
         rebuilt = record_messages(react_messages(ep, turns, step=k, remove_from=None, force=ev_k["forced"]))
@@ -117,36 +140,61 @@ async def replay_one(run: Run, line: dict, tokens: dict, k: int, *, backend, too
                            "context byte for byte (was the run made by another version of the agent?)")
         status, answer = await run_react(ep, remove_from=k, turns=turns, correction=correction)
         out = traj.to_line(status, answer)
-    except (*HARNESS_ERRORS, RunError) as e:  # recorded on this replay; the others go on
+    except (*HARNESS_ERRORS, RunError) as e:  # recorded on this replay (a missing pair); the others go on
         traj.error(type(e).__name__, f"{type(e).__name__}: {e}")
         out = traj.to_line("error", "", error=f"{type(e).__name__}: {e}")
     out.update(replay_of={"sample_id": line["sample_id"], "trial": line["trial"], "k": k})
     return out, traj
 
 
+def replay_spec(header: dict) -> MethodSpec:
+    """The method settings of the run being replayed (budgets, history, observation images)."""
+    return MethodSpec("react", budgets=Budgets(**header["budgets"]),
+                      history_reasoning=header.get("history_reasoning", "keep"),
+                      observation_images=int(header.get("observation_images", WEBWATCHER_OBSERVATION_IMAGES)))
+
+
+def replay_toolbox(run: Run):
+    """Tools for the live part of the replays: the run's cache in readwrite mode over the run's provider.
+
+    A call the original run made is answered from the cache; a new one goes to the live tools (their
+    keys are checked here, before any work) or to the offline world, and is written back to the cache.
+    """
+    tools_h = run.header.get("tools") or {}
+    provider = tools_h.get("provider") or "offline"
+    toolbox = make_toolbox(provider, world_dir=tools_h.get("world"),
+                           cache_path=tools_h.get("cache") or str(run.path / "tools.sqlite"), mode="readwrite")
+    if provider == "live":
+        toolbox.require()
+    return toolbox
+
+
 async def removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, out_dir=None, concurrency: int = 8,
-                        live_fallback: bool = False, limit: int | None = None, progress: bool = True) -> dict:
+                        limit: int | None = None, progress: bool = True, force: bool = False) -> dict:
     import pandas as pd
 
     run = load_run(run_dir)
     h = run.header
     if h.get("method") != "react" or h.get("remove_images_from_step") is not None:
         raise RunError(f"{run.path}: step-k removal replays need a plain ReAct run (this is {h.get('label')})")
+    ident = await probe_model_check(run, backend, force=force)
     out = Path(out_dir) if out_dir else run.path / "probes" / "removal"
-    budgets = Budgets(**h["budgets"])
+    spec = replay_spec(h)
     sp = h.get("sampling") or {}
     sampling = SamplingParams(**{k: sp[k] for k in ("temperature", "top_p", "max_tokens", "top_logprobs", "seed",
                                                     "enable_thinking") if k in sp})
-    tools_h = h.get("tools") or {}
-    toolbox = make_toolbox(tools_h.get("provider") or "offline", world_dir=tools_h.get("world"),
-                           cache_path=tools_h.get("cache") or str(run.path / "tools.sqlite"), mode="replay",
-                           live_fallback=live_fallback or (tools_h.get("provider") or "offline") == "offline")
+    if grader.needs_client([{"status": "ok", "answer": "x"}]):
+        grader.client()  # fail early (a missing judge key) before any replay
+    toolbox = replay_toolbox(run)
     dirs = {k: RunDir(out / f"k{k}") for k in steps}
     for k, rd in dirs.items():
         rd.write_header({**{x: h.get(x) for x in ("benchmark", "budgets", "sampling", "schema_version", "backend",
-                                                  "tools", "benchmark_path", "versions")},
-                         "method": "react", "variant": f"replay-removal@{k}", "label": f"react replay, images removed from step {k}",
-                         "remove_images_from_step": k, "replay_of": str(run.path), "trials": h.get("trials")})
+                                                  "tools", "benchmark_path", "versions", "history_reasoning",
+                                                  "observation_images")},
+                         "model": ident, "method": "react", "variant": f"replay-removal@{k}",
+                         "label": f"react replay, images removed from step {k}",
+                         "remove_images_from_step": k, "replay_of": str(run.path), "trials": h.get("trials")},
+                        force=True)
     done = {k: rd.done_keys(retry_errors=True) for k, rd in dirs.items()}
     lines = sorted(run.lines, key=lambda ln: (ln["sample_id"], ln["trial"]))[: limit or None]
     lines = [ln for ln in lines if ln["status"] in ("ok", "no_answer")]  # harness failures are not trajectories
@@ -166,7 +214,7 @@ async def removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, o
         async with sem:
             tokens = run.tokens(line)
             for k in ks:
-                rl, traj = await replay_one(run, line, tokens, k, backend=backend, toolbox=toolbox, budgets=budgets,
+                rl, traj = await replay_one(run, line, tokens, k, backend=backend, toolbox=toolbox, spec=spec,
                                             sampling=sampling)
                 await asyncio.to_thread(dirs[k].append, traj, rl)
                 bar.update(1)
@@ -178,82 +226,90 @@ async def removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, o
         await toolbox.aclose()
     # grade the originals and every replay with the same grader
     originals = {(ln["sample_id"], ln["trial"]): ln for ln in lines}
-    if grader.needs_client(lines):
-        grader.client()  # fail early (a missing key) before grading anything
     orig_grades = dict(zip(originals, await asyncio.gather(*(grader.grade(ln) for ln in originals.values()))))
     rows = []
     for k, rd in dirs.items():
         latest = rd.latest()
         replays = {key: ln for key, ln in latest.items() if key in originals}
-        graded = dict(zip(replays, await asyncio.gather(*(grader.grade(ln) for ln in replays.values()))))
+        ok_replays = {key: ln for key, ln in replays.items() if ln["status"] not in ("error", "timeout")}
+        graded = dict(zip(ok_replays, await asyncio.gather(*(grader.grade(ln) for ln in ok_replays.values()))))
         for key, orig in originals.items():
             o = orig_grades[key]["grade"] == "CORRECT"
+            base = {"sample_id": key[0], "trial": key[1], "k": k, "benchmark": orig["benchmark"],
+                    "paper_category": orig.get("paper_category"), "original_correct": o}
             if orig["n_calls"] < k:  # ended before step k: keeps its original outcome
-                r, replayed, status = o, False, orig["status"]
+                rows.append({**base, "replay_correct": o, "replayed": False, "replay_status": orig["status"], "error": None})
             elif key in graded:
-                r, replayed, status = graded[key]["grade"] == "CORRECT", True, replays[key]["status"]
-            else:
-                continue
-            rows.append({"sample_id": key[0], "trial": key[1], "k": k, "benchmark": orig["benchmark"],
-                         "paper_category": orig.get("paper_category"), "original_correct": o, "replay_correct": r,
-                         "replayed": replayed, "replay_status": status})
+                rows.append({**base, "replay_correct": graded[key]["grade"] == "CORRECT", "replayed": True,
+                             "replay_status": replays[key]["status"], "error": None})
+            elif key in replays:  # ended in error/timeout: a missing pair, never a wrong answer
+                rows.append({**base, "replay_correct": None, "replayed": True, "replay_status": replays[key]["status"],
+                             "error": replays[key].get("error")})
     await grader.aclose()
     outcomes = pd.DataFrame(rows)
     if outcomes.empty:
         raise RunError(f"{run.path}: no replay outcome to report")
     out.mkdir(parents=True, exist_ok=True)
     outcomes.to_csv(out / "outcomes.csv", index=False)
+    errors = outcomes[outcomes["error"].notna() | outcomes["replay_status"].isin(["error", "timeout"])]
+    errors[["sample_id", "trial", "k", "replay_status", "error"]].to_csv(out / "errors.csv", index=False)
     summary = _summary(outcomes)
     summary.to_csv(out / "summary.csv", index=False)
+    (out / "probe.json").write_text(json.dumps({"run_dir": str(run.path), "steps": steps, "model": ident,
+                                                "forced_model_mismatch": force, "judge": grader.label,
+                                                "n_error": int(len(errors))}, indent=2))
     from analysis.figures import fig2c_removal
 
     fig2c_removal(summary, out / "fig2c_removal")
-    return {"outcomes": outcomes, "summary": summary, "out": out, "judge": grader.label}
+    return {"outcomes": outcomes, "summary": summary, "out": out, "judge": grader.label,
+            "errors": errors.to_dict("records")}
 
 
 def _summary(outcomes):
+    """Per (paper category, k) and overall: pairs, missing pairs, accuracy on the complete pairs, McNemar."""
     import pandas as pd
 
     rows = []
     for (cat, k), g in [*(((c, k), g) for (c, k), g in outcomes.groupby(["paper_category", "k"])),
                         *((("All", k), g) for k, g in outcomes.groupby("k"))]:
-        rows.append({"paper_category": cat, "k": int(k), "n": len(g), "replayed": int(g["replayed"].sum()),
-                     "accuracy_original": 100 * g["original_correct"].mean(), "accuracy_removed": 100 * g["replay_correct"].mean(),
-                     "mcnemar_p": mcnemar_p(g["original_correct"], g["replay_correct"])})
+        err = g["replay_correct"].isna()
+        ok = g[~err]
+        before, after = ok["original_correct"].astype(bool), ok["replay_correct"].astype(bool)
+        rows.append({"paper_category": cat, "k": int(k), "n": len(ok), "n_error": int(err.sum()),
+                     "replayed": int(ok["replayed"].sum()),
+                     "accuracy_original": 100 * before.mean() if len(ok) else float("nan"),
+                     "accuracy_removed": 100 * after.mean() if len(ok) else float("nan"),
+                     "mcnemar_p": mcnemar_p(before, after) if len(ok) else float("nan")})
     return pd.DataFrame(rows).sort_values(["paper_category", "k"]).reset_index(drop=True)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m probes.removal", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m probes.removal", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("run_dir")
     ap.add_argument("--steps", default="1..5", help="k values: 1..5, or 1,2,4")
-    ap.add_argument("--backend", choices=("local", "sglang", "openai"), help="default: the one the run used")
-    ap.add_argument("--endpoint")
-    ap.add_argument("--model")
-    ap.add_argument("--model-dir")
-    ap.add_argument("--logprob-mode", default="scaled", choices=("raw", "scaled"))
+    add_backend_args(ap)
     ap.add_argument("--judge", default="llm", choices=("llm", "exact"))
     ap.add_argument("--judge-endpoint", default=DEFAULT_ENDPOINT)
     ap.add_argument("--judge-model", default=DEFAULT_MODEL)
     ap.add_argument("--judge-api-key-env", default=DEFAULT_KEY_ENV)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--limit", type=int)
-    ap.add_argument("--live-fallback", action="store_true", help="call live tools on a replay-cache miss")
+    ap.add_argument("--force", action="store_true", help="replay with a model other than the run's (recorded)")
     ap.add_argument("--out")
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args(argv)
-    from probes.entropy import _backend_for
 
     async def go():
         run = load_run(a.run_dir)
-        backend = _backend_for(a, run.header)
+        backend = backend_for(a, run.header)
         server = "openrouter" if "openrouter.ai" in a.judge_endpoint else "other"
         grader = Grader(a.judge, endpoint=a.judge_endpoint, model=a.judge_model, api_key_env=a.judge_api_key_env,
                         server=server)
         try:
             return await removal_probe(a.run_dir, parse_steps(a.steps), backend=backend, grader=grader, out_dir=a.out,
-                                       concurrency=a.concurrency, live_fallback=a.live_fallback, limit=a.limit,
-                                       progress=not a.no_progress)
+                                       concurrency=a.concurrency, limit=a.limit, progress=not a.no_progress,
+                                       force=a.force)
         finally:
             await backend.aclose()
 
@@ -262,6 +318,12 @@ def main(argv=None) -> int:
         return code
     print(f"judge: {res['judge']}")
     print(res["summary"].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    if res["errors"]:
+        ids = sorted({f"{e['sample_id']}/t{e['trial']} (k={e['k']})" for e in res["errors"]})
+        print(f"{len(res['errors'])} replays ended in error and are left out as missing pairs: {', '.join(ids[:10])}"
+              f"{' …' if len(ids) > 10 else ''}\n(first error: {res['errors'][0]['error']}); see {res['out']}/errors.csv. "
+              f"Rerun the same command to retry them.", file=sys.stderr)
+        return 3
     return 0
 
 

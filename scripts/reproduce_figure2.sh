@@ -42,7 +42,8 @@ if [[ "$DEMO" == 1 ]]; then
   echo "== DEMO on the embedded default: a tiny RANDOMLY INITIALISED model; all numbers are meaningless =="
   RUN_ARGS=(--benchmark demo --t-max 6 --max-tokens 24)
   PROBE_BACKEND=()
-  GROUNDING_ARGS=(--local --retries 0 --max-tokens 32)
+  ENTROPY_ARGS=(--include-unparsed)   # the random model's first calls never parse: the paper's rule would drop all
+  GROUNDING_ARGS=(--local --retries 0 --max-tokens 32 --include-unparsed)
   JUDGE_ARGS=(--judge exact)
   REMOVAL_JUDGE=(--judge exact)
 else
@@ -51,6 +52,7 @@ else
   RUN_ARGS=(--benchmark "$BENCHMARK" --backend sglang --endpoint "$ENDPOINT" --model-dir "$MODEL_DIR"
             --logprob-mode "$LOGPROB_MODE" --tools live --trials "$TRIALS" --concurrency 32)
   PROBE_BACKEND=(--backend sglang --endpoint "$ENDPOINT" --model-dir "$MODEL_DIR" --logprob-mode "$LOGPROB_MODE")
+  ENTROPY_ARGS=()
   GROUNDING_ARGS=()
   JUDGE_ARGS=()
   REMOVAL_JUDGE=()
@@ -59,7 +61,7 @@ fi
 set -x
 "$PY" -m agent.run --method react --out "$OUT" "${RUN_ARGS[@]}" "${LIMIT_ARGS[@]}"
 "$PY" -m probes.grounding "$OUT" "${GROUNDING_ARGS[@]}" || echo "grounding: see $OUT/probes/grounding/summary.json" >&2
-"$PY" -m probes.entropy "$OUT" --mode regenerate "${PROBE_BACKEND[@]}"
+"$PY" -m probes.entropy "$OUT" --mode regenerate "${PROBE_BACKEND[@]}" "${ENTROPY_ARGS[@]}"
 "$PY" -m probes.removal "$OUT" --steps "$STEPS" "${PROBE_BACKEND[@]}" "${REMOVAL_JUDGE[@]}"
 "$PY" -m agent.judge "$OUT" "${JUDGE_ARGS[@]}"
 "$PY" -m analysis.report --react "$OUT" --runs "$OUT" --out "$OUT/figures"

@@ -60,9 +60,20 @@ async def test_react_solves_demo_question_through_the_tools(demo, toolbox):
     tools = [e for e in line["events"] if e["type"] == "tool_call"]
     assert "Kestrel Observatory" in tools[0]["observation"] and tools[0]["image_sha256"] == line["query_images"]["<image_0>"]
     assert "1911" in tools[2]["observation"]
-    # every call kept the image; the observation of step t is in the context of step t+1
-    assert [c["n_images"] for c in line["calls"]] == [1, 1, 1, 1]
+    # every call kept the query image; lens's result image joined the context from step 2 on (WebWatcher-style)
+    assert [c["n_query_images"] for c in line["calls"]] == [1, 1, 1, 1]
+    assert [c["n_images"] for c in line["calls"]] == [1, 2, 2, 2]
+    assert len(tools[0]["result_images"]) == 1 and not tools[1]["result_images"]
+    lens_reply = msgs_of(line, llm_events(line)[1])[-1]
+    assert lens_reply["role"] == "user" and text_of(lens_reply).startswith("<tool_response>")
+    assert text_of(lens_reply).rstrip().endswith("</tool_response>")
+    assert [p["sha256"] for p in lens_reply["content"] if p["type"] == "image"] == tools[0]["result_images"]
+    # the observation of step t is in the context of step t+1
     assert tools[1]["observation"] in text_of(msgs_of(line, llm_events(line)[2])[-1])
+    # each step's reasoning stays in the history as reasoning_content (the template decides what it shows)
+    hist = [m for m in msgs_of(line, llm_events(line)[3]) if m["role"] == "assistant"]
+    assert [m["reasoning_content"] for m in hist] == ["plan", "plan", "plan"]
+    assert all("<think>" not in m["content"] for m in hist)
     for c in line["calls"]:
         assert c["think_tokens"] > 0 and c["completion_tokens"] > c["think_tokens"]
     # per-token arrays kept for every call
@@ -75,14 +86,17 @@ async def test_react_removal_at_k_drops_pixels_from_step_k_only(demo, toolbox):
     full, _ = await run_sample(MethodSpec("react"), demo["demo_2"], 0, backend=ScriptedBackend(list(script)), toolbox=toolbox)
     rm, _ = await run_sample(MethodSpec("react", remove_images_from_step=3), demo["demo_2"], 0,
                              backend=ScriptedBackend(list(script)), toolbox=toolbox)
-    assert [c["n_images"] for c in rm["calls"]] == [1, 1, 0, 0]
+    # only the query image goes from step 3 on; lens's retrieved image stays (paper B.5)
+    assert [c["n_query_images"] for c in rm["calls"]] == [1, 1, 0, 0]
+    assert [c["n_images"] for c in rm["calls"]] == [1, 2, 1, 1]
     assert rm["variant"] == "removal@3"
+    query = set(rm["query_images"].values())
     for ev_full, ev_rm in zip(llm_events(full), llm_events(rm)):
         m_full, m_rm = msgs_of(full, ev_full), msgs_of(rm, ev_rm)
         if ev_rm["index"] < 3:
             assert m_full == m_rm
-        else:  # the same messages with only the image parts dropped; the identifier text stays
-            stripped = [{**m, "content": [p for p in m["content"] if p.get("type") != "image"]}
+        else:  # the same messages with only the query image parts dropped; the identifier text stays
+            stripped = [{**m, "content": [p for p in m["content"] if p.get("sha256") not in query]}
                         if isinstance(m["content"], list) else m for m in m_full]
             assert m_rm == stripped
             assert "<image_0>" in text_of(m_rm[1])
@@ -162,8 +176,11 @@ async def test_contextfold_main_is_text_only_and_branches_see_exactly_their_imag
     begins = {e["branch"]: e for e in line["events"] if e["type"] == "branch_begin"}
     assert begins["b1"]["assigned_hashes"] == [q["<image_0>"]] and begins["b2"]["assigned_hashes"] == []
     for e in evs:
-        if e["state"] == "branch":
-            assert e["image_hashes"] == begins[e["branch"]]["assigned_hashes"]
+        if e["state"] == "branch":  # query pixels: exactly the assigned ones; lens result images come on top
+            assert [h for h in e["image_hashes"] if h in q.values()] == begins[e["branch"]]["assigned_hashes"]
+    # a branch gets the same observations as ReAct: lens's result image is in the next branch call
+    lens_ev = next(e for e in line["events"] if e["type"] == "tool_call")
+    assert lens_ev["result_images"] and set(lens_ev["result_images"]) <= set(evs[4]["image_hashes"])
     # folding: the return message reaches the main state; the branch's tool observation does not
     ends = [e for e in line["events"] if e["type"] == "branch_end"]
     assert [e["reason"] for e in ends] == ["return", "return"]
@@ -247,11 +264,11 @@ async def test_contextfold_ablations(demo, toolbox, variant):
     mains = [e for e in evs if e["state"] == "main"]
     branches = [e for e in evs if e["state"] == "branch"]
     if variant == "image-in-main":
-        assert all(sorted(e["image_hashes"]) == sorted(q.values()) for e in mains + branches)
+        assert all(sorted(h for h in e["image_hashes"] if h in q.values()) == sorted(q.values()) for e in mains + branches)
     else:
         assert all(e["n_images"] == 0 for e in mains)
-    if variant in ("image-caption", "no-image-in-branch"):
-        assert all(e["n_images"] == 0 for e in branches)
+    if variant in ("image-caption", "no-image-in-branch"):  # no query pixels (lens result images may come back)
+        assert all(e["n_query_images"] == 0 for e in branches)
     lens = next(e for e in line["events"] if e["type"] == "tool_call")
     if variant == "image-caption":  # lens_search is not offered and is refused
         assert not lens["ok"] and "not available" in lens["observation"]

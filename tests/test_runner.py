@@ -60,10 +60,11 @@ async def test_run_writes_header_lines_sidecars_images(tmp_path):
     for c in line["calls"]:
         assert (tok["call"] == c["index"]).sum() == c["n_tokens"]
         assert tok["think"][tok["call"] == c["index"]].sum() == c["think_tokens"]
-    # images are stored once, by content hash
+    # images are stored once, by content hash: the query images and the lens result images shown
     hashes = {h for ln in run_.lines for h in ln["query_images"].values()}
+    shown = {h for ln in run_.lines for e in ln["events"] if e["type"] == "tool_call" for h in e["result_images"]}
     stored = {p.name.split(".")[0] for p in (tmp_path / "run" / "images").iterdir()}
-    assert hashes == stored and len(stored) == 7
+    assert len(hashes) == 7 and shown and stored == hashes | shown
     # messages are recorded with images as hashes, and can be rebuilt per call
     ev = next(e for e in line["events"] if e["type"] == "llm_call")
     msgs = run_.call_messages(line, ev)
@@ -126,13 +127,25 @@ async def test_timeout_keeps_partial_record(tmp_path):
 
 
 async def test_several_endpoints_share_the_load(tmp_path):
-    a, b = ScriptedBackend([react_policy] * 100, model="a"), ScriptedBackend([react_policy] * 100, model="b")
-    await run(cfg(tmp_path, trials=2, concurrency=4), [], backends=[a, b])
+    a, b = ScriptedBackend([react_policy] * 100, model="m"), ScriptedBackend([react_policy] * 100, model="m")
+    c = cfg(tmp_path, trials=2, concurrency=4)
+    c.endpoints = ["http://a:1", "http://b:2"]
+    await run(c, [], backends=[a, b])
     lines = RunDir(tmp_path / "run").read_lines()
-    models = [ln["model"] for ln in lines]
-    assert models.count("a") >= 4 and models.count("b") >= 4
-    for ln in lines:  # a trajectory stays on one endpoint
-        assert {e["model"] for e in ln["events"] if e["type"] == "llm_call"} == {ln["model"]}
+    by_ep = {e: sum(ln["n_calls"] for ln in lines if ln["endpoint"] == e) for e in c.endpoints}
+    assert by_ep["http://a:1"] >= 4 and by_ep["http://b:2"] >= 4
+    # a trajectory stays on one endpoint: each backend made exactly the calls of the lines given to it
+    assert len([x for x in a.calls if x["kind"] == "generate"]) == by_ep["http://a:1"]
+    assert len([x for x in b.calls if x["kind"] == "generate"]) == by_ep["http://b:2"]
+
+
+async def test_endpoints_serving_different_models_are_refused(tmp_path):
+    from agent.preflight import PreflightError
+
+    a, b = ScriptedBackend([react_policy] * 10, model="a"), ScriptedBackend([react_policy] * 10, model="b")
+    with pytest.raises(PreflightError, match="different models"):
+        await run(cfg(tmp_path), [], backends=[a, b])
+    assert not (tmp_path / "run" / "results.jsonl").exists()
 
 
 def _runner_cmd(url, out, trials=3, processes=1):
@@ -229,4 +242,4 @@ async def test_step_entropies_recover_planted_entropy(tmp_path):
     df = step_entropies(load_run(tmp_path / "run"))
     assert len(df) == 6 and list(df.step.unique()) == [1, 2]
     assert (df.n_think > 0).all() and np.allclose(df.H, math.log(8))
-    assert (df.n_images == 1).all() and df.H_exact.isna().all()  # the scripted backend has no exact entropy
+    assert (df.n_query_images == 1).all() and df.H_exact.isna().all()  # the scripted backend has no exact entropy

@@ -30,6 +30,7 @@ __all__ = [
     "message_image_hashes",
     "record_messages",
     "strip_images",
+    "part_sha256",
     "to_openai_messages",
     "split_text_and_images",
     "text_of",
@@ -217,13 +218,26 @@ def record_messages(messages: list[dict], base_dir=None) -> list[dict]:
     return out
 
 
-def strip_images(messages: list[dict]) -> list[dict]:
-    """The same messages with every image part dropped (text parts, identifiers included, kept)."""
+def part_sha256(part: dict, base_dir=None) -> str:
+    """The sha256 of an image part (a recorded part carries it; otherwise the image is read, cached)."""
+    if part.get("sha256"):
+        return part["sha256"]
+    ref = image_ref(part)
+    return "url:" + ref if ref.startswith(("http://", "https://")) else _image_of(part, base_dir).sha256
+
+
+def strip_images(messages: list[dict], hashes=None) -> list[dict]:
+    """The same messages with image parts dropped (text parts, identifiers included, kept).
+
+    ``hashes``: drop only the images with these sha256 (the query images: Removal@k and τ^IR drop
+    the query images and never retrieved ones, paper B.5); None drops every image.
+    """
+    drop = None if hashes is None else set(hashes)
     out = []
     for m in messages:
         c = m.get("content")
         if isinstance(c, list):
-            m = {**m, "content": [p for p in c if not is_image_part(p)]}
+            m = {**m, "content": [p for p in c if not (is_image_part(p) and (drop is None or part_sha256(p) in drop))]}
         out.append(m)
     return out
 
@@ -261,5 +275,8 @@ def split_text_and_images(messages: list[dict], base_dir=None, fetch_urls: bool 
                 parts.append({"type": "image"})
             elif isinstance(p, dict) and p.get("type") == "text":
                 parts.append({"type": "text", "text": p.get("text", "")})
-        hf.append({"role": m["role"], "content": parts})
+        msg = {"role": m["role"], "content": parts}
+        if "reasoning_content" in m:  # the chat template decides whether to render it (Qwen3.5: after the last query)
+            msg["reasoning_content"] = m["reasoning_content"]
+        hf.append(msg)
     return hf, images

@@ -48,6 +48,9 @@ class SGLangBackend:
         self.url = endpoint.rstrip("/").removesuffix("/v1") + "/generate"
         self.tok = renderer or load_chat_renderer(model_dir)
         self.model = model or str(model_dir).rstrip("/").split("/")[-1]
+        self.model_dir = model_dir
+        self.model_arg = model   # the served name the user asked for (None: whatever the server serves)
+        self.model_dir_name = str(model_dir).rstrip("/").split("/")[-1]
         self.logprob_mode = logprob_mode
         self.policy = policy
         self._client = client or make_client()

@@ -19,7 +19,7 @@ from pathlib import Path
 __all__ = ["build", "ensure_tiny_model", "default_tiny_dir", "CHAT_TEMPLATE", "SPECIAL_TOKENS", "BUILD_VERSION"]
 
 #: Bump when anything below changes, so cached builds are rebuilt.
-BUILD_VERSION = "tiny-qwen35-v1"
+BUILD_VERSION = "tiny-qwen35-v2"  # v2: Qwen3.5 rendering rules (reasoning kept after the last query)
 
 #: Qwen's chat special tokens (same strings as the real Qwen3.5 tokenizer).
 SPECIAL_TOKENS = [
@@ -31,24 +31,65 @@ SPECIAL_TOKENS = [
 #: Added tokens that are *not* special (they survive decoding), as in Qwen's tokenizer.
 ADDED_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
 
-# A Qwen3.5-style template: ChatML; image parts become <|vision_start|><|image_pad|><|vision_end|>;
-# the generation prompt pre-fills "<think>\n" (thinking) or an empty think block (non-thinking).
-# Past assistant turns keep only their visible content, as Qwen3's templates do.
+# A Qwen3.5-style template, written to follow the rendering rules of Qwen3.5's own chat template
+# wherever they change what the model sees (ours; the rules, not the text, come from Qwen3.5):
+# - ChatML turns; every message's content is trimmed; image parts become
+#   <|vision_start|><|image_pad|><|vision_end|>; a system message is allowed first only;
+# - the "last query" is the last user message that is not a tool response (its trimmed text is not
+#   wrapped in <tool_response>…</tool_response>); rendering fails when there is none;
+# - an assistant turn after the last query keeps its reasoning (``reasoning_content``, else the part
+#   of its content before </think>) as "<think>\n{reasoning}\n</think>\n\n{content}"; an assistant
+#   turn at or before it shows only its visible content;
+# - the generation prompt pre-fills "<think>\n" (thinking) or an empty think block (non-thinking).
 CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
-    "{%- if message['content'] is string -%}"
-    "{{- message['content'] -}}"
-    "{%- else -%}"
-    "{%- for part in message['content'] -%}"
+    "{%- macro render(content) -%}"
+    "{%- if content is string -%}{{- content -}}"
+    "{%- elif content is iterable and content is not mapping -%}"
+    "{%- for part in content -%}"
     "{%- if part['type'] == 'image' or part['type'] == 'image_url' -%}"
     "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
-    "{%- elif part['type'] == 'text' -%}"
-    "{{- part['text'] -}}"
+    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}"
+    "{%- else -%}{{- raise_exception('Unexpected item type in content.') -}}"
     "{%- endif -%}"
     "{%- endfor -%}"
     "{%- endif -%}"
-    "{{- '<|im_end|>\\n' -}}"
+    "{%- endmacro -%}"
+    "{%- set q = namespace(index=-1) -%}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'user' -%}"
+    "{%- set c = render(message['content']) | trim -%}"
+    "{%- if not (c.startswith('<tool_response>') and c.endswith('</tool_response>')) -%}"
+    "{%- set q.index = loop.index0 -%}"
+    "{%- endif -%}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if q.index < 0 -%}{{- raise_exception('No user query found in messages.') -}}{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{%- set content = render(message['content']) | trim -%}"
+    "{%- if message['role'] == 'system' -%}"
+    "{%- if not loop.first -%}{{- raise_exception('System message must be at the beginning.') -}}{%- endif -%}"
+    "{{- '<|im_start|>system\\n' + content + '<|im_end|>\\n' -}}"
+    "{%- elif message['role'] == 'user' -%}"
+    "{{- '<|im_start|>user\\n' + content + '<|im_end|>\\n' -}}"
+    "{%- elif message['role'] == 'assistant' -%}"
+    "{%- if message['reasoning_content'] is string -%}"
+    "{%- set reasoning = message['reasoning_content'] -%}"
+    "{%- elif '</think>' in content -%}"
+    "{%- set reasoning = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') -%}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') -%}"
+    "{%- else -%}{%- set reasoning = '' -%}"
+    "{%- endif -%}"
+    "{%- if loop.index0 > q.index -%}"
+    "{{- '<|im_start|>assistant\\n<think>\\n' + (reasoning | trim) + '\\n</think>\\n\\n' + content + '<|im_end|>\\n' -}}"
+    "{%- else -%}"
+    "{{- '<|im_start|>assistant\\n' + content + '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- elif message['role'] == 'tool' -%}"
+    "{%- if loop.first or loop.previtem['role'] != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}"
+    "{{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' -}}"
+    "{%- if loop.last or loop.nextitem['role'] != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- else -%}{{- raise_exception('Unexpected message role.') -}}"
+    "{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}"
     "{{- '<|im_start|>assistant\\n' -}}"

@@ -16,7 +16,7 @@ from ..backends.base import BackendError, SamplingParams
 from ..backends.messages import ImageError
 from ..tools.toolbox import TOOL_NAMES, CacheMiss
 from ..trajectory import Trajectory
-from .common import BudgetExceeded, Budgets, Episode
+from .common import HISTORY_REASONING, WEBWATCHER_OBSERVATION_IMAGES, BudgetExceeded, Budgets, Episode
 from .contextfold import VARIANTS, run_contextfold
 from .direct import run_direct
 from .react import run_react
@@ -32,8 +32,14 @@ class MethodSpec:
     variant: str = ""
     remove_images_from_step: int | None = None
     budgets: Budgets = Budgets()
+    history_reasoning: str = "keep"
+    observation_images: int = WEBWATCHER_OBSERVATION_IMAGES
 
     def __post_init__(self):
+        if self.history_reasoning not in HISTORY_REASONING:
+            raise ValueError(f"--history-reasoning must be one of {HISTORY_REASONING}")
+        if self.observation_images < 0:
+            raise ValueError("--observation-images must be >= 0")
         if self.method not in METHODS:
             raise ValueError(f"unknown method {self.method!r}; choose one of {METHODS}")
         if self.variant and self.method != "mmcontextfold":
@@ -75,7 +81,8 @@ async def run_sample(spec: MethodSpec, sample, trial: int, *, backend, toolbox,
     traj = traj or new_trajectory(spec, sample, trial)
     try:
         ep = Episode(sample, trial, backend=backend, toolbox=toolbox, sampling=sampling or SamplingParams(),
-                     traj=traj, budgets=spec.budgets, allowed_tools=spec.allowed_tools())
+                     traj=traj, budgets=spec.budgets, allowed_tools=spec.allowed_tools(),
+                     history_reasoning=spec.history_reasoning, observation_images=spec.observation_images)
         if spec.method == "direct":
             status, answer = await run_direct(ep)
         elif spec.method == "react":

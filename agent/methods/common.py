@@ -18,8 +18,20 @@ from ..tools.registry import ImageRegistry, RegisteredImage
 from ..tools.toolbox import TOOL_NAMES, ToolResult
 from ..trajectory import Trajectory
 
-__all__ = ["Budgets", "Episode", "BudgetExceeded", "image_parts", "with_suffix", "tool_response", "correction_text",
-           "strip_images", "chat", "with_turns"]
+__all__ = ["Budgets", "Episode", "BudgetExceeded", "Turn", "image_parts", "with_suffix", "tool_reply", "correction_text",
+           "strip_images", "chat", "with_turns", "assistant_message", "HISTORY_REASONING", "WEBWATCHER_OBSERVATION_IMAGES"]
+
+#: How an assistant turn goes back into the history: ``keep`` its reasoning as ``reasoning_content``
+#: (the chat template decides what it renders; Qwen3.5 renders it for turns after the last real user
+#: message — paper B.3: "the main-state reasoning ... [is] retained"), or ``drop`` it (visible text only).
+HISTORY_REASONING = ("keep", "drop")
+
+#: How many result images of a lens_search go into the observation, as in WebWatcher's released agent
+#: (paper C.1: observations are appended "including retrieved images"): its VLSearchImage tool keeps the
+#: top 5 results (Alibaba-NLP/DeepResearch, WebAgent/WebWatcher/infer/vl_search_r1/qwen-agent-o1_search/
+#: qwen_agent/tools/vl_search_image.py, ``search_data[:5]``) and its loop puts each result's image into
+#: the tool response (WebAgent/WebWatcher/infer/scripts_eval/agent_eval.py).
+WEBWATCHER_OBSERVATION_IMAGES = 5
 
 
 @dataclass(frozen=True)
@@ -54,11 +66,27 @@ def chat(role: str, content) -> dict:
     return {"role": role, "content": content}
 
 
-def with_turns(base: list[dict], turns: list[tuple[str, str]]) -> list[dict]:
-    """``base`` followed by the recorded turns: (assistant output, the user message that answered it)."""
+@dataclass(frozen=True)
+class Turn:
+    """One recorded step of a multi-turn context: the assistant's output and the user message that answered it."""
+
+    text: str            # the visible output
+    reasoning: str       # its think text
+    reply: object        # the user message that followed (text, or parts when it carries images)
+
+
+def assistant_message(text: str, reasoning: str, history_reasoning: str = "keep") -> dict:
+    """An assistant turn for the history; with ``keep`` the reasoning rides along as ``reasoning_content``."""
+    if history_reasoning == "keep":
+        return {"role": "assistant", "content": text, "reasoning_content": reasoning or ""}
+    return chat("assistant", text)
+
+
+def with_turns(base: list[dict], turns: list[Turn], history_reasoning: str = "keep") -> list[dict]:
+    """``base`` followed by the recorded turns (a projection: nothing is edited in place)."""
     msgs = list(base)
-    for assistant, user in turns:
-        msgs += [chat("assistant", assistant), chat("user", user)]
+    for t in turns:
+        msgs += [assistant_message(t.text, t.reasoning, history_reasoning), chat("user", t.reply)]
     return msgs
 
 
@@ -72,8 +100,20 @@ def with_suffix(messages: list[dict], suffix: str) -> list[dict]:
     return out
 
 
-def tool_response(observation: str) -> str:
-    return f"<tool_response>\n{observation}\n</tool_response>"
+def tool_reply(observation: str, images: list | tuple = ()):
+    """The user message carrying a tool's observation, with the tool's result images (retrieved, not query).
+
+    Ours, after WebWatcher's loop (agent_eval.py: ``<tool_response>``, the result images, the text,
+    ``</tool_response>``): the images sit inside the ``<tool_response>`` wrapper, each after a label, so
+    the message still counts as a tool response (not a new user query) for the chat template.
+    """
+    if not images:
+        return f"<tool_response>\n{observation}\n</tool_response>"
+    parts: list[dict] = [{"type": "text", "text": "<tool_response>\n"}]
+    for i, path in enumerate(images, 1):
+        parts += [{"type": "text", "text": f"[result image {i}]"}, {"type": "image_url", "image_url": {"url": str(path)}}]
+    parts.append({"type": "text", "text": f"\n{observation}\n</tool_response>"})
+    return parts
 
 
 def correction_text(err: ActionError) -> str:
@@ -82,7 +122,10 @@ def correction_text(err: ActionError) -> str:
 
 class Episode:
     def __init__(self, sample, trial: int, *, backend, toolbox, sampling: SamplingParams, traj: Trajectory,
-                 budgets: Budgets = Budgets(), allowed_tools=TOOL_NAMES):
+                 budgets: Budgets = Budgets(), allowed_tools=TOOL_NAMES, history_reasoning: str = "keep",
+                 observation_images: int = WEBWATCHER_OBSERVATION_IMAGES):
+        if history_reasoning not in HISTORY_REASONING:
+            raise ValueError(f"history_reasoning must be one of {HISTORY_REASONING}, got {history_reasoning!r}")
         self.sample = sample
         self.trial = trial
         self.backend = backend
@@ -91,8 +134,21 @@ class Episode:
         self.traj = traj
         self.budgets = budgets
         self.allowed_tools = tuple(allowed_tools)
+        self.history_reasoning = history_reasoning
+        self.observation_images = int(observation_images)
         self.registry = ImageRegistry.from_paths(sample.image_paths, sample.benchmark)
         traj.query_hashes = [r.sha256 for r in self.registry.images]
+
+    @property
+    def query_hashes(self) -> list[str]:
+        return self.traj.query_hashes
+
+    def turns(self, base: list[dict], turns: list[Turn]) -> list[dict]:
+        return with_turns(base, turns, self.history_reasoning)
+
+    def observation(self, res: ToolResult):
+        """The user message carrying a tool result (with up to ``observation_images`` result images)."""
+        return tool_reply(res.observation, [p for _, p in res.images[: self.observation_images]])
 
     @property
     def used(self) -> int:
@@ -127,5 +183,5 @@ class Episode:
                              f"{', '.join(self.allowed_tools)}.", False, False)
         else:
             res = await self.toolbox.call(name, args, self.registry)
-        self.traj.tool_call(ev, res)
+        self.traj.tool_call(ev, res, self.observation_images)
         return res

@@ -16,7 +16,8 @@
 
 Variants: ``image-caption`` (init descriptions only; branches get no pixels and no lens_search),
 ``no-init`` (no initialization: the main state sees only the image identifiers),
-``no-image-in-branch`` (branches get no pixels; lens_search by identifier still works),
+``no-image-in-branch`` (branches get no query pixels; lens_search by identifier still works and, like every
+  branch, sees its result images: ours, the ablation concerns the query images),
 ``image-in-main`` (the raw images sit in the main context, and so are inherited by every branch).
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ..prompts import (
     BRANCH, BRANCH_CAPTION_ONLY, BRANCH_SUMMARISE, CONTINUATION, FORCE_ANSWER, INIT, MAIN, NO_INIT_IMAGE_CONTEXT,
     SYSTEM, fill,
 )
-from .common import Episode, chat, correction_text, image_parts, tool_response, with_suffix, with_turns
+from .common import Episode, Turn, assistant_message, chat, correction_text, image_parts, with_suffix
 
 __all__ = ["run_contextfold", "VARIANTS"]
 
@@ -62,14 +63,14 @@ async def run_contextfold(ep: Episode, *, variant: str = "") -> tuple[str, str]:
     main_text = fill(MAIN, image_context=image_context, question=ep.sample.question)
     first = [*image_parts(ep.registry.images), {"type": "text", "text": main_text}] if variant == "image-in-main" else main_text
     base = [chat("system", SYSTEM), chat("user", first)]
-    turns: list[tuple[str, str]] = []
+    turns: list[Turn] = []
     correction = False
     n_branch = 0
 
-    def main_messages(extra_assistant: str | None = None) -> list[dict]:
-        msgs = with_turns(base, turns)
-        if extra_assistant is not None:
-            msgs.append(chat("assistant", extra_assistant))
+    def main_messages(extra=None) -> list[dict]:
+        msgs = ep.turns(base, turns)
+        if extra is not None:  # the main call that opened a branch: its output (and reasoning) is inherited
+            msgs.append(assistant_message(extra.text, extra.reasoning, ep.history_reasoning))
         return msgs
 
     while ep.remaining > 0:
@@ -87,7 +88,7 @@ async def run_contextfold(ep: Episode, *, variant: str = "") -> tuple[str, str]:
             ep.reject(ev, e)
             if forced:
                 break
-            turns.append((out.text, correction_text(e)))
+            turns.append(Turn(out.text, out.reasoning, correction_text(e)))
             correction = True
             continue
         ep.accept(ev, act)
@@ -96,8 +97,9 @@ async def run_contextfold(ep: Episode, *, variant: str = "") -> tuple[str, str]:
             ep.traj.final_answer(ev, act.answer, forced=forced)
             return "ok", act.answer
         n_branch += 1
-        message = await _branch(ep, f"b{n_branch}", act.subtask, main_messages(out.text), ev, variant)
-        turns.append((out.text, fill(CONTINUATION, description=act.subtask["description"], return_message=message)))
+        message = await _branch(ep, f"b{n_branch}", act.subtask, main_messages(out), ev, variant)
+        turns.append(Turn(out.text, out.reasoning,
+                          fill(CONTINUATION, description=act.subtask["description"], return_message=message)))
     return "no_answer", ""
 
 
@@ -118,22 +120,24 @@ async def _branch(ep: Episode, bid: str, subtask: dict, inherited: list[dict], m
     template = BRANCH_CAPTION_ONLY if variant == "image-caption" else BRANCH
     prompt = fill(template, task_prompt=subtask["prompt"])
     base = [*inherited, chat("user", [*image_parts(loaded), {"type": "text", "text": prompt}] if loaded else prompt)]
-    turns: list[tuple[str, str]] = []
+    turns: list[Turn] = []
     correction = False
     steps = 0
-    last_text = ""
+    last_text = last_reasoning = ""
     while True:
         if ep.remaining <= 1:  # the final call belongs to the main state's force-answer
-            message = last_text or "Subtask not completed: the global call budget is exhausted."
+            message = last_text or last_reasoning or "Subtask not completed: the global call budget is exhausted."
             ep.traj.branch_end(bid, message=message, reason="global_budget", steps=steps)
             return message
         steps += 1
         last = steps >= ep.budgets.b_max or ep.remaining <= 2
-        msgs = with_turns(base, turns)
+        msgs = ep.turns(base, turns)
         if last:
             msgs = with_suffix(msgs, BRANCH_SUMMARISE)
         out, ev = await ep.llm(msgs, state="branch", branch=bid, correction=correction, forced=last)
+        # what a branch without a usable return folds back: its visible text, else its reasoning (ours)
         last_text = _visible_without_calls(out.text) or last_text
+        last_reasoning = (out.reasoning or "").strip() or last_reasoning
         try:
             act = parse_action(out.text, ("tool_call",))
             if act.name == "return":
@@ -143,10 +147,10 @@ async def _branch(ep: Episode, bid: str, subtask: dict, inherited: list[dict], m
         except ActionError as e:
             ep.reject(ev, e)
             if last:
-                message = last_text or f"Branch ended without a usable return ({e})."
+                message = last_text or last_reasoning or f"Branch ended without a usable return ({e})."
                 ep.traj.branch_end(bid, message=message, reason="branch_budget", steps=steps)
                 return message
-            turns.append((out.text, correction_text(e)))
+            turns.append(Turn(out.text, out.reasoning, correction_text(e)))
             correction = True
             continue
         ep.accept(ev, act)
@@ -156,11 +160,11 @@ async def _branch(ep: Episode, bid: str, subtask: dict, inherited: list[dict], m
             ep.traj.branch_end(bid, message=message, reason="return", steps=steps)
             return message
         if last:
-            message = last_text or "Branch budget exhausted before a return; no findings were summarised."
+            message = last_text or last_reasoning or "Branch budget exhausted before a return; no findings were summarised."
             ep.traj.branch_end(bid, message=message, reason="branch_budget", steps=steps)
             return message
         res = await ep.tool(ev, act.name, act.args)
-        turns.append((out.text, tool_response(res.observation)))
+        turns.append(Turn(out.text, out.reasoning, ep.observation(res)))
 
 
 def _visible_without_calls(text: str) -> str:

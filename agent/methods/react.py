@@ -8,27 +8,31 @@ the whole trajectory; every tool observation is appended as a ``<tool_response>`
 JSON ``<tool_call>`` or one ``<answer>`` per response; a malformed response gets the correction
 re-prompt (counts toward T_max). The T_max-th call carries the force-answer prompt (E.2).
 
-Removal@k: calls with index >= k get the same messages with the image parts dropped
-(:func:`react_messages` then ``strip_images``); the ``<image_k>`` identifiers stay.
+Removal@k: calls with index >= k get the same messages with the *query* image parts dropped
+(:func:`react_messages` then ``strip_images`` on the query images' hashes; retrieved images in
+observations stay, paper B.5); the ``<image_k>`` identifiers stay.
+
+Each step's reasoning stays in the history (``reasoning_content`` on the assistant turn; the chat
+template decides what it renders), unless the run says ``--history-reasoning drop``.
 """
 from __future__ import annotations
 
 from ..parsing import ActionError, parse_action
 from ..prompts import FORCE_ANSWER, REACT_SYSTEM, REACT_USER, fill
-from .common import Episode, chat, correction_text, image_parts, strip_images, tool_response, with_suffix, with_turns
+from .common import Episode, Turn, chat, correction_text, image_parts, strip_images, with_suffix
 
 __all__ = ["run_react", "react_messages"]
 
 
-def react_messages(ep: Episode, turns: list[tuple[str, str]], *, step: int, remove_from: int | None,
+def react_messages(ep: Episode, turns: list[Turn], *, step: int, remove_from: int | None,
                    force: bool = False) -> list[dict]:
-    """The context of LLM call ``step`` rebuilt from the recorded turns (assistant text, next user text)."""
+    """The context of LLM call ``step`` rebuilt from the recorded turns."""
     first = [*image_parts(ep.registry.images), {"type": "text", "text": fill(REACT_USER, question=ep.sample.question)}]
-    msgs = with_turns([chat("system", REACT_SYSTEM), chat("user", first)], turns)
+    msgs = ep.turns([chat("system", REACT_SYSTEM), chat("user", first)], turns)
     if force:
         msgs = with_suffix(msgs, FORCE_ANSWER)
     if remove_from is not None and step >= remove_from:
-        msgs = strip_images(msgs)
+        msgs = strip_images(msgs, ep.query_hashes)
     return msgs
 
 
@@ -45,7 +49,7 @@ async def run_react(ep: Episode, *, remove_from: int | None = None, turns: list 
             act = parse_action(out.text, ("tool_call", "answer"))
         except ActionError as e:
             ep.reject(ev, e)
-            turns.append((out.text, correction_text(e)))
+            turns.append(Turn(out.text, out.reasoning, correction_text(e)))
             correction = True
             continue
         ep.accept(ev, act)
@@ -56,5 +60,5 @@ async def run_react(ep: Episode, *, remove_from: int | None = None, turns: list 
         if forced:
             break
         res = await ep.tool(ev, act.name, act.args)
-        turns.append((out.text, tool_response(res.observation)))
+        turns.append(Turn(out.text, out.reasoning, ep.observation(res)))
     return "no_answer", ""

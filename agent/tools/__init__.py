@@ -17,13 +17,16 @@ __all__ = ["make_toolbox", "Toolbox", "ToolResult", "ToolCache", "CacheMiss", "L
 
 
 def make_toolbox(kind: str = "offline", *, world_dir=None, cache_path=None, mode: str = "readwrite",
-                 live_fallback: bool = False, visit_max_chars: int = 12000) -> Toolbox:
+                 live_fallback: bool = False, visit_max_chars: int = 12000, thumbnail_dir=None) -> Toolbox:
+    """``thumbnail_dir``: where live Lens result images are saved (default: beside the cache, ``<cache>.images/``)."""
     if kind == "offline":
         from .demo_world import ensure_demo_world
 
         provider = OfflineProvider(world_dir or ensure_demo_world(), visit_max_chars=visit_max_chars)
     elif kind == "live":
-        provider = LiveProvider.from_env(visit_max_chars=visit_max_chars)
+        if thumbnail_dir is None and cache_path:
+            thumbnail_dir = str(cache_path) + ".images"
+        provider = LiveProvider.from_env(visit_max_chars=visit_max_chars, thumbnail_dir=thumbnail_dir)
     else:
         raise ValueError(f"unknown tool provider {kind!r} (offline | live)")
     cache = ToolCache(cache_path) if cache_path and mode != "off" else None

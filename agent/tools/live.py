@@ -22,7 +22,7 @@ from ..http import HTTPError, RetryPolicy, make_client, request_json
 from .formatting import failed_visit, format_lens, format_search, format_visit, looks_blocked
 from .registry import RegisteredImage
 
-__all__ = ["LiveProvider", "LensURL", "ProviderResult", "MissingKeyError"]
+__all__ = ["LiveProvider", "LensURL", "ProviderResult", "MissingKeyError", "require_live_tools"]
 
 
 class MissingKeyError(RuntimeError):
@@ -74,6 +74,22 @@ class LensURL:
         raise RuntimeError("no public image URL configured")
 
 
+def require_live_tools(tools, *, serper_key=None, jina_key=None, lens_url: LensURL | None = None) -> None:
+    """Raise :class:`MissingKeyError` naming what ``tools`` need and the environment lacks (defaults: from env)."""
+    need = set(tools)
+    serper_key = serper_key if serper_key is not None else os.environ.get("SERPER_API_KEY")
+    jina_key = jina_key if jina_key is not None else os.environ.get("JINA_API_KEY")
+    lens_url = lens_url or LensURL.from_env()
+    if need & {"search", "lens_search"} and not serper_key:
+        raise MissingKeyError("SERPER_API_KEY is not set: search and lens_search need a Serper key "
+                              "(or run with the offline tool world: --tools offline)")
+    if "visit" in need and not (jina_key or serper_key):
+        raise MissingKeyError("visit needs JINA_API_KEY (Jina Reader) or SERPER_API_KEY (scrape fallback)")
+    if "lens_search" in need and not lens_url.configured:
+        raise MissingKeyError("lens_search needs a public URL for each query image: set MMCF_LENS_URL_TEMPLATE "
+                              "(e.g. https://host/{benchmark}/{filename}) or MMCF_LENS_S3_BUCKET")
+
+
 class LiveProvider:
     kind = "live"
 
@@ -92,17 +108,19 @@ class LiveProvider:
 
     @classmethod
     def from_env(cls, **kw) -> "LiveProvider":
-        return cls(serper_key=os.environ.get("SERPER_API_KEY"), jina_key=os.environ.get("JINA_API_KEY"),
+        """Keys from ``SERPER_API_KEY`` / ``JINA_API_KEY``; service URLs overridable (a proxy, a loopback
+        stand-in in tests) with ``MMCF_SERPER_BASE``, ``MMCF_SERPER_SCRAPE_BASE``, ``MMCF_JINA_BASE``."""
+        env = os.environ
+        for arg, var in (("serper_base", "MMCF_SERPER_BASE"), ("scrape_base", "MMCF_SERPER_SCRAPE_BASE"),
+                         ("jina_base", "MMCF_JINA_BASE")):
+            if env.get(var):
+                kw.setdefault(arg, env[var])
+        return cls(serper_key=env.get("SERPER_API_KEY"), jina_key=env.get("JINA_API_KEY"),
                    lens_url=kw.pop("lens_url", None) or LensURL.from_env(), **kw)
 
     def require(self, tools) -> None:
-        """Fail at start, naming the variable, when a needed key is missing."""
-        need = set(tools)
-        if need & {"search", "lens_search"} and not self.serper_key:
-            raise MissingKeyError("SERPER_API_KEY is not set: search and lens_search need a Serper key "
-                                  "(or run with the offline tool world: --tools offline)")
-        if "visit" in need and not (self.jina_key or self.serper_key):
-            raise MissingKeyError("visit needs JINA_API_KEY (Jina Reader) or SERPER_API_KEY (scrape fallback)")
+        """Fail at start, naming the variable, when a needed key or the Lens URL configuration is missing."""
+        require_live_tools(tools, serper_key=self.serper_key, jina_key=self.jina_key, lens_url=self.lens_url)
 
     def _serper_headers(self) -> dict:
         return {"X-API-KEY": self.serper_key or "", "Content-Type": "application/json"}

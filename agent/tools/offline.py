@@ -57,6 +57,7 @@ class OfflineProvider:
         self.pages: dict[str, dict] = {}
         self.by_sha: dict[str, list[str]] = {}
         self.by_phash: list[tuple[int, str]] = []
+        self.page_images: dict[str, list[dict]] = {}   # url -> [{"sha256", "path"}]: lens result thumbnails
         for n, line in enumerate(pages.read_text().splitlines(), 1):
             if not line.strip():
                 continue
@@ -75,8 +76,10 @@ class OfflineProvider:
                         ph = dhash(im)
                 except OSError as e:
                     raise WorldError(f"{f}: image of page {url} unreadable ({e})") from None
-                self.by_sha.setdefault(hashlib.sha256(data).hexdigest(), []).append(url)
+                sha = hashlib.sha256(data).hexdigest()
+                self.by_sha.setdefault(sha, []).append(url)
                 self.by_phash.append((ph, url))
+                self.page_images.setdefault(url, []).append({"sha256": sha, "path": str(f)})
 
     @staticmethod
     def _fts_query(q: str) -> str:
@@ -104,7 +107,8 @@ class OfflineProvider:
             if u not in seen:
                 seen.add(u)
                 rows.append({"title": self.pages[u].get("title", ""), "link": u, "source": u.split("/")[2]})
-        return ProviderResult(format_lens(img.image_id, rows[:10]), raw={"organic": rows[:10]})
+        thumbs = [self.page_images[r["link"]][0] for r in rows[:10] if self.page_images.get(r["link"])]
+        return ProviderResult(format_lens(img.image_id, rows[:10]), raw={"organic": rows[:10], "thumbnails": thumbs})
 
     async def visit(self, url: str) -> ProviderResult:
         p = self.pages.get(url) or self.pages.get(url.rstrip("/")) or self.pages.get(url.rstrip("/") + "/")

@@ -19,7 +19,7 @@ from .cache import MODES, ToolCache, cache_key
 from .live import ProviderResult
 from .registry import ImageRegistry
 
-__all__ = ["Toolbox", "ToolResult", "CacheMiss", "TOOL_NAMES"]
+__all__ = ["Toolbox", "ToolResult", "CacheMiss", "TOOL_NAMES", "result_images"]
 
 TOOL_NAMES = ("search", "visit", "lens_search")
 _REQUIRED = {"search": "query", "visit": "url", "lens_search": "image_id"}
@@ -39,6 +39,24 @@ class ToolResult:
     paid_calls: int = 0
     image_sha256: str | None = None
     raw: object = None
+    images: list = field(default_factory=list)   # [(sha256, path)]: the result images (lens thumbnails)
+
+
+def result_images(raw) -> list[tuple[str, str]]:
+    """The result images a provider saved for a call, from its raw record (cached with it), best first.
+
+    Live lens keeps them under ``saved_thumbnails``, the offline world under ``thumbnails``; entries whose
+    file is gone (a cache copied without its image folder) are skipped.
+    """
+    from pathlib import Path
+
+    if not isinstance(raw, dict):
+        return []
+    out = []
+    for r in raw.get("saved_thumbnails") or raw.get("thumbnails") or []:
+        if isinstance(r, dict) and r.get("sha256") and r.get("path") and Path(r["path"]).is_file():
+            out.append((r["sha256"], r["path"]))
+    return out
 
 
 @dataclass
@@ -79,7 +97,8 @@ class Toolbox:
             hit = self.cache.get(key)
             if hit is not None and (self.mode == "replay" or not hit.transient):
                 self.stats["cache.hits"] += 1
-                return ToolResult(name, args, hit.observation, hit.ok, True, 0, img.sha256 if img else None, hit.raw)
+                return ToolResult(name, args, hit.observation, hit.ok, True, 0, img.sha256 if img else None, hit.raw,
+                                  result_images(hit.raw))
             if self.mode == "replay" and not self.live_fallback:
                 self.stats["cache.misses"] += 1
                 raise CacheMiss(f"replay mode: no cached result for {name}({args}) — the replay cannot be exact")
@@ -89,7 +108,8 @@ class Toolbox:
         self.stats[f"{name}.paid"] += res.paid_calls
         if self.cache is not None and self.mode != "off":
             self.cache.put(key, name, args, res.raw, res.observation, res.ok, res.transient)
-        return ToolResult(name, args, res.observation, res.ok, False, res.paid_calls, img.sha256 if img else None, res.raw)
+        return ToolResult(name, args, res.observation, res.ok, False, res.paid_calls, img.sha256 if img else None, res.raw,
+                          result_images(res.raw))
 
     async def _dedup(self, key: str, name: str, val: str, img) -> ProviderResult:
         """Concurrent identical calls in this process share one provider call (one payment)."""

@@ -1,0 +1,179 @@
+"""Checks that run before any work: a number is right or refused (exit 2, one clear message).
+
+    from agent.preflight import model_identity, same_model, require_keys, check_benchmark_images
+    ident = await model_identity(backend)          # which model a backend really serves (asks the server)
+    same_model(run.header["model"], ident)          # -> None, or why the two differ
+
+What is checked, and by whom (README "What is checked before a run starts"):
+
+- the model server answers and serves the model named (``/v1/models``; SGLang also ``/get_model_info``,
+  whose weights path must match ``--model-dir``); several ``--endpoint``s must serve one model;
+- the benchmark's images exist, are readable and are images (``--allow-missing-images`` runs the rest);
+- every API key a stage needs is set (search/visit/lens for live tools, the judge's, the annotator's),
+  and live lens_search has a public-URL configuration;
+- a probe queries the model that recorded the run (``--force`` overrides and is recorded).
+
+:func:`model_identity` records ``{"backend", "served_model", "weights", "fingerprint"}``: the served
+model id, the weights path the server loaded (or the local directory) and, for an in-process model, a
+fingerprint of its config and weight files, so that a moved directory still matches and another model
+never does.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from .http import HTTPError, RetryPolicy, request_json
+
+__all__ = ["PreflightError", "model_identity", "local_identity", "same_model", "require_keys",
+           "check_benchmark_images", "PREFLIGHT_POLICY"]
+
+#: A preflight request fails fast: one retry, 15 s.
+PREFLIGHT_POLICY = RetryPolicy(retries=1, backoff_s=0.5, timeout_s=15.0)
+
+
+class PreflightError(RuntimeError):
+    """A check before the work failed: nothing was done."""
+
+
+def local_identity(model_dir, kind: str = "local") -> dict:
+    """Identity of an in-process model directory: its name, path and a fingerprint of config + weights."""
+    p = Path(model_dir)
+    h = hashlib.sha256()
+    for name in ("config.json", "mmcf_build.json"):
+        f = p / name
+        if f.exists():
+            h.update(name.encode() + f.read_bytes())
+    for f in sorted(p.glob("*.safetensors")) + sorted(p.glob("*.bin")):
+        h.update(f"{f.name}:{f.stat().st_size}".encode())
+    return {"backend": kind, "served_model": p.name, "weights": str(p.resolve()), "fingerprint": h.hexdigest()[:16]}
+
+
+async def model_identity(backend) -> dict:
+    """Ask a backend which model it serves; raises :class:`PreflightError` when the server cannot say.
+
+    Local and scripted backends answer from their own state; HTTP backends ask the server once (fast:
+    :data:`PREFLIGHT_POLICY`), so an unreachable endpoint fails here, before any work.
+    """
+    kind = getattr(backend, "name", type(backend).__name__)
+    if kind == "local":
+        return local_identity(backend.model_dir)
+    if kind == "scripted":
+        return {"backend": "scripted", "served_model": backend.model, "weights": None, "fingerprint": None}
+    if kind == "openai":
+        return await _openai_identity(backend)
+    if kind == "sglang":
+        return await _sglang_identity(backend)
+    ident = getattr(backend, "identity", None)
+    if ident is not None:
+        return await ident()
+    raise PreflightError(f"backend {kind!r} cannot say which model it serves")
+
+
+async def _get(backend, url: str, what: str):
+    try:
+        return await request_json(backend._client, "GET", url, headers=getattr(backend, "_headers", None),
+                                  policy=PREFLIGHT_POLICY, what=what)
+    except HTTPError as e:
+        raise PreflightError(f"the model server is unreachable or refused: {e}") from None
+
+
+def _ids(data, url: str) -> list[str]:
+    try:
+        ids = [m["id"] for m in data["data"]]
+    except (KeyError, TypeError):
+        raise PreflightError(f"{url}: not an OpenAI-style model list: {str(data)[:200]}") from None
+    if not ids:
+        raise PreflightError(f"{url}: the server lists no model")
+    return ids
+
+
+async def _openai_identity(b) -> dict:
+    url = b.base + "/models"
+    ids = _ids(await _get(b, url, "list models"), url)
+    if b.model and b.model not in ids:
+        raise PreflightError(f"{b.base} does not serve {b.model!r}; it serves {', '.join(ids[:10])}")
+    b.model = b.model or ids[0]
+    return {"backend": f"openai:{b.server}", "served_model": b.model, "weights": None, "fingerprint": None}
+
+
+async def _sglang_identity(b) -> dict:
+    root = b.url.removesuffix("/generate")
+    ids = _ids(await _get(b, root + "/v1/models", "list models"), root + "/v1/models")
+    info = await _get(b, root + "/get_model_info", "model info")
+    weights = info.get("model_path") if isinstance(info, dict) else None
+    if b.model_arg and b.model_arg not in ids:
+        raise PreflightError(f"{root} does not serve {b.model_arg!r}; it serves {', '.join(ids[:10])}")
+    served = b.model_arg or ids[0]
+    b.model = served  # records name the model the server really serves
+    if b.model_dir_name and weights and Path(str(weights).rstrip("/")).name.lower() != b.model_dir_name.lower():
+        raise PreflightError(
+            f"{root} serves the weights {weights!r} but --model-dir is {b.model_dir!s}: the prompts would be "
+            "rendered with another model's chat template and the records would name the wrong model")
+    return {"backend": "sglang", "served_model": served, "weights": weights, "fingerprint": None}
+
+
+def same_model(recorded: dict | None, current: dict | None) -> str | None:
+    """None when both identities describe the same model, else a sentence saying how they differ."""
+    if not recorded or not current:
+        return None if recorded == current else "the run records no model identity"
+    if recorded.get("fingerprint") and current.get("fingerprint"):
+        if recorded["fingerprint"] == current["fingerprint"]:
+            return None
+        return (f"the run was recorded by {recorded.get('served_model')} ({recorded.get('weights')}, fingerprint "
+                f"{recorded['fingerprint']}) but this would query {current.get('served_model')} "
+                f"({current.get('weights')}, fingerprint {current['fingerprint']})")
+
+    def name(x):
+        w = x.get("weights")
+        return (Path(str(w).rstrip("/")).name if w else x.get("served_model") or "").lower()
+    if name(recorded) and name(recorded) == name(current):
+        return None
+    return (f"the run was recorded by {recorded.get('served_model')!r} (weights {recorded.get('weights')}) but this "
+            f"would query {current.get('served_model')!r} (weights {current.get('weights')})")
+
+
+def require_keys(needs: dict[str, str]) -> None:
+    """``needs``: {ENV_VAR: what needs it}; raises naming every missing variable."""
+    missing = [f"{k} ({why})" for k, why in needs.items() if k and not os.environ.get(k)]
+    if missing:
+        raise PreflightError("missing API key(s) in the environment: " + "; ".join(missing))
+
+
+def check_benchmark_images(manifest, samples, *, allow_missing: bool = False):
+    """(usable samples, skipped [(sample id, reason)]): every query image must load as an image.
+
+    Refuses (PreflightError) when any image is missing, unreadable or not an image, unless
+    ``allow_missing``: then the samples with a bad image are left out, and the caller says how many.
+    """
+    from .backends.messages import ImageError, load_image
+
+    bad: list[tuple[str, str]] = []
+    keep = []
+    for s in samples:
+        why = None
+        for p in s.image_paths:
+            try:
+                load_image(p)
+            except ImageError as e:
+                why = str(e)
+                break
+        if why is None:
+            keep.append(s)
+        else:
+            bad.append((s.id, why))
+    if bad and not allow_missing:
+        head = "; ".join(f"{i}: {w}" for i, w in bad[:5])
+        raise PreflightError(f"{manifest.path}: {len(bad)} of {len(samples)} samples have a missing or unreadable "
+                             f"query image ({head}{' …' if len(bad) > 5 else ''}). Run python -m agent.benchmarks "
+                             f"stats {Path(manifest.path).parent.parent} for the full list, or pass "
+                             "--allow-missing-images to run the others")
+    return keep, bad
+
+
+def describe(ident: dict | None) -> str:
+    if not ident:
+        return "unknown model"
+    return json.dumps({k: v for k, v in ident.items() if v is not None}, sort_keys=True)
