@@ -22,6 +22,7 @@ import json
 import os
 import re
 import sys
+import time
 import unicodedata
 
 import numpy as np
@@ -114,6 +115,8 @@ class Grader:
             raise ValueError(f"judge must be 'llm' or 'exact', got {judge!r}")
         self.judge = judge
         self.name = judge
+        if backend is not None:  # a given backend grades: name its model, not the default one
+            model, endpoint = getattr(backend, "model", model), getattr(backend, "base", None) or backend.name
         self.label = ("exact-match (offline; NOT the paper's LLM judge)" if judge == "exact"
                       else f"LLM judge {model} @ {endpoint} (paper E.5 prompt, T=0)")
         self._spec = (endpoint, model, api_key_env, server)
@@ -170,7 +173,7 @@ class Grader:
 
 async def judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_ENDPOINT, model: str = DEFAULT_MODEL,
                     api_key_env: str | None = DEFAULT_KEY_ENV, server: str = "openrouter", concurrency: int = 8,
-                    backend=None, progress: bool = True) -> dict:
+                    backend=None, progress: bool = True, regrade: bool = False) -> dict:
     """Grade every (sample, trial) of the run (resumable); returns the summary dict."""
     rd = RunDir(run_dir)
     header = rd.read_header()
@@ -180,6 +183,14 @@ async def judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_ENDP
     name, label = grader.name, grader.label
     out_path = rd.path / f"judge-{name}.jsonl"
     done = {}
+    if out_path.exists():
+        labels = {json.loads(x).get("judge") for x in out_path.read_text().splitlines() if x.strip().startswith("{")}
+        if labels - {label}:
+            if not regrade:
+                raise RunError(f"{out_path} was graded by {', '.join(sorted(map(str, labels - {label})))}; this judge is "
+                               f"{label}. One run, one judge: pass --regrade to grade everything again with this one "
+                               "(the old file is kept beside it)")
+            out_path.rename(out_path.with_name(f"{out_path.name}.replaced-{int(time.time())}"))
     if out_path.exists():
         for raw in out_path.read_text().splitlines():
             try:
@@ -274,13 +285,15 @@ def main(argv=None) -> int:
     ap.add_argument("--api-key-env", default=DEFAULT_KEY_ENV)
     ap.add_argument("--server", default=None, help="openrouter (default for the default endpoint) | sglang | vllm | other")
     ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--regrade", action="store_true",
+                    help="grades from another judge exist: grade everything again with this one (old file kept)")
     ap.add_argument("--no-progress", dest="progress", action="store_false")
     a = ap.parse_args(argv)
     server = a.server or ("openrouter" if "openrouter.ai" in a.endpoint else "other")
     try:
         s = asyncio.run(judge_run(a.run_dir, judge=a.judge, endpoint=a.endpoint, model=a.model,
                                   api_key_env=a.api_key_env, server=server, concurrency=a.concurrency,
-                                  progress=a.progress))
+                                  progress=a.progress, regrade=a.regrade))
     except (RunError, BackendError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

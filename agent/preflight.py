@@ -177,3 +177,74 @@ def describe(ident: dict | None) -> str:
     if not ident:
         return "unknown model"
     return json.dumps({k: v for k, v in ident.items() if v is not None}, sort_keys=True)
+
+
+def main(argv=None) -> int:
+    """``python -m agent.preflight``: every check a chain of commands needs, before the first one starts.
+
+    Used by ``scripts/reproduce_figure2.sh``; exit 0 when everything a later stage needs is in place, 2 (with
+    every problem listed) otherwise.
+    """
+    import argparse
+    import asyncio
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m agent.preflight", description=main.__doc__.split("\n\n")[0],
+                                 epilog="example: python -m agent.preflight --benchmark DATA/mmsearch --backend sglang "
+                                        "--endpoint http://gpu:30000 --model-dir /models/Qwen3.5-27B --tools live "
+                                        "--judge-api-key-env OPENROUTER_API_KEY")
+    ap.add_argument("--benchmark", help="a benchmark dir whose images must all load (default: none checked)")
+    ap.add_argument("--backend", choices=("local", "sglang", "openai"), help="the model server to check")
+    ap.add_argument("--endpoint", help="model server URL")
+    ap.add_argument("--model", help="served model name the server must list")
+    ap.add_argument("--model-dir", help="weights / tokenizer dir")
+    ap.add_argument("--tools", choices=("offline", "live"), default="offline", help="live: search/visit/lens keys + lens URL")
+    ap.add_argument("--judge-api-key-env", action="append", default=[], metavar="VAR",
+                    help="an API key a judge or annotator stage needs (repeatable)")
+    a = ap.parse_args(argv)
+    problems = []
+    if a.tools == "live":
+        from .tools.live import MissingKeyError, require_live_tools
+
+        try:
+            require_live_tools(("search", "visit", "lens_search"))
+        except MissingKeyError as e:
+            problems.append(str(e))
+    try:
+        require_keys({v: "judge / annotator" for v in a.judge_api_key_env})
+    except PreflightError as e:
+        problems.append(str(e))
+    if a.benchmark:
+        from .benchmarks import resolve_benchmark
+
+        try:
+            m = resolve_benchmark(a.benchmark)
+            check_benchmark_images(m, m.samples)
+        except (PreflightError, FileNotFoundError) as e:
+            problems.append(str(e))
+    if a.backend:
+        from .backends import BackendError, make_backend
+
+        async def ident():
+            b = make_backend(a.backend, endpoint=a.endpoint, model=a.model, model_dir=a.model_dir)
+            try:
+                return await model_identity(b)
+            finally:
+                await b.aclose()
+        try:
+            print(f"model: {describe(asyncio.run(ident()))}")
+        except (PreflightError, BackendError) as e:
+            problems.append(str(e))
+    for p in problems:
+        print(f"error: {p}", file=sys.stderr)
+    if problems:
+        print(f"preflight: {len(problems)} problem(s); nothing was started", file=sys.stderr)
+        return 2
+    print("preflight: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["fig1_tool_calls", "fig2a_grounding", "fig2b_entropy", "fig2c_removal", "fig2_combined", "fig4_context",
+__all__ = ["tool_shares", "fig1_tool_calls", "fig2a_grounding", "fig2b_entropy", "fig2c_removal", "fig2_combined", "fig4_context",
            "save"]
 
 GROUNDING = ["Image Needed", "Image-Derived", "Text Only"]
@@ -49,52 +49,86 @@ def save(fig, stem) -> list[Path]:
     paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
     fig.savefig(paths[0], dpi=200, bbox_inches="tight")
     fig.savefig(paths[1], bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)  # a report draws dozens of figures: release each once written
     return paths
 
 
-def fig1_tool_calls(calls, stem, *, max_step: int = 20, title: str | None = None):
-    """Figure 1: number of tool calls of each type issued at each step (LLM call index)."""
-    plt, sns = _plt()
+def tool_shares(calls, max_step: int = 20):
+    """(shares %, counts): per step (rows) and tool (columns), among the tool calls issued at that step."""
     df = calls[calls["tool"].notna() & (calls["index"] <= max_step)]
     counts = df.groupby(["index", "tool"]).size().unstack(fill_value=0)
     counts = counts.reindex(columns=[t for t in TOOL_ORDER if t in counts.columns] +
                             [t for t in counts.columns if t not in TOOL_ORDER], fill_value=0)
-    fig, ax = plt.subplots(figsize=(6.4, 3.2))
-    bottom = np.zeros(len(counts))
-    colors = sns.color_palette("colorblind", n_colors=max(3, counts.shape[1]))
-    for j, tool in enumerate(counts.columns):
-        ax.bar(counts.index, counts[tool].to_numpy(), bottom=bottom, label=TOOL_LABEL.get(tool, tool), color=colors[j])
-        bottom += counts[tool].to_numpy()
+    totals = counts.sum(axis=1)
+    return counts.div(totals.where(totals > 0, 1), axis=0) * 100, counts
+
+
+def fig1_tool_calls(calls, stem, *, max_step: int = 20, title: str | None = None):
+    """Figure 1: the share (%) of each tool among the tool calls issued at each step (LLM call index).
+
+    ``calls``: one row per LLM call with ``index`` and ``tool`` (None when the call made no tool call).
+    Shares, not counts (the number of tool calls behind each bar is printed above it), over steps 1..max_step.
+    """
+    plt, sns = _plt()
+    shares, counts = tool_shares(calls, max_step)
+    totals = counts.sum(axis=1)
+    shares.to_csv(Path(stem).with_suffix(".csv"))  # the plotted numbers, beside the figure
+    fig, ax = plt.subplots(figsize=(7.0, 3.4))
+    bottom = np.zeros(len(shares))
+    colors = sns.color_palette("colorblind", n_colors=max(3, shares.shape[1]))
+    for j, tool in enumerate(shares.columns):
+        ax.bar(shares.index, shares[tool].to_numpy(), bottom=bottom, label=TOOL_LABEL.get(tool, tool), color=colors[j],
+               width=0.8)
+        bottom += shares[tool].to_numpy()
+    for x, n in totals.items():
+        ax.text(x, 101.5, f"{n}", ha="center", va="bottom", fontsize=5.5, color="0.35")
     ax.set_xlabel("step t (LLM call index)")
-    ax.set_ylabel("tool calls (count)")
-    ax.set_xticks(range(1, max_step + 1) if counts.empty else counts.index)
-    if counts.shape[1]:
-        ax.legend(frameon=False, fontsize=8)
+    ax.set_ylabel("share of tool calls (%)")
+    ax.set_ylim(0, 108)
+    ax.set_xlim(0.4, max_step + 0.6)
+    ax.set_xticks(range(1, max_step + 1))
+    if shares.shape[1]:
+        ax.legend(frameon=False, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     else:
         ax.text(0.5, 0.5, "no tool calls in these trajectories", ha="center", va="center", transform=ax.transAxes)
-    ax.set_title(title or "Figure 1: tool calls by type per step")
+    ax.set_title(title or "Figure 1: tool calls by type per step (numbers: tool calls at that step)")
     save(fig, stem)
     return fig
 
 
 def fig2b_entropy(summary, stem, *, title: str | None = None, ax=None):
-    """Figure 2(b): mean ΔH_t = H(τ_t) - H(τ_t^IR) per step with 95% bootstrap CI (nats)."""
+    """Figure 2(b): mean ΔH_t = H(τ_t) - H(τ_t^IR) per step with 95% bootstrap CI (nats).
+
+    ``summary``: one row per step (``step``, ``mean``, ``ci_low``, ``ci_high``, ``n``); with a ``series``
+    column (several runs, e.g. three backbones, and their pool), one line per series.
+    """
     sns, fig, ax, own = _panel(ax)
-    s = summary.sort_values("step")
-    s = s[np.isfinite(s["mean"])]
-    color = sns.color_palette("colorblind")[0]
+    series = list(dict.fromkeys(summary["series"])) if "series" in summary else [None]
+    colors = sns.color_palette("colorblind", n_colors=max(3, len(series)))
     ax.axhline(0.0, color="0.5", lw=0.8)
-    lo = (s["mean"] - s["ci_low"]).clip(lower=0).fillna(0).to_numpy()
-    hi = (s["ci_high"] - s["mean"]).clip(lower=0).fillna(0).to_numpy()
-    ax.errorbar(s["step"], s["mean"], yerr=[lo, hi], fmt="o-", color=color, capsize=3, lw=1.4, ms=4,
-                label="mean ΔH (95% CI)")
-    for x, y, n in zip(s["step"], s["mean"], s["n"]):
-        ax.annotate(f"n={n}", (x, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=6, color="0.3")
+    for j, name in enumerate(series):
+        s = summary if name is None else summary[summary["series"] == name]
+        s = s.sort_values("step")
+        s = s[np.isfinite(s["mean"])]
+        lo = (s["mean"] - s["ci_low"]).clip(lower=0).fillna(0).to_numpy()
+        hi = (s["ci_high"] - s["mean"]).clip(lower=0).fillna(0).to_numpy()
+        pooled = name == "pooled"
+        ax.errorbar(s["step"] + (0 if pooled or name is None else 0.08 * (j - len(series) / 2)), s["mean"],
+                    yerr=[lo, hi], fmt="o-", color="k" if pooled else colors[j], capsize=3, lw=2.0 if pooled else 1.2,
+                    ms=4, label=f"{name} (95% CI)" if name is not None else "mean ΔH (95% CI)")
+        if name is None or pooled:
+            for x, y, h, n in zip(s["step"], s["mean"], s["mean"] + hi, s["n"]):
+                ax.annotate(f"n={n}", (x, h), textcoords="offset points", xytext=(0, 4), ha="center", fontsize=6,
+                            color="0.3")
     ax.set_xlabel("step t (LLM call index)")
     ax.set_ylabel("ΔH_t = H(τ_t) − H(τ_t^IR) (nats)")
     ax.set_title(title or "Figure 2(b): entropy change from the query images")
-    if len(s):
-        ax.set_xticks(s["step"].tolist())
+    steps = sorted(summary["step"].unique()) if len(summary) else []
+    if steps:
+        ax.set_xticks([int(x) for x in steps])
+    ax.legend(frameon=False, fontsize=7)
     if own and stem is not None:  # a panel drawn into a caller's axis is saved by the caller
         save(fig, stem)
     return fig
@@ -163,31 +197,39 @@ def fig2_combined(grounding_steps, entropy_summary, removal_summary, stem):
     return fig
 
 
-def fig4_context(calls, samples, stem, *, bins=(1, 5, 9, 13, 17, 21)):
-    """Figure 4: working context (prompt tokens of the call at step t) and accuracy vs trajectory length.
+def fig4_context(samples, stem, *, bins=(1, 5, 9, 13, 17, 21)):
+    """Figure 4: (a) each trajectory's working context against its length, (b) accuracy against length, per method.
 
-    ``calls``: one row per LLM call with ``method``, ``index``, ``prompt_tokens``; ``samples``: one row
-    per trajectory with ``method``, ``n_calls`` and ``correct`` (bool).
+    ``samples``: one row per trajectory with ``method``, ``n_calls`` (trajectory length in LLM calls),
+    ``max_prompt_tokens`` (working context: the largest prompt of any single call) and ``correct`` (bool).
+    (a) shows every trajectory (light points) and the mean per length bin; (b) the accuracy per bin.
     """
     plt, sns = _plt()
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.4))
-    colors = dict(zip(calls["method"].unique(), sns.color_palette("colorblind", n_colors=max(3, calls["method"].nunique()))))
-    for m, g in calls.groupby("method"):
-        per = g.groupby("index")["prompt_tokens"].mean()
-        a.plot(per.index, per.to_numpy(), "o-", ms=3, lw=1.3, color=colors[m], label=m)
-    a.set_xlabel("step t (LLM call index)")
-    a.set_ylabel("prompt tokens at step t (mean)")
-    a.set_title("working context vs step")
-    a.legend(frameon=False, fontsize=7)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10.5, 3.6))
+    methods = list(dict.fromkeys(samples["method"]))
+    colors = dict(zip(methods, sns.color_palette("colorblind", n_colors=max(3, len(methods)))))
     labels = [f"{lo}-{hi - 1}" for lo, hi in zip(bins[:-1], bins[1:])]
-    for m, g in samples.groupby("method"):
+    centers = [(lo + hi - 1) / 2 for lo, hi in zip(bins[:-1], bins[1:])]
+    rng = np.random.default_rng(0)
+    for m, g in samples.groupby("method", sort=False):
+        jitter = rng.uniform(-0.25, 0.25, len(g))
+        a.scatter(g["n_calls"] + jitter, g["max_prompt_tokens"], s=5, alpha=0.25, color=colors[m], linewidths=0)
         cut = np.digitize(g["n_calls"], bins[1:-1], right=False)
+        wc = [g["max_prompt_tokens"][cut == i].mean() if (cut == i).any() else np.nan for i in range(len(labels))]
         acc = [g["correct"][cut == i].mean() * 100 if (cut == i).any() else np.nan for i in range(len(labels))]
-        b.plot(range(len(labels)), acc, "o-", ms=3, lw=1.3, color=colors.get(m), label=m)
+        a.plot(centers, wc, "o-", ms=4, lw=1.4, color=colors[m], label=m)
+        b.plot(range(len(labels)), acc, "o-", ms=4, lw=1.4, color=colors[m], label=m)
+    a.set_xlim(bins[0] - 0.6, bins[-1] - 0.4)
+    a.set_xticks(range(bins[0], bins[-1], max(1, (bins[-1] - bins[0]) // 10)))
+    a.set_xlabel("trajectory length (LLM calls)")
+    a.set_ylabel("working context (max prompt tokens)")
+    a.set_title("(a) working context vs trajectory length")
     b.set_xticks(range(len(labels)), labels)
     b.set_xlabel("trajectory length (LLM calls)")
     b.set_ylabel("accuracy (%)")
-    b.set_title("accuracy vs trajectory length")
+    b.set_ylim(0, 100)
+    b.set_title("(b) accuracy vs trajectory length")
+    b.legend(frameon=False, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle("Figure 4")
     fig.tight_layout()
     save(fig, stem)

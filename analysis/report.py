@@ -1,17 +1,20 @@
 """Every figure and table the runs and probes allow, in one command.
 
-    python -m analysis.report --react runs/react-27b --runs runs/direct runs/react-27b runs/mmcf-27b \\
-        --removal-runs runs/react-27b runs/react-rm1 runs/react-rm3 [--out figures/out]
+    python -m analysis.report --react runs/react-9b runs/react-27b runs/react-35b \\
+        --runs runs/direct-* runs/react-* runs/mmcf-* --removal-runs runs/react-27b runs/react-rm1 runs/react-rm3 \\
+        [--judge llm|exact] [--out figures/out]
 
-- ``--react RUN``: a ReAct run whose probes were run (``probes.grounding``, ``probes.entropy``,
-  ``probes.removal``): Figure 1 (tool calls by type per step), Figure 2 (a)(b)(c) as one figure and as
-  separate panels.
-- ``--runs RUN ...``: judged runs, one per method/backbone: Table 1 (accuracy), Table 4 (tokens,
-  working context, tool calls), Table 5 (MMSearch-Plus by number of images), Figure 4.
+- ``--react RUN ...``: probed ReAct runs (``probes.grounding``, ``probes.entropy``, ``probes.removal``).
+  Figure 1 (tool-call shares per step) and Figure 2 (a)(b)(c) pool them, as the paper pools its three
+  backbones; panel (b) also draws each run's own curve. Written as one figure and as separate panels.
+- ``--runs RUN ...``: judged runs, one per method x backbone x benchmark: Table 1 (accuracy: one row per
+  method and backbone, one column per benchmark), Table 4 (per method, pooled over its runs), Table 5
+  (MMSearch-Plus by number of images), Figure 4.
 - ``--removal-runs RUN ...``: judged ReAct and ReAct-Removal@k runs: Table 3.
 
-What cannot be made (a probe not run, a run not judged) is listed, not faked. Output: ``--out``
-(default ``figures/out``), PNG + PDF figures and Markdown + CSV tables.
+One judge per table (``--judge`` picks one when runs were graded differently). What cannot be made (a
+probe not run, a run not judged) is listed, not faked. Output: ``--out`` (default ``figures/out``), PNG +
+PDF figures and Markdown + CSV tables. Exit status 2 when a table would mix judges.
 """
 from __future__ import annotations
 
@@ -27,78 +30,131 @@ from . import figures, tables
 __all__ = ["make_report", "main"]
 
 
-def _read_csv(p: Path):
+def _read(p: Path):
     import pandas as pd
 
-    return pd.read_csv(p) if p.exists() else None
+    if not p.exists():
+        return None
+    return pd.read_parquet(p) if p.suffix == ".parquet" else pd.read_csv(p)
 
 
-def make_report(*, react: str | None = None, runs=(), removal_runs=(), out="figures/out") -> dict:
+def _entropy_steps(probes: Path):
+    for mode in ("regenerate", "teacher-forced"):
+        d = probes / f"entropy-{mode}"
+        if (d / "steps.parquet").exists():
+            return _read(d / "steps.parquet"), mode
+    return None, None
+
+
+def _pooled_figure2(react_runs: list[str], out: Path, made: list, missing: list):
+    """Figure 2 panels pooled over the given ReAct runs (and, for (b), one curve per run)."""
+    import pandas as pd
+
+    from analysis.stats import removal_summary, summarise_by
+
+    grounding, entropy, outcomes, modes = [], [], [], set()
+    for rd in react_runs:
+        probes = Path(rd) / "probes"
+        label = tables.model_label(load_run(rd)) or Path(rd).name
+        g = _read(probes / "grounding" / "steps.csv")
+        if g is not None:
+            grounding.append(g)
+        elif (probes / "grounding" / "summary.json").exists():
+            missing.append(f"fig2a_grounding: {rd}: the grounding probe produced no valid labels "
+                           f"(see {probes / 'grounding' / 'summary.json'})")
+        else:
+            missing.append(f"fig2a_grounding: run python -m probes.grounding {rd} first")
+        e, mode = _entropy_steps(probes)
+        if e is not None:
+            e = e.assign(series=label)
+            entropy.append(e)
+            modes.add(mode)
+        else:
+            missing.append(f"fig2b_entropy: run python -m probes.entropy {rd} first")
+        o = _read(probes / "removal" / "outcomes.csv")
+        if o is not None:
+            outcomes.append(o)
+        else:
+            missing.append(f"fig2c_removal: run python -m probes.removal {rd} first")
+    gs = pd.concat(grounding, ignore_index=True) if grounding else None
+    es = None
+    if entropy:
+        if len(modes) > 1:
+            raise RunError(f"the entropy probes of {react_runs} ran in different modes ({sorted(modes)}): one mode per figure")
+        allsteps = pd.concat(entropy, ignore_index=True)
+        valid = allsteps[allsteps["dH"].notna()]
+        parts = [summarise_by(g, "step", "dH").assign(series=name) for name, g in valid.groupby("series", sort=False)]
+        if len(entropy) > 1:
+            parts.append(summarise_by(valid, "step", "dH").assign(series="pooled"))
+        es = pd.concat(parts, ignore_index=True)
+        es.attrs["mode"] = modes.pop()
+    rs = removal_summary(pd.concat(outcomes, ignore_index=True)) if outcomes else None
+    n = len(react_runs)
+    pool = f" (pooled over {n} runs)" if n > 1 else ""
+    for name, data, fn, title in (
+            ("fig2a_grounding", gs, figures.fig2a_grounding, f"Figure 2(a): grounding of each step{pool}"),
+            ("fig2b_entropy", es, figures.fig2b_entropy,
+             f"Figure 2(b): ΔH per step ({es.attrs.get('mode') if es is not None else ''}){pool}"),
+            ("fig2c_removal", rs, figures.fig2c_removal, f"Figure 2(c): step-k image removal{pool}")):
+        if data is not None and len(data):
+            fn(data, out / name, title=title)
+            data.to_csv((out / name).with_suffix(".csv"), index=False)  # the plotted numbers, beside the figure
+            made.append(name)
+    figures.fig2_combined(gs, es, rs, out / "fig2")
+    made.append("fig2")
+
+
+def make_report(*, react=(), runs=(), removal_runs=(), out="figures/out", judge: str | None = None) -> dict:
+    import pandas as pd
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     made, missing = [], []
+    react = [react] if isinstance(react, (str, Path)) else list(react)
     if react:
-        run = load_run(react)
-        calls = run.calls()
+        calls = pd.concat([load_run(rd).calls() for rd in react], ignore_index=True)
         if len(calls):
             figures.fig1_tool_calls(calls, out / "fig1_tool_calls")
             made.append("fig1_tool_calls")
-        probes = Path(react) / "probes"
-        g = probes / "grounding" / "steps.csv"
-        ent = next((p for p in (probes / "entropy-regenerate" / "summary.csv", probes / "entropy-teacher-forced" / "summary.csv")
-                    if p.exists()), None)
-        rem = probes / "removal" / "summary.csv"
-        gs, es, rs = _read_csv(g), _read_csv(ent) if ent else None, _read_csv(rem)
-        for name, data, fn in (("fig2a_grounding", gs, figures.fig2a_grounding), ("fig2b_entropy", es, figures.fig2b_entropy),
-                               ("fig2c_removal", rs, figures.fig2c_removal)):
-            if data is None:
-                ran = name == "fig2a_grounding" and (probes / "grounding" / "summary.json").exists()
-                missing.append(f"{name}: the grounding probe produced no valid labels (see {probes / 'grounding' / 'summary.json'})"
-                               if ran else f"{name}: run the probe on {react} first")
-            else:
-                fn(data, out / name)
-                made.append(name)
-        figures.fig2_combined(gs, es, rs, out / "fig2")
-        made.append("fig2")
-    judged = []
-    for rd in runs:
-        try:
-            tables.grades_of(rd)
-            judged.append(rd)
-        except RunError as e:
-            missing.append(str(e))
+        _pooled_figure2(react, out, made, missing)
     if runs:
         tables.write_table(tables.table4(runs), out / "table4_cost")
         made.append("table4_cost")
-    if judged:
-        tables.write_table(tables.table1(judged), out / "table1_accuracy")
-        made.append("table1_accuracy")
-        t5 = tables.table5(judged)
-        if len(t5):
-            tables.write_table(t5, out / "table5_mmsearch_plus_images")
-            made.append("table5_mmsearch_plus_images")
-        import pandas as pd
-
-        calls, samples = [], []
-        for rd in judged:
-            run = load_run(rd)
-            label = tables._label(run)
-            recs, _ = tables.grades_of(rd)
-            ok = {(r["sample_id"], r["trial"]): r["grade"] == "CORRECT" for r in recs}
-            c = run.calls()
-            c["method"] = label
-            s = run.samples()
-            s["method"] = label
-            s["correct"] = [ok.get((a, b), False) for a, b in zip(s.sample_id, s.trial)]
-            calls.append(c)
-            samples.append(s)
-        figures.fig4_context(pd.concat(calls), pd.concat(samples), out / "fig4_context")
-        made.append("fig4_context")
+        try:
+            t1 = tables.table1(runs, judge)
+        except RunError as e:
+            if "different judges" in str(e):
+                raise
+            missing.append(str(e))
+            t1 = None
+        if t1 is not None:
+            missing += t1.attrs.get("missing", [])
+            tables.write_table(t1, out / "table1_accuracy")
+            made.append("table1_accuracy")
+            t5 = tables.table5(runs, judge=judge)
+            if len(t5):
+                tables.write_table(t5, out / "table5_mmsearch_plus_images")
+                made.append("table5_mmsearch_plus_images")
+            judged, _, _ = tables.judged_runs(runs, judge)
+            samples = []
+            for run, recs in judged:
+                ok = {(r["sample_id"], r["trial"]): r["grade"] == "CORRECT" for r in recs}
+                s = tables._trajectory_frame(run)
+                s["method"] = tables.method_label(run)
+                s["correct"] = [ok.get((a, b), False) for a, b in zip(s.sample_id, s.trial)]
+                samples.append(s)
+            if samples:
+                figures.fig4_context(pd.concat(samples, ignore_index=True), out / "fig4_context")
+                made.append("fig4_context")
     if removal_runs:
         try:
-            tables.write_table(tables.table1(removal_runs), out / "table3_removal")
+            t3 = tables.table1(removal_runs, judge)
+            missing += t3.attrs.get("missing", [])
+            tables.write_table(t3, out / "table3_removal")
             made.append("table3_removal")
         except RunError as e:
+            if "different judges" in str(e):
+                raise
             missing.append(str(e))
     (out / "report.json").write_text(json.dumps({"made": made, "missing": missing}, indent=2))
     return {"made": made, "missing": missing, "out": out}
@@ -106,15 +162,16 @@ def make_report(*, react: str | None = None, runs=(), removal_runs=(), out="figu
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--react", help="a probed ReAct run (Figures 1 and 2)")
+    ap.add_argument("--react", nargs="*", default=[], help="probed ReAct runs (Figures 1 and 2; several are pooled)")
     ap.add_argument("--runs", nargs="*", default=[], help="judged runs (Tables 1, 4, 5; Figure 4)")
     ap.add_argument("--removal-runs", nargs="*", default=[], help="judged ReAct / ReAct-Removal@k runs (Table 3)")
+    ap.add_argument("--judge", choices=tables.JUDGES, help="which judge's grades (needed when runs were graded differently)")
     ap.add_argument("--out", default="figures/out")
     a = ap.parse_args(argv)
     if not (a.react or a.runs or a.removal_runs):
         ap.error("give --react and/or --runs and/or --removal-runs")
     try:
-        r = make_report(react=a.react, runs=a.runs, removal_runs=a.removal_runs, out=a.out)
+        r = make_report(react=a.react, runs=a.runs, removal_runs=a.removal_runs, out=a.out, judge=a.judge)
     except (RunError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["bootstrap_ci", "wilcoxon_p", "mcnemar_p", "summarise_by"]
+__all__ = ["bootstrap_ci", "wilcoxon_p", "mcnemar_p", "summarise_by", "removal_summary"]
 
 
 def bootstrap_ci(values, *, level: float = 0.95, reps: int = 2000, seed: int = 0) -> tuple[float, float]:
@@ -62,3 +62,24 @@ def summarise_by(df, key: str, value: str, *, seed: int = 0):
         rows.append({key: k, "n": len(v), "mean": float(v.mean()) if len(v) else float("nan"),
                      "ci_low": lo, "ci_high": hi, "wilcoxon_p": wilcoxon_p(v)})
     return pd.DataFrame(rows)
+
+
+def removal_summary(outcomes):
+    """Figure 2(c)'s table from step-k removal outcomes (one row per trajectory x k; ``replay_correct`` NaN for
+    a replay that failed): per paper category and overall, per k, the complete pairs ``n``, the missing
+    pairs ``n_error`` (never counted as wrong), the accuracy of the originals and of the replays on the
+    same complete pairs, and the exact McNemar p."""
+    import pandas as pd
+
+    rows = []
+    for (cat, k), g in [*(((c, k), g) for (c, k), g in outcomes.groupby(["paper_category", "k"])),
+                        *((("All", k), g) for k, g in outcomes.groupby("k"))]:
+        err = g["replay_correct"].isna()
+        ok = g[~err]
+        before, after = ok["original_correct"].astype(bool), ok["replay_correct"].astype(bool)
+        rows.append({"paper_category": cat, "k": int(k), "n": len(ok), "n_error": int(err.sum()),
+                     "replayed": int(ok["replayed"].sum()),
+                     "accuracy_original": 100 * before.mean() if len(ok) else float("nan"),
+                     "accuracy_removed": 100 * after.mean() if len(ok) else float("nan"),
+                     "mcnemar_p": mcnemar_p(before, after) if len(ok) else float("nan")})
+    return pd.DataFrame(rows).sort_values(["paper_category", "k"]).reset_index(drop=True)

@@ -44,7 +44,7 @@ from agent.prompts import CORRECTION, fill
 from agent.rundir import Run, RunDir, RunError, load_run
 from agent.tools import make_toolbox
 from agent.trajectory import Trajectory
-from analysis.stats import mcnemar_p
+from analysis.stats import removal_summary
 from probes.cli import add_backend_args, backend_for, probe_model_check, run_async
 
 __all__ = ["replay_prefix_turns", "replay_one", "removal_probe", "parse_steps", "main"]
@@ -253,7 +253,7 @@ async def removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, o
     outcomes.to_csv(out / "outcomes.csv", index=False)
     errors = outcomes[outcomes["error"].notna() | outcomes["replay_status"].isin(["error", "timeout"])]
     errors[["sample_id", "trial", "k", "replay_status", "error"]].to_csv(out / "errors.csv", index=False)
-    summary = _summary(outcomes)
+    summary = removal_summary(outcomes)
     summary.to_csv(out / "summary.csv", index=False)
     (out / "probe.json").write_text(json.dumps({"run_dir": str(run.path), "steps": steps, "model": ident,
                                                 "forced_model_mismatch": force, "judge": grader.label,
@@ -263,24 +263,6 @@ async def removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, o
     fig2c_removal(summary, out / "fig2c_removal")
     return {"outcomes": outcomes, "summary": summary, "out": out, "judge": grader.label,
             "errors": errors.to_dict("records")}
-
-
-def _summary(outcomes):
-    """Per (paper category, k) and overall: pairs, missing pairs, accuracy on the complete pairs, McNemar."""
-    import pandas as pd
-
-    rows = []
-    for (cat, k), g in [*(((c, k), g) for (c, k), g in outcomes.groupby(["paper_category", "k"])),
-                        *((("All", k), g) for k, g in outcomes.groupby("k"))]:
-        err = g["replay_correct"].isna()
-        ok = g[~err]
-        before, after = ok["original_correct"].astype(bool), ok["replay_correct"].astype(bool)
-        rows.append({"paper_category": cat, "k": int(k), "n": len(ok), "n_error": int(err.sum()),
-                     "replayed": int(ok["replayed"].sum()),
-                     "accuracy_original": 100 * before.mean() if len(ok) else float("nan"),
-                     "accuracy_removed": 100 * after.mean() if len(ok) else float("nan"),
-                     "mcnemar_p": mcnemar_p(before, after) if len(ok) else float("nan")})
-    return pd.DataFrame(rows).sort_values(["paper_category", "k"]).reset_index(drop=True)
 
 
 def main(argv=None) -> int:

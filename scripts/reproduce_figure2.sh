@@ -58,6 +58,10 @@ else
   REMOVAL_JUDGE=()
 fi
 
+if [[ "$DEMO" != 1 ]]; then  # every key and server a later stage needs, checked before the first stage starts
+  "$PY" -m agent.preflight --benchmark "$BENCHMARK" --backend sglang --endpoint "$ENDPOINT" --model-dir "$MODEL_DIR" \
+    --tools live --judge-api-key-env "${JUDGE_API_KEY_ENV:-OPENROUTER_API_KEY}"
+fi
 set -x
 "$PY" -m agent.run --method react --out "$OUT" "${RUN_ARGS[@]}" "${LIMIT_ARGS[@]}"
 "$PY" -m probes.grounding "$OUT" "${GROUNDING_ARGS[@]}" || echo "grounding: see $OUT/probes/grounding/summary.json" >&2

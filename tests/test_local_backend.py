@@ -94,3 +94,41 @@ async def test_bad_inputs_name_the_culprit(local_backends, tmp_path):
 
     with pytest.raises(BackendError, match="no-such-model"):
         LocalBackend(tmp_path / "no-such-model")
+
+
+def _history(img):
+    from agent.methods.common import Turn, with_turns
+
+    base = [{"role": "system", "content": "You are an agent."},
+            {"role": "user", "content": [{"type": "text", "text": "<image_0>"},
+                                         {"type": "image_url", "image_url": {"url": str(img)}},
+                                         {"type": "text", "text": "Question: what is it?"}]}]
+    turns = [Turn("<tool_call>\nA\n</tool_call>", "first thought", "<tool_response>\nobservation one\n</tool_response>"),
+             Turn("<tool_call>\nB\n</tool_call>", "second thought", "Your previous response could not be executed"),
+             Turn("<answer>x</answer>", "third thought", "<tool_response>\nobservation three\n</tool_response>")]
+    return with_turns(base, turns)
+
+
+async def test_history_reasoning_is_rendered_by_the_template_after_the_last_query(local_backends, red_image, tiny_model_dir):
+    """Qwen3.5's rule: reasoning shows for assistant turns after the last real user message (tool responses
+    are not one); the same rendering whatever backend renders the prompt."""
+    from agent.backends.sglang_native import SGLangBackend
+
+    msgs_ = _history(red_image)
+    out = await local_backends["raw"].generate(msgs_, SamplingParams(max_tokens=2, seed=1))
+    prompt = out.request["prompt_text"]
+    # turns 1 and 2 come before the correction (a real user message): visible text only
+    assert "first thought" not in prompt and "second thought" not in prompt
+    # turn 3 follows the last real user message: its reasoning is rendered inside <think>
+    assert "<|im_start|>assistant\n<think>\nthird thought\n</think>\n\n<answer>x</answer><|im_end|>" in prompt
+    assert prompt.endswith("<|im_start|>assistant\n<think>\n")
+    native = SGLangBackend("http://127.0.0.1:1", str(tiny_model_dir))
+    assert native.render(msgs_, {"enable_thinking": True})[0] == prompt
+    await native.aclose()
+    # history_reasoning=drop: no reasoning anywhere
+    from agent.methods.common import Turn, with_turns
+
+    dropped = with_turns(msgs_[:2], [Turn("<answer>x</answer>", "third thought", "<tool_response>\nobs\n</tool_response>")],
+                         history_reasoning="drop")
+    out2 = await local_backends["raw"].generate(dropped, SamplingParams(max_tokens=2, seed=1))
+    assert "thought" not in out2.request["prompt_text"] and "<think>\n\n</think>" in out2.request["prompt_text"]

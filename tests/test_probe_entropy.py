@@ -106,3 +106,39 @@ def test_no_argument_demo_runs_end_to_end(tmp_path, tiny_model_dir, monkeypatch,
     assert "RANDOMLY INITIALISED" in out and "meaningless" in out and "step" in out
     d = tmp_path / "demo" / "probes" / "entropy-regenerate"
     assert (d / "fig2b_entropy.png").exists() and (d / "steps.parquet").exists()
+
+
+async def test_probe_applies_the_shared_selection_rule_and_saves_table10(tmp_path):
+    def first_unparsed_for_demo_2(messages):
+        question = next(p["text"] for p in messages[1]["content"] if p.get("type") == "text" and "Question:" in p["text"])
+        if "flag" in question and sum(m["role"] == "assistant" for m in messages) == 0:
+            return "<think>\nhmm\n</think>\n\nI am not sure what to do."  # an immediate parsing failure
+        return policy(messages)
+
+    backend = ScriptedBackend([first_unparsed_for_demo_2] * 500, top_fn=planted)
+    await run(RunConfig(method="react", out=str(tmp_path / "run"), limit=3, progress=False), [], backends=[backend])
+    res = await probe_run(tmp_path / "run", backend=backend, progress=False)
+    assert set(res["steps"].sample_id) == {"demo_1", "demo_3"}
+    import pandas as pd
+
+    t = pd.read_csv(res["out"] / "exclusions.csv").set_index("benchmark")
+    assert t.loc["All", "total"] == 3 and t.loc["All", "first_call_unparsed"] == 1 and t.loc["All", "kept"] == 2
+    # --include-unparsed keeps it (and says so in probe.json)
+    res2 = await probe_run(tmp_path / "run", backend=backend, progress=False, include_unparsed=True,
+                           out_dir=tmp_path / "incl")
+    assert set(res2["steps"].sample_id) == {"demo_1", "demo_2", "demo_3"}
+    assert json.loads((tmp_path / "incl" / "probe.json").read_text())["include_unparsed"] is True
+
+
+async def test_probe_refuses_a_run_recorded_by_another_model(tmp_path):
+    from agent.preflight import PreflightError
+
+    await run(RunConfig(method="react", out=str(tmp_path / "run"), limit=1, progress=False), [],
+              backends=[ScriptedBackend([policy] * 50, model="qwen3.5-27b")])
+    other = ScriptedBackend([policy] * 50, model="qwen3.5-9b")
+    with pytest.raises(PreflightError, match="qwen3.5-27b.*qwen3.5-9b"):
+        await probe_run(tmp_path / "run", backend=other, progress=False)
+    assert not (tmp_path / "run" / "probes" / "entropy-regenerate" / "steps.jsonl").exists()
+    res = await probe_run(tmp_path / "run", backend=other, progress=False, force=True)  # recorded, not silent
+    info = json.loads((res["out"] / "probe.json").read_text())
+    assert info["forced_model_mismatch"] is True and "qwen3.5-9b" in info["model"]["forced_mismatch"]

@@ -96,3 +96,135 @@ def test_parse_steps():
     assert parse_steps("1..5") == [1, 2, 3, 4, 5] and parse_steps("1,3, 7") == [1, 3, 7] and parse_steps("2") == [2]
     with pytest.raises(ValueError):
         parse_steps("0..2")
+
+
+# ------------------------------------------------------------------ live tools: replays go through the cache
+def _question_gold(messages):
+    question = next(p["text"] for p in messages[1]["content"] if p.get("type") == "text" and "Question:" in p["text"])
+    return next(g for q, g in GOLD.items() if q in question)
+
+
+def _assistant_turns(messages):
+    return [m for m in messages if m["role"] == "assistant"]
+
+
+def _query_image_present(messages):
+    return any(p.get("type") == "image_url" for p in messages[1]["content"])
+
+
+def _tool(name, **args):
+    return ("<think>\nthinking\n</think>\n\n<tool_call>\n" + json.dumps({"name": name, "arguments": args})
+            + "\n</tool_call>")
+
+
+def image_blind_policy(tag="run"):
+    """Ignores the images entirely; its search queries carry ``tag`` (so replays with another tag miss the cache)."""
+    def policy(messages):
+        n = len(_assistant_turns(messages))
+        if n < 2:
+            return _tool("search", query=f"{tag} {_question_gold(messages)} step {n}", goal="g")
+        gold = _question_gold(messages)
+        right = sorted(GOLD.values()).index(gold) % 2 == 0  # a fixed half of the questions is answered right
+        return f"<think>\nanswer\n</think>\n\n<answer>{gold if right else 'wrong'}</answer>"
+    return policy
+
+
+def needs_image_at_step_1_policy(tag="run"):
+    """Grounds with lens_search at step 1 if (and only if) the query image is there; answers from the lens evidence."""
+    def policy(messages):
+        turns = _assistant_turns(messages)
+        if not turns:
+            if _query_image_present(messages):
+                return _tool("lens_search", image_id="<image_0>", goal="identify")
+            return _tool("search", query="what is in the picture", goal="identify")
+        if len(turns) < 3:
+            return _tool("search", query=f"{tag} follow-up {len(turns)}", goal="g")
+        grounded = "lens_search" in turns[0]["content"]
+        return f"<think>\nanswer\n</think>\n\n<answer>{_question_gold(messages) if grounded else 'no idea'}</answer>"
+    return policy
+
+
+@pytest.fixture
+def live_web(monkeypatch):
+    from tests.fakes.web_apis import FakeWeb
+
+    with FakeWeb() as web:
+        monkeypatch.setenv("SERPER_API_KEY", "sk-fake")
+        monkeypatch.setenv("JINA_API_KEY", "jina-fake")
+        monkeypatch.setenv("MMCF_SERPER_BASE", web.url)
+        monkeypatch.setenv("MMCF_SERPER_SCRAPE_BASE", web.url + "/scrape")
+        monkeypatch.setenv("MMCF_JINA_BASE", web.url)
+        monkeypatch.setenv("MMCF_LENS_URL_TEMPLATE", "https://images.example/{sha256}")
+        yield web
+
+
+async def _live_react_run(tmp_path, policy, n=6):
+    await run(RunConfig(method="react", out=str(tmp_path / "run"), limit=n, t_max=8, tools="live", progress=False),
+              [], backends=[ScriptedBackend([policy] * 200)])
+    return tmp_path / "run"
+
+
+async def test_image_blind_policy_keeps_its_accuracy_at_every_k_with_live_tools(tmp_path, live_web):
+    rd = await _live_react_run(tmp_path, image_blind_policy("run"))
+    n_before = len(live_web.log)
+    res = await removal_probe(rd, [1, 2, 3], backend=ScriptedBackend([image_blind_policy("replay")] * 500),
+                              grader=Grader("exact"), progress=False)
+    s = res["summary"].set_index(["paper_category", "k"])
+    orig = s.loc[("All", 1), "accuracy_original"]
+    assert 0 < orig < 100
+    for k in (1, 2, 3):
+        assert s.loc[("All", k), "accuracy_removed"] == orig and s.loc[("All", k), "n_error"] == 0
+        assert s.loc[("All", k), "n"] == 6
+    assert not res["errors"]
+    # the replays' new queries (cache misses) went to the live tools instead of failing ...
+    assert len(live_web.log) > n_before
+    # ... and were written back: rerunning the probe from scratch replays them from the cache, no live call
+    import shutil
+
+    shutil.rmtree(res["out"])
+    n_after = len(live_web.log)
+    res2 = await removal_probe(rd, [1, 2, 3], backend=ScriptedBackend([image_blind_policy("replay")] * 500),
+                               grader=Grader("exact"), progress=False)
+    assert res2["summary"].equals(res["summary"]) and len(live_web.log) == n_after
+
+
+async def test_policy_needing_the_image_at_step_1_loses_it_only_at_k1(tmp_path, live_web):
+    rd = await _live_react_run(tmp_path, needs_image_at_step_1_policy("run"))
+    res = await removal_probe(rd, [1, 2, 3, 4], backend=ScriptedBackend([needs_image_at_step_1_policy("replay")] * 500),
+                              grader=Grader("exact"), progress=False)
+    s = res["summary"].set_index(["paper_category", "k"])
+    assert s.loc[("All", 1), "accuracy_original"] == 100.0
+    assert s.loc[("All", 1), "accuracy_removed"] == 0.0 and s.loc[("All", 1), "mcnemar_p"] < 0.05
+    for k in (2, 3, 4):
+        assert s.loc[("All", k), "accuracy_removed"] == 100.0 and s.loc[("All", k), "n_error"] == 0
+    # the prefix carried the lens result images (retrieved, kept) from the run's image store
+    k2 = load_run(res["out"] / "k2")
+    first = next(ln for ln in k2.lines)
+    ev2 = [e for e in first["events"] if e["type"] == "llm_call"][1]
+    assert ev2["n_query_images"] == 0 and ev2["n_images"] == 5
+
+
+async def test_a_failed_replay_is_a_missing_pair_not_a_wrong_answer(tmp_path):
+    from agent.backends.base import BackendError
+
+    rd = await _react_run(tmp_path, n=4)
+    state = {"n": 0}
+
+    def flaky(messages):  # the second replayed trajectory's backend call fails (a harness error)
+        state["n"] += 1
+        if state["n"] == 4:
+            raise BackendError("server went away")
+        return sees_image_policy(messages)
+
+    res = await removal_probe(rd, [4], backend=ScriptedBackend([flaky] * 50), grader=Grader("exact"), progress=False)
+    s = res["summary"].set_index(["paper_category", "k"])
+    assert s.loc[("All", 4), "n_error"] == 1 and s.loc[("All", 4), "n"] == 3
+    assert s.loc[("All", 4), "accuracy_removed"] == 0.0 and s.loc[("All", 4), "accuracy_original"] == 100.0
+    assert len(res["errors"]) == 1 and "server went away" in res["errors"][0]["error"]
+    errors_csv = (res["out"] / "errors.csv").read_text()
+    assert res["errors"][0]["sample_id"] in errors_csv
+    # a rerun retries exactly the failed replay
+    b = ScriptedBackend([sees_image_policy] * 50)
+    res2 = await removal_probe(rd, [4], backend=b, grader=Grader("exact"), progress=False)
+    assert not res2["errors"] and res2["summary"].set_index(["paper_category", "k"]).loc[("All", 4), "n"] == 4
+    assert sum(c["kind"] == "generate" for c in b.calls) == 1

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from agent.backends.scripted import ScriptedBackend
 from agent.judge import Grader, judge_run
 from agent.run import RunConfig, run
@@ -48,12 +50,15 @@ async def test_report_makes_every_figure_and_table(tmp_path):
     for t in ("table1_accuracy", "table3_removal", "table4_cost"):
         assert (out / f"{t}.md").exists() and (out / f"{t}.csv").exists(), t
     t1 = (out / "table1_accuracy.md").read_text()
-    assert "exact-match" in t1 and "react" in t1 and "direct" in t1 and "demo (n=4)" in t1
+    assert "Judge: exact-match" in t1 and "react" in t1 and "direct" in t1 and "demo (n=4)" in t1
     assert "100.0 ± 0.0" in t1  # ReAct sees the image when answering in this fixture
     t3 = (out / "table3_removal.md").read_text()
     assert "react-removal@2" in t3 and "0.0 ± 0.0" in t3
-    t4 = (out / "table4_cost.csv").read_text()
-    assert "working context" in t4 and "search calls" in t4
+    import pandas as pd
+
+    t4 = pd.read_csv(out / "table4_cost.csv").set_index("method")
+    assert t4.loc["direct", "runs"] == 2 and t4.loc["direct", "trajectories"] == 16  # pooled over its runs
+    assert t4.loc["react", "Text Retrieval (search)"] == 3.0 and "working context" in t4.columns
     rep = json.loads((out / "report.json").read_text())
     assert any("unjudged" in m and "agent.judge" in m for m in rep["missing"])
 
@@ -80,10 +85,13 @@ def test_reproduce_figure2_demo_runs_the_chain(tmp_path, tiny_model_dir):
 
 def _by_question(messages):
     q = json.dumps(messages)
+    n_turns = sum(m["role"] == "assistant" for m in messages)
+    if n_turns == 0:  # one Visual Search first, then answer
+        return '<tool_call>\n{"name": "lens_search", "arguments": {"image_id": "<image_0>", "goal": "g"}}\n</tool_call>'
     return "<answer>" + ("1911" if "q1?" in q else "Lyon" if "q2?" in q else "1998") + "</answer>"
 
 
-async def test_table5_by_number_of_query_images(tmp_path):
+async def test_table5_groups_by_number_of_query_images(tmp_path):
     import shutil
 
     from agent.tools.demo_world import ensure_demo_world
@@ -94,11 +102,93 @@ async def test_table5_by_number_of_query_images(tmp_path):
     shutil.copytree(demo / "imgs", bench / "imgs")
     rows = [{"id": "a", "query": "q1?", "query_images": ["kestrel_logo.png"], "answer": "1911"},
             {"id": "b", "query": "q2?", "query_images": ["valdoria_flag.png"], "answer": "Marsel"},
-            {"id": "c", "query": "q3?", "query_images": ["rivermoor_crest.png", "rivermoor_stadium.png"], "answer": "1998"}]
+            {"id": "c", "query": "q3?", "query_images": ["rivermoor_crest.png", "rivermoor_stadium.png"], "answer": "1998"},
+            {"id": "d", "query": "q4?", "query_images": ["rivermoor_crest.png", "rivermoor_stadium.png",
+                                                         "kestrel_logo.png"], "answer": "1998"},
+            {"id": "e", "query": "q5?", "query_images": ["rivermoor_crest.png", "rivermoor_stadium.png",
+                                                         "kestrel_logo.png", "valdoria_flag.png"], "answer": "2000"}]
     (bench / "data_unified.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    await run(RunConfig(method="direct", out=str(tmp_path / "run"), benchmark=str(bench), progress=False), [],
-              backends=[ScriptedBackend([_by_question] * 3)])
-    await judge_run(tmp_path / "run", judge="exact", progress=False)
-    t = table5([tmp_path / "run"])
-    assert list(t.columns) == ["method", "1 image (n=2)", "2 images (n=1)"]
-    assert t.iloc[0]["1 image (n=2)"] == "50.0" and t.iloc[0]["2 images (n=1)"] == "100.0"
+    for name in ("b1", "b2"):  # two backbones (same scripted policy) are averaged
+        await run(RunConfig(method="react", out=str(tmp_path / name), benchmark=str(bench), progress=False), [],
+                  backends=[ScriptedBackend([_by_question] * 30, model=name)])
+        await judge_run(tmp_path / name, judge="exact", progress=False)
+    t = table5([tmp_path / "b1", tmp_path / "b2"]).iloc[0]
+    assert t["backbones"] == 2
+    assert t["1 image (n=2) accuracy"] == "50.0" and t["2 images (n=1) accuracy"] == "100.0"
+    assert t[">=3 images (n=2) accuracy"] == "50.0"
+    assert t["1 image (n=2) VS / total"] == "1.00 / 1.00"
+
+
+async def test_tables_refuse_to_mix_judges_and_flag_different_settings(tmp_path):
+    from agent.rundir import RunError
+    from analysis.tables import table1
+
+    for name, t_max in (("a", 6), ("b", 8)):
+        await run(RunConfig(method="react", out=str(tmp_path / name), limit=2, t_max=t_max, progress=False), [],
+                  backends=[ScriptedBackend([sees_image_policy] * 50, model=f"model-{name}")])
+    await judge_run(tmp_path / "a", judge="exact", progress=False)
+    # run b is graded by an "LLM judge" (a scripted one): the two runs now have different judges
+    await judge_run(tmp_path / "b", judge="llm", backend=ScriptedBackend(["Extracted: x\nGrade: A"] * 10),
+                    progress=False)
+    with pytest.raises(RunError, match="different judges"):
+        table1([tmp_path / "a", tmp_path / "b"])
+    rc = report_main(["--runs", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "o")])
+    assert rc == 2
+    t = table1([tmp_path / "a", tmp_path / "b"], judge="exact")  # one judge picked: the other run is listed missing
+    assert len(t) == 1 and any("/b" in m for m in t.attrs["missing"])
+    await judge_run(tmp_path / "b", judge="exact", progress=False)
+    t = table1([tmp_path / "a", tmp_path / "b"], judge="exact")
+    # compared with different budgets: flagged in the table's note
+    assert len(t) == 2 and "budgets differs" in t.attrs["note"]
+
+
+async def test_one_row_per_method_and_model_across_benchmarks(tmp_path):
+    import shutil
+
+    from agent.tools.demo_world import ensure_demo_world
+    from analysis.tables import table1
+
+    demo = ensure_demo_world() / "demo"
+    for bench in ("mmsearch", "simplevqa"):
+        shutil.copytree(demo, tmp_path / bench)
+        await run(RunConfig(method="direct", out=str(tmp_path / f"run-{bench}"), benchmark=str(tmp_path / bench),
+                            limit=2 if bench == "mmsearch" else 4, progress=False), [],
+                  backends=[ScriptedBackend(["<answer>1911</answer>"] * 10)])
+        await judge_run(tmp_path / f"run-{bench}", judge="exact", progress=False)
+    t = table1([tmp_path / "run-mmsearch", tmp_path / "run-simplevqa"])
+    assert len(t) == 1 and list(t.columns) == ["method", "model", "mmsearch (n=2)", "simplevqa (n=4)", "Avg.", "trials"]
+    # demo_1's gold is 1911: 1/2 and 1/4 correct; Avg. weighted by samples = 2/6
+    assert t.iloc[0]["mmsearch (n=2)"] == "50.0 ± 0.0" and t.iloc[0]["simplevqa (n=4)"] == "25.0 ± 0.0"
+    assert t.iloc[0]["Avg."] == "33.3 ± 0.0"
+
+
+async def test_figure2b_overlays_and_pools_several_runs(tmp_path):
+    import pandas as pd
+
+    for name in ("m1", "m2"):
+        b = ScriptedBackend([sees_image_policy] * 300, model=name)
+        await run(RunConfig(method="react", out=str(tmp_path / name), limit=2, t_max=6, progress=False), [], backends=[b])
+        await probe_run(tmp_path / name, backend=b, progress=False)
+    rc = report_main(["--react", str(tmp_path / "m1"), str(tmp_path / "m2"), "--out", str(tmp_path / "o")])
+    assert rc == 0
+    s = pd.read_csv(tmp_path / "o" / "fig2b_entropy.csv")
+    assert set(s.series) == {"m1", "m2", "pooled"}
+    per = s[s.series != "pooled"].groupby("step")["n"].sum()
+    assert (s[s.series == "pooled"].set_index("step")["n"] == per).all()
+    shares = pd.read_csv(tmp_path / "o" / "fig1_tool_calls.csv", index_col=0)
+    assert ((shares.sum(axis=1) - 100).abs() < 1e-9).all()  # Figure 1 plots shares per step, not counts
+
+
+async def test_judge_refuses_to_mix_judges_in_one_run(tmp_path):
+    from agent.rundir import RunError
+
+    await run(RunConfig(method="direct", out=str(tmp_path / "r"), limit=2, progress=False), [],
+              backends=[ScriptedBackend(["<answer>1911</answer>"] * 5)])
+    await judge_run(tmp_path / "r", judge="llm", backend=ScriptedBackend(["Extracted: 1911\nGrade: A"] * 5, model="j1"),
+                    progress=False)
+    with pytest.raises(RunError, match="--regrade"):
+        await judge_run(tmp_path / "r", judge="llm", backend=ScriptedBackend(["Grade: B"] * 5, model="j2"), progress=False)
+    s = await judge_run(tmp_path / "r", judge="llm", backend=ScriptedBackend(["Grade: B"] * 5, model="j2"),
+                        progress=False, regrade=True)
+    assert "j2" in s["judge"] and s["overall"]["mean"] == 0.0
+    assert list((tmp_path / "r").glob("judge-llm.jsonl.replaced-*"))

@@ -243,3 +243,89 @@ async def test_step_entropies_recover_planted_entropy(tmp_path):
     assert len(df) == 6 and list(df.step.unique()) == [1, 2]
     assert (df.n_think > 0).all() and np.allclose(df.H, math.log(8))
     assert (df.n_query_images == 1).all() and df.H_exact.isna().all()  # the scripted backend has no exact entropy
+
+
+# ------------------------------------------------------------------ refused before any work; exit codes
+def _cli(srv_url, out, *extra):
+    return ["--method", "react", "--backend", "openai", "--endpoint", srv_url, "--benchmark", "demo", "--t-max", "3",
+            "--out", str(out), "--no-progress", *extra]
+
+
+def test_unreachable_endpoint_and_wrong_model_are_refused_before_any_work(tmp_path, capsys):
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    s.close()
+    assert run_main(_cli(dead, tmp_path / "a")) == 2
+    assert "unreachable" in capsys.readouterr().err
+    assert not (tmp_path / "a" / "header.json").exists()
+    with FakeSGLang(model_name="qwen3.5-27b") as srv:
+        assert run_main(_cli(srv.url, tmp_path / "b", "--model", "qwen3.5-9b")) == 2
+        err = capsys.readouterr().err
+        assert "does not serve 'qwen3.5-9b'" in err and "qwen3.5-27b" in err
+        assert not (tmp_path / "b" / "header.json").exists() and not srv.bodies  # nothing was generated
+        # the served model and its identity are recorded; a resume against another model is refused
+        assert run_main(_cli(srv.url, tmp_path / "c", "--limit", "1")) == 0
+        h = json.loads((tmp_path / "c" / "header.json").read_text())
+        assert h["model"]["served_model"] == "qwen3.5-27b" and h["history_reasoning"] == "keep"
+    with FakeSGLang(model_name="qwen3.5-9b") as srv:
+        assert run_main(_cli(srv.url, tmp_path / "c", "--limit", "2")) == 2
+        assert "holds a different run" in capsys.readouterr().err
+
+
+def test_missing_images_are_refused_unless_allowed(tmp_path, capsys):
+    import shutil
+
+    from agent.tools.demo_world import ensure_demo_world
+
+    bench = tmp_path / "bench"
+    shutil.copytree(ensure_demo_world() / "demo", bench)
+    (bench / "imgs" / "kestrel_logo.png").unlink()
+    (bench / "imgs" / "valdoria_flag.png").write_text("not an image")
+    args = ["--method", "direct", "--benchmark", str(bench), "--out", str(tmp_path / "r"), "--no-progress"]
+    assert run_main(args) == 2
+    err = capsys.readouterr().err
+    assert "2 of 6 samples" in err and "--allow-missing-images" in err and "agent.benchmarks stats" in err
+    assert not (tmp_path / "r" / "header.json").exists()
+
+
+async def test_allow_missing_images_runs_the_rest_and_lists_the_skipped(tmp_path):
+    import shutil
+
+    from agent.tools.demo_world import ensure_demo_world
+
+    bench = tmp_path / "bench"
+    shutil.copytree(ensure_demo_world() / "demo", bench)
+    (bench / "imgs" / "kestrel_logo.png").unlink()
+    s = await run(cfg(tmp_path, benchmark=str(bench), allow_missing_images=True), [],
+                  backends=[ScriptedBackend([react_policy] * 100)])
+    assert s["skipped_images"] == 1 and s["ran"] == 5
+    skipped = json.loads((tmp_path / "run" / "skipped_samples.json").read_text())
+    assert [x["sample_id"] for x in skipped] == ["demo_1"]
+
+
+def test_live_tools_need_their_keys_and_a_lens_url(tmp_path, monkeypatch, capsys):
+    for v in ("SERPER_API_KEY", "JINA_API_KEY", "MMCF_LENS_URL_TEMPLATE", "MMCF_LENS_S3_BUCKET"):
+        monkeypatch.delenv(v, raising=False)
+    args = ["--method", "react", "--tools", "live", "--out", str(tmp_path / "r"), "--no-progress"]
+    assert run_main(args) == 2 and "SERPER_API_KEY" in capsys.readouterr().err
+    monkeypatch.setenv("SERPER_API_KEY", "sk-x")
+    assert run_main(args) == 2 and "MMCF_LENS_URL_TEMPLATE" in capsys.readouterr().err
+    assert not (tmp_path / "r" / "header.json").exists()
+
+
+def test_errors_give_exit_3_with_the_retry_command_and_a_streak_stops_the_run(tmp_path, capsys):
+    with FakeSGLang() as srv:
+        srv.faults = ["400"]  # the first generation is refused by the server: one unit ends in error
+        rc = run_main(_cli(srv.url, tmp_path / "a", "--concurrency", "1"))
+        err = capsys.readouterr().err
+        assert rc == 3 and "1 unit(s) ended in error" in err
+        assert "--retry-errors" in err and f"--out {tmp_path / 'a'}" in err
+        assert run_main(_cli(srv.url, tmp_path / "a", "--concurrency", "1", "--retry-errors")) == 0
+        srv.faults = ["400"] * 50  # every request refused: stop after 3 in a row, not after all 6
+        rc = run_main(_cli(srv.url, tmp_path / "b", "--concurrency", "1", "--max-consecutive-errors", "3"))
+        err = capsys.readouterr().err
+        assert rc == 4 and "3 harness errors in a row" in err
+        assert len(RunDir(tmp_path / "b").read_lines()) == 3

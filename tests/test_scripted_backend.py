@@ -16,8 +16,9 @@ def planted(has_images, pos):
 async def test_scripted_generation_think_and_planted_entropy(red_image):
     b = ScriptedBackend(["<think>look closely</think>It is red.", "<think>hmm</think>x"], top_fn=planted)
     assert isinstance(b, Backend)
-    with_img = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": str(red_image)}},
-                                             {"type": "text", "text": "<image_0> what?"}]}]
+    with_img = [{"role": "user", "content": [{"type": "text", "text": "<image_0>"},
+                                             {"type": "image_url", "image_url": {"url": str(red_image)}},
+                                             {"type": "text", "text": "what?"}]}]
     out = await b.generate(with_img)
     assert out.reasoning == "look closely" and out.text == "It is red."
     think = out.think_mask()
@@ -28,6 +29,12 @@ async def test_scripted_generation_think_and_planted_entropy(red_image):
     assert np.allclose(grouped_tail_entropy(sc.top_logprob_matrix(20)), math.log(2))
     assert b.calls[0]["has_images"] and not b.calls[-1]["has_images"]
     assert "base64" not in str(b.calls)
+    # only query images count: a retrieved image in a tool response (after its result label) does not
+    from agent.methods.common import tool_reply
+
+    retrieved = [{"role": "user", "content": "<image_0> what?"}, {"role": "user", "content": tool_reply("obs", [red_image])}]
+    sc2 = await b.score(retrieved, Continuation(text="x"))
+    assert np.allclose(grouped_tail_entropy(sc2.top_logprob_matrix(20)), math.log(2)) and not b.calls[-1]["has_images"]
 
 
 async def test_script_exhaustion_is_an_error():

@@ -8,7 +8,9 @@ Each ``generate`` returns the next scripted response (a string, or a callable of
 responses are split into one token per character run of word/non-word so that ``<think>`` and
 ``</think>`` are tokens of their own. ``top_fn(has_images, position)`` gives each token's top-k
 logprobs (best first), so a test can plant the entropy with and without images and check that a
-probe recovers the difference; ``score`` uses the same function. Every call is kept in ``calls``.
+probe recovers the difference; ``score`` uses the same function. ``has_images`` means *query* images:
+an image part that follows its ``<image_k>`` identifier (how the agents place query images), so lens
+result images in observations do not count. Every call is kept in ``calls``.
 """
 from __future__ import annotations
 
@@ -20,15 +22,33 @@ from .base import (
     DEFAULT_TOP_LOGPROBS, BackendError, Continuation, LogprobSemantics, ModelOutput, SamplingParams, ScoredTokens,
     TokenLogprob, TopLogprob, Usage,
 )
-from .messages import iter_image_parts, record_messages
+from .messages import is_image_part, record_messages
 from .think import mark_think, split_think
 
-__all__ = ["ScriptedBackend", "uniform_top", "ALT_ID0"]
+__all__ = ["ScriptedBackend", "uniform_top", "ALT_ID0", "has_query_images"]
 
 #: The j-th alternative of every position has id ALT_ID0 + j (the chosen token's id comes first).
 ALT_ID0 = 10_000_000
 
 _TOKEN_RE = re.compile(r"</?think>|<[^>\s]{1,20}>|\w+|\s+|[^\w\s]")
+
+
+_QUERY_ID = re.compile(r"\s*<image_\d+>\s*$")
+
+
+def has_query_images(messages: list[dict]) -> bool:
+    """Whether a query image is in the context: an image part right after an ``<image_k>`` identifier."""
+    for m in messages:
+        c = m.get("content")
+        if not isinstance(c, list):
+            continue
+        prev = None
+        for p in c:
+            if is_image_part(p) and isinstance(prev, dict) and prev.get("type") == "text" \
+                    and _QUERY_ID.match(prev.get("text", "")):
+                return True
+            prev = p
+    return False
 
 
 def uniform_top(n: int, k: int = DEFAULT_TOP_LOGPROBS):
@@ -75,7 +95,7 @@ class ScriptedBackend:
             raise BackendError("scripted backend: the script ran out of responses")
         item = self.script.pop(0)
         text = item(messages) if callable(item) else item
-        has_images = any(True for _ in iter_image_parts(messages))
+        has_images = has_query_images(messages)
         tokens = mark_think(self._tokens(text, has_images), starts_in_think=False)
         reasoning, answer = split_think(text, starts_in_think=False)
         self.calls.append({"kind": "generate", "messages": record_messages(messages), "has_images": has_images})
@@ -88,7 +108,7 @@ class ScriptedBackend:
 
     async def score(self, messages: list[dict], continuation: Continuation, *, top_logprobs: int = DEFAULT_TOP_LOGPROBS,
                     enable_thinking: bool | None = True, temperature: float | None = None) -> ScoredTokens:
-        has_images = any(True for _ in iter_image_parts(messages))
+        has_images = has_query_images(messages)
         if continuation.ids:  # ids of this backend's own earlier outputs
             inv = {v: k for k, v in self._vocab.items()}
             missing = [i for i in continuation.ids if i not in inv]

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Build the SGLang conformance layer: SGLang's own pure-Python code (request models, sampling-parameter
+# checks, the qwen3 reasoning parser, the server and router argument parsers) importable on a CPU machine,
+# so that tests/conformance/ checks the toolkit against SGLang itself rather than against our reading of it.
+#
+#   bash scripts/sglang_conformance.sh          # builds .venv-sglang/site (a --target dir, ~300 MB, ~1-2 min)
+#
+# Everything goes in with --no-deps into one folder that the tests put on PYTHONPATH of a separate
+# process (tests/conformance/sglang_oracle.py), next to the project's .venv (its torch, transformers,
+# pydantic): nothing in .venv changes. The list below is exactly what these modules import; pinned to
+# the SGLang version the toolkit is tested against. Re-runs are no-ops unless this file changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SITE=${SGLANG_SITE:-.venv-sglang/site}
+PY=${PYTHON:-.venv/bin/python}
+[ -x "$PY" ] || { echo "run bash scripts/setup_env.sh first (needs .venv)" >&2; exit 2; }
+stamp="$SITE/.mmcf-installed"
+want=$(sha256sum "$0" | cut -c1-16)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+PKGS=(
+  sglang==0.5.23 sglang-router==0.3.2
+  psutil==7.2.2 pybase64==1.5.1 requests==2.34.2 urllib3==2.8.0 starlette==1.10.0 msgspec==0.23.0
+  pyzmq==27.3.0 ipython==9.18.1 traitlets==5.16.1 aiohttp==3.14.5 multidict==7.2.1 attrs==26.1.0
+  yarl==1.25.1 propcache==0.5.4 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 frozenlist==1.8.0
+  openai==3.57.0 dill==0.4.1 apache-tvm-ffi==0.1.15.post2 sentencepiece==0.2.3 compressed-tensors==0.20.1
+  loguru==0.7.3 gguf==0.19.0 partial-json-parser==0.2.1.1.post7
+)
+# pydantic comes with the project's venv; bring it only where that venv lacks it
+"$PY" -c "import pydantic" 2>/dev/null || PKGS+=(pydantic pydantic-core annotated-types typing-inspection)
+echo "[sglang-conformance] installing SGLang's pure-Python parts into $SITE (--no-deps)"
+rm -rf "$SITE"
+mkdir -p "$SITE"
+start=$(date +%s)
+"$PY" -m pip install -q --no-deps --target "$SITE" "${PKGS[@]}" 2>&1 | grep -v "^WARNING: Location" || true
+PYTHONPATH="$SITE" "$PY" -c "
+from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.parser.reasoning_parser import ReasoningParser
+from sglang.srt.server_args import ServerArgs
+from sglang_router.router_args import RouterArgs
+" 2>&1 | grep -v -e RequestsDependencyWarning -e "warnings.warn" || true
+PYTHONPATH="$SITE" "$PY" -c "import sglang.srt.server_args, sglang.srt.entrypoints.openai.protocol, sglang_router.router_args" >/dev/null 2>&1 \
+  || { echo "[sglang-conformance] SGLang does not import from $SITE" >&2; exit 1; }
+echo "$want" > "$stamp"
+echo "[sglang-conformance] ready in $(( $(date +%s) - start )) s: $(du -sh "$SITE" | cut -f1)"
