@@ -228,6 +228,24 @@ async def test_contextfold_budgets_corrections_and_force_answer(demo, toolbox):
     assert all(e["reason"] in ("branch_budget", "global_budget") for e in ends)
 
 
+async def test_branch_without_return_folds_visible_text_else_reasoning(demo, toolbox):
+    def policy(msgs):
+        if "STATE: BRANCH" in json.dumps(msgs):  # only think text and tool calls: no visible prose, no return
+            return "<think>\nThe logo is the Kestrel Observatory's.\n</think>\n\n" + tc("search", query="k", goal="g").split("</think>\n\n")[1]
+        if "Subtask [look] completed" in text_of(msgs[-1]):
+            return ans("1911")
+        return sub("look", "search it", [])
+
+    line, _ = await run_sample(MethodSpec("mmcontextfold", variant="no-init", budgets=Budgets(t_max=20, b_max=2)),
+                               demo["demo_1"], 0, backend=ScriptedBackend([policy] * 20), toolbox=toolbox)
+    end = next(e for e in line["events"] if e["type"] == "branch_end")
+    assert end["reason"] == "branch_budget" and end["message"] == "The logo is the Kestrel Observatory's."
+    # and the main state's history keeps its own reasoning for the next call
+    main2 = [e for e in llm_events(line) if e["state"] == "main"][1]
+    hist = [m for m in msgs_of(line, main2) if m["role"] == "assistant"]
+    assert hist[0]["reasoning_content"] == "plan"
+
+
 async def test_contextfold_branch_correction_counts_toward_branch_budget(demo, toolbox):
     script = ['{"summary": "logo", "source_hint": "x"}', sub("a", "do it", ["<image_0>"]),
               "I will search now.", "still no tool", "nope", "nah", "no", sub("b", "again", []), ret("found 1911"), ans("1911")]
