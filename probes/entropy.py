@@ -63,8 +63,8 @@ def _think_mean(values: np.ndarray, think: np.ndarray) -> float:
 
 def _sampling_of(ev: dict) -> SamplingParams:
     s = dict(ev.get("sampling") or {})
-    keep = {k: s[k] for k in ("temperature", "top_p", "max_tokens", "top_logprobs", "seed", "stop", "enable_thinking",
-                               "chat_template_kwargs") if k in s}
+    keep = {k: s[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens",
+                               "top_logprobs", "seed", "stop", "enable_thinking", "chat_template_kwargs") if k in s}
     return SamplingParams(**keep)
 
 

@@ -181,8 +181,8 @@ async def removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, o
     out = Path(out_dir) if out_dir else run.path / "probes" / "removal"
     spec = replay_spec(h)
     sp = h.get("sampling") or {}
-    sampling = SamplingParams(**{k: sp[k] for k in ("temperature", "top_p", "max_tokens", "top_logprobs", "seed",
-                                                    "enable_thinking") if k in sp})
+    sampling = SamplingParams(**{k: sp[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                                                    "max_tokens", "top_logprobs", "seed", "enable_thinking") if k in sp})
     if grader.needs_client([{"status": "ok", "answer": "x"}]):
         grader.client()  # fail early (a missing judge key) before any replay
     toolbox = replay_toolbox(run)

@@ -128,3 +128,67 @@ def test_real_chat_body_without_logprobs_is_a_clear_error(shared_dir):
     b = OpenAIBackend("http://127.0.0.1:1", model="m", client=httpx.AsyncClient())
     with pytest.raises(BackendError, match="no logprobs"):
         b.parse(body, SamplingParams())
+
+
+# ------------------------------------------------------------------ fixes a real SGLang node would need
+async def test_native_text_only_scoring_sends_token_ids(native, fake_sglang, tiny_model_dir):
+    """A continuation starting with the "\\n" that follows the <think>\\n pre-fill would merge with it when the
+    server re-tokenises text; sent as ids, it scores exactly."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    text_only = [{"role": "user", "content": "What is this?"}]
+    prompt = native.render(text_only, {"enable_thinking": True})[0]
+    cont = tok("\nI see red.", add_special_tokens=False)["input_ids"]
+    # re-tokenising prompt + continuation as text merges "\n" into the prompt's last token: the old text path
+    # would have raised the id-drift error on this continuation
+    assert tok(prompt + tok.decode(cont), add_special_tokens=False)["input_ids"][-len(cont):] != cont
+    sc = await native.score(text_only, Continuation(ids=cont))
+    body = fake_sglang.bodies[-1]
+    prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    assert "text" not in body and body["input_ids"] == prompt_ids + cont
+    assert body["logprob_start_len"] == len(prompt_ids) - 1
+    assert [t.id for t in sc.tokens] == cont and sc.request["by"] == "ids"
+
+
+async def test_native_image_scoring_starts_after_the_expanded_images(native, fake_sglang, red_image, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(tiny_model_dir)("It is red.", add_special_tokens=False)["input_ids"]
+    await native.score(msgs(red_image), Continuation(ids=ids))
+    body = fake_sglang.bodies[-1]
+    assert "image_data" in body
+    # only the continuation (and the prompt's last token) came back: no logprobs for the image tokens
+    import httpx as _h
+
+    r = _h.post(fake_sglang.url + "/generate", json=body, timeout=30).json()
+    assert len(r["meta_info"]["input_token_logprobs"]) == len(ids) + 1
+    # the unexpanded length would have asked for every image token's top-20
+    prompt = native.render(msgs(red_image), {"enable_thinking": True})[0]
+    n_unexpanded = len(AutoTokenizer.from_pretrained(tiny_model_dir)(prompt, add_special_tokens=False)["input_ids"])
+    assert body["logprob_start_len"] > n_unexpanded - 1
+
+
+async def test_native_generation_ending_thinking_at_a_tool_call(fake_sglang, tiny_model_dir, red_image):
+    """Qwen3.5 sometimes opens <tool_call> without closing </think>: the action must not be lost in the reasoning."""
+    from agent.parsing import parse_action
+
+    fake_sglang.reply = 'I will search.\n<tool_call>\n{"name": "search", "arguments": {"query": "red"}}\n</tool_call>'
+    b = SGLangBackend(fake_sglang.url, str(tiny_model_dir), policy=FAST)
+    out = await b.generate(msgs(red_image), SamplingParams(max_tokens=200))
+    assert out.reasoning == "I will search." and out.text.startswith("<tool_call>")
+    assert parse_action(out.text).name == "search"
+    first_call = next(i for i, t in enumerate(out.tokens) if "<tool_call>" in t.text)
+    assert all(t.think for t in out.tokens[:first_call]) and not any(t.think for t in out.tokens[first_call:])
+    await b.aclose()
+
+
+async def test_both_paths_send_the_full_sampling_set(native, fake_sglang, red_image):
+    await native.generate(msgs(red_image), SamplingParams(max_tokens=8, seed=7))
+    sp = fake_sglang.bodies[-1]["sampling_params"]
+    assert (sp["top_k"], sp["min_p"], sp["repetition_penalty"], sp["sampling_seed"]) == (-1, 0.0, 1.0, 7)
+    chat = OpenAIBackend(fake_sglang.url, model="fake-qwen3.5", server="sglang", policy=FAST)
+    await chat.generate(msgs(red_image), SamplingParams(max_tokens=8, seed=7))
+    body = fake_sglang.bodies[-1]
+    assert (body["top_k"], body["min_p"], body["repetition_penalty"], body["seed"]) == (-1, 0.0, 1.0, 7)
+    await chat.aclose()

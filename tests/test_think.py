@@ -42,9 +42,17 @@ def test_no_thinking_call_has_an_empty_segment_and_is_excluded():
     assert out["n_think"][0] == 0 and np.isnan(out["H"][0])
 
 
-def test_a_second_think_block_counts_too():
+def test_only_the_first_think_block_is_reasoning():
+    # as SGLang's qwen3 parser: the first </think> ends the reasoning; a later block is answer text
     t = mark_think(toks("a", "</think>", "b", "<think>", "c", "</think>", "d"), starts_in_think=True)
-    assert mask(t) == [True, False, False, False, True, False, False]
+    assert mask(t) == [True, False, False, False, False, False, False]
+    assert split_think("a</think>b<think>c</think>d", True) == ("a", "b<think>c</think>d")
+
+
+def test_a_tool_call_without_closing_think_ends_the_reasoning():
+    t = mark_think(toks("I", " search", "\n", "<tool_call>", "{}", "</tool_call>"), starts_in_think=True)
+    assert mask(t) == [True, True, True, False, False, False]
+    assert split_think("I search\n<tool_call>{}</tool_call>", True) == ("I search", "<tool_call>{}</tool_call>")
 
 
 def test_mark_by_reasoning_text():

@@ -151,10 +151,16 @@ class LogprobSemantics:
 
 @dataclass(slots=True)
 class SamplingParams:
-    """Sampling settings; defaults are the paper's (B.1): T=0.2, top-p=0.95, top-20 logprobs."""
+    """Sampling settings; defaults are the paper's (B.1): T=0.2, top-p=0.95, top-20 logprobs; no top-k, min-p
+    or repetition penalty (the paper names none; ours: the neutral values, sent explicitly)."""
 
     temperature: float = 0.2
     top_p: float = 0.95
+    # Sent explicitly on every path, so that no server default fills them in (Qwen3.5's
+    # generation_config.json sets top_k=20, which SGLang's chat path would otherwise inherit).
+    top_k: int = -1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
     max_tokens: int = 4096
     top_logprobs: int = DEFAULT_TOP_LOGPROBS
     seed: int | None = None
@@ -170,6 +176,14 @@ class SamplingParams:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def server_params(self) -> dict[str, Any]:
+        """The sampling set every server gets, in SGLang's names (``max_new_tokens``; ``stop`` when set)."""
+        out = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
+               "repetition_penalty": self.repetition_penalty, "max_new_tokens": self.max_tokens}
+        if self.stop:
+            out["stop"] = list(self.stop)
+        return out
 
 
 @dataclass(slots=True)

@@ -137,6 +137,9 @@ class LocalBackend:
         torch = _import_torch()
         from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
+        if (sp.top_k not in (-1, 0)) or sp.min_p or sp.repetition_penalty != 1.0:
+            raise BackendError("the local backend samples with temperature and top-p only: top_k must be -1, "
+                               "min_p 0 and repetition_penalty 1")
         t0 = time.perf_counter()
         prompt_text, inputs, images = self._encode(messages, sp.enable_thinking, sp.chat_template_kwargs)
         k = int(sp.top_logprobs)

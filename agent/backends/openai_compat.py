@@ -81,11 +81,15 @@ class OpenAIBackend:
             "top_p": sp.top_p,
             "max_tokens": sp.max_tokens,
         }
+        if self.server in ("sglang", "vllm", "openrouter"):
+            # the full sampling set, explicitly: an omitted field is filled from the server's defaults (SGLang's
+            # chat path: the model's generation_config.json, top_k=20 for Qwen3.5), not the paper's sampling
+            body.update(top_k=sp.top_k, min_p=sp.min_p, repetition_penalty=sp.repetition_penalty)
         if sp.top_logprobs > 0:  # 0 = plain completion (judges and annotators need no logprobs)
             body["logprobs"] = True
             body["top_logprobs"] = sp.top_logprobs
         if sp.seed is not None:
-            body["seed"] = sp.seed
+            body["seed"] = sp.seed  # SGLang honours it only when started with --enable-deterministic-inference
         if sp.stop:
             body["stop"] = list(sp.stop)
         kw = sp.template_kwargs()
@@ -139,17 +143,16 @@ class OpenAIBackend:
             tokens = []
         else:
             raise BackendError(f"{where}: reply carries no logprobs (does this server support logprobs=true?)")
-        # Which tokens are thinking: by the tag tokens when present, else by the reasoning text.
+        # Which tokens are thinking: the generation starts inside <think> (the template pre-fills it) when the
+        # server split off reasoning or a </think> token came back; mark_think then applies the qwen3 parser's
+        # rules (</think>, else an implicit close at <tool_call>). Logprobs that cover only the answer: none.
+        joined = "".join(t.text for t in tokens).strip()
         if any(t.text.strip() == THINK_CLOSE for t in tokens):
-            mark_think(tokens, starts_in_think=True)  # a leading <think> tag token is handled by mark_think
-        elif reasoning:
-            joined = "".join(t.text for t in tokens).strip()
-            if not content.strip():
-                mark_think(tokens, starts_in_think=True)
-            elif joined.startswith(reasoning.strip()[:32]):
-                mark_think_by_text(tokens, reasoning)
-            else:  # the logprobs cover only the answer: no think tokens are known
-                mark_think(tokens, starts_in_think=False)
+            mark_think(tokens, starts_in_think=True)
+        elif reasoning and (not content.strip() or joined.startswith(reasoning.strip()[:32])):
+            mark_think(tokens, starts_in_think=True)
+        elif reasoning and reasoning.strip()[:32] in joined:
+            mark_think_by_text(tokens, reasoning)
         else:
             mark_think(tokens, starts_in_think=False)
         u = resp.get("usage") or {}

@@ -7,13 +7,25 @@
 The prompt is rendered here with the model's own chat template from the local model directory
 (only the tokenizer files are needed); images go in ``image_data`` as data URIs. Wire format:
 each logprob is ``[logprob, token_id, text_or_null]``; ``input_token_logprobs[0]`` is
-``[null, id, …]`` and ``input_top_logprobs[0]`` is ``null``. With images the server expands each
-image placeholder to many tokens, so the expanded prompt length is unknown here: scoring asks
-from the *unexpanded* prompt length on (never later than the true start), takes the last
-len(continuation) entries and **verifies their token ids** against the continuation. A mismatch
-(re-tokenisation drift) is an error, never a silently wrong number. Token texts are not requested
-(``return_text_in_logprobs`` would double the reply); they are decoded here from the ids with the
-same tokenizer, the chosen tokens at once, the alternatives only when something reads them.
+``[null, id, …]`` and ``input_top_logprobs[0]`` is ``null``. Every request carries the full sampling
+set (temperature, top_p, top_k -1, min_p 0, repetition_penalty 1), so no server-side default
+(``--preferred-sampling-params``, the model's generation config) changes what is sampled.
+
+Scoring (``max_new_tokens: 0``, prompt logprobs):
+
+- **without images** the request is token ids: ``input_ids = prompt_ids + continuation_ids`` with
+  ``logprob_start_len = len(prompt_ids) - 1``: nothing is re-tokenised, so a continuation whose first
+  token would merge with the prompt's last (``\n`` after the ``<think>\n`` pre-fill) scores exactly;
+- **with images** the request is text (the server's processor places the images), and
+  ``logprob_start_len`` is the *expanded* prompt length - 1, computed here with the model's processor
+  (each image placeholder becomes ``prod(image_grid_thw) / merge_size²`` tokens), so the server returns
+  logprobs for the continuation only, not for thousands of image tokens. The last len(continuation)
+  entries are taken and their **token ids verified** against the continuation; a mismatch
+  (re-tokenisation drift) is an error, never a silently wrong number.
+
+Token texts are not requested (``return_text_in_logprobs`` would double the reply); they are decoded
+here from the ids with the same tokenizer, the chosen tokens at once, the alternatives only when
+something reads them.
 """
 from __future__ import annotations
 
@@ -55,6 +67,7 @@ class SGLangBackend:
         self.policy = policy
         self._client = client or make_client()
         self._decode_cache: dict[int, str] = {}
+        self._proc = None
 
     def _decode(self, tid: int) -> str:
         s = self._decode_cache.get(tid)
@@ -76,19 +89,21 @@ class SGLangBackend:
             raise BackendError(f"{what}: {self.url} reply has no meta_info: {str(resp)[:300]}")
         return resp
 
-    async def generate(self, messages: list[dict], sampling: SamplingParams | None = None) -> ModelOutput:
-        sp = sampling or SamplingParams()
+    def generate_payload(self, messages: list[dict], sp: SamplingParams) -> tuple[dict, str, list]:
+        """(the /generate body, the rendered prompt, the images) for a generation."""
         prompt, images = self.render(messages, sp.template_kwargs())
-        params = {"temperature": sp.temperature, "top_p": sp.top_p, "max_new_tokens": sp.max_tokens,
-                  "skip_special_tokens": False}
-        if sp.stop:
-            params["stop"] = list(sp.stop)
+        params = {**sp.server_params(), "skip_special_tokens": False}
         if sp.seed is not None:
-            params["sampling_seed"] = sp.seed
+            params["sampling_seed"] = sp.seed  # only honoured by a server started with --enable-deterministic-inference
         payload = {"text": prompt, "sampling_params": params, "return_logprob": True,
                    "top_logprobs_num": sp.top_logprobs}
         if images:
             payload["image_data"] = [im.data_uri() for im in images]
+        return payload, prompt, images
+
+    async def generate(self, messages: list[dict], sampling: SamplingParams | None = None) -> ModelOutput:
+        sp = sampling or SamplingParams()
+        payload, prompt, images = self.generate_payload(messages, sp)
         t0 = time.perf_counter()
         resp = await self._post(payload, "generate")
         out = self.parse_generate(resp, sp, prompt)
@@ -117,26 +132,60 @@ class SGLangBackend:
             backend=self.name, model=self.model, response=resp, top_k_requested=sp.top_logprobs,
         )
 
+    def _processor(self):
+        if self._proc is None:
+            try:
+                from transformers import AutoProcessor
+
+                self._proc = AutoProcessor.from_pretrained(self.model_dir)
+            except Exception as e:  # noqa: BLE001 - any failure: say what is needed
+                raise BackendError(f"{self.model_dir}: scoring with images needs the model's processor to place the "
+                                   f"scored tokens after the images ({type(e).__name__}: {e}); install torch and "
+                                   "torchvision (present on an SGLang node) or score without images") from None
+        return self._proc
+
+    def expanded_prompt_len(self, prompt: str, images: list) -> int:
+        """Prompt length in tokens after the server expands each image placeholder (Qwen-VL rule)."""
+        proc = self._processor()
+        grid = proc.image_processor(images=[im.pil() for im in images])["image_grid_thw"]
+        merge = int(getattr(proc.image_processor, "merge_size", 2))
+        per_image = [int(g[0]) * int(g[1]) * int(g[2]) // (merge * merge) for g in grid.tolist()]
+        n = len(self.tok(prompt, add_special_tokens=False)["input_ids"])
+        return n + sum(per_image) - len(per_image)
+
+    def score_payload(self, messages: list[dict], continuation: Continuation, *, top_logprobs: int = DEFAULT_TOP_LOGPROBS,
+                      enable_thinking: bool | None = True) -> tuple[dict, list[int], str, list]:
+        """(the /generate body, the continuation ids, the prompt, the images) for teacher-forced scoring."""
+        kw = {"enable_thinking": enable_thinking} if enable_thinking is not None else {}
+        prompt, images = self.render(messages, kw)
+        ids = list(continuation.ids) if continuation.ids else self.tok(continuation.text, add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise BackendError("empty continuation: nothing to score")
+        # scoring samples nothing: greedy, the neutral set spelled out so no server default applies
+        params = {"max_new_tokens": 0, "temperature": 0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
+                  "repetition_penalty": 1.0}
+        common = {"sampling_params": params, "return_logprob": True, "top_logprobs_num": int(top_logprobs)}
+        if not images:
+            prompt_ids = self.tok(prompt, add_special_tokens=False)["input_ids"]
+            return ({"input_ids": prompt_ids + ids, "logprob_start_len": max(len(prompt_ids) - 1, 0), **common},
+                    ids, prompt, images)
+        cont_text = self.tok.decode(ids, skip_special_tokens=False) if continuation.ids else continuation.text
+        start = self.expanded_prompt_len(prompt, images) - 1
+        return ({"text": prompt + cont_text, "image_data": [im.data_uri() for im in images],
+                 "logprob_start_len": max(start, 0), **common}, ids, prompt, images)
+
     async def score(self, messages: list[dict], continuation: Continuation, *, top_logprobs: int = DEFAULT_TOP_LOGPROBS,
                     enable_thinking: bool | None = True, temperature: float | None = None) -> ScoredTokens:
         if temperature:
             raise BackendError("SGLang's prompt (input) logprobs are raw; scaled scoring is not available")
-        kw = {"enable_thinking": enable_thinking} if enable_thinking is not None else {}
-        prompt, images = self.render(messages, kw)
-        ids = list(continuation.ids) if continuation.ids else self.tok(continuation.text, add_special_tokens=False)["input_ids"]
-        cont_text = self.tok.decode(ids, skip_special_tokens=False) if continuation.ids else continuation.text
-        n_prompt = len(self.tok(prompt, add_special_tokens=False)["input_ids"])
-        payload = {"text": prompt + cont_text, "sampling_params": {"max_new_tokens": 0, "temperature": 0},
-                   "return_logprob": True, "logprob_start_len": max(n_prompt - 1, 0),
-                   "top_logprobs_num": int(top_logprobs)}
-        if images:
-            payload["image_data"] = [im.data_uri() for im in images]
+        payload, ids, prompt, images = self.score_payload(messages, continuation, top_logprobs=top_logprobs,
+                                                          enable_thinking=enable_thinking)
         resp = await self._post(payload, "score")
         tokens = self.parse_score(resp, ids)
         mark_think(tokens, prompt.rstrip().endswith(THINK_OPEN))
         return ScoredTokens(tokens=tokens, semantics=LogprobSemantics("raw"), backend=self.name, model=self.model,
                             request={"endpoint": self.url, "messages": record_messages(messages), "continuation_ids": ids,
-                                     "image_sha256": [im.sha256 for im in images],
+                                     "image_sha256": [im.sha256 for im in images], "by": "ids" if not images else "text",
                                      "logprob_start_len": payload["logprob_start_len"]},
                             response=resp, top_k_requested=int(top_logprobs))
 

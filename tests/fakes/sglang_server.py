@@ -33,15 +33,22 @@ DEFAULT_REPLY = "Let me look at the picture.</think>\n\nIt shows a red square."
 
 
 class _Tok:
-    """Tokenizer wrapper: the tiny model's real tokenizer when given, else one id per character."""
+    """Tokenizer wrapper: the tiny model's real tokenizer (and processor) when given, else one id per character."""
 
     def __init__(self, tok_dir: str | None):
-        self.hf = None
+        self.hf = self.proc = None
         if tok_dir:
             from transformers import AutoTokenizer
 
             self.hf = AutoTokenizer.from_pretrained(tok_dir)
+            try:
+                from transformers import AutoProcessor
+
+                self.proc = AutoProcessor.from_pretrained(tok_dir)
+            except Exception:  # noqa: BLE001 - a tokenizer-only directory: fixed expansion
+                self.proc = None
         self.image_pad = self.encode("<|image_pad|>")[0] if self.hf else 9001
+        self._n_cache: dict[int, int] = {}
 
     def encode(self, text: str) -> list[int]:
         if self.hf:
@@ -52,6 +59,24 @@ class _Tok:
         if self.hf:
             return self.hf.decode([i], skip_special_tokens=False)
         return chr(i) if i < 0x110000 else "?"
+
+    def image_tokens(self, data_uri: str) -> int:
+        """How many tokens one image placeholder becomes: the processor's image_grid_thw / merge_size² (as
+        SGLang's Qwen-VL processing does), or IMAGE_EXPANSION without a processor."""
+        if self.proc is None:
+            return IMAGE_EXPANSION
+        key = hash(data_uri)
+        if key not in self._n_cache:
+            import base64
+            import io
+
+            from PIL import Image
+
+            img = Image.open(io.BytesIO(base64.b64decode(data_uri.split(",", 1)[1]))).convert("RGB")
+            g = self.proc.image_processor(images=[img])["image_grid_thw"][0].tolist()
+            merge = int(getattr(self.proc.image_processor, "merge_size", 2))
+            self._n_cache[key] = int(g[0] * g[1] * g[2]) // (merge * merge)
+        return self._n_cache[key]
 
 
 def _top(tid: int, k: int, pos: int, tok: _Tok, with_text: bool):
@@ -103,29 +128,38 @@ class _Handler(JSONHandler):
         if fault == "400":
             return self._send(400, {"object": "error", "message": "bad request", "code": 400})
         if self.path == "/generate":
-            return self._send(200, self._generate(req, drift=(fault == "drift")))
+            res = self._generate(req, drift=(fault == "drift"))
+            return self._send(*res) if isinstance(res, tuple) else self._send(200, res)
         if self.path == "/v1/chat/completions":
             return self._send(200, self._chat_cached(req))
         self._send(404, {"detail": "Not Found"})
 
     # -------------------------------------------------------------- native
-    def _expand(self, ids: list[int], n_images: int) -> list[int]:
-        out = []
+    def _expand(self, ids: list[int], images: list) -> list[int]:
+        out, k = [], 0
         for i in ids:
-            out.extend([i] * (IMAGE_EXPANSION if i == self.server.tok.image_pad and n_images else 1))
+            if i == self.server.tok.image_pad and k < len(images):
+                out.extend([i] * self.server.tok.image_tokens(images[k]))
+                k += 1
+            else:
+                out.append(i)
         return out
 
-    def _generate(self, req: dict, drift: bool) -> dict:
+    def _generate(self, req: dict, drift: bool):
         tok = self.server.tok
         sp = req.get("sampling_params") or {}
         k = int(req.get("top_logprobs_num") or 0)
         with_text = bool(req.get("return_text_in_logprobs"))
-        prompt_ids = self._expand(tok.encode(req.get("text", "")), len(req.get("image_data") or []))
+        ids_in = list(req["input_ids"]) if req.get("input_ids") is not None else tok.encode(req.get("text", ""))
+        prompt_ids = self._expand(ids_in, req.get("image_data") or [])
         meta = {"id": "16364db12c7841408db86b720b5d37b9", "prompt_tokens": len(prompt_ids), "weight_version": "default",
                 "total_retractions": 0, "cached_tokens": 0}
         if int(sp.get("max_new_tokens", 16)) == 0:
             start = int(req.get("logprob_start_len", -1))
             start = len(prompt_ids) - 1 if start < 0 else start
+            if start > len(prompt_ids):  # SGLang's scheduler refuses it (it indexes the *expanded* prompt)
+                return 400, {"object": "error", "message": f"req.logprob_start_len={start} is higher than the number of "
+                                                           f"input tokens len(req.origin_input_ids)={len(prompt_ids)}"}
             ids = prompt_ids[start:]
             if drift:
                 ids = ids[:-1] + [ids[-1] + 1]
