@@ -90,13 +90,28 @@ def _ids(data, url: str) -> list[str]:
     return ids
 
 
+async def _deterministic(b, root: str) -> bool | None:
+    """Whether an SGLang server runs with --enable-deterministic-inference (seeds only work then); None: unknown."""
+    for path in ("/server_info", "/get_server_info"):
+        try:
+            info = await request_json(b._client, "GET", root + path, headers=getattr(b, "_headers", None),
+                                      policy=PREFLIGHT_POLICY, what="server info")
+        except HTTPError:
+            continue
+        if isinstance(info, dict) and "enable_deterministic_inference" in info:
+            return bool(info["enable_deterministic_inference"])
+    return None
+
+
 async def _openai_identity(b) -> dict:
     url = b.base + "/models"
     ids = _ids(await _get(b, url, "list models"), url)
     if b.model and b.model not in ids:
         raise PreflightError(f"{b.base} does not serve {b.model!r}; it serves {', '.join(ids[:10])}")
     b.model = b.model or ids[0]
-    return {"backend": f"openai:{b.server}", "served_model": b.model, "weights": None, "fingerprint": None}
+    det = await _deterministic(b, b.base.removesuffix("/v1")) if b.server == "sglang" else None
+    return {"backend": f"openai:{b.server}", "served_model": b.model, "weights": None, "fingerprint": None,
+            "deterministic": det}
 
 
 async def _sglang_identity(b) -> dict:
@@ -112,7 +127,8 @@ async def _sglang_identity(b) -> dict:
         raise PreflightError(
             f"{root} serves the weights {weights!r} but --model-dir is {b.model_dir!s}: the prompts would be "
             "rendered with another model's chat template and the records would name the wrong model")
-    return {"backend": "sglang", "served_model": served, "weights": weights, "fingerprint": None}
+    return {"backend": "sglang", "served_model": served, "weights": weights, "fingerprint": None,
+            "deterministic": await _deterministic(b, root)}
 
 
 def same_model(recorded: dict | None, current: dict | None) -> str | None:

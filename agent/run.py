@@ -211,6 +211,10 @@ async def _run_locked(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends
             print(f"--allow-missing-images: {len(skipped_images)} samples skipped for a missing or unreadable image "
                   f"(first: {skipped_images[0][0]}: {skipped_images[0][1]})", file=sys.stderr)
         ident = await identify_backends(cfg, backends)
+        if cfg.seed is not None and ident.get("deterministic") is False:
+            print("WARNING: --seed has no effect on this server: it runs without --enable-deterministic-inference "
+                  "(serving/launch_qwen35.sh --deterministic); recorded in header.json (model.deterministic)",
+                  file=sys.stderr)
         header = rd.write_header(header_for(cfg, manifest, argv, ident), force=cfg.force)
         if skipped_images:
             rd.note_skipped(skipped_images)

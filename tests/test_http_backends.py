@@ -192,3 +192,30 @@ async def test_both_paths_send_the_full_sampling_set(native, fake_sglang, red_im
     body = fake_sglang.bodies[-1]
     assert (body["top_k"], body["min_p"], body["repetition_penalty"], body["seed"]) == (-1, 0.0, 1.0, 7)
     await chat.aclose()
+
+
+def test_a_hub_id_model_dir_resolves_from_the_local_cache_only(tmp_path, tiny_model_dir, monkeypatch):
+    import shutil
+
+    cache = tmp_path / "hub"
+    snap = cache / "models--Qwen--Qwen3.5-27B" / "snapshots" / "0123abcd"
+    shutil.copytree(tiny_model_dir, snap)
+    (cache / "models--Qwen--Qwen3.5-27B" / "refs").mkdir()
+    (cache / "models--Qwen--Qwen3.5-27B" / "refs" / "main").write_text("0123abcd")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import importlib
+
+    import huggingface_hub.constants as c
+
+    importlib.reload(c)
+    try:
+        b = SGLangBackend("http://127.0.0.1:1", "Qwen/Qwen3.5-27B")
+        assert b.model_dir_name == "Qwen3.5-27B" and str(b.model_dir) == str(snap)
+        with pytest.raises(BackendError, match="not in the local Hugging Face cache.*huggingface-cli download Qwen/Qwen3.5-9B"):
+            SGLangBackend("http://127.0.0.1:1", "Qwen/Qwen3.5-9B")
+        with pytest.raises(BackendError, match="model directory not found"):
+            SGLangBackend("http://127.0.0.1:1", str(tmp_path / "nowhere" / "x" / "y"))
+    finally:
+        monkeypatch.undo()
+        importlib.reload(c)

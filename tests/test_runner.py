@@ -329,3 +329,22 @@ def test_errors_give_exit_3_with_the_retry_command_and_a_streak_stops_the_run(tm
         err = capsys.readouterr().err
         assert rc == 4 and "3 harness errors in a row" in err
         assert len(RunDir(tmp_path / "b").read_lines()) == 3
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_header_records_whether_the_server_is_deterministic(tmp_path, capsys, deterministic):
+    from tests.fakes.sglang_server import FakeServer
+
+    srv = FakeServer(deterministic=deterministic)
+    import threading
+
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        assert run_main(_cli(srv.url, tmp_path / "r", "--limit", "1", "--seed", "5")) == 0
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    h = json.loads((tmp_path / "r" / "header.json").read_text())
+    assert h["model"]["deterministic"] is deterministic
+    warned = "--seed has no effect" in capsys.readouterr().err
+    assert warned is (not deterministic)

@@ -72,12 +72,49 @@ def test_dry_run_other_layouts_and_router():
     r = sh([LAUNCH, "--dry-run", "--tp", "2", "9b", "9b", "9b", "9b"])
     assert [c[1] for c in commands(r.stdout)] == [f"CUDA_VISIBLE_DEVICES={a},{a + 1}" for a in (0, 2, 4, 6)]
     r = sh([LAUNCH, "--dry-run", "--router", "27b", "27b"])
-    router = [line for line in r.stdout.splitlines() if "sglang_router.launch_router" in line][0]
-    assert "--worker-urls http://127.0.0.1:30000 http://127.0.0.1:30001 --policy cache_aware" in router
+    router = [line for line in r.stdout.splitlines() if "sglang_router.launch_router" in line]
+    assert len(router) == 1  # replicas of one model share one router
+    assert "--worker-urls http://127.0.0.1:30000 http://127.0.0.1:30001 --policy cache_aware" in router[0]
     r = sh([LAUNCH, "--dry-run", "--logprobs", "both"])
-    assert r.returncode != 0 and "scaled or raw" in r.stderr
+    assert r.returncode != 0 and "invalid choice: 'both'" in r.stderr
     r = sh([LAUNCH, "--dry-run", "70b"])
-    assert r.returncode != 0 and "unknown argument '70b'" in r.stderr
+    assert r.returncode != 0 and "unknown model '70b'; the models are: 9b, 27b, 35b-a3b" in r.stderr
+
+
+def test_a_router_never_mixes_models():
+    r = sh([LAUNCH, "--dry-run", "--router", "--router-port", "31100", "9b", "27b"])
+    routers = [line for line in r.stdout.splitlines() if "sglang_router.launch_router" in line]
+    assert len(routers) == 2
+    assert "--worker-urls http://127.0.0.1:30000 --policy" in routers[0] and "--port 31100" in routers[0]
+    assert "--worker-urls http://127.0.0.1:30001 --policy" in routers[1] and "--port 31101" in routers[1]
+
+
+def test_dry_run_tells_the_client_flags_log_stop_and_memory(tmp_path):
+    w = tmp_path / "models" / "Qwen3.5-27B"
+    w.mkdir(parents=True)
+    (w / "config.json").write_text(json.dumps({"text_config": {
+        "num_key_value_heads": 4, "head_dim": 256, "layer_types": ["linear_attention"] * 48 + ["full_attention"] * 16}}))
+    (w / "model-00001.safetensors").write_bytes(b"\0" * 1000)
+    r = sh([LAUNCH, "--dry-run", "--run-dir", str(tmp_path / "s"), "27b"],
+           env={"MODEL_DIR": str(tmp_path / "models"), "MMCF_GPU_MEM_GB": "96"})
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert f"clients: --backend sglang --endpoint http://127.0.0.1:30000 --model-dir {w} --logprob-mode scaled" in out
+    assert f"log: {tmp_path / 's'}/qwen3.5-27b-30000.log" in out
+    assert f"stop: bash serving/stop.sh --run-dir {tmp_path / 's'}" in out
+    # 2 (K, V) x 16 full-attention layers x ceil(4 KV heads / TP 4) x head dim 256 x 2 bytes = 16 KiB per token per GPU
+    assert "memory (estimate):" in out and "KV 16 KiB/token per GPU" in out and "96 GB x 0.85" in out
+    assert not (tmp_path / "s").exists()  # a dry run writes nothing
+
+
+def test_dry_run_refuses_more_models_than_gpu_groups_and_help_is_usage():
+    r = sh([LAUNCH, "--dry-run", "--gpu-groups", "0,1,2,3 4,5,6,7", "9b", "27b", "35b-a3b"])
+    assert r.returncode != 0 and "3 model(s) (9b 27b 35b-a3b) need 3 GPU groups of 4 GPUs (12 GPUs in all)" in r.stderr
+    r = sh([LAUNCH, "--dry-run", "9b", "27b", "35b-a3b"], env={"MMCF_GPU_COUNT": "8"})
+    assert r.returncode != 0 and "GPU 8 requested" in r.stderr and "need 12 GPUs" in r.stderr
+    r = sh([LAUNCH, "--help"])
+    assert r.returncode == 0 and r.stdout.startswith("usage:") and "set -euo" not in r.stdout
+    assert "examples:" in r.stdout
 
 
 def _standin_env(**kw):
@@ -93,9 +130,11 @@ def test_launch_ready_check_and_stop(tmp_path):
         assert r.returncode == 0, r.stdout + r.stderr
         assert f"ready: http://127.0.0.1:{p}  model=qwen3.5-9b" in r.stdout
         assert f"ready: http://127.0.0.1:{p + 1}  model=qwen3.5-35b-a3b" in r.stdout
+        assert f"clients: --backend sglang --endpoint http://127.0.0.1:{p} --model-dir Qwen/Qwen3.5-9B" in r.stdout
         eps = json.loads((run_dir / "endpoints.json").read_text())
-        assert [e["model"] for e in eps] == ["qwen3.5-9b", "qwen3.5-35b-a3b"] and eps[0]["logprob_mode"] == "scaled"
-        assert eps[1]["gpus"] == "4,5,6,7"
+        assert [e["served_model"] for e in eps] == ["qwen3.5-9b", "qwen3.5-35b-a3b"] and eps[0]["logprob_mode"] == "scaled"
+        assert eps[1]["gpus"] == "4,5,6,7" and all(e["status"] == "running" for e in eps)
+        assert eps[0]["deterministic"] is False
         for name in (f"qwen3.5-9b-{p}", f"qwen3.5-35b-a3b-{p + 1}"):
             assert (run_dir / f"{name}.pid").exists() and (run_dir / f"{name}.log").exists()
             assert "CUDA_VISIBLE_DEVICES=" in (run_dir / f"{name}.cmd").read_text()
@@ -111,6 +150,7 @@ def test_launch_ready_check_and_stop(tmp_path):
         s = sh([STOP, "--run-dir", str(run_dir)])
     assert s.returncode == 0 and s.stdout.count("stopped") == 2
     assert not list(run_dir.glob("*.pid"))
+    assert all(e["status"] == "stopped" for e in json.loads((run_dir / "endpoints.json").read_text()))
     for port in (p, p + 1):
         with pytest.raises(OSError):
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
@@ -123,9 +163,11 @@ def test_router_front(tmp_path):
             "27b"], env=_standin_env(MMCF_SGLANG_ROUTER_CMD=STANDIN))
     try:
         assert r.returncode == 0, r.stdout + r.stderr
-        assert f"ready: router http://127.0.0.1:{rp}" in r.stdout
+        assert f"ready: router http://127.0.0.1:{rp} for qwen3.5-27b" in r.stdout
         cmd = (run_dir / f"router-{rp}.cmd").read_text()
         assert f"--worker-urls http://127.0.0.1:{p} --policy cache_aware" in cmd
+        router = [e for e in json.loads((run_dir / "endpoints.json").read_text()) if e["kind"] == "router"]
+        assert router[0]["served_model"] == "qwen3.5-27b" and router[0]["router_of"] == [f"http://127.0.0.1:{p}"]
     finally:
         s = sh([STOP, "--run-dir", str(run_dir)])
     assert s.stdout.count("stopped") == 2
@@ -184,3 +226,23 @@ def test_shellcheck_clean():
     files = [LAUNCH, STOP, *map(str, (REPO / "scripts").glob("*.sh")), str(REPO / ".ci" / "run")]
     r = subprocess.run([sc, *files], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout
+
+
+def test_progress_while_waiting_and_stop_finds_other_run_dirs(tmp_path):
+    slow = tmp_path / "slow.py"
+    slow.write_text("import os, sys, time\nprint('Loading safetensors checkpoint shards: 3/7', flush=True)\n"
+                    "time.sleep(2.5)\nos.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n")
+    p = free_port()
+    run_dir = tmp_path / "elsewhere"
+    env = {"MMCF_SGLANG_SERVER_CMD": f"{sys.executable} {slow} {REPO / 'tests' / 'fakes' / 'sglang_server.py'}",
+           "MMCF_GPU_COUNT": "8", "MMCF_PROGRESS_EVERY_S": "0.5", "MMCF_STATE_DIR": str(tmp_path / "state")}
+    r = sh([LAUNCH, "--port", str(p), "--run-dir", str(run_dir), "--timeout", "60", "9b"], env=env)
+    try:
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "waiting for qwen3.5-9b" in r.stdout and "Loading safetensors checkpoint shards: 3/7" in r.stdout
+        # stop.sh without --run-dir: nothing in the default dir, so it names the directory that has servers
+        s = subprocess.run(["bash", STOP], cwd=tmp_path, env={**os.environ, **env}, capture_output=True, text=True)
+        assert f"bash serving/stop.sh --run-dir {run_dir}" in s.stdout
+    finally:
+        s = sh([STOP, "--run-dir", str(run_dir)], env=env)
+    assert "stopped" in s.stdout

@@ -40,9 +40,9 @@ def _import_torch():
 
 def load_chat_renderer(model_dir: str | os.PathLike):
     """The tokenizer of a model directory with its chat template loaded (no torch needed)."""
-    path = Path(model_dir)
-    if not path.is_dir():
-        raise BackendError(f"{path}: model directory not found")
+    from .hub import resolve_model_dir
+
+    path = resolve_model_dir(model_dir)
     try:
         from transformers import AutoTokenizer
     except ImportError as e:
@@ -85,8 +85,10 @@ class LocalBackend:
         if logprob_mode not in ("raw", "scaled"):
             raise ValueError(f"logprob_mode must be 'raw' or 'scaled', got {logprob_mode!r}")
         torch = _import_torch()
-        path = Path(model_dir)
-        if not path.is_dir() or not (path / "config.json").exists():
+        from .hub import resolve_model_dir
+
+        path = resolve_model_dir(model_dir)
+        if not (path / "config.json").exists():
             raise BackendError(f"{path}: model directory not found (expected a config.json there)")
         from transformers import AutoModelForImageTextToText, AutoProcessor, GenerationConfig
 

@@ -108,7 +108,9 @@ def load_image(ref: str | os.PathLike, *, base_dir: str | os.PathLike | None = N
         return ImageData(hashlib.sha256(data).hexdigest(), data, mime, "data-uri", w, h)
     if ref.startswith(("http://", "https://")):
         if not fetch_urls:
-            raise ImageError(f"{ref}: image URLs are passed to the server as they are; this backend needs a local file or data URI")
+            raise ImageError(f"{ref}: an http(s) image URL; the SGLang native backend needs a local file or a data URI "
+                             "(download the image first). The openai backend passes URLs to the server as they are; "
+                             "the local backend downloads them")
         import httpx
 
         try:

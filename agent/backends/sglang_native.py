@@ -58,11 +58,16 @@ class SGLangBackend:
         if not str(endpoint).startswith(("http://", "https://")):
             raise BackendError(f"endpoint {endpoint!r} is not an http(s) URL")
         self.url = endpoint.rstrip("/").removesuffix("/v1") + "/generate"
+        name = str(model_dir).rstrip("/").split("/")[-1]  # "Qwen3.5-27B" for a path or a hub id
+        if renderer is None:
+            from .hub import resolve_model_dir
+
+            model_dir = resolve_model_dir(model_dir)  # a directory, or a hub id in the local HF cache
         self.tok = renderer or load_chat_renderer(model_dir)
-        self.model = model or str(model_dir).rstrip("/").split("/")[-1]
+        self.model = model or name
         self.model_dir = model_dir
         self.model_arg = model   # the served name the user asked for (None: whatever the server serves)
-        self.model_dir_name = str(model_dir).rstrip("/").split("/")[-1]
+        self.model_dir_name = name
         self.logprob_mode = logprob_mode
         self.policy = policy
         self._client = client or make_client()
@@ -137,7 +142,7 @@ class SGLangBackend:
             try:
                 from transformers import AutoProcessor
 
-                self._proc = AutoProcessor.from_pretrained(self.model_dir)
+                self._proc = AutoProcessor.from_pretrained(str(self.model_dir))
             except Exception as e:  # noqa: BLE001 - any failure: say what is needed
                 raise BackendError(f"{self.model_dir}: scoring with images needs the model's processor to place the "
                                    f"scored tokens after the images ({type(e).__name__}: {e}); install torch and "

@@ -101,6 +101,9 @@ class _Handler(JSONHandler):
             return self._send(200, {"object": "list", "data": [{"id": self.server.model_name, "object": "model",
                                     "created": 1777365666, "owned_by": "sglang", "root": self.server.model_name,
                                     "parent": None, "max_model_len": 262144}]})
+        if self.path in ("/server_info", "/get_server_info"):
+            return self._send(200, {"model_path": self.server.model_name, "tp_size": 1, "version": "0.5.23",
+                                    "enable_deterministic_inference": self.server.deterministic})
         if self.path == "/get_model_info":
             return self._send(200, {"model_path": self.server.model_name, "tokenizer_path": self.server.model_name,
                                     "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
@@ -245,12 +248,13 @@ class FakeServer(ThreadingHTTPServer):
     request_queue_size = 256  # listen() backlog: the default 5 drops bursts of connections (1 s SYN retries)
 
     def __init__(self, port: int = 0, *, model_name: str = "fake-qwen3.5", tokenizer_dir: str | None = None,
-                 reply: str = DEFAULT_REPLY, latency_s: float = 0.0):
+                 reply: str = DEFAULT_REPLY, latency_s: float = 0.0, deterministic: bool = False):
         super().__init__(("127.0.0.1", port), _Handler)
         self.model_name = model_name
         self.tok = _Tok(tokenizer_dir)
         self.reply = reply
         self.latency_s = latency_s
+        self.deterministic = deterministic
         self.faults: list = []
         self.chat_cache: dict = {}
         self.requests: list[str] = []
@@ -286,9 +290,10 @@ def main() -> None:
     ap.add_argument("--tokenizer")
     ap.add_argument("--latency", type=float, default=0.0, help="seconds to wait before each POST reply")
     ap.add_argument("--reply", default=DEFAULT_REPLY, help="the text every generation returns")
+    ap.add_argument("--enable-deterministic-inference", dest="deterministic", action="store_true")
     args, _unknown = ap.parse_known_args()
     srv = FakeServer(args.port, model_name=args.model_name, tokenizer_dir=args.tokenizer, reply=args.reply,
-                     latency_s=args.latency)
+                     latency_s=args.latency, deterministic=args.deterministic)
     print(f"fake sglang serving {args.model_name} on {srv.url}", flush=True)
     srv.serve_forever()
 

@@ -1,0 +1,124 @@
+"""Stop the servers (and routers) that serving/launch_qwen35.sh started, and nothing else.
+
+    bash serving/stop.sh [--run-dir DIR] [--timeout S]          # = python -m serving.stop
+
+Reads DIR/*.pid (default .serve, or $MMCF_SERVE_DIR); a PID is signalled only if that process is still the
+one the launcher started (its command line carries the port recorded in its name). Each process group gets
+SIGTERM, then SIGKILL after --timeout seconds (default 30); its entry in DIR/endpoints.json is marked
+``"status": "stopped"``. With no servers in DIR, it lists the other run directories the launcher
+remembers that still have live servers, with the exact command that stops them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from serving.launch import _alive, state_file
+
+__all__ = ["stop_dir", "main"]
+
+
+def _cmdline(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
+
+
+def _live(run_dir: Path) -> list[Path]:
+    out = []
+    for f in sorted(run_dir.glob("*.pid")):
+        try:
+            pid = int(f.read_text().strip())
+        except ValueError:
+            continue
+        cmd = _cmdline(pid)
+        if cmd and f.stem.rsplit("-", 1)[-1] in cmd and _alive(pid):
+            out.append(f)
+    return out
+
+
+def stop_dir(run_dir: Path, timeout: float = 30.0) -> list[str]:
+    """Stop what ``run_dir`` records; returns one line per PID file."""
+    lines, stopped_pids = [], set()
+    for f in sorted(run_dir.glob("*.pid")):
+        name = f.stem
+        try:
+            pid = int(f.read_text().strip())
+        except ValueError:
+            lines.append(f"{name}: unreadable PID file; removed")
+            f.unlink()
+            continue
+        cmd = _cmdline(pid)
+        if cmd is None or not _alive(pid):
+            lines.append(f"{name}: not running (pid {pid})")
+            f.unlink()
+            stopped_pids.add(pid)
+            continue
+        if name.rsplit("-", 1)[-1] not in cmd:
+            lines.append(f"{name}: pid {pid} now belongs to another program; left alone")
+            f.unlink()
+            continue
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except OSError:
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.time() + timeout
+        while time.time() < deadline and _alive(pid):
+            time.sleep(0.1)
+        if _alive(pid):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+            lines.append(f"{name}: killed (pid {pid} did not stop within {timeout:g}s)")
+        else:
+            lines.append(f"{name}: stopped (pid {pid})")
+        f.unlink()
+        stopped_pids.add(pid)
+    ep = run_dir / "endpoints.json"
+    if ep.exists() and stopped_pids:
+        try:
+            entries = json.loads(ep.read_text())
+            for e in entries:
+                if e.get("pid") in stopped_pids:
+                    e["status"] = "stopped"
+            tmp = ep.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(entries, indent=2))
+            os.replace(tmp, ep)
+        except (OSError, ValueError):
+            lines.append(f"{ep}: unreadable; left as it is")
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="bash serving/stop.sh", description=__doc__.split("\n\n")[0],
+                                 epilog="example: bash serving/stop.sh --run-dir .serve")
+    ap.add_argument("--run-dir", default=os.environ.get("MMCF_SERVE_DIR", ".serve"),
+                    help="the launcher's --run-dir (default: .serve)")
+    ap.add_argument("--timeout", type=float, default=30, help="seconds between SIGTERM and SIGKILL (default: 30)")
+    a = ap.parse_args(argv)
+    run_dir = Path(a.run_dir).resolve()
+    if not list(run_dir.glob("*.pid")):
+        print(f"stop.sh: no servers recorded in {run_dir}")
+        others = []
+        sf = state_file()
+        if sf.exists():
+            for d in dict.fromkeys(x for x in sf.read_text().splitlines() if x.strip()):
+                if Path(d) != run_dir and Path(d).is_dir() and _live(Path(d)):
+                    others.append(d)
+        for d in others:
+            print(f"  servers are running from {d}: bash serving/stop.sh --run-dir {d}")
+        return 0
+    for line in stop_dir(run_dir, a.timeout):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

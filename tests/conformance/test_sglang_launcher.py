@@ -1,0 +1,42 @@
+"""The launcher's server and router command lines parse under SGLang's and sglang-router's own argument parsers."""
+from __future__ import annotations
+
+import pytest
+
+from serving.launch import build_parser, plan, router_command, _router_plan
+
+
+def _args(*argv):
+    a = build_parser().parse_args(list(argv))
+    a.python = "python3"
+    a.models = a.models or ["9b", "27b"]
+    return a
+
+
+@pytest.mark.parametrize("argv", [(), ("--logprobs", "raw", "--deterministic", "35b-a3b"),
+                                  ("--tp", "8", "--gpu-groups", "0,1,2,3,4,5,6,7", "27b")])
+def test_server_command_lines_parse_under_sglangs_parser(sglang, monkeypatch, argv):
+    monkeypatch.delenv("MMCF_SGLANG_SERVER_CMD", raising=False)
+    monkeypatch.setenv("SGLANG_EXTRA_ARGS", "--log-level info")
+    monkeypatch.setenv("MMCF_GPU_COUNT", "8")
+    a = _args(*argv)
+    for s in plan(a):
+        assert s.cmd[:3] == ["python3", "-m", "sglang.launch_server"]
+        res = sglang.ask("server_args", argv=s.cmd[3:])
+        assert res["ok"], res
+        got = res["args"]
+        assert got["tp_size"] == a.tp and got["reasoning_parser"] == "qwen3" and got["port"] == s.port
+        assert got["served_model_name"] == s.served and got["mem_fraction_static"] == 0.85
+        assert got["enable_deterministic_inference"] is a.deterministic and got["log_level"] == "info"
+
+
+def test_router_command_lines_parse_under_sglang_routers_parser(sglang, monkeypatch):
+    monkeypatch.delenv("MMCF_SGLANG_ROUTER_CMD", raising=False)
+    a = _args("--router", "9b", "9b", "27b")
+    routers = _router_plan(a, plan(a))
+    assert [m for m, _, _ in routers] == ["qwen3.5-9b", "qwen3.5-27b"]
+    for _, port, urls in routers:
+        cmd = router_command(urls, port, a)
+        res = sglang.ask("router_args", argv=cmd[3:])
+        assert res["ok"], res
+        assert res["worker_urls"] == urls and res["policy"] == "cache_aware" and res["port"] == port
