@@ -101,6 +101,28 @@ def _norm_category(raw, line: int, sid: str, problems: list[Problem]):
     return raw
 
 
+def _inside_imgs(im) -> bool:
+    """Whether a manifest's image path stays inside the benchmark's imgs/ (relative, no '..')."""
+    if not isinstance(im, str) or not im or im.startswith(("/", "\\")) or ":" in im.split("/")[0]:
+        return False
+    return ".." not in Path(im).parts
+
+
+def _image_problem(path: Path) -> tuple[str, str] | None:
+    """(kind, detail) when the image cannot be used: missing, not a file, too large, not an image."""
+    from .backends.messages import ImageError, load_image, max_image_bytes
+
+    if not path.exists():
+        return "missing_image", f"{path} not found"
+    try:
+        if path.is_file() and path.stat().st_size > max_image_bytes():
+            return "image_too_large", f"{path}: {path.stat().st_size / 2**20:.1f} MB > {max_image_bytes() / 2**20:g} MB"
+        load_image(path)
+    except ImageError as e:
+        return "not_an_image", str(e)
+    return None
+
+
 def _from_hle(row: dict) -> dict:
     """WebWatcher's HLE-VL rows use question/image(s) rather than query/query_images."""
     row = dict(row)
@@ -125,8 +147,16 @@ def load_benchmark(path: str | Path, name: str | None = None, *, check_images: b
     seen: set[str] = set()
     if check_images and not img_dir.is_dir():
         problems.append(Problem(0, "", "missing_image_dir", f"{img_dir} does not exist: no query image can be loaded"))
-    with open(f, encoding="utf-8", errors="replace") as fh:
-        for n, line in enumerate(fh, 1):
+    with open(f, "rb") as fh:
+        for n, raw in enumerate(fh, 1):
+            if n == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 BOM: accepted (some editors write one)
+                raw = raw[3:]
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                problems.append(Problem(n, "", "non_utf8", f"{f.name}:{n}: bytes that are not UTF-8 at offset {e.start} "
+                                                          f"({raw[max(0, e.start - 10):e.start + 10]!r}); row skipped"))
+                continue
             if not line.strip():
                 continue
             try:
@@ -156,13 +186,19 @@ def load_benchmark(path: str | Path, name: str | None = None, *, check_images: b
             if not isinstance(imgs, list) or not imgs:
                 problems.append(Problem(n, sid, "no_query_images", "query_images missing or empty; row skipped"))
                 continue
+            outside = [im for im in imgs if not _inside_imgs(im)]
+            if outside:  # never read: a manifest must not point the toolkit at arbitrary files
+                problems.append(Problem(n, sid, "path_outside_imgs", f"image path(s) {outside[:3]} leave {img_dir} "
+                                                                     "(absolute or '..'); row refused"))
+                continue
             answer = row.get("answer")
             if answer is None or not str(answer).strip():
                 problems.append(Problem(n, sid, "empty_answer", "gold answer is empty (kept; it cannot be graded correct)"))
             if check_images and img_dir.is_dir():
                 for im in imgs:
-                    if not (img_dir / im).is_file():
-                        problems.append(Problem(n, sid, "missing_image", f"{img_dir / im} not found"))
+                    problem = _image_problem(img_dir / im)
+                    if problem:
+                        problems.append(Problem(n, sid, problem[0], problem[1]))
             cat = _norm_category(row.get("category"), n, sid, problems)
             known = {"id", "query", "query_images", "answer", "options", "gt_option", "category", "source"}
             samples.append(Sample(
@@ -251,12 +287,17 @@ def main(argv=None) -> int:
     st.add_argument("--json", action="store_true")
     st.add_argument("--strict", action="store_true", help="exit 1 if any problem was found")
     st.add_argument("--no-image-check", action="store_true", help="do not look for the image files")
+    st.add_argument("--max-image-mb", type=float, help="image size limit (default 20; MMCF_MAX_IMAGE_MB)")
     ss = sub.add_parser("subset", help="the paper's subset of one benchmark (deterministic for a seed)")
     ss.add_argument("benchmark_dir")
     ss.add_argument("--seed", type=int, default=0)
     ss.add_argument("--n", type=int)
     ss.add_argument("--out", help="write the subset's rows here (default: print ids)")
     a = ap.parse_args(argv)
+    if getattr(a, "max_image_mb", None):
+        import os
+
+        os.environ["MMCF_MAX_IMAGE_MB"] = str(a.max_image_mb)
     try:
         if a.cmd == "stats":
             ms = load_dataset_dir(a.dataset_dir, check_images=not a.no_image_check)

@@ -8,24 +8,66 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from urllib.parse import urlsplit, urlunsplit
+
 import httpx
 
-__all__ = ["HTTPError", "RetryPolicy", "request_json"]
+__all__ = ["HTTPError", "RetryPolicy", "request_json", "loads", "dumps", "scrub", "redact", "public_url", "safe_argv"]
 
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 
 
+#: Environment variables whose values are secrets: never written anywhere (redacted from error texts).
+SECRET_ENV = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.I)
+_AUTH = re.compile(r"(?i)((?:proxy-)?authorization|x-api-key|api[_-]?key|access[_-]?token|bearer)"
+                   r"(\\?[\"']?\s*[:=]?\s*\\?[\"']?\s*(?:bearer\s+|basic\s+)?)([A-Za-z0-9._~+/=-]{6,})")
+
+
+def redact(text):
+    """``text`` with the values of secret environment variables and ``Authorization``-like values replaced."""
+    if not isinstance(text, str) or not text:
+        return text
+    for k, v in os.environ.items():
+        if v and len(v) >= 6 and SECRET_ENV.search(k) and v in text:
+            text = text.replace(v, "[REDACTED]")
+    return _AUTH.sub(lambda m: m.group(1) + m.group(2) + "[REDACTED]", text)
+
+
+def public_url(url: str) -> str:
+    """The URL without credentials (``http://user:pass@host`` -> ``http://host``): what records may hold."""
+    if not isinstance(url, str) or "@" not in url:
+        return url
+    try:
+        p = urlsplit(url)
+    except ValueError:
+        return url
+    if not (p.username or p.password):
+        return url
+    host = p.hostname or ""
+    netloc = host + (f":{p.port}" if p.port else "")
+    return urlunsplit((p.scheme, netloc, p.path, p.query, p.fragment))
+
+
+def safe_argv(argv) -> list[str]:
+    """A command line fit for a record: URLs without credentials, secret values redacted."""
+    return [redact(public_url(str(a))) for a in (argv or [])]
+
+
 class HTTPError(RuntimeError):
-    """A request that failed for good (non-retryable status, retries exhausted, malformed body)."""
+    """A request that failed for good (non-retryable status, retries exhausted, malformed body).
+
+    Its message and body are redacted (:func:`redact`) and name the URL without credentials."""
 
     def __init__(self, msg: str, status: int | None = None, body: str | None = None):
-        super().__init__(msg)
+        super().__init__(redact(msg))
         self.status = status
-        self.body = body
+        self.body = redact(body)
 
 
 @dataclass(frozen=True)
@@ -52,15 +94,45 @@ except ImportError:  # pragma: no cover - orjson is a core dependency; keep work
 
 
 def loads(data: bytes):
-    return _orjson.loads(data) if _orjson is not None else json.loads(data)
+    """Parse JSON (orjson when installed). A body orjson refuses but the JSON grammar allows — a JSON-escaped
+    lone surrogate such as ``"\\ud800"`` in a model's output — is parsed by the standard library instead."""
+    if _orjson is not None:
+        try:
+            return _orjson.loads(data)
+        except ValueError:
+            pass
+    return json.loads(data)
 
 
 def dumps(obj, *, sort_keys: bool = False) -> bytes:
-    """Compact UTF-8 JSON (orjson when installed); non-finite floats become null."""
+    """Compact UTF-8 JSON (orjson when installed); non-finite floats become null.
+
+    Strings holding lone surrogates (not encodable as UTF-8) are written as JSON escapes (``\\ud800``),
+    so a record never fails to write because of what a model emitted."""
     if _orjson is not None:
         opt = _orjson.OPT_SERIALIZE_NUMPY | (_orjson.OPT_SORT_KEYS if sort_keys else 0)
-        return _orjson.dumps(obj, option=opt, default=_default)
-    return json.dumps(obj, sort_keys=sort_keys, ensure_ascii=False, separators=(",", ":"), default=_default).encode()
+        try:
+            return _orjson.dumps(obj, option=opt, default=_default)
+        except TypeError:  # "str is not valid UTF-8: surrogates not allowed"
+            return json.dumps(obj, sort_keys=sort_keys, ensure_ascii=True, separators=(",", ":"),
+                              default=_default).encode()
+    try:
+        return json.dumps(obj, sort_keys=sort_keys, ensure_ascii=False, separators=(",", ":"), default=_default).encode()
+    except UnicodeEncodeError:
+        return json.dumps(obj, sort_keys=sort_keys, ensure_ascii=True, separators=(",", ":"), default=_default).encode()
+
+
+def scrub(text):
+    """``text`` with lone surrogates (from a JSON-escaped ``\\ud800`` in a reply) replaced by U+FFFD; valid
+    pairs are kept. Model text is scrubbed where it enters the toolkit, so tokenizers, caches and records
+    never see an unencodable string."""
+    if not isinstance(text, str):
+        return text
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def _default(o):
@@ -94,8 +166,11 @@ async def request_json(
     parse: bool = True,
     on_retry: Callable[[int, str], None] | None = None,
 ) -> Any:
-    """Send a request and return its parsed JSON (or text when ``parse=False``)."""
+    """Send a request and return its parsed JSON (or text when ``parse=False``).
+
+    A 200 whose body does not parse (truncated in transit, cut by a proxy) is retried like a 5xx."""
     last, last_status = "no attempt", None
+    shown = public_url(url)
     for attempt in range(policy.retries + 1):
         try:
             if json_body is not None:
@@ -115,15 +190,16 @@ async def request_json(
                     return loads(r.content)
                 except ValueError:  # json.JSONDecodeError and orjson.JSONDecodeError are ValueErrors
                     snippet = r.text[:200].replace("\n", " ")
-                    raise HTTPError(f"{what}: {url} returned malformed JSON (status {r.status_code}): {snippet!r}",
-                                    r.status_code, r.text) from None
-            body = r.text[:500]
-            if r.status_code not in RETRY_STATUS:
-                raise HTTPError(f"{what}: {url} answered HTTP {r.status_code}: {body}", r.status_code, body)
-            last, last_status = f"HTTP {r.status_code}: {body[:200]}", r.status_code
-            retry_after = r.headers.get("retry-after")
+                    last, last_status, retry_after = (f"malformed or truncated JSON (status {r.status_code}, "
+                                                      f"{len(r.content)} bytes): {snippet!r}"), r.status_code, None
+            else:
+                body = r.text[:500]
+                if r.status_code not in RETRY_STATUS:
+                    raise HTTPError(f"{what}: {shown} answered HTTP {r.status_code}: {body}", r.status_code, body)
+                last, last_status = f"HTTP {r.status_code}: {body[:200]}", r.status_code
+                retry_after = r.headers.get("retry-after")
         if attempt < policy.retries:
             if on_retry:
                 on_retry(attempt + 1, last)
             await asyncio.sleep(policy.delay(attempt, retry_after))
-    raise HTTPError(f"{what}: {url} failed after {policy.retries + 1} attempts; last error: {last}", last_status)
+    raise HTTPError(f"{what}: {shown} failed after {policy.retries + 1} attempts; last error: {last}", last_status)

@@ -28,6 +28,7 @@ import unicodedata
 import numpy as np
 
 from .backends.base import BackendError, SamplingParams
+from .http import public_url
 from .prompts import JUDGE, fill
 from .rundir import RunDir, RunError
 
@@ -40,6 +41,14 @@ _WORD = {"CORRECT": "CORRECT", "INCORRECT": "INCORRECT", "NOT ATTEMPTED": "NOT_A
 DEFAULT_ENDPOINT = "https://openrouter.ai/api/v1"
 DEFAULT_MODEL = "google/gemini-3-flash"
 DEFAULT_KEY_ENV = "OPENROUTER_API_KEY"
+
+
+def judge_key_env(endpoint: str, given: str | None) -> str | None:
+    """The environment variable whose key is sent to ``endpoint``: the one given, else OPENROUTER_API_KEY for
+    OpenRouter only. A key is never sent to a server it was not meant for."""
+    if given:
+        return given
+    return DEFAULT_KEY_ENV if "openrouter.ai" in (endpoint or "") else None
 
 
 def _grade_token(s: str) -> str | None:
@@ -109,7 +118,7 @@ class Grader:
     """
 
     def __init__(self, judge: str = "llm", *, endpoint: str = DEFAULT_ENDPOINT, model: str = DEFAULT_MODEL,
-                 api_key_env: str | None = DEFAULT_KEY_ENV, server: str = "openrouter", concurrency: int = 8,
+                 api_key_env: str | None = None, server: str = "openrouter", concurrency: int = 8,
                  backend=None):
         if judge not in ("llm", "exact"):
             raise ValueError(f"judge must be 'llm' or 'exact', got {judge!r}")
@@ -118,7 +127,7 @@ class Grader:
         if backend is not None:  # a given backend grades: name its model, not the default one
             model, endpoint = getattr(backend, "model", model), getattr(backend, "base", None) or backend.name
         self.label = ("exact-match (offline; NOT the paper's LLM judge)" if judge == "exact"
-                      else f"LLM judge {model} @ {endpoint} (paper E.5 prompt, T=0)")
+                      else f"LLM judge {model} @ {public_url(endpoint)} (paper E.5 prompt, T=0)")
         self._spec = (endpoint, model, api_key_env, server)
         self.backend = backend
         self._own = False
@@ -130,12 +139,13 @@ class Grader:
             from .backends.openai_compat import OpenAIBackend
 
             endpoint, model, key_env, server = self._spec
-            if key_env and not os.environ.get(key_env) and "openrouter.ai" in endpoint:
-                raise BackendError(f"{key_env} is not set: the default judge is {model} on OpenRouter. "
-                                   f"Set it, point --endpoint/--model at another OpenAI-compatible server, "
-                                   f"or use --judge exact offline")
-            self.backend = OpenAIBackend(endpoint, model, server=server,
-                                         api_key_env=key_env if os.environ.get(key_env or "") else None)
+            key_env = judge_key_env(endpoint, key_env)
+            if key_env and not os.environ.get(key_env):
+                default = "openrouter.ai" in endpoint and key_env == DEFAULT_KEY_ENV
+                raise BackendError(f"{key_env} is not set" + (f": the default judge is {model} on OpenRouter. Set it, "
+                                   "point --judge-endpoint/--judge-model at another OpenAI-compatible server, or use "
+                                   "--judge exact offline" if default else f" (--api-key-env for {public_url(endpoint)})"))
+            self.backend = OpenAIBackend(endpoint, model, server=server, api_key_env=key_env)
             self._own = True
         return self.backend
 
@@ -172,7 +182,7 @@ class Grader:
 
 
 async def judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_ENDPOINT, model: str = DEFAULT_MODEL,
-                    api_key_env: str | None = DEFAULT_KEY_ENV, server: str = "openrouter", concurrency: int = 8,
+                    api_key_env: str | None = None, server: str = "openrouter", concurrency: int = 8,
                     backend=None, progress: bool = True, regrade: bool = False) -> dict:
     """Grade every (sample, trial) of the run (resumable); returns the summary dict."""
     rd = RunDir(run_dir)
@@ -282,7 +292,8 @@ def main(argv=None) -> int:
     ap.add_argument("--judge", default="llm", choices=("llm", "exact"))
     ap.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
     ap.add_argument("--model", default=DEFAULT_MODEL)
-    ap.add_argument("--api-key-env", default=DEFAULT_KEY_ENV)
+    ap.add_argument("--api-key-env", default=None,
+                    help="variable holding the judge server's key (default: OPENROUTER_API_KEY for OpenRouter, none otherwise)")
     ap.add_argument("--server", default=None, help="openrouter (default for the default endpoint) | sglang | vllm | other")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--regrade", action="store_true",

@@ -48,7 +48,24 @@ def _json_obj(body: str, what: str) -> dict:
             raise ActionError(f"the content of <{what}> is not valid JSON ({e.msg} at char {e.pos}).") from None
     if not isinstance(obj, dict):
         raise ActionError(f"the content of <{what}> must be a JSON object, got {type(obj).__name__}.")
+    if _has_lone_surrogate(obj):
+        raise ActionError(f"the content of <{what}> holds an invalid \\uD800-\\uDFFF escape (a lone surrogate); "
+                          "write the text itself.")
     return obj
+
+
+def _has_lone_surrogate(x) -> bool:
+    if isinstance(x, str):
+        try:
+            x.encode("utf-8")
+            return False
+        except UnicodeEncodeError:
+            return True
+    if isinstance(x, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in x.items())
+    if isinstance(x, list):
+        return any(_has_lone_surrogate(v) for v in x)
+    return False
 
 
 def parse_action(text: str, allowed=("tool_call", "answer")) -> Action:

@@ -25,7 +25,7 @@ import json
 import os
 from pathlib import Path
 
-from .http import HTTPError, RetryPolicy, request_json
+from .http import HTTPError, RetryPolicy, public_url, request_json
 
 __all__ = ["PreflightError", "model_identity", "local_identity", "same_model", "require_keys",
            "check_benchmark_images", "PREFLIGHT_POLICY"]
@@ -84,9 +84,9 @@ def _ids(data, url: str) -> list[str]:
     try:
         ids = [m["id"] for m in data["data"]]
     except (KeyError, TypeError):
-        raise PreflightError(f"{url}: not an OpenAI-style model list: {str(data)[:200]}") from None
+        raise PreflightError(f"{public_url(url)}: not an OpenAI-style model list: {str(data)[:200]}") from None
     if not ids:
-        raise PreflightError(f"{url}: the server lists no model")
+        raise PreflightError(f"{public_url(url)}: the server lists no model")
     return ids
 
 
@@ -107,7 +107,7 @@ async def _openai_identity(b) -> dict:
     url = b.base + "/models"
     ids = _ids(await _get(b, url, "list models"), url)
     if b.model and b.model not in ids:
-        raise PreflightError(f"{b.base} does not serve {b.model!r}; it serves {', '.join(ids[:10])}")
+        raise PreflightError(f"{public_url(b.base)} does not serve {b.model!r}; it serves {', '.join(ids[:10])}")
     b.model = b.model or ids[0]
     det = await _deterministic(b, b.base.removesuffix("/v1")) if b.server == "sglang" else None
     return {"backend": f"openai:{b.server}", "served_model": b.model, "weights": None, "fingerprint": None,
@@ -120,12 +120,12 @@ async def _sglang_identity(b) -> dict:
     info = await _get(b, root + "/get_model_info", "model info")
     weights = info.get("model_path") if isinstance(info, dict) else None
     if b.model_arg and b.model_arg not in ids:
-        raise PreflightError(f"{root} does not serve {b.model_arg!r}; it serves {', '.join(ids[:10])}")
+        raise PreflightError(f"{public_url(root)} does not serve {b.model_arg!r}; it serves {', '.join(ids[:10])}")
     served = b.model_arg or ids[0]
     b.model = served  # records name the model the server really serves
     if b.model_dir_name and weights and Path(str(weights).rstrip("/")).name.lower() != b.model_dir_name.lower():
         raise PreflightError(
-            f"{root} serves the weights {weights!r} but --model-dir is {b.model_dir!s}: the prompts would be "
+            f"{public_url(root)} serves the weights {weights!r} but --model-dir is {b.model_dir!s}: the prompts would be "
             "rendered with another model's chat template and the records would name the wrong model")
     return {"backend": "sglang", "served_model": served, "weights": weights, "fingerprint": None,
             "deterministic": await _deterministic(b, root)}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 import time
@@ -27,6 +28,7 @@ from .backends.base import DEFAULT_TOP_LOGPROBS, BackendError, SamplingParams
 from .benchmarks import resolve_benchmark
 from .methods import METHODS, VARIANTS, Budgets, MethodSpec, new_trajectory, run_sample
 from .methods.common import HISTORY_REASONING, WEBWATCHER_OBSERVATION_IMAGES
+from .http import public_url, safe_argv
 from .preflight import PreflightError, check_benchmark_images, local_identity, model_identity
 from .rundir import RunDir, RunError, versions
 from .tools import MODES, MissingKeyError, make_toolbox
@@ -80,6 +82,8 @@ class RunConfig:
     processes: int = 1
     max_consecutive_errors: int = 10
     allow_missing_images: bool = False
+    max_image_mb: float | None = None
+    request_timeout: float = 600.0
     shard: tuple[int, int] | None = None   # internal: this process runs jobs with crc32(key) % n == i
 
     @property
@@ -106,8 +110,11 @@ def make_backends(cfg: RunConfig) -> list:
         return [make_backend("local", model_dir=cfg.model_dir, logprob_mode=cfg.logprob_mode)]
     if not cfg.endpoints:
         raise BackendError(f"--backend {cfg.backend} needs --endpoint URL (repeat it for several servers)")
+    from .http import RetryPolicy
+
+    policy = RetryPolicy(timeout_s=cfg.request_timeout)
     return [make_backend(cfg.backend, endpoint=e, model=cfg.model, model_dir=cfg.model_dir, logprob_mode=cfg.logprob_mode,
-                         server=cfg.server, api_key_env=cfg.api_key_env) for e in cfg.endpoints]
+                         server=cfg.server, api_key_env=cfg.api_key_env, policy=policy) for e in cfg.endpoints]
 
 
 class BackendPool:
@@ -131,19 +138,21 @@ class BackendPool:
 def header_for(cfg: RunConfig, manifest, argv, model: dict | None = None) -> dict:
     spec = cfg.spec()
     return {
-        "schema_version": SCHEMA_VERSION, "created": time.time(), "argv": list(argv) if argv is not None else sys.argv,
+        "schema_version": SCHEMA_VERSION, "created": time.time(),
+        "argv": safe_argv(list(argv) if argv is not None else sys.argv),
         "method": spec.method, "variant": spec.variant_label, "label": spec.label,
         "remove_images_from_step": spec.remove_images_from_step, "budgets": spec.budgets.to_dict(),
         "history_reasoning": spec.history_reasoning, "observation_images": spec.observation_images,
         "model": model,
         "sampling": cfg.sampling().to_dict() | {"seed": cfg.seed}, "trials": cfg.trials,
         "benchmark": manifest.name, "benchmark_path": str(manifest.path), "n_samples": len(manifest.samples),
-        "backend": {"kind": cfg.backend, "endpoints": cfg.endpoints, "model": cfg.model, "model_dir": cfg.model_dir,
+        "backend": {"kind": cfg.backend, "endpoints": [public_url(e) for e in cfg.endpoints], "model": cfg.model, "model_dir": cfg.model_dir,
                     "logprob_mode": cfg.logprob_mode, "server": cfg.server, "embedded_tiny_model": cfg.embedded,
                     "api_key_env": cfg.api_key_env},
         "tools": {"provider": cfg.tools, "world": cfg.world, "cache": cfg.tool_cache, "cache_mode": cfg.cache_mode,
                   "live_fallback": cfg.live_fallback},
         "token_precision": cfg.token_precision, "processes": cfg.processes, "versions": versions(),
+        "manifest_problems": {p.kind: sum(q.kind == p.kind for q in manifest.problems) for p in manifest.problems},
     }
 
 
@@ -160,8 +169,26 @@ def _select(manifest, cfg: RunConfig) -> list:
     return samples
 
 
+#: Set when SIGTERM stopped the run (the exit status is then 143, else 130 for Ctrl-C).
+_TERMINATED = {"by": None}
+
+
+def _on_sigterm(task) -> None:
+    _TERMINATED["by"] = "SIGTERM"
+    task.cancel()
+
+
 async def run(cfg: RunConfig, argv=None, *, backends: list | None = None, toolbox=None) -> dict:
-    """Run (or resume) ``cfg``; returns a summary dict. ``backends``/``toolbox`` override the built ones."""
+    """Run (or resume) ``cfg``; returns a summary dict. ``backends``/``toolbox`` override the built ones.
+
+    SIGTERM is handled like Ctrl-C: the units in flight are abandoned (they rerun on resume), every finished
+    line is on disk, and the run says how to resume."""
+    import signal
+
+    try:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, _on_sigterm, asyncio.current_task())
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread: the caller handles signals
+        pass
     spec = cfg.spec()
     manifest = resolve_benchmark(cfg.benchmark)
     rd = RunDir(cfg.out, cfg.token_precision)
@@ -188,7 +215,8 @@ async def identify_backends(cfg: RunConfig, backends: list | None) -> dict:
                 await b.aclose()
     names = {i.get("served_model") for i in idents}
     if len(names) > 1:
-        where = ", ".join(f"{e} -> {i.get('served_model')}" for e, i in zip(cfg.endpoints or ["backend"] * len(idents), idents))
+        where = ", ".join(f"{public_url(e)} -> {i.get('served_model')}"
+                          for e, i in zip(cfg.endpoints or ["backend"] * len(idents), idents))
         raise PreflightError(f"the endpoints serve different models ({where}): one run must use one model")
     return idents[0]
 
@@ -206,18 +234,36 @@ async def _run_locked(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends
             from .tools.live import require_live_tools
 
             require_live_tools(spec.allowed_tools())
+        if manifest.problems:
+            from collections import Counter as _C
+
+            kinds = _C(p.kind for p in manifest.problems)
+            print(f"{manifest.path}: {len(manifest.problems)} data problem(s) {dict(kinds)}; first: "
+                  f"line {manifest.problems[0].line}: {manifest.problems[0].detail}. Rows with a refused path, broken "
+                  f"JSON or non-UTF-8 bytes are skipped; python -m agent.benchmarks stats lists them all", file=sys.stderr)
         samples, skipped_images = check_benchmark_images(manifest, samples, allow_missing=cfg.allow_missing_images)
         if skipped_images:
             print(f"--allow-missing-images: {len(skipped_images)} samples skipped for a missing or unreadable image "
                   f"(first: {skipped_images[0][0]}: {skipped_images[0][1]})", file=sys.stderr)
         ident = await identify_backends(cfg, backends)
+        selection = {"limit": cfg.limit, "sample_ids": cfg.sample_ids, "n_samples": len(samples),
+                     "skipped": [i for i, _ in skipped_images]}
         if cfg.seed is not None and ident.get("deterministic") is False:
             print("WARNING: --seed has no effect on this server: it runs without --enable-deterministic-inference "
                   "(serving/launch_qwen35.sh --deterministic); recorded in header.json (model.deterministic)",
                   file=sys.stderr)
-        header = rd.write_header(header_for(cfg, manifest, argv, ident), force=cfg.force)
+        resuming = rd.results.exists()
+        header = rd.write_header({**header_for(cfg, manifest, argv, ident), "selection": selection}, force=cfg.force)
         if skipped_images:
             rd.note_skipped(skipped_images)
+        if resuming:  # the cheap part of python -m agent.rundir check: torn lines, temp files, duplicates
+            from .rundir import check_run
+
+            rep = check_run(rd.path, deep=False)
+            if rep.torn or rep.temp_files or rep.duplicates:
+                print("\n".join(rep.lines()[:1] + [x for x in rep.lines()[2:] if "tool cache" not in x]), file=sys.stderr)
+                print(f"(torn lines are ignored and their units rerun; python -m agent.rundir check {rd.path} --repair "
+                      "quarantines them)", file=sys.stderr)
     else:
         header = rd.read_header()
     done = rd.done_keys(retry_errors=cfg.retry_errors)
@@ -273,7 +319,7 @@ async def _run_locked(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends
                 line = traj.to_line("timeout", "", error=f"sample exceeded --timeout {cfg.timeout:g}s")
             finally:
                 pool.release(i)
-            line["endpoint"] = cfg.endpoints[i] if cfg.endpoints else cfg.backend
+            line["endpoint"] = public_url(cfg.endpoints[i]) if cfg.endpoints else cfg.backend
             await asyncio.to_thread(rd.append, traj, line)
             counts[line["status"]] += 1
             n_calls += line["n_calls"]
@@ -364,7 +410,7 @@ async def _run_processes(cfg: RunConfig, rd: RunDir, n_jobs: int, skipped: int, 
         p.start()
     bar = _progress(n_jobs, cfg.progress, f"{label} x{cfg.processes}")
     t0 = time.perf_counter()
-    offset = rd.results.stat().st_size if rd.results.exists() else 0
+    offset = offset0 = rd.results.stat().st_size if rd.results.exists() else 0
     summaries, interrupted = [], False
     try:
         while len(summaries) < len(procs):
@@ -393,16 +439,25 @@ async def _run_processes(cfg: RunConfig, rd: RunDir, n_jobs: int, skipped: int, 
         bar.close()
     while not results.empty():
         summaries.append(results.get())
+    # what the workers wrote, read from the file itself (an interrupted worker cannot report it)
     counts: Counter = Counter()
-    for s in summaries:
-        counts.update(s.get("counts") or {})
+    if rd.results.exists():
+        with open(rd.results, "rb") as f:
+            f.seek(offset0)
+            for raw in f.read().split(b"\n"):
+                try:
+                    counts[json.loads(raw)["status"]] += 1
+                except (ValueError, KeyError, TypeError):
+                    continue
     errors = [s["error"] for s in summaries if "error" in s]
     interrupted = interrupted or any(s.get("interrupted") for s in summaries)
     elapsed = time.perf_counter() - t0
     summary = {"run_dir": str(rd.path), "ran": sum(counts.values()), "skipped": skipped, "counts": dict(counts),
                "llm_calls": sum(s.get("llm_calls", 0) for s in summaries),
                "generated_tokens": sum(s.get("generated_tokens", 0) for s in summaries), "elapsed_s": round(elapsed, 2),
-               "interrupted": interrupted, "processes": cfg.processes, "errors": errors}
+               "interrupted": interrupted, "processes": cfg.processes, "errors": errors,
+               "first_error": next((s["first_error"] for s in summaries if s.get("first_error")), None),
+               "stopped_after_errors": max((s.get("stopped_after_errors") or 0 for s in summaries), default=0)}
     print(f"{'interrupted' if interrupted else 'done'}: {summary['ran']} written ({dict(counts)}) by "
           f"{cfg.processes} processes, {summary['llm_calls']} LLM calls in {elapsed:.1f}s", file=sys.stderr)
     for e in errors:
@@ -470,6 +525,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop the run after N harness errors in a row (0 = never)")
     g.add_argument("--allow-missing-images", action="store_true",
                    help="run the samples whose images load, skip (and list) the others")
+    g.add_argument("--max-image-mb", type=float, help="image size limit in MB (default 20; MMCF_MAX_IMAGE_MB)")
+    g.add_argument("--request-timeout", type=float, default=600.0, metavar="S",
+                   help="seconds one model-server request may take before it is retried (default 600)")
     g.add_argument("--force", action="store_true", help="write into a run dir whose header differs")
     g.add_argument("--no-progress", dest="progress", action="store_false")
     g.add_argument("--token-precision", default="float32", choices=("float32", "float16"),
@@ -486,7 +544,8 @@ def config_from_args(a) -> RunConfig:
         temperature=a.temperature, top_p=a.top_p, max_tokens=a.max_tokens, top_logprobs=a.top_logprobs, seed=a.seed,
         thinking=a.thinking, t_max=a.t_max, b_max=a.b_max, history_reasoning=a.history_reasoning,
         observation_images=a.observation_images, max_consecutive_errors=a.max_consecutive_errors,
-        allow_missing_images=a.allow_missing_images, tools=a.tools, world=a.world, tool_cache=a.tool_cache,
+        allow_missing_images=a.allow_missing_images, max_image_mb=a.max_image_mb, request_timeout=a.request_timeout,
+        tools=a.tools, world=a.world, tool_cache=a.tool_cache,
         cache_mode=a.cache_mode, live_fallback=a.live_fallback, timeout=a.timeout, retry_errors=a.retry_errors,
         force=a.force, progress=a.progress, token_precision=a.token_precision, processes=a.processes)
 
@@ -498,12 +557,14 @@ def main(argv=None) -> int:
     import shlex
 
     a = build_parser().parse_args(argv)
+    if a.max_image_mb:
+        os.environ["MMCF_MAX_IMAGE_MB"] = str(a.max_image_mb)  # read by every image load, children included
     try:
         cfg = config_from_args(a)
         cfg.spec()  # validate method/variant/removal before touching anything
         summary = asyncio.run(run(cfg, argv))
-    except KeyboardInterrupt:
-        return 130
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        return 143 if _TERMINATED["by"] else 130
     except (ValueError, RunError, BackendError, OSError, MissingKeyError, PreflightError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from agent.backends.base import BackendError, SamplingParams
-from agent.judge import DEFAULT_ENDPOINT, DEFAULT_KEY_ENV, DEFAULT_MODEL
+from agent.judge import DEFAULT_ENDPOINT, DEFAULT_MODEL, judge_key_env
 from agent.prompts import GROUNDING_PASS1, GROUNDING_PASS2, fill
 from agent.rundir import RunError, load_run
 from analysis.selection import select_trajectories
@@ -261,7 +261,8 @@ def main(argv=None) -> int:
     ap.add_argument("run_dir")
     ap.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
     ap.add_argument("--model", default=DEFAULT_MODEL)
-    ap.add_argument("--api-key-env", default=DEFAULT_KEY_ENV)
+    ap.add_argument("--api-key-env", default=None,
+                    help="variable holding the annotator server's key (default: OPENROUTER_API_KEY for OpenRouter only)")
     ap.add_argument("--server", help="openrouter | sglang | vllm | other (default from the endpoint)")
     ap.add_argument("--local", action="store_true",
                     help="annotate with an in-process model (--model-dir, default the embedded tiny model)")
@@ -292,12 +293,12 @@ def main(argv=None) -> int:
                                           progress=not a.no_progress, include_unparsed=a.include_unparsed)
             finally:
                 await backend.aclose()
-        if a.api_key_env and not os.environ.get(a.api_key_env) and "openrouter.ai" in a.endpoint:
-            raise BackendError(f"{a.api_key_env} is not set: the default annotator is {a.model} on OpenRouter; set it "
+        key_env = judge_key_env(a.endpoint, a.api_key_env)  # a key goes only to the server it belongs to
+        if key_env and not os.environ.get(key_env):
+            raise BackendError(f"{key_env} is not set: the default annotator is {a.model} on OpenRouter; set it "
                                "or point --endpoint/--model at another OpenAI-compatible server")
         server = a.server or ("openrouter" if "openrouter.ai" in a.endpoint else "other")
-        backend = OpenAIBackend(a.endpoint, a.model, server=server,
-                                api_key_env=a.api_key_env if os.environ.get(a.api_key_env or "") else None)
+        backend = OpenAIBackend(a.endpoint, a.model, server=server, api_key_env=key_env)
         try:
             return await annotate_run(a.run_dir, backend=backend, out_dir=a.out, retries=a.retries,
                                       concurrency=a.concurrency, limit=a.limit, observation_chars=a.observation_chars,

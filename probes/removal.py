@@ -36,7 +36,7 @@ from pathlib import Path
 from agent.backends.base import SamplingParams
 from agent.backends.messages import record_messages
 from agent.benchmarks import Sample
-from agent.judge import DEFAULT_ENDPOINT, DEFAULT_KEY_ENV, DEFAULT_MODEL, Grader
+from agent.judge import DEFAULT_ENDPOINT, DEFAULT_MODEL, Grader
 from agent.methods import HARNESS_ERRORS, Budgets, Episode, MethodSpec
 from agent.methods.common import WEBWATCHER_OBSERVATION_IMAGES, Turn, tool_reply
 from agent.methods.react import react_messages, run_react
@@ -274,7 +274,8 @@ def main(argv=None) -> int:
     ap.add_argument("--judge", default="llm", choices=("llm", "exact"))
     ap.add_argument("--judge-endpoint", default=DEFAULT_ENDPOINT)
     ap.add_argument("--judge-model", default=DEFAULT_MODEL)
-    ap.add_argument("--judge-api-key-env", default=DEFAULT_KEY_ENV)
+    ap.add_argument("--judge-api-key-env", default=None,
+                    help="variable holding the judge server's key (default: OPENROUTER_API_KEY for OpenRouter only)")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--limit", type=int)
     ap.add_argument("--force", action="store_true", help="replay with a model other than the run's (recorded)")

@@ -71,14 +71,18 @@ async def test_500_until_retries_run_out(native, fake_sglang, red_image):
         await native.generate(msgs(red_image), SamplingParams(max_tokens=8))
 
 
-async def test_malformed_json_and_client_error_are_clear(native, fake_sglang, red_image):
-    fake_sglang.faults = ["malformed"]
-    with pytest.raises(BackendError, match="malformed JSON"):
+async def test_truncated_bodies_are_retried_and_client_errors_are_clear(native, fake_sglang, red_image):
+    fake_sglang.faults = ["malformed"]  # a 200 cut short in transit: retried like a 5xx
+    out = await native.generate(msgs(red_image), SamplingParams(max_tokens=8))
+    assert out.tokens and fake_sglang.requests.count("/generate") == 2
+    fake_sglang.faults = ["malformed"] * 3  # still cut after every retry (FAST allows 2): a clear error
+    with pytest.raises(BackendError, match="malformed or truncated JSON"):
         await native.generate(msgs(red_image), SamplingParams(max_tokens=8))
+    n = fake_sglang.requests.count("/generate")
     fake_sglang.faults = ["400"]
     with pytest.raises(BackendError, match="HTTP 400"):
         await native.generate(msgs(red_image), SamplingParams(max_tokens=8))
-    assert fake_sglang.requests.count("/generate") == 2  # a 400 is not retried
+    assert fake_sglang.requests.count("/generate") == n + 1  # a 400 is not retried
 
 
 async def test_unreachable_endpoint_names_it(red_image, tiny_model_dir):

@@ -14,6 +14,7 @@ import hashlib
 import io
 import mimetypes
 import os
+import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,14 +94,29 @@ def _validate(data: bytes, source: str) -> tuple[str, int, int]:
     return mime, w, h
 
 
+#: The largest image the toolkit reads (default 20 MB; MMCF_MAX_IMAGE_MB overrides, as do the CLIs' --max-image-mb).
+DEFAULT_MAX_IMAGE_MB = 20
+
+
+def max_image_bytes() -> int:
+    try:
+        return int(float(os.environ.get("MMCF_MAX_IMAGE_MB", DEFAULT_MAX_IMAGE_MB)) * 2**20)
+    except ValueError:
+        return DEFAULT_MAX_IMAGE_MB * 2**20
+
+
 def load_image(ref: str | os.PathLike, *, base_dir: str | os.PathLike | None = None, fetch_urls: bool = False) -> ImageData:
-    """Read and validate an image reference; raises :class:`ImageError` naming it on failure."""
+    """Read and validate an image reference; raises :class:`ImageError` naming it on failure.
+
+    Only regular files are read, and never more than :func:`max_image_bytes`."""
     ref = os.fspath(ref)
     if ref.startswith("data:"):
         try:
             header, b64 = ref.split(",", 1)
             if ";base64" not in header:
                 raise ValueError("not base64")
+            if len(b64) * 3 // 4 > max_image_bytes():
+                raise ValueError(f"over the image size limit of {max_image_bytes() / 2**20:g} MB")
             data = base64.b64decode(b64, validate=False)
         except (ValueError, base64.binascii.Error) as e:
             raise ImageError(f"malformed data URI image ({e})") from None
@@ -118,6 +134,8 @@ def load_image(ref: str | os.PathLike, *, base_dir: str | os.PathLike | None = N
             r.raise_for_status()
         except httpx.HTTPError as e:
             raise ImageError(f"{ref}: could not download image ({e})") from None
+        if len(r.content) > max_image_bytes():
+            raise ImageError(f"{ref}: over the image size limit of {max_image_bytes() / 2**20:g} MB")
         mime, w, h = _validate(r.content, ref)
         return ImageData(hashlib.sha256(r.content).hexdigest(), r.content, mime, ref, w, h)
     path = Path(unquote(urlparse(ref).path) if ref.startswith("file://") else ref)
@@ -127,15 +145,24 @@ def load_image(ref: str | os.PathLike, *, base_dir: str | os.PathLike | None = N
         st = path.stat()
     except OSError as e:
         raise ImageError(f"{path}: image file not found or unreadable ({e.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ImageError(f"{path}: not a regular file (a device, directory or pipe is never read as an image)")
+    cap = max_image_bytes()
+    if st.st_size > cap:
+        raise ImageError(f"{path}: {st.st_size / 2**20:.1f} MB, over the image size limit of {cap / 2**20:g} MB "
+                         "(MMCF_MAX_IMAGE_MB / --max-image-mb)")
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
     with _lock:
         hit = _by_key.get(key)
     if hit is not None:
         return hit
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            data = f.read(cap + 1)  # never more than the limit, whatever the file claims to be
     except OSError as e:
         raise ImageError(f"{path}: cannot read image ({e.strerror})") from None
+    if len(data) > cap:
+        raise ImageError(f"{path}: over the image size limit of {cap / 2**20:g} MB")
     mime, w, h = _validate(data, str(path))
     img = ImageData(hashlib.sha256(data).hexdigest(), data, mime, str(path), w, h)
     with _lock:

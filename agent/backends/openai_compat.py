@@ -19,7 +19,7 @@ import time
 
 import httpx
 
-from ..http import HTTPError, RetryPolicy, make_client, request_json
+from ..http import HTTPError, RetryPolicy, make_client, public_url, request_json, scrub
 from .base import (
     DEFAULT_TOP_LOGPROBS, BackendError, Continuation, LogprobSemantics, ModelOutput, SamplingParams,
     ScoredTokens, Usage,
@@ -52,7 +52,7 @@ class OpenAIBackend:
         self.model = model or ""
         key = api_key or (os.environ.get(api_key_env) if api_key_env else None)
         if api_key_env and not key:
-            raise BackendError(f"{api_key_env} is not set in the environment (needed for {self.base})")
+            raise BackendError(f"{api_key_env} is not set in the environment (needed for {public_url(self.base)})")
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.server = server
         self.logprob_mode = logprob_mode
@@ -70,7 +70,7 @@ class OpenAIBackend:
             try:
                 self.model = data["data"][0]["id"]
             except (KeyError, IndexError, TypeError):
-                raise BackendError(f"{self.base}/models: no model listed ({str(data)[:200]})") from None
+                raise BackendError(f"{public_url(self.base)}/models: no model listed ({str(data)[:200]})") from None
         return self.model
 
     def _payload(self, messages: list[dict], sp: SamplingParams) -> dict:
@@ -114,20 +114,20 @@ class OpenAIBackend:
             raise BackendError(str(e)) from e
         out = self.parse(resp, sp)
         out.latency_s = time.perf_counter() - t0
-        out.request = {"endpoint": self.base + "/chat/completions", "messages": record_messages(messages),
+        out.request = {"endpoint": public_url(self.base) + "/chat/completions", "messages": record_messages(messages),
                        **{k: v for k, v in body.items() if k != "messages"}}
         return out
 
     def parse(self, resp: dict, sp: SamplingParams) -> ModelOutput:
         """A chat-completion body -> :class:`ModelOutput` (public for tests on captured bodies)."""
-        where = f"{self.base}/chat/completions"
+        where = f"{public_url(self.base)}/chat/completions"
         try:
             choice = resp["choices"][0]
             msg = choice["message"]
         except (KeyError, IndexError, TypeError):
             raise BackendError(f"{where}: reply has no choices[0].message: {str(resp)[:300]}") from None
-        content = msg.get("content") or ""
-        reasoning = msg.get("reasoning_content") or msg.get("reasoning") or ""
+        content = scrub(msg.get("content") or "")
+        reasoning = scrub(msg.get("reasoning_content") or msg.get("reasoning") or "")
         meta = choice.get("meta_info") or {}
         if meta.get("output_token_logprobs") is not None:
             tokens = tokens_from_triples(meta["output_token_logprobs"], meta.get("output_top_logprobs"),

@@ -33,7 +33,7 @@ import time
 
 import httpx
 
-from ..http import HTTPError, RetryPolicy, make_client, request_json
+from ..http import HTTPError, RetryPolicy, make_client, public_url, request_json, scrub
 from .base import (
     DEFAULT_TOP_LOGPROBS, BackendError, Continuation, LogprobSemantics, ModelOutput, SamplingParams,
     ScoredTokens, Usage,
@@ -58,6 +58,7 @@ class SGLangBackend:
         if not str(endpoint).startswith(("http://", "https://")):
             raise BackendError(f"endpoint {endpoint!r} is not an http(s) URL")
         self.url = endpoint.rstrip("/").removesuffix("/v1") + "/generate"
+        self.public = public_url(self.url)  # what records and messages may name (no credentials)
         name = str(model_dir).rstrip("/").split("/")[-1]  # "Qwen3.5-27B" for a path or a hub id
         if renderer is None:
             from .hub import resolve_model_dir
@@ -91,7 +92,7 @@ class SGLangBackend:
         except HTTPError as e:
             raise BackendError(str(e)) from e
         if not isinstance(resp, dict) or not isinstance(resp.get("meta_info"), dict):
-            raise BackendError(f"{what}: {self.url} reply has no meta_info: {str(resp)[:300]}")
+            raise BackendError(f"{what}: {self.public} reply has no meta_info: {str(resp)[:300]}")
         return resp
 
     def generate_payload(self, messages: list[dict], sp: SamplingParams) -> tuple[dict, str, list]:
@@ -113,7 +114,7 @@ class SGLangBackend:
         resp = await self._post(payload, "generate")
         out = self.parse_generate(resp, sp, prompt)
         out.latency_s = time.perf_counter() - t0
-        out.request = {"endpoint": self.url, "messages": record_messages(messages), "prompt_text": prompt,
+        out.request = {"endpoint": self.public, "messages": record_messages(messages), "prompt_text": prompt,
                        "image_sha256": [im.sha256 for im in images],
                        **{k: v for k, v in payload.items() if k not in ("text", "image_data")}}
         return out
@@ -121,10 +122,10 @@ class SGLangBackend:
     def parse_generate(self, resp: dict, sp: SamplingParams, prompt: str) -> ModelOutput:
         meta = resp["meta_info"]
         tokens = tokens_from_triples(meta.get("output_token_logprobs"), meta.get("output_top_logprobs"),
-                                     decode=self._decode, where=f"{self.url} meta_info.output")
+                                     decode=self._decode, where=f"{self.public} meta_info.output")
         starts = prompt.rstrip().endswith(THINK_OPEN)
         mark_think(tokens, starts)
-        text = resp.get("text") or ""
+        text = scrub(resp.get("text") or "")
         for s in _TRAILING_SPECIALS:
             text = text.removesuffix(s)
         reasoning, answer = split_think(text, starts)
@@ -189,7 +190,7 @@ class SGLangBackend:
         tokens = self.parse_score(resp, ids)
         mark_think(tokens, prompt.rstrip().endswith(THINK_OPEN))
         return ScoredTokens(tokens=tokens, semantics=LogprobSemantics("raw"), backend=self.name, model=self.model,
-                            request={"endpoint": self.url, "messages": record_messages(messages), "continuation_ids": ids,
+                            request={"endpoint": self.public, "messages": record_messages(messages), "continuation_ids": ids,
                                      "image_sha256": [im.sha256 for im in images], "by": "ids" if not images else "text",
                                      "logprob_start_len": payload["logprob_start_len"]},
                             response=resp, top_k_requested=int(top_logprobs))
@@ -197,7 +198,7 @@ class SGLangBackend:
     def parse_score(self, resp: dict, ids: list[int]):
         meta = resp["meta_info"]
         entries, tops = meta.get("input_token_logprobs"), meta.get("input_top_logprobs")
-        where = f"{self.url} meta_info.input"
+        where = f"{self.public} meta_info.input"
         if not isinstance(entries, list) or len(entries) < len(ids):
             got = len(entries) if isinstance(entries, list) else "no"
             raise BackendError(f"{where}: {got} input logprobs for a {len(ids)}-token continuation")

@@ -57,7 +57,8 @@ def normalise_args(tool: str, args: dict) -> dict:
 def cache_key(tool: str, args: dict, image_sha256: str | None = None) -> str:
     payload = json.dumps({"tool": tool, "args": normalise_args(tool, args), "image": image_sha256},
                          sort_keys=True, ensure_ascii=False)
-    return hashlib.sha256(payload.encode()).hexdigest()
+    # surrogatepass: whatever a model put into the arguments has a key (valid text hashes as before)
+    return hashlib.sha256(payload.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass

@@ -170,5 +170,19 @@ def ensure_demo_world(out_dir: str | os.PathLike | None = None) -> Path:
     return build_demo_world(p)
 
 
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m agent.tools.demo_world",
+                                 description="write the shipped offline demo world and the 'demo' benchmark",
+                                 epilog="example: python -m agent.tools.demo_world /tmp/demo-world")
+    ap.add_argument("out_dir", nargs="?", help="where to write world/ and demo/ (default: the cache directory)")
+    a = ap.parse_args(argv)
+    out = build_demo_world(a.out_dir or default_demo_dir())
+    print(f"wrote {out}/world (pages.jsonl, images/) and {out}/demo (data_unified.jsonl, imgs/); "
+          f"run it: python -m agent.run --method react --benchmark {out}/demo --world {out}/world --out runs/demo")
+    return 0
+
+
 if __name__ == "__main__":
-    print(build_demo_world(sys.argv[1] if len(sys.argv) > 1 else default_demo_dir()))
+    sys.exit(main())

@@ -9,9 +9,15 @@ Serves ``/health``, ``/health_generate``, ``/v1/models``, ``/get_model_info``, n
 ``/v1/chat/completions`` (``logprobs.content[].top_logprobs[]`` deduplicated by text,
 ``reasoning_content``, and ``choices[0].meta_info`` when ``return_meta_info`` is set).
 
-Faults for tests: ``server.faults`` is a list consumed one per request: ``"429"``, ``"500"``,
-``"malformed"``, ``"drift"`` (scoring returns shifted token ids), ``None`` (answer normally).
-Used by the tests in-process (``FakeSGLang``) and by the serving launcher's tests as a command.
+Faults for tests: ``server.faults`` is a list consumed one per request, or ``fault_rate`` (with a seed)
+draws one at random for that share of the requests; ``server.injected`` counts them. Transport faults:
+``"429"``, ``"500"``, ``"400"``, ``"drop"`` (the connection closes without a reply), ``"truncated"`` /
+``"malformed"`` (a 200 whose body is cut), ``"slow"`` (the reply comes after ``slow_s``), ``"drift"``
+(scoring returns shifted token ids). Model-output faults (a well-formed reply carrying garbage, see
+:data:`GARBAGE`): no tags, an unclosed ``<think>``, invalid JSON, an unknown tool, a 200 KB output, empty
+or null content, a JSON-escaped lone surrogate (in the tool arguments, or in the reply body itself),
+control characters, a ``<subtask>`` with missing fields. ``None`` answers normally. Used by the tests
+in-process (``FakeSGLang``) and as a command (the launcher's tests, ``scripts/soak.py``).
 """
 from __future__ import annotations
 
@@ -25,10 +31,27 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # runnable as a script too
 
-from agent.http import loads  # noqa: E402
+from agent.http import dumps, loads  # noqa: E402
 from tests.fakes.http_base import JSONHandler  # noqa: E402
 
 IMAGE_EXPANSION = 4  # tokens per image placeholder (unknown to the client, as on a real server)
+
+#: Model-output faults: what a confused model can emit (each must become a correction or an error
+#: observation, never abort a run).
+GARBAGE = {
+    "no_tags": "I think the answer might be in the picture somewhere, let me see.",
+    "unclosed_think": "<think>\nstill thinking about the flag and the colours and",
+    "invalid_json": '<tool_call>\n{"name": "search", "arguments": {"query": }\n</tool_call>',
+    "unknown_tool": '<tool_call>\n{"name": "browse_web", "arguments": {"url": "https://x.example"}}\n</tool_call>',
+    "huge": "blah " * 40_000,  # 200 KB of visible text
+    "empty": "",
+    "null_content": None,
+    "surrogate_args": '<tool_call>\n{"name": "search", "arguments": {"query": "\\ud800 broken", "goal": "g"}}\n</tool_call>',
+    "surrogate_body": "</think>\n\n<answer>\ud800 lone</answer>",
+    "control_chars": "</think>\n\n<answer>\x00\x07\x1b[31mred\x1b[0m\x08</answer>",
+    "subtask_missing": '<subtask>\n{"description": "look"}\n</subtask>',
+}
+TRANSPORT_FAULTS = ("429", "500", "drop", "truncated", "slow")
 DEFAULT_REPLY = "Let me look at the picture.</think>\n\nIt shows a red square."
 
 
@@ -50,14 +73,26 @@ class _Tok:
         self.image_pad = self.encode("<|image_pad|>")[0] if self.hf else 9001
         self._n_cache: dict[int, int] = {}
 
+    CHUNK0 = 0x200000  # without a tokenizer, very long texts come as 100-character tokens (ids from here on)
+
     def encode(self, text: str) -> list[int]:
         if self.hf:
             return self.hf(text, add_special_tokens=False)["input_ids"]
+        if len(text) > 16384:
+            if not hasattr(self, "_chunks"):
+                self._chunks: list[str] = []
+            ids = []
+            for i in range(0, len(text), 100):
+                self._chunks.append(text[i:i + 100])
+                ids.append(self.CHUNK0 + len(self._chunks) - 1)
+            return ids
         return [ord(c) for c in text]
 
     def decode(self, i: int) -> str:
         if self.hf:
             return self.hf.decode([i], skip_special_tokens=False)
+        if i >= self.CHUNK0:
+            return self._chunks[i - self.CHUNK0]
         return chr(i) if i < 0x110000 else "?"
 
     def image_tokens(self, data_uri: str) -> int:
@@ -90,9 +125,18 @@ class _Handler(JSONHandler):
     server: "FakeServer"
 
     def _fault(self):
-        with self.server.lock:
-            self.server.requests.append(self.path)
-            return self.server.faults.pop(0) if self.server.faults else None
+        srv = self.server
+        with srv.lock:
+            srv.requests.append(self.path)
+            if srv.faults:
+                f = srv.faults.pop(0)
+            elif srv.fault_rate and srv.rng.random() < srv.fault_rate:
+                f = srv.rng.choice(srv.fault_kinds)
+            else:
+                f = None
+            if f is not None:
+                srv.injected[f] += 1
+            return f
 
     def do_GET(self):
         if self.path in ("/health", "/health_generate"):
@@ -101,6 +145,9 @@ class _Handler(JSONHandler):
             return self._send(200, {"object": "list", "data": [{"id": self.server.model_name, "object": "model",
                                     "created": 1777365666, "owned_by": "sglang", "root": self.server.model_name,
                                     "parent": None, "max_model_len": 262144}]})
+        if self.path == "/fault_stats":  # for scripts/soak.py: what was injected
+            with self.server.lock:
+                return self._send(200, dict(self.server.injected))
         if self.path in ("/server_info", "/get_server_info"):
             return self._send(200, {"model_path": self.server.model_name, "tp_size": 1, "version": "0.5.23",
                                     "enable_deterministic_inference": self.server.deterministic})
@@ -130,12 +177,42 @@ class _Handler(JSONHandler):
             return self._send(200, b'{"text": "oops", "meta_info": {', "application/json")
         if fault == "400":
             return self._send(400, {"object": "error", "message": "bad request", "code": 400})
+        if fault == "drop":  # the connection closes with no reply at all
+            self.close_connection = True
+            try:
+                self.connection.shutdown(2)
+            except OSError:
+                pass
+            return None
+        if fault == "slow":
+            time.sleep(self.server.slow_s)
+        if fault in GARBAGE:
+            req = {**req, "_garbage": GARBAGE[fault]}
         if self.path == "/generate":
             res = self._generate(req, drift=(fault == "drift"))
-            return self._send(*res) if isinstance(res, tuple) else self._send(200, res)
-        if self.path == "/v1/chat/completions":
-            return self._send(200, self._chat_cached(req))
-        self._send(404, {"detail": "Not Found"})
+            if isinstance(res, tuple):
+                return self._send(*res)
+            body = res
+        elif self.path == "/v1/chat/completions":
+            body = self._chat_cached(req) if "_garbage" not in req else json.dumps(self._chat({**req, "_reply": req["_garbage"]}))
+        else:
+            return self._send(404, {"detail": "Not Found"})
+        if fault == "truncated":  # a 200 cut in transit: the advertised length is the full one
+            data = body if isinstance(body, (bytes, str)) else dumps(body)
+            data = data.encode() if isinstance(data, str) else data
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data[: len(data) // 2])
+                self.wfile.flush()
+                self.connection.shutdown(2)
+            except OSError:
+                pass
+            self.close_connection = True
+            return None
+        return self._send(200, body)
 
     # -------------------------------------------------------------- native
     def _expand(self, ids: list[int], images: list) -> list[int]:
@@ -172,7 +249,9 @@ class _Handler(JSONHandler):
                          "input_token_logprobs": entries, "input_top_logprobs": tops,
                          "output_token_logprobs": [], "output_top_logprobs": []})
             return {"text": "", "output_ids": [], "meta_info": meta}
-        reply = self.server.reply(req) if callable(self.server.reply) else self.server.reply
+        reply = req["_garbage"] if "_garbage" in req else (self.server.reply(req) if callable(self.server.reply)
+                                                           else self.server.reply)
+        reply = reply or ""
         out_ids = tok.encode(reply)[: int(sp.get("max_new_tokens", 16))]
         finish = {"type": "stop", "matched": 151645} if len(out_ids) == len(tok.encode(reply)) else {"type": "length", "length": len(out_ids)}
         meta.update({"finish_reason": finish, "completion_tokens": len(out_ids), "e2e_latency": 0.01,
@@ -208,12 +287,19 @@ class _Handler(JSONHandler):
         tok = self.server.tok
         k = int(req.get("top_logprobs") or 0)
         reply = req["_reply"]
-        out_ids = tok.encode(reply)[: int(req.get("max_tokens") or 16)]
+        null = reply is None
+        out_ids = tok.encode(reply or "")[: int(req.get("max_tokens") or 16)]
         texts = [tok.decode(t) for t in out_ids]
         full = "".join(texts)
-        reasoning, content = (full.split("</think>", 1) if "</think>" in full else (full, ""))
-        choice = {"index": 0, "message": {"role": "assistant", "content": content.strip(),
-                                          "reasoning_content": reasoning.strip() or None, "tool_calls": None},
+        # --reasoning-parser qwen3 with the <think> pre-fill: SGLang's rules (which split_think mirrors, as
+        # tests/conformance checks): </think> ends the reasoning, else a <tool_call> does, else all is reasoning
+        from agent.backends.think import split_think
+
+        thinking = (req.get("chat_template_kwargs") or {}).get("enable_thinking", True) is not False
+        reasoning, content = split_think(full, thinking)
+        choice = {"index": 0, "message": {"role": "assistant", "content": None if null else content.strip(),
+                                          "reasoning_content": None if null else (reasoning.strip() or None),
+                                          "tool_calls": None},
                   "finish_reason": "stop", "matched_stop": 151645}
         if req.get("logprobs"):
             content_lp = []
@@ -224,8 +310,9 @@ class _Handler(JSONHandler):
                     if txt in seen:  # SGLang dedupes alternatives by decoded text
                         continue
                     seen.add(txt)
-                    top.append({"token": txt, "bytes": list(txt.encode()), "logprob": lp})
-                content_lp.append({"token": s, "bytes": list(s.encode()), "logprob": top[0]["logprob"] if top else -0.05,
+                    top.append({"token": txt, "bytes": list(txt.encode("utf-8", "surrogatepass")), "logprob": lp})
+                content_lp.append({"token": s, "bytes": list(s.encode("utf-8", "surrogatepass")),
+                                   "logprob": top[0]["logprob"] if top else -0.05,
                                    "top_logprobs": top})
             choice["logprobs"] = {"content": content_lp}
             if req.get("return_meta_info"):
@@ -248,7 +335,8 @@ class FakeServer(ThreadingHTTPServer):
     request_queue_size = 256  # listen() backlog: the default 5 drops bursts of connections (1 s SYN retries)
 
     def __init__(self, port: int = 0, *, model_name: str = "fake-qwen3.5", tokenizer_dir: str | None = None,
-                 reply: str = DEFAULT_REPLY, latency_s: float = 0.0, deterministic: bool = False):
+                 reply: str = DEFAULT_REPLY, latency_s: float = 0.0, deterministic: bool = False,
+                 fault_rate: float = 0.0, fault_kinds=None, seed: int = 0, slow_s: float = 3.0):
         super().__init__(("127.0.0.1", port), _Handler)
         self.model_name = model_name
         self.tok = _Tok(tokenizer_dir)
@@ -256,6 +344,11 @@ class FakeServer(ThreadingHTTPServer):
         self.latency_s = latency_s
         self.deterministic = deterministic
         self.faults: list = []
+        self.fault_rate = fault_rate
+        self.fault_kinds = list(fault_kinds or [*TRANSPORT_FAULTS, *GARBAGE])
+        self.rng = __import__("random").Random(seed)
+        self.injected = __import__("collections").Counter()
+        self.slow_s = slow_s
         self.chat_cache: dict = {}
         self.requests: list[str] = []
         self.bodies: list[dict] = []
@@ -291,9 +384,15 @@ def main() -> None:
     ap.add_argument("--latency", type=float, default=0.0, help="seconds to wait before each POST reply")
     ap.add_argument("--reply", default=DEFAULT_REPLY, help="the text every generation returns")
     ap.add_argument("--enable-deterministic-inference", dest="deterministic", action="store_true")
+    ap.add_argument("--fault-rate", type=float, default=0.0, help="share of POSTs that get a random fault")
+    ap.add_argument("--fault-kinds", help="comma-separated subset of the faults (default: all)")
+    ap.add_argument("--fault-seed", type=int, default=0)
+    ap.add_argument("--slow-s", type=float, default=3.0, help="delay of a 'slow' fault")
     args, _unknown = ap.parse_known_args()
     srv = FakeServer(args.port, model_name=args.model_name, tokenizer_dir=args.tokenizer, reply=args.reply,
-                     latency_s=args.latency, deterministic=args.deterministic)
+                     latency_s=args.latency, deterministic=args.deterministic, fault_rate=args.fault_rate,
+                     fault_kinds=args.fault_kinds.split(",") if args.fault_kinds else None, seed=args.fault_seed,
+                     slow_s=args.slow_s)
     print(f"fake sglang serving {args.model_name} on {srv.url}", flush=True)
     srv.serve_forever()
 

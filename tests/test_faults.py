@@ -1,0 +1,312 @@
+"""Fault tests: no model output, transport fault, kill or bad file loses a unit or aborts a run.
+
+The loopback SGLang stand-in injects the faults (tests/fakes/sglang_server.py: TRANSPORT_FAULTS, GARBAGE);
+``scripts/soak.py`` is the long version of the kill loop below.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agent.rundir import RunDir, check_run, load_run
+from agent.run import main as run_main
+from scripts.soak import agent_policy, soak
+from tests.conftest import REPO
+from tests.fakes.sglang_server import GARBAGE, FakeSGLang
+
+
+def _cli(url, out, *extra, method="react"):
+    return ["--method", method, "--backend", "openai", "--endpoint", url, "--benchmark", "demo", "--t-max", "6",
+            "--out", str(out), "--no-progress", "--request-timeout", "1", *extra]
+
+
+@pytest.mark.parametrize("kind", sorted(GARBAGE))
+def test_no_model_output_aborts_a_run(tmp_path, kind):
+    method = "mmcontextfold" if kind == "subtask_missing" else "react"
+    with FakeSGLang(reply=agent_policy) as srv:
+        # the first generation of the first unit is garbage; (MM-ContextFold: its first main call, after 1 init call)
+        srv.faults = [None, kind] if method == "mmcontextfold" else [kind]
+        rc = run_main(_cli(srv.url, tmp_path / "r", "--limit", "2", "--concurrency", "1", method=method))
+    assert rc == 0
+    lines = {ln["sample_id"]: ln for ln in load_run(tmp_path / "r").lines}
+    assert set(lines) == {"demo_1", "demo_2"} and all(ln["status"] in ("ok", "no_answer") for ln in lines.values())
+    first = [e for e in lines["demo_1"]["events"] if e["type"] == "llm_call"][1 if method == "mmcontextfold" else 0]
+    if kind in ("surrogate_body", "control_chars"):  # a parseable answer with odd text: scrubbed and kept
+        assert first["action"]["kind"] == "answer"
+    elif kind == "unknown_tool":  # a well-formed call of a tool that does not exist: an error observation
+        obs = next(e for e in lines["demo_1"]["events"] if e["type"] == "tool_call")
+        assert not obs["ok"] and obs["observation"].startswith("Unknown tool 'browse_web'")
+    else:  # everything else is the model's mistake: a correction re-prompt, counted toward the budget
+        assert first.get("action_error"), first
+    if kind == "surrogate_args":
+        assert "lone surrogate" in first["action_error"]
+    assert check_run(tmp_path / "r").intact
+
+
+@pytest.mark.parametrize("kind", ["429", "500", "drop", "truncated", "slow"])
+def test_transport_faults_are_retried(tmp_path, kind):
+    with FakeSGLang(reply=agent_policy, slow_s=2.0) as srv:
+        srv.faults = [kind]
+        rc = run_main(_cli(srv.url, tmp_path / "r", "--limit", "1"))
+        posts = srv.requests.count("/v1/chat/completions")
+    line = load_run(tmp_path / "r").lines[0]
+    assert rc == 0 and line["status"] == "ok"
+    assert posts == line["n_calls"] + 1  # every call, plus the one that was retried
+
+
+@pytest.mark.parametrize("method", ["react", "mmcontextfold"])
+def test_a_run_under_20_percent_faults_accounts_for_every_unit(tmp_path, method):
+    with FakeSGLang(reply=agent_policy, fault_rate=0.2, seed=3, slow_s=1.5) as srv:
+        rc = run_main(_cli(srv.url, tmp_path / "r", "--trials", "4", "--concurrency", "4", method=method))
+        injected, posts = dict(srv.injected), len(srv.requests)
+    assert rc in (0, 3)  # 3: a unit ran out of retries (then it is an accounted-for error, with its reason)
+    assert sum(injected.values()) >= 0.1 * posts and len(injected) >= 4
+    rep = check_run(tmp_path / "r")
+    assert rep.intact and rep.complete and rep.present == rep.expected == 24
+    for ln in load_run(tmp_path / "r").lines:
+        assert ln["status"] in ("ok", "no_answer", "error", "timeout")
+        assert ln["status"] != "error" or ln["error"]
+
+
+def test_kill_9_loop_then_resume_leaves_a_clean_run(tmp_path):
+    r = soak(tmp_path / "run", kills=5, trials=8, processes=2, fault_rate=0.1, min_s=0.4, max_s=2.0, seed=1,
+             progress=lambda *_: None)
+    assert r["kills"] == 5, r
+    assert r["lost"] == 0 and r["duplicated"] == 0 and r["present"] == r["expected"] == 48
+    assert r["intact"] and r["complete"] and r["final_exit"] in (0, 3)
+    assert subprocess.run([sys.executable, "-m", "agent.rundir", "check", str(tmp_path / "run")], cwd=REPO,
+                          capture_output=True).returncode == 0
+
+
+# ------------------------------------------------------------------ the record
+def _unit_line(sample="s1", trial=0, status="ok"):
+    return {"sample_id": sample, "trial": trial, "status": status, "calls": [], "events": [], "messages": [],
+            "tokens_file": None, "query_images": {}}
+
+
+def test_no_record_is_glued_onto_a_torn_fragment_and_repair_quarantines(tmp_path):
+    from agent.trajectory import Trajectory
+
+    rd = RunDir(tmp_path / "r")
+    rd.write_header({"method": "react", "benchmark": "x", "trials": 1})
+    with open(rd.results, "wb") as f:  # a crash mid-write left a fragment without its newline
+        f.write(json.dumps(_unit_line("s0")).encode() + b"\n" + b'{"sample_id": "s1", "tri')
+
+    class S:
+        image_paths = []
+
+    traj = Trajectory.__new__(Trajectory)
+    traj.tokens, traj.sample, traj.image_files, traj.top_k = {}, S(), {}, 0
+    rd.append(traj, _unit_line("s2"))
+    assert {ln["sample_id"] for ln in rd.read_lines(warn=False)} == {"s0", "s2"}  # s2 is intact
+    (rd.path / "tokens" / "stray.parquet").write_bytes(b"x")
+    (rd.path / "tokens" / "a.parquet.tmp123-4").write_bytes(b"x")
+    rep = check_run(rd.path)
+    assert [n for n, _ in rep.torn] == [2] and not rep.intact
+    assert rep.orphans == ["tokens/stray.parquet"] and rep.temp_files
+    out = subprocess.run([sys.executable, "-m", "agent.rundir", "check", str(rd.path), "--repair"], cwd=REPO,
+                         capture_output=True, text=True)
+    assert "torn line(s) moved to quarantine" in out.stdout and "removed" in out.stdout
+    assert (rd.path / "quarantine" / "tokens" / "stray.parquet").exists()  # moved, never deleted
+    assert b'"tri' in next((rd.path / "quarantine").glob("torn-lines-*.jsonl")).read_bytes()
+    rep = check_run(rd.path)
+    assert rep.intact and not rep.temp_files and not rep.orphans
+
+
+async def test_superseded_lines_keep_their_tokens(tmp_path):
+    from agent.backends.base import BackendError
+    from agent.backends.scripted import ScriptedBackend
+    from agent.run import RunConfig, run
+    from tests.test_runner import react_policy
+
+    state = {"n": 0}
+
+    def flaky(msgs):
+        state["n"] += 1
+        if state["n"] == 2:
+            raise BackendError("server went away")
+        return react_policy(msgs)
+
+    cfg = RunConfig(method="react", out=str(tmp_path / "r"), limit=1, progress=False)
+    await run(cfg, [], backends=[ScriptedBackend([flaky] * 10)])
+    cfg.retry_errors = True
+    await run(cfg, [], backends=[ScriptedBackend([react_policy] * 10)])
+    lines = RunDir(tmp_path / "r").read_lines()
+    assert [ln["status"] for ln in lines] == ["error", "ok"]
+    assert lines[0]["tokens_file"] != lines[1]["tokens_file"]
+    assert (tmp_path / "r" / lines[0]["tokens_file"]).exists() and (tmp_path / "r" / lines[1]["tokens_file"]).exists()
+    rep = check_run(tmp_path / "r")
+    assert rep.intact and rep.superseded == 1 and not rep.orphans
+
+
+# ------------------------------------------------------------------ bad data
+def test_bad_data_is_reported_not_used(tmp_path, monkeypatch):
+    import shutil
+
+    from agent.backends.messages import ImageError, load_image
+    from agent.benchmarks import load_benchmark
+    from agent.tools.demo_world import ensure_demo_world
+
+    b = tmp_path / "bench"
+    shutil.copytree(ensure_demo_world() / "demo", b)
+    (b / "imgs" / "notimage.png").write_text("hello")
+    (b / "imgs" / "big.png").write_bytes(b"\0" * (3 * 2**20))
+    (tmp_path / "secret.png").write_bytes((b / "imgs" / "kestrel_logo.png").read_bytes())
+    rows = [{"id": "a", "query": "q", "query_images": ["kestrel_logo.png"], "answer": "x"},
+            {"id": "b", "query": "q", "query_images": ["notimage.png"], "answer": "x"},
+            {"id": "c", "query": "q", "query_images": ["big.png"], "answer": "x"},
+            {"id": "d", "query": "q", "query_images": ["../../secret.png"], "answer": "x"},
+            {"id": "e", "query": "q", "query_images": [str(tmp_path / "secret.png")], "answer": "x"}]
+    data = b"\xef\xbb\xbf" + b"".join(json.dumps(r).encode() + b"\n" for r in rows) + b'{"id": "f", "query": "\xff\xfe"}\n'
+    (b / "data_unified.jsonl").write_bytes(data)
+    monkeypatch.setenv("MMCF_MAX_IMAGE_MB", "2")
+    m = load_benchmark(b)
+    kinds = {(p.id, p.kind) for p in m.problems}
+    assert ("b", "not_an_image") in kinds and ("c", "image_too_large") in kinds
+    assert ("d", "path_outside_imgs") in kinds and ("e", "path_outside_imgs") in kinds
+    assert any(p.kind == "non_utf8" and p.line == 6 for p in m.problems)
+    assert [s.id for s in m.samples] == ["a", "b", "c"]  # the BOM line parses; refused rows are not used
+    assert not any(p.kind == "torn_line" for p in m.problems)
+    with pytest.raises(ImageError, match="not a regular file"):
+        load_image("/dev/zero")
+    with pytest.raises(ImageError, match="over the image size limit"):
+        load_image(b / "imgs" / "big.png")
+    out = subprocess.run([sys.executable, "-m", "agent.benchmarks", "stats", str(tmp_path), "--json"], cwd=REPO,
+                         capture_output=True, text=True, env={**os.environ, "MMCF_MAX_IMAGE_MB": "2"})
+    rep = json.loads(out.stdout)["benchmarks"]["bench"]
+    assert {p["kind"] for p in rep["problems"]} >= {"not_an_image", "image_too_large", "path_outside_imgs", "non_utf8"}
+
+
+# ------------------------------------------------------------------ keys stay where they belong
+SECRETS = {"SERPER_API_KEY": "sk-serper-PLANTED-1111", "JINA_API_KEY": "jina-PLANTED-2222",
+           "OPENROUTER_API_KEY": "sk-or-PLANTED-3333", "MY_SERVER_API_KEY": "srv-PLANTED-4444",
+           "HF_TOKEN": "hf_PLANTED_5555"}
+
+
+def test_no_key_is_written_anywhere(tmp_path, monkeypatch):
+    """Plant a key in every variable, make every server echo what it receives (headers included) in its
+    errors, run, probe and judge, then grep every file they wrote."""
+    from http.server import ThreadingHTTPServer
+
+    from tests.fakes.http_base import JSONHandler
+    from tests.fakes.web_apis import FakeWeb
+
+    for k, v in SECRETS.items():
+        monkeypatch.setenv(k, v)
+
+    seen = []
+
+    class Echo(JSONHandler):  # a judge server that refuses, echoing the request's headers
+        def do_POST(self):
+            seen.append(dict(self.headers))
+            self._send(400, {"error": "bad request", "headers": dict(self.headers)})
+
+        def do_GET(self):
+            self._send(200, {"data": [{"id": "judge"}]})
+
+    echo = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    import threading
+
+    threading.Thread(target=echo.serve_forever, daemon=True).start()
+    judge_url = f"http://127.0.0.1:{echo.server_address[1]}"
+    with FakeWeb() as web, FakeSGLang(reply=agent_policy) as srv:
+        web.faults = ["403"] * 3  # the web tools refuse (and are retried): their error bodies carry headers
+        monkeypatch.setenv("MMCF_SERPER_BASE", web.url)
+        monkeypatch.setenv("MMCF_JINA_BASE", web.url)
+        monkeypatch.setenv("MMCF_LENS_URL_TEMPLATE", "https://img.example/{sha256}")
+        srv.faults = ["400"]  # the model server refuses once: the error is recorded in the unit
+        url = srv.url.replace("http://", "http://alice:pw-PLANTED-6666@")
+        out = tmp_path / "run"
+        rc = run_main(["--method", "react", "--backend", "openai", "--endpoint", url, "--api-key-env",
+                       "MY_SERVER_API_KEY", "--tools", "live", "--benchmark", "demo", "--limit", "2", "--out", str(out),
+                       "--no-progress", "--concurrency", "1"])
+        assert rc == 3  # the refused unit
+        from agent.judge import main as judge_main
+
+        assert judge_main([str(out), "--endpoint", judge_url, "--model", "judge", "--api-key-env", "MY_SERVER_API_KEY",
+                           "--no-progress"]) == 1  # every judge call failed (recorded, retried next time)
+        assert judge_main([str(out), "--judge", "exact", "--no-progress"]) == 0
+    echo.shutdown()
+    written = [p for p in out.rglob("*") if p.is_file()]
+    assert len(written) > 5
+    planted = [*SECRETS.values(), "pw-PLANTED-6666"]
+    for p in written:
+        data = p.read_bytes()
+        for v in planted:
+            assert v.encode() not in data, f"{v} written into {p}"
+    # the judge server got the key named for it, never OpenRouter's
+    assert seen and all(h.get("Authorization") == "Bearer srv-PLANTED-4444" for h in seen)
+    assert not any("sk-or-PLANTED" in str(h) for h in seen)
+
+
+# ------------------------------------------------------------------ signals and small ones
+@pytest.mark.parametrize("processes", [1, 2])
+def test_sigterm_is_handled_like_ctrl_c(tmp_path, processes):
+    with FakeSGLang(reply=agent_policy, latency_s=0.2) as srv:
+        cmd = [sys.executable, "-m", "agent.run", *_cli(srv.url, tmp_path / "r", "--trials", "4", "--processes",
+                                                         str(processes))]
+        p = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        res = tmp_path / "r" / "results.jsonl"
+        deadline = time.time() + 60
+        while time.time() < deadline and not (res.exists() and res.read_bytes().count(b"\n") >= 2):
+            time.sleep(0.05)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    assert p.returncode == 143, err[-2000:]
+    assert "rerun the same command to resume" in err and "Traceback" not in err
+    n = len(RunDir(tmp_path / "r").read_lines())
+    assert f"interrupted: {n} written" in err  # the summary counts what was written, workers included
+
+
+def test_small_ones(tmp_path, capsys):
+    from agent.rundir import RESUME_HISTORY
+
+    rd = RunDir(tmp_path / "r")
+    h = {"method": "react", "benchmark": "x"}
+    for _ in range(RESUME_HISTORY + 20):
+        rd.write_header(h)
+    hist = rd.read_header()["resumed"]
+    assert len(hist) == RESUME_HISTORY and hist[5] == {"omitted": 20}
+    # waiting for another runner's lock is said
+    holder = RunDir(tmp_path / "r")
+    holder.lock()
+    with pytest.raises(Exception, match="another runner"):
+        RunDir(tmp_path / "r").lock(wait_s=0.5)
+    assert "another runner holds this run directory; waiting" in capsys.readouterr().err
+    holder.unlock()
+    # demo_world --help prints usage and creates nothing
+    r = subprocess.run([sys.executable, "-m", "agent.tools.demo_world", "--help"], cwd=tmp_path, capture_output=True,
+                       text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0 and r.stdout.startswith("usage:") and not (tmp_path / "--help").exists()
+
+
+def test_a_full_disk_names_the_file_and_keeps_what_was_written(tmp_path):
+    from agent.rundir import RunError
+    from agent.trajectory import Trajectory
+
+    rd = RunDir(tmp_path / "r")
+    rd.write_header({"method": "react"})
+
+    class S:
+        image_paths = []
+
+    traj = Trajectory.__new__(Trajectory)
+    traj.tokens, traj.sample, traj.image_files, traj.top_k = {}, S(), {}, 0
+    rd.append(traj, _unit_line("s0"))
+    os.chmod(rd.results, 0o444)
+    try:
+        if os.access(rd.results, os.W_OK):  # root ignores permissions: simulate with a directory in the way
+            os.chmod(rd.results, 0o644)
+            rd.results.rename(tmp_path / "moved.jsonl")
+            rd.results.mkdir()
+        with pytest.raises(RunError, match="results.jsonl: cannot write the run record"):
+            rd.append(traj, _unit_line("s1"))
+    finally:
+        if rd.results.is_dir():
+            rd.results.rmdir()
