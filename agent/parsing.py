@@ -127,3 +127,42 @@ def parse_init_description(text: str) -> tuple[dict | None, str]:
         except json.JSONDecodeError:
             pass
     return None, (text or "").strip()
+
+
+# ====================================================================== ContextFold's XML grammar (paper Table 11)
+@dataclass
+class FunctionCall:
+    """One ``<function=NAME><parameter=K>V</parameter>…</function>`` call (values stripped)."""
+
+    name: str
+    params: dict
+    start: int
+    end: int
+    raw: str = ""
+
+
+_FN = re.compile(r"<function=([^>\s]+)\s*>(.*?)</function>", re.S)
+_PARAM = re.compile(r"<parameter=([^>\s]+)\s*>(.*?)</parameter>", re.S)
+
+
+def parse_function_calls(text: str) -> list[FunctionCall]:
+    """Every complete call in ``text``, in order. A value may span lines; it is stripped (ours: the release
+    keeps surrounding whitespace, which only differs for values the tools would strip anyway)."""
+    out = []
+    for m in _FN.finditer(text or ""):
+        params = {k: v.strip() for k, v in _PARAM.findall(m.group(2))}
+        out.append(FunctionCall(m.group(1).strip(), params, m.start(), m.end(), m.group(0)))
+    return out
+
+
+def trailing_group(text: str, calls: list[FunctionCall]) -> list[FunctionCall]:
+    """The last group of calls: consecutive calls fewer than 4 newlines apart (FoldAgent runs that group, in
+    order, so a model can issue parallel searches)."""
+    if not calls:
+        return []
+    group = [calls[-1]]
+    for prev in reversed(calls[:-1]):
+        if text[prev.end: group[0].start].count("\n") >= 4:
+            break
+        group.insert(0, prev)
+    return group

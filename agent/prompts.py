@@ -271,3 +271,145 @@ BRANCH_SUMMARISE = """Branch budget exhausted. Do not call any more tools. Call 
 
 #: Ours: the image context of the w/o Init ablation (paper §4.3: "planning only with the image identifiers").
 NO_INIT_IMAGE_CONTEXT = "The question comes with {n} query image(s), not described: {ids}."
+
+
+# =========================================================================== baselines (ours, Table 1)
+# AgentFold and ContextFold as the paper adapts them (§4.1, C.1, B.2): each keeps its context logic and
+# action grammar; backbone, tools, answer format and T_max are shared. The released prompts are not
+# reused (they are tied to their own tools and SFT formats); these are ours, written from the behaviour
+# described in ../shared/baselines-spec.md, with the original file named as provenance.
+
+_JSON_TOOLS = """{"name": "search", "description": "Google web search; returns the top 10 results (title, URL, snippet).", "arguments": {"query": "string", "goal": "string"}}
+{"name": "visit", "description": "Read a web page.", "arguments": {"url": "string", "goal": "string"}}
+{"name": "lens_search", "description": "Google Lens reverse image search on a query image, named by its identifier such as <image_0>.", "arguments": {"image_id": "string", "goal": "string"}}"""
+
+#: Ours; provenance: AgentFold's system prompt (Alibaba-NLP/DeepResearch @f72f75d, WebAgent/AgentFold/infer.py),
+#: which states the role and lists the tools but leaves the output format to fine-tuning. The format rules
+#: are spelled out here because the backbones were not trained on it.
+AGENTFOLD_SYSTEM = """You are a research agent that answers questions by calling tools and by managing a record of your previous steps: after every step you decide how to fold earlier steps into short summaries, so the record stays small while the facts you need survive.
+
+Available tools:
+<tools>
+""" + _JSON_TOOLS + """
+</tools>
+
+Respond in this order:
+1. Think step by step.
+2. Unless the previous steps are EMPTY, fold them:
+<compress>{"compress_range": [i, j], "compress_text": "what steps i..j established that is still needed"}</compress>
+j is the id of the latest step. Use [j, j] to condense only the latest step, or [i, j] with an earlier i to merge several steps into one summary. Anything you do not keep in compress_text is gone: in particular, the query images are shown only in the first step, so write down every visual detail you may need later.
+3. <motivation>why the next action</motivation>
+4. Exactly one action: a tool call
+<tool_call>
+{"name": "tool_name", "arguments": {"key": "value"}}
+</tool_call>
+or, when the evidence is sufficient, the final answer:
+<answer>your final answer</answer>"""
+
+#: Ours; the user message layout follows AgentFold's (infer.py: "### Question" / "### Previous Steps").
+AGENTFOLD_USER = """### Question
+{question}
+
+### Previous Steps
+{memory}"""
+
+#: Ours: how later calls name the query images whose pixels only the first call shows (paper C.1: visual
+#: information survives only through textualization).
+AGENTFOLD_IMAGE_IDS = "Query images (shown in step 0 only): {ids}"
+
+#: Ours: the T_max-th call (AgentFold's last turn asks for the final answer with no tool call).
+AGENTFOLD_FINAL = """This is your last step. Do not call any tool: give your best final answer now.
+<answer>your final answer</answer>"""
+
+_XML_TOOLS = """---- BEGIN FUNCTION #1: search ----
+Description: Google web search; returns the top 10 results (title, URL, snippet).
+Parameters:
+  (1) query (string, required): the search query
+  (2) goal (string, optional): what you are looking for
+---- END FUNCTION #1 ----
+
+---- BEGIN FUNCTION #2: visit ----
+Description: Read a web page.
+Parameters:
+  (1) url (string, required): the page to read
+  (2) goal (string, optional): what to extract
+---- END FUNCTION #2 ----
+
+---- BEGIN FUNCTION #3: lens_search ----
+Description: Google Lens reverse image search on a query image.
+Parameters:
+  (1) image_id (string, required): the image identifier, such as <image_0>
+  (2) goal (string, optional): what to identify
+---- END FUNCTION #3 ----
+
+---- BEGIN FUNCTION #4: branch ----
+Description: MAIN only. Hand a focused subtask to a BRANCH agent that inherits this whole conversation, works on it, and reports back.
+Parameters:
+  (1) description (string, required): a 3-5 word summary of the subtask
+  (2) prompt (string, required): what to find and what to report
+---- END FUNCTION #4 ----
+
+---- BEGIN FUNCTION #5: return ----
+Description: BRANCH only. End the branch and report its findings to MAIN.
+Parameters:
+  (1) message (string, required): the findings, with their sources and remaining uncertainty
+---- END FUNCTION #5 ----
+
+---- BEGIN FUNCTION #6: finish ----
+Description: MAIN only. Give the final answer and end the task.
+Parameters:
+  (1) answer (string, required): the final answer
+  (2) explanation (string, required): the evidence for it
+  (3) confidence (string, optional): low, medium or high
+---- END FUNCTION #6 ----"""
+
+#: Ours; provenance: FoldAgent's SEARCH_SYSTEM_PROMPT_BRANCH and PARALLEL_TOOL_PROMPT
+#: (sunnweiwei/FoldAgent @cc09646, agents/prompts.py, agents/tool_spec.py): a MAIN planner that delegates
+#: subtasks to branches and a BRANCH executor that reports back with return; the XML call grammar.
+CONTEXTFOLD_SYSTEM = """You are a research agent working in one of two roles.
+
+MAIN: plan how to answer the question, keep a checklist of what is known and what is missing, hand one focused subtask at a time to a branch with `branch`, combine what branches report, verify it, and finally answer with `finish`.
+BRANCH: work on the subtask you were given with search, visit and lens_search, then report your findings with their sources through `return`.
+
+You have access to these functions:
+
+""" + _XML_TOOLS + """
+
+To call a function, write
+<function=NAME>
+<parameter=KEY>
+VALUE
+</parameter>
+</function>
+You may write several search or visit calls one after another to run them together; branch, return and finish must be the last call of a response."""
+
+#: Ours; provenance: FoldAgent's SEARCH_USER_PROMPT_BRANCH (agents/prompts.py).
+CONTEXTFOLD_USER = """Question: {question}
+
+Example of delegating a subtask:
+<function=branch>
+<parameter=description>identify the landmark</parameter>
+<parameter=prompt>Use lens_search on <image_0> and search to identify the building in the image; report its name and location with sources.</parameter>
+</function>
+
+When you know the answer, call finish with the answer, a short explanation and your confidence.
+Now you are MAIN."""
+
+#: Ours; provenance: FoldAgent's BRANCH_MESSAGE_SEARCH (agents/prompts.py). As in the release, the task
+#: reaches the branch through the inherited branch call just above this message.
+CONTEXTFOLD_BRANCH = """You are now a BRANCH. Work on the subtask of the branch call shown above. You cannot branch or finish. When done, report to MAIN:
+<function=return>
+<parameter=message>
+Findings, their sources, and what remains uncertain.
+</parameter>
+</function>"""
+
+#: Ours (release: "context limit has been exceeded…"): the constraint on a branch's last allowed call.
+CONTEXTFOLD_FORCED_RETURN = """Your branch budget is used up. Do not search any more: call return now with the progress made, the sources, and the pending jobs."""
+
+#: Ours (not in the release): the last main call of the shared T_max budget.
+CONTEXTFOLD_FORCE_FINISH = """The call budget is exhausted. Do not branch or search: call finish now with your best answer."""
+
+#: Ours: the reminder after each observation (the release nudges the agent to keep working).
+CONTEXTFOLD_NUDGE_MAIN = "Continue: branch the next subtask, or finish when the evidence is sufficient."
+CONTEXTFOLD_NUDGE_BRANCH = "You are now in branch mode: {description}. Continue the subtask, or return your findings."

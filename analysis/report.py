@@ -138,6 +138,8 @@ def make_report(*, react=(), runs=(), removal_runs=(), out="figures/out", judge:
             judged, _, _ = tables.judged_runs(runs, judge)
             samples = []
             for run, recs in judged:
+                if run.header.get("method") == "direct":  # Figure 4 compares the agentic methods (§4.4)
+                    continue
                 ok = {(r["sample_id"], r["trial"]): r["grade"] == "CORRECT" for r in recs}
                 s = tables._trajectory_frame(run)
                 s["method"] = tables.method_label(run)

@@ -12,7 +12,8 @@
   named, unless ``judge="llm"|"exact"`` picks one (runs without it are then listed as missing). The note
   says which judge graded the table; runs compared with different budgets, sampling or history settings
   are flagged in it.
-- **Table 4** (§4.4): per method, pooled over every run given for it (backbone x benchmark): means per
+- **Table 4** (§4.4): per agentic method (direct inference is left out), pooled over every run given for it
+  (backbone x benchmark): means per
   trajectory of cumulative tokens (prompt + completion over all calls), working context (the largest
   prompt of any single call), tool calls, and each tool (Visual Search = lens_search).
 - **Table 5** (§4.4): MMSearch-Plus by number of query images in groups {1, 2, >=3}: accuracy and Visual
@@ -185,6 +186,8 @@ def table4(run_dirs) -> "pd.DataFrame":
     for rd in run_dirs:
         run = load_run(rd)
         method = method_label(run)
+        if run.header.get("method") == "direct":  # Table 4 compares the agentic methods (§4.4)
+            continue
         s = _trajectory_frame(run)
         s["run"] = run.path.name
         pooled.setdefault(method, []).append(s)

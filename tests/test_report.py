@@ -57,7 +57,8 @@ async def test_report_makes_every_figure_and_table(tmp_path):
     import pandas as pd
 
     t4 = pd.read_csv(out / "table4_cost.csv").set_index("method")
-    assert t4.loc["direct", "runs"] == 2 and t4.loc["direct", "trajectories"] == 16  # pooled over its runs
+    assert "direct" not in t4.index  # Table 4 compares the agentic methods
+    assert t4.loc["react", "runs"] == 1 and t4.loc["react", "trajectories"] == 8
     assert t4.loc["react", "Text Retrieval (search)"] == 3.0 and "working context" in t4.columns
     rep = json.loads((out / "report.json").read_text())
     assert any("unjudged" in m and "agent.judge" in m for m in rep["missing"])
@@ -192,3 +193,20 @@ async def test_judge_refuses_to_mix_judges_in_one_run(tmp_path):
                         progress=False, regrade=True)
     assert "j2" in s["judge"] and s["overall"]["mean"] == 0.0
     assert list((tmp_path / "r").glob("judge-llm.jsonl.replaced-*"))
+
+
+async def test_table4_pools_every_run_of_a_method(tmp_path):
+    from agent.tools.demo_world import ensure_demo_world
+    from analysis.tables import table4
+
+    import shutil
+
+    for i, (bench, model) in enumerate((("mmsearch", "m1"), ("simplevqa", "m1"), ("mmsearch", "m2"))):
+        b = tmp_path / bench
+        if not b.exists():
+            shutil.copytree(ensure_demo_world() / "demo", b)
+        await run(RunConfig(method="react", out=str(tmp_path / f"r{i}"), benchmark=str(b), limit=2 + i, t_max=8,
+                            progress=False), [], backends=[ScriptedBackend([sees_image_policy] * 100, model=model)])
+    t = table4([tmp_path / f"r{i}" for i in range(3)]).set_index("method")
+    assert t.loc["react", "runs"] == 3 and t.loc["react", "trajectories"] == 2 + 3 + 4  # pooled trajectories
+    assert t.loc["react", "LLM calls"] == 4.0

@@ -1,4 +1,5 @@
-"""The agents: direct inference, ReAct (+ Removal@k), MM-ContextFold (+ ablations).
+"""The agents: direct inference, ReAct (+ Removal@k), MM-ContextFold (+ ablations), and the AgentFold and
+ContextFold baselines of Table 1.
 
     from agent.methods import MethodSpec, run_sample
     line, traj = await run_sample(MethodSpec("react"), sample, trial=0, backend=b, toolbox=tb)
@@ -18,13 +19,15 @@ from ..backends.messages import ImageError
 from ..tools.toolbox import TOOL_NAMES, CacheMiss
 from ..trajectory import Trajectory
 from .common import HISTORY_REASONING, WEBWATCHER_OBSERVATION_IMAGES, BudgetExceeded, Budgets, Episode
-from .contextfold import VARIANTS, run_contextfold
+from .agentfold import run_agentfold
+from .contextfold import run_contextfold
+from .mmcontextfold import VARIANTS, run_mmcontextfold
 from .direct import run_direct
 from .react import run_react
 
 __all__ = ["MethodSpec", "run_sample", "new_trajectory", "METHODS", "VARIANTS", "Budgets", "Episode"]
 
-METHODS = ("direct", "react", "mmcontextfold")
+METHODS = ("direct", "react", "mmcontextfold", "agentfold", "contextfold")
 
 
 @dataclass(frozen=True)
@@ -88,8 +91,12 @@ async def run_sample(spec: MethodSpec, sample, trial: int, *, backend, toolbox,
             status, answer = await run_direct(ep)
         elif spec.method == "react":
             status, answer = await run_react(ep, remove_from=spec.remove_images_from_step)
+        elif spec.method == "agentfold":
+            status, answer = await run_agentfold(ep)
+        elif spec.method == "contextfold":
+            status, answer = await run_contextfold(ep)
         else:
-            status, answer = await run_contextfold(ep, variant=spec.variant)
+            status, answer = await run_mmcontextfold(ep, variant=spec.variant)
     except HARNESS_ERRORS as e:
         msg = f"{type(e).__name__}: {e}"
         traj.error(type(e).__name__, msg)

@@ -1,173 +1,179 @@
-"""MM-ContextFold (paper §3.3, B.3, appendix E.1-E.4) and its ablations (§4.3).
+"""ContextFold (FoldAgent, ``workflow=search_branch``), adapted to multimodal retrieval as the paper does (§4.1, C.1, B.2).
 
-    python -m agent.run --method mmcontextfold [--variant image-caption|no-init|no-image-in-branch|image-in-main] ...
+    python -m agent.run --method contextfold --benchmark demo --out runs/contextfold
 
-1. Initialization cycle: one call per query image (that image only + E.4); the descriptions become
-   the main state's image context.
-2. Main state (text only): E.1 system + E.2 prompt; each response is one ``<subtask>`` or ``<answer>``.
-   After a branch returns, the E.2 continuation prompt carries its return message.
-3. Branch state: inherits the main context (text), then the E.3 prompt with the subtask's prompt and
-   only the assigned images; one ``<tool_call>`` per response; ``return`` folds a message back and
-   the branch context is discarded. At most B_max calls; the last allowed call carries the
-   summarise constraint, and if it still does not return, its visible text is folded back.
-4. Budgets: every init, main, branch and correction call counts toward T_max; the T_max-th call is
-   a main call with the force-answer prompt. Malformed outputs get the correction re-prompt, which
-   counts toward B_max (in a branch) and T_max.
+The controller of the release (sunnweiwei/FoldAgent @cc09646, agents/fold_agent.py): a multi-turn,
+append-only MAIN context whose observations come back as user messages, and BRANCH contexts created by
+``branch(description, prompt)`` as a **full copy of every main message** — the query images included
+(modality-symmetric inheritance, the contrast with MM-ContextFold) — plus a branch instruction. A branch
+cannot branch or finish (refusal, one step used); ``return(message)`` ends it and main receives exactly one
+user message with the returned text. The XML grammar ``<function=NAME><parameter=K>V</parameter></function>``
+(Table 11) is parsed by one parser: over all complete calls, if the last is ``branch``, ``return`` or
+``finish`` it controls the turn; otherwise the trailing group of calls runs in order (parallel searches).
 
-Variants: ``image-caption`` (init descriptions only; branches get no pixels and no lens_search),
-``no-init`` (no initialization: the main state sees only the image identifiers),
-``no-image-in-branch`` (branches get no query pixels; lens_search by identifier still works and, like every
-  branch, sees its result images: ours, the ablation concerns the query images),
-``image-in-main`` (the raw images sit in the main context, and so are inherited by every branch).
+Adaptations (paper C.1; ours where the paper is silent, following ../shared/baselines-spec.md):
+- the shared tools (search, visit, lens_search on ``<image_k>``) plus branch / return / finish; result
+  images of a lens_search come back with its observation, as in the other methods;
+- B_max = 5 calls per branch: the 5th (or any at ``remaining <= 2``) carries the forced-return
+  constraint; without a return the branch's last message is folded back (``branch_budget``); at
+  ``remaining <= 1`` the branch ends (``global_budget``); at most 10 branches (then refused);
+- the T_max-th call is a main call asking for ``finish``; every call (refusals, forced calls) counts.
 """
 from __future__ import annotations
 
-from ..parsing import ActionError, parse_action, parse_init_description
+import copy
+
+from ..parsing import parse_function_calls, trailing_group
 from ..prompts import (
-    BRANCH, BRANCH_CAPTION_ONLY, BRANCH_SUMMARISE, CONTINUATION, FORCE_ANSWER, INIT, MAIN, NO_INIT_IMAGE_CONTEXT,
-    SYSTEM, fill,
+    CONTEXTFOLD_BRANCH, CONTEXTFOLD_FORCE_FINISH, CONTEXTFOLD_FORCED_RETURN, CONTEXTFOLD_NUDGE_BRANCH,
+    CONTEXTFOLD_NUDGE_MAIN, CONTEXTFOLD_SYSTEM, CONTEXTFOLD_USER, fill,
 )
-from .common import Episode, Turn, assistant_message, chat, correction_text, image_parts, with_suffix
+from ..tools.toolbox import TOOL_NAMES
+from .common import Episode, assistant_message, chat, image_parts, with_suffix
 
-__all__ = ["run_contextfold", "VARIANTS"]
+__all__ = ["run_contextfold", "MAX_BRANCHES"]
 
-VARIANTS = ("", "image-caption", "no-init", "no-image-in-branch", "image-in-main")
+#: The release's cap on branch calls (``max_session``).
+MAX_BRANCHES = 10
 
-
-async def _init_cycle(ep: Episode) -> str:
-    descriptions, parsed = {}, {}
-    for img in ep.registry.images:
-        if ep.remaining <= 1:  # keep the last call for the force-answer
-            break
-        msgs = [chat("system", SYSTEM), chat("user", [*image_parts([img]), {"type": "text", "text": INIT}])]
-        out, ev = await ep.llm(msgs, state="init", parent="init")
-        obj, text = parse_init_description(out.text or out.reasoning)
-        ev["action"] = {"kind": "describe", "image_id": img.image_id, "parsed": obj is not None}
-        descriptions[img.image_id], parsed[img.image_id] = text or "(no description)", obj is not None
-    ep.traj.init_end(descriptions, parsed)
-    missing = [r.image_id for r in ep.registry.images if r.image_id not in descriptions]
-    lines = [f"{k}: {v}" for k, v in descriptions.items()]
-    lines += [f"{k}: (not described: call budget exhausted)" for k in missing]
-    return "\n".join(lines) if lines else "No query images."
+NO_CALL = "No function call was detected in your response. Call one of the functions in the required format."
+EMPTY_ANSWER = "The answer given to finish is empty. Call finish again with the answer."
 
 
-def _no_init_context(ep: Episode) -> str:
-    ids = ep.registry.ids
-    return fill(NO_INIT_IMAGE_CONTEXT, n=len(ids), ids=", ".join(ids)) if ids else "No query images."
+def _reply(text: str, images: list) -> object:
+    """An observation message: text, plus result images (each after a label) when a tool returned some."""
+    if not images:
+        return text
+    parts: list[dict] = []
+    for i, path in enumerate(images, 1):
+        parts += [{"type": "text", "text": f"[result image {i}]"}, {"type": "image_url", "image_url": {"url": str(path)}}]
+    return [*parts, {"type": "text", "text": text}]
 
 
-async def run_contextfold(ep: Episode, *, variant: str = "") -> tuple[str, str]:
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown MM-ContextFold variant {variant!r}; choose from {VARIANTS[1:]}")
-    image_context = _no_init_context(ep) if variant == "no-init" else await _init_cycle(ep)
-    main_text = fill(MAIN, image_context=image_context, question=ep.sample.question)
-    first = [*image_parts(ep.registry.images), {"type": "text", "text": main_text}] if variant == "image-in-main" else main_text
-    base = [chat("system", SYSTEM), chat("user", first)]
-    turns: list[Turn] = []
-    correction = False
+async def _run_group(ep: Episode, ev: dict, group) -> tuple[str, list]:
+    """Run the calls in order; the observations concatenated (and the result images shown)."""
+    texts, images = [], []
+    for call in group:
+        if call.name not in TOOL_NAMES:
+            texts.append(f"[Error] {call.name} is not a function you can call here.")
+            continue
+        res = await ep.tool(ev, call.name, call.params)
+        texts.append(res.observation)
+        images += [p for _, p in res.images[: ep.observation_images]]
+    return "\n\n".join(texts), images
+
+
+def _record(ev: dict, call) -> None:
+    if call.name == "branch":
+        ev["action"] = {"kind": "subtask", "subtask": {"description": call.params.get("description", ""),
+                                                       "prompt": call.params.get("prompt", ""), "assigned_images": []}}
+    elif call.name == "finish":
+        ev["action"] = {"kind": "answer", "answer": call.params.get("answer", "").strip()}
+    else:
+        ev["action"] = {"kind": "tool_call", "name": call.name, "args": call.params}
+
+
+async def run_contextfold(ep: Episode) -> tuple[str, str]:
+    first = [*image_parts(ep.registry.images), {"type": "text", "text": fill(CONTEXTFOLD_USER, question=ep.sample.question)}]
+    main: list[dict] = [chat("system", CONTEXTFOLD_SYSTEM), chat("user", first)]  # append-only
     n_branch = 0
-
-    def main_messages(extra=None) -> list[dict]:
-        msgs = ep.turns(base, turns)
-        if extra is not None:  # the main call that opened a branch: its output (and reasoning) is inherited
-            msgs.append(assistant_message(extra.text, extra.reasoning, ep.history_reasoning))
-        return msgs
-
+    correction = False
     while ep.remaining > 0:
-        forced = ep.remaining == 1
-        msgs = with_suffix(main_messages(), FORCE_ANSWER) if forced else main_messages()
-        out, ev = await ep.llm(msgs, state="main", correction=correction, forced=forced)
-        try:
-            act = parse_action(out.text, ("answer",) if forced else ("subtask", "answer"))
-            if act.kind == "subtask":
-                bad = [x for x in act.subtask["assigned_images"] if ep.registry.resolve(x) is None]
-                if bad:
-                    raise ActionError(f"unknown image id(s) {bad} in assigned_images; the query images are "
-                                      f"{ep.registry.ids or 'none'}.")
-        except ActionError as e:
-            ep.reject(ev, e)
-            if forced:
-                break
-            turns.append(Turn(out.text, out.reasoning, correction_text(e)))
+        final = ep.remaining == 1
+        msgs = with_suffix(main, CONTEXTFOLD_FORCE_FINISH) if final else list(main)
+        out, ev = await ep.llm(msgs, state="main", correction=correction, forced=final)
+        correction = False
+        main.append(assistant_message(out.text, out.reasoning, ep.history_reasoning))
+        calls = parse_function_calls(out.text)
+        last = calls[-1] if calls else None
+        if last is not None and last.name == "finish":
+            _record(ev, last)
+            answer = last.params.get("answer", "").strip()
+            if answer:
+                ep.traj.final_answer(ev, answer, forced=final)
+                return "ok", answer
+            ep.reject(ev, ValueError("finish with an empty answer"))
+            main.append(chat("user", EMPTY_ANSWER))
             correction = True
             continue
-        ep.accept(ev, act)
-        correction = False
-        if act.kind == "answer":
-            ep.traj.final_answer(ev, act.answer, forced=forced)
-            return "ok", act.answer
-        n_branch += 1
-        message = await _branch(ep, f"b{n_branch}", act.subtask, main_messages(out), ev, variant)
-        turns.append(Turn(out.text, out.reasoning,
-                          fill(CONTINUATION, description=act.subtask["description"], return_message=message)))
+        if final:  # the last call did not finish: no answer, nothing runs
+            ep.reject(ev, ValueError("the forced last call did not call finish"))
+            break
+        if last is None:
+            ep.reject(ev, ValueError("no function call"))
+            main.append(chat("user", NO_CALL))
+            correction = True
+            continue
+        if last.name == "branch":
+            _record(ev, last)
+            missing = [k for k in ("description", "prompt") if not last.params.get(k)]
+            if missing:
+                main.append(chat("user", f"[Error] branch needs {' and '.join(missing)}. {CONTEXTFOLD_NUDGE_MAIN}"))
+                continue
+            if n_branch >= MAX_BRANCHES:
+                main.append(chat("user", f"You have reached the limit of {MAX_BRANCHES} branch calls. Continue the "
+                                         "work yourself or finish."))
+                continue
+            n_branch += 1
+            message = await _branch(ep, f"b{n_branch}", last.params, main, ev)
+            main.append(chat("user", message))
+            continue
+        if last.name == "return":
+            _record(ev, last)
+            main.append(chat("user", f"[Error] return can only be called in a branch. {CONTEXTFOLD_NUDGE_MAIN}"))
+            continue
+        group = trailing_group(out.text, calls)
+        _record(ev, group[-1])
+        text, images = await _run_group(ep, ev, group)
+        main.append(chat("user", _reply(f"{text}\n\n{CONTEXTFOLD_NUDGE_MAIN}", images)))
     return "no_answer", ""
 
 
-async def _branch(ep: Episode, bid: str, subtask: dict, inherited: list[dict], main_ev: dict, variant: str) -> str:
-    pixels = variant in ("", "image-in-main")
-    assigned = []
-    for x in subtask["assigned_images"]:
-        r = ep.registry.resolve(x)
-        if r is not None and r not in assigned:
-            assigned.append(r)
-    if variant == "image-in-main":  # the inherited main context already holds every image
-        loaded = []
-    else:
-        loaded = assigned if pixels else []
-    ep.traj.branch_begin(bid, description=subtask["description"], prompt=subtask["prompt"],
-                         assigned_images=[r.image_id for r in assigned],
-                         assigned_hashes=[r.sha256 for r in loaded], main_call_index=main_ev["index"])
-    template = BRANCH_CAPTION_ONLY if variant == "image-caption" else BRANCH
-    prompt = fill(template, task_prompt=subtask["prompt"])
-    base = [*inherited, chat("user", [*image_parts(loaded), {"type": "text", "text": prompt}] if loaded else prompt)]
-    turns: list[Turn] = []
-    correction = False
-    steps = 0
-    last_text = last_reasoning = ""
+async def _branch(ep: Episode, bid: str, params: dict, main: list[dict], main_ev: dict) -> str:
+    """Run a branch on a full copy of the main messages; returns the one message main receives."""
+    ep.traj.branch_begin(bid, description=params["description"], prompt=params["prompt"], assigned_images=[],
+                         assigned_hashes=[], main_call_index=main_ev["index"])
+    msgs = copy.deepcopy(main) + [chat("user", CONTEXTFOLD_BRANCH)]  # inherited: every message, images included
+    nudge = fill(CONTEXTFOLD_NUDGE_BRANCH, description=params["description"])
+    steps, last_text = 0, ""
     while True:
-        if ep.remaining <= 1:  # the final call belongs to the main state's force-answer
-            message = last_text or last_reasoning or "Subtask not completed: the global call budget is exhausted."
-            ep.traj.branch_end(bid, message=message, reason="global_budget", steps=steps)
-            return message
+        if ep.remaining <= 1:  # the final call belongs to main
+            ep.traj.branch_end(bid, message=last_text or "(no progress)", reason="global_budget", steps=steps)
+            return _fallback(last_text)
         steps += 1
-        last = steps >= ep.budgets.b_max or ep.remaining <= 2
-        msgs = ep.turns(base, turns)
-        if last:
-            msgs = with_suffix(msgs, BRANCH_SUMMARISE)
-        out, ev = await ep.llm(msgs, state="branch", branch=bid, correction=correction, forced=last)
-        # what a branch without a usable return folds back: its visible text, else its reasoning (ours)
-        last_text = _visible_without_calls(out.text) or last_text
-        last_reasoning = (out.reasoning or "").strip() or last_reasoning
-        try:
-            act = parse_action(out.text, ("tool_call",))
-            if act.name == "return":
-                msg = act.args.get("message")
-                if not isinstance(msg, str) or not msg.strip():
-                    raise ActionError('`return` needs a non-empty "message".')
-        except ActionError as e:
-            ep.reject(ev, e)
-            if last:
-                message = last_text or last_reasoning or f"Branch ended without a usable return ({e})."
-                ep.traj.branch_end(bid, message=message, reason="branch_budget", steps=steps)
-                return message
-            turns.append(Turn(out.text, out.reasoning, correction_text(e)))
-            correction = True
-            continue
-        ep.accept(ev, act)
-        correction = False
-        if act.name == "return":
-            message = act.args["message"].strip()
+        forced = steps >= ep.budgets.b_max or ep.remaining <= 2
+        sent = with_suffix(msgs, CONTEXTFOLD_FORCED_RETURN) if forced else msgs
+        out, ev = await ep.llm(sent, state="branch", branch=bid, forced=forced)
+        msgs.append(assistant_message(out.text, out.reasoning, ep.history_reasoning))
+        last_text = out.text
+        calls = parse_function_calls(out.text)
+        last = calls[-1] if calls else None
+        if last is not None and last.name == "return":
+            _record(ev, last)
+            message = last.params.get("message", "").strip()
             ep.traj.branch_end(bid, message=message, reason="return", steps=steps)
-            return message
-        if last:
-            message = last_text or last_reasoning or "Branch budget exhausted before a return; no findings were summarised."
-            ep.traj.branch_end(bid, message=message, reason="branch_budget", steps=steps)
-            return message
-        res = await ep.tool(ev, act.name, act.args)
-        turns.append(Turn(out.text, out.reasoning, ep.observation(res)))
+            return f"Branch has finished its task, the returned message is:\n\n{message}"
+        if forced:
+            ep.reject(ev, ValueError("the forced call did not return"))
+            reason = "branch_budget" if steps >= ep.budgets.b_max else "global_budget"
+            ep.traj.branch_end(bid, message=out.text, reason=reason, steps=steps)
+            return _fallback(out.text)
+        if last is not None and last.name in ("branch", "finish"):
+            _record(ev, last)
+            msgs.append(chat("user", f"You are in branch mode and cannot branch a task or finish. Use the `return` "
+                                     f"function to report your findings to MAIN. {nudge}"))
+            continue
+        if last is None:
+            ep.reject(ev, ValueError("no function call"))
+            msgs.append(chat("user", f"{NO_CALL} {nudge}"))
+            continue
+        group = trailing_group(out.text, calls)
+        _record(ev, group[-1])
+        text, images = await _run_group(ep, ev, group)
+        msgs.append(chat("user", _reply(f"{text}\n\n{nudge}", images)))
 
 
-def _visible_without_calls(text: str) -> str:
-    import re
-
-    return re.sub(r"<tool_call>.*?(</tool_call>|$)", "", text or "", flags=re.S).strip()
+def _fallback(text: str) -> str:
+    """What main receives when a branch ends without a return: its last message (after a stray return tag)."""
+    tail = text.rsplit("<function=return>", 1)[-1] if "<function=return>" in (text or "") else (text or "")
+    return f"Branch has finished its task. The last message was:\n\n{tail.strip()}"

@@ -1,0 +1,173 @@
+"""MM-ContextFold (paper §3.3, B.3, appendix E.1-E.4) and its ablations (§4.3).
+
+    python -m agent.run --method mmcontextfold [--variant image-caption|no-init|no-image-in-branch|image-in-main] ...
+
+1. Initialization cycle: one call per query image (that image only + E.4); the descriptions become
+   the main state's image context.
+2. Main state (text only): E.1 system + E.2 prompt; each response is one ``<subtask>`` or ``<answer>``.
+   After a branch returns, the E.2 continuation prompt carries its return message.
+3. Branch state: inherits the main context (text), then the E.3 prompt with the subtask's prompt and
+   only the assigned images; one ``<tool_call>`` per response; ``return`` folds a message back and
+   the branch context is discarded. At most B_max calls; the last allowed call carries the
+   summarise constraint, and if it still does not return, its visible text is folded back.
+4. Budgets: every init, main, branch and correction call counts toward T_max; the T_max-th call is
+   a main call with the force-answer prompt. Malformed outputs get the correction re-prompt, which
+   counts toward B_max (in a branch) and T_max.
+
+Variants: ``image-caption`` (init descriptions only; branches get no pixels and no lens_search),
+``no-init`` (no initialization: the main state sees only the image identifiers),
+``no-image-in-branch`` (branches get no query pixels; lens_search by identifier still works and, like every
+  branch, sees its result images: ours, the ablation concerns the query images),
+``image-in-main`` (the raw images sit in the main context, and so are inherited by every branch).
+"""
+from __future__ import annotations
+
+from ..parsing import ActionError, parse_action, parse_init_description
+from ..prompts import (
+    BRANCH, BRANCH_CAPTION_ONLY, BRANCH_SUMMARISE, CONTINUATION, FORCE_ANSWER, INIT, MAIN, NO_INIT_IMAGE_CONTEXT,
+    SYSTEM, fill,
+)
+from .common import Episode, Turn, assistant_message, chat, correction_text, image_parts, with_suffix
+
+__all__ = ["run_mmcontextfold", "VARIANTS"]
+
+VARIANTS = ("", "image-caption", "no-init", "no-image-in-branch", "image-in-main")
+
+
+async def _init_cycle(ep: Episode) -> str:
+    descriptions, parsed = {}, {}
+    for img in ep.registry.images:
+        if ep.remaining <= 1:  # keep the last call for the force-answer
+            break
+        msgs = [chat("system", SYSTEM), chat("user", [*image_parts([img]), {"type": "text", "text": INIT}])]
+        out, ev = await ep.llm(msgs, state="init", parent="init")
+        obj, text = parse_init_description(out.text or out.reasoning)
+        ev["action"] = {"kind": "describe", "image_id": img.image_id, "parsed": obj is not None}
+        descriptions[img.image_id], parsed[img.image_id] = text or "(no description)", obj is not None
+    ep.traj.init_end(descriptions, parsed)
+    missing = [r.image_id for r in ep.registry.images if r.image_id not in descriptions]
+    lines = [f"{k}: {v}" for k, v in descriptions.items()]
+    lines += [f"{k}: (not described: call budget exhausted)" for k in missing]
+    return "\n".join(lines) if lines else "No query images."
+
+
+def _no_init_context(ep: Episode) -> str:
+    ids = ep.registry.ids
+    return fill(NO_INIT_IMAGE_CONTEXT, n=len(ids), ids=", ".join(ids)) if ids else "No query images."
+
+
+async def run_mmcontextfold(ep: Episode, *, variant: str = "") -> tuple[str, str]:
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown MM-ContextFold variant {variant!r}; choose from {VARIANTS[1:]}")
+    image_context = _no_init_context(ep) if variant == "no-init" else await _init_cycle(ep)
+    main_text = fill(MAIN, image_context=image_context, question=ep.sample.question)
+    first = [*image_parts(ep.registry.images), {"type": "text", "text": main_text}] if variant == "image-in-main" else main_text
+    base = [chat("system", SYSTEM), chat("user", first)]
+    turns: list[Turn] = []
+    correction = False
+    n_branch = 0
+
+    def main_messages(extra=None) -> list[dict]:
+        msgs = ep.turns(base, turns)
+        if extra is not None:  # the main call that opened a branch: its output (and reasoning) is inherited
+            msgs.append(assistant_message(extra.text, extra.reasoning, ep.history_reasoning))
+        return msgs
+
+    while ep.remaining > 0:
+        forced = ep.remaining == 1
+        msgs = with_suffix(main_messages(), FORCE_ANSWER) if forced else main_messages()
+        out, ev = await ep.llm(msgs, state="main", correction=correction, forced=forced)
+        try:
+            act = parse_action(out.text, ("answer",) if forced else ("subtask", "answer"))
+            if act.kind == "subtask":
+                bad = [x for x in act.subtask["assigned_images"] if ep.registry.resolve(x) is None]
+                if bad:
+                    raise ActionError(f"unknown image id(s) {bad} in assigned_images; the query images are "
+                                      f"{ep.registry.ids or 'none'}.")
+        except ActionError as e:
+            ep.reject(ev, e)
+            if forced:
+                break
+            turns.append(Turn(out.text, out.reasoning, correction_text(e)))
+            correction = True
+            continue
+        ep.accept(ev, act)
+        correction = False
+        if act.kind == "answer":
+            ep.traj.final_answer(ev, act.answer, forced=forced)
+            return "ok", act.answer
+        n_branch += 1
+        message = await _branch(ep, f"b{n_branch}", act.subtask, main_messages(out), ev, variant)
+        turns.append(Turn(out.text, out.reasoning,
+                          fill(CONTINUATION, description=act.subtask["description"], return_message=message)))
+    return "no_answer", ""
+
+
+async def _branch(ep: Episode, bid: str, subtask: dict, inherited: list[dict], main_ev: dict, variant: str) -> str:
+    pixels = variant in ("", "image-in-main")
+    assigned = []
+    for x in subtask["assigned_images"]:
+        r = ep.registry.resolve(x)
+        if r is not None and r not in assigned:
+            assigned.append(r)
+    if variant == "image-in-main":  # the inherited main context already holds every image
+        loaded = []
+    else:
+        loaded = assigned if pixels else []
+    ep.traj.branch_begin(bid, description=subtask["description"], prompt=subtask["prompt"],
+                         assigned_images=[r.image_id for r in assigned],
+                         assigned_hashes=[r.sha256 for r in loaded], main_call_index=main_ev["index"])
+    template = BRANCH_CAPTION_ONLY if variant == "image-caption" else BRANCH
+    prompt = fill(template, task_prompt=subtask["prompt"])
+    base = [*inherited, chat("user", [*image_parts(loaded), {"type": "text", "text": prompt}] if loaded else prompt)]
+    turns: list[Turn] = []
+    correction = False
+    steps = 0
+    last_text = last_reasoning = ""
+    while True:
+        if ep.remaining <= 1:  # the final call belongs to the main state's force-answer
+            message = last_text or last_reasoning or "Subtask not completed: the global call budget is exhausted."
+            ep.traj.branch_end(bid, message=message, reason="global_budget", steps=steps)
+            return message
+        steps += 1
+        last = steps >= ep.budgets.b_max or ep.remaining <= 2
+        msgs = ep.turns(base, turns)
+        if last:
+            msgs = with_suffix(msgs, BRANCH_SUMMARISE)
+        out, ev = await ep.llm(msgs, state="branch", branch=bid, correction=correction, forced=last)
+        # what a branch without a usable return folds back: its visible text, else its reasoning (ours)
+        last_text = _visible_without_calls(out.text) or last_text
+        last_reasoning = (out.reasoning or "").strip() or last_reasoning
+        try:
+            act = parse_action(out.text, ("tool_call",))
+            if act.name == "return":
+                msg = act.args.get("message")
+                if not isinstance(msg, str) or not msg.strip():
+                    raise ActionError('`return` needs a non-empty "message".')
+        except ActionError as e:
+            ep.reject(ev, e)
+            if last:
+                message = last_text or last_reasoning or f"Branch ended without a usable return ({e})."
+                ep.traj.branch_end(bid, message=message, reason="branch_budget", steps=steps)
+                return message
+            turns.append(Turn(out.text, out.reasoning, correction_text(e)))
+            correction = True
+            continue
+        ep.accept(ev, act)
+        correction = False
+        if act.name == "return":
+            message = act.args["message"].strip()
+            ep.traj.branch_end(bid, message=message, reason="return", steps=steps)
+            return message
+        if last:
+            message = last_text or last_reasoning or "Branch budget exhausted before a return; no findings were summarised."
+            ep.traj.branch_end(bid, message=message, reason="branch_budget", steps=steps)
+            return message
+        res = await ep.tool(ev, act.name, act.args)
+        turns.append(Turn(out.text, out.reasoning, ep.observation(res)))
+
+
+def _visible_without_calls(text: str) -> str:
+    import re
+
+    return re.sub(r"<tool_call>.*?(</tool_call>|$)", "", text or "", flags=re.S).strip()
