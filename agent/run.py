@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import os
+import threading
 import sys
 import time
 import zlib
@@ -300,6 +301,13 @@ async def _run_locked(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends
     first_error: list[str] = []
     streak = {"n": 0, "last": ""}
     stop = asyncio.Event()
+    writes: set = set()
+    count_lock = threading.Lock()
+
+    def _write(line: dict, traj) -> None:
+        rd.append(traj, line)
+        with count_lock:
+            counts[line["status"]] += 1
 
     async def worker():
         nonlocal n_calls, n_tokens
@@ -320,8 +328,11 @@ async def _run_locked(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends
             finally:
                 pool.release(i)
             line["endpoint"] = public_url(cfg.endpoints[i]) if cfg.endpoints else cfg.backend
-            await asyncio.to_thread(rd.append, traj, line)
-            counts[line["status"]] += 1
+            # the write finishes even if the run is interrupted meanwhile, and is counted when it lands
+            fut = asyncio.get_running_loop().run_in_executor(None, _write, line, traj)
+            writes.add(fut)
+            fut.add_done_callback(writes.discard)
+            await asyncio.shield(fut)
             n_calls += line["n_calls"]
             n_tokens += line["generated_tokens"]
             if line["status"] == "error":
@@ -345,6 +356,8 @@ async def _run_locked(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if writes:  # lines being written when the interrupt came: let them land (and be counted)
+            await asyncio.wait(list(writes))
     finally:
         bar.close()
         if own_toolbox:
