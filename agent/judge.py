@@ -287,23 +287,25 @@ def accuracy_table(records: list[dict], *, label: str = "", run_label: str = "")
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m agent.judge", description=__doc__.split("\n\n")[0])
-    ap.add_argument("run_dir")
-    ap.add_argument("--judge", default="llm", choices=("llm", "exact"))
-    ap.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
-    ap.add_argument("--model", default=DEFAULT_MODEL)
-    ap.add_argument("--api-key-env", default=None,
-                    help="variable holding the judge server's key (default: OPENROUTER_API_KEY for OpenRouter, none otherwise)")
-    ap.add_argument("--server", default=None, help="openrouter (default for the default endpoint) | sglang | vllm | other")
-    ap.add_argument("--concurrency", type=int, default=8)
+    from .cli import DEFAULT_CONCURRENCY, add_judge_args, done, make_parser
+
+    ap = make_parser("python -m agent.judge", __doc__, [
+        "python -m agent.judge runs/mmsearch-react-27b                      # Gemini-3-Flash on OpenRouter",
+        "python -m agent.judge runs/x --judge-endpoint http://gpu:30001 --judge-model qwen3.5-27b",
+        "python -m agent.judge runs/demo-react --judge exact                 # offline, labelled exact-match"])
+    ap.add_argument("run_dir", help="a run directory of python -m agent.run")
+    ap.add_argument("--judge", default="llm", choices=("llm", "exact"),
+                    help="llm = the paper's E.5 judge at T=0; exact = offline exact match (labelled so everywhere)")
+    add_judge_args(ap)
+    ap.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="judge calls at once (paper: 8)")
     ap.add_argument("--regrade", action="store_true",
                     help="grades from another judge exist: grade everything again with this one (old file kept)")
-    ap.add_argument("--no-progress", dest="progress", action="store_false")
+    ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     a = ap.parse_args(argv)
-    server = a.server or ("openrouter" if "openrouter.ai" in a.endpoint else "other")
+    server = "openrouter" if "openrouter.ai" in a.judge_endpoint else "other"
     try:
-        s = asyncio.run(judge_run(a.run_dir, judge=a.judge, endpoint=a.endpoint, model=a.model,
-                                  api_key_env=a.api_key_env, server=server, concurrency=a.concurrency,
+        s = asyncio.run(judge_run(a.run_dir, judge=a.judge, endpoint=a.judge_endpoint, model=a.judge_model,
+                                  api_key_env=a.judge_api_key_env, server=server, concurrency=a.concurrency,
                                   progress=a.progress, regrade=a.regrade))
     except (RunError, BackendError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -312,6 +314,9 @@ def main(argv=None) -> int:
     if s["failed_judge_calls"]:
         print(f"{s['failed_judge_calls']} judge calls failed; rerun to retry them", file=sys.stderr)
         return 1
+    name = "exact" if a.judge == "exact" else "llm"
+    done([f"{a.run_dir}/judge-{name}.jsonl, judge-{name}-summary.json, table1-{name}.md/.csv"],
+         f"python -m analysis.report --runs {a.run_dir}" + (f" --judge {name}" if name == "exact" else ""))
     return 0
 
 

@@ -50,7 +50,7 @@ class RunConfig:
     variant: str = ""
     remove_images_from_step: int | None = None
     trials: int = 1
-    concurrency: int = 4
+    concurrency: int = 8
     limit: int | None = None
     sample_ids: list[str] | None = None
     backend: str = "local"
@@ -109,6 +109,8 @@ def make_backends(cfg: RunConfig) -> list:
 
     if cfg.backend == "local":
         return [make_backend("local", model_dir=cfg.model_dir, logprob_mode=cfg.logprob_mode)]
+    if cfg.backend == "scripted":
+        return [make_backend("scripted")]
     if not cfg.endpoints:
         raise BackendError(f"--backend {cfg.backend} needs --endpoint URL (repeat it for several servers)")
     from .http import RetryPolicy
@@ -231,6 +233,9 @@ async def _run_locked(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends
         if cfg.embedded and backends is None:
             print("NOTE: embedded default: a tiny RANDOMLY INITIALISED Qwen3.5 and the offline demo world; "
                   "its answers and numbers are meaningless.", file=sys.stderr)
+        if cfg.backend == "scripted" and backends is None:
+            print("NOTE: --backend scripted is a FAKE demo model (agent/backends/demo_model.py): its behaviour and "
+                  "numbers are planted, not measured.", file=sys.stderr)
         if cfg.tools == "live" and spec.method != "direct" and toolbox is None:
             from .tools.live import require_live_tools
 
@@ -490,34 +495,33 @@ def _progress(total: int, enabled: bool, label: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m agent.run", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--method", required=True, choices=METHODS)
+    from .cli import DEFAULT_CONCURRENCY, add_backend_args, make_parser
+
+    ap = make_parser("python -m agent.run", __doc__, [
+        "python -m agent.run --method react --out runs/demo-react                       # embedded tiny model, offline world",
+        "python -m agent.run --method mmcontextfold --backend scripted --out runs/demo-mmcf   # the scripted FAKE demo model",
+        "python -m agent.run --method react --benchmark DATA/mmsearch --backend sglang --endpoint http://gpu:30000 "
+        "--model-dir /models/Qwen3.5-27B --tools live --trials 3 --out runs/mmsearch-react-27b"])
+    ap.add_argument("--method", required=True, choices=METHODS, help="the agent (README: Agents)")
     ap.add_argument("--variant", default="", choices=VARIANTS, help="MM-ContextFold ablation (paper §4.3)")
-    ap.add_argument("--remove-images-from-step", type=int, metavar="K", help="ReAct-Removal@K")
+    ap.add_argument("--remove-images-from-step", type=int, metavar="K", help="ReAct-Removal@K (paper §3.2.3)")
     ap.add_argument("--benchmark", default="demo", help="'demo' (offline) or a benchmark dir / data_unified.jsonl")
-    ap.add_argument("--out", required=True, metavar="RUN_DIR")
+    ap.add_argument("--out", required=True, metavar="RUN_DIR", help="the run directory (created, or resumed)")
     ap.add_argument("--trials", type=int, default=1, help="independent trials per sample (paper: 3)")
-    ap.add_argument("--concurrency", type=int, default=4, help="samples in flight (over all processes)")
+    ap.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="samples in flight (over all processes)")
     ap.add_argument("--processes", type=int, default=1,
                     help="runner processes sharing the jobs (decoding top-20 replies is CPU-bound)")
-    ap.add_argument("--limit", type=int)
+    ap.add_argument("--limit", type=int, help="the first N samples only")
     ap.add_argument("--sample-ids", help="comma-separated ids to run")
-    g = ap.add_argument_group("backend (default: the embedded tiny Qwen3.5)")
-    g.add_argument("--backend", default="local", choices=("local", "openai", "sglang"))
-    g.add_argument("--endpoint", action="append", default=[], help="server URL; repeat to spread the load")
-    g.add_argument("--model", help="served model name (openai); default: the first listed by /v1/models")
-    g.add_argument("--model-dir", help="weights/tokenizer dir (local; sglang: for the chat template)")
-    g.add_argument("--logprob-mode", default="scaled", choices=("raw", "scaled"),
-                   help="what the server's output logprobs are (see serving/launch_qwen35.sh)")
-    g.add_argument("--server", default="sglang", help="openai backend: sglang | vllm | openrouter | other")
-    g.add_argument("--api-key-env", help="environment variable holding the API key")
+    add_backend_args(ap, default="local", repeat_endpoint=True)
     g = ap.add_argument_group("sampling (paper defaults)")
-    g.add_argument("--temperature", type=float, default=0.2)
-    g.add_argument("--top-p", type=float, default=0.95)
+    g.add_argument("--temperature", type=float, default=0.2, help="paper B.1")
+    g.add_argument("--top-p", type=float, default=0.95, help="paper B.1")
     g.add_argument("--max-tokens", type=int, help=f"per call (default 4096; {EMBEDDED_MAX_TOKENS} on the tiny model)")
-    g.add_argument("--top-logprobs", type=int, default=DEFAULT_TOP_LOGPROBS)
-    g.add_argument("--seed", type=int, help="base seed (trial t uses seed + t)")
-    g.add_argument("--no-thinking", dest="thinking", action="store_false")
+    g.add_argument("--top-logprobs", type=int, default=DEFAULT_TOP_LOGPROBS, help="alternatives per token (paper: 20)")
+    g.add_argument("--seed", type=int, help="base seed, trial t uses seed + t (honoured by SGLang only with "
+                                            "--enable-deterministic-inference)")
+    g.add_argument("--no-thinking", dest="thinking", action="store_false", help="render prompts with thinking off")
     g.add_argument("--t-max", type=int, default=20, help="LLM calls per trajectory (paper: 20)")
     g.add_argument("--b-max", type=int, default=5, help="calls per branch (paper: 5)")
     g.add_argument("--history-reasoning", default="keep", choices=HISTORY_REASONING,
@@ -526,10 +530,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--observation-images", type=int, default=WEBWATCHER_OBSERVATION_IMAGES, metavar="N",
                    help="lens result images put into the observation (WebWatcher: 5; 0 = none)")
     g = ap.add_argument_group("tools")
-    g.add_argument("--tools", default="offline", choices=("offline", "live"))
+    g.add_argument("--tools", default="offline", choices=("offline", "live"),
+                   help="offline = the shipped demo world; live = Serper / Jina (keys from the environment)")
     g.add_argument("--world", help="offline world dir (default: the shipped demo world)")
     g.add_argument("--tool-cache", help="SQLite cache path (default RUN_DIR/tools.sqlite)")
-    g.add_argument("--cache-mode", default="readwrite", choices=MODES)
+    g.add_argument("--cache-mode", default="readwrite", choices=MODES, help="replay = exact replays (a miss is an error)")
     g.add_argument("--live-fallback", action="store_true", help="replay mode: call the tool on a cache miss")
     g = ap.add_argument_group("run control")
     g.add_argument("--timeout", type=float, help="seconds per sample (ends it as status=timeout)")
@@ -542,7 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--request-timeout", type=float, default=600.0, metavar="S",
                    help="seconds one model-server request may take before it is retried (default 600)")
     g.add_argument("--force", action="store_true", help="write into a run dir whose header differs")
-    g.add_argument("--no-progress", dest="progress", action="store_false")
+    g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     g.add_argument("--token-precision", default="float32", choices=("float32", "float16"),
                    help="storage of the top-k logprobs in the token sidecar (float16: ~35%% smaller, lossy)")
     return ap
@@ -592,6 +597,11 @@ def main(argv=None) -> int:
         print(f"{bad} unit(s) ended in error or timeout; first error: {summary.get('first_error')}\n"
               f"rerun them with: {retry}", file=sys.stderr)
         return 3
+    from .cli import done
+
+    judge = "--judge exact" if cfg.embedded or cfg.backend == "scripted" else "(LLM judge: $OPENROUTER_API_KEY)"
+    done([f"{cfg.out}/ (results.jsonl, tokens/, images/, header.json)"],
+         f"python -m agent.judge {cfg.out} {judge}   |   look at it: python -m agent.show {cfg.out}")
     return 0
 
 

@@ -163,12 +163,16 @@ def make_report(*, react=(), runs=(), removal_runs=(), out="figures/out", judge:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n\n")[0])
+    from agent.cli import done, make_parser
+
+    ap = make_parser("python -m analysis.report", __doc__, [
+        "python -m analysis.report --react runs/react-9b runs/react-27b runs/react-35b --out figures/out",
+        "python -m analysis.report --runs runs/*-mmsearch runs/*-simplevqa --judge llm"])
     ap.add_argument("--react", nargs="*", default=[], help="probed ReAct runs (Figures 1 and 2; several are pooled)")
     ap.add_argument("--runs", nargs="*", default=[], help="judged runs (Tables 1, 4, 5; Figure 4)")
     ap.add_argument("--removal-runs", nargs="*", default=[], help="judged ReAct / ReAct-Removal@k runs (Table 3)")
     ap.add_argument("--judge", choices=tables.JUDGES, help="which judge's grades (needed when runs were graded differently)")
-    ap.add_argument("--out", default="figures/out")
+    ap.add_argument("--out", default="figures/out", help="where figures (PNG, PDF, CSV) and tables (MD, CSV) go")
     a = ap.parse_args(argv)
     if not (a.react or a.runs or a.removal_runs):
         ap.error("give --react and/or --runs and/or --removal-runs")
@@ -180,6 +184,8 @@ def main(argv=None) -> int:
     print(f"wrote to {r['out']}: {', '.join(r['made']) or 'nothing'}")
     for m in r["missing"]:
         print(f"not made: {m}", file=sys.stderr)
+    done([f"{r['out']}/{m}.*" for m in r["made"]] + [f"{r['out']}/report.json"],
+         "open the PNGs; every figure's numbers are in the CSV beside it")
     return 0
 
 

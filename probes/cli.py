@@ -15,39 +15,37 @@ from agent.preflight import PreflightError, model_identity, same_model
 from agent.rundir import RunError
 from agent.tools.live import MissingKeyError
 
-__all__ = ["run_async", "add_backend_args", "backend_for", "probe_model_check", "PROBE_BACKENDS"]
-
-PROBE_BACKENDS = ("local", "sglang", "openai")
-
+__all__ = ["run_async", "add_backend_args", "backend_for", "probe_model_check"]
 
 def add_backend_args(ap) -> None:
-    g = ap.add_argument_group("model backend (default: the one that recorded the run)")
-    g.add_argument("--backend", choices=PROBE_BACKENDS, help="local | sglang | openai (default: the run's)")
-    g.add_argument("--endpoint", help="model server URL (sglang, openai)")
-    g.add_argument("--model", help="served model name (default: what the server serves)")
-    g.add_argument("--model-dir", help="weights / tokenizer directory (local; sglang: for the chat template)")
-    g.add_argument("--logprob-mode", choices=("raw", "scaled"),
-                   help="what the server's output logprobs are (default: the run's)")
+    """The model-server options, defaulting to the backend that recorded the run (agent/cli.py)."""
+    from agent.cli import add_backend_args as add
+
+    add(ap, from_run=True)
 
 
 def backend_for(args, run_header: dict):
     """The probe's backend: the one given on the command line, else the one the run used."""
     from agent.backends import make_backend
+    from agent.cli import single_endpoint
 
     b = run_header.get("backend") or {}
     mode = args.logprob_mode or b.get("logprob_mode", "scaled")
-    if args.backend:
-        if args.backend == "local":
-            return make_backend("local", model_dir=args.model_dir, logprob_mode=mode)
-        return make_backend(args.backend, endpoint=args.endpoint, model=args.model, model_dir=args.model_dir,
+    endpoint = single_endpoint(args)
+    kind = args.backend or b.get("kind")
+    if kind == "local":
+        return make_backend("local", model_dir=args.model_dir or (None if args.backend else b.get("model_dir")),
                             logprob_mode=mode)
-    if b.get("kind") == "local":
-        return make_backend("local", model_dir=b.get("model_dir"), logprob_mode=mode)
-    if b.get("kind") in ("sglang", "openai") and b.get("endpoints"):
-        return make_backend(b["kind"], endpoint=b["endpoints"][0], model=b.get("model"), model_dir=b.get("model_dir"),
-                            logprob_mode=mode)
-    raise BackendError(f"no backend given and the run header names none usable ({b.get('kind')!r}): "
-                       "pass --backend/--endpoint/--model-dir")
+    if kind == "scripted":
+        return make_backend("scripted")
+    if kind in ("sglang", "openai"):
+        endpoint = endpoint or ((b.get("endpoints") or [None])[0] if not args.backend else None)
+        if endpoint:
+            return make_backend(kind, endpoint=endpoint, model=args.model or (None if args.backend else b.get("model")),
+                                model_dir=args.model_dir or (None if args.backend else b.get("model_dir")),
+                                logprob_mode=mode, server=args.server, api_key_env=args.api_key_env)
+    raise BackendError(f"no usable backend: the run header names {b.get('kind')!r} with endpoints {b.get('endpoints')}; "
+                       "pass --backend / --endpoint / --model-dir")
 
 
 async def probe_model_check(run, backend, *, force: bool = False) -> dict:

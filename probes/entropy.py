@@ -254,19 +254,25 @@ async def _demo(args) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m probes.entropy", description=__doc__.split("\n\n")[0])
-    ap.add_argument("run_dir", nargs="?", help="a run directory of python -m agent.run (none: the embedded demo)")
-    ap.add_argument("--mode", default="regenerate", choices=MODES)
+    from agent.cli import DEFAULT_CONCURRENCY, done, make_parser
+
+    ap = make_parser("python -m probes.entropy", __doc__, [
+        "python -m probes.entropy                                   # the embedded demo (random model)",
+        "python -m probes.entropy runs/react-27b --mode teacher-forced --backend sglang --endpoint http://gpu:30000 "
+        "--model-dir /models/Qwen3.5-27B"])
+    ap.add_argument("run_dir", nargs="?", help="a ReAct run directory of python -m agent.run (none: the embedded demo)")
+    ap.add_argument("--mode", default="regenerate", choices=MODES,
+                    help="regenerate = the paper's (resample under τ^IR); teacher-forced = score the recorded tokens")
     add_backend_args(ap)
     ap.add_argument("--force", action="store_true", help="probe with a model other than the run's (recorded)")
     ap.add_argument("--include-unparsed", action="store_true",
                     help="keep trajectories whose first call did not parse (the paper excludes them; recorded)")
-    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="steps probed at once")
     ap.add_argument("--limit", type=int, help="probe the first N trajectories only")
-    ap.add_argument("--out", help="output dir (default RUN_DIR/probes/entropy-MODE)")
-    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--out", help="output dir (default: RUN_DIR/probes/entropy-MODE)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--demo-dir", default="runs/demo-entropy", help="demo: where the demo run is written")
-    ap.add_argument("--demo-samples", type=int, default=3)
+    ap.add_argument("--demo-samples", type=int, default=3, help="demo: how many demo questions")
     args = ap.parse_args(argv)
     if not args.run_dir:
         rc, code = run_async(_demo(args), "finished steps and trajectories")
@@ -286,6 +292,9 @@ def main(argv=None) -> int:
     if code:
         return code
     _print_summary(res["summary"])
+    out = res["out"]
+    done([f"{out}/ (steps.parquet, steps.csv, summary.csv, exclusions.csv, probe.json, fig2b_entropy.png/.pdf)"],
+         f"python -m probes.removal {args.run_dir}   |   python -m analysis.report --react {args.run_dir}")
     return 1 if res["failures"] else 0
 
 

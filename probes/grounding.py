@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from agent.backends.base import BackendError, SamplingParams
-from agent.judge import DEFAULT_ENDPOINT, DEFAULT_MODEL, judge_key_env
+from agent.judge import judge_key_env
 from agent.prompts import GROUNDING_PASS1, GROUNDING_PASS2, fill
 from agent.rundir import RunError, load_run
 from analysis.selection import select_trajectories
@@ -256,49 +256,53 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
     return {"steps": steps, "summary": summary, "out": out}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m probes.grounding", description=__doc__.split("\n\n")[0])
-    ap.add_argument("run_dir")
-    ap.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
-    ap.add_argument("--model", default=DEFAULT_MODEL)
-    ap.add_argument("--api-key-env", default=None,
-                    help="variable holding the annotator server's key (default: OPENROUTER_API_KEY for OpenRouter only)")
-    ap.add_argument("--server", help="openrouter | sglang | vllm | other (default from the endpoint)")
-    ap.add_argument("--local", action="store_true",
-                    help="annotate with an in-process model (--model-dir, default the embedded tiny model)")
-    ap.add_argument("--model-dir")
-    ap.add_argument("--retries", type=int, default=2, help="re-asks for an unusable or invalid reply")
-    ap.add_argument("--observation-chars", type=int, default=1500)
-    ap.add_argument("--max-tokens", type=int, default=8192, help="per annotator reply")
-    ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--limit", type=int)
-    ap.add_argument("--include-unparsed", action="store_true",
-                    help="keep trajectories whose first call did not parse (the paper excludes them)")
-    ap.add_argument("--out")
-    ap.add_argument("--no-progress", action="store_true")
-    a = ap.parse_args(argv)
+def annotator_backend(kind: str, *, endpoint: str, model: str, api_key_env: str | None, model_dir: str | None = None):
+    """The annotator: an OpenAI-compatible server (the paper: Gemini-3-Flash on OpenRouter), an in-process
+    model, or the scripted FAKE demo annotator."""
     import os
 
+    from agent.backends import make_backend
     from agent.backends.openai_compat import OpenAIBackend
 
-    async def go():
-        if a.local:
-            from agent.backends import make_backend
+    if kind == "local":
+        return make_backend("local", model_dir=model_dir)
+    if kind == "scripted":
+        return make_backend("scripted")
+    key_env = judge_key_env(endpoint, api_key_env)  # a key goes only to the server it belongs to
+    if key_env and not os.environ.get(key_env):
+        raise BackendError(f"{key_env} is not set: the default annotator is {model} on OpenRouter; set it, or point "
+                           "--judge-endpoint/--judge-model at another OpenAI-compatible server")
+    server = "openrouter" if "openrouter.ai" in endpoint else "other"
+    return OpenAIBackend(endpoint, model, server=server, api_key_env=key_env)
 
-            backend = make_backend("local", model_dir=a.model_dir)
-            try:
-                return await annotate_run(a.run_dir, backend=backend, out_dir=a.out, retries=a.retries,
-                                          concurrency=a.concurrency, limit=a.limit,
-                                          observation_chars=a.observation_chars, max_tokens=a.max_tokens,
-                                          progress=not a.no_progress, include_unparsed=a.include_unparsed)
-            finally:
-                await backend.aclose()
-        key_env = judge_key_env(a.endpoint, a.api_key_env)  # a key goes only to the server it belongs to
-        if key_env and not os.environ.get(key_env):
-            raise BackendError(f"{key_env} is not set: the default annotator is {a.model} on OpenRouter; set it "
-                               "or point --endpoint/--model at another OpenAI-compatible server")
-        server = a.server or ("openrouter" if "openrouter.ai" in a.endpoint else "other")
-        backend = OpenAIBackend(a.endpoint, a.model, server=server, api_key_env=key_env)
+
+def main(argv=None) -> int:
+    from agent.cli import DEFAULT_CONCURRENCY, add_judge_args, done, make_parser
+
+    ap = make_parser("python -m probes.grounding", __doc__, [
+        "python -m probes.grounding runs/react-27b                      # Gemini-3-Flash on OpenRouter",
+        "python -m probes.grounding runs/react-27b --judge-endpoint http://gpu:30001 --judge-model qwen3.5-27b",
+        "python -m probes.grounding runs/demo-react --judge-backend scripted   # the FAKE demo annotator"])
+    ap.add_argument("run_dir", help="a ReAct run directory")
+    add_judge_args(ap, role="annotator")
+    ap.add_argument("--judge-backend", choices=("openai", "local", "scripted"), default="openai",
+                    help="openai = the server above; local = an in-process model (--judge-model-dir, default the "
+                         "embedded tiny model); scripted = the FAKE demo annotator")
+    ap.add_argument("--judge-model-dir", help="the in-process annotator's model directory")
+    ap.add_argument("--retries", type=int, default=2, help="re-asks for an unusable or invalid reply")
+    ap.add_argument("--observation-chars", type=int, default=1500, help="each observation is cut at this length")
+    ap.add_argument("--max-tokens", type=int, default=8192, help="per annotator reply")
+    ap.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="trajectories annotated at once")
+    ap.add_argument("--limit", type=int, help="the first N trajectories only")
+    ap.add_argument("--include-unparsed", action="store_true",
+                    help="keep trajectories whose first call did not parse (the paper excludes them)")
+    ap.add_argument("--out", help="output dir (default: RUN_DIR/probes/grounding)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    a = ap.parse_args(argv)
+
+    async def go():
+        backend = annotator_backend(a.judge_backend, endpoint=a.judge_endpoint, model=a.judge_model,
+                                    api_key_env=a.judge_api_key_env, model_dir=a.judge_model_dir)
         try:
             return await annotate_run(a.run_dir, backend=backend, out_dir=a.out, retries=a.retries,
                                       concurrency=a.concurrency, limit=a.limit, observation_chars=a.observation_chars,
@@ -312,6 +316,8 @@ def main(argv=None) -> int:
         return code
     s = res["summary"]
     print(json.dumps({k: v for k, v in s.items() if k not in ("invalid_examples",)}, indent=2))
+    done([f"{res['out']}/ (labels.jsonl, steps.csv, summary.json, exclusions.csv, fig2a_grounding.png/.pdf)"],
+         f"python -m analysis.report --react {a.run_dir}")
     return 1 if s["endpoint_failures"] else 0
 
 

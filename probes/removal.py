@@ -266,21 +266,22 @@ async def removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, o
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m probes.removal", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("run_dir")
+    from agent.cli import DEFAULT_CONCURRENCY, add_judge_args, done, make_parser
+
+    ap = make_parser("python -m probes.removal", __doc__, [
+        "python -m probes.removal runs/react-27b --steps 1..5          # judged by the paper's LLM judge",
+        "python -m probes.removal runs/demo-react --steps 1..3 --judge exact --backend scripted"])
+    ap.add_argument("run_dir", help="a plain ReAct run directory")
     ap.add_argument("--steps", default="1..5", help="k values: 1..5, or 1,2,4")
     add_backend_args(ap)
-    ap.add_argument("--judge", default="llm", choices=("llm", "exact"))
-    ap.add_argument("--judge-endpoint", default=DEFAULT_ENDPOINT)
-    ap.add_argument("--judge-model", default=DEFAULT_MODEL)
-    ap.add_argument("--judge-api-key-env", default=None,
-                    help="variable holding the judge server's key (default: OPENROUTER_API_KEY for OpenRouter only)")
-    ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--limit", type=int)
+    ap.add_argument("--judge", default="llm", choices=("llm", "exact"),
+                    help="llm = the paper's E.5 judge; exact = offline exact match (labelled so)")
+    add_judge_args(ap)
+    ap.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="trajectories replayed at once")
+    ap.add_argument("--limit", type=int, help="the first N trajectories only")
     ap.add_argument("--force", action="store_true", help="replay with a model other than the run's (recorded)")
-    ap.add_argument("--out")
-    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--out", help="output dir (default: RUN_DIR/probes/removal)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     a = ap.parse_args(argv)
 
     async def go():
@@ -307,6 +308,8 @@ def main(argv=None) -> int:
               f"{' …' if len(ids) > 10 else ''}\n(first error: {res['errors'][0]['error']}); see {res['out']}/errors.csv. "
               f"Rerun the same command to retry them.", file=sys.stderr)
         return 3
+    done([f"{res['out']}/ (summary.csv, outcomes.csv, errors.csv, k<K>/ run dirs, fig2c_removal.png/.pdf)"],
+         f"python -m probes.grounding {a.run_dir}   |   python -m analysis.report --react {a.run_dir}")
     return 0
 
 

@@ -1,6 +1,6 @@
 """Smoke test users run first: one image+text request asking for top-20 logprobs, validated.
 
-    python -m serving.check --endpoint http://localhost:30000 [--model NAME] [--api openai|sglang --model-dir DIR]
+    python -m serving.check --endpoint http://localhost:30000 [--model NAME] [--backend openai|sglang --model-dir DIR]
     python -m serving.check --model-dir DIR            # in-process transformers
     python -m serving.check                            # the embedded tiny Qwen3.5 (random weights)
 
@@ -84,11 +84,19 @@ def default_image() -> Path:
 
 
 async def run_check(args) -> dict:
-    if args.endpoint:
-        kind = "sglang" if args.api == "sglang" else "openai"
+    from agent.cli import single_endpoint
+
+    endpoint = single_endpoint(args)
+    kind = args.backend or ("openai" if endpoint else "local")
+    if kind in ("openai", "sglang"):
+        if not endpoint:
+            raise BackendError(f"--backend {kind} needs --endpoint URL")
         policy = RetryPolicy(retries=args.retries, backoff_s=0.5, timeout_s=args.timeout)
-        backend = make_backend(kind, endpoint=args.endpoint, model=args.model, model_dir=args.model_dir,
-                               logprob_mode=args.logprob_mode, server=args.server, policy=policy)
+        backend = make_backend(kind, endpoint=endpoint, model=args.model, model_dir=args.model_dir,
+                               logprob_mode=args.logprob_mode, server=args.server, policy=policy,
+                               api_key_env=args.api_key_env)
+    elif kind == "scripted":
+        backend = make_backend("scripted")
     else:
         backend = make_backend("local", model_dir=args.model_dir, logprob_mode=args.logprob_mode)
     image = Path(args.image) if args.image else default_image()
@@ -106,19 +114,17 @@ async def run_check(args) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m serving.check", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--endpoint", help="server URL, e.g. http://localhost:30000")
-    ap.add_argument("--model", help="served model name (default: the first of /v1/models)")
-    ap.add_argument("--model-dir", help="local model directory (in-process, or the chat template for --api sglang)")
-    ap.add_argument("--api", choices=["openai", "sglang"], default="openai",
-                    help="with --endpoint: OpenAI chat API (default) or SGLang native /generate")
-    ap.add_argument("--server", default="sglang", choices=["sglang", "vllm", "openrouter", "generic"])
-    ap.add_argument("--logprob-mode", default="scaled", choices=["scaled", "raw"],
-                    help="what the server's output logprobs are (SGLang default: scaled)")
+    from agent.cli import add_backend_args, make_parser
+
+    ap = make_parser("python -m serving.check", __doc__, [
+        "python -m serving.check --endpoint http://localhost:30000                          # OpenAI chat API",
+        "python -m serving.check --backend sglang --endpoint http://localhost:30000 --model-dir /models/Qwen3.5-27B",
+        "python -m serving.check --json                                                     # the embedded tiny model"])
+    add_backend_args(ap, default=None, title="model backend (default: openai with --endpoint, else local)")
     ap.add_argument("--image", help="image file (default: a generated test image)")
-    ap.add_argument("--prompt", default="Describe this image in one sentence.")
-    ap.add_argument("--max-tokens", type=int, default=48)
-    ap.add_argument("--top-logprobs", type=int, default=20)
+    ap.add_argument("--prompt", default="Describe this image in one sentence.", help="the request's text")
+    ap.add_argument("--max-tokens", type=int, default=48, help="tokens to generate")
+    ap.add_argument("--top-logprobs", type=int, default=20, help="alternatives per token")
     ap.add_argument("--retries", type=int, default=2, help="retries on 429/5xx/connection errors")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -137,6 +143,8 @@ def main(argv=None) -> int:
             ex = f" exact={t['entropy_exact']:.3f}" if t["entropy_exact"] is not None else ""
             print(f"{'T' if t['think'] else ' '} {t['text']!r:>14} lp={t['logprob']:.3f} H_grouped={t['entropy_grouped']:.3f}{ex}  top: {top} …")
         print("OK" if rep["ok"] else "FAILED:\n  " + "\n  ".join(rep["problems"]))
+        if rep["ok"]:
+            print("next: python -m agent.run --method react --backend ... (the same flags) --out runs/first-run")
     return 0 if rep["ok"] else 1
 
 

@@ -24,7 +24,7 @@ def test_check_against_sglang_chat_and_native(capsys, fake_sglang, tiny_model_di
     rc, rep = run(capsys, "--endpoint", fake_sglang.url, "--max-tokens", "40")
     assert rc == 0 and rep["ok"], rep["problems"]
     assert rep["tokens"][0]["entropy_exact"] is None and rep["tokens"][0]["think"]
-    rc, rep = run(capsys, "--endpoint", fake_sglang.url, "--api", "sglang", "--model-dir", str(tiny_model_dir))
+    rc, rep = run(capsys, "--endpoint", fake_sglang.url, "--backend", "sglang", "--model-dir", str(tiny_model_dir))
     assert rc == 0 and rep["ok"]
 
 
@@ -33,7 +33,7 @@ def test_check_fails_on_unsorted_alternatives(capsys, fake_sglang, monkeypatch):
 
     orig = sglang_server._top
     monkeypatch.setattr(sglang_server, "_top", lambda *a: list(reversed(orig(*a))))
-    rc, rep = run(capsys, "--endpoint", fake_sglang.url, "--server", "generic")
+    rc, rep = run(capsys, "--endpoint", fake_sglang.url, "--server", "other")
     # the chat parser sorts alternatives itself, but the chosen token then disagrees with its list
     assert rc == 1 and not rep["ok"] and rep["problems"]
 

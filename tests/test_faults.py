@@ -229,8 +229,8 @@ def test_no_key_is_written_anywhere(tmp_path, monkeypatch):
         assert rc == 3  # the refused unit
         from agent.judge import main as judge_main
 
-        assert judge_main([str(out), "--endpoint", judge_url, "--model", "judge", "--api-key-env", "MY_SERVER_API_KEY",
-                           "--no-progress"]) == 1  # every judge call failed (recorded, retried next time)
+        assert judge_main([str(out), "--judge-endpoint", judge_url, "--judge-model", "judge", "--judge-api-key-env",
+                           "MY_SERVER_API_KEY", "--no-progress"]) == 1  # every judge call failed (recorded, retried next time)
         assert judge_main([str(out), "--judge", "exact", "--no-progress"]) == 0
     echo.shutdown()
     written = [p for p in out.rglob("*") if p.is_file()]

@@ -18,7 +18,8 @@ __all__ = [
     "ScoredTokens", "TokenLogprob", "TopLogprob", "Usage", "DEFAULT_TOP_LOGPROBS", "make_backend", "BACKENDS",
 ]
 
-BACKENDS = ("local", "openai", "sglang")
+#: ``scripted`` is a fake (agent/backends/demo_model.py): for demos and tests, never for numbers.
+BACKENDS = ("local", "sglang", "openai", "scripted")
 
 
 def make_backend(kind: str = "local", *, endpoint: str | None = None, model: str | None = None,
@@ -36,6 +37,10 @@ def make_backend(kind: str = "local", *, endpoint: str | None = None, model: str
         from .openai_compat import OpenAIBackend
 
         return OpenAIBackend(endpoint, model, server=server, logprob_mode=logprob_mode, api_key_env=api_key_env, **kw)
+    if kind == "scripted":
+        from .demo_model import DemoModel
+
+        return DemoModel()
     if kind == "sglang":
         if not endpoint or not model_dir:
             raise BackendError("--backend sglang needs --endpoint URL and --model-dir DIR (for the chat template)")

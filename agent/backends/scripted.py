@@ -64,11 +64,17 @@ class ScriptedBackend:
     name = "scripted"
 
     def __init__(self, script: list, *, model: str = "scripted", k: int = DEFAULT_TOP_LOGPROBS,
-                 top_fn: Callable[[bool, int], list[float]] | None = None, semantics: LogprobSemantics | None = None):
+                 top_fn: Callable | None = None, semantics: LogprobSemantics | None = None,
+                 policy: Callable | None = None):
         self.script = list(script)
+        self.policy = policy  # answers every generation once the script is used up (None: the script only)
         self.model = model
         self.k = k
         self.top_fn = top_fn or uniform_top(4, k)
+        # a top_fn may take (has_images, pos) or (has_images, pos, messages): the latter can plant per step
+        import inspect
+
+        self._top_ctx = len(inspect.signature(self.top_fn).parameters) >= 3
         self.semantics = semantics or LogprobSemantics("raw")
         self.calls: list[dict] = []
         self._vocab: dict[str, int] = {}
@@ -76,13 +82,13 @@ class ScriptedBackend:
     def _id(self, text: str) -> int:
         return self._vocab.setdefault(text, len(self._vocab) + 1)
 
-    def _tokens(self, text: str, has_images: bool) -> list[TokenLogprob]:
-        return self._pieces(_TOKEN_RE.findall(text), has_images)
+    def _tokens(self, text: str, has_images: bool, messages=None) -> list[TokenLogprob]:
+        return self._pieces(_TOKEN_RE.findall(text), has_images, messages)
 
-    def _pieces(self, pieces: list[str], has_images: bool) -> list[TokenLogprob]:
+    def _pieces(self, pieces: list[str], has_images: bool, messages=None) -> list[TokenLogprob]:
         out = []
         for pos, piece in enumerate(pieces):
-            lps = list(self.top_fn(has_images, pos))
+            lps = list(self.top_fn(has_images, pos, messages) if self._top_ctx else self.top_fn(has_images, pos))
             top = [TopLogprob(self._id(piece) if j == 0 else ALT_ID0 + j, piece if j == 0 else f"<alt{j}>", lp)
                    for j, lp in enumerate(lps)]
             out.append(TokenLogprob(self._id(piece), piece, lps[0], top))
@@ -91,12 +97,12 @@ class ScriptedBackend:
     async def generate(self, messages: list[dict], sampling: SamplingParams | None = None) -> ModelOutput:
         sp = sampling or SamplingParams()
         await asyncio.sleep(0)  # yield like a real backend does
-        if not self.script:
+        if not self.script and self.policy is None:
             raise BackendError("scripted backend: the script ran out of responses")
-        item = self.script.pop(0)
+        item = self.script.pop(0) if self.script else self.policy
         text = item(messages) if callable(item) else item
         has_images = has_query_images(messages)
-        tokens = mark_think(self._tokens(text, has_images), starts_in_think=False)
+        tokens = mark_think(self._tokens(text, has_images, messages), starts_in_think=False)
         reasoning, answer = split_think(text, starts_in_think=False)
         self.calls.append({"kind": "generate", "messages": record_messages(messages), "has_images": has_images})
         return ModelOutput(text=answer, reasoning=reasoning, tokens=tokens, finish_reason="stop",
@@ -117,7 +123,7 @@ class ScriptedBackend:
             pieces = [inv[i] for i in continuation.ids]
         else:
             pieces = _TOKEN_RE.findall(continuation.text)
-        tokens = mark_think(self._pieces(pieces, has_images), starts_in_think=False)
+        tokens = mark_think(self._pieces(pieces, has_images, messages), starts_in_think=False)
         self.calls.append({"kind": "score", "messages": record_messages(messages), "has_images": has_images})
         return ScoredTokens(tokens=tokens, semantics=LogprobSemantics("raw"), backend=self.name, model=self.model,
                             request={"messages": record_messages(messages)}, top_k_requested=self.k)

@@ -1,0 +1,97 @@
+"""The one command-line vocabulary of every ``python -m`` command (and what each prints when it ends).
+
+    from agent.cli import make_parser, add_backend_args, add_judge_args, done
+    ap = make_parser("python -m probes.entropy", __doc__, ["python -m probes.entropy runs/react"])
+
+- the model server: ``--backend local|sglang|openai|scripted``, ``--endpoint URL`` (repeatable where several
+  replicas can share the load, refused when repeated elsewhere), ``--model``, ``--model-dir``,
+  ``--logprob-mode raw|scaled``, ``--server sglang|vllm|openrouter|other``, ``--api-key-env VAR``;
+- the grader of a judge or an annotator: ``--judge-endpoint``, ``--judge-model``, ``--judge-api-key-env``
+  (``--judge llm|exact`` picks the judge itself where one grades);
+- ``--concurrency`` defaults to :data:`DEFAULT_CONCURRENCY` everywhere;
+- every option's help says its default, every ``--help`` ends with examples, and every command ends by
+  saying where its outputs are and the next command to run (:func:`done`).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["make_parser", "add_backend_args", "add_judge_args", "single_endpoint", "done", "DEFAULT_CONCURRENCY",
+           "SERVERS", "BACKEND_CHOICES", "JUDGE_ENDPOINT", "JUDGE_MODEL"]
+
+#: Requests (samples, steps, grades) in flight, the same default for every command.
+DEFAULT_CONCURRENCY = 8
+SERVERS = ("sglang", "vllm", "openrouter", "other")
+BACKEND_CHOICES = ("local", "sglang", "openai", "scripted")
+JUDGE_ENDPOINT = "https://openrouter.ai/api/v1"
+JUDGE_MODEL = "google/gemini-3-flash"
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Keeps the description and examples as written, and says every option's default."""
+
+    def _get_help_string(self, action):
+        h = action.help or ""
+        if "(default" in h or action.default in (None, False, argparse.SUPPRESS) or action.nargs == 0:
+            return h + (" (default: off)" if action.nargs == 0 and "(default" not in h and action.default is False else "")
+        return h + " (default: %(default)s)"
+
+
+def make_parser(prog: str, doc: str | None, examples: list[str]) -> argparse.ArgumentParser:
+    """A parser whose description is the first paragraph of ``doc`` and whose help ends with the examples."""
+    desc = (doc or "").strip().split("\n\n")[0]
+    return argparse.ArgumentParser(prog=prog, description=desc, formatter_class=HelpFormatter,
+                                   epilog="examples:\n" + "\n".join(f"  {e}" for e in examples))
+
+
+def add_backend_args(ap, *, default: str | None = "local", from_run: bool = False, repeat_endpoint: bool = False,
+                     title: str | None = None) -> None:
+    """The model-server options. ``from_run``: the default is the backend that recorded the run."""
+    g = ap.add_argument_group(title or ("model backend (default: the one that recorded the run)" if from_run
+                                        else "model backend"))
+    g.add_argument("--backend", choices=BACKEND_CHOICES, default=None if from_run else default,
+                   help="local = in-process transformers (no --model-dir: the embedded tiny random Qwen3.5); "
+                        "sglang = SGLang native /generate (needed for scoring); openai = an OpenAI-compatible chat "
+                        "server; scripted = a FAKE demo model (agent/backends/demo_model.py)"
+                        + (" (default: the run's)" if from_run else ""))
+    g.add_argument("--endpoint", action="append", default=[], metavar="URL",
+                   help="model server URL" + ("; repeat it to spread the load over replicas" if repeat_endpoint
+                                              else " (one)") + (" (default: the run's)" if from_run else ""))
+    g.add_argument("--model", help="served model name (default: what the server lists first)")
+    g.add_argument("--model-dir", help="weights / tokenizer directory or a hub id in the local HF cache "
+                                       "(local: the model; sglang: its chat template and processor)")
+    g.add_argument("--logprob-mode", choices=("raw", "scaled"), default=None if from_run else "scaled",
+                   help="what the server's output logprobs describe (must match serving/launch_qwen35.sh --logprobs)"
+                        + (" (default: the run's)" if from_run else ""))
+    g.add_argument("--server", choices=SERVERS, default="sglang",
+                   help="openai backend: which kind of server (SGLang gets return_meta_info)")
+    g.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the model server's API key")
+
+
+def add_judge_args(ap, *, role: str = "judge") -> None:
+    """The grader's server (the LLM judge, or the grounding annotator): --judge-endpoint / -model / -api-key-env."""
+    g = ap.add_argument_group(f"the {role}'s server (paper: {JUDGE_MODEL} on OpenRouter)")
+    g.add_argument("--judge-endpoint", default=JUDGE_ENDPOINT, metavar="URL", help=f"the {role}'s OpenAI-compatible server")
+    g.add_argument("--judge-model", default=JUDGE_MODEL, help=f"the {role} model")
+    g.add_argument("--judge-api-key-env", metavar="VAR",
+                   help="environment variable with its key (default: OPENROUTER_API_KEY for OpenRouter, none otherwise)")
+
+
+def single_endpoint(a) -> str | None:
+    """The one --endpoint a command takes (refuses several, which only the runner spreads the load over)."""
+    eps = a.endpoint or []
+    if len(eps) > 1:
+        raise SystemExit(f"error: this command talks to one model server; got --endpoint {len(eps)} times "
+                         "(only python -m agent.run spreads samples over several)")
+    return eps[0] if eps else None
+
+
+def done(outputs, next_cmd: str | None = None, *, file=None) -> None:
+    """The last lines of every command: where its outputs are, and what to run next."""
+    file = file or sys.stdout
+    outs = [str(o) for o in outputs if o]
+    if outs:
+        print("outputs: " + (outs[0] if len(outs) == 1 else "\n  " + "\n  ".join(outs)), file=file)
+    if next_cmd:
+        print(f"next: {next_cmd}", file=file)
