@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .http import dumps
+from .http import dumps, scrub
 
 __all__ = ["RunDir", "Run", "load_run", "RunError", "IDENTITY_KEYS", "versions", "token_key", "read_parquet",
            "TOKEN_PRECISIONS"]
@@ -123,8 +123,13 @@ def _token_table(tokens: dict[int, dict[str, np.ndarray]], k: int, precision: st
 
     call_col = np.concatenate([np.full(len(tokens[c]["id"]), c, dtype=np.int16) for c in calls]) if calls else np.zeros(0, np.int16)
     pos_col = np.concatenate([np.arange(len(tokens[c]["id"]), dtype=np.int32) for c in calls]) if calls else np.zeros(0, np.int32)
+    texts = [x for c in calls for x in (tokens[c].get("text") if tokens[c].get("text") is not None
+                                         else [None] * len(tokens[c]["id"]))]
     return pa.table({
-        "call": call_col, "pos": pos_col, "id": cat("id", np.int32), "logprob": cat("logprob", np.float32),
+        "call": call_col, "pos": pos_col, "id": cat("id", np.int32),
+        # each token's text (dictionary-encoded: a few bytes per token): the record reads without a tokenizer
+        "text": pa.array([scrub(t) if t is not None else None for t in texts], pa.string()),
+        "logprob": cat("logprob", np.float32),
         "think": cat("think", bool), "top_ids": fixed("top_ids", np.int32, -1),
         "top_logprobs": fixed("top_logprobs", np.float16 if precision == "float16" else np.float32, np.nan),
         "exact_entropy": cat("exact_entropy", np.float32),
@@ -260,7 +265,7 @@ class RunDir:
                 buf = io.BytesIO()
                 pq.write_table(_token_table(traj.tokens, traj.top_k, self.token_precision), buf, compression="zstd",
                                use_byte_stream_split=["logprob", "top_logprobs.list.element", "exact_entropy"],
-                               use_dictionary=False)
+                               use_dictionary=["text"])
                 _atomic_write(self.path / "tokens" / f"{key}.parquet", buf.getvalue())
                 line["tokens_file"] = f"tokens/{key}.parquet"
             else:
@@ -356,6 +361,8 @@ class Run:
                 k = col.type.list_size
                 arr = col.flatten().to_numpy(zero_copy_only=False).reshape(-1, k)
                 out[name] = arr.astype(np.float32) if arr.dtype == np.float16 else arr
+            elif name == "text":
+                out[name] = np.array(col.to_pylist(), dtype=object)
             else:
                 out[name] = col.to_numpy(zero_copy_only=False)
         return out

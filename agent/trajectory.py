@@ -53,6 +53,7 @@ def token_arrays(out: ModelOutput, k: int) -> dict[str, np.ndarray]:
     ent = (np.asarray(out.exact_entropy, dtype=np.float32) if out.exact_entropy is not None and len(out.exact_entropy) == n
            else np.full(n, np.nan, dtype=np.float32))
     return {"id": np.array([-1 if t.id is None else t.id for t in out.tokens], dtype=np.int32),
+            "text": np.array([t.text for t in out.tokens], dtype=object),
             "logprob": np.array([t.logprob for t in out.tokens], dtype=np.float32),
             "think": np.array([t.think for t in out.tokens], dtype=bool),
             "top_ids": top_id_matrix(out.tokens, k), "top_logprobs": top_matrix(out.tokens, k, np.float32),
@@ -160,8 +161,8 @@ class Trajectory:
             self.top_k = max(self.top_k, tokens["top_logprobs"].shape[1])
             for c in range(1, upto + 1):
                 sel = tokens["call"] == c
-                self.tokens[c] = {k: tokens[k][sel] for k in ("id", "logprob", "think", "top_ids", "top_logprobs",
-                                                                "exact_entropy")}
+                self.tokens[c] = {k: tokens[k][sel] for k in ("id", "text", "logprob", "think", "top_ids",
+                                                                "top_logprobs", "exact_entropy") if k in tokens}
         self.backend, self.model = line.get("backend", ""), line.get("model", "")
 
     # ------------------------------------------------------------------ views

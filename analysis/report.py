@@ -52,10 +52,13 @@ def _pooled_figure2(react_runs: list[str], out: Path, made: list, missing: list)
 
     from analysis.stats import removal_summary, summarise_by
 
-    grounding, entropy, outcomes, modes = [], [], [], set()
+    grounding, entropy, outcomes, modes, headers, labels = [], [], [], set(), [], []
     for rd in react_runs:
         probes = Path(rd) / "probes"
-        label = tables.model_label(load_run(rd)) or Path(rd).name
+        run = load_run(rd)
+        headers.append(run.header)
+        label = tables.model_label(run) or Path(rd).name
+        labels.append(label)
         g = _read(probes / "grounding" / "steps.csv")
         if g is not None:
             grounding.append(g)
@@ -83,24 +86,35 @@ def _pooled_figure2(react_runs: list[str], out: Path, made: list, missing: list)
             raise RunError(f"the entropy probes of {react_runs} ran in different modes ({sorted(modes)}): one mode per figure")
         allsteps = pd.concat(entropy, ignore_index=True)
         valid = allsteps[allsteps["dH"].notna()]
-        parts = [summarise_by(g, "step", "dH").assign(series=name) for name, g in valid.groupby("series", sort=False)]
+
+        def summ(g):
+            out_ = summarise_by(g, "step", "dH")
+            if "kl_with_without" in g and g["kl_with_without"].notna().any():
+                kl = summarise_by(g[g["kl_with_without"].notna()], "step", "kl_with_without").rename(
+                    columns={"mean": "kl_with_without", "ci_low": "kl_ci_low", "ci_high": "kl_ci_high", "n": "kl_n"})
+                out_ = out_.merge(kl[["step", "kl_with_without", "kl_ci_low", "kl_ci_high", "kl_n"]], on="step", how="left")
+            return out_
+        parts = [summ(g).assign(series=name) for name, g in valid.groupby("series", sort=False)]
         if len(entropy) > 1:
-            parts.append(summarise_by(valid, "step", "dH").assign(series="pooled"))
+            parts.append(summ(valid).assign(series="pooled"))
         es = pd.concat(parts, ignore_index=True)
         es.attrs["mode"] = modes.pop()
     rs = removal_summary(pd.concat(outcomes, ignore_index=True)) if outcomes else None
-    n = len(react_runs)
-    pool = f" (pooled over {n} runs)" if n > 1 else ""
-    for name, data, fn, title in (
-            ("fig2a_grounding", gs, figures.fig2a_grounding, f"Figure 2(a): grounding of each step{pool}"),
-            ("fig2b_entropy", es, figures.fig2b_entropy,
-             f"Figure 2(b): ΔH per step ({es.attrs.get('mode') if es is not None else ''}){pool}"),
-            ("fig2c_removal", rs, figures.fig2c_removal, f"Figure 2(c): step-k image removal{pool}")):
+    mark = figures.provenance_mark(headers)
+    who = ", ".join(dict.fromkeys(labels))
+    pool = f"; pooled over {len(react_runs)} runs" if len(react_runs) > 1 else ""
+    mode = es.attrs.get("mode") if es is not None else ""
+    panels = [("fig2a_grounding", gs, figures.fig2a_grounding, f"Figure 2(a): grounding of each step ({who}{pool})"),
+              ("fig2b_entropy", es, figures.fig2b_entropy, f"Figure 2(b): ΔH per step ({who}, {mode}{pool})"),
+              ("fig2c_removal", rs, figures.fig2c_removal, f"Figure 2(c): step-k image removal ({who}{pool})")]
+    if es is not None and "kl_with_without" in es and es["kl_with_without"].notna().any():
+        panels.append(("fig2b_kl_influence", es, figures.fig2b_kl, f"Image influence per step ({who}, teacher-forced)"))
+    for name, data, fn, title in panels:
         if data is not None and len(data):
-            fn(data, out / name, title=title)
+            fn(data, out / name, title=title, mark=mark)
             data.to_csv((out / name).with_suffix(".csv"), index=False)  # the plotted numbers, beside the figure
             made.append(name)
-    figures.fig2_combined(gs, es, rs, out / "fig2")
+    figures.fig2_combined(gs, es, rs, out / "fig2", mark=mark, subtitle=f"Figure 2 ({who}{pool})")
     made.append("fig2")
 
 
@@ -112,9 +126,12 @@ def make_report(*, react=(), runs=(), removal_runs=(), out="figures/out", judge:
     made, missing = [], []
     react = [react] if isinstance(react, (str, Path)) else list(react)
     if react:
-        calls = pd.concat([load_run(rd).calls() for rd in react], ignore_index=True)
+        rr = [load_run(rd) for rd in react]
+        calls = pd.concat([r.calls() for r in rr], ignore_index=True)
         if len(calls):
-            figures.fig1_tool_calls(calls, out / "fig1_tool_calls")
+            who = ", ".join(dict.fromkeys(tables.model_label(r) for r in rr))
+            figures.fig1_tool_calls(calls, out / "fig1_tool_calls", mark=figures.provenance_mark([r.header for r in rr]),
+                                    title=f"Figure 1: tool calls by type per step ({who}; numbers: calls at that step)")
             made.append("fig1_tool_calls")
         _pooled_figure2(react, out, made, missing)
     if runs:
@@ -136,6 +153,7 @@ def make_report(*, react=(), runs=(), removal_runs=(), out="figures/out", judge:
                 tables.write_table(t5, out / "table5_mmsearch_plus_images")
                 made.append("table5_mmsearch_plus_images")
             judged, _, _ = tables.judged_runs(runs, judge)
+            fig4_mark = figures.provenance_mark([r.header for r, _ in judged])
             samples = []
             for run, recs in judged:
                 if run.header.get("method") == "direct":  # Figure 4 compares the agentic methods (§4.4)
@@ -146,7 +164,7 @@ def make_report(*, react=(), runs=(), removal_runs=(), out="figures/out", judge:
                 s["correct"] = [ok.get((a, b), False) for a, b in zip(s.sample_id, s.trial)]
                 samples.append(s)
             if samples:
-                figures.fig4_context(pd.concat(samples, ignore_index=True), out / "fig4_context")
+                figures.fig4_context(pd.concat(samples, ignore_index=True), out / "fig4_context", mark=fig4_mark)
                 made.append("fig4_context")
     if removal_runs:
         try:

@@ -209,14 +209,20 @@ async def probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir=
                                        H_with=("H_with", "mean"), H_without=("H_without", "mean"))
     summary = summary.merge(counts.reset_index(), on="step", how="right")
     if "kl_with_without" in steps:
-        summary = summary.merge(steps.groupby("step")["kl_with_without"].mean().reset_index(), on="step", how="left")
+        kl = summarise_by(steps[np.isfinite(steps["kl_with_without"])], "step", "kl_with_without")
+        kl = kl.rename(columns={"mean": "kl_with_without", "ci_low": "kl_ci_low", "ci_high": "kl_ci_high", "n": "kl_n"})
+        summary = summary.merge(kl[["step", "kl_with_without", "kl_ci_low", "kl_ci_high", "kl_n"]], on="step", how="left")
     if "dH_exact" in steps:
         summary = summary.merge(steps.groupby("step")[["dH_exact", "gap_with"]].mean().reset_index(), on="step", how="left")
     summary.to_csv(out / "summary.csv", index=False)
-    from analysis.figures import fig2b_entropy
+    from analysis.figures import fig2b_entropy, fig2b_kl, provenance_mark
 
-    model = (run.lines[0].get("model") if run.lines else None) or "model"
-    fig2b_entropy(summary, out / "fig2b_entropy", title=f"ΔH per step ({mode}; {model})")
+    model = (ident or {}).get("served_model") or (run.lines[0].get("model") if run.lines else None) or "model"
+    mark = provenance_mark([run.header])
+    fig2b_entropy(summary, out / "fig2b_entropy", title=f"Figure 2(b): ΔH per step ({model}, {mode})", mark=mark)
+    if "kl_with_without" in summary and np.isfinite(summary["kl_with_without"]).any():
+        fig2b_kl(summary, out / "fig2b_kl_influence", title=f"Image influence per step ({model}, teacher-forced)",
+                 mark=mark)
     for f in failures[:10]:
         print(f"failed: {f}", file=sys.stderr)
     return {"steps": steps, "summary": summary, "out": out, "failures": failures}

@@ -249,9 +249,13 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
             "image_needed_within_first_5": float((needed["step"] <= 5).mean()) if len(needed) else float("nan"),
             "image_needed_steps": int(len(needed)),
         })
-        from analysis.figures import fig2a_grounding
+        from analysis.figures import fig2a_grounding, provenance_mark
 
-        fig2a_grounding(steps, out / "fig2a_grounding")
+        model = (run.header.get("model") or {}).get("served_model") or ""
+        mark = provenance_mark([run.header]) or ("SCRIPTED FAKE ANNOTATOR: planted labels"
+                                                 if getattr(backend, "name", "") == "scripted" else None)
+        fig2a_grounding(steps, out / "fig2a_grounding", mark=mark,
+                        title=f"Figure 2(a): grounding of each step ({model}; annotator {getattr(backend, 'model', '')})")
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return {"steps": steps, "summary": summary, "out": out}
 

@@ -258,9 +258,10 @@ async def removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, o
     (out / "probe.json").write_text(json.dumps({"run_dir": str(run.path), "steps": steps, "model": ident,
                                                 "forced_model_mismatch": force, "judge": grader.label,
                                                 "n_error": int(len(errors))}, indent=2))
-    from analysis.figures import fig2c_removal
+    from analysis.figures import fig2c_removal, provenance_mark
 
-    fig2c_removal(summary, out / "fig2c_removal")
+    fig2c_removal(summary, out / "fig2c_removal", mark=provenance_mark([h]),
+                  title=f"Figure 2(c): step-k image removal ({ident.get('served_model')}; judge: {grader.name})")
     return {"outcomes": outcomes, "summary": summary, "out": out, "judge": grader.label,
             "errors": errors.to_dict("records")}
 

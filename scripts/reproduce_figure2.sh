@@ -2,22 +2,26 @@
 # Figure 2 end to end: collect ReAct trajectories -> grounding -> entropy -> removal -> judge -> figures.
 #
 #   bash scripts/reproduce_figure2.sh --demo
-#       the embedded default (tiny random Qwen3.5, offline world, demo benchmark): shows the chain runs;
-#       every number is meaningless, and the tiny model cannot annotate, so panel (a) is reported invalid.
+#       the offline demo on the SCRIPTED FAKE model (--backend scripted, agent/backends/demo_model.py): its
+#       behaviour and distributions are planted, so every panel has visible structure; every number is fake
+#       and every figure is stamped so. Add --demo-model tiny for the embedded random Qwen3.5 instead (its
+#       actions never parse, so panel (a) stays empty and accuracies are 0).
 #   bash scripts/reproduce_figure2.sh --benchmark DATA/mmsearch --endpoint http://gpu:30000 \
 #       --model-dir /models/Qwen3.5-27B [--out runs/fig2-27b] [--trials 1] [--steps 1..5] [--limit N]
-#       against a served Qwen3.5 (serving/launch_qwen35.sh), live tools (SERPER_API_KEY, JINA_API_KEY),
-#       the default annotator and judge (OpenRouter gemini-3-flash, OPENROUTER_API_KEY).
+#       against a served Qwen3.5 (serving/launch_qwen35.sh), live tools (SERPER_API_KEY, JINA_API_KEY, a lens
+#       URL), the paper's annotator and judge (OpenRouter gemini-3-flash, OPENROUTER_API_KEY); everything a
+#       later stage needs is checked first (python -m agent.preflight).
 #
 # Every step is resumable: rerunning the script continues where it stopped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEMO=0 BENCHMARK="" ENDPOINT="" MODEL_DIR="" OUT="" TRIALS=1 STEPS="1..5" LIMIT="" LOGPROB_MODE="scaled"
-usage() { sed -n '2,13p' "$0"; exit "${1:-0}"; }
+DEMO=0 DEMO_MODEL=scripted BENCHMARK="" ENDPOINT="" MODEL_DIR="" OUT="" TRIALS=1 STEPS="1..5" LIMIT="" LOGPROB_MODE="scaled"
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --demo) DEMO=1 ;;
+    --demo-model) DEMO_MODEL="$2"; shift ;;
     --benchmark) BENCHMARK="$2"; shift ;;
     --endpoint) ENDPOINT="$2"; shift ;;
     --model-dir) MODEL_DIR="$2"; shift ;;
@@ -38,14 +42,22 @@ LIMIT_ARGS=()
 [[ -n "$LIMIT" ]] && LIMIT_ARGS=(--limit "$LIMIT")
 
 if [[ "$DEMO" == 1 ]]; then
-  OUT=${OUT:-runs/fig2-demo}
-  echo "== DEMO on the embedded default: a tiny RANDOMLY INITIALISED model; all numbers are meaningless =="
-  RUN_ARGS=(--benchmark demo --t-max 6 --max-tokens 24)
-  PROBE_BACKEND=()
-  ENTROPY_ARGS=(--include-unparsed)   # the random model's first calls never parse: the paper's rule would drop all
-  GROUNDING_ARGS=(--local --retries 0 --max-tokens 32 --include-unparsed)
   JUDGE_ARGS=(--judge exact)
-  REMOVAL_JUDGE=(--judge exact)
+  if [[ "$DEMO_MODEL" == tiny ]]; then
+    OUT=${OUT:-runs/fig2-demo-tiny}
+    echo "== DEMO on the embedded default: a tiny RANDOMLY INITIALISED model; all numbers are meaningless =="
+    RUN_ARGS=(--benchmark demo --t-max 6 --max-tokens 24)
+    PROBE_BACKEND=()
+    ENTROPY_ARGS=(--include-unparsed)   # the random model's first calls never parse: the paper's rule would drop all
+    GROUNDING_ARGS=(--judge-backend local --retries 0 --max-tokens 32 --include-unparsed)
+  else
+    OUT=${OUT:-runs/fig2-demo}
+    echo "== DEMO on the SCRIPTED FAKE backend: planted behaviour and distributions; all numbers are fake =="
+    RUN_ARGS=(--benchmark demo --backend scripted --trials "${TRIALS}")
+    PROBE_BACKEND=(--backend scripted)
+    ENTROPY_ARGS=()
+    GROUNDING_ARGS=(--judge-backend scripted)
+  fi
 else
   [[ -n "$BENCHMARK" && -n "$ENDPOINT" && -n "$MODEL_DIR" ]] || { echo "need --benchmark, --endpoint and --model-dir (or --demo)" >&2; exit 2; }
   OUT=${OUT:-runs/fig2-$(basename "$MODEL_DIR")}
@@ -55,19 +67,21 @@ else
   ENTROPY_ARGS=()
   GROUNDING_ARGS=()
   JUDGE_ARGS=()
-  REMOVAL_JUDGE=()
-fi
-
-if [[ "$DEMO" != 1 ]]; then  # every key and server a later stage needs, checked before the first stage starts
+  # every key and server a later stage needs, checked before the first stage starts
   "$PY" -m agent.preflight --benchmark "$BENCHMARK" --backend sglang --endpoint "$ENDPOINT" --model-dir "$MODEL_DIR" \
     --tools live --judge-api-key-env "${JUDGE_API_KEY_ENV:-OPENROUTER_API_KEY}"
 fi
+
 set -x
-"$PY" -m agent.run --method react --out "$OUT" "${RUN_ARGS[@]}" "${LIMIT_ARGS[@]}"
-"$PY" -m probes.grounding "$OUT" "${GROUNDING_ARGS[@]}" || echo "grounding: see $OUT/probes/grounding/summary.json" >&2
-"$PY" -m probes.entropy "$OUT" --mode regenerate "${PROBE_BACKEND[@]}" "${ENTROPY_ARGS[@]}"
-"$PY" -m probes.removal "$OUT" --steps "$STEPS" "${PROBE_BACKEND[@]}" "${REMOVAL_JUDGE[@]}"
-"$PY" -m agent.judge "$OUT" "${JUDGE_ARGS[@]}"
-"$PY" -m analysis.report --react "$OUT" --runs "$OUT" --out "$OUT/figures"
+"$PY" -m agent.run --method react --out "$OUT" "${RUN_ARGS[@]}" "${LIMIT_ARGS[@]}" --no-progress
+"$PY" -m probes.grounding "$OUT" "${GROUNDING_ARGS[@]}" --no-progress || echo "grounding: see $OUT/probes/grounding/summary.json" >&2
+"$PY" -m probes.entropy "$OUT" --mode regenerate "${PROBE_BACKEND[@]}" "${ENTROPY_ARGS[@]}" --no-progress
+"$PY" -m probes.removal "$OUT" --steps "$STEPS" "${PROBE_BACKEND[@]}" "${JUDGE_ARGS[@]}" --no-progress
+"$PY" -m agent.judge "$OUT" "${JUDGE_ARGS[@]}" --no-progress
+"$PY" -m analysis.report --react "$OUT" --runs "$OUT" --out "$OUT/figures" ${JUDGE_ARGS[@]+"${JUDGE_ARGS[@]}"}
 set +x
-echo "Figure 2: $OUT/figures/fig2.png (panels fig2a/b/c_*.png); tables in $OUT/figures/"
+echo
+echo "wrote:"
+find "$OUT/figures" -maxdepth 1 -type f \( -name '*.png' -o -name '*.md' \) | sort | sed 's/^/  /'
+echo "  $OUT/probes/ (grounding/, entropy-regenerate/, removal/: each probe's tables and run directories)"
+echo "Figure 2: $OUT/figures/fig2.png; look at the trajectories: $PY -m agent.show $OUT"
