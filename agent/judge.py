@@ -15,7 +15,6 @@ only what is new or whose answer changed), ``judge-<name>-summary.json``, ``tabl
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hashlib
 import json

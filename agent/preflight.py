@@ -201,22 +201,22 @@ def main(argv=None) -> int:
     Used by ``scripts/reproduce_figure2.sh``; exit 0 when everything a later stage needs is in place, 2 (with
     every problem listed) otherwise.
     """
-    import argparse
     import asyncio
     import sys
 
-    ap = argparse.ArgumentParser(prog="python -m agent.preflight", description=main.__doc__.split("\n\n")[0],
-                                 epilog="example: python -m agent.preflight --benchmark DATA/mmsearch --backend sglang "
-                                        "--endpoint http://gpu:30000 --model-dir /models/Qwen3.5-27B --tools live "
-                                        "--judge-api-key-env OPENROUTER_API_KEY")
+    from .cli import add_backend_args, done, make_parser
+
+    ap = make_parser("python -m agent.preflight", main.__doc__, [
+        "python -m agent.preflight --benchmark DATA/mmsearch --backend sglang --endpoint http://gpu:30000 "
+        "--model-dir /models/Qwen3.5-27B --tools live --judge-api-key-env OPENROUTER_API_KEY",
+        "python -m agent.preflight --benchmark demo --backend local"])
     ap.add_argument("--benchmark", help="a benchmark dir whose images must all load (default: none checked)")
-    ap.add_argument("--backend", choices=("local", "sglang", "openai"), help="the model server to check")
-    ap.add_argument("--endpoint", help="model server URL")
-    ap.add_argument("--model", help="served model name the server must list")
-    ap.add_argument("--model-dir", help="weights / tokenizer dir")
-    ap.add_argument("--tools", choices=("offline", "live"), default="offline", help="live: search/visit/lens keys + lens URL")
+    ap.add_argument("--tools", choices=("offline", "live"), default="offline",
+                    help="live: the search / visit / lens keys and the lens image-URL configuration")
     ap.add_argument("--judge-api-key-env", action="append", default=[], metavar="VAR",
                     help="an API key a judge or annotator stage needs (repeatable)")
+    add_backend_args(ap, default=None, repeat_endpoint=True,
+                     title="the model server to check (default: none; several --endpoint must serve one model)")
     a = ap.parse_args(argv)
     problems = []
     if a.tools == "live":
@@ -241,22 +241,32 @@ def main(argv=None) -> int:
     if a.backend:
         from .backends import BackendError, make_backend
 
-        async def ident():
-            b = make_backend(a.backend, endpoint=a.endpoint, model=a.model, model_dir=a.model_dir)
+        async def ident(endpoint):
+            b = make_backend(a.backend, endpoint=endpoint, model=a.model, model_dir=a.model_dir,
+                             logprob_mode=a.logprob_mode, server=a.server, api_key_env=a.api_key_env)
             try:
                 return await model_identity(b)
             finally:
                 await b.aclose()
-        try:
-            print(f"model: {describe(asyncio.run(ident()))}")
-        except (PreflightError, BackendError) as e:
-            problems.append(str(e))
+        seen = {}
+        for ep in a.endpoint or [None]:
+            try:
+                idn = asyncio.run(ident(ep))
+                print(f"model{' at ' + ep if ep else ''}: {describe(idn)}")
+                seen[ep] = idn
+            except (PreflightError, BackendError) as e:
+                problems.append(str(e))
+        served = {(i.get("served_model"), i.get("weights")) for i in seen.values()}
+        if len(served) > 1:
+            problems.append("the --endpoint servers serve different models: "
+                            + "; ".join(f"{ep}: {describe(i)}" for ep, i in seen.items()))
     for p in problems:
         print(f"error: {p}", file=sys.stderr)
     if problems:
         print(f"preflight: {len(problems)} problem(s); nothing was started", file=sys.stderr)
         return 2
     print("preflight: ok")
+    done([], "start the run or chain these flags describe (bash scripts/reproduce_figure2.sh runs this check itself)")
     return 0
 
 

@@ -367,10 +367,21 @@ class Run:
                 out[name] = col.to_numpy(zero_copy_only=False)
         return out
 
-    def call_messages(self, line: dict, call_event: dict) -> list[dict]:
-        return [line["messages"][i] for i in call_event["message_ids"]]
+    def call_event(self, line: dict, call: int | dict) -> dict:
+        """The ``llm_call`` event of ``call``: the event itself, or its 1-based call index."""
+        if isinstance(call, dict):
+            return call
+        for ev in line.get("events") or []:
+            if ev.get("type") == "llm_call" and ev.get("index") == call:
+                return ev
+        raise RunError(f"{line.get('sample_id')} trial {line.get('trial')}: no LLM call #{call} "
+                       f"(it made {line.get('n_calls')})")
 
-    def sendable_messages(self, line: dict, call_event: dict) -> list[dict]:
+    def call_messages(self, line: dict, call: int | dict) -> list[dict]:
+        """The exact messages of one call (the event, or its 1-based index)."""
+        return [line["messages"][i] for i in self.call_event(line, call)["message_ids"]]
+
+    def sendable_messages(self, line: dict, call_event: int | dict) -> list[dict]:
         """The call's messages ready to send again: each recorded image part points at the stored image."""
         out = []
         for m in self.call_messages(line, call_event):
@@ -587,15 +598,19 @@ def _repair(rd: "RunDir", rep: CheckReport, torn_raw: list, good: list) -> None:
 
 
 def main(argv=None) -> int:
-    import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m agent.rundir", description="run-directory tools")
+    from .cli import HelpFormatter, make_parser
+
+    ap = make_parser("python -m agent.rundir", "Run-directory tools: check is a run complete and intact.",
+                     ["python -m agent.rundir check runs/react-27b", "python -m agent.rundir check runs/react-27b --repair"])
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("check", help="is this run complete and intact? (exit 0 only when it is)",
+                       formatter_class=HelpFormatter,
                        description="Units expected vs present, duplicates, torn lines, sidecars against their calls, "
                                    "orphaned and temporary files, missing images, the tool cache's integrity.",
-                       epilog="example: python -m agent.rundir check runs/react-27b --repair")
-    c.add_argument("run_dir")
+                       epilog="examples:\n  python -m agent.rundir check runs/react-27b\n"
+                              "  python -m agent.rundir check runs/react-27b --repair --json")
+    c.add_argument("run_dir", help="a run directory of python -m agent.run")
     c.add_argument("--repair", action="store_true",
                    help="move torn lines and orphaned files into RUN_DIR/quarantine/ (never deleted), remove temp files")
     c.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -609,6 +624,12 @@ def main(argv=None) -> int:
     if not rep.intact:
         print("damaged: python -m agent.rundir check RUN_DIR --repair quarantines torn lines and orphans; "
               "rerun the run command to redo the units they held", file=sys.stderr)
+    elif not a.json:
+        from .cli import done
+
+        done([f"{a.run_dir}/quarantine/"] if a.repair else [],
+             f"python -m agent.show {a.run_dir}" if rep.complete else
+             "rerun the run's command (python -m agent.run ... with the same --out) to finish the missing units")
     return 0 if rep.intact and rep.complete else 1
 
 

@@ -210,11 +210,15 @@ def fig2b_kl(summary, stem, *, title: str | None = None, ax=None, mark: str | No
     """The teacher-forced influence of the images per step: mean over think tokens of KL(with ‖ without)."""
     sns, fig, ax, own = _panel(ax)
     s = summary.assign(kl_mean=summary["kl_with_without"])
+    if "kl_n" in s:
+        s = s.assign(n=s["kl_n"])
     _series_plot(ax, s, "kl_mean", "kl_ci_low", "kl_ci_high",
-                 lambda name: f"{name}: mean KL" if name else "mean KL over think tokens", sns)
+                 lambda name: f"{name}: mean KL, 95% bootstrap CI" if name else "mean KL, 95% bootstrap CI", sns)
     ax.set_xlabel("step t (LLM call index)")
     ax.set_ylabel(r"$\mathrm{KL}(p_{\mathrm{with}} \,\|\, p_{\mathrm{without}})$ (nats)")
-    ax.set_ylim(bottom=0)
+    top = np.nanmax(np.r_[s.get("kl_ci_high", s["kl_mean"]).to_numpy(dtype=float), s["kl_mean"].to_numpy(dtype=float)]) \
+        if len(s) else 1.0
+    ax.set_ylim(0, (top if np.isfinite(top) and top > 0 else 1.0) * 1.15)  # room for the n labels
     ax.set_title(title or "Image influence per step (teacher-forced)")
     _steps_axis(ax, s["step"].unique() if len(s) else [])
     _legend_outside(ax)
@@ -252,19 +256,20 @@ def fig2c_removal(summary, stem, *, title: str | None = None, ax=None, mark: str
 
 
 def fig2_combined(grounding_steps, entropy_summary, removal_summary, stem, *, mark: str | None = None,
-                  subtitle: str | None = None):
-    """Figure 2 (a)(b)(c) side by side (and the KL influence when the probe was teacher-forced); a missing
-    panel (None) is drawn as an empty, labelled axis."""
+                  subtitle: str | None = None, kl_summary=None):
+    """Figure 2 (a)(b)(c) side by side, and the KL influence as a fourth panel when a teacher-forced probe
+    ran (``kl_summary``: step, kl_with_without, kl_ci_low, kl_ci_high, kl_n, series); a missing panel (None)
+    is drawn as an empty, labelled axis."""
     plt, _ = _plt()
-    has_kl = entropy_summary is not None and "kl_with_without" in entropy_summary and \
-        np.isfinite(entropy_summary["kl_with_without"]).any()
+    has_kl = kl_summary is not None and "kl_with_without" in kl_summary and \
+        np.isfinite(kl_summary["kl_with_without"].astype(float)).any()
     n = 4 if has_kl else 3
     fig, axes = plt.subplots(1, n, figsize=(5.6 * n, 3.8))
     panels = [(axes[0], grounding_steps, fig2a_grounding, "(a) grounding of each step"),
               (axes[1], entropy_summary, fig2b_entropy, "(b) entropy change ΔH"),
               (axes[2], removal_summary, fig2c_removal, "(c) step-k image removal")]
     if has_kl:
-        panels.append((axes[3], entropy_summary, fig2b_kl, "(b') image influence (KL)"))
+        panels.append((axes[3], kl_summary, fig2b_kl, "(b') image influence (KL, teacher-forced)"))
     for ax, data, fn, name in panels:
         if data is None or len(data) == 0:
             ax.text(0.5, 0.5, f"{name}: not computed", ha="center", va="center", transform=ax.transAxes)

@@ -18,7 +18,6 @@ PDF figures and Markdown + CSV tables. Exit status 2 when a table would mix judg
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -52,7 +51,7 @@ def _pooled_figure2(react_runs: list[str], out: Path, made: list, missing: list)
 
     from analysis.stats import removal_summary, summarise_by
 
-    grounding, entropy, outcomes, modes, headers, labels = [], [], [], set(), [], []
+    grounding, entropy, outcomes, modes, headers, labels, tf = [], [], [], set(), [], [], []
     for rd in react_runs:
         probes = Path(rd) / "probes"
         run = load_run(rd)
@@ -68,6 +67,10 @@ def _pooled_figure2(react_runs: list[str], out: Path, made: list, missing: list)
         else:
             missing.append(f"fig2a_grounding: run python -m probes.grounding {rd} first")
         e, mode = _entropy_steps(probes)
+        # the KL influence needs the teacher-forced probe (ours: its own panel, even when (b) is regenerated)
+        t = _read(probes / "entropy-teacher-forced" / "steps.parquet")
+        if t is not None and "kl_with_without" in t:
+            tf.append(t.assign(series=label))
         if e is not None:
             e = e.assign(series=label)
             entropy.append(e)
@@ -87,18 +90,24 @@ def _pooled_figure2(react_runs: list[str], out: Path, made: list, missing: list)
         allsteps = pd.concat(entropy, ignore_index=True)
         valid = allsteps[allsteps["dH"].notna()]
 
-        def summ(g):
-            out_ = summarise_by(g, "step", "dH")
-            if "kl_with_without" in g and g["kl_with_without"].notna().any():
-                kl = summarise_by(g[g["kl_with_without"].notna()], "step", "kl_with_without").rename(
-                    columns={"mean": "kl_with_without", "ci_low": "kl_ci_low", "ci_high": "kl_ci_high", "n": "kl_n"})
-                out_ = out_.merge(kl[["step", "kl_with_without", "kl_ci_low", "kl_ci_high", "kl_n"]], on="step", how="left")
-            return out_
-        parts = [summ(g).assign(series=name) for name, g in valid.groupby("series", sort=False)]
+        parts = [summarise_by(g, "step", "dH").assign(series=name) for name, g in valid.groupby("series", sort=False)]
         if len(entropy) > 1:
-            parts.append(summ(valid).assign(series="pooled"))
+            parts.append(summarise_by(valid, "step", "dH").assign(series="pooled"))
         es = pd.concat(parts, ignore_index=True)
         es.attrs["mode"] = modes.pop()
+    ks = None
+    if tf:
+        allkl = pd.concat(tf, ignore_index=True)
+        allkl = allkl[allkl["kl_with_without"].notna()]
+
+        def kl_summ(g):
+            return summarise_by(g, "step", "kl_with_without").rename(
+                columns={"mean": "kl_with_without", "ci_low": "kl_ci_low", "ci_high": "kl_ci_high", "n": "kl_n"})
+        if len(allkl):
+            kparts = [kl_summ(g).assign(series=name) for name, g in allkl.groupby("series", sort=False)]
+            if len(tf) > 1:
+                kparts.append(kl_summ(allkl).assign(series="pooled"))
+            ks = pd.concat(kparts, ignore_index=True)
     rs = removal_summary(pd.concat(outcomes, ignore_index=True)) if outcomes else None
     mark = figures.provenance_mark(headers)
     who = ", ".join(dict.fromkeys(labels))
@@ -107,14 +116,15 @@ def _pooled_figure2(react_runs: list[str], out: Path, made: list, missing: list)
     panels = [("fig2a_grounding", gs, figures.fig2a_grounding, f"Figure 2(a): grounding of each step ({who}{pool})"),
               ("fig2b_entropy", es, figures.fig2b_entropy, f"Figure 2(b): ΔH per step ({who}, {mode}{pool})"),
               ("fig2c_removal", rs, figures.fig2c_removal, f"Figure 2(c): step-k image removal ({who}{pool})")]
-    if es is not None and "kl_with_without" in es and es["kl_with_without"].notna().any():
-        panels.append(("fig2b_kl_influence", es, figures.fig2b_kl, f"Image influence per step ({who}, teacher-forced)"))
+    if ks is not None:
+        panels.append(("fig2b_kl_influence", ks, figures.fig2b_kl, f"Image influence per step ({who}, teacher-forced{pool})"))
     for name, data, fn, title in panels:
         if data is not None and len(data):
             fn(data, out / name, title=title, mark=mark)
             data.to_csv((out / name).with_suffix(".csv"), index=False)  # the plotted numbers, beside the figure
             made.append(name)
-    figures.fig2_combined(gs, es, rs, out / "fig2", mark=mark, subtitle=f"Figure 2 ({who}{pool})")
+    figures.fig2_combined(gs, es, rs, out / "fig2", mark=mark, subtitle=f"Figure 2 ({who}{pool})",
+                          kl_summary=ks)
     made.append("fig2")
 
 

@@ -22,13 +22,13 @@ bound on the exact entropy) over the think tokens of the response; ΔH_t = H(τ_
 
 Where the backend computes exact entropy (in-process), the exact values and the gap of the grouped
 estimate are reported too. Writes ``OUT/steps.jsonl`` (resumable: a rerun probes only missing steps),
-``steps.parquet`` + ``steps.csv`` (one row per (trajectory, step)), ``summary.csv`` (per step: n, mean
+``steps.parquet`` + ``steps.csv`` (one row per (trajectory, step)), in teacher-forced mode also
+``tokens/<key>__c<step>.parquet`` (per think token: ΔH and KL, for the trajectory viewer), ``summary.csv`` (per step: n, mean
 ΔH, 95% bootstrap CI, Wilcoxon signed-rank p; calls without think tokens are excluded and counted) and
 the Figure 2(b) panel ``fig2b_entropy.png/.pdf``. OUT defaults to ``RUN_DIR/probes/entropy-<mode>``.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
@@ -59,6 +59,18 @@ DEMO_BANNER = """\
 
 def _think_mean(values: np.ndarray, think: np.ndarray) -> float:
     return float(values[think].mean()) if think.any() else float("nan")
+
+
+def _write_token_influence(d: Path, line: dict, step: int, tok: dict) -> None:
+    """``tokens/<key>__c<step>.parquet``: per think token of that call, its position, ΔH and KL (teacher-forced)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from agent.rundir import token_key
+
+    d.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"pos": tok["pos"], "dH": tok["dH"], "kl": tok["kl"]}),
+                   d / f"{token_key(line['sample_id'], line['trial'])}__c{step}.parquet", compression="zstd")
 
 
 def _sampling_of(ev: dict) -> SamplingParams:
@@ -99,13 +111,18 @@ async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: 
         if not ids or min(ids) < 0:
             raise RunError(f"{line['sample_id']} step {ev['index']}: the record has no token ids "
                            "(teacher-forced scoring needs them; use --mode regenerate)")
-        cont = Continuation(ids=ids)
+        texts = tok.get("text")
+        # ids are what is scored; the text rides along for backends that cannot map ids back (the scripted fake)
+        cont = Continuation(ids=ids, text=None if texts is None or any(t is None for t in texts[sel])
+                            else "".join(texts[sel]))
         a = await backend.score(with_imgs, cont, top_logprobs=20)
         b = await backend.score(without, cont, top_logprobs=20)
+        per_token = {}
         for side, sc in (("with", a), ("without", b)):
             if len(sc.tokens) != len(ids):
                 raise BackendError(f"scoring returned {len(sc.tokens)} positions for {len(ids)} tokens")
-            row[f"H_{side}"] = _think_mean(grouped_tail_entropy(sc.top_logprob_matrix(20)), think)
+            per_token[side] = grouped_tail_entropy(sc.top_logprob_matrix(20))
+            row[f"H_{side}"] = _think_mean(per_token[side], think)
             if sc.exact_entropy is not None:
                 row[f"H_exact_{side}"] = _think_mean(np.asarray(sc.exact_entropy, dtype=np.float64), think)
         kls = [kl_union_tail([t.id for t in x.top], [t.logprob for t in x.top], [t.id for t in y.top],
@@ -113,6 +130,10 @@ async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: 
                for x, y, th in zip(a.tokens, b.tokens, think) if th]
         row["kl_with_without"] = float(np.mean(kls)) if kls else float("nan")
         row["n_think_without"] = row["n_think"]
+        # per think token: the entropy change and the KL influence (the trajectory viewer colours tokens by them)
+        pos = np.flatnonzero(think)
+        row["_tokens"] = {"pos": pos.astype(np.int32), "dH": (per_token["with"] - per_token["without"])[pos]
+                          .astype(np.float32), "kl": np.asarray(kls, dtype=np.float32)}
     row["dH"] = row["H_with"] - row["H_without"]
     if np.isfinite(row.get("H_exact_with", np.nan)) and np.isfinite(row.get("H_exact_without", np.nan)):
         row["dH_exact"] = row["H_exact_with"] - row["H_exact_without"]
@@ -181,6 +202,9 @@ async def probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir=
                 failures.append(f"{line['sample_id']}/t{line['trial']} step {ev['index']}: {e}")
                 row = None
         if row is not None:
+            tok = row.pop("_tokens", None)
+            if tok is not None:
+                _write_token_influence(out / "tokens", line, ev["index"], tok)
             with open(steps_path, "a") as f:  # each finished step at once: an interrupted probe resumes
                 f.write(json.dumps(row, default=float) + "\n")
         bar.update(1)

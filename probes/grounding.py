@@ -20,7 +20,6 @@ defaults to ``RUN_DIR/probes/grounding``.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import re

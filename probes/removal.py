@@ -27,7 +27,6 @@ same pairs, exact McNemar p), ``OUT/errors.csv``, ``OUT/probe.json`` and the Fig
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
@@ -36,7 +35,7 @@ from pathlib import Path
 from agent.backends.base import SamplingParams
 from agent.backends.messages import record_messages
 from agent.benchmarks import Sample
-from agent.judge import DEFAULT_ENDPOINT, DEFAULT_MODEL, Grader
+from agent.judge import Grader
 from agent.methods import HARNESS_ERRORS, Budgets, Episode, MethodSpec
 from agent.methods.common import WEBWATCHER_OBSERVATION_IMAGES, Turn, tool_reply
 from agent.methods.react import react_messages, run_react

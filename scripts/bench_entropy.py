@@ -100,9 +100,13 @@ def phase(kind: str, root: str) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from agent.cli import make_parser
+
+    ap = make_parser("python scripts/bench_entropy.py", __doc__, [
+        "python scripts/bench_entropy.py                 # paper scale (5,087 trajectories; ~5 GB of sidecars)",
+        "python scripts/bench_entropy.py --scale 0.05    # a quick look"])
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of the paper's 5,087 trajectories")
-    ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--calls", type=int, default=10, help="LLM calls per trajectory")
     ap.add_argument("--tokens", type=int, default=1000, help="mean think tokens per call")
     ap.add_argument("--keep", help="write the synthetic run here and keep it (default: a temp dir, removed)")
     ap.add_argument("--phase", choices=("baseline", "probe"), help=argparse.SUPPRESS)

@@ -110,8 +110,8 @@ async def bench_rate(args) -> dict:
     try:
         bench = make_benchmark(tmp, args.samples)
         with _server_process(args) as url:
-            kind = {"native": dict(backend="sglang", model_dir=str(ensure_tiny_model(quiet=True))),  # chat template
-                    "chat": dict(backend="openai", model="fake-qwen3.5")}[args.api]
+            kind = {"sglang": dict(backend="sglang", model_dir=str(ensure_tiny_model(quiet=True))),  # chat template
+                    "openai": dict(backend="openai", model="fake-qwen3.5")}[args.backend]
             common = dict(benchmark=str(bench), endpoints=[url], progress=False, **kind)
             # warm-up: one sample, so the first connection and imports are not timed
             await run(RunConfig(method="react", out=str(tmp / "warm"), limit=1, **common), [])
@@ -193,7 +193,10 @@ def bench_storage(args) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from agent.cli import make_parser
+
+    ap = make_parser("python scripts/bench_runner.py", __doc__, [
+        "python scripts/bench_runner.py", "python scripts/bench_runner.py --processes 1 --samples 128 --backend openai"])
     ap.add_argument("--samples", type=int, default=512, help="enough waves that process start-up is amortised")
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--latency", type=float, default=3.0,
@@ -202,9 +205,9 @@ def main() -> int:
     ap.add_argument("--storage-calls", type=int, default=200, help="synthetic calls for the storage measurement")
     ap.add_argument("--processes", type=int, default=2,
                     help="runner processes (agent.run --processes; the setting recommended for 64 samples in flight)")
-    ap.add_argument("--api", default="native", choices=("native", "chat"),
-                    help="native /generate (SGLangBackend: triples only) or /v1/chat/completions (OpenAIBackend, "
-                         "whose replies also carry logprobs.content: ~4x the bytes)")
+    ap.add_argument("--backend", default="sglang", choices=("sglang", "openai"),
+                    help="sglang = native /generate (SGLangBackend: triples only); openai = /v1/chat/completions "
+                         "(OpenAIBackend, whose replies also carry logprobs.content: ~4x the bytes)")
     ap.add_argument("--tokenizer", default="bpe", choices=("bpe", "char"),
                     help="how the stand-in server tokenizes replies: the tiny model's BPE (~50 tokens per reply) "
                          "or one token per character (~165 tokens: 3x the JSON per call)")
@@ -218,7 +221,7 @@ def main() -> int:
     r = bench_rate(args)
     r = asyncio.run(r)
     print(f"\n[call rate] {r['samples']} samples x {args.calls} calls, concurrency {r['concurrency']}, "
-          f"server latency {r['latency_s']:.2f}s, {args.api} API, {args.processes} runner process(es)")
+          f"server latency {r['latency_s']:.2f}s, --backend {args.backend}, {args.processes} runner process(es)")
     print(f"  measured {r['rate']:.1f} calls/s over {r['wall_s']:.2f}s; ideal {r['ideal_rate']:.1f} calls/s")
     print(f"  ratio measured/ideal = {r['ratio']:.3f}  (target >= 0.90)  statuses={r['statuses']}")
     print(f"  runner CPU per call: {r['cpu_ms_per_call']:.1f} ms for {r['tokens_per_call']:.0f} tokens with top-20 "

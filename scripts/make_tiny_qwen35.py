@@ -6,7 +6,6 @@ Loadable afterwards with ``AutoProcessor.from_pretrained(OUT_DIR)`` and
 ``AutoModelForImageTextToText.from_pretrained(OUT_DIR)``. Its weights are random: outputs are
 meaningless. See ``agent/backends/tiny_model.py`` for what is inside.
 """
-import argparse
 import sys
 from pathlib import Path
 
@@ -16,12 +15,17 @@ from agent.backends.tiny_model import build  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("out_dir")
-    ap.add_argument("--seed", type=int, default=0)
+    from agent.cli import done, make_parser
+
+    ap = make_parser("python scripts/make_tiny_qwen35.py", __doc__, [
+        "python scripts/make_tiny_qwen35.py .cache/tiny-qwen35",
+        "python scripts/make_tiny_qwen35.py /tmp/tiny --seed 1"])
+    ap.add_argument("out_dir", help="where to write the model (config, weights, tokenizer, processor, chat template)")
+    ap.add_argument("--seed", type=int, default=0, help="the random weights' seed")
     args = ap.parse_args()
     path = build(args.out_dir, seed=args.seed)
     print(f"tiny Qwen3.5 (random weights) written to {path}")
+    done([str(path)], f"python -m serving.check --model-dir {path}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@
 #       actions never parse, so panel (a) stays empty and accuracies are 0).
 #   bash scripts/reproduce_figure2.sh --benchmark DATA/mmsearch --endpoint http://gpu:30000 \
 #       --model-dir /models/Qwen3.5-27B [--out runs/fig2-27b] [--trials 1] [--steps 1..5] [--limit N]
+#       [--teacher-forced]   (also score each step teacher-forced: the KL influence panel; ~2 scoring calls per step)
 #       against a served Qwen3.5 (serving/launch_qwen35.sh), live tools (SERPER_API_KEY, JINA_API_KEY, a lens
 #       URL), the paper's annotator and judge (OpenRouter gemini-3-flash, OPENROUTER_API_KEY); everything a
 #       later stage needs is checked first (python -m agent.preflight).
@@ -16,7 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEMO=0 DEMO_MODEL=scripted BENCHMARK="" ENDPOINT="" MODEL_DIR="" OUT="" TRIALS=1 STEPS="1..5" LIMIT="" LOGPROB_MODE="scaled"
+DEMO=0 DEMO_MODEL=scripted BENCHMARK="" ENDPOINT="" MODEL_DIR="" OUT="" TRIALS=1 STEPS="1..5" LIMIT="" LOGPROB_MODE="scaled" TEACHER_FORCED=0
 usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -30,6 +31,7 @@ while [[ $# -gt 0 ]]; do
     --steps) STEPS="$2"; shift ;;
     --limit) LIMIT="$2"; shift ;;
     --logprob-mode) LOGPROB_MODE="$2"; shift ;;
+    --teacher-forced) TEACHER_FORCED=1 ;;
     -h|--help) usage 0 ;;
     *) echo "unknown argument: $1" >&2; usage 2 ;;
   esac
@@ -55,6 +57,7 @@ if [[ "$DEMO" == 1 ]]; then
     echo "== DEMO on the SCRIPTED FAKE backend: planted behaviour and distributions; all numbers are fake =="
     RUN_ARGS=(--benchmark demo --backend scripted --trials "${TRIALS}")
     PROBE_BACKEND=(--backend scripted)
+    TEACHER_FORCED=1
     ENTROPY_ARGS=()
     GROUNDING_ARGS=(--judge-backend scripted)
   fi
@@ -76,6 +79,9 @@ set -x
 "$PY" -m agent.run --method react --out "$OUT" "${RUN_ARGS[@]}" "${LIMIT_ARGS[@]}" --no-progress
 "$PY" -m probes.grounding "$OUT" "${GROUNDING_ARGS[@]}" --no-progress || echo "grounding: see $OUT/probes/grounding/summary.json" >&2
 "$PY" -m probes.entropy "$OUT" --mode regenerate "${PROBE_BACKEND[@]}" "${ENTROPY_ARGS[@]}" --no-progress
+if [[ "$TEACHER_FORCED" == 1 ]]; then  # the KL influence panel and per-token ΔH / KL in agent.show
+  "$PY" -m probes.entropy "$OUT" --mode teacher-forced "${PROBE_BACKEND[@]}" "${ENTROPY_ARGS[@]}" --no-progress
+fi
 "$PY" -m probes.removal "$OUT" --steps "$STEPS" "${PROBE_BACKEND[@]}" "${JUDGE_ARGS[@]}" --no-progress
 "$PY" -m agent.judge "$OUT" "${JUDGE_ARGS[@]}" --no-progress
 "$PY" -m analysis.report --react "$OUT" --runs "$OUT" --out "$OUT/figures" ${JUDGE_ARGS[@]+"${JUDGE_ARGS[@]}"}
@@ -83,5 +89,5 @@ set +x
 echo
 echo "wrote:"
 find "$OUT/figures" -maxdepth 1 -type f \( -name '*.png' -o -name '*.md' \) | sort | sed 's/^/  /'
-echo "  $OUT/probes/ (grounding/, entropy-regenerate/, removal/: each probe's tables and run directories)"
+echo "  $OUT/probes/ (grounding/, entropy-regenerate/$([[ "$TEACHER_FORCED" == 1 ]] && echo ' entropy-teacher-forced/'), removal/: each probe's tables and run directories)"
 echo "Figure 2: $OUT/figures/fig2.png; look at the trajectories: $PY -m agent.show $OUT"

@@ -11,7 +11,6 @@ when it is not listed); logprobs are finite and <= 0; thinking is separated from
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import math

@@ -10,7 +10,6 @@ remembers that still have live servers, with the exact command that stops them.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -97,11 +96,12 @@ def stop_dir(run_dir: Path, timeout: float = 30.0) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="bash serving/stop.sh", description=__doc__.split("\n\n")[0],
-                                 epilog="example: bash serving/stop.sh --run-dir .serve")
+    from agent.cli import make_parser
+
+    ap = make_parser("bash serving/stop.sh", __doc__, ["bash serving/stop.sh", "bash serving/stop.sh --run-dir .serve-27b --timeout 60"])
     ap.add_argument("--run-dir", default=os.environ.get("MMCF_SERVE_DIR", ".serve"),
-                    help="the launcher's --run-dir (default: .serve)")
-    ap.add_argument("--timeout", type=float, default=30, help="seconds between SIGTERM and SIGKILL (default: 30)")
+                    help="the launcher's --run-dir ($MMCF_SERVE_DIR or .serve)")
+    ap.add_argument("--timeout", type=float, default=30, help="seconds between SIGTERM and SIGKILL")
     a = ap.parse_args(argv)
     run_dir = Path(a.run_dir).resolve()
     if not list(run_dir.glob("*.pid")):

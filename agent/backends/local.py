@@ -17,7 +17,6 @@ import asyncio
 import os
 import threading
 import time
-from pathlib import Path
 
 from .base import (
     DEFAULT_TOP_LOGPROBS, BackendError, Continuation, LogprobSemantics, ModelOutput, SamplingParams,

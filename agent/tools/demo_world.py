@@ -171,16 +171,15 @@ def ensure_demo_world(out_dir: str | os.PathLike | None = None) -> Path:
 
 
 def main(argv=None) -> int:
-    import argparse
+    from ..cli import done, make_parser
 
-    ap = argparse.ArgumentParser(prog="python -m agent.tools.demo_world",
-                                 description="write the shipped offline demo world and the 'demo' benchmark",
-                                 epilog="example: python -m agent.tools.demo_world /tmp/demo-world")
+    ap = make_parser("python -m agent.tools.demo_world", "Write the shipped offline demo world and the 'demo' benchmark.",
+                     ["python -m agent.tools.demo_world /tmp/demo-world", "python -m agent.tools.demo_world"])
     ap.add_argument("out_dir", nargs="?", help="where to write world/ and demo/ (default: the cache directory)")
     a = ap.parse_args(argv)
     out = build_demo_world(a.out_dir or default_demo_dir())
-    print(f"wrote {out}/world (pages.jsonl, images/) and {out}/demo (data_unified.jsonl, imgs/); "
-          f"run it: python -m agent.run --method react --benchmark {out}/demo --world {out}/world --out runs/demo")
+    done([f"{out}/world (pages.jsonl, images/)", f"{out}/demo (data_unified.jsonl, imgs/)"],
+         f"python -m agent.run --method react --benchmark {out}/demo --world {out}/world --out runs/demo")
     return 0
 
 

@@ -1,0 +1,546 @@
+"""Look at a run: a trajectory in the terminal, or the whole run as one self-contained HTML page.
+
+    python -m agent.show RUN_DIR                                  # the samples: status, answer, gold, grade
+    python -m agent.show RUN_DIR demo_3 [--trial 0] [--reasoning] # one trajectory, call by call
+    python -m agent.show RUN_DIR --html run.html [--limit N]      # one HTML file (no server, no network)
+
+The terminal view prints each LLM call with its state and branch span, the images it saw (query and
+retrieved, by hash), its reasoning (first line, unless ``--reasoning``), its visible text, the parsed
+action or why it was rejected, the tool calls with their observations, folds, branch spans and the budget
+used. The HTML page lists the samples (filter by status, grade, benchmark, id) and, per sample, the event
+timeline with main and branch spans nested; each call shows its exact messages with image thumbnails (the
+very pixels that call saw, embedded once each), its tool calls and observations (collapsible), and its
+think tokens coloured by their grouped-tail entropy — or, where the entropy probe ran teacher-forced on this
+run, by ΔH and by the KL(with ‖ without) influence of the images (the step's ΔH is shown for either mode).
+Trajectories are embedded gzip-compressed and rendered only when opened, so large runs stay usable.
+"""
+from __future__ import annotations
+
+import base64
+import gzip
+import html
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .rundir import Run, RunError, load_run, read_parquet, token_key
+
+__all__ = ["sample_table", "render_text", "build_html", "main"]
+
+
+# ---------------------------------------------------------------------------- shared data
+def _grades(run: Run) -> tuple[dict, str]:
+    """{(sample, trial): grade} from the run's judge output (LLM judge first), and which judge."""
+    for name in ("llm", "exact"):
+        p = run.path / f"judge-{name}.jsonl"
+        if p.exists():
+            out = {}
+            for raw in p.read_text().splitlines():
+                try:
+                    r = json.loads(raw)
+                    out[(r["sample_id"], r["trial"])] = r["grade"]
+                except (ValueError, KeyError):
+                    continue
+            return out, name
+    return {}, ""
+
+
+def _probe_steps(run: Run) -> tuple[dict, str | None]:
+    """{(sample, trial, step): ΔH} from the entropy probe, and its mode (teacher-forced preferred)."""
+    for mode in ("teacher-forced", "regenerate"):
+        p = run.path / "probes" / f"entropy-{mode}" / "steps.jsonl"
+        if p.exists():
+            out = {}
+            for raw in p.read_text().splitlines():
+                try:
+                    r = json.loads(raw)
+                    out[(r["sample_id"], r["trial"], r["step"])] = r.get("dH")
+                except (ValueError, KeyError):
+                    continue
+            return out, mode
+    return {}, None
+
+
+def sample_table(run: Run):
+    """One row per (sample, trial): status, calls, answer, gold, grade."""
+    import pandas as pd
+
+    grades, judge = _grades(run)
+    rows = [{"sample_id": ln["sample_id"], "trial": ln["trial"], "benchmark": ln.get("benchmark"),
+             "status": ln["status"], "calls": ln.get("n_calls"), "answer": ln.get("answer", ""), "gold": ln.get("gold", ""),
+             "grade": grades.get((ln["sample_id"], ln["trial"]), "")} for ln in run.lines]
+    df = pd.DataFrame(rows)
+    df.attrs["judge"] = judge
+    return df.sort_values(["sample_id", "trial"]).reset_index(drop=True) if len(df) else df
+
+
+def _short(text: str, n: int) -> str:
+    text = " ".join(str(text or "").split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+# ---------------------------------------------------------------------------- terminal
+def render_text(run: Run, line: dict, *, reasoning: bool = False, observation_chars: int = 400) -> str:
+    """A readable rendering of one trajectory (plain text)."""
+    h = run.header
+    t_max = (h.get("budgets") or {}).get("t_max", "?")
+    grades, judge = _grades(run)
+    out = [f"{line['sample_id']} / trial {line['trial']}  [{line.get('method')}{'/' + line['variant'] if line.get('variant') else ''}]"
+           f"  model {line.get('model')}  status {line['status']}"
+           + (f"  grade {grades.get((line['sample_id'], line['trial']))} ({judge})" if grades else ""),
+           f"question: {_short(line.get('question'), 300)}",
+           f"gold: {line.get('gold')}   answer: {line.get('answer') or '-'}"
+           + (f"   error: {line.get('error')}" if line.get("error") else ""),
+           "query images: " + (", ".join(f"{k}={v[:12]}" for k, v in (line.get("query_images") or {}).items()) or "none"), ""]
+    depth = 0
+    for ev in line.get("events") or []:
+        pad = "  " * depth
+        t = ev["type"]
+        if t == "llm_call":
+            imgs = ev.get("image_hashes") or []
+            u = ev.get("usage") or {}
+            flags = "".join(f" [{f}]" for f in ("correction", "forced") if ev.get(f))
+            out.append(f"{pad}#{ev['index']}/{t_max} {ev['state']}{' ' + ev['branch'] if ev.get('branch') else ''}{flags}"
+                       f"  images {len(imgs)} (query {ev.get('n_query_images', 0)}: "
+                       f"{', '.join(x[:8] for x in imgs) or '-'})  prompt {u.get('prompt_tokens')} tok, "
+                       f"out {ev.get('n_tokens')} ({ev.get('think_tokens')} think)")
+            r = (ev.get("reasoning") or "").strip()
+            if r:
+                out.append(f"{pad}  reasoning: {r if reasoning else _short(r.splitlines()[0], 160) + (' …' if len(r.splitlines()) > 1 else '')}")
+            if (ev.get("text") or "").strip():
+                out.append(f"{pad}  text: {_short(ev['text'], 400)}")
+            act = ev.get("action") or {}
+            if ev.get("action_error"):
+                out.append(f"{pad}  REJECTED: {ev['action_error']}")
+            elif act:
+                desc = act.get("kind")
+                if act.get("kind") == "tool_call":
+                    desc += f" {act.get('name') or ''}"
+                if act.get("kind") == "answer":
+                    desc += f": {act.get('answer')}"
+                if act.get("kind") == "subtask":
+                    st = act.get("subtask") or {}
+                    desc += f" [{st.get('description')}] images {st.get('assigned_images')}"
+                if act.get("fold"):
+                    f = act["fold"]
+                    desc += f"  fold {f['range']} removed {f['removed']}" + (f" anomaly {f['anomaly']}" if f["anomaly"] else "")
+                out.append(f"{pad}  action: {desc}")
+        elif t == "tool_call":
+            res = ("ok" if ev.get("ok") else "FAILED") + (", cached" if ev.get("cache_hit") else "")
+            imgs = ev.get("result_images") or []
+            out.append(f"{pad}  -> {ev['name']}({_short(json.dumps(ev.get('args'), ensure_ascii=False), 160)}) {res}"
+                       + (f", {len(imgs)} result images" if imgs else ""))
+            out.append(f"{pad}     {_short(ev.get('observation'), observation_chars)}")
+        elif t == "branch_begin":
+            out.append(f"{pad}┌ branch {ev['branch']}: {ev.get('description')}  assigned {ev.get('assigned_images')}")
+            depth += 1
+        elif t == "branch_end":
+            depth = max(0, depth - 1)
+            out.append(f"{'  ' * depth}└ {ev['branch']} ends ({ev.get('reason')}, {ev.get('steps')} steps): "
+                       f"{_short(ev.get('message'), 300)}")
+        elif t == "init_end":
+            for k, v in (ev.get("descriptions") or {}).items():
+                out.append(f"{pad}init {k}: {_short(v, 200)}")
+        elif t == "final_answer":
+            out.append(f"{pad}ANSWER{' (forced)' if ev.get('forced') else ''}: {ev.get('answer')}")
+        elif t == "error":
+            out.append(f"{pad}ERROR {ev.get('kind')}: {ev.get('message')}")
+    out.append(f"\n{line.get('n_calls')} LLM calls of {t_max}; tools {line.get('tool_calls')}; "
+               f"{line.get('generated_tokens')} tokens generated ({line.get('think_tokens')} think)")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------- HTML
+def _image_uri(run: Run, sha: str, cache: dict, missing: list) -> str | None:
+    if sha in cache:
+        return cache[sha]
+    p = run.image_path(sha)
+    if p is None:
+        missing.append(sha)
+        cache[sha] = None
+        return None
+    ext = p.suffix.lstrip(".").replace("jpg", "jpeg")
+    cache[sha] = f"data:image/{ext};base64," + base64.b64encode(p.read_bytes()).decode()
+    return cache[sha]
+
+
+def _call_tokens(run: Run, line: dict, tf_dir: Path | None) -> dict:
+    """Per call, its think tokens as columns: text, H (centinats), and where the teacher-forced probe ran on
+    this run ΔH (centinats) and KL (millinats). Integers compress well; the colour scale needs no more."""
+    from analysis.entropy import grouped_tail_entropy
+
+    if not line.get("tokens_file"):
+        return {}
+    try:
+        tok = run.tokens(line, ["call", "text", "think", "top_logprobs"])
+    except RunError:
+        return {}
+    if "text" not in tok:  # a record from before token texts were kept
+        return {}
+    H = grouped_tail_entropy(tok["top_logprobs"])
+    out = {}
+    for c in np.unique(tok["call"]):
+        idx = np.flatnonzero(tok["call"] == c)
+        think = tok["think"][idx].astype(bool)
+        col = {"text": ["" if t is None else str(t) for t in tok["text"][idx][think]],
+               "H": np.rint(H[idx][think] * 100).astype(int).tolist()}
+        p = None if tf_dir is None else tf_dir / f"{token_key(line['sample_id'], line['trial'])}__c{int(c)}.parquet"
+        if p is not None and p.exists():
+            t = read_parquet(p)
+            pos = t.column("pos").to_numpy()
+            full = {"dH": np.full(len(idx), np.nan), "kl": np.full(len(idx), np.nan)}
+            ok = (pos >= 0) & (pos < len(idx))
+            for name in full:
+                full[name][pos[ok]] = t.column(name).to_numpy()[ok]
+            col["dH"] = [None if not np.isfinite(v) else int(round(v * 100)) for v in full["dH"][think]]
+            col["kl"] = [None if not np.isfinite(v) else int(round(v * 1000)) for v in full["kl"][think]]
+        out[int(c)] = col
+    return out
+
+
+def _sample_detail(run: Run, line: dict, images: dict, missing: list, dH: dict, tf_dir: Path | None,
+                   with_tokens: bool = True) -> dict:
+    msgs = []
+    for m in line.get("messages") or []:
+        c = m.get("content")
+        parts = []
+        if isinstance(c, list):
+            for p in c:
+                if isinstance(p, dict) and p.get("type") == "image":
+                    sha = p.get("sha256")
+                    if sha:
+                        _image_uri(run, sha, images, missing)
+                    parts.append({"img": sha, "url": p.get("url")})
+                else:
+                    parts.append({"text": (p or {}).get("text", "")})
+        else:
+            parts.append({"text": c or ""})
+        msgs.append({"role": m.get("role"), "parts": parts, "reasoning": m.get("reasoning_content")})
+    for h in (line.get("query_images") or {}).values():
+        _image_uri(run, h, images, missing)
+    events = []
+    for ev in line.get("events") or []:
+        e = {k: v for k, v in ev.items() if k not in ("sampling",)}
+        if ev["type"] == "llm_call":
+            e["dH"] = dH.get((line["sample_id"], line["trial"], ev["index"]))
+        events.append(e)
+    return {"events": events, "messages": msgs, "tokens": _call_tokens(run, line, tf_dir) if with_tokens else {},
+            "question": line.get("question"), "gold": line.get("gold"), "answer": line.get("answer"),
+            "query_images": line.get("query_images"), "error": line.get("error"), "status": line["status"]}
+
+
+#: ``--tokens auto`` embeds the coloured think tokens for runs up to this many trajectories (ours: at ~1,000
+#: think tokens per call a trajectory's token columns take ~50-100 KB in the page, its messages ~10 KB)
+AUTO_TOKENS = 300
+
+
+def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[str] | None = None,
+               tokens: str = "auto") -> dict:
+    """Write the self-contained page; returns sizes (bytes, samples, images) for the caller to report.
+
+    ``tokens``: ``all`` embeds every call's think tokens (coloured by H / ΔH / KL), ``none`` none, ``auto``
+    all when at most :data:`AUTO_TOKENS` trajectories are written, else none (the page says so)."""
+    if tokens not in ("auto", "all", "none"):
+        raise ValueError(f"tokens must be auto, all or none, not {tokens!r}")
+    run = load_run(run_dir)
+    grades, judge = _grades(run)
+    dH, mode = _probe_steps(run)
+    tf_dir = run.path / "probes" / "entropy-teacher-forced" / "tokens"
+    tf_dir = tf_dir if tf_dir.is_dir() else None
+    lines = sorted(run.lines, key=lambda ln: (ln["sample_id"], ln["trial"]))
+    if sample_ids:
+        lines = [ln for ln in lines if ln["sample_id"] in set(sample_ids)]
+    lines = lines[: limit or None]
+    with_tokens = tokens == "all" or (tokens == "auto" and len(lines) <= AUTO_TOKENS)
+    images: dict = {}
+    missing: list = []
+    samples, details = [], {}
+    for ln in lines:
+        key = f"{ln['sample_id']}__t{ln['trial']}"
+        samples.append({"key": key, "id": ln["sample_id"], "trial": ln["trial"], "status": ln["status"],
+                        "benchmark": ln.get("benchmark"), "category": ln.get("paper_category"),
+                        "grade": grades.get((ln["sample_id"], ln["trial"]), ""), "calls": ln.get("n_calls"),
+                        "answer": _short(ln.get("answer"), 80), "gold": _short(ln.get("gold"), 80)})
+        blob = json.dumps(_sample_detail(run, ln, images, missing, dH, tf_dir, with_tokens), ensure_ascii=False,
+                          default=str, separators=(",", ":"))
+        details[key] = base64.b64encode(gzip.compress(blob.encode(), 6)).decode()
+    h = run.header
+    from analysis.figures import provenance_mark
+
+    meta = {"run": str(run.path), "label": h.get("label"), "model": (h.get("model") or {}).get("served_model"),
+            "t_max": (h.get("budgets") or {}).get("t_max"), "judge": judge, "probe_mode": mode,
+            "has_token_probe": tf_dir is not None, "mark": provenance_mark([h]), "benchmark": h.get("benchmark"),
+            "n_lines": len(run.lines), "shown": len(lines), "tokens": with_tokens}
+    page = (_TEMPLATE.replace("__TITLE__", html.escape(f"{h.get('label')} — {run.path.name}"))
+            .replace("__META__", _js(meta)).replace("__SAMPLES__", _js(samples))
+            .replace("__DETAILS__", _js(details)).replace("__IMAGES__", _js({k: v for k, v in images.items() if v})))
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(page, encoding="utf-8")
+    return {"path": str(out_path), "bytes": out_path.stat().st_size, "samples": len(samples), "images": len(images),
+            "missing_images": sorted(set(missing)), "tokens": with_tokens}
+
+
+def _js(obj) -> str:
+    """JSON safe inside a <script> element."""
+    return json.dumps(obj, ensure_ascii=False, default=str).replace("</", "<\\/")
+
+
+_TEMPLATE = r"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>__TITLE__</title>
+<style>
+ body{font:13px/1.45 system-ui,-apple-system,Segoe UI,sans-serif;margin:0;color:#1d1d1f;background:#fafafa}
+ header{padding:10px 16px;background:#fff;border-bottom:1px solid #ddd;position:sticky;top:0;z-index:2}
+ header h1{font-size:15px;margin:0 0 4px} .mark{color:#b00020;font-weight:bold}
+ .filters select,.filters input{margin-right:8px;font-size:12px}
+ main{display:flex;gap:0} #list{width:430px;min-width:330px;border-right:1px solid #ddd;height:calc(100vh - 86px);overflow:auto;background:#fff}
+ #list table{border-collapse:collapse;width:100%} #list td,#list th{padding:3px 6px;border-bottom:1px solid #eee;text-align:left;font-size:12px}
+ #list tr.sample-row{cursor:pointer} #list tr.sample-row:hover{background:#eef4ff} #list tr.sel{background:#dce8ff}
+ #detail{flex:1;padding:12px 18px;height:calc(100vh - 86px);overflow:auto}
+ .st-ok{color:#1a7f37}.st-no_answer{color:#9a6700}.st-error,.st-timeout{color:#b00020}
+ .g-CORRECT{color:#1a7f37;font-weight:600}.g-INCORRECT{color:#b00020}.g-NOT_ATTEMPTED{color:#9a6700}
+ details{margin:4px 0} summary{cursor:pointer}
+ .span{border-left:3px solid #8aa8d8;margin:6px 0 6px 4px;padding-left:10px}
+ .span.init{border-color:#c9a0dc}.span.branch{border-color:#f0a35e}
+ .span-title{font-weight:600;color:#555}
+ .call{background:#fff;border:1px solid #ddd;border-radius:6px;padding:4px 8px;margin:6px 0}
+ .call.rejected{border-color:#e7a1a1} .call > summary{font-weight:500}
+ .badge{display:inline-block;padding:0 5px;border-radius:8px;background:#eee;margin-left:4px;font-size:11px}
+ .msg{border-top:1px dashed #ddd;padding:4px 0} .role{font-weight:600;font-size:11px;color:#666;text-transform:uppercase}
+ pre{white-space:pre-wrap;word-break:break-word;margin:2px 0;font:12px/1.4 ui-monospace,Menlo,monospace}
+ img.thumb{max-width:150px;max-height:120px;border:1px solid #ccc;margin:2px 4px 2px 0;vertical-align:top}
+ .tool{background:#f6f8fa;border-radius:4px;padding:2px 6px;margin:4px 0}
+ .tok{border-radius:2px} #legend{display:inline-block;vertical-align:middle}
+ #legend .bar{display:inline-block;width:160px;height:10px;vertical-align:middle;border:1px solid #bbb}
+ .err{color:#b00020}
+</style></head><body>
+<header>
+ <h1 id="title"></h1>
+ <div class="filters">
+  status <select id="f-status"><option value="">all</option></select>
+  grade <select id="f-grade"><option value="">all</option></select>
+  benchmark <select id="f-bench"><option value="">all</option></select>
+  id <input id="f-id" size="14" placeholder="filter">
+  colour think tokens by <select id="colour"><option value="H">entropy H (nats)</option></select>
+  <span id="legend"></span>
+ </div>
+</header>
+<main><div id="list"><table><thead><tr><th>sample</th><th>t</th><th>status</th><th>calls</th><th>grade</th><th>answer / gold</th></tr></thead><tbody id="rows"></tbody></table></div>
+<div id="detail"><p>Select a sample.</p></div></main>
+<script type="application/json" id="meta">__META__</script>
+<script type="application/json" id="samples">__SAMPLES__</script>
+<script type="application/json" id="details">__DETAILS__</script>
+<script type="application/json" id="images">__IMAGES__</script>
+<script>
+"use strict";
+const J = id => JSON.parse(document.getElementById(id).textContent);
+const META = J("meta"), SAMPLES = J("samples"), DETAILS = J("details"), IMAGES = J("images");
+const cache = {};
+const esc = s => String(s ?? "").replace(/[&<>"]/g, c => ({"&":"&amp;","<":"&lt;",">":"&gt;",'"':"&quot;"}[c]));
+document.getElementById("title").innerHTML = esc(META.label) + " &middot; " + esc(META.model || "") + " &middot; " +
+  esc(META.benchmark) + " &middot; " + META.shown + " of " + META.n_lines + " trajectories" +
+  (META.judge ? " &middot; judge: " + esc(META.judge) : " &middot; not judged") +
+  (META.probe_mode ? " &middot; entropy probe: " + esc(META.probe_mode) : "") +
+  (META.mark ? ' &middot; <span class="mark">' + esc(META.mark) + "</span>" : "");
+if (META.has_token_probe) {
+  const c = document.getElementById("colour");
+  c.insertAdjacentHTML("beforeend", '<option value="dH">ΔH with − without images (nats)</option><option value="kl">KL(with ‖ without) influence (nats)</option>');
+}
+function fillSelect(id, key) {
+  const s = document.getElementById(id);
+  [...new Set(SAMPLES.map(r => r[key]).filter(x => x !== ""))].sort().forEach(v => s.insertAdjacentHTML("beforeend", `<option>${esc(v)}</option>`));
+  s.onchange = renderList;
+}
+fillSelect("f-status", "status"); fillSelect("f-grade", "grade"); fillSelect("f-bench", "benchmark");
+document.getElementById("f-id").oninput = renderList;
+document.getElementById("colour").onchange = () => { legend(); if (current) show(current); };
+let current = null;
+function renderList() {
+  const fs = document.getElementById("f-status").value, fg = document.getElementById("f-grade").value,
+        fb = document.getElementById("f-bench").value, fi = document.getElementById("f-id").value.toLowerCase();
+  const rows = SAMPLES.filter(r => (!fs || r.status === fs) && (!fg || r.grade === fg) && (!fb || r.benchmark === fb) &&
+                                   (!fi || r.id.toLowerCase().includes(fi)));
+  document.getElementById("rows").innerHTML = rows.map(r =>
+    `<tr class="sample-row" data-key="${esc(r.key)}"><td>${esc(r.id)}</td><td>${r.trial}</td>` +
+    `<td class="st-${esc(r.status)}">${esc(r.status)}</td><td>${r.calls}</td><td class="g-${esc(r.grade)}">${esc(r.grade)}</td>` +
+    `<td>${esc(r.answer)}<br><small>gold: ${esc(r.gold)}</small></td></tr>`).join("");
+  document.querySelectorAll("tr.sample-row").forEach(tr => tr.onclick = () => show(tr.dataset.key));
+}
+async function detail(key) {
+  if (!cache[key]) {
+    const bytes = Uint8Array.from(atob(DETAILS[key]), c => c.charCodeAt(0));
+    const text = await new Response(new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"))).text();
+    cache[key] = JSON.parse(text);
+  }
+  return cache[key];
+}
+const SCALE = {H: [0, 3], dH: [-1, 1], kl: [0, 1]};
+function colour(v, mode) {
+  if (v === null || v === undefined) return "transparent";
+  const [lo, hi] = SCALE[mode];
+  let t = Math.max(0, Math.min(1, (v - lo) / (hi - lo)));
+  if (mode === "dH") { const a = Math.abs(t - 0.5) * 2; return t > 0.5 ? `rgba(214,39,40,${a * 0.75})` : `rgba(31,119,180,${a * 0.75})`; }
+  return `rgba(255,${Math.round(230 - 170 * t)},${Math.round(120 - 110 * t)},${0.15 + 0.75 * t})`;
+}
+function legend() {
+  const mode = document.getElementById("colour").value, [lo, hi] = SCALE[mode];
+  const stops = [0, 0.25, 0.5, 0.75, 1].map(t => colour(lo + t * (hi - lo), mode)).join(",");
+  document.getElementById("legend").innerHTML = `${lo} <span class="bar" style="background:linear-gradient(90deg,${stops})"></span> ${hi}` +
+    (mode === "dH" ? " (blue: the images lower it; red: raise it)" : "");
+}
+legend();
+// think tokens are columns: text, H in centinats, dH in centinats, kl in millinats (see _call_tokens)
+const UNIT = {H: 100, dH: 100, kl: 1000};
+function tokensHtml(col) {
+  if (!col || !col.text.length) return "";
+  const mode = document.getElementById("colour").value, vals = col[mode];
+  const num = (c, i, k) => (c[k] && c[k][i] !== null && c[k][i] !== undefined) ? c[k][i] / UNIT[k] : null;
+  return col.text.map((t, i) => {
+    const h = num(col, i, "H"), d = num(col, i, "dH"), k = num(col, i, "kl");
+    const v = vals ? num(col, i, mode) : null;
+    return `<span class="tok" title="H=${h.toFixed(2)}${d !== null ? " ΔH=" + d.toFixed(2) : ""}${k !== null ? " KL=" + k.toFixed(3) : ""}" style="background:${colour(v, mode)}">${esc(t)}</span>`;
+  }).join("");
+}
+function partsHtml(parts) {
+  return parts.map(p => p.img !== undefined ? (p.img && IMAGES[p.img] ? `<img class="thumb" alt="image ${esc(p.img.slice(0, 12))}" title="sha256 ${esc(p.img)}" src="${IMAGES[p.img]}">` :
+                                           `<span class="err">[image ${esc(p.img || p.url)} not stored]</span>`)
+                                        : `<pre>${esc(p.text)}</pre>`).join("");
+}
+function callHtml(d, ev, tools) {
+  const u = ev.usage || {}, act = ev.action || {}, toks = d.tokens[ev.index];
+  const nT = toks ? toks.H.length : 0, meanH = nT ? toks.H.reduce((a, x) => a + x, 0) / nT / UNIT.H : 0;
+  let what = ev.action_error ? `<span class="err">rejected</span>` : esc(act.kind || "") + (act.name ? " " + esc(act.name) : "");
+  const badges = `<span class="badge">${ev.n_images} img (${ev.n_query_images || 0} query)</span>` +
+    `<span class="badge">${u.prompt_tokens} prompt tok</span><span class="badge">${ev.n_tokens} out (${ev.think_tokens} think)</span>` +
+    (nT ? `<span class="badge">H̄ ${meanH.toFixed(2)}</span>` : "") +
+    (ev.dH !== null && ev.dH !== undefined ? `<span class="badge" style="background:${colour(ev.dH, "dH")}">ΔH ${(+ev.dH).toFixed(3)}</span>` : "") +
+    (ev.correction ? '<span class="badge">correction</span>' : "") + (ev.forced ? '<span class="badge">forced</span>' : "");
+  let body = `<details class="messages"><summary>messages sent (${ev.message_ids.length})</summary>` +
+    ev.message_ids.map(i => { const m = d.messages[i]; return `<div class="msg"><span class="role">${esc(m.role)}</span>` +
+      (m.reasoning ? `<details><summary>reasoning in history</summary><pre>${esc(m.reasoning)}</pre></details>` : "") + partsHtml(m.parts) + "</div>"; }).join("") +
+    `</details>`;
+  body += `<details class="reasoning"><summary>reasoning (${ev.think_tokens} think tokens${nT ? ", coloured" : META.tokens ? "" : "; not coloured: this page was written without tokens (agent.show --tokens all)"})</summary>` +
+    `<div>${tokensHtml(toks) || `<pre>${esc(ev.reasoning || "")}</pre>`}</div></details>`;
+  body += `<div><b>text:</b><pre>${esc(ev.text)}</pre></div>`;
+  if (ev.action_error) body += `<div class="err">rejected: ${esc(ev.action_error)}</div>`;
+  if (act.fold) body += `<div>fold ${esc(JSON.stringify(act.fold))}</div>`;
+  for (const t of tools) {
+    body += `<details class="tool"><summary>${esc(t.name)}(${esc(JSON.stringify(t.args))}) ${t.ok ? "ok" : '<span class="err">failed</span>'}${t.cache_hit ? " · cached" : ""}${(t.result_images || []).length ? " · " + t.result_images.length + " result images" : ""}</summary>` +
+      `${(t.result_images || []).map(h => IMAGES[h] ? `<img class="thumb" src="${IMAGES[h]}" title="sha256 ${esc(h)}">` : "").join("")}<pre>${esc(t.observation)}</pre></details>`;
+  }
+  return `<details class="call${ev.action_error ? " rejected" : ""}" data-index="${ev.index}"><summary>#${ev.index}/${META.t_max} ${esc(ev.state)}${ev.branch ? " " + esc(ev.branch) : ""} · ${what} ${badges}</summary>${body}</details>`;
+}
+async function show(key) {
+  current = key;
+  document.querySelectorAll("tr.sample-row").forEach(tr => tr.classList.toggle("sel", tr.dataset.key === key));
+  const d = await detail(key), s = SAMPLES.find(r => r.key === key);
+  const tools = {}; d.events.filter(e => e.type === "tool_call").forEach(e => (tools[e.call_index] = tools[e.call_index] || []).push(e));
+  let h = `<h2>${esc(s.id)} · trial ${s.trial} · <span class="st-${esc(d.status)}">${esc(d.status)}</span>${s.grade ? ` · <span class="g-${esc(s.grade)}">${esc(s.grade)}</span>` : ""}</h2>` +
+    `<p><b>question:</b> ${esc(d.question)}<br><b>gold:</b> ${esc(d.gold)} · <b>answer:</b> ${esc(d.answer || "—")}` +
+    (d.error ? `<br><span class="err">error: ${esc(d.error)}</span>` : "") + `</p><div class="query">` +
+    Object.entries(d.query_images || {}).map(([k, v]) => IMAGES[v] ? `<figure style="display:inline-block;margin:0 8px"><img class="thumb" src="${IMAGES[v]}"><figcaption>${esc(k)}</figcaption></figure>` : "").join("") + `</div>`;
+  const stack = [{html: "", cls: null}];
+  const push = (cls, title) => stack.push({html: `<div class="span-title">${title}</div>`, cls});
+  const pop = footer => { const top = stack.pop(); stack[stack.length - 1].html += `<div class="span ${top.cls}">${top.html}${footer || ""}</div>`; };
+  for (const ev of d.events) {
+    if (ev.type === "llm_call" && ev.parent === "init" && stack[stack.length - 1].cls !== "init") push("init", "initialization");
+    if (ev.type === "llm_call" && ev.parent !== "init" && stack[stack.length - 1].cls === "init") pop();
+    if (ev.type === "llm_call") stack[stack.length - 1].html += callHtml(d, ev, tools[ev.index] || []);
+    else if (ev.type === "branch_begin") push("branch", `branch ${esc(ev.branch)}: ${esc(ev.description)} · assigned ${esc(JSON.stringify(ev.assigned_images))}`);
+    else if (ev.type === "branch_end") pop(`<div>↩ folded back (${esc(ev.reason)}): <pre>${esc(ev.message)}</pre></div>`);
+    else if (ev.type === "init_end") { if (stack[stack.length - 1].cls === "init") pop(); stack[stack.length - 1].html += `<details><summary>image context folded into MAIN</summary><pre>${esc(JSON.stringify(ev.descriptions, null, 1))}</pre></details>`; }
+    else if (ev.type === "final_answer") stack[stack.length - 1].html += `<p><b>answer${ev.forced ? " (forced)" : ""}:</b> ${esc(ev.answer)}</p>`;
+    else if (ev.type === "error") stack[stack.length - 1].html += `<p class="err">error ${esc(ev.kind)}: ${esc(ev.message)}</p>`;
+  }
+  while (stack.length > 1) pop();
+  document.getElementById("detail").innerHTML = h + stack[0].html;
+}
+renderList();
+// deep links for sharing and tests: #sample=<id>__t<trial>&open=<call index>&show=messages,reasoning,tool&colour=H|dH|kl
+// open the sample and the call as clicks would (show: which parts of the call to expand; default messages)
+(async () => {
+  const p = new URLSearchParams(location.hash.slice(1));
+  const col = document.getElementById("colour");
+  if (p.get("colour") && [...col.options].some(o => o.value === p.get("colour"))) { col.value = p.get("colour"); legend(); }
+  if (p.get("sample")) {
+    document.querySelector(`tr.sample-row[data-key="${CSS.escape(p.get("sample"))}"]`)?.click();
+    await detail(p.get("sample")); await new Promise(r => setTimeout(r, 50));
+    const c = document.querySelector(`details.call[data-index="${CSS.escape(p.get("open") || "1")}"]`);
+    if (c) {
+      c.querySelector("summary").click();
+      for (const part of (p.get("show") || "messages").split(","))
+        c.querySelectorAll(`:scope > details.${CSS.escape(part)} > summary`).forEach(s => s.click());
+      c.scrollIntoView();
+    }
+  }
+  document.body.dataset.readyMs = Math.round(performance.now());  // time to a usable page (measured in the README)
+  document.body.dataset.ready = "1";
+})();
+</script></body></html>
+"""
+
+
+def main(argv=None) -> int:
+    from .cli import done, make_parser
+
+    ap = make_parser("python -m agent.show", __doc__, [
+        "python -m agent.show runs/demo-react",
+        "python -m agent.show runs/demo-react demo_3 --reasoning",
+        "python -m agent.show runs/demo-react --html runs/demo-react/run.html"])
+    ap.add_argument("run_dir", help="a run directory")
+    ap.add_argument("sample_id", nargs="?", help="one trajectory (none: the list of samples)")
+    ap.add_argument("--trial", type=int, default=0, help="which trial of the sample")
+    ap.add_argument("--reasoning", action="store_true", help="show each call's whole reasoning (default: its first line)")
+    ap.add_argument("--observation-chars", type=int, default=400, help="observations are cut at this length")
+    ap.add_argument("--html", metavar="OUT.html", help="write the whole run as one self-contained HTML page")
+    ap.add_argument("--limit", type=int, help="HTML: the first N trajectories only")
+    ap.add_argument("--tokens", choices=("auto", "all", "none"), default="auto",
+                    help=f"HTML: embed each call's think tokens, coloured by H / ΔH / KL (auto: when at most "
+                         f"{AUTO_TOKENS} trajectories are written; they dominate the page's size)")
+    a = ap.parse_args(argv)
+    try:
+        run = load_run(a.run_dir)
+        if a.html:
+            info = build_html(run.path, a.html, limit=a.limit, sample_ids=[a.sample_id] if a.sample_id else None,
+                              tokens=a.tokens)
+            print(f"{info['samples']} trajectories, {info['images']} images, {info['bytes'] / 1e6:.1f} MB"
+                  + ("" if info["tokens"] else "; think tokens not embedded (--tokens all, or fewer trajectories "
+                     "with --limit / a SAMPLE_ID, colours them)"))
+            if info["missing_images"]:
+                print(f"warning: {len(info['missing_images'])} images are not stored in {run.path}/images", file=sys.stderr)
+            done([info["path"]], f"open it in a browser (file://{Path(info['path']).resolve()})")
+            return 0
+        if not a.sample_id:
+            df = sample_table(run)
+            if df.empty:
+                print(f"{run.path}: no finished trajectory yet")
+                return 0
+            import pandas as pd
+
+            with pd.option_context("display.max_rows", 500, "display.max_colwidth", 40, "display.width", 160):
+                print(df.to_string(index=False))
+            print(f"\n{len(df)} trajectories; judge: {df.attrs.get('judge') or 'none yet'}")
+            done([], f"python -m agent.show {a.run_dir} {df.iloc[0]['sample_id']}   |   "
+                     f"python -m agent.show {a.run_dir} --html {a.run_dir}/run.html")
+            return 0
+        line = next((ln for ln in run.lines if ln["sample_id"] == a.sample_id and int(ln["trial"]) == a.trial), None)
+        if line is None:
+            print(f"error: {run.path}: no trajectory {a.sample_id} trial {a.trial}", file=sys.stderr)
+            return 2
+        print(render_text(run, line, reasoning=a.reasoning, observation_chars=a.observation_chars))
+        return 0
+    except RunError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # `python -m agent.show RUN | head`: the reader left; not an error
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)

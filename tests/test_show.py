@@ -1,0 +1,160 @@
+"""agent.show: the terminal views, the self-contained HTML page, and the page as a browser renders it.
+
+The browser test drives headless Chromium (Debian's ``chromium``; ``.ci/run`` installs it) on the file://
+page with a deep link that opens one call, reads the rendered DOM and saves a screenshot.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from agent import judge, run as runner, show
+from agent.rundir import RunError, load_run
+from probes import entropy
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    """Three scripted ReAct trajectories, judged, with the teacher-forced entropy probe (per-token ΔH / KL)."""
+    out = tmp_path_factory.mktemp("show") / "run"
+    assert runner.main(["--method", "react", "--benchmark", "demo", "--backend", "scripted", "--limit", "3",
+                        "--out", str(out), "--no-progress"]) == 0
+    assert judge.main([str(out), "--judge", "exact", "--no-progress"]) == 0
+    assert entropy.main([str(out), "--mode", "teacher-forced", "--backend", "scripted", "--no-progress"]) == 0
+    return out
+
+
+def test_sample_list_and_trajectory_in_the_terminal(demo_run, capsys):
+    assert show.main([str(demo_run)]) == 0
+    listing = capsys.readouterr().out
+    run = load_run(demo_run)
+    for ln in run.lines:
+        assert re.search(rf"^\s*{ln['sample_id']}\s+0\s+demo\s+ok\s+{ln['n_calls']}\b", listing, re.M), listing
+    assert listing.count("CORRECT") == 3 and "judge: exact" in listing
+
+    line = next(ln for ln in run.lines if ln["sample_id"] == "demo_3")
+    assert show.main([str(demo_run), "demo_3"]) == 0
+    text = capsys.readouterr().out
+    q = line["query_images"]["<image_0>"]
+    assert f"image_0>={q[:12]}" in text                       # the query image by hash
+    assert re.search(r"^#1/20 react\s+images 1 \(query 1: " + q[:8], text, re.M)
+    assert "-> lens_search(" in text and "result images" in text  # the tool call and its observation
+    assert f"ANSWER: {line['answer']}" in text
+    assert "grade CORRECT (exact)" in text
+    # reasoning is collapsed to its first line unless asked for
+    r = next(ev["reasoning"] for ev in line["events"] if ev["type"] == "llm_call")
+    assert show.main([str(demo_run), "demo_3", "--reasoning"]) == 0
+    assert r.strip() in capsys.readouterr().out
+
+    assert show.main([str(demo_run), "demo_3", "--trial", "5"]) == 2
+    assert "no trajectory demo_3 trial 5" in capsys.readouterr().err
+
+
+def test_call_messages_accepts_an_index_or_the_event(demo_run):
+    run = load_run(demo_run)
+    line = run.lines[0]
+    ev = next(e for e in line["events"] if e["type"] == "llm_call" and e["index"] == 2)
+    assert run.call_messages(line, 2) == run.call_messages(line, ev)
+    assert run.call_messages(line, 2)[-1]["role"] in ("user", "tool")
+    with pytest.raises(RunError, match="no LLM call #99"):
+        run.call_messages(line, 99)
+
+
+def test_html_is_self_contained(demo_run, tmp_path):
+    info = show.build_html(demo_run, tmp_path / "run.html")
+    page = (tmp_path / "run.html").read_text()
+    assert info["samples"] == 3 and info["missing_images"] == []
+    # nothing is fetched: no external script, stylesheet, image or font
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", page)
+    assert "<link" not in page and "@import" not in page and "fetch(" not in page
+    run = load_run(demo_run)
+    for ln in run.lines:                                # every query image is embedded, once
+        for sha in ln["query_images"].values():
+            assert page.count(f'"{sha}": "data:image/') == 1
+    assert "SCRIPTED FAKE BACKEND" in page            # the provenance mark travels with the page
+
+
+def _details(page: str) -> dict:
+    import base64
+    import gzip
+    import json
+
+    blob = re.search(r'<script type="application/json" id="details">(.*?)</script>', page, re.S).group(1)
+    return {k: json.loads(gzip.decompress(base64.b64decode(v))) for k, v in json.loads(blob).items()}
+
+
+def test_html_token_columns_carry_the_probe(demo_run, tmp_path):
+    """The think tokens are embedded as columns: H of each token, and the teacher-forced ΔH / KL per token."""
+    import numpy as np
+
+    from analysis.entropy import grouped_tail_entropy
+
+    show.build_html(demo_run, tmp_path / "a.html", tokens="all")
+    d = _details((tmp_path / "a.html").read_text())["demo_3__t0"]
+    run = load_run(demo_run)
+    line = next(ln for ln in run.lines if ln["sample_id"] == "demo_3")
+    tok = run.tokens(line)
+    for call in (1, 5):
+        col = d["tokens"][str(call)]
+        sel = (tok["call"] == call) & tok["think"].astype(bool)
+        assert "".join(col["text"]) == "".join(tok["text"][sel])
+        assert col["H"] == np.rint(grouped_tail_entropy(tok["top_logprobs"][sel]) * 100).astype(int).tolist()
+        assert len(col["dH"]) == len(col["kl"]) == int(sel.sum())
+    # demo_3 is planted with two grounding steps: the images lower the entropy at step 1, raise it at step 5
+    assert all(v < 0 for v in d["tokens"]["1"]["dH"]) and all(v > 0 for v in d["tokens"]["5"]["dH"])
+    assert all(v > 0 for v in d["tokens"]["1"]["kl"])
+
+    show.build_html(demo_run, tmp_path / "n.html", tokens="none")
+    assert all(v["tokens"] == {} for v in _details((tmp_path / "n.html").read_text()).values())
+    assert (tmp_path / "n.html").stat().st_size < (tmp_path / "a.html").stat().st_size
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def _headless(browser, profile, *args):
+    return [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--disable-quic", f"--user-data-dir={profile}", "--virtual-time-budget=8000",
+            "--window-size=1400,900", *args]
+
+
+@pytest.mark.skipif(_chromium() is None, reason="needs chromium (.ci/run installs Debian's package)")
+def test_page_renders_in_a_browser(demo_run, tmp_path):
+    browser = _chromium()
+    html = tmp_path / "run.html"
+    show.build_html(demo_run, html)
+    run = load_run(demo_run)
+    line = next(ln for ln in run.lines if ln["sample_id"] == "demo_3")
+    url = f"{html.resolve().as_uri()}#sample=demo_3__t0&open=2&show=messages,reasoning,tool&colour=dH"
+
+    dom = subprocess.run(_headless(browser, tmp_path / "profile", "--dump-dom", url),
+                         capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    page = re.sub(r"<script.*?</script>", "", dom.stdout, flags=re.S)  # the rendered elements only
+    assert 'data-ready="1"' in page, "the page's script did not finish"
+    # the sample list lists the samples
+    rows = re.findall(r'<tr class="sample-row[^"]*" data-key="([^"]+)"', page)
+    assert sorted(rows) == sorted(f"{ln['sample_id']}__t0" for ln in run.lines)
+    # the deep link opened demo_3's second call: its messages show the thumbnails of exactly what it saw
+    m = re.search(r'<details class="call" data-index="2" open="">(.*?)</details><details class="call"', page, re.S)
+    assert m, "call 2 is not open"
+    call = m.group(1)
+    ev = next(e for e in line["events"] if e["type"] == "llm_call" and e["index"] == 2)
+    thumbs = re.findall(r'<img class="thumb"[^>]*title="sha256 ([0-9a-f]{64})"', call)
+    assert thumbs and set(thumbs) == set(ev["image_hashes"])
+    assert all(src.startswith("data:image/") for src in re.findall(r'<img class="thumb"[^>]*src="([^"]+)"', call))
+    # the reasoning is coloured token by token (ΔH from the teacher-forced probe), with a legend
+    assert len(re.findall(r'<span class="tok" title="H=[0-9.]+ ΔH=-?[0-9.]+ KL=[0-9.]+"', call)) == ev["think_tokens"]
+    assert "blue: the images lower it" in page
+    assert re.search(r"lens_search\(.*\) ok", call)
+
+    shot = tmp_path / "show.png"
+    r = subprocess.run(_headless(browser, tmp_path / "profile", f"--screenshot={shot}", url),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and shot.exists() and shot.stat().st_size > 20_000, r.stderr[-2000:]
+    print(f"screenshot: {shot}")
