@@ -31,6 +31,7 @@ from .methods import METHODS, VARIANTS, Budgets, MethodSpec, new_trajectory, run
 from .methods.common import HISTORY_REASONING, WEBWATCHER_OBSERVATION_IMAGES
 from .http import public_url, safe_argv
 from .preflight import PreflightError, check_benchmark_images, local_identity, model_identity
+from .release import DEFAULT_PATIENCE, DEFAULT_THRESHOLD, SCORING_BACKENDS, ReleasePolicy
 from .rundir import RunDir, RunError, versions
 from .tools import MODES, MissingKeyError, make_toolbox
 from .trajectory import SCHEMA_VERSION
@@ -49,6 +50,10 @@ class RunConfig:
     benchmark: str = "demo"
     variant: str = ""
     remove_images_from_step: int | None = None
+    image_release: str = "keep"            # keep | adaptive (agent/release.py)
+    release_signal: str | None = None
+    release_threshold: str | float | None = None
+    release_patience: int | None = None
     trials: int = 1
     concurrency: int = 8
     limit: int | None = None
@@ -94,8 +99,19 @@ class RunConfig:
     def spec(self) -> MethodSpec:
         if self.processes < 1 or self.concurrency < 1 or self.trials < 1:
             raise ValueError("--processes, --concurrency and --trials must be >= 1")
+        release = None
+        if self.image_release not in ("keep", "adaptive"):
+            raise ValueError(f"--image-release must be keep or adaptive, not {self.image_release!r}")
+        if self.image_release == "adaptive":
+            if self.backend not in SCORING_BACKENDS:
+                raise ValueError(f"--image-release adaptive scores every step without the images (teacher-forced); "
+                                 f"--backend {self.backend} cannot score a fixed continuation. Use one that can: "
+                                 f"{', '.join(SCORING_BACKENDS)} (sglang = SGLang's native /generate with --model-dir)")
+            release = ReleasePolicy.from_args(self.release_signal, self.release_threshold, self.release_patience)
+        elif any(v is not None for v in (self.release_signal, self.release_threshold, self.release_patience)):
+            raise ValueError("--release-signal / --release-threshold / --release-patience need --image-release adaptive")
         return MethodSpec(self.method, self.variant, self.remove_images_from_step, Budgets(self.t_max, self.b_max),
-                          self.history_reasoning, self.observation_images)
+                          self.history_reasoning, self.observation_images, release)
 
     def sampling(self, trial: int = 0) -> SamplingParams:
         mt = self.max_tokens or (EMBEDDED_MAX_TOKENS if self.embedded else 4096)
@@ -145,6 +161,7 @@ def header_for(cfg: RunConfig, manifest, argv, model: dict | None = None) -> dic
         "argv": safe_argv(list(argv) if argv is not None else sys.argv),
         "method": spec.method, "variant": spec.variant_label, "label": spec.label,
         "remove_images_from_step": spec.remove_images_from_step, "budgets": spec.budgets.to_dict(),
+        "image_release": spec.release.to_dict() if spec.release is not None else None,
         "history_reasoning": spec.history_reasoning, "observation_images": spec.observation_images,
         "model": model,
         "sampling": cfg.sampling().to_dict() | {"seed": cfg.seed}, "trials": cfg.trials,
@@ -505,6 +522,19 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--method", required=True, choices=METHODS, help="the agent (README: Agents)")
     ap.add_argument("--variant", default="", choices=VARIANTS, help="MM-ContextFold ablation (paper §4.3)")
     ap.add_argument("--remove-images-from-step", type=int, metavar="K", help="ReAct-Removal@K (paper §3.2.3)")
+    g = ap.add_argument_group("adaptive image release (ReAct only; ours, agent/release.py)")
+    g.add_argument("--image-release", default="keep", choices=("keep", "adaptive"),
+                   help="adaptive: probe each step's thinking without the query images (teacher-forced) and remove "
+                        "them once their influence stays below the threshold (needs a scoring backend)")
+    g.add_argument("--release-signal", choices=("kl", "dH"),
+                   help="kl = mean KL(with || without) over think tokens; dH = how much the images lower the think "
+                        "entropy, max(0, -ΔH_t) (default: kl, or the calibration file's)")
+    g.add_argument("--release-threshold", metavar="EPS|CALIBRATION.json",
+                   help=f"ε in nats, or the calibration.json of python -m probes.calibrate_release "
+                        f"(default: {DEFAULT_THRESHOLD['kl']} for kl, {DEFAULT_THRESHOLD['dH']} for dH; ours, uncalibrated)")
+    g.add_argument("--release-patience", type=int, metavar="M",
+                   help=f"consecutive steps below ε before the release (default: {DEFAULT_PATIENCE}, or the "
+                        "calibration file's)")
     ap.add_argument("--benchmark", default="demo", help="'demo' (offline) or a benchmark dir / data_unified.jsonl")
     ap.add_argument("--out", required=True, metavar="RUN_DIR", help="the run directory (created, or resumed)")
     ap.add_argument("--trials", type=int, default=1, help="independent trials per sample (paper: 3)")
@@ -556,7 +586,9 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(a) -> RunConfig:
     return RunConfig(
         method=a.method, out=a.out, benchmark=a.benchmark, variant=a.variant,
-        remove_images_from_step=a.remove_images_from_step, trials=a.trials, concurrency=a.concurrency, limit=a.limit,
+        remove_images_from_step=a.remove_images_from_step, image_release=a.image_release,
+        release_signal=a.release_signal, release_threshold=a.release_threshold, release_patience=a.release_patience,
+        trials=a.trials, concurrency=a.concurrency, limit=a.limit,
         sample_ids=[x for x in (a.sample_ids or "").split(",") if x] or None, backend=a.backend, endpoints=a.endpoint,
         model=a.model, model_dir=a.model_dir, logprob_mode=a.logprob_mode, server=a.server, api_key_env=a.api_key_env,
         temperature=a.temperature, top_p=a.top_p, max_tokens=a.max_tokens, top_logprobs=a.top_logprobs, seed=a.seed,

@@ -101,6 +101,10 @@ def read_parquet(path, columns: list[str] | None = None):
     return pq.ParquetFile(path).read(columns=columns, use_threads=False)
 
 
+#: Optional per-token columns of the adaptive image release (agent/release.py).
+RELEASE_COLUMNS = ("release_kl", "release_dH")
+
+
 def _token_table(tokens: dict[int, dict[str, np.ndarray]], k: int, precision: str = "float32"):
     import pyarrow as pa
 
@@ -133,6 +137,10 @@ def _token_table(tokens: dict[int, dict[str, np.ndarray]], k: int, precision: st
         "think": cat("think", bool), "top_ids": fixed("top_ids", np.int32, -1),
         "top_logprobs": fixed("top_logprobs", np.float16 if precision == "float16" else np.float32, np.nan),
         "exact_entropy": cat("exact_entropy", np.float32),
+        # --image-release adaptive: each probed step's per-token KL / ΔH (NaN elsewhere); absent otherwise
+        **{name: np.concatenate([tokens[c].get(name, np.full(len(tokens[c]["id"]), np.nan, np.float32))
+                                 for c in calls]).astype(np.float32)
+           for name in RELEASE_COLUMNS if calls and any(name in tokens[c] for c in calls)},
     })
 
 
@@ -264,7 +272,8 @@ class RunDir:
             if traj.tokens:
                 buf = io.BytesIO()
                 pq.write_table(_token_table(traj.tokens, traj.top_k, self.token_precision), buf, compression="zstd",
-                               use_byte_stream_split=["logprob", "top_logprobs.list.element", "exact_entropy"],
+                               use_byte_stream_split=["logprob", "top_logprobs.list.element", "exact_entropy",
+                                                      *[c for c in RELEASE_COLUMNS if any(c in a for a in traj.tokens.values())]],
                                use_dictionary=["text"])
                 _atomic_write(self.path / "tokens" / f"{key}.parquet", buf.getvalue())
                 line["tokens_file"] = f"tokens/{key}.parquet"

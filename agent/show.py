@@ -143,12 +143,26 @@ def render_text(run: Run, line: dict, *, reasoning: bool = False, observation_ch
         elif t == "init_end":
             for k, v in (ev.get("descriptions") or {}).items():
                 out.append(f"{pad}init {k}: {_short(v, 200)}")
+        elif t == "release_probe":
+            v = ev.get("influence")
+            out.append(f"{pad}  release probe ({ev.get('signal')}): influence "
+                       f"{'n/a' if v is None else f'{v:.4g}'} {'<' if ev.get('below') else '>='} ε={ev.get('threshold'):g}, "
+                       f"streak {ev.get('streak')}"
+                       + (f" -> RELEASE: no query images from step {ev.get('release_step')} on"
+                          if ev.get("decision") == "release" else " -> keep"))
         elif t == "final_answer":
             out.append(f"{pad}ANSWER{' (forced)' if ev.get('forced') else ''}: {ev.get('answer')}")
         elif t == "error":
             out.append(f"{pad}ERROR {ev.get('kind')}: {ev.get('message')}")
     out.append(f"\n{line.get('n_calls')} LLM calls of {t_max}; tools {line.get('tool_calls')}; "
                f"{line.get('generated_tokens')} tokens generated ({line.get('think_tokens')} think)")
+    ir = line.get("image_release")
+    if ir:
+        out.append(f"adaptive image release ({ir.get('signal')} < {ir.get('threshold'):g} for {ir.get('patience')} steps; "
+                   f"{ir.get('threshold_source')}): " + (f"detected at step {ir['detect_step']}, images removed from step "
+                   f"{ir['release_step']} on" if ir.get("release_step") else "never released")
+                   + f"; {ir.get('probes')} probes, {ir.get('scoring_calls')} scoring calls, {ir.get('probe_seconds')} s "
+                   "(not counted in T_max)")
     return "\n".join(out)
 
 
@@ -174,7 +188,10 @@ def _call_tokens(run: Run, line: dict, tf_dir: Path | None) -> dict:
     if not line.get("tokens_file"):
         return {}
     try:
-        tok = run.tokens(line, ["call", "text", "think", "top_logprobs"])
+        try:  # an adaptive-release run carries its online per-token KL / ΔH (agent/release.py)
+            tok = run.tokens(line, ["call", "text", "think", "top_logprobs", "release_kl", "release_dH"])
+        except RunError:
+            tok = run.tokens(line, ["call", "text", "think", "top_logprobs"])
     except RunError:
         return {}
     if "text" not in tok:  # a record from before token texts were kept
@@ -187,7 +204,10 @@ def _call_tokens(run: Run, line: dict, tf_dir: Path | None) -> dict:
         col = {"text": ["" if t is None else str(t) for t in tok["text"][idx][think]],
                "H": np.rint(H[idx][think] * 100).astype(int).tolist()}
         p = None if tf_dir is None else tf_dir / f"{token_key(line['sample_id'], line['trial'])}__c{int(c)}.parquet"
-        if p is not None and p.exists():
+        if (p is None or not p.exists()) and "release_kl" in tok and np.isfinite(tok["release_kl"][idx]).any():
+            col["dH"] = [None if not np.isfinite(v) else int(round(v * 100)) for v in tok["release_dH"][idx][think]]
+            col["kl"] = [None if not np.isfinite(v) else int(round(v * 1000)) for v in tok["release_kl"][idx][think]]
+        elif p is not None and p.exists():
             t = read_parquet(p)
             pos = t.column("pos").to_numpy()
             full = {"dH": np.full(len(idx), np.nan), "kl": np.full(len(idx), np.nan)}
@@ -249,6 +269,7 @@ def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[
     dH, mode = _probe_steps(run)
     tf_dir = run.path / "probes" / "entropy-teacher-forced" / "tokens"
     tf_dir = tf_dir if tf_dir.is_dir() else None
+    has_release = bool((run.header.get("image_release") or {}).get("policy"))
     lines = sorted(run.lines, key=lambda ln: (ln["sample_id"], ln["trial"]))
     if sample_ids:
         lines = [ln for ln in lines if ln["sample_id"] in set(sample_ids)]
@@ -271,7 +292,7 @@ def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[
 
     meta = {"run": str(run.path), "label": h.get("label"), "model": (h.get("model") or {}).get("served_model"),
             "t_max": (h.get("budgets") or {}).get("t_max"), "judge": judge, "probe_mode": mode,
-            "has_token_probe": tf_dir is not None, "mark": provenance_mark([h]), "benchmark": h.get("benchmark"),
+            "has_token_probe": tf_dir is not None or has_release, "mark": provenance_mark([h]), "benchmark": h.get("benchmark"),
             "n_lines": len(run.lines), "shown": len(lines), "tokens": with_tokens}
     page = (_TEMPLATE.replace("__TITLE__", html.escape(f"{h.get('label')} — {run.path.name}"))
             .replace("__META__", _js(meta)).replace("__SAMPLES__", _js(samples))
@@ -408,7 +429,7 @@ function partsHtml(parts) {
                                            `<span class="err">[image ${esc(p.img || p.url)} not stored]</span>`)
                                         : `<pre>${esc(p.text)}</pre>`).join("");
 }
-function callHtml(d, ev, tools) {
+function callHtml(d, ev, tools, probe) {
   const u = ev.usage || {}, act = ev.action || {}, toks = d.tokens[ev.index];
   const nT = toks ? toks.H.length : 0, meanH = nT ? toks.H.reduce((a, x) => a + x, 0) / nT / UNIT.H : 0;
   let what = ev.action_error ? `<span class="err">rejected</span>` : esc(act.kind || "") + (act.name ? " " + esc(act.name) : "");
@@ -416,7 +437,8 @@ function callHtml(d, ev, tools) {
     `<span class="badge">${u.prompt_tokens} prompt tok</span><span class="badge">${ev.n_tokens} out (${ev.think_tokens} think)</span>` +
     (nT ? `<span class="badge">H̄ ${meanH.toFixed(2)}</span>` : "") +
     (ev.dH !== null && ev.dH !== undefined ? `<span class="badge" style="background:${colour(ev.dH, "dH")}">ΔH ${(+ev.dH).toFixed(3)}</span>` : "") +
-    (ev.correction ? '<span class="badge">correction</span>' : "") + (ev.forced ? '<span class="badge">forced</span>' : "");
+    (ev.correction ? '<span class="badge">correction</span>' : "") + (ev.forced ? '<span class="badge">forced</span>' : "") +
+    (probe ? `<span class="badge" title="adaptive image release: influence of the query images on this step (${esc(probe.signal)}), ε=${probe.threshold}">influence ${probe.influence === null ? "n/a" : (+probe.influence).toFixed(3)}${probe.decision === "release" ? " → release" : ""}</span>` : "");
   let body = `<details class="messages"><summary>messages sent (${ev.message_ids.length})</summary>` +
     ev.message_ids.map(i => { const m = d.messages[i]; return `<div class="msg"><span class="role">${esc(m.role)}</span>` +
       (m.reasoning ? `<details><summary>reasoning in history</summary><pre>${esc(m.reasoning)}</pre></details>` : "") + partsHtml(m.parts) + "</div>"; }).join("") +
@@ -425,6 +447,9 @@ function callHtml(d, ev, tools) {
     `<div>${tokensHtml(toks) || `<pre>${esc(ev.reasoning || "")}</pre>`}</div></details>`;
   body += `<div><b>text:</b><pre>${esc(ev.text)}</pre></div>`;
   if (ev.action_error) body += `<div class="err">rejected: ${esc(ev.action_error)}</div>`;
+  if (probe) body += `<div class="tool">release probe (${esc(probe.signal)}): influence ${probe.influence === null ? "n/a" : (+probe.influence).toFixed(4)} ` +
+    `(KL ${probe.kl === null ? "n/a" : (+probe.kl).toFixed(4)}, ΔH ${probe.dH === null ? "n/a" : (+probe.dH).toFixed(4)}) ${probe.below ? "&lt;" : "≥"} ε=${(+probe.threshold).toPrecision(4)}; streak ${probe.streak}` +
+    (probe.decision === "release" ? ` → <b>images removed from step ${probe.release_step} on</b>` : " → keep") + `; ${probe.scoring_calls} scoring call(s), ${probe.latency_s} s</div>`;
   if (act.fold) body += `<div>fold ${esc(JSON.stringify(act.fold))}</div>`;
   for (const t of tools) {
     body += `<details class="tool"><summary>${esc(t.name)}(${esc(JSON.stringify(t.args))}) ${t.ok ? "ok" : '<span class="err">failed</span>'}${t.cache_hit ? " · cached" : ""}${(t.result_images || []).length ? " · " + t.result_images.length + " result images" : ""}</summary>` +
@@ -437,6 +462,7 @@ async function show(key) {
   document.querySelectorAll("tr.sample-row").forEach(tr => tr.classList.toggle("sel", tr.dataset.key === key));
   const d = await detail(key), s = SAMPLES.find(r => r.key === key);
   const tools = {}; d.events.filter(e => e.type === "tool_call").forEach(e => (tools[e.call_index] = tools[e.call_index] || []).push(e));
+  const probes = {}; d.events.filter(e => e.type === "release_probe").forEach(e => (probes[e.call_index] = e));
   let h = `<h2>${esc(s.id)} · trial ${s.trial} · <span class="st-${esc(d.status)}">${esc(d.status)}</span>${s.grade ? ` · <span class="g-${esc(s.grade)}">${esc(s.grade)}</span>` : ""}</h2>` +
     `<p><b>question:</b> ${esc(d.question)}<br><b>gold:</b> ${esc(d.gold)} · <b>answer:</b> ${esc(d.answer || "—")}` +
     (d.error ? `<br><span class="err">error: ${esc(d.error)}</span>` : "") + `</p><div class="query">` +
@@ -447,7 +473,7 @@ async function show(key) {
   for (const ev of d.events) {
     if (ev.type === "llm_call" && ev.parent === "init" && stack[stack.length - 1].cls !== "init") push("init", "initialization");
     if (ev.type === "llm_call" && ev.parent !== "init" && stack[stack.length - 1].cls === "init") pop();
-    if (ev.type === "llm_call") stack[stack.length - 1].html += callHtml(d, ev, tools[ev.index] || []);
+    if (ev.type === "llm_call") stack[stack.length - 1].html += callHtml(d, ev, tools[ev.index] || [], probes[ev.index]);
     else if (ev.type === "branch_begin") push("branch", `branch ${esc(ev.branch)}: ${esc(ev.description)} · assigned ${esc(JSON.stringify(ev.assigned_images))}`);
     else if (ev.type === "branch_end") pop(`<div>↩ folded back (${esc(ev.reason)}): <pre>${esc(ev.message)}</pre></div>`);
     else if (ev.type === "init_end") { if (stack[stack.length - 1].cls === "init") pop(); stack[stack.length - 1].html += `<details><summary>image context folded into MAIN</summary><pre>${esc(JSON.stringify(ev.descriptions, null, 1))}</pre></details>`; }

@@ -148,3 +148,32 @@ def kl_union_tail(ids_p, lps_p, ids_q, lps_q) -> float:
     mask = P > 0
     with np.errstate(divide="ignore"):
         return float(np.sum(P[mask] * (np.log(P[mask]) - np.log(np.maximum(Q[mask], 1e-300)))))
+
+
+def token_influence(with_tokens, without_tokens, think) -> dict[str, np.ndarray | float]:
+    """The images' influence on each token of one step, from its top-k under two contexts (same tokens).
+
+    ``with_tokens`` / ``without_tokens``: the step's tokens (objects with ``.top``: ids and logprobs) scored
+    with and without the query images; ``think``: the step's think mask. Returns per think token ``dH`` (the
+    grouped-tail entropy with minus without) and ``kl`` (:func:`kl_union_tail`, KL(with ‖ without)), their
+    positions ``pos`` in the step, and the means over think tokens ``dH_mean``, ``kl_mean``, ``H_with``,
+    ``H_without`` (NaN when the step has no think token). The entropy probe's teacher-forced mode and the
+    adaptive image release (``agent.release``) both use it, so their numbers are the same quantity.
+    """
+    from agent.backends.base import top_matrix
+
+    think = np.asarray(think, dtype=bool)
+    if len(with_tokens) != len(without_tokens) or len(with_tokens) != len(think):
+        raise ValueError(f"token_influence: {len(with_tokens)} tokens with, {len(without_tokens)} without, "
+                         f"{len(think)} think flags")
+    k = max([len(t.top_logprobs()) for t in (*with_tokens, *without_tokens)] or [1])
+    hw = grouped_tail_entropy(top_matrix(list(with_tokens), k))
+    ho = grouped_tail_entropy(top_matrix(list(without_tokens), k))
+    pos = np.flatnonzero(think)
+    kl = np.array([kl_union_tail(with_tokens[i].top_ids(), with_tokens[i].top_logprobs(),
+                                 without_tokens[i].top_ids(), without_tokens[i].top_logprobs()) for i in pos],
+                  dtype=np.float64)
+    dH = (hw - ho)[pos]
+    mean = (lambda a: float(np.mean(a)) if len(a) else float("nan"))
+    return {"pos": pos.astype(np.int32), "dH": dH, "kl": kl, "H_with": mean(hw[pos]), "H_without": mean(ho[pos]),
+            "dH_mean": mean(dH), "kl_mean": mean(kl), "per_token_H_with": hw, "per_token_H_without": ho}

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["tool_shares", "fig1_tool_calls", "fig2a_grounding", "fig2b_entropy", "fig2b_kl", "fig2c_removal",
-           "fig2_combined", "fig4_context", "save", "provenance_mark", "image_needed_within"]
+           "fig2_combined", "fig4_context", "fig_release", "save", "provenance_mark", "image_needed_within"]
 
 GROUNDING = ["Image Needed", "Image-Derived", "Text Only"]
 TOOL_ORDER = ["lens_search", "search", "visit"]
@@ -325,6 +325,71 @@ def fig4_context(samples, stem, *, bins=(1, 5, 9, 13, 17, 21), mark: str | None 
     b.set_title("(b) accuracy vs trajectory length")
     _legend_outside(b)
     fig.suptitle("Figure 4")
+    fig.tight_layout()
+    save(fig, stem, mark)
+    return fig
+
+
+def fig_release(points, steps, stem, *, mark: str | None = None, subtitle: str | None = None, hist_policy=None):
+    """The adaptive image release (ours): (a) accuracy against query-image steps kept — ReAct with the images
+    kept, each fixed Removal@k, each adaptive policy (ε, M): the Pareto picture; (b) when the detector released
+    the images, per paper category (one adaptive policy: ``hist_policy``, default the calibrated one)."""
+    plt, sns = _plt()
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(14.5, 4.2), gridspec_kw={"width_ratios": [1, 1]})
+    pal = sns.color_palette("colorblind", 8)
+    ref = points[points["series"] == "ReAct (images kept)"]
+    for r in ref.itertuples():
+        ax.plot(r.image_steps, r.accuracy, marker="*", ms=14, ls="none", color="k", label=f"ReAct, images kept (n={int(r.n)})")
+    for j, series in enumerate(("R@k (runs)", "R@k (replays)")):
+        g = points[points["series"] == series].sort_values("k")
+        if not len(g):
+            continue
+        ax.plot(g["image_steps"], g["accuracy"], marker="os"[j], ms=5, ls="-" if j == 0 else "--", lw=1.0,
+                color=pal[j], label=f"fixed Removal@k ({'runs' if j == 0 else 'replays of the ReAct run'}; "
+                                    f"n={int(g['n'].max())})")
+        for r in g.itertuples():
+            ax.annotate(f"k={int(r.k)}", (r.image_steps, r.accuracy), textcoords="offset points",
+                        xytext=(4, -10 if j else 4), fontsize=6.5, color=pal[j])
+    ad = points[points["series"] == "adaptive"].sort_values("threshold")
+    for i, r in enumerate(ad.itertuples()):
+        ax.plot(r.image_steps, r.accuracy, marker="D", ms=7, ls="none", color=pal[(i + 2) % len(pal)],
+                markeredgecolor="k", markeredgewidth=0.5,
+                label=f"adaptive {r.signal} ε={r.threshold:.3g}, M={int(r.patience)} (n={int(r.n)})")
+    ax.set_xlabel("query-image steps kept per trajectory (query images in context, summed over its calls)")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(-3, 108)
+    ax.set_yticks(range(0, 101, 20))
+    ax.set_xlim(left=-0.2)
+    ax.set_title("(a) accuracy vs. images kept in context")
+    _legend_outside(ax)
+    if steps is None or not len(steps):
+        bx.text(0.5, 0.5, "(b) no adaptive run", ha="center", va="center", transform=bx.transAxes)
+        bx.set_axis_off()
+    else:
+        pol = hist_policy or (steps[steps["calibrated"]]["policy"].iloc[0] if steps["calibrated"].any()
+                              else steps["policy"].iloc[0])
+        d = steps[steps["policy"] == pol]
+        never = int(np.nanmax(d["n_calls"].astype(float))) + 1 if len(d) else 1
+        d = d.assign(bin=d["release_step"].fillna(never).astype(int))
+        cats = [c for c in dict.fromkeys(d["paper_category"]) if c is not None]
+        bins = list(range(int(min(d["bin"].min(), 2)), never + 1))
+        colors = dict(zip(cats, sns.color_palette("colorblind", n_colors=max(3, len(cats)))))
+        w = 0.8 / max(1, len(cats))
+        for j, cat in enumerate(cats):
+            dc = d[d["paper_category"] == cat]
+            share = [100.0 * float((dc["bin"] == b).mean()) for b in bins]
+            xs = np.arange(len(bins)) + (j - (len(cats) - 1) / 2) * w
+            med = dc["release_step"].median()
+            bx.bar(xs, share, width=w, color=colors[cat],
+                   label=f"{cat} (n={len(dc)}; median {med:g})" if np.isfinite(med) else f"{cat} (n={len(dc)}; never)")
+        bx.set_xticks(np.arange(len(bins)), [str(b) if b != never else "never" for b in bins])
+        bx.set_xlabel("release step (first step without the query images)")
+        bx.set_ylabel("share of the category's trajectories (%)")
+        bx.set_ylim(0, 103)
+        bx.set_title(f"(b) release steps by category: {pol}")
+        _legend_outside(bx)
+    if subtitle:
+        fig.suptitle(subtitle, fontsize=10)
     fig.tight_layout()
     save(fig, stem, mark)
     return fig

@@ -40,7 +40,7 @@ import numpy as np
 from agent.backends.base import BackendError, Continuation, SamplingParams
 from agent.backends.messages import strip_images
 from agent.rundir import Run, RunError, load_run
-from analysis.entropy import grouped_tail_entropy, kl_union_tail
+from analysis.entropy import grouped_tail_entropy, token_influence
 from analysis.selection import select_trajectories
 from analysis.stats import summarise_by
 from probes.cli import add_backend_args, backend_for, probe_model_check, run_async
@@ -117,23 +117,18 @@ async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: 
                             else "".join(texts[sel]))
         a = await backend.score(with_imgs, cont, top_logprobs=20)
         b = await backend.score(without, cont, top_logprobs=20)
-        per_token = {}
         for side, sc in (("with", a), ("without", b)):
             if len(sc.tokens) != len(ids):
                 raise BackendError(f"scoring returned {len(sc.tokens)} positions for {len(ids)} tokens")
-            per_token[side] = grouped_tail_entropy(sc.top_logprob_matrix(20))
-            row[f"H_{side}"] = _think_mean(per_token[side], think)
             if sc.exact_entropy is not None:
                 row[f"H_exact_{side}"] = _think_mean(np.asarray(sc.exact_entropy, dtype=np.float64), think)
-        kls = [kl_union_tail([t.id for t in x.top], [t.logprob for t in x.top], [t.id for t in y.top],
-                             [t.logprob for t in y.top])
-               for x, y, th in zip(a.tokens, b.tokens, think) if th]
-        row["kl_with_without"] = float(np.mean(kls)) if kls else float("nan")
+        # the same quantities the adaptive image release computes online (analysis.entropy.token_influence)
+        inf = token_influence(a.tokens, b.tokens, think)
+        row["H_with"], row["H_without"] = inf["H_with"], inf["H_without"]
+        row["kl_with_without"] = inf["kl_mean"]
         row["n_think_without"] = row["n_think"]
         # per think token: the entropy change and the KL influence (the trajectory viewer colours tokens by them)
-        pos = np.flatnonzero(think)
-        row["_tokens"] = {"pos": pos.astype(np.int32), "dH": (per_token["with"] - per_token["without"])[pos]
-                          .astype(np.float32), "kl": np.asarray(kls, dtype=np.float32)}
+        row["_tokens"] = {"pos": inf["pos"], "dH": inf["dH"].astype(np.float32), "kl": inf["kl"].astype(np.float32)}
     row["dH"] = row["H_with"] - row["H_without"]
     if np.isfinite(row.get("H_exact_with", np.nan)) and np.isfinite(row.get("H_exact_without", np.nan)):
         row["dH_exact"] = row["H_exact_with"] - row["H_exact_without"]

@@ -109,6 +109,9 @@ class TokenLogprob:
     def top_logprobs(self) -> list[float]:
         return list(self.top.logprobs) if isinstance(self.top, TopList) else [t.logprob for t in self.top]
 
+    def top_ids(self) -> list:
+        return list(self.top.ids) if isinstance(self.top, TopList) else [t.id for t in self.top]
+
 
 @dataclass(slots=True)
 class Usage:

@@ -18,6 +18,7 @@ from ..backends.base import BackendError, SamplingParams
 from ..backends.messages import ImageError
 from ..tools.toolbox import TOOL_NAMES, CacheMiss
 from ..trajectory import Trajectory
+from ..release import ReleasePolicy, ReleaseTracker
 from .common import HISTORY_REASONING, WEBWATCHER_OBSERVATION_IMAGES, BudgetExceeded, Budgets, Episode
 from .agentfold import run_agentfold
 from .contextfold import run_contextfold
@@ -38,6 +39,7 @@ class MethodSpec:
     budgets: Budgets = Budgets()
     history_reasoning: str = "keep"
     observation_images: int = WEBWATCHER_OBSERVATION_IMAGES
+    release: ReleasePolicy | None = None   # --image-release adaptive (agent/release.py)
 
     def __post_init__(self):
         if self.history_reasoning not in HISTORY_REASONING:
@@ -55,17 +57,27 @@ class MethodSpec:
                 raise ValueError("--remove-images-from-step applies to --method react only")
             if self.remove_images_from_step < 1:
                 raise ValueError("--remove-images-from-step must be >= 1")
+        if self.release is not None:
+            if self.method != "react":
+                raise ValueError("--image-release adaptive applies to --method react only")
+            if self.remove_images_from_step is not None:
+                raise ValueError("--image-release adaptive and --remove-images-from-step are two removal policies; "
+                                 "choose one")
 
     @property
     def label(self) -> str:
         if self.remove_images_from_step is not None:
             return f"react-removal@{self.remove_images_from_step}"
+        if self.release is not None:
+            return f"react-{self.release.label}"
         return self.method + (f"[{self.variant}]" if self.variant else "")
 
     @property
     def variant_label(self) -> str:
         if self.remove_images_from_step is not None:
             return f"removal@{self.remove_images_from_step}"
+        if self.release is not None:
+            return self.release.label
         return self.variant
 
     def allowed_tools(self) -> tuple:
@@ -90,7 +102,10 @@ async def run_sample(spec: MethodSpec, sample, trial: int, *, backend, toolbox,
         if spec.method == "direct":
             status, answer = await run_direct(ep)
         elif spec.method == "react":
-            status, answer = await run_react(ep, remove_from=spec.remove_images_from_step)
+            tracker = ReleaseTracker(spec.release) if spec.release is not None else None
+            if tracker is not None:  # the summary is on the line whatever happens (errors included)
+                traj.extra["image_release"] = tracker
+            status, answer = await run_react(ep, remove_from=spec.remove_images_from_step, release=tracker)
         elif spec.method == "agentfold":
             status, answer = await run_agentfold(ep)
         elif spec.method == "contextfold":
@@ -98,6 +113,7 @@ async def run_sample(spec: MethodSpec, sample, trial: int, *, backend, toolbox,
         else:
             status, answer = await run_mmcontextfold(ep, variant=spec.variant)
     except HARNESS_ERRORS as e:
+        _finish_extra(traj)
         msg = f"{type(e).__name__}: {e}"
         traj.error(type(e).__name__, msg)
         return traj.to_line("error", "", error=msg), traj
@@ -106,6 +122,14 @@ async def run_sample(spec: MethodSpec, sample, trial: int, *, backend, toolbox,
 
         where = traceback.extract_tb(e.__traceback__)[-1]
         msg = f"internal {type(e).__name__}: {e} (at {Path(where.filename).name}:{where.lineno})"
+        _finish_extra(traj)
         traj.error("Internal" + type(e).__name__, msg)
         return traj.to_line("error", "", error=msg), traj
+    _finish_extra(traj)
     return traj.to_line(status, answer), traj
+
+
+def _finish_extra(traj: Trajectory) -> None:
+    tr = traj.extra.get("image_release")
+    if isinstance(tr, ReleaseTracker):
+        traj.extra["image_release"] = tr.summary()

@@ -12,6 +12,9 @@ Removal@k: calls with index >= k get the same messages with the *query* image pa
 (:func:`react_messages` then ``strip_images`` on the query images' hashes; retrieved images in
 observations stay, paper B.5); the ``<image_k>`` identifiers stay.
 
+ReAct-Adaptive (``--image-release adaptive``, ours; :mod:`agent.release`): the release step is decided
+online from the images' measured influence on each step's thinking instead of being fixed.
+
 Each step's reasoning stays in the history (``reasoning_content`` on the assistant turn; the chat
 template decides what it renders), unless the run says ``--history-reasoning drop``.
 """
@@ -37,18 +40,25 @@ def react_messages(ep: Episode, turns: list[Turn], *, step: int, remove_from: in
 
 
 async def run_react(ep: Episode, *, remove_from: int | None = None, turns: list | None = None,
-                    correction: bool = False) -> tuple[str, str]:
-    """Run the loop; returns (status, answer). ``turns`` lets a replay start from a recorded prefix."""
+                    correction: bool = False, release=None) -> tuple[str, str]:
+    """Run the loop; returns (status, answer). ``turns`` lets a replay start from a recorded prefix.
+
+    ``release``: an :class:`agent.release.ReleaseTracker` (``--image-release adaptive``): every step that
+    saw the query images and does not end the episode is probed, and once the tracker decides, the images
+    are removed from the next step on (the Removal@k projection with k = its release step)."""
     turns = list(turns or [])
     while ep.remaining > 0:
         step = ep.used + 1
         forced = ep.remaining == 1
-        msgs = react_messages(ep, turns, step=step, remove_from=remove_from, force=forced)
+        k = remove_from if release is None else release.release_step
+        msgs = react_messages(ep, turns, step=step, remove_from=k, force=forced)
         out, ev = await ep.llm(msgs, state="react", correction=correction, forced=forced)
         try:
             act = parse_action(out.text, ("tool_call", "answer"))
         except ActionError as e:
             ep.reject(ev, e)
+            if release is not None and release.images_at(step) and ev.get("n_query_images") and not forced:
+                await release.observe(ep, ev, msgs, out)
             turns.append(Turn(out.text, out.reasoning, correction_text(e)))
             correction = True
             continue
@@ -59,6 +69,8 @@ async def run_react(ep: Episode, *, remove_from: int | None = None, turns: list 
             return "ok", act.answer
         if forced:
             break
+        if release is not None and release.images_at(step) and ev.get("n_query_images"):
+            await release.observe(ep, ev, msgs, out)
         res = await ep.tool(ev, act.name, act.args)
         turns.append(Turn(out.text, out.reasoning, ep.observation(res)))
     return "no_answer", ""

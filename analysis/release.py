@@ -1,0 +1,132 @@
+"""The data of the release figure (ours; ``--image-release adaptive``, agent/release.py).
+
+    from analysis.release import release_points, release_steps
+    pts = release_points(full_and_removal_runs, adaptive_runs, react_runs=probed_react_runs, judge="exact")
+    hist = release_steps(adaptive_runs)
+
+``release_points``: one row per policy — ReAct with the images kept, each fixed ReAct-Removal@k (from
+``--remove-images-from-step`` runs, and from the removal probe's replays of a probed ReAct run), and each
+adaptive run (its ε and M) — with its accuracy (%), the number of trajectories, and what it kept: the query
+images in context summed over the calls (``image_steps``, per trajectory) and the working context (the
+largest prompt, tokens). One judge and one model per figure: points graded by different judges, or made
+by different models, are refused with the runs named (a Pareto picture across models would compare
+nothing).
+
+``release_steps``: one row per adaptive trajectory: its paper category, detection step and release step
+(NaN when the images were never released).
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from agent.rundir import RunError, load_run
+
+from . import tables
+
+__all__ = ["release_points", "release_steps"]
+
+
+def _kept(line: dict) -> tuple[int, int]:
+    calls = line.get("calls") or []
+    return (sum(int(c.get("n_query_images") or 0) for c in calls),
+            max((int(c.get("prompt_tokens") or 0) for c in calls), default=0))
+
+
+def _kind(run) -> tuple[str, dict]:
+    h = run.header
+    if h.get("image_release"):
+        ir = h["image_release"]
+        return "adaptive", {"threshold": ir.get("threshold"), "patience": ir.get("patience"), "signal": ir.get("signal"),
+                            "label": f"adaptive {ir.get('signal')} ε={ir.get('threshold'):g}, M={ir.get('patience')}"}
+    if h.get("remove_images_from_step") is not None:
+        k = int(h["remove_images_from_step"])
+        return "R@k (runs)", {"k": k, "label": f"R@{k}"}
+    if h.get("method") == "react" and not h.get("variant"):
+        return "ReAct (images kept)", {"label": "ReAct"}
+    raise RunError(f"{run.path}: the release figure compares ReAct, ReAct-Removal@k and adaptive ReAct runs; "
+                   f"this one is {h.get('label')}")
+
+
+def release_points(runs=(), adaptive=(), *, react_runs=(), judge: str | None = None):
+    import pandas as pd
+
+    all_runs = list(dict.fromkeys([*map(str, runs), *map(str, adaptive)]))
+    judged, missing, label = tables.judged_runs(all_runs, judge)
+    rows = []
+    models = {}
+    for run, recs in judged:
+        kind, info = _kind(run)
+        ok = {(r["sample_id"], int(r["trial"])): r["grade"] == "CORRECT" for r in recs}
+        kept = [_kept(ln) for ln in run.lines if (ln["sample_id"], int(ln["trial"])) in ok]
+        corr = [ok[(ln["sample_id"], int(ln["trial"]))] for ln in run.lines if (ln["sample_id"], int(ln["trial"])) in ok]
+        models.setdefault(tables.model_label(run), []).append(str(run.path))
+        rows.append({"series": kind, **info, "accuracy": 100.0 * float(np.mean(corr)) if corr else np.nan,
+                     "n": len(corr), "image_steps": float(np.mean([k[0] for k in kept])) if kept else np.nan,
+                     "working_context": float(np.mean([k[1] for k in kept])) if kept else np.nan,
+                     "run": str(run.path)})
+    for rd in react_runs:
+        run = load_run(rd)
+        pdir = run.path / "probes" / "removal"
+        if not (pdir / "outcomes.csv").exists():
+            missing.append(f"release figure: no removal replays of {rd} (python -m probes.removal {rd})")
+            continue
+        probe = json.loads((pdir / "probe.json").read_text()) if (pdir / "probe.json").exists() else {}
+        if label and probe.get("judge") and probe["judge"] != label:
+            raise RunError(f"the removal replays of {rd} were graded by {probe['judge']!r}, the runs by {label!r}: "
+                           "one judge per figure (rerun python -m probes.removal with the same judge)")
+        label = label or probe.get("judge", "")
+        models.setdefault(tables.model_label(run), []).append(str(run.path))
+        o = pd.read_csv(pdir / "outcomes.csv")
+        # complete pairs only: a failed replay is missing, never a wrong answer; unreplayed = ended before k
+        o = o[(o["replayed"].astype(bool) & o["replay_status"].isin(["ok", "no_answer"]) & o["error"].isna())
+              | ~o["replayed"].astype(bool)]
+        orig = {(ln["sample_id"], int(ln["trial"])): ln for ln in run.lines}
+        for k, g in o.groupby("k"):
+            kd = pdir / f"k{int(k)}"
+            rep = {(ln["sample_id"], int(ln["trial"])): ln for ln in load_run(kd).lines} if (kd / "header.json").exists() else {}
+            kept, corr = [], []
+            for r in g.itertuples():
+                key = (r.sample_id, int(r.trial))
+                ln = rep.get(key) if bool(r.replayed) else orig.get(key)
+                if ln is None:
+                    continue
+                kept.append(_kept(ln))
+                corr.append(bool(r.replay_correct) if bool(r.replayed) else bool(r.original_correct))
+            rows.append({"series": "R@k (replays)", "k": int(k), "label": f"R@{int(k)}",
+                         "accuracy": 100.0 * float(np.mean(corr)) if corr else np.nan, "n": len(corr),
+                         "image_steps": float(np.mean([x[0] for x in kept])) if kept else np.nan,
+                         "working_context": float(np.mean([x[1] for x in kept])) if kept else np.nan, "run": str(kd)})
+    if len(models) > 1:
+        raise RunError("the release figure compares policies of one model; these runs are of "
+                       + "; ".join(f"{m or '?'}: {', '.join(p)}" for m, p in models.items())
+                       + " (make one report per model)")
+    df = pd.DataFrame(rows)
+    df.attrs.update({"judge": label, "missing": missing, "model": next(iter(models), "")})
+    return df
+
+
+def release_steps(adaptive=()):
+    import pandas as pd
+
+    rows = []
+    for rd in adaptive:
+        run = load_run(rd)
+        ir = run.header.get("image_release")
+        if not ir:
+            raise RunError(f"{rd}: not an adaptive run (python -m agent.run --method react --image-release adaptive)")
+        name = f"ε={ir['threshold']:.3g}, M={ir['patience']} ({ir['signal']})"
+        for ln in run.lines:
+            s = ln.get("image_release") or {}
+            rows.append({"run": str(run.path), "policy": name, "calibrated": str(ir.get("threshold_source", "")).startswith("calibrated"),
+                         "sample_id": ln["sample_id"], "trial": ln["trial"], "paper_category": ln.get("paper_category"),
+                         "status": ln["status"], "n_calls": ln.get("n_calls"),
+                         "detect_step": s.get("detect_step"), "release_step": s.get("release_step"),
+                         "probes": s.get("probes"), "scoring_calls": s.get("scoring_calls"),
+                         "probe_seconds": s.get("probe_seconds")})
+    df = pd.DataFrame(rows)
+    for c in ("detect_step", "release_step"):
+        if c in df:
+            df[c] = pd.to_numeric(df[c], errors="coerce")
+    return df

@@ -1,0 +1,225 @@
+"""Calibrate the adaptive image release (ε and M) for a model from a ReAct run and its removal replays (ours).
+
+    python -m probes.calibrate_release RUN_DIR [--signal kl|dH] [--patience 1,2,3] [--out DIR]
+
+RUN_DIR is a ReAct run with images kept throughout, on which both probes have run:
+``python -m probes.entropy RUN_DIR --mode teacher-forced`` (each step's influence: mean KL(with ‖ without)
+over think tokens, and ΔH_t) and ``python -m probes.removal RUN_DIR --steps 1..5`` (the outcome when the
+query images go from step k on). The procedure (ours; the paper proposes adaptive release as future work, §5):
+
+1. **Label the steps.** Step t of a trajectory is *still needed* when removing the images from step t+1 on
+   changed the trajectory's outcome (replay of k = t+1 graded differently from the original), *done* when
+   it did not. Only complete pairs count (a failed replay is missing, never a label); trajectories that
+   ended before k carry no label for it; t+1 must be one of the replayed k.
+2. **ε** = the threshold on the step's influence that best separates the two: the maximum of Youden's
+   J = TPR + TNR − 1 (influence ≥ ε on needed steps, < ε on done ones) over the midpoints between observed
+   values; among equal J the smallest ε (the conservative one: it keeps the images longer).
+3. **M** = the patience that, with that ε, gives the best estimated accuracy (ties: fewer query-image steps
+   kept; an estimate that leaves trajectories uncovered ranks after every fully covered one). The estimate replays the policy on the recorded influences: a trajectory released at step r
+   takes the outcome of its k = r replay; one never released (or released after its last step) keeps its
+   original outcome; one released at an r that was not replayed is *uncovered* and left out (counted).
+
+Writes ``OUT/calibration.json`` (the choice, its J / TPR / TNR, the estimated accuracy and image steps,
+the model and judge it holds for), ``OUT/calibration.csv`` (every ε candidate × M: J, estimated accuracy,
+coverage, mean image steps kept, mean release step) and ``OUT/steps.csv`` (the labelled steps). OUT
+defaults to ``RUN_DIR/probes/calibrate_release``. Use the choice with
+``python -m agent.run --method react --image-release adaptive --release-threshold OUT/calibration.json``.
+The calibration holds for the model, benchmark mix and judge it was made with; the header of every
+adaptive run records the file (and its hash) it took ε and M from.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from agent.release import SIGNALS, influence_of
+from agent.rundir import RunError, load_run
+
+__all__ = ["calibrate", "labelled_steps", "simulate", "main"]
+
+
+def _read_inputs(run_dir: Path):
+    import pandas as pd
+
+    ent = run_dir / "probes" / "entropy-teacher-forced" / "steps.parquet"
+    rem = run_dir / "probes" / "removal" / "outcomes.csv"
+    missing = []
+    if not ent.exists():
+        missing.append(f"the teacher-forced influences ({ent}): python -m probes.entropy {run_dir} --mode teacher-forced")
+    if not rem.exists():
+        missing.append(f"the removal replays ({rem}): python -m probes.removal {run_dir} --steps 1..5")
+    if missing:
+        raise RunError("calibration needs " + "; and ".join(missing))
+    steps = pd.read_parquet(ent)
+    outcomes = pd.read_csv(rem)
+    probe = json.loads((run_dir / "probes" / "removal" / "probe.json").read_text()) \
+        if (run_dir / "probes" / "removal" / "probe.json").exists() else {}
+    return steps, outcomes, probe
+
+
+def labelled_steps(steps, outcomes, signal: str):
+    """One row per (trajectory, step t) with its influence and, where k = t+1 was replayed, whether removal
+    from t+1 changed the outcome (``needed``)."""
+    import pandas as pd
+
+    s = steps[["sample_id", "trial", "paper_category", "step", "kl_with_without", "dH"]].copy()
+    s["influence"] = [influence_of(signal, k, d) for k, d in zip(s["kl_with_without"], s["dH"])]
+    o = outcomes.copy()
+    complete = o["replayed"].astype(bool) & o["replay_status"].isin(["ok", "no_answer"]) & o["error"].isna()
+    o = o[complete]
+    o = o.assign(step=o["k"] - 1, needed=(o["original_correct"].astype(bool) != o["replay_correct"].astype(bool)))
+    out = s.merge(o[["sample_id", "trial", "step", "needed"]], on=["sample_id", "trial", "step"], how="left")
+    return pd.DataFrame(out)
+
+
+def _youden(values: np.ndarray, needed: np.ndarray) -> list[dict]:
+    vals = np.unique(values[np.isfinite(values)])
+    cands = np.r_[vals[0] / 2 if len(vals) and vals[0] > 0 else 0.0,
+                  (vals[:-1] + vals[1:]) / 2 if len(vals) > 1 else [], vals[-1] * 1.5 + 1e-9 if len(vals) else []]
+    rows = []
+    n_need, n_done = int(needed.sum()), int((~needed).sum())
+    for eps in cands:
+        tpr = float(((values >= eps) & needed).sum() / n_need) if n_need else float("nan")
+        tnr = float(((values < eps) & ~needed).sum() / n_done) if n_done else float("nan")
+        rows.append({"threshold": float(eps), "tpr": tpr, "tnr": tnr, "J": tpr + tnr - 1})
+    return rows
+
+
+def simulate(steps, outcomes, run, signal: str, threshold: float, patience: int) -> dict:
+    """The policy's estimated accuracy and image steps on the recorded trajectories (see the module doc)."""
+    o = outcomes[outcomes["replayed"].astype(bool) & outcomes["replay_status"].isin(["ok", "no_answer"])
+                 & outcomes["error"].isna()]
+    replay = {(r.sample_id, int(r.trial), int(r.k)): bool(r.replay_correct) for r in o.itertuples()}
+    original = {(r.sample_id, int(r.trial)): bool(r.original_correct) for r in outcomes.itertuples()}
+    infl = {}
+    for r in steps.itertuples():
+        infl.setdefault((r.sample_id, int(r.trial)), {})[int(r.step)] = influence_of(signal, r.kl_with_without, r.dH)
+    img_steps = {(ln["sample_id"], int(ln["trial"])): [c.get("n_query_images", 0) for c in ln.get("calls", [])]
+                 for ln in run.lines}
+    correct, kept, rel, uncovered = [], [], [], 0
+    for key, orig in original.items():
+        calls = img_steps.get(key, [])
+        streak, r = 0, None
+        for t in sorted(infl.get(key, {})):
+            v = infl[key][t]
+            if np.isfinite(v):
+                streak = streak + 1 if v < threshold else 0
+            if streak >= patience:
+                r = t + 1
+                break
+        if r is None or r > len(calls):
+            outcome = orig
+        elif (key[0], key[1], r) in replay:
+            outcome = replay[(key[0], key[1], r)]
+        else:
+            uncovered += 1
+            continue
+        correct.append(outcome)
+        kept.append(sum(calls[: (r - 1) if r else len(calls)]))
+        rel.append(r if r is not None and r <= len(calls) else np.nan)
+    n = len(correct)
+    return {"threshold": threshold, "patience": patience, "n": n, "uncovered": uncovered,
+            "est_accuracy": 100.0 * float(np.mean(correct)) if n else float("nan"),
+            "mean_image_steps": float(np.mean(kept)) if n else float("nan"),
+            "released_share": float(np.mean(np.isfinite(rel))) if n else float("nan"),
+            "mean_release_step": float(np.nanmean(rel)) if n and np.isfinite(rel).any() else float("nan")}
+
+
+def calibrate(run_dir, *, signal: str = "kl", patience=(1, 2, 3), out_dir=None) -> dict:
+    import pandas as pd
+
+    if signal not in SIGNALS:
+        raise ValueError(f"--signal must be one of {SIGNALS}")
+    run = load_run(run_dir)
+    if run.header.get("method") != "react" or run.header.get("variant"):
+        raise RunError(f"{run.path}: calibration reads a plain ReAct run (images kept at every step); this run is "
+                       f"{run.header.get('label')}")
+    steps, outcomes, probe = _read_inputs(run.path)
+    lab = labelled_steps(steps, outcomes, signal)
+    known = lab[lab["needed"].notna() & np.isfinite(lab["influence"])]
+    needed = known["needed"].astype(bool).to_numpy()
+    if len(known) == 0 or needed.all() or not needed.any():
+        raise RunError(f"{run.path}: {len(known)} labelled steps, {int(needed.sum())} where removal changed the outcome: "
+                       "both kinds are needed to place a threshold (more trajectories, or more k in the removal probe)")
+    ys = _youden(known["influence"].to_numpy(dtype=float), needed)
+    best_j = max(r["J"] for r in ys)
+    best = min((r for r in ys if r["J"] >= best_j - 1e-12), key=lambda r: r["threshold"])
+    grid = []
+    for y in ys:
+        for m in patience:
+            grid.append({**y, **simulate(steps, outcomes, run, signal, y["threshold"], int(m))})
+    g = pd.DataFrame(grid)
+    # fully covered estimates first: one that leaves trajectories out is not comparable (it drops exactly the
+    # long ones); then accuracy, then fewer image steps
+    at = g[np.isclose(g["threshold"], best["threshold"])].sort_values(["uncovered", "est_accuracy", "mean_image_steps"],
+                                                                     ascending=[True, False, True])
+    chosen = at.iloc[0].to_dict()
+    full = simulate(steps, outcomes, run, signal, -1.0, 1)  # never releases: the full ReAct outcome
+    out = Path(out_dir) if out_dir else run.path / "probes" / "calibrate_release"
+    out.mkdir(parents=True, exist_ok=True)
+    lab.to_csv(out / "steps.csv", index=False)
+    g.to_csv(out / "calibration.csv", index=False)
+    res = {
+        "signal": signal, "run_dir": str(run.path), "model": run.header.get("model"),
+        "judge": probe.get("judge"), "removal_steps": probe.get("steps"),
+        "n_steps_labelled": int(len(known)), "n_needed": int(needed.sum()), "n_done": int((~needed).sum()),
+        "chosen": {"threshold": float(chosen["threshold"]), "patience": int(chosen["patience"]),
+                   "J": float(chosen["J"]), "tpr": float(chosen["tpr"]), "tnr": float(chosen["tnr"]),
+                   "est_accuracy": float(chosen["est_accuracy"]), "mean_image_steps": float(chosen["mean_image_steps"]),
+                   "n": int(chosen["n"]), "uncovered": int(chosen["uncovered"])},
+        "full_react": {"est_accuracy": full["est_accuracy"], "mean_image_steps": full["mean_image_steps"], "n": full["n"]},
+        "rule": "probes/calibrate_release.py (ours): max Youden J over influence midpoints (smallest ε on ties); "
+                "M by estimated accuracy with that ε (ties: fewer image steps)",
+        "mark": "scripted" if (run.header.get("backend") or {}).get("kind") == "scripted" else
+                "random weights" if (run.header.get("backend") or {}).get("embedded_tiny_model") else None,
+    }
+    (out / "calibration.json").write_text(json.dumps(res, indent=1, default=str))
+    res["out"] = str(out)
+    res["grid"] = g
+    return res
+
+
+def main(argv=None) -> int:
+    from agent.cli import done, make_parser
+
+    ap = make_parser("python -m probes.calibrate_release", __doc__, [
+        "python -m probes.calibrate_release runs/react-27b",
+        "python -m probes.calibrate_release runs/fig2-demo --signal dH --patience 1,2"])
+    ap.add_argument("run_dir", help="a ReAct run with the teacher-forced entropy probe and the removal probe")
+    ap.add_argument("--signal", choices=SIGNALS, default="kl", help="the influence the threshold applies to")
+    ap.add_argument("--patience", default="1,2,3", help="the M values to consider (comma-separated)")
+    ap.add_argument("--out", help="output dir (default: RUN_DIR/probes/calibrate_release)")
+    a = ap.parse_args(argv)
+    try:
+        pat = [int(x) for x in a.patience.split(",") if x.strip()]
+        if not pat or min(pat) < 1:
+            raise ValueError("--patience: comma-separated integers >= 1")
+        res = calibrate(a.run_dir, signal=a.signal, patience=pat, out_dir=a.out)
+    except (RunError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    c = res["chosen"]
+    if res["mark"]:
+        print(f"NOTE: this run is from the {res['mark']} model: the calibration is a demonstration, not a result")
+    print(f"{res['n_steps_labelled']} labelled steps ({res['n_needed']} where removing the images from the next step "
+          f"changed the outcome, {res['n_done']} where it did not); judge: {res['judge']}")
+    print(f"chosen: --release-signal {res['signal']}  ε = {c['threshold']:.4g}  M = {c['patience']}   "
+          f"(J = {c['J']:.3f}: TPR {c['tpr']:.2f}, TNR {c['tnr']:.2f})")
+    print(f"estimated on the recorded trajectories: accuracy {c['est_accuracy']:.1f}% over {c['n']} "
+          f"({c['uncovered']} uncovered), {c['mean_image_steps']:.2f} query-image steps kept per trajectory; "
+          f"full ReAct {res['full_react']['est_accuracy']:.1f}%, {res['full_react']['mean_image_steps']:.2f}")
+    if c["uncovered"]:
+        print(f"warning: the chosen policy releases {c['uncovered']} trajectories at a step the removal probe did not "
+              f"replay; rerun python -m probes.removal {a.run_dir} with more --steps for a complete estimate",
+              file=sys.stderr)
+    done([f"{res['out']}/calibration.json", f"{res['out']}/calibration.csv", f"{res['out']}/steps.csv"],
+         f"python -m agent.run --method react --image-release adaptive --release-threshold "
+         f"{res['out']}/calibration.json --out RUN_DIR-adaptive (with the run's benchmark and backend flags)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
