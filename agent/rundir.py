@@ -30,12 +30,16 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from .http import dumps, scrub
+from .http import dumps
+from .sidecar import RELEASE_COLUMNS, read_parquet  # noqa: F401  (re-exported: older imports keep working)
+from .sidecar import decode as _decode_sidecar
+from .sidecar import encode as _encode_sidecar
 
 __all__ = ["RunDir", "Run", "load_run", "RunError", "IDENTITY_KEYS", "versions", "token_key", "read_parquet",
            "TOKEN_PRECISIONS"]
@@ -88,60 +92,6 @@ def _atomic_write(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-def read_parquet(path, columns: list[str] | None = None):
-    """Read a Parquet file single-threaded.
-
-    pyarrow's threaded reader (``pq.read_table``) intermittently aborts the interpreter at exit
-    ("terminate called without an active exception", apache/arrow#34314; seen here with 26.0.1).
-    """
-    import pyarrow.parquet as pq
-
-    return pq.ParquetFile(path).read(columns=columns, use_threads=False)
-
-
-#: Optional per-token columns of the adaptive image release (agent/release.py).
-RELEASE_COLUMNS = ("release_kl", "release_dH")
-
-
-def _token_table(tokens: dict[int, dict[str, np.ndarray]], k: int, precision: str = "float32"):
-    import pyarrow as pa
-
-    calls = sorted(tokens)
-    n = sum(len(tokens[c]["id"]) for c in calls)
-    k = max(int(k), 1)
-
-    def cat(name, dtype, shape=()):
-        parts = [tokens[c][name] for c in calls]
-        return np.concatenate(parts).astype(dtype) if parts else np.zeros((0, *shape), dtype=dtype)
-
-    def fixed(name, dtype, fill):
-        arr = np.full((n, k), fill, dtype=dtype)
-        row = 0
-        for c in calls:
-            a = tokens[c][name]
-            arr[row: row + len(a), : min(k, a.shape[1] if a.ndim == 2 else 0)] = a[:, :k]
-            row += len(a)
-        return pa.FixedSizeListArray.from_arrays(pa.array(arr.reshape(-1)), k)
-
-    call_col = np.concatenate([np.full(len(tokens[c]["id"]), c, dtype=np.int16) for c in calls]) if calls else np.zeros(0, np.int16)
-    pos_col = np.concatenate([np.arange(len(tokens[c]["id"]), dtype=np.int32) for c in calls]) if calls else np.zeros(0, np.int32)
-    texts = [x for c in calls for x in (tokens[c].get("text") if tokens[c].get("text") is not None
-                                         else [None] * len(tokens[c]["id"]))]
-    return pa.table({
-        "call": call_col, "pos": pos_col, "id": cat("id", np.int32),
-        # each token's text (dictionary-encoded: a few bytes per token): the record reads without a tokenizer
-        "text": pa.array([scrub(t) if t is not None else None for t in texts], pa.string()),
-        "logprob": cat("logprob", np.float32),
-        "think": cat("think", bool), "top_ids": fixed("top_ids", np.int32, -1),
-        "top_logprobs": fixed("top_logprobs", np.float16 if precision == "float16" else np.float32, np.nan),
-        "exact_entropy": cat("exact_entropy", np.float32),
-        # --image-release adaptive: each probed step's per-token KL / ΔH (NaN elsewhere); absent otherwise
-        **{name: np.concatenate([tokens[c].get(name, np.full(len(tokens[c]["id"]), np.nan, np.float32))
-                                 for c in calls]).astype(np.float32)
-           for name in RELEASE_COLUMNS if calls and any(name in tokens[c] for c in calls)},
-    })
 
 
 @dataclass
@@ -252,30 +202,104 @@ class RunDir:
         return out
 
     def latest(self) -> dict[tuple[str, int], dict]:
+        """The last line of each (sample, trial), as its summary (the line without ``events`` and ``messages``;
+        :meth:`Run.full` reads the whole line)."""
         out = {}
-        for line in self.read_lines():
+        for line in self.index():
             out[(line["sample_id"], int(line["trial"]))] = line
         return out
+
+    # ------------------------------------------------------------------ the index (ours)
+    # results.index.jsonl: one small entry per line of results.jsonl (its byte offset and length, and the
+    # line without its events and messages), so that a run of thousands of ~150 KB lines is listed without
+    # parsing them; the lines themselves are read one at a time when something needs them. The index is a
+    # cache: the writer appends to it, and a reader checks it against results.jsonl and parses whatever it
+    # does not cover (an older run, a crash between the two writes), rebuilding it when that is much.
+    def index(self, *, warn: bool = True) -> list[dict]:
+        """Summaries of every parseable line of results.jsonl in file order (with private ``_o``/``_n``)."""
+        if not self.results.exists():
+            return []
+        st = os.stat(self.results)
+        size, ino = st.st_size, st.st_ino
+        entries = self._read_index(size, ino)
+        with open(self.results, "rb") as f:
+            if entries and not _entries_fit(f, entries):
+                entries = []
+            out, pos, scanned = [], 0, 0
+            for e in entries + [None]:
+                end = e["_o"] if e is not None else size
+                if end > pos:  # bytes no entry covers: parse the lines there
+                    got, n = _scan(f, pos, end, self.results, warn)
+                    out += got
+                    scanned += n
+                if e is not None:
+                    out.append(e)
+                    pos = e["_o"] + e["_n"]
+        if scanned > (1 << 20) or (not entries and out):
+            self._write_index(out, ino)
+        return out
+
+    @property
+    def index_path(self) -> Path:
+        return self.path / "results.index.jsonl"
+
+    def _read_index(self, size: int, ino: int) -> list[dict]:
+        try:
+            raw = self.index_path.read_bytes()
+        except OSError:
+            return []
+        lines = raw.split(b"\n")
+        try:
+            head = json.loads(lines[0])
+            if head.get("index") != 1 or head.get("ino") != ino:
+                return []
+        except ValueError:
+            return []
+        out = []
+        for raw_e in lines[1:]:
+            if not raw_e.strip():
+                continue
+            try:
+                e = json.loads(raw_e)
+            except ValueError:
+                continue  # a torn index entry: its line is parsed from results.jsonl instead
+            if isinstance(e, dict) and isinstance(e.get("_o"), int) and e["_o"] + e.get("_n", 0) <= size:
+                out.append(e)
+        out.sort(key=lambda e: e["_o"])
+        # overlapping entries mean the index is stale: start again
+        if any(a["_o"] + a["_n"] > b["_o"] for a, b in zip(out, out[1:])):
+            return []
+        return out
+
+    def _write_index(self, entries: list[dict], ino: int) -> None:
+        try:
+            data = dumps({"index": 1, "ino": ino}) + b"\n" + b"".join(dumps(e) + b"\n" for e in entries)
+            _atomic_write(self.index_path, data)
+        except (OSError, RunError):
+            pass  # a cache: a read-only run directory is read without it
+
+    def _append_index(self, line: dict, offset: int, length: int) -> None:
+        try:
+            ino = os.stat(self.results).st_ino
+            with open(self.index_path, "ab") as f:
+                if f.tell() == 0:
+                    f.write(dumps({"index": 1, "ino": ino}) + b"\n")
+                f.write(dumps({**summary_of(line), "_o": offset, "_n": length}) + b"\n")
+        except OSError:
+            pass  # the reader parses what the index lacks
 
     def done_keys(self, *, retry_errors: bool = False) -> set[tuple[str, int]]:
         return {k for k, line in self.latest().items() if not (retry_errors and line.get("status") in ("error", "timeout"))}
 
     def append(self, traj, line: dict) -> None:
         """Write the sidecar and images, then the line (one write; its presence means 'complete')."""
-        import pyarrow.parquet as pq
-        import io
-
         # one sidecar per attempt: a later line for the same (sample, trial) (--retry-errors) never overwrites
         # the tokens of the line it supersedes
         key = f"{token_key(line['sample_id'], line['trial'])}__{uuid.uuid4().hex[:8]}"
         try:
             if traj.tokens:
-                buf = io.BytesIO()
-                pq.write_table(_token_table(traj.tokens, traj.top_k, self.token_precision), buf, compression="zstd",
-                               use_byte_stream_split=["logprob", "top_logprobs.list.element", "exact_entropy",
-                                                      *[c for c in RELEASE_COLUMNS if any(c in a for a in traj.tokens.values())]],
-                               use_dictionary=["text"])
-                _atomic_write(self.path / "tokens" / f"{key}.parquet", buf.getvalue())
+                _atomic_write(self.path / "tokens" / f"{key}.parquet",
+                              _encode_sidecar(traj.tokens, traj.top_k, self.token_precision))
                 line["tokens_file"] = f"tokens/{key}.parquet"
             else:
                 line["tokens_file"] = None
@@ -289,14 +313,17 @@ class RunDir:
                 try:
                     # a crash mid-write leaves a fragment without its newline: never glue a record onto it
                     size = os.fstat(f.fileno()).st_size
+                    start = size
                     if size:
                         with open(self.results, "rb") as r:
                             r.seek(size - 1)
                             if r.read(1) != b"\n":
                                 data = b"\n" + data
+                                start += 1
                     f.write(data)
                     f.flush()
                     os.fsync(f.fileno())
+                    self._append_index(line, start, size + len(data) - start)
                 finally:
                     fcntl.flock(f.fileno(), fcntl.LOCK_UN)
         except OSError as e:  # disk full, permissions: a harness failure that names the file
@@ -320,11 +347,121 @@ class RunDir:
         return img.sha256
 
 
-@dataclass
+#: What a line's summary leaves out (the bulk of a line: its event list and its message table).
+SUMMARY_DROP = ("events", "messages")
+
+
+def summary_of(line: dict) -> dict:
+    return {k: v for k, v in line.items() if k not in SUMMARY_DROP}
+
+
+def _entries_fit(f, entries: list[dict]) -> bool:
+    """Each entry's bytes still hold a line there: '{' at its start, a newline at its end and before it."""
+    for e in entries:
+        o, n = e["_o"], e["_n"]
+        f.seek(max(0, o - 1))
+        before = f.read(1) if o else b"\n"
+        f.seek(o)
+        first = f.read(1)
+        f.seek(o + n - 1)
+        last = f.read(1)
+        if before != b"\n" or first != b"{" or last != b"\n":
+            return False
+    return True
+
+
+def _scan(f, start: int, end: int, path, warn: bool) -> tuple[list[dict], int]:
+    """Parse the lines in bytes [start, end) of results.jsonl: (their summaries, bytes scanned)."""
+    from .http import loads
+
+    f.seek(start)
+    out, pos = [], start
+    while pos < end:
+        raw = f.readline(max(1, end - pos))
+        if not raw:
+            break
+        o, pos = pos, pos + len(raw)
+        if not raw.strip():
+            continue
+        try:
+            line = loads(raw) if raw.endswith(b"\n") else None
+            if not isinstance(line, dict) or "sample_id" not in line or "trial" not in line:
+                raise ValueError
+        except ValueError:
+            if warn:
+                print(f"warning: {path}: torn or malformed line at byte {o} ignored "
+                      f"(its sample will be rerun on resume)", file=sys.stderr)
+            continue
+        out.append({**summary_of(line), "_o": o, "_n": len(raw)})
+    return out, pos - start
+
+
+class Lines(Sequence):
+    """A run's latest lines, read from results.jsonl one at a time when accessed (nothing is kept):
+    ``for line in run.lines`` holds one line in memory at a time; ``run.lines[i]`` parses line i."""
+
+    def __init__(self, results: Path, index: list[dict]):
+        self._results = results
+        self._index = index
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._read(e) for e in self._index[i]]
+        return self._read(self._index[i])
+
+    def __iter__(self):
+        from .http import loads
+
+        with open(self._results, "rb") as f:
+            for e in self._index:
+                f.seek(e["_o"])
+                yield _full(loads(f.read(e["_n"])), e)
+
+    def _read(self, e: dict) -> dict:
+        from .http import loads
+
+        with open(self._results, "rb") as f:
+            f.seek(e["_o"])
+            return _full(loads(f.read(e["_n"])), e)
+
+
+def _full(line: dict, entry: dict) -> dict:
+    line["_o"], line["_n"] = entry["_o"], entry["_n"]
+    return line
+
+
 class Run:
-    path: Path
-    header: dict
-    lines: list[dict] = field(default_factory=list)
+    """A run directory opened for reading: ``header``, ``index`` (every latest line's summary: the line without
+    its events and messages, kept in memory), ``lines`` (the whole lines, read on access, see :class:`Lines`)."""
+
+    def __init__(self, path, header: dict, index: list[dict] | None = None, *, lines: list[dict] | None = None):
+        self.path = Path(path)
+        self.header = header
+        if lines is not None:  # built in memory (tests, notebooks)
+            self.index = [summary_of(ln) | {"_line": ln} for ln in lines]
+            self._lines = list(lines)
+        else:
+            self.index = index or []
+            self._lines = None
+
+    @property
+    def lines(self):
+        if self._lines is not None:
+            return self._lines
+        return Lines(self.path / "results.jsonl", self.index)
+
+    def full(self, line: dict) -> dict:
+        """The whole line (events and messages) of a summary or a line."""
+        if "events" in line or "messages" in line:
+            return line
+        if "_line" in line:
+            return line["_line"]
+        if "_o" not in line:
+            raise RunError(f"{line.get('sample_id')}: not a line of {self.path}")
+        return Lines(self.path / "results.jsonl", [line])[0]
 
     def samples(self):
         import pandas as pd
@@ -333,7 +470,7 @@ class Run:
                 "answer", "gold", "error", "n_calls", "n_tool_calls", "generated_tokens", "think_tokens",
                 "duration_s", "model")
         rows = []
-        for ln in self.lines:
+        for ln in self.index:
             r = {k: ln.get(k) for k in keep}
             r["n_query_images"] = len(ln.get("query_images") or {})
             r["max_prompt_tokens"] = max((c["prompt_tokens"] for c in ln.get("calls", [])), default=0)
@@ -347,7 +484,7 @@ class Run:
         import pandas as pd
 
         rows = []
-        for ln in self.lines:
+        for ln in self.index:
             for c in ln.get("calls", []):
                 rows.append({"sample_id": ln["sample_id"], "trial": ln["trial"], "method": ln["method"],
                              "variant": ln.get("variant", ""), "benchmark": ln["benchmark"],
@@ -360,27 +497,15 @@ class Run:
             return {}
         p = self.path / line["tokens_file"]
         try:
-            t = read_parquet(p, columns)
+            return _decode_sidecar(p, columns)
         except (OSError, ValueError) as e:
             raise RunError(f"{p}: unreadable token sidecar ({e})") from None
-        out = {}
-        for name in t.column_names:
-            col = t.column(name).combine_chunks()
-            if name in ("top_ids", "top_logprobs"):
-                k = col.type.list_size
-                arr = col.flatten().to_numpy(zero_copy_only=False).reshape(-1, k)
-                out[name] = arr.astype(np.float32) if arr.dtype == np.float16 else arr
-            elif name == "text":
-                out[name] = np.array(col.to_pylist(), dtype=object)
-            else:
-                out[name] = col.to_numpy(zero_copy_only=False)
-        return out
 
     def call_event(self, line: dict, call: int | dict) -> dict:
         """The ``llm_call`` event of ``call``: the event itself, or its 1-based call index."""
         if isinstance(call, dict):
             return call
-        for ev in line.get("events") or []:
+        for ev in self.full(line).get("events") or []:
             if ev.get("type") == "llm_call" and ev.get("index") == call:
                 return ev
         raise RunError(f"{line.get('sample_id')} trial {line.get('trial')}: no LLM call #{call} "
@@ -388,6 +513,7 @@ class Run:
 
     def call_messages(self, line: dict, call: int | dict) -> list[dict]:
         """The exact messages of one call (the event, or its 1-based index)."""
+        line = self.full(line)
         return [line["messages"][i] for i in self.call_event(line, call)["message_ids"]]
 
     def sendable_messages(self, line: dict, call_event: int | dict) -> list[dict]:
@@ -421,7 +547,7 @@ class Run:
 def load_run(path) -> Run:
     rd = RunDir(path)
     header = rd.read_header()
-    return Run(rd.path, header, list(rd.latest().values()))
+    return Run(rd.path, header, list(rd.latest().values()))  # summaries; whole lines are read on access
 
 
 # ====================================================================== python -m agent.rundir check
@@ -510,7 +636,13 @@ def check_run(path, *, deep: bool = True, repair: bool = False) -> CheckReport:
                     line = json.loads(raw)
                     if not isinstance(line, dict) or "sample_id" not in line or "trial" not in line:
                         raise ValueError("not a result line")
-                    good.append(line)
+                    # keep the summary and the images the line needs, not the line: memory stays bounded
+                    need = set((line.get("query_images") or {}).values())
+                    need |= {h for e in line.get("events") or [] if e.get("type") == "tool_call"
+                             for h in e.get("result_images") or []}
+                    need |= {p.get("sha256") for m in line.get("messages") or [] if isinstance(m.get("content"), list)
+                             for p in m["content"] if isinstance(p, dict) and p.get("type") == "image" and p.get("sha256")}
+                    good.append({**summary_of(line), "_need": need})
                 except ValueError:
                     rep.torn.append((n, raw[:60].decode(errors="replace")))
                     torn_raw.append(raw)
@@ -559,10 +691,7 @@ def check_run(path, *, deep: bool = True, repair: bool = False) -> CheckReport:
             rep.orphans = sorted(f"tokens/{p.name}" for p in tok_dir.glob("*.parquet") if f"tokens/{p.name}" not in named)
         stored = {p.name.split(".")[0] for p in (rd.path / "images").glob("*")} if (rd.path / "images").is_dir() else set()
         for key, ln in latest.items():
-            need = set((ln.get("query_images") or {}).values())
-            need |= {h for e in ln.get("events") or [] if e.get("type") == "tool_call" for h in e.get("result_images") or []}
-            need |= {p.get("sha256") for m in ln.get("messages") or [] if isinstance(m.get("content"), list)
-                     for p in m["content"] if isinstance(p, dict) and p.get("type") == "image" and p.get("sha256")}
+            need = ln["_need"]
             rep.missing_images += [(f"{key[0]}/t{key[1]}", h[:12]) for h in sorted(need - stored)]
         cache = (header.get("tools") or {}).get("cache") or str(rd.path / "tools.sqlite")
         if Path(cache).exists():
@@ -576,11 +705,11 @@ def check_run(path, *, deep: bool = True, repair: bool = False) -> CheckReport:
             except sqlite3.Error as e:
                 rep.cache = f"unreadable ({e})"
     if repair:
-        _repair(rd, rep, torn_raw, good)
+        _repair(rd, rep, torn_raw)
     return rep
 
 
-def _repair(rd: "RunDir", rep: CheckReport, torn_raw: list, good: list) -> None:
+def _repair(rd: "RunDir", rep: CheckReport, torn_raw: list) -> None:
     rd.lock(wait_s=0.5)  # no runner may append while results.jsonl is rewritten
     try:
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -588,7 +717,16 @@ def _repair(rd: "RunDir", rep: CheckReport, torn_raw: list, good: list) -> None:
         if torn_raw:
             q.mkdir(exist_ok=True)
             (q / f"torn-lines-{stamp}.jsonl").write_bytes(b"".join(r if r.endswith(b"\n") else r + b"\n" for r in torn_raw))
-            _atomic_write(rd.results, b"".join(dumps(ln) + b"\n" for ln in good))
+            torn = set(torn_raw)
+            tmp = _tmp_name(rd.results)
+            with open(rd.results, "rb") as src, open(tmp, "wb") as dst:  # the intact lines, byte for byte
+                for raw in src:
+                    if raw.strip() and raw not in torn:
+                        dst.write(raw if raw.endswith(b"\n") else raw + b"\n")
+                dst.flush()
+                os.fsync(dst.fileno())
+            os.replace(tmp, rd.results)
+            rd.index_path.unlink(missing_ok=True)  # its offsets describe the old file
             rep.repaired.append(f"{len(torn_raw)} torn line(s) moved to quarantine/torn-lines-{stamp}.jsonl")
             rep.torn = []
         if rep.orphans:

@@ -70,7 +70,7 @@ def sample_table(run: Run):
     grades, judge = _grades(run)
     rows = [{"sample_id": ln["sample_id"], "trial": ln["trial"], "benchmark": ln.get("benchmark"),
              "status": ln["status"], "calls": ln.get("n_calls"), "answer": ln.get("answer", ""), "gold": ln.get("gold", ""),
-             "grade": grades.get((ln["sample_id"], ln["trial"]), "")} for ln in run.lines]
+             "grade": grades.get((ln["sample_id"], ln["trial"]), "")} for ln in run.index]
     df = pd.DataFrame(rows)
     df.attrs["judge"] = judge
     return df.sort_values(["sample_id", "trial"]).reset_index(drop=True) if len(df) else df
@@ -270,7 +270,7 @@ def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[
     tf_dir = run.path / "probes" / "entropy-teacher-forced" / "tokens"
     tf_dir = tf_dir if tf_dir.is_dir() else None
     has_release = bool((run.header.get("image_release") or {}).get("policy"))
-    lines = sorted(run.lines, key=lambda ln: (ln["sample_id"], ln["trial"]))
+    lines = sorted(run.index, key=lambda ln: (ln["sample_id"], ln["trial"]))  # summaries; whole lines one at a time
     if sample_ids:
         lines = [ln for ln in lines if ln["sample_id"] in set(sample_ids)]
     lines = lines[: limit or None]
@@ -284,7 +284,7 @@ def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[
                         "benchmark": ln.get("benchmark"), "category": ln.get("paper_category"),
                         "grade": grades.get((ln["sample_id"], ln["trial"]), ""), "calls": ln.get("n_calls"),
                         "answer": _short(ln.get("answer"), 80), "gold": _short(ln.get("gold"), 80)})
-        blob = json.dumps(_sample_detail(run, ln, images, missing, dH, tf_dir, with_tokens), ensure_ascii=False,
+        blob = json.dumps(_sample_detail(run, run.full(ln), images, missing, dH, tf_dir, with_tokens), ensure_ascii=False,
                           default=str, separators=(",", ":"))
         details[key] = base64.b64encode(gzip.compress(blob.encode(), 6)).decode()
     h = run.header
@@ -293,7 +293,7 @@ def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[
     meta = {"run": str(run.path), "label": h.get("label"), "model": (h.get("model") or {}).get("served_model"),
             "t_max": (h.get("budgets") or {}).get("t_max"), "judge": judge, "probe_mode": mode,
             "has_token_probe": tf_dir is not None or has_release, "mark": provenance_mark([h]), "benchmark": h.get("benchmark"),
-            "n_lines": len(run.lines), "shown": len(lines), "tokens": with_tokens}
+            "n_lines": len(run.index), "shown": len(lines), "tokens": with_tokens}
     page = (_TEMPLATE.replace("__TITLE__", html.escape(f"{h.get('label')} — {run.path.name}"))
             .replace("__META__", _js(meta)).replace("__SAMPLES__", _js(samples))
             .replace("__DETAILS__", _js(details)).replace("__IMAGES__", _js({k: v for k, v in images.items() if v})))
@@ -551,11 +551,11 @@ def main(argv=None) -> int:
             done([], f"python -m agent.show {a.run_dir} {df.iloc[0]['sample_id']}   |   "
                      f"python -m agent.show {a.run_dir} --html {a.run_dir}/run.html")
             return 0
-        line = next((ln for ln in run.lines if ln["sample_id"] == a.sample_id and int(ln["trial"]) == a.trial), None)
+        line = next((ln for ln in run.index if ln["sample_id"] == a.sample_id and int(ln["trial"]) == a.trial), None)
         if line is None:
             print(f"error: {run.path}: no trajectory {a.sample_id} trial {a.trial}", file=sys.stderr)
             return 2
-        print(render_text(run, line, reasoning=a.reasoning, observation_chars=a.observation_chars))
+        print(render_text(run, run.full(line), reasoning=a.reasoning, observation_chars=a.observation_chars))
         return 0
     except RunError as e:
         print(f"error: {e}", file=sys.stderr)

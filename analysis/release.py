@@ -59,8 +59,8 @@ def release_points(runs=(), adaptive=(), *, react_runs=(), judge: str | None = N
     for run, recs in judged:
         kind, info = _kind(run)
         ok = {(r["sample_id"], int(r["trial"])): r["grade"] == "CORRECT" for r in recs}
-        kept = [_kept(ln) for ln in run.lines if (ln["sample_id"], int(ln["trial"])) in ok]
-        corr = [ok[(ln["sample_id"], int(ln["trial"]))] for ln in run.lines if (ln["sample_id"], int(ln["trial"])) in ok]
+        kept = [_kept(ln) for ln in run.index if (ln["sample_id"], int(ln["trial"])) in ok]
+        corr = [ok[(ln["sample_id"], int(ln["trial"]))] for ln in run.index if (ln["sample_id"], int(ln["trial"])) in ok]
         models.setdefault(tables.model_label(run), []).append(str(run.path))
         rows.append({"series": kind, **info, "accuracy": 100.0 * float(np.mean(corr)) if corr else np.nan,
                      "n": len(corr), "image_steps": float(np.mean([k[0] for k in kept])) if kept else np.nan,
@@ -82,10 +82,10 @@ def release_points(runs=(), adaptive=(), *, react_runs=(), judge: str | None = N
         # complete pairs only: a failed replay is missing, never a wrong answer; unreplayed = ended before k
         o = o[(o["replayed"].astype(bool) & o["replay_status"].isin(["ok", "no_answer"]) & o["error"].isna())
               | ~o["replayed"].astype(bool)]
-        orig = {(ln["sample_id"], int(ln["trial"])): ln for ln in run.lines}
+        orig = {(ln["sample_id"], int(ln["trial"])): ln for ln in run.index}
         for k, g in o.groupby("k"):
             kd = pdir / f"k{int(k)}"
-            rep = {(ln["sample_id"], int(ln["trial"])): ln for ln in load_run(kd).lines} if (kd / "header.json").exists() else {}
+            rep = {(ln["sample_id"], int(ln["trial"])): ln for ln in load_run(kd).index} if (kd / "header.json").exists() else {}
             kept, corr = [], []
             for r in g.itertuples():
                 key = (r.sample_id, int(r.trial))
@@ -117,7 +117,7 @@ def release_steps(adaptive=()):
         if not ir:
             raise RunError(f"{rd}: not an adaptive run (python -m agent.run --method react --image-release adaptive)")
         name = f"ε={ir['threshold']:.3g}, M={ir['patience']} ({ir['signal']})"
-        for ln in run.lines:
+        for ln in run.index:
             s = ln.get("image_release") or {}
             rows.append({"run": str(run.path), "policy": name, "calibrated": str(ir.get("threshold_source", "")).startswith("calibrated"),
                          "sample_id": ln["sample_id"], "trial": ln["trial"], "paper_category": ln.get("paper_category"),

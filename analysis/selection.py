@@ -1,7 +1,7 @@
 """Which trajectories enter the probes' analyses: one written rule, shared by every probe (paper B.1, Table 10).
 
     from analysis.selection import select_trajectories
-    kept, table = select_trajectories(run.lines)      # table: Table 10 layout (model x benchmark counts)
+    kept, table = select_trajectories(run.index)      # table: Table 10 layout (model x benchmark counts)
 
 The paper runs each backbone on all 1,727 samples and excludes "samples where the agent produced no
 valid trajectory (e.g., immediate parsing failure)", keeping 5,087 trajectories (B.1, Table 10). The
@@ -33,12 +33,17 @@ def exclusion_reason(line: dict, *, include_unparsed: bool = False) -> str | Non
     """Why this result line is left out of the analyses (one of :data:`REASONS`), or None to keep it."""
     if line.get("status") in ("error", "timeout"):
         return "harness_error"
-    calls = [e for e in line.get("events") or [] if e.get("type") == "llm_call"]
+    if "calls" in line:  # the per-call summaries (also in a run's index: no need to read the events)
+        calls = [{"unparsed": c.get("action") == "malformed", "n_query_images": c.get("n_query_images", 0)}
+                 for c in line.get("calls") or []]
+    else:
+        calls = [{"unparsed": bool(e.get("action_error")), "n_query_images": e.get("n_query_images", 0)}
+                 for e in line.get("events") or [] if e.get("type") == "llm_call"]
     if not calls:
         return "no_calls"
-    if calls[0].get("action_error") and not include_unparsed:
+    if calls[0]["unparsed"] and not include_unparsed:
         return "first_call_unparsed"
-    if not any(e.get("n_query_images", 0) > 0 for e in calls):
+    if not any(c["n_query_images"] > 0 for c in calls):
         return "no_image_call"
     return None
 

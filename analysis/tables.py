@@ -101,7 +101,7 @@ def method_label(run) -> str:
 def model_label(run) -> str:
     h = run.header
     m = h.get("model") or {}
-    return (m.get("served_model") or (run.lines[0].get("model") if run.lines else None)
+    return (m.get("served_model") or (run.index[0].get("model") if run.index else None)
             or (h.get("backend") or {}).get("model") or "")
 
 
@@ -221,7 +221,7 @@ def table5(run_dirs, benchmark: str = "mmsearch_plus", judge: str | None = None)
         df = pd.DataFrame([r for r in recs if r["benchmark"] == benchmark])
         if df.empty:
             continue
-        lines = {(ln["sample_id"], ln["trial"]): ln for ln in run.lines}
+        lines = {(ln["sample_id"], ln["trial"]): ln for ln in run.index}
         df["n_images"] = [len((lines.get((a, b)) or {}).get("query_images") or {}) for a, b in zip(df.sample_id, df.trial)]
         df["vs"] = [((lines.get((a, b)) or {}).get("tool_calls") or {}).get("lens_search", 0) for a, b in zip(df.sample_id, df.trial)]
         df["tools"] = [(lines.get((a, b)) or {}).get("n_tool_calls", 0) for a, b in zip(df.sample_id, df.trial)]

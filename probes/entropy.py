@@ -73,6 +73,16 @@ def _write_token_influence(d: Path, line: dict, step: int, tok: dict) -> None:
                    d / f"{token_key(line['sample_id'], line['trial'])}__c{step}.parquet", compression="zstd")
 
 
+def _has_text(run: Run, line: dict) -> bool:
+    """Whether the line's sidecar keeps token texts (format 2 does; older ones may not)."""
+    import pyarrow.parquet as pq
+
+    try:
+        return "text" in pq.ParquetFile(run.path / line["tokens_file"]).schema_arrow.names
+    except (OSError, KeyError, TypeError, ValueError):
+        return False
+
+
 def _sampling_of(ev: dict) -> SamplingParams:
     s = dict(ev.get("sampling") or {})
     keep = {k: s[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens",
@@ -80,7 +90,7 @@ def _sampling_of(ev: dict) -> SamplingParams:
     return SamplingParams(**keep)
 
 
-async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: str) -> dict:
+async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: str, H_all=None) -> dict:
     sel = tok["call"] == ev["index"]
     think = tok["think"][sel].astype(bool)
     row = {"sample_id": line["sample_id"], "trial": line["trial"], "benchmark": line["benchmark"],
@@ -91,8 +101,8 @@ async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: 
     with_imgs = run.sendable_messages(line, ev)
     without = strip_images(with_imgs, (line.get("query_images") or {}).values())
     if mode == "regenerate":
-        top = tok["top_logprobs"][sel]
-        row["H_with"] = _think_mean(grouped_tail_entropy(top), think)
+        H = H_all[sel] if H_all is not None else grouped_tail_entropy(tok["top_logprobs"][sel])
+        row["H_with"] = _think_mean(H, think)
         ex = tok["exact_entropy"][sel]
         row["H_exact_with"] = _think_mean(ex.astype(np.float64), think) if np.isfinite(ex[think]).all() else float("nan")
         sp = _sampling_of(ev)
@@ -165,47 +175,66 @@ async def probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir=
                 done.add((r["sample_id"], r["trial"], r["step"]))
             except (json.JSONDecodeError, KeyError):
                 continue
-    lines = sorted(run.lines, key=lambda ln: (ln["sample_id"], ln["trial"]))[: limit or None]
-    lines, exclusions = select_trajectories(lines, include_unparsed=include_unparsed)
+    # the run's index (line summaries) decides what to probe; each trajectory's whole line and token columns
+    # are read when its turn comes and dropped when its steps are done: memory stays bounded at any run size
+    index = sorted(run.index, key=lambda ln: (ln["sample_id"], ln["trial"]))[: limit or None]
+    lines, exclusions = select_trajectories(index, include_unparsed=include_unparsed)
     exclusions.to_csv(out / "exclusions.csv", index=False)
     pending = []
     for line in lines:
-        for ev in line["events"]:
-            if (ev["type"] == "llm_call" and ev.get("n_query_images", 0) > 0
-                    and (line["sample_id"], line["trial"], ev["index"]) not in done):
-                pending.append((line, ev))
+        steps = [c["index"] for c in line.get("calls") or []
+                 if c.get("n_query_images", 0) > 0 and (line["sample_id"], line["trial"], c["index"]) not in done]
+        if steps:
+            pending.append((line, steps))
+    n_steps = sum(len(st) for _, st in pending)
     print("trajectories entering the analysis (rule: analysis/selection.py):\n"
           + exclusions.to_string(index=False), file=sys.stderr)
-    print(f"entropy probe ({mode}): {len(lines)} trajectories, {len(pending)} image-bearing steps to probe, "
+    print(f"entropy probe ({mode}): {len(lines)} trajectories, {n_steps} image-bearing steps to probe, "
           f"{len(done)} already done -> {out}", file=sys.stderr)
     from tqdm import tqdm
 
-    bar = tqdm(total=len(pending), desc=f"entropy/{mode}", unit="step", disable=not progress, file=sys.stderr,
+    bar = tqdm(total=n_steps, desc=f"entropy/{mode}", unit="step", disable=not progress, file=sys.stderr,
                mininterval=1.0)
     sem = asyncio.Semaphore(concurrency)
-    tokens_cache: dict = {}
     failures = []
+    columns = (["call", "think", "top_logprobs", "exact_entropy"] if mode == "regenerate"
+               else ["call", "think", "id", "text"])
 
-    async def one(line, ev):
-        key = (line["sample_id"], line["trial"])
-        if key not in tokens_cache:
-            tokens_cache[key] = run.tokens(line)
-        async with sem:
+    async def trajectory(summary, steps):
+        async with sem:  # at most `concurrency` trajectories (and requests) at a time
             try:
-                row = await _probe_step(run, line, ev, tokens_cache[key], backend, mode)
-            except (BackendError, RunError) as e:
-                failures.append(f"{line['sample_id']}/t{line['trial']} step {ev['index']}: {e}")
-                row = None
-        if row is not None:
-            tok = row.pop("_tokens", None)
-            if tok is not None:
-                _write_token_influence(out / "tokens", line, ev["index"], tok)
-            with open(steps_path, "a") as f:  # each finished step at once: an interrupted probe resumes
-                f.write(json.dumps(row, default=float) + "\n")
-        bar.update(1)
+                line = run.full(summary)
+                if not line.get("tokens_file"):
+                    raise RunError("no token sidecar (the run recorded no tokens)")
+                tok = run.tokens(line, [c for c in columns if c != "text"] + (["text"] if _has_text(run, line) else []))
+            except RunError as e:
+                failures.append(f"{summary['sample_id']}/t{summary['trial']}: {e}")
+                bar.update(len(steps))
+                return
+            H_all = grouped_tail_entropy(tok["top_logprobs"]) if mode == "regenerate" else None
+            events = {e["index"]: e for e in line["events"] if e["type"] == "llm_call"}
+            rows = []
+            for step in steps:
+                ev = events.get(step)
+                try:
+                    if ev is None:
+                        raise RunError(f"no llm_call event for step {step}")
+                    row = await _probe_step(run, line, ev, tok, backend, mode, H_all)
+                except (BackendError, RunError) as e:
+                    failures.append(f"{line['sample_id']}/t{line['trial']} step {step}: {e}")
+                    row = None
+                if row is not None:
+                    t = row.pop("_tokens", None)
+                    if t is not None:
+                        _write_token_influence(out / "tokens", line, step, t)
+                    rows.append(json.dumps(row, default=float) + "\n")
+                bar.update(1)
+            if rows:
+                with open(steps_path, "a") as f:  # each finished trajectory at once: an interrupted probe resumes
+                    f.write("".join(rows))
 
     try:
-        await asyncio.gather(*(one(line, ev) for line, ev in pending))
+        await asyncio.gather(*(trajectory(line, steps) for line, steps in pending))
     finally:
         bar.close()
     (out / "probe.json").write_text(json.dumps({"run_dir": str(run.path), "mode": mode, "finished": time.time(),
@@ -236,7 +265,7 @@ async def probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir=
     summary.to_csv(out / "summary.csv", index=False)
     from analysis.figures import fig2b_entropy, fig2b_kl, provenance_mark
 
-    model = (ident or {}).get("served_model") or (run.lines[0].get("model") if run.lines else None) or "model"
+    model = (ident or {}).get("served_model") or (run.index[0].get("model") if run.index else None) or "model"
     mark = provenance_mark([run.header])
     fig2b_entropy(summary, out / "fig2b_entropy", title=f"Figure 2(b): ΔH per step ({model}, {mode})", mark=mark)
     if "kl_with_without" in summary and np.isfinite(summary["kl_with_without"]).any():

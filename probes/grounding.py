@@ -199,7 +199,7 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
     if run.header.get("method") != "react":
         raise RunError(f"{run.path}: the grounding annotator reads ReAct runs (paper §3.2.1); this run is "
                        f"{run.header.get('label') or run.header.get('method')}")
-    lines = sorted(run.lines, key=lambda ln: (ln["sample_id"], ln["trial"]))[: limit or None]
+    lines = sorted(run.index, key=lambda ln: (ln["sample_id"], ln["trial"]))[: limit or None]  # summaries
     lines, exclusions = select_trajectories(lines, include_unparsed=include_unparsed)  # the same rule as the entropy probe (analysis/selection.py)
     exclusions.to_csv(out / "exclusions.csv", index=False)
     pending = [ln for ln in lines if (ln["sample_id"], ln["trial"]) not in done]
@@ -214,7 +214,7 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
     async def one(line):
         async with sem:
             try:
-                rec = await ann.annotate(run, line)
+                rec = await ann.annotate(run, run.full(line))  # the whole line, read now
             except BackendError as e:  # the annotator endpoint failed: not written, retried on the next run
                 failed.append(f"{line['sample_id']}/t{line['trial']}: {e}")
                 rec = None

@@ -195,7 +195,8 @@ async def removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, o
                          "remove_images_from_step": k, "replay_of": str(run.path), "trials": h.get("trials")},
                         force=True)
     done = {k: rd.done_keys(retry_errors=True) for k, rd in dirs.items()}
-    lines = sorted(run.lines, key=lambda ln: (ln["sample_id"], ln["trial"]))[: limit or None]
+    # summaries from the run's index; each trajectory's whole line is read when its replays start
+    lines = sorted(run.index, key=lambda ln: (ln["sample_id"], ln["trial"]))[: limit or None]
     lines = [ln for ln in lines if ln["status"] in ("ok", "no_answer")]  # harness failures are not trajectories
     pending = {(ln["sample_id"], ln["trial"]): [k for k in steps if ln["n_calls"] >= k
                                              and (ln["sample_id"], ln["trial"]) not in done[k]] for ln in lines}
@@ -211,6 +212,7 @@ async def removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, o
         if not ks:
             return
         async with sem:
+            line = run.full(line)
             tokens = run.tokens(line)
             for k in ks:
                 rl, traj = await replay_one(run, line, tokens, k, backend=backend, toolbox=toolbox, spec=spec,

@@ -81,6 +81,10 @@ class SGLangBackend:
             s = self._decode_cache[tid] = self.tok.decode([tid], skip_special_tokens=False)
         return s
 
+    def _decode_many(self, ids: list[int]) -> list[str]:
+        c = self._decode_cache
+        return [c[i] if i in c else self._decode(i) for i in ids]
+
     def render(self, messages: list[dict], template_kwargs: dict | None = None) -> tuple[str, list]:
         hf, images = split_text_and_images(messages)
         text = self.tok.apply_chat_template(hf, add_generation_prompt=True, tokenize=False, **(template_kwargs or {}))
@@ -122,7 +126,8 @@ class SGLangBackend:
     def parse_generate(self, resp: dict, sp: SamplingParams, prompt: str) -> ModelOutput:
         meta = resp["meta_info"]
         tokens = tokens_from_triples(meta.get("output_token_logprobs"), meta.get("output_top_logprobs"),
-                                     decode=self._decode, where=f"{self.public} meta_info.output")
+                                     decode=self._decode, decode_many=self._decode_many,
+                                     where=f"{self.public} meta_info.output")
         starts = prompt.rstrip().endswith(THINK_OPEN)
         mark_think(tokens, starts)
         text = scrub(resp.get("text") or "")
@@ -214,7 +219,7 @@ class SGLangBackend:
                 "refusing to report logprobs of different tokens")
         if tail[0][0] is None:
             raise BackendError(f"{where}: the first continuation token has no logprob (logprob_start_len too late)")
-        return tokens_from_triples(tail, tail_tops, decode=self._decode, where=where)
+        return tokens_from_triples(tail, tail_tops, decode=self._decode, decode_many=self._decode_many, where=where)
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -16,31 +16,49 @@ chat backends split an output exactly as a server running ``--reasoning-parser q
 """
 from __future__ import annotations
 
-from .base import TokenLogprob
+import numpy as np
+
+from .base import TokenArrays, TokenLogprob
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 TOOL_CALL_OPEN = "<tool_call>"
 
 
-def mark_think(tokens: list[TokenLogprob], starts_in_think: bool) -> list[TokenLogprob]:
-    """Set ``token.think`` in place (the rules above, at token level) and return the list."""
-    full = "".join(t.text for t in tokens)
+def think_mask_of(texts: list[str], starts_in_think: bool) -> np.ndarray:
+    """The think mask of tokens with these texts (the rules above, at token level)."""
+    full = "".join(texts)
     inside = starts_in_think or THINK_OPEN in full
+    out = np.zeros(len(texts), dtype=bool)
+    if not inside:
+        return out
     implicit_close = THINK_CLOSE not in full  # then a <tool_call> ends the reasoning
     leading = True  # only the <think> tags that open the output are tags; a later one is reasoning text
-    for tok in tokens:
-        t = tok.text.strip()
+    for i, text in enumerate(texts):
+        t = text.strip()
         if t == THINK_OPEN and leading:
-            inside, tok.think = True, False
+            inside = True
             continue
         leading = False
         if t == THINK_CLOSE and inside:
-            inside, tok.think = False, False
-        elif inside and implicit_close and TOOL_CALL_OPEN in tok.text:
-            inside, tok.think = False, False
+            inside = False
+        elif inside and implicit_close and TOOL_CALL_OPEN in text:
+            inside = False
         else:
-            tok.think = inside
+            out[i] = inside
+            if not inside:  # after the segment closed nothing is think again
+                break
+    return out
+
+
+def mark_think(tokens: list[TokenLogprob], starts_in_think: bool) -> list[TokenLogprob]:
+    """Set the think flags in place (the rules above, at token level) and return the tokens."""
+    if isinstance(tokens, TokenArrays):
+        tokens.think = think_mask_of(tokens.texts, starts_in_think)
+        return tokens
+    mask = think_mask_of([t.text for t in tokens], starts_in_think)
+    for tok, m in zip(tokens, mask):
+        tok.think = bool(m)
     return tokens
 
 

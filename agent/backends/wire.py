@@ -15,9 +15,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .base import BackendError, TokenLogprob, TopList, TopLogprob
+from .base import BackendError, TokenArrays, TokenLogprob, TopList, TopLogprob
 
-__all__ = ["tokens_from_triples", "tokens_from_chat_logprobs", "finish_reason_of"]
+__all__ = ["tokens_from_triples", "arrays_from_triples", "tokens_from_chat_logprobs", "finish_reason_of"]
 
 
 def _num(x: Any, where: str) -> float:
@@ -60,13 +60,51 @@ def _fast_tops(rows: list, decode: Callable[[int], str] | None) -> list[TopList]
             for i in range(0, len(lps), k)]
 
 
+def arrays_from_triples(token_lps: list, top_lps: list | None, *, decode: Callable[[int], str] | None = None,
+                        decode_many: Callable[[list], list] | None = None) -> TokenArrays | None:
+    """The common case straight into arrays: every triple ``[logprob, id, text|null]`` well-formed, every top
+    list of one length k and sorted best first, no NaN. None for anything else (the checked path then says
+    exactly what is wrong). No Python object per token or alternative survives this function."""
+    try:
+        n = len(token_lps)
+        lps = np.array([t[0] for t in token_lps], dtype=np.float64)
+        ids = np.array([t[1] for t in token_lps], dtype=np.int64)
+        texts = [t[2] for t in token_lps]
+        if top_lps:
+            k = len(top_lps[0])
+            if k == 0 or any(r is None or len(r) != k for r in top_lps):
+                return None
+            tl = np.array([t[0] for r in top_lps for t in r], dtype=np.float64).reshape(n, k)
+            ti = np.array([t[1] for r in top_lps for t in r], dtype=np.int64).reshape(n, k)
+        else:
+            tl, ti = np.zeros((n, 0)), np.zeros((n, 0), dtype=np.int64)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if np.isnan(lps).any() or np.isnan(tl).any() or (ids < 0).any() or (tl.shape[1] > 1 and (np.diff(tl, axis=1) > 0).any()):
+        return None
+    if any(x is None for x in texts):
+        if decode_many is not None:
+            texts = decode_many(ids.tolist())
+        elif decode is not None:
+            texts = [decode(i) for i in ids.tolist()]
+        else:
+            texts = ["" if x is None else x for x in texts]
+    return TokenArrays(ids, texts, lps, ti, tl, decode=decode)
+
+
 def tokens_from_triples(token_lps: list, top_lps: list | None, *, decode: Callable[[int], str] | None = None,
-                        where: str = "meta_info") -> list[TokenLogprob]:
-    """Tokens from SGLang triples; ``top_lps[i]`` may be None (no alternatives at that position)."""
+                        where: str = "meta_info", decode_many: Callable[[list], list] | None = None):
+    """Tokens from SGLang triples; ``top_lps[i]`` may be None (no alternatives at that position).
+
+    Well-formed replies come back as :class:`TokenArrays` (the fast path); anything else goes through the
+    checked path below, one object per token, with an error naming the first bad entry."""
     if not isinstance(token_lps, list):
         raise BackendError(f"{where}: token logprobs missing or not a list (did the server get return_logprob?)")
     if top_lps is not None and len(top_lps) != len(token_lps):
         raise BackendError(f"{where}: {len(token_lps)} token logprobs but {len(top_lps)} top-logprob lists")
+    fast_arrays = arrays_from_triples(token_lps, top_lps, decode=decode, decode_many=decode_many)
+    if fast_arrays is not None:
+        return fast_arrays
     fast = _fast_tops(top_lps, decode) if top_lps else None
     out = []
     for i, t in enumerate(token_lps):
