@@ -532,7 +532,8 @@ class Run:
                         if path is None:
                             raise RunError(f"{self.path}/images: image {p['sha256'][:12]}… of {line['sample_id']} "
                                            f"is not stored (was the run directory copied without images/?)")
-                        parts.append({"type": "image_url", "image_url": {"url": str(path)}})
+                        # the hash rides along: removing query images never needs to read the file again
+                        parts.append({"type": "image_url", "image_url": {"url": str(path)}, "sha256": p["sha256"]})
                     else:
                         parts.append(p)
                 m = {**m, "content": parts}
@@ -540,8 +541,13 @@ class Run:
         return out
 
     def image_path(self, sha256: str) -> Path | None:
-        hits = list((self.path / "images").glob(f"{sha256}.*"))
-        return hits[0] if hits else None
+        d = getattr(self, "_images", None)
+        if d is None or sha256 not in d:  # listed once (and again when an image is not found: it may be new)
+            d = self._images = {}
+            if (self.path / "images").is_dir():
+                for p in (self.path / "images").iterdir():
+                    d.setdefault(p.name.split(".")[0], p)
+        return d.get(sha256)
 
 
 def load_run(path) -> Run:

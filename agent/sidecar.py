@@ -155,7 +155,7 @@ def token_table(tokens: dict[int, dict[str, np.ndarray]], k: int, precision: str
     cols = {
         "call": call_col, "pos": pos_col, "chosen": chosen, "id": id_col,
         # each token's text (dictionary-encoded: a few bytes per token): the record reads without a tokenizer
-        "text": pa.array([scrub(t) if t is not None else None for t in texts], pa.string()),
+        "text": pa.array(_scrubbed(texts, scrub), pa.string()),
         "logprob": lp_col, "think": _cat(tokens, calls, "think", bool, False),
         "top_ids": _fixed(ranks), "top_logprobs": lp_enc,
         "exact_entropy": _cat(tokens, calls, "exact_entropy", np.float32, np.nan),
@@ -165,6 +165,17 @@ def token_table(tokens: dict[int, dict[str, np.ndarray]], k: int, precision: str
             cols[name] = _cat(tokens, calls, name, np.float32, np.nan)
     t = pa.table(cols)
     return t.replace_schema_metadata({_META_FORMAT: FORMAT, _META_DICT: _pack_dict(dictionary), _META_LP: lp_tag})
+
+
+def _scrubbed(texts: list, scrub) -> list:
+    """The texts, with lone surrogates replaced only when some text has one (one check for all)."""
+    try:
+        "".join(t for t in texts if t is not None).encode("utf-8")
+        return texts
+    except UnicodeEncodeError:
+        return [scrub(t) if t is not None else None for t in texts]
+    except TypeError:  # a non-str slipped in
+        return [None if t is None else scrub(str(t)) for t in texts]
 
 
 def encode(tokens: dict[int, dict[str, np.ndarray]], k: int, precision: str = "float32") -> bytes:

@@ -111,8 +111,8 @@ class Trajectory:
         self.n_calls += 1
         idx = self.n_calls
         mids = self._message_ids(messages)
-        hashes = [p.get("sha256") or p.get("url") for i in mids for p in (self.messages[i].get("content") or [])
-                  if isinstance(p, dict) and p.get("type") == "image"]
+        hashes = [p.get("sha256") or p.get("url") for i in mids if isinstance(self.messages[i].get("content"), list)
+                  for p in self.messages[i]["content"] if isinstance(p, dict) and p.get("type") == "image"]
         query = set(self.query_hashes)
         self.top_k = max(self.top_k, out.top_k_requested, max(out.top_counts(), default=0))
         self.tokens[idx] = token_arrays(out, out.top_k_requested)

@@ -46,27 +46,26 @@ def grouped_tail_entropy(top_logprobs) -> np.ndarray:
     # scripts/bench_entropy.py).
     dt = np.float32 if lp.dtype in (np.float32, np.float16) else np.float64
     k = lp.shape[-1]
-    x = lp.reshape(-1, k) if k else lp.reshape(-1, 0)
+    x = lp.reshape(-1, k)
     n = x.shape[0]
-    out = np.empty(n, dtype=np.float64)
     if n == 0 or k == 0:
-        out[:] = 0.0
-        return out.reshape(lp.shape[:-1])
+        return np.zeros(lp.shape[:-1])
     chunk = min(n, _CHUNK_ROWS)
     a = np.empty((chunk, k), dtype=dt)
     p = np.empty_like(a)
-    ones = np.ones(k, dtype=dt)
+    ones = _ONES.get((k, dt)) if (k, dt) in _ONES else _ONES.setdefault((k, dt), np.ones(k, dtype=dt))
+    parts = []
     for s in range(0, n, chunk):
         e = min(n, s + chunk)
-        aa, pp = a[: e - s], p[: e - s]
+        aa, pp = (a, p) if e - s == chunk else (a[: e - s], p[: e - s])
         np.minimum(x[s:e], 0.0, out=aa, casting="unsafe")  # a logprob can exceed 0 only by rounding
         np.exp(aa, out=pp)
         sp = pp @ ones
         with np.errstate(invalid="ignore"):  # 0 * -inf at padded entries: fixed below
             np.multiply(pp, aa, out=pp)
             spl = pp @ ones
-        bad = ~np.isfinite(spl)
-        if bad.any():  # rows with NaN / -inf padding: an absent alternative has probability 0 (0 log 0 = 0)
+        if not np.isfinite(spl).all():  # rows with NaN / -inf padding: an absent alternative has probability 0
+            bad = ~np.isfinite(spl)
             r = aa[bad].astype(np.float64)
             r[np.isnan(r)] = -np.inf
             pr = np.exp(r)
@@ -74,15 +73,15 @@ def grouped_tail_entropy(top_logprobs) -> np.ndarray:
                 sp[bad] = pr.sum(axis=1)
                 spl[bad] = np.where(pr > 0.0, pr * r, 0.0).sum(axis=1)
         rest = np.clip(1.0 - sp.astype(np.float64), 0.0, 1.0)
-        rest_term = np.zeros(e - s)
-        pos = rest > 0.0
-        rest_term[pos] = rest[pos] * np.log(rest[pos])
-        out[s:e] = -spl - rest_term
-    return out.reshape(lp.shape[:-1])
+        # rest * log(rest), with 0 log 0 = 0 (log of a tiny positive number times 0 is 0)
+        parts.append(-spl - rest * np.log(np.maximum(rest, 1e-300)))
+    out = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    return out.astype(np.float64, copy=False).reshape(lp.shape[:-1])
 
 
 #: Rows per chunk of :func:`grouped_tail_entropy` (16k x 20 float32 = 1.3 MB per temporary).
 _CHUNK_ROWS = 1 << 14
+_ONES: dict = {}
 
 
 def exact_entropy_from_logprobs(logprobs) -> np.ndarray:

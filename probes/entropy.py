@@ -37,8 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.backends.base import BackendError, Continuation, SamplingParams
+from agent.backends.base import BackendError, Continuation, SamplingParams, top_matrix
 from agent.backends.messages import strip_images
+from agent.http import dumps
 from agent.rundir import Run, RunError, load_run
 from analysis.entropy import grouped_tail_entropy, token_influence
 from analysis.selection import select_trajectories
@@ -90,13 +91,22 @@ def _sampling_of(ev: dict) -> SamplingParams:
     return SamplingParams(**keep)
 
 
-async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: str, H_all=None) -> dict:
-    sel = tok["call"] == ev["index"]
+def _call_slices(call: np.ndarray) -> dict:
+    """{call index: slice of its rows} (a sidecar's rows are grouped by call, in order)."""
+    if len(call) and np.all(call[1:] >= call[:-1]):
+        u, start = np.unique(call, return_index=True)
+        ends = np.r_[start[1:], len(call)]
+        return {int(c): slice(int(a), int(b)) for c, a, b in zip(u, start, ends)}
+    return {int(c): np.flatnonzero(call == c) for c in np.unique(call)}
+
+
+async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: str, H_all=None, slices=None) -> dict:
+    sel = (slices or _call_slices(tok["call"])).get(ev["index"], slice(0, 0))
     think = tok["think"][sel].astype(bool)
     row = {"sample_id": line["sample_id"], "trial": line["trial"], "benchmark": line["benchmark"],
            "paper_category": line.get("paper_category"), "category": line.get("category"), "step": ev["index"],
            "state": ev["state"], "n_images": ev["n_images"], "n_query_images": ev.get("n_query_images", 0),
-           "n_tokens": int(sel.sum()), "n_think": int(think.sum()), "mode": mode, "semantics": ev.get("semantics"),
+           "n_tokens": int(len(think)), "n_think": int(think.sum()), "mode": mode, "semantics": ev.get("semantics"),
            "model": line.get("model")}
     with_imgs = run.sendable_messages(line, ev)
     without = strip_images(with_imgs, (line.get("query_images") or {}).values())
@@ -112,7 +122,8 @@ async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: 
                                "the two sides would describe different distributions (use the same --logprob-mode)")
         th2 = out.think_mask()
         row["n_think_without"] = int(th2.sum())
-        row["H_without"] = _think_mean(grouped_tail_entropy(out.top_logprob_matrix(20)), th2)
+        # float32, as the recorded side is stored: both sides of ΔH go through the same arithmetic
+        row["H_without"] = _think_mean(grouped_tail_entropy(top_matrix(out.tokens, 20, np.float32)), th2)
         if out.exact_entropy is not None:
             row["H_exact_without"] = _think_mean(np.asarray(out.exact_entropy, dtype=np.float64), th2)
         row["regenerated_text"] = out.text[:2000]
@@ -206,12 +217,15 @@ async def probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir=
                 line = run.full(summary)
                 if not line.get("tokens_file"):
                     raise RunError("no token sidecar (the run recorded no tokens)")
-                tok = run.tokens(line, [c for c in columns if c != "text"] + (["text"] if _has_text(run, line) else []))
+                want = columns if mode == "regenerate" else \
+                    [c for c in columns if c != "text"] + (["text"] if _has_text(run, line) else [])
+                tok = run.tokens(line, want)
             except RunError as e:
                 failures.append(f"{summary['sample_id']}/t{summary['trial']}: {e}")
                 bar.update(len(steps))
                 return
             H_all = grouped_tail_entropy(tok["top_logprobs"]) if mode == "regenerate" else None
+            slices = _call_slices(tok["call"])
             events = {e["index"]: e for e in line["events"] if e["type"] == "llm_call"}
             rows = []
             for step in steps:
@@ -219,7 +233,7 @@ async def probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir=
                 try:
                     if ev is None:
                         raise RunError(f"no llm_call event for step {step}")
-                    row = await _probe_step(run, line, ev, tok, backend, mode, H_all)
+                    row = await _probe_step(run, line, ev, tok, backend, mode, H_all, slices)
                 except (BackendError, RunError) as e:
                     failures.append(f"{line['sample_id']}/t{line['trial']} step {step}: {e}")
                     row = None
@@ -227,11 +241,11 @@ async def probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir=
                     t = row.pop("_tokens", None)
                     if t is not None:
                         _write_token_influence(out / "tokens", line, step, t)
-                    rows.append(json.dumps(row, default=float) + "\n")
+                    rows.append(dumps(row) + b"\n")
                 bar.update(1)
             if rows:
-                with open(steps_path, "a") as f:  # each finished trajectory at once: an interrupted probe resumes
-                    f.write("".join(rows))
+                with open(steps_path, "ab") as f:  # each finished trajectory at once: an interrupted probe resumes
+                    f.write(b"".join(rows))
 
     try:
         await asyncio.gather(*(trajectory(line, steps) for line, steps in pending))
@@ -243,6 +257,9 @@ async def probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir=
                                                 "failures": failures}, indent=2))
     rows = [json.loads(x) for x in steps_path.read_text().splitlines() if x.strip()] if steps_path.exists() else []
     steps = pd.DataFrame(rows)
+    for c in ("H_with", "H_without", "dH", "H_exact_with", "H_exact_without", "kl_with_without", "dH_exact", "gap_with"):
+        if c in steps:  # null (a non-finite value in JSON) is NaN
+            steps[c] = pd.to_numeric(steps[c], errors="coerce").astype(float)
     if steps.empty:
         raise RunError(f"{run.path}: no step with query images was probed ({len(failures)} failed"
                        + (f"; first: {failures[0]}" if failures else "") + ")")

@@ -1,17 +1,22 @@
-"""Benchmark: the runner's call rate against a fixed-latency loopback server, and bytes stored per token.
+"""Benchmark: the runner's call rate against a fixed-latency SGLang stand-in, its decode cost, and storage.
 
-    python scripts/bench_runner.py [--samples 512] [--concurrency 64] [--latency 3.0] [--calls 5] [--processes 2]
+    python scripts/bench_runner.py [--quick]
 
-1. Call rate. A loopback server speaking SGLang's OpenAI-compatible wire format (tests/fakes) answers
-   every request after ``--latency`` seconds (in its own process, as a real server is); a scripted
-   policy makes each sample do ``--calls`` LLM calls (search tool calls through the offline world,
-   then an answer), each reply ~165 tokens with top-20 logprobs. With C samples in flight the ideal
-   rate is C / latency calls/s; the script prints the measured rate, the ratio (target >= 0.9) and
-   the runner's CPU per call, which bounds the rate when latency is short (decoding top-20 JSON).
-2. Storage. Trajectories with realistic token data (ids Zipf-distributed over a 248k vocabulary,
-   top-20 logprobs from Dirichlet-like distributions) go through the real writer; prints bytes per
-   generated token of the token sidecar and of the whole run directory, for float16 and float32
-   storage (target <= 100 with top-20 kept), and the grouped-entropy error float16 storage causes.
+1. **Call rate** (``agent.run`` end to end: chat template, request, wire decode, tools, record). A stand-in
+   for SGLang's native ``/generate`` runs in its own process (as a real server does) and answers every request
+   after ``--latency`` seconds with a reply of exactly ``--reply-tokens`` tokens, each with 20 realistic
+   alternatives (distinct ids, full-precision logprobs, as SGLang prints them); bodies are prepared once, so
+   the stand-in costs next to no CPU. Each sample makes ``--calls`` calls (search tool calls through the
+   offline world, then an answer); sample ids are random. With C samples in flight the ideal wall time is
+   ceil(samples / C) x calls x latency; the ratio ideal / measured is printed (target >= 0.90). The stated
+   load (the defaults): **64 in flight, 165-token replies, 3 s latency** (55 tokens/s per stream), with 1 and 2
+   runner processes; then **256 in flight** with 2 processes; then **~1,000-token replies** (64 in flight,
+   2 processes; reported, no target: at 2 cores the decode alone can exceed the budget).
+2. **Decode cost**: the runner's path from a reply's bytes to the record's arrays (JSON parse, wire format,
+   think split, token arrays) for a 1,000-token top-20 reply, in µs of CPU per generated token (target <= 20).
+3. **Storage**: bytes per generated token of the token sidecar written by the runner's own writer, on
+   realistic top-20 rows (``scripts/bench_data.py``: distinct Zipf-distributed ids; and the uniform-id worst
+   case), float32 (target <= 100) and float16, with the grouped-entropy error float16 causes.
 """
 from __future__ import annotations
 
@@ -21,70 +26,125 @@ import contextlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
 
-from agent.backends.base import LogprobSemantics, ModelOutput, TokenLogprob, TopLogprob, Usage  # noqa: E402
-from agent.run import RunConfig, run  # noqa: E402
-from agent.rundir import RunDir  # noqa: E402
-from agent.tools.demo_world import ensure_demo_world  # noqa: E402
-from analysis.entropy import grouped_tail_entropy  # noqa: E402
+ASSISTANT = b"<|im_start|>assistant"
 
 
-def make_benchmark(root: Path, n: int) -> Path:
-    demo = ensure_demo_world() / "demo"
-    rows = [json.loads(x) for x in (demo / "data_unified.jsonl").read_text().splitlines()]
-    out = root / "bench"
-    shutil.copytree(demo / "imgs", out / "imgs")
-    with open(out / "data_unified.jsonl", "w") as f:
-        for i in range(n):
-            r = dict(rows[i % len(rows)], id=f"bench_{i}")
-            f.write(json.dumps(r) + "\n")
+# ---------------------------------------------------------------------------- the stand-in server
+def reply_texts(calls: int) -> list[str]:
+    """What the model says at each step: search tool calls, then an answer (the run's policy)."""
+    out = []
+    for n in range(calls):
+        if n < calls - 1:
+            out.append("</think>\n\n<tool_call>\n" + json.dumps({"name": "search", "arguments": {
+                "query": f"kestrel observatory {n}", "goal": "year"}}) + "\n</tool_call>")
+        else:
+            out.append("</think>\n\n<answer>1911</answer>")
     return out
 
 
-def policy(calls: int):
-    def reply(req):
-        if "messages" in req:  # chat API
-            n = sum(m["role"] == "assistant" for m in req["messages"])
-        else:  # native /generate: the rendered prompt ends with the generation prompt's assistant turn
-            n = req.get("text", "").count("<|im_start|>assistant") - 1
-        if n < calls - 1:
-            return ("Let me search for the entity in the picture and check the facts.</think>\n\n<tool_call>\n"
-                    + json.dumps({"name": "search", "arguments": {"query": f"kestrel observatory {n}", "goal": "year"}})
-                    + "\n</tool_call>")
-        return "The pages agree on the founding year.</think>\n\n<answer>1911</answer>"
-    return reply
+def render_bodies(tokenizer_dir: str, calls: int, reply_tokens: int, seed: int = 0) -> list[bytes]:
+    """One /generate body per step: ``reply_tokens`` tokens (reasoning filler, then the step's action), each
+    with a realistic top-20 list (the chosen token first), every logprob a full-precision float."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    rng = np.random.default_rng(seed)
+    vocab = len(tok)
+    words = ["the", " image", " shows", " a", " building", ",", " which", " I", " should", " search", " for", "."]
+    bodies = []
+    for n, action in enumerate(reply_texts(calls)):
+        act_ids = tok(action, add_special_tokens=False)["input_ids"]
+        filler = []
+        while len(filler) < max(0, reply_tokens - len(act_ids)):
+            filler += tok(words[len(filler) % len(words)], add_special_tokens=False)["input_ids"]
+        ids = filler[: max(0, reply_tokens - len(act_ids))] + act_ids
+        text = tok.decode(ids, skip_special_tokens=False)
+        g = rng.gamma(np.exp(rng.uniform(np.log(0.02), np.log(2.0), size=(len(ids), 1))), size=(len(ids), 64))
+        lp = np.log(-np.sort(-(g / g.sum(axis=1, keepdims=True)), axis=1)[:, :20]).astype(np.float32).astype(float)
+        tops, outs = [], []
+        for i, t in enumerate(ids):
+            alt = [t] + [int(x) for x in rng.choice(vocab, size=25, replace=False) if x != t][:19]
+            tops.append([[float(lp[i, j]), alt[j], None] for j in range(20)])
+            outs.append([float(lp[i, 0]), t, None])
+        body = {"text": text, "output_ids": ids, "meta_info": {
+            "id": uuid.uuid4().hex, "finish_reason": {"type": "stop", "matched": 151645}, "prompt_tokens": 2000,
+            "completion_tokens": len(ids), "cached_tokens": 1800, "weight_version": "default", "e2e_latency": 3.0,
+            "input_token_logprobs": [[None, 1, None]], "input_top_logprobs": [None],
+            "output_token_logprobs": outs, "output_top_logprobs": tops}}
+        bodies.append(json.dumps(body).encode())
+    return bodies
+
+
+def serve(port: int, latency: float, bodies_file: str, model_path: str) -> None:
+    """The stand-in: /generate answers after ``latency`` s with the body of the step the prompt is at."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    bodies = json.loads(Path(bodies_file).read_text())
+    bodies = [b.encode() for b in bodies]
+    info = json.dumps({"model_path": model_path, "tokenizer_path": model_path, "is_generation": True,
+                       "weight_version": "default", "has_image_understanding": True}).encode()
+    models = json.dumps({"object": "list", "data": [{"id": model_path, "object": "model"}]}).encode()
+    server_info = json.dumps({"model_path": model_path, "enable_deterministic_inference": False}).encode()
+
+    class H(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a):
+            pass
+
+        def _send(self, body: bytes, code: int = 200):
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            self._send({"/get_model_info": info, "/v1/models": models, "/server_info": server_info}.get(self.path, b"{}"))
+
+        def do_POST(self):
+            req = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            n = max(0, req.count(ASSISTANT) - 1)  # the prompt ends with the generation prompt's assistant turn
+            time.sleep(latency)
+            self._send(bodies[min(n, len(bodies) - 1)])
+
+    class S(ThreadingHTTPServer):
+        daemon_threads = True
+        request_queue_size = 1024
+
+    S(("127.0.0.1", port), H).serve_forever()
 
 
 @contextlib.contextmanager
-def _server_process(args):
-    """The loopback server in its own process (as a real server is): it must not share our GIL."""
+def stand_in(latency: float, bodies: list[bytes], model_path: str):
     import socket
-    import subprocess
     import urllib.request
 
     with socket.socket() as sk:
         sk.bind(("127.0.0.1", 0))
         port = sk.getsockname()[1]
-    cmd = [sys.executable, __file__, "--serve", str(port), "--latency", str(args.latency), "--calls", str(args.calls)]
-    if args.tokenizer == "bpe":
-        from agent.backends.tiny_model import ensure_tiny_model
-
-        cmd += ["--server-tokenizer", str(ensure_tiny_model(quiet=True))]
-    p = subprocess.Popen(cmd)
+    f = Path(tempfile.mkstemp(suffix=".json")[1])
+    f.write_text(json.dumps([b.decode() for b in bodies]))
+    p = subprocess.Popen([sys.executable, __file__, "--serve", str(port), "--latency", str(latency),
+                          "--bodies", str(f), "--model-path", model_path])
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(200):
+        for _ in range(400):
             try:
-                urllib.request.urlopen(url + "/health", timeout=1)
+                urllib.request.urlopen(url + "/v1/models", timeout=1)
                 break
             except OSError:
                 time.sleep(0.05)
@@ -92,149 +152,187 @@ def _server_process(args):
     finally:
         p.terminate()
         p.wait(10)
+        f.unlink(missing_ok=True)
 
 
-def serve(port: int, latency: float, calls: int, tokenizer: str | None) -> None:
-    from tests.fakes.sglang_server import FakeServer
+# ---------------------------------------------------------------------------- 1. call rate
+def make_benchmark(root: Path, n: int, seed: int) -> Path:
+    from agent.tools.demo_world import ensure_demo_world
 
-    srv = FakeServer(port, reply=policy(calls), latency_s=latency, tokenizer_dir=tokenizer)
-    srv.serve_forever()
+    demo = ensure_demo_world() / "demo"
+    rows = [json.loads(x) for x in (demo / "data_unified.jsonl").read_text().splitlines()]
+    out = root / "bench"
+    shutil.copytree(demo / "imgs", out / "imgs")
+    rng = np.random.default_rng(seed)
+    with open(out / "data_unified.jsonl", "w") as f:
+        for i in range(n):  # random ids: no accidental balance between worker processes
+            f.write(json.dumps(dict(rows[i % len(rows)], id=f"q{rng.integers(1 << 62):x}")) + "\n")
+    return out
 
 
-async def bench_rate(args) -> dict:
+def call_rate(*, samples: int, concurrency: int, processes: int, calls: int, latency: float, reply_tokens: int,
+              seed: int) -> dict:
     import resource
 
+    from agent import run as run_mod
     from agent.backends.tiny_model import ensure_tiny_model
+    from agent.run import RunConfig, run
 
+    run_mod._SHARED["freeze"] = True  # as python -m agent.run does (its process is the runner's)
+    tiny = str(ensure_tiny_model(quiet=True))
+    bodies = render_bodies(tiny, calls, reply_tokens, seed)
     tmp = Path(tempfile.mkdtemp(prefix="mmcf-bench-"))
     try:
-        bench = make_benchmark(tmp, args.samples)
-        with _server_process(args) as url:
-            kind = {"sglang": dict(backend="sglang", model_dir=str(ensure_tiny_model(quiet=True))),  # chat template
-                    "openai": dict(backend="openai", model="fake-qwen3.5")}[args.backend]
-            common = dict(benchmark=str(bench), endpoints=[url], progress=False, **kind)
-            # warm-up: one sample, so the first connection and imports are not timed
-            await run(RunConfig(method="react", out=str(tmp / "warm"), limit=1, **common), [])
-            cfg = RunConfig(method="react", out=str(tmp / "run"), concurrency=args.concurrency,
-                            processes=args.processes, **common)
-            t0, c0 = time.perf_counter(), time.process_time()
-            ch0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            s = await run(cfg, [])
-            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-            ch1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            if args.processes > 1:  # the work is in the worker processes (the server is still running)
-                cpu = (ch1.ru_utime + ch1.ru_stime) - (ch0.ru_utime + ch0.ru_stime)
-        calls = s["llm_calls"]
-        if s["counts"] != {"ok": args.samples}:
-            raise SystemExit(f"benchmark run did not finish cleanly: {s['counts']}")
-        waves = -(-args.samples // args.concurrency)
-        ideal_wall = waves * args.calls * args.latency
-        return {"samples": args.samples, "concurrency": args.concurrency, "latency_s": args.latency,
-                "llm_calls": calls, "wall_s": wall, "rate": calls / wall, "ideal_rate": calls / ideal_wall,
-                "ratio": ideal_wall / wall, "statuses": s["counts"], "cpu_ms_per_call": cpu / calls * 1000,
-                "tokens_per_call": s.get("generated_tokens", 0) / max(calls, 1)}
+        bench = make_benchmark(tmp, samples, seed)
+        with stand_in(latency, bodies, tiny) as url:
+            common = dict(benchmark=str(bench), endpoints=[url], progress=False, backend="sglang", model_dir=tiny)
+            # the tool cache and the first connection are warmed by one sample that is not timed
+            asyncio.run(run(RunConfig(method="react", out=str(tmp / "warm"), limit=1, **common), []))
+            cfg = RunConfig(method="react", out=str(tmp / "run"), concurrency=concurrency, processes=processes,
+                            tool_cache=str(tmp / "warm" / "tools.sqlite"), **common)
+            t0 = time.perf_counter()
+            r0 = resource.getrusage(resource.RUSAGE_SELF)
+            c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            s = asyncio.run(run(cfg, []))
+            wall = time.perf_counter() - t0
+            r1 = resource.getrusage(resource.RUSAGE_SELF)
+            c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) + \
+            ((c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime) if processes > 1 else 0.0)
+        if s["counts"] != {"ok": samples}:
+            raise SystemExit(f"benchmark run did not finish cleanly: {s['counts']} ({s.get('first_error')})")
+        n_calls = s["llm_calls"]
+        ideal = -(-samples // concurrency) * calls * latency
+        return {"samples": samples, "concurrency": concurrency, "processes": processes, "reply_tokens": reply_tokens,
+                "wall_s": wall, "ideal_s": ideal, "ratio": ideal / wall, "calls": n_calls,
+                "cpu_ms_per_call": cpu / n_calls * 1e3, "tokens": s.get("generated_tokens", 0)}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-class _Sample:
-    def __init__(self, i):
-        self.id, self.benchmark, self.category, self.paper_category = f"s{i}", "bench", None, "x"
-        self.question, self.answer, self.image_paths = "q?", "a", []
+# ---------------------------------------------------------------------------- 2. decode
+def decode_cost(reply_tokens: int = 1000, reps: int = 20) -> dict:
+    import gc
+
+    from agent.backends.base import SamplingParams
+    from agent.backends.sglang_native import SGLangBackend
+    from agent.backends.tiny_model import ensure_tiny_model
+    from agent.http import loads
+    from agent.trajectory import token_arrays
+
+    tiny = str(ensure_tiny_model(quiet=True))
+    body = render_bodies(tiny, 2, reply_tokens)[0]
+    b = SGLangBackend("http://127.0.0.1:9", tiny)
+    sp = SamplingParams()
+    prompt = "<|im_start|>assistant\n<think>\n"
+    out = b.parse_generate(loads(body), sp, prompt)  # warm the decode cache
+    gc.freeze()
+    times = []
+    for _ in range(reps):
+        t = time.process_time()
+        out = b.parse_generate(loads(body), sp, prompt)
+        token_arrays(out, 20)
+        times.append(time.process_time() - t)
+    n = len(out.tokens)
+    return {"tokens": n, "bytes": len(body), "us_per_token_median": float(np.median(times)) / n * 1e6,
+            "us_per_token_min": min(times) / n * 1e6}
 
 
-def synthetic_output(rng, n_tokens: int, k: int = 20, vocab: int = 248_000) -> ModelOutput:
-    ids = np.minimum(rng.zipf(1.2, size=(n_tokens, k)), vocab) - 1
-    alpha = rng.choice([0.05, 0.3, 1.0], size=n_tokens)
-    toks = []
-    for i in range(n_tokens):
-        p = np.sort(rng.dirichlet(np.full(200, alpha[i])))[::-1][:k]
-        lp = np.log(np.maximum(p, 1e-30))
-        top = [TopLogprob(int(ids[i, j]), "", float(lp[j])) for j in range(k)]
-        toks.append(TokenLogprob(int(ids[i, 0]), "", float(lp[0]), top, think=i < 0.8 * n_tokens))
-    return ModelOutput(text="", reasoning="", tokens=toks, finish_reason="stop", usage=Usage(100, n_tokens),
-                       semantics=LogprobSemantics("raw"), backend="synthetic", model="synthetic")
+# ---------------------------------------------------------------------------- 3. storage
+def storage(trajectories: int, ids: str) -> dict:
+    from bench_data import RowPool, write_run
 
+    from agent.rundir import load_run
+    from analysis.entropy import grouped_tail_entropy
 
-def bench_storage(args) -> dict:
-    from agent.trajectory import Trajectory
-
-    rng = np.random.default_rng(0)
-    outs = [synthetic_output(rng, int(rng.integers(300, 1500))) for _ in range(args.storage_calls)]
+    pool = RowPool(0, n_rows=1 << 17, ids=ids)
     res = {}
-    for precision in ("float16", "float32"):
+    for precision in ("float32", "float16"):
         tmp = Path(tempfile.mkdtemp(prefix="mmcf-store-"))
         try:
-            rd = RunDir(tmp, precision)
-            rd.write_header({"method": "bench"})
-            n_tok = 0
-            for s in range(args.storage_calls // 10):
-                traj = Trajectory(_Sample(s), 0, "react")
-                for out in outs[s * 10:(s + 1) * 10]:
-                    traj.llm_call([{"role": "user", "content": "q?"}], out, state="react")
-                    n_tok += len(out.tokens)
-                rd.append(traj, traj.to_line("ok", "a"))
-            side = sum(p.stat().st_size for p in (tmp / "tokens").iterdir())
-            total = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
-            res[precision] = {"tokens": n_tok, "sidecar_bytes_per_token": side / n_tok, "run_bytes_per_token": total / n_tok}
+            pool.rng = np.random.default_rng(7)  # the same tokens for both precisions
+            info = write_run(tmp, trajectories, pool, precision=precision, progress=False)
+            r = {"tokens": info["tokens"], "sidecar_B_per_token": info["sidecar_bytes"] / info["tokens"],
+                 "run_B_per_token": sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file()) / info["tokens"]}
             if precision == "float16":
-                from agent.rundir import load_run
-
-                run_ = load_run(tmp)
-                stored = np.concatenate([run_.tokens(ln)["top_logprobs"] for ln in run_.lines]).astype(np.float64)
-                exact = np.concatenate([np.array([[t.logprob for t in tok.top] for tok in o.tokens])
-                                        for o in outs[: (args.storage_calls // 10) * 10]])
-                err = np.abs(grouped_tail_entropy(stored) - grouped_tail_entropy(exact))
-                res[precision]["entropy_abs_err_max"] = float(err.max())
-                res[precision]["entropy_abs_err_mean"] = float(err.mean())
+                run = load_run(tmp)
+                stored = np.concatenate([run.tokens(ln, ["top_logprobs"])["top_logprobs"] for ln in run.index])
+                res["_f16"] = stored
+            else:
+                run = load_run(tmp)
+                res["_f32"] = np.concatenate([run.tokens(ln, ["top_logprobs"])["top_logprobs"] for ln in run.index])
+            res[precision] = r
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+    err = np.abs(grouped_tail_entropy(res.pop("_f16")) - grouped_tail_entropy(res.pop("_f32")))
+    res["float16"]["entropy_abs_err_max"] = float(err.max())
+    res["float16"]["entropy_abs_err_mean"] = float(err.mean())
     return res
 
 
+# ---------------------------------------------------------------------------- main
 def main() -> int:
     from agent.cli import make_parser
 
     ap = make_parser("python scripts/bench_runner.py", __doc__, [
-        "python scripts/bench_runner.py", "python scripts/bench_runner.py --processes 1 --samples 128 --backend openai"])
-    ap.add_argument("--samples", type=int, default=512, help="enough waves that process start-up is amortised")
-    ap.add_argument("--concurrency", type=int, default=64)
-    ap.add_argument("--latency", type=float, default=3.0,
-                    help="seconds per call (3 s for ~165 tokens = 55 tok/s per stream, 3.5k tok/s over 64 streams)")
+        "python scripts/bench_runner.py             # everything (~12 min on 2 cores)",
+        "python scripts/bench_runner.py --quick     # fewer samples per configuration (~4 min)"])
+    ap.add_argument("--samples", type=int, default=512, help="samples at the stated load (8 waves of 64)")
+    ap.add_argument("--concurrency", type=int, default=64, help="samples in flight at the stated load")
+    ap.add_argument("--reply-tokens", type=int, default=165, help="tokens per reply at the stated load")
+    ap.add_argument("--latency", type=float, default=3.0, help="seconds per call (165 tokens in 3 s = 55 tok/s per stream)")
     ap.add_argument("--calls", type=int, default=5, help="LLM calls per sample")
-    ap.add_argument("--storage-calls", type=int, default=200, help="synthetic calls for the storage measurement")
-    ap.add_argument("--processes", type=int, default=2,
-                    help="runner processes (agent.run --processes; the setting recommended for 64 samples in flight)")
-    ap.add_argument("--backend", default="sglang", choices=("sglang", "openai"),
-                    help="sglang = native /generate (SGLangBackend: triples only); openai = /v1/chat/completions "
-                         "(OpenAIBackend, whose replies also carry logprobs.content: ~4x the bytes)")
-    ap.add_argument("--tokenizer", default="bpe", choices=("bpe", "char"),
-                    help="how the stand-in server tokenizes replies: the tiny model's BPE (~50 tokens per reply) "
-                         "or one token per character (~165 tokens: 3x the JSON per call)")
+    ap.add_argument("--quick", action="store_true", help="a quarter of the samples in every configuration")
+    ap.add_argument("--only", help="comma-separated parts: rate, decode, storage (default: all)")
+    ap.add_argument("--seed", type=int, default=0, help="sample ids and token rows")
     ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--server-tokenizer", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.serve:
-        serve(args.serve, args.latency, args.calls, args.server_tokenizer)
+    ap.add_argument("--bodies", help=argparse.SUPPRESS)
+    ap.add_argument("--model-path", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.serve:
+        serve(a.serve, a.latency, a.bodies, a.model_path)
         return 0
-    print(f"machine: {os.cpu_count()} CPUs; python {sys.version.split()[0]}")
-    r = bench_rate(args)
-    r = asyncio.run(r)
-    print(f"\n[call rate] {r['samples']} samples x {args.calls} calls, concurrency {r['concurrency']}, "
-          f"server latency {r['latency_s']:.2f}s, --backend {args.backend}, {args.processes} runner process(es)")
-    print(f"  measured {r['rate']:.1f} calls/s over {r['wall_s']:.2f}s; ideal {r['ideal_rate']:.1f} calls/s")
-    print(f"  ratio measured/ideal = {r['ratio']:.3f}  (target >= 0.90)  statuses={r['statuses']}")
-    print(f"  runner CPU per call: {r['cpu_ms_per_call']:.1f} ms for {r['tokens_per_call']:.0f} tokens with top-20 "
-          f"({r['cpu_ms_per_call'] / max(r['tokens_per_call'], 1) * 1000:.0f} us/token, mostly JSON decoding); with a "
-          f"fixed latency all replies of a wave arrive together and are decoded one after another")
-    s = bench_storage(args)
-    print("\n[storage] synthetic top-20 tokens over a 248k vocabulary")
-    for prec, v in s.items():
-        extra = (f"; grouped-entropy |error| from float16 storage: max {v['entropy_abs_err_max']:.2e}, "
-                 f"mean {v['entropy_abs_err_mean']:.2e} nats") if "entropy_abs_err_max" in v else ""
-        print(f"  {prec}: {v['sidecar_bytes_per_token']:.1f} B/token in the sidecar, "
-              f"{v['run_bytes_per_token']:.1f} B/token for the run dir ({v['tokens']} tokens){extra}")
-    print("  target: <= 100 B per generated token with top-20 kept")
+    parts = set((a.only or "rate,decode,storage").split(","))
+    q = 4 if a.quick else 1
+    print(f"machine: {os.cpu_count()} CPUs; python {sys.version.split()[0]}; the stand-in server runs on the same cores")
+    if "decode" in parts:
+        d = decode_cost()
+        print(f"\n[decode] a {d['tokens']}-token reply with top-20 ({d['bytes'] / 1e3:.0f} KB of JSON) into the record's "
+              f"arrays: {d['us_per_token_median']:.1f} us CPU per token (median of 20; min {d['us_per_token_min']:.1f})"
+              f"  (target <= 20)")
+    if "rate" in parts:
+        configs = [
+            ("stated load, 1 process", dict(samples=a.samples // q, concurrency=a.concurrency, processes=1,
+                                           reply_tokens=a.reply_tokens), 0.90),
+            ("stated load, 2 processes", dict(samples=a.samples // q, concurrency=a.concurrency, processes=2,
+                                             reply_tokens=a.reply_tokens), 0.90),
+            ("256 in flight, 2 processes", dict(samples=4 * 256 // q if q == 1 else 512, concurrency=256, processes=2,
+                                               reply_tokens=a.reply_tokens), 0.90),
+            ("~1,000-token replies, 2 processes", dict(samples=256 // q if q == 1 else 128, concurrency=a.concurrency,
+                                                      processes=2, reply_tokens=1000), None),
+        ]
+        print(f"\n[call rate] {a.calls} calls per sample, server latency {a.latency:g} s, SGLang native wire format, "
+              "random sample ids")
+        for name, kw, target in configs:
+            r = call_rate(calls=a.calls, latency=a.latency, seed=a.seed, **kw)
+            print(f"  {name:34s} {r['samples']:5d} samples x {a.calls} calls, {r['concurrency']:3d} in flight, "
+                  f"{r['reply_tokens']:4d}-token replies: {r['wall_s']:6.1f} s vs ideal {r['ideal_s']:5.0f} s -> "
+                  f"ratio {r['ratio']:.3f}" + (f" (target >= {target:.2f})" if target else " (reported)")
+                  + f"; runner CPU {r['cpu_ms_per_call']:.1f} ms per call "
+                  f"({r['cpu_ms_per_call'] * 1e3 / max(r['tokens'] / r['calls'], 1):.0f} us per generated token)",
+                  flush=True)
+    if "storage" in parts:
+        print("\n[storage] the runner's writer on realistic top-20 rows (scripts/bench_data.py), 10 calls x ~1,000 "
+              "tokens per trajectory")
+        for ids in ("zipf", "uniform"):
+            s = storage(40 // (2 if a.quick else 1), ids)
+            f32, f16 = s["float32"], s["float16"]
+            print(f"  ids {ids:8s}: float32 {f32['sidecar_B_per_token']:.1f} B/token in the sidecar "
+                  f"({f32['run_B_per_token']:.1f} for the whole run dir), float16 {f16['sidecar_B_per_token']:.1f} "
+                  f"({f16['run_B_per_token']:.1f}); float16 moves the grouped entropy by <= "
+                  f"{f16['entropy_abs_err_max']:.1e} nats (mean {f16['entropy_abs_err_mean']:.1e}); "
+                  f"{f32['tokens']:,} tokens", flush=True)
+        print("  target: <= 100 B per generated token with top-20 float32 on realistic (zipf) ids")
     return 0
 
 

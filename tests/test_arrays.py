@@ -1,0 +1,134 @@
+"""The array paths that replaced per-token objects: wire -> TokenArrays, the vectorised KL, chunked entropy,
+the HTTP client pool. Each is checked against a plain reference implementation."""
+from __future__ import annotations
+
+import asyncio
+import math
+
+import numpy as np
+import pytest
+
+from agent.backends.base import TokenArrays, TokenLogprob, TopLogprob, top_id_matrix, top_matrix
+from agent.backends.think import mark_think
+from agent.backends.wire import tokens_from_triples
+from analysis import entropy as E
+
+
+def _triples(rng, n=40, k=5, vocab=500):
+    out, tops = [], []
+    for _ in range(n):
+        lp = np.sort(np.log(rng.dirichlet(np.ones(k + 3))[:k]))[::-1]
+        ids = rng.choice(vocab, k, replace=False)
+        tops.append([[float(a), int(b), None] for a, b in zip(lp, ids)])
+        out.append([float(lp[0]), int(ids[0]), None])
+    return out, tops
+
+
+def test_wire_to_arrays_matches_the_checked_path():
+    rng = np.random.default_rng(0)
+    out, tops = _triples(rng)
+    texts = {i: f"<t{i}>" for i in range(500)}
+    fast = tokens_from_triples(out, tops, decode=texts.__getitem__)
+    assert isinstance(fast, TokenArrays)
+    ragged = [r[:-1] if i == 3 else r for i, r in enumerate(tops)]  # one short list: the checked path
+    slow = tokens_from_triples(out, ragged, decode=texts.__getitem__)
+    assert isinstance(slow, list) and isinstance(slow[0], TokenLogprob)
+    for i in (0, 7, 39):
+        a, b = fast[i], slow[i]
+        assert (a.id, a.text, a.logprob) == (b.id, b.text, b.logprob)
+        assert [t.id for t in a.top] == [t.id for t in b.top] and [t.logprob for t in a.top] == [t.logprob for t in b.top]
+    assert np.array_equal(top_matrix(fast, 5), np.array([[t[0] for t in r] for r in tops]))
+    assert np.array_equal(top_id_matrix(fast, 6)[:, 5], np.full(40, -1))  # padded to k
+    # unsorted, null, NaN: never the fast path (the checked path sorts or names the problem)
+    bad = [list(r) for r in tops]
+    bad[2] = list(reversed(bad[2]))
+    assert isinstance(tokens_from_triples(out, bad), list)
+    assert isinstance(tokens_from_triples(out, [None] + tops[1:]), list)
+
+
+def test_think_marks_agree_on_arrays_and_objects():
+    texts = ["<think>", "\n", "look", " at", "</think>", "\n\n", "<tool_call>", "x"]
+    objs = [TokenLogprob(i, t, -0.1, [TopLogprob(i, t, -0.1)]) for i, t in enumerate(texts)]
+    arr = TokenArrays(range(len(texts)), texts, [-0.1] * len(texts), [[i] for i in range(len(texts))],
+                      [[-0.1]] * len(texts))
+    for starts in (False, True):
+        a = mark_think(arr, starts).think
+        o = [t.think for t in mark_think(objs, starts)]
+        assert a.tolist() == o
+    assert mark_think(arr, False).think.tolist() == [False, True, True, True, False, False, False, False]
+
+
+def _kl_reference(ids_p, lps_p, ids_q, lps_q):
+    def side(ids, lps):
+        return {int(i): math.exp(min(lp, 0.0)) for i, lp in zip(ids, lps) if i >= 0 and np.isfinite(lp)}
+    p, q = side(ids_p, lps_p), side(ids_q, lps_q)
+    union = sorted(set(p) | set(q))
+
+    def dist(d):
+        tail = max(0.0, 1.0 - sum(d.values()))
+        share = tail / (len([u for u in union if u not in d]) + 1)
+        v = np.array([d.get(u, share) for u in union] + [share])
+        return v / v.sum() if v.sum() > 0 else v
+    P, Q = dist(p), dist(q)
+    m = P > 0
+    return float(np.sum(P[m] * (np.log(P[m]) - np.log(np.maximum(Q[m], 1e-300)))))
+
+
+def test_vectorised_kl_equals_the_definition():
+    rng = np.random.default_rng(1)
+    n, k = 400, 20
+    def rows():
+        g = rng.gamma(0.3, size=(n, 40))
+        p = g / g.sum(1, keepdims=True)
+        o = np.argsort(-p, axis=1)[:, :k]
+        return o.astype(np.int64), np.log(np.take_along_axis(p, o, 1))
+    ip, lp = rows()
+    iq, lq = rows()
+    iq[:50], lq[:50] = ip[:50], lp[:50]          # identical rows: 0
+    lp[5, 18:], ip[5, 18:] = np.nan, -1          # padding
+    iq[7] = -1                                    # a side without ids
+    got = E.kl_union_tail_rows(ip, lp, iq, lq)
+    ref = np.array([_kl_reference(ip[i], lp[i], iq[i], lq[i]) for i in range(n)])
+    same = [i for i in range(50) if i not in (5, 7)]
+    assert np.allclose(got, ref, atol=1e-12) and np.allclose(got[same], 0, atol=1e-12)
+    assert E.kl_union_tail(ip[9], lp[9], iq[9], lq[9]) == pytest.approx(ref[9], abs=1e-12)
+
+
+def test_chunked_entropy_across_chunk_boundaries(monkeypatch):
+    rng = np.random.default_rng(2)
+    lp = np.log(rng.dirichlet(np.ones(30), size=1000)[:, :20])
+    lp[::97, 15:] = np.nan
+    lp[5, 3] = -np.inf
+    ref = []
+    for row in lp:  # the definition, one row at a time, float64
+        p = np.exp(row[np.isfinite(row)])
+        rest = max(0.0, 1 - p.sum())
+        ref.append(-(p * np.log(p)).sum() - (rest * math.log(rest) if rest > 0 else 0.0))
+    monkeypatch.setattr(E, "_CHUNK_ROWS", 64)  # many chunks and a ragged last one
+    assert np.allclose(E.grouped_tail_entropy(lp), ref, atol=1e-12)
+    assert np.allclose(E.grouped_tail_entropy(lp.astype(np.float32)), ref, atol=2e-6)
+    assert E.grouped_tail_entropy(lp.reshape(10, 100, 20)).shape == (10, 100)
+
+
+def test_client_pool_spreads_requests(monkeypatch):
+    import httpx
+
+    from agent.http import ClientPool
+
+    seen = []
+
+    async def handler(request):
+        seen.append(request.url.path)
+        await asyncio.sleep(0.01)
+        return httpx.Response(200, json={"ok": True})
+
+    pool = ClientPool({"transport": httpx.MockTransport(handler)})
+
+    async def go():
+        rs = await asyncio.gather(*(pool.post(f"http://x/{i}") for i in range(20)))
+        n = len(pool._clients)
+        await pool.aclose()
+        return rs, n
+    rs, n = asyncio.run(go())
+    assert all(r.json() == {"ok": True} for r in rs) and len(seen) == 20
+    assert n == 3  # 20 in flight, at most 8 per member
