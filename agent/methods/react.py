@@ -53,11 +53,13 @@ async def run_react(ep: Episode, *, remove_from: int | None = None, turns: list 
         k = remove_from if release is None else release.release_step
         msgs = react_messages(ep, turns, step=step, remove_from=k, force=forced)
         out, ev = await ep.llm(msgs, state="react", correction=correction, forced=forced)
+        # the adaptive release probes every step that saw the query images and does not end the episode
+        probe = release is not None and release.images_at(step) and ev.get("n_query_images") and not forced
         try:
             act = parse_action(out.text, ("tool_call", "answer"))
         except ActionError as e:
             ep.reject(ev, e)
-            if release is not None and release.images_at(step) and ev.get("n_query_images") and not forced:
+            if probe:
                 await release.observe(ep, ev, msgs, out)
             turns.append(Turn(out.text, out.reasoning, correction_text(e)))
             correction = True
@@ -69,7 +71,7 @@ async def run_react(ep: Episode, *, remove_from: int | None = None, turns: list 
             return "ok", act.answer
         if forced:
             break
-        if release is not None and release.images_at(step) and ev.get("n_query_images"):
+        if probe:
             await release.observe(ep, ev, msgs, out)
         res = await ep.tool(ev, act.name, act.args)
         turns.append(Turn(out.text, out.reasoning, ep.observation(res)))
