@@ -151,10 +151,17 @@ def load_image(ref: str | os.PathLike, *, base_dir: str | os.PathLike | None = N
     if st.st_size > cap:
         raise ImageError(f"{path}: {st.st_size / 2**20:.1f} MB, over the image size limit of {cap / 2**20:g} MB "
                          "(MMCF_MAX_IMAGE_MB / --max-image-mb)")
+    fast = (str(path), st.st_size, st.st_mtime_ns, st.st_ino)  # the same file as last time: no path resolution
+    with _lock:
+        hit = _by_key.get(fast)
+    if hit is not None:
+        return hit
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
     with _lock:
         hit = _by_key.get(key)
     if hit is not None:
+        with _lock:
+            _by_key[fast] = hit
         return hit
     try:
         with open(path, "rb") as f:
@@ -167,6 +174,7 @@ def load_image(ref: str | os.PathLike, *, base_dir: str | os.PathLike | None = N
     img = ImageData(hashlib.sha256(data).hexdigest(), data, mime, str(path), w, h)
     with _lock:
         _by_key[key] = img
+        _by_key[fast] = img
     return img
 
 
