@@ -59,7 +59,8 @@ DEMO_BANNER = """\
 
 
 def _think_mean(values: np.ndarray, think: np.ndarray) -> float:
-    return float(values[think].mean()) if think.any() else float("nan")
+    v = values[think]
+    return float(np.add.reduce(v, dtype=np.float64)) / len(v) if len(v) else float("nan")
 
 
 def _write_token_influence(d: Path, line: dict, step: int, tok: dict) -> None:
@@ -94,15 +95,15 @@ def _sampling_of(ev: dict) -> SamplingParams:
 def _call_slices(call: np.ndarray) -> dict:
     """{call index: slice of its rows} (a sidecar's rows are grouped by call, in order)."""
     if len(call) and np.all(call[1:] >= call[:-1]):
-        u, start = np.unique(call, return_index=True)
+        start = np.r_[0, np.flatnonzero(call[1:] != call[:-1]) + 1]
         ends = np.r_[start[1:], len(call)]
-        return {int(c): slice(int(a), int(b)) for c, a, b in zip(u, start, ends)}
+        return {int(call[a]): slice(int(a), int(b)) for a, b in zip(start.tolist(), ends.tolist())}
     return {int(c): np.flatnonzero(call == c) for c in np.unique(call)}
 
 
 async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: str, H_all=None, slices=None) -> dict:
     sel = (slices or _call_slices(tok["call"])).get(ev["index"], slice(0, 0))
-    think = tok["think"][sel].astype(bool)
+    think = np.asarray(tok["think"][sel], dtype=bool)
     row = {"sample_id": line["sample_id"], "trial": line["trial"], "benchmark": line["benchmark"],
            "paper_category": line.get("paper_category"), "category": line.get("category"), "step": ev["index"],
            "state": ev["state"], "n_images": ev["n_images"], "n_query_images": ev.get("n_query_images", 0),
@@ -113,8 +114,8 @@ async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: 
     if mode == "regenerate":
         H = H_all[sel] if H_all is not None else grouped_tail_entropy(tok["top_logprobs"][sel])
         row["H_with"] = _think_mean(H, think)
-        ex = tok["exact_entropy"][sel]
-        row["H_exact_with"] = _think_mean(ex.astype(np.float64), think) if np.isfinite(ex[think]).all() else float("nan")
+        ex = tok["exact_entropy"][sel][think]  # NaN where the backend had no full distribution (a server)
+        row["H_exact_with"] = float(np.mean(ex, dtype=np.float64)) if len(ex) and np.isfinite(ex).all() else float("nan")
         sp = _sampling_of(ev)
         out = await backend.generate(without, sp)
         if ev.get("semantics") and out.semantics.label() != ev["semantics"]:
@@ -123,7 +124,9 @@ async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: 
         th2 = out.think_mask()
         row["n_think_without"] = int(th2.sum())
         # float32, as the recorded side is stored: both sides of ΔH go through the same arithmetic
-        row["H_without"] = _think_mean(grouped_tail_entropy(top_matrix(out.tokens, 20, np.float32)), th2)
+        # (computed in float32 straight from the reply's arrays: no converted copy)
+        top = top_matrix(out.tokens, 20, getattr(getattr(out.tokens, "top_logprobs", None), "dtype", np.float64), copy=False)
+        row["H_without"] = _think_mean(grouped_tail_entropy(top, compute=np.float32), th2)
         if out.exact_entropy is not None:
             row["H_exact_without"] = _think_mean(np.asarray(out.exact_entropy, dtype=np.float64), th2)
         row["regenerated_text"] = out.text[:2000]

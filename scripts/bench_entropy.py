@@ -9,7 +9,10 @@ prints wall time, CPU time and peak RSS of each:
 
 - ``read`` (the baseline): what the probe has to read, read and nothing else — ``load_run`` (the index),
   every selected line parsed, and the sidecar columns the probe reads (call, think, top_logprobs,
-  exact_entropy) decoded by pyarrow into numpy and summed;
+  exact_entropy) decoded into numpy by the toolkit's reader (``agent.sidecar.decode``: pyarrow, then the
+  format's bit-delta decode into the float32 logprobs — the values the probe computes with);
+- ``read-raw``: the same without the format's decode (pyarrow's read of the same columns alone), printed too,
+  so what the storage format costs to read is visible;
 - ``probe``: ``probes.entropy.probe_run(RUN, mode="regenerate")`` — the user's path (``python -m
   probes.entropy``) with the model server replaced by a stand-in whose replies are prepared before the clock
   starts (64 realistic outputs of ~1,000 tokens, cycled): it measures everything the toolkit does per step
@@ -19,7 +22,7 @@ prints wall time, CPU time and peak RSS of each:
 - ``grounding``: ``probes.grounding`` with a stand-in annotator (replies prepared in advance).
 
 The ratio probe / read is printed for wall and CPU time (target: CPU <= 1.5), and every phase's peak
-(target: < 1 GB). The read phase runs twice (the first also warms the page cache) and the better one counts.
+(target: < 1 GB). The first read phase runs twice (the first run also warms the page cache) and the better one counts.
 """
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
 PAPER_TRAJECTORIES = 5087
-PHASES = ("read", "probe", "load", "load-cold", "report", "grounding")
+PHASES = ("read", "read-raw", "probe", "load", "load-cold", "report", "grounding")
 
 
 class StandInModel:
@@ -115,20 +118,25 @@ def phase(kind: str, root: str) -> dict:
         shutil.rmtree(root_p / "probes" / "grounding", ignore_errors=True)
     cpu0, _ = _usage()
     t0 = time.perf_counter()
-    if kind == "read":
+    if kind in ("read", "read-raw"):
         import pyarrow.parquet as pq
 
         from agent.rundir import load_run
+        from agent.sidecar import decode
 
         run = load_run(root)
-        acc, n, nbytes = 0.0, 0, 0
+        acc, n = 0.0, 0
+        cols = ["call", "think", "top_logprobs", "exact_entropy"]
         for line in run.lines:  # every line parsed (the probe needs its events and messages)
-            nbytes += len(line.get("events") or [])
-            t = pq.ParquetFile(run.path / line["tokens_file"]).read(
-                columns=["call", "think", "top_logprobs", "exact_entropy"], use_threads=False)
-            top = t.column("top_logprobs").combine_chunks().flatten().to_numpy(zero_copy_only=False)
-            acc += float(top.sum(dtype=np.float64)) + float(t.column("think").to_numpy(zero_copy_only=False).sum())
-            n += len(t)
+            if kind == "read":  # the toolkit's reader: the same bytes, into the same float32 values the probe gets
+                a = decode(run.path / line["tokens_file"], cols)
+                top, think = a["top_logprobs"], a["think"]
+            else:  # pyarrow alone: the stored columns, without the format's decode (the bit deltas stay deltas)
+                t = pq.ParquetFile(run.path / line["tokens_file"]).read(columns=cols, use_threads=False)
+                top = t.column("top_logprobs").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+                think = t.column("think").to_numpy(zero_copy_only=False)
+            acc += float(top[:1].sum()) + float(think.sum())  # a token count and a checksum, no extra pass
+            n += len(think)
         out = {"tokens": n, "checksum": acc}
     elif kind == "probe":
         from probes.entropy import probe_run
@@ -206,8 +214,8 @@ def main() -> int:
                   f"written in {time.perf_counter() - t0:.0f} s")
         res: dict = {}
         order = [p for p in a.phases.split(",") if p]
-        if "read" in order:  # twice: the first also warms the page cache
-            order = ["read", *order]
+        if "read" in order or "read-raw" in order:  # the first read also warms the page cache: run it twice
+            order = [next(p for p in order if p.startswith("read")), *order]
         for kind in order:
             r = subprocess.run([sys.executable, __file__, "--phase", kind, "--root", str(root)], capture_output=True,
                                text=True)
@@ -225,6 +233,11 @@ def main() -> int:
             print(f"\nprobe / read: wall {pr['wall_s'] / rd['wall_s']:.2f}x, CPU {pr['cpu_s'] / rd['cpu_s']:.2f}x "
                   f"(target: CPU <= 1.5); {rd['tokens']:,} tokens read, {pr['steps']:,} steps probed "
                   f"({pr['cpu_s'] / max(rd['tokens'], 1) * 1e6:.2f} us CPU per stored token)")
+            if "read-raw" in res:
+                rr = res["read-raw"]
+                print(f"probe / read-raw (pyarrow alone, no format decode): wall {pr['wall_s'] / rr['wall_s']:.2f}x, "
+                      f"CPU {pr['cpu_s'] / rr['cpu_s']:.2f}x; the decode is {rd['cpu_s'] - rr['cpu_s']:.1f} s of the read's "
+                      f"{rd['cpu_s']:.1f} s CPU")
         peaks = {k: v["peak_rss_gb"] for k, v in res.items()}
         print("peak RSS per phase: " + ", ".join(f"{k} {v:.2f} GB" for k, v in peaks.items()) + "  (target: < 1 GB)")
     finally:

@@ -110,6 +110,31 @@ def test_chunked_entropy_across_chunk_boundaries(monkeypatch):
     assert E.grouped_tail_entropy(lp.reshape(10, 100, 20)).shape == (10, 100)
 
 
+def test_float32_arithmetic_on_float64_input_equals_converting_first(monkeypatch):
+    """The probe computes the regenerated side in float32 straight from the reply's float64 arrays: the result
+    must be exactly what the recorded side (stored as float32) would give, bit for bit."""
+    rng = np.random.default_rng(4)
+    lp = np.log(rng.dirichlet(np.full(40, 0.2), size=3000)[:, :20])
+    lp[::101, 12:] = np.nan
+    lp[7, 0] = 1e-9  # a logprob above 0 by rounding
+    monkeypatch.setattr(E, "_CHUNK_ROWS", 256)
+    a = E.grouped_tail_entropy(lp, compute=np.float32)
+    b = E.grouped_tail_entropy(lp.astype(np.float32))
+    assert np.array_equal(a, b)
+    assert top_matrix(TokenArrays.from_tokens([], 20), 20, copy=False).shape == (0, 20)
+
+
+def test_call_slices_match_the_definition():
+    from probes.entropy import _call_slices
+
+    for call in (np.repeat([1, 2, 3, 5], [4, 1, 7, 2]).astype(np.int16), np.array([2, 2, 1, 1, 2], np.int16),
+                 np.zeros(0, np.int16)):
+        got = _call_slices(call)
+        assert sorted(got) == sorted(set(call.tolist()))
+        for c, sel in got.items():
+            assert np.array_equal(np.flatnonzero(call == c), np.arange(len(call))[sel])
+
+
 def test_client_pool_spreads_requests(monkeypatch):
     import httpx
 

@@ -57,6 +57,13 @@ def test_format2_round_trip_is_exact(tmp_path, seed):
         sidecar.decode(p, ["release_kl"])
 
 
+def test_undelta_is_the_wrapping_running_sum():
+    rng = np.random.default_rng(5)
+    d = rng.integers(-(2**31), 2**31, size=(257, 20), dtype=np.int64).astype(np.int32)
+    assert np.array_equal(sidecar._undelta(d), np.cumsum(d, axis=1, dtype=np.int32))
+    assert sidecar._undelta(np.zeros((0, 20), np.int32)).shape == (0, 20)
+
+
 def test_ids_without_a_top_list_and_float16(tmp_path):
     rng = np.random.default_rng(3)
     tok = _tokens(rng, calls=(1,))

@@ -331,20 +331,21 @@ class ScoredTokens:
         return top_matrix(self.tokens, k or self.top_k_requested)
 
 
-def _fit(a: np.ndarray, k: int, fill, dtype) -> np.ndarray:
-    """``a`` (n, m) cut or padded to (n, k)."""
+def _fit(a: np.ndarray, k: int, fill, dtype, copy: bool = True) -> np.ndarray:
+    """``a`` (n, m) cut or padded to (n, k) (``copy=False``: ``a`` itself when it already is)."""
     if a.shape[1] == k:
-        return a.astype(dtype, copy=True)
+        return a.astype(dtype, copy=copy)
     out = np.full((a.shape[0], k), fill, dtype=dtype)
     w = min(k, a.shape[1])
     out[:, :w] = a[:, :w]
     return out
 
 
-def top_matrix(tokens: list[TokenLogprob], k: int, dtype=np.float64) -> np.ndarray:
-    """(n, k) top logprobs, NaN-padded where fewer than k came back."""
+def top_matrix(tokens: list[TokenLogprob], k: int, dtype=np.float64, copy: bool = True) -> np.ndarray:
+    """(n, k) top logprobs, NaN-padded where fewer than k came back (``copy=False``: read-only use, the
+    arrays' own matrix when it already has that shape and dtype)."""
     if isinstance(tokens, TokenArrays):
-        return _fit(tokens.top_logprobs, k, np.nan, dtype)
+        return _fit(tokens.top_logprobs, k, np.nan, dtype, copy)
     if tokens and all(isinstance(t.top, TopList) and len(t.top.logprobs) == k for t in tokens):
         return np.array([t.top.logprobs for t in tokens], dtype=dtype)
     out = np.full((len(tokens), k), np.nan, dtype=dtype)
