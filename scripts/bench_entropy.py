@@ -13,6 +13,9 @@ prints wall time, CPU time and peak RSS of each:
   format's bit-delta decode into the float32 logprobs — the values the probe computes with);
 - ``read-raw``: the same without the format's decode (pyarrow's read of the same columns alone), printed too,
   so what the storage format costs to read is visible;
+- ``floor``: ``read`` plus the arithmetic no probe can skip — the grouped entropy of every recorded token and
+  of one regenerated reply per step (the probe's stand-in replies): what the probe would cost with no
+  bookkeeping, messages, outputs, statistics or figure at all;
 - ``probe``: ``probes.entropy.probe_run(RUN, mode="regenerate")`` — the user's path (``python -m
   probes.entropy``) with the model server replaced by a stand-in whose replies are prepared before the clock
   starts (64 realistic outputs of ~1,000 tokens, cycled): it measures everything the toolkit does per step
@@ -22,7 +25,8 @@ prints wall time, CPU time and peak RSS of each:
 - ``grounding``: ``probes.grounding`` with a stand-in annotator (replies prepared in advance).
 
 The ratio probe / read is printed for wall and CPU time (target: CPU <= 1.5), and every phase's peak
-(target: < 1 GB). The first read phase runs twice (the first run also warms the page cache) and the better one counts.
+(target: < 1 GB). read, read-raw, floor and probe run in --rounds interleaved rounds (default 2; the
+first also warms the page cache) and the best of each counts.
 """
 from __future__ import annotations
 
@@ -43,7 +47,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
 PAPER_TRAJECTORIES = 5087
-PHASES = ("read", "read-raw", "probe", "load", "load-cold", "report", "grounding")
+PHASES = ("read", "read-raw", "floor", "probe", "load", "load-cold", "report", "grounding")
 
 
 class StandInModel:
@@ -106,7 +110,7 @@ def phase(kind: str, root: str) -> dict:
 
     root_p = Path(root)
     prep = {}
-    if kind == "probe":
+    if kind in ("probe", "floor"):
         from bench_data import RowPool, output
 
         pool = RowPool(1, n_rows=1 << 14)
@@ -118,7 +122,26 @@ def phase(kind: str, root: str) -> dict:
         shutil.rmtree(root_p / "probes" / "grounding", ignore_errors=True)
     cpu0, _ = _usage()
     t0 = time.perf_counter()
-    if kind in ("read", "read-raw"):
+    if kind == "floor":
+        from agent.backends.base import top_matrix
+        from agent.rundir import load_run
+        from agent.sidecar import decode
+        from analysis.entropy import grouped_tail_entropy
+
+        run = load_run(root)
+        acc, n, i = 0.0, 0, 0
+        outs = prep["outputs"]
+        for line in run.lines:
+            a = decode(run.path / line["tokens_file"], ["call", "think", "top_logprobs", "exact_entropy"])
+            acc += float(grouped_tail_entropy(a["top_logprobs"])[a["think"]].sum())
+            for _ in range(len(line.get("calls") or [])):  # one regenerated reply per step, as the probe gets
+                i += 1
+                o = outs[i % len(outs)]
+                top = top_matrix(o.tokens, 20, o.tokens.top_logprobs.dtype, copy=False)
+                acc += float(grouped_tail_entropy(top, compute=np.float32)[o.think_mask()].sum())
+            n += len(a["think"])
+        out = {"tokens": n, "checksum": acc}
+    elif kind in ("read", "read-raw"):
         import pyarrow.parquet as pq
 
         from agent.rundir import load_run
@@ -191,6 +214,8 @@ def main() -> int:
     ap.add_argument("--keep", help="write the synthetic run here and keep it (default: a temp dir, removed)")
     ap.add_argument("--reuse", help="measure an existing synthetic run (from --keep) instead of writing one")
     ap.add_argument("--phases", default=",".join(PHASES), help="which phases, comma-separated")
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of read, read-raw, floor and probe "
+                    "(the best of each counts)")
     ap.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)
     ap.add_argument("--root", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -214,8 +239,11 @@ def main() -> int:
                   f"written in {time.perf_counter() - t0:.0f} s")
         res: dict = {}
         order = [p for p in a.phases.split(",") if p]
-        if "read" in order or "read-raw" in order:  # the first read also warms the page cache: run it twice
-            order = [next(p for p in order if p.startswith("read")), *order]
+        # the phases compared with each other run in --rounds interleaved rounds and the best of each counts
+        # (this machine's speed drifts by 20-30 % over minutes; interleaving keeps the ratios honest); the
+        # first round also warms the page cache
+        paired = [p for p in order if p in ("read", "read-raw", "floor", "probe")]
+        order = paired * max(1, a.rounds) + [p for p in order if p not in paired]
         for kind in order:
             r = subprocess.run([sys.executable, __file__, "--phase", kind, "--root", str(root)], capture_output=True,
                                text=True)
@@ -233,6 +261,11 @@ def main() -> int:
             print(f"\nprobe / read: wall {pr['wall_s'] / rd['wall_s']:.2f}x, CPU {pr['cpu_s'] / rd['cpu_s']:.2f}x "
                   f"(target: CPU <= 1.5); {rd['tokens']:,} tokens read, {pr['steps']:,} steps probed "
                   f"({pr['cpu_s'] / max(rd['tokens'], 1) * 1e6:.2f} us CPU per stored token)")
+            if "floor" in res:
+                fl = res["floor"]
+                print(f"probe / floor (read + both sides' grouped entropy, nothing else): CPU {pr['cpu_s'] / fl['cpu_s']:.2f}x; "
+                      f"the entropy arithmetic alone is {fl['cpu_s'] - rd['cpu_s']:.1f} s, the probe's own work beyond "
+                      f"it {pr['cpu_s'] - fl['cpu_s']:.1f} s")
             if "read-raw" in res:
                 rr = res["read-raw"]
                 print(f"probe / read-raw (pyarrow alone, no format decode): wall {pr['wall_s'] / rr['wall_s']:.2f}x, "

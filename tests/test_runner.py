@@ -348,3 +348,30 @@ def test_header_records_whether_the_server_is_deterministic(tmp_path, capsys, de
     assert h["model"]["deterministic"] is deterministic
     warned = "--seed has no effect" in capsys.readouterr().err
     assert warned is (not deterministic)
+
+
+def test_worker_processes_load_the_parents_tokenizer_class_without_torch(tiny_model_dir, tmp_path):
+    """A --processes worker gets the class AutoTokenizer chose in the parent and its fingerprint: it loads the
+    same tokenizer without importing torch, and falls back to AutoTokenizer when the fingerprint differs."""
+    from agent.backends import local as L
+
+    parent = L.load_chat_renderer(tiny_model_dir)
+    hints = L.renderer_hints()
+    key = str(tiny_model_dir)
+    assert hints[key]["class"].endswith(":" + type(parent).__qualname__)
+    code = ("import json, sys\nfrom agent.backends import local as L\nL.set_renderer_hints(json.loads(sys.argv[1]))\n"
+            "tok = L.load_chat_renderer(sys.argv[2])\n"
+            "print(json.dumps({'torch': 'torch' in sys.modules, 'fp': L._fingerprint(tok), 'cls': type(tok).__name__}))")
+    bad = {key: dict(hints[key], fingerprint="0" * 64)}
+    got = {}
+    for name, h in (("hinted", hints), ("mismatch", bad)):
+        r = subprocess.run([sys.executable, "-c", code, json.dumps(h), key], capture_output=True, text=True, cwd=REPO,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        got[name] = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["hinted"] == {"torch": False, "fp": hints[key]["fingerprint"], "cls": type(parent).__name__}
+    # a differing fingerprint: the ordinary AutoTokenizer load (which imports torch here), same tokenizer
+    import importlib.util
+
+    assert got["mismatch"]["fp"] == hints[key]["fingerprint"]
+    assert got["mismatch"]["torch"] is (importlib.util.find_spec("torch") is not None)

@@ -37,11 +37,65 @@ def _import_torch():
     return torch
 
 
+#: What a parent process learnt about each model directory's tokenizer: the class ``AutoTokenizer`` chose and a
+#: fingerprint of what it renders. A ``--processes`` worker gets these, imports that class directly and checks the
+#: fingerprint: ``AutoTokenizer`` itself imports torch through transformers' configuration code (~2 s of a
+#: worker's start on these CPUs; ours, measured with scripts/bench_runner.py), the class alone does not.
+_RENDERER_HINTS: dict[str, dict] = {}
+
+
+def renderer_hints() -> dict[str, dict]:
+    """The hints of this process (see ``_RENDERER_HINTS``), to hand to a worker process."""
+    return {k: dict(v) for k, v in _RENDERER_HINTS.items()}
+
+
+def set_renderer_hints(hints: dict[str, dict] | None) -> None:
+    _RENDERER_HINTS.update(hints or {})
+
+
+def _fingerprint(tok) -> str:
+    """What the tokenizer does with a fixed conversation: its class, vocabulary size, chat template, a rendered
+    prompt (thinking on and off) and the ids of that prompt."""
+    import hashlib
+
+    conv = [{"role": "system", "content": "s"}, {"role": "user", "content": "What is shown? <image_1>"},
+            {"role": "assistant", "content": "a", "reasoning_content": "r"}, {"role": "user", "content": "ok"}]
+    h = hashlib.sha256(f"{type(tok).__module__}:{type(tok).__qualname__}:{len(tok)}".encode())
+    h.update(str(getattr(tok, "chat_template", "")).encode())
+    for kw in ({}, {"enable_thinking": False}):
+        try:
+            text = tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=True, **kw)
+        except Exception as e:  # noqa: BLE001 - a template that refuses this conversation: that is its fingerprint
+            text = f"<{type(e).__name__}>"
+        h.update(str(text).encode())
+        h.update(repr(tok(str(text), add_special_tokens=False)["input_ids"]).encode())
+    return h.hexdigest()
+
+
+def _from_hint(path, hint: dict):
+    """The tokenizer loaded with the class a parent process found, or None when that fails or differs."""
+    import importlib
+
+    try:
+        mod, _, name = str(hint["class"]).partition(":")
+        cls = getattr(importlib.import_module(mod), name)
+        tok = cls.from_pretrained(path, _from_auto=True)  # what AutoTokenizer passes on
+        if not getattr(tok, "chat_template", None) and (path / "chat_template.jinja").exists():
+            tok.chat_template = (path / "chat_template.jinja").read_text()
+        return tok if _fingerprint(tok) == hint["fingerprint"] else None
+    except Exception:  # noqa: BLE001 - anything at all: load it the ordinary way
+        return None
+
+
 def load_chat_renderer(model_dir: str | os.PathLike):
     """The tokenizer of a model directory with its chat template loaded (no torch needed)."""
     from .hub import resolve_model_dir
 
     path = resolve_model_dir(model_dir)
+    hint = _RENDERER_HINTS.get(str(path))
+    tok = _from_hint(path, hint) if hint else None
+    if tok is not None:
+        return tok
     try:
         from transformers import AutoTokenizer
     except ImportError as e:
@@ -56,6 +110,9 @@ def load_chat_renderer(model_dir: str | os.PathLike):
             tok.chat_template = jinja.read_text()
         else:
             raise BackendError(f"{path}: no chat template (chat_template.jinja or tokenizer_config.json)")
+    if str(path) not in _RENDERER_HINTS:
+        _RENDERER_HINTS[str(path)] = {"class": f"{type(tok).__module__}:{type(tok).__qualname__}",
+                                      "fingerprint": _fingerprint(tok)}
     return tok
 
 
