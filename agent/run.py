@@ -483,7 +483,8 @@ async def _run_processes(cfg: RunConfig, rd: RunDir, job_keys: list, skipped: in
     summaries, interrupted = [], False
     try:
         while len(summaries) < len(procs):
-            await asyncio.sleep(0.5)
+            # 0.1 s: the run's end is seen within 0.1 s of the last worker's (0.5 s cost ~0.4 s per run; ours)
+            await asyncio.sleep(0.1)
             if rd.results.exists():
                 with open(rd.results, "rb") as f:
                     f.seek(offset)

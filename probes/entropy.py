@@ -40,7 +40,7 @@ import numpy as np
 from agent.backends.base import BackendError, Continuation, SamplingParams, top_matrix
 from agent.backends.messages import strip_images
 from agent.http import dumps
-from agent.rundir import Run, RunError, load_run
+from agent.rundir import Run, RunError, collector_off_the_heap, load_run
 from analysis.entropy import grouped_tail_entropy, token_influence
 from analysis.selection import select_trajectories
 from analysis.stats import summarise_by
@@ -251,7 +251,9 @@ async def probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir=
                     f.write(b"".join(rows))
 
     try:
-        await asyncio.gather(*(trajectory(line, steps) for line, steps in pending))
+        work = [trajectory(line, steps) for line, steps in pending]
+        with collector_off_the_heap():  # the index and the pending work are not garbage
+            await asyncio.gather(*work)
     finally:
         bar.close()
     (out / "probe.json").write_text(json.dumps({"run_dir": str(run.path), "mode": mode, "finished": time.time(),

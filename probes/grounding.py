@@ -29,7 +29,7 @@ from pathlib import Path
 from agent.backends.base import BackendError, SamplingParams
 from agent.judge import judge_key_env
 from agent.prompts import GROUNDING_PASS1, GROUNDING_PASS2, fill
-from agent.rundir import RunError, load_run
+from agent.rundir import RunError, collector_off_the_heap, load_run
 from analysis.selection import select_trajectories
 from probes.cli import run_async
 
@@ -225,7 +225,9 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
         bar.update(1)
 
     try:
-        await asyncio.gather(*(one(ln) for ln in pending))
+        work = [one(ln) for ln in pending]
+        with collector_off_the_heap():  # the index and the pending work are not garbage
+            await asyncio.gather(*work)
     finally:
         bar.close()
     keep = {(ln["sample_id"], ln["trial"]) for ln in lines}

@@ -40,7 +40,7 @@ from agent.methods import HARNESS_ERRORS, Budgets, Episode, MethodSpec
 from agent.methods.common import WEBWATCHER_OBSERVATION_IMAGES, Turn, tool_reply
 from agent.methods.react import react_messages, run_react
 from agent.prompts import CORRECTION, fill
-from agent.rundir import Run, RunDir, RunError, load_run
+from agent.rundir import Run, RunDir, RunError, collector_off_the_heap, load_run
 from agent.tools import make_toolbox
 from agent.trajectory import Trajectory
 from analysis.stats import removal_summary
@@ -221,7 +221,9 @@ async def removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, o
                 bar.update(1)
 
     try:
-        await asyncio.gather(*(trajectory_group(ln) for ln in lines))
+        work = [trajectory_group(ln) for ln in lines]
+        with collector_off_the_heap():  # the index and the pending work are not garbage
+            await asyncio.gather(*work)
     finally:
         bar.close()
         await toolbox.aclose()

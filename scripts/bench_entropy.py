@@ -122,6 +122,8 @@ def phase(kind: str, root: str) -> dict:
         shutil.rmtree(root_p / "probes" / "grounding", ignore_errors=True)
     cpu0, _ = _usage()
     t0 = time.perf_counter()
+    from agent.rundir import collector_off_the_heap as quiet  # the baselines get the probes' treatment of the collector
+
     if kind == "floor":
         from agent.backends.base import top_matrix
         from agent.rundir import load_run
@@ -131,15 +133,16 @@ def phase(kind: str, root: str) -> dict:
         run = load_run(root)
         acc, n, i = 0.0, 0, 0
         outs = prep["outputs"]
-        for line in run.lines:
-            a = decode(run.path / line["tokens_file"], ["call", "think", "top_logprobs", "exact_entropy"])
-            acc += float(grouped_tail_entropy(a["top_logprobs"])[a["think"]].sum())
-            for _ in range(len(line.get("calls") or [])):  # one regenerated reply per step, as the probe gets
-                i += 1
-                o = outs[i % len(outs)]
-                top = top_matrix(o.tokens, 20, o.tokens.top_logprobs.dtype, copy=False)
-                acc += float(grouped_tail_entropy(top, compute=np.float32)[o.think_mask()].sum())
-            n += len(a["think"])
+        with quiet():
+            for line in run.lines:
+                a = decode(run.path / line["tokens_file"], ["call", "think", "top_logprobs", "exact_entropy"])
+                acc += float(grouped_tail_entropy(a["top_logprobs"])[a["think"]].sum())
+                for _ in range(len(line.get("calls") or [])):  # one regenerated reply per step, as the probe gets
+                    i += 1
+                    o = outs[i % len(outs)]
+                    top = top_matrix(o.tokens, 20, o.tokens.top_logprobs.dtype, copy=False)
+                    acc += float(grouped_tail_entropy(top, compute=np.float32)[o.think_mask()].sum())
+                n += len(a["think"])
         out = {"tokens": n, "checksum": acc}
     elif kind in ("read", "read-raw"):
         import pyarrow.parquet as pq
@@ -150,16 +153,17 @@ def phase(kind: str, root: str) -> dict:
         run = load_run(root)
         acc, n = 0.0, 0
         cols = ["call", "think", "top_logprobs", "exact_entropy"]
-        for line in run.lines:  # every line parsed (the probe needs its events and messages)
-            if kind == "read":  # the toolkit's reader: the same bytes, into the same float32 values the probe gets
-                a = decode(run.path / line["tokens_file"], cols)
-                top, think = a["top_logprobs"], a["think"]
-            else:  # pyarrow alone: the stored columns, without the format's decode (the bit deltas stay deltas)
-                t = pq.ParquetFile(run.path / line["tokens_file"]).read(columns=cols, use_threads=False)
-                top = t.column("top_logprobs").combine_chunks().flatten().to_numpy(zero_copy_only=False)
-                think = t.column("think").to_numpy(zero_copy_only=False)
-            acc += float(top[:1].sum()) + float(think.sum())  # a token count and a checksum, no extra pass
-            n += len(think)
+        with quiet():
+            for line in run.lines:  # every line parsed (the probe needs its events and messages)
+                if kind == "read":  # the toolkit's reader: the same bytes, into the same float32 values the probe gets
+                    a = decode(run.path / line["tokens_file"], cols)
+                    top, think = a["top_logprobs"], a["think"]
+                else:  # pyarrow alone: the stored columns, without the format's decode (the bit deltas stay deltas)
+                    t = pq.ParquetFile(run.path / line["tokens_file"]).read(columns=cols, use_threads=False)
+                    top = t.column("top_logprobs").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+                    think = t.column("think").to_numpy(zero_copy_only=False)
+                acc += float(top[:1].sum()) + float(think.sum())  # a token count and a checksum, no extra pass
+                n += len(think)
         out = {"tokens": n, "checksum": acc}
     elif kind == "probe":
         from probes.entropy import probe_run

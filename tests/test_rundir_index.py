@@ -84,3 +84,44 @@ def test_latest_line_per_unit_wins(run_dir):
         f.write(json.dumps(redo) + "\n")
     latest = RunDir(run_dir).latest()
     assert latest[(redo["sample_id"], redo["trial"])]["status"] == "no_answer" and len(latest) == 6
+
+
+def test_collector_is_kept_off_the_heap_only_inside_the_block():
+    import gc
+
+    from agent.rundir import collector_off_the_heap
+
+    keep = [{"i": i} for i in range(1000)]
+    if gc.get_freeze_count():  # this test is about a process that has not frozen its heap
+        gc.unfreeze()
+    before = gc.get_freeze_count()
+    with collector_off_the_heap():
+        frozen = gc.get_freeze_count()
+        assert frozen >= before + len(keep)  # what was alive is skipped by the collector
+        with collector_off_the_heap():  # nested: still frozen, and not unfrozen by the inner exit
+            pass
+        assert gc.get_freeze_count() == frozen
+    assert gc.get_freeze_count() == before  # back in the collector's generations afterwards
+    try:
+        with collector_off_the_heap():
+            raise KeyError("x")
+    except KeyError:
+        pass
+    assert gc.get_freeze_count() == before and len(keep) == 1000
+
+
+def test_a_process_that_froze_its_heap_for_good_stays_frozen():
+    import gc
+
+    from agent.rundir import collector_off_the_heap
+
+    if gc.get_freeze_count():
+        gc.unfreeze()
+    gc.freeze()
+    try:
+        n = gc.get_freeze_count()
+        with collector_off_the_heap():
+            pass
+        assert gc.get_freeze_count() >= n > 0
+    finally:
+        gc.unfreeze()
