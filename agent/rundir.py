@@ -551,6 +551,17 @@ class Run:
         return d.get(sha256)
 
 
+def close_fragment(path) -> None:
+    """End an append-only JSONL file that an interrupted append left without its final newline, so the next
+    append starts a line of its own (the fragment stays, unparseable, and is skipped by readers)."""
+    try:
+        with open(path, "rb+") as f:
+            if f.seek(0, 2) and (f.seek(-1, 2), f.read(1))[1] != b"\n":
+                f.write(b"\n")
+    except FileNotFoundError:
+        pass
+
+
 _FROZEN = {"depth": 0}
 
 

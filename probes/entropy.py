@@ -39,8 +39,8 @@ import numpy as np
 
 from agent.backends.base import BackendError, Continuation, SamplingParams, top_matrix
 from agent.backends.messages import strip_images
-from agent.http import dumps
-from agent.rundir import Run, RunError, collector_off_the_heap, load_run
+from agent.http import dumps, loads
+from agent.rundir import Run, RunError, close_fragment, collector_off_the_heap, load_run
 from analysis.entropy import grouped_tail_entropy, token_influence
 from analysis.selection import select_trajectories
 from analysis.stats import summarise_by
@@ -183,11 +183,12 @@ async def probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir=
     steps_path = out / "steps.jsonl"
     done = set()
     if steps_path.exists():
-        for raw in steps_path.read_text().splitlines():
+        close_fragment(steps_path)  # an interrupted append left a fragment: new rows start on a line of their own
+        for raw in steps_path.read_bytes().splitlines():
             try:
-                r = json.loads(raw)
+                r = loads(raw)
                 done.add((r["sample_id"], r["trial"], r["step"]))
-            except (json.JSONDecodeError, KeyError):
+            except (ValueError, KeyError, TypeError):  # a torn last line: that step is probed again
                 continue
     # the run's index (line summaries) decides what to probe; each trajectory's whole line and token columns
     # are read when its turn comes and dropped when its steps are done: memory stays bounded at any run size
@@ -260,7 +261,13 @@ async def probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir=
                                                 "model": ident, "forced_model_mismatch": force,
                                                 "include_unparsed": include_unparsed,
                                                 "failures": failures}, indent=2))
-    rows = [json.loads(x) for x in steps_path.read_text().splitlines() if x.strip()] if steps_path.exists() else []
+    rows = []
+    for raw in (steps_path.read_bytes().splitlines() if steps_path.exists() else []):
+        try:
+            rows.append(loads(raw))
+        except ValueError:  # a torn line (an interrupted append): skipped here, probed again on the next run
+            continue
+    rows = [r for r in rows if isinstance(r, dict) and {"sample_id", "trial", "step"} <= r.keys()]
     steps = pd.DataFrame(rows)
     for c in ("H_with", "H_without", "dH", "H_exact_with", "H_exact_without", "kl_with_without", "dH_exact", "gap_with"):
         if c in steps:  # null (a non-finite value in JSON) is NaN

@@ -29,7 +29,7 @@ from pathlib import Path
 from agent.backends.base import BackendError, SamplingParams
 from agent.judge import judge_key_env
 from agent.prompts import GROUNDING_PASS1, GROUNDING_PASS2, fill
-from agent.rundir import RunError, collector_off_the_heap, load_run
+from agent.rundir import RunError, close_fragment, collector_off_the_heap, load_run
 from analysis.selection import select_trajectories
 from probes.cli import run_async
 
@@ -190,6 +190,7 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
     path = out / "labels.jsonl"
     done = {}
     if path.exists():
+        close_fragment(path)  # an interrupted append left a fragment: new labels start on a line of their own
         for raw in path.read_text().splitlines():
             try:
                 r = json.loads(raw)

@@ -68,6 +68,23 @@ async def test_probe_skips_steps_without_images_and_resumes(tmp_path):
     assert len(backend.calls) == n and len(res2["steps"]) == 3  # nothing probed twice
 
 
+async def test_probe_resumes_after_a_torn_append(tmp_path):
+    """An interrupted append leaves a fragment at the end of steps.jsonl: the rerun probes that step again on a
+    line of its own, and every step is in the result once."""
+    backend = await _run(tmp_path)
+    res = await probe_run(tmp_path / "run", backend=backend, progress=False)
+    path = res["out"] / "steps.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    torn = lines[-1][: len(lines[-1]) // 2]
+    path.write_bytes(b"".join(lines[:-1]) + torn)
+    n = len(backend.calls)
+    res2 = await probe_run(tmp_path / "run", backend=backend, progress=False)
+    assert len(backend.calls) == n + 1  # only the torn step again
+    assert len(res2["steps"]) == 9 and not res2["steps"].duplicated(["sample_id", "trial", "step"]).any()
+    assert (b"\n" + torn + b"\n") in path.read_bytes()  # the fragment stays on a line of its own
+    assert sum(1 for x in path.read_bytes().splitlines() if x.endswith(b"}")) == 9
+
+
 async def test_probe_refuses_to_pair_scaled_with_raw(tmp_path):
     await _run(tmp_path)  # recorded with raw semantics
     scaled = ScriptedBackend([policy] * 50, top_fn=planted, semantics=LogprobSemantics("scaled", 0.2))
