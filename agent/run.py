@@ -321,6 +321,10 @@ async def _run_locked(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends
         # the collector off it, so the many short-lived objects of each reply's JSON do not make every full
         # collection walk it (a full collection cost ~0.1 s here; ours)
         gc.freeze()
+        # and let a reply's tens of thousands of short-lived lists die by reference counting before a young
+        # collection walks them: 13 % less runner CPU per call (7.3 -> 6.3 ms at 128 in flight; ours, measured
+        # like scripts/bench_runner.py). Cyclic garbage waits a little longer: < 100k objects.
+        gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
     bar = _progress(len(jobs), cfg.progress, spec.label)
     t0 = time.perf_counter()
     n_calls = n_tokens = 0
@@ -405,6 +409,9 @@ async def _run_locked(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends
         raise KeyboardInterrupt
     return summary
 
+
+#: Allocations between young collections in runner processes (Python's default: 700).
+GC_YOUNG_THRESHOLD = 100_000
 
 #: A --processes worker's shared job counter (set in the child before it runs).
 _SHARED: dict = {}

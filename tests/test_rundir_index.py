@@ -95,13 +95,16 @@ def test_collector_is_kept_off_the_heap_only_inside_the_block():
     if gc.get_freeze_count():  # this test is about a process that has not frozen its heap
         gc.unfreeze()
     before = gc.get_freeze_count()
+    threshold = gc.get_threshold()
     with collector_off_the_heap():
         frozen = gc.get_freeze_count()
         assert frozen >= before + len(keep)  # what was alive is skipped by the collector
+        assert gc.get_threshold()[0] >= 100_000
         with collector_off_the_heap():  # nested: still frozen, and not unfrozen by the inner exit
             pass
         assert gc.get_freeze_count() == frozen
     assert gc.get_freeze_count() == before  # back in the collector's generations afterwards
+    assert gc.get_threshold() == threshold
     try:
         with collector_off_the_heap():
             raise KeyError("x")
