@@ -191,11 +191,11 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
     done = {}
     if path.exists():
         close_fragment(path)  # an interrupted append left a fragment: new labels start on a line of their own
-        for raw in path.read_text().splitlines():
+        for raw in path.read_bytes().splitlines():  # bytes: a torn multi-byte character is one bad line, no more
             try:
                 r = json.loads(raw)
                 done[(r["sample_id"], r["trial"])] = r
-            except (json.JSONDecodeError, KeyError):
+            except (ValueError, KeyError, TypeError):
                 continue
     if run.header.get("method") != "react":
         raise RunError(f"{run.path}: the grounding annotator reads ReAct runs (paper §3.2.1); this run is "

@@ -76,6 +76,25 @@ async def test_annotate_run(tmp_path, mode):
     assert any(b["messages"][0]["content"][-1]["text"].startswith(GROUNDING_PASS2[:40]) for b in bodies)
 
 
+async def test_annotation_resumes_after_a_torn_multibyte_append(tmp_path):
+    """labels.jsonl cut inside a multi-byte character: the rerun annotates that trajectory again on a line of
+    its own and keeps the other one."""
+    rd = await _run(tmp_path)
+    with FakeSGLang(reply=annotator("good")) as srv:
+        backend = OpenAIBackend(srv.url, "annotator", server="other")
+        res = await annotate_run(rd, backend=backend, retries=2, progress=False)
+        path = res["out"] / "labels.jsonl"
+        lines = path.read_bytes().splitlines(keepends=True)
+        assert len(lines) == 2
+        path.write_bytes(lines[0] + '{"sample_id": "demo_2", "reason": "caf\u00e9'.encode()[:-1])
+        n = len(srv.bodies)
+        res2 = await annotate_run(rd, backend=backend, retries=2, progress=False)
+        await backend.aclose()
+        assert len(srv.bodies) == n + 2  # the torn trajectory only: its two passes
+    assert res2["summary"]["annotated"] == 2
+    assert path.read_bytes().splitlines()[1].endswith(b"caf\xc3")  # the fragment, alone on its line
+
+
 @pytest.mark.parametrize("reply,msg", [
     ("no json here", "no JSON array"),
     ('[{"step": 1, "image_needed": true}', "no JSON array"),

@@ -110,9 +110,9 @@ def load_chat_renderer(model_dir: str | os.PathLike):
             tok.chat_template = jinja.read_text()
         else:
             raise BackendError(f"{path}: no chat template (chat_template.jinja or tokenizer_config.json)")
-    if str(path) not in _RENDERER_HINTS:
-        _RENDERER_HINTS[str(path)] = {"class": f"{type(tok).__module__}:{type(tok).__qualname__}",
-                                      "fingerprint": _fingerprint(tok)}
+    # what a worker process needs to load the same tokenizer without AutoTokenizer (renewed: the files may change)
+    _RENDERER_HINTS[str(path)] = {"class": f"{type(tok).__module__}:{type(tok).__qualname__}",
+                                  "fingerprint": _fingerprint(tok)}
     return tok
 
 
