@@ -116,6 +116,35 @@ def test_stats_helpers():
 
 
 @pytest.mark.model
+def test_wilcoxon_normal_approximation_equals_scipy():
+    """Above 50 differences without zeros wilcoxon_p computes SciPy's asymptotic p itself (no scipy.stats
+    import); it must equal SciPy's, ties included; small samples and zeros still go to SciPy."""
+    import subprocess
+    import sys
+
+    from scipy.stats import wilcoxon
+
+    rng = np.random.default_rng(3)
+    for n, shift, digits in [(51, 0.0, None), (400, 0.1, 1), (2000, 0.02, 3), (5087, 0.3, None), (60, 5.0, None)]:
+        d = rng.normal(shift, 1.0, n)
+        if digits is not None:
+            d = np.round(d, digits)  # many tied magnitudes
+        d[d == 0] = 0.5
+        want = float(wilcoxon(d, zero_method="wilcox").pvalue)
+        assert math.isclose(wilcoxon_p(d), want, rel_tol=1e-9, abs_tol=1e-300), (n, shift, digits)
+    small = rng.normal(0.2, 1.0, 30)
+    assert wilcoxon_p(small) == float(wilcoxon(small, zero_method="wilcox").pvalue)  # exact: SciPy's
+    with_zero = np.r_[rng.normal(0.2, 1.0, 80), 0.0]
+    assert wilcoxon_p(with_zero) == float(wilcoxon(with_zero, zero_method="wilcox").pvalue)
+    code = ("import sys, numpy as np; from analysis.stats import wilcoxon_p; "
+            "p = wilcoxon_p(np.random.default_rng(0).normal(0.1, 1, 500)); print(p, 'scipy.stats' in sys.modules)")
+    from pathlib import Path
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1]).stdout.split()
+    assert out[1] == "False" and 0 < float(out[0]) < 1
+
+
 def test_no_argument_demo_runs_end_to_end(tmp_path, tiny_model_dir, monkeypatch, capsys):
     monkeypatch.setenv("MMCF_TINY_MODEL_DIR", str(tiny_model_dir))
     assert entropy_main(["--demo-dir", str(tmp_path / "demo"), "--demo-samples", "2", "--no-progress"]) == 0
