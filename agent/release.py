@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from .backends.base import BackendError, Continuation
-from .backends.messages import strip_images
+from .backends.messages import strip_query_images
 
 __all__ = ["ReleasePolicy", "ReleaseTracker", "SIGNALS", "SCORING_BACKENDS", "DEFAULT_THRESHOLD", "DEFAULT_PATIENCE",
            "influence_of"]
@@ -161,7 +161,7 @@ class ReleaseTracker:
         else:
             sc = await ep.backend.score(messages, cont, top_logprobs=20, enable_thinking=sp.enable_thinking)
             with_tokens, calls = sc.tokens, calls + 1
-        without = strip_images(messages, ep.query_hashes)
+        without = strip_query_images(messages)
         sc2 = await ep.backend.score(without, cont, top_logprobs=20, enable_thinking=sp.enable_thinking)
         calls += 1
         for side, toks in (("with", with_tokens), ("without", sc2.tokens)):

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from .backends.base import ModelOutput, TokenArrays, top_id_matrix, top_matrix
-from .backends.messages import record_messages
+from .backends.messages import query_image_flags, record_messages
 from .http import dumps
 
 __all__ = ["Trajectory", "SCHEMA_VERSION", "token_arrays"]
@@ -111,9 +111,14 @@ class Trajectory:
         self.n_calls += 1
         idx = self.n_calls
         mids = self._message_ids(messages)
-        hashes = [p.get("sha256") or p.get("url") for i in mids if isinstance(self.messages[i].get("content"), list)
-                  for p in self.messages[i]["content"] if isinstance(p, dict) and p.get("type") == "image"]
-        query = set(self.query_hashes)
+        hashes, n_query = [], 0
+        for i in mids:
+            c = self.messages[i].get("content")
+            if isinstance(c, list):
+                for p, q in zip(c, query_image_flags(c)):
+                    if isinstance(p, dict) and p.get("type") == "image":
+                        hashes.append(p.get("sha256") or p.get("url"))
+                        n_query += q  # by position (after its <image_k>), never by content: paper B.5
         self.top_k = max(self.top_k, out.top_k_requested, max(out.top_counts(), default=0))
         self.tokens[idx] = token_arrays(out, out.top_k_requested)
         self.backend, self.model = out.backend, out.model
@@ -121,7 +126,7 @@ class Trajectory:
         return self._add(
             "llm_call", parent if parent is not None else branch, index=idx, state=state, branch=branch,
             correction=correction, forced=forced, message_ids=mids, image_hashes=hashes, n_images=len(hashes),
-            n_query_images=sum(h in query for h in hashes),
+            n_query_images=n_query,
             text=out.text, reasoning=out.reasoning, finish_reason=out.finish_reason,
             usage={"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
                    "cached_tokens": u.cached_tokens, "reasoning_tokens": u.reasoning_tokens},

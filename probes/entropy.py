@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from agent.backends.base import BackendError, Continuation, SamplingParams, top_matrix
-from agent.backends.messages import strip_images
+from agent.backends.messages import strip_query_images
 from agent.http import dumps, loads
 from agent.rundir import Run, RunError, close_fragment, collector_off_the_heap, load_run
 from analysis.entropy import grouped_tail_entropy, token_influence
@@ -110,7 +110,7 @@ async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: 
            "n_tokens": int(len(think)), "n_think": int(think.sum()), "mode": mode, "semantics": ev.get("semantics"),
            "model": line.get("model")}
     with_imgs = run.sendable_messages(line, ev)
-    without = strip_images(with_imgs, (line.get("query_images") or {}).values())
+    without = strip_query_images(with_imgs)  # the query images, by position (never by content)
     if mode == "regenerate":
         H = H_all[sel] if H_all is not None else grouped_tail_entropy(tok["top_logprobs"][sel])
         row["H_with"] = _think_mean(H, think)

@@ -8,7 +8,7 @@ into ``--fault-rate`` of the requests (429, 5xx, dropped connections, truncated 
 garbage model outputs: no tags, an unclosed <think>, invalid JSON, an unknown tool, 200 KB outputs, empty or
 null content, lone surrogates, control characters, a <subtask> with missing fields). ``python -m
 agent.run`` runs the demo benchmark against it and is killed with SIGKILL (its whole process group, worker
-processes included) at random moments ``--kills`` times; then it is run once more to the end. The run
+processes included) ``--kills`` times, each after a random few more lines were written; then it is run once more to the end. The run
 directory must then pass ``python -m agent.rundir check``. Prints units expected / present / duplicated /
 lost, the statuses, and the faults injected / survived (a fault survived when its unit still finished
 ``ok`` or ``no_answer``). Exit 0 only when nothing was lost or duplicated and the check is clean.
@@ -49,36 +49,52 @@ def agent_policy(req: dict) -> str:
 
 def soak(out: Path, *, kills: int = 20, trials: int = 40, processes: int = 2, concurrency: int = 8,
          fault_rate: float = 0.1, latency: float = 0.05, method: str = "react", seed: int = 0,
-         min_s: float = 0.5, max_s: float = 3.0, final_timeout: float = 900.0, progress=print) -> dict:
+         min_lines: int = 1, max_lines: int = 6, jitter_s: float = 0.05, stall_s: float = 300.0,
+         final_timeout: float = 900.0, progress=print) -> dict:
+    """Kill the runner's process group ``kills`` times, each after it wrote ``min_lines``..``max_lines`` more
+    lines (plus a random 0..``jitter_s`` s, so some kills land mid-write; ``stall_s`` bounds a run that makes
+    no progress), then let it finish and check the run directory."""
     from agent.rundir import check_run
     from tests.fakes.sglang_server import FakeServer
 
     rng = random.Random(seed)
-    srv = FakeServer(latency_s=latency, fault_rate=fault_rate, seed=seed, slow_s=1.5, reply=agent_policy)
+    srv = FakeServer(latency_s=latency, fault_rate=fault_rate, seed=seed, slow_s=6.0, reply=agent_policy)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     cmd = [sys.executable, "-m", "agent.run", "--method", method, "--backend", "openai", "--endpoint", srv.url,
            "--benchmark", "demo", "--trials", str(trials), "--concurrency", str(concurrency), "--processes",
-           str(processes), "--t-max", "4", "--out", str(out), "--no-progress", "--request-timeout", "1",
+           str(processes), "--t-max", "4", "--out", str(out), "--no-progress", "--request-timeout", "3",
            "--max-consecutive-errors", "0"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done_kills, t0 = 0, time.time()
+    results = out / "results.jsonl"
+
+    def n_lines() -> int:
+        try:
+            return results.read_bytes().count(b"\n")
+        except FileNotFoundError:
+            return 0
+
     try:
         while done_kills < kills:
             p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                  start_new_session=True)
-            wait = rng.uniform(min_s, max_s)
-            try:
-                p.wait(wait)
-                progress(f"  run ended by itself after {wait:.1f}s before kill {done_kills + 1}; restarting")
+            # kill after the run has made progress (a few more lines written), never after a fixed time: on a
+            # loaded machine a timed kill can land before any work, and on a fast one after the run has ended
+            start, want = n_lines(), rng.randint(min_lines, max_lines)
+            deadline = time.time() + stall_s
+            while p.poll() is None and n_lines() < start + want and time.time() < deadline:
+                time.sleep(0.02)
+            if p.poll() is None:
+                time.sleep(rng.uniform(0, jitter_s))  # now and then inside the next line's write
+            if p.poll() is not None:
+                progress(f"  run ended by itself before kill {done_kills + 1} (exit {p.returncode}); restarting")
                 if p.returncode in (0, 3):  # finished: nothing left to kill
                     break
                 continue
-            except subprocess.TimeoutExpired:
-                pass
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
             done_kills += 1
-            progress(f"  kill {done_kills}/{kills} after {wait:.1f}s")
+            progress(f"  kill {done_kills}/{kills} after {n_lines() - start} new line(s)")
         final = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=final_timeout)
         rep = check_run(out)
     finally:

@@ -102,6 +102,39 @@ async def test_react_removal_at_k_drops_pixels_from_step_k_only(demo, toolbox):
             assert "<image_0>" in text_of(m_rm[1])
 
 
+class LensReturnsTheQueryImage:
+    """The offline toolbox, except that Lens answers with a byte-identical copy of the query image among its
+    results (what real Lens often does: the query image is on the web)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    async def call(self, name, args, registry):
+        res = await self.inner.call(name, args, registry)
+        if name == "lens_search" and res.ok:
+            from dataclasses import replace
+
+            r = registry.resolve(args["image_id"])
+            res = replace(res, images=[(r.sha256, str(r.path)), *res.images])
+        return res
+
+
+async def test_a_retrieved_copy_of_a_query_image_is_an_observation_not_a_query_image(demo, toolbox):
+    """Query images are identified by where they sit, never by content (paper B.5 keeps retrieved images)."""
+    script = [tc("lens_search", image_id="<image_0>", goal="g"), tc("search", query="Valdoria capital", goal="g"),
+              tc("search", query="Marsel", goal="g"), ans("Marsel")]
+    rm, _ = await run_sample(MethodSpec("react", remove_images_from_step=3), demo["demo_2"], 0,
+                             backend=ScriptedBackend(list(script)), toolbox=LensReturnsTheQueryImage(toolbox))
+    qsha = rm["query_images"]["<image_0>"]
+    lens = next(e for e in rm["events"] if e["type"] == "tool_call")
+    assert lens["result_images"][0] == qsha  # the copy entered the context as an observation
+    assert [c["n_query_images"] for c in rm["calls"]] == [1, 1, 0, 0]
+    assert [c["n_images"] for c in rm["calls"]] == [1, 3, 2, 2]  # Removal@3 keeps both retrieved images
+    third = msgs_of(rm, llm_events(rm)[2])
+    assert [p["sha256"] for m in third if isinstance(m["content"], list) for p in m["content"]
+            if p["type"] == "image"] == lens["result_images"]
+
+
 async def test_react_malformed_outputs_get_counted_corrections(demo, toolbox):
     two_calls = tc("search", query="a", goal="g") + "\n" + tc("search", query="b", goal="g")
     bad_json = "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": }\n</tool_call>"
@@ -285,8 +318,17 @@ async def test_contextfold_ablations(demo, toolbox, variant):
         assert all(sorted(h for h in e["image_hashes"] if h in q.values()) == sorted(q.values()) for e in mains + branches)
     else:
         assert all(e["n_images"] == 0 for e in mains)
-    if variant in ("image-caption", "no-image-in-branch"):  # no query pixels (lens result images may come back)
-        assert all(e["n_query_images"] == 0 for e in branches)
+    b1 = [e for e in branches if e["branch"] == "b1"]  # assigned <image_0>
+    b2 = [e for e in branches if e["branch"] == "b2"]  # assigned nothing
+    assert len(b1) == 2 and len(b2) == 2
+    if variant == "no-init":  # §4.3: only the initialization cycle is skipped; branches load their assigned images
+        assert all(e["n_query_images"] == 1 and q["<image_0>"] in e["image_hashes"] for e in b1)
+        assert all(e["n_query_images"] == 0 for e in b2)
+        assert b1[1]["n_images"] > 1  # and, like the default, Lens result images in the observation
+    if variant in ("image-caption", "no-image-in-branch"):  # §4.3: no pixel access at all in a branch
+        assert all(e["n_images"] == 0 and e["image_hashes"] == [] for e in branches)
+        rendered = [p for e in branches for m in msgs_of(line, e) if isinstance(m["content"], list) for p in m["content"]]
+        assert not any(p.get("type") == "image" for p in rendered)
     lens = next(e for e in line["events"] if e["type"] == "tool_call")
     if variant == "image-caption":  # lens_search is not offered and is refused
         assert not lens["ok"] and "not available" in lens["observation"]

@@ -14,6 +14,7 @@ import hashlib
 import io
 import mimetypes
 import os
+import re
 import stat
 import threading
 from dataclasses import dataclass
@@ -31,6 +32,9 @@ __all__ = [
     "message_image_hashes",
     "record_messages",
     "strip_images",
+    "strip_query_images",
+    "query_image_flags",
+    "QUERY_IMAGE_ID",
     "part_sha256",
     "to_openai_messages",
     "split_text_and_images",
@@ -261,6 +265,41 @@ def part_sha256(part: dict, base_dir=None) -> str:
         return part["sha256"]
     ref = image_ref(part)
     return "url:" + ref if ref.startswith(("http://", "https://")) else _image_of(part, base_dir).sha256
+
+
+#: The text part that names a query image; the image part right after it is that query image's pixels
+#: (``agent.methods.common.image_parts``). Retrieved images follow ``[result image i]`` labels instead.
+QUERY_IMAGE_ID = re.compile(r"\s*<image_\d+>\s*$")
+
+
+def query_image_flags(content) -> list[bool]:
+    """For each part of one message's content: whether it is a query image's pixels.
+
+    Query images are identified by where they sit (an image part right after its ``<image_k>`` identifier),
+    never by content: a retrieved image byte-identical to a query image entered the context as an
+    observation and stays one (paper B.5 keeps retrieved images; ours, how to tell them apart)."""
+    if not isinstance(content, list):
+        return []
+    flags, prev = [], None
+    for p in content:
+        flags.append(bool(is_image_part(p) and isinstance(prev, dict) and prev.get("type") == "text"
+                          and QUERY_IMAGE_ID.match(prev.get("text") or "")))
+        prev = p
+    return flags
+
+
+def strip_query_images(messages: list[dict]) -> list[dict]:
+    """The same messages with the query images' pixels dropped (their ``<image_k>`` identifiers and every
+    retrieved image kept): Removal@k, the removal replays and τ^IR (paper §3.2.3, B.5)."""
+    out = []
+    for m in messages:
+        c = m.get("content")
+        if isinstance(c, list):
+            flags = query_image_flags(c)
+            if any(flags):
+                m = {**m, "content": [p for p, q in zip(c, flags) if not q]}
+        out.append(m)
+    return out
 
 
 def strip_images(messages: list[dict], hashes=None) -> list[dict]:

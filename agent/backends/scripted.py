@@ -23,7 +23,7 @@ from .base import (
     DEFAULT_TOP_LOGPROBS, BackendError, Continuation, LogprobSemantics, ModelOutput, SamplingParams, ScoredTokens,
     TokenLogprob, TopLogprob, Usage,
 )
-from .messages import is_image_part, record_messages
+from .messages import is_image_part, query_image_flags, record_messages
 from .think import mark_think, split_think
 
 __all__ = ["ScriptedBackend", "uniform_top", "ALT_ID0", "has_query_images"]
@@ -34,22 +34,11 @@ ALT_ID0 = 10_000_000
 _TOKEN_RE = re.compile(r"</?think>|<[^>\s]{1,20}>|\w+|\s+|[^\w\s]")
 
 
-_QUERY_ID = re.compile(r"\s*<image_\d+>\s*$")
 
 
 def has_query_images(messages: list[dict]) -> bool:
     """Whether a query image is in the context: an image part right after an ``<image_k>`` identifier."""
-    for m in messages:
-        c = m.get("content")
-        if not isinstance(c, list):
-            continue
-        prev = None
-        for p in c:
-            if is_image_part(p) and isinstance(prev, dict) and prev.get("type") == "text" \
-                    and _QUERY_ID.match(prev.get("text", "")):
-                return True
-            prev = p
-    return False
+    return any(any(query_image_flags(m.get("content"))) for m in messages)
 
 
 def uniform_top(n: int, k: int = DEFAULT_TOP_LOGPROBS):

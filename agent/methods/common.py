@@ -146,9 +146,11 @@ class Episode:
     def turns(self, base: list[dict], turns: list[Turn]) -> list[dict]:
         return with_turns(base, turns, self.history_reasoning)
 
-    def observation(self, res: ToolResult):
-        """The user message carrying a tool result (with up to ``observation_images`` result images)."""
-        return tool_reply(res.observation, [p for _, p in res.images[: self.observation_images]])
+    def observation(self, res: ToolResult, images: int | None = None):
+        """The user message carrying a tool result (with up to ``images`` result images, default
+        ``observation_images``; 0 for a context that must see no pixels at all)."""
+        n = self.observation_images if images is None else int(images)
+        return tool_reply(res.observation, [p for _, p in res.images[:n]])
 
     @property
     def used(self) -> int:
@@ -177,11 +179,13 @@ class Episode:
     def reject(ev: dict, err: Exception) -> None:
         ev["action_error"] = str(err)
 
-    async def tool(self, ev: dict, name: str, args: dict) -> ToolResult:
+    async def tool(self, ev: dict, name: str, args: dict, *, images: int | None = None) -> ToolResult:
+        """Run a tool; ``images``: how many result images its observation shows (recorded; default
+        ``observation_images``)."""
         if name in TOOL_NAMES and name not in self.allowed_tools:
             res = ToolResult(name, dict(args), f"Tool '{name}' is not available here. Available tools: "
                              f"{', '.join(self.allowed_tools)}.", False, False)
         else:
             res = await self.toolbox.call(name, args, self.registry)
-        self.traj.tool_call(ev, res, self.observation_images)
+        self.traj.tool_call(ev, res, self.observation_images if images is None else int(images))
         return res

@@ -14,11 +14,16 @@
    a main call with the force-answer prompt. Malformed outputs get the correction re-prompt, which
    counts toward B_max (in a branch) and T_max.
 
-Variants: ``image-caption`` (init descriptions only; branches get no pixels and no lens_search),
-``no-init`` (no initialization: the main state sees only the image identifiers),
-``no-image-in-branch`` (branches get no query pixels; lens_search by identifier still works and, like every
-  branch, sees its result images: ours, the ablation concerns the query images),
-``image-in-main`` (the raw images sit in the main context, and so are inherited by every branch).
+Variants (§4.3, Table 2), what each branch call renders (``tests/test_agents.py`` checks every call):
+
+- ``image-caption``: init descriptions only; branches get no pixels at all (no query image, no Lens
+  result image) and no lens_search.
+- ``no-init``: skips the initialization cycle, "leaving the agent in the main state planning only with the
+  image identifiers" (§4.3); branches still load their assigned images, as in the default.
+- ``no-image-in-branch``: branches "rely solely on textualized results from initialization" "without
+  direct pixel access" (§4.3): no image part in any branch call, Lens result images included (Lens often
+  returns copies of the query image); lens_search by identifier still runs and its text stays.
+- ``image-in-main``: the raw images sit in the main context, and so are inherited by every branch.
 """
 from __future__ import annotations
 
@@ -104,7 +109,10 @@ async def run_mmcontextfold(ep: Episode, *, variant: str = "") -> tuple[str, str
 
 
 async def _branch(ep: Episode, bid: str, subtask: dict, inherited: list[dict], main_ev: dict, variant: str) -> str:
-    pixels = variant in ("", "image-in-main")
+    # which pixels a branch may see (§4.3): the default and w/o Init load the assigned query images; w/o Image in
+    # Branch and the caption variant see none at all (no Lens result images either)
+    pixels = variant in ("", "no-init", "image-in-main")
+    result_images = None if pixels else 0
     assigned = []
     for x in subtask["assigned_images"]:
         r = ep.registry.resolve(x)
@@ -163,8 +171,8 @@ async def _branch(ep: Episode, bid: str, subtask: dict, inherited: list[dict], m
             message = last_text or last_reasoning or "Branch budget exhausted before a return; no findings were summarised."
             ep.traj.branch_end(bid, message=message, reason="branch_budget", steps=steps)
             return message
-        res = await ep.tool(ev, act.name, act.args)
-        turns.append(Turn(out.text, out.reasoning, ep.observation(res)))
+        res = await ep.tool(ev, act.name, act.args, images=result_images)
+        turns.append(Turn(out.text, out.reasoning, ep.observation(res, result_images)))
 
 
 def _visible_without_calls(text: str) -> str:

@@ -9,8 +9,8 @@ JSON ``<tool_call>`` or one ``<answer>`` per response; a malformed response gets
 re-prompt (counts toward T_max). The T_max-th call carries the force-answer prompt (E.2).
 
 Removal@k: calls with index >= k get the same messages with the *query* image parts dropped
-(:func:`react_messages` then ``strip_images`` on the query images' hashes; retrieved images in
-observations stay, paper B.5); the ``<image_k>`` identifiers stay.
+(:func:`react_messages` then ``strip_query_images``: the image parts that sit right after their ``<image_k>``
+identifier, never matched by content, so a retrieved copy of a query image in an observation stays, paper B.5); the ``<image_k>`` identifiers stay.
 
 ReAct-Adaptive (``--image-release adaptive``, ours; :mod:`agent.release`): the release step is decided
 online from the images' measured influence on each step's thinking instead of being fixed.
@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from ..parsing import ActionError, parse_action
 from ..prompts import FORCE_ANSWER, REACT_SYSTEM, REACT_USER, fill
-from .common import Episode, Turn, chat, correction_text, image_parts, strip_images, with_suffix
+from ..backends.messages import strip_query_images
+from .common import Episode, Turn, chat, correction_text, image_parts, with_suffix
 
 __all__ = ["run_react", "react_messages"]
 
@@ -35,7 +36,7 @@ def react_messages(ep: Episode, turns: list[Turn], *, step: int, remove_from: in
     if force:
         msgs = with_suffix(msgs, FORCE_ANSWER)
     if remove_from is not None and step >= remove_from:
-        msgs = strip_images(msgs, ep.query_hashes)
+        msgs = strip_query_images(msgs)  # by position: a retrieved copy of a query image stays
     return msgs
 
 
