@@ -90,9 +90,13 @@ def parse_action(text: str, allowed=("tool_call", "answer")) -> Action:
             raise ActionError("the <answer> block is empty.")
         return Action("answer", answer=ans, raw=body)
     obj = _json_obj(body, kind)
+    # B.3: "Malformed model outputs (e.g., missing action fields, batched tool calls) trigger a correction
+    # re-prompt": a required field that is missing is never filled in for the model
     if kind == "tool_call":
         name = obj.get("name")
-        args = obj.get("arguments", obj.get("parameters", {}))
+        if "arguments" not in obj and "parameters" not in obj:
+            raise ActionError('the tool call has no "arguments" (give {"name": ..., "arguments": {...}}).')
+        args = obj["arguments"] if "arguments" in obj else obj["parameters"]
         if isinstance(args, str):  # some models double-encode the arguments
             try:
                 args = json.loads(args)
@@ -104,15 +108,19 @@ def parse_action(text: str, allowed=("tool_call", "answer")) -> Action:
             raise ActionError('the tool call\'s "arguments" must be a JSON object.')
         return Action("tool_call", name=name.strip(), args=args, raw=body)
     # subtask
-    desc, prompt, imgs = obj.get("description"), obj.get("prompt"), obj.get("assigned_images", [])
+    missing = [k for k in ("description", "prompt", "assigned_images") if k not in obj]
+    if missing:
+        raise ActionError(f"the subtask is missing {', '.join(repr(k) for k in missing)}; it needs \"description\", "
+                          '"prompt" and "assigned_images" (a list, [] for none).')
+    desc, prompt, imgs = obj["description"], obj["prompt"], obj["assigned_images"]
+    if not isinstance(desc, str) or not desc.strip():
+        raise ActionError('the subtask needs a non-empty "description".')
     if not isinstance(prompt, str) or not prompt.strip():
         raise ActionError('the subtask needs a non-empty "prompt".')
-    if imgs is None:
-        imgs = []
-    if not isinstance(imgs, list) or not all(isinstance(x, str) for x in imgs):
-        raise ActionError('"assigned_images" must be a list of image identifiers such as ["<image_0>"].')
-    return Action("subtask", subtask={"description": str(desc or "").strip() or prompt.strip()[:40],
-                                      "prompt": prompt.strip(), "assigned_images": imgs}, raw=body)
+    if not isinstance(imgs, list) or not all(isinstance(x, str) for x in imgs):  # [] is valid: a text-only branch
+        raise ActionError('"assigned_images" must be a list of image identifiers such as ["<image_0>"] ([] for none).')
+    return Action("subtask", subtask={"description": desc.strip(), "prompt": prompt.strip(), "assigned_images": imgs},
+                  raw=body)
 
 
 def parse_init_description(text: str) -> tuple[dict | None, str]:

@@ -355,3 +355,31 @@ def test_method_spec_validation():
     with pytest.raises(ValueError, match="mmcontextfold only"):
         MethodSpec("react", variant="no-init")
     assert MethodSpec("react", remove_images_from_step=3).label == "react-removal@3"
+
+
+async def test_missing_action_fields_get_a_counted_correction_in_every_state(demo, toolbox):
+    """B.3: missing action fields trigger a correction re-prompt (counted toward B_max and T_max), never a default."""
+    no_images = "<think>\nplan\n</think>\n\n<subtask>\n" + json.dumps({"description": "d", "prompt": "p"}) + "\n</subtask>"
+    no_args = '<think>\nx\n</think>\n\n<tool_call>\n{"name": "search"}\n</tool_call>'
+    script = ['{"summary": "logo", "source_hint": "x"}', no_images, sub("look", "do it", []), no_args,
+              tc("search", query="Kestrel Observatory founded", goal="year"), ret("1911"), ans("1911")]
+    line, _ = await run_sample(MethodSpec("mmcontextfold", budgets=Budgets(t_max=20, b_max=3)), demo["demo_1"], 0,
+                               backend=ScriptedBackend(script), toolbox=toolbox)
+    evs = llm_events(line)
+    assert "missing 'assigned_images'" in evs[1]["action_error"] and evs[2]["correction"]
+    b1 = [e for e in evs if e["branch"] == "b1"]
+    assert 'no "arguments"' in b1[0]["action_error"] and b1[1]["correction"]
+    assert [e["type"] for e in line["events"]].count("tool_call") == 1  # the argument-less call ran nothing
+    assert len(b1) == 3 and b1[-1]["forced"]  # the correction counted toward B_max = 3
+    assert line["n_calls"] == 7 and line["status"] == "ok"
+
+
+async def test_agentfold_tool_call_without_arguments_is_an_error_observation(demo, toolbox):
+    first = '<think>\nx\n</think>\n<motivation>m</motivation>\n<tool_call>{"name": "search"}</tool_call>'
+    comp = '<compress>{"compress_range": [0, 0], "compress_text": "nothing"}</compress>'
+    line, _ = await run_sample(MethodSpec("agentfold"), demo["demo_1"], 0,
+                               backend=ScriptedBackend([first, f"<think>\ny\n</think>\n{comp}\n<answer>1911</answer>"]),
+                               toolbox=toolbox)
+    assert line["status"] == "ok" and line["n_tool_calls"] == 0
+    second = msgs_of(line, llm_events(line)[1])
+    assert "[Tool call error]" in text_of(second[-1]) and "arguments" in text_of(second[-1])

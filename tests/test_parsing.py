@@ -24,8 +24,30 @@ def test_subtask():
     act = parse_action('<subtask>\n{"description": "find club", "prompt": "Identify it.", "assigned_images": ["<image_0>"]}\n</subtask>',
                        ("subtask", "answer"))
     assert act.subtask == {"description": "find club", "prompt": "Identify it.", "assigned_images": ["<image_0>"]}
-    act = parse_action('<subtask>{"prompt": "Search the name.", "assigned_images": null}</subtask>', ("subtask",))
-    assert act.subtask["assigned_images"] == [] and act.subtask["description"]
+    # an explicitly empty list is a text-only branch
+    act = parse_action('<subtask>{"description": "d", "prompt": "Search the name.", "assigned_images": []}</subtask>',
+                       ("subtask",))
+    assert act.subtask["assigned_images"] == []
+
+
+@pytest.mark.parametrize("body,msg", [  # B.3: missing action fields get the correction re-prompt, never a default
+    ('{"prompt": "Search the name.", "description": "d"}', "missing 'assigned_images'"),
+    ('{"prompt": "Search the name.", "assigned_images": null, "description": "d"}', '"assigned_images" must be a list'),
+    ('{"prompt": "Search the name.", "assigned_images": []}', "missing 'description'"),
+    ('{"description": "d", "assigned_images": []}', "missing 'prompt'"),
+    ('{"description": " ", "prompt": "p", "assigned_images": []}', 'non-empty "description"'),
+])
+def test_subtask_missing_fields_are_malformed(body, msg):
+    with pytest.raises(ActionError, match=msg):
+        parse_action(f"<subtask>{body}</subtask>", ("subtask",))
+
+
+def test_tool_call_without_arguments_is_malformed():
+    with pytest.raises(ActionError, match='no "arguments"'):
+        parse_action('<tool_call>{"name": "search"}</tool_call>', ("tool_call",))
+    act = parse_action('<tool_call>{"name": "search", "arguments": {}}</tool_call>', ("tool_call",))
+    assert act.args == {}  # explicitly empty: valid (the tool then reports what it misses)
+    assert parse_action('<tool_call>{"name": "return", "parameters": {"message": "m"}}</tool_call>').args == {"message": "m"}
 
 
 @pytest.mark.parametrize("text,allowed,msg", [
@@ -39,7 +61,7 @@ def test_subtask():
     ('<tool_call>{"name": "search", "arguments": ["q"]}</tool_call>', ("tool_call",), "must be a JSON object"),
     ("<answer>  </answer>", ("answer",), "empty"),
     ('<subtask>{"description": "d"}</subtask>', ("subtask",), '"prompt"'),
-    ('<subtask>{"prompt": "p", "assigned_images": "<image_0>"}</subtask>', ("subtask",), "must be a list"),
+    ('<subtask>{"description": "d", "prompt": "p", "assigned_images": "<image_0>"}</subtask>', ("subtask",), "must be a list"),
     ("<answer>x</answer>", ("subtask",), "no action found"),  # an answer where only a subtask is allowed
 ])
 def test_malformed_actions(text, allowed, msg):

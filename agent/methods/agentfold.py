@@ -120,7 +120,8 @@ async def _run_tool(ep: Episode, ev: dict, raw: str) -> str:
     """The first tool call's response text (invalid JSON / unknown tool: the error text, as in the release)."""
     try:
         obj = json.loads(raw)
-        name, args = obj["name"], obj.get("arguments", obj.get("parameters", {}))
+        # a missing "arguments" is an error text like any exception in the release's execute_tool, never {}
+        name, args = obj["name"], obj["arguments"] if "arguments" in obj else obj["parameters"]
         if not isinstance(args, dict):
             raise TypeError("arguments must be an object")
     except (ValueError, KeyError, TypeError) as e:
