@@ -25,7 +25,9 @@ DEFAULT_CONCURRENCY = 8
 SERVERS = ("sglang", "vllm", "openrouter", "other")
 BACKEND_CHOICES = ("local", "sglang", "openai", "scripted")
 JUDGE_ENDPOINT = "https://openrouter.ai/api/v1"
-JUDGE_MODEL = "google/gemini-3-flash"
+#: Gemini-3-Flash (paper B.6) as OpenRouter serves it (openrouter.ai/google/gemini-3-flash-preview, looked up
+#: 2026-12): the one constant behind every default, help text and the README.
+JUDGE_MODEL = "google/gemini-3-flash-preview"
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):

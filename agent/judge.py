@@ -1,6 +1,6 @@
 """The judge (paper B.6, appendix E.5): grade a run's answers, then accuracy in the layout of Table 1.
 
-    python -m agent.judge RUN_DIR                                   # OpenRouter google/gemini-3-flash ($OPENROUTER_API_KEY)
+    python -m agent.judge RUN_DIR                                   # OpenRouter google/gemini-3-flash-preview ($OPENROUTER_API_KEY)
     python -m agent.judge RUN_DIR --endpoint http://gpu:30000 --model qwen3.5-27b
     python -m agent.judge RUN_DIR --judge exact                     # offline: normalised exact / contains match
 
@@ -27,19 +27,43 @@ import unicodedata
 import numpy as np
 
 from .backends.base import BackendError, SamplingParams
+from .cli import JUDGE_ENDPOINT, JUDGE_MODEL
 from .http import public_url
 from .prompts import JUDGE, fill
 from .rundir import RunDir, RunError
 
-__all__ = ["parse_grade", "exact_grade", "judge_run", "accuracy_table", "Grader", "GRADES", "main"]
+__all__ = ["parse_grade", "exact_grade", "judge_run", "accuracy_table", "Grader", "GRADES", "main", "identical_trials",
+           "responses_fingerprint", "DEFAULT_MODEL"]
 
 GRADES = ("CORRECT", "INCORRECT", "NOT_ATTEMPTED", "UNPARSED")
 _LETTER = {"A": "CORRECT", "B": "INCORRECT", "C": "NOT_ATTEMPTED"}
 _WORD = {"CORRECT": "CORRECT", "INCORRECT": "INCORRECT", "NOT ATTEMPTED": "NOT_ATTEMPTED",
          "NOTATTEMPTED": "NOT_ATTEMPTED"}
-DEFAULT_ENDPOINT = "https://openrouter.ai/api/v1"
-DEFAULT_MODEL = "google/gemini-3-flash"
+DEFAULT_ENDPOINT, DEFAULT_MODEL = JUDGE_ENDPOINT, JUDGE_MODEL  # agent/cli.py: the one constant
 DEFAULT_KEY_ENV = "OPENROUTER_API_KEY"
+
+
+def responses_fingerprint(line: dict) -> str:
+    """A digest of what the model said in a trajectory (every call's visible text and reasoning)."""
+    calls = [e for e in line.get("events") or () if e.get("type") == "llm_call"]
+    said = [[e.get("text"), e.get("reasoning")] for e in calls] or [line.get("answer"), line.get("status")]
+    return hashlib.sha256(json.dumps(said, ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def identical_trials(lines) -> str | None:
+    """Why a std over these trials would be meaningless, or None: every sample run in several trials has the
+    very same responses in each (one trial repeated: a deterministic server without per-trial seeds, or a
+    scripted backend). Table 1's "± std over three independent trials" needs them to differ somewhere."""
+    by_sample: dict = {}
+    for ln in lines:
+        by_sample.setdefault(ln["sample_id"], {})[ln["trial"]] = responses_fingerprint(ln)
+    multi = {s: d for s, d in by_sample.items() if len(d) > 1}
+    if not multi or any(len(set(d.values())) > 1 for d in multi.values()):
+        return None
+    trials = sorted({t for d in multi.values() for t in d})
+    return (f"the trials {trials} are identical: each of the {len(multi)} samples run in several trials has the same "
+            "responses in every trial (a deterministic server without per-trial seeds, or a scripted backend), so "
+            "they are one trial repeated and a std over them is refused")
 
 
 def judge_key_env(endpoint: str, given: str | None) -> str | None:
@@ -169,7 +193,8 @@ class Grader:
                 try:
                     out = await client.generate([{"role": "user", "content": prompt}], self.sp)
                     g, ext = parse_grade(out.text or out.reasoning)
-                    rec.update(grade=g, extracted=ext, reply=out.text, reason="llm")
+                    # the model the reply names: a silently rerouted judge shows up (and is refused in tables)
+                    rec.update(grade=g, extracted=ext, reply=out.text, reason="llm", judge_served_model=out.model or None)
                 except BackendError as e:  # recorded and retried on the next run
                     rec.update(grade="UNPARSED", extracted=None, reply=None, reason=f"judge call failed: {e}",
                                failed=True)
@@ -231,7 +256,11 @@ async def judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_ENDP
                 f.write(json.dumps(r, ensure_ascii=False) + "\n")
     graded = {(r["sample_id"], r["trial"], r["answer_key"]): r for r in [*done.values(), *results]}
     current = [graded[(ln["sample_id"], ln["trial"], _answer_key(ln))] for ln in lines]
-    summary = accuracy_table(current, label=label, run_label=header.get("label") or header.get("method", ""))
+    refused = identical_trials(lines)
+    if refused:
+        print(f"WARNING: {rd.path}: {refused}", file=sys.stderr)
+    summary = accuracy_table(current, label=label, run_label=header.get("label") or header.get("method", ""),
+                             std_refused=refused)
     summary["judge"] = label
     summary["failed_judge_calls"] = sum(1 for r in results if r.get("failed"))
     table = summary.pop("table")
@@ -241,13 +270,20 @@ async def judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_ENDP
     return summary
 
 
-def _mean_std(vals: list[float]) -> tuple[float, float]:
+def _mean_std(vals: list[float], refused: bool = False) -> tuple[float, float | None]:
+    """Mean and std (ddof = 1) in %; the std is None (printed "—") for one trial (undefined) or when refused."""
     a = np.asarray(vals, dtype=float)
-    return float(a.mean() * 100), float(a.std(ddof=1) * 100) if len(a) > 1 else 0.0
+    return float(a.mean() * 100), (float(a.std(ddof=1) * 100) if len(a) > 1 and not refused else None)
 
 
-def accuracy_table(records: list[dict], *, label: str = "", run_label: str = "") -> dict:
-    """Accuracy (%) per benchmark, per category and weighted overall: mean ± std over trials."""
+def fmt_mean_std(mean: float, std: float | None) -> str:
+    return f"{mean:.1f} ± {std:.1f}" if std is not None else f"{mean:.1f} ± —"
+
+
+def accuracy_table(records: list[dict], *, label: str = "", run_label: str = "", std_refused: str | None = None) -> dict:
+    """Accuracy (%) per benchmark, per category and weighted overall: mean ± std over trials.
+
+    ``std_refused``: why no std may be given (identical trials); the std is then None and the note says why."""
     import pandas as pd
 
     df = pd.DataFrame(records)
@@ -258,8 +294,9 @@ def accuracy_table(records: list[dict], *, label: str = "", run_label: str = "")
 
     def block(sub: "pd.DataFrame") -> dict:
         per_trial = [sub[sub.trial == t]["correct"].mean() for t in trials if (sub.trial == t).any()]
-        m, s = _mean_std(per_trial)
-        return {"n": int(sub[sub.trial == trials[0]].shape[0]), "mean": m, "std": s, "per_trial": [p * 100 for p in per_trial],
+        m, s = _mean_std(per_trial, refused=std_refused is not None)
+        return {"n": int(sub[sub.trial == trials[0]].shape[0]), "mean": m, "std": s, "n_trials": len(per_trial),
+                "per_trial": [p * 100 for p in per_trial],
                 "grades": sub["grade"].value_counts().to_dict()}
 
     benchmarks = {b: block(g) for b, g in df.groupby("benchmark")}
@@ -269,20 +306,24 @@ def accuracy_table(records: list[dict], *, label: str = "", run_label: str = "")
     cols, row = [], {"method": run_label}
     for b, r in benchmarks.items():
         cols.append(f"{b} (n={r['n']})")
-        row[cols[-1]] = f"{r['mean']:.1f} ± {r['std']:.1f}"
-    row["Avg."] = f"{overall['mean']:.1f} ± {overall['std']:.1f}"
+        row[cols[-1]] = fmt_mean_std(r["mean"], r["std"])
+    row["Avg."] = fmt_mean_std(overall["mean"], overall["std"])
     table = pd.DataFrame([row])
-    md = [f"Accuracy (%), mean ± std over {len(trials)} trial(s). Judge: {label}.", "",
+    why = (f" No std: {std_refused}." if std_refused else
+           " No std: one trial (a std over one trial is undefined)." if len(trials) < 2 else "")
+    md = [f"Accuracy (%), mean ± std (ddof = 1) over {len(trials)} trial(s). Judge: {label}.{why}", "",
           "| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns),
           "| " + " | ".join(str(v) for v in row.values()) + " |", "",
           "| category | n | accuracy |", "|---|---|---|"]
-    md += [f"| {c} | {r['n']} | {r['mean']:.1f} ± {r['std']:.1f} |" for c, r in categories.items()]
+    md += [f"| {c} | {r['n']} | {fmt_mean_std(r['mean'], r['std'])} |" for c, r in categories.items()]
     unparsed = int((df["grade"] == "UNPARSED").sum())
     if unparsed:
         md += ["", f"**{unparsed} UNPARSED judge replies** (counted as not correct; see judge-*.jsonl)."]
+    numeric = pd.DataFrame([{"method": run_label, "benchmark": b, "mean": r["mean"], "std": r["std"],
+                             "n_trials": r["n_trials"], "n": r["n"]} for b, r in [*benchmarks.items(), ("Avg.", overall)]])
     return {"trials": [int(t) for t in trials], "benchmarks": benchmarks, "categories": categories,
             "paper_categories": paper_categories, "overall": overall, "unparsed": unparsed,
-            "markdown": "\n".join(md) + "\n", "table": table}
+            "std_refused": std_refused, "markdown": "\n".join(md) + "\n", "table": numeric}
 
 
 def main(argv=None) -> int:

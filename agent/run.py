@@ -36,11 +36,14 @@ from .rundir import RunDir, RunError, versions
 from .tools import MODES, MissingKeyError, make_toolbox
 from .trajectory import SCHEMA_VERSION
 
-__all__ = ["RunConfig", "run", "main", "EMBEDDED_MAX_TOKENS"]
+__all__ = ["RunConfig", "run", "main", "EMBEDDED_MAX_TOKENS", "SERVED_MAX_TOKENS", "trial_seeds"]
 
 #: The tiny random model never closes its think block on its own; cap its outputs so the embedded
-#: default finishes in seconds. Served models get the usual 4096.
+#: default finishes in seconds.
 EMBEDDED_MAX_TOKENS = 48
+#: Served models: the paper's release sends ``max_completion_tokens=8192`` (iLearn-Lab/MM26-MMContextFold,
+#: mmcontextfold/utils/search_backbone_model.py); 4096 cut Qwen3.5's thinking and forced corrections.
+SERVED_MAX_TOKENS = 8192
 
 
 @dataclass
@@ -115,7 +118,7 @@ class RunConfig:
                           self.history_reasoning, self.observation_images, release)
 
     def sampling(self, trial: int = 0) -> SamplingParams:
-        mt = self.max_tokens or (EMBEDDED_MAX_TOKENS if self.embedded else 4096)
+        mt = self.max_tokens or (EMBEDDED_MAX_TOKENS if self.embedded else SERVED_MAX_TOKENS)
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, max_tokens=mt,
                               top_logprobs=self.top_logprobs, seed=None if self.seed is None else self.seed + trial,
                               enable_thinking=self.thinking)
@@ -242,8 +245,32 @@ async def identify_backends(cfg: RunConfig, backends: list | None) -> dict:
     return idents[0]
 
 
+def trial_seeds(cfg: RunConfig, rd: RunDir) -> tuple[int | None, str]:
+    """The run's base seed (trial t samples with seed + t) and where it came from: ``given`` (--seed), ``drawn``
+    (a new run without --seed draws one and records it), or the recorded one of the run being resumed.
+
+    Ours, why: a server started with deterministic inference samples every request that has no seed with seed 42
+    (sglang/srt/sampling/sampling_batch_info.py: ``sampling_seed if not None else 42``), so trials 0, 1, 2 would be
+    one trial three times and Table 1's std over "independent trials" 0.0."""
+    if cfg.seed is not None:
+        return cfg.seed, "given"
+    if rd.header_path.exists():
+        old = rd.read_header()
+        seed = (old.get("sampling") or {}).get("seed")
+        return seed, old.get("seed_source") or ("legacy" if seed is None else "given")
+    import secrets
+
+    return secrets.randbelow(2**31 - 2**20), "drawn"
+
+
 async def _run_locked(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends, toolbox) -> dict:
     cache_path = cfg.tool_cache or str(rd.path / "tools.sqlite")
+    seed_source = None
+    if cfg.shard is None:
+        import dataclasses
+
+        seed, seed_source = trial_seeds(cfg, rd)
+        cfg = dataclasses.replace(cfg, seed=seed)
     samples = _select(manifest, cfg)
     skipped_images: list = []
     if cfg.shard is None:
@@ -272,12 +299,17 @@ async def _run_locked(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends
         ident = await identify_backends(cfg, backends)
         selection = {"limit": cfg.limit, "sample_ids": cfg.sample_ids, "n_samples": len(samples),
                      "skipped": [i for i, _ in skipped_images]}
-        if cfg.seed is not None and ident.get("deterministic") is False:
+        if seed_source == "given" and ident.get("deterministic") is False:
             print("WARNING: --seed has no effect on this server: it runs without --enable-deterministic-inference "
                   "(serving/launch_qwen35.sh --deterministic); recorded in header.json (model.deterministic)",
                   file=sys.stderr)
+        if cfg.seed is None and cfg.trials > 1 and ident.get("deterministic"):
+            raise PreflightError(f"{rd.path} was recorded without seeds and the server runs deterministic inference: "
+                                 "every trial would sample with SGLang's default seed 42, so the trials would be one "
+                                 "trial repeated. Give --seed S (a new --out), or serve without --deterministic")
         resuming = rd.results.exists()
-        header = rd.write_header({**header_for(cfg, manifest, argv, ident), "selection": selection}, force=cfg.force)
+        header = rd.write_header({**header_for(cfg, manifest, argv, ident), "selection": selection,
+                                  "seed_source": seed_source}, force=cfg.force)
         if skipped_images:
             rd.note_skipped(skipped_images)
         if resuming:  # the cheap part of python -m agent.rundir check: torn lines, temp files, duplicates
@@ -300,6 +332,7 @@ async def _run_locked(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends
         print(f"{spec.label} on {manifest.name}: {len(samples)} samples x {cfg.trials} trials; "
               f"{skipped} already done, {len(jobs)} to run -> {rd.path}", file=sys.stderr)
     counts: Counter = Counter()
+    stats = UnitStats()
     if not jobs:
         return {"run_dir": str(rd.path), "ran": 0, "skipped": skipped, "counts": {}, "llm_calls": 0,
                 "skipped_images": len(skipped_images), "first_error": None}
@@ -315,6 +348,8 @@ async def _run_locked(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends
         toolbox = make_toolbox(cfg.tools, world_dir=cfg.world, cache_path=cache_path, mode=cfg.cache_mode,
                                live_fallback=cfg.live_fallback)
     pool = BackendPool(backends)
+    # the model every reply must name (OpenAI-compatible replies carry ``model``; SGLang's native replies do not)
+    served_model = (header.get("model") or {}).get("served_model") if cfg.backend == "openai" and own_backends else None
     claim = _claimer(jobs, _SHARED.get("counter"))
     if _SHARED.get("freeze"):
         # the command line's process: what is alive now (modules, tokenizer, manifest) is never garbage; keep
@@ -350,7 +385,7 @@ async def _run_locked(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends
             traj = new_trajectory(spec, sample, trial)
             try:
                 coro = run_sample(spec, sample, trial, backend=backends[i], toolbox=toolbox,
-                                  sampling=cfg.sampling(trial), traj=traj)
+                                  sampling=cfg.sampling(trial), traj=traj, served_model=served_model)
                 line, _ = await (asyncio.wait_for(coro, cfg.timeout) if cfg.timeout else coro)
             except asyncio.TimeoutError:
                 traj.error("Timeout", f"sample exceeded --timeout {cfg.timeout:g}s")
@@ -365,6 +400,7 @@ async def _run_locked(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends
             await asyncio.shield(fut)
             n_calls += line["n_calls"]
             n_tokens += line["generated_tokens"]
+            stats.add(line)
             if line["status"] == "error":
                 first_error[:0] = [] if first_error else [f"{line['sample_id']}/t{line['trial']}: {line.get('error')}"]
                 streak["n"] += 1
@@ -400,14 +436,51 @@ async def _run_locked(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends
                "llm_calls": n_calls, "generated_tokens": n_tokens, "elapsed_s": round(elapsed, 2),
                "interrupted": interrupted, "tool_stats": dict(toolbox.stats), "skipped_images": len(skipped_images),
                "first_error": first_error[0] if first_error else None,
-               "stopped_after_errors": streak["n"] if stop.is_set() else 0}
+               "stopped_after_errors": streak["n"] if stop.is_set() else 0, **stats.to_dict()}
     if cfg.shard is None:
         print(f"{'interrupted' if interrupted else 'done'}: {summary['ran']} written ({dict(counts)}), "
               f"{n_calls} LLM calls in {elapsed:.1f}s; tools: {dict(toolbox.stats)}", file=sys.stderr)
+        for x in stats.lines(cfg.sampling().max_tokens):
+            print(x, file=sys.stderr)
     if interrupted:
         print("rerun the same command to resume; finished samples are kept.", file=sys.stderr)
         raise KeyboardInterrupt
     return summary
+
+
+class UnitStats:
+    """What the run summary reports beyond statuses, gathered from each written line: calls that ended by
+    length (per call index = step), and units ended because the reply named another model."""
+
+    def __init__(self):
+        self.length_by_step: Counter = Counter()
+        self.calls = 0
+        self.model_changed = 0
+
+    def add(self, line: dict) -> None:
+        for c in line.get("calls") or ():
+            self.calls += 1
+            if c.get("finish_reason") == "length":
+                self.length_by_step[int(c["index"])] += 1
+        if line.get("status") == "error" and str(line.get("error") or "").startswith("ServedModelChanged"):
+            self.model_changed += 1
+
+    def to_dict(self) -> dict:
+        return {"length_ended_calls": sum(self.length_by_step.values()), "calls_seen": self.calls,
+                "length_ended_by_step": {str(k): v for k, v in sorted(self.length_by_step.items())},
+                "served_model_changed": self.model_changed}
+
+    def lines(self, max_tokens: int) -> list[str]:
+        out = []
+        n = sum(self.length_by_step.values())
+        if n:
+            by = ", ".join(f"step {k}: {v}" for k, v in sorted(self.length_by_step.items()))
+            out.append(f"{n} of {self.calls} LLM calls ended by length (max_tokens {max_tokens}; {by}): their "
+                       "thinking or action was cut (--max-tokens raises the cap)")
+        if self.model_changed:
+            out.append(f"{self.model_changed} unit(s) ended in error because a reply named another model than the run "
+                       "records (a router mixing backends, a redeployed server): check the endpoint, then --retry-errors")
+        return out
 
 
 #: Allocations between young collections in runner processes (Python's default: 700).
@@ -518,12 +591,15 @@ async def _run_processes(cfg: RunConfig, rd: RunDir, job_keys: list, skipped: in
         summaries.append(results.get())
     # what the workers wrote, read from the file itself (an interrupted worker cannot report it)
     counts: Counter = Counter()
+    stats = UnitStats()
     if rd.results.exists():
         with open(rd.results, "rb") as f:
             f.seek(offset0)
             for raw in f.read().split(b"\n"):
                 try:
-                    counts[json.loads(raw)["status"]] += 1
+                    ln = json.loads(raw)
+                    counts[ln["status"]] += 1
+                    stats.add(ln)
                 except (ValueError, KeyError, TypeError):
                     continue
     errors = [s["error"] for s in summaries if "error" in s]
@@ -534,9 +610,12 @@ async def _run_processes(cfg: RunConfig, rd: RunDir, job_keys: list, skipped: in
                "generated_tokens": sum(s.get("generated_tokens", 0) for s in summaries), "elapsed_s": round(elapsed, 2),
                "interrupted": interrupted, "processes": cfg.processes, "errors": errors,
                "first_error": next((s["first_error"] for s in summaries if s.get("first_error")), None),
-               "stopped_after_errors": max((s.get("stopped_after_errors") or 0 for s in summaries), default=0)}
+               "stopped_after_errors": max((s.get("stopped_after_errors") or 0 for s in summaries), default=0),
+               **stats.to_dict()}
     print(f"{'interrupted' if interrupted else 'done'}: {summary['ran']} written ({dict(counts)}) by "
           f"{cfg.processes} processes, {summary['llm_calls']} LLM calls in {elapsed:.1f}s", file=sys.stderr)
+    for x in stats.lines(cfg.sampling().max_tokens):
+        print(x, file=sys.stderr)
     for e in errors:
         print(f"a runner process failed: {e}", file=sys.stderr)
     if interrupted:
@@ -589,10 +668,12 @@ def build_parser() -> argparse.ArgumentParser:
     g = ap.add_argument_group("sampling (paper defaults)")
     g.add_argument("--temperature", type=float, default=0.2, help="paper B.1")
     g.add_argument("--top-p", type=float, default=0.95, help="paper B.1")
-    g.add_argument("--max-tokens", type=int, help=f"per call (default 4096; {EMBEDDED_MAX_TOKENS} on the tiny model)")
+    g.add_argument("--max-tokens", type=int, help=f"per call (default {SERVED_MAX_TOKENS}, the paper's release; "
+                                                  f"{EMBEDDED_MAX_TOKENS} on the tiny model)")
     g.add_argument("--top-logprobs", type=int, default=DEFAULT_TOP_LOGPROBS, help="alternatives per token (paper: 20)")
     g.add_argument("--seed", type=int, help="base seed, trial t uses seed + t (honoured by SGLang only with "
-                                            "--enable-deterministic-inference)")
+                                            "--enable-deterministic-inference); default: drawn once per run and "
+                                            "recorded in header.json, so trials are independent on every server")
     g.add_argument("--no-thinking", dest="thinking", action="store_false", help="render prompts with thinking off")
     g.add_argument("--t-max", type=int, default=20, help="LLM calls per trajectory (paper: 20)")
     g.add_argument("--b-max", type=int, default=5, help="calls per branch (paper: 5)")
@@ -669,6 +750,9 @@ def main(argv=None) -> int:
               f"{summary.get('first_error')}\nfix the cause, then rerun: {retry}", file=sys.stderr)
         return 4
     if bad:
+        if summary.get("served_model_changed"):
+            print(f"{summary['served_model_changed']} of them because the served model changed under the run",
+                  file=sys.stderr)
         print(f"{bad} unit(s) ended in error or timeout; first error: {summary.get('first_error')}\n"
               f"rerun them with: {retry}", file=sys.stderr)
         return 3

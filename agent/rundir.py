@@ -476,6 +476,7 @@ class Run:
             r["n_query_images"] = len(ln.get("query_images") or {})
             r["max_prompt_tokens"] = max((c["prompt_tokens"] for c in ln.get("calls", [])), default=0)
             r["total_tokens"] = sum(c["prompt_tokens"] + c["completion_tokens"] for c in ln.get("calls", []))
+            r["length_calls"] = sum(c.get("finish_reason") == "length" for c in ln.get("calls", []))
             for name, n in (ln.get("tool_calls") or {}).items():
                 r[f"tool_{name}"] = n
             rows.append(r)

@@ -67,7 +67,14 @@ def grades_of(run_dir, judge: str | None = None) -> tuple[list[dict], str]:
             if len(labels) > 1:
                 raise RunError(f"{p} holds grades of {len(labels)} judges ({'; '.join(labels)}); regrade with one "
                                f"judge (python -m agent.judge {run_dir} --regrade)")
-            return list(recs.values()), (labels[0] if labels else name)
+            label = labels[0] if labels else name
+            served = sorted({r["judge_served_model"] for r in recs.values() if r.get("judge_served_model")})
+            if len(served) > 1:  # the judge's replies named different models: rerouted mid-run
+                raise RunError(f"{p}: the judge's replies name {len(served)} models ({', '.join(served)}): the judge "
+                               f"was rerouted while grading. Regrade with one (python -m agent.judge {run_dir} --regrade)")
+            if served:
+                label = f"{label} [served: {served[0]}]"
+            return list(recs.values()), label
     want = f"--judge {judge} " if judge else ""
     raise RunError(f"{run_dir}: no {judge + ' ' if judge else ''}judge output; run python -m agent.judge {run_dir} "
                    f"{want}first")
@@ -118,14 +125,27 @@ def _comparability_note(runs) -> str:
     return ("**Warning: compared runs differ:** " + "; ".join(diffs) + ".") if diffs else ""
 
 
-def _per_trial_acc(df) -> tuple[float, float, list[float]]:
+def _per_trial_acc(df, refused: bool = False) -> tuple[float, float | None, list[float]]:
+    """Mean and std (ddof = 1) over trials in %; std None for one trial (undefined) or when refused."""
     per = [g["correct"].mean() * 100 for _, g in df.groupby("trial")]
-    return float(np.mean(per)), (float(np.std(per, ddof=1)) if len(per) > 1 else 0.0), per
+    return float(np.mean(per)), (float(np.std(per, ddof=1)) if len(per) > 1 and not refused else None), per
+
+
+def _cell(m: float, s: float | None, mark: str = "") -> str:
+    return (f"{m:.1f} ± {s:.1f}" if s is not None else f"{m:.1f} ± —") + mark
 
 
 def table1(run_dirs, judge: str | None = None) -> "pd.DataFrame":
-    """Table 1 (and Table 3 when given ReAct-Removal@k runs): accuracy (%) mean ± std over trials."""
+    """Table 1 (and Table 3 when given ReAct-Removal@k runs): accuracy (%) mean ± std over trials.
+
+    The caption's rule (Table 1): the n under each benchmark is "the number of evaluated instances per
+    benchmark, identical for all methods and trials". A cell whose method x trial evaluated another set of
+    samples than the column's (the union over every row and trial) is marked ``†`` and named in the note. A
+    std is "—" for one trial (undefined) and refused ("—", with the reason in the note) over identical trials.
+    ``attrs["numeric"]`` holds the numbers (mean, std, n_trials, n, n_expected per row x benchmark): the CSV."""
     import pandas as pd
+
+    from agent.judge import identical_trials
 
     runs, missing, label = judged_runs(run_dirs, judge)
     if not runs:
@@ -140,24 +160,57 @@ def table1(run_dirs, judge: str | None = None) -> "pd.DataFrame":
             raise RunError(f"two runs of {key[0]} on {key[1]} cover {sorted(clash)}: give one run per method, "
                            f"model and benchmark ({run.path})")
         have.append((run, recs))
-    rows, counts = [], {}
-    for (method, model), items in groups.items():
+    frames = {}
+    for key, items in groups.items():
         df = pd.DataFrame([r for _, recs in items for r in recs])
         df["correct"] = df["grade"] == "CORRECT"
-        row = {"method": method, "model": model}
+        frames[key] = df
+    # the column's evaluated set: every sample any row graded on that benchmark, in any trial
+    expected: dict = {}
+    for df in frames.values():
         for b, g in df.groupby("benchmark"):
-            m, s, _ = _per_trial_acc(g)
-            counts[b] = max(counts.get(b, 0), int((g.trial == g.trial.min()).sum()))
-            row[b] = f"{m:.1f} ± {s:.1f}"
-        m, s, _ = _per_trial_acc(df)
-        row["Avg."] = f"{m:.1f} ± {s:.1f}"
+            expected.setdefault(b, set()).update(g["sample_id"])
+    rows, numeric, notes_n, notes_id = [], [], [], []
+    for (method, model), df in frames.items():
+        refused = identical_trials([ln for run, _ in groups[(method, model)] for ln in run.lines])
+        if refused:
+            notes_id.append(f"{method} / {model}: {refused}")
+        row = {"method": method, "model": model}
+        off_any = False
+        for b in sorted(expected):
+            g = df[df.benchmark == b]
+            if g.empty:
+                row[b] = "—"
+                continue
+            m, s, per = _per_trial_acc(g, refused=bool(refused))
+            off = [(int(t), len(set(gt.sample_id)), len(expected[b])) for t, gt in g.groupby("trial")
+                   if set(gt.sample_id) != expected[b]]
+            off_any = off_any or bool(off)
+            for t, n, n_exp in off:
+                notes_n.append(f"{method} / {model}, {b}, trial {t}: {n} evaluated of the column's {n_exp}")
+            row[b] = _cell(m, s, " †" if off else "")
+            numeric.append({"method": method, "model": model, "benchmark": b, "mean": m, "std": s,
+                            "n_trials": len(per), "n": int(g.groupby("trial").size().min()), "n_expected": len(expected[b]),
+                            "same_set": not off, "std_refused": bool(refused)})
+        m, s, per = _per_trial_acc(df, refused=bool(refused))
+        row["Avg."] = _cell(m, s, " †" if off_any else "")
         row["trials"] = int(df["trial"].nunique())
+        numeric.append({"method": method, "model": model, "benchmark": "Avg.", "mean": m, "std": s,
+                        "n_trials": len(per), "n": int(df.groupby("trial").size().min()),
+                        "n_expected": sum(len(v) for v in expected.values()), "same_set": not off_any,
+                        "std_refused": bool(refused)})
         rows.append(row)
     out = pd.DataFrame(rows)
-    benches = sorted(counts)
-    out = out.rename(columns={b: f"{b} (n={counts[b]})" for b in benches})
-    out = out[["method", "model", *[f"{b} (n={counts[b]})" for b in benches], "Avg.", "trials"]]
-    notes = [f"Accuracy (%), mean ± std (ddof=1) over trials; Avg. weighted by sample counts. Judge: {label}."]
+    benches = sorted(expected)
+    out = out.rename(columns={b: f"{b} (n={len(expected[b])})" for b in benches})
+    out = out[["method", "model", *[f"{b} (n={len(expected[b])})" for b in benches], "Avg.", "trials"]]
+    notes = [f"Accuracy (%), mean ± std (ddof=1) over trials; Avg. weighted by sample counts. Judge: {label}. "
+             "± — : one trial (a std needs two) or a refused std."]
+    if notes_n:
+        notes.append("**† evaluated on another set than the column's n** (Table 1: n is identical for all methods "
+                     "and trials): " + "; ".join(notes_n) + ".")
+    if notes_id:
+        notes.append("**std refused:** " + "; ".join(notes_id) + ".")
     cmp_note = _comparability_note([r for r, _ in runs])
     if cmp_note:
         notes.append(cmp_note)
@@ -166,6 +219,8 @@ def table1(run_dirs, judge: str | None = None) -> "pd.DataFrame":
     out.attrs["note"] = "\n\n".join(notes)
     out.attrs["judge"] = label
     out.attrs["missing"] = missing
+    out.attrs["numeric"] = pd.DataFrame(numeric)
+    out.attrs["mismatched_n"] = notes_n
     return out
 
 
@@ -198,12 +253,14 @@ def table4(run_dirs) -> "pd.DataFrame":
                      "cumulative tokens": s.total_tokens.mean(), "working context": s.max_prompt_tokens.mean(),
                      "LLM calls": s.n_calls.mean(), "tool calls": s.n_tool_calls.mean(),
                      "Visual Search (lens_search)": s.tool_lens_search.mean(),
-                     "Text Retrieval (search)": s.tool_search.mean(), "Web Visit (visit)": s.tool_visit.mean()})
+                     "Text Retrieval (search)": s.tool_search.mean(), "Web Visit (visit)": s.tool_visit.mean(),
+                     # ours: calls cut by max_tokens (a cut think block forces a correction; not in the paper)
+                     "ended by length (% of calls)": 100.0 * s.length_calls.sum() / max(int(s.n_calls.sum()), 1)})
     df = pd.DataFrame(rows)
     df.attrs["note"] = ("Means per trajectory, pooled over every run given for a method (backbone x benchmark). "
                         "Cumulative tokens = prompt + completion tokens over all LLM calls; working context = the "
                         "largest prompt of any single call. Trajectories that ended in a harness error or timeout "
-                        "are excluded.")
+                        "are excluded. 'ended by length' (ours) = calls whose generation stopped at max_tokens.")
     return df
 
 
@@ -263,5 +320,7 @@ def write_table(df, stem) -> list[Path]:
     if df.attrs.get("note"):
         md = [df.attrs["note"], "", *md]
     stem.with_suffix(".md").write_text("\n".join(md) + "\n")
-    df.to_csv(stem.with_suffix(".csv"), index=False)
+    # the CSV holds numbers (a table's display strings, "mean ± std", live in the .md only)
+    numeric = df.attrs.get("numeric")
+    (numeric if numeric is not None else df).to_csv(stem.with_suffix(".csv"), index=False)
     return [stem.with_suffix(".md"), stem.with_suffix(".csv")]

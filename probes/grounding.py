@@ -1,6 +1,6 @@
 """The grounding annotator (paper §3.2.1, B.4, appendix E.6 / E.7): Image Needed / Image-Derived / Text Only per step.
 
-    python -m probes.grounding RUN_DIR                                  # OpenRouter google/gemini-3-flash ($OPENROUTER_API_KEY)
+    python -m probes.grounding RUN_DIR                                  # OpenRouter google/gemini-3-flash-preview ($OPENROUTER_API_KEY)
     python -m probes.grounding RUN_DIR --endpoint http://gpu:30000 --model qwen3.5-27b [--retries 2] [--limit N]
 
 Two passes per trajectory, with the question, the query images and the steps in chronological order

@@ -10,7 +10,7 @@
 #       --model-dir /models/Qwen3.5-27B [--out runs/fig2-27b] [--trials 1] [--steps 1..5] [--limit N]
 #       [--teacher-forced]   (also score each step teacher-forced: the KL influence panel; ~2 scoring calls per step)
 #       against a served Qwen3.5 (serving/launch_qwen35.sh), live tools (SERPER_API_KEY, JINA_API_KEY, a lens
-#       URL), the paper's annotator and judge (OpenRouter gemini-3-flash, OPENROUTER_API_KEY); everything a
+#       URL), the paper's annotator and judge (OpenRouter google/gemini-3-flash-preview, OPENROUTER_API_KEY); everything a
 #       later stage needs is checked first (python -m agent.preflight).
 #
 # Every step is resumable: rerunning the script continues where it stopped.

@@ -92,13 +92,16 @@ HARNESS_ERRORS = (BackendError, CacheMiss, ImageError, BudgetExceeded, OSError)
 
 
 async def run_sample(spec: MethodSpec, sample, trial: int, *, backend, toolbox,
-                     sampling: SamplingParams | None = None, traj: Trajectory | None = None) -> tuple[dict, Trajectory]:
-    """Run one (sample, trial); pass ``traj`` to keep the partial record if the caller cancels (timeout)."""
+                     sampling: SamplingParams | None = None, traj: Trajectory | None = None,
+                     served_model: str | None = None) -> tuple[dict, Trajectory]:
+    """Run one (sample, trial); pass ``traj`` to keep the partial record if the caller cancels (timeout).
+    ``served_model``: the model the run recorded; a reply naming another one ends the unit ``error``."""
     traj = traj or new_trajectory(spec, sample, trial)
     try:
         ep = Episode(sample, trial, backend=backend, toolbox=toolbox, sampling=sampling or SamplingParams(),
                      traj=traj, budgets=spec.budgets, allowed_tools=spec.allowed_tools(),
-                     history_reasoning=spec.history_reasoning, observation_images=spec.observation_images)
+                     history_reasoning=spec.history_reasoning, observation_images=spec.observation_images,
+                     served_model=served_model)
         if spec.method == "direct":
             status, answer = await run_direct(ep)
         elif spec.method == "react":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..backends.base import ModelOutput, SamplingParams
+from ..backends.base import BackendError, ModelOutput, SamplingParams
 from ..backends.messages import strip_images
 from ..parsing import Action, ActionError
 from ..prompts import CORRECTION, fill
@@ -18,7 +18,7 @@ from ..tools.registry import ImageRegistry, RegisteredImage
 from ..tools.toolbox import TOOL_NAMES, ToolResult
 from ..trajectory import Trajectory
 
-__all__ = ["Budgets", "Episode", "BudgetExceeded", "Turn", "image_parts", "with_suffix", "tool_reply", "correction_text",
+__all__ = ["Budgets", "Episode", "BudgetExceeded", "ServedModelChanged", "Turn", "image_parts", "with_suffix", "tool_reply", "correction_text",
            "strip_images", "chat", "with_turns", "assistant_message", "HISTORY_REASONING", "WEBWATCHER_OBSERVATION_IMAGES"]
 
 #: How an assistant turn goes back into the history: ``keep`` its reasoning as ``reasoning_content``
@@ -51,6 +51,11 @@ class Budgets:
 
 class BudgetExceeded(RuntimeError):
     """A method tried to call the model past T_max (a bug in the method, never the model's fault)."""
+
+
+class ServedModelChanged(BackendError):
+    """A reply named another model than the one the run recorded (a router mixing backends, a redeployed
+    server): the unit ends ``error``, never a trajectory of two models."""
 
 
 def image_parts(images: list[RegisteredImage]) -> list[dict]:
@@ -123,7 +128,7 @@ def correction_text(err: ActionError) -> str:
 class Episode:
     def __init__(self, sample, trial: int, *, backend, toolbox, sampling: SamplingParams, traj: Trajectory,
                  budgets: Budgets = Budgets(), allowed_tools=TOOL_NAMES, history_reasoning: str = "keep",
-                 observation_images: int = WEBWATCHER_OBSERVATION_IMAGES):
+                 observation_images: int = WEBWATCHER_OBSERVATION_IMAGES, served_model: str | None = None):
         if history_reasoning not in HISTORY_REASONING:
             raise ValueError(f"history_reasoning must be one of {HISTORY_REASONING}, got {history_reasoning!r}")
         self.sample = sample
@@ -136,6 +141,7 @@ class Episode:
         self.allowed_tools = tuple(allowed_tools)
         self.history_reasoning = history_reasoning
         self.observation_images = int(observation_images)
+        self.served_model = served_model  # every reply must name it (when the reply names a model at all)
         self.registry = ImageRegistry.from_paths(sample.image_paths, sample.benchmark)
         traj.query_hashes = [r.sha256 for r in self.registry.images]
 
@@ -165,6 +171,9 @@ class Episode:
         if self.remaining <= 0:
             raise BudgetExceeded(f"{self.sample.id}: call {self.used + 1} exceeds T_max={self.budgets.t_max}")
         out = await self.backend.generate(messages, self.sampling)
+        if self.served_model and out.model and out.model != self.served_model:
+            raise ServedModelChanged(f"call {self.used + 1}: the reply names model {out.model!r}, but this run records "
+                                     f"{self.served_model!r} (a router mixing backends, or a redeployed server?)")
         ev = self.traj.llm_call(messages, out, state=state, branch=branch, correction=correction, forced=forced,
                                 parent=parent, sampling=self.sampling.to_dict())
         return out, ev

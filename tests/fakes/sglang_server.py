@@ -274,7 +274,7 @@ class _Handler(JSONHandler):
         """Replies depend only on (text, k, max_tokens, flags): encode each distinct one once."""
         reply = self.server.reply(req) if callable(self.server.reply) else self.server.reply
         key = (reply, req.get("top_logprobs"), req.get("max_tokens"), bool(req.get("logprobs")),
-               bool(req.get("return_meta_info")))
+               bool(req.get("return_meta_info")), self.server.model_name)
         with self.server.lock:
             hit = self.server.chat_cache.get(key)
         if hit is None:
@@ -288,7 +288,8 @@ class _Handler(JSONHandler):
         k = int(req.get("top_logprobs") or 0)
         reply = req["_reply"]
         null = reply is None
-        out_ids = tok.encode(reply or "")[: int(req.get("max_tokens") or 16)]
+        all_ids = tok.encode(reply or "")
+        out_ids = all_ids[: int(req.get("max_tokens") or 16)]
         texts = [tok.decode(t) for t in out_ids]
         full = "".join(texts)
         # --reasoning-parser qwen3 with the <think> pre-fill: SGLang's rules (which split_think mirrors, as
@@ -300,7 +301,8 @@ class _Handler(JSONHandler):
         choice = {"index": 0, "message": {"role": "assistant", "content": None if null else content.strip(),
                                           "reasoning_content": None if null else (reasoning.strip() or None),
                                           "tool_calls": None},
-                  "finish_reason": "stop", "matched_stop": 151645}
+                  **({"finish_reason": "stop", "matched_stop": 151645} if len(out_ids) == len(all_ids)
+                     else {"finish_reason": "length", "matched_stop": None})}
         if req.get("logprobs"):
             content_lp = []
             for j, (t, s) in enumerate(zip(out_ids, texts)):

@@ -1,0 +1,194 @@
+"""The paper's protocol as published numbers need it (issue 20): independent trials, one served model per run,
+calls cut by length counted, B_max in the branch prompt, the B_max-sweep selection, Table 1's n, one judge id."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agent.run import SERVED_MAX_TOKENS, main as run_main
+from agent.rundir import RunDir, load_run
+from scripts.soak import agent_policy
+from tests.fakes.sglang_server import FakeSGLang
+
+
+def _cli(url, out, *extra):
+    return ["--method", "react", "--backend", "openai", "--endpoint", url, "--benchmark", "demo", "--t-max", "6",
+            "--out", str(out), "--no-progress", *extra]
+
+
+def _seeds(srv) -> list:
+    return [b.get("seed") for b in srv.bodies if "messages" in b]
+
+
+def test_each_trial_samples_with_its_own_recorded_seed(tmp_path):
+    """SGLang with deterministic inference seeds every unseeded request with 42: trials would be one trial x3."""
+    with FakeSGLang(reply=agent_policy, deterministic=True) as srv:
+        assert run_main(_cli(srv.url, tmp_path / "r", "--limit", "2", "--trials", "3")) == 0
+        header = RunDir(tmp_path / "r").read_header()
+        base = header["sampling"]["seed"]
+        assert isinstance(base, int) and header["seed_source"] == "drawn"
+        seeds = _seeds(srv)
+        assert set(seeds) == {base, base + 1, base + 2}  # one per trial, every request carries it
+        by_trial = {}
+        for ln in load_run(tmp_path / "r").lines:
+            ev = next(e for e in ln["events"] if e["type"] == "llm_call")
+            by_trial.setdefault(ln["trial"], set()).add(ev["sampling"]["seed"])
+        assert by_trial == {0: {base}, 1: {base + 1}, 2: {base + 2}}  # and each call records its seed
+        # a resume reuses the recorded seeds (no new draw, no header clash)
+        n = len(srv.bodies)
+        assert run_main(_cli(srv.url, tmp_path / "r", "--limit", "3", "--trials", "3")) == 0
+        assert set(_seeds(srv)[n:]) <= {base, base + 1, base + 2}
+        assert RunDir(tmp_path / "r").read_header()["sampling"]["seed"] == base
+        # a given --seed is recorded as given
+        assert run_main(_cli(srv.url, tmp_path / "g", "--limit", "1", "--seed", "7")) == 0
+        assert RunDir(tmp_path / "g").read_header()["seed_source"] == "given"
+
+
+def test_a_seedless_legacy_run_on_a_deterministic_server_is_refused(tmp_path, capsys):
+    with FakeSGLang(reply=agent_policy, deterministic=True) as srv:
+        assert run_main(_cli(srv.url, tmp_path / "r", "--limit", "1", "--trials", "2")) == 0
+        rd = RunDir(tmp_path / "r")
+        h = rd.read_header()
+        h["sampling"]["seed"] = None  # what a run recorded before per-trial seeds looks like
+        h.pop("seed_source")
+        rd.header_path.write_text(json.dumps(h))
+        n = len(srv.bodies)
+        assert run_main(_cli(srv.url, tmp_path / "r", "--limit", "2", "--trials", "2")) == 2
+        assert len(srv.bodies) == n  # refused before any work
+    assert "one trial repeated" in capsys.readouterr().err
+
+
+def test_a_reply_from_another_model_ends_the_unit_and_the_run_says_so(tmp_path, capsys):
+    with FakeSGLang(reply=agent_policy) as srv:
+        calls = {"n": 0}
+
+        def policy(req):
+            calls["n"] += 1
+            if calls["n"] == 3:  # a router starts sending part of the traffic to another deployment
+                srv.model_name = "other-model"
+            return agent_policy(req)
+
+        srv.reply = policy
+        rc = run_main(_cli(srv.url, tmp_path / "r", "--limit", "3", "--concurrency", "1"))
+    err = capsys.readouterr().err
+    lines = load_run(tmp_path / "r").lines
+    changed = [ln for ln in lines if ln["status"] == "error"]
+    assert rc == 3 and changed and all("ServedModelChanged" in ln["error"] and "other-model" in ln["error"] for ln in changed)
+    assert "because the served model changed" in err and "named another model" in err
+    # nothing from the other model is kept as a finished trajectory
+    assert all(ln["model"] == "fake-qwen3.5" for ln in lines if ln["status"] == "ok")
+
+
+def test_served_models_get_the_release_generation_length_and_length_cuts_are_counted(tmp_path, capsys):
+    with FakeSGLang(reply=agent_policy) as srv:
+        assert run_main(_cli(srv.url, tmp_path / "full", "--limit", "1")) == 0
+        assert {b["max_tokens"] for b in srv.bodies if "messages" in b} == {SERVED_MAX_TOKENS} == {8192}
+        capsys.readouterr()
+        rc = run_main(_cli(srv.url, tmp_path / "cut", "--limit", "2", "--max-tokens", "6"))
+    err = capsys.readouterr().err
+    lines = load_run(tmp_path / "cut").lines
+    cut = sum(c["finish_reason"] == "length" for ln in lines for c in ln["calls"])
+    assert rc in (0, 3) and cut > 0
+    assert f"{cut} of " in err and "ended by length (max_tokens 6; step 1:" in err
+    from analysis.tables import table4
+
+    t4 = table4([tmp_path / "cut"])
+    total = sum(ln["n_calls"] for ln in lines if ln["status"] in ("ok", "no_answer"))
+    kept = sum(c["finish_reason"] == "length" for ln in lines if ln["status"] in ("ok", "no_answer") for c in ln["calls"])
+    assert t4["ended by length (% of calls)"].iloc[0] == pytest.approx(100 * kept / total)
+
+
+# ------------------------------------------------------------------ Table 1: independent trials, n, one judge
+def _direct(tmp_path, name, replies, **kw):
+    import asyncio
+
+    from agent.backends.scripted import ScriptedBackend
+    from agent.judge import judge_run
+    from agent.run import RunConfig, run
+
+    out = tmp_path / name
+    asyncio.run(run(RunConfig(method="direct", out=str(out), progress=False, **kw), [],
+                    backends=[ScriptedBackend(list(replies))]))
+    asyncio.run(judge_run(out, judge="exact", progress=False))
+    return out
+
+
+def test_std_over_identical_trials_is_refused_and_over_differing_ones_given(tmp_path):
+    from analysis.tables import table1
+
+    same = _direct(tmp_path, "same", ["<answer>1911</answer>"] * 12, limit=3, trials=2)
+    t = table1([same])
+    assert t.iloc[0]["Avg."].endswith("± —") and "std refused" in t.attrs["note"] and "identical" in t.attrs["note"]
+    assert t.attrs["numeric"].query("benchmark == 'Avg.'").iloc[0]["std_refused"]
+    # the second trial answers differently for one sample: a real std (and no refusal)
+    differ = _direct(tmp_path, "differ", ["<answer>1911</answer>"] * 3 + ["<answer>nope</answer>"]
+                     + ["<answer>1911</answer>"] * 2, limit=3, trials=2)
+    t = table1([differ])
+    assert "std refused" not in t.attrs["note"]
+    num = t.attrs["numeric"].query("benchmark == 'Avg.'").iloc[0]
+    assert num["std"] == pytest.approx(23.57, abs=0.01)  # per trial 33.3 and 0.0 %, ddof = 1
+
+
+def test_a_cell_evaluated_on_another_set_than_the_columns_n_is_marked(tmp_path):
+    """Table 1's caption: n is "identical for all methods and trials"."""
+    from analysis.tables import table1, write_table
+
+    full = _direct(tmp_path, "full", ["<answer>1911</answer>"] * 6, limit=6)
+    part = tmp_path / "part"
+    import asyncio
+
+    from agent.backends.scripted import ScriptedBackend
+    from agent.judge import judge_run
+    from agent.run import RunConfig, run
+
+    asyncio.run(run(RunConfig(method="react", out=str(part), limit=4, t_max=2, progress=False), [],
+                    backends=[ScriptedBackend(["<answer>1911</answer>"] * 4)]))
+    asyncio.run(judge_run(part, judge="exact", progress=False))
+    t = table1([full, part])
+    assert "demo (n=6)" in t.columns
+    row = t.set_index("method").loc["react"]
+    assert row["demo (n=6)"].endswith("†") and not t.set_index("method").loc["direct"]["demo (n=6)"].endswith("†")
+    assert "react / scripted, demo, trial 0: 4 evaluated of the column's 6" in t.attrs["note"]
+    paths = write_table(t, tmp_path / "t1")
+    import pandas as pd
+
+    csv = pd.read_csv(paths[1])
+    r = csv[(csv.method == "react") & (csv.benchmark == "demo")].iloc[0]
+    assert r["n"] == 4 and r["n_expected"] == 6 and not r["same_set"]  # numbers, not "mean ± std" strings
+
+
+def test_the_judge_records_the_model_its_replies_name_and_a_rerouted_judge_is_refused(tmp_path):
+    import asyncio
+
+    from agent.judge import judge_run
+    from analysis.tables import table1
+    from agent.rundir import RunError
+    from tests.test_judge import _make_run, judge_reply
+
+    rd = asyncio.run(_make_run(tmp_path, trials=1))
+    with FakeSGLang(reply=judge_reply, model_name="judge-v1") as srv:
+        n = {"i": 0}
+
+        def rerouted(req):
+            n["i"] += 1
+            if n["i"] == 3:
+                srv.model_name = "judge-v2"  # the provider routes the preview id to another model mid-run
+            return judge_reply(req)
+
+        srv.reply = rerouted
+        asyncio.run(judge_run(rd, endpoint=srv.url, model="judge-v1", api_key_env=None, server="sglang", progress=False))
+    recs = [json.loads(x) for x in (rd / "judge-llm.jsonl").read_text().splitlines()]
+    assert {r.get("judge_served_model") for r in recs if r["reason"] == "llm"} == {"judge-v1", "judge-v2"}
+    with pytest.raises(RunError, match="judge was rerouted"):
+        table1([rd])
+
+
+def test_one_judge_model_id_everywhere():
+    from agent import cli, judge
+
+    assert judge.DEFAULT_MODEL == cli.JUDGE_MODEL == "google/gemini-3-flash-preview"
+    from tests.conftest import REPO
+
+    readme = (REPO / "README.md").read_text()
+    assert "gemini-3-flash-preview" in readme and "gemini-3-flash " not in readme and "gemini-3-flash)" not in readme
