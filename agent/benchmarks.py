@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 __all__ = ["Sample", "Problem", "Manifest", "load_benchmark", "load_dataset_dir", "PAPER_CATEGORY", "paper_subset",
+           "random_per_benchmark", "load_selection",
            "resolve_benchmark"]
 
 #: Paper §4.1: the three benchmark categories (plus the HLE-VL extra and the offline demo).
@@ -284,6 +285,41 @@ def paper_subset(m: Manifest, seed: int = 0, n: int | None = None) -> list[Sampl
     raise ValueError(f"the paper uses {m.name} as released; no subset policy (browsecomp_vl, world_vqa, vdr_bench)")
 
 
+def random_per_benchmark(manifests: dict[str, Manifest], n: int, seed: int) -> dict:
+    """D.2 (Table 14): "100 examples at random from each of the seven benchmarks (700 samples)". A selection:
+    ``{"kind", "n_per_benchmark", "seed", "benchmarks": {name: [ids in manifest order]}}``; deterministic for a
+    seed (each benchmark draws from its own ``Random(f"{seed}:{name}")``, so adding a benchmark changes no other's
+    draw; ours, the paper does not say how it drew). A benchmark with fewer than ``n`` usable samples gives all."""
+    out = {}
+    for name, m in sorted(manifests.items()):
+        rng = random.Random(f"{seed}:{name}")
+        pick = {s.id for s in rng.sample(m.samples, min(n, len(m.samples)))}
+        out[name] = [s.id for s in m.samples if s.id in pick]
+    return {"kind": "random-per-benchmark", "n_per_benchmark": n, "seed": seed, "benchmarks": out,
+            "total": sum(len(v) for v in out.values())}
+
+
+def load_selection(path: str | Path, benchmark: str) -> tuple[list[str], dict]:
+    """The sample ids a selection file (``subset --random-per-benchmark``) holds for ``benchmark``, and what to
+    record of it in a run header."""
+    import hashlib
+
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+        sel = json.loads(raw)
+        ids = sel["benchmarks"][benchmark]
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{p}: selection file not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{p}: not a selection file ({e})") from None
+    except (KeyError, TypeError):
+        names = sorted((sel.get("benchmarks") or {}) if isinstance(sel, dict) else [])
+        raise ValueError(f"{p}: no selection for benchmark {benchmark!r} (it has: {', '.join(names) or 'none'})") from None
+    return list(ids), {"file": str(p), "sha256": hashlib.sha256(raw).hexdigest(), "kind": sel.get("kind"),
+                       "seed": sel.get("seed"), "n_per_benchmark": sel.get("n_per_benchmark")}
+
+
 # ------------------------------------------------------------------ CLI
 def main(argv=None) -> int:
     from .cli import HelpFormatter
@@ -300,13 +336,18 @@ def main(argv=None) -> int:
     st.add_argument("--strict", action="store_true", help="exit 1 if any problem was found")
     st.add_argument("--no-image-check", action="store_true", help="do not look for the image files")
     st.add_argument("--max-image-mb", type=float, help="image size limit (default 20; MMCF_MAX_IMAGE_MB)")
-    ss = sub.add_parser("subset", help="the paper's subset of one benchmark (deterministic for a seed)",
-                        formatter_class=HelpFormatter,
-                        epilog="example: python -m agent.benchmarks subset DATA/world_vqa --seed 0 --out wvqa.jsonl")
-    ss.add_argument("benchmark_dir", help="one benchmark directory")
+    ss = sub.add_parser("subset", help="the paper's subset of one benchmark (deterministic for a seed), or the "
+                        "B_max sweep's random draw per benchmark", formatter_class=HelpFormatter,
+                        epilog="examples:\n  python -m agent.benchmarks subset DATA/world_vqa --seed 0 --out wvqa.jsonl\n"
+                        "  python -m agent.benchmarks subset DATA --random-per-benchmark 100 --seed 0 --out sweep.json\n"
+                        "  python -m agent.run --benchmark DATA/mmsearch --selection sweep.json --b-max 3 ...")
+    ss.add_argument("benchmark_dir", help="one benchmark directory (with --random-per-benchmark: the DATASET_DIR)")
     ss.add_argument("--seed", type=int, default=0, help="the subset's seed")
     ss.add_argument("--n", type=int, help="subset size (default: the paper's)")
-    ss.add_argument("--out", help="write the subset's rows here (default: print ids)")
+    ss.add_argument("--random-per-benchmark", type=int, metavar="N",
+                    help="D.2's selection: N samples at random from each benchmark of DATASET_DIR (paper: 100 x 7 = "
+                         "700), written as a selection file for agent.run --selection")
+    ss.add_argument("--out", help="write the subset's rows (or the selection file) here (default: print ids)")
     a = ap.parse_args(argv)
     if getattr(a, "max_image_mb", None):
         import os
@@ -331,6 +372,21 @@ def main(argv=None) -> int:
             if a.strict and any(m.problems for m in ms.values()):
                 print("strict: data problems found", file=sys.stderr)
                 return 1
+            return 0
+        if a.random_per_benchmark is not None:
+            if a.random_per_benchmark < 1:
+                raise ValueError("--random-per-benchmark needs N >= 1")
+            sel = random_per_benchmark(load_dataset_dir(a.benchmark_dir, check_images=False), a.random_per_benchmark,
+                                       a.seed)
+            short = {k: len(v) for k, v in sel["benchmarks"].items() if len(v) < a.random_per_benchmark}
+            text = json.dumps(sel, indent=1)
+            if a.out:
+                Path(a.out).write_text(text + "\n")
+                print(f"{sel['total']} samples from {len(sel['benchmarks'])} benchmarks written to {a.out}"
+                      + (f"; fewer than {a.random_per_benchmark} usable in {short}" if short else ""))
+                print(f"next: python -m agent.run --benchmark {a.benchmark_dir}/<benchmark> --selection {a.out} ...")
+            else:
+                print(text)
             return 0
         m = load_benchmark(a.benchmark_dir, check_images=False)
         rows = paper_subset(m, a.seed, a.n)

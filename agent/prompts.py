@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 
 __all__ = [
-    "fill", "SYSTEM", "MAIN", "CONTINUATION", "FORCE_ANSWER", "BRANCH", "BRANCH_CAPTION_ONLY", "INIT", "JUDGE",
+    "fill", "SYSTEM", "MAIN", "CONTINUATION", "FORCE_ANSWER", "BRANCH", "BRANCH_CAPTION_ONLY", "branch_prompt", "INIT", "JUDGE",
     "GROUNDING_PASS1", "GROUNDING_PASS2", "REACT_SYSTEM", "REACT_USER", "DIRECT_SYSTEM", "CORRECTION",
     "BRANCH_SUMMARISE", "NO_INIT_IMAGE_CONTEXT", "PAPER_PROMPTS",
 ]
@@ -125,6 +125,18 @@ BRANCH = _BRANCH_TEMPLATE % "\n".join([_TOOL_SEARCH, _TOOL_VISIT, _TOOL_LENS, _T
 #: Ours (derived from E.3): the Image Caption ablation (paper §4.3) runs branches with Text Retrieval
 #: and Web Visit only, so lens_search is removed from the tool list; nothing else changes.
 BRANCH_CAPTION_ONLY = _BRANCH_TEMPLATE % "\n".join([_TOOL_SEARCH, _TOOL_VISIT, _TOOL_RETURN])
+
+#: E.3's budget sentence; the paper's prompt says 5 because B_max = 5 (§4.1). The B_max sweep (D.2, Table 14)
+#: runs other budgets, so the number follows ``--b-max`` and nothing else of E.3 changes (ours: the paper does
+#: not print the sweep's prompts; a prompt promising 5 calls under B_max = 3 would misstate the budget).
+_BRANCH_BUDGET = "finish within at most 5 tool calls;"
+
+
+def branch_prompt(b_max: int, *, lens: bool = True) -> str:
+    """E.3 (verbatim) with the budget sentence naming ``b_max`` (``lens=False``: the Image Caption variant)."""
+    template = BRANCH if lens else BRANCH_CAPTION_ONLY
+    assert template.count(_BRANCH_BUDGET) == 1
+    return template.replace(_BRANCH_BUDGET, f"finish within at most {int(b_max)} tool calls;")
 
 # --------------------------------------------------------------------------- paper, appendix E.4
 INIT = """Briefly describe this image for a research planner who cannot see it.

@@ -61,6 +61,7 @@ class RunConfig:
     concurrency: int = 8
     limit: int | None = None
     sample_ids: list[str] | None = None
+    selection: str | None = None           # a selection file (python -m agent.benchmarks subset --random-per-benchmark)
     backend: str = "local"
     endpoints: list[str] = field(default_factory=list)
     model: str | None = None
@@ -182,6 +183,16 @@ def header_for(cfg: RunConfig, manifest, argv, model: dict | None = None) -> dic
 
 def _select(manifest, cfg: RunConfig) -> list:
     samples = manifest.samples
+    if cfg.selection:
+        from .benchmarks import load_selection
+
+        ids, _ = load_selection(cfg.selection, manifest.name)
+        want = set(ids)
+        samples = [s for s in samples if s.id in want]
+        missing = want - {s.id for s in samples}
+        if missing:
+            raise RunError(f"{cfg.selection}: {len(missing)} selected ids are not in {manifest.path} (first: "
+                           f"{sorted(missing)[:5]}); the selection was drawn from another manifest")
     if cfg.sample_ids:
         want = set(cfg.sample_ids)
         samples = [s for s in samples if s.id in want]
@@ -299,6 +310,10 @@ async def _run_locked(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends
         ident = await identify_backends(cfg, backends)
         selection = {"limit": cfg.limit, "sample_ids": cfg.sample_ids, "n_samples": len(samples),
                      "skipped": [i for i, _ in skipped_images]}
+        if cfg.selection:
+            from .benchmarks import load_selection
+
+            selection["selection_file"] = load_selection(cfg.selection, manifest.name)[1]
         if seed_source == "given" and ident.get("deterministic") is False:
             print("WARNING: --seed has no effect on this server: it runs without --enable-deterministic-inference "
                   "(serving/launch_qwen35.sh --deterministic); recorded in header.json (model.deterministic)",
@@ -664,6 +679,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="runner processes sharing the jobs (decoding top-20 replies is CPU-bound)")
     ap.add_argument("--limit", type=int, help="the first N samples only")
     ap.add_argument("--sample-ids", help="comma-separated ids to run")
+    ap.add_argument("--selection", metavar="FILE",
+                    help="run the ids a selection file holds for this benchmark (python -m agent.benchmarks subset "
+                         "DATA --random-per-benchmark 100 --seed S: the B_max sweep's 700 samples, D.2); recorded in "
+                         "header.json")
     add_backend_args(ap, default="local", repeat_endpoint=True)
     g = ap.add_argument_group("sampling (paper defaults)")
     g.add_argument("--temperature", type=float, default=0.2, help="paper B.1")
@@ -712,7 +731,8 @@ def config_from_args(a) -> RunConfig:
         remove_images_from_step=a.remove_images_from_step, image_release=a.image_release,
         release_signal=a.release_signal, release_threshold=a.release_threshold, release_patience=a.release_patience,
         trials=a.trials, concurrency=a.concurrency, limit=a.limit,
-        sample_ids=[x for x in (a.sample_ids or "").split(",") if x] or None, backend=a.backend, endpoints=a.endpoint,
+        sample_ids=[x for x in (a.sample_ids or "").split(",") if x] or None, selection=a.selection,
+        backend=a.backend, endpoints=a.endpoint,
         model=a.model, model_dir=a.model_dir, logprob_mode=a.logprob_mode, server=a.server, api_key_env=a.api_key_env,
         temperature=a.temperature, top_p=a.top_p, max_tokens=a.max_tokens, top_logprobs=a.top_logprobs, seed=a.seed,
         thinking=a.thinking, t_max=a.t_max, b_max=a.b_max, history_reasoning=a.history_reasoning,

@@ -371,6 +371,7 @@ async def test_missing_action_fields_get_a_counted_correction_in_every_state(dem
     assert 'no "arguments"' in b1[0]["action_error"] and b1[1]["correction"]
     assert [e["type"] for e in line["events"]].count("tool_call") == 1  # the argument-less call ran nothing
     assert len(b1) == 3 and b1[-1]["forced"]  # the correction counted toward B_max = 3
+    assert "at most 3 tool calls;" in text_of(msgs_of(line, b1[0])[-1])  # E.3's budget sentence follows --b-max
     assert line["n_calls"] == 7 and line["status"] == "ok"
 
 

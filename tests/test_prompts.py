@@ -39,3 +39,12 @@ def test_fill():
     with pytest.raises(KeyError, match="question"):
         prompts.fill(prompts.MAIN, image_context="x")
     assert re.search(r"\{[a-z_]+\}", prompts.fill(prompts.BRANCH, task_prompt="t")) is None
+
+
+def test_the_branch_prompt_names_the_run_s_b_max():
+    assert prompts.branch_prompt(5) == prompts.BRANCH  # the paper's prompt exactly at the paper's B_max
+    three = prompts.branch_prompt(3)
+    assert "finish within at most 3 tool calls;" in three and "at most 5" not in three
+    assert [a for a, b in zip(three.splitlines(), prompts.BRANCH.splitlines()) if a != b] == \
+        [next(line for line in three.splitlines() if "at most 3 tool calls" in line)]  # nothing else changes
+    assert '"lens_search"' not in prompts.branch_prompt(7, lens=False)

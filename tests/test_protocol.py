@@ -192,3 +192,44 @@ def test_one_judge_model_id_everywhere():
 
     readme = (REPO / "README.md").read_text()
     assert "gemini-3-flash-preview" in readme and "gemini-3-flash " not in readme and "gemini-3-flash)" not in readme
+
+
+# ------------------------------------------------------------------ the B_max sweep's 700 samples (D.2)
+def test_random_per_benchmark_selection_of_the_release_manifests(shared_dir, tmp_path, capsys):
+    from agent.benchmarks import main as bench_main
+
+    data = shared_dir / "data" / "mmcf_manifests"
+    out = tmp_path / "sweep.json"
+    assert bench_main(["subset", str(data), "--random-per-benchmark", "100", "--seed", "3", "--out", str(out)]) == 0
+    sel = json.loads(out.read_text())
+    assert sel["kind"] == "random-per-benchmark" and sel["seed"] == 3 and len(sel["benchmarks"]) == 7
+    assert sel["total"] == 700 and all(len(set(v)) == 100 for v in sel["benchmarks"].values())
+    again = tmp_path / "again.json"
+    assert bench_main(["subset", str(data), "--random-per-benchmark", "100", "--seed", "3", "--out", str(again)]) == 0
+    assert again.read_text() == out.read_text()  # deterministic for a seed
+    other = tmp_path / "other.json"
+    assert bench_main(["subset", str(data), "--random-per-benchmark", "100", "--seed", "4", "--out", str(other)]) == 0
+    assert json.loads(other.read_text())["benchmarks"]["mmsearch"] != sel["benchmarks"]["mmsearch"]
+
+
+def test_a_run_over_a_selection_records_it(tmp_path, capsys):
+    from agent.benchmarks import main as bench_main
+    from agent.tools.demo_world import ensure_demo_world
+
+    world = ensure_demo_world()
+    sel = tmp_path / "sel.json"
+    assert bench_main(["subset", str(world), "--random-per-benchmark", "2", "--seed", "1", "--out", str(sel)]) == 0
+    ids = json.loads(sel.read_text())["benchmarks"]["demo"]
+    assert len(ids) == 2
+    assert run_main(["--method", "direct", "--backend", "scripted", "--out", str(tmp_path / "r"), "--selection", str(sel),
+                     "--no-progress"]) == 0
+    run = load_run(tmp_path / "r")
+    assert sorted(ln["sample_id"] for ln in run.lines) == sorted(ids)
+    rec = run.header["selection"]["selection_file"]
+    assert rec["kind"] == "random-per-benchmark" and rec["seed"] == 1 and len(rec["sha256"]) == 64
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"benchmarks": {"mmsearch": ["x"]}}))
+    capsys.readouterr()
+    assert run_main(["--method", "direct", "--backend", "scripted", "--out", str(tmp_path / "r2"), "--selection",
+                     str(bad), "--no-progress"]) == 2
+    assert "no selection for benchmark 'demo'" in capsys.readouterr().err

@@ -29,8 +29,7 @@ from __future__ import annotations
 
 from ..parsing import ActionError, parse_action, parse_init_description
 from ..prompts import (
-    BRANCH, BRANCH_CAPTION_ONLY, BRANCH_SUMMARISE, CONTINUATION, FORCE_ANSWER, INIT, MAIN, NO_INIT_IMAGE_CONTEXT,
-    SYSTEM, fill,
+    BRANCH_SUMMARISE, CONTINUATION, FORCE_ANSWER, INIT, MAIN, NO_INIT_IMAGE_CONTEXT, SYSTEM, branch_prompt, fill,
 )
 from .common import Episode, Turn, assistant_message, chat, correction_text, image_parts, with_suffix
 
@@ -125,7 +124,8 @@ async def _branch(ep: Episode, bid: str, subtask: dict, inherited: list[dict], m
     ep.traj.branch_begin(bid, description=subtask["description"], prompt=subtask["prompt"],
                          assigned_images=[r.image_id for r in assigned],
                          assigned_hashes=[r.sha256 for r in loaded], main_call_index=main_ev["index"])
-    template = BRANCH_CAPTION_ONLY if variant == "image-caption" else BRANCH
+    # E.3 verbatim, its "at most 5 tool calls" following --b-max (the B_max sweep, D.2)
+    template = branch_prompt(ep.budgets.b_max, lens=variant != "image-caption")
     prompt = fill(template, task_prompt=subtask["prompt"])
     base = [*inherited, chat("user", [*image_parts(loaded), {"type": "text", "text": prompt}] if loaded else prompt)]
     turns: list[Turn] = []
