@@ -384,3 +384,18 @@ async def test_agentfold_tool_call_without_arguments_is_an_error_observation(dem
     assert line["status"] == "ok" and line["n_tool_calls"] == 0
     second = msgs_of(line, llm_events(line)[1])
     assert "[Tool call error]" in text_of(second[-1]) and "arguments" in text_of(second[-1])
+
+
+async def test_history_reasoning_drop_is_the_release_s_history(demo, toolbox):
+    """The release's client appends only ``message.content`` of each reply to the history (no reasoning):
+    ``--history-reasoning drop`` sends exactly that; ``keep`` (our default) adds ``reasoning_content``."""
+    script = [tc("lens_search", image_id="<image_0>", goal="g"), tc("search", query="q", goal="g"), ans("1911")]
+    for mode in ("drop", "keep"):
+        line, _ = await run_sample(MethodSpec("react", history_reasoning=mode), demo["demo_1"], 0,
+                                   backend=ScriptedBackend(list(script)), toolbox=toolbox)
+        hist = [m for m in msgs_of(line, llm_events(line)[-1]) if m["role"] == "assistant"]
+        assert len(hist) == 2
+        if mode == "drop":
+            assert all(set(m) == {"role", "content"} and "<think>" not in m["content"] for m in hist)
+        else:
+            assert all(m["reasoning_content"] == "plan" for m in hist)

@@ -122,9 +122,17 @@ def test_real_sglang_stream_event_parses(shared_dir):
     assert [t.id for t in toks] == body["output_ids"] == [16]
     assert [a.id for a in toks[0].top] == [16, 6648, 17, 11319]
     assert toks[0].logprob == toks[0].top[0].logprob
-    # input side: first entry [null, id, null] and a null top list
-    inp = tokens_from_triples(body["meta_info"]["input_token_logprobs"], body["meta_info"]["input_top_logprobs"])
-    assert inp[0].id == 220 and inp[0].top == []
+    # input side: the first entry is [null, id, null] with a null top list (no logprob for the first prompt
+    # token); the toolkit reads only the entries after it, and a null logprob anywhere else is refused
+    entries, tops = body["meta_info"]["input_token_logprobs"], body["meta_info"]["input_top_logprobs"]
+    assert entries[0][0] is None and entries[0][1] == 220 and tops[0] is None
+    from agent.backends.base import BadReply
+
+    with pytest.raises(BadReply, match=r"logprob .*nan.* at position \(0,\)"):
+        tokens_from_triples(entries, tops)
+    if len(entries) > 1:
+        rest = tokens_from_triples(entries[1:], tops[1:])
+        assert [t.id for t in rest] == [e[1] for e in entries[1:]]
 
 
 def test_real_chat_body_without_logprobs_is_a_clear_error(shared_dir):

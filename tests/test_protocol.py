@@ -233,3 +233,70 @@ def test_a_run_over_a_selection_records_it(tmp_path, capsys):
     assert run_main(["--method", "direct", "--backend", "scripted", "--out", str(tmp_path / "r2"), "--selection",
                      str(bad), "--no-progress"]) == 2
     assert "no selection for benchmark 'demo'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ values no distribution has never reach a record
+@pytest.mark.parametrize("body,msg", [
+    ([[None, 5, "a"]], "logprob .*nan"),
+    ([[float("inf"), 5, "a"]], "logprob .*inf"),
+    ([[0.3, 5, "a"]], "logprob 0.3"),
+    ([[-0.1, 2**40 + 7, "a"]], "token id 1099511627783 outside"),
+    ([[-0.1, -5, "a"]], "token id -5 outside"),
+    ([[-0.1, 700, "a"]], "token id 700 outside the vocabulary \\(0..599\\)"),
+])
+def test_impossible_values_are_refused_naming_the_field(body, msg):
+    from agent.backends.base import BadReply
+    from agent.backends.wire import tokens_from_triples
+
+    with pytest.raises(BadReply, match=msg):
+        tokens_from_triples(body, None, vocab=600, where="meta_info.output")
+
+
+def test_a_short_top_list_is_refused_and_sglangs_floor_is_probability_zero():
+    import numpy as np
+
+    from agent.backends.base import LOGPROB_FLOOR, BadReply
+    from agent.backends.wire import tokens_from_triples
+    from analysis.entropy import grouped_tail_entropy, kl_union_tail
+
+    row = [[-0.1, 1, "a"], [-2.5, 2, "b"], [-3.0, 3, "c"]]
+    with pytest.raises(BadReply, match="top list 0 has 2 alternatives, 3 were asked"):
+        tokens_from_triples([[-0.1, 1, "a"]], [row[:2]], k=3)
+    with pytest.raises(BadReply, match="top token id 2199023255552"):
+        tokens_from_triples([[-0.1, 1, "a"]], [[*row[:2], [-3.0, 2**41, "z"]]], k=3)
+    clamp = -3.4028234663852886e38  # SGLang: an underflowed temperature-scaled logprob, clamped to float32's lowest
+    for low in (clamp, float("-inf")):
+        toks = tokens_from_triples([[-0.1, 1, "a"]], [[*row[:2], [low, 3, "c"]]], k=3)
+        assert toks.top_logprobs[0, 2] == LOGPROB_FLOOR
+    # every entropy / KL path reads the floor as probability 0: the same as a top-2 list
+    with_floor = np.array([[-0.1, -2.5, LOGPROB_FLOOR]], dtype=np.float32)
+    two = np.array([[-0.1, -2.5]], dtype=np.float32)
+    assert grouped_tail_entropy(with_floor)[0] == pytest.approx(grouped_tail_entropy(two)[0], abs=1e-7)
+    assert np.isfinite(grouped_tail_entropy(with_floor)).all()
+    kl = kl_union_tail(np.array([1, 2, 3]), np.array([-0.1, -2.5, LOGPROB_FLOOR]), np.array([1, 2, 3]),
+                       np.array([-0.2, -2.0, LOGPROB_FLOOR]))
+    kl2 = kl_union_tail(np.array([1, 2]), np.array([-0.1, -2.5]), np.array([1, 2]), np.array([-0.2, -2.0]))
+    assert np.isfinite(kl) and kl == pytest.approx(kl2, abs=1e-6)
+
+
+@pytest.mark.parametrize("fault", ["null_logprob", "positive_logprob", "huge_id", "short_top"])
+async def test_a_bad_reply_is_asked_again_then_the_unit_ends_naming_the_field(fault, tiny_model_dir):
+    from agent.backends.base import BadReply, SamplingParams
+    from agent.backends.sglang_native import SGLangBackend
+    from agent.http import RetryPolicy
+
+    with FakeSGLang(tokenizer_dir=str(tiny_model_dir)) as srv:
+        b = SGLangBackend(srv.url, str(tiny_model_dir), policy=RetryPolicy(retries=1, backoff_s=0.01, timeout_s=60))
+        msgs = [{"role": "user", "content": "hi"}]
+        srv.faults = [fault]  # once: the second reply is sound and is the one kept
+        out = await b.generate(msgs, SamplingParams(max_tokens=8))
+        assert len(srv.bodies) == 2 and len(out.tokens) > 0 and out.tokens.top_logprobs.shape[1] == 20
+        srv.faults = [fault] * 3  # every time: refused, naming the field
+        with pytest.raises(BadReply, match="3 replies in a row refused; last: .*meta_info.output"):
+            await b.generate(msgs, SamplingParams(max_tokens=8))
+        srv.faults = ["underflow"]  # SGLang's own clamp is not a fault: kept, as the floor
+        out = await b.generate(msgs, SamplingParams(max_tokens=8))
+        from agent.backends.base import LOGPROB_FLOOR
+
+        assert out.tokens.top_logprobs[0, -1] == LOGPROB_FLOOR
+        await b.aclose()

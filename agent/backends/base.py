@@ -49,6 +49,46 @@ class BackendError(RuntimeError):
     """
 
 
+class BadReply(BackendError):
+    """A well-formed reply whose values cannot be true (a NaN / +inf / positive logprob, a token id outside the
+    vocabulary, a top list shorter than asked): never stored; the request is sent again a bounded number of
+    times (:data:`BAD_REPLY_ATTEMPTS`), then the unit ends ``error`` naming the field."""
+
+
+#: How many times a request whose reply had impossible values is sent in all (ours: a server bug or a flipped
+#: bit is rarely repeated; three tries bound the cost).
+BAD_REPLY_ATTEMPTS = 3
+
+def model_vocab_size(model_dir) -> int | None:
+    """The model's vocabulary (its logits' width, padded rows included) from ``config.json``; None if unknown."""
+    import json
+    from pathlib import Path
+
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return None
+    v = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+    return int(v) if isinstance(v, int) and v > 0 else None
+
+
+async def retry_bad_replies(attempt, what: str):
+    """``await attempt()`` again while it raises :class:`BadReply`, at most :data:`BAD_REPLY_ATTEMPTS` times in
+    all; then the last error, saying how many replies were refused."""
+    for i in range(BAD_REPLY_ATTEMPTS):
+        try:
+            return await attempt()
+        except BadReply as e:
+            last = e
+    raise BadReply(f"{what}: {BAD_REPLY_ATTEMPTS} replies in a row refused; last: {last}") from None
+
+
+#: SGLang's temperature-scaled logprobs clamp an underflowed top-k logprob to float32's lowest value
+#: (-3.4e38); -inf means the same. Both are stored as this known floor and every entropy / KL path reads them
+#: as probability 0 (exp underflows to exactly 0).
+LOGPROB_FLOOR = float(np.finfo(np.float32).min)
+
+
 @dataclass(slots=True)  # not frozen: a frozen dataclass is 3x slower to build, and replies hold thousands
 class TopLogprob:
     """One alternative at a position: token id (None when the server does not say), text, logprob."""

@@ -22,7 +22,7 @@ import httpx
 from ..http import HTTPError, RetryPolicy, make_client, public_url, request_json, scrub
 from .base import (
     DEFAULT_TOP_LOGPROBS, BackendError, Continuation, LogprobSemantics, ModelOutput, SamplingParams,
-    ScoredTokens, Usage,
+    ScoredTokens, Usage, retry_bad_replies,
 )
 from .messages import record_messages, to_openai_messages
 from .think import THINK_CLOSE, mark_think, mark_think_by_text
@@ -107,12 +107,16 @@ class OpenAIBackend:
         await self.resolve_model()
         body = self._payload(messages, sp)
         t0 = time.perf_counter()
-        try:
-            resp = await request_json(self._client, "POST", self.base + "/chat/completions", json_body=body,
-                                      headers=self._headers, policy=self.policy, what="chat completion")
-        except HTTPError as e:
-            raise BackendError(str(e)) from e
-        out = self.parse(resp, sp)
+
+        async def attempt():
+            try:
+                resp = await request_json(self._client, "POST", self.base + "/chat/completions", json_body=body,
+                                          headers=self._headers, policy=self.policy, what="chat completion")
+            except HTTPError as e:
+                raise BackendError(str(e)) from e
+            return self.parse(resp, sp)
+
+        out = await retry_bad_replies(attempt, f"chat completion @ {public_url(self.base)}")
         out.latency_s = time.perf_counter() - t0
         out.request = {"endpoint": public_url(self.base) + "/chat/completions", "messages": record_messages(messages),
                        **{k: v for k, v in body.items() if k != "messages"}}
@@ -131,7 +135,7 @@ class OpenAIBackend:
         meta = choice.get("meta_info") or {}
         if meta.get("output_token_logprobs") is not None:
             tokens = tokens_from_triples(meta["output_token_logprobs"], meta.get("output_top_logprobs"),
-                                         where=f"{where} meta_info")
+                                         where=f"{where} meta_info", k=sp.top_logprobs or None)
             chat = (choice.get("logprobs") or {}).get("content")
             if chat and len(chat) == len(tokens):  # fill texts the triples left null
                 for t, c in zip(tokens, chat):

@@ -36,7 +36,7 @@ import httpx
 from ..http import HTTPError, RetryPolicy, make_client, public_url, request_json, scrub
 from .base import (
     DEFAULT_TOP_LOGPROBS, BackendError, Continuation, LogprobSemantics, ModelOutput, SamplingParams,
-    ScoredTokens, Usage,
+    ScoredTokens, Usage, model_vocab_size, retry_bad_replies,
 )
 from .local import load_chat_renderer
 from .messages import record_messages, split_text_and_images
@@ -69,6 +69,7 @@ class SGLangBackend:
         self.model_dir = model_dir
         self.model_arg = model   # the served name the user asked for (None: whatever the server serves)
         self.model_dir_name = name
+        self.vocab = model_vocab_size(model_dir)  # token ids at or above it are refused (check_values)
         self.logprob_mode = logprob_mode
         self.policy = policy
         self._client = client or make_client()
@@ -115,8 +116,11 @@ class SGLangBackend:
         sp = sampling or SamplingParams()
         payload, prompt, images = self.generate_payload(messages, sp)
         t0 = time.perf_counter()
-        resp = await self._post(payload, "generate")
-        out = self.parse_generate(resp, sp, prompt)
+
+        async def attempt():
+            return self.parse_generate(await self._post(payload, "generate"), sp, prompt)
+
+        out = await retry_bad_replies(attempt, f"generate @ {self.public}")
         out.latency_s = time.perf_counter() - t0
         out.request = {"endpoint": self.public, "messages": record_messages(messages), "prompt_text": prompt,
                        "image_sha256": [im.sha256 for im in images],
@@ -127,7 +131,8 @@ class SGLangBackend:
         meta = resp["meta_info"]
         tokens = tokens_from_triples(meta.get("output_token_logprobs"), meta.get("output_top_logprobs"),
                                      decode=self._decode, decode_many=self._decode_many,
-                                     where=f"{self.public} meta_info.output")
+                                     where=f"{self.public} meta_info.output", k=sp.top_logprobs or None,
+                                     vocab=self.vocab)
         starts = prompt.rstrip().endswith(THINK_OPEN)
         mark_think(tokens, starts)
         text = scrub(resp.get("text") or "")
@@ -191,8 +196,14 @@ class SGLangBackend:
             raise BackendError("SGLang's prompt (input) logprobs are raw; scaled scoring is not available")
         payload, ids, prompt, images = self.score_payload(messages, continuation, top_logprobs=top_logprobs,
                                                           enable_thinking=enable_thinking)
-        resp = await self._post(payload, "score")
-        tokens = self.parse_score(resp, ids)
+        box = {}
+
+        async def attempt():
+            box["resp"] = resp = await self._post(payload, "score")
+            return self.parse_score(resp, ids, k=int(top_logprobs) or None)
+
+        tokens = await retry_bad_replies(attempt, f"score @ {self.public}")
+        resp = box["resp"]
         mark_think(tokens, prompt.rstrip().endswith(THINK_OPEN))
         return ScoredTokens(tokens=tokens, semantics=LogprobSemantics("raw"), backend=self.name, model=self.model,
                             request={"endpoint": self.public, "messages": record_messages(messages), "continuation_ids": ids,
@@ -200,7 +211,7 @@ class SGLangBackend:
                                      "logprob_start_len": payload["logprob_start_len"]},
                             response=resp, top_k_requested=int(top_logprobs))
 
-    def parse_score(self, resp: dict, ids: list[int]):
+    def parse_score(self, resp: dict, ids: list[int], k: int | None = None):
         meta = resp["meta_info"]
         entries, tops = meta.get("input_token_logprobs"), meta.get("input_top_logprobs")
         where = f"{self.public} meta_info.input"
@@ -219,7 +230,8 @@ class SGLangBackend:
                 "refusing to report logprobs of different tokens")
         if tail[0][0] is None:
             raise BackendError(f"{where}: the first continuation token has no logprob (logprob_start_len too late)")
-        return tokens_from_triples(tail, tail_tops, decode=self._decode, decode_many=self._decode_many, where=where)
+        return tokens_from_triples(tail, tail_tops, decode=self._decode, decode_many=self._decode_many, where=where,
+                                   k=k, vocab=self.vocab)
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -15,9 +15,78 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .base import BackendError, TokenArrays, TokenLogprob, TopList, TopLogprob
+from .base import LOGPROB_FLOOR, BackendError, BadReply, TokenArrays, TokenLogprob, TopList, TopLogprob
 
-__all__ = ["tokens_from_triples", "arrays_from_triples", "tokens_from_chat_logprobs", "finish_reason_of"]
+__all__ = ["tokens_from_triples", "arrays_from_triples", "tokens_from_chat_logprobs", "finish_reason_of",
+           "check_values", "MAX_TOKEN_ID", "POSITIVE_ROUNDING"]
+
+#: Token ids are stored as 32-bit integers: anything at or above this is refused, whatever the vocabulary.
+MAX_TOKEN_ID = 2**31 - 1
+#: A log-softmax is <= 0; float rounding can leave its largest value a hair above (ours: 1e-5 nats).
+POSITIVE_ROUNDING = 1e-5
+
+
+def check_values(tokens, where: str, *, k: int | None = None, vocab: int | None = None, ids: bool = True):
+    """Refuse (:class:`BadReply`) a reply whose values cannot be true, naming the field and position: a NaN,
+    +inf or positive (beyond float rounding) logprob; a token id < 0, >= ``vocab`` (the model's, padded rows
+    included) or beyond 32 bits; a top list shorter than ``k`` where the wire carries ids (``ids``). -inf and
+    float32's lowest value (SGLang's clamp of an underflowed scaled logprob) become :data:`LOGPROB_FLOOR`,
+    which every entropy / KL path reads as probability 0. Returns ``tokens`` (fixed in place)."""
+    try:
+        return _check_values(tokens, where, k, vocab, ids)
+    except OverflowError:
+        raise BadReply(f"{where}: a token id beyond 64 bits; refusing the reply") from None
+
+
+def _check_values(tokens, where, k, vocab, ids):
+    if isinstance(tokens, TokenArrays):
+        arrs = [("logprob", tokens.logprobs, None), ("top logprob", tokens.top_logprobs, tokens.counts)]
+        tid, tops, counts = tokens.ids, tokens.top_ids, tokens.counts
+    else:
+        n = len(tokens)
+        kk = max((len(t.top) for t in tokens), default=0)
+        tl = np.full((n, kk), np.nan)
+        ti = np.full((n, kk), -1, dtype=np.int64)
+        for i, t in enumerate(tokens):
+            c = len(t.top)
+            if c:
+                tl[i, :c] = t.top.logprobs if hasattr(t.top, "logprobs") else [a.logprob for a in t.top]
+                ti[i, :c] = [-1 if a.id is None else a.id for a in t.top]
+        counts = np.array([len(t.top) for t in tokens], dtype=np.int64)
+        arrs = [("logprob", np.array([t.logprob for t in tokens], dtype=np.float64), None), ("top logprob", tl, counts)]
+        tid = np.array([-1 if t.id is None else t.id for t in tokens], dtype=np.int64)
+        tops = ti
+    for name, a, cnt in arrs:
+        if a.ndim == 2 and cnt is not None:  # only the alternatives a row has (absent ones are NaN by design)
+            valid = np.arange(a.shape[1])[None, :] < cnt[:, None]
+        else:
+            valid = np.ones(a.shape, dtype=bool)
+        bad = valid & (np.isnan(a) | (a == np.inf) | (a > POSITIVE_ROUNDING))
+        if bad.any():
+            pos = np.argwhere(bad)[0]
+            raise BadReply(f"{where}: {name} {float(a[tuple(pos)])!r} at position {tuple(int(x) for x in pos)}: a logprob must be "
+                           "a finite number <= 0; refusing the reply")
+    if ids:
+        for name, a in (("token id", tid), ("top token id", tops)):
+            hi = min(vocab, MAX_TOKEN_ID) if vocab else MAX_TOKEN_ID
+            out = (a < -1) | (a >= hi)
+            if out.any():
+                v = int(a[out][0])
+                raise BadReply(f"{where}: {name} {v} outside the vocabulary (0..{hi - 1}); refusing the reply")
+        if k and len(counts) and int(counts.min()) < k:
+            i = int(np.argmin(counts))
+            raise BadReply(f"{where}: top list {i} has {int(counts[i])} alternatives, {k} were asked; refusing the reply")
+    # the known floor: -inf or float32's lowest (and anything below it) is probability 0
+    if isinstance(tokens, TokenArrays):
+        for a in (tokens.logprobs, tokens.top_logprobs):
+            np.copyto(a, LOGPROB_FLOOR, where=a <= LOGPROB_FLOOR)
+    else:
+        for t in tokens:
+            if t.logprob <= LOGPROB_FLOOR:
+                t.logprob = LOGPROB_FLOOR
+            if any(a.logprob <= LOGPROB_FLOOR for a in t.top):
+                t.top = [TopLogprob(a.id, a.text, max(a.logprob, LOGPROB_FLOOR)) for a in t.top]
+    return tokens
 
 
 def _num(x: Any, where: str) -> float:
@@ -93,18 +162,20 @@ def arrays_from_triples(token_lps: list, top_lps: list | None, *, decode: Callab
 
 
 def tokens_from_triples(token_lps: list, top_lps: list | None, *, decode: Callable[[int], str] | None = None,
-                        where: str = "meta_info", decode_many: Callable[[list], list] | None = None):
+                        where: str = "meta_info", decode_many: Callable[[list], list] | None = None,
+                        k: int | None = None, vocab: int | None = None):
     """Tokens from SGLang triples; ``top_lps[i]`` may be None (no alternatives at that position).
 
     Well-formed replies come back as :class:`TokenArrays` (the fast path); anything else goes through the
-    checked path below, one object per token, with an error naming the first bad entry."""
+    checked path below, one object per token, with an error naming the first bad entry. Either way the values
+    are checked (:func:`check_values`: ``k`` alternatives asked, ``vocab`` the model's vocabulary size)."""
     if not isinstance(token_lps, list):
         raise BackendError(f"{where}: token logprobs missing or not a list (did the server get return_logprob?)")
     if top_lps is not None and len(top_lps) != len(token_lps):
         raise BackendError(f"{where}: {len(token_lps)} token logprobs but {len(top_lps)} top-logprob lists")
     fast_arrays = arrays_from_triples(token_lps, top_lps, decode=decode, decode_many=decode_many)
     if fast_arrays is not None:
-        return fast_arrays
+        return check_values(fast_arrays, where, k=k, vocab=vocab)
     fast = _fast_tops(top_lps, decode) if top_lps else None
     out = []
     for i, t in enumerate(token_lps):
@@ -117,7 +188,7 @@ def tokens_from_triples(token_lps: list, top_lps: list | None, *, decode: Callab
             top = [_triple(a, w, decode) for a in top_lps[i]]
             top.sort(key=lambda a: -a.logprob if not math.isnan(a.logprob) else math.inf)
         out.append(TokenLogprob(tok.id, tok.text, tok.logprob, top))
-    return out
+    return check_values(out, where, k=k, vocab=vocab)
 
 
 def tokens_from_chat_logprobs(content: list, where: str = "logprobs.content") -> list[TokenLogprob]:
@@ -131,7 +202,8 @@ def tokens_from_chat_logprobs(content: list, where: str = "logprobs.content") ->
                for a in (e.get("top_logprobs") or [])]
         top.sort(key=lambda a: -a.logprob)
         out.append(TokenLogprob(None, e.get("token", ""), _num(e["logprob"], f"{where}[{i}]"), top))
-    return out
+    # no ids on this path, and SGLang's chat path dedupes alternatives by text (fewer than k: counted, not refused)
+    return check_values(out, where, ids=False)
 
 
 def finish_reason_of(x: Any) -> str | None:

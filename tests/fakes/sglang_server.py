@@ -52,6 +52,15 @@ GARBAGE = {
     "subtask_missing": '<subtask>\n{"description": "look"}\n</subtask>',
 }
 TRANSPORT_FAULTS = ("429", "500", "drop", "truncated", "slow")
+#: Value faults on native /generate replies: a well-formed body with values no true distribution has (the
+#: backend must refuse it and ask again), and SGLang's own clamp of an underflowed scaled logprob (valid).
+BAD_VALUES = {
+    "null_logprob": lambda m: m["output_token_logprobs"][0].__setitem__(0, None),  # what orjson makes of a NaN
+    "positive_logprob": lambda m: m["output_token_logprobs"][0].__setitem__(0, 0.5),
+    "huge_id": lambda m: m["output_top_logprobs"][0][-1].__setitem__(1, 2**40 + 7),
+    "short_top": lambda m: m["output_top_logprobs"][0].pop(),
+    "underflow": lambda m: m["output_top_logprobs"][0][-1].__setitem__(0, -3.4028234663852886e38),
+}
 DEFAULT_REPLY = "Let me look at the picture.</think>\n\nIt shows a red square."
 
 
@@ -193,6 +202,9 @@ class _Handler(JSONHandler):
             if isinstance(res, tuple):
                 return self._send(*res)
             body = res
+            if fault in BAD_VALUES and body["meta_info"].get("output_token_logprobs"):
+                body = json.loads(json.dumps(body))  # the replies are cached: change a copy
+                BAD_VALUES[fault](body["meta_info"])
         elif self.path == "/v1/chat/completions":
             body = self._chat_cached(req) if "_garbage" not in req else json.dumps(self._chat({**req, "_reply": req["_garbage"]}))
         else:
