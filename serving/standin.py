@@ -1,0 +1,464 @@
+"""SGLang's own HTTP server on a CPU machine, with a stand-in for its scheduler (issue 21).
+
+    python -m serving.standin --model-path .cache/tiny-qwen35 --port 30000 [--mode model|scripted]
+
+Everything in front of the scheduler is SGLang's (0.5.23): FastAPI routing and request validation, the OpenAI
+chat layer (the model's chat template, image decoding, ``reasoning_content`` via the qwen3 parser, OpenAI
+logprobs), the TokenizerManager with the Qwen-VL multimodal processor (image token expansion,
+``image_grid_thw``), the DetokenizerManager, ``meta_info`` and logprob formatting. Only the scheduler process
+is ours: :func:`run_standin_scheduler` is handed to ``launch_server(server_args,
+run_scheduler_process_func=...)`` (a public argument), receives the ``TokenizedGenerateReqInput`` the
+TokenizerManager sends over ZMQ, and streams ``BatchTokenIDOutput`` to the DetokenizerManager, as
+``Scheduler`` does.
+
+Modes: ``model`` (default) computes every token and its top-k logprobs with the embedded tiny Qwen3.5 in
+transformers (the request's pixel values and ``image_grid_thw`` go into the forward, so images change the
+distribution; a KV cache per request); ``scripted`` answers with planted texts (``--reply``, or
+``MMCF_STANDIN_REPLY``) with planted distributions, so agents act and the reasoning split is exercised fast.
+
+What this proves: the toolkit's requests are valid for SGLang's real front end and its replies are what that
+front end makes of a scheduler's output. What it does not: kernels, batching, the radix cache, the real
+model's numbers (see README, "SGLang's real front end on CPU").
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+__all__ = ["run_standin_scheduler", "main", "SGLANG_VERSION"]
+
+#: The one SGLang version this seam is written against (its io_struct fields and socket layout).
+SGLANG_VERSION = "0.5.23"
+#: The reply of ``--mode scripted`` when none is given.
+DEFAULT_REPLY = "Let me look at the picture.</think>\n\nIt shows a red square."
+_READY_TOKENS = 1 << 20
+#: SGLang's own constant (managers/schedule_batch.py): ids of the prompt kept before the output for
+#: incremental detokenization.
+_DETOK_SURR = 5
+
+
+# ====================================================================== the scheduler process
+def run_standin_scheduler(server_args, port_args, gpu_id, tp_rank, pp_rank, dp_rank, pipe_writer):
+    """The process SGLang starts in place of its scheduler (same signature as ``run_scheduler_process``)."""
+    try:
+        sched = _Standin(server_args, port_args)
+    except Exception as e:  # noqa: BLE001 - say why, then let SGLang report the failed start
+        import traceback
+
+        traceback.print_exc()
+        pipe_writer.send({"status": f"stand-in scheduler failed to start: {type(e).__name__}: {e}"})
+        return
+    pipe_writer.send({"status": "ready", "max_total_num_tokens": _READY_TOKENS,
+                      "max_req_input_len": _READY_TOKENS - 1024, "startup_time": None})
+    sched.loop()
+
+
+class _Standin:
+    def __init__(self, server_args, port_args):
+        import zmq
+        from sglang.srt.utils.network import get_zmq_socket
+
+        self.args = server_args
+        self.mode = os.environ.get("MMCF_STANDIN_MODE", "model")
+        self.reply = os.environ.get("MMCF_STANDIN_REPLY", DEFAULT_REPLY)
+        ctx = zmq.Context(2)
+        self.recv = get_zmq_socket(ctx, zmq.PULL, port_args.scheduler_input_ipc_name, False)
+        self.to_tokenizer = get_zmq_socket(ctx, zmq.PUSH, port_args.tokenizer_ipc_name, False)
+        self.to_detok = get_zmq_socket(ctx, zmq.PUSH, port_args.detokenizer_ipc_name, False)
+        from transformers import AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(server_args.tokenizer_path or server_args.model_path)
+        self.engine = _ModelEngine(server_args.model_path) if self.mode == "model" else _ScriptedEngine(self.tok)
+        self.aborted: set = set()
+
+    def loop(self):
+        import zmq
+        from sglang.srt.managers import io_struct as io
+
+        poller = zmq.Poller()
+        poller.register(self.recv, zmq.POLLIN)
+        queue: list = []
+        while True:
+            if not queue:
+                poller.poll()
+            while True:
+                try:
+                    obj = io.sock_recv(self.recv, zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                reqs = obj.batch if isinstance(obj, io.BatchTokenizedGenerateReqInput) else [obj]
+                for r in reqs:
+                    if isinstance(r, io.TokenizedGenerateReqInput):
+                        queue.append(r)
+                    elif isinstance(r, io.AbortReq):
+                        if r.abort_all:
+                            self.aborted.update(q.rid for q in queue)
+                        elif r.rid:
+                            self.aborted.add(r.rid)
+                    else:
+                        self._control(r)
+            if queue:
+                req = queue.pop(0)
+                try:
+                    self._serve(req)
+                except Exception as e:  # noqa: BLE001 - one request fails, with SGLang's own abort reply
+                    import traceback
+
+                    traceback.print_exc()
+                    self._finish_error(req, f"stand-in scheduler: {type(e).__name__}: {e}")
+
+    # -------------------------------------------------------------- control requests
+    def _control(self, r):
+        from sglang.srt.managers import io_struct as io
+
+        name = type(r).__name__
+        if name == "GetInternalStateReq":
+            io.sock_send(self.to_tokenizer, io.GetInternalStateReqOutput(
+                internal_state={"standin_scheduler": True, "mode": self.mode, "last_gen_throughput": 0.0,
+                                "memory_usage": {}, "avg_spec_accept_length": None}))
+        elif name == "GetLoadReqInput":
+            io.sock_send(self.to_tokenizer, io.GetLoadReqOutput(dp_rank=0, num_reqs=0, num_waiting_reqs=0,
+                                                                num_tokens=0))
+        elif name == "FlushCacheReqInput":
+            io.sock_send(self.to_tokenizer, io.FlushCacheReqOutput(success=True))
+        # everything else (FreezeGCReq, profiling, weights, sessions …) needs no reply here
+
+    # -------------------------------------------------------------- generation
+    def _serve(self, req):
+        sp = req.sampling_params
+        ids = list(req.input_ids)
+        if req.rid in self.aborted:
+            self.aborted.discard(req.rid)
+            return self._send(req, ids, [], {"type": "abort", "message": "aborted"}, None)
+        max_new = sp.max_new_tokens if sp.max_new_tokens is not None else 128
+        k = int(req.top_logprobs_num or 0)
+        # as Scheduler.handle_generate_request: -1 with return_logprob = output logprobs only; a start past the
+        # prompt is refused with SGLang's own message
+        start = int(req.logprob_start_len)
+        if not req.return_logprob or start == -1:
+            start = len(ids)
+        if start > len(ids):
+            return self._finish_error(req, f"req.logprob_start_len={start} is higher than the number of input tokens "
+                                           f"len(req.origin_input_ids)={len(ids)}. Please use a smaller logprob_start_len.")
+        stops = set(sp.stop_token_ids or ()) | set(_eos_ids(self.tok))
+        gen = self.engine.start(ids, req.mm_inputs, sp, k, want_input=req.return_logprob and start < len(ids),
+                                input_from=start)
+        state = {"out": [], "lp": [], "top_v": [], "top_i": [], "sent": 0, "dsent": 0, "lpsent": 0,
+                 "input": gen.input_logprobs if req.return_logprob else None, "input_sent": False}
+        finish = None
+        for step in range(max_new):
+            if step and self._poll_abort(req.rid):
+                finish = {"type": "abort", "message": "aborted"}
+                break
+            tid, lp, tv, ti = gen.next_token()
+            state["out"].append(tid)
+            state["lp"].append(lp)
+            state["top_v"].append(tv)
+            state["top_i"].append(ti)
+            if tid in stops and not sp.ignore_eos:
+                finish = {"type": "stop", "matched": int(tid)}
+            elif len(state["out"]) >= max_new:
+                finish = {"type": "length", "length": len(state["out"])}
+            if finish is not None:
+                break
+            if req.stream:
+                self._send(req, ids, state, None, k)
+        if finish is None:
+            finish = {"type": "length", "length": len(state["out"])}
+        self._send(req, ids, state, finish, k)
+
+    def _poll_abort(self, rid) -> bool:
+        import zmq
+        from sglang.srt.managers import io_struct as io
+
+        while True:
+            try:
+                obj = io.sock_recv(self.recv, zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if isinstance(obj, io.AbortReq):
+                self.aborted.add(obj.rid) if obj.rid else None
+                if obj.abort_all:
+                    return True
+            else:  # not ours to handle mid-request: hand it back to the queue order via re-dispatch
+                self._pending = getattr(self, "_pending", []) + [obj]
+        return rid in self.aborted
+
+    def _send(self, req, ids, state, finish, k):
+        from sglang.srt.managers import io_struct as io
+
+        if not state:
+            state = {"out": [], "lp": [], "top_v": [], "top_i": [], "sent": 0, "dsent": 0, "lpsent": 0,
+                     "input": None, "input_sent": True}
+        out = state["out"]
+        surr = max(len(ids) - _DETOK_SURR, 0)
+        decode_all = ids[surr:] + out
+        decode_ids = decode_all[state["dsent"]:]
+        read_offset = len(ids) - surr
+        state["dsent"] = len(decode_all)
+        new_out = out[state["sent"]:]
+        state["sent"] = len(out)
+        lp_from, lp_to = state["lpsent"], max(len(out), 1) if out else 0
+        state["lpsent"] = lp_to
+        if req.return_logprob and state.get("input") is not None and not state["input_sent"]:
+            iv, ii, tv, ti = state["input"]
+            state["input_sent"] = True
+        else:
+            iv, ii, tv, ti = [], [], [], []
+        sp = req.sampling_params
+        empty = [[]]
+        payload = io.BatchTokenIDOutput(
+            rids=[req.rid], http_worker_ipcs=[req.http_worker_ipc],
+            finished_reasons=[finish], decoded_texts=[""], decode_ids=[_arr(decode_ids)],
+            read_offsets=[read_offset], output_ids=[_arr(new_out)],
+            skip_special_tokens=[sp.skip_special_tokens], spaces_between_special_tokens=[sp.spaces_between_special_tokens],
+            no_stop_trim=[sp.no_stop_trim], prompt_tokens=[len(ids)], reasoning_tokens=[0],
+            completion_tokens=[len(out)], cached_tokens=[0],
+            input_token_logprobs_val=[iv] if req.return_logprob else None,
+            input_token_logprobs_idx=[ii] if req.return_logprob else None,
+            output_token_logprobs_val=[state["lp"][lp_from:lp_to]] if req.return_logprob else None,
+            output_token_logprobs_idx=[out[lp_from:lp_to]] if req.return_logprob else None,
+            input_top_logprobs_val=[tv] if req.return_logprob else None,
+            input_top_logprobs_idx=[ti] if req.return_logprob else None,
+            output_top_logprobs_val=[state["top_v"][lp_from:lp_to]] if req.return_logprob else None,
+            output_top_logprobs_idx=[state["top_i"][lp_from:lp_to]] if req.return_logprob else None,
+            input_token_ids_logprobs_val=empty if req.return_logprob else None,
+            input_token_ids_logprobs_idx=empty if req.return_logprob else None,
+            output_token_ids_logprobs_val=empty if req.return_logprob else None,
+            output_token_ids_logprobs_idx=empty if req.return_logprob else None,
+            output_token_entropy_val=None, output_token_sampling_mask=None, output_hidden_states=None,
+            routed_experts=None, indexer_topk=None, placeholder_tokens_idx=None, placeholder_tokens_val=None,
+            retraction_counts=[0], image_tokens=[0], audio_tokens=[0], video_tokens=[0],
+            cached_tokens_details=[None], dp_ranks=[0],
+        )
+        io.sock_send(self.to_detok, payload)
+
+    def _finish_error(self, req, message: str):
+        state = {"out": [], "lp": [], "top_v": [], "top_i": [], "sent": 0, "dsent": 0, "lpsent": 0, "input": None,
+                 "input_sent": True}
+        self._send(req, list(req.input_ids or []), state,
+                   {"type": "abort", "message": message, "status_code": 400, "err_type": "BadRequest"}, 0)
+
+
+def _arr(xs):
+    from array import array
+
+    return array("q", [int(x) for x in xs])
+
+
+def _eos_ids(tok) -> list[int]:
+    out = []
+    for t in ("<|im_end|>", "<|endoftext|>"):
+        i = tok.convert_tokens_to_ids(t)
+        if isinstance(i, int) and i >= 0 and i != tok.unk_token_id:
+            out.append(i)
+    return out
+
+
+# ====================================================================== engines
+class _Gen:
+    def __init__(self, steps, input_logprobs=None):
+        self._steps = iter(steps)
+        self.input_logprobs = input_logprobs
+
+    def next_token(self):
+        return next(self._steps)
+
+
+class _ScriptedEngine:
+    """Planted texts with planted distributions: the reply's tokens, each the top choice with logprob -0.1 and
+    k-1 alternatives below it; scoring (max_new_tokens 0) gives each input token logprob -0.25."""
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    def _top(self, tid, k, j):
+        vals = [-0.1 - 0.3 * a - 0.01 * (j % 7) for a in range(k)]
+        ids = [tid] + [(tid + 7 * a) % 600 + 1 for a in range(1, k)]
+        return vals, ids
+
+    def _policy(self):
+        spec = os.environ.get("MMCF_STANDIN_POLICY")
+        if not spec:
+            return None
+        import importlib
+
+        mod, _, fn = spec.partition(":")
+        return getattr(importlib.import_module(mod), fn)
+
+    def start(self, ids, mm, sp, k, *, want_input, input_from):
+        policy = self._policy()
+        if policy is not None:  # the reply depends on the prompt (e.g. scripts/soak.py's agent policy)
+            prompt = self.tok.decode(ids, skip_special_tokens=False)
+            reply = policy({"messages": prompt, "text": prompt})
+        else:
+            reply = os.environ.get("MMCF_STANDIN_REPLY", DEFAULT_REPLY)
+        eos = _eos_ids(self.tok)
+        out = self.tok(reply, add_special_tokens=False)["input_ids"] + eos[:1]
+        steps = []
+        for j, t in enumerate(out):
+            v, i = self._top(t, k, j)
+            steps.append((t, v[0] if k else -0.1, v if k else [], i if k else []))
+        inp = None
+        if want_input:  # SGLang's layout: [None] first (the token at logprob_start_len), then one per token
+            sl = ids[input_from:]
+            iv = [None] + [-0.25 - 0.01 * (j % 9) for j in range(1, len(sl))]
+            tops = [self._top(t, k, j) for j, t in enumerate(sl)]
+            inp = (iv, list(sl), [None] + [t[0] for t in tops[1:]] if k else [],
+                   [None] + [t[1] for t in tops[1:]] if k else [])
+        return _Gen(steps, inp)
+
+
+class _ModelEngine:
+    """The embedded tiny Qwen3.5 in transformers: one forward over the prompt (with the request's pixel values
+    and image_grid_thw), then one token at a time with a KV cache; logprobs as SGLang reports them."""
+
+    def __init__(self, model_path: str):
+        import torch
+        from transformers import AutoModelForImageTextToText
+
+        torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+        self.torch = torch
+        self.model = AutoModelForImageTextToText.from_pretrained(model_path, dtype=torch.float32).eval()
+        self.image_token_id = int(getattr(self.model.config, "image_token_id", -1))
+
+    def _mm(self, mm, ids):
+        """The forward's multimodal inputs: the items' pixel values and grids, the image positions (SGLang's
+        ``offsets``, inclusive) marked with the model's image token and in ``mm_token_type_ids``."""
+        import torch
+
+        if mm is None or not getattr(mm, "mm_items", None):
+            return {}
+        for it in mm.mm_items:
+            for a, b in it.offsets or ():
+                ids[0, a:b + 1] = self.image_token_id
+        pix, grids = [], []
+        for it in mm.mm_items:
+            f = it.feature
+            # the TokenizerManager hands large features over in shared memory (ShmPointerMMData), as the real
+            # scheduler's request receiver unwraps them
+            if hasattr(f, "materialize"):
+                f = f.materialize()
+            elif isinstance(f, (list, tuple)):
+                f = torch.cat([torch.as_tensor(x.materialize() if hasattr(x, "materialize") else x) for x in f], 0)
+            pix.append(torch.as_tensor(f))
+            g = (it.model_specific_data or {}).get("image_grid_thw")
+            if g is not None:
+                grids.append(torch.as_tensor(g).reshape(-1, 3))
+        out = {"pixel_values": torch.cat(pix, 0).to(torch.float32),
+               "mm_token_type_ids": (ids == self.image_token_id).long()}
+        if grids:
+            out["image_grid_thw"] = torch.cat(grids, 0)
+        return out
+
+    def start(self, ids, mm, sp, k, *, want_input, input_from):
+        torch = self.torch
+        x = torch.tensor([ids])
+        mm_kw = self._mm(mm, x)
+        with torch.no_grad():
+            out = self.model(input_ids=x, use_cache=True, **mm_kw)
+        logits = out.logits[0].float()
+        inp = None
+        if want_input:
+            lps = torch.log_softmax(logits, -1)
+            vals, idx = [], []
+            iv, tv, ti = [], [], []
+            for pos in range(input_from, len(ids)):
+                if pos == input_from:  # SGLang's layout: the token at logprob_start_len has no logprob
+                    iv.append(None)
+                    tv.append(None)
+                    ti.append(None)
+                    continue
+                row = lps[pos - 1]
+                iv.append(float(row[ids[pos]]))
+                if k:
+                    v, i = torch.topk(row, k)
+                    tv.append(v.tolist())
+                    ti.append(i.tolist())
+            inp = (iv, list(ids[input_from:]), tv if k else [], ti if k else [])
+        past = out.past_key_values
+        last = logits[-1]
+        temp = float(sp.temperature or 0.0)
+        top_p, top_k = float(sp.top_p or 1.0), int(sp.top_k or -1)
+        gen = torch.Generator().manual_seed(int(sp.sampling_seed) if getattr(sp, "sampling_seed", None) is not None
+                                           else int(time.time_ns() % (2**31)))
+        model = self.model
+        n_prompt = len(ids)
+
+        def steps():
+            nonlocal last, past
+            pos = n_prompt
+            while True:
+                raw = torch.log_softmax(last, -1)
+                scaled = torch.log_softmax(last / temp, -1) if temp > 0 else raw
+                probs = scaled.exp()
+                if top_k > 0:
+                    kth = torch.topk(probs, min(top_k, probs.numel())).values[-1]
+                    probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
+                if top_p < 1.0:
+                    sv, si = torch.sort(probs, descending=True)
+                    keep = torch.cumsum(sv, 0) - sv < top_p * sv.sum()
+                    mask = torch.zeros_like(probs, dtype=torch.bool)
+                    mask[si[keep]] = True
+                    probs = torch.where(mask, probs, torch.zeros_like(probs))
+                tid = int(torch.multinomial(probs / probs.sum(), 1, generator=gen)) if temp > 0 else int(torch.argmax(last))
+                src = scaled  # SGLang's default: logprobs of the temperature-scaled distribution
+                if k:
+                    v, i = torch.topk(src, k)
+                    tv, ti = v.tolist(), i.tolist()
+                else:
+                    tv, ti = [], []
+                yield tid, float(src[tid]), tv, ti
+                with torch.no_grad():
+                    o = model(input_ids=torch.tensor([[tid]]), past_key_values=past, use_cache=True,
+                              cache_position=torch.tensor([pos]))
+                past, last = o.past_key_values, o.logits[0, -1].float()
+                pos += 1
+
+        return _Gen(steps(), inp)
+
+
+# ====================================================================== the command
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m serving.standin", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="examples:\n  python -m serving.standin --model-path .cache/tiny-qwen35 --port 30000\n"
+                                        "  python -m serving.standin --model-path .cache/tiny-qwen35 --mode scripted "
+                                        "--reply 'ok</think>\\n\\n<answer>1911</answer>'")
+    ap.add_argument("--model-path", required=True, help="the tiny model's directory (tokenizer, chat template, weights)")
+    ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--served-model-name", default=None)
+    ap.add_argument("--mode", choices=("model", "scripted"), default="model")
+    ap.add_argument("--reply", help="scripted mode: the planted reply text")
+    ap.add_argument("--policy", metavar="MODULE:FUNCTION",
+                    help="scripted mode: a function of {'messages': prompt text} returning the reply (e.g. "
+                         "scripts.soak:agent_policy, which makes the agents act)")
+    return ap
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
+    os.environ["MMCF_STANDIN_MODE"] = a.mode
+    if a.reply is not None:
+        os.environ["MMCF_STANDIN_REPLY"] = a.reply
+    if a.policy:
+        os.environ["MMCF_STANDIN_POLICY"] = a.policy
+    try:
+        from sglang.srt.entrypoints.http_server import launch_server
+        from sglang.srt.server_args import ServerArgs
+    except ImportError as e:
+        print(f"error: SGLang's front end is not importable ({e}); build it with bash scripts/sglang_conformance.sh "
+              "--front-end and put .venv-sglang/site and .venv-sglang/front on PYTHONPATH", file=sys.stderr)
+        return 2
+    sa = ServerArgs(model_path=a.model_path, host=a.host, port=a.port, device="cpu", disable_radix_cache=True,
+                    reasoning_parser="qwen3", served_model_name=a.served_model_name or os.path.basename(a.model_path.rstrip("/")),
+                    skip_server_warmup=True)
+    launch_server(sa, run_scheduler_process_func=run_standin_scheduler)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
