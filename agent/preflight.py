@@ -6,7 +6,7 @@
 
 What is checked, and by whom (README "What is checked before a run starts"):
 
-- the model server answers and serves the model named (``/v1/models``; SGLang also ``/get_model_info``,
+- the model server answers and serves the model named (``/v1/models``; SGLang also ``/model_info``, else ``/get_model_info``,
   whose weights path must match ``--model-dir``); several ``--endpoint``s must serve one model;
 - the benchmark's images exist, are readable and are images (``--allow-missing-images`` runs the rest);
 - every API key a stage needs is set (search/visit/lens for live tools, the judge's, the annotator's),
@@ -117,7 +117,15 @@ async def _openai_identity(b) -> dict:
 async def _sglang_identity(b) -> dict:
     root = b.url.removesuffix("/generate")
     ids = _ids(await _get(b, root + "/v1/models", "list models"), root + "/v1/models")
-    info = await _get(b, root + "/get_model_info", "model info")
+    # /model_info (SGLang >= 0.5.2x); /get_model_info is deprecated there (logged on every call) but is all
+    # that older servers have
+    try:
+        info = await request_json(b._client, "GET", root + "/model_info", headers=getattr(b, "_headers", None),
+                                  policy=PREFLIGHT_POLICY, what="model info")
+    except HTTPError as e:
+        if getattr(e, "status", None) != 404:
+            raise PreflightError(f"the model server is unreachable or refused: {e}") from None
+        info = await _get(b, root + "/get_model_info", "model info")
     weights = info.get("model_path") if isinstance(info, dict) else None
     if b.model_arg and b.model_arg not in ids:
         raise PreflightError(f"{public_url(root)} does not serve {b.model_arg!r}; it serves {', '.join(ids[:10])}")

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Build the SGLang conformance layer: SGLang's own pure-Python code (request models, sampling-parameter
-# checks, the qwen3 reasoning parser, the server and router argument parsers) importable on a CPU machine,
-# so that tests/conformance/ checks the toolkit against SGLang itself rather than against our reading of it.
+# checks, the qwen3 reasoning parser, the server and router argument parsers, and its real HTTP server,
+# TokenizerManager and DetokenizerManager) importable on a CPU machine, so that tests/conformance/ checks the
+# toolkit against SGLang itself rather than against our reading of it (serving/standin.py stands in for the
+# scheduler only).
 #
 #   bash scripts/sglang_conformance.sh          # builds .venv-sglang/site (a --target dir, ~300 MB, ~1-2 min)
 #
@@ -26,6 +28,10 @@ PKGS=(
   yarl==1.25.1 propcache==0.5.4 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 frozenlist==1.8.0
   openai==3.57.0 dill==0.4.1 apache-tvm-ffi==0.1.15.post2 sentencepiece==0.2.3 compressed-tensors==0.20.1
   loguru==0.7.3 gguf==0.19.0 partial-json-parser==0.2.1.1.post7
+  # SGLang's real HTTP front end on CPU (serving/standin.py): FastAPI / uvicorn, the multimodal processor's needs
+  fastapi==0.165.0 uvicorn==0.54.0 h11==0.16.0 click==8.5.1 uvloop==0.23.0 python-multipart==0.0.34
+  opentelemetry-api==1.45.2 setproctitle==1.3.8 einops==0.8.2 xgrammar==0.2.7 soundfile==0.13.1 cffi==2.1.1
+  pycparser==3.12 jsonschema==4.26.0 referencing==0.37.0 rpds-py==2026.9.1 jsonschema-specifications==2025.9.1
 )
 # pydantic comes with the project's venv; bring it only where that venv lacks it
 "$PY" -c "import pydantic" 2>/dev/null || PKGS+=(pydantic pydantic-core annotated-types typing-inspection)
@@ -44,5 +50,7 @@ from sglang_router.router_args import RouterArgs
 " 2>&1 | grep -v -e RequestsDependencyWarning -e "warnings.warn" || true
 PYTHONPATH="$SITE" "$PY" -c "import sglang.srt.server_args, sglang.srt.entrypoints.openai.protocol, sglang_router.router_args" >/dev/null 2>&1 \
   || { echo "[sglang-conformance] SGLang does not import from $SITE" >&2; exit 1; }
+PYTHONPATH="$SITE" "$PY" -c "import sglang.srt.entrypoints.http_server" >/dev/null 2>&1 \
+  || { echo "[sglang-conformance] SGLang's HTTP front end does not import from $SITE" >&2; exit 1; }
 echo "$want" > "$stamp"
 echo "[sglang-conformance] ready in $(( $(date +%s) - start )) s: $(du -sh "$SITE" | cut -f1)"

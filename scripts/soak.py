@@ -34,7 +34,7 @@ __all__ = ["soak", "main"]
 def agent_policy(req: dict) -> str:
     """The stand-in's model: two searches, then an answer (ReAct grammar); MM-ContextFold gets a subtask
     in its main state and a return in its branches."""
-    text = str(req.get("messages", ""))
+    text = str(req.get("messages") or req.get("text") or "")  # chat messages, or a native /generate prompt
     if "STATE: MAIN" in text and "STATE: BRANCH" not in text:
         if "completed" in text:
             return "Enough evidence.</think>\n\n<answer>1911</answer>"

@@ -72,6 +72,32 @@ class _Standin:
         self.tok = AutoTokenizer.from_pretrained(server_args.tokenizer_path or server_args.model_path)
         self.engine = _ModelEngine(server_args.model_path) if self.mode == "model" else _ScriptedEngine(self.tok)
         self.aborted: set = set()
+        self.queue: list = []  # generation requests in arrival order (served one at a time: no batching)
+        self.abort_all = False
+
+    def _drain(self) -> None:
+        """Take every message waiting on the socket: generation requests join the queue, aborts are noted,
+        control requests are answered; never blocks."""
+        import zmq
+        from sglang.srt.managers import io_struct as io
+
+        while True:
+            try:
+                obj = io.sock_recv(self.recv, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            reqs = obj.batch if isinstance(obj, io.BatchTokenizedGenerateReqInput) else [obj]
+            for r in reqs:
+                if isinstance(r, io.TokenizedGenerateReqInput):
+                    self.queue.append(r)
+                elif isinstance(r, io.AbortReq):
+                    if r.abort_all:
+                        self.aborted.update(q.rid for q in self.queue)
+                        self.abort_all = True
+                    elif r.rid:
+                        self.aborted.add(r.rid)
+                else:
+                    self._control(r)
 
     def loop(self):
         import zmq
@@ -79,26 +105,11 @@ class _Standin:
 
         poller = zmq.Poller()
         poller.register(self.recv, zmq.POLLIN)
-        queue: list = []
+        queue = self.queue
         while True:
             if not queue:
                 poller.poll()
-            while True:
-                try:
-                    obj = io.sock_recv(self.recv, zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                reqs = obj.batch if isinstance(obj, io.BatchTokenizedGenerateReqInput) else [obj]
-                for r in reqs:
-                    if isinstance(r, io.TokenizedGenerateReqInput):
-                        queue.append(r)
-                    elif isinstance(r, io.AbortReq):
-                        if r.abort_all:
-                            self.aborted.update(q.rid for q in queue)
-                        elif r.rid:
-                            self.aborted.add(r.rid)
-                    else:
-                        self._control(r)
+            self._drain()
             if queue:
                 req = queue.pop(0)
                 try:
@@ -170,21 +181,14 @@ class _Standin:
         self._send(req, ids, state, finish, k)
 
     def _poll_abort(self, rid) -> bool:
-        import zmq
-        from sglang.srt.managers import io_struct as io
-
-        while True:
-            try:
-                obj = io.sock_recv(self.recv, zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            if isinstance(obj, io.AbortReq):
-                self.aborted.add(obj.rid) if obj.rid else None
-                if obj.abort_all:
-                    return True
-            else:  # not ours to handle mid-request: hand it back to the queue order via re-dispatch
-                self._pending = getattr(self, "_pending", []) + [obj]
-        return rid in self.aborted
+        """Between two tokens: take what arrived (new requests queue up behind this one) and say whether this
+        request was aborted (the client went away, or an abort-all)."""
+        self.abort_all = False
+        self._drain()
+        if self.abort_all or rid in self.aborted:
+            self.aborted.discard(rid)
+            return True
+        return False
 
     def _send(self, req, ids, state, finish, k):
         from sglang.srt.managers import io_struct as io

@@ -181,13 +181,16 @@ class SGLangBackend:
         params = {"max_new_tokens": 0, "temperature": 0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
                   "repetition_penalty": 1.0}
         common = {"sampling_params": params, "return_logprob": True, "top_logprobs_num": int(top_logprobs)}
+        prompt_ids = self.tok(prompt, add_special_tokens=False)["input_ids"]
         if not images:
-            prompt_ids = self.tok(prompt, add_special_tokens=False)["input_ids"]
             return ({"input_ids": prompt_ids + ids, "logprob_start_len": max(len(prompt_ids) - 1, 0), **common},
                     ids, prompt, images)
-        cont_text = self.tok.decode(ids, skip_special_tokens=False) if continuation.ids else continuation.text
+        # token ids with the images too: SGLang 0.5.23's TokenizerManager takes input_ids together with image_data
+        # and expands each image placeholder itself (checked against its real front end, tests/conformance/
+        # test_sglang_frontend.py), so nothing is re-tokenised and "\n" after the <think>\n pre-fill cannot merge.
+        # logprob_start_len indexes the *expanded* prompt: the processor's image_grid_thw says how long it is.
         start = self.expanded_prompt_len(prompt, images) - 1
-        return ({"text": prompt + cont_text, "image_data": [im.data_uri() for im in images],
+        return ({"input_ids": prompt_ids + ids, "image_data": [im.data_uri() for im in images],
                  "logprob_start_len": max(start, 0), **common}, ids, prompt, images)
 
     async def score(self, messages: list[dict], continuation: Continuation, *, top_logprobs: int = DEFAULT_TOP_LOGPROBS,
@@ -207,7 +210,7 @@ class SGLangBackend:
         mark_think(tokens, prompt.rstrip().endswith(THINK_OPEN))
         return ScoredTokens(tokens=tokens, semantics=LogprobSemantics("raw"), backend=self.name, model=self.model,
                             request={"endpoint": self.public, "messages": record_messages(messages), "continuation_ids": ids,
-                                     "image_sha256": [im.sha256 for im in images], "by": "ids" if not images else "text",
+                                     "image_sha256": [im.sha256 for im in images], "by": "ids",
                                      "logprob_start_len": payload["logprob_start_len"]},
                             response=resp, top_k_requested=int(top_logprobs))
 

@@ -56,3 +56,81 @@ def sglang():
     o = Oracle(SITE)
     yield o
     o.close()
+
+
+# ------------------------------------------------------------------ SGLang's real front end (serving/standin.py)
+class RealSGLang:
+    """SGLang's own HTTP server, TokenizerManager and DetokenizerManager on 127.0.0.1, with our scheduler
+    stand-in (``python -m serving.standin``); ``mode`` is ``scripted`` (the agents' policy) or ``model``."""
+
+    def __init__(self, site: Path, model_dir: Path, mode: str, log: Path):
+        import socket
+        import time
+        import urllib.request
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.model_dir, self.log = model_dir, log
+        env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{site}", "PYTHONWARNINGS": "ignore"}
+        cmd = [sys.executable, "-m", "serving.standin", "--model-path", str(model_dir), "--port", str(self.port),
+               "--mode", mode, "--served-model-name", "tiny-qwen35"]
+        if mode == "scripted":
+            cmd += ["--policy", "scripts.soak:agent_policy"]
+        self.p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+        deadline = time.time() + 600  # a bound, not a timing assumption: a loaded 2-core machine takes 60-90 s
+        while time.time() < deadline:
+            if self.p.poll() is not None:
+                raise RuntimeError(f"SGLang's front end exited ({self.p.returncode}); log:\n{self.tail()}")
+            try:
+                urllib.request.urlopen(self.url + "/health", timeout=5)
+                return
+            except OSError:
+                time.sleep(0.5)
+        self.close()
+        raise RuntimeError(f"SGLang's front end did not answer within 600 s; log:\n{self.tail()}")
+
+    def tail(self, n: int = 4000) -> str:
+        try:
+            return self.log.read_bytes()[-n:].decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def close(self):
+        import signal
+
+        if self.p.poll() is None:
+            try:
+                os.killpg(self.p.pid, signal.SIGTERM)
+                self.p.wait(30)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(self.p.pid, signal.SIGKILL)
+                self.p.wait()
+
+
+def _front_end(tmp_path_factory, tiny_model_dir, mode):
+    if not (SITE / "fastapi").is_dir():
+        msg = f"SGLang's front end not built at {SITE}: run bash scripts/sglang_conformance.sh"
+        if os.environ.get("CI"):
+            pytest.fail(msg + " (CI must run these tests, not skip them)")
+        pytest.skip(msg)
+    srv = RealSGLang(SITE, tiny_model_dir, mode, tmp_path_factory.mktemp("sglang") / f"{mode}.log")
+    return srv
+
+
+@pytest.fixture(scope="session")
+def real_sglang(tmp_path_factory, tiny_model_dir):
+    """Scripted stand-in: the agents act (scripts/soak.py's policy), the reasoning split is exercised."""
+    srv = _front_end(tmp_path_factory, tiny_model_dir, "scripted")
+    yield srv
+    srv.close()
+
+
+@pytest.fixture(scope="session")
+def real_sglang_model(tmp_path_factory, tiny_model_dir):
+    """Model stand-in: every token and logprob from the embedded tiny Qwen3.5 (images change the distribution)."""
+    srv = _front_end(tmp_path_factory, tiny_model_dir, "model")
+    yield srv
+    srv.close()

@@ -80,6 +80,10 @@ class _Tok:
             except Exception:  # noqa: BLE001 - a tokenizer-only directory: fixed expansion
                 self.proc = None
         self.image_pad = self.encode("<|image_pad|>")[0] if self.hf else 9001
+        # a generation that stops by itself ends with the model's EOS, which SGLang returns as the last output token
+        # (in output_ids, its logprobs and completion_tokens), as its real front end does (serving/standin.py
+        # showed it; the fake left it out before). Only with a real tokenizer (one id per character has none).
+        self.eos = self.encode("<|im_end|>")[0] if self.hf else None
         self._n_cache: dict[int, int] = {}
 
     CHUNK0 = 0x200000  # without a tokenizer, very long texts come as 100-character tokens (ids from here on)
@@ -160,7 +164,7 @@ class _Handler(JSONHandler):
         if self.path in ("/server_info", "/get_server_info"):
             return self._send(200, {"model_path": self.server.model_name, "tp_size": 1, "version": "0.5.23",
                                     "enable_deterministic_inference": self.server.deterministic})
-        if self.path == "/get_model_info":
+        if self.path in ("/model_info", "/get_model_info"):  # 0.5.23 has both; the old one is deprecated
             return self._send(200, {"model_path": self.server.model_name, "tokenizer_path": self.server.model_name,
                                     "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
                                     "has_image_understanding": True, "has_audio_understanding": False,
@@ -264,10 +268,13 @@ class _Handler(JSONHandler):
         reply = req["_garbage"] if "_garbage" in req else (self.server.reply(req) if callable(self.server.reply)
                                                            else self.server.reply)
         reply = reply or ""
-        out_ids = tok.encode(reply)[: int(sp.get("max_new_tokens", 16))]
-        finish = {"type": "stop", "matched": 151645} if len(out_ids) == len(tok.encode(reply)) else {"type": "length", "length": len(out_ids)}
+        full_ids = tok.encode(reply) + ([tok.eos] if tok.eos is not None else [])
+        out_ids = full_ids[: int(sp.get("max_new_tokens", 16))]
+        finish = ({"type": "stop", "matched": tok.eos or 151645} if len(out_ids) == len(full_ids)
+                  else {"type": "length", "length": len(out_ids)})
+        # SGLang: with return_logprob and the default logprob_start_len (-1), no input logprobs at all
         meta.update({"finish_reason": finish, "completion_tokens": len(out_ids), "e2e_latency": 0.01,
-                     "input_token_logprobs": [[None, prompt_ids[-1], None]], "input_top_logprobs": [None]})
+                     "reasoning_tokens": 0, "input_token_logprobs": [], "input_top_logprobs": []})
         if req.get("return_logprob"):  # depends on the reply only: computed once per distinct reply
             key = ("gen", reply, k, with_text, len(out_ids))
             with self.server.lock:
@@ -300,10 +307,10 @@ class _Handler(JSONHandler):
         k = int(req.get("top_logprobs") or 0)
         reply = req["_reply"]
         null = reply is None
-        all_ids = tok.encode(reply or "")
+        all_ids = tok.encode(reply or "") + ([tok.eos] if tok.eos is not None and not null else [])
         out_ids = all_ids[: int(req.get("max_tokens") or 16)]
         texts = [tok.decode(t) for t in out_ids]
-        full = "".join(texts)
+        full = "".join(texts).removesuffix("<|im_end|>")  # the chat layer skips special tokens in content
         # --reasoning-parser qwen3 with the <think> pre-fill: SGLang's rules (which split_think mirrors, as
         # tests/conformance checks): </think> ends the reasoning, else a <tool_call> does, else all is reasoning
         from agent.backends.think import split_think

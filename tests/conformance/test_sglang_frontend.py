@@ -1,0 +1,133 @@
+"""The toolkit's chain against SGLang 0.5.23's own HTTP server, TokenizerManager and DetokenizerManager, with our
+scheduler stand-in (``serving/standin.py``) as the only piece not SGLang's (issue 21).
+
+Each run is also made against the loopback fake (``tests/fakes/sglang_server.py``); the records must agree
+(same fields, same token counts per call): a difference is a bug in the client or in the fake.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agent.run import main as run_main
+from agent.rundir import load_run
+from scripts.soak import agent_policy
+from tests.fakes.sglang_server import FakeSGLang
+
+#: What must be equal call by call, real front end vs fake (the chat path's prompt_tokens excepted: the fake does
+#: not render the chat template there, see tests/fakes/sglang_server.py).
+SAME = ("n_tokens", "think_tokens", "finish_reason", "text", "reasoning", "n_images", "n_query_images", "state",
+        "semantics")
+
+
+def _run(url, out, backend, model_dir, method, *extra):
+    be = ["--backend", "sglang", "--model-dir", str(model_dir)] if backend == "native" else \
+        ["--backend", "openai", "--server", "sglang"]
+    return run_main(["--method", method, *be, "--endpoint", url, "--benchmark", "demo", "--limit", "2", "--t-max", "6",
+                     "--out", str(out), "--no-progress", "--seed", "5", "--request-timeout", "120", *extra])
+
+
+def _served(srv) -> int:
+    """How many model requests SGLang's server has answered so far (its access log)."""
+    log = srv.tail(10**9)
+    return log.count('"POST /generate HTTP') + log.count('"POST /v1/chat/completions HTTP')
+
+
+def _calls(line):
+    return [e for e in line["events"] if e["type"] == "llm_call"]
+
+
+@pytest.mark.parametrize("method", ["react", "mmcontextfold"])
+@pytest.mark.parametrize("backend", ["native", "chat"])
+def test_the_agents_run_against_sglangs_real_server_and_record_what_the_fake_records(
+        real_sglang, tiny_model_dir, tmp_path, backend, method):
+    before = _served(real_sglang)
+    assert _run(real_sglang.url, tmp_path / "real", backend, tiny_model_dir, method) == 0, real_sglang.tail()
+    n_calls = sum(ln["n_calls"] for ln in load_run(tmp_path / "real").lines)
+    assert _served(real_sglang) - before == n_calls  # every call answered once: nothing lost, nothing retried
+    with FakeSGLang(tokenizer_dir=str(tiny_model_dir), reply=agent_policy, model_name="tiny-qwen35") as fake:
+        assert _run(fake.url, tmp_path / "fake", backend, tiny_model_dir, method) == 0
+    real, fake = load_run(tmp_path / "real"), load_run(tmp_path / "fake")
+    assert real.header["model"]["served_model"] == "tiny-qwen35"
+    assert real.header["model"]["weights"] == (str(tiny_model_dir) if backend == "native" else None)
+    rl = sorted(real.lines, key=lambda ln: ln["sample_id"])
+    fl = sorted(fake.lines, key=lambda ln: ln["sample_id"])
+    assert [ln["status"] for ln in rl] == ["ok", "ok"] and len(rl) == len(fl)
+    for a, b in zip(rl, fl):
+        assert set(a) == set(b)
+        ca, cb = _calls(a), _calls(b)
+        assert len(ca) == len(cb) >= 2
+        for x, y in zip(ca, cb):
+            assert set(x) == set(y), set(x) ^ set(y)
+            for k in SAME:
+                assert x[k] == y[k], (k, x["index"], x[k], y[k])
+            assert x["usage"]["completion_tokens"] == y["usage"]["completion_tokens"] == x["n_tokens"]
+            if backend == "native":  # the fake expands images with the model's processor, as SGLang does
+                assert x["usage"]["prompt_tokens"] == y["usage"]["prompt_tokens"]
+            assert x["finish_reason"] == "stop" and x["reasoning"] and x["think_tokens"] > 0
+        # every token of the real server's reply is in the sidecar, with 20 alternatives each
+        tok = real.tokens(a)
+        assert tok["top_logprobs"].shape[1] == 20 and len(tok["id"]) == sum(c["n_tokens"] for c in ca)
+        assert np.isfinite(tok["logprob"]).all() and (tok["logprob"] <= 0).all()
+
+
+async def test_teacher_forced_scoring_through_the_real_front_end_with_and_without_images(
+        real_sglang_model, tiny_model_dir, red_image):
+    """Token ids all the way, images included (SGLang takes input_ids with image_data and expands the images):
+    a continuation starting with "\\n" after the <think>\\n pre-fill is scored exactly, never re-tokenised."""
+    from agent.backends.base import Continuation, SamplingParams
+    from agent.backends.sglang_native import SGLangBackend
+    from agent.http import RetryPolicy
+
+    b = SGLangBackend(real_sglang_model.url, str(tiny_model_dir), policy=RetryPolicy(retries=1, timeout_s=300))
+    with_img = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": str(red_image)}},
+                                              {"type": "text", "text": "What colour is it?"}]}]
+    text_only = [{"role": "user", "content": [{"type": "text", "text": "What colour is it?"}]}]
+    cont_ids = b.tok("\nRed, I think.\n</think>\n\nRed.", add_special_tokens=False)["input_ids"]
+    assert b.tok.decode(cont_ids[:1]) == "\n"  # the case that merged into "\n\n" when text was re-tokenised
+    try:
+        gen = await b.generate(with_img, SamplingParams(max_tokens=6, seed=1))
+        assert len(gen.tokens) == 6 and gen.finish_reason == "length" and gen.usage.prompt_tokens > 20
+        s_img = await b.score(with_img, Continuation(ids=cont_ids))
+        s_txt = await b.score(text_only, Continuation(ids=cont_ids))
+    finally:
+        await b.aclose()
+    for s in (s_img, s_txt):
+        assert [int(i) for i in s.tokens.ids] == cont_ids  # verified ids: nothing drifted
+        assert s.tokens.top_logprobs.shape == (len(cont_ids), 20) and np.isfinite(s.tokens.logprobs).all()
+    assert s_img.request["by"] == "ids" and s_img.request["image_sha256"]
+    # the pixels reached the model: the same tokens are scored differently with the image
+    assert not np.allclose(s_img.tokens.logprobs, s_txt.tokens.logprobs)
+
+
+def test_probes_and_the_smoke_check_against_the_real_front_end(real_sglang_model, tiny_model_dir, tmp_path, capsys):
+    """A run on the real front end with the tiny model, then both entropy modes, the removal replays and
+    serving.check, all through SGLang's own server."""
+    from probes.entropy import main as entropy_main
+    from probes.removal import main as removal_main
+    from serving.check import main as check_main
+
+    url, md = real_sglang_model.url, str(tiny_model_dir)
+    run = tmp_path / "run"
+    assert run_main(["--method", "react", "--backend", "sglang", "--endpoint", url, "--model-dir", md, "--limit", "1",
+                     "--t-max", "3", "--max-tokens", "12", "--out", str(run), "--no-progress"]) == 0
+    be = ["--backend", "sglang", "--endpoint", url, "--model-dir", md]
+    for mode in ("regenerate", "teacher-forced"):
+        rc = entropy_main([str(run), "--mode", mode, *be, "--include-unparsed", "--no-progress"])
+        assert rc == 0, (mode, capsys.readouterr().err[-2000:], real_sglang_model.tail())
+        steps = (run / "probes" / f"entropy-{mode}" / "steps.csv").read_text().splitlines()
+        assert len(steps) >= 2
+    rc = removal_main([str(run), "--steps", "1..2", "--judge", "exact", *be, "--no-progress"])
+    assert rc in (0, 3), capsys.readouterr().err[-2000:]
+    assert (run / "probes" / "removal").is_dir()
+    assert check_main(["--endpoint", url, "--backend", "sglang", "--model-dir", md]) == 0
+    assert check_main(["--endpoint", url, "--backend", "openai", "--server", "sglang"]) == 0
+
+
+def test_a_request_the_stand_in_cannot_serve_comes_back_as_sglangs_error_not_a_hang(real_sglang_model):
+    import httpx
+
+    r = httpx.post(real_sglang_model.url + "/generate", timeout=120, json={
+        "text": "hello", "sampling_params": {"max_new_tokens": 0}, "return_logprob": True, "logprob_start_len": 999})
+    assert r.status_code == 400 and "logprob_start_len=999 is higher than the number of input tokens" in r.text
+
