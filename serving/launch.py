@@ -63,6 +63,7 @@ class Server:
     env: dict[str, str]
     name: str = ""
     log: str = ""
+    nccl_port: int = 0
 
 
 def state_file() -> Path:
@@ -71,13 +72,26 @@ def state_file() -> Path:
     return Path(base) / "serve-dirs.txt"
 
 
-def weights_for(size: str) -> str:
+#: The conformance layer (scripts/sglang_conformance.sh): SGLang's own code importable on a CPU machine.
+REPO = Path(__file__).resolve().parents[1]
+SGLANG_SITE = Path(os.environ.get("MMCF_SGLANG_SITE", REPO / ".venv-sglang" / "site"))
+
+
+def weights_for(size: str, standin: str | None = None) -> str:
     hub = MODELS[size][0]
     var = f"QWEN35_{size.upper().replace('-', '_')}_PATH"
     if os.environ.get(var):
         return os.environ[var]
     if os.environ.get("MODEL_DIR"):
         return os.path.join(os.environ["MODEL_DIR"], hub.split("/")[1])
+    if standin:  # SGLang's front end on CPU: the embedded tiny Qwen3.5 stands in for every backbone
+        from agent.backends.tiny_model import ensure_tiny_model
+
+        try:
+            return str(ensure_tiny_model(os.environ.get("MMCF_TINY_MODEL_DIR"), quiet=True))
+        except ImportError as e:
+            raise LaunchError(f"--standin needs the embedded tiny model ({e}); run the launcher with the project's "
+                              "venv: PYTHON=.venv/bin/python bash serving/launch_qwen35.sh --standin ...") from None
     return hub
 
 
@@ -85,21 +99,30 @@ def _is_local(size: str) -> bool:
     return bool(os.environ.get(f"QWEN35_{size.upper().replace('-', '_')}_PATH") or os.environ.get("MODEL_DIR"))
 
 
-def server_command(size: str, port: int, a) -> list[str]:
+def server_command(size: str, port: int, a, nccl_port: int | None = None) -> list[str]:
+    """The server's command line; every port it binds is given (``--nccl-port`` too: left to SGLang, servers
+    started together can race for the same free port)."""
+    nccl = ["--nccl-port", str(nccl_port)] if nccl_port else []
+    if getattr(a, "standin", None):  # SGLang's own front end, our scheduler stand-in (serving/standin.py)
+        return [a.python, "-m", "serving.standin", "--model-path", weights_for(size, a.standin), "--served-model-name",
+                MODELS[size][1], "--host", a.host, "--port", str(port), "--mode", a.standin, *nccl]
     base = shlex.split(os.environ["MMCF_SGLANG_SERVER_CMD"]) if os.environ.get("MMCF_SGLANG_SERVER_CMD") else \
         [a.python, "-m", "sglang.launch_server"]
     cmd = [*base, "--model-path", weights_for(size), "--served-model-name", MODELS[size][1], "--tp-size", str(a.tp),
-           "--host", a.host, "--port", str(port), "--reasoning-parser", "qwen3",
+           "--host", a.host, "--port", str(port), *nccl, "--reasoning-parser", "qwen3",
            "--mem-fraction-static", str(a.mem_fraction), "--context-length", str(a.context_length)]
     if a.deterministic:
         cmd.append("--enable-deterministic-inference")
     return cmd + shlex.split(os.environ.get("SGLANG_EXTRA_ARGS", ""))
 
 
-def router_command(worker_urls: list[str], port: int, a) -> list[str]:
+def router_command(worker_urls: list[str], port: int, a, prometheus_port: int | None = None) -> list[str]:
+    """One router's command line. Its Prometheus port is always given: every router defaults to 29000
+    (sglang_router/router_args.py), so a second router could not bind it and the launch failed."""
     base = shlex.split(os.environ["MMCF_SGLANG_ROUTER_CMD"]) if os.environ.get("MMCF_SGLANG_ROUTER_CMD") else \
         [a.python, "-m", "sglang_router.launch_router"]
-    return [*base, "--worker-urls", *worker_urls, "--policy", "cache_aware", "--host", a.host, "--port", str(port)]
+    prom = ["--prometheus-port", str(prometheus_port)] if prometheus_port else []
+    return [*base, "--worker-urls", *worker_urls, "--policy", "cache_aware", "--host", a.host, "--port", str(port), *prom]
 
 
 def _groups(a) -> list[str]:
@@ -135,7 +158,8 @@ def plan(a) -> list[Server]:
         need = len(a.models) * a.tp
         raise LaunchError(f"{len(a.models)} model(s) ({' '.join(a.models)}) need {len(a.models)} GPU groups of {a.tp} "
                           f"GPUs ({need} GPUs in all) but --gpu-groups gives {len(groups)}: {a.gpu_groups!r}")
-    n = _gpu_count()
+    n = None if a.standin else _gpu_count()
+    nccl = a.nccl_port if a.nccl_port is not None else a.port + 1000
     out = []
     for i, size in enumerate(a.models):
         ids = groups[i].split(",")
@@ -149,11 +173,14 @@ def plan(a) -> list[Server]:
                                   f"{a.tp} need {len(a.models) * a.tp} GPUs) but this machine has {n} GPU(s)")
         port = a.port + i
         env = {"CUDA_VISIBLE_DEVICES": groups[i]}
+        if a.standin:  # SGLang's code from the conformance layer, the toolkit's stand-in from this checkout
+            env = {"PYTHONPATH": os.pathsep.join([str(REPO), str(SGLANG_SITE)])}
         if a.logprobs == "raw":
             env["SGLANG_RETURN_ORIGINAL_LOGPROB"] = "1"
         name = f"{MODELS[size][1]}-{port}"
-        out.append(Server(size, port, groups[i], weights_for(size), MODELS[size][1], server_command(size, port, a), env,
-                          name=name, log=str(Path(a.run_dir) / f"{name}.log")))
+        out.append(Server(size, port, "cpu (stand-in)" if a.standin else groups[i], weights_for(size, a.standin), MODELS[size][1],
+                          server_command(size, port, a, nccl + i), env, name=name,
+                          log=str(Path(a.run_dir) / f"{name}.log"), nccl_port=nccl + i))
     return out
 
 
@@ -263,6 +290,23 @@ def _start(cmd: list[str], env: dict, log: str) -> subprocess.Popen:
                                 stdin=subprocess.DEVNULL, start_new_session=True)
 
 
+def proc_start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat, field 22): with the PID, it names one
+    process for good (a recycled PID has another), whatever title the process gives itself (SGLang and its
+    router set theirs, so the command line is no identity)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def pid_record(pid: int) -> str:
+    """A PID file's text: ``PID START_TIME`` (see :func:`proc_start_time`)."""
+    start = proc_start_time(pid)
+    return f"{pid} {start}" if start else str(pid)
+
+
 def _kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGTERM)
@@ -314,19 +358,29 @@ def launch(a) -> int:
     print(f"logprob semantics: {a.logprobs} ({sem}); clients: --logprob-mode {a.logprobs}")
     print(f"deterministic inference: {'on (--enable-deterministic-inference: seeds are honoured)' if a.deterministic else 'off (seeds are ignored by the server)'}")
     routers = _router_plan(a, servers)
+    ports = ports_of(servers, routers)
+    print("ports: " + ", ".join(f"{what} {p}" for what, p in ports))
+    if a.standin:
+        print(f"stand-in: SGLang's own HTTP server / TokenizerManager / DetokenizerManager from {SGLANG_SITE}, the "
+              f"scheduler is serving/standin.py ({a.standin} mode) on the CPU: the numbers are meaningless")
     if a.dry_run:
         for s in servers:
             print(_quote(["env", *(f"{k}={v}" for k, v in s.env.items()), *s.cmd]))
-        for _, port, urls in routers:
-            print(_quote(router_command(urls, port, a)))
+        for _, port, urls, prom in routers:
+            print(_quote(router_command(urls, port, a, prom)))
         for s in servers:
             print("\n".join(_describe(a, s, gpu_gb, run_dir)))
         return 0
     # ------------------------------------------------ preflight: fail early and clearly, start nothing
-    if not os.environ.get("MMCF_SGLANG_SERVER_CMD"):
+    if a.standin:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(SGLANG_SITE)])}
+        if subprocess.run([a.python, "-c", "import sglang.srt.entrypoints.http_server"], capture_output=True,
+                          env=env).returncode:
+            raise LaunchError(f"SGLang's front end does not import from {SGLANG_SITE}: run bash scripts/sglang_conformance.sh")
+    elif not os.environ.get("MMCF_SGLANG_SERVER_CMD"):
         if subprocess.run([a.python, "-c", "import sglang"], capture_output=True).returncode:
             raise LaunchError(f"sglang is not installed for {a.python}: pip install -e '.[serve]' on the GPU node")
-    if _gpu_count() is None:
+    if not a.standin and _gpu_count() is None:
         raise LaunchError("nvidia-smi not found: no NVIDIA GPUs on this machine (MMCF_GPU_COUNT overrides)")
     for s in servers:
         if _is_local(s.size) and not (Path(s.weights) / "config.json").is_file():
@@ -334,11 +388,13 @@ def launch(a) -> int:
                               f"(MODEL_DIR / QWEN35_{s.size.upper().replace('-', '_')}_PATH)")
         if not _port_free(s.port):
             raise LaunchError(f"port {s.port} is already in use (choose another with --port)")
-    for _, port, _ in routers:
+    for what, port in ports:
         if not _port_free(port):
-            raise LaunchError(f"router port {port} is already in use (choose another with --router-port)")
+            raise LaunchError(f"port {port} ({what}) is already in use (choose other --port / --router-port / "
+                              "--prometheus-port / --nccl-port bases)")
     if routers and not os.environ.get("MMCF_SGLANG_ROUTER_CMD"):
-        if subprocess.run([a.python, "-c", "import sglang_router"], capture_output=True).returncode:
+        renv = {**os.environ, "PYTHONPATH": str(SGLANG_SITE)} if a.standin else None
+        if subprocess.run([a.python, "-c", "import sglang_router"], capture_output=True, env=renv).returncode:
             raise LaunchError("sglang-router is not installed: pip install -e '.[serve]'")
     run_dir.mkdir(parents=True, exist_ok=True)
     _remember(run_dir)
@@ -362,7 +418,7 @@ def launch(a) -> int:
         (run_dir / f"{s.name}.cmd").write_text(_quote(["env", *(f"{k}={v}" for k, v in s.env.items()), *s.cmd]) + "\n")
         print(f"starting {s.name} on GPUs {s.gpus} (log: {s.log})", flush=True)
         p = _start(s.cmd, s.env, s.log)
-        (run_dir / f"{s.name}.pid").write_text(str(p.pid))
+        (run_dir / f"{s.name}.pid").write_text(pid_record(p.pid))
         started.append((s.name, p))
         procs[s.name] = p
     for s in servers:
@@ -374,15 +430,16 @@ def launch(a) -> int:
         print(f"ready: {url}  model={model}  logprobs={a.logprobs}  GPUs={s.gpus}", flush=True)
         entries.append({"url": _client_url(a, s.port), "model": model, "served_model": model, "weights": s.weights,
                         "size": s.size, "logprob_mode": a.logprobs, "gpus": s.gpus, "deterministic": a.deterministic,
-                        "pid": procs[s.name].pid, "log": s.log, "status": "running", "kind": "server"})
+                        "pid": procs[s.name].pid, "log": s.log, "status": "running", "kind": "server",
+                        "nccl_port": s.nccl_port, "standin": a.standin})
         _write_endpoints(run_dir, entries)
-    for served, port, urls in routers:
+    for served, port, urls, prom in routers:
         name = f"router-{port}"
-        cmd = router_command(urls, port, a)
+        cmd = router_command(urls, port, a, prom)
         (run_dir / f"{name}.cmd").write_text(_quote(cmd) + "\n")
         log = str(run_dir / f"{name}.log")
-        p = _start(cmd, {}, log)
-        (run_dir / f"{name}.pid").write_text(str(p.pid))
+        p = _start(cmd, {"PYTHONPATH": str(SGLANG_SITE)} if a.standin else {}, log)
+        (run_dir / f"{name}.pid").write_text(pid_record(p.pid))
         started.append((name, p))
         t0 = time.time()
         while True:
@@ -395,6 +452,7 @@ def launch(a) -> int:
                 time.sleep(0.5)
         print(f"ready: router http://127.0.0.1:{port} for {served} over {' '.join(urls)} (policy cache_aware)", flush=True)
         entries.append({"url": _client_url(a, port), "model": served, "served_model": served, "router_of": urls,
+                        "prometheus_port": prom,
                         "size": next(s.size for s in servers if s.served == served), "logprob_mode": a.logprobs,
                         "gpus": "", "deterministic": a.deterministic, "pid": p.pid, "log": log, "status": "running",
                         "kind": "router"})
@@ -402,7 +460,7 @@ def launch(a) -> int:
     print(f"\nendpoints written to {run_dir / 'endpoints.json'}")
     for s in servers:
         print("\n".join(_describe(a, s, gpu_gb, run_dir)))
-    for served, port, _ in routers:
+    for served, port, _, _ in routers:
         url = _client_url(a, port)
         w = next(s.weights for s in servers if s.served == served)
         print(f"router for {served}: clients: --backend sglang --endpoint {url} --model-dir {shlex.quote(w)} "
@@ -417,7 +475,21 @@ def _router_plan(a, servers: list[Server]) -> list[tuple[str, int, list[str]]]:
     by_model: dict[str, list[str]] = {}
     for s in servers:
         by_model.setdefault(s.served, []).append(f"http://127.0.0.1:{s.port}")
-    return [(m, a.router_port + j, urls) for j, (m, urls) in enumerate(by_model.items())]
+    return [(m, a.router_port + j, urls, a.prometheus_port + j) for j, (m, urls) in enumerate(by_model.items())]
+
+
+def ports_of(servers: list[Server], routers: list) -> list[tuple[str, int]]:
+    """Every port the launch binds, named; refused when two coincide."""
+    out = [(f"{s.name} http", s.port) for s in servers] + [(f"{s.name} nccl", s.nccl_port) for s in servers if s.nccl_port]
+    out += [(f"router-{port} http", port) for _, port, _, _ in routers]
+    out += [(f"router-{port} prometheus", prom) for _, port, _, prom in routers]
+    seen: dict = {}
+    for what, p in out:
+        if p in seen:
+            raise LaunchError(f"port {p} is planned twice ({seen[p]} and {what}): choose other --port / --router-port / "
+                              "--prometheus-port / --nccl-port bases")
+        seen[p] = what
+    return out
 
 
 def _quote(words: list[str]) -> str:
@@ -451,6 +523,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="logs, PID files, commands, endpoints.json (default: .serve)")
     ap.add_argument("--router", action="store_true", help="also start one sglang-router (cache_aware) per model")
     ap.add_argument("--router-port", type=int, default=30100, help="first router port (default: 30100)")
+    ap.add_argument("--prometheus-port", type=int, default=29000,
+                    help="first router's metrics port; router j gets +j (default: 29000, sglang-router's own default)")
+    ap.add_argument("--nccl-port", type=int, default=None,
+                    help="first server's NCCL / dist-init port; server i gets +i (default: --port + 1000)")
+    ap.add_argument("--standin", choices=("scripted", "model"),
+                    help="no GPU: SGLang's real front end on the CPU with serving/standin.py as its scheduler and the "
+                         "embedded tiny Qwen3.5 for every model (needs bash scripts/sglang_conformance.sh); routers are "
+                         "the real sglang-router")
     return ap
 
 

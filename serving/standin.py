@@ -435,6 +435,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--port", type=int, default=30000)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--served-model-name", default=None)
+    ap.add_argument("--nccl-port", type=int, help="the NCCL / dist-init port SGLang reserves (the launcher gives each "
+                                                  "server its own)")
     ap.add_argument("--mode", choices=("model", "scripted"), default="model")
     ap.add_argument("--reply", help="scripted mode: the planted reply text")
     ap.add_argument("--policy", metavar="MODULE:FUNCTION",
@@ -459,7 +461,7 @@ def main(argv=None) -> int:
         return 2
     sa = ServerArgs(model_path=a.model_path, host=a.host, port=a.port, device="cpu", disable_radix_cache=True,
                     reasoning_parser="qwen3", served_model_name=a.served_model_name or os.path.basename(a.model_path.rstrip("/")),
-                    skip_server_warmup=True)
+                    skip_server_warmup=True, **({"nccl_port": a.nccl_port} if a.nccl_port else {}))
     launch_server(sa, run_scheduler_process_func=run_standin_scheduler)
     return 0
 

@@ -3,7 +3,8 @@
     bash serving/stop.sh [--run-dir DIR] [--timeout S]          # = python -m serving.stop
 
 Reads DIR/*.pid (default .serve, or $MMCF_SERVE_DIR); a PID is signalled only if that process is still the
-one the launcher started (its command line carries the port recorded in its name). Each process group gets
+one the launcher started (the same start time as recorded beside the PID; for old PID files, a command line
+carrying the port recorded in its name — SGLang and its router retitle themselves, so new files use the time). Each process group gets
 SIGTERM, then SIGKILL after --timeout seconds (default 30); its entry in DIR/endpoints.json is marked
 ``"status": "stopped"``. With no servers in DIR, it lists the other run directories the launcher
 remembers that still have live servers, with the exact command that stops them.
@@ -17,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from serving.launch import _alive, state_file
+from serving.launch import _alive, proc_start_time, state_file
 
 __all__ = ["stop_dir", "main"]
 
@@ -29,15 +30,29 @@ def _cmdline(pid: int) -> str | None:
         return None
 
 
+def _read_pid(f: Path) -> tuple[int, str | None]:
+    """(PID, start time or None for a PID file written before start times were recorded); ValueError if bad."""
+    parts = f.read_text().split()
+    return int(parts[0]), (parts[1] if len(parts) > 1 else None)
+
+
+def _ours(f: Path, pid: int, start: str | None) -> bool:
+    """Whether ``pid`` is still the process the launcher started: the same start time (a recycled PID has
+    another), or, for an old PID file, a command line carrying the port recorded in its name."""
+    if start is not None:
+        return proc_start_time(pid) == start
+    cmd = _cmdline(pid)
+    return bool(cmd) and f.stem.rsplit("-", 1)[-1] in cmd
+
+
 def _live(run_dir: Path) -> list[Path]:
     out = []
     for f in sorted(run_dir.glob("*.pid")):
         try:
-            pid = int(f.read_text().strip())
-        except ValueError:
+            pid, start = _read_pid(f)
+        except (ValueError, IndexError):
             continue
-        cmd = _cmdline(pid)
-        if cmd and f.stem.rsplit("-", 1)[-1] in cmd and _alive(pid):
+        if _alive(pid) and _ours(f, pid, start):
             out.append(f)
     return out
 
@@ -48,18 +63,17 @@ def stop_dir(run_dir: Path, timeout: float = 30.0) -> list[str]:
     for f in sorted(run_dir.glob("*.pid")):
         name = f.stem
         try:
-            pid = int(f.read_text().strip())
-        except ValueError:
+            pid, start = _read_pid(f)
+        except (ValueError, IndexError):
             lines.append(f"{name}: unreadable PID file; removed")
             f.unlink()
             continue
-        cmd = _cmdline(pid)
-        if cmd is None or not _alive(pid):
+        if _cmdline(pid) is None or not _alive(pid):
             lines.append(f"{name}: not running (pid {pid})")
             f.unlink()
             stopped_pids.add(pid)
             continue
-        if name.rsplit("-", 1)[-1] not in cmd:
+        if not _ours(f, pid, start):
             lines.append(f"{name}: pid {pid} now belongs to another program; left alone")
             f.unlink()
             continue

@@ -110,12 +110,22 @@ class RealSGLang:
                 self.p.wait()
 
 
-def _front_end(tmp_path_factory, tiny_model_dir, mode):
+def _need_front_end():
     if not (SITE / "fastapi").is_dir():
         msg = f"SGLang's front end not built at {SITE}: run bash scripts/sglang_conformance.sh"
         if os.environ.get("CI"):
             pytest.fail(msg + " (CI must run these tests, not skip them)")
         pytest.skip(msg)
+
+
+@pytest.fixture(scope="session")
+def sglang_front_end_built():
+    _need_front_end()
+    return SITE
+
+
+def _front_end(tmp_path_factory, tiny_model_dir, mode):
+    _need_front_end()
     srv = RealSGLang(SITE, tiny_model_dir, mode, tmp_path_factory.mktemp("sglang") / f"{mode}.log")
     return srv
 

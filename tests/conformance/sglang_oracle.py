@@ -72,7 +72,8 @@ def _router_args(req):
     p = argparse.ArgumentParser(exit_on_error=False)
     RouterArgs.add_cli_args(p, use_router_prefix=False)
     r = RouterArgs.from_cli_args(p.parse_args(req["argv"]), use_router_prefix=False)
-    return {"worker_urls": r.worker_urls, "policy": r.policy, "host": r.host, "port": r.port}
+    return {"worker_urls": r.worker_urls, "policy": r.policy, "host": r.host, "port": r.port,
+            "prometheus_port": r.prometheus_port}
 
 
 OPS = {"chat": _chat, "generate": _generate, "reasoning": _reasoning, "server_args": _server_args,

@@ -28,15 +28,20 @@ def test_server_command_lines_parse_under_sglangs_parser(sglang, monkeypatch, ar
         assert got["tp_size"] == a.tp and got["reasoning_parser"] == "qwen3" and got["port"] == s.port
         assert got["served_model_name"] == s.served and got["mem_fraction_static"] == 0.85
         assert got["enable_deterministic_inference"] is a.deterministic and got["log_level"] == "info"
+        assert got["nccl_port"] == s.nccl_port == a.port + 1000 + plan(a).index(s)
 
 
 def test_router_command_lines_parse_under_sglang_routers_parser(sglang, monkeypatch):
     monkeypatch.delenv("MMCF_SGLANG_ROUTER_CMD", raising=False)
     a = _args("--router", "9b", "9b", "27b")
     routers = _router_plan(a, plan(a))
-    assert [m for m, _, _ in routers] == ["qwen3.5-9b", "qwen3.5-27b"]
-    for _, port, urls in routers:
-        cmd = router_command(urls, port, a)
+    assert [m for m, _, _, _ in routers] == ["qwen3.5-9b", "qwen3.5-27b"]
+    proms = set()
+    for _, port, urls, prom in routers:
+        cmd = router_command(urls, port, a, prom)
         res = sglang.ask("router_args", argv=cmd[3:])
         assert res["ok"], res
         assert res["worker_urls"] == urls and res["policy"] == "cache_aware" and res["port"] == port
+        proms.add(res["prometheus_port"])
+    # each router its own metrics port (sglang-router defaults every one to 29000: the second could not bind it)
+    assert proms == {29000, 29001}
