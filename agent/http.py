@@ -35,9 +35,29 @@ def redact(text):
     if not isinstance(text, str) or not text:
         return text
     for k, v in os.environ.items():
-        if v and len(v) >= 6 and SECRET_ENV.search(k) and v in text:
+        if v and len(v) >= 6 and (SECRET_ENV.search(k) or k in KEY_VARS) and v in text:
             text = text.replace(v, "[REDACTED]")
     return _AUTH.sub(lambda m: m.group(1) + m.group(2) + "[REDACTED]", text)
+
+
+def is_host(url: str, host: str) -> bool:
+    """Whether ``url`` is https on exactly ``host`` (parsed, never a substring: ``http://127.0.0.1/openrouter.ai/``
+    is not OpenRouter): the test before a key is sent to the host it belongs to."""
+    try:
+        p = urlsplit(url or "")
+    except ValueError:
+        return False
+    return p.scheme == "https" and (p.hostname or "").lower() == host.lower()
+
+
+#: Variables the user named as holding a key (``--api-key-env`` and friends): redacted whatever their name.
+KEY_VARS: set = set()
+
+
+def register_key_var(name: str | None) -> None:
+    """Redact this variable's value from everything the toolkit writes or prints, whatever its name."""
+    if name:
+        KEY_VARS.add(name)
 
 
 def public_url(url: str) -> str:
@@ -56,8 +76,24 @@ def public_url(url: str) -> str:
 
 
 def safe_argv(argv) -> list[str]:
-    """A command line fit for a record: URLs without credentials, secret values redacted."""
-    return [redact(public_url(str(a))) for a in (argv or [])]
+    """A command line fit for a record or a printed hint: URLs without credentials (also inside ``--flag=URL``),
+    secret values redacted."""
+    out = []
+    for a in argv or []:
+        a = str(a)
+        if "=" in a and a.startswith("--") and "@" in a:
+            k, v = a.split("=", 1)
+            a = f"{k}={public_url(v)}"
+        out.append(redact(public_url(a)))
+    return out
+
+
+def has_credentials(url: str) -> bool:
+    try:
+        p = urlsplit(url or "")
+    except ValueError:
+        return False
+    return bool(p.username or p.password)
 
 
 class HTTPError(RuntimeError):
@@ -211,6 +247,40 @@ class ClientPool:
         self._clients, self._busy = [], []
 
 
+MAX_REDIRECTS = 5
+_KEY_HEADERS = ("authorization", "x-api-key")
+
+
+def _origin(u: str) -> tuple:
+    p = urlsplit(u)
+    return (p.scheme, (p.hostname or "").lower(), p.port or (443 if p.scheme == "https" else 80))
+
+
+async def _send_following(client, method, url, json_body, params, headers, policy, what):
+    from urllib.parse import urljoin
+
+    hdrs = dict(headers or {})
+    body = dumps(json_body) if json_body is not None else None
+    if body is not None:
+        hdrs = {"Content-Type": "application/json", **hdrs}
+    for _ in range(MAX_REDIRECTS + 1):
+        if body is not None:
+            r = await client.request(method, url, content=body, params=params, headers=hdrs, timeout=policy.timeout_s)
+        else:
+            r = await client.request(method, url, params=params, headers=hdrs, timeout=policy.timeout_s)
+        loc = r.headers.get("location") if r.status_code in (301, 302, 303, 307, 308) else None
+        if not loc:
+            return r
+        nxt = urljoin(str(r.request.url) if r.request else url, loc)
+        if _origin(nxt) != _origin(url) and any(k.lower() in _KEY_HEADERS for k in hdrs):
+            raise HTTPError(f"{what}: {public_url(url)} redirected to another origin ({public_url(nxt)}); a request "
+                            "carrying a key is never sent there", r.status_code)
+        if r.status_code == 303 or (r.status_code in (301, 302) and method == "POST"):
+            method, body, params = "GET", None, None
+        url = nxt
+    raise HTTPError(f"{what}: {public_url(url)}: more than {MAX_REDIRECTS} redirects", r.status_code)
+
+
 async def request_json(
     client: httpx.AsyncClient,
     method: str,
@@ -226,17 +296,19 @@ async def request_json(
 ) -> Any:
     """Send a request and return its parsed JSON (or text when ``parse=False``).
 
-    A 200 whose body does not parse (truncated in transit, cut by a proxy) is retried like a 5xx."""
+    A 200 whose body does not parse (truncated in transit, cut by a proxy) is retried like a 5xx.
+    ``policy.timeout_s`` bounds the **whole** request (a reply that drips in slowly included), not each read.
+    Redirects are followed here, never by the client: at most :data:`MAX_REDIRECTS`, and a request that carries
+    a key (``Authorization``, ``X-API-KEY``) never follows one to another origin (httpx strips only
+    ``Authorization`` there)."""
     last, last_status = "no attempt", None
     shown = public_url(url)
     for attempt in range(policy.retries + 1):
         try:
-            if json_body is not None:
-                hdrs = {"Content-Type": "application/json", **(headers or {})}
-                r = await client.request(method, url, content=dumps(json_body), params=params, headers=hdrs,
-                                         timeout=policy.timeout_s)
-            else:
-                r = await client.request(method, url, params=params, headers=headers, timeout=policy.timeout_s)
+            r = await asyncio.wait_for(_send_following(client, method, url, json_body, params, headers, policy, what),
+                                       policy.timeout_s)
+        except asyncio.TimeoutError:
+            last, retry_after, last_status = f"no complete reply within {policy.timeout_s:g} s", None, None
         except (httpx.TimeoutException, httpx.TransportError) as e:
             last = f"{e.__class__.__name__}: {e}" if str(e) else e.__class__.__name__
             retry_after, last_status = None, None

@@ -28,7 +28,7 @@ import numpy as np
 
 from .backends.base import BackendError, SamplingParams
 from .cli import JUDGE_ENDPOINT, JUDGE_MODEL
-from .http import public_url
+from .http import is_host, public_url
 from .prompts import JUDGE, fill
 from .rundir import RunDir, RunError
 
@@ -71,7 +71,7 @@ def judge_key_env(endpoint: str, given: str | None) -> str | None:
     OpenRouter only. A key is never sent to a server it was not meant for."""
     if given:
         return given
-    return DEFAULT_KEY_ENV if "openrouter.ai" in (endpoint or "") else None
+    return DEFAULT_KEY_ENV if is_host(endpoint, "openrouter.ai") else None
 
 
 def _grade_token(s: str) -> str | None:
@@ -164,7 +164,7 @@ class Grader:
             endpoint, model, key_env, server = self._spec
             key_env = judge_key_env(endpoint, key_env)
             if key_env and not os.environ.get(key_env):
-                default = "openrouter.ai" in endpoint and key_env == DEFAULT_KEY_ENV
+                default = is_host(endpoint, "openrouter.ai") and key_env == DEFAULT_KEY_ENV
                 raise BackendError(f"{key_env} is not set" + (f": the default judge is {model} on OpenRouter. Set it, "
                                    "point --judge-endpoint/--judge-model at another OpenAI-compatible server, or use "
                                    "--judge exact offline" if default else f" (--api-key-env for {public_url(endpoint)})"))
@@ -342,7 +342,7 @@ def main(argv=None) -> int:
                     help="grades from another judge exist: grade everything again with this one (old file kept)")
     ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     a = ap.parse_args(argv)
-    server = "openrouter" if "openrouter.ai" in a.judge_endpoint else "other"
+    server = "openrouter" if is_host(a.judge_endpoint, "openrouter.ai") else "other"
     try:
         s = asyncio.run(judge_run(a.run_dir, judge=a.judge, endpoint=a.judge_endpoint, model=a.judge_model,
                                   api_key_env=a.judge_api_key_env, server=server, concurrency=a.concurrency,

@@ -763,7 +763,8 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     bad = sum(summary.get("counts", {}).get(k, 0) for k in ("error", "timeout"))
-    retry = shlex.join(["python", "-m", "agent.run", *(sys.argv[1:] if argv is None else argv)]
+    # printed: never the URL's credentials nor a key's value (safe_argv)
+    retry = shlex.join(["python", "-m", "agent.run", *safe_argv(sys.argv[1:] if argv is None else argv)]
                        + ([] if a.retry_errors else ["--retry-errors"]))
     if summary.get("stopped_after_errors"):
         print(f"stopped after {summary['stopped_after_errors']} harness errors in a row; first error: "

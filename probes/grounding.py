@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from agent.backends.base import BackendError, SamplingParams
+from agent.http import is_host
 from agent.judge import judge_key_env
 from agent.prompts import GROUNDING_PASS1, GROUNDING_PASS2, fill
 from agent.rundir import RunError, close_fragment, collector_off_the_heap, load_run
@@ -278,7 +279,7 @@ def annotator_backend(kind: str, *, endpoint: str, model: str, api_key_env: str 
     if key_env and not os.environ.get(key_env):
         raise BackendError(f"{key_env} is not set: the default annotator is {model} on OpenRouter; set it, or point "
                            "--judge-endpoint/--judge-model at another OpenAI-compatible server")
-    server = "openrouter" if "openrouter.ai" in endpoint else "other"
+    server = "openrouter" if is_host(endpoint, "openrouter.ai") else "other"
     return OpenAIBackend(endpoint, model, server=server, api_key_env=key_env)
 
 

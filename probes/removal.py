@@ -35,6 +35,7 @@ from pathlib import Path
 from agent.backends.base import SamplingParams
 from agent.backends.messages import record_messages
 from agent.benchmarks import Sample
+from agent.http import is_host
 from agent.judge import Grader
 from agent.methods import HARNESS_ERRORS, Budgets, Episode, MethodSpec
 from agent.methods.common import WEBWATCHER_OBSERVATION_IMAGES, Turn, tool_reply
@@ -291,7 +292,7 @@ def main(argv=None) -> int:
     async def go():
         run = load_run(a.run_dir)
         backend = backend_for(a, run.header)
-        server = "openrouter" if "openrouter.ai" in a.judge_endpoint else "other"
+        server = "openrouter" if is_host(a.judge_endpoint, "openrouter.ai") else "other"
         grader = Grader(a.judge, endpoint=a.judge_endpoint, model=a.judge_model, api_key_env=a.judge_api_key_env,
                         server=server)
         try:

@@ -198,7 +198,7 @@ SECRETS = {"SERPER_API_KEY": "sk-serper-PLANTED-1111", "JINA_API_KEY": "jina-PLA
            "HF_TOKEN": "hf_PLANTED_5555"}
 
 
-def test_no_key_is_written_anywhere(tmp_path, monkeypatch):
+def test_no_key_is_written_anywhere(tmp_path, monkeypatch, capsys):
     """Plant a key in every variable, make every server echo what it receives (headers included) in its
     errors, run, probe and judge, then grep every file they wrote."""
     from http.server import ThreadingHTTPServer
@@ -232,9 +232,12 @@ def test_no_key_is_written_anywhere(tmp_path, monkeypatch):
         srv.faults = ["400"]  # the model server refuses once: the error is recorded in the unit
         url = srv.url.replace("http://", "http://alice:pw-PLANTED-6666@")
         out = tmp_path / "run"
-        rc = run_main(["--method", "react", "--backend", "openai", "--endpoint", url, "--api-key-env",
-                       "MY_SERVER_API_KEY", "--tools", "live", "--benchmark", "demo", "--limit", "2", "--out", str(out),
-                       "--no-progress", "--concurrency", "1"])
+        # credentials in the URL and a key variable: refused (httpx would send the URL's as Basic auth instead)
+        assert run_main(["--method", "react", "--backend", "openai", "--endpoint", url, "--api-key-env",
+                         "MY_SERVER_API_KEY", "--benchmark", "demo", "--limit", "1", "--out", str(tmp_path / "both"),
+                         "--no-progress"]) == 2
+        rc = run_main(["--method", "react", "--backend", "openai", "--endpoint", url, "--tools", "live", "--benchmark",
+                       "demo", "--limit", "2", "--out", str(out), "--no-progress", "--concurrency", "1"])
         assert rc == 3  # the refused unit
         from agent.judge import main as judge_main
 
@@ -245,6 +248,10 @@ def test_no_key_is_written_anywhere(tmp_path, monkeypatch):
     written = [p for p in out.rglob("*") if p.is_file()]
     assert len(written) > 5
     planted = [*SECRETS.values(), "pw-PLANTED-6666"]
+    printed = capsys.readouterr()
+    assert "rerun them with:" in printed.err  # the exit-3 hint, printed without the URL's password
+    for v in planted:
+        assert v not in printed.out and v not in printed.err, f"{v} printed"
     for p in written:
         data = p.read_bytes()
         for v in planted:

@@ -19,10 +19,12 @@ import time
 
 import httpx
 
-from ..http import HTTPError, RetryPolicy, make_client, public_url, request_json, scrub
+from ..http import (
+    HTTPError, RetryPolicy, has_credentials, make_client, public_url, redact, register_key_var, request_json, scrub,
+)
 from .base import (
     DEFAULT_TOP_LOGPROBS, BackendError, Continuation, LogprobSemantics, ModelOutput, SamplingParams,
-    ScoredTokens, Usage, retry_bad_replies,
+    BadReply, ScoredTokens, Usage, retry_bad_replies,
 )
 from .messages import record_messages, to_openai_messages
 from .think import THINK_CLOSE, mark_think, mark_think_by_text
@@ -39,6 +41,16 @@ def base_url(endpoint: str) -> str:
     return e if e.endswith("/v1") else e + "/v1"
 
 
+def _text_of_content(c, where: str) -> str:
+    """A message's content as text: a string, null, or a list of parts whose text parts are joined (some
+    servers send ``[{"type": "text", "text": …}]``); anything else is a clear error naming the field."""
+    if c is None or isinstance(c, str):
+        return c or ""
+    if isinstance(c, list) and all(isinstance(p, dict) for p in c):
+        return "".join(str(p.get("text") or "") for p in c if p.get("type") in ("text", "output_text", None))
+    raise BackendError(f"{where}: content is {type(c).__name__}, neither text nor a list of parts")
+
+
 class OpenAIBackend:
     name = "openai"
 
@@ -50,6 +62,11 @@ class OpenAIBackend:
             raise ValueError(f"logprob_mode must be 'raw' or 'scaled', got {logprob_mode!r}")
         self.base = base_url(endpoint)
         self.model = model or ""
+        register_key_var(api_key_env)  # its value is redacted from everything written, whatever its name
+        if api_key_env and has_credentials(endpoint):
+            raise BackendError(f"{public_url(endpoint)}: the URL carries credentials (user:password@) and "
+                               f"--api-key-env {api_key_env} names a key: give one of them (httpx would send the URL's as "
+                               "Basic auth in place of the key)")
         key = api_key or (os.environ.get(api_key_env) if api_key_env else None)
         if api_key_env and not key:
             raise BackendError(f"{api_key_env} is not set in the environment (needed for {public_url(self.base)})")
@@ -125,12 +142,20 @@ class OpenAIBackend:
     def parse(self, resp: dict, sp: SamplingParams) -> ModelOutput:
         """A chat-completion body -> :class:`ModelOutput` (public for tests on captured bodies)."""
         where = f"{public_url(self.base)}/chat/completions"
+        if isinstance(resp, dict) and (resp.get("object") == "error" or ("error" in resp and "choices" not in resp)):
+            # a server error sent with status 200 (some proxies and servers do): asked again like a 5xx
+            err = resp.get("error") if isinstance(resp.get("error"), (dict, str)) else resp
+            text = err.get("message") if isinstance(err, dict) else err
+            raise BadReply(f"{where}: the server answered 200 with an error object: {redact(str(text))[:300]}")
         try:
             choice = resp["choices"][0]
             msg = choice["message"]
         except (KeyError, IndexError, TypeError):
-            raise BackendError(f"{where}: reply has no choices[0].message: {str(resp)[:300]}") from None
-        content = scrub(msg.get("content") or "")
+            raise BackendError(f"{where}: reply has no choices[0].message: {redact(str(resp))[:300]}") from None
+        if not isinstance(msg, dict):
+            raise BackendError(f"{where}: choices[0].message is {type(msg).__name__}, not an object: "
+                               f"{redact(str(msg))[:200]}")
+        content = scrub(_text_of_content(msg.get("content"), f"{where} choices[0].message.content"))
         reasoning = scrub(msg.get("reasoning_content") or msg.get("reasoning") or "")
         meta = choice.get("meta_info") or {}
         if meta.get("output_token_logprobs") is not None:

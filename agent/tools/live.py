@@ -103,7 +103,7 @@ class LiveProvider:
         self.visit_max_chars = visit_max_chars
         self.policy = policy
         self.serper_base, self.scrape_base, self.jina_base = serper_base.rstrip("/"), scrape_base.rstrip("/"), jina_base.rstrip("/")
-        self._client = client or make_client(follow_redirects=True)
+        self._client = client or make_client(follow_redirects=False)  # agent.http follows them, keys never cross origins
         self.thumbnail_dir = thumbnail_dir
 
     @classmethod

@@ -15,6 +15,7 @@ import asyncio
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ..http import redact
 from .cache import MODES, ToolCache, cache_key
 from .live import ProviderResult
 from .registry import ImageRegistry
@@ -27,6 +28,17 @@ _REQUIRED = {"search": "query", "visit": "url", "lens_search": "image_id"}
 
 class CacheMiss(RuntimeError):
     """Replay mode found no cached result: the replay cannot be exact."""
+
+
+def _redacted(raw):
+    """``raw`` (a provider's JSON) with every secret value redacted in its strings."""
+    if isinstance(raw, str):
+        return redact(raw)
+    if isinstance(raw, dict):
+        return {k: _redacted(v) for k, v in raw.items()}
+    if isinstance(raw, list):
+        return [_redacted(v) for v in raw]
+    return raw
 
 
 @dataclass
@@ -106,10 +118,12 @@ class Toolbox:
         res = await self._dedup(key, name, val, img)
         self.stats["paid_calls"] += res.paid_calls
         self.stats[f"{name}.paid"] += res.paid_calls
+        # an API that echoes the key in a 200 body (seen in error texts): never cached, shown or recorded
+        raw, observation = _redacted(res.raw), redact(res.observation)
         if self.cache is not None and self.mode != "off":
-            self.cache.put(key, name, args, res.raw, res.observation, res.ok, res.transient)
-        return ToolResult(name, args, res.observation, res.ok, False, res.paid_calls, img.sha256 if img else None, res.raw,
-                          result_images(res.raw))
+            self.cache.put(key, name, args, raw, observation, res.ok, res.transient)
+        return ToolResult(name, args, observation, res.ok, False, res.paid_calls, img.sha256 if img else None, raw,
+                          result_images(raw))
 
     async def _dedup(self, key: str, name: str, val: str, img) -> ProviderResult:
         """Concurrent identical calls in this process share one provider call (one payment)."""

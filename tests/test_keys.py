@@ -1,0 +1,146 @@
+"""Keys go only to their own host, never follow a redirect to another origin, and are redacted whatever the
+variable's name; a request timeout is a deadline; 200 replies of the wrong shape are parsed or named (issue 22)."""
+from __future__ import annotations
+
+import threading
+import time
+from http.server import ThreadingHTTPServer
+
+import httpx
+import pytest
+
+from agent.http import HTTPError, RetryPolicy, is_host, make_client, redact, register_key_var, request_json
+from tests.fakes.http_base import JSONHandler
+
+
+class _Server:
+    def __init__(self, handler):
+        self.seen: list[dict] = []
+        outer = self
+
+        class H(handler):
+            def record(self):
+                outer.seen.append({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}})
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_the_openrouter_key_goes_to_openrouter_only():
+    from agent.judge import judge_key_env
+
+    assert judge_key_env("https://openrouter.ai/api/v1", None) == "OPENROUTER_API_KEY"
+    for url in ("http://127.0.0.1:9/openrouter.ai/v1", "https://openrouter.ai.evil.example/v1",
+                "http://openrouter.ai/api/v1", "https://evil.example/?u=openrouter.ai"):
+        assert judge_key_env(url, None) is None, url
+    assert judge_key_env("http://127.0.0.1:9/v1", "MY_JUDGE_KEY") == "MY_JUDGE_KEY"  # named for it: sent
+    assert is_host("https://OpenRouter.ai/api", "openrouter.ai")
+
+
+async def test_a_key_never_follows_a_redirect_to_another_origin():
+    class Other(JSONHandler):
+        def do_GET(self):
+            self.record()
+            self._send(200, {"ok": True})
+
+    other = _Server(Other)
+
+    class Redirect(JSONHandler):
+        def do_GET(self):
+            self.record()
+            target = other.url + "/steal" if self.path == "/away" else "/here"
+            if self.path == "/here":
+                return self._send(200, {"same": True})
+            self.send_response(307)
+            self.send_header("Location", target)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    a = _Server(Redirect)
+    client = make_client(follow_redirects=False)
+    try:
+        with pytest.raises(HTTPError, match="redirected to another origin"):
+            await request_json(client, "GET", a.url + "/away", headers={"X-API-KEY": "serper-PLANTED"},
+                               policy=RetryPolicy(retries=0, timeout_s=30))
+        assert other.seen == []  # the key (and the request) never reached the other origin
+        # the same origin is followed, key included
+        got = await request_json(client, "GET", a.url + "/start", headers={"X-API-KEY": "serper-PLANTED"},
+                                 policy=RetryPolicy(retries=0, timeout_s=30))
+        assert got == {"same": True} and a.seen[-1]["headers"]["x-api-key"] == "serper-PLANTED"
+        # without a key a cross-origin redirect is followed
+        got = await request_json(client, "GET", a.url + "/away", policy=RetryPolicy(retries=0, timeout_s=30))
+        assert got == {"ok": True} and "x-api-key" not in other.seen[-1]["headers"]
+    finally:
+        await client.aclose()
+        a.close()
+        other.close()
+
+
+async def test_the_request_timeout_is_a_deadline_for_the_whole_reply():
+    class Drip(JSONHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "400")
+            self.end_headers()
+            for _ in range(400):  # one byte every 0.1 s: each read is quick, the whole reply takes 40 s
+                try:
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                except OSError:
+                    return
+                time.sleep(0.1)
+
+    s = _Server(Drip)
+    client = make_client()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(HTTPError, match="no complete reply within 1 s"):
+            await request_json(client, "GET", s.url + "/", policy=RetryPolicy(retries=0, timeout_s=1))
+    finally:
+        await client.aclose()
+        s.close()
+    assert time.monotonic() - t0 < 30  # a bound far above the deadline, far below the drip's 40 s
+
+
+def test_the_value_of_a_named_key_variable_is_redacted_whatever_its_name(monkeypatch):
+    monkeypatch.setenv("MODEL_SRV_KEY", "odd-name-PLANTED-123")
+    assert "odd-name-PLANTED-123" in redact("token odd-name-PLANTED-123")  # not a key-looking name: not known
+    register_key_var("MODEL_SRV_KEY")
+    assert redact("error: bad token odd-name-PLANTED-123 given") == "error: bad token [REDACTED] given"
+
+
+@pytest.mark.parametrize("body,expect", [
+    ({"object": "error", "message": "queue full", "code": 503}, "BadReply"),
+    ({"error": {"message": "bad key sk-x"}}, "BadReply"),
+    ({"choices": [{"message": None, "finish_reason": "stop"}]}, "message is NoneType"),
+    ({"choices": [{"message": {"content": 7}, "finish_reason": "stop"}]}, "content is int"),
+])
+def test_200_replies_of_the_wrong_shape_are_named(body, expect):
+    from agent.backends.base import BackendError, BadReply, SamplingParams
+    from agent.backends.openai_compat import OpenAIBackend
+
+    b = OpenAIBackend("http://127.0.0.1:9", model="m", client=httpx.AsyncClient())
+    with pytest.raises(BackendError) as e:
+        b.parse(body, SamplingParams(top_logprobs=0))
+    if expect == "BadReply":
+        assert isinstance(e.value, BadReply) and "error object" in str(e.value)  # asked again, like a 5xx
+    else:
+        assert expect in str(e.value) and "AttributeError" not in str(e.value)
+
+
+def test_content_parts_are_joined():
+    from agent.backends.base import SamplingParams
+    from agent.backends.openai_compat import OpenAIBackend
+
+    b = OpenAIBackend("http://127.0.0.1:9", model="m", client=httpx.AsyncClient())
+    out = b.parse({"choices": [{"message": {"content": [{"type": "text", "text": "<answer>"},
+                                                         {"type": "text", "text": "1911</answer>"}]},
+                                "finish_reason": "stop"}]}, SamplingParams(top_logprobs=0))
+    assert out.text == "<answer>1911</answer>"
