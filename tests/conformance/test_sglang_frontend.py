@@ -69,6 +69,26 @@ def test_the_agents_run_against_sglangs_real_server_and_record_what_the_fake_rec
         tok = real.tokens(a)
         assert tok["top_logprobs"].shape[1] == 20 and len(tok["id"]) == sum(c["n_tokens"] for c in ca)
         assert np.isfinite(tok["logprob"]).all() and (tok["logprob"] <= 0).all()
+    if backend == "native" and method == "react":  # the probes' records too: same steps, same token counts
+        import pandas as pd
+
+        from probes.entropy import main as entropy_main
+
+        for mode in ("regenerate", "teacher-forced"):
+            frames = []
+            for name, url in (("real", real_sglang.url), ("fake", None)):
+                if url is None:
+                    with FakeSGLang(tokenizer_dir=str(tiny_model_dir), reply=agent_policy, model_name="tiny-qwen35") as f:
+                        rc = entropy_main([str(tmp_path / name), "--mode", mode, "--backend", "sglang", "--endpoint",
+                                           f.url, "--model-dir", str(tiny_model_dir), "--no-progress"])
+                else:
+                    rc = entropy_main([str(tmp_path / name), "--mode", mode, "--backend", "sglang", "--endpoint", url,
+                                       "--model-dir", str(tiny_model_dir), "--no-progress"])
+                assert rc == 0, (name, mode)
+                frames.append(pd.read_csv(tmp_path / name / "probes" / f"entropy-{mode}" / "steps.csv"))
+            cols = ["sample_id", "step", "state", "n_images", "n_query_images", "n_tokens", "n_think"]
+            r, f_ = (x.sort_values(["sample_id", "step"])[cols].reset_index(drop=True) for x in frames)
+            assert len(r) > 0 and r.equals(f_), (mode, r, f_)
 
 
 async def test_teacher_forced_scoring_through_the_real_front_end_with_and_without_images(
