@@ -112,6 +112,16 @@ def _inside_imgs(im) -> bool:
     return ".." not in Path(im).parts
 
 
+def _resolves_inside(path: Path, root: Path) -> bool:
+    """Whether ``path``'s real path (symbolic links followed) lies inside ``root`` (imgs/, itself resolved: an
+    imgs/ that is a link to a shared image store is fine; a link inside it that leaves it is not)."""
+    try:
+        real = path.resolve()
+    except (OSError, RuntimeError):  # a link loop
+        return False
+    return real == root or root in real.parents
+
+
 def _image_problem(path: Path) -> tuple[str, str] | None:
     """(kind, detail) when the image cannot be used: missing, not a file, too large, not an image."""
     from .backends.messages import ImageError, load_image, max_image_bytes
@@ -195,6 +205,13 @@ def load_benchmark(path: str | Path, name: str | None = None, *, check_images: b
                 problems.append(Problem(n, sid, "path_outside_imgs", f"image path(s) {outside[:3]} leave {img_dir} "
                                                                      "(absolute or '..'); row refused"))
                 continue
+            if img_dir.is_dir():  # symlinks: the real path must stay inside imgs/ (ln -s /elsewhere imgs/r escapes it)
+                root = img_dir.resolve()
+                escaped = [im for im in imgs if not _resolves_inside(img_dir / im, root)]
+                if escaped:
+                    problems.append(Problem(n, sid, "path_outside_imgs", f"image path(s) {escaped[:3]} resolve outside "
+                                                                         f"{img_dir} (a symbolic link); row refused"))
+                    continue
             answer = row.get("answer")
             if answer is None or not str(answer).strip():
                 problems.append(Problem(n, sid, "empty_answer", "gold answer is empty (kept; it cannot be graded correct)"))

@@ -144,3 +144,52 @@ def test_content_parts_are_joined():
                                                          {"type": "text", "text": "1911</answer>"}]},
                                 "finish_reason": "stop"}]}, SamplingParams(top_logprobs=0))
     assert out.text == "<answer>1911</answer>"
+
+
+# ------------------------------------------------------------------ files a run must not trust blindly
+def test_symlinks_that_leave_imgs_are_refused_with_file_and_line(tmp_path, red_image):
+    import json
+    import os
+
+    from agent.benchmarks import load_benchmark
+
+    bench = tmp_path / "b"
+    (bench / "imgs").mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "x.png").write_bytes(red_image.read_bytes())
+    (bench / "imgs" / "ok.png").write_bytes(red_image.read_bytes())
+    os.symlink(elsewhere / "x.png", bench / "imgs" / "a.png")  # a link to a file outside
+    os.symlink("/", bench / "imgs" / "r")                        # a link to the root
+    rows = [{"id": "1", "query": "q", "query_images": ["ok.png"], "answer": "a"},
+            {"id": "2", "query": "q", "query_images": ["a.png"], "answer": "a"},
+            {"id": "3", "query": "q", "query_images": [f"r{elsewhere}/x.png"], "answer": "a"}]
+    (bench / "data_unified.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    m = load_benchmark(bench)
+    assert [s.id for s in m.samples] == ["1"]
+    refused = [(p.line, p.kind) for p in m.problems if p.kind == "path_outside_imgs"]
+    assert refused == [(2, "path_outside_imgs"), (3, "path_outside_imgs")]
+    # an imgs/ that is itself a link (a shared image store) is fine
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "ok.png").write_bytes(red_image.read_bytes())
+    b2 = tmp_path / "b2"
+    b2.mkdir()
+    os.symlink(store, b2 / "imgs")
+    (b2 / "data_unified.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    assert [s.id for s in load_benchmark(b2).samples] == ["1"]
+
+
+def test_a_corrupt_tool_cache_is_named_with_how_to_recover(tmp_path, capsys):
+    from agent.run import main as run_main
+
+    run = tmp_path / "r"
+    assert run_main(["--method", "react", "--backend", "scripted", "--out", str(run), "--limit", "1", "--no-progress"]) == 0
+    (run / "tools.sqlite").write_bytes(b"this is not a database" * 100)
+    for wal in ("tools.sqlite-wal", "tools.sqlite-shm"):
+        (run / wal).unlink(missing_ok=True)
+    capsys.readouterr()
+    assert run_main(["--method", "react", "--backend", "scripted", "--out", str(run), "--limit", "2", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"{run / 'tools.sqlite'}: the tool cache is not a usable SQLite database" in err and "mv " in err
+    assert "Traceback" not in err

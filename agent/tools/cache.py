@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ToolCache", "CacheEntry", "cache_key", "normalise_args", "MODES"]
+__all__ = ["ToolCache", "CacheEntry", "CacheCorrupt", "cache_key", "normalise_args", "MODES"]
 
 MODES = ("readwrite", "replay", "off")
 
@@ -70,14 +70,25 @@ class CacheEntry:
     created: float
 
 
+class CacheCorrupt(OSError):
+    """The tool cache file exists but is not a usable SQLite database (an OSError: commands exit 2 on it)."""
+
+
 class ToolCache:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
-        with self._conn() as c:
-            c.execute("PRAGMA journal_mode=WAL")
-            c.executescript(_SCHEMA)
+        try:
+            with self._conn() as c:
+                c.execute("PRAGMA journal_mode=WAL")
+                c.executescript(_SCHEMA)
+                c.execute("SELECT count(*) FROM tool_cache LIMIT 1").fetchone()
+        except sqlite3.DatabaseError as e:
+            raise CacheCorrupt(f"{self.path}: the tool cache is not a usable SQLite database ({e}). Move it aside to "
+                               f"start a fresh cache (mv {self.path} {self.path}.corrupt; cached results are then paid "
+                               "again in readwrite mode, and a replay cannot be exact), or restore it from a copy; "
+                               "python -m agent.rundir check RUN_DIR reports it") from None
 
     def _conn(self) -> sqlite3.Connection:
         c = getattr(self._local, "conn", None)
