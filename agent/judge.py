@@ -129,6 +129,28 @@ def exact_grade(answer: str, gold: str) -> str:
     return "CORRECT" if ok else "INCORRECT"
 
 
+def read_grades(path) -> list[dict]:
+    """The records of a ``judge-*.jsonl``, read as bytes line by line: a torn line (a kill mid-write, a cut
+    multi-byte character) is skipped, never a crash."""
+    from pathlib import Path
+
+    out = []
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return out
+    for raw in data.split(b"\n"):
+        if not raw.strip():
+            continue
+        try:
+            r = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            continue
+        if isinstance(r, dict):
+            out.append(r)
+    return out
+
+
 def _answer_key(line: dict) -> str:
     return hashlib.sha256(json.dumps([line["status"], line.get("answer"), line.get("gold")]).encode()).hexdigest()[:16]
 
@@ -218,20 +240,18 @@ async def judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_ENDP
     out_path = rd.path / f"judge-{name}.jsonl"
     done = {}
     if out_path.exists():
-        labels = {json.loads(x).get("judge") for x in out_path.read_text().splitlines() if x.strip().startswith("{")}
+        labels = {r.get("judge") for r in read_grades(out_path)}
         if labels - {label}:
             if not regrade:
                 raise RunError(f"{out_path} was graded by {', '.join(sorted(map(str, labels - {label})))}; this judge is "
                                f"{label}. One run, one judge: pass --regrade to grade everything again with this one "
                                "(the old file is kept beside it)")
             out_path.rename(out_path.with_name(f"{out_path.name}.replaced-{int(time.time())}"))
-    if out_path.exists():
-        for raw in out_path.read_text().splitlines():
-            try:
-                r = json.loads(raw)
-                done[(r["sample_id"], r["trial"], r["answer_key"])] = r
-            except (json.JSONDecodeError, KeyError):
-                continue
+    for r in read_grades(out_path):
+        try:
+            done[(r["sample_id"], r["trial"], r["answer_key"])] = r
+        except KeyError:
+            continue
     pending = [ln for ln in lines if (ln["sample_id"], ln["trial"], _answer_key(ln)) not in done]
     print(f"judge [{label}]: {len(lines)} trajectories, {len(lines) - len(pending)} already graded", file=sys.stderr)
     if grader.needs_client(pending):
@@ -240,20 +260,25 @@ async def judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_ENDP
 
     bar = tqdm(total=len(pending), desc="judge", unit="answer", disable=not progress, file=sys.stderr, mininterval=1.0)
 
+    from .rundir import close_fragment
+
+    close_fragment(out_path)  # a grade cut by a kill stays a torn line of its own, skipped by every reader
+    out = open(out_path, "ab")
+
     async def grade(ln: dict) -> dict:
         rec = await grader.grade(ln)
+        if not rec.get("failed"):  # each paid grade lands as soon as it comes: a kill loses none of them
+            out.write(json.dumps(rec, ensure_ascii=False).encode("utf-8", "surrogatepass") + b"\n")
+            out.flush()
         bar.update(1)
         return rec
 
     try:
         results = await asyncio.gather(*(grade(ln) for ln in pending))
     finally:
+        out.close()
         bar.close()
         await grader.aclose()
-    with open(out_path, "a") as f:
-        for r in results:
-            if not r.get("failed"):
-                f.write(json.dumps(r, ensure_ascii=False) + "\n")
     graded = {(r["sample_id"], r["trial"], r["answer_key"]): r for r in [*done.values(), *results]}
     current = [graded[(ln["sample_id"], ln["trial"], _answer_key(ln))] for ln in lines]
     refused = identical_trials(lines)

@@ -41,13 +41,12 @@ COMPARED = ("budgets", "sampling", "history_reasoning", "observation_images")
 
 
 def _latest_grades(path: Path) -> dict:
+    from agent.judge import read_grades
+
     recs = {}
-    for raw in path.read_text().splitlines():
-        try:
-            r = json.loads(raw)
-        except json.JSONDecodeError:
-            continue
-        recs[(r["sample_id"], r["trial"])] = r
+    for r in read_grades(path):  # torn lines (a kill mid-write, a cut multi-byte character) skipped
+        if "sample_id" in r and "trial" in r:
+            recs[(r["sample_id"], r["trial"])] = r
     return recs
 
 

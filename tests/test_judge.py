@@ -8,7 +8,7 @@ import re
 import pytest
 
 from agent.backends.scripted import ScriptedBackend
-from agent.judge import accuracy_table, exact_grade, judge_run, main as judge_main, parse_grade
+from agent.judge import accuracy_table, exact_grade, judge_run, main as judge_main, parse_grade, read_grades
 from agent.prompts import JUDGE
 from agent.run import RunConfig, run
 from tests.fakes.sglang_server import FakeSGLang
@@ -132,3 +132,41 @@ def test_accuracy_mean_std_over_trials_and_weighted_avg():
     assert a["n"] == 2 and a["per_trial"] == [50.0, 100.0, 0.0] and a["mean"] == pytest.approx(50.0)
     assert a["std"] == pytest.approx(50.0)  # ddof=1
     assert s["overall"]["per_trial"] == pytest.approx([400 / 6, 300 / 6, 400 / 6])  # weighted by counts
+
+
+async def test_grades_land_as_they_come_and_a_torn_grades_file_is_read_past(tmp_path):
+    """A kill loses no paid grade (each is appended when it comes), and a torn line or a cut multi-byte
+    character in judge-llm.jsonl never crashes a later judge run: it is skipped and its unit graded again."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+
+    rd = await _make_run(tmp_path, trials=1)
+    out = rd / "judge-llm.jsonl"
+    with FakeSGLang(reply=judge_reply, latency_s=0.5) as srv:  # a slow judge: the kill lands mid-run
+        p = subprocess.Popen([sys.executable, "-m", "agent.judge", str(rd), "--judge-endpoint", srv.url, "--judge-model",
+                              "judge", "--concurrency", "1", "--no-progress"], cwd=REPO, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.time() + 300  # a bound, not a timing assumption: the kill waits for progress
+        while time.time() < deadline and (not out.exists() or out.read_bytes().count(b"\n") < 2) and p.poll() is None:
+            time.sleep(0.05)
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        asked = len(srv.bodies)
+        kept = read_grades(out)
+        assert len(kept) >= 2 and asked <= sum(r["reason"] == "llm" for r in kept) + 1  # on disk (one in flight)
+        srv.latency_s = 0
+        # what a kill mid-write leaves: a cut multi-byte character at the end of a torn line
+        with open(out, "ab") as f:
+            f.write(b'{"sample_id": "demo_9", "answer": "caf' + "é".encode()[:1])
+        s = await judge_run(rd, endpoint=srv.url, model="judge", api_key_env=None, server="sglang", progress=False)
+        assert len(srv.bodies) - asked == 5 - sum(r["reason"] == "llm" for r in kept)  # only the ungraded ones
+    recs = read_grades(out)
+    assert len({(r["sample_id"], r["trial"]) for r in recs}) == 6 and s["overall"]["n"] == 6
+    from analysis.tables import table1
+
+    assert len(table1([rd])) == 1  # the tables read past the torn line too
