@@ -552,6 +552,24 @@ class Run:
         return d.get(sha256)
 
 
+@contextlib.contextmanager
+def output_lock(out_dir, what: str):
+    """Hold ``out_dir``'s lock while a probe writes there: a second probe on the same directory is refused at
+    once (two would append the same steps twice and change the statistics)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out_dir / ".probe.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunError(f"{out_dir}: another {what} is writing here; wait for it to finish (or give another "
+                           "--out)") from None
+        yield
+    finally:
+        os.close(fd)
+
+
 def close_fragment(path) -> None:
     """End an append-only JSONL file that an interrupted append left without its final newline, so the next
     append starts a line of its own (the fragment stays, unparseable, and is skipped by readers)."""

@@ -40,7 +40,7 @@ import numpy as np
 from agent.backends.base import BackendError, Continuation, SamplingParams, top_matrix
 from agent.backends.messages import strip_query_images
 from agent.http import dumps, loads
-from agent.rundir import Run, RunError, close_fragment, collector_off_the_heap, load_run
+from agent.rundir import Run, RunError, close_fragment, collector_off_the_heap, load_run, output_lock
 from analysis.entropy import grouped_tail_entropy, token_influence
 from analysis.selection import select_trajectories
 from analysis.stats import summarise_by
@@ -165,10 +165,17 @@ async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: 
 SUPPORTED_METHODS = ("react",)
 
 
-async def probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir=None, concurrency: int = 8,
-                    limit: int | None = None, progress: bool = True, force: bool = False,
-                    include_unparsed: bool = False) -> dict:
-    """Probe every image-bearing step of the run; returns {"steps": DataFrame, "summary": DataFrame, "out": Path}."""
+async def probe_run(run_dir, *, mode: str = "regenerate", out_dir=None, **kw) -> dict:
+    """Probe every image-bearing step of the run; returns {"steps": DataFrame, "summary": DataFrame, "out": Path}.
+    One probe per output directory at a time (a second is refused: both would append the same steps)."""
+    out = Path(out_dir) if out_dir else Path(run_dir) / "probes" / f"entropy-{mode}"
+    with output_lock(out, "entropy probe"):
+        return await _probe_run(run_dir, mode=mode, out_dir=out, **kw)
+
+
+async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir=None, concurrency: int = 8,
+                     limit: int | None = None, progress: bool = True, force: bool = False,
+                     include_unparsed: bool = False) -> dict:
     import pandas as pd
 
     if mode not in MODES:
@@ -268,6 +275,12 @@ async def probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir=
         except ValueError:  # a torn line (an interrupted append): skipped here, probed again on the next run
             continue
     rows = [r for r in rows if isinstance(r, dict) and {"sample_id", "trial", "step"} <= r.keys()]
+    # one row per step, whatever wrote twice (an older probe without the lock): the last one counts, said so
+    by_key = {(r["sample_id"], r["trial"], r["step"]): r for r in rows}
+    if len(by_key) < len(rows):
+        print(f"{steps_path}: {len(rows) - len(by_key)} duplicate step row(s) ignored (the last of each is kept)",
+              file=sys.stderr)
+    rows = list(by_key.values())
     steps = pd.DataFrame(rows)
     for c in ("H_with", "H_without", "dH", "H_exact_with", "H_exact_without", "kl_with_without", "dH_exact", "gap_with"):
         if c in steps:  # null (a non-finite value in JSON) is NaN

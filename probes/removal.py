@@ -41,7 +41,7 @@ from agent.methods import HARNESS_ERRORS, Budgets, Episode, MethodSpec
 from agent.methods.common import WEBWATCHER_OBSERVATION_IMAGES, Turn, tool_reply
 from agent.methods.react import react_messages, run_react
 from agent.prompts import CORRECTION, fill
-from agent.rundir import Run, RunDir, RunError, collector_off_the_heap, load_run
+from agent.rundir import Run, RunDir, RunError, collector_off_the_heap, load_run, output_lock
 from agent.tools import make_toolbox
 from agent.trajectory import Trajectory
 from analysis.stats import removal_summary
@@ -129,6 +129,10 @@ async def replay_one(run: Run, line: dict, tokens: dict, k: int, *, backend, too
         for e in traj.events:  # the prefix's retrieved images are stored with the replay too
             for sha in e.get("result_images") or []:
                 traj.image_files.setdefault(sha, str(run.image_path(sha)))
+        if sampling.seed is not None:  # the trial's own seed, as the run sampled it (agent.run: seed + trial)
+            import dataclasses
+
+            sampling = dataclasses.replace(sampling, seed=sampling.seed + int(line["trial"]))
         ep = Episode(sample, line["trial"], backend=backend, toolbox=toolbox, sampling=sampling, traj=traj,
                      budgets=spec.budgets, history_reasoning=spec.history_reasoning,
                      observation_images=spec.observation_images)
@@ -169,8 +173,17 @@ def replay_toolbox(run: Run):
     return toolbox
 
 
-async def removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, out_dir=None, concurrency: int = 8,
-                        limit: int | None = None, progress: bool = True, force: bool = False) -> dict:
+async def removal_probe(run_dir, steps: list[int], *, out_dir=None, **kw) -> dict:
+    """The step-k replays; one probe per output directory at a time (a second is refused)."""
+    from pathlib import Path as _P
+
+    out = _P(out_dir) if out_dir else _P(run_dir) / "probes" / "removal"
+    with output_lock(out, "removal probe"):
+        return await _removal_probe(run_dir, steps, out_dir=out, **kw)
+
+
+async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, out_dir=None, concurrency: int = 8,
+                         limit: int | None = None, progress: bool = True, force: bool = False) -> dict:
     import pandas as pd
 
     run = load_run(run_dir)

@@ -188,3 +188,23 @@ async def test_probe_refuses_a_run_recorded_by_another_model(tmp_path):
     res = await probe_run(tmp_path / "run", backend=other, progress=False, force=True)  # recorded, not silent
     info = json.loads((res["out"] / "probe.json").read_text())
     assert info["forced_model_mismatch"] is True and "qwen3.5-9b" in info["model"]["forced_mismatch"]
+
+
+async def test_one_probe_per_output_directory_and_duplicate_rows_are_read_once(tmp_path, capsys):
+    """Two probes on one run would append the same steps twice (n 120 -> 240, another Wilcoxon p): the second is
+    refused while the first holds the directory, and rows written twice by anything else count once."""
+    from agent.rundir import output_lock
+
+    backend = await _run(tmp_path)
+    out = tmp_path / "run" / "probes" / "entropy-regenerate"
+    with output_lock(out, "entropy probe"):  # another probe is writing here
+        with pytest.raises(RunError, match="another entropy probe is writing here"):
+            await probe_run(tmp_path / "run", backend=backend, progress=False)
+    res = await probe_run(tmp_path / "run", backend=backend, progress=False)
+    assert len(res["steps"]) == 9
+    steps_path = out / "steps.jsonl"
+    steps_path.write_bytes(steps_path.read_bytes() * 2)  # what two unlocked probes left
+    capsys.readouterr()
+    res = await probe_run(tmp_path / "run", backend=backend, progress=False)
+    assert len(res["steps"]) == 9 and (res["summary"]["n"] == 3).all()
+    assert "9 duplicate step row(s) ignored" in capsys.readouterr().err
