@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -216,8 +217,13 @@ class RunDir:
     # parsing them; the lines themselves are read one at a time when something needs them. The index is a
     # cache: the writer appends to it, and a reader checks it against results.jsonl and parses whatever it
     # does not cover (an older run, a crash between the two writes), rebuilding it when that is much.
-    def index(self, *, warn: bool = True) -> list[dict]:
-        """Summaries of every parseable line of results.jsonl in file order (with private ``_o``/``_n``)."""
+    def index(self, *, warn: bool = True, verify: bool = True) -> list[dict]:
+        """Summaries of every parseable line of results.jsonl in file order (with private ``_o``/``_n``/``_h``).
+
+        ``verify``: each entry's checksum (``_h``, CRC-32 of its line's bytes) is checked against the file, so
+        a line damaged in place (same inode, same length: a disk error) is parsed again — and, if it no longer
+        parses, is a torn line like any other (its unit reruns on resume; nothing is graded or drawn from it).
+        One sequential read of results.jsonl (~1 s per GB)."""
         if not self.results.exists():
             return []
         st = os.stat(self.results)
@@ -226,6 +232,8 @@ class RunDir:
         with open(self.results, "rb") as f:
             if entries and not _entries_fit(f, entries):
                 entries = []
+            if verify and entries:
+                entries = _entries_intact(f, entries)
             out, pos, scanned = [], 0, 0
             for e in entries + [None]:
                 end = e["_o"] if e is not None else size
@@ -279,13 +287,13 @@ class RunDir:
         except (OSError, RunError):
             pass  # a cache: a read-only run directory is read without it
 
-    def _append_index(self, line: dict, offset: int, length: int) -> None:
+    def _append_index(self, line: dict, offset: int, length: int, crc: int | None = None) -> None:
         try:
             ino = os.stat(self.results).st_ino
             with open(self.index_path, "ab") as f:
                 if f.tell() == 0:
                     f.write(dumps({"index": 1, "ino": ino}) + b"\n")
-                f.write(dumps({**summary_of(line), "_o": offset, "_n": length}) + b"\n")
+                f.write(dumps({**summary_of(line), "_o": offset, "_n": length, "_h": crc}) + b"\n")
         except OSError:
             pass  # the reader parses what the index lacks
 
@@ -324,7 +332,8 @@ class RunDir:
                     f.write(data)
                     f.flush()
                     os.fsync(f.fileno())
-                    self._append_index(line, start, size + len(data) - start)
+                    body = data[1:] if start > size else data
+                    self._append_index(line, start, size + len(data) - start, zlib.crc32(body))
                 finally:
                     fcntl.flock(f.fileno(), fcntl.LOCK_UN)
         except OSError as e:  # disk full, permissions: a harness failure that names the file
@@ -371,6 +380,20 @@ def _entries_fit(f, entries: list[dict]) -> bool:
     return True
 
 
+def _entries_intact(f, entries: list[dict]) -> list[dict]:
+    """The entries whose line bytes still have the checksum the index recorded (entries without one, from an
+    older index, cannot be vouched for: their lines are parsed again)."""
+    out = []
+    for e in entries:
+        h = e.get("_h")
+        if h is None:
+            continue
+        f.seek(e["_o"])
+        if zlib.crc32(f.read(e["_n"])) == h:
+            out.append(e)
+    return out
+
+
 def _scan(f, start: int, end: int, path, warn: bool) -> tuple[list[dict], int]:
     """Parse the lines in bytes [start, end) of results.jsonl: (their summaries, bytes scanned)."""
     from .http import loads
@@ -393,7 +416,7 @@ def _scan(f, start: int, end: int, path, warn: bool) -> tuple[list[dict], int]:
                 print(f"warning: {path}: torn or malformed line at byte {o} ignored "
                       f"(its sample will be rerun on resume)", file=sys.stderr)
             continue
-        out.append({**summary_of(line), "_o": o, "_n": len(raw)})
+        out.append({**summary_of(line), "_o": o, "_n": len(raw), "_h": zlib.crc32(raw)})
     return out, pos - start
 
 
@@ -419,14 +442,26 @@ class Lines(Sequence):
         with open(self._results, "rb") as f:
             for e in self._index:
                 f.seek(e["_o"])
-                yield _full(loads(f.read(e["_n"])), e)
+                yield _full(_checked(f.read(e["_n"]), e, self._results), e)
 
     def _read(self, e: dict) -> dict:
-        from .http import loads
-
         with open(self._results, "rb") as f:
             f.seek(e["_o"])
-            return _full(loads(f.read(e["_n"])), e)
+            return _full(_checked(f.read(e["_n"]), e, self._results), e)
+
+
+def _checked(raw: bytes, entry: dict, path) -> dict:
+    """The line at an index entry, refused with the file and byte offset if it changed since it was indexed."""
+    from .http import loads
+
+    if entry.get("_h") is not None and zlib.crc32(raw) != entry["_h"]:
+        raise RunError(f"{path}: the line at byte {entry['_o']} changed since the run was read (damaged on disk?); "
+                       f"python -m agent.rundir check {Path(path).parent} reports it")
+    try:
+        return loads(raw)
+    except ValueError as e:
+        raise RunError(f"{path}: the line at byte {entry['_o']} does not parse ({e}); python -m agent.rundir check "
+                       f"{Path(path).parent} reports it") from None
 
 
 def _full(line: dict, entry: dict) -> dict:

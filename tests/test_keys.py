@@ -193,3 +193,37 @@ def test_a_corrupt_tool_cache_is_named_with_how_to_recover(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{run / 'tools.sqlite'}: the tool cache is not a usable SQLite database" in err and "mv " in err
     assert "Traceback" not in err
+
+
+def test_a_line_damaged_in_place_is_seen_by_every_reader(tmp_path, capsys):
+    """Same inode, same length, one byte changed (a disk error): the index must not vouch for the old line. The
+    unit reruns on resume, the judge does not grade it, a reader that reaches it by an older index is refused
+    with the file and offset."""
+    import json
+
+    from agent.judge import main as judge_main
+    from agent.run import main as run_main
+    from agent.rundir import Lines, RunDir, RunError, load_run
+
+    run = tmp_path / "r"
+    args = ["--method", "react", "--backend", "scripted", "--out", str(run), "--limit", "3", "--no-progress"]
+    assert run_main(args) == 0
+    rd = RunDir(run)
+    old_index = rd.index()
+    res = run / "results.jsonl"
+    data = bytearray(res.read_bytes())
+    first_end = data.index(b"\n")
+    victim = json.loads(data[:first_end])["sample_id"]
+    mid = first_end // 2
+    data[mid] = ord("\x01") if data[mid] != 1 else ord("\x02")  # one byte, same length, same inode
+    with open(res, "r+b") as f:
+        f.write(bytes(data))
+    assert victim not in {k[0] for k in rd.done_keys()}  # the index no longer vouches for it
+    with pytest.raises(RunError, match=r"results.jsonl: the line at byte 0 changed"):
+        Lines(res, old_index)[0]  # a reader holding the old index is refused, naming file and offset
+    capsys.readouterr()
+    assert judge_main([str(run), "--judge", "exact", "--no-progress"]) == 0
+    graded = [json.loads(x)["sample_id"] for x in (run / "judge-exact.jsonl").read_text().splitlines()]
+    assert victim not in graded and len(graded) == 2
+    assert run_main(args) == 0  # resume: the damaged unit runs again
+    assert victim in {ln["sample_id"] for ln in load_run(run).lines}
