@@ -10,7 +10,7 @@ on one endpoint so the server's prefix cache is reused; the least busy endpoint 
 A rerun of the same command skips the (sample, trial) pairs already written; ``--retry-errors``
 reruns the ones that ended in ``error`` or ``timeout``. Ctrl-C stops cleanly: every finished pair is
 on disk; the ones in flight are dropped and rerun next time. ``--timeout`` bounds one sample.
-See ``agent/rundir.py`` and ``docs/trajectory.md`` for what is written.
+See ``agent/rundir/`` and ``docs/trajectory.md`` for what is written.
 """
 from __future__ import annotations
 

@@ -1,0 +1,39 @@
+"""A run directory: header first, one JSONL line per finished (sample, trial), columnar token sidecars.
+
+One module per concern: ``common`` (the error, identity keys, atomic writes, locks), ``writer``
+(:class:`RunDir`: header, run lock, append, images), ``index`` (``results.index.jsonl``, verified by
+checksum), ``reader`` (:class:`Run`, :func:`load_run`), ``check`` (``python -m agent.rundir check``).
+
+    RUN/header.json          arguments, versions, backend, tools; written first (identity checked on resume)
+    RUN/results.jsonl        one line per finished (sample, trial); a line is appended only when complete
+    RUN/tokens/<key>.parquet per-token arrays of that line's LLM calls (written before the line)
+    RUN/images/<sha256>.<ext> each query image once, by content hash
+    RUN/tools.sqlite         the tool cache (record/replay), unless --tool-cache points elsewhere
+
+Reading (a notebook can do the same):
+
+    from agent.rundir import load_run
+    run = load_run("runs/demo")
+    run.samples()          # pandas, one row per (sample, trial)
+    run.calls()            # pandas, one row per LLM call
+    run.tokens(line)       # dict of numpy arrays for that line (call, id, logprob, think, top_logprobs, …)
+    run.call_messages(line, call_event)   # the exact messages of that call (images as sha256 parts)
+
+A line for the same (sample, trial) written later (``--retry-errors``) supersedes the earlier one.
+A torn last line (a crash mid-write) is reported and ignored; the pair is rerun on resume.
+"""
+from __future__ import annotations
+
+from ..sidecar import RELEASE_COLUMNS, read_parquet  # noqa: F401  (re-exported: older imports keep working)
+from .check import CheckReport, check_run, main
+from .common import (
+    IDENTITY_KEYS, RESUME_HISTORY, TOKEN_PRECISIONS, RunError, close_fragment, collector_off_the_heap, output_lock,
+    token_key, versions,
+)
+from .index import Lines, summary_of
+from .reader import Run, load_run
+from .writer import RunDir
+
+__all__ = ["RunDir", "Run", "load_run", "RunError", "IDENTITY_KEYS", "versions", "token_key", "read_parquet",
+           "TOKEN_PRECISIONS", "RESUME_HISTORY", "Lines", "summary_of", "check_run", "CheckReport", "close_fragment",
+           "output_lock", "collector_off_the_heap", "main"]

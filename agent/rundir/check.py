@@ -1,0 +1,248 @@
+"""``python -m agent.rundir check RUN_DIR [--repair]``: is a run complete and intact? Units expected vs present,
+duplicates, torn lines, sidecars against their calls, orphaned and temporary files, images, the tool cache."""
+from __future__ import annotations
+
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..sidecar import read_parquet
+
+from .common import RunError, _tmp_name
+from .index import summary_of
+from .writer import RunDir
+
+
+@dataclass
+class CheckReport:
+    """What ``python -m agent.rundir check`` found (see :func:`check_run`)."""
+
+    path: str
+    expected: int | None = None
+    present: int = 0
+    statuses: dict = field(default_factory=dict)
+    missing: list = field(default_factory=list)          # (sample_id, trial) without a line
+    duplicates: list = field(default_factory=list)       # keys with two final (non error/timeout) lines
+    superseded: int = 0                                  # error/timeout lines later retried (normal)
+    torn: list = field(default_factory=list)             # (line number, first bytes)
+    sidecars: list = field(default_factory=list)         # (sample_id/trial, problem)
+    orphans: list = field(default_factory=list)          # token files no line names
+    temp_files: list = field(default_factory=list)
+    missing_images: list = field(default_factory=list)   # (sample_id/trial, sha256)
+    cache: str = "absent"                                # "ok", "absent", or the integrity problem
+    repaired: list = field(default_factory=list)
+
+    @property
+    def intact(self) -> bool:
+        return not (self.torn or self.duplicates or self.sidecars or self.missing_images
+                    or self.cache not in ("ok", "absent"))
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing and (self.expected is None or self.present >= self.expected)
+
+    def lines(self) -> list[str]:
+        out = [f"{self.path}: {'intact' if self.intact else 'DAMAGED'}, "
+               f"{'complete' if self.complete else 'INCOMPLETE'}",
+               f"  units: {self.present} present of {self.expected if self.expected is not None else '?'} expected "
+               f"{dict(sorted(self.statuses.items()))}; {self.superseded} superseded by retries"]
+        for name, items in (("missing units", self.missing), ("duplicated units", self.duplicates),
+                            ("torn or unparseable lines", self.torn), ("sidecar problems", self.sidecars),
+                            ("orphaned token files", self.orphans), ("temporary files", self.temp_files),
+                            ("missing images", self.missing_images)):
+            if items:
+                shown = ", ".join(str(x) for x in items[:5])
+                out.append(f"  {len(items)} {name}: {shown}{' …' if len(items) > 5 else ''}")
+        out.append(f"  tool cache: {self.cache}")
+        out += [f"  repaired: {r}" for r in self.repaired]
+        return out
+
+    def to_dict(self) -> dict:
+        from dataclasses import asdict
+
+        return {**asdict(self), "intact": self.intact, "complete": self.complete}
+
+
+def _expected_keys(rd: "RunDir", header: dict) -> set | None:
+    """The (sample, trial) units the run was asked for, from the manifest and the recorded selection."""
+    sel = header.get("selection") or {}
+    try:
+        from ..benchmarks import resolve_benchmark
+
+        m = resolve_benchmark(header.get("benchmark_path") or header.get("benchmark", ""))
+    except Exception:  # noqa: BLE001 - the manifest moved: fall back to the recorded count
+        return None
+    samples = m.samples
+    if sel.get("sample_ids"):
+        want = set(sel["sample_ids"])
+        samples = [s for s in samples if s.id in want]
+    if sel.get("limit") is not None:
+        samples = samples[: sel["limit"]]
+    skipped = set(sel.get("skipped") or [])
+    return {(s.id, t) for t in range(int(header.get("trials") or 1)) for s in samples if s.id not in skipped}
+
+
+def check_run(path, *, deep: bool = True, repair: bool = False) -> CheckReport:
+    """Is this run complete and intact? ``deep=False`` is the cheap part (lines, temp files) the runner
+    runs on resume; ``repair`` quarantines torn lines and orphans (never deletes them) and removes temp files."""
+    rd = RunDir(path)
+    header = rd.read_header()
+    rep = CheckReport(str(rd.path))
+    good, torn_raw = [], []
+    if rd.results.exists():
+        with open(rd.results, "rb") as f:
+            for n, raw in enumerate(f, 1):
+                if not raw.strip():
+                    continue
+                try:
+                    line = json.loads(raw)
+                    if not isinstance(line, dict) or "sample_id" not in line or "trial" not in line:
+                        raise ValueError("not a result line")
+                    # keep the summary and the images the line needs, not the line: memory stays bounded
+                    need = set((line.get("query_images") or {}).values())
+                    need |= {h for e in line.get("events") or [] if e.get("type") == "tool_call"
+                             for h in e.get("result_images") or []}
+                    need |= {p.get("sha256") for m in line.get("messages") or [] if isinstance(m.get("content"), list)
+                             for p in m["content"] if isinstance(p, dict) and p.get("type") == "image" and p.get("sha256")}
+                    good.append({**summary_of(line), "_need": need})
+                except ValueError:
+                    rep.torn.append((n, raw[:60].decode(errors="replace")))
+                    torn_raw.append(raw)
+    by_key: dict = {}
+    for ln in good:
+        by_key.setdefault((ln["sample_id"], int(ln["trial"])), []).append(ln)
+    for key, lns in by_key.items():
+        final = [x for x in lns if x.get("status") not in ("error", "timeout")]
+        if len(final) > 1:
+            rep.duplicates.append(key)
+        rep.superseded += len(lns) - 1 if len(final) <= 1 else 0
+    latest = {k: v[-1] for k, v in by_key.items()}
+    rep.present = len(latest)
+    for ln in latest.values():
+        rep.statuses[ln.get("status")] = rep.statuses.get(ln.get("status"), 0) + 1
+    expected = _expected_keys(rd, header)
+    if expected is not None:
+        rep.expected = len(expected)
+        rep.missing = sorted(expected - set(latest))
+    else:
+        sel = header.get("selection") or {}
+        n = sel.get("n_samples")
+        rep.expected = n * int(header.get("trials") or 1) if n is not None else None
+    for d in (rd.path, rd.path / "tokens", rd.path / "images"):
+        if d.is_dir():
+            rep.temp_files += [str(p.relative_to(rd.path)) for p in d.iterdir() if ".tmp" in p.name]
+    if deep:
+        named = {ln.get("tokens_file") for ln in good if ln.get("tokens_file")}
+        for key, ln in latest.items():
+            tf = ln.get("tokens_file")
+            want = {c["index"]: c.get("n_tokens", 0) for c in ln.get("calls") or []}
+            if not tf:
+                if any(want.values()):
+                    rep.sidecars.append((f"{key[0]}/t{key[1]}", "tokens recorded but no sidecar named"))
+                continue
+            try:
+                call = read_parquet(rd.path / tf, ["call"]).column("call").to_numpy()
+            except Exception as e:  # noqa: BLE001 - any unreadable file is the finding
+                rep.sidecars.append((f"{key[0]}/t{key[1]}", f"{tf} unreadable ({type(e).__name__})"))
+                continue
+            got = {int(c): int((call == c).sum()) for c in np.unique(call)}
+            if {c: n for c, n in want.items() if n} != got:
+                rep.sidecars.append((f"{key[0]}/t{key[1]}", f"{tf}: token counts per call {got} != calls {want}"))
+        tok_dir = rd.path / "tokens"
+        if tok_dir.is_dir():
+            rep.orphans = sorted(f"tokens/{p.name}" for p in tok_dir.glob("*.parquet") if f"tokens/{p.name}" not in named)
+        stored = {p.name.split(".")[0] for p in (rd.path / "images").glob("*")} if (rd.path / "images").is_dir() else set()
+        for key, ln in latest.items():
+            need = ln["_need"]
+            rep.missing_images += [(f"{key[0]}/t{key[1]}", h[:12]) for h in sorted(need - stored)]
+        cache = (header.get("tools") or {}).get("cache") or str(rd.path / "tools.sqlite")
+        if Path(cache).exists():
+            import sqlite3
+
+            try:
+                con = sqlite3.connect(f"file:{cache}?mode=ro", uri=True, timeout=30)
+                res = con.execute("PRAGMA integrity_check").fetchall()
+                con.close()
+                rep.cache = "ok" if res == [("ok",)] else "; ".join(r[0] for r in res[:5])
+            except sqlite3.Error as e:
+                rep.cache = f"unreadable ({e})"
+    if repair:
+        _repair(rd, rep, torn_raw)
+    return rep
+
+
+def _repair(rd: "RunDir", rep: CheckReport, torn_raw: list) -> None:
+    rd.lock(wait_s=0.5)  # no runner may append while results.jsonl is rewritten
+    try:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        q = rd.path / "quarantine"
+        if torn_raw:
+            q.mkdir(exist_ok=True)
+            (q / f"torn-lines-{stamp}.jsonl").write_bytes(b"".join(r if r.endswith(b"\n") else r + b"\n" for r in torn_raw))
+            torn = set(torn_raw)
+            tmp = _tmp_name(rd.results)
+            with open(rd.results, "rb") as src, open(tmp, "wb") as dst:  # the intact lines, byte for byte
+                for raw in src:
+                    if raw.strip() and raw not in torn:
+                        dst.write(raw if raw.endswith(b"\n") else raw + b"\n")
+                dst.flush()
+                os.fsync(dst.fileno())
+            os.replace(tmp, rd.results)
+            rd.index_path.unlink(missing_ok=True)  # its offsets describe the old file
+            rep.repaired.append(f"{len(torn_raw)} torn line(s) moved to quarantine/torn-lines-{stamp}.jsonl")
+            rep.torn = []
+        if rep.orphans:
+            (q / "tokens").mkdir(parents=True, exist_ok=True)
+            for o in rep.orphans:
+                os.replace(rd.path / o, q / o)
+            rep.repaired.append(f"{len(rep.orphans)} orphaned token file(s) moved to quarantine/tokens/")
+            rep.orphans = []
+        for t in rep.temp_files:
+            (rd.path / t).unlink(missing_ok=True)
+        if rep.temp_files:
+            rep.repaired.append(f"{len(rep.temp_files)} temporary file(s) removed")
+            rep.temp_files = []
+    finally:
+        rd.unlock()
+
+
+def main(argv=None) -> int:
+
+    from ..cli import HelpFormatter, make_parser
+
+    ap = make_parser("python -m agent.rundir", "Run-directory tools: check is a run complete and intact.",
+                     ["python -m agent.rundir check runs/react-27b", "python -m agent.rundir check runs/react-27b --repair"])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("check", help="is this run complete and intact? (exit 0 only when it is)",
+                       formatter_class=HelpFormatter,
+                       description="Units expected vs present, duplicates, torn lines, sidecars against their calls, "
+                                   "orphaned and temporary files, missing images, the tool cache's integrity.",
+                       epilog="examples:\n  python -m agent.rundir check runs/react-27b\n"
+                              "  python -m agent.rundir check runs/react-27b --repair --json")
+    c.add_argument("run_dir", help="a run directory of python -m agent.run")
+    c.add_argument("--repair", action="store_true",
+                   help="move torn lines and orphaned files into RUN_DIR/quarantine/ (never deleted), remove temp files")
+    c.add_argument("--json", action="store_true", help="print the report as JSON")
+    a = ap.parse_args(argv)
+    try:
+        rep = check_run(a.run_dir, repair=a.repair)
+    except RunError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(rep.to_dict(), indent=1, default=str) if a.json else "\n".join(rep.lines()))
+    if not rep.intact:
+        print("damaged: python -m agent.rundir check RUN_DIR --repair quarantines torn lines and orphans; "
+              "rerun the run command to redo the units they held", file=sys.stderr)
+    elif not a.json:
+        from ..cli import done
+
+        done([f"{a.run_dir}/quarantine/"] if a.repair else [],
+             f"python -m agent.show {a.run_dir}" if rep.complete else
+             "rerun the run's command (python -m agent.run ... with the same --out) to finish the missing units")
+    return 0 if rep.intact and rep.complete else 1

@@ -1,0 +1,217 @@
+"""The run index, ``results.index.jsonl``: one small entry per line of ``results.jsonl`` (its byte offset,
+length and CRC-32, and the line without its events and messages), so a run of thousands of ~150 KB lines is
+listed without parsing them. It is a cache that is never trusted blindly: a reader checks every entry's
+checksum against the file (a line damaged in place is parsed again, and skipped if it no longer parses) and
+parses whatever no entry covers; :class:`Lines` refuses a line that changed since it was indexed."""
+from __future__ import annotations
+
+
+import json
+import os
+import sys
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+
+
+from ..http import dumps
+
+from .common import RunError, _atomic_write
+
+
+class RunIndex:
+    """The index half of :class:`agent.rundir.RunDir` (``self.path``, ``self.results``)."""
+
+    # results.index.jsonl: one small entry per line of results.jsonl (its byte offset and length, and the
+    # line without its events and messages), so that a run of thousands of ~150 KB lines is listed without
+    # parsing them; the lines themselves are read one at a time when something needs them. The index is a
+    # cache: the writer appends to it, and a reader checks it against results.jsonl and parses whatever it
+    # does not cover (an older run, a crash between the two writes), rebuilding it when that is much.
+    def index(self, *, warn: bool = True, verify: bool = True) -> list[dict]:
+        """Summaries of every parseable line of results.jsonl in file order (with private ``_o``/``_n``/``_h``).
+
+        ``verify``: each entry's checksum (``_h``, CRC-32 of its line's bytes) is checked against the file, so
+        a line damaged in place (same inode, same length: a disk error) is parsed again — and, if it no longer
+        parses, is a torn line like any other (its unit reruns on resume; nothing is graded or drawn from it).
+        One sequential read of results.jsonl (~1 s per GB)."""
+        if not self.results.exists():
+            return []
+        st = os.stat(self.results)
+        size, ino = st.st_size, st.st_ino
+        entries = self._read_index(size, ino)
+        with open(self.results, "rb") as f:
+            if entries and not _entries_fit(f, entries):
+                entries = []
+            if verify and entries:
+                entries = _entries_intact(f, entries)
+            out, pos, scanned = [], 0, 0
+            for e in entries + [None]:
+                end = e["_o"] if e is not None else size
+                if end > pos:  # bytes no entry covers: parse the lines there
+                    got, n = _scan(f, pos, end, self.results, warn)
+                    out += got
+                    scanned += n
+                if e is not None:
+                    out.append(e)
+                    pos = e["_o"] + e["_n"]
+        if scanned > (1 << 20) or (not entries and out):
+            self._write_index(out, ino)
+        return out
+
+    @property
+    def index_path(self) -> Path:
+        return self.path / "results.index.jsonl"
+
+    def _read_index(self, size: int, ino: int) -> list[dict]:
+        try:
+            raw = self.index_path.read_bytes()
+        except OSError:
+            return []
+        lines = raw.split(b"\n")
+        try:
+            head = json.loads(lines[0])
+            if head.get("index") != 1 or head.get("ino") != ino:
+                return []
+        except ValueError:
+            return []
+        out = []
+        for raw_e in lines[1:]:
+            if not raw_e.strip():
+                continue
+            try:
+                e = json.loads(raw_e)
+            except ValueError:
+                continue  # a torn index entry: its line is parsed from results.jsonl instead
+            if isinstance(e, dict) and isinstance(e.get("_o"), int) and e["_o"] + e.get("_n", 0) <= size:
+                out.append(e)
+        out.sort(key=lambda e: e["_o"])
+        # overlapping entries mean the index is stale: start again
+        if any(a["_o"] + a["_n"] > b["_o"] for a, b in zip(out, out[1:])):
+            return []
+        return out
+
+    def _write_index(self, entries: list[dict], ino: int) -> None:
+        try:
+            data = dumps({"index": 1, "ino": ino}) + b"\n" + b"".join(dumps(e) + b"\n" for e in entries)
+            _atomic_write(self.index_path, data)
+        except (OSError, RunError):
+            pass  # a cache: a read-only run directory is read without it
+
+    def _append_index(self, line: dict, offset: int, length: int, crc: int | None = None) -> None:
+        try:
+            ino = os.stat(self.results).st_ino
+            with open(self.index_path, "ab") as f:
+                if f.tell() == 0:
+                    f.write(dumps({"index": 1, "ino": ino}) + b"\n")
+                f.write(dumps({**summary_of(line), "_o": offset, "_n": length, "_h": crc}) + b"\n")
+        except OSError:
+            pass  # the reader parses what the index lacks
+
+
+SUMMARY_DROP = ("events", "messages")
+
+
+def summary_of(line: dict) -> dict:
+    return {k: v for k, v in line.items() if k not in SUMMARY_DROP}
+
+
+def _entries_fit(f, entries: list[dict]) -> bool:
+    """Each entry's bytes still hold a line there: '{' at its start, a newline at its end and before it."""
+    for e in entries:
+        o, n = e["_o"], e["_n"]
+        f.seek(max(0, o - 1))
+        before = f.read(1) if o else b"\n"
+        f.seek(o)
+        first = f.read(1)
+        f.seek(o + n - 1)
+        last = f.read(1)
+        if before != b"\n" or first != b"{" or last != b"\n":
+            return False
+    return True
+
+
+def _entries_intact(f, entries: list[dict]) -> list[dict]:
+    """The entries whose line bytes still have the checksum the index recorded (entries without one, from an
+    older index, cannot be vouched for: their lines are parsed again)."""
+    out = []
+    for e in entries:
+        h = e.get("_h")
+        if h is None:
+            continue
+        f.seek(e["_o"])
+        if zlib.crc32(f.read(e["_n"])) == h:
+            out.append(e)
+    return out
+
+
+def _scan(f, start: int, end: int, path, warn: bool) -> tuple[list[dict], int]:
+    """Parse the lines in bytes [start, end) of results.jsonl: (their summaries, bytes scanned)."""
+    from ..http import loads
+
+    f.seek(start)
+    out, pos = [], start
+    while pos < end:
+        raw = f.readline(max(1, end - pos))
+        if not raw:
+            break
+        o, pos = pos, pos + len(raw)
+        if not raw.strip():
+            continue
+        try:
+            line = loads(raw) if raw.endswith(b"\n") else None
+            if not isinstance(line, dict) or "sample_id" not in line or "trial" not in line:
+                raise ValueError
+        except ValueError:
+            if warn:
+                print(f"warning: {path}: torn or malformed line at byte {o} ignored "
+                      f"(its sample will be rerun on resume)", file=sys.stderr)
+            continue
+        out.append({**summary_of(line), "_o": o, "_n": len(raw), "_h": zlib.crc32(raw)})
+    return out, pos - start
+
+
+class Lines(Sequence):
+    """A run's latest lines, read from results.jsonl one at a time when accessed (nothing is kept):
+    ``for line in run.lines`` holds one line in memory at a time; ``run.lines[i]`` parses line i."""
+
+    def __init__(self, results: Path, index: list[dict]):
+        self._results = results
+        self._index = index
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._read(e) for e in self._index[i]]
+        return self._read(self._index[i])
+
+    def __iter__(self):
+        with open(self._results, "rb") as f:
+            for e in self._index:
+                f.seek(e["_o"])
+                yield _full(_checked(f.read(e["_n"]), e, self._results), e)
+
+    def _read(self, e: dict) -> dict:
+        with open(self._results, "rb") as f:
+            f.seek(e["_o"])
+            return _full(_checked(f.read(e["_n"]), e, self._results), e)
+
+
+def _checked(raw: bytes, entry: dict, path) -> dict:
+    """The line at an index entry, refused with the file and byte offset if it changed since it was indexed."""
+    from ..http import loads
+
+    if entry.get("_h") is not None and zlib.crc32(raw) != entry["_h"]:
+        raise RunError(f"{path}: the line at byte {entry['_o']} changed since the run was read (damaged on disk?); "
+                       f"python -m agent.rundir check {Path(path).parent} reports it")
+    try:
+        return loads(raw)
+    except ValueError as e:
+        raise RunError(f"{path}: the line at byte {entry['_o']} does not parse ({e}); python -m agent.rundir check "
+                       f"{Path(path).parent} reports it") from None
+
+
+def _full(line: dict, entry: dict) -> dict:
+    line["_o"], line["_n"] = entry["_o"], entry["_n"]
+    return line

@@ -1,0 +1,138 @@
+"""Reading a run directory: :class:`Run` (header, the index of line summaries, lines read on access, token
+sidecars, the exact messages of a call) and :func:`load_run`."""
+from __future__ import annotations
+
+
+from pathlib import Path
+
+import numpy as np
+
+from ..sidecar import decode as _decode_sidecar
+
+from .common import RunError
+from .index import Lines, summary_of
+from .writer import RunDir
+
+
+class Run:
+    """A run directory opened for reading: ``header``, ``index`` (every latest line's summary: the line without
+    its events and messages, kept in memory), ``lines`` (the whole lines, read on access, see :class:`Lines`)."""
+
+    def __init__(self, path, header: dict, index: list[dict] | None = None, *, lines: list[dict] | None = None):
+        self.path = Path(path)
+        self.header = header
+        if lines is not None:  # built in memory (tests, notebooks)
+            self.index = [summary_of(ln) | {"_line": ln} for ln in lines]
+            self._lines = list(lines)
+        else:
+            self.index = index or []
+            self._lines = None
+
+    @property
+    def lines(self):
+        if self._lines is not None:
+            return self._lines
+        return Lines(self.path / "results.jsonl", self.index)
+
+    def full(self, line: dict) -> dict:
+        """The whole line (events and messages) of a summary or a line."""
+        if "events" in line or "messages" in line:
+            return line
+        if "_line" in line:
+            return line["_line"]
+        if "_o" not in line:
+            raise RunError(f"{line.get('sample_id')}: not a line of {self.path}")
+        return Lines(self.path / "results.jsonl", [line])[0]
+
+    def samples(self):
+        import pandas as pd
+
+        keep = ("sample_id", "trial", "method", "variant", "benchmark", "category", "paper_category", "status",
+                "answer", "gold", "error", "n_calls", "n_tool_calls", "generated_tokens", "think_tokens",
+                "duration_s", "model")
+        rows = []
+        for ln in self.index:
+            r = {k: ln.get(k) for k in keep}
+            r["n_query_images"] = len(ln.get("query_images") or {})
+            r["max_prompt_tokens"] = max((c["prompt_tokens"] for c in ln.get("calls", [])), default=0)
+            r["total_tokens"] = sum(c["prompt_tokens"] + c["completion_tokens"] for c in ln.get("calls", []))
+            r["length_calls"] = sum(c.get("finish_reason") == "length" for c in ln.get("calls", []))
+            for name, n in (ln.get("tool_calls") or {}).items():
+                r[f"tool_{name}"] = n
+            rows.append(r)
+        return pd.DataFrame(rows)
+
+    def calls(self):
+        import pandas as pd
+
+        rows = []
+        for ln in self.index:
+            for c in ln.get("calls", []):
+                rows.append({"sample_id": ln["sample_id"], "trial": ln["trial"], "method": ln["method"],
+                             "variant": ln.get("variant", ""), "benchmark": ln["benchmark"],
+                             "paper_category": ln.get("paper_category"), "status": ln["status"], **c})
+        return pd.DataFrame(rows)
+
+    def tokens(self, line: dict, columns: list[str] | None = None) -> dict[str, np.ndarray]:
+        """The line's per-token arrays (``columns`` to read only some: the sidecar is columnar)."""
+        if not line.get("tokens_file"):
+            return {}
+        p = self.path / line["tokens_file"]
+        try:
+            return _decode_sidecar(p, columns)
+        except (OSError, ValueError) as e:
+            raise RunError(f"{p}: unreadable token sidecar ({e})") from None
+
+    def call_event(self, line: dict, call: int | dict) -> dict:
+        """The ``llm_call`` event of ``call``: the event itself, or its 1-based call index."""
+        if isinstance(call, dict):
+            return call
+        for ev in self.full(line).get("events") or []:
+            if ev.get("type") == "llm_call" and ev.get("index") == call:
+                return ev
+        raise RunError(f"{line.get('sample_id')} trial {line.get('trial')}: no LLM call #{call} "
+                       f"(it made {line.get('n_calls')})")
+
+    def call_messages(self, line: dict, call: int | dict) -> list[dict]:
+        """The exact messages of one call (the event, or its 1-based index)."""
+        line = self.full(line)
+        return [line["messages"][i] for i in self.call_event(line, call)["message_ids"]]
+
+    def sendable_messages(self, line: dict, call_event: int | dict) -> list[dict]:
+        """The call's messages ready to send again: each recorded image part points at the stored image."""
+        out = []
+        for m in self.call_messages(line, call_event):
+            c = m.get("content")
+            if isinstance(c, list):
+                parts = []
+                for p in c:
+                    if isinstance(p, dict) and p.get("type") == "image":
+                        if p.get("url"):
+                            parts.append({"type": "image_url", "image_url": {"url": p["url"]}})
+                            continue
+                        path = self.image_path(p["sha256"])
+                        if path is None:
+                            raise RunError(f"{self.path}/images: image {p['sha256'][:12]}… of {line['sample_id']} "
+                                           f"is not stored (was the run directory copied without images/?)")
+                        # the hash rides along: removing query images never needs to read the file again
+                        parts.append({"type": "image_url", "image_url": {"url": str(path)}, "sha256": p["sha256"]})
+                    else:
+                        parts.append(p)
+                m = {**m, "content": parts}
+            out.append(m)
+        return out
+
+    def image_path(self, sha256: str) -> Path | None:
+        d = getattr(self, "_images", None)
+        if d is None or sha256 not in d:  # listed once (and again when an image is not found: it may be new)
+            d = self._images = {}
+            if (self.path / "images").is_dir():
+                for p in (self.path / "images").iterdir():
+                    d.setdefault(p.name.split(".")[0], p)
+        return d.get(sha256)
+
+
+def load_run(path) -> Run:
+    rd = RunDir(path)
+    header = rd.read_header()
+    return Run(rd.path, header, list(rd.latest().values()))  # summaries; whole lines are read on access

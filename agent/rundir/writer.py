@@ -1,0 +1,200 @@
+"""Writing a run directory: the header (identity checked on resume), the run lock, the one-write append of a
+finished line (sidecar and images first), the image store."""
+from __future__ import annotations
+
+
+import fcntl
+import json
+import os
+import shutil
+import sys
+import time
+import uuid
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+
+from ..http import dumps
+from ..sidecar import encode as _encode_sidecar
+
+from .common import IDENTITY_KEYS, RESUME_HISTORY, TOKEN_PRECISIONS, RunError, _atomic_write, _tmp_name, token_key
+from .index import RunIndex
+
+
+@dataclass
+class RunDir(RunIndex):
+    path: Path
+    token_precision: str = "float32"
+
+    def __post_init__(self):
+        if self.token_precision not in TOKEN_PRECISIONS:
+            raise ValueError(f"token precision must be one of {TOKEN_PRECISIONS}, got {self.token_precision!r}")
+        self.path = Path(self.path)
+        self.results = self.path / "results.jsonl"
+        self.header_path = self.path / "header.json"
+
+    # ------------------------------------------------------------------ header
+    def write_header(self, header: dict, *, force: bool = False) -> dict:
+        """Write the header, or check that an existing one describes the same run."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        (self.path / "tokens").mkdir(exist_ok=True)
+        (self.path / "images").mkdir(exist_ok=True)
+        if self.header_path.exists():
+            old = self.read_header()
+            from ..preflight import same_model
+
+            diff = [k for k in IDENTITY_KEYS if old.get(k) != header.get(k)]
+            detail = [f"{k}: {old.get(k)!r} -> {header.get(k)!r}" for k in diff]
+            model_diff = same_model(old.get("model"), header.get("model")) if "model" in header else None
+            if model_diff:
+                detail.append(f"model: {model_diff}")
+            if detail and not force:
+                raise RunError(f"{self.path} holds a different run ({'; '.join(detail)}); use another --out or --force")
+            hist = old.setdefault("resumed", [])
+            hist.append({"at": time.time(), "argv": header.get("argv")})
+            if len(hist) > RESUME_HISTORY:  # bounded: the first five resumes, a count, and the latest ones
+                omitted = sum(h.get("omitted", 1) for h in hist[5:len(hist) - (RESUME_HISTORY - 6)])
+                old["resumed"] = hist[:5] + [{"omitted": omitted}] + hist[-(RESUME_HISTORY - 6):]
+            for k in ("selection",):
+                if k in header:
+                    old[k] = header[k]
+            _atomic_write(self.header_path, json.dumps(old, indent=2, sort_keys=True).encode())
+            return old
+        _atomic_write(self.header_path, json.dumps(header, indent=2, sort_keys=True).encode())
+        return header
+
+    def note_skipped(self, skipped: list[tuple[str, str]]) -> None:
+        """Record which samples a run left out (``--allow-missing-images``) and why."""
+        _atomic_write(self.path / "skipped_samples.json",
+                      json.dumps([{"sample_id": i, "reason": r} for i, r in skipped], indent=1).encode())
+
+    def lock(self, *, wait_s: float = 30.0, shared_only: bool = False) -> None:
+        """Hold the run lock for this process's lifetime: one runner (and its --processes) per directory.
+
+        A runner takes it exclusively (waiting up to ``wait_s`` for a previous runner's processes to
+        exit), then downgrades to shared so its own worker processes (``shared_only``) can join.
+        """
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / ".runner.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        if shared_only:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        else:
+            deadline = time.time() + wait_s
+            said = False
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.time() > deadline:
+                        os.close(fd)
+                        raise RunError(f"{self.path}: another runner is writing to this run directory") from None
+                    if not said:
+                        print(f"{self.path}: another runner holds this run directory; waiting up to {wait_s:g}s for "
+                              "it to finish…", file=sys.stderr, flush=True)
+                        said = True
+                    time.sleep(0.2)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        fd = getattr(self, "_lock_fd", None)
+        if fd is not None:
+            os.close(fd)
+            self._lock_fd = None
+
+    def read_header(self) -> dict:
+        try:
+            return json.loads(self.header_path.read_text())
+        except FileNotFoundError:
+            raise RunError(f"{self.path}: no header.json — not a run directory") from None
+        except json.JSONDecodeError as e:
+            raise RunError(f"{self.header_path}: unreadable header ({e})") from None
+
+    # ------------------------------------------------------------------ lines
+    def read_lines(self, *, warn=True) -> list[dict]:
+        if not self.results.exists():
+            return []
+        out = []
+        with open(self.results, "rb") as f:
+            for n, raw in enumerate(f, 1):
+                if not raw.strip():
+                    continue
+                try:
+                    out.append(json.loads(raw))
+                except json.JSONDecodeError:
+                    if warn:
+                        print(f"warning: {self.results}:{n}: torn or malformed line ignored "
+                              f"(its sample will be rerun on resume)", file=sys.stderr)
+        return out
+
+    def latest(self) -> dict[tuple[str, int], dict]:
+        """The last line of each (sample, trial), as its summary (the line without ``events`` and ``messages``;
+        :meth:`Run.full` reads the whole line)."""
+        out = {}
+        for line in self.index():
+            out[(line["sample_id"], int(line["trial"]))] = line
+        return out
+
+    def done_keys(self, *, retry_errors: bool = False) -> set[tuple[str, int]]:
+        return {k for k, line in self.latest().items() if not (retry_errors and line.get("status") in ("error", "timeout"))}
+
+    def append(self, traj, line: dict) -> None:
+        """Write the sidecar and images, then the line (one write; its presence means 'complete')."""
+        # one sidecar per attempt: a later line for the same (sample, trial) (--retry-errors) never overwrites
+        # the tokens of the line it supersedes
+        key = f"{token_key(line['sample_id'], line['trial'])}__{uuid.uuid4().hex[:8]}"
+        try:
+            if traj.tokens:
+                _atomic_write(self.path / "tokens" / f"{key}.parquet",
+                              _encode_sidecar(traj.tokens, traj.top_k, self.token_precision))
+                line["tokens_file"] = f"tokens/{key}.parquet"
+            else:
+                line["tokens_file"] = None
+            for p in [*getattr(traj.sample, "image_paths", []), *getattr(traj, "image_files", {}).values()]:
+                self.store_image(p)
+            data = dumps(line) + b"\n"
+            if b"\n" in data[:-1]:  # cannot happen with JSON, but a torn line must never be possible
+                raise RunError("internal: a result line contains a newline")
+            with open(self.results, "ab") as f:  # one write under an exclusive lock: --processes share the file
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+                try:
+                    # a crash mid-write leaves a fragment without its newline: never glue a record onto it
+                    size = os.fstat(f.fileno()).st_size
+                    start = size
+                    if size:
+                        with open(self.results, "rb") as r:
+                            r.seek(size - 1)
+                            if r.read(1) != b"\n":
+                                data = b"\n" + data
+                                start += 1
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                    body = data[1:] if start > size else data
+                    self._append_index(line, start, size + len(data) - start, zlib.crc32(body))
+                finally:
+                    fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        except OSError as e:  # disk full, permissions: a harness failure that names the file
+            raise RunError(f"{getattr(e, 'filename', None) or self.path}: cannot write the run record "
+                           f"({e.strerror or e}); finished lines are kept, rerun to resume") from e
+
+    def store_image(self, path) -> str | None:
+        from ..backends.messages import ImageError, load_image
+
+        try:
+            img = load_image(path)
+        except ImageError:
+            return None
+        ext = img.mime.split("/")[-1].replace("jpeg", "jpg")
+        dst = self.path / "images" / f"{img.sha256}.{ext}"
+        if not dst.exists():
+            dst.parent.mkdir(exist_ok=True)
+            tmp = _tmp_name(dst)
+            shutil.copyfile(img.source, tmp)
+            os.replace(tmp, dst)  # the same bytes under the same name: a concurrent writer does no harm
+        return img.sha256
+
+
+#: What a line's summary leaves out (the bulk of a line: its event list and its message table).
