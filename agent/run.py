@@ -275,68 +275,83 @@ def trial_seeds(cfg: RunConfig, rd: RunDir) -> tuple[int | None, str]:
 
 
 async def _run_locked(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends, toolbox) -> dict:
-    cache_path = cfg.tool_cache or str(rd.path / "tools.sqlite")
-    seed_source = None
+    """Preflight and header, the units to run, then run them (in this process or in --processes workers)."""
     if cfg.shard is None:
-        import dataclasses
+        cfg, header, samples, skipped_images = await _preflight(cfg, argv, spec, manifest, rd, backends, toolbox)
+    else:  # a --processes worker: the parent checked everything and wrote the header
+        header, samples, skipped_images = rd.read_header(), _select(manifest, cfg), []
+    jobs, skipped = _pending_jobs(cfg, spec, manifest, rd, samples)
+    if not jobs:
+        return {"run_dir": str(rd.path), "ran": 0, "skipped": skipped, "counts": {}, "llm_calls": 0,
+                "skipped_images": len(skipped_images), "first_error": None}
+    if cfg.processes > 1 and cfg.shard is None and backends is None:
+        return await _run_processes(cfg, rd, [(s.id, t) for s, t in jobs], skipped, spec.label)
+    return await _execute(cfg, spec, rd, header, jobs, skipped, skipped_images, backends, toolbox)
 
-        seed, seed_source = trial_seeds(cfg, rd)
-        cfg = dataclasses.replace(cfg, seed=seed)
+
+async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends, toolbox):
+    """Every check before any work (nothing is written and nothing runs until all pass: exit 2 otherwise), then the
+    header. Returns ``(cfg with the run's seed, header, samples, skipped_images)``."""
+    import dataclasses
+
+    seed, seed_source = trial_seeds(cfg, rd)
+    cfg = dataclasses.replace(cfg, seed=seed)
     samples = _select(manifest, cfg)
-    skipped_images: list = []
-    if cfg.shard is None:
-        # --- preflight: nothing is written and nothing runs until every check passes (exit 2 otherwise)
-        if cfg.embedded and backends is None:
-            print("NOTE: embedded default: a tiny RANDOMLY INITIALISED Qwen3.5 and the offline demo world; "
-                  "its answers and numbers are meaningless.", file=sys.stderr)
-        if cfg.backend == "scripted" and backends is None:
-            print("NOTE: --backend scripted is a FAKE demo model (agent/backends/demo_model.py): its behaviour and "
-                  "numbers are planted, not measured.", file=sys.stderr)
-        if cfg.tools == "live" and spec.method != "direct" and toolbox is None:
-            from .tools.live import require_live_tools
+    # --- preflight: nothing is written and nothing runs until every check passes (exit 2 otherwise)
+    if cfg.embedded and backends is None:
+        print("NOTE: embedded default: a tiny RANDOMLY INITIALISED Qwen3.5 and the offline demo world; "
+              "its answers and numbers are meaningless.", file=sys.stderr)
+    if cfg.backend == "scripted" and backends is None:
+        print("NOTE: --backend scripted is a FAKE demo model (agent/backends/demo_model.py): its behaviour and "
+              "numbers are planted, not measured.", file=sys.stderr)
+    if cfg.tools == "live" and spec.method != "direct" and toolbox is None:
+        from .tools.live import require_live_tools
 
-            require_live_tools(spec.allowed_tools())
-        if manifest.problems:
-            from collections import Counter as _C
+        require_live_tools(spec.allowed_tools())
+    if manifest.problems:
+        from collections import Counter as _C
 
-            kinds = _C(p.kind for p in manifest.problems)
-            print(f"{manifest.path}: {len(manifest.problems)} data problem(s) {dict(kinds)}; first: "
-                  f"line {manifest.problems[0].line}: {manifest.problems[0].detail}. Rows with a refused path, broken "
-                  f"JSON or non-UTF-8 bytes are skipped; python -m agent.benchmarks stats lists them all", file=sys.stderr)
-        samples, skipped_images = check_benchmark_images(manifest, samples, allow_missing=cfg.allow_missing_images)
-        if skipped_images:
-            print(f"--allow-missing-images: {len(skipped_images)} samples skipped for a missing or unreadable image "
-                  f"(first: {skipped_images[0][0]}: {skipped_images[0][1]})", file=sys.stderr)
-        ident = await identify_backends(cfg, backends)
-        selection = {"limit": cfg.limit, "sample_ids": cfg.sample_ids, "n_samples": len(samples),
-                     "skipped": [i for i, _ in skipped_images]}
-        if cfg.selection:
-            from .benchmarks import load_selection
+        kinds = _C(p.kind for p in manifest.problems)
+        print(f"{manifest.path}: {len(manifest.problems)} data problem(s) {dict(kinds)}; first: "
+              f"line {manifest.problems[0].line}: {manifest.problems[0].detail}. Rows with a refused path, broken "
+              f"JSON or non-UTF-8 bytes are skipped; python -m agent.benchmarks stats lists them all", file=sys.stderr)
+    samples, skipped_images = check_benchmark_images(manifest, samples, allow_missing=cfg.allow_missing_images)
+    if skipped_images:
+        print(f"--allow-missing-images: {len(skipped_images)} samples skipped for a missing or unreadable image "
+              f"(first: {skipped_images[0][0]}: {skipped_images[0][1]})", file=sys.stderr)
+    ident = await identify_backends(cfg, backends)
+    selection = {"limit": cfg.limit, "sample_ids": cfg.sample_ids, "n_samples": len(samples),
+                 "skipped": [i for i, _ in skipped_images]}
+    if cfg.selection:
+        from .benchmarks import load_selection
 
-            selection["selection_file"] = load_selection(cfg.selection, manifest.name)[1]
-        if seed_source == "given" and ident.get("deterministic") is False:
-            print("WARNING: --seed has no effect on this server: it runs without --enable-deterministic-inference "
-                  "(serving/launch_qwen35.sh --deterministic); recorded in header.json (model.deterministic)",
-                  file=sys.stderr)
-        if cfg.seed is None and cfg.trials > 1 and ident.get("deterministic"):
-            raise PreflightError(f"{rd.path} was recorded without seeds and the server runs deterministic inference: "
-                                 "every trial would sample with SGLang's default seed 42, so the trials would be one "
-                                 "trial repeated. Give --seed S (a new --out), or serve without --deterministic")
-        resuming = rd.results.exists()
-        header = rd.write_header({**header_for(cfg, manifest, argv, ident), "selection": selection,
-                                  "seed_source": seed_source}, force=cfg.force)
-        if skipped_images:
-            rd.note_skipped(skipped_images)
-        if resuming:  # the cheap part of python -m agent.rundir check: torn lines, temp files, duplicates
-            from .rundir import check_run
+        selection["selection_file"] = load_selection(cfg.selection, manifest.name)[1]
+    if seed_source == "given" and ident.get("deterministic") is False:
+        print("WARNING: --seed has no effect on this server: it runs without --enable-deterministic-inference "
+              "(serving/launch_qwen35.sh --deterministic); recorded in header.json (model.deterministic)",
+              file=sys.stderr)
+    if cfg.seed is None and cfg.trials > 1 and ident.get("deterministic"):
+        raise PreflightError(f"{rd.path} was recorded without seeds and the server runs deterministic inference: "
+                             "every trial would sample with SGLang's default seed 42, so the trials would be one "
+                             "trial repeated. Give --seed S (a new --out), or serve without --deterministic")
+    resuming = rd.results.exists()
+    header = rd.write_header({**header_for(cfg, manifest, argv, ident), "selection": selection,
+                              "seed_source": seed_source}, force=cfg.force)
+    if skipped_images:
+        rd.note_skipped(skipped_images)
+    if resuming:  # the cheap part of python -m agent.rundir check: torn lines, temp files, duplicates
+        from .rundir import check_run
 
-            rep = check_run(rd.path, deep=False)
-            if rep.torn or rep.temp_files or rep.duplicates:
-                print("\n".join(rep.lines()[:1] + [x for x in rep.lines()[2:] if "tool cache" not in x]), file=sys.stderr)
-                print(f"(torn lines are ignored and their units rerun; python -m agent.rundir check {rd.path} --repair "
-                      "quarantines them)", file=sys.stderr)
-    else:
-        header = rd.read_header()
+        rep = check_run(rd.path, deep=False)
+        if rep.torn or rep.temp_files or rep.duplicates:
+            print("\n".join(rep.lines()[:1] + [x for x in rep.lines()[2:] if "tool cache" not in x]), file=sys.stderr)
+            print(f"(torn lines are ignored and their units rerun; python -m agent.rundir check {rd.path} --repair "
+                  "quarantines them)", file=sys.stderr)
+    return cfg, header, samples, skipped_images
+
+
+def _pending_jobs(cfg: RunConfig, spec, manifest, rd: RunDir, samples: list) -> tuple[list, int]:
+    """The (sample, trial) units still to run (a --processes worker: the parent's list), and how many are done."""
     done = rd.done_keys(retry_errors=cfg.retry_errors)
     jobs = [(s, t) for t in range(cfg.trials) for s in samples if (s.id, t) not in done]
     skipped = len(samples) * cfg.trials - len(jobs)
@@ -346,13 +361,16 @@ async def _run_locked(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends
     else:
         print(f"{spec.label} on {manifest.name}: {len(samples)} samples x {cfg.trials} trials; "
               f"{skipped} already done, {len(jobs)} to run -> {rd.path}", file=sys.stderr)
+    return jobs, skipped
+
+
+async def _execute(cfg: RunConfig, spec, rd: RunDir, header: dict, jobs: list, skipped: int, skipped_images: list,
+                   backends, toolbox) -> dict:
+    """Run ``jobs`` with ``--concurrency`` asyncio workers over the backends; every finished unit is written as it
+    ends; returns the summary (raises KeyboardInterrupt after writing what finished, on Ctrl-C / SIGTERM)."""
+    cache_path = cfg.tool_cache or str(rd.path / "tools.sqlite")
     counts: Counter = Counter()
     stats = UnitStats()
-    if not jobs:
-        return {"run_dir": str(rd.path), "ran": 0, "skipped": skipped, "counts": {}, "llm_calls": 0,
-                "skipped_images": len(skipped_images), "first_error": None}
-    if cfg.processes > 1 and cfg.shard is None and backends is None:
-        return await _run_processes(cfg, rd, [(s.id, t) for s, t in jobs], skipped, spec.label)
     own_backends = backends is None
     backends = backends if backends is not None else make_backends(cfg)
     if own_backends and cfg.backend == "sglang":
