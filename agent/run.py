@@ -516,6 +516,21 @@ class UnitStats:
         return out
 
 
+#: The exit status when the disk is full (ours): not a refusal (2), not failed units (3).
+EXIT_DISK_FULL = 5
+
+
+def disk_full(e: BaseException) -> str | None:
+    """None unless ``e`` (or what caused it) is "no space left on device"; then the file it names ('' if none)."""
+    import errno
+
+    while e is not None:
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return e.filename or ""
+        e = e.__cause__ or e.__context__
+    return None
+
+
 #: Allocations between young collections in runner processes (Python's default: 700).
 GC_YOUNG_THRESHOLD = 100_000
 
@@ -645,16 +660,21 @@ async def _run_processes(cfg: RunConfig, rd: RunDir, job_keys: list, skipped: in
                "first_error": next((s["first_error"] for s in summaries if s.get("first_error")), None),
                "stopped_after_errors": max((s.get("stopped_after_errors") or 0 for s in summaries), default=0),
                **stats.to_dict()}
-    print(f"{'interrupted' if interrupted else 'done'}: {summary['ran']} written ({dict(counts)}) by "
+    state = "interrupted" if interrupted else "stopped" if errors else "done"
+    print(f"{state}: {summary['ran']} written ({dict(counts)}) by "
           f"{cfg.processes} processes, {summary['llm_calls']} LLM calls in {elapsed:.1f}s", file=sys.stderr)
     for x in stats.lines(cfg.sampling().max_tokens):
         print(x, file=sys.stderr)
-    for e in errors:
+    for e in errors if not any("No space left on device" in x for x in errors) else []:
         print(f"a runner process failed: {e}", file=sys.stderr)
     if interrupted:
         print("rerun the same command to resume; finished samples are kept.", file=sys.stderr)
         raise KeyboardInterrupt
     if errors:
+        if any("No space left on device" in e for e in errors):  # said once, with its own exit status
+            import errno
+
+            raise OSError(errno.ENOSPC, "No space left on device", str(rd.path))
         raise RunError(f"{len(errors)} runner process(es) failed; rerun to resume: {errors[0]}")
     return summary
 
@@ -764,7 +784,8 @@ def config_from_args(a) -> RunConfig:
 def main(argv=None) -> int:
     """Exit status: 0 all units finished; 2 refused before any work (a preflight check, a bad argument);
     3 finished, but some units ended in ``error``/``timeout`` (rerun with ``--retry-errors``); 4 stopped
-    after ``--max-consecutive-errors`` harness errors in a row; 130 interrupted (rerun to resume)."""
+    after ``--max-consecutive-errors`` harness errors in a row; 5 the disk is full (finished units kept; free
+    space and rerun); 130 interrupted (rerun to resume)."""
     import shlex
 
     a = build_parser().parse_args(argv)
@@ -778,6 +799,11 @@ def main(argv=None) -> int:
     except (KeyboardInterrupt, asyncio.CancelledError):
         return 143 if _TERMINATED["by"] else 130
     except (ValueError, RunError, BackendError, OSError, MissingKeyError, PreflightError) as e:
+        full = disk_full(e)
+        if full is not None:
+            print(f"error: {full or a.out}: the disk is full (No space left on device). Finished units are kept; free "
+                  f"space where {a.out} lives (df -h {a.out}), then rerun the same command to resume", file=sys.stderr)
+            return EXIT_DISK_FULL
         print(f"error: {e}", file=sys.stderr)
         return 2
     bad = sum(summary.get("counts", {}).get(k, 0) for k in ("error", "timeout"))

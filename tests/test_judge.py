@@ -170,3 +170,17 @@ async def test_grades_land_as_they_come_and_a_torn_grades_file_is_read_past(tmp_
     from analysis.tables import table1
 
     assert len(table1([rd])) == 1  # the tables read past the torn line too
+
+
+async def test_rundir_check_covers_the_judge_files(tmp_path):
+    from agent.rundir import check_run
+
+    rd = await _make_run(tmp_path, trials=1)
+    await judge_run(rd, judge="exact", progress=False)
+    with open(rd / "judge-exact.jsonl", "ab") as f:
+        f.write(b'{"sample_id": "demo_1", "gra' + "é".encode()[:1] + b"\n")
+    rep = check_run(rd)
+    assert rep.judge_torn == {"judge-exact.jsonl": 1} and any("judge-exact.jsonl: 1 torn" in x for x in rep.lines())
+    rep = check_run(rd, repair=True)
+    assert "judge-exact.jsonl: 1 torn line(s) blanked" in rep.repaired
+    assert check_run(rd).judge_torn == {} and len(read_grades(rd / "judge-exact.jsonl")) == 6

@@ -227,3 +227,49 @@ def test_a_line_damaged_in_place_is_seen_by_every_reader(tmp_path, capsys):
     assert victim not in graded and len(graded) == 2
     assert run_main(args) == 0  # resume: the damaged unit runs again
     assert victim in {ln["sample_id"] for ln in load_run(run).lines}
+
+
+def test_a_full_disk_is_one_clear_message_with_its_own_exit_status(tmp_path):
+    """A run that fills the disk, a rerun while it is still full, and a --repair at (almost) 100 %: one message
+    naming the directory, exit 5, no traceback; the repair blanks torn lines in place (no copy of the file)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=640k", "tmpfs", str(mnt)],
+                                           capture_output=True).returncode:
+        pytest.skip("needs root to mount a small tmpfs (CI runs as root)")
+    try:
+        run = mnt / "r"
+
+        def agent_run(*extra):
+            return subprocess.run([sys.executable, "-m", "agent.run", "--method", "react", "--backend", "scripted",
+                                   "--out", str(run), "--no-progress", *extra], cwd=REPO, capture_output=True,
+                                  text=True, timeout=600)
+
+        (mnt / "ballast").write_bytes(b"\0" * 96 * 1024)  # what the user frees later
+        for _ in range(2):  # the run that fills it, then a rerun while it is still full
+            r = agent_run("--trials", "60")
+            assert r.returncode == 5, r.stderr[-2000:]
+            assert f"{run}: the disk is full" in r.stderr and "Traceback" not in r.stderr
+        # a torn line, then --repair with only a few KB free (far less than results.jsonl's size)
+        (mnt / "ballast").unlink()
+        with open(run / "results.jsonl", "ab") as f:
+            f.write(b'{"sample_id": "demo_1", "tri')
+        st = os.statvfs(mnt)
+        free = st.f_bavail * st.f_frsize
+        with open(mnt / "filler", "wb") as f:
+            f.write(b"\0" * max(free - 16384, 0))
+        size = (run / "results.jsonl").stat().st_size
+        assert size > 4 * 16384
+        c = subprocess.run([sys.executable, "-m", "agent.rundir", "check", str(run), "--repair"], cwd=REPO,
+                           capture_output=True, text=True, timeout=300)
+        assert "Traceback" not in c.stderr and "torn line(s) moved to quarantine" in c.stdout, c.stdout + c.stderr
+        assert (run / "results.jsonl").stat().st_size == size  # blanked in place: not a byte more
+        assert not list(run.glob("results.jsonl.tmp*"))
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..sidecar import read_parquet
 
-from .common import RunError, _tmp_name
+from .common import RunError
 from .index import summary_of
 from .writer import RunDir
 
@@ -36,6 +36,7 @@ class CheckReport:
     temp_files: list = field(default_factory=list)
     missing_images: list = field(default_factory=list)   # (sample_id/trial, sha256)
     cache: str = "absent"                                # "ok", "absent", or the integrity problem
+    judge_torn: dict = field(default_factory=dict)       # judge-*.jsonl -> torn lines (skipped by readers)
     repaired: list = field(default_factory=list)
 
     @property
@@ -60,6 +61,9 @@ class CheckReport:
                 shown = ", ".join(str(x) for x in items[:5])
                 out.append(f"  {len(items)} {name}: {shown}{' …' if len(items) > 5 else ''}")
         out.append(f"  tool cache: {self.cache}")
+        for name, n in self.judge_torn.items():
+            out.append(f"  {name}: {n} torn line(s) (every reader skips them; the next agent.judge grades those "
+                       "units again; --repair blanks them)")
         out += [f"  repaired: {r}" for r in self.repaired]
         return out
 
@@ -172,9 +176,41 @@ def check_run(path, *, deep: bool = True, repair: bool = False) -> CheckReport:
                 rep.cache = "ok" if res == [("ok",)] else "; ".join(r[0] for r in res[:5])
             except sqlite3.Error as e:
                 rep.cache = f"unreadable ({e})"
+    judge_raw: dict = {}
+    for jf in sorted(rd.path.glob("judge-*.jsonl")):  # the judge's files too: torn grades are re-asked, never read
+        bad = []
+        with open(jf, "rb") as f:
+            for raw in f:
+                if not raw.strip():
+                    continue
+                try:
+                    if not isinstance(json.loads(raw.decode("utf-8")), dict):
+                        raise ValueError
+                except (UnicodeDecodeError, ValueError):
+                    bad.append(raw)
+        if bad:
+            rep.judge_torn[jf.name], judge_raw[jf] = len(bad), bad
     if repair:
         _repair(rd, rep, torn_raw)
+        for jf, bad in judge_raw.items():
+            _blank_lines(jf, set(bad))
+            rep.repaired.append(f"{jf.name}: {len(bad)} torn line(s) blanked")
+        rep.judge_torn = {}
     return rep
+
+
+def _blank_lines(path: Path, lines: set) -> None:
+    """Overwrite these lines of ``path`` with spaces in place (same length; readers skip blank lines): no copy of
+    the file, so no free space the size of it is needed."""
+    with open(path, "rb") as src, open(path, "r+b") as dst:  # streamed: one line in memory
+        pos = 0
+        for raw in src:
+            if raw.strip() and raw in lines:
+                dst.seek(pos)
+                dst.write(b" " * len(raw[:-1] if raw.endswith(b"\n") else raw))
+            pos += len(raw)
+        dst.flush()
+        os.fsync(dst.fileno())
 
 
 def _repair(rd: "RunDir", rep: CheckReport, torn_raw: list) -> None:
@@ -185,16 +221,10 @@ def _repair(rd: "RunDir", rep: CheckReport, torn_raw: list) -> None:
         if torn_raw:
             q.mkdir(exist_ok=True)
             (q / f"torn-lines-{stamp}.jsonl").write_bytes(b"".join(r if r.endswith(b"\n") else r + b"\n" for r in torn_raw))
-            torn = set(torn_raw)
-            tmp = _tmp_name(rd.results)
-            with open(rd.results, "rb") as src, open(tmp, "wb") as dst:  # the intact lines, byte for byte
-                for raw in src:
-                    if raw.strip() and raw not in torn:
-                        dst.write(raw if raw.endswith(b"\n") else raw + b"\n")
-                dst.flush()
-                os.fsync(dst.fileno())
-            os.replace(tmp, rd.results)
-            rd.index_path.unlink(missing_ok=True)  # its offsets describe the old file
+            # blanked in place (spaces, same length; readers skip blank lines): no copy of the file, so a repair
+            # needs no free space the size of results.jsonl (a full disk is when it is needed most)
+            _blank_lines(rd.results, set(torn_raw))
+            rd.index_path.unlink(missing_ok=True)  # its entries no longer match the blanked lines
             rep.repaired.append(f"{len(torn_raw)} torn line(s) moved to quarantine/torn-lines-{stamp}.jsonl")
             rep.torn = []
         if rep.orphans:
@@ -235,6 +265,15 @@ def main(argv=None) -> int:
     except RunError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        import errno
+
+        if e.errno != errno.ENOSPC:
+            raise
+        print(f"error: {e.filename or a.run_dir}: the disk is full; --repair needs only room for the torn lines' "
+              "copy in quarantine/ (a few KB: lines are blanked in place, never copied); free that much and rerun",
+              file=sys.stderr)
+        return 5
     print(json.dumps(rep.to_dict(), indent=1, default=str) if a.json else "\n".join(rep.lines()))
     if not rep.intact:
         print("damaged: python -m agent.rundir check RUN_DIR --repair quarantines torn lines and orphans; "
