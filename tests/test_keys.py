@@ -255,7 +255,8 @@ def test_a_full_disk_is_one_clear_message_with_its_own_exit_status(tmp_path):
         for _ in range(2):  # the run that fills it, then a rerun while it is still full
             r = agent_run("--trials", "60")
             assert r.returncode == 5, r.stderr[-2000:]
-            assert f"{run}: the disk is full" in r.stderr and "Traceback" not in r.stderr
+            msg = next(ln for ln in r.stderr.splitlines() if "the disk is full" in ln)
+            assert msg.startswith(f"error: {run}") and "Traceback" not in r.stderr  # the run dir, or the file in it
         # a torn line, then --repair with only a few KB free (far less than results.jsonl's size)
         (mnt / "ballast").unlink()
         with open(run / "results.jsonl", "ab") as f:
