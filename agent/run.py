@@ -801,7 +801,10 @@ def main(argv=None) -> int:
     except (ValueError, RunError, BackendError, OSError, MissingKeyError, PreflightError) as e:
         full = disk_full(e)
         if full is not None:
-            print(f"error: {full or a.out}: the disk is full (No space left on device). Finished units are kept; free "
+            from pathlib import Path
+
+            inside = bool(full) and Path(a.out).resolve() in Path(full).resolve().parents
+            print(f"error: {full if inside else a.out}: the disk is full (No space left on device). Finished units are kept; free "
                   f"space where {a.out} lives (df -h {a.out}), then rerun the same command to resume", file=sys.stderr)
             return EXIT_DISK_FULL
         print(f"error: {e}", file=sys.stderr)
