@@ -274,3 +274,27 @@ def test_a_full_disk_is_one_clear_message_with_its_own_exit_status(tmp_path):
         assert not list(run.glob("results.jsonl.tmp*"))
     finally:
         subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+async def test_a_key_echoed_in_a_200_tool_reply_is_never_cached_shown_or_recorded(tmp_path, monkeypatch):
+    from agent.tools.cache import ToolCache
+    from agent.tools.live import ProviderResult
+    from agent.tools.toolbox import Toolbox
+
+    monkeypatch.setenv("SERPER_API_KEY", "serper-PLANTED-7777")
+
+    class Echoing:  # an API that puts the caller's key into a successful reply (seen in real error texts)
+        async def search(self, q):
+            return ProviderResult(f"results for {q} (key serper-PLANTED-7777)", {"echo": "serper-PLANTED-7777",
+                                                                                "items": ["serper-PLANTED-7777 ok"]})
+
+        async def aclose(self):
+            pass
+
+    tb = Toolbox(Echoing(), ToolCache(tmp_path / "tools.sqlite"))
+    res = await tb.call("search", {"query": "kestrel", "goal": "g"}, None)
+    assert "serper-PLANTED-7777" not in res.observation and "[REDACTED]" in res.observation
+    assert "serper-PLANTED-7777" not in str(res.raw)
+    assert b"serper-PLANTED-7777" not in (tmp_path / "tools.sqlite").read_bytes()
+    again = await tb.call("search", {"query": "kestrel", "goal": "g"}, None)  # from the cache
+    assert again.cache_hit and "serper-PLANTED-7777" not in again.observation
