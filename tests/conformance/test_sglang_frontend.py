@@ -89,6 +89,27 @@ def test_the_agents_run_against_sglangs_real_server_and_record_what_the_fake_rec
             cols = ["sample_id", "step", "state", "n_images", "n_query_images", "n_tokens", "n_think"]
             r, f_ = (x.sort_values(["sample_id", "step"])[cols].reset_index(drop=True) for x in frames)
             assert len(r) > 0 and r.equals(f_), (mode, r, f_)
+        # and the removal replays: the same outcome per (sample, trial, k), call by call the same replayed calls
+        from probes.removal import main as removal_main
+
+        outs = []
+        for name in ("real", "fake"):
+            if name == "fake":
+                with FakeSGLang(tokenizer_dir=str(tiny_model_dir), reply=agent_policy, model_name="tiny-qwen35") as f:
+                    rc = removal_main([str(tmp_path / name), "--steps", "1..2", "--judge", "exact", "--backend", "sglang",
+                                       "--endpoint", f.url, "--model-dir", str(tiny_model_dir), "--no-progress"])
+            else:
+                rc = removal_main([str(tmp_path / name), "--steps", "1..2", "--judge", "exact", "--backend", "sglang",
+                                   "--endpoint", real_sglang.url, "--model-dir", str(tiny_model_dir), "--no-progress"])
+            assert rc == 0, name
+            o = pd.read_csv(tmp_path / name / "probes" / "removal" / "outcomes.csv")
+            outs.append(o.sort_values(["sample_id", "trial", "k"]).reset_index(drop=True))
+            reps = [load_run(tmp_path / name / "probes" / "removal" / f"k{k}") for k in (1, 2)]
+            outs.append([[(c["index"], c["n_tokens"], c["finish_reason"], c["n_query_images"]) for c in ln["calls"]]
+                         for rr in reps for ln in sorted(rr.lines, key=lambda x: x["sample_id"])])
+        cols = [c for c in ("sample_id", "trial", "k", "replay_status", "replay_correct") if c in outs[0]]
+        assert len(outs[0]) > 0 and outs[0][cols].equals(outs[2][cols])
+        assert outs[1] == outs[3] and outs[1]
 
 
 async def test_teacher_forced_scoring_through_the_real_front_end_with_and_without_images(
