@@ -43,11 +43,7 @@ DEFAULT_ENDPOINT, DEFAULT_MODEL = JUDGE_ENDPOINT, JUDGE_MODEL  # agent/cli.py: t
 DEFAULT_KEY_ENV = "OPENROUTER_API_KEY"
 
 
-def responses_fingerprint(line: dict) -> str:
-    """A digest of what the model said in a trajectory (every call's visible text and reasoning)."""
-    calls = [e for e in line.get("events") or () if e.get("type") == "llm_call"]
-    said = [[e.get("text"), e.get("reasoning")] for e in calls] or [line.get("answer"), line.get("status")]
-    return hashlib.sha256(json.dumps(said, ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()
+from .trajectory import responses_fingerprint  # noqa: E402  (re-exported)
 
 
 def identical_trials(lines) -> str | None:
@@ -55,8 +51,8 @@ def identical_trials(lines) -> str | None:
     very same responses in each (one trial repeated: a deterministic server without per-trial seeds, or a
     scripted backend). Table 1's "± std over three independent trials" needs them to differ somewhere."""
     by_sample: dict = {}
-    for ln in lines:
-        by_sample.setdefault(ln["sample_id"], {})[ln["trial"]] = responses_fingerprint(ln)
+    for ln in lines:  # a line's summary carries its digest (runs recorded before it: computed from the events)
+        by_sample.setdefault(ln["sample_id"], {})[ln["trial"]] = ln.get("responses_sha") or responses_fingerprint(ln)
     multi = {s: d for s, d in by_sample.items() if len(d) > 1}
     if not multi or any(len(set(d.values())) > 1 for d in multi.values()):
         return None

@@ -222,8 +222,19 @@ class Trajectory:
             "generated_tokens": n_tokens, "think_tokens": int(sum(a["think"].sum() for a in self.tokens.values())),
             "backend": self.backend, "model": self.model,
             "started": round(self.started, 3), "finished": round(time.time(), 3),
+            # what the model said, as one digest (in the line's summary: trial independence is checked from it)
+            "responses_sha": responses_fingerprint({"events": self.events, "answer": answer, "status": status}),
             "duration_s": round(time.time() - self.started, 3),
             "calls": self.calls_summary(), "events": self.events, "messages": self.messages,
             **self.extra, **(extra or {}),
         }
 
+
+def responses_fingerprint(line: dict) -> str:
+    """A digest of what the model said in a trajectory (every call's visible text and reasoning)."""
+    import hashlib
+    import json
+
+    calls = [e for e in line.get("events") or () if e.get("type") == "llm_call"]
+    said = [[e.get("text"), e.get("reasoning")] for e in calls] or [line.get("answer"), line.get("status")]
+    return hashlib.sha256(json.dumps(said, ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()

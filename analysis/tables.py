@@ -171,7 +171,9 @@ def table1(run_dirs, judge: str | None = None) -> "pd.DataFrame":
             expected.setdefault(b, set()).update(g["sample_id"])
     rows, numeric, notes_n, notes_id = [], [], [], []
     for (method, model), df in frames.items():
-        refused = identical_trials([ln for run, _ in groups[(method, model)] for ln in run.lines])
+        # the summaries carry each line's digest; only lines recorded before it are read whole
+        refused = identical_trials([ln if ln.get("responses_sha") else run.full(ln)
+                                    for run, _ in groups[(method, model)] for ln in run.index])
         if refused:
             notes_id.append(f"{method} / {model}: {refused}")
         row = {"method": method, "model": model}
