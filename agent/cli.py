@@ -40,11 +40,32 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
         return h + " (default: %(default)s)"
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, except that an unknown flag is reported first, with the closest known one (argparse would say
+    only "required: --method" for a mistyped ``--methd react``)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        argv = list(sys.argv[1:] if args is None else args)
+        known = {o for a in self._actions for o in a.option_strings}
+        if any(isinstance(a, argparse._SubParsersAction) for a in self._actions):
+            argv = []  # the subcommand's own parser (a Parser too) checks its flags
+        for tok in argv:
+            if tok == "--":
+                break
+            flag = tok.split("=", 1)[0]
+            if flag.startswith("--") and flag not in known and not any(k.startswith(flag) for k in known):
+                import difflib
+
+                close = difflib.get_close_matches(flag, sorted(known), n=1)
+                self.error(f"unrecognized argument: {flag}" + (f" (did you mean {close[0]}?)" if close else ""))
+        return super().parse_known_args(args, namespace)
+
+
 def make_parser(prog: str, doc: str | None, examples: list[str]) -> argparse.ArgumentParser:
     """A parser whose description is the first paragraph of ``doc`` and whose help ends with the examples."""
     desc = (doc or "").strip().split("\n\n")[0]
-    return argparse.ArgumentParser(prog=prog, description=desc, formatter_class=HelpFormatter,
-                                   epilog="examples:\n" + "\n".join(f"  {e}" for e in examples))
+    return Parser(prog=prog, description=desc, formatter_class=HelpFormatter,
+                  epilog="examples:\n" + "\n".join(f"  {e}" for e in examples))
 
 
 def add_backend_args(ap, *, default: str | None = "local", from_run: bool = False, repeat_endpoint: bool = False,
@@ -83,9 +104,10 @@ def add_judge_args(ap, *, role: str = "judge") -> None:
 def single_endpoint(a) -> str | None:
     """The one --endpoint a command takes (refuses several, which only the runner spreads the load over)."""
     eps = a.endpoint or []
-    if len(eps) > 1:
-        raise SystemExit(f"error: this command talks to one model server; got --endpoint {len(eps)} times "
-                         "(only python -m agent.run spreads samples over several)")
+    if len(eps) > 1:  # a refused argument: exit 2, like every other (SystemExit with a string exits 1)
+        print(f"error: this command talks to one model server; got --endpoint {len(eps)} times "
+              "(only python -m agent.run spreads samples over several)", file=sys.stderr)
+        raise SystemExit(2)
     return eps[0] if eps else None
 
 

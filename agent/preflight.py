@@ -273,7 +273,13 @@ def main(argv=None) -> int:
     if problems:
         print(f"preflight: {len(problems)} problem(s); nothing was started", file=sys.stderr)
         return 2
-    print("preflight: ok")
+    checked = [x for x, on in (("live tool keys", a.tools == "live"), ("judge keys", bool(a.judge_api_key_env)),
+                               (f"benchmark {a.benchmark}", bool(a.benchmark)), ("model server", bool(a.backend))) if on]
+    if not checked:  # nothing asked: say so rather than a bare "ok"
+        print("preflight: nothing to check — give --benchmark DIR, --backend … --endpoint URL, --tools live or "
+              "--judge-api-key-env VAR (see --help)")
+        return 0
+    print(f"preflight: ok ({', '.join(checked)})")
     done([], "start the run or chain these flags describe (bash scripts/reproduce_figure2.sh runs this check itself)")
     return 0
 

@@ -57,6 +57,9 @@ def parse_steps(spec: str) -> list[int]:
         part = part.strip()
         if ".." in part:
             a, b = part.split("..", 1)
+            if int(b) < int(a):
+                raise ValueError(f"--steps {spec!r}: the range {part} runs backwards; write it low..high, like "
+                                 f"{b}..{a}")
             out.update(range(int(a), int(b) + 1))
         elif part:
             out.add(int(part))

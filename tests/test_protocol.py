@@ -300,3 +300,24 @@ async def test_a_bad_reply_is_asked_again_then_the_unit_ends_naming_the_field(fa
 
         assert out.tokens.top_logprobs[0, -1] == LOGPROB_FLOOR
         await b.aclose()
+
+
+# ------------------------------------------------------------------ small truths of the command line (issue 23)
+def test_command_line_mistakes_get_the_right_message_and_status(tmp_path, capsys):
+    from agent.preflight import main as preflight_main
+    from probes.removal import parse_steps
+
+    with pytest.raises(SystemExit) as e:
+        run_main(["--methd", "react", "--out", "x"])
+    assert e.value.code == 2 and "unrecognized argument: --methd (did you mean --method?)" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="runs backwards; write it low..high, like 1..5"):
+        parse_steps("5..1")
+    assert preflight_main([]) == 0 and "nothing to check" in capsys.readouterr().out
+    from probes.entropy import main as entropy_main
+
+    assert run_main(["--method", "react", "--backend", "scripted", "--out", str(tmp_path / "r"), "--limit", "1",
+                     "--no-progress"]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        entropy_main([str(tmp_path / "r"), "--backend", "sglang", "--endpoint", "http://a:1", "--endpoint", "http://b:1"])
+    assert e.value.code == 2 and "talks to one model server" in capsys.readouterr().err
