@@ -260,6 +260,7 @@ async def _send_following(client, method, url, json_body, params, headers, polic
     from urllib.parse import urljoin
 
     hdrs = dict(headers or {})
+    origin = _origin(url)  # keys stay with the origin the caller named, across every hop
     body = dumps(json_body) if json_body is not None else None
     if body is not None:
         hdrs = {"Content-Type": "application/json", **hdrs}
@@ -272,7 +273,7 @@ async def _send_following(client, method, url, json_body, params, headers, polic
         if not loc:
             return r
         nxt = urljoin(str(r.request.url) if r.request else url, loc)
-        if _origin(nxt) != _origin(url) and any(k.lower() in _KEY_HEADERS for k in hdrs):
+        if _origin(nxt) != origin and any(k.lower() in _KEY_HEADERS for k in hdrs):
             raise HTTPError(f"{what}: {public_url(url)} redirected to another origin ({public_url(nxt)}); a request "
                             "carrying a key is never sent there", r.status_code)
         if r.status_code == 303 or (r.status_code in (301, 302) and method == "POST"):

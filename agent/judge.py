@@ -31,6 +31,7 @@ from .cli import JUDGE_ENDPOINT, JUDGE_MODEL
 from .http import is_host, public_url
 from .prompts import JUDGE, fill
 from .rundir import RunDir, RunError
+from .trajectory import responses_fingerprint  # re-exported
 
 __all__ = ["parse_grade", "exact_grade", "judge_run", "accuracy_table", "Grader", "GRADES", "main", "identical_trials",
            "responses_fingerprint", "DEFAULT_MODEL"]
@@ -43,7 +44,6 @@ DEFAULT_ENDPOINT, DEFAULT_MODEL = JUDGE_ENDPOINT, JUDGE_MODEL  # agent/cli.py: t
 DEFAULT_KEY_ENV = "OPENROUTER_API_KEY"
 
 
-from .trajectory import responses_fingerprint  # noqa: E402  (re-exported)
 
 
 def identical_trials(lines) -> str | None:

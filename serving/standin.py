@@ -101,7 +101,6 @@ class _Standin:
 
     def loop(self):
         import zmq
-        from sglang.srt.managers import io_struct as io
 
         poller = zmq.Poller()
         poller.register(self.recv, zmq.POLLIN)
@@ -142,7 +141,7 @@ class _Standin:
         ids = list(req.input_ids)
         if req.rid in self.aborted:
             self.aborted.discard(req.rid)
-            return self._send(req, ids, [], {"type": "abort", "message": "aborted"}, None)
+            return self._send(req, ids, None, {"type": "abort", "message": "aborted"})
         max_new = sp.max_new_tokens if sp.max_new_tokens is not None else 128
         k = int(req.top_logprobs_num or 0)
         # as Scheduler.handle_generate_request: -1 with return_logprob = output logprobs only; a start past the
@@ -156,8 +155,7 @@ class _Standin:
         stops = set(sp.stop_token_ids or ()) | set(_eos_ids(self.tok))
         gen = self.engine.start(ids, req.mm_inputs, sp, k, want_input=req.return_logprob and start < len(ids),
                                 input_from=start)
-        state = {"out": [], "lp": [], "top_v": [], "top_i": [], "sent": 0, "dsent": 0, "lpsent": 0,
-                 "input": gen.input_logprobs if req.return_logprob else None, "input_sent": False}
+        state = _new_state(gen.input_logprobs if req.return_logprob else None)
         finish = None
         for step in range(max_new):
             if step and self._poll_abort(req.rid):
@@ -175,10 +173,10 @@ class _Standin:
             if finish is not None:
                 break
             if req.stream:
-                self._send(req, ids, state, None, k)
+                self._send(req, ids, state, None)
         if finish is None:
             finish = {"type": "length", "length": len(state["out"])}
-        self._send(req, ids, state, finish, k)
+        self._send(req, ids, state, finish)
 
     def _poll_abort(self, rid) -> bool:
         """Between two tokens: take what arrived (new requests queue up behind this one) and say whether this
@@ -190,12 +188,11 @@ class _Standin:
             return True
         return False
 
-    def _send(self, req, ids, state, finish, k):
+    def _send(self, req, ids, state, finish):
         from sglang.srt.managers import io_struct as io
 
         if not state:
-            state = {"out": [], "lp": [], "top_v": [], "top_i": [], "sent": 0, "dsent": 0, "lpsent": 0,
-                     "input": None, "input_sent": True}
+            state = _new_state()
         out = state["out"]
         surr = max(len(ids) - _DETOK_SURR, 0)
         decode_all = ids[surr:] + out
@@ -240,10 +237,14 @@ class _Standin:
         io.sock_send(self.to_detok, payload)
 
     def _finish_error(self, req, message: str):
-        state = {"out": [], "lp": [], "top_v": [], "top_i": [], "sent": 0, "dsent": 0, "lpsent": 0, "input": None,
-                 "input_sent": True}
-        self._send(req, list(req.input_ids or []), state,
-                   {"type": "abort", "message": message, "status_code": 400, "err_type": "BadRequest"}, 0)
+        self._send(req, list(req.input_ids or []), None,
+                   {"type": "abort", "message": message, "status_code": 400, "err_type": "BadRequest"})
+
+
+def _new_state(input_logprobs=None) -> dict:
+    """One request's streaming state: its output so far and how much of it (and of its logprobs) was sent."""
+    return {"out": [], "lp": [], "top_v": [], "top_i": [], "sent": 0, "dsent": 0, "lpsent": 0,
+            "input": input_logprobs, "input_sent": input_logprobs is None}
 
 
 def _arr(xs):
@@ -367,7 +368,6 @@ class _ModelEngine:
         inp = None
         if want_input:
             lps = torch.log_softmax(logits, -1)
-            vals, idx = [], []
             iv, tv, ti = [], [], []
             for pos in range(input_from, len(ids)):
                 if pos == input_from:  # SGLang's layout: the token at logprob_start_len has no logprob

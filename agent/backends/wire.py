@@ -79,7 +79,9 @@ def _check_values(tokens, where, k, vocab, ids):
     # the known floor: -inf or float32's lowest (and anything below it) is probability 0
     if isinstance(tokens, TokenArrays):
         for a in (tokens.logprobs, tokens.top_logprobs):
-            np.copyto(a, LOGPROB_FLOOR, where=a <= LOGPROB_FLOOR)
+            low = a <= LOGPROB_FLOOR
+            if low.any():  # rare: no write pass over every reply
+                a[low] = LOGPROB_FLOOR
     else:
         for t in tokens:
             if t.logprob <= LOGPROB_FLOOR:
