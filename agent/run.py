@@ -335,8 +335,13 @@ async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends,
                              "every trial would sample with SGLang's default seed 42, so the trials would be one "
                              "trial repeated. Give --seed S (a new --out), or serve without --deterministic")
     resuming = rd.results.exists()
-    header = rd.write_header({**header_for(cfg, manifest, argv, ident), "selection": selection,
-                              "seed_source": seed_source}, force=cfg.force)
+    head = header_for(cfg, manifest, argv, ident)
+    if backends is not None:  # backends handed in (a notebook, the tests): record what they are, not cfg's default
+        from .backends.scripted import ScriptedBackend
+
+        if all(isinstance(b, ScriptedBackend) for b in backends):
+            head["backend"] = {**head["backend"], "kind": "scripted", "embedded_tiny_model": False}
+    header = rd.write_header({**head, "selection": selection, "seed_source": seed_source}, force=cfg.force)
     if skipped_images:
         rd.note_skipped(skipped_images)
     if resuming:  # the cheap part of python -m agent.rundir check: torn lines, temp files, duplicates

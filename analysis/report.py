@@ -25,6 +25,7 @@ from pathlib import Path
 from agent.rundir import RunError, load_run
 
 from . import figures, tables
+from .tables import method_label
 
 __all__ = ["make_report", "main"]
 
@@ -59,13 +60,14 @@ def _pooled_figure2(react_runs: list[str], out: Path, made: list, missing: list)
         label = tables.model_label(run) or Path(rd).name
         labels.append(label)
         g = _read(probes / "grounding" / "steps.csv")
-        if g is not None:
+        if g is not None and len(g):
             grounding.append(g)
         elif (probes / "grounding" / "summary.json").exists():
             missing.append(f"fig2a_grounding: {rd}: the grounding probe produced no valid labels "
                            f"(see {probes / 'grounding' / 'summary.json'})")
         else:
-            missing.append(f"fig2a_grounding: run python -m probes.grounding {rd} first")
+            fake = " --judge-backend scripted" if (run.header.get("backend") or {}).get("kind") == "scripted" else ""
+            missing.append(f"fig2a_grounding: run python -m probes.grounding {rd}{fake} first")
         e, mode = _entropy_steps(probes)
         # the KL influence needs the teacher-forced probe (ours: its own panel, even when (b) is regenerated)
         t = _read(probes / "entropy-teacher-forced" / "steps.parquet")
@@ -78,8 +80,10 @@ def _pooled_figure2(react_runs: list[str], out: Path, made: list, missing: list)
         else:
             missing.append(f"fig2b_entropy: run python -m probes.entropy {rd} first")
         o = _read(probes / "removal" / "outcomes.csv")
-        if o is not None:
+        if o is not None and len(o):
             outcomes.append(o)
+        elif run.header.get("remove_images_from_step") is not None:  # the replays need the images kept
+            missing.append(f"fig2c_removal: {rd} is a Removal@k run; step-k replays start from a plain ReAct run")
         else:
             missing.append(f"fig2c_removal: run python -m probes.removal {rd} first")
     gs = pd.concat(grounding, ignore_index=True) if grounding else None
@@ -118,11 +122,16 @@ def _pooled_figure2(react_runs: list[str], out: Path, made: list, missing: list)
               ("fig2c_removal", rs, figures.fig2c_removal, f"Figure 2(c): step-k image removal ({who}{pool})")]
     if ks is not None:
         panels.append(("fig2b_kl_influence", ks, figures.fig2b_kl, f"Image influence per step ({who}, teacher-forced{pool})"))
+    drawn = 0
     for name, data, fn, title in panels:
         if data is not None and len(data):
             fn(data, out / name, title=title, mark=mark)
             data.to_csv((out / name).with_suffix(".csv"), index=False)  # the plotted numbers, beside the figure
             made.append(name)
+            drawn += 1
+    if not drawn:  # a figure with no data is not made (the reasons are listed above)
+        missing.append("fig2: no probe output for any panel")
+        return
     figures.fig2_combined(gs, es, rs, out / "fig2", mark=mark, subtitle=f"Figure 2 ({who}{pool})",
                           kl_summary=ks)
     made.append("fig2")
@@ -146,6 +155,52 @@ def _release_figure(react, removal_runs, release_runs, out: Path, made: list, mi
     made.append("fig_release")
 
 
+def _figure4(judged, out: Path, made: list, missing: list) -> None:
+    """Figure 4 over the judged agentic runs: pooled over the backbones when every method covers the same ones
+    (the paper's Figure 4 pools its five), else one figure per backbone (never a pool of different model
+    mixes: ours). The binned numbers go in the CSV beside each figure."""
+    import pandas as pd
+
+    samples = []
+    for run, recs in judged:
+        if run.header.get("method") == "direct":  # Figure 4 compares the agentic methods (§4.4)
+            continue
+        ok = {(r["sample_id"], r["trial"]): r["grade"] == "CORRECT" for r in recs}
+        s = tables._trajectory_frame(run)
+        s["method"] = method_label(run)
+        s["model"] = tables.model_label(run) or "?"
+        s["correct"] = [ok.get((a, b), False) for a, b in zip(s.sample_id, s.trial)]
+        s["_mark"] = figures.provenance_mark([run.header])
+        samples.append(s)
+    if not samples:
+        missing.append("fig4_context: no judged agentic run (direct inference is not in Figure 4)")
+        return
+    df = pd.concat(samples, ignore_index=True)
+    covers = df.groupby("method")["model"].agg(lambda m: frozenset(m))
+    models = list(dict.fromkeys(df["model"]))
+
+    def draw(d, stem, title):
+        marks = [m for m in dict.fromkeys(d["_mark"]) if m]
+        figures.fig4_context(d, out / stem, mark=" | ".join(marks) or None, title=title)
+        made.append(stem)
+
+    if len(models) == 1 or covers.nunique() == 1:
+        pool = f"pooled over {len(models)} backbones: {', '.join(models)}" if len(models) > 1 else models[0]
+        draw(df, "fig4_context", f"Figure 4 ({pool})")
+        return
+    detail = "; ".join(f"{m}: {', '.join(sorted(v))}" for m, v in covers.items())
+    missing.append(f"fig4_context: not pooled over backbones, the methods cover different models ({detail}); "
+                   "drawn per model instead")
+    for i, model in enumerate(models):
+        draw(df[df["model"] == model], f"fig4_context-{_slug(model) or i}", f"Figure 4 ({model})")
+
+
+def _slug(s: str) -> str:
+    import re
+
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", s).strip("_")[:60]
+
+
 def make_report(*, react=(), runs=(), removal_runs=(), out="figures/out", judge: str | None = None,
                 release_runs=()) -> dict:
     import pandas as pd
@@ -154,8 +209,12 @@ def make_report(*, react=(), runs=(), removal_runs=(), out="figures/out", judge:
     out.mkdir(parents=True, exist_ok=True)
     made, missing = [], []
     react = [react] if isinstance(react, (str, Path)) else list(react)
+    rr = [load_run(rd) for rd in react]
+    for rd, r in zip(react, rr):  # before any work: Figures 1 and 2 are the ReAct probes' (paper §3.2)
+        if r.header.get("method") != "react":
+            raise RunError(f"--react {rd}: this is a {method_label(r)} run; Figures 1 and 2 read probed ReAct runs "
+                           f"(paper §3.2). Pass it with --runs (Tables 1, 4, 5; Figure 4) instead")
     if react:
-        rr = [load_run(rd) for rd in react]
         calls = pd.concat([r.calls() for r in rr], ignore_index=True)
         if len(calls):
             who = ", ".join(dict.fromkeys(tables.model_label(r) for r in rr))
@@ -182,19 +241,7 @@ def make_report(*, react=(), runs=(), removal_runs=(), out="figures/out", judge:
                 tables.write_table(t5, out / "table5_mmsearch_plus_images")
                 made.append("table5_mmsearch_plus_images")
             judged, _, _ = tables.judged_runs(runs, judge)
-            fig4_mark = figures.provenance_mark([r.header for r, _ in judged])
-            samples = []
-            for run, recs in judged:
-                if run.header.get("method") == "direct":  # Figure 4 compares the agentic methods (§4.4)
-                    continue
-                ok = {(r["sample_id"], r["trial"]): r["grade"] == "CORRECT" for r in recs}
-                s = tables._trajectory_frame(run)
-                s["method"] = tables.method_label(run)
-                s["correct"] = [ok.get((a, b), False) for a, b in zip(s.sample_id, s.trial)]
-                samples.append(s)
-            if samples:
-                figures.fig4_context(pd.concat(samples, ignore_index=True), out / "fig4_context", mark=fig4_mark)
-                made.append("fig4_context")
+            _figure4(judged, out, made, missing)
     if removal_runs:
         try:
             t3 = tables.table1(removal_runs, judge)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["bootstrap_ci", "wilcoxon_p", "mcnemar_p", "summarise_by", "removal_summary"]
+__all__ = ["bootstrap_ci", "wilson_ci", "wilcoxon_p", "mcnemar_p", "summarise_by", "removal_summary"]
 
 
 def bootstrap_ci(values, *, level: float = 0.95, reps: int = 2000, seed: int = 0) -> tuple[float, float]:
@@ -30,6 +30,23 @@ def bootstrap_ci(values, *, level: float = 0.95, reps: int = 2000, seed: int = 0
         means[s:e] = x[rng.integers(0, len(x), size=(e - s, len(x)))].mean(axis=1)
     a = (1 - level) / 2
     return float(np.quantile(means, a)), float(np.quantile(means, 1 - a))
+
+
+def wilson_ci(successes, n, *, z: float = 1.959963984540054) -> tuple[float, float]:
+    """Wilson score interval (95% by default) of a proportion, in [0, 1]; (nan, nan) for n = 0.
+
+    Ours, for every share and accuracy a figure draws: unlike the normal interval it stays inside [0, 1] and
+    is not zero-width at 0 % or 100 % (2 of 2 correct gives [0.34, 1.0], not [1.0, 1.0])."""
+    import math
+
+    n = int(n)
+    if n <= 0:
+        return float("nan"), float("nan")
+    p = float(successes) / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return max(0.0, c - h), min(1.0, c + h)
 
 
 def wilcoxon_p(diffs) -> float:
@@ -107,7 +124,8 @@ def removal_summary(outcomes):
     """Figure 2(c)'s table from step-k removal outcomes (one row per trajectory x k; ``replay_correct`` NaN for
     a replay that failed): per paper category and overall, per k, the complete pairs ``n``, the missing
     pairs ``n_error`` (never counted as wrong), the accuracy of the originals and of the replays on the
-    same complete pairs, and the exact McNemar p."""
+    same complete pairs (the replays' with a 95% Wilson interval), the discordant pairs (``lost``: correct
+    only with the images; ``gained``: only without) and the exact McNemar p on them."""
     import pandas as pd
 
     rows = []
@@ -116,9 +134,13 @@ def removal_summary(outcomes):
         err = g["replay_correct"].isna()
         ok = g[~err]
         before, after = ok["original_correct"].astype(bool), ok["replay_correct"].astype(bool)
+        lo, hi = wilson_ci(int(after.sum()), len(ok))
         rows.append({"paper_category": cat, "k": int(k), "n": len(ok), "n_error": int(err.sum()),
                      "replayed": int(ok["replayed"].sum()),
                      "accuracy_original": 100 * before.mean() if len(ok) else float("nan"),
                      "accuracy_removed": 100 * after.mean() if len(ok) else float("nan"),
+                     "removed_ci_low": 100 * lo, "removed_ci_high": 100 * hi,
+                     # the paired counts behind McNemar: correct with the images, wrong without them; and back
+                     "lost": int((before & ~after).sum()), "gained": int((~before & after).sum()),
                      "mcnemar_p": mcnemar_p(before, after) if len(ok) else float("nan")})
     return pd.DataFrame(rows).sort_values(["paper_category", "k"]).reset_index(drop=True)

@@ -12,8 +12,9 @@
   named, unless ``judge="llm"|"exact"`` picks one (runs without it are then listed as missing). The note
   says which judge graded the table; runs compared with different budgets, sampling or history settings
   are flagged in it.
-- **Table 4** (§4.4): per agentic method (direct inference is left out), pooled over every run given for it
-  (backbone x benchmark): means per
+- **Table 4** (§4.4): per agentic method (direct inference is left out) and backbone, pooled over the
+  benchmarks given, plus a row per method pooled over the backbones when every method covers the same
+  ones (never over different model mixes): means per
   trajectory of cumulative tokens (prompt + completion over all calls), working context (the largest
   prompt of any single call), tool calls, and each tool (Visual Search = lens_search).
 - **Table 5** (§4.4): MMSearch-Plus by number of query images in groups {1, 2, >=3}: accuracy and Visual
@@ -115,7 +116,10 @@ def _comparability_note(runs) -> str:
     seen: dict = {}
     for run in runs:
         for k in COMPARED:
-            seen.setdefault(k, {}).setdefault(json.dumps(run.header.get(k), sort_keys=True), []).append(run.path.name)
+            v = run.header.get(k)
+            if k == "sampling" and isinstance(v, dict):  # each run draws its own seed (per-trial seeds): not a difference
+                v = {a: b for a, b in v.items() if a != "seed"}
+            seen.setdefault(k, {}).setdefault(json.dumps(v, sort_keys=True), []).append(run.path.name)
     diffs = []
     for k, vals in seen.items():
         if len(vals) > 1:
@@ -132,6 +136,40 @@ def _per_trial_acc(df, refused: bool = False) -> tuple[float, float | None, list
 
 def _cell(m: float, s: float | None, mark: str = "") -> str:
     return (f"{m:.1f} ± {s:.1f}" if s is not None else f"{m:.1f} ± —") + mark
+
+
+#: Row order within a backbone block: the paper's Table 1 (direct inference, the baselines, ours last).
+METHOD_ORDER = ("direct", "react", "agentfold", "contextfold", "mmcontextfold")
+
+
+def _method_rank(label: str) -> tuple:
+    base = label.split("-")[0].split(" ")[0].lower()
+    return (METHOD_ORDER.index(base) if base in METHOD_ORDER else len(METHOD_ORDER), label)
+
+
+def _backbone_blocks(out, num, colmap: dict):
+    """Rows grouped by backbone (first appearance), the paper's method order within a block; the best and
+    second-best mean per column within a block marked (bold / underline in Markdown; ``rank`` 1 / 2 in the
+    CSV). Ties share a rank; a block of one method, a † cell and a "—" cell are not ranked."""
+    models = list(dict.fromkeys(out["model"]))
+    out = out.assign(_b=out["model"].map(models.index), _m=out["method"].map(_method_rank))
+    out = out.sort_values(["_b", "_m"], kind="stable").drop(columns=["_b", "_m"]).reset_index(drop=True)
+    num["rank"] = np.nan
+    for model in models:
+        for bench, col in colmap.items():
+            cand = num[(num.model == model) & (num.benchmark == bench) & num.same_set]
+            if cand["method"].nunique() < 2:
+                continue
+            levels = sorted(set(np.round(cand["mean"].to_numpy(dtype=float), 6)), reverse=True)
+            for idx, r in cand.iterrows():
+                rank = levels.index(round(float(r["mean"]), 6)) + 1
+                if rank > 2:
+                    continue
+                num.loc[idx, "rank"] = rank
+                where = (out.model == model) & (out.method == r["method"])
+                cell = out.loc[where, col].iloc[0]
+                out.loc[where, col] = f"**{cell}**" if rank == 1 else f"<u>{cell}</u>"
+    return out
 
 
 def table1(run_dirs, judge: str | None = None) -> "pd.DataFrame":
@@ -204,9 +242,14 @@ def table1(run_dirs, judge: str | None = None) -> "pd.DataFrame":
     out = pd.DataFrame(rows)
     benches = sorted(expected)
     out = out.rename(columns={b: f"{b} (n={len(expected[b])})" for b in benches})
-    out = out[["method", "model", *[f"{b} (n={len(expected[b])})" for b in benches], "Avg.", "trials"]]
+    cols = [f"{b} (n={len(expected[b])})" for b in benches]
+    out = out[["method", "model", *cols, "Avg.", "trials"]]
+    num = pd.DataFrame(numeric)
+    out = _backbone_blocks(out, num, dict(zip([*benches, "Avg."], [*cols, "Avg."])))
     notes = [f"Accuracy (%), mean ± std (ddof=1) over trials; Avg. weighted by sample counts. Judge: {label}. "
-             "± — : one trial (a std needs two) or a refused std."]
+             "± — : one trial (a std needs two) or a refused std. Within each backbone block the best mean is "
+             "**bold** and the second best <u>underlined</u> (Table 1 caption); a † cell is not ranked (ours: it "
+             "was evaluated on another set)."]
     if notes_n:
         notes.append("**† evaluated on another set than the column's n** (Table 1: n is identical for all methods "
                      "and trials): " + "; ".join(notes_n) + ".")
@@ -220,8 +263,9 @@ def table1(run_dirs, judge: str | None = None) -> "pd.DataFrame":
     out.attrs["note"] = "\n\n".join(notes)
     out.attrs["judge"] = label
     out.attrs["missing"] = missing
-    out.attrs["numeric"] = pd.DataFrame(numeric)
+    out.attrs["numeric"] = num
     out.attrs["mismatched_n"] = notes_n
+    out.attrs["blocks"] = "model"  # write_table: one block per backbone, as in the paper
     return out
 
 
@@ -235,33 +279,58 @@ def _trajectory_frame(run):
 
 
 def table4(run_dirs) -> "pd.DataFrame":
-    """Table 4: per method, pooled over all its runs: cumulative tokens, working context, tool calls by type."""
+    """Table 4: per method and backbone, pooled over its runs (benchmarks): cumulative tokens, working context,
+    tool calls by type.
+
+    The paper averages "across five backbones and seven benchmarks" (Table 4 caption). Pooling trajectories
+    of different models is only a fair comparison when every method covers the same models, so (ours) each
+    (method, model) gets its own row, and a pooled row per method ("all N backbones") is added only then;
+    otherwise the note says why there is none."""
     import pandas as pd
 
     pooled: dict = {}
     for rd in run_dirs:
         run = load_run(rd)
-        method = method_label(run)
         if run.header.get("method") == "direct":  # Table 4 compares the agentic methods (§4.4)
             continue
         s = _trajectory_frame(run)
         s["run"] = run.path.name
-        pooled.setdefault(method, []).append(s)
-    rows = []
-    for method, frames in pooled.items():
+        pooled.setdefault((method_label(run), model_label(run)), []).append(s)
+
+    def row(method, model, frames):
         s = pd.concat(frames, ignore_index=True)
-        rows.append({"method": method, "runs": len(frames), "trajectories": len(s),
-                     "cumulative tokens": s.total_tokens.mean(), "working context": s.max_prompt_tokens.mean(),
-                     "LLM calls": s.n_calls.mean(), "tool calls": s.n_tool_calls.mean(),
-                     "Visual Search (lens_search)": s.tool_lens_search.mean(),
-                     "Text Retrieval (search)": s.tool_search.mean(), "Web Visit (visit)": s.tool_visit.mean(),
-                     # ours: calls cut by max_tokens (a cut think block forces a correction; not in the paper)
-                     "ended by length (% of calls)": 100.0 * s.length_calls.sum() / max(int(s.n_calls.sum()), 1)})
+        return {"method": method, "model": model, "runs": len(frames), "trajectories": len(s),
+                "cumulative tokens": s.total_tokens.mean(), "working context": s.max_prompt_tokens.mean(),
+                "LLM calls": s.n_calls.mean(), "tool calls": s.n_tool_calls.mean(),
+                "Visual Search (lens_search)": s.tool_lens_search.mean(),
+                "Text Retrieval (search)": s.tool_search.mean(), "Web Visit (visit)": s.tool_visit.mean(),
+                # ours: calls cut by max_tokens (a cut think block forces a correction; not in the paper)
+                "ended by length (% of calls)": 100.0 * s.length_calls.sum() / max(int(s.n_calls.sum()), 1)}
+
+    keys = sorted(pooled, key=lambda k: (_method_rank(k[0]), list(dict.fromkeys(m for _, m in pooled)).index(k[1])))
+    rows = [row(m, model, pooled[(m, model)]) for m, model in keys]
+    covers = {}
+    for m, model in keys:
+        covers.setdefault(m, set()).add(model)
+    models = sorted({model for _, model in keys})
+    note_pool = ""
+    if len(models) > 1:
+        if len({frozenset(v) for v in covers.values()}) == 1:
+            for m in covers:
+                rows.append(row(m, f"all {len(models)} backbones (pooled)",
+                                [f for (mm, _), fs in pooled.items() if mm == m for f in fs]))
+            note_pool = (f" The pooled rows average over the {len(models)} backbones every method covers "
+                         f"({', '.join(models)}), as the paper's Table 4 does.")
+        else:
+            detail = "; ".join(f"{m}: {', '.join(sorted(v))}" for m, v in covers.items())
+            note_pool = (f" **Not pooled across backbones**: the methods cover different models ({detail}); "
+                         "a pooled mean would compare different model mixes.")
     df = pd.DataFrame(rows)
-    df.attrs["note"] = ("Means per trajectory, pooled over every run given for a method (backbone x benchmark). "
-                        "Cumulative tokens = prompt + completion tokens over all LLM calls; working context = the "
-                        "largest prompt of any single call. Trajectories that ended in a harness error or timeout "
-                        "are excluded. 'ended by length' (ours) = calls whose generation stopped at max_tokens.")
+    df.attrs["note"] = ("Means per trajectory, per method and backbone, pooled over every run given for it "
+                        "(benchmarks). Cumulative tokens = prompt + completion tokens over all LLM calls; working "
+                        "context = the largest prompt of any single call. Trajectories that ended in a harness "
+                        "error or timeout are excluded. 'ended by length' (ours) = calls whose generation stopped "
+                        "at max_tokens." + note_pool)
     return df
 
 
@@ -315,9 +384,15 @@ def write_table(df, stem) -> list[Path]:
     """``stem.md`` (with the note) and ``stem.csv``."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
-    cols = list(df.columns)
-    fmt = [[f"{v:.1f}" if isinstance(v, float) else str(v) for v in row] for row in df.itertuples(index=False)]
-    md = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols), *("| " + " | ".join(r) + " |" for r in fmt)]
+    block = df.attrs.get("blocks")
+    cols = [c for c in df.columns if c != block]
+    body = []
+    for i, row in enumerate(df.itertuples(index=False)):
+        d = dict(zip(df.columns, row))
+        if block and (i == 0 or d[block] != df.iloc[i - 1][block]):  # a backbone's block header, as in the paper
+            body.append("| " + " | ".join([f"*{d[block] or '?'}*", *[""] * (len(cols) - 1)]) + " |")
+        body.append("| " + " | ".join(f"{d[c]:.1f}" if isinstance(d[c], float) else str(d[c]) for c in cols) + " |")
+    md = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols), *body]
     if df.attrs.get("note"):
         md = [df.attrs["note"], "", *md]
     stem.with_suffix(".md").write_text("\n".join(md) + "\n")

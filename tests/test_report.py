@@ -52,15 +52,25 @@ async def test_report_makes_every_figure_and_table(tmp_path):
     t1 = (out / "table1_accuracy.md").read_text()
     assert "Judge: exact-match" in t1 and "react" in t1 and "direct" in t1 and "demo (n=4)" in t1
     # ReAct sees the image when answering in this fixture; the scripted trials are one trial twice: no std
-    assert "| react | scripted | 100.0 ± — |" in t1 and "std refused" in t1 and "identical" in t1
+    # one backbone block (the paper's layout): its header row, then the methods; best bold, second underlined
+    assert "| *scripted* |" in t1 and "| react | **100.0 ± —** |" in t1 and "| direct | <u>25.0 ± —</u> |" in t1
+    assert t1.index("| direct |") < t1.index("| react |") and "std refused" in t1 and "identical" in t1
+    assert "sampling differs" not in t1  # each run's own seed is not a difference between runs
     num = pd_read(out / "table1_accuracy.csv")
     row = num[(num.method == "react") & (num.benchmark == "demo")].iloc[0]
     assert row["mean"] == 100.0 and row["n_trials"] == 2 and row["n"] == 4 and str(row["std"]) == "nan"
+    assert row["rank"] == 1 and num[(num.method == "direct") & (num.benchmark == "demo")].iloc[0]["rank"] == 2
+    # Figure 2(c)'s paired tests beside it; Figure 4's binned numbers beside it
+    tests = (out / "fig2c_removal.md").read_text()
+    assert "McNemar" in tests and "| All | 1 | 8 | 100.0 | 0.0 | [0.0, 32.4] | 8 | 0 | p=.008 | 0 |" in tests
+    f4 = pd_read(out / "fig4_context.csv")
+    assert list(f4.method) == ["react"] and f4.iloc[0]["n"] == 8 and f4.iloc[0]["acc_ci_low"] > 60
     t3 = (out / "table3_removal.md").read_text()
     assert "react-removal@2" in t3 and "0.0 ± —" in t3
     import pandas as pd
 
     t4 = pd.read_csv(out / "table4_cost.csv").set_index("method")
+    assert set(t4["model"]) == {"scripted"}  # one backbone: no pooled row
     assert "direct" not in t4.index  # Table 4 compares the agentic methods
     assert t4.loc["react", "runs"] == 1 and t4.loc["react", "trajectories"] == 8
     assert t4.loc["react", "Text Retrieval (search)"] == 3.0 and "working context" in t4.columns
@@ -235,18 +245,91 @@ async def test_judge_refuses_to_mix_judges_in_one_run(tmp_path):
     assert list((tmp_path / "r").glob("judge-llm.jsonl.replaced-*"))
 
 
-async def test_table4_pools_every_run_of_a_method(tmp_path):
-    from agent.tools.demo_world import ensure_demo_world
-    from analysis.tables import table4
-
+async def _runs_on_models(tmp_path, specs):
+    """One scripted run per (name, method, benchmark, model, limit), judged by exact match."""
     import shutil
 
-    for i, (bench, model) in enumerate((("mmsearch", "m1"), ("simplevqa", "m1"), ("mmsearch", "m2"))):
+    from agent.tools.demo_world import ensure_demo_world
+
+    for name, method, bench, model, limit in specs:
         b = tmp_path / bench
         if not b.exists():
             shutil.copytree(ensure_demo_world() / "demo", b)
-        await run(RunConfig(method="react", out=str(tmp_path / f"r{i}"), benchmark=str(b), limit=2 + i, t_max=8,
+        await run(RunConfig(method=method, out=str(tmp_path / name), benchmark=str(b), limit=limit, t_max=8,
                             progress=False), [], backends=[ScriptedBackend([sees_image_policy] * 100, model=model)])
-    t = table4([tmp_path / f"r{i}" for i in range(3)]).set_index("method")
-    assert t.loc["react", "runs"] == 3 and t.loc["react", "trajectories"] == 2 + 3 + 4  # pooled trajectories
-    assert t.loc["react", "LLM calls"] == 4.0
+        await judge_run(tmp_path / name, judge="exact", progress=False)
+    return [tmp_path / name for name, *_ in specs]
+
+
+async def test_table4_per_backbone_and_pooled_only_over_the_same_backbones(tmp_path):
+    from analysis.tables import table4
+
+    runs = await _runs_on_models(tmp_path, [("r0", "react", "mmsearch", "m1", 2), ("r1", "react", "simplevqa", "m1", 3),
+                                            ("r2", "react", "mmsearch", "m2", 4)])
+    t = table4(runs).set_index(["method", "model"])
+    assert t.loc[("react", "m1"), "runs"] == 2 and t.loc[("react", "m1"), "trajectories"] == 2 + 3
+    assert t.loc[("react", "m2"), "trajectories"] == 4
+    pooled = t.loc[("react", "all 2 backbones (pooled)")]
+    assert pooled["runs"] == 3 and pooled["trajectories"] == 9 and pooled["LLM calls"] == 4.0
+    # a second method on one model only: pooling would compare different model mixes, so no pooled rows
+    runs += await _runs_on_models(tmp_path, [("c0", "contextfold", "mmsearch", "m1", 2)])
+    t = table4(runs)
+    assert not t["model"].str.contains("pooled").any() and "Not pooled across backbones" in t.attrs["note"]
+    assert list(t["method"]) == ["react", "react", "contextfold"]  # the paper's method order, then the backbones
+
+
+async def test_table1_backbone_blocks_rank_best_and_second_best_within_each(tmp_path):
+    from analysis.tables import table1, write_table
+
+    import shutil
+
+    from agent.tools.demo_world import ensure_demo_world
+
+    bench = tmp_path / "demo"
+    shutil.copytree(ensure_demo_world() / "demo", bench)
+    rows = [json.loads(x) for x in (bench / "data_unified.jsonl").read_text().splitlines()][:4]
+
+    def knows(k):  # answers the first k samples right, the rest wrong
+        def policy(messages):
+            text = json.dumps(messages, ensure_ascii=False)
+            i = next(i for i, r in enumerate(rows) if json.dumps(r["query"], ensure_ascii=False)[1:-1] in text)
+            return f"<answer>{rows[i]['answer'] if i < k else 'x'}</answer>"
+        return policy
+
+    specs = [("d1", "direct", "m1", 2), ("r1", "react", "m1", 1), ("d2", "direct", "m2", 0), ("r2", "react", "m2", 4)]
+    for name, method, model, k in specs:
+        await run(RunConfig(method=method, out=str(tmp_path / name), benchmark=str(bench), limit=4, t_max=2,
+                            progress=False), [], backends=[ScriptedBackend([knows(k)] * 4, model=model)])
+        await judge_run(tmp_path / name, judge="exact", progress=False)
+    t = table1([tmp_path / n for n, *_ in specs])
+    assert list(zip(t.method, t.model)) == [("direct", "m1"), ("react", "m1"), ("direct", "m2"), ("react", "m2")]
+    md = write_table(t, tmp_path / "t1")[0].read_text()
+    blocks = md.split("| *m2* |")
+    assert "| *m1* |" in blocks[0] and "| direct | **" in blocks[0] and "| react | <u>" in blocks[0]
+    assert "| direct | <u>" in blocks[1] and "| react | **" in blocks[1]
+    import pandas as pd
+
+    csv = pd.read_csv(tmp_path / "t1.csv")
+    assert csv.query("model == 'm2' and method == 'react' and benchmark == 'Avg.'")["rank"].item() == 1
+    assert "model" in csv.columns and "**" not in csv.to_string()  # the CSV holds numbers, not markup
+
+
+async def test_report_refuses_a_non_react_run_for_figure2_and_draws_figure4_per_model(tmp_path, capsys):
+    runs = await _runs_on_models(tmp_path, [("r0", "react", "mmsearch", "m1", 2), ("c0", "contextfold", "mmsearch", "m1", 2),
+                                            ("r1", "react", "mmsearch", "m2", 2)])
+    out = tmp_path / "figs"
+    assert report_main(["--react", str(tmp_path / "c0"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "contextfold run" in err and "--runs" in err and not list(out.glob("*.png"))  # refused before any work
+    # an unprobed ReAct run: Figure 1 is made, Figure 2 is not (no panel has data), and the hints work
+    assert report_main(["--react", str(tmp_path / "r0"), "--runs", *map(str, runs), "--out", str(out)]) == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert "fig2" not in rep["made"] and not (out / "fig2.png").exists() and "fig1_tool_calls" in rep["made"]
+    assert any(f"probes.grounding {tmp_path / 'r0'} --judge-backend scripted" in m for m in rep["missing"])
+    # contextfold covers m1 only: Figure 4 per model, never pooled over different model mixes
+    assert {"fig4_context-m1", "fig4_context-m2"} <= set(rep["made"]) and "fig4_context" not in rep["made"]
+    assert any("not pooled over backbones" in m for m in rep["missing"])
+    import pandas as pd
+
+    assert set(pd.read_csv(out / "fig4_context-m1.csv").method) == {"react", "contextfold"}
+    assert set(pd.read_csv(out / "fig4_context-m2.csv").method) == {"react"}
