@@ -405,6 +405,7 @@ async def _execute(cfg: RunConfig, spec, rd: RunDir, header: dict, jobs: list, s
     streak = {"n": 0, "last": ""}
     stop = asyncio.Event()
     writes: set = set()
+    flying: set = set()  # the units whose trajectories are being made (what an interrupt abandons)
     count_lock = threading.Lock()
 
     def _write(line: dict, traj) -> None:
@@ -421,6 +422,7 @@ async def _execute(cfg: RunConfig, spec, rd: RunDir, header: dict, jobs: list, s
             sample, trial = job
             i = pool.acquire()
             traj = new_trajectory(spec, sample, trial)
+            flying.add(traj)
             try:
                 coro = run_sample(spec, sample, trial, backend=backends[i], toolbox=toolbox,
                                   sampling=cfg.sampling(trial), traj=traj, served_model=served_model)
@@ -430,6 +432,7 @@ async def _execute(cfg: RunConfig, spec, rd: RunDir, header: dict, jobs: list, s
                 line = traj.to_line("timeout", "", error=f"sample exceeded --timeout {cfg.timeout:g}s")
             finally:
                 pool.release(i)
+                flying.discard(traj)
             line["endpoint"] = public_url(cfg.endpoints[i]) if cfg.endpoints else cfg.backend
             # the write finishes even if the run is interrupted meanwhile, and is counted when it lands
             fut = asyncio.get_running_loop().run_in_executor(None, _write, line, traj)
@@ -457,6 +460,8 @@ async def _execute(cfg: RunConfig, spec, rd: RunDir, header: dict, jobs: list, s
         await asyncio.gather(*tasks)
     except (asyncio.CancelledError, KeyboardInterrupt):
         interrupted = True
+        # what is abandoned, counted before the cancellation unwinds it: units and the calls they had made
+        lost_units, lost_calls = len(flying), sum(t.n_calls for t in flying)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -481,8 +486,12 @@ async def _execute(cfg: RunConfig, spec, rd: RunDir, header: dict, jobs: list, s
         for x in stats.lines(cfg.sampling().max_tokens):
             print(x, file=sys.stderr)
     if interrupted:
-        print("rerun the same command to resume; finished samples are kept.", file=sys.stderr)
-        raise KeyboardInterrupt
+        summary["abandoned_units"], summary["abandoned_calls"] = lost_units, lost_calls
+        if cfg.shard is None:
+            print(f"{lost_units} units were in flight and are dropped ({lost_calls} LLM calls made for them, their "
+                  "cost is spent; they rerun from the start on resume)", file=sys.stderr)
+            print("rerun the same command to resume; finished samples are kept.", file=sys.stderr)
+        raise KeyboardInterrupt(summary)  # a worker process hands it to its parent (_child)
     return summary
 
 
@@ -581,8 +590,9 @@ def _child(cfg_fields: dict, i: int, n: int, results, counter=None, hints=None) 
     threading.Thread(target=orphan_watch, daemon=True).start()
     try:
         results.put(asyncio.run(run(cfg)))
-    except KeyboardInterrupt:
-        results.put({"interrupted": True})
+    except KeyboardInterrupt as e:  # what the worker wrote and what it abandoned, for the parent's summary
+        part = e.args[0] if e.args and isinstance(e.args[0], dict) else {}
+        results.put({**part, "interrupted": True})
     except Exception as e:  # reported by the parent; the lines already written stay
         results.put({"error": f"{type(e).__name__}: {e}"})
 
@@ -673,6 +683,10 @@ async def _run_processes(cfg: RunConfig, rd: RunDir, job_keys: list, skipped: in
     for e in errors if not any("No space left on device" in x for x in errors) else []:
         print(f"a runner process failed: {e}", file=sys.stderr)
     if interrupted:
+        lost_units = sum(s.get("abandoned_units", 0) for s in summaries)
+        lost_calls = sum(s.get("abandoned_calls", 0) for s in summaries)
+        print(f"{lost_units} units were in flight and are dropped ({lost_calls} LLM calls made for them, their cost "
+              "is spent; they rerun from the start on resume)", file=sys.stderr)
         print("rerun the same command to resume; finished samples are kept.", file=sys.stderr)
         raise KeyboardInterrupt
     if errors:

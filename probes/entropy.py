@@ -238,7 +238,6 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
             H_all = grouped_tail_entropy(tok["top_logprobs"]) if mode == "regenerate" else None
             slices = _call_slices(tok["call"])
             events = {e["index"]: e for e in line["events"] if e["type"] == "llm_call"}
-            rows = []
             for step in steps:
                 ev = events.get(step)
                 try:
@@ -252,17 +251,25 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
                     t = row.pop("_tokens", None)
                     if t is not None:
                         _write_token_influence(out / "tokens", line, step, t)
-                    rows.append(dumps(row) + b"\n")
+                    # each step as it finishes, one whole line, flushed: an interrupt (Ctrl-C, a kill) keeps every
+                    # finished step and the rerun probes only the rest (steps' token files are written first)
+                    sink.write(dumps(row) + b"\n")
+                    sink.flush()
+                    kept[0] += 1
                 bar.update(1)
-            if rows:
-                with open(steps_path, "ab") as f:  # each finished trajectory at once: an interrupted probe resumes
-                    f.write(b"".join(rows))
 
+    kept = [0]
+    sink = open(steps_path, "ab")
     try:
         work = [trajectory(line, steps) for line, steps in pending]
         with collector_off_the_heap():  # the index and the pending work are not garbage
             await asyncio.gather(*work)
+    except BaseException:
+        print(f"entropy probe stopped: {kept[0]} steps finished in this session are kept in {steps_path} "
+              f"({len(done) + kept[0]} in all); the rerun probes the {n_steps - kept[0]} others", file=sys.stderr)
+        raise
     finally:
+        sink.close()
         bar.close()
     (out / "probe.json").write_text(json.dumps({"run_dir": str(run.path), "mode": mode, "finished": time.time(),
                                                 "model": ident, "forced_model_mismatch": force,

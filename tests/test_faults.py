@@ -278,6 +278,10 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path, processes):
     assert "rerun the same command to resume" in err and "Traceback" not in err
     n = len(RunDir(tmp_path / "r").read_lines())
     assert f"interrupted: {n} written" in err  # the summary counts what was written, workers included
+    # and what was abandoned: the units in flight and the calls already spent on them
+    import re
+
+    assert re.search(r"\d+ units were in flight and are dropped \(\d+ LLM calls made for them", err), err[-2000:]
 
 
 def test_small_ones(tmp_path, capsys):

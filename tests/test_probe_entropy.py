@@ -85,6 +85,29 @@ async def test_probe_resumes_after_a_torn_append(tmp_path):
     assert sum(1 for x in path.read_bytes().splitlines() if x.endswith(b"}")) == 9
 
 
+async def test_an_interrupted_probe_keeps_every_finished_step(tmp_path, capsys):
+    """Steps are kept as they finish, not per trajectory: a probe stopped in the middle of a trajectory (here an
+    unexpected error at the 5th request, one trajectory at a time) keeps the 4 steps done, and the rerun probes
+    the other 5 only."""
+    backend = await _run(tmp_path)
+
+    class Stops(ScriptedBackend):
+        async def generate(self, messages, sampling):
+            if len(self.calls) == 4:
+                raise RuntimeError("stopped")  # an unexpected stop (Ctrl-C's KeyboardInterrupt takes the same path)
+            return await super().generate(messages, sampling)
+
+    stops = Stops([policy] * 50, top_fn=planted)
+    with pytest.raises(RuntimeError, match="stopped"):
+        await probe_run(tmp_path / "run", backend=stops, progress=False, concurrency=1)
+    path = tmp_path / "run" / "probes" / "entropy-regenerate" / "steps.jsonl"
+    assert len(path.read_bytes().splitlines()) == 4
+    assert "4 steps finished in this session are kept" in capsys.readouterr().err
+    n = len(backend.calls)
+    res = await probe_run(tmp_path / "run", backend=backend, progress=False)
+    assert len(backend.calls) == n + 5 and len(res["steps"]) == 9
+
+
 async def test_probe_refuses_to_pair_scaled_with_raw(tmp_path):
     await _run(tmp_path)  # recorded with raw semantics
     scaled = ScriptedBackend([policy] * 50, top_fn=planted, semantics=LogprobSemantics("scaled", 0.2))
