@@ -347,6 +347,68 @@ def _write_endpoints(run_dir: Path, entries: list[dict]) -> None:
     os.replace(tmp, run_dir / "endpoints.json")
 
 
+
+def preflight(a, servers: list[Server], routers, ports) -> list[tuple]:
+    """Every check before a launch, as ``(state, what, detail[, refusal])``: state ``ok``, ``FAIL`` (the launch
+    would stop, detail is its message) or ``unchecked`` (it needs the GPU node: no ``nvidia-smi`` here). A launch
+    stops at the first FAIL, and at an unchecked item that has a refusal; ``--dry-run`` reports them all."""
+    out: list[tuple] = []
+
+    def add(ok: bool, what: str, fail: str, detail_ok: str = ""):
+        out.append(("ok", what, detail_ok) if ok else ("FAIL", what, fail))
+
+    n_gpus = None if a.standin else _gpu_count()
+    on_node = a.standin or n_gpus is not None
+    if a.standin:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(SGLANG_SITE)])}
+        add(not subprocess.run([a.python, "-c", "import sglang.srt.entrypoints.http_server"], capture_output=True,
+                               env=env).returncode, "SGLang's front end imports",
+            f"SGLang's front end does not import from {SGLANG_SITE}: run bash scripts/sglang_conformance.sh",
+            str(SGLANG_SITE))
+    elif os.environ.get("MMCF_SGLANG_SERVER_CMD"):
+        out.append(("ok", "server command", "MMCF_SGLANG_SERVER_CMD (a stand-in)"))
+    else:
+        ok = not subprocess.run([a.python, "-c", "import sglang"], capture_output=True).returncode
+        msg = f"sglang is not installed for {a.python}: pip install -e '.[serve]' on the GPU node"
+        if ok or on_node:
+            add(ok, "sglang imports", msg, a.python)
+        else:
+            out.append(("unchecked", "sglang imports", f"not for {a.python} here; checked again on the GPU node", msg))
+    if not a.standin:
+        need = sorted({int(g) for s in servers for g in s.gpus.split(",")})
+        if n_gpus is None:
+            out.append(("unchecked", "GPUs", f"no nvidia-smi on this machine (a launch refuses that): the plan needs "
+                        f"GPU indices {need[0]}..{need[-1]} ({len(need)} GPUs) on the node; MMCF_GPU_COUNT overrides",
+                        "nvidia-smi not found: no NVIDIA GPUs on this machine (MMCF_GPU_COUNT overrides)"))
+        else:  # plan() refused indices beyond the count already
+            out.append(("ok", "GPUs", f"{n_gpus} on this machine; the plan uses {len(need)}"))
+    for s in servers:
+        if _is_local(s.size):
+            here = (Path(s.weights) / "config.json").is_file()
+            msg = (f"weights for {s.size} not found: {s.weights}/config.json is missing "
+                   f"(MODEL_DIR / QWEN35_{s.size.upper().replace('-', '_')}_PATH)")
+            if here or on_node:
+                add(here, f"weights for {s.size}", msg, s.weights)
+            else:
+                out.append(("unchecked", f"weights for {s.size}", f"{s.weights}/config.json is not on this machine; "
+                            "checked again on the GPU node", msg))
+        else:
+            out.append(("unchecked", f"weights for {s.size}", f"{s.weights}: a hub id, fetched by SGLang on the node"))
+    for what, port in ports:
+        add(_port_free(port), f"port {port} ({what})",
+            f"port {port} is already in use ({what}; choose other --port / --router-port / --prometheus-port / "
+            "--nccl-port bases)")
+    if routers and not os.environ.get("MMCF_SGLANG_ROUTER_CMD"):
+        renv = {**os.environ, "PYTHONPATH": str(SGLANG_SITE)} if a.standin else None
+        ok = not subprocess.run([a.python, "-c", "import sglang_router"], capture_output=True, env=renv).returncode
+        if ok or on_node:
+            add(ok, "sglang-router imports", "sglang-router is not installed: pip install -e '.[serve]'")
+        else:
+            out.append(("unchecked", "sglang-router imports", "not here; checked again on the GPU node",
+                        "sglang-router is not installed: pip install -e '.[serve]'"))
+    return out
+
+
 def launch(a) -> int:
     servers = plan(a)
     gpu_gb = _gpu_mem_gb()
@@ -370,32 +432,20 @@ def launch(a) -> int:
             print(_quote(router_command(urls, port, a, prom)))
         for s in servers:
             print("\n".join(_describe(a, s, gpu_gb, run_dir)))
-        return 0
     # ------------------------------------------------ preflight: fail early and clearly, start nothing
-    if a.standin:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(SGLANG_SITE)])}
-        if subprocess.run([a.python, "-c", "import sglang.srt.entrypoints.http_server"], capture_output=True,
-                          env=env).returncode:
-            raise LaunchError(f"SGLang's front end does not import from {SGLANG_SITE}: run bash scripts/sglang_conformance.sh")
-    elif not os.environ.get("MMCF_SGLANG_SERVER_CMD"):
-        if subprocess.run([a.python, "-c", "import sglang"], capture_output=True).returncode:
-            raise LaunchError(f"sglang is not installed for {a.python}: pip install -e '.[serve]' on the GPU node")
-    if not a.standin and _gpu_count() is None:
-        raise LaunchError("nvidia-smi not found: no NVIDIA GPUs on this machine (MMCF_GPU_COUNT overrides)")
-    for s in servers:
-        if _is_local(s.size) and not (Path(s.weights) / "config.json").is_file():
-            raise LaunchError(f"weights for {s.size} not found: {s.weights}/config.json is missing "
-                              f"(MODEL_DIR / QWEN35_{s.size.upper().replace('-', '_')}_PATH)")
-        if not _port_free(s.port):
-            raise LaunchError(f"port {s.port} is already in use (choose another with --port)")
-    for what, port in ports:
-        if not _port_free(port):
-            raise LaunchError(f"port {port} ({what}) is already in use (choose other --port / --router-port / "
-                              "--prometheus-port / --nccl-port bases)")
-    if routers and not os.environ.get("MMCF_SGLANG_ROUTER_CMD"):
-        renv = {**os.environ, "PYTHONPATH": str(SGLANG_SITE)} if a.standin else None
-        if subprocess.run([a.python, "-c", "import sglang_router"], capture_output=True, env=renv).returncode:
-            raise LaunchError("sglang-router is not installed: pip install -e '.[serve]'")
+    checks = preflight(a, servers, routers, ports)
+    failed = [c for c in checks if c[0] == "FAIL"]
+    if not a.dry_run:  # a launch refuses what it cannot check: it needs the node
+        failed += [("FAIL", c[1], c[3]) for c in checks if c[0] == "unchecked" and len(c) > 3]
+    if a.dry_run:  # every check a launch makes, each reported (the plan above is printed either way)
+        for state, what, detail, *_ in checks:
+            print(f"check {state:9s} {what}" + (f": {detail}" if detail else ""))
+        if failed:
+            print(f"launch_qwen35: --dry-run: {len(failed)} check(s) would stop this launch here", file=sys.stderr)
+            return 1
+        return 0
+    if failed:
+        raise LaunchError(failed[0][2])
     run_dir.mkdir(parents=True, exist_ok=True)
     _remember(run_dir)
     started: list[tuple[str, subprocess.Popen]] = []

@@ -246,3 +246,25 @@ def test_progress_while_waiting_and_stop_finds_other_run_dirs(tmp_path):
     finally:
         s = sh([STOP, "--run-dir", str(run_dir)], env=env)
     assert "stopped" in s.stdout
+
+
+def test_dry_run_runs_every_check_and_reports_each():
+    """--dry-run prints the plan and every check a launch makes: a busy port fails it (exit 1, as the launch
+    would), what needs the GPU node (no nvidia-smi here) is reported unchecked with what the plan needs."""
+    env = {"PATH": "/usr/bin:/bin"}  # no nvidia-smi, whatever this machine has
+    port = free_port()
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", port))
+        busy.listen()
+        r = sh([LAUNCH, "--dry-run", "--port", str(port), "--tp", "8", "9b", "27b"], env=env)
+    assert r.returncode == 1 and "1 check(s) would stop this launch here" in r.stderr
+    assert f"check FAIL      port {port} (qwen3.5-9b-{port} http): port {port} is already in use" in r.stdout
+    assert "check unchecked GPUs: no nvidia-smi on this machine" in r.stdout and "0..15 (16 GPUs)" in r.stdout
+    assert "CUDA_VISIBLE_DEVICES=8,9,10,11,12,13,14,15" in r.stdout  # the plan is printed either way
+    # on a node (MMCF_GPU_COUNT stands in for nvidia-smi) without sglang for this python: a failed check
+    r = sh([LAUNCH, "--dry-run", "--port", str(free_port()), "9b", "27b"], env={**env, "MMCF_GPU_COUNT": "8"})
+    assert "check ok        GPUs: 8 on this machine; the plan uses 8" in r.stdout
+    if "check FAIL      sglang imports" in r.stdout:
+        assert r.returncode == 1
+    else:  # this python has sglang
+        assert "check ok        sglang imports" in r.stdout and r.returncode == 0
