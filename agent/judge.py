@@ -241,8 +241,13 @@ async def judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_ENDP
             if not regrade:
                 raise RunError(f"{out_path} was graded by {', '.join(sorted(map(str, labels - {label})))}; this judge is "
                                f"{label}. One run, one judge: pass --regrade to grade everything again with this one "
-                               "(the old file is kept beside it)")
-            out_path.rename(out_path.with_name(f"{out_path.name}.replaced-{int(time.time())}"))
+                               "(the old grades, summary and table are kept beside them)")
+            # the old grades and everything made from them move aside together, under one suffix
+            suffix = f"replaced-{int(time.time())}"
+            for old in (out_path, rd.path / f"judge-{name}-summary.json", rd.path / f"table1-{name}.md",
+                        rd.path / f"table1-{name}.csv"):
+                if old.exists():
+                    old.rename(old.with_name(f"{old.name}.{suffix}"))
     for r in read_grades(out_path):
         try:
             done[(r["sample_id"], r["trial"], r["answer_key"])] = r

@@ -112,6 +112,29 @@ async def run_check(args) -> dict:
     return report(out, args.top_logprobs, validate(out, args.top_logprobs, exact_topk=exact_topk))
 
 
+def next_command(args) -> str:
+    """The first run on the backend just checked: the same backend flags, written out (a command that runs)."""
+    import shlex
+
+    endpoints = list(getattr(args, "endpoint", None) or [])
+    endpoints = endpoints if isinstance(endpoints, list) else [endpoints]
+    kind = args.backend or ("openai" if endpoints else "local")
+    cmd = ["python", "-m", "agent.run", "--method", "react"]
+    if kind != "local" or args.model_dir:
+        cmd += ["--backend", kind]
+    for e in endpoints:
+        cmd += ["--endpoint", e]
+    defaults = {"--logprob-mode": "scaled", "--server": "sglang"}  # agent.run's: not repeated
+    for flag, value in (("--model", getattr(args, "model", None)), ("--model-dir", args.model_dir),
+                        ("--logprob-mode", args.logprob_mode), ("--server", getattr(args, "server", None)),
+                        ("--api-key-env", getattr(args, "api_key_env", None))):
+        if value and value != defaults.get(flag):
+            cmd += [flag, str(value)]
+    if kind == "local" and not args.model_dir:
+        cmd += ["--limit", "2"]  # the embedded tiny model: a small first run
+    return shlex.join([*cmd, "--out", "runs/first-run"])
+
+
 def main(argv=None) -> int:
     from agent.cli import add_backend_args, make_parser
 
@@ -143,7 +166,7 @@ def main(argv=None) -> int:
             print(f"{'T' if t['think'] else ' '} {t['text']!r:>14} lp={t['logprob']:.3f} H_grouped={t['entropy_grouped']:.3f}{ex}  top: {top} …")
         print("OK" if rep["ok"] else "FAILED:\n  " + "\n  ".join(rep["problems"]))
         if rep["ok"]:
-            print("next: python -m agent.run --method react --backend ... (the same flags) --out runs/first-run")
+            print("next: " + next_command(args))
     return 0 if rep["ok"] else 1
 
 

@@ -47,3 +47,22 @@ def test_check_reports_bad_inputs(capsys, tmp_path, fake_sglang):
     assert rc == 1 and "x.png" in rep["problems"][0]
     rc, rep = run(capsys, "--endpoint", "http://127.0.0.1:9")
     assert rc == 1 and "127.0.0.1:9" in rep["problems"][0]
+
+
+def test_the_next_command_it_prints_runs(capsys, tiny_model_dir, tmp_path):
+    """The last line names the first run on the backend just checked, with its flags written out: that
+    command runs as printed (here against the same server, two samples)."""
+    import shlex
+
+    from agent.run import main as run_main
+    from tests.fakes.sglang_server import FakeSGLang
+
+    with FakeSGLang(tokenizer_dir=str(tiny_model_dir), model_name=str(tiny_model_dir)) as srv:  # serves those weights
+        rc = main(["--endpoint", srv.url, "--backend", "sglang", "--model-dir", str(tiny_model_dir), "--max-tokens", "8"])
+        last = capsys.readouterr().out.strip().splitlines()[-1]
+        argv = shlex.split(last.removeprefix("next: "))[3:]
+        argv[argv.index("--out") + 1] = str(tmp_path / "first-run")
+        ran = run_main([*argv, "--limit", "2", "--t-max", "2", "--no-progress"])
+    assert rc == 0 and last.startswith("next: python -m agent.run --method react --backend sglang --endpoint ")
+    assert f"--model-dir {tiny_model_dir}" in last and ran == 0
+    assert (tmp_path / "first-run" / "results.jsonl").read_bytes().count(b"\n") == 2

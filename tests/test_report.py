@@ -239,10 +239,17 @@ async def test_judge_refuses_to_mix_judges_in_one_run(tmp_path):
                     progress=False)
     with pytest.raises(RunError, match="--regrade"):
         await judge_run(tmp_path / "r", judge="llm", backend=ScriptedBackend(["Grade: B"] * 5, model="j2"), progress=False)
+    first = {f: (tmp_path / "r" / f).read_text() for f in ("judge-llm-summary.json", "table1-llm.md", "table1-llm.csv")}
     s = await judge_run(tmp_path / "r", judge="llm", backend=ScriptedBackend(["Grade: B"] * 5, model="j2"),
                         progress=False, regrade=True)
     assert "j2" in s["judge"] and s["overall"]["mean"] == 0.0
     assert list((tmp_path / "r").glob("judge-llm.jsonl.replaced-*"))
+    # the old summary and table move aside with the old grades (one suffix), the new ones take their place
+    (old_grades,) = (tmp_path / "r").glob("judge-llm.jsonl.replaced-*")
+    suffix = old_grades.name.split(".jsonl.")[1]
+    for f, text in first.items():
+        assert (tmp_path / "r" / f"{f}.{suffix}").read_text() == text, f
+        assert (tmp_path / "r" / f).read_text() != text, f
 
 
 async def _runs_on_models(tmp_path, specs):

@@ -117,10 +117,15 @@ what is the specific location where this conversation is taking place? 012345678
 
 
 def default_tiny_dir() -> Path:
-    """Where the embedded model lives: $MMCF_TINY_MODEL_DIR or ~/.cache/mmcf-toolkit/tiny-qwen35."""
+    """Where the embedded model lives: ``$MMCF_TINY_MODEL_DIR``, else ``.cache/tiny-qwen35`` in the source
+    checkout the toolkit runs from (the place scripts/demo.sh and scripts/test.sh use: one model whichever
+    way a command starts), else (an installed, non-editable copy) ``~/.cache/mmcf-toolkit/tiny-qwen35``."""
     env = os.environ.get("MMCF_TINY_MODEL_DIR")
     if env:
-        return Path(env)
+        return Path(env).resolve()
+    root = Path(__file__).resolve().parents[2]
+    if (root / "pyproject.toml").is_file() and (root / "agent" / "backends" / "tiny_model.py").is_file():
+        return root / ".cache" / "tiny-qwen35"
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mmcf-toolkit" / "tiny-qwen35"
 
 
