@@ -27,7 +27,7 @@ import numpy as np
 
 from .rundir import Run, RunError, load_run, read_parquet, token_key
 
-__all__ = ["sample_table", "render_text", "build_html", "main"]
+__all__ = ["sample_table", "render_text", "build_html", "run_summary", "main"]
 
 
 # ---------------------------------------------------------------------------- shared data
@@ -61,6 +61,95 @@ def _probe_steps(run: Run) -> tuple[dict, str | None]:
                     continue
             return out, mode
     return {}, None
+
+
+def _grounding_labels(run: Run) -> dict:
+    """{(sample, trial): {step: {category, reasons}}} from the grounding annotator (probes/grounding/labels.jsonl)."""
+    p = run.path / "probes" / "grounding" / "labels.jsonl"
+    out: dict = {}
+    if not p.exists():
+        return out
+    for raw in p.read_bytes().splitlines():
+        try:
+            r = json.loads(raw)
+            out[(r["sample_id"], r["trial"])] = {
+                int(st["step"]): {"category": st.get("category"),
+                                  "reasons": [st[k] for k in sorted(st) if k.startswith("reason") and st[k]]}
+                for st in r.get("steps") or []}
+        except (ValueError, KeyError, TypeError):  # a torn line: that trajectory shows no labels
+            continue
+    return out
+
+
+def _removal_outcomes(run: Run) -> dict:
+    """{(sample, trial): [{k, replay_correct, replayed, status, error}]} from the step-k removal replays, with the
+    original's grade under ``original``."""
+    import csv
+
+    p = run.path / "probes" / "removal" / "outcomes.csv"
+    out: dict = {}
+    if not p.exists():
+        return out
+    with open(p, newline="") as f:
+        for r in csv.DictReader(f):
+            try:
+                key = (r["sample_id"], int(r["trial"]))
+                rc = r.get("replay_correct")
+                out.setdefault(key, []).append({
+                    "k": int(r["k"]), "correct": None if rc in ("", None) else rc == "True",
+                    "original": r.get("original_correct") == "True", "replayed": r.get("replayed") == "True",
+                    "status": r.get("replay_status") or "", "error": r.get("error") or ""})
+            except (KeyError, ValueError):
+                continue
+    for v in out.values():
+        v.sort(key=lambda x: x["k"])
+    return out
+
+
+def run_summary(run: Run) -> dict:
+    """The landing pane's numbers: statuses, accuracy per judge, calls and tokens, and which probes ran."""
+    from collections import Counter
+
+    idx = run.index
+    statuses = Counter(ln["status"] for ln in idx)
+    judges = {}
+    for name in ("llm", "exact"):
+        p = run.path / f"judge-{name}.jsonl"
+        if not p.exists():
+            continue
+        grades, label = {}, name
+        for raw in p.read_bytes().splitlines():
+            try:
+                r = json.loads(raw)
+                grades[(r["sample_id"], r["trial"])] = r["grade"]
+                label = r.get("judge") or label
+            except (ValueError, KeyError, TypeError):
+                continue
+        n = len(grades)
+        judges[label] = {"graded": n, "correct": sum(g == "CORRECT" for g in grades.values()),
+                         "accuracy": round(100.0 * sum(g == "CORRECT" for g in grades.values()) / n, 1) if n else None}
+    calls = [c for ln in idx for c in ln.get("calls") or []]
+    probes = {}
+    pd_ = run.path / "probes"
+    for d in sorted(pd_.iterdir()) if pd_.is_dir() else []:
+        if not d.is_dir():
+            continue
+        if d.name.startswith("entropy-") and (d / "steps.jsonl").exists():
+            probes[d.name] = f"{sum(1 for _ in (d / 'steps.jsonl').open('rb'))} steps probed"
+        elif d.name == "grounding" and (d / "labels.jsonl").exists():
+            probes[d.name] = f"{sum(1 for _ in (d / 'labels.jsonl').open('rb'))} trajectories annotated"
+        elif d.name == "removal" and (d / "outcomes.csv").exists():
+            probes[d.name] = f"{max(0, sum(1 for _ in (d / 'outcomes.csv').open('rb')) - 1)} replays (trajectory x k)"
+        else:
+            probes[d.name] = "present"
+    if (run.header.get("image_release") or {}).get("policy"):
+        probes["adaptive image release"] = "online (release_probe events in each trajectory)"
+    return {"trajectories": len(idx), "statuses": dict(statuses), "judges": judges, "llm_calls": len(calls),
+            "mean_calls": round(len(calls) / len(idx), 2) if idx else None,
+            "prompt_tokens": sum(int(c.get("prompt_tokens") or 0) for c in calls),
+            "completion_tokens": sum(int(c.get("completion_tokens") or 0) for c in calls),
+            "tool_calls": sum(int(ln.get("n_tool_calls") or 0) for ln in idx), "probes": probes,
+            "method": run.header.get("label"), "trials": run.header.get("trials")}
 
 
 def sample_table(run: Run):
@@ -221,7 +310,7 @@ def _call_tokens(run: Run, line: dict, tf_dir: Path | None) -> dict:
 
 
 def _sample_detail(run: Run, line: dict, images: dict, missing: list, dH: dict, tf_dir: Path | None,
-                   with_tokens: bool = True) -> dict:
+                   with_tokens: bool = True, grounding: dict | None = None, removal: dict | None = None) -> dict:
     msgs = []
     for m in line.get("messages") or []:
         c = m.get("content")
@@ -248,7 +337,9 @@ def _sample_detail(run: Run, line: dict, images: dict, missing: list, dH: dict, 
         events.append(e)
     return {"events": events, "messages": msgs, "tokens": _call_tokens(run, line, tf_dir) if with_tokens else {},
             "question": line.get("question"), "gold": line.get("gold"), "answer": line.get("answer"),
-            "query_images": line.get("query_images"), "error": line.get("error"), "status": line["status"]}
+            "query_images": line.get("query_images"), "error": line.get("error"), "status": line["status"],
+            "grounding": (grounding or {}).get((line["sample_id"], line["trial"])) or {},
+            "removal": (removal or {}).get((line["sample_id"], line["trial"])) or []}
 
 
 #: ``--tokens auto`` embeds the coloured think tokens for runs up to this many trajectories (ours: at ~1,000
@@ -275,6 +366,7 @@ def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[
         lines = [ln for ln in lines if ln["sample_id"] in set(sample_ids)]
     lines = lines[: limit or None]
     with_tokens = tokens == "all" or (tokens == "auto" and len(lines) <= AUTO_TOKENS)
+    grounding, removal = _grounding_labels(run), _removal_outcomes(run)
     images: dict = {}
     missing: list = []
     samples, details = [], {}
@@ -284,7 +376,8 @@ def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[
                         "benchmark": ln.get("benchmark"), "category": ln.get("paper_category"),
                         "grade": grades.get((ln["sample_id"], ln["trial"]), ""), "calls": ln.get("n_calls"),
                         "answer": _short(ln.get("answer"), 80), "gold": _short(ln.get("gold"), 80)})
-        blob = json.dumps(_sample_detail(run, run.full(ln), images, missing, dH, tf_dir, with_tokens), ensure_ascii=False,
+        blob = json.dumps(_sample_detail(run, run.full(ln), images, missing, dH, tf_dir, with_tokens, grounding, removal),
+                          ensure_ascii=False,
                           default=str, separators=(",", ":"))
         details[key] = base64.b64encode(gzip.compress(blob.encode(), 6)).decode()
     h = run.header
@@ -293,7 +386,7 @@ def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[
     meta = {"run": str(run.path), "label": h.get("label"), "model": (h.get("model") or {}).get("served_model"),
             "t_max": (h.get("budgets") or {}).get("t_max"), "judge": judge, "probe_mode": mode,
             "has_token_probe": tf_dir is not None or has_release, "mark": provenance_mark([h]), "benchmark": h.get("benchmark"),
-            "n_lines": len(run.index), "shown": len(lines), "tokens": with_tokens}
+            "n_lines": len(run.index), "shown": len(lines), "tokens": with_tokens, "summary": run_summary(run)}
     page = (_TEMPLATE.replace("__TITLE__", html.escape(f"{h.get('label')} — {run.path.name}"))
             .replace("__META__", _js(meta)).replace("__SAMPLES__", _js(samples))
             .replace("__DETAILS__", _js(details)).replace("__IMAGES__", _js({k: v for k, v in images.items() if v})))
@@ -336,6 +429,9 @@ _TEMPLATE = r"""<!doctype html>
  .tok{border-radius:2px} #legend{display:inline-block;vertical-align:middle}
  #legend .bar{display:inline-block;width:160px;height:10px;vertical-align:middle;border:1px solid #bbb}
  .err{color:#b00020}
+ table.summary th{text-align:left;padding:2px 12px 2px 0;color:#555;font-weight:600;vertical-align:top} table.summary td{padding:2px 0}
+ table.removal-table{border-collapse:collapse;margin:6px 0} table.removal-table td,table.removal-table th{border:1px solid #ddd;padding:2px 6px;font-size:12px}
+ .gr-Image-Needed{background:#cfe2ff}.gr-Image-Derived{background:#ffe5c2}.gr-Text-Only{background:#d3f0dc}
 </style></head><body>
 <header>
  <h1 id="title"></h1>
@@ -349,7 +445,7 @@ _TEMPLATE = r"""<!doctype html>
  </div>
 </header>
 <main><div id="list"><table><thead><tr><th>sample</th><th>t</th><th>status</th><th>calls</th><th>grade</th><th>answer / gold</th></tr></thead><tbody id="rows"></tbody></table></div>
-<div id="detail"><p>Select a sample.</p></div></main>
+<div id="detail"></div></main>
 <script type="application/json" id="meta">__META__</script>
 <script type="application/json" id="samples">__SAMPLES__</script>
 <script type="application/json" id="details">__DETAILS__</script>
@@ -430,13 +526,14 @@ function partsHtml(parts) {
                                         : `<pre>${esc(p.text)}</pre>`).join("");
 }
 function callHtml(d, ev, tools, probe) {
-  const u = ev.usage || {}, act = ev.action || {}, toks = d.tokens[ev.index];
+  const u = ev.usage || {}, act = ev.action || {}, toks = d.tokens[ev.index], g = (d.grounding || {})[ev.index];
   const nT = toks ? toks.H.length : 0, meanH = nT ? toks.H.reduce((a, x) => a + x, 0) / nT / UNIT.H : 0;
   let what = ev.action_error ? `<span class="err">rejected</span>` : esc(act.kind || "") + (act.name ? " " + esc(act.name) : "");
   const badges = `<span class="badge">${ev.n_images} img (${ev.n_query_images || 0} query)</span>` +
     `<span class="badge">${u.prompt_tokens} prompt tok</span><span class="badge">${ev.n_tokens} out (${ev.think_tokens} think)</span>` +
     (nT ? `<span class="badge">H̄ ${meanH.toFixed(2)}</span>` : "") +
     (ev.dH !== null && ev.dH !== undefined ? `<span class="badge" style="background:${colour(ev.dH, "dH")}">ΔH ${(+ev.dH).toFixed(3)}</span>` : "") +
+    (g ? `<span class="badge gr-${esc(g.category.replace(/ /g, "-"))}" title="grounding annotator: ${esc(g.reasons.join(" | "))}">${esc(g.category)}</span>` : "") +
     (ev.correction ? '<span class="badge">correction</span>' : "") + (ev.forced ? '<span class="badge">forced</span>' : "") +
     (probe ? `<span class="badge" title="adaptive image release: influence of the query images on this step (${esc(probe.signal)}), ε=${probe.threshold}">influence ${probe.influence === null ? "n/a" : (+probe.influence).toFixed(3)}${probe.decision === "release" ? " → release" : ""}</span>` : "");
   let body = `<details class="messages"><summary>messages sent (${ev.message_ids.length})</summary>` +
@@ -447,6 +544,9 @@ function callHtml(d, ev, tools, probe) {
     `<div>${tokensHtml(toks) || `<pre>${esc(ev.reasoning || "")}</pre>`}</div></details>`;
   body += `<div><b>text:</b><pre>${esc(ev.text)}</pre></div>`;
   if (ev.action_error) body += `<div class="err">rejected: ${esc(ev.action_error)}</div>`;
+  if (g) body += `<div class="tool grounding">grounding (annotator): <b>${esc(g.category)}</b>${g.reasons.length ? " — " + g.reasons.map(esc).join(" | ") : ""}</div>`;
+  const rm = (d.removal || []).find(r => r.k === ev.index);
+  if (rm) body += `<div class="tool removal">images removed from this step on (k=${rm.k}): ${rm.correct === null ? `<span class="err">replay failed: ${esc(rm.error || rm.status)}</span>` : rm.correct ? '<span class="g-CORRECT">correct</span>' : '<span class="g-INCORRECT">wrong</span>'}${rm.replayed ? "" : " (not replayed: no query image from here on)"}</div>`;
   if (probe) body += `<div class="tool">release probe (${esc(probe.signal)}): influence ${probe.influence === null ? "n/a" : (+probe.influence).toFixed(4)} ` +
     `(KL ${probe.kl === null ? "n/a" : (+probe.kl).toFixed(4)}, ΔH ${probe.dH === null ? "n/a" : (+probe.dH).toFixed(4)}) ${probe.below ? "&lt;" : "≥"} ε=${(+probe.threshold).toPrecision(4)}; streak ${probe.streak}` +
     (probe.decision === "release" ? ` → <b>images removed from step ${probe.release_step} on</b>` : " → keep") + `; ${probe.scoring_calls} scoring call(s), ${probe.latency_s} s</div>`;
@@ -467,6 +567,8 @@ async function show(key) {
     `<p><b>question:</b> ${esc(d.question)}<br><b>gold:</b> ${esc(d.gold)} · <b>answer:</b> ${esc(d.answer || "—")}` +
     (d.error ? `<br><span class="err">error: ${esc(d.error)}</span>` : "") + `</p><div class="query">` +
     Object.entries(d.query_images || {}).map(([k, v]) => IMAGES[v] ? `<figure style="display:inline-block;margin:0 8px"><img class="thumb" src="${IMAGES[v]}"><figcaption>${esc(k)}</figcaption></figure>` : "").join("") + `</div>`;
+  if ((d.removal || []).length) h += `<table class="removal-table"><tr><th>step-k removal</th>` + d.removal.map(r => `<th>k=${r.k}</th>`).join("") +
+    `</tr><tr><td>replay (original: ${d.removal[0].original ? "correct" : "wrong"})</td>` + d.removal.map(r => `<td>${r.correct === null ? '<span class="err">failed</span>' : r.correct ? '<span class="g-CORRECT">correct</span>' : '<span class="g-INCORRECT">wrong</span>'}</td>`).join("") + `</tr></table>`;
   const stack = [{html: "", cls: null}];
   const push = (cls, title) => stack.push({html: `<div class="span-title">${title}</div>`, cls});
   const pop = footer => { const top = stack.pop(); stack[stack.length - 1].html += `<div class="span ${top.cls}">${top.html}${footer || ""}</div>`; };
@@ -483,6 +585,20 @@ async function show(key) {
   while (stack.length > 1) pop();
   document.getElementById("detail").innerHTML = h + stack[0].html;
 }
+function landing() {  // the run at a glance, until a sample is picked
+  const S = META.summary, row = (k, v) => `<tr><th>${esc(k)}</th><td>${v}</td></tr>`;
+  const st = Object.entries(S.statuses).map(([k, v]) => `<span class="st-${esc(k)}">${esc(k)} ${v}</span>`).join(" · ");
+  const jd = Object.entries(S.judges).map(([k, v]) => row("accuracy (" + k + ")", v.accuracy === null ? "—" :
+    `<b>${v.accuracy.toFixed(1)} %</b> (${v.correct} of ${v.graded} graded)`)).join("") || row("accuracy", "not judged (python -m agent.judge " + esc(META.run) + ")");
+  const pr = Object.entries(S.probes).map(([k, v]) => `${esc(k)}: ${esc(v)}`).join("<br>") || "none ran";
+  document.getElementById("detail").innerHTML = `<div id="landing"><h2>${esc(S.method)} · ${esc(META.model || "")} · ${esc(META.benchmark)}</h2>` +
+    (META.mark ? `<p class="mark">${esc(META.mark)}</p>` : "") + `<table class="summary">` +
+    row("trajectories", `${S.trajectories} (${S.trials} trial(s)); statuses: ${st}`) + jd +
+    row("LLM calls", `${S.llm_calls} (${S.mean_calls} per trajectory); ${S.tool_calls} tool calls`) +
+    row("tokens", `${S.prompt_tokens.toLocaleString()} prompt · ${S.completion_tokens.toLocaleString()} completion`) +
+    row("probes", pr) + `</table><p>Pick a trajectory on the left.</p></div>`;
+}
+landing();
 renderList();
 // deep links for sharing and tests: #sample=<id>__t<trial>&open=<call index>&show=messages,reasoning,tool&colour=H|dH|kl
 // open the sample and the call as clicks would (show: which parts of the call to expand; default messages)

@@ -5,6 +5,7 @@ page with a deep link that opens one call, reads the rendered DOM and saves a sc
 """
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -24,6 +25,10 @@ def demo_run(tmp_path_factory):
                         "--out", str(out), "--no-progress"]) == 0
     assert judge.main([str(out), "--judge", "exact", "--no-progress"]) == 0
     assert entropy.main([str(out), "--mode", "teacher-forced", "--backend", "scripted", "--no-progress"]) == 0
+    from probes import grounding, removal
+
+    assert grounding.main([str(out), "--judge-backend", "scripted", "--no-progress"]) == 0
+    assert removal.main([str(out), "--steps", "1..3", "--backend", "scripted", "--judge", "exact", "--no-progress"]) == 0
     return out
 
 
@@ -152,6 +157,31 @@ def test_page_renders_in_a_browser(demo_run, tmp_path):
     assert len(re.findall(r'<span class="tok" title="H=[0-9.]+ ΔH=-?[0-9.]+ KL=[0-9.]+"', call)) == ev["think_tokens"]
     assert "blue: the images lower it" in page
     assert re.search(r"lens_search\(.*\) ok", call)
+
+    # the probes' findings per step: the annotator's label (with its reason) and the step-k replay's outcome
+    labels = {st["step"]: st for st in next(json.loads(x) for x in (demo_run / "probes" / "grounding" / "labels.jsonl")
+                                            .read_text().splitlines() if '"demo_3"' in x)["steps"]}
+    assert f'>{labels[2]["category"]}</span>' in call and f"grounding (annotator): <b>{labels[2]['category']}</b>" in call
+    import csv
+
+    with open(demo_run / "probes" / "removal" / "outcomes.csv") as f:
+        k2 = next(r for r in csv.DictReader(f) if r["sample_id"] == "demo_3" and r["k"] == "2")
+    verdict = "correct" if k2["replay_correct"] == "True" else "wrong"
+    assert re.search(rf"images removed from this step on \(k=2\): <span class=\"g-[A-Z]+\">{verdict}</span>", call)
+    assert '<table class="removal-table"><tbody><tr><th>step-k removal</th><th>k=1</th><th>k=2</th><th>k=3</th>' in page
+
+    # no sample picked: the landing pane summarises the run instead of "Select a sample"
+    dom = subprocess.run(_headless(browser, tmp_path / "profile", "--dump-dom", html.resolve().as_uri()),
+                         capture_output=True, text=True, timeout=120)
+    land = re.sub(r"<script.*?</script>", "", dom.stdout, flags=re.S)
+    m = re.search(r'<div id="landing">(.*?)</div>', land, re.S)
+    assert m, land[-3000:]
+    pane = m.group(1)
+    n = len(run.lines)
+    assert f"{n} (1 trial(s)); statuses: " in pane and "accuracy (exact-match" in pane and "graded)" in pane
+    assert f"{sum(ln['n_calls'] for ln in run.lines)} (" in pane
+    for probe in ("entropy-teacher-forced", "grounding: 3 trajectories annotated", "removal: 9 replays"):
+        assert probe in pane, probe
 
     shot = tmp_path / "show.png"
     r = subprocess.run(_headless(browser, tmp_path / "profile", f"--screenshot={shot}", url),
