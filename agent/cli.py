@@ -92,10 +92,15 @@ def add_backend_args(ap, *, default: str | None = "local", from_run: bool = Fals
     g.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the model server's API key")
 
 
-def add_judge_args(ap, *, role: str = "judge") -> None:
+def add_judge_args(ap, *, role: str = "judge", repeat_endpoint: bool = False) -> None:
     """The grader's server (the LLM judge, or the grounding annotator): --judge-endpoint / -model / -api-key-env."""
     g = ap.add_argument_group(f"the {role}'s server (paper: {JUDGE_MODEL} on OpenRouter)")
-    g.add_argument("--judge-endpoint", default=JUDGE_ENDPOINT, metavar="URL", help=f"the {role}'s OpenAI-compatible server")
+    if repeat_endpoint:  # a list; the caller falls back to JUDGE_ENDPOINT when it is empty
+        g.add_argument("--judge-endpoint", action="append", default=[], metavar="URL",
+                       help=f"the {role}'s OpenAI-compatible server (default {JUDGE_ENDPOINT}); repeat it to spread "
+                            "the trajectories over replicas of one model")
+    else:
+        g.add_argument("--judge-endpoint", default=JUDGE_ENDPOINT, metavar="URL", help=f"the {role}'s OpenAI-compatible server")
     g.add_argument("--judge-model", default=JUDGE_MODEL, help=f"the {role} model")
     g.add_argument("--judge-api-key-env", metavar="VAR",
                    help="environment variable with its key (default: OPENROUTER_API_KEY for OpenRouter, none otherwise)")
@@ -106,7 +111,7 @@ def single_endpoint(a) -> str | None:
     eps = a.endpoint or []
     if len(eps) > 1:  # a refused argument: exit 2, like every other (SystemExit with a string exits 1)
         print(f"error: this command talks to one model server; got --endpoint {len(eps)} times "
-              "(only python -m agent.run spreads samples over several)", file=sys.stderr)
+              "(python -m agent.run and the probes spread their work over several)", file=sys.stderr)
         raise SystemExit(2)
     return eps[0] if eps else None
 

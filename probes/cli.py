@@ -15,23 +15,24 @@ from agent.preflight import PreflightError, model_identity, same_model
 from agent.rundir import RunError
 from agent.tools.live import MissingKeyError
 
-__all__ = ["run_async", "add_backend_args", "backend_for", "probe_model_check"]
+__all__ = ["run_async", "add_backend_args", "backend_for", "probe_model_check", "probe_concurrency",
+           "PROBE_CONCURRENCY"]
 
 def add_backend_args(ap) -> None:
     """The model-server options, defaulting to the backend that recorded the run (agent/cli.py)."""
     from agent.cli import add_backend_args as add
 
-    add(ap, from_run=True)
+    add(ap, from_run=True, repeat_endpoint=True)
 
 
 def backend_for(args, run_header: dict):
-    """The probe's backend: the one given on the command line, else the one the run used."""
+    """The probe's backend: the one given on the command line, else the one the run used. Several
+    ``--endpoint`` s (or a run recorded over several, when none is given) make one
+    :class:`~agent.backends.spread.Spread`: each trajectory keeps one server (its prefix cache)."""
     from agent.backends import make_backend
-    from agent.cli import single_endpoint
 
     b = run_header.get("backend") or {}
     mode = args.logprob_mode or b.get("logprob_mode", "scaled")
-    endpoint = single_endpoint(args)
     kind = args.backend or b.get("kind")
     if kind == "local":
         return make_backend("local", model_dir=args.model_dir or (None if args.backend else b.get("model_dir")),
@@ -39,13 +40,39 @@ def backend_for(args, run_header: dict):
     if kind == "scripted":
         return make_backend("scripted")
     if kind in ("sglang", "openai"):
-        endpoint = endpoint or ((b.get("endpoints") or [None])[0] if not args.backend else None)
-        if endpoint:
-            return make_backend(kind, endpoint=endpoint, model=args.model or (None if args.backend else b.get("model")),
-                                model_dir=args.model_dir or (None if args.backend else b.get("model_dir")),
-                                logprob_mode=mode, server=args.server, api_key_env=args.api_key_env)
+        endpoints = list(args.endpoint or []) or ([e for e in b.get("endpoints") or [] if e] if not args.backend else [])
+        endpoints = list(dict.fromkeys(endpoints))
+        if endpoints:
+            made = [make_backend(kind, endpoint=e, model=args.model or (None if args.backend else b.get("model")),
+                                 model_dir=args.model_dir or (None if args.backend else b.get("model_dir")),
+                                 logprob_mode=mode, server=args.server, api_key_env=args.api_key_env)
+                    for e in endpoints]
+            if len(made) == 1:
+                return made[0]
+            from agent.backends.spread import Spread
+
+            return Spread(made)
     raise BackendError(f"no usable backend: the run header names {b.get('kind')!r} with endpoints {b.get('endpoints')}; "
                        "pass --backend / --endpoint / --model-dir")
+
+
+def probe_concurrency(args, backend) -> int:
+    """``--concurrency`` if given, else :data:`PROBE_CONCURRENCY` per model server (8 in-process)."""
+    if getattr(args, "concurrency", None):
+        return args.concurrency
+    n = len(getattr(backend, "backends", None) or [backend])
+    kind = getattr(backend, "name", "")
+    return 8 if kind in ("local", "scripted") else PROBE_CONCURRENCY * n
+
+
+#: Trajectories (each with one request in flight) per model server when a probe talks to servers (ours). A
+#: probe request is one trajectory's step: a ~1-9k-token prompt, much of it a cached prefix, and up to ~1k
+#: generated tokens. At the default 8 the regenerate probe at paper scale takes ~50,870 x 18 s / 8 = 32 h per
+#: model (issue 24); SGLang batches hundreds of such requests on one TP=4 group (its --max-running-requests
+#: is sized by the KV pool, a few hundred sequences of this length on an 8-GPU H20/H200 node) and queues the
+#: rest, while the client needs ~21 ms of CPU per step (0.3 core at 14 steps/s). 128 per server keeps a
+#: group's batch full without holding more than ~128 trajectories' token arrays in the client (~0.3 GB).
+PROBE_CONCURRENCY = 128
 
 
 async def probe_model_check(run, backend, *, force: bool = False) -> dict:

@@ -39,12 +39,13 @@ import numpy as np
 
 from agent.backends.base import BackendError, Continuation, SamplingParams, top_matrix
 from agent.backends.messages import strip_query_images
+from agent.backends.spread import pin
 from agent.http import dumps, loads
 from agent.rundir import Run, RunError, close_fragment, collector_off_the_heap, load_run, output_lock
 from analysis.entropy import grouped_tail_entropy, token_influence
 from analysis.selection import select_trajectories
 from analysis.stats import summarise_by
-from probes.cli import add_backend_args, backend_for, probe_model_check, run_async
+from probes.cli import add_backend_args, backend_for, probe_concurrency, probe_model_check, run_async
 
 __all__ = ["probe_run", "main", "MODES"]
 
@@ -224,6 +225,7 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
 
     async def trajectory(summary, steps):
         async with sem:  # at most `concurrency` trajectories (and requests) at a time
+            pin(backend, (summary["sample_id"], summary["trial"]))  # one server per trajectory (its prefix cache)
             try:
                 line = run.full(summary)
                 if not line.get("tokens_file"):
@@ -357,7 +359,7 @@ async def _demo(args) -> int:
 
 
 def main(argv=None) -> int:
-    from agent.cli import DEFAULT_CONCURRENCY, done, make_parser
+    from agent.cli import done, make_parser
 
     ap = make_parser("python -m probes.entropy", __doc__, [
         "python -m probes.entropy                                   # the embedded demo (random model)",
@@ -370,7 +372,8 @@ def main(argv=None) -> int:
     ap.add_argument("--force", action="store_true", help="probe with a model other than the run's (recorded)")
     ap.add_argument("--include-unparsed", action="store_true",
                     help="keep trajectories whose first call did not parse (the paper excludes them; recorded)")
-    ap.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="steps probed at once")
+    ap.add_argument("--concurrency", type=int, default=None,
+                    help="trajectories in flight (default: 128 per model server, 8 in-process; probes/cli.py says why)")
     ap.add_argument("--limit", type=int, help="probe the first N trajectories only")
     ap.add_argument("--out", help="output dir (default: RUN_DIR/probes/entropy-MODE)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -386,7 +389,7 @@ def main(argv=None) -> int:
         backend = backend_for(args, run.header)
         try:
             return await probe_run(args.run_dir, mode=args.mode, backend=backend, out_dir=args.out,
-                                   concurrency=args.concurrency, limit=args.limit, progress=not args.no_progress,
+                                   concurrency=probe_concurrency(args, backend), limit=args.limit, progress=not args.no_progress,
                                    force=args.force, include_unparsed=args.include_unparsed)
         finally:
             await backend.aclose()

@@ -263,9 +263,10 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
     return {"steps": steps, "summary": summary, "out": out}
 
 
-def annotator_backend(kind: str, *, endpoint: str, model: str, api_key_env: str | None, model_dir: str | None = None):
-    """The annotator: an OpenAI-compatible server (the paper: Gemini-3-Flash on OpenRouter), an in-process
-    model, or the scripted FAKE demo annotator."""
+def annotator_backend(kind: str, *, endpoint, model: str, api_key_env: str | None, model_dir: str | None = None):
+    """The annotator: an OpenAI-compatible server (the paper: Gemini-3-Flash on OpenRouter; several URLs: one
+    :class:`~agent.backends.spread.Spread` over replicas of one model), an in-process model, or the scripted
+    FAKE demo annotator."""
     import os
 
     from agent.backends import make_backend
@@ -275,6 +276,13 @@ def annotator_backend(kind: str, *, endpoint: str, model: str, api_key_env: str 
         return make_backend("local", model_dir=model_dir)
     if kind == "scripted":
         return make_backend("scripted")
+    if isinstance(endpoint, (list, tuple)):
+        from agent.backends.spread import Spread
+        from agent.cli import JUDGE_ENDPOINT
+
+        urls = list(dict.fromkeys(endpoint)) or [JUDGE_ENDPOINT]
+        made = [annotator_backend(kind, endpoint=u, model=model, api_key_env=api_key_env) for u in urls]
+        return made[0] if len(made) == 1 else Spread(made)
     key_env = judge_key_env(endpoint, api_key_env)  # a key goes only to the server it belongs to
     if key_env and not os.environ.get(key_env):
         raise BackendError(f"{key_env} is not set: the default annotator is {model} on OpenRouter; set it, or point "
@@ -291,7 +299,7 @@ def main(argv=None) -> int:
         "python -m probes.grounding runs/react-27b --judge-endpoint http://gpu:30001 --judge-model qwen3.5-27b",
         "python -m probes.grounding runs/demo-react --judge-backend scripted   # the FAKE demo annotator"])
     ap.add_argument("run_dir", help="a ReAct run directory")
-    add_judge_args(ap, role="annotator")
+    add_judge_args(ap, role="annotator", repeat_endpoint=True)
     ap.add_argument("--judge-backend", choices=("openai", "local", "scripted"), default="openai",
                     help="openai = the server above; local = an in-process model (--judge-model-dir, default the "
                          "embedded tiny model); scripted = the FAKE demo annotator")
@@ -299,7 +307,8 @@ def main(argv=None) -> int:
     ap.add_argument("--retries", type=int, default=2, help="re-asks for an unusable or invalid reply")
     ap.add_argument("--observation-chars", type=int, default=1500, help="each observation is cut at this length")
     ap.add_argument("--max-tokens", type=int, default=8192, help="per annotator reply")
-    ap.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="trajectories annotated at once")
+    ap.add_argument("--concurrency", type=int, default=None,
+                    help="trajectories annotated at once (default: 8 per annotator server; OpenRouter's rate limits)")
     ap.add_argument("--limit", type=int, help="the first N trajectories only")
     ap.add_argument("--include-unparsed", action="store_true",
                     help="keep trajectories whose first call did not parse (the paper excludes them)")
@@ -312,7 +321,7 @@ def main(argv=None) -> int:
                                     api_key_env=a.judge_api_key_env, model_dir=a.judge_model_dir)
         try:
             return await annotate_run(a.run_dir, backend=backend, out_dir=a.out, retries=a.retries,
-                                      concurrency=a.concurrency, limit=a.limit, observation_chars=a.observation_chars,
+                                      concurrency=a.concurrency or DEFAULT_CONCURRENCY * len(getattr(backend, 'backends', None) or [backend]), limit=a.limit, observation_chars=a.observation_chars,
                                       max_tokens=a.max_tokens, progress=not a.no_progress,
                                       include_unparsed=a.include_unparsed)
         finally:

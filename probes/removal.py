@@ -34,6 +34,7 @@ from pathlib import Path
 
 from agent.backends.base import SamplingParams
 from agent.backends.messages import record_messages
+from agent.backends.spread import pin
 from agent.benchmarks import Sample
 from agent.http import is_host
 from agent.judge import Grader
@@ -45,7 +46,7 @@ from agent.rundir import Run, RunDir, RunError, collector_off_the_heap, load_run
 from agent.tools import make_toolbox
 from agent.trajectory import Trajectory
 from analysis.stats import removal_summary
-from probes.cli import add_backend_args, backend_for, probe_model_check, run_async
+from probes.cli import add_backend_args, backend_for, probe_concurrency, probe_model_check, run_async
 
 __all__ = ["replay_prefix_turns", "replay_one", "removal_probe", "parse_steps", "main"]
 
@@ -229,6 +230,7 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
         if not ks:
             return
         async with sem:
+            pin(backend, (line["sample_id"], line["trial"]))  # one server for a trajectory's replays (its prefixes)
             line = run.full(line)
             tokens = run.tokens(line)
             for k in ks:
@@ -287,7 +289,7 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
 
 
 def main(argv=None) -> int:
-    from agent.cli import DEFAULT_CONCURRENCY, add_judge_args, done, make_parser
+    from agent.cli import add_judge_args, done, make_parser
 
     ap = make_parser("python -m probes.removal", __doc__, [
         "python -m probes.removal runs/react-27b --steps 1..5          # judged by the paper's LLM judge",
@@ -298,7 +300,8 @@ def main(argv=None) -> int:
     ap.add_argument("--judge", default="llm", choices=("llm", "exact"),
                     help="llm = the paper's E.5 judge; exact = offline exact match (labelled so)")
     add_judge_args(ap)
-    ap.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="trajectories replayed at once")
+    ap.add_argument("--concurrency", type=int, default=None,
+                    help="trajectories in flight (default: 128 per model server, 8 in-process; probes/cli.py says why)")
     ap.add_argument("--limit", type=int, help="the first N trajectories only")
     ap.add_argument("--force", action="store_true", help="replay with a model other than the run's (recorded)")
     ap.add_argument("--out", help="output dir (default: RUN_DIR/probes/removal)")
@@ -313,7 +316,7 @@ def main(argv=None) -> int:
                         server=server)
         try:
             return await removal_probe(a.run_dir, parse_steps(a.steps), backend=backend, grader=grader, out_dir=a.out,
-                                       concurrency=a.concurrency, limit=a.limit, progress=not a.no_progress,
+                                       concurrency=probe_concurrency(a, backend), limit=a.limit, progress=not a.no_progress,
                                        force=a.force)
         finally:
             await backend.aclose()

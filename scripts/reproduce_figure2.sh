@@ -6,8 +6,9 @@
 #       behaviour and distributions are planted, so every panel has visible structure; every number is fake
 #       and every figure is stamped so. Add --demo-model tiny for the embedded random Qwen3.5 instead (its
 #       actions never parse, so panel (a) stays empty and accuracies are 0).
-#   bash scripts/reproduce_figure2.sh --benchmark DATA/mmsearch --endpoint http://gpu:30000 \
+#   bash scripts/reproduce_figure2.sh --benchmark DATA/mmsearch --endpoint http://gpu:30000 [--endpoint URL ...] \
 #       --model-dir /models/Qwen3.5-27B [--out runs/fig2-27b] [--trials 1] [--steps 1..5] [--limit N]
+#       [--concurrency N]    (in flight; default: the runner's 32 per server, the probes' 128 per server)
 #       [--teacher-forced]   (also score each step teacher-forced: the KL influence panel; ~2 scoring calls per step)
 #       against a served Qwen3.5 (serving/launch_qwen35.sh), live tools (SERPER_API_KEY, JINA_API_KEY, a lens
 #       URL), the paper's annotator and judge (OpenRouter google/gemini-3-flash-preview, OPENROUTER_API_KEY); everything a
@@ -17,14 +18,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEMO=0 DEMO_MODEL=scripted BENCHMARK="" ENDPOINT="" MODEL_DIR="" OUT="" TRIALS=1 STEPS="1..5" LIMIT="" LOGPROB_MODE="scaled" TEACHER_FORCED=0
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+DEMO=0 DEMO_MODEL=scripted BENCHMARK="" ENDPOINTS=() MODEL_DIR="" CONCURRENCY="" OUT="" TRIALS=1 STEPS="1..5" LIMIT="" LOGPROB_MODE="scaled" TEACHER_FORCED=0
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --demo) DEMO=1 ;;
     --demo-model) DEMO_MODEL="$2"; shift ;;
     --benchmark) BENCHMARK="$2"; shift ;;
-    --endpoint) ENDPOINT="$2"; shift ;;
+    --endpoint) ENDPOINTS+=(--endpoint "$2"); shift ;;
+    --concurrency) CONCURRENCY="$2"; shift ;;
     --model-dir) MODEL_DIR="$2"; shift ;;
     --out) OUT="$2"; shift ;;
     --trials) TRIALS="$2"; shift ;;
@@ -62,16 +64,19 @@ if [[ "$DEMO" == 1 ]]; then
     GROUNDING_ARGS=(--judge-backend scripted)
   fi
 else
-  [[ -n "$BENCHMARK" && -n "$ENDPOINT" && -n "$MODEL_DIR" ]] || { echo "need --benchmark, --endpoint and --model-dir (or --demo)" >&2; exit 2; }
+  [[ -n "$BENCHMARK" && ${#ENDPOINTS[@]} -gt 0 && -n "$MODEL_DIR" ]] || { echo "need --benchmark, --endpoint and --model-dir (or --demo)" >&2; exit 2; }
   OUT=${OUT:-runs/fig2-$(basename "$MODEL_DIR")}
-  RUN_ARGS=(--benchmark "$BENCHMARK" --backend sglang --endpoint "$ENDPOINT" --model-dir "$MODEL_DIR"
-            --logprob-mode "$LOGPROB_MODE" --tools live --trials "$TRIALS" --concurrency 32)
-  PROBE_BACKEND=(--backend sglang --endpoint "$ENDPOINT" --model-dir "$MODEL_DIR" --logprob-mode "$LOGPROB_MODE")
+  N_SERVERS=$(( ${#ENDPOINTS[@]} / 2 ))
+  RUN_ARGS=(--benchmark "$BENCHMARK" --backend sglang "${ENDPOINTS[@]}" --model-dir "$MODEL_DIR"
+            --logprob-mode "$LOGPROB_MODE" --tools live --trials "$TRIALS" --concurrency "${CONCURRENCY:-$(( 32 * N_SERVERS ))}")
+  # the probes spread over the same servers, one trajectory per server (its prefix cache); probes/cli.py's default
+  PROBE_BACKEND=(--backend sglang "${ENDPOINTS[@]}" --model-dir "$MODEL_DIR" --logprob-mode "$LOGPROB_MODE"
+                 ${CONCURRENCY:+--concurrency "$CONCURRENCY"})
   ENTROPY_ARGS=()
   GROUNDING_ARGS=()
   JUDGE_ARGS=()
   # every key and server a later stage needs, checked before the first stage starts
-  "$PY" -m agent.preflight --benchmark "$BENCHMARK" --backend sglang --endpoint "$ENDPOINT" --model-dir "$MODEL_DIR" \
+  "$PY" -m agent.preflight --benchmark "$BENCHMARK" --backend sglang "${ENDPOINTS[@]}" --model-dir "$MODEL_DIR" \
     --tools live --judge-api-key-env "${JUDGE_API_KEY_ENV:-OPENROUTER_API_KEY}"
 fi
 

@@ -1,0 +1,89 @@
+"""Several model servers of one model used as one backend, each trajectory kept on one server.
+
+    from agent.backends.spread import Spread, pin
+    backend = Spread([make_backend("sglang", endpoint=u, ...) for u in urls])
+    async def trajectory(key):
+        pin(backend, key)            # every request of this task goes to the server this key was given
+        await backend.generate(...)
+
+Why pin: a probe's requests for one trajectory share long prefixes (its steps, its removal replays), and
+only the server that served the first of them holds that prefix in its radix cache. A key is given the
+least busy server the first time it is seen (ties: the one given fewest keys), and keeps it. Unpinned
+requests (the annotator's, one per trajectory) go to the least busy server. The pin lives in a context
+variable, so it is per asyncio task: ``asyncio.gather`` of one coroutine per trajectory pins each apart.
+
+``identity()`` asks every server which model it serves and refuses (PreflightError) servers that disagree:
+spreading one probe over two different models would mix them in one figure.
+"""
+from __future__ import annotations
+
+import contextvars
+
+__all__ = ["Spread", "pin"]
+
+_PIN: contextvars.ContextVar = contextvars.ContextVar("mmcf_spread_pin", default=None)
+
+
+def pin(backend, key) -> None:
+    """Keep the current task's requests on one server of ``backend`` (a no-op for a single backend)."""
+    if isinstance(backend, Spread):
+        _PIN.set((id(backend), backend.assign(key)))
+
+
+class Spread:
+    name = "spread"
+
+    def __init__(self, backends: list):
+        if not backends:
+            raise ValueError("Spread needs at least one backend")
+        self.backends = list(backends)
+        self.busy = [0] * len(self.backends)
+        self.given = [0] * len(self.backends)
+        self.keys: dict = {}
+
+    def __getattr__(self, name):  # model, semantics, model_dir, ...: the servers serve one model
+        if name == "backends":
+            raise AttributeError(name)
+        return getattr(self.backends[0], name)
+
+    def assign(self, key) -> int:
+        if key not in self.keys:
+            i = min(range(len(self.backends)), key=lambda j: (self.busy[j], self.given[j]))
+            self.given[i] += 1
+            self.keys[key] = i
+        return self.keys[key]
+
+    def _pick(self) -> int:
+        p = _PIN.get()
+        if p is not None and p[0] == id(self):
+            return p[1]
+        return min(range(len(self.backends)), key=lambda j: (self.busy[j], self.given[j]))
+
+    async def _call(self, method: str, *args, **kw):
+        i = self._pick()
+        self.busy[i] += 1
+        try:
+            return await getattr(self.backends[i], method)(*args, **kw)
+        finally:
+            self.busy[i] -= 1
+
+    async def generate(self, *args, **kw):
+        return await self._call("generate", *args, **kw)
+
+    async def score(self, *args, **kw):
+        return await self._call("score", *args, **kw)
+
+    async def identity(self) -> dict:
+        from agent.preflight import PreflightError, model_identity, same_model
+
+        idents = [await model_identity(b) for b in self.backends]
+        for b, ident in zip(self.backends[1:], idents[1:]):
+            why = same_model(idents[0], ident)
+            if why:
+                raise PreflightError(f"the servers given serve different models ({getattr(b, 'base', b)}: {why}); "
+                                     "one probe, one model")
+        return {**idents[0], "endpoints": [getattr(b, "base", None) for b in self.backends]}
+
+    async def aclose(self) -> None:
+        for b in self.backends:
+            await b.aclose()

@@ -1,0 +1,80 @@
+"""Probes over several model servers (agent/backends/spread.py): each trajectory stays on one server, the work
+is shared, the run's own servers are the default, and servers of different models are refused."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agent.backends.scripted import ScriptedBackend
+from agent.backends.spread import Spread, pin
+from agent.preflight import PreflightError
+from agent.run import main as run_main
+from probes.entropy import main as entropy_main, probe_run
+from scripts.soak import agent_policy
+from tests.fakes.sglang_server import FakeSGLang
+from tests.test_probe_entropy import _run, planted, policy
+
+
+def _question(messages) -> str:
+    return json.dumps(messages[0]["content"] if messages[0]["role"] == "user" else messages[1]["content"])[:300]
+
+
+async def test_each_trajectory_keeps_one_server_and_both_get_work(tmp_path):
+    await _run(tmp_path, trials=4)  # 3 samples x 4 trials, 3 image-bearing steps each
+    a, b = (ScriptedBackend([policy] * 100, top_fn=planted) for _ in range(2))
+    spread = Spread([a, b])
+    res = await probe_run(tmp_path / "run", backend=spread, progress=False, concurrency=4)
+    assert len(res["steps"]) == 36 and len(spread.keys) == 12  # 12 trajectories, each given one server
+    on = [sum(1 for i in spread.keys.values() if i == j) for j in (0, 1)]
+    # each server answered exactly the 3 steps of each trajectory it was given, and both were given some
+    assert [len(a.calls), len(b.calls)] == [3 * on[0], 3 * on[1]] and min(on) >= 2
+    # the trajectories' questions: the same sample's trials may sit on different servers, a trajectory never
+    assert {_question(c["messages"]) for c in a.calls + b.calls}
+
+
+def test_pin_is_per_task_and_unpinned_calls_go_to_the_least_busy():
+    import asyncio
+
+    s = Spread([ScriptedBackend(["x"]), ScriptedBackend(["y"])])
+    assert s.assign(("q", 0)) == 0 and s.assign(("q", 1)) == 1 and s.assign(("q", 0)) == 0
+
+    async def where(key):
+        pin(s, key)
+        await asyncio.sleep(0)
+        return s._pick()
+
+    async def go():
+        return await asyncio.gather(where(("q", 0)), where(("q", 1)), where(("q", 0)))
+
+    assert asyncio.run(go()) == [0, 1, 0]
+    assert s._pick() in (0, 1)  # no pin in this context
+    pin(ScriptedBackend(["z"]), "k")  # a single backend: a no-op
+
+
+async def test_servers_of_different_models_are_refused():
+    s = Spread([ScriptedBackend(["x"], model="m1"), ScriptedBackend(["x"], model="m2")])
+    with pytest.raises(PreflightError, match="serve different models"):
+        await s.identity()
+    ok = await Spread([ScriptedBackend(["x"], model="m1"), ScriptedBackend(["x"], model="m1")]).identity()
+    assert ok["served_model"] == "m1"
+
+
+def test_the_probe_defaults_to_the_runs_servers_and_spreads_over_them(tmp_path, capsys):
+    """A run recorded over two servers: python -m probes.entropy with no backend flags probes over both, each
+    trajectory's requests on one of them."""
+    with FakeSGLang(reply=agent_policy) as s1, FakeSGLang(reply=agent_policy) as s2:
+        assert run_main(["--method", "react", "--backend", "openai", "--endpoint", s1.url, "--endpoint", s2.url,
+                         "--benchmark", "demo", "--limit", "4", "--t-max", "4", "--out", str(tmp_path / "r"),
+                         "--no-progress"]) == 0
+        n1, n2 = len(s1.bodies), len(s2.bodies)
+        assert entropy_main([str(tmp_path / "r"), "--no-progress"]) == 0
+        probe = {"s1": s1.bodies[n1:], "s2": s2.bodies[n2:]}
+    assert probe["s1"] and probe["s2"]  # both servers probed
+    where = {}
+    for name, bodies in probe.items():
+        for body in bodies:
+            q = json.dumps(body["messages"][1]["content"][-1])  # the sample's question
+            where.setdefault(q, set()).add(name)
+    assert len(where) == 4 and all(len(v) == 1 for v in where.values())  # a trajectory never changes server
+    assert "error:" not in capsys.readouterr().err
