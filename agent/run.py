@@ -773,6 +773,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--allow-missing-images", action="store_true",
                    help="run the samples whose images load, skip (and list) the others")
     g.add_argument("--max-image-mb", type=float, help="image size limit in MB (default 20; MMCF_MAX_IMAGE_MB)")
+    g.add_argument("--image-cache-mb", type=float,
+                   help="memory for read and encoded images, per process, least recently used out first (default "
+                        "512; MMCF_IMAGE_CACHE_MB; 0: no cache)")
     g.add_argument("--request-timeout", type=float, default=600.0, metavar="S",
                    help="seconds one model-server request may take before it is retried (default 600)")
     g.add_argument("--force", action="store_true", help="write into a run dir whose header differs")
@@ -811,6 +814,13 @@ def main(argv=None) -> int:
     _SHARED["freeze"] = argv is None  # run as a program (python -m agent.run), not called from Python
     if a.max_image_mb:
         os.environ["MMCF_MAX_IMAGE_MB"] = str(a.max_image_mb)  # read by every image load, children included
+    if a.image_cache_mb is not None:
+        if a.image_cache_mb < 0:
+            print("error: --image-cache-mb must be >= 0", file=sys.stderr)
+            return 2
+        from .backends.messages import set_image_cache_mb
+
+        set_image_cache_mb(a.image_cache_mb)  # and the environment, which worker processes inherit
     try:
         cfg = config_from_args(a)
         cfg.spec()  # validate method/variant/removal before touching anything

@@ -330,3 +330,41 @@ def test_a_full_disk_names_the_file_and_keeps_what_was_written(tmp_path):
     finally:
         if rd.results.is_dir():
             rd.results.rmdir()
+
+
+def test_image_caches_are_bounded_by_bytes(tmp_path):
+    """Every distinct image stayed in memory (bytes and data URI) for good: ~2.8 GB per runner over the release.
+    Now both caches together stay within --image-cache-mb, least recently used out first, and an evicted image
+    comes back identical."""
+    import numpy as np
+    from PIL import Image
+
+    from agent.backends import messages as M
+
+    rng = np.random.default_rng(0)
+    paths = []
+    for i in range(24):  # ~190 KB PNGs of noise (they do not compress)
+        p = tmp_path / f"im{i}.png"
+        Image.fromarray(rng.integers(0, 255, (256, 256, 3), dtype=np.uint8)).save(p)
+        paths.append(p)
+    before = os.environ.get("MMCF_IMAGE_CACHE_MB")
+    try:
+        M.set_image_cache_mb(2)
+        first = {}
+        for p in paths:
+            img = M.load_image(p)
+            first[p] = (img.sha256, img.data_uri()[:80])
+            st = M.image_cache_stats()
+            assert st["image_bytes"] <= st["budget_bytes"] // 2 + len(img.data) * 2
+            assert st["uri_bytes"] <= st["budget_bytes"] // 2 + len(img.data_uri())
+        st = M.image_cache_stats()
+        assert st["budget_bytes"] == 2 * 2**20 and st["images"] < 2 * len(paths) and st["uris"] < len(paths)
+        assert M.load_image(paths[-1]) is M.load_image(paths[-1])  # the most recent one is a hit
+        again = M.load_image(paths[0])  # long evicted: read again, the same image
+        assert (again.sha256, again.data_uri()[:80]) == first[paths[0]]
+        M.set_image_cache_mb(0)  # no cache: nothing kept
+        assert M.image_cache_stats()["image_bytes"] == 0 and M.image_cache_stats()["uri_bytes"] == 0
+    finally:
+        M.set_image_cache_mb(float(before) if before else M.DEFAULT_IMAGE_CACHE_MB)
+        if before is None:
+            os.environ.pop("MMCF_IMAGE_CACHE_MB", None)

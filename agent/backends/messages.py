@@ -66,9 +66,72 @@ class ImageData:
         return img.convert("RGB") if img.mode not in ("RGB", "L") else img
 
 
+class _ByteLRU:
+    """A dict bounded by the bytes of its values, least recently used out first (callers hold ``_lock``)."""
+
+    def __init__(self, budget: int):
+        from collections import OrderedDict
+
+        self.items: "OrderedDict" = OrderedDict()
+        self.budget, self.bytes = budget, 0
+
+    def get(self, key):
+        hit = self.items.get(key)
+        if hit is None:
+            return None
+        self.items.move_to_end(key)
+        return hit[0]
+
+    def put(self, key, value, nbytes: int) -> None:
+        old = self.items.pop(key, None)
+        if old is not None:
+            self.bytes -= old[1]
+        self.items[key] = (value, nbytes)
+        self.bytes += nbytes
+        self.trim(keep=1)
+
+    def trim(self, keep: int = 0) -> None:
+        """Evict the least recently used until within budget (``keep``: the newest entries never evicted)."""
+        while self.bytes > self.budget and len(self.items) > keep:
+            _, (_, n) = self.items.popitem(last=False)
+            self.bytes -= n
+
+
+#: The image caches' memory bound (MB, both together; MMCF_IMAGE_CACHE_MB, agent.run --image-cache-mb). Ours:
+#: every distinct image read stayed in memory twice (its bytes and its base64 data URI), +1.6 MB of RSS per
+#: 322 KB JPEG, never released: ~2.8 GB per runner process over the release's 1,727 samples (issue 24). A
+#: sample's images are read again at each of its calls, so a few hundred MB holds every image of the samples in
+#: flight; an evicted image is read and encoded again if it comes back (its hash is the same).
+DEFAULT_IMAGE_CACHE_MB = 512
+
+
+def _cache_budget() -> int:
+    try:
+        mb = float(os.environ.get("MMCF_IMAGE_CACHE_MB", DEFAULT_IMAGE_CACHE_MB))
+    except ValueError:
+        mb = DEFAULT_IMAGE_CACHE_MB
+    return max(0, int(mb * 2**20))
+
+
 _lock = threading.Lock()
-_by_key: dict[tuple, ImageData] = {}
-_uri_by_sha: dict[str, str] = {}
+_by_key = _ByteLRU(_cache_budget() // 2)    # (path, size, mtime[, inode]) -> ImageData
+_uri_by_sha = _ByteLRU(_cache_budget() // 2)  # sha256 -> data URI
+
+
+def set_image_cache_mb(mb: float) -> None:
+    """Bound the image caches to ``mb`` MB in all (0: no caching beyond the current request)."""
+    budget = max(0, int(mb * 2**20))
+    with _lock:
+        for c in (_by_key, _uri_by_sha):
+            c.budget = budget // 2
+            c.trim()
+    os.environ["MMCF_IMAGE_CACHE_MB"] = str(mb)  # worker processes inherit it
+
+
+def image_cache_stats() -> dict:
+    with _lock:
+        return {"images": len(_by_key.items), "image_bytes": _by_key.bytes, "uris": len(_uri_by_sha.items),
+                "uri_bytes": _uri_by_sha.bytes, "budget_bytes": _by_key.budget + _uri_by_sha.budget}
 
 
 def _data_uri(img: ImageData) -> str:
@@ -77,7 +140,7 @@ def _data_uri(img: ImageData) -> str:
     if uri is None:
         uri = f"data:{img.mime};base64," + base64.b64encode(img.data).decode("ascii")
         with _lock:
-            _uri_by_sha[img.sha256] = uri
+            _uri_by_sha.put(img.sha256, uri, len(uri))
     return uri
 
 
@@ -165,7 +228,7 @@ def load_image(ref: str | os.PathLike, *, base_dir: str | os.PathLike | None = N
         hit = _by_key.get(key)
     if hit is not None:
         with _lock:
-            _by_key[fast] = hit
+            _by_key.put(fast, hit, len(hit.data))
         return hit
     try:
         with open(path, "rb") as f:
@@ -177,8 +240,8 @@ def load_image(ref: str | os.PathLike, *, base_dir: str | os.PathLike | None = N
     mime, w, h = _validate(data, str(path))
     img = ImageData(hashlib.sha256(data).hexdigest(), data, mime, str(path), w, h)
     with _lock:
-        _by_key[key] = img
-        _by_key[fast] = img
+        _by_key.put(key, img, len(data))
+        _by_key.put(fast, img, len(data))  # counted twice: the bound is conservative
     return img
 
 
