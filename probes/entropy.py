@@ -102,6 +102,25 @@ def _call_slices(call: np.ndarray) -> dict:
     return {int(c): np.flatnonzero(call == c) for c in np.unique(call)}
 
 
+def _serving_totals(steps_path: Path) -> dict:
+    """Over every step row so far: requests, prompt tokens, those the server's prefix cache served (SGLang's
+    ``cached_tokens``), and the summed request time (server seconds; x the serving group's GPUs = GPU-seconds)."""
+    n = prompt = cached = 0
+    secs = 0.0
+    for raw in (steps_path.read_bytes().splitlines() if steps_path.exists() else []):
+        try:
+            r = loads(raw)
+        except ValueError:
+            continue
+        if isinstance(r, dict) and r.get("prompt_tokens") is not None:
+            n += 1
+            prompt += int(r["prompt_tokens"])
+            cached += int(r.get("cached_tokens") or 0)
+            secs += float(r.get("latency_s") or 0.0)
+    return {"requests": n, "prompt_tokens": prompt, "cached_tokens": cached,
+            "cached_share": round(cached / prompt, 4) if prompt else None, "server_seconds": round(secs, 2)}
+
+
 async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: str, H_all=None, slices=None) -> dict:
     sel = (slices or _call_slices(tok["call"])).get(ev["index"], slice(0, 0))
     think = np.asarray(tok["think"][sel], dtype=bool)
@@ -131,6 +150,10 @@ async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: 
         if out.exact_entropy is not None:
             row["H_exact_without"] = _think_mean(np.asarray(out.exact_entropy, dtype=np.float64), th2)
         row["regenerated_text"] = out.text[:2000]
+        # what the server did for it: prompt tokens, those served from its prefix cache, and the request's time
+        # (summed per probe in probe.json: the GPU time a figure costs, and whether the request order paid off)
+        row["prompt_tokens"], row["cached_tokens"] = int(out.usage.prompt_tokens), int(out.usage.cached_tokens)
+        row["latency_s"] = round(float(out.latency_s), 4)
     else:
         ids = [int(i) for i in tok["id"][sel]]
         if not ids or min(ids) < 0:
@@ -273,7 +296,9 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
     finally:
         sink.close()
         bar.close()
+    serving = _serving_totals(steps_path)
     (out / "probe.json").write_text(json.dumps({"run_dir": str(run.path), "mode": mode, "finished": time.time(),
+                                                "serving": serving,
                                                 "model": ident, "forced_model_mismatch": force,
                                                 "include_unparsed": include_unparsed,
                                                 "failures": failures}, indent=2))

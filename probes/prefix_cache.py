@@ -1,0 +1,258 @@
+"""What a probe's request order costs a server's prefix cache, measured without a GPU.
+
+    python -m probes.prefix_cache RUN_DIR [--mode regenerate|teacher-forced] [--model-dir DIR]
+        [--capacity-tokens 1000000] [--servers 2] [--concurrency 128]
+
+SGLang keeps the KV of recent prompts in a radix tree (its RadixCache: token-level, least recently used
+leaves evicted when the KV pool fills); a request pays prefill only for the tokens after its longest cached
+prefix. A probe sends each trajectory's steps, whose prompts extend one another, so how requests are ordered
+and spread over servers decides how much prefill is paid. This replays the exact token streams the entropy
+probe sends for a run (rendered with the model's own chat template; each image a block of tokens named by its
+sha256, as SGLang's multimodal cache keys them) through one simulated radix cache per server, under:
+
+- ``step-major``: every trajectory's step 1, then every step 2, ... (a flat list of steps), each request
+  on any server (as a balancer without affinity spreads them: drawn at random, seeded);
+- ``per-trajectory``: what the probes do (probes/entropy.py, probes/removal.py): ``--concurrency``
+  trajectories in flight, each sending its steps back to back, each kept on one server
+  (agent/backends/spread.py); also shown unpinned, to isolate the pinning.
+
+It reports the share of prompt tokens served from cache, and that share as a percentage of the ideal (an
+unbounded cache on one server: every prefix ever seen stays). Ours, and a model of the server, not the
+server: the cache is prompt-only (generated tokens also enter SGLang's tree but are never a later prompt's
+prefix here, because the regenerated text differs from the recorded one; they do take room, so a real cache
+fills sooner), one request is in flight per trajectory and requests complete in the order they are sent
+(round-robin over the trajectories in flight), and an image's token count is Qwen's 28-pixel grid of its
+stored size (the processor may resize; counts, not sharing, change).
+"""
+from __future__ import annotations
+
+import sys
+from collections import deque
+
+import numpy as np
+
+__all__ = ["RadixLRU", "prefix_keys", "simulate", "probe_streams", "main"]
+
+_P = np.uint64(0x100000001B3)          # the polynomial's base (FNV's prime: odd, well mixed)
+_LEN = np.uint64(0x9E3779B97F4A7C15)   # mixes the prefix length into its key
+
+
+def prefix_keys(tokens: np.ndarray, page: int = 1) -> np.ndarray:
+    """One 64-bit key per prefix (of length page, 2·page, ...): a polynomial hash of the tokens, computed as a
+    wrapping cumulative sum, with the length mixed in. Equal prefixes have equal keys; unequal ones collide
+    with probability ~2^-64 per pair (not adversarial input)."""
+    t = np.asarray(tokens, dtype=np.int64).astype(np.uint64)
+    n = len(t)
+    with np.errstate(over="ignore"):
+        w = np.cumprod(np.full(n, _P, dtype=np.uint64))
+        s = np.cumsum(t * w, dtype=np.uint64)
+        lens = np.arange(1, n + 1, dtype=np.uint64)
+        keys = s ^ (lens * _LEN)
+    return keys[page - 1::page]
+
+
+class RadixLRU:
+    """A token-level prefix tree with least-recently-used leaf eviction at ``capacity`` tokens (SGLang's
+    RadixCache policy), held as the set of cached prefixes: a prefix is cached only with all its own prefixes,
+    so the longest match is a binary search. Each node is owned by the last request that touched it; eviction
+    takes the oldest request's nodes deepest first, which are always leaves (a deeper node touched later would
+    have touched them too)."""
+
+    def __init__(self, capacity: int | None):
+        self.capacity = capacity
+        self.owner: dict = {}
+        self.groups: deque = deque()
+        self.size = 0
+        self.clock = 0
+
+    def access(self, keys: np.ndarray) -> int:
+        """The number of leading tokens (keys) already cached; then the whole prompt is cached."""
+        ks = keys.tolist()
+        owner = self.owner
+        lo, hi = 0, len(ks)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if ks[mid - 1] in owner:
+                lo = mid
+            else:
+                hi = mid - 1
+        self.clock += 1
+        aid = self.clock
+        self.size += len(ks) - sum(1 for k in ks if k in owner)
+        for k in ks:
+            owner[k] = aid
+        self.groups.append([aid, ks, len(ks)])
+        self._evict()
+        return lo
+
+    def _evict(self) -> None:
+        if self.capacity is None:
+            return
+        while self.size > self.capacity and len(self.groups) > 1:  # the newest request is being served
+            g = self.groups[0]
+            aid, ks = g[0], g[1]
+            while g[2] > 0 and self.size > self.capacity:
+                g[2] -= 1
+                k = ks[g[2]]
+                if self.owner.get(k) == aid:
+                    del self.owner[k]
+                    self.size -= 1
+            if g[2] == 0:
+                self.groups.popleft()
+
+
+def _order(streams: list[list[np.ndarray]], how: str, concurrency: int) -> list[tuple[int, int]]:
+    """(trajectory, request) in the order they reach the servers."""
+    if how == "step-major":
+        depth = max((len(s) for s in streams), default=0)
+        return [(t, r) for r in range(depth) for t in range(len(streams)) if r < len(streams[t])]
+    out, waiting, slots = [], deque(range(len(streams))), []
+    while waiting or slots:
+        while waiting and len(slots) < concurrency:
+            slots.append([waiting.popleft(), 0])
+        for s in list(slots):  # each trajectory in flight sends its next request in turn
+            out.append((s[0], s[1]))
+            s[1] += 1
+            if s[1] >= len(streams[s[0]]):
+                slots.remove(s)
+    return out
+
+
+def simulate(streams: list[list[np.ndarray]], *, capacity: int | None, servers: int = 1, concurrency: int = 128,
+             how: str = "per-trajectory", pinned: bool = True, page: int = 1) -> dict:
+    """Replay the requests (``streams``: per trajectory, its requests' prompt tokens in the order it sends them)
+    through one :class:`RadixLRU` per server; returns prompt tokens, cached tokens and the cached share."""
+    caches = [RadixLRU(None if capacity is None else capacity // page) for _ in range(servers)]
+    keys = [[prefix_keys(r, page) for r in s] for s in streams]
+    assigned, given = {}, [0] * servers
+    rng = np.random.default_rng(0)  # unpinned: a server per request as a balancer without affinity picks one
+    total = hit = 0
+    for t, r in _order(streams, how, concurrency):
+        if pinned:
+            if t not in assigned:
+                assigned[t] = min(range(servers), key=lambda j: given[j])
+                given[assigned[t]] += 1
+            srv = assigned[t]
+        else:
+            srv = int(rng.integers(servers))
+        hit += caches[srv].access(keys[t][r]) * page
+        total += len(streams[t][r])
+    return {"prompt_tokens": total, "cached_tokens": hit, "cached_share": hit / total if total else float("nan")}
+
+
+def _image_tokens(img) -> int:
+    """Qwen's vision tokens for an image of this stored size: one per 28 x 28 pixels (14-pixel patches merged
+    2 x 2), the size clamped to the processor's default pixel range."""
+    w, h = max(int(img.width), 1), max(int(img.height), 1)
+    px = w * h
+    lo, hi = 56 * 56, 28 * 28 * 1280
+    scale = (lo / px) ** 0.5 if px < lo else (hi / px) ** 0.5 if px > hi else 1.0
+    return max(1, round(h * scale / 28)) * max(1, round(w * scale / 28))
+
+
+def probe_streams(run_dir, *, mode: str = "regenerate", model_dir=None, limit: int | None = None):
+    """Per trajectory the token streams the entropy probe sends (its order: steps ascending; teacher-forced:
+    with images, then without, per step), rendered with the model's chat template."""
+    from agent.backends.local import load_chat_renderer
+    from agent.backends.messages import split_text_and_images, strip_query_images
+    from agent.backends.tiny_model import ensure_tiny_model
+    from agent.rundir import load_run
+    from analysis.selection import select_trajectories
+
+    run = load_run(run_dir)
+    md = model_dir or (run.header.get("backend") or {}).get("model_dir") or ensure_tiny_model(quiet=True)
+    tok = load_chat_renderer(str(md))
+    pad = tok.convert_tokens_to_ids("<|image_pad|>")
+    lines, _ = select_trajectories(sorted(run.index, key=lambda ln: (ln["sample_id"], ln["trial"]))[: limit or None],
+                                   include_unparsed=True)
+
+    def ids_of(messages, continuation=()):
+        hf, images = split_text_and_images(messages)
+        text = tok.apply_chat_template(hf, add_generation_prompt=True, tokenize=False)
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        out, k = [], 0
+        for i in ids:  # each image: a block of tokens named by its content, as SGLang's cache keys them
+            if i == pad and k < len(images):
+                img = images[k]
+                v = -(int(img.sha256[:12], 16) + 1)
+                out.extend([v] * _image_tokens(img))
+                k += 1
+            else:
+                out.append(i)
+        return np.asarray(out + list(continuation), dtype=np.int64)
+
+    streams = []
+    for summary in lines:
+        line = run.full(summary)
+        steps = [c["index"] for c in line.get("calls") or [] if c.get("n_query_images", 0) > 0]
+        if not steps:
+            continue
+        events = {e["index"]: e for e in line["events"] if e["type"] == "llm_call"}
+        cont = {}
+        if mode == "teacher-forced" and line.get("tokens_file"):
+            t = run.tokens(line, ["call", "id"])
+            cont = {int(c): t["id"][t["call"] == c].tolist() for c in np.unique(t["call"])}
+        reqs = []
+        for s in steps:
+            msgs = run.sendable_messages(line, events[s])
+            if mode == "regenerate":
+                reqs.append(ids_of(strip_query_images(msgs)))
+            else:
+                reqs += [ids_of(msgs, cont.get(s, ())), ids_of(strip_query_images(msgs), cont.get(s, ()))]
+        streams.append(reqs)
+    return streams
+
+
+def report(streams, *, capacity: int, servers: int, concurrency: int) -> list[dict]:
+    ideal = simulate(streams, capacity=None, servers=1, concurrency=concurrency)
+    rows = []
+    for how, pinned in (("step-major", False), ("per-trajectory", False), ("per-trajectory", True)):
+        for n in sorted({1, servers}):
+            if n == 1 and pinned:
+                continue  # one server: pinning changes nothing
+            r = simulate(streams, capacity=capacity, servers=n, concurrency=concurrency, how=how, pinned=pinned)
+            rows.append({"order": how + (" (pinned)" if pinned else ""), "servers": n, **r,
+                         "of_ideal": r["cached_tokens"] / ideal["cached_tokens"] if ideal["cached_tokens"] else float("nan")})
+    rows.append({"order": "ideal (unbounded, one server)", "servers": 1, **ideal, "of_ideal": 1.0})
+    return rows
+
+
+def main(argv=None) -> int:
+    from agent.cli import done, make_parser
+
+    ap = make_parser("python -m probes.prefix_cache", __doc__, [
+        "python -m probes.prefix_cache runs/react-27b --model-dir /models/Qwen3.5-27B --servers 2",
+        "python -m probes.prefix_cache runs/fig2-demo --capacity-tokens 20000   # the demo, a small cache"])
+    ap.add_argument("run_dir", help="a ReAct run directory")
+    ap.add_argument("--mode", choices=("regenerate", "teacher-forced"), default="regenerate")
+    ap.add_argument("--model-dir", help="the model's tokenizer and chat template (default: the run's)")
+    ap.add_argument("--capacity-tokens", type=int, default=1_000_000,
+                    help="each server's KV pool in tokens (default 1M; SGLang logs its max_total_num_tokens at start)")
+    ap.add_argument("--servers", type=int, default=2, help="servers the probe spreads over")
+    ap.add_argument("--concurrency", type=int, default=128, help="trajectories in flight (the probes' default per server)")
+    ap.add_argument("--limit", type=int, help="the first N trajectories")
+    a = ap.parse_args(argv)
+    if a.servers < 1 or a.capacity_tokens < 1 or a.concurrency < 1:
+        ap.error("--servers, --capacity-tokens and --concurrency must be positive")
+    from agent.rundir import RunError
+
+    try:
+        streams = probe_streams(a.run_dir, mode=a.mode, model_dir=a.model_dir, limit=a.limit)
+    except (RunError, OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not streams:
+        print(f"error: {a.run_dir}: no trajectory with an image-bearing step", file=sys.stderr)
+        return 2
+    n_req = sum(len(s) for s in streams)
+    print(f"{len(streams)} trajectories, {n_req} {a.mode} requests, "
+          f"{sum(len(r) for s in streams for r in s):,} prompt tokens; cache {a.capacity_tokens:,} tokens per server")
+    for r in report(streams, capacity=a.capacity_tokens, servers=a.servers, concurrency=a.concurrency):
+        print(f"  {r['order']:32s} servers {r['servers']}: {100 * r['cached_share']:5.1f} % of prompt tokens cached "
+              f"({100 * r['of_ideal']:5.1f} % of ideal)")
+    done([], f"python -m probes.entropy {a.run_dir} --mode {a.mode}   (its probe.json: the server's own cached_tokens)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

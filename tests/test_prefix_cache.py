@@ -1,0 +1,84 @@
+"""probes/prefix_cache.py: the radix-cache model against a brute-force one, and the request orders it compares."""
+from __future__ import annotations
+
+import numpy as np
+
+from probes.prefix_cache import RadixLRU, main, prefix_keys, simulate
+
+
+class Naive:
+    """Every cached prefix as a tuple with its last access time; evict the least recently used leaf (deepest
+    first among equals), never the request being served."""
+
+    def __init__(self, capacity):
+        self.capacity, self.t, self.seen = capacity, 0, {}
+
+    def access(self, tokens):
+        tokens = tuple(tokens)
+        m = max((n for n in range(len(tokens) + 1) if n == 0 or tokens[:n] in self.seen), default=0)
+        self.t += 1
+        for n in range(1, len(tokens) + 1):
+            self.seen[tokens[:n]] = self.t
+        while len(self.seen) > self.capacity:
+            leaves = [p for p in self.seen if self.seen[p] != self.t
+                      and not any(len(q) == len(p) + 1 and q[:-1] == p for q in self.seen)]
+            if not leaves:
+                break
+            del self.seen[min(leaves, key=lambda p: (self.seen[p], -len(p)))]
+        return m
+
+
+def test_the_radix_cache_matches_a_brute_force_one():
+    rng = np.random.default_rng(1)
+    for capacity in (5, 12, 40):
+        fast, slow = RadixLRU(capacity), Naive(capacity)
+        prefixes = [list(rng.integers(0, 4, 3))]
+        for _ in range(150):  # prompts that extend, branch from and repeat earlier ones
+            base = prefixes[int(rng.integers(len(prefixes)))]
+            req = base[: int(rng.integers(0, len(base) + 1))] + list(rng.integers(0, 4, int(rng.integers(1, 5))))
+            prefixes.append(req)
+            assert fast.access(prefix_keys(np.array(req))) == slow.access(req)
+            assert fast.size == len(slow.seen) <= max(capacity, len(req))
+
+
+def test_keys_identify_prefixes():
+    a, b = prefix_keys(np.array([5, 6, 7, 8])), prefix_keys(np.array([5, 6, 9]))
+    assert a[0] == b[0] and a[1] == b[1] and a[2] != b[2] and len(set(a.tolist())) == 4
+    assert prefix_keys(np.array([1, 2, 3, 4]), page=2).tolist() == prefix_keys(np.array([1, 2, 3, 4])).tolist()[1::2]
+
+
+def test_the_probes_order_beats_step_major_and_pinning_beats_a_balancer():
+    """Trajectories whose steps extend one another: sent per trajectory and kept on one server, a small cache
+    serves nearly all it ideally could; step-major order, or a server per request, loses most of it."""
+    rng = np.random.default_rng(0)
+    streams = []
+    for t in range(40):
+        prefix = list(rng.integers(10, 10_000, 200))
+        reqs = []
+        for _ in range(5):
+            prefix = prefix + list(rng.integers(10, 10_000, 150))
+            reqs.append(np.array(prefix))
+        streams.append(reqs)
+    ideal = simulate(streams, capacity=None)
+    cap = 8 * 1000  # room for ~8 trajectories' prompts per server
+    kw = dict(capacity=cap, concurrency=8)
+    step = simulate(streams, how="step-major", servers=1, **kw)
+    ours = simulate(streams, how="per-trajectory", servers=1, **kw)
+    assert ours["cached_tokens"] >= 0.9 * ideal["cached_tokens"] > step["cached_tokens"] * 2
+    pinned = simulate(streams, servers=2, pinned=True, **{**kw, "concurrency": 16})
+    loose = simulate(streams, servers=2, pinned=False, **{**kw, "concurrency": 16})
+    assert pinned["cached_tokens"] >= 0.9 * ideal["cached_tokens"] > loose["cached_tokens"]
+    assert ideal["prompt_tokens"] == step["prompt_tokens"] == sum(len(r) for s in streams for r in s)
+
+
+def test_the_command_on_a_scripted_run(tmp_path, capsys):
+    from agent.run import main as run_main
+
+    assert run_main(["--method", "react", "--backend", "scripted", "--benchmark", "demo", "--trials", "3",
+                     "--out", str(tmp_path / "r"), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main([str(tmp_path / "r"), "--capacity-tokens", "4000", "--concurrency", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "18 trajectories" in out and "per-trajectory (pinned)          servers 2" in out and "of ideal" in out
+    assert main([str(tmp_path / "r"), "--mode", "teacher-forced", "--servers", "1"]) == 0
+    assert main([str(tmp_path / "nope")]) == 2
