@@ -204,13 +204,14 @@ def probe_streams(run_dir, *, mode: str = "regenerate", model_dir=None, limit: i
 
 
 def report(streams, *, capacity: int, servers: int, concurrency: int) -> list[dict]:
+    """Each order at one server and at ``servers``, ``concurrency`` trajectories in flight per server."""
     ideal = simulate(streams, capacity=None, servers=1, concurrency=concurrency)
     rows = []
     for how, pinned in (("step-major", False), ("per-trajectory", False), ("per-trajectory", True)):
         for n in sorted({1, servers}):
             if n == 1 and pinned:
                 continue  # one server: pinning changes nothing
-            r = simulate(streams, capacity=capacity, servers=n, concurrency=concurrency, how=how, pinned=pinned)
+            r = simulate(streams, capacity=capacity, servers=n, concurrency=concurrency * n, how=how, pinned=pinned)
             rows.append({"order": how + (" (pinned)" if pinned else ""), "servers": n, **r,
                          "of_ideal": r["cached_tokens"] / ideal["cached_tokens"] if ideal["cached_tokens"] else float("nan")})
     rows.append({"order": "ideal (unbounded, one server)", "servers": 1, **ideal, "of_ideal": 1.0})
@@ -229,7 +230,7 @@ def main(argv=None) -> int:
     ap.add_argument("--capacity-tokens", type=int, default=1_000_000,
                     help="each server's KV pool in tokens (default 1M; SGLang logs its max_total_num_tokens at start)")
     ap.add_argument("--servers", type=int, default=2, help="servers the probe spreads over")
-    ap.add_argument("--concurrency", type=int, default=128, help="trajectories in flight (the probes' default per server)")
+    ap.add_argument("--concurrency", type=int, default=128, help="trajectories in flight per server (the probes' default)")
     ap.add_argument("--limit", type=int, help="the first N trajectories")
     a = ap.parse_args(argv)
     if a.servers < 1 or a.capacity_tokens < 1 or a.concurrency < 1:
