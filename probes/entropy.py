@@ -41,7 +41,7 @@ from agent.backends.base import BackendError, Continuation, SamplingParams, top_
 from agent.backends.messages import strip_query_images
 from agent.backends.spread import pin
 from agent.http import dumps, loads
-from agent.rundir import Run, RunError, close_fragment, collector_off_the_heap, load_run, output_lock
+from agent.rundir import Run, RunError, close_fragment, collect_cycles, collector_off_the_heap, load_run, output_lock
 from analysis.entropy import grouped_tail_entropy, token_influence
 from analysis.selection import select_trajectories
 from analysis.stats import summarise_by
@@ -282,6 +282,7 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
                     sink.flush()
                     kept[0] += 1
                 bar.update(1)
+                collect_cycles()  # the finished replies' reference cycles (the heap itself stays frozen)
 
     kept = [0]
     sink = open(steps_path, "ab")

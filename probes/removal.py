@@ -42,7 +42,7 @@ from agent.methods import HARNESS_ERRORS, Budgets, Episode, MethodSpec
 from agent.methods.common import WEBWATCHER_OBSERVATION_IMAGES, Turn, tool_reply
 from agent.methods.react import react_messages, run_react
 from agent.prompts import CORRECTION, fill
-from agent.rundir import Run, RunDir, RunError, collector_off_the_heap, load_run, output_lock
+from agent.rundir import Run, RunDir, RunError, collect_cycles, collector_off_the_heap, load_run, output_lock
 from agent.tools import make_toolbox
 from agent.trajectory import Trajectory
 from analysis.stats import removal_summary
@@ -238,6 +238,7 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
                                             sampling=sampling)
                 await asyncio.to_thread(dirs[k].append, traj, rl)
                 bar.update(1)
+                collect_cycles()  # the finished replies' reference cycles (the heap itself stays frozen)
 
     try:
         work = [trajectory_group(ln) for ln in lines]

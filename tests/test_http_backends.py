@@ -231,3 +231,58 @@ def test_a_hub_id_model_dir_resolves_from_the_local_cache_only(tmp_path, tiny_mo
     finally:
         monkeypatch.undo()
         importlib.reload(c)
+
+
+def test_the_http_backend_renders_without_importing_torch(tiny_model_dir):
+    """An HTTP-path probe or runner only renders prompts: the tokenizer class its config names is loaded
+    directly (AutoTokenizer would import torch: +0.5 GB per process), and it is the class AutoTokenizer picks,
+    rendering identically."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    code = ("import sys; from agent.backends import make_backend; "
+            f"b = make_backend('sglang', endpoint='http://127.0.0.1:9', model_dir={str(tiny_model_dir)!r}); "
+            "print(type(b.tok).__name__, 'torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.split() == ["Qwen3_5Tokenizer", "False"], r.stderr[-2000:]
+    from transformers import AutoTokenizer
+
+    from agent.backends.local import _fingerprint, _named_tokenizer
+
+    direct = _named_tokenizer(tiny_model_dir)
+    assert type(direct) is type(AutoTokenizer.from_pretrained(tiny_model_dir))
+    assert _fingerprint(direct) == _fingerprint(AutoTokenizer.from_pretrained(tiny_model_dir))
+
+
+def test_cycles_are_collected_while_the_heap_is_frozen():
+    """Inside collector_off_the_heap the young threshold is high; collect_cycles() frees cyclic garbage (an HTTP
+    client's finished responses) every N units of work instead of at the rare full collections."""
+    import gc
+    import weakref
+
+    from agent.rundir import collect_cycles, collector_off_the_heap
+
+    class Node:
+        pass
+
+    gc.disable()  # nothing but collect_cycles may collect here
+    try:
+        with collector_off_the_heap():
+            a, b = Node(), Node()
+            a.other, b.other = b, a  # a reference cycle, unreachable once the names go
+            ref = weakref.ref(a)
+            del a, b
+            assert ref() is not None  # reference counting alone never frees a cycle
+            collect_cycles(every=1)
+            assert ref() is None
+        x, y = Node(), Node()
+        x.other, y.other = y, x
+        ref = weakref.ref(x)
+        del x, y
+        collect_cycles(every=1)  # outside the block: the ordinary collector's business, not touched
+        assert ref() is not None
+    finally:
+        gc.enable()
+        gc.collect()

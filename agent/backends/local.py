@@ -87,8 +87,33 @@ def _from_hint(path, hint: dict):
         return None
 
 
+def _named_tokenizer(path):
+    """The tokenizer class ``tokenizer_config.json`` names (``Qwen3_5Tokenizer`` ->
+    ``transformers.models.qwen3_5.tokenization_qwen3_5``), loaded without AutoTokenizer, or None.
+
+    Ours, for memory: AutoTokenizer imports transformers' configuration machinery, which imports torch (+0.5 GB
+    of RSS and ~3 s in every HTTP-path probe and runner process that only renders prompts); the class itself
+    does not. AutoTokenizer resolves the same name to the same class; anything unusual (no name, a class
+    outside transformers.models, an import error) falls back to it."""
+    import importlib
+    import json
+    import re
+
+    try:
+        name = json.loads((path / "tokenizer_config.json").read_text()).get("tokenizer_class")
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Z][A-Za-z0-9_]*Tokenizer(Fast)?", name):
+            return None
+        stem = name.removesuffix("Fast").removesuffix("Tokenizer")
+        mod = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", stem).lower()  # Qwen3_5 -> qwen3_5, XLMRoberta -> xlmroberta
+        module = importlib.import_module(f"transformers.models.{mod}.tokenization_{mod}")
+        cls = getattr(module, name, None) or getattr(module, name.removesuffix("Fast"))
+        return cls.from_pretrained(path, _from_auto=True)  # what AutoTokenizer passes on
+    except Exception:  # noqa: BLE001 - anything at all: AutoTokenizer decides
+        return None
+
+
 def load_chat_renderer(model_dir: str | os.PathLike):
-    """The tokenizer of a model directory with its chat template loaded (no torch needed)."""
+    """The tokenizer of a model directory with its chat template loaded (no torch needed, none imported)."""
     from .hub import resolve_model_dir
 
     path = resolve_model_dir(model_dir)
@@ -96,14 +121,16 @@ def load_chat_renderer(model_dir: str | os.PathLike):
     tok = _from_hint(path, hint) if hint else None
     if tok is not None:
         return tok
-    try:
-        from transformers import AutoTokenizer
-    except ImportError as e:
-        raise BackendError(f"rendering prompts needs transformers: pip install 'transformers>=5.2' ({e})") from e
-    try:
-        tok = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        raise BackendError(f"{path}: cannot load a tokenizer ({e})") from e
+    tok = _named_tokenizer(path)
+    if tok is None:
+        try:
+            from transformers import AutoTokenizer
+        except ImportError as e:
+            raise BackendError(f"rendering prompts needs transformers: pip install 'transformers>=5.2' ({e})") from e
+        try:
+            tok = AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError) as e:
+            raise BackendError(f"{path}: cannot load a tokenizer ({e})") from e
     if not getattr(tok, "chat_template", None):
         jinja = path / "chat_template.jinja"
         if jinja.exists():

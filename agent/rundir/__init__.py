@@ -27,7 +27,8 @@ from __future__ import annotations
 from ..sidecar import RELEASE_COLUMNS, read_parquet  # noqa: F401  (re-exported: older imports keep working)
 from .check import CheckReport, check_run, main
 from .common import (
-    IDENTITY_KEYS, RESUME_HISTORY, TOKEN_PRECISIONS, RunError, close_fragment, collector_off_the_heap, output_lock,
+    IDENTITY_KEYS, RESUME_HISTORY, TOKEN_PRECISIONS, RunError, close_fragment, collect_cycles,
+    collector_off_the_heap, output_lock,
     token_key, versions,
 )
 from .index import Lines, summary_of
@@ -36,4 +37,4 @@ from .writer import RunDir
 
 __all__ = ["RunDir", "Run", "load_run", "RunError", "IDENTITY_KEYS", "versions", "token_key", "read_parquet",
            "TOKEN_PRECISIONS", "RESUME_HISTORY", "Lines", "summary_of", "check_run", "CheckReport", "close_fragment",
-           "output_lock", "collector_off_the_heap", "main"]
+           "output_lock", "collector_off_the_heap", "collect_cycles", "main"]

@@ -94,6 +94,19 @@ def close_fragment(path) -> None:
 _FROZEN = {"depth": 0}
 
 
+def collect_cycles(every: int = 32) -> None:
+    """Call once per unit of work (a probe's step) inside :func:`collector_off_the_heap`: every ``every`` calls
+    a full collection runs. With the heap frozen it walks only what was made since (the work in flight), so it
+    is cheap; without it the garbage that sits in reference cycles (an HTTP client's finished responses)
+    waited for the rare full collections of the raised thresholds: +0.4 GB of RSS at 1,000 probed steps of
+    ~1,000-token replies, gone with one collection every 32 steps (ours: scripts/bench_probe_http.py)."""
+    import gc
+
+    _FROZEN["ticks"] = _FROZEN.get("ticks", 0) + 1
+    if _FROZEN["ticks"] % every == 0 and _FROZEN["depth"] > 0:
+        gc.collect()
+
+
 @contextlib.contextmanager
 def collector_off_the_heap():
     """Keep Python's cyclic garbage collector off everything alive now while a long loop reads many large lines.

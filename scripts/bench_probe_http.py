@@ -1,0 +1,119 @@
+"""The entropy probe on the HTTP path: client CPU per step and peak memory, at two scales, as whole processes.
+
+    python scripts/bench_probe_http.py [--scales 10,100,300] [--reply-tokens 1000] [--concurrency 64]
+
+What a user with a GPU node runs: ``python -m probes.entropy RUN --backend sglang --endpoint URL
+--model-dir DIR`` against a server. The server is the loopback SGLang stand-in (tests/fakes/sglang_server.py)
+in its own process, replying to every ``/generate`` with a ~``--reply-tokens`` think block and top-20
+alternatives per token (SGLang's native JSON shape); the run is paper-shaped (scripts/bench_data.py: 10 calls
+of ~1,000 tokens per trajectory, each with its query image). For each scale (trajectories; x 10 steps) the
+probe runs as one process; its CPU time (user + system, from the kernel) and peak RSS are printed, per step
+and in all, so scaling shows: CPU per step should stay flat and peak memory should not grow with the steps.
+The tokenizer and chat template are the embedded tiny model's (the real Qwen3.5 classes; a 628-token
+vocabulary, so the replies' JSON is a little smaller than a real model's).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(url: str, proc, timeout: float = 120.0) -> None:
+    import urllib.request
+
+    t = time.time()
+    while time.time() - t < timeout:
+        if proc.poll() is not None:
+            raise SystemExit(f"the stand-in exited: {proc.stderr.read()[-2000:]}")
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2)
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit("the stand-in did not start")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scales", default="10,100,300", help="trajectories per scale (x 10 steps each)")
+    ap.add_argument("--reply-tokens", type=int, default=1000)
+    ap.add_argument("--concurrency", type=int, default=64)
+    a = ap.parse_args(argv)
+    from agent.backends.tiny_model import ensure_tiny_model
+    from bench_data import RowPool, write_run
+
+    tiny = str(ensure_tiny_model(quiet=True))
+    words = ("the image shows a building with a tower and we should search for its name before the answer "
+             "because the style suggests a date ").split()
+    from agent.backends.local import load_chat_renderer
+
+    tok = load_chat_renderer(tiny)
+
+    def make(n_words):
+        return "<think>\n" + " ".join(words[i % len(words)] for i in range(n_words)) + "\n</think>\n\n<answer>1911</answer>"
+
+    n_words = a.reply_tokens
+    for _ in range(4):  # calibrate the reply to --reply-tokens tokens of this tokenizer
+        n_words = max(1, round(n_words * a.reply_tokens / len(tok(make(n_words))["input_ids"])))
+    reply = make(n_words)
+    reply_tokens = len(tok(reply)["input_ids"])
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    srv = subprocess.Popen([sys.executable, str(REPO / "tests" / "fakes" / "sglang_server.py"), "--port", str(port),
+                            "--tokenizer", tiny, "--model-name", tiny, "--reply", reply],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait(url, srv)
+        rows = []
+        with tempfile.TemporaryDirectory() as d:
+            pool = RowPool(seed=0)
+            for n in (int(x) for x in a.scales.split(",")):
+                root = Path(d) / f"run{n}"
+                write_run(root, n, pool, progress=False)
+                driver = os.environ.get("BENCH_DRIVER")  # (experiments) a wrapper: DRIVER MODE ARGS...
+                cmd = [sys.executable, *(driver.split() if driver else ["-m", "probes.entropy"]), str(root), "--backend", "sglang", "--endpoint", url,
+                       "--model-dir", tiny, "--force", "--no-progress", "--concurrency", str(a.concurrency)]
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                t = time.perf_counter()
+                r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
+                                   env={**os.environ, "PYTHONPATH": str(REPO)})
+                wall = time.perf_counter() - t
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                if r.returncode:
+                    raise SystemExit(f"probe failed ({r.returncode}): {r.stderr[-3000:]}")
+                if driver:
+                    print([x for x in r.stderr.splitlines() if x.startswith("MAXRSS")])
+                steps = sum(1 for _ in open(root / "probes" / "entropy-regenerate" / "steps.jsonl", "rb"))
+                cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+                rows.append((n, steps, cpu, wall, after.ru_maxrss / 1024))
+    finally:
+        srv.terminate()
+        srv.wait(timeout=30)
+    print(f"python -m probes.entropy RUN --backend sglang (regenerate), {reply_tokens}-token replies with top-20, "
+          f"--concurrency {a.concurrency}; one process per scale")
+    print(f"{'trajectories':>12} {'steps':>6} {'client CPU s':>12} {'ms CPU/step':>11} {'wall s':>7} {'peak RSS MB':>11}")
+    for n, steps, cpu, wall, rss in rows:
+        print(f"{n:>12} {steps:>6} {cpu:>12.1f} {1000 * cpu / steps:>11.1f} {wall:>7.1f} {rss:>11.0f}")
+    print("(peak RSS: the largest of the probe processes so far, as the kernel reports children's maxima)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
