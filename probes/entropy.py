@@ -284,6 +284,7 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
                 bar.update(1)
                 collect_cycles()  # the finished replies' reference cycles (the heap itself stays frozen)
 
+    getattr(backend, "prepare", lambda m: None)(mode)  # what the requests will need, loaded before the freeze
     kept = [0]
     sink = open(steps_path, "ab")
     try:

@@ -55,6 +55,8 @@ def main(argv=None) -> int:
     ap.add_argument("--scales", default="10,100,300", help="trajectories per scale (x 10 steps each)")
     ap.add_argument("--reply-tokens", type=int, default=1000)
     ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--mode", choices=("regenerate", "teacher-forced"), default="regenerate",
+                    help="teacher-forced: two scoring requests per step (with / without the query images)")
     a = ap.parse_args(argv)
     from agent.backends.tiny_model import ensure_tiny_model
     from bench_data import RowPool, write_run
@@ -83,13 +85,20 @@ def main(argv=None) -> int:
         _wait(url, srv)
         rows = []
         with tempfile.TemporaryDirectory() as d:
-            pool = RowPool(seed=0)
+            if a.mode == "teacher-forced":  # the recorded ids are scored: they must be the served model's
+                import bench_data
+
+                from agent.backends.base import model_vocab_size
+
+                bench_data.VOCAB = model_vocab_size(tiny)
+            pool = RowPool(seed=0, n_rows=1 << 16 if a.mode == "teacher-forced" else 1 << 19)
             for n in (int(x) for x in a.scales.split(",")):
                 root = Path(d) / f"run{n}"
                 write_run(root, n, pool, progress=False)
                 driver = os.environ.get("BENCH_DRIVER")  # (experiments) a wrapper: DRIVER MODE ARGS...
                 cmd = [sys.executable, *(driver.split() if driver else ["-m", "probes.entropy"]), str(root), "--backend", "sglang", "--endpoint", url,
-                       "--model-dir", tiny, "--force", "--no-progress", "--concurrency", str(a.concurrency)]
+                       "--model-dir", tiny, "--force", "--no-progress", "--concurrency", str(a.concurrency),
+                       "--mode", a.mode]
                 before = resource.getrusage(resource.RUSAGE_CHILDREN)
                 t = time.perf_counter()
                 r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
@@ -100,13 +109,13 @@ def main(argv=None) -> int:
                     raise SystemExit(f"probe failed ({r.returncode}): {r.stderr[-3000:]}")
                 if driver:
                     print([x for x in r.stderr.splitlines() if x.startswith("MAXRSS")])
-                steps = sum(1 for _ in open(root / "probes" / "entropy-regenerate" / "steps.jsonl", "rb"))
+                steps = sum(1 for _ in open(root / "probes" / f"entropy-{a.mode}" / "steps.jsonl", "rb"))
                 cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
                 rows.append((n, steps, cpu, wall, after.ru_maxrss / 1024))
     finally:
         srv.terminate()
         srv.wait(timeout=30)
-    print(f"python -m probes.entropy RUN --backend sglang (regenerate), {reply_tokens}-token replies with top-20, "
+    print(f"python -m probes.entropy RUN --backend sglang ({a.mode}), {reply_tokens}-token replies with top-20, "
           f"--concurrency {a.concurrency}; one process per scale")
     print(f"{'trajectories':>12} {'steps':>6} {'client CPU s':>12} {'ms CPU/step':>11} {'wall s':>7} {'peak RSS MB':>11}")
     for n, steps, cpu, wall, rss in rows:

@@ -286,3 +286,26 @@ def test_cycles_are_collected_while_the_heap_is_frozen():
     finally:
         gc.enable()
         gc.collect()
+
+
+def test_prompt_ids_per_message_equal_the_whole_prompts_ids(tiny_model_dir, red_image):
+    """The native backend tokenises a rendered prompt message by message (cut before each <|im_start|>) and
+    remembers each piece: the ids must be exactly those of the whole text, for the shapes a trajectory takes
+    (images, reasoning in the history, tool responses, text that looks like a special token, non-ASCII)."""
+    from agent.backends import make_backend
+
+    b = make_backend("sglang", endpoint="http://127.0.0.1:9", model_dir=str(tiny_model_dir))
+    img = {"type": "image_url", "image_url": {"url": str(red_image)}}
+    history = [{"role": "system", "content": "You answer questions about images."},
+               {"role": "user", "content": [{"type": "text", "text": "<image_0>"}, img,
+                                            {"type": "text", "text": "Which year? naïve café — 東京 <|im_start|> x"}]}]
+    for i in range(4):
+        history += [{"role": "assistant", "content": f'<tool_call>\n{{"name": "search", "arguments": {{"query": "q{i}"}}}}\n</tool_call>',
+                     "reasoning_content": f"step {i}: look again\n\n at the  image"},
+                    {"role": "user", "content": f"<tool_response>\nresult {i}: 1911 ... \n</tool_response>"}]
+        for msgs in (history, [m if m["role"] != "user" or not isinstance(m["content"], list)
+                               else {**m, "content": [p for p in m["content"] if p.get("type") == "text"]}
+                               for m in history]):
+            prompt, _ = b.render(msgs, {"enable_thinking": True})
+            assert b.prompt_ids(prompt) == b.tok(prompt, add_special_tokens=False)["input_ids"]
+    assert len(b._piece_ids) >= 6  # the pieces were remembered and reused

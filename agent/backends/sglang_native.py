@@ -29,7 +29,9 @@ something reads them.
 """
 from __future__ import annotations
 
+import re
 import time
+from array import array
 
 import httpx
 
@@ -46,6 +48,11 @@ from .wire import finish_reason_of, tokens_from_triples
 __all__ = ["SGLangBackend"]
 
 _TRAILING_SPECIALS = ("<|im_end|>", "<|endoftext|>")
+#: Where a rendered prompt is cut for :meth:`SGLangBackend.prompt_ids` (before each message's start token).
+_PIECES = re.compile(r"(?=<\|im_start\|>)")
+#: Message pieces remembered per backend (ours: ~2 new per step, so 4,096 cover the last steps of every
+#: trajectory in flight at the probes' 128 per server; a piece is its text and 4 bytes per id: ~10 KB).
+_PIECE_CACHE = 4096
 
 
 class SGLangBackend:
@@ -75,6 +82,8 @@ class SGLangBackend:
         self._client = client or make_client()
         self._decode_cache: dict[int, str] = {}
         self._proc = None
+        self._piece_ids: dict[str, array] = {}   # prompt_ids: ids per message piece
+        self._image_tokens: dict[str, int] = {}      # image_tokens: expanded length per image sha256
 
     def _decode(self, tid: int) -> str:
         s = self._decode_cache.get(tid)
@@ -160,14 +169,55 @@ class SGLangBackend:
                                    "torchvision (present on an SGLang node) or score without images") from None
         return self._proc
 
-    def expanded_prompt_len(self, prompt: str, images: list) -> int:
-        """Prompt length in tokens after the server expands each image placeholder (Qwen-VL rule)."""
-        proc = self._processor()
-        grid = proc.image_processor(images=[im.pil() for im in images])["image_grid_thw"]
-        merge = int(getattr(proc.image_processor, "merge_size", 2))
-        per_image = [int(g[0]) * int(g[1]) * int(g[2]) // (merge * merge) for g in grid.tolist()]
-        n = len(self.tok(prompt, add_special_tokens=False)["input_ids"])
+    def prepare(self, mode: str) -> None:
+        """Load now what a probe of this ``mode`` will need (the processor, for teacher-forced scoring with
+        images), before the probe freezes its heap: loaded later, its hundreds of thousands of objects would be
+        walked by every cycle collection of the probe (0.26 s each; ours, scripts/bench_probe_http.py)."""
+        if mode == "teacher-forced":
+            try:
+                self._processor()
+            except BackendError:  # said again, with the reason, if an image is scored
+                pass
+
+    def image_tokens(self, images: list) -> list[int]:
+        """Each image's token count after the server expands its placeholder (Qwen-VL rule: the processor's
+        ``image_grid_thw`` / merge²), computed once per image content (sha256) and remembered."""
+        cache = self._image_tokens
+        todo = [im for im in images if im.sha256 not in cache]
+        if todo:
+            proc = self._processor()
+            grid = proc.image_processor(images=[im.pil() for im in todo])["image_grid_thw"]
+            merge = int(getattr(proc.image_processor, "merge_size", 2))
+            for im, g in zip(todo, grid.tolist()):
+                cache[im.sha256] = int(g[0]) * int(g[1]) * int(g[2]) // (merge * merge)
+        return [cache[im.sha256] for im in images]
+
+    def expanded_prompt_len(self, prompt: str | list, images: list) -> int:
+        """Prompt length in tokens after the server expands each image placeholder (Qwen-VL rule); ``prompt``
+        is the rendered text or its token ids."""
+        n = len(prompt) if isinstance(prompt, list) else len(self.prompt_ids(prompt))
+        per_image = self.image_tokens(images)
         return n + sum(per_image) - len(per_image)
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        """The rendered prompt's token ids, each message tokenised once: the text is cut before every
+        ``<|im_start|>`` (a special token, split out before the tokenizer's pre-tokenisation, so nothing merges
+        across the cut and the ids are those of the whole text; tested) and each piece's ids are remembered.
+        A trajectory's later steps and its with / without-images requests repeat all but their last pieces.
+        Ours: tokenising every growing prompt whole cost ~16 ms a request (scripts/bench_probe_http.py)."""
+        cache = self._piece_ids
+        out: list[int] = []
+        for piece in _PIECES.split(prompt):
+            if not piece:
+                continue
+            ids = cache.get(piece)
+            if ids is None:
+                ids = array("i", self.tok(piece, add_special_tokens=False)["input_ids"])  # 4 bytes an id
+                if len(cache) >= _PIECE_CACHE:
+                    cache.pop(next(iter(cache)))  # oldest first: a bounded memory
+                cache[piece] = ids
+            out.extend(ids)
+        return out
 
     def score_payload(self, messages: list[dict], continuation: Continuation, *, top_logprobs: int = DEFAULT_TOP_LOGPROBS,
                       enable_thinking: bool | None = True) -> tuple[dict, list[int], str, list]:
@@ -181,7 +231,7 @@ class SGLangBackend:
         params = {"max_new_tokens": 0, "temperature": 0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
                   "repetition_penalty": 1.0}
         common = {"sampling_params": params, "return_logprob": True, "top_logprobs_num": int(top_logprobs)}
-        prompt_ids = self.tok(prompt, add_special_tokens=False)["input_ids"]
+        prompt_ids = self.prompt_ids(prompt)
         if not images:
             return ({"input_ids": prompt_ids + ids, "logprob_start_len": max(len(prompt_ids) - 1, 0), **common},
                     ids, prompt, images)
@@ -189,7 +239,7 @@ class SGLangBackend:
         # and expands each image placeholder itself (checked against its real front end, tests/conformance/
         # test_sglang_frontend.py), so nothing is re-tokenised and "\n" after the <think>\n pre-fill cannot merge.
         # logprob_start_len indexes the *expanded* prompt: the processor's image_grid_thw says how long it is.
-        start = self.expanded_prompt_len(prompt, images) - 1
+        start = self.expanded_prompt_len(prompt_ids, images) - 1
         return ({"input_ids": prompt_ids + ids, "image_data": [im.data_uri() for im in images],
                  "logprob_start_len": max(start, 0), **common}, ids, prompt, images)
 

@@ -84,6 +84,10 @@ class Spread:
                                      "one probe, one model")
         return {**idents[0], "endpoints": [getattr(b, "base", None) for b in self.backends]}
 
+    def prepare(self, mode: str) -> None:
+        for b in self.backends:
+            getattr(b, "prepare", lambda m: None)(mode)
+
     async def aclose(self) -> None:
         for b in self.backends:
             await b.aclose()
