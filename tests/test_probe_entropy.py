@@ -56,6 +56,10 @@ async def test_probe_recovers_planted_delta_h(tmp_path, mode):
         assert (steps.kl_with_without > 0).all()
     out = res["out"]
     assert (out / "steps.parquet").exists() and (out / "summary.csv").exists() and (out / "fig2b_entropy.png").exists()
+    if mode == "regenerate":  # what the server did: requests, prompt tokens, those it served from its cache, time
+        serving = json.loads((out / "probe.json").read_text())["serving"]
+        assert serving["requests"] == 9 and serving["prompt_tokens"] == int(steps["prompt_tokens"].sum()) > 0
+        assert serving["cached_tokens"] == 0 and serving["cached_share"] == 0.0
     assert (out / "fig2b_entropy.pdf").exists()
 
 
