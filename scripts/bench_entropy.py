@@ -242,6 +242,7 @@ def main() -> int:
                   f"results.jsonl {info['results_bytes'] / 1e9:.2f} GB ({info['results_bytes'] / n_traj / 1e3:.0f} KB/line); "
                   f"written in {time.perf_counter() - t0:.0f} s")
         res: dict = {}
+        rounds: dict = {}  # every round's result per phase: the paired ratios below
         order = [p for p in a.phases.split(",") if p]
         # the phases compared with each other run in --rounds interleaved rounds and the best of each counts
         # (this machine's speed drifts by 20-30 % over minutes; interleaving keeps the ratios honest); the
@@ -255,6 +256,7 @@ def main() -> int:
                 print(f"phase {kind} failed:\n{r.stderr[-3000:]}", file=sys.stderr)
                 return 1
             got = json.loads(r.stdout.strip().splitlines()[-1])
+            rounds.setdefault(kind, []).append(got)
             if kind not in res or got["cpu_s"] < res[kind]["cpu_s"]:
                 res[kind] = got
             print(f"  {kind:10s} wall {got['wall_s']:7.1f} s   CPU {got['cpu_s']:7.1f} s   peak RSS {got['peak_rss_gb']:.2f} GB"
@@ -265,6 +267,10 @@ def main() -> int:
             print(f"\nprobe / read: wall {pr['wall_s'] / rd['wall_s']:.2f}x, CPU {pr['cpu_s'] / rd['cpu_s']:.2f}x "
                   f"(target: CPU <= 1.5); {rd['tokens']:,} tokens read, {pr['steps']:,} steps probed "
                   f"({pr['cpu_s'] / max(rd['tokens'], 1) * 1e6:.2f} us CPU per stored token)")
+            pairs = [p["cpu_s"] / r["cpu_s"] for r, p in zip(rounds.get("read", []), rounds.get("probe", []))]
+            if pairs:  # each round's probe against the same round's read (adjacent in time: the fair ratio)
+                print(f"probe / read, paired by round (CPU): median {float(np.median(pairs)):.2f}x over {len(pairs)} "
+                      f"round(s) ({', '.join(f'{x:.2f}' for x in pairs)}); the line above pairs the best of each")
             if "floor" in res:
                 fl = res["floor"]
                 print(f"probe / floor (read + both sides' grouped entropy, nothing else): CPU {pr['cpu_s'] / fl['cpu_s']:.2f}x; "
