@@ -26,6 +26,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from .backends.base import DEFAULT_TOP_LOGPROBS, BackendError, SamplingParams
+from .backends.spread import BackendPool
 from .benchmarks import resolve_benchmark
 from .methods import METHODS, VARIANTS, Budgets, MethodSpec, new_trajectory, run_sample
 from .methods.common import HISTORY_REASONING, WEBWATCHER_OBSERVATION_IMAGES
@@ -139,24 +140,6 @@ def make_backends(cfg: RunConfig) -> list:
     policy = RetryPolicy(timeout_s=cfg.request_timeout)
     return [make_backend(cfg.backend, endpoint=e, model=cfg.model, model_dir=cfg.model_dir, logprob_mode=cfg.logprob_mode,
                          server=cfg.server, api_key_env=cfg.api_key_env, policy=policy) for e in cfg.endpoints]
-
-
-class BackendPool:
-    """Hands each trajectory the least busy backend; it keeps that backend for all its calls."""
-
-    def __init__(self, backends: list):
-        self.backends = backends
-        self.busy = [0] * len(backends)
-        self.given = [0] * len(backends)
-
-    def acquire(self) -> int:
-        i = min(range(len(self.backends)), key=lambda j: (self.busy[j], self.given[j]))
-        self.busy[i] += 1
-        self.given[i] += 1
-        return i
-
-    def release(self, i: int) -> None:
-        self.busy[i] -= 1
 
 
 def header_for(cfg: RunConfig, manifest, argv, model: dict | None = None) -> dict:
@@ -385,7 +368,7 @@ async def _execute(cfg: RunConfig, spec, rd: RunDir, header: dict, jobs: list, s
     if toolbox is None:
         toolbox = make_toolbox(cfg.tools, world_dir=cfg.world, cache_path=cache_path, mode=cfg.cache_mode,
                                live_fallback=cfg.live_fallback)
-    pool = BackendPool(backends)
+    pool = BackendPool(backends)  # each trajectory keeps the backend it is given
     # the model every reply must name (OpenAI-compatible replies carry ``model``; SGLang's native replies do not)
     served_model = (header.get("model") or {}).get("served_model") if cfg.backend == "openai" and own_backends else None
     claim = _claimer(jobs, _SHARED.get("counter"))

@@ -102,23 +102,15 @@ def _call_slices(call: np.ndarray) -> dict:
     return {int(c): np.flatnonzero(call == c) for c in np.unique(call)}
 
 
-def _serving_totals(steps_path: Path) -> dict:
-    """Over every step row so far: requests, prompt tokens, those the server's prefix cache served (SGLang's
+def _serving_totals(rows: list[dict]) -> dict:
+    """Over every step row: requests, prompt tokens, those the server's prefix cache served (SGLang's
     ``cached_tokens``), and the summed request time (server seconds; x the serving group's GPUs = GPU-seconds)."""
-    n = prompt = cached = 0
-    secs = 0.0
-    for raw in (steps_path.read_bytes().splitlines() if steps_path.exists() else []):
-        try:
-            r = loads(raw)
-        except ValueError:
-            continue
-        if isinstance(r, dict) and r.get("prompt_tokens") is not None:
-            n += 1
-            prompt += int(r["prompt_tokens"])
-            cached += int(r.get("cached_tokens") or 0)
-            secs += float(r.get("latency_s") or 0.0)
-    return {"requests": n, "prompt_tokens": prompt, "cached_tokens": cached,
-            "cached_share": round(cached / prompt, 4) if prompt else None, "server_seconds": round(secs, 2)}
+    rs = [r for r in rows if r.get("prompt_tokens") is not None]
+    prompt = sum(int(r["prompt_tokens"]) for r in rs)
+    cached = sum(int(r.get("cached_tokens") or 0) for r in rs)
+    return {"requests": len(rs), "prompt_tokens": prompt, "cached_tokens": cached,
+            "cached_share": round(cached / prompt, 4) if prompt else None,
+            "server_seconds": round(sum(float(r.get("latency_s") or 0.0) for r in rs), 2)}
 
 
 async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: str, H_all=None, slices=None) -> dict:
@@ -298,12 +290,6 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
     finally:
         sink.close()
         bar.close()
-    serving = _serving_totals(steps_path)
-    (out / "probe.json").write_text(json.dumps({"run_dir": str(run.path), "mode": mode, "finished": time.time(),
-                                                "serving": serving,
-                                                "model": ident, "forced_model_mismatch": force,
-                                                "include_unparsed": include_unparsed,
-                                                "failures": failures}, indent=2))
     rows = []
     for raw in (steps_path.read_bytes().splitlines() if steps_path.exists() else []):
         try:
@@ -317,6 +303,11 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
         print(f"{steps_path}: {len(rows) - len(by_key)} duplicate step row(s) ignored (the last of each is kept)",
               file=sys.stderr)
     rows = list(by_key.values())
+    (out / "probe.json").write_text(json.dumps({"run_dir": str(run.path), "mode": mode, "finished": time.time(),
+                                                "serving": _serving_totals(rows),
+                                                "model": ident, "forced_model_mismatch": force,
+                                                "include_unparsed": include_unparsed,
+                                                "failures": failures}, indent=2))
     steps = pd.DataFrame(rows)
     for c in ("H_with", "H_without", "dH", "H_exact_with", "H_exact_without", "kl_with_without", "dH_exact", "gap_with"):
         if c in steps:  # null (a non-finite value in JSON) is NaN

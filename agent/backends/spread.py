@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextvars
 
-__all__ = ["Spread", "pin"]
+__all__ = ["Spread", "pin", "BackendPool"]
 
 _PIN: contextvars.ContextVar = contextvars.ContextVar("mmcf_spread_pin", default=None)
 
@@ -30,6 +30,28 @@ def pin(backend, key) -> None:
         _PIN.set((id(backend), backend.assign(key)))
 
 
+class BackendPool:
+    """The least busy of several backends (ties: the one given fewest units); agent.run hands each trajectory
+    one with :meth:`acquire` and it keeps it for all its calls."""
+
+    def __init__(self, backends: list):
+        self.backends = backends
+        self.busy = [0] * len(backends)
+        self.given = [0] * len(backends)
+
+    def least_busy(self) -> int:
+        return min(range(len(self.backends)), key=lambda j: (self.busy[j], self.given[j]))
+
+    def acquire(self) -> int:
+        i = self.least_busy()
+        self.busy[i] += 1
+        self.given[i] += 1
+        return i
+
+    def release(self, i: int) -> None:
+        self.busy[i] -= 1
+
+
 class Spread:
     name = "spread"
 
@@ -37,35 +59,32 @@ class Spread:
         if not backends:
             raise ValueError("Spread needs at least one backend")
         self.backends = list(backends)
-        self.busy = [0] * len(self.backends)
-        self.given = [0] * len(self.backends)
+        self.pool = BackendPool(self.backends)
         self.keys: dict = {}
 
     def __getattr__(self, name):  # model, semantics, model_dir, ...: the servers serve one model
-        if name == "backends":
+        if name in ("backends", "pool", "keys"):
             raise AttributeError(name)
         return getattr(self.backends[0], name)
 
     def assign(self, key) -> int:
         if key not in self.keys:
-            i = min(range(len(self.backends)), key=lambda j: (self.busy[j], self.given[j]))
-            self.given[i] += 1
+            i = self.pool.least_busy()
+            self.pool.given[i] += 1
             self.keys[key] = i
         return self.keys[key]
 
     def _pick(self) -> int:
         p = _PIN.get()
-        if p is not None and p[0] == id(self):
-            return p[1]
-        return min(range(len(self.backends)), key=lambda j: (self.busy[j], self.given[j]))
+        return p[1] if p is not None and p[0] == id(self) else self.pool.least_busy()
 
     async def _call(self, method: str, *args, **kw):
         i = self._pick()
-        self.busy[i] += 1
+        self.pool.busy[i] += 1
         try:
             return await getattr(self.backends[i], method)(*args, **kw)
         finally:
-            self.busy[i] -= 1
+            self.pool.release(i)
 
     async def generate(self, *args, **kw):
         return await self._call("generate", *args, **kw)
