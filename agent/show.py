@@ -112,19 +112,17 @@ def run_summary(run: Run) -> dict:
 
     idx = run.index
     statuses = Counter(ln["status"] for ln in idx)
+    from .judge import read_grades
+
     judges = {}
     for name in ("llm", "exact"):
-        p = run.path / f"judge-{name}.jsonl"
-        if not p.exists():
-            continue
         grades, label = {}, name
-        for raw in p.read_bytes().splitlines():
-            try:
-                r = json.loads(raw)
-                grades[(r["sample_id"], r["trial"])] = r["grade"]
+        for r in read_grades(run.path / f"judge-{name}.jsonl"):  # torn lines skipped
+            if "sample_id" in r and "trial" in r and "grade" in r:
+                grades[(r["sample_id"], r["trial"])] = r["grade"]  # the latest grade of each
                 label = r.get("judge") or label
-            except (ValueError, KeyError, TypeError):
-                continue
+        if not grades:
+            continue
         n = len(grades)
         judges[label] = {"graded": n, "correct": sum(g == "CORRECT" for g in grades.values()),
                          "accuracy": round(100.0 * sum(g == "CORRECT" for g in grades.values()) / n, 1) if n else None}

@@ -119,11 +119,12 @@ def _order(streams: list[list[np.ndarray]], how: str, concurrency: int) -> list[
 
 
 def simulate(streams: list[list[np.ndarray]], *, capacity: int | None, servers: int = 1, concurrency: int = 128,
-             how: str = "per-trajectory", pinned: bool = True, page: int = 1) -> dict:
+             how: str = "per-trajectory", pinned: bool = True, page: int = 1, keys=None) -> dict:
     """Replay the requests (``streams``: per trajectory, its requests' prompt tokens in the order it sends them)
-    through one :class:`RadixLRU` per server; returns prompt tokens, cached tokens and the cached share."""
+    through one :class:`RadixLRU` per server; returns prompt tokens, cached tokens and the cached share.
+    ``keys``: the streams' :func:`prefix_keys` at this ``page``, when the caller replays them several times."""
     caches = [RadixLRU(None if capacity is None else capacity // page) for _ in range(servers)]
-    keys = [[prefix_keys(r, page) for r in s] for s in streams]
+    keys = keys if keys is not None else [[prefix_keys(r, page) for r in s] for s in streams]
     assigned, given = {}, [0] * servers
     rng = np.random.default_rng(0)  # unpinned: a server per request as a balancer without affinity picks one
     total = hit = 0
@@ -205,13 +206,15 @@ def probe_streams(run_dir, *, mode: str = "regenerate", model_dir=None, limit: i
 
 def report(streams, *, capacity: int, servers: int, concurrency: int) -> list[dict]:
     """Each order at one server and at ``servers``, ``concurrency`` trajectories in flight per server."""
-    ideal = simulate(streams, capacity=None, servers=1, concurrency=concurrency)
+    keys = [[prefix_keys(r) for r in s] for s in streams]  # once, for every replay below
+    ideal = simulate(streams, capacity=None, servers=1, concurrency=concurrency, keys=keys)
     rows = []
     for how, pinned in (("step-major", False), ("per-trajectory", False), ("per-trajectory", True)):
         for n in sorted({1, servers}):
             if n == 1 and pinned:
                 continue  # one server: pinning changes nothing
-            r = simulate(streams, capacity=capacity, servers=n, concurrency=concurrency * n, how=how, pinned=pinned)
+            r = simulate(streams, capacity=capacity, servers=n, concurrency=concurrency * n, how=how, pinned=pinned,
+                         keys=keys)
             rows.append({"order": how + (" (pinned)" if pinned else ""), "servers": n, **r,
                          "of_ideal": r["cached_tokens"] / ideal["cached_tokens"] if ideal["cached_tokens"] else float("nan")})
     rows.append({"order": "ideal (unbounded, one server)", "servers": 1, **ideal, "of_ideal": 1.0})

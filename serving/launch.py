@@ -353,12 +353,18 @@ def preflight(a, servers: list[Server], routers, ports) -> list[tuple]:
     would stop, detail is its message) or ``unchecked`` (it needs the GPU node: no ``nvidia-smi`` here). A launch
     stops at the first FAIL, and at an unchecked item that has a refusal; ``--dry-run`` reports them all."""
     out: list[tuple] = []
-
-    def add(ok: bool, what: str, fail: str, detail_ok: str = ""):
-        out.append(("ok", what, detail_ok) if ok else ("FAIL", what, fail))
-
     n_gpus = None if a.standin else _gpu_count()
     on_node = a.standin or n_gpus is not None
+
+    def add(ok: bool, what: str, fail: str, detail_ok: str = "", away: str | None = None):
+        """``away``: what to say when the check fails off the GPU node (unchecked there, refused by a launch)."""
+        if ok:
+            out.append(("ok", what, detail_ok))
+        elif away is not None and not on_node:
+            out.append(("unchecked", what, away, fail))
+        else:
+            out.append(("FAIL", what, fail))
+
     if a.standin:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(SGLANG_SITE)])}
         add(not subprocess.run([a.python, "-c", "import sglang.srt.entrypoints.http_server"], capture_output=True,
@@ -368,30 +374,22 @@ def preflight(a, servers: list[Server], routers, ports) -> list[tuple]:
     elif os.environ.get("MMCF_SGLANG_SERVER_CMD"):
         out.append(("ok", "server command", "MMCF_SGLANG_SERVER_CMD (a stand-in)"))
     else:
-        ok = not subprocess.run([a.python, "-c", "import sglang"], capture_output=True).returncode
-        msg = f"sglang is not installed for {a.python}: pip install -e '.[serve]' on the GPU node"
-        if ok or on_node:
-            add(ok, "sglang imports", msg, a.python)
-        else:
-            out.append(("unchecked", "sglang imports", f"not for {a.python} here; checked again on the GPU node", msg))
+        add(not subprocess.run([a.python, "-c", "import sglang"], capture_output=True).returncode, "sglang imports",
+            f"sglang is not installed for {a.python}: pip install -e '.[serve]' on the GPU node", a.python,
+            away=f"not for {a.python} here; checked again on the GPU node")
     if not a.standin:
         need = sorted({int(g) for s in servers for g in s.gpus.split(",")})
-        if n_gpus is None:
-            out.append(("unchecked", "GPUs", f"no nvidia-smi on this machine (a launch refuses that): the plan needs "
-                        f"GPU indices {need[0]}..{need[-1]} ({len(need)} GPUs) on the node; MMCF_GPU_COUNT overrides",
-                        "nvidia-smi not found: no NVIDIA GPUs on this machine (MMCF_GPU_COUNT overrides)"))
-        else:  # plan() refused indices beyond the count already
-            out.append(("ok", "GPUs", f"{n_gpus} on this machine; the plan uses {len(need)}"))
+        # plan() refused indices beyond the count already
+        add(n_gpus is not None, "GPUs", "nvidia-smi not found: no NVIDIA GPUs on this machine (MMCF_GPU_COUNT overrides)",
+            f"{n_gpus} on this machine; the plan uses {len(need)}",
+            away=f"no nvidia-smi on this machine (a launch refuses that): the plan needs GPU indices "
+                 f"{need[0]}..{need[-1]} ({len(need)} GPUs) on the node; MMCF_GPU_COUNT overrides")
     for s in servers:
         if _is_local(s.size):
-            here = (Path(s.weights) / "config.json").is_file()
-            msg = (f"weights for {s.size} not found: {s.weights}/config.json is missing "
-                   f"(MODEL_DIR / QWEN35_{s.size.upper().replace('-', '_')}_PATH)")
-            if here or on_node:
-                add(here, f"weights for {s.size}", msg, s.weights)
-            else:
-                out.append(("unchecked", f"weights for {s.size}", f"{s.weights}/config.json is not on this machine; "
-                            "checked again on the GPU node", msg))
+            add((Path(s.weights) / "config.json").is_file(), f"weights for {s.size}",
+                f"weights for {s.size} not found: {s.weights}/config.json is missing "
+                f"(MODEL_DIR / QWEN35_{s.size.upper().replace('-', '_')}_PATH)", s.weights,
+                away=f"{s.weights}/config.json is not on this machine; checked again on the GPU node")
         else:
             out.append(("unchecked", f"weights for {s.size}", f"{s.weights}: a hub id, fetched by SGLang on the node"))
     for what, port in ports:
@@ -400,12 +398,9 @@ def preflight(a, servers: list[Server], routers, ports) -> list[tuple]:
             "--nccl-port bases)")
     if routers and not os.environ.get("MMCF_SGLANG_ROUTER_CMD"):
         renv = {**os.environ, "PYTHONPATH": str(SGLANG_SITE)} if a.standin else None
-        ok = not subprocess.run([a.python, "-c", "import sglang_router"], capture_output=True, env=renv).returncode
-        if ok or on_node:
-            add(ok, "sglang-router imports", "sglang-router is not installed: pip install -e '.[serve]'")
-        else:
-            out.append(("unchecked", "sglang-router imports", "not here; checked again on the GPU node",
-                        "sglang-router is not installed: pip install -e '.[serve]'"))
+        add(not subprocess.run([a.python, "-c", "import sglang_router"], capture_output=True, env=renv).returncode,
+            "sglang-router imports", "sglang-router is not installed: pip install -e '.[serve]'",
+            away="not here; checked again on the GPU node")
     return out
 
 

@@ -16,10 +16,6 @@ from tests.fakes.sglang_server import FakeSGLang
 from tests.test_probe_entropy import _run, planted, policy
 
 
-def _question(messages) -> str:
-    return json.dumps(messages[0]["content"] if messages[0]["role"] == "user" else messages[1]["content"])[:300]
-
-
 async def test_each_trajectory_keeps_one_server_and_both_get_work(tmp_path):
     await _run(tmp_path, trials=4)  # 3 samples x 4 trials, 3 image-bearing steps each
     a, b = (ScriptedBackend([policy] * 100, top_fn=planted) for _ in range(2))
@@ -29,8 +25,6 @@ async def test_each_trajectory_keeps_one_server_and_both_get_work(tmp_path):
     on = [sum(1 for i in spread.keys.values() if i == j) for j in (0, 1)]
     # each server answered exactly the 3 steps of each trajectory it was given, and both were given some
     assert [len(a.calls), len(b.calls)] == [3 * on[0], 3 * on[1]] and min(on) >= 2
-    # the trajectories' questions: the same sample's trials may sit on different servers, a trajectory never
-    assert {_question(c["messages"]) for c in a.calls + b.calls}
 
 
 def test_pin_is_per_task_and_unpinned_calls_go_to_the_least_busy():

@@ -192,12 +192,10 @@ class SGLangBackend:
                 cache[im.sha256] = int(g[0]) * int(g[1]) * int(g[2]) // (merge * merge)
         return [cache[im.sha256] for im in images]
 
-    def expanded_prompt_len(self, prompt: str | list, images: list) -> int:
-        """Prompt length in tokens after the server expands each image placeholder (Qwen-VL rule); ``prompt``
-        is the rendered text or its token ids."""
-        n = len(prompt) if isinstance(prompt, list) else len(self.prompt_ids(prompt))
+    def expanded_prompt_len(self, prompt_ids: list[int], images: list) -> int:
+        """Prompt length in tokens after the server expands each image placeholder (Qwen-VL rule)."""
         per_image = self.image_tokens(images)
-        return n + sum(per_image) - len(per_image)
+        return len(prompt_ids) + sum(per_image) - len(per_image)
 
     def prompt_ids(self, prompt: str) -> list[int]:
         """The rendered prompt's token ids, each message tokenised once: the text is cut before every
