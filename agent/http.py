@@ -294,8 +294,10 @@ async def request_json(
     what: str = "request",
     parse: bool = True,
     on_retry: Callable[[int, str], None] | None = None,
+    decode: Callable[[bytes], Any] | None = None,
 ) -> Any:
-    """Send a request and return its parsed JSON (or text when ``parse=False``).
+    """Send a request and return its parsed JSON (or text when ``parse=False``; ``decode(body)`` instead of the
+    generic parser where the caller knows the reply's shape: it raises ValueError on a body it cannot read).
 
     A 200 whose body does not parse (truncated in transit, cut by a proxy) is retried like a 5xx.
     ``policy.timeout_s`` bounds the **whole** request (a reply that drips in slowly included), not each read.
@@ -318,7 +320,7 @@ async def request_json(
                 if not parse:
                     return r.text
                 try:
-                    return loads(r.content)
+                    return (decode or loads)(r.content)
                 except ValueError:  # json.JSONDecodeError and orjson.JSONDecodeError are ValueErrors
                     snippet = r.text[:200].replace("\n", " ")
                     last, last_status, retry_after = (f"malformed or truncated JSON (status {r.status_code}, "

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .rundir import Run, RunError, load_run, read_parquet, token_key
+from .rundir import Run, RunError, load_run, token_key
 
 __all__ = ["sample_table", "render_text", "build_html", "run_summary", "main"]
 
@@ -285,22 +285,26 @@ def _call_tokens(run: Run, line: dict, tf_dir: Path | None) -> dict:
         return {}
     H = grouped_tail_entropy(tok["top_logprobs"])
     out = {}
+    probed = {}
+    if tf_dir is not None:  # the teacher-forced probe's per-token ΔH / KL of this trajectory (one file)
+        from probes.entropy import read_step_tokens
+
+        probed = read_step_tokens(tf_dir, token_key(line["sample_id"], line["trial"]))
     for c in np.unique(tok["call"]):
         idx = np.flatnonzero(tok["call"] == c)
         think = tok["think"][idx].astype(bool)
         col = {"text": ["" if t is None else str(t) for t in tok["text"][idx][think]],
                "H": np.rint(H[idx][think] * 100).astype(int).tolist()}
-        p = None if tf_dir is None else tf_dir / f"{token_key(line['sample_id'], line['trial'])}__c{int(c)}.parquet"
-        if (p is None or not p.exists()) and "release_kl" in tok and np.isfinite(tok["release_kl"][idx]).any():
+        t = probed.get(int(c))
+        if t is None and "release_kl" in tok and np.isfinite(tok["release_kl"][idx]).any():
             col["dH"] = [None if not np.isfinite(v) else int(round(v * 100)) for v in tok["release_dH"][idx][think]]
             col["kl"] = [None if not np.isfinite(v) else int(round(v * 1000)) for v in tok["release_kl"][idx][think]]
-        elif p is not None and p.exists():
-            t = read_parquet(p)
-            pos = t.column("pos").to_numpy()
+        elif t is not None:
+            pos = np.asarray(t["pos"])
             full = {"dH": np.full(len(idx), np.nan), "kl": np.full(len(idx), np.nan)}
             ok = (pos >= 0) & (pos < len(idx))
             for name in full:
-                full[name][pos[ok]] = t.column(name).to_numpy()[ok]
+                full[name][pos[ok]] = np.asarray(t[name])[ok]
             col["dH"] = [None if not np.isfinite(v) else int(round(v * 100)) for v in full["dH"][think]]
             col["kl"] = [None if not np.isfinite(v) else int(round(v * 1000)) for v in full["kl"][think]]
         out[int(c)] = col

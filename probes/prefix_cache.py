@@ -141,14 +141,12 @@ def simulate(streams: list[list[np.ndarray]], *, capacity: int | None, servers: 
     return {"prompt_tokens": total, "cached_tokens": hit, "cached_share": hit / total if total else float("nan")}
 
 
-def _image_tokens(img) -> int:
-    """Qwen's vision tokens for an image of this stored size: one per 28 x 28 pixels (14-pixel patches merged
-    2 x 2), the size clamped to the processor's default pixel range."""
-    w, h = max(int(img.width), 1), max(int(img.height), 1)
-    px = w * h
-    lo, hi = 56 * 56, 28 * 28 * 1280
-    scale = (lo / px) ** 0.5 if px < lo else (hi / px) ** 0.5 if px > hi else 1.0
-    return max(1, round(h * scale / 28)) * max(1, round(w * scale / 28))
+def _image_tokens(img, grid=None) -> int:
+    """Qwen's vision tokens for an image of this stored size: the model's processor rule
+    (agent/backends/vision.py) where its config is known, else Qwen3.5's defaults."""
+    from agent.backends.vision import VisionGrid
+
+    return (grid or VisionGrid()).tokens(max(int(img.width), 1), max(int(img.height), 1))
 
 
 def probe_streams(run_dir, *, mode: str = "regenerate", model_dir=None, limit: int | None = None):
@@ -164,6 +162,12 @@ def probe_streams(run_dir, *, mode: str = "regenerate", model_dir=None, limit: i
     md = model_dir or (run.header.get("backend") or {}).get("model_dir") or ensure_tiny_model(quiet=True)
     tok = load_chat_renderer(str(md))
     pad = tok.convert_tokens_to_ids("<|image_pad|>")
+    from agent.backends.vision import UnknownProcessor, VisionGrid
+
+    try:
+        grid = VisionGrid.from_model_dir(md)
+    except UnknownProcessor:
+        grid = VisionGrid()
     lines, _ = select_trajectories(sorted(run.index, key=lambda ln: (ln["sample_id"], ln["trial"]))[: limit or None],
                                    include_unparsed=True)
 
@@ -176,7 +180,7 @@ def probe_streams(run_dir, *, mode: str = "regenerate", model_dir=None, limit: i
             if i == pad and k < len(images):
                 img = images[k]
                 v = -(int(img.sha256[:12], 16) + 1)
-                out.extend([v] * _image_tokens(img))
+                out.extend([v] * _image_tokens(img, grid))
                 k += 1
             else:
                 out.append(i)

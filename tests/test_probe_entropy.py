@@ -112,6 +112,43 @@ async def test_an_interrupted_probe_keeps_every_finished_step(tmp_path, capsys):
     assert len(backend.calls) == n + 5 and len(res["steps"]) == 9
 
 
+async def test_teacher_forced_tokens_are_one_file_per_trajectory_and_survive_an_interrupt(tmp_path, capsys):
+    """Per-token results go to tokens/<key>.parquet (one per trajectory, a step column); a probe stopped inside a
+    trajectory leaves that trajectory's finished steps in its partial file, and the next probe folds them in:
+    every step that has a row in steps.jsonl has its tokens, nothing is scored twice."""
+    from probes.entropy import read_step_tokens
+
+    backend = await _run(tmp_path)
+
+    class Stops(ScriptedBackend):
+        async def score(self, messages, continuation, **kw):
+            if len(self.calls) == 8:  # the 5th step's first request: 4 steps done, the 2nd trajectory's 1st done
+                raise RuntimeError("stopped")
+            return await super().score(messages, continuation, **kw)
+
+    stops = Stops([policy] * 50, top_fn=planted)
+    with pytest.raises(RuntimeError, match="stopped"):
+        await probe_run(tmp_path / "run", mode="teacher-forced", backend=stops, progress=False, concurrency=1)
+    tokens = tmp_path / "run" / "probes" / "entropy-teacher-forced" / "tokens"
+    assert len([p for p in tokens.glob("*.parquet")]) == 1 and len(list(tokens.glob("*.partial.jsonl"))) == 1
+    partial = next(tokens.glob("*.partial.jsonl"))
+    assert len(partial.read_bytes().splitlines()) == 1
+    n = len(backend.calls)
+    res = await probe_run(tmp_path / "run", mode="teacher-forced", backend=backend, progress=False)
+    assert len(backend.calls) == n + 2 * 5 and len(res["steps"]) == 9
+    assert "folded the token results of an interrupted probe" in capsys.readouterr().err
+    assert not list(tokens.glob("*.partial.jsonl")) and len(list(tokens.glob("*.parquet"))) == 3
+    assert not list(tokens.glob("*__c*"))  # no per-step files
+    for (sid, trial), g in res["steps"].groupby(["sample_id", "trial"]):
+        from agent.rundir import token_key
+
+        got = read_step_tokens(tokens, token_key(sid, trial))
+        assert sorted(got) == sorted(g.step)
+        for step, t in got.items():
+            assert len(t["pos"]) == int(g[g.step == step].n_think.iloc[0]) > 0
+            assert np.allclose(np.mean(t["kl"]), g[g.step == step].kl_with_without.iloc[0], atol=1e-6)
+
+
 async def test_probe_refuses_to_pair_scaled_with_raw(tmp_path):
     await _run(tmp_path)  # recorded with raw semantics
     scaled = ScriptedBackend([policy] * 50, top_fn=planted, semantics=LogprobSemantics("scaled", 0.2))

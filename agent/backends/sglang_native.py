@@ -43,7 +43,7 @@ from .base import (
 from .local import load_chat_renderer
 from .messages import record_messages, split_text_and_images
 from .think import THINK_OPEN, mark_think, split_think
-from .wire import finish_reason_of, tokens_from_triples
+from .wire import decode_generate_reply, finish_reason_of, tokens_from_triples
 
 __all__ = ["SGLangBackend"]
 
@@ -53,6 +53,14 @@ _PIECES = re.compile(r"(?=<\|im_start\|>)")
 #: Message pieces remembered per backend (ours: ~2 new per step, so 4,096 cover the last steps of every
 #: trajectory in flight at the probes' 128 per server; a piece is its text and 4 bytes per id: ~10 KB).
 _PIECE_CACHE = 4096
+
+
+def _without_logprobs(resp: dict) -> dict:
+    """The reply as kept beside the parsed tokens: its meta fields without the logprob lists (those live on as
+    arrays). Keeping the lists would hold ~100k small objects per reply alive while a probe awaits its next
+    request, and every cycle collection would walk them (ours: 2.6 ms per probed step at 64 in flight)."""
+    meta = {k: v for k, v in resp["meta_info"].items() if not k.endswith("_logprobs")}
+    return {**{k: v for k, v in resp.items() if k != "meta_info"}, "meta_info": meta}
 
 
 class SGLangBackend:
@@ -82,6 +90,7 @@ class SGLangBackend:
         self._client = client or make_client()
         self._decode_cache: dict[int, str] = {}
         self._proc = None
+        self._grid = False                             # image_tokens: the processor's resize rule (None: unknown)
         self._piece_ids: dict[str, array] = {}   # prompt_ids: ids per message piece
         self._image_tokens: dict[str, int] = {}      # image_tokens: expanded length per image sha256
 
@@ -102,7 +111,8 @@ class SGLangBackend:
 
     async def _post(self, payload: dict, what: str) -> dict:
         try:
-            resp = await request_json(self._client, "POST", self.url, json_body=payload, policy=self.policy, what=what)
+            resp = await request_json(self._client, "POST", self.url, json_body=payload, policy=self.policy, what=what,
+                                      decode=decode_generate_reply)
         except HTTPError as e:
             raise BackendError(str(e)) from e
         if not isinstance(resp, dict) or not isinstance(resp.get("meta_info"), dict):
@@ -154,7 +164,7 @@ class SGLangBackend:
                         completion_tokens=int(meta.get("completion_tokens") or len(tokens)),
                         cached_tokens=int(meta.get("cached_tokens") or 0), reasoning_tokens=meta.get("reasoning_tokens")),
             semantics=LogprobSemantics.for_generation(self.logprob_mode, sp.temperature),
-            backend=self.name, model=self.model, response=resp, top_k_requested=sp.top_logprobs,
+            backend=self.name, model=self.model, response=_without_logprobs(resp), top_k_requested=sp.top_logprobs,
         )
 
     def _processor(self):
@@ -169,11 +179,24 @@ class SGLangBackend:
                                    "torchvision (present on an SGLang node) or score without images") from None
         return self._proc
 
+    def _vision_grid(self):
+        """The processor's resize rule read from its config (no torch), or None when it is not a Qwen-VL one."""
+        if self._grid is False:
+            from .vision import UnknownProcessor, VisionGrid
+
+            try:
+                self._grid = VisionGrid.from_model_dir(self.model_dir)
+            except UnknownProcessor:
+                self._grid = None
+        return self._grid
+
     def prepare(self, mode: str) -> None:
-        """Load now what a probe of this ``mode`` will need (the processor, for teacher-forced scoring with
-        images), before the probe freezes its heap: loaded later, its hundreds of thousands of objects would be
-        walked by every cycle collection of the probe (0.26 s each; ours, scripts/bench_probe_http.py)."""
-        if mode == "teacher-forced":
+        """Load now what a probe of this ``mode`` will need, before the probe freezes its heap: for teacher-forced
+        scoring with images, the image token rule (agent/backends/vision.py, read from the processor's config;
+        no torch), or, for a processor that rule does not know, the processor itself (loaded later, its hundreds
+        of thousands of objects would be walked by every cycle collection of the probe: 0.26 s each; ours,
+        scripts/bench_probe_http.py)."""
+        if mode == "teacher-forced" and self._vision_grid() is None:
             try:
                 self._processor()
             except BackendError:  # said again, with the reason, if an image is scored
@@ -181,15 +204,22 @@ class SGLangBackend:
 
     def image_tokens(self, images: list) -> list[int]:
         """Each image's token count after the server expands its placeholder (Qwen-VL rule: the processor's
-        ``image_grid_thw`` / merge²), computed once per image content (sha256) and remembered."""
+        ``image_grid_thw`` / merge²), remembered per image content (sha256). From the image's stored size and
+        the processor config (agent/backends/vision.py: the same arithmetic, tested against the processor), or
+        from the processor itself where the config is not a Qwen-VL image processor."""
         cache = self._image_tokens
         todo = [im for im in images if im.sha256 not in cache]
         if todo:
-            proc = self._processor()
-            grid = proc.image_processor(images=[im.pil() for im in todo])["image_grid_thw"]
-            merge = int(getattr(proc.image_processor, "merge_size", 2))
-            for im, g in zip(todo, grid.tolist()):
-                cache[im.sha256] = int(g[0]) * int(g[1]) * int(g[2]) // (merge * merge)
+            grid = self._vision_grid()
+            if grid is not None:
+                for im in todo:
+                    cache[im.sha256] = grid.tokens(im.width, im.height)
+            else:
+                proc = self._processor()
+                thw = proc.image_processor(images=[im.pil() for im in todo])["image_grid_thw"]
+                merge = int(getattr(proc.image_processor, "merge_size", 2))
+                for im, g in zip(todo, thw.tolist()):
+                    cache[im.sha256] = int(g[0]) * int(g[1]) * int(g[2]) // (merge * merge)
         return [cache[im.sha256] for im in images]
 
     def expanded_prompt_len(self, prompt_ids: list[int], images: list) -> int:
@@ -260,7 +290,7 @@ class SGLangBackend:
                             request={"endpoint": self.public, "messages": record_messages(messages), "continuation_ids": ids,
                                      "image_sha256": [im.sha256 for im in images], "by": "ids",
                                      "logprob_start_len": payload["logprob_start_len"]},
-                            response=resp, top_k_requested=int(top_logprobs))
+                            response=_without_logprobs(resp), top_k_requested=int(top_logprobs))
 
     def parse_score(self, resp: dict, ids: list[int], k: int | None = None):
         meta = resp["meta_info"]

@@ -10,20 +10,84 @@ text, so fewer than k can come back; the count is kept per token.
 """
 from __future__ import annotations
 
+import gc
 import math
-from typing import Any, Callable
+from itertools import chain
+from operator import itemgetter
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from .base import LOGPROB_FLOOR, BackendError, BadReply, TokenArrays, TokenLogprob, TopList, TopLogprob
 
-__all__ = ["tokens_from_triples", "arrays_from_triples", "tokens_from_chat_logprobs", "finish_reason_of",
+__all__ = ["decode_generate_reply", "tokens_from_triples", "arrays_from_triples", "tokens_from_chat_logprobs", "finish_reason_of",
            "check_values", "MAX_TOKEN_ID", "POSITIVE_ROUNDING"]
+
+_chain, _first, _second = chain.from_iterable, itemgetter(0), itemgetter(1)
 
 #: Token ids are stored as 32-bit integers: anything at or above this is refused, whatever the vocabulary.
 MAX_TOKEN_ID = 2**31 - 1
 #: A log-softmax is <= 0; float rounding can leave its largest value a hair above (ours: 1e-5 nats).
 POSITIVE_ROUNDING = 1e-5
+
+
+try:
+    import msgspec as _msgspec
+except ImportError:  # pragma: no cover - msgspec is a core dependency; the generic parse still works
+    _msgspec = None
+
+if _msgspec is not None:
+    _Triple = tuple[Optional[float], int, Optional[str]]   # [logprob, token_id, text]; input[0]'s logprob is null
+    _Top = tuple[float, int, Optional[str]]
+
+    class _Meta(_msgspec.Struct):
+        """The ``meta_info`` fields the toolkit reads, by type (the others are skipped, never built)."""
+        id: Any = None
+        finish_reason: Any = None
+        prompt_tokens: Any = None
+        completion_tokens: Any = None
+        cached_tokens: Any = None
+        reasoning_tokens: Any = None
+        weight_version: Any = None
+        e2e_latency: Any = None
+        input_token_logprobs: Optional[list[_Triple]] = None
+        input_top_logprobs: Optional[list[Optional[list[_Top]]]] = None
+        output_token_logprobs: Optional[list[_Triple]] = None
+        output_top_logprobs: Optional[list[Optional[list[_Top]]]] = None
+
+    class _Reply(_msgspec.Struct):
+        meta_info: _Meta
+        text: Any = None
+
+    _DECODER = _msgspec.json.Decoder(_Reply)
+else:  # pragma: no cover
+    _DECODER = None
+
+
+def decode_generate_reply(body: bytes) -> Any:
+    """Parse a ``/generate`` reply: ``{"text": …, "meta_info": {…}}`` with the meta fields it has (None ones left
+    out, as if absent). A well-formed SGLang reply is decoded by type (ours: 1.8 ms vs orjson's 5.3 ms for a
+    1,000-token reply with top-20 alternatives, ~0.7 MB; scripts/bench_probe_http.py measures the whole path);
+    anything else (an extra element in a triple, a string where a number goes, no ``meta_info``, an error body)
+    goes through the generic parser, so the checked path sees it as it is and names what is wrong."""
+    from ..http import loads
+
+    if _DECODER is not None:
+        # the cyclic collector paused meanwhile (tuples of numbers are in no cycle; otherwise young collections
+        # run over the half-built lists dozens of times: 2.8 ms vs 1.8 ms for the reply above, ours)
+        pause = len(body) > (1 << 16) and gc.isenabled()
+        if pause:
+            gc.disable()
+        try:
+            r = _DECODER.decode(body)
+        except (_msgspec.DecodeError, ValueError, TypeError):
+            return loads(body)
+        finally:
+            if pause:
+                gc.enable()
+        m = r.meta_info
+        return {"text": r.text, "meta_info": {f: v for f in m.__struct_fields__ if (v := getattr(m, f)) is not None}}
+    return loads(body)
 
 
 def check_values(tokens, where: str, *, k: int | None = None, vocab: int | None = None, ids: bool = True):
@@ -145,8 +209,12 @@ def arrays_from_triples(token_lps: list, top_lps: list | None, *, decode: Callab
             k = len(top_lps[0])
             if k == 0 or any(r is None or len(r) != k for r in top_lps):
                 return None
-            tl = np.array([t[0] for r in top_lps for t in r], dtype=np.float64).reshape(n, k)
-            ti = np.array([t[1] for r in top_lps for t in r], dtype=np.int64).reshape(n, k)
+            # one flat list of the n*k triples, each column taken by C-level iteration (ours: 0.7 ms for 1,000 x
+            # top-20, was 1.2 ms with two comprehensions)
+            flat = list(_chain(top_lps))
+            tl = np.fromiter(map(_first, flat), np.float64, n * k).reshape(n, k)
+            ti = np.fromiter(map(_second, flat), np.int64, n * k).reshape(n, k)
+            del flat
         else:
             tl, ti = np.zeros((n, 0)), np.zeros((n, 0), dtype=np.int64)
     except (TypeError, ValueError, IndexError, OverflowError):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import struct
 import sys
 import threading
 import time
@@ -127,9 +128,16 @@ class _Tok:
         return self._n_cache[key]
 
 
+def _f32(x: float) -> float:
+    """A float32 value as SGLang's JSON carries it (``-1.8349664211273193``: the server's logprobs are float32,
+    printed as doubles), so a reply has a real one's size and parsing cost (shared/data/sglang_responses/)."""
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
 def _top(tid: int, k: int, pos: int, tok: _Tok, with_text: bool):
     """A deterministic top-k list (best first) whose first entry is the chosen token."""
-    lps = [-0.05 - 0.01 * (pos % 7)] + [-(1.0 + 0.35 * j + 0.02 * (pos % 5)) for j in range(1, k)]
+    lps = [_f32(-0.05 - 0.01 * (pos % 7) - 1e-4 * (pos % 97))] + [
+        _f32(-(1.0 + 0.35 * j + 0.02 * (pos % 5) + 1e-4 * (pos % 89))) for j in range(1, k)]
     ids = [tid] + [(tid + 7 * j) % 600 + 1 for j in range(1, k)]
     return [[lp, i, tok.decode(i) if with_text else None] for lp, i in zip(lps, ids)]
 
@@ -259,7 +267,7 @@ class _Handler(JSONHandler):
             ids = prompt_ids[start:]
             if drift:
                 ids = ids[:-1] + [ids[-1] + 1]
-            entries = [[None if j == 0 else -0.25 - 0.01 * (j % 9), t, tok.decode(t) if with_text else None] for j, t in enumerate(ids)]
+            entries = [[None if j == 0 else _f32(-0.25 - 0.01 * (j % 9) - 1e-4 * (j % 83)), t, tok.decode(t) if with_text else None] for j, t in enumerate(ids)]
             tops = [None if j == 0 else _top(t, k, j, tok, with_text) for j, t in enumerate(ids)]
             meta.update({"finish_reason": {"type": "length", "length": 0}, "completion_tokens": 0,
                          "input_token_logprobs": entries, "input_top_logprobs": tops,
