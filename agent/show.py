@@ -1,18 +1,22 @@
-"""Look at a run: a trajectory in the terminal, or the whole run as one self-contained HTML page.
+"""Look at a run: a trajectory in the terminal, or the whole run as self-contained HTML pages.
 
     python -m agent.show RUN_DIR                                  # the samples: status, answer, gold, grade
     python -m agent.show RUN_DIR demo_3 [--trial 0] [--reasoning] # one trajectory, call by call
-    python -m agent.show RUN_DIR --html run.html [--limit N]      # one HTML file (no server, no network)
+    python -m agent.show RUN_DIR --html run.html [--limit N]      # HTML (no server, no network): run.html,
+                                                                  # run-p2.html, … (--page-size trajectories each)
 
 The terminal view prints each LLM call with its state and branch span, the images it saw (query and
 retrieved, by hash), its reasoning (first line, unless ``--reasoning``), its visible text, the parsed
 action or why it was rejected, the tool calls with their observations, folds, branch spans and the budget
 used. The HTML page lists the samples (filter by status, grade, benchmark, id) and, per sample, the event
 timeline with main and branch spans nested; each call shows its exact messages with image thumbnails (the
-very pixels that call saw, embedded once each), its tool calls and observations (collapsible), and its
+images that call saw, embedded once per page; those over :data:`EMBED_PX` pixels on a side downscaled, the
+originals being in ``RUN/images/``), its tool calls and observations (collapsible), and its
 think tokens coloured by their grouped-tail entropy — or, where the entropy probe ran teacher-forced on this
 run, by ΔH and by the KL(with ‖ without) influence of the images (the step's ΔH is shown for either mode).
-Trajectories are embedded gzip-compressed and rendered only when opened, so large runs stay usable.
+Trajectories are embedded gzip-compressed and rendered only when opened; a run of more than ``--page-size``
+trajectories is written as several pages, each listing every trajectory (filters see the whole run; one on
+another page opens there), so the writer's memory and every page's size stay bounded at paper scale.
 """
 from __future__ import annotations
 
@@ -254,7 +258,12 @@ def render_text(run: Run, line: dict, *, reasoning: bool = False, observation_ch
 
 
 # ---------------------------------------------------------------------------- HTML
-def _image_uri(run: Run, sha: str, cache: dict, missing: list) -> str | None:
+#: Images larger than this (pixels on the longer side) are embedded downscaled (JPEG, quality 85; ours): a 322 KB
+#: photo is ~430 KB of base64 in the page, its 768-pixel copy ~60 KB; the originals stay in RUN/images/.
+EMBED_PX = 768
+
+
+def _image_uri(run: Run, sha: str, cache: dict, missing: list, max_px: int | None = None) -> str | None:
     if sha in cache:
         return cache[sha]
     p = run.image_path(sha)
@@ -262,8 +271,24 @@ def _image_uri(run: Run, sha: str, cache: dict, missing: list) -> str | None:
         missing.append(sha)
         cache[sha] = None
         return None
-    ext = p.suffix.lstrip(".").replace("jpg", "jpeg")
-    cache[sha] = f"data:image/{ext};base64," + base64.b64encode(p.read_bytes()).decode()
+    data, ext = p.read_bytes(), p.suffix.lstrip(".").replace("jpg", "jpeg")
+    max_px = EMBED_PX if max_px is None else max_px
+    if max_px:
+        import io
+
+        from PIL import Image
+
+        try:
+            with Image.open(io.BytesIO(data)) as im:
+                if max(im.size) > max_px:
+                    im = im.convert("RGB")
+                    im.thumbnail((max_px, max_px))
+                    buf = io.BytesIO()
+                    im.save(buf, "JPEG", quality=85)
+                    data, ext = buf.getvalue(), "jpeg"
+        except OSError:  # unreadable here: embedded as stored (the browser says what it can)
+            pass
+    cache[sha] = f"data:image/{ext};base64," + base64.b64encode(data).decode()
     return cache[sha]
 
 
@@ -347,16 +372,30 @@ def _sample_detail(run: Run, line: dict, images: dict, missing: list, dH: dict, 
 #: ``--tokens auto`` embeds the coloured think tokens for runs up to this many trajectories (ours: at ~1,000
 #: think tokens per call a trajectory's token columns take ~50-100 KB in the page, its messages ~10 KB)
 AUTO_TOKENS = 300
+#: Trajectories per HTML page (ours): a page of this many holds ~25 MB at paper-shaped lines without tokens, and
+#: writing it holds one page's details and images at a time, so the writer's memory and each page's size stay
+#: bounded at any run size (scripts/bench_viewer.py measures both at 5,087 trajectories).
+PAGE_SIZE = 200
+
+
+def page_files(out_path: Path, n_pages: int) -> list[Path]:
+    """The page files: ``OUT.html`` first, then ``OUT-p2.html``, ``OUT-p3.html``… beside it."""
+    return [out_path] + [out_path.with_name(f"{out_path.stem}-p{i}{out_path.suffix}") for i in range(2, n_pages + 1)]
 
 
 def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[str] | None = None,
-               tokens: str = "auto") -> dict:
-    """Write the self-contained page; returns sizes (bytes, samples, images) for the caller to report.
+               tokens: str = "auto", page_size: int = PAGE_SIZE) -> dict:
+    """Write the self-contained page(s); returns sizes (bytes, samples, images, pages) for the caller to report.
 
+    Up to ``page_size`` trajectories go in one file; a larger run is written as several (``OUT.html``,
+    ``OUT-p2.html``, …), each self-contained (its trajectories and their images) and each listing *every*
+    trajectory, so filtering sees the whole run and a trajectory on another page opens there (one click).
     ``tokens``: ``all`` embeds every call's think tokens (coloured by H / ΔH / KL), ``none`` none, ``auto``
     all when at most :data:`AUTO_TOKENS` trajectories are written, else none (the page says so)."""
     if tokens not in ("auto", "all", "none"):
         raise ValueError(f"tokens must be auto, all or none, not {tokens!r}")
+    if page_size < 1:
+        raise ValueError(f"page_size must be at least 1, not {page_size}")
     run = load_run(run_dir)
     grades, judge = _grades(run)
     dH, mode = _probe_steps(run)
@@ -369,34 +408,52 @@ def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[
     lines = lines[: limit or None]
     with_tokens = tokens == "all" or (tokens == "auto" and len(lines) <= AUTO_TOKENS)
     grounding, removal = _grounding_labels(run), _removal_outcomes(run)
-    images: dict = {}
-    missing: list = []
-    samples, details = [], {}
-    for ln in lines:
-        key = f"{ln['sample_id']}__t{ln['trial']}"
-        samples.append({"key": key, "id": ln["sample_id"], "trial": ln["trial"], "status": ln["status"],
-                        "benchmark": ln.get("benchmark"), "category": ln.get("paper_category"),
-                        "grade": grades.get((ln["sample_id"], ln["trial"]), ""), "calls": ln.get("n_calls"),
-                        "answer": _short(ln.get("answer"), 80), "gold": _short(ln.get("gold"), 80)})
-        blob = json.dumps(_sample_detail(run, run.full(ln), images, missing, dH, tf_dir, with_tokens, grounding, removal),
-                          ensure_ascii=False,
-                          default=str, separators=(",", ":"))
-        details[key] = base64.b64encode(gzip.compress(blob.encode(), 6)).decode()
+    out_path = Path(out_path)
+    chunks = [lines[i:i + page_size] for i in range(0, len(lines), page_size)] or [[]]
+    files = page_files(out_path, len(chunks))
+    samples = []
+    for i, chunk in enumerate(chunks):
+        for ln in chunk:
+            samples.append({"key": f"{ln['sample_id']}__t{ln['trial']}", "id": ln["sample_id"], "trial": ln["trial"],
+                            "status": ln["status"], "benchmark": ln.get("benchmark"), "category": ln.get("paper_category"),
+                            "grade": grades.get((ln["sample_id"], ln["trial"]), ""), "calls": ln.get("n_calls"),
+                            "answer": _short(ln.get("answer"), 80), "gold": _short(ln.get("gold"), 80),
+                            "page": files[i].name})
     h = run.header
     from analysis.figures import provenance_mark
 
+    pages = [{"file": f.name, "first": c[0]["sample_id"] if c else "", "last": c[-1]["sample_id"] if c else "",
+              "n": len(c)} for f, c in zip(files, chunks)]
     meta = {"run": str(run.path), "label": h.get("label"), "model": (h.get("model") or {}).get("served_model"),
             "t_max": (h.get("budgets") or {}).get("t_max"), "judge": judge, "probe_mode": mode,
             "has_token_probe": tf_dir is not None or has_release, "mark": provenance_mark([h]), "benchmark": h.get("benchmark"),
-            "n_lines": len(run.index), "shown": len(lines), "tokens": with_tokens, "summary": run_summary(run)}
-    page = (_TEMPLATE.replace("__TITLE__", html.escape(f"{h.get('label')} — {run.path.name}"))
-            .replace("__META__", _js(meta)).replace("__SAMPLES__", _js(samples))
-            .replace("__DETAILS__", _js(details)).replace("__IMAGES__", _js({k: v for k, v in images.items() if v})))
-    out_path = Path(out_path)
+            "n_lines": len(run.index), "shown": len(lines), "tokens": with_tokens, "summary": run_summary(run),
+            "pages": pages}
+    samples_js = _js(samples)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(page, encoding="utf-8")
-    return {"path": str(out_path), "bytes": out_path.stat().st_size, "samples": len(samples), "images": len(images),
-            "missing_images": sorted(set(missing)), "tokens": with_tokens}
+    total, n_images, missing = 0, 0, []
+    for i, (f, chunk) in enumerate(zip(files, chunks)):  # one page's details and images in memory at a time
+        images: dict = {}
+        details = {}
+        for ln in chunk:
+            blob = json.dumps(_sample_detail(run, run.full(ln), images, missing, dH, tf_dir, with_tokens, grounding,
+                                             removal), ensure_ascii=False, default=str, separators=(",", ":"))
+            details[f"{ln['sample_id']}__t{ln['trial']}"] = base64.b64encode(gzip.compress(blob.encode(), 6)).decode()
+        page = (_TEMPLATE.replace("__TITLE__", html.escape(f"{h.get('label')} — {run.path.name}"
+                                                           + (f" (page {i + 1} of {len(files)})" if len(files) > 1 else "")))
+                .replace("__META__", _js({**meta, "page": i + 1, "this_file": f.name}))
+                .replace("__SAMPLES__", samples_js)
+                .replace("__DETAILS__", _js(details)).replace("__IMAGES__", _js({k: v for k, v in images.items() if v})))
+        f.write_text(page, encoding="utf-8")
+        total += f.stat().st_size
+        n_images += sum(1 for v in images.values() if v)
+        del details, images, page
+    for stale in out_path.parent.glob(f"{out_path.stem}-p*{out_path.suffix}"):  # pages of an earlier, larger write
+        if stale not in files and stale.stem[len(out_path.stem) + 2:].isdigit():
+            stale.unlink()
+    return {"path": str(out_path), "bytes": total, "samples": len(samples), "images": n_images,
+            "missing_images": sorted(set(missing)), "tokens": with_tokens, "pages": [str(f) for f in files],
+            "largest_page_bytes": max(f.stat().st_size for f in files)}
 
 
 def _js(obj) -> str:
@@ -444,6 +501,7 @@ _TEMPLATE = r"""<!doctype html>
   id <input id="f-id" size="14" placeholder="filter">
   colour think tokens by <select id="colour"><option value="H">entropy H (nats)</option></select>
   <span id="legend"></span>
+  <span id="pages"></span>
  </div>
 </header>
 <main><div id="list"><table><thead><tr><th>sample</th><th>t</th><th>status</th><th>calls</th><th>grade</th><th>answer / gold</th></tr></thead><tbody id="rows"></tbody></table></div>
@@ -484,8 +542,15 @@ function renderList() {
   document.getElementById("rows").innerHTML = rows.map(r =>
     `<tr class="sample-row" data-key="${esc(r.key)}"><td>${esc(r.id)}</td><td>${r.trial}</td>` +
     `<td class="st-${esc(r.status)}">${esc(r.status)}</td><td>${r.calls}</td><td class="g-${esc(r.grade)}">${esc(r.grade)}</td>` +
-    `<td>${esc(r.answer)}<br><small>gold: ${esc(r.gold)}</small></td></tr>`).join("");
-  document.querySelectorAll("tr.sample-row").forEach(tr => tr.onclick = () => show(tr.dataset.key));
+    `<td>${esc(r.answer)}<br><small>gold: ${esc(r.gold)}</small>` +
+    (r.page !== META.this_file ? ` <small class="other-page" title="opens ${esc(r.page)}">↗ ${esc(r.page)}</small>` : "") + `</td></tr>`).join("");
+  document.querySelectorAll("tr.sample-row").forEach(tr => tr.onclick = () => open_(tr.dataset.key));
+}
+// a trajectory written on another page of this run opens there (each page holds its own trajectories' details)
+function open_(key) {
+  const s = SAMPLES.find(r => r.key === key);
+  if (s && s.page && s.page !== META.this_file) { location.href = encodeURI(s.page) + "#sample=" + encodeURIComponent(key); return; }
+  show(key);
 }
 async function detail(key) {
   if (!cache[key]) {
@@ -600,6 +665,9 @@ function landing() {  // the run at a glance, until a sample is picked
     row("tokens", `${S.prompt_tokens.toLocaleString()} prompt · ${S.completion_tokens.toLocaleString()} completion`) +
     row("probes", pr) + `</table><p>Pick a trajectory on the left.</p></div>`;
 }
+if (META.pages.length > 1) document.getElementById("pages").innerHTML = "page " + META.pages.map((p, i) =>
+  i + 1 === META.page ? `<b>${i + 1}</b>` : `<a href="${encodeURI(p.file)}" title="${esc(p.first)} … ${esc(p.last)} (${p.n})">${i + 1}</a>`).join(" ") +
+  ` of ${META.pages.length} (${SAMPLES.length} trajectories; ${META.pages[META.page - 1].n} on this one)`;
 landing();
 renderList();
 // deep links for sharing and tests: #sample=<id>__t<trial>&open=<call index>&show=messages,reasoning,tool&colour=H|dH|kl
@@ -638,7 +706,10 @@ def main(argv=None) -> int:
     ap.add_argument("--trial", type=int, default=0, help="which trial of the sample")
     ap.add_argument("--reasoning", action="store_true", help="show each call's whole reasoning (default: its first line)")
     ap.add_argument("--observation-chars", type=int, default=400, help="observations are cut at this length")
-    ap.add_argument("--html", metavar="OUT.html", help="write the whole run as one self-contained HTML page")
+    ap.add_argument("--html", metavar="OUT.html", help="write the whole run as self-contained HTML (one page per "
+                                                        "--page-size trajectories: OUT.html, OUT-p2.html, …)")
+    ap.add_argument("--page-size", type=int, default=PAGE_SIZE,
+                    help=f"HTML: trajectories per page (default {PAGE_SIZE}; each page lists every trajectory)")
     ap.add_argument("--limit", type=int, help="HTML: the first N trajectories only")
     ap.add_argument("--tokens", choices=("auto", "all", "none"), default="auto",
                     help=f"HTML: embed each call's think tokens, coloured by H / ΔH / KL (auto: when at most "
@@ -648,8 +719,10 @@ def main(argv=None) -> int:
         run = load_run(a.run_dir)
         if a.html:
             info = build_html(run.path, a.html, limit=a.limit, sample_ids=[a.sample_id] if a.sample_id else None,
-                              tokens=a.tokens)
+                              tokens=a.tokens, page_size=a.page_size)
+            pages = len(info["pages"])
             print(f"{info['samples']} trajectories, {info['images']} images, {info['bytes'] / 1e6:.1f} MB"
+                  + (f" in {pages} pages (largest {info['largest_page_bytes'] / 1e6:.1f} MB)" if pages > 1 else "")
                   + ("" if info["tokens"] else "; think tokens not embedded (--tokens all, or fewer trajectories "
                      "with --limit / a SAMPLE_ID, colours them)"))
             if info["missing_images"]:

@@ -193,7 +193,8 @@ def _call_slices(call: np.ndarray) -> dict:
 
 def _serving_totals(rows: list[dict]) -> dict:
     """Over every step row: requests, prompt tokens, those the server's prefix cache served (SGLang's
-    ``cached_tokens``), and the summed request time (server seconds; x the serving group's GPUs = GPU-seconds)."""
+    ``cached_tokens``), and the summed request time (``server_seconds``: request-seconds, batched requests
+    overlapping; the GPU-seconds held are probe.json's ``cost``, :func:`probes.cli.record_session`)."""
     rs = [r for r in rows if r.get("prompt_tokens") is not None]
     prompt = sum(int(r["prompt_tokens"]) for r in rs)
     cached = sum(int(r.get("cached_tokens") or 0) for r in rs)
@@ -280,7 +281,7 @@ async def probe_run(run_dir, *, mode: str = "regenerate", out_dir=None, **kw) ->
 
 async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir=None, concurrency: int = 8,
                      limit: int | None = None, progress: bool = True, force: bool = False,
-                     include_unparsed: bool = False) -> dict:
+                     include_unparsed: bool = False, hardware: dict | None = None) -> dict:
     import pandas as pd
 
     if mode not in MODES:
@@ -380,6 +381,7 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
               file=sys.stderr)
     kept = [0]
     sink = open(steps_path, "ab")
+    started, t0 = time.time(), time.perf_counter()
     try:
         work = [trajectory(line, steps) for line, steps in pending]
         with collector_off_the_heap():  # the index and the pending work are not garbage
@@ -404,8 +406,12 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
         print(f"{steps_path}: {len(rows) - len(by_key)} duplicate step row(s) ignored (the last of each is kept)",
               file=sys.stderr)
     rows = list(by_key.values())
+    from probes.cli import record_session, serving_hardware
+
+    cost = record_session(out / "probe.json", hardware or serving_hardware(backend), started,
+                          time.perf_counter() - t0, kept[0])
     (out / "probe.json").write_text(json.dumps({"run_dir": str(run.path), "mode": mode, "finished": time.time(),
-                                                "serving": _serving_totals(rows),
+                                                "serving": _serving_totals(rows), "cost": cost,
                                                 "model": ident, "forced_model_mismatch": force,
                                                 "include_unparsed": include_unparsed,
                                                 "failures": failures}, indent=2))
@@ -507,7 +513,10 @@ def main(argv=None) -> int:
         run = load_run(args.run_dir)
         backend = backend_for(args, run.header)
         try:
-            return await probe_run(args.run_dir, mode=args.mode, backend=backend, out_dir=args.out,
+            from probes.cli import serving_hardware
+
+            hw = serving_hardware(backend, gpus_per_server=args.gpus_per_server, serving_dir=args.serving_dir)
+            return await probe_run(args.run_dir, mode=args.mode, backend=backend, out_dir=args.out, hardware=hw,
                                    concurrency=probe_concurrency(args, backend), limit=args.limit, progress=not args.no_progress,
                                    force=args.force, include_unparsed=args.include_unparsed)
         finally:

@@ -187,7 +187,8 @@ async def removal_probe(run_dir, steps: list[int], *, out_dir=None, **kw) -> dic
 
 
 async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, out_dir=None, concurrency: int = 8,
-                         limit: int | None = None, progress: bool = True, force: bool = False) -> dict:
+                         limit: int | None = None, progress: bool = True, force: bool = False,
+                         hardware: dict | None = None) -> dict:
     import pandas as pd
 
     run = load_run(run_dir)
@@ -240,6 +241,9 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
                 bar.update(1)
                 collect_cycles()  # the finished replies' reference cycles (the heap itself stays frozen)
 
+    import time
+
+    started, t0, done_before = time.time(), time.perf_counter(), bar.n
     try:
         work = [trajectory_group(ln) for ln in lines]
         with collector_off_the_heap():  # the index and the pending work are not garbage
@@ -247,6 +251,11 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
     finally:
         bar.close()
         await toolbox.aclose()
+    from probes.cli import record_session, serving_hardware
+
+    out.mkdir(parents=True, exist_ok=True)
+    cost = record_session(out / "probe.json", hardware or serving_hardware(backend), started,
+                          time.perf_counter() - t0, bar.n - done_before)
     # grade the originals and every replay with the same grader
     originals = {(ln["sample_id"], ln["trial"]): ln for ln in lines}
     orig_grades = dict(zip(originals, await asyncio.gather(*(grader.grade(ln) for ln in originals.values()))))
@@ -278,7 +287,7 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
     errors[["sample_id", "trial", "k", "replay_status", "error"]].to_csv(out / "errors.csv", index=False)
     summary = removal_summary(outcomes)
     summary.to_csv(out / "summary.csv", index=False)
-    (out / "probe.json").write_text(json.dumps({"run_dir": str(run.path), "steps": steps, "model": ident,
+    (out / "probe.json").write_text(json.dumps({"run_dir": str(run.path), "steps": steps, "model": ident, "cost": cost,
                                                 "forced_model_mismatch": force, "judge": grader.label,
                                                 "n_error": int(len(errors))}, indent=2))
     from analysis.figures import fig2c_removal, provenance_mark
@@ -316,7 +325,11 @@ def main(argv=None) -> int:
         grader = Grader(a.judge, endpoint=a.judge_endpoint, model=a.judge_model, api_key_env=a.judge_api_key_env,
                         server=server)
         try:
+            from probes.cli import serving_hardware
+
+            hw = serving_hardware(backend, gpus_per_server=a.gpus_per_server, serving_dir=a.serving_dir)
             return await removal_probe(a.run_dir, parse_steps(a.steps), backend=backend, grader=grader, out_dir=a.out,
+                                       hardware=hw,
                                        concurrency=probe_concurrency(a, backend), limit=a.limit, progress=not a.no_progress,
                                        force=a.force)
         finally:

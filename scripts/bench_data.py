@@ -132,10 +132,27 @@ def bench_image(root: Path) -> Path:
     return p
 
 
+def photo_image(root: Path, i: int, kb: int = 320) -> Path:
+    """A distinct JPEG of about ``kb`` KB (noise over a gradient at 1024 x 768: a real photo's size and
+    pixel count; the content differs per ``i``, so every sample has its own image as in the benchmarks)."""
+    from PIL import Image
+
+    p = root / "photos" / f"q{i}.jpg"
+    if not p.exists():
+        p.parent.mkdir(parents=True, exist_ok=True)
+        rng = np.random.default_rng(1000 + i)
+        base = np.linspace(0, 255, 1024, dtype=np.float32)[None, :, None] * np.ones((768, 1, 3), np.float32)
+        amp = float(np.clip(kb / 320 * 18, 2, 120))  # more noise, more bytes (calibrated: 18 -> ~320 KB)
+        px = np.clip(base + rng.normal(0, amp, (768, 1024, 3)), 0, 255).astype(np.uint8)
+        Image.fromarray(px).save(p, quality=90)
+    return p
+
+
 def write_run(root: Path, n_trajectories: int, pool: RowPool, *, calls: int = 10, tokens: int = 1000,
               observation_chars: int = 4000, precision: str = "float32", progress: bool = True,
-              model: str = "bench-model") -> dict:
-    """A ReAct run directory written by the toolkit's own writer; returns counts and sizes."""
+              model: str = "bench-model", distinct_images: bool = False) -> dict:
+    """A ReAct run directory written by the toolkit's own writer; returns counts and sizes. ``distinct_images``:
+    one ~320 KB photo-sized JPEG per trajectory (:func:`photo_image`) instead of one small image for all."""
     from agent.benchmarks import Sample
     from agent.rundir import RunDir
     from agent.tools.toolbox import ToolResult
@@ -155,6 +172,8 @@ def write_run(root: Path, n_trajectories: int, pool: RowPool, *, calls: int = 10
     system = "You are a research assistant that answers questions about images by searching the web. " * 20
     n_tok = 0
     for i in range(n_trajectories):
+        if distinct_images:
+            img = photo_image(root, i)
         s = Sample(id=f"s{i}", query=f"Question {i}: what is shown in the image, and when was it made?",
                    query_images=[img.name], answer="1911", benchmark="bench", line=i, image_dir=str(root),
                    category="c", paper_category=("Atomic factuality", "Dynamic information-seeking",

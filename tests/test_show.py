@@ -188,3 +188,77 @@ def test_page_renders_in_a_browser(demo_run, tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and shot.exists() and shot.stat().st_size > 20_000, r.stderr[-2000:]
     print(f"screenshot: {shot}")
+
+
+def _samples(page: str) -> list:
+    return json.loads(re.search(r'<script type="application/json" id="samples">(.*?)</script>', page, re.S).group(1))
+
+
+def test_html_is_paged_with_every_trajectory_listed_on_each_page(demo_run, tmp_path):
+    """A run larger than a page is written as several self-contained pages: each holds its own trajectories'
+    details and images only, and lists every trajectory with the page it lives on; a rewrite with fewer pages
+    removes the stale ones."""
+    info = show.build_html(demo_run, tmp_path / "run.html", page_size=2)
+    files = [tmp_path / "run.html", tmp_path / "run-p2.html"]
+    assert info["pages"] == [str(f) for f in files] and info["samples"] == 3
+    run = load_run(demo_run)
+    keys = sorted(f"{ln['sample_id']}__t{ln['trial']}" for ln in run.lines)
+    held = []
+    for f in files:
+        page = f.read_text()
+        assert sorted(s["key"] for s in _samples(page)) == keys                 # the whole run listed
+        mine = sorted(_details(page))
+        assert mine == sorted(s["key"] for s in _samples(page) if s["page"] == f.name)
+        held += mine
+        for ln in run.lines:  # a query image is embedded where its trajectory's details are, and only there
+            sha = next(iter(ln["query_images"].values()))
+            assert (f'"{sha}": "data:image/' in page) == (f"{ln['sample_id']}__t{ln['trial']}" in mine)
+    assert sorted(held) == keys  # each trajectory's details on exactly one page
+    assert info["largest_page_bytes"] == max(f.stat().st_size for f in files)
+    show.build_html(demo_run, tmp_path / "run.html")  # one page now: the second goes
+    assert not files[1].exists()
+    with pytest.raises(ValueError, match="page_size"):
+        show.build_html(demo_run, tmp_path / "x.html", page_size=0)
+
+
+@pytest.mark.skipif(_chromium() is None, reason="needs chromium (.ci/run installs Debian's package)")
+def test_a_trajectory_on_another_page_opens_there(demo_run, tmp_path):
+    browser = _chromium()
+    show.build_html(demo_run, tmp_path / "run.html", page_size=2)
+    other = next(s for s in _samples((tmp_path / "run.html").read_text()) if s["page"] == "run-p2.html")
+    url = f"{(tmp_path / 'run.html').resolve().as_uri()}#sample={other['key']}&open=1"
+    dom = subprocess.run(_headless(browser, tmp_path / "profile", "--dump-dom", url),
+                         capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    page = re.sub(r"<script.*?</script>", "", dom.stdout, flags=re.S)
+    assert 'data-ready="1"' in page
+    assert "(page 2 of 2)" in dom.stdout                                   # the browser went to page 2
+    assert re.search(rf"<h2>{re.escape(other['id'])} · trial {other['trial']}", page)   # and opened the trajectory
+    assert '<details class="call" data-index="1" open="">' in page
+    assert "page <a href=\"run.html\"" in page and "<b>2</b> of 2 (3 trajectories; 1 on this one)" in page
+
+
+def test_large_images_are_embedded_downscaled(tmp_path):
+    """An image over EMBED_PX on a side goes into the page as a smaller JPEG (the original stays in the run);
+    a small one is embedded as stored, byte for byte."""
+    import base64
+    import io
+    from types import SimpleNamespace
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    paths = {}
+    for name, side in (("big", 2000), ("small", 300)):
+        paths[name] = p = tmp_path / f"{name}.jpg"
+        Image.fromarray(rng.integers(0, 255, (side, side * 3 // 4, 3), dtype=np.uint8)).save(p, quality=90)
+    run = SimpleNamespace(image_path=lambda sha: paths.get(sha))  # what _image_uri reads of a run
+    cache, missing = {}, []
+    big = show._image_uri(run, "big", cache, missing)
+    small = show._image_uri(run, "small", cache, missing)
+    assert show._image_uri(run, "gone", cache, missing) is None and missing == ["gone"]
+    im = Image.open(io.BytesIO(base64.b64decode(big.split(",", 1)[1])))
+    assert max(im.size) == show.EMBED_PX and im.size[0] < im.size[1] and big.startswith("data:image/jpeg;base64,")
+    assert len(big) < paths["big"].stat().st_size / 4
+    assert base64.b64decode(small.split(",", 1)[1]) == paths["small"].read_bytes()

@@ -72,3 +72,37 @@ def test_the_probe_defaults_to_the_runs_servers_and_spreads_over_them(tmp_path, 
             where.setdefault(q, set()).add(name)
     assert len(where) == 4 and all(len(v) == 1 for v in where.values())  # a trajectory never changes server
     assert "error:" not in capsys.readouterr().err
+
+
+def test_gpu_seconds_come_from_the_launchers_endpoints_and_add_up_over_sessions(tmp_path, monkeypatch):
+    """probe.json's cost: the hardware held (wall time x servers x GPUs behind each, read from the launcher's
+    endpoints.json: a TP=4 server, a router counted by its workers' group), summed over resumed sessions; GPUs
+    unknown -> None, never 0."""
+    from probes.cli import record_session, serving_hardware
+    from serving.endpoints import gpus_behind
+
+    serve = tmp_path / "serve"
+    serve.mkdir()
+    monkeypatch.setenv("MMCF_STATE_DIR", str(tmp_path / "state"))
+    with FakeSGLang(reply=agent_policy) as s1, FakeSGLang(reply=agent_policy) as s2:
+        (serve / "endpoints.json").write_text(json.dumps([
+            {"url": s1.url, "kind": "server", "gpus": "0,1,2,3"}, {"url": s2.url, "kind": "server", "gpus": "4,5,6,7"},
+            {"url": "http://127.0.0.1:9", "kind": "router", "router_of": [s1.url, s2.url], "gpus": ""}]))
+        assert gpus_behind(s1.url + "/v1", serve) == 4 and gpus_behind("http://localhost:9/", serve) == 4
+        assert gpus_behind("http://elsewhere:1", serve) is None and gpus_behind(s1.url) is None  # not remembered
+        assert run_main(["--method", "react", "--backend", "openai", "--endpoint", s1.url, "--endpoint", s2.url,
+                         "--benchmark", "demo", "--limit", "2", "--t-max", "3", "--out", str(tmp_path / "r"),
+                         "--no-progress"]) == 0
+        assert entropy_main([str(tmp_path / "r"), "--no-progress", "--limit", "1", "--serving-dir", str(serve)]) == 0
+        probe = tmp_path / "r" / "probes" / "entropy-regenerate" / "probe.json"
+        c1 = json.loads(probe.read_text())["cost"]
+        assert entropy_main([str(tmp_path / "r"), "--no-progress", "--serving-dir", str(serve)]) == 0  # resumes
+        c2 = json.loads(probe.read_text())["cost"]
+    assert [s["servers"] for s in c2["sessions"]] == [2, 2] and {s["gpus_per_server"] for s in c2["sessions"]} == {4}
+    assert c2["sessions"][0] == c1["sessions"][0] and c2["sessions"][1]["units"] > 0
+    assert c2["gpu_seconds"] == round(sum(s["wall_s"] for s in c2["sessions"]) * 2 * 4, 1) > 0
+    # no record of the GPUs: unknown, and it stays unknown once a session is
+    hw = serving_hardware(ScriptedBackend(["x"]))
+    assert hw == {"servers": 0, "gpus_per_server": None, "gpus_from": None}
+    c3 = record_session(probe, hw, 0.0, 1.0, 1)
+    assert c3["gpu_seconds"] is None and len(c3["sessions"]) == 3

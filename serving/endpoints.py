@@ -1,0 +1,65 @@
+"""What the launcher recorded about an endpoint: the GPUs behind a URL, for what a probe or a run costs.
+
+    gpus_behind("http://gpu-node:30000")        # 4 (a TP=4 server), or a router's worker group size; None: unknown
+    gpus_behind(url, serving_dir="/shared/.serve")  # read that launcher --run-dir's endpoints.json
+
+``python -m serving.launch`` writes ``endpoints.json`` in its ``--run-dir`` (per URL: ``gpus`` "0,1,2,3",
+``kind`` server / router, ``router_of`` the workers) and remembers the directory (serving/launch.py's
+``state_file``). A URL is looked up there, in the given ``serving_dir`` first; a router counts the GPUs of one
+of its workers (a request runs on one worker group). Nothing found: None, and callers say "unknown"
+(never 0).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+__all__ = ["gpus_behind", "launched_endpoints"]
+
+
+def _norm(url: str) -> str:
+    u = str(url).rstrip("/")
+    for suffix in ("/generate", "/v1/chat/completions", "/v1"):
+        u = u.removesuffix(suffix)
+    return u.replace("://localhost", "://127.0.0.1")
+
+
+def launched_endpoints(serving_dir=None) -> list[dict]:
+    """Every entry of the launcher's endpoints.json files: ``serving_dir``'s, then the remembered directories'."""
+    from .launch import state_file
+
+    dirs = [Path(serving_dir)] if serving_dir else []
+    try:
+        dirs += [Path(x) for x in state_file().read_text().split("\n") if x.strip()]
+    except OSError:
+        pass
+    out = []
+    for d in dict.fromkeys(dirs):
+        try:
+            entries = json.loads((d / "endpoints.json").read_text())
+        except (OSError, ValueError):
+            continue
+        out += [e for e in entries if isinstance(e, dict) and e.get("url")]
+    return out
+
+
+def _count(gpus) -> int | None:
+    if isinstance(gpus, int):
+        return gpus or None
+    ids = [g for g in str(gpus or "").split(",") if g.strip()]
+    return len(ids) or None
+
+
+def gpus_behind(url: str, serving_dir=None) -> int | None:
+    """The number of GPUs one request to ``url`` runs on, from the launcher's record; None when unknown."""
+    entries = launched_endpoints(serving_dir)
+    by_url = {}
+    for e in entries:
+        by_url.setdefault(_norm(e["url"]), e)
+    e = by_url.get(_norm(url))
+    if e is None:
+        return None
+    if e.get("kind") == "router":
+        counts = {_count((by_url.get(_norm(w)) or {}).get("gpus")) for w in e.get("router_of") or []}
+        return counts.pop() if len(counts) == 1 else None  # unknown or unequal worker groups: no single number
+    return _count(e.get("gpus"))
