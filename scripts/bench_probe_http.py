@@ -108,7 +108,7 @@ def main(argv=None) -> int:
                 if r.returncode:
                     raise SystemExit(f"probe failed ({r.returncode}): {r.stderr[-3000:]}")
                 if driver:
-                    print("\n".join(x for x in r.stderr.splitlines() if x.startswith(("MAXRSS", "TIMERS"))))
+                    print("\n".join(x for x in r.stderr.splitlines() if x.startswith(("MAXRSS", "TIMERS", "MEM"))))
                 steps = sum(1 for _ in open(root / "probes" / f"entropy-{a.mode}" / "steps.jsonl", "rb"))
                 cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
                 rows.append((n, steps, cpu, wall, after.ru_maxrss / 1024))

@@ -372,3 +372,26 @@ def test_worker_processes_load_the_parents_tokenizer_class_without_torch(tiny_mo
     assert got["hinted"] == {"torch": False, "fp": hints[key]["fingerprint"], "cls": type(parent).__name__}
     # a differing fingerprint: the ordinary load (the class the config names, still without torch), same tokenizer
     assert got["mismatch"] == {"torch": False, "fp": hints[key]["fingerprint"], "cls": type(parent).__name__}
+
+
+def test_processes_auto_takes_one_per_256_in_flight_capped_by_the_cpus(monkeypatch, tmp_path):
+    from agent import run as run_mod
+    from agent.run import PROCESS_CONCURRENCY, RunConfig, auto_processes
+
+    monkeypatch.setattr(run_mod.os, "cpu_count", lambda: 4)
+    cfg = lambda **kw: RunConfig(method="react", out=str(tmp_path / "r"), backend="sglang", **kw)  # noqa: E731
+    assert RunConfig(method="react", out="x").processes == "auto"
+    assert [auto_processes(cfg(concurrency=c)) for c in (8, PROCESS_CONCURRENCY, PROCESS_CONCURRENCY + 1, 10_000)] \
+        == [1, 1, 2, 4]
+    assert auto_processes(cfg(concurrency=1024, processes=3)) == 3             # an explicit count is kept
+    assert auto_processes(cfg(concurrency=1024), injected=True) == 1           # the caller's own backends
+    assert auto_processes(RunConfig(method="react", out="x", backend="local", concurrency=1024)) == 1
+    with pytest.raises(ValueError, match="--processes must be auto or an integer"):
+        cfg(processes=0).spec()
+    ap_err = subprocess.run([sys.executable, "-m", "agent.run", "--method", "react", "--out", str(tmp_path / "r"),
+                             "--processes", "none"], cwd=REPO, capture_output=True, text=True)
+    assert ap_err.returncode == 2 and "auto or an integer >= 1" in ap_err.stderr
+    # the header records the number that ran
+    assert run_mod.main(["--method", "react", "--benchmark", "demo", "--backend", "scripted", "--limit", "1",
+                         "--out", str(tmp_path / "s"), "--no-progress"]) == 0
+    assert json.loads((tmp_path / "s" / "header.json").read_text())["processes"] == 1
