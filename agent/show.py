@@ -378,6 +378,16 @@ AUTO_TOKENS = 300
 PAGE_SIZE = 200
 
 
+def _release_memory() -> None:
+    import gc
+
+    from .rundir.common import _TRIM
+
+    gc.collect()
+    if _TRIM is not None:
+        _TRIM(0)
+
+
 def page_files(out_path: Path, n_pages: int) -> list[Path]:
     """The page files: ``OUT.html`` first, then ``OUT-p2.html``, ``OUT-p3.html``… beside it."""
     return [out_path] + [out_path.with_name(f"{out_path.stem}-p{i}{out_path.suffix}") for i in range(2, n_pages + 1)]
@@ -448,6 +458,7 @@ def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[
         total += f.stat().st_size
         n_images += sum(1 for v in images.values() if v)
         del details, images, page
+        _release_memory()  # the page's strings freed: glibc keeps them in its heap otherwise (RSS grows per page)
     for stale in out_path.parent.glob(f"{out_path.stem}-p*{out_path.suffix}"):  # pages of an earlier, larger write
         if stale not in files and stale.stem[len(out_path.stem) + 2:].isdigit():
             stale.unlink()

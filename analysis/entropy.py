@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["grouped_tail_entropy", "exact_entropy_from_logprobs", "tail_mass", "think_segment_entropy",
+__all__ = ["grouped_tail_entropy", "entropy_bounds", "exact_entropy_from_logprobs", "tail_mass", "think_segment_entropy",
            "step_entropies", "kl_union_tail"]
 
 
@@ -165,6 +165,50 @@ def step_entropies(run):
     return pd.DataFrame(rows)
 
 
+def entropy_bounds(top_logprobs, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """Lower and upper bounds, in nats, on the exact full-vocabulary entropy at each position, from its top-k.
+
+    ``top_logprobs``: ``(..., k)`` log-probabilities of the k most likely tokens (NaN / -inf = absent, as in
+    :func:`grouped_tail_entropy`); ``vocab``: the model's vocabulary size V (its output rows; a larger V only
+    loosens the upper bound). Returns ``(low, high)``, each of shape ``(...)``.
+
+    Derivation (ours; the paper's B.4 estimator is the lower one). Let p_1 >= … >= p_m be the listed
+    probabilities (m <= k valid entries), r = 1 - Σ p_i the tail mass (clipped at 0) and q_1 … q_{V-m} the
+    unlisted tokens' probabilities: Σ q_j = r and, since the list holds the m most likely tokens, every
+    q_j <= p_m. The exact entropy is H = S + T with S = -Σ p_i log p_i (known) and T = -Σ q_j log q_j.
+
+    - Lower: each q_j <= r, so -log q_j >= -log r and T >= -r log r. H_low = S - r log r is the grouped-tail
+      estimate (:func:`grouped_tail_entropy`): the tail merged into one bin.
+    - Upper: -x log x is concave, so for a fixed sum T is largest when the q_j are equal, q_j = r / (V - m):
+      T <= -r log(r / (V - m)) (Jensen). Equal shares are allowed by the constraint whenever r / (V - m) <= p_m,
+      which holds for any true top-m list (otherwise the tail could not hold r). Where rounded inputs break
+      it, the share is capped at p_m (T <= -r log p_m, the tail at its most even), so the bound never uses an
+      impossible distribution. H_high = S - r log(min(r / (V - m), p_m)).
+
+    Both are equal when the tail is empty (r = 0) or holds one token (V = m + 1); the gap H_high - H_low =
+    r log(r / share) grows with the tail mass, ~r log(V - m) for a large vocabulary. Tested
+    against exact entropies of random and peaked distributions (tests/test_entropy.py): never violated.
+    """
+    lp = np.asarray(top_logprobs, dtype=np.float64)
+    if lp.ndim == 0:
+        raise ValueError("top_logprobs must have a last axis of size k (got a scalar)")
+    if int(vocab) <= 0:
+        raise ValueError(f"vocab must be a positive vocabulary size, not {vocab}")
+    valid = np.isfinite(lp)
+    p = np.where(valid, np.exp(np.minimum(np.where(valid, lp, 0.0), 0.0)), 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s_known = -np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0).sum(axis=-1)
+        r = np.maximum(0.0, 1.0 - p.sum(axis=-1))
+        m = valid.sum(axis=-1)
+        rest = np.maximum(int(vocab) - m, 0)
+        p_min = np.where(valid, p, np.inf).min(axis=-1, initial=np.inf)
+        share = np.where(rest > 0, r / np.maximum(rest, 1), r)
+        share = np.minimum(share, np.where(np.isfinite(p_min), p_min, share))
+        low = s_known - np.where(r > 0, r * np.log(np.where(r > 0, r, 1.0)), 0.0)
+        high = s_known - np.where((r > 0) & (share > 0), r * np.log(np.where(share > 0, share, 1.0)), 0.0)
+    return low, np.maximum(high, low)
+
+
 def kl_union_tail(ids_p, lps_p, ids_q, lps_q) -> float:
     """KL(P || Q) in nats between two top-k lists of one position, on the union of their supports + a tail bin.
 
@@ -220,7 +264,7 @@ def kl_union_tail_rows(ids_p, lps_p, ids_q, lps_q) -> np.ndarray:
     return t1 + t2 + t3
 
 
-def token_influence(with_tokens, without_tokens, think) -> dict[str, np.ndarray | float]:
+def token_influence(with_tokens, without_tokens, think, vocab: int | None = None) -> dict[str, np.ndarray | float]:
     """The images' influence on each token of one step, from its top-k under two contexts (same tokens).
 
     ``with_tokens`` / ``without_tokens``: the step's tokens (objects with ``.top``: ids and logprobs) scored
@@ -228,7 +272,9 @@ def token_influence(with_tokens, without_tokens, think) -> dict[str, np.ndarray 
     grouped-tail entropy with minus without) and ``kl`` (:func:`kl_union_tail`, KL(with ‖ without)), their
     positions ``pos`` in the step, and the means over think tokens ``dH_mean``, ``kl_mean``, ``H_with``,
     ``H_without`` (NaN when the step has no think token). The entropy probe's teacher-forced mode and the
-    adaptive image release (``agent.release``) both use it, so their numbers are the same quantity.
+    adaptive image release (``agent.release``) both use it, so their numbers are the same quantity. With
+    ``vocab`` (the model's vocabulary size) also the upper entropy bounds of :func:`entropy_bounds`
+    (``H_high_with`` / ``H_high_without`` and per token).
     """
     from agent.backends.base import TokenArrays
 
@@ -243,9 +289,15 @@ def token_influence(with_tokens, without_tokens, think) -> dict[str, np.ndarray 
     hw = grouped_tail_entropy(w.top_logprobs)
     ho = grouped_tail_entropy(o.top_logprobs)
     pos = np.flatnonzero(think)
+    bounds = {}
+    if vocab:  # the upper bounds too (entropy_bounds; the lower ones are hw / ho)
+        bounds = {"per_token_H_high_with": entropy_bounds(w.top_logprobs, vocab)[1],
+                  "per_token_H_high_without": entropy_bounds(o.top_logprobs, vocab)[1]}
+        bounds["H_high_with"] = float(np.mean(bounds["per_token_H_high_with"][pos])) if len(pos) else float("nan")
+        bounds["H_high_without"] = float(np.mean(bounds["per_token_H_high_without"][pos])) if len(pos) else float("nan")
     kl = kl_union_tail_rows(w.top_ids[pos], w.top_logprobs[pos], o.top_ids[pos], o.top_logprobs[pos]) \
         if len(pos) else np.zeros(0)
     dH = (hw - ho)[pos]
     mean = (lambda a: float(np.mean(a)) if len(a) else float("nan"))
     return {"pos": pos.astype(np.int32), "dH": dH, "kl": kl, "H_with": mean(hw[pos]), "H_without": mean(ho[pos]),
-            "dH_mean": mean(dH), "kl_mean": mean(kl), "per_token_H_with": hw, "per_token_H_without": ho}
+            "dH_mean": mean(dH), "kl_mean": mean(kl), "per_token_H_with": hw, "per_token_H_without": ho, **bounds}

@@ -273,9 +273,19 @@ def _series_plot(ax, summary, value, lo_col, hi_col, label_fmt, sns):
 
 def fig2b_entropy(summary, stem, *, title: str | None = None, ax=None, mark: str | None = None):
     """Figure 2(b): mean ΔH_t per step with its 95% bootstrap CI as a band (nats), n above each point; one line
-    per ``series`` if given (the pooled one in black)."""
+    per ``series`` if given (the pooled one in black). With ``dH_low`` / ``dH_high`` (the probe's bounds) a
+    hatched band shows where the true ΔH can lie given only the top-20 lists (ours, issue 25)."""
     sns, fig, ax, own = _panel(ax)
     ax.axhline(0.0, color="0.5", lw=0.8)
+    if {"dH_low", "dH_high"} <= set(summary.columns):
+        # where the true ΔH can lie given only the top-20 and the vocabulary (analysis.entropy.entropy_bounds)
+        b = summary[summary["series"] == "pooled"] if "series" in summary else summary
+        b = b.sort_values("step")
+        b = b[np.isfinite(b["dH_low"].astype(float)) & np.isfinite(b["dH_high"].astype(float))]
+        if len(b):
+            ax.fill_between(b["step"].to_numpy(dtype=float), b["dH_low"].to_numpy(dtype=float),
+                            b["dH_high"].to_numpy(dtype=float), facecolor="none", edgecolor="0.45", hatch="////",
+                            lw=0.6, label="bounds on the true ΔH (top-20 + vocabulary size)")
     _series_plot(ax, summary, "mean", "ci_low", "ci_high",
                  lambda name: f"{name}: mean, 95% bootstrap CI" if name else "mean ΔH, 95% bootstrap CI", sns)
     ax.set_xlabel("step t (LLM call index); n above each point")

@@ -43,7 +43,7 @@ from agent.backends.spread import pin
 from agent.http import dumps, loads
 from agent.rundir import (Run, RunError, close_fragment, collect_cycles, collector_off_the_heap, load_run, output_lock,
                           token_key)
-from analysis.entropy import grouped_tail_entropy, token_influence
+from analysis.entropy import entropy_bounds, grouped_tail_entropy, token_influence
 from analysis.selection import select_trajectories
 from analysis.stats import summarise_by
 from probes.cli import add_backend_args, backend_for, probe_concurrency, probe_model_check, run_async
@@ -203,7 +203,8 @@ def _serving_totals(rows: list[dict]) -> dict:
             "server_seconds": round(sum(float(r.get("latency_s") or 0.0) for r in rs), 2)}
 
 
-async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: str, H_all=None, slices=None) -> dict:
+async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: str, H_all=None, slices=None,
+                      vocab: int | None = None, Hhi_all=None) -> dict:
     sel = (slices or _call_slices(tok["call"])).get(ev["index"], slice(0, 0))
     think = np.asarray(tok["think"][sel], dtype=bool)
     row = {"sample_id": line["sample_id"], "trial": line["trial"], "benchmark": line["benchmark"],
@@ -216,6 +217,9 @@ async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: 
     if mode == "regenerate":
         H = H_all[sel] if H_all is not None else grouped_tail_entropy(tok["top_logprobs"][sel])
         row["H_with"] = _think_mean(H, think)
+        if vocab:
+            hi = Hhi_all[sel] if Hhi_all is not None else entropy_bounds(tok["top_logprobs"][sel], vocab)[1]
+            row["H_high_with"] = _think_mean(hi, think)
         ex = tok["exact_entropy"][sel][think]  # NaN where the backend had no full distribution (a server)
         row["H_exact_with"] = float(np.mean(ex, dtype=np.float64)) if len(ex) and np.isfinite(ex).all() else float("nan")
         sp = _sampling_of(ev)
@@ -229,6 +233,8 @@ async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: 
         # (computed in float32 straight from the reply's arrays: no converted copy)
         top = top_matrix(out.tokens, 20, getattr(getattr(out.tokens, "top_logprobs", None), "dtype", np.float64), copy=False)
         row["H_without"] = _think_mean(grouped_tail_entropy(top, compute=np.float32), th2)
+        if vocab:
+            row["H_high_without"] = _think_mean(entropy_bounds(top, vocab)[1], th2)
         if out.exact_entropy is not None:
             row["H_exact_without"] = _think_mean(np.asarray(out.exact_entropy, dtype=np.float64), th2)
         row["regenerated_text"] = out.text[:2000]
@@ -253,17 +259,71 @@ async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: 
             if sc.exact_entropy is not None:
                 row[f"H_exact_{side}"] = _think_mean(np.asarray(sc.exact_entropy, dtype=np.float64), think)
         # the same quantities the adaptive image release computes online (analysis.entropy.token_influence)
-        inf = token_influence(a.tokens, b.tokens, think)
+        inf = token_influence(a.tokens, b.tokens, think, vocab=vocab)
         row["H_with"], row["H_without"] = inf["H_with"], inf["H_without"]
+        if vocab:
+            row["H_high_with"], row["H_high_without"] = inf["H_high_with"], inf["H_high_without"]
         row["kl_with_without"] = inf["kl_mean"]
         row["n_think_without"] = row["n_think"]
         # per think token: the entropy change and the KL influence (the trajectory viewer colours tokens by them)
         row["_tokens"] = {"pos": inf["pos"], "dH": inf["dH"].astype(np.float32), "kl": inf["kl"].astype(np.float32)}
     row["dH"] = row["H_with"] - row["H_without"]
+    if vocab:  # the interval the true ΔH lies in (per-token bounds averaged: the means are bounded the same way)
+        row["vocab"] = int(vocab)
+        row["dH_low"] = row["H_with"] - row["H_high_without"]
+        row["dH_high"] = row["H_high_with"] - row["H_without"]
     if np.isfinite(row.get("H_exact_with", np.nan)) and np.isfinite(row.get("H_exact_without", np.nan)):
         row["dH_exact"] = row["H_exact_with"] - row["H_exact_without"]
         row["gap_with"] = row["H_exact_with"] - row["H_with"]
     return row
+
+
+def bounds_by_step(steps):
+    """Per step: the mean ΔH interval [mean dH_low, mean dH_high] (the bounds of the mean ΔH: each step's
+    interval holds its true ΔH, so their means hold the true mean), whether it excludes 0 (``sign_robust``: +1 /
+    -1 / 0), and how many of the step's ΔH are robust on their own, each way."""
+    v = steps[np.isfinite(steps["dH_low"]) & np.isfinite(steps["dH_high"])]
+    b = v.groupby("step").agg(dH_low=("dH_low", "mean"), dH_high=("dH_high", "mean"), n_bounded=("dH_low", "size"),
+                              n_robust_positive=("dH_low", lambda x: int((x > 0).sum())),
+                              n_robust_negative=("dH_high", lambda x: int((x < 0).sum()))).reset_index()
+    b["sign_robust"] = np.select([b["dH_low"] > 0, b["dH_high"] < 0], [1, -1], 0)
+    return b
+
+
+def bounds_calibration(steps, tol: float = 1e-4):
+    """Where the exact entropy is known (the in-process backend): per step and context, the exact value's distance
+    above the grouped lower bound and below the upper bound (mean, median, 95th percentile, max) and the share
+    of steps whose interval holds it (``covered``: must be 1; ``tol`` absorbs float32 storage). None without
+    exact values."""
+    import pandas as pd
+
+    rows = []
+    for side in ("with", "without"):
+        ex, lo, hi = f"H_exact_{side}", f"H_{side}", f"H_high_{side}"
+        if ex not in steps or hi not in steps:
+            continue
+        v = steps[np.isfinite(steps[ex]) & np.isfinite(steps[hi])]
+        for step, g in v.groupby("step"):
+            below, above = (g[ex] - g[lo]).to_numpy(), (g[hi] - g[ex]).to_numpy()
+            ok = (below >= -tol) & (above >= -tol)
+            rows.append({"step": step, "context": side, "n": len(g), "gap_low_mean": below.mean(),
+                         "gap_low_p50": np.median(below), "gap_low_p95": np.quantile(below, 0.95),
+                         "gap_low_max": below.max(), "gap_high_mean": above.mean(), "gap_high_p50": np.median(above),
+                         "gap_high_p95": np.quantile(above, 0.95), "gap_high_max": above.max(),
+                         "covered": float(ok.mean()), "n_missed": int((~ok).sum())})
+    return pd.DataFrame(rows) if rows else None
+
+
+def vocab_of(backend) -> int | None:
+    """The model's vocabulary size V for the entropy bounds: the backend's (SGLang native and scripted know it),
+    else its model directory's config.json; None when neither says."""
+    from agent.backends.base import model_vocab_size
+
+    for b in getattr(backend, "backends", None) or [backend]:
+        v = getattr(b, "vocab", None) or (model_vocab_size(b.model_dir) if getattr(b, "model_dir", None) else None)
+        if v:
+            return int(v)
+    return None
 
 
 #: Methods whose trajectories the entropy probe reads (the paper probes ReAct; Removal@k runs have steps
@@ -343,6 +403,7 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
                 bar.update(len(steps))
                 return
             H_all = grouped_tail_entropy(tok["top_logprobs"]) if mode == "regenerate" else None
+            Hhi_all = entropy_bounds(tok["top_logprobs"], vocab)[1] if mode == "regenerate" and vocab else None
             slices = _call_slices(tok["call"])
             events = {e["index"]: e for e in line["events"] if e["type"] == "llm_call"}
             key, fh, kept_tokens = token_key(line["sample_id"], line["trial"]), None, {}
@@ -352,7 +413,7 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
                     try:
                         if ev is None:
                             raise RunError(f"no llm_call event for step {step}")
-                        row = await _probe_step(run, line, ev, tok, backend, mode, H_all, slices)
+                        row = await _probe_step(run, line, ev, tok, backend, mode, H_all, slices, vocab, Hhi_all)
                     except (BackendError, RunError) as e:
                         failures.append(f"{line['sample_id']}/t{line['trial']} step {step}: {e}")
                         row = None
@@ -375,6 +436,10 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
                 store.commit(key, kept_tokens)
 
     getattr(backend, "prepare", lambda m: None)(mode)  # what the requests will need, loaded before the freeze
+    vocab = vocab_of(backend)
+    if not vocab:
+        print("entropy bounds: the model's vocabulary size is unknown (no config.json): steps carry the grouped "
+              "lower bound only, no upper bound or ΔH interval", file=sys.stderr)
     store = TokenStore(out / "tokens")
     if store.recover():  # an interrupted probe's finished steps, folded into their trajectories' files
         print(f"{out / 'tokens'}: folded the token results of an interrupted probe into their trajectories' files",
@@ -416,7 +481,8 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
                                                 "include_unparsed": include_unparsed,
                                                 "failures": failures}, indent=2))
     steps = pd.DataFrame(rows)
-    for c in ("H_with", "H_without", "dH", "H_exact_with", "H_exact_without", "kl_with_without", "dH_exact", "gap_with"):
+    for c in ("H_with", "H_without", "dH", "H_exact_with", "H_exact_without", "kl_with_without", "dH_exact", "gap_with",
+              "H_high_with", "H_high_without", "dH_low", "dH_high"):
         if c in steps:  # null (a non-finite value in JSON) is NaN
             steps[c] = pd.to_numeric(steps[c], errors="coerce").astype(float)
     if steps.empty:
@@ -425,6 +491,8 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
     keep = {(ln["sample_id"], ln["trial"]) for ln in lines}  # a rerun after a selection change drops stale rows
     steps = steps[[(a, b) in keep for a, b in zip(steps["sample_id"], steps["trial"])]]
     steps = steps.sort_values(["sample_id", "trial", "step"]).reset_index(drop=True)
+    if "dH_low" in steps:  # +1 / -1: the interval holds only positive / negative ΔH; 0: it holds 0
+        steps["sign_robust"] = np.select([steps["dH_low"] > 0, steps["dH_high"] < 0], [1, -1], 0)
     steps.to_parquet(out / "steps.parquet", index=False)
     steps.to_csv(out / "steps.csv", index=False)
     valid = steps[np.isfinite(steps["dH"])]
@@ -438,6 +506,15 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
         summary = summary.merge(kl[["step", "kl_with_without", "kl_ci_low", "kl_ci_high", "kl_n"]], on="step", how="left")
     if "dH_exact" in steps:
         summary = summary.merge(steps.groupby("step")[["dH_exact", "gap_with"]].mean().reset_index(), on="step", how="left")
+    if "dH_low" in steps:
+        summary = summary.merge(bounds_by_step(steps), on="step", how="left")
+        cal = bounds_calibration(steps)
+        if cal is not None:
+            cal.to_csv(out / "bounds_calibration.csv", index=False)
+            bad = cal[cal["covered"] < 1.0]
+            if len(bad):  # cannot happen for a correct bound: said loudly, never hidden
+                print(f"warning: the entropy bounds missed the exact value at {int(bad['n_missed'].sum())} step(s) "
+                      f"(bounds_calibration.csv); please report it", file=sys.stderr)
     summary.to_csv(out / "summary.csv", index=False)
     from analysis.figures import fig2b_entropy, fig2b_kl, provenance_mark
 
@@ -453,8 +530,8 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
 
 
 def _print_summary(s) -> None:
-    cols = [c for c in ("step", "n", "mean", "ci_low", "ci_high", "wilcoxon_p", "excluded_no_think", "H_with", "H_without",
-                        "kl_with_without", "dH_exact", "gap_with") if c in s]
+    cols = [c for c in ("step", "n", "mean", "ci_low", "ci_high", "dH_low", "dH_high", "sign_robust", "wilcoxon_p",
+                        "excluded_no_think", "H_with", "H_without", "kl_with_without", "dH_exact", "gap_with") if c in s]
     print(s[cols].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
 
 

@@ -50,6 +50,58 @@ def _wait(url: str, proc, timeout: float = 120.0) -> None:
     raise SystemExit("the stand-in did not start")
 
 
+def _decode_floor(root: Path, url: str, tiny: str) -> dict:
+    """What no teacher-forced client can skip per step, timed on one real reply of the stand-in: decoding the
+    two scoring replies (JSON, then the triples into arrays) and tokenising the step's new prompt pieces."""
+    import statistics
+
+    import httpx
+
+    from agent.backends.base import Continuation
+    from agent.backends.sglang_native import SGLangBackend
+    from agent.backends.wire import decode_generate_reply
+    from agent.http import dumps
+    from agent.rundir import load_run
+
+    run = load_run(root)
+    line = run.full(run.index[0])
+    calls = [e for e in line["events"] if e["type"] == "llm_call"]
+    ev = calls[len(calls) // 2]
+    tok = run.tokens(line, ["call", "id"])
+    ids = [int(i) for i in tok["id"][tok["call"] == ev["index"]]]
+    b = SGLangBackend(url, tiny)
+    msgs = run.sendable_messages(line, ev)
+    payload = b.score_payload(msgs, Continuation(ids=ids))[0]
+    with httpx.Client(trust_env=False, timeout=600) as c:
+        body = c.post(url + "/generate", content=dumps(payload)).content
+
+    def med(f, n=20):
+        ts = []
+        for _ in range(n):
+            t = time.process_time()
+            f()
+            ts.append(time.process_time() - t)
+        return 1000 * statistics.median(ts)
+
+    resp = decode_generate_reply(body)
+    fresh = SGLangBackend(url, tiny)
+    prev = b.render(run.sendable_messages(line, calls[len(calls) // 2 - 1]), {"enable_thinking": True})[0]
+    fresh.prompt_ids(prev)  # the previous step's pieces are known; this step's new ones are tokenised
+
+    cur = b.render(msgs, {"enable_thinking": True})[0]
+
+    def tokenise():
+        fresh._piece_ids.clear()
+        fresh.prompt_ids(prev)
+        t = time.process_time()
+        fresh.prompt_ids(cur)
+        return time.process_time() - t
+
+    tk = statistics.median(tokenise() for _ in range(5)) * 1000
+    return {"step": ev["index"], "bytes": len(body), "decode_ms": med(lambda: decode_generate_reply(body)),
+            "parse_ms": med(lambda: b.parse_score(resp, ids, k=20)), "tokenise_ms": tk}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scales", default="10,100,300", help="trajectories per scale (x 10 steps each)")
@@ -83,7 +135,7 @@ def main(argv=None) -> int:
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         _wait(url, srv)
-        rows = []
+        rows, floor = [], None
         with tempfile.TemporaryDirectory() as d:
             if a.mode == "teacher-forced":  # the recorded ids are scored: they must be the served model's
                 import bench_data
@@ -110,6 +162,8 @@ def main(argv=None) -> int:
                 if driver:
                     print("\n".join(x for x in r.stderr.splitlines() if x.startswith(("MAXRSS", "TIMERS", "MEM"))))
                 steps = sum(1 for _ in open(root / "probes" / f"entropy-{a.mode}" / "steps.jsonl", "rb"))
+                if a.mode == "teacher-forced" and floor is None:
+                    floor = _decode_floor(root, url, tiny)
                 cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
                 rows.append((n, steps, cpu, wall, after.ru_maxrss / 1024))
     finally:
@@ -121,6 +175,11 @@ def main(argv=None) -> int:
     for n, steps, cpu, wall, rss in rows:
         print(f"{n:>12} {steps:>6} {cpu:>12.1f} {1000 * cpu / steps:>11.1f} {wall:>7.1f} {rss:>11.0f}")
     print("(peak RSS: the largest of the probe processes so far, as the kernel reports children's maxima)")
+    if floor:
+        print(f"floor per step (two scoring replies of a step-{floor['step']} request, {floor['bytes'] / 1e6:.2f} MB each, "
+              f"decoded in-process, median of 20): JSON {2 * floor['decode_ms']:.1f} ms + the triples into arrays "
+              f"{2 * floor['parse_ms']:.1f} ms = {2 * (floor['decode_ms'] + floor['parse_ms']):.1f} ms; the prompt's "
+              f"pieces tokenised (this step's new ones) {floor['tokenise_ms']:.1f} ms")
     return 0
 
 

@@ -78,3 +78,38 @@ def test_float32_input_matches_float64():
     lp64 = np.log(p)
     lp32 = lp64.astype(np.float32)
     assert np.abs(grouped_tail_entropy(lp32) - grouped_tail_entropy(lp32.astype(np.float64))).max() < 1e-5
+
+
+def test_entropy_bounds_hold_the_exact_entropy_and_are_tight_without_a_tail():
+    """The grouped lower bound and the even-tail upper bound (analysis.entropy.entropy_bounds) against exact
+    entropies of random distributions, flat to peaked, over several vocabulary sizes: never violated; equal
+    when the top-k is the whole vocabulary (no tail) or leaves one token."""
+    from analysis.entropy import entropy_bounds, grouped_tail_entropy
+
+    rng = np.random.default_rng(0)
+    k = 20
+    for V in (21, 50, 1000, 5000):
+        for alpha in (0.01, 0.1, 1.0, 10.0):
+            p = rng.dirichlet(np.full(V, alpha), size=200)
+            exact = -(p * np.log(np.where(p > 0, p, 1.0))).sum(axis=1)
+            with np.errstate(divide="ignore"):  # exact zeros (alpha 0.01): -inf, read as absent
+                top = np.log(np.sort(p, axis=1)[:, ::-1][:, :k])
+            low, high = entropy_bounds(top, V)
+            assert np.all(low <= exact + 1e-9) and np.all(exact <= high + 1e-9), (V, alpha)
+            assert np.allclose(low, grouped_tail_entropy(top))
+            if V == 21:  # one token in the tail: its probability is the tail mass, both bounds exact
+                assert np.allclose(low, exact) and np.allclose(high, exact)
+    # uniform over V: the upper bound is exact (log V), the lower one is not
+    V = 1000
+    top = np.full((1, k), -math.log(V))
+    low, high = entropy_bounds(top, V)
+    assert math.isclose(float(high[0]), math.log(V), rel_tol=1e-12) and float(low[0]) < math.log(V) - 1
+    # no tail: the whole vocabulary is listed (k = V), bounds equal the exact value; padding ignored
+    p = rng.dirichlet(np.ones(k))
+    low, high = entropy_bounds(np.log(p)[None, :], k)
+    assert math.isclose(float(low[0]), float(high[0])) and math.isclose(float(low[0]), float(-(p * np.log(p)).sum()))
+    padded = np.r_[np.log(p[:10]), [np.nan] * 10][None, :]
+    lo, hi = entropy_bounds(padded, 5000)
+    assert lo[0] < hi[0]
+    with pytest.raises(ValueError, match="vocab"):
+        entropy_bounds(top, 0)

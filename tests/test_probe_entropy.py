@@ -56,6 +56,15 @@ async def test_probe_recovers_planted_delta_h(tmp_path, mode):
         assert (steps.kl_with_without > 0).all()
     out = res["out"]
     assert (out / "steps.parquet").exists() and (out / "summary.csv").exists() and (out / "fig2b_entropy.png").exists()
+    # the bounds: the grouped value is the lower one; the upper spreads the 0.2 tail evenly over V - m tokens
+    V = backend.vocab
+    hi_with = -10 * 0.08 * math.log(0.08) - 0.2 * math.log(0.2 / (V - 10))
+    hi_without = -5 * 0.16 * math.log(0.16) - 0.2 * math.log(0.2 / (V - 5))
+    assert np.allclose(steps.H_high_with, hi_with) and np.allclose(steps.H_high_without, hi_without)
+    assert np.allclose(steps.dH_low, H_WITH - hi_without) and np.allclose(steps.dH_high, hi_with - H_WITHOUT)
+    assert ((steps.dH_low < steps.dH) & (steps.dH < steps.dH_high)).all()
+    # a 0.2 tail over 248k tokens leaves ~2.8 nats of doubt: the planted +0.55 is not robust in sign
+    assert (steps.sign_robust == 0).all() and (summary.sign_robust == 0).all() and (summary.n_bounded == 3).all()
     if mode == "regenerate":  # what the server did: requests, prompt tokens, those it served from its cache, time
         serving = json.loads((out / "probe.json").read_text())["serving"]
         assert serving["requests"] == 9 and serving["prompt_tokens"] == int(steps["prompt_tokens"].sum()) > 0
@@ -216,6 +225,15 @@ def test_no_argument_demo_runs_end_to_end(tmp_path, tiny_model_dir, monkeypatch,
     assert "RANDOMLY INITIALISED" in out and "meaningless" in out and "step" in out
     d = tmp_path / "demo" / "probes" / "entropy-regenerate"
     assert (d / "fig2b_entropy.png").exists() and (d / "steps.parquet").exists()
+    # the in-process model knows the exact entropy: the bounds hold it at every step, on both sides
+    import pandas as pd
+
+    cal = pd.read_csv(d / "bounds_calibration.csv")
+    assert set(cal.context) == {"with", "without"} and (cal.covered == 1.0).all() and (cal.n_missed == 0).all()
+    assert (cal.gap_low_p50 >= -1e-4).all() and (cal.gap_high_p50 >= -1e-4).all()
+    steps = pd.read_parquet(d / "steps.parquet")
+    ok = steps.dropna(subset=["H_exact_with"])
+    assert len(ok) and (ok.H_with <= ok.H_exact_with + 1e-4).all() and (ok.H_exact_with <= ok.H_high_with + 1e-4).all()
 
 
 async def test_probe_applies_the_shared_selection_rule_and_saves_table10(tmp_path):

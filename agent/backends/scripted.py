@@ -52,6 +52,9 @@ def uniform_top(n: int, k: int = DEFAULT_TOP_LOGPROBS):
 
 class ScriptedBackend:
     name = "scripted"
+    #: The fake vocabulary's size (for the entropy bounds): Qwen3.5's 248,320 output rows, so a scripted demo's
+    #: ΔH interval is as wide as a real model's would be for the same top-20 lists (ids are not checked here).
+    vocab = 248_320
 
     def __init__(self, script: list, *, model: str = "scripted", k: int = DEFAULT_TOP_LOGPROBS,
                  top_fn: Callable | None = None, semantics: LogprobSemantics | None = None,
