@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["grouped_tail_entropy", "entropy_bounds", "exact_entropy_from_logprobs", "tail_mass", "think_segment_entropy",
+__all__ = ["grouped_tail_entropy", "entropy_bounds", "entropy_histogram", "forking_threshold", "forking_stats", "exact_entropy_from_logprobs", "tail_mass", "think_segment_entropy",
            "step_entropies", "kl_union_tail"]
 
 
@@ -207,6 +207,56 @@ def entropy_bounds(top_logprobs, vocab: int) -> tuple[np.ndarray, np.ndarray]:
         low = s_known - np.where(r > 0, r * np.log(np.where(r > 0, r, 1.0)), 0.0)
         high = s_known - np.where((r > 0) & (share > 0), r * np.log(np.where(share > 0, share, 1.0)), 0.0)
     return low, np.maximum(high, low)
+
+
+#: Entropy bins for the forking-token statistics (nats): 0.05 wide up to 12 (everything above in the last).
+FORK_BIN = 0.05
+FORK_BINS = 240
+#: The share of think tokens that are "forking": the highest-entropy 20 % over the whole run (arXiv 2506.01939).
+FORK_SHARE = 0.20
+
+
+def entropy_histogram(H, dH=None) -> dict:
+    """One step's per-token entropies as a sparse histogram: ``{"bin": [...], "n": [...], "sum": [...]}`` (bins of
+    :data:`FORK_BIN` nats), plus ``"dsum"`` (the sum of ``dH`` per bin of ``H``) when given. Stored per step, so
+    the run-wide forking threshold can be applied after the probe without keeping every token (ours)."""
+    H = np.asarray(H, dtype=np.float64)
+    ok = np.isfinite(H)
+    H = H[ok]
+    idx = np.minimum((np.maximum(H, 0.0) / FORK_BIN).astype(np.int64), FORK_BINS - 1)
+    n = np.bincount(idx, minlength=FORK_BINS)
+    sm = np.bincount(idx, weights=H, minlength=FORK_BINS)
+    nz = np.flatnonzero(n)
+    out = {"bin": nz.tolist(), "n": n[nz].tolist(), "sum": np.round(sm[nz], 6).tolist()}
+    if dH is not None:
+        d = np.asarray(dH, dtype=np.float64)[ok]
+        out["dsum"] = np.round(np.bincount(idx, weights=d, minlength=FORK_BINS)[nz], 6).tolist()
+    return out
+
+
+def forking_threshold(hists, share: float = FORK_SHARE) -> tuple[int, float]:
+    """The run-wide forking threshold from the steps' with-images histograms: the lowest bin whose tokens and
+    those above hold at least ``share`` of all think tokens. Returns (bin index, its lower edge in nats)."""
+    total = np.zeros(FORK_BINS)
+    for h in hists:
+        if h:
+            np.add.at(total, np.asarray(h["bin"], dtype=np.int64), np.asarray(h["n"], dtype=np.float64))
+    if total.sum() == 0:
+        return FORK_BINS, float("nan")
+    above = np.cumsum(total[::-1])[::-1]  # tokens in this bin and above
+    j = int(np.flatnonzero(above >= share * total.sum()).max())
+    return j, j * FORK_BIN
+
+
+def forking_stats(h: dict | None, j: int) -> tuple[int, int, float, float]:
+    """(tokens, forking tokens, their summed entropy, their summed dH) of one histogram at threshold bin ``j``."""
+    if not h:
+        return 0, 0, 0.0, float("nan")
+    b = np.asarray(h["bin"], dtype=np.int64)
+    n = np.asarray(h["n"], dtype=np.float64)
+    top = b >= j
+    d = float(np.asarray(h["dsum"])[top].sum()) if "dsum" in h else float("nan")
+    return int(n.sum()), int(n[top].sum()), float(np.asarray(h["sum"])[top].sum()), d
 
 
 def kl_union_tail(ids_p, lps_p, ids_q, lps_q) -> float:

@@ -299,6 +299,46 @@ def fig2b_entropy(summary, stem, *, title: str | None = None, ax=None, mark: str
     return fig
 
 
+def fig2b_forking(forking, summary, stem, *, title: str | None = None, mark: str | None = None):
+    """Beside Figure 2(b) (ours, issue 25): (left) per step, the part of ΔH carried by the forking tokens — the
+    run's top 20 % of think tokens by entropy, arXiv 2506.01939 — with its 95% bootstrap CI, the other tokens'
+    part and ΔH itself; (right) the share of forking tokens with and without the query images."""
+    plt, sns = _plt()
+    fig, (a, b) = _subpanels(plt, 1, 2, (DOUBLE, 2.7))
+    s = forking.sort_values("step")
+    a.axhline(0.0, color="0.5", lw=0.8)
+    _series_plot(a, s.assign(mean=s["dH_fork"], n=s["n_steps"]), "mean", "fork_ci_low", "fork_ci_high",
+                 lambda name: "the forking tokens' part of ΔH, 95% bootstrap CI", sns)
+    a.plot(s["step"].to_numpy(dtype=float), s["dH_rest"].to_numpy(dtype=float), "s:", ms=2.5, color="0.45", lw=1.0,
+           label="the other tokens' part")
+    al = summary.sort_values("step")
+    a.plot(al["step"].to_numpy(dtype=float), al["mean"].to_numpy(dtype=float), "--", color="0.2", lw=1.0,
+           label="ΔH (all think tokens)")
+    a.set_xlabel("step t; n above each point")
+    a.set_ylabel(DELTA_H + " (nats)")
+    theta = float(s["threshold_nats"].iloc[0]) if len(s) else float("nan")
+    _title(a, None, f"Where ΔH lives: forking tokens (H ≥ {theta:.2f} nats) vs the rest", width=44)
+    _steps_axis(a, s["step"].unique())
+    a.margins(y=0.18)
+    _legend_outside(a, ncol=1)
+    colors = sns.color_palette("colorblind", n_colors=3)
+    b.plot(s["step"].to_numpy(dtype=float), 100 * s["share_fork_with"].to_numpy(dtype=float), "o-", ms=3,
+           color=colors[0], label="with the query images")
+    b.plot(s["step"].to_numpy(dtype=float), 100 * s["share_fork_without"].to_numpy(dtype=float), "s--", ms=3,
+           color=colors[1], label="without")
+    b.set_xlabel("step t")
+    b.set_ylabel("forking think tokens (%)")
+    _title(b, None, "Share of forking tokens per step", width=44)
+    _steps_axis(b, s["step"].unique())
+    b.set_ylim(0, None)
+    _legend_outside(b, ncol=2)
+    if title:
+        fig.suptitle(_wrap(title, 100), fontsize=7)
+    if stem is not None:
+        save(fig, stem, mark)
+    return fig
+
+
 def fig2b_kl(summary, stem, *, title: str | None = None, ax=None, mark: str | None = None):
     """The teacher-forced influence of the images per step: mean over think tokens of KL(with ‖ without)."""
     sns, fig, ax, own = _panel(ax)

@@ -43,8 +43,9 @@ from agent.backends.spread import pin
 from agent.http import dumps, loads
 from agent.rundir import (Run, RunError, close_fragment, collect_cycles, collector_off_the_heap, load_run, output_lock,
                           token_key)
-from analysis.entropy import entropy_bounds, grouped_tail_entropy, token_influence
+from analysis.entropy import entropy_bounds, entropy_histogram, grouped_tail_entropy, token_influence
 from analysis.selection import select_trajectories
+from analysis.entropy import FORK_SHARE
 from analysis.stats import summarise_by
 from probes.cli import add_backend_args, backend_for, probe_concurrency, probe_model_check, run_async
 
@@ -232,7 +233,10 @@ async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: 
         # float32, as the recorded side is stored: both sides of ΔH go through the same arithmetic
         # (computed in float32 straight from the reply's arrays: no converted copy)
         top = top_matrix(out.tokens, 20, getattr(getattr(out.tokens, "top_logprobs", None), "dtype", np.float64), copy=False)
-        row["H_without"] = _think_mean(grouped_tail_entropy(top, compute=np.float32), th2)
+        h2 = grouped_tail_entropy(top, compute=np.float32)
+        row["H_without"] = _think_mean(h2, th2)
+        # forking-token statistics (the run-wide threshold is applied after the probe): each side's think tokens
+        row["fork"] = {"w": entropy_histogram(H[think]), "o": entropy_histogram(np.asarray(h2)[th2])}
         if vocab:
             row["H_high_without"] = _think_mean(entropy_bounds(top, vocab)[1], th2)
         if out.exact_entropy is not None:
@@ -264,6 +268,10 @@ async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: 
         if vocab:
             row["H_high_with"], row["H_high_without"] = inf["H_high_with"], inf["H_high_without"]
         row["kl_with_without"] = inf["kl_mean"]
+        # forking tokens: the same tokens, binned by their entropy with the images (dH summed per bin too)
+        pos = inf["pos"]
+        row["fork"] = {"w": entropy_histogram(inf["per_token_H_with"][pos], inf["dH"]),
+                       "o": entropy_histogram(inf["per_token_H_without"][pos])}
         row["n_think_without"] = row["n_think"]
         # per think token: the entropy change and the KL influence (the trajectory viewer colours tokens by them)
         row["_tokens"] = {"pos": inf["pos"], "dH": inf["dH"].astype(np.float32), "kl": inf["kl"].astype(np.float32)}
@@ -276,6 +284,54 @@ async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: 
         row["dH_exact"] = row["H_exact_with"] - row["H_exact_without"]
         row["gap_with"] = row["H_exact_with"] - row["H_with"]
     return row
+
+
+def _forking(rows: list[dict], mode: str):
+    """Per step: the share of forking think tokens (the run's top 20 % by entropy with the images, arXiv
+    2506.01939's high-entropy minority: one threshold for the whole run) with and without the query images, and
+    the forking tokens' part of ΔH, ``dH_fork`` (ΔH = dH_fork + dH_rest, both per think token of the step;
+    teacher-forced: Σ over the tokens that fork with the images of their H with − without, / n; regenerate:
+    each response's own forking tokens, Σ H / n with − the same without), with a bootstrap CI: whether the
+    images move a few forking tokens or every token (ours). Also written per (trajectory, step) into the rows.
+    None when no row carries histograms (a probe from before this was recorded)."""
+    import pandas as pd
+
+    from analysis.entropy import forking_stats, forking_threshold
+
+    hist_rows = [r for r in rows if isinstance(r.get("fork"), dict)]
+    if not hist_rows:
+        return None
+    j, theta = forking_threshold(r["fork"].get("w") for r in hist_rows)
+    per = []
+    for r in hist_rows:
+        nw, fw, sw, dw = forking_stats(r["fork"].get("w"), j)
+        no, fo, so, _ = forking_stats(r["fork"].get("o"), j)
+        # the forking tokens' part of ΔH (per think token of the step: ΔH = dH_fork + dH_rest)
+        if not nw or not no:
+            d = float("nan")
+        elif mode == "teacher-forced":
+            d = dw / nw
+        else:
+            d = sw / nw - so / no
+        r["share_fork_with"] = fw / nw if nw else float("nan")
+        r["share_fork_without"] = fo / no if no else float("nan")
+        r["dH_fork"] = d
+        dh = r.get("dH")
+        r["dH_rest"] = float(dh) - d if isinstance(dh, (int, float)) and np.isfinite(dh) else float("nan")
+        per.append({"step": r["step"], "share_fork_with": r["share_fork_with"],
+                    "share_fork_without": r["share_fork_without"], "dH_fork": d, "dH_rest": r["dH_rest"],
+                    "n_fork": fw})
+    df = pd.DataFrame(per)
+    out = summarise_by(df[np.isfinite(df["dH_fork"])], "step", "dH_fork")
+    if out.empty:  # no step has forking tokens on both sides: the shares still say where they are
+        out = pd.DataFrame(columns=["step", "n", "mean", "ci_low", "ci_high", "wilcoxon_p"])
+    out = out.rename(columns={"mean": "dH_fork", "ci_low": "fork_ci_low", "ci_high": "fork_ci_high", "n": "n_steps"})
+    shares = df.groupby("step").agg(share_fork_with=("share_fork_with", "mean"),
+                                    share_fork_without=("share_fork_without", "mean"),
+                                    dH_rest=("dH_rest", "mean"), forking_tokens=("n_fork", "sum")).reset_index()
+    out = shares.merge(out, on="step", how="left")
+    out["threshold_nats"] = theta
+    return out
 
 
 def bounds_by_step(steps):
@@ -480,7 +536,8 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
                                                 "model": ident, "forced_model_mismatch": force,
                                                 "include_unparsed": include_unparsed,
                                                 "failures": failures}, indent=2))
-    steps = pd.DataFrame(rows)
+    fork_summary = _forking(rows, mode)
+    steps = pd.DataFrame([{k: v for k, v in r.items() if k != "fork"} for r in rows])
     for c in ("H_with", "H_without", "dH", "H_exact_with", "H_exact_without", "kl_with_without", "dH_exact", "gap_with",
               "H_high_with", "H_high_without", "dH_low", "dH_high"):
         if c in steps:  # null (a non-finite value in JSON) is NaN
@@ -516,11 +573,16 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
                 print(f"warning: the entropy bounds missed the exact value at {int(bad['n_missed'].sum())} step(s) "
                       f"(bounds_calibration.csv); please report it", file=sys.stderr)
     summary.to_csv(out / "summary.csv", index=False)
-    from analysis.figures import fig2b_entropy, fig2b_kl, provenance_mark
+    if fork_summary is not None:
+        fork_summary.to_csv(out / "forking.csv", index=False)
+    from analysis.figures import fig2b_entropy, fig2b_forking, fig2b_kl, provenance_mark
 
     model = (ident or {}).get("served_model") or (run.index[0].get("model") if run.index else None) or "model"
     mark = provenance_mark([run.header])
     fig2b_entropy(summary, out / "fig2b_entropy", title=f"Figure 2(b): ΔH per step ({model}, {mode})", mark=mark)
+    if fork_summary is not None and len(fork_summary):
+        fig2b_forking(fork_summary, summary, out / "fig2b_forking",
+                      title=f"Forking tokens (top {FORK_SHARE:.0%} by entropy; {model}, {mode})", mark=mark)
     if "kl_with_without" in summary and np.isfinite(summary["kl_with_without"]).any():
         fig2b_kl(summary, out / "fig2b_kl_influence", title=f"Image influence per step ({model}, teacher-forced)",
                  mark=mark)

@@ -237,7 +237,7 @@ def decode_cost(reply_tokens: int = 1000, reps: int = 20) -> dict:
     from agent.backends.base import SamplingParams
     from agent.backends.sglang_native import SGLangBackend
     from agent.backends.tiny_model import ensure_tiny_model
-    from agent.http import loads
+    from agent.backends.wire import decode_generate_reply
     from agent.trajectory import token_arrays
 
     tiny = str(ensure_tiny_model(quiet=True))
@@ -245,12 +245,12 @@ def decode_cost(reply_tokens: int = 1000, reps: int = 20) -> dict:
     b = SGLangBackend("http://127.0.0.1:9", tiny)
     sp = SamplingParams()
     prompt = "<|im_start|>assistant\n<think>\n"
-    out = b.parse_generate(loads(body), sp, prompt)  # warm the decode cache
+    out = b.parse_generate(decode_generate_reply(body), sp, prompt)  # warm the decode cache (the runner's parse)
     gc.freeze()
     times = []
     for _ in range(reps):
         t = time.process_time()
-        out = b.parse_generate(loads(body), sp, prompt)
+        out = b.parse_generate(decode_generate_reply(body), sp, prompt)
         token_arrays(out, 20)
         times.append(time.process_time() - t)
     n = len(out.tokens)

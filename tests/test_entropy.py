@@ -113,3 +113,28 @@ def test_entropy_bounds_hold_the_exact_entropy_and_are_tight_without_a_tail():
     assert lo[0] < hi[0]
     with pytest.raises(ValueError, match="vocab"):
         entropy_bounds(top, 0)
+
+
+def test_forking_threshold_takes_the_top_fifth_and_the_parts_add_up():
+    """The histogram route (entropy_histogram → forking_threshold → forking_stats) picks, at 0.05-nat resolution,
+    the highest threshold that keeps at least 20 % of the run's tokens, and the forking tokens' summed entropy /
+    dH are those of the tokens at or above it."""
+    from analysis.entropy import FORK_BIN, entropy_histogram, forking_stats, forking_threshold
+
+    rng = np.random.default_rng(1)
+    steps = [rng.gamma(2.0, 0.6, size=n) for n in (50, 300, 700)]
+    dHs = [rng.normal(0, 0.3, size=len(h)) for h in steps]
+    hists = [entropy_histogram(h, d) for h, d in zip(steps, dHs)]
+    j, theta = forking_threshold(hists)
+    allH = np.concatenate(steps)
+    share = (np.floor(allH / FORK_BIN) >= j).mean()
+    assert share >= 0.20 and (np.floor(allH / FORK_BIN) >= j + 1).mean() < 0.20   # the highest such bin
+    assert theta == j * FORK_BIN and abs(np.quantile(allH, 0.8) - theta) <= FORK_BIN
+    for h, d, hist in zip(steps, dHs, hists):
+        fork = np.floor(h / FORK_BIN) >= j
+        n, nf, sf, df = forking_stats(hist, j)
+        assert (n, nf) == (len(h), int(fork.sum()))
+        assert np.isclose(sf, h[fork].sum(), atol=1e-4) and np.isclose(df, d[fork].sum(), atol=1e-4)
+    empty = forking_stats(None, j)
+    assert empty[:3] == (0, 0, 0.0) and np.isnan(empty[3])
+    assert np.isnan(forking_threshold([])[1])

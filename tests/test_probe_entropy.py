@@ -63,6 +63,14 @@ async def test_probe_recovers_planted_delta_h(tmp_path, mode):
     assert np.allclose(steps.H_high_with, hi_with) and np.allclose(steps.H_high_without, hi_without)
     assert np.allclose(steps.dH_low, H_WITH - hi_without) and np.allclose(steps.dH_high, hi_with - H_WITHOUT)
     assert ((steps.dH_low < steps.dH) & (steps.dH < steps.dH_high)).all()
+    # forking tokens: one run-wide threshold from the with-images side (every with-token is at 2.34 nats, so all
+    # of them fork; the without side's 1.79 never does): ΔH = the forking part + the rest
+    fork = __import__("pandas").read_csv(out / "forking.csv")
+    assert (fork.share_fork_with == 1.0).all() and (fork.share_fork_without == 0.0).all()
+    assert (fork.threshold_nats <= H_WITH).all() and (fork.threshold_nats > H_WITHOUT).all()
+    want_fork = H_WITH - H_WITHOUT if mode == "teacher-forced" else H_WITH  # TF: the same tokens' dH
+    assert np.allclose(steps.dH_fork, want_fork, atol=1e-4) and np.allclose(steps.dH_fork + steps.dH_rest, steps.dH)
+    assert (out / "fig2b_forking.png").exists()
     # a 0.2 tail over 248k tokens leaves ~2.8 nats of doubt: the planted +0.55 is not robust in sign
     assert (steps.sign_robust == 0).all() and (summary.sign_robust == 0).all() and (summary.n_bounded == 3).all()
     if mode == "regenerate":  # what the server did: requests, prompt tokens, those it served from its cache, time
