@@ -309,6 +309,12 @@ def _call_tokens(run: Run, line: dict, tf_dir: Path | None) -> dict:
     if "text" not in tok:  # a record from before token texts were kept
         return {}
     H = grouped_tail_entropy(tok["top_logprobs"])
+    vocab = _run_vocab(run)
+    H_hi = None
+    if vocab:  # the upper bound of each token's exact entropy (analysis.entropy.entropy_bounds), for the hover
+        from analysis.entropy import entropy_bounds
+
+        H_hi = entropy_bounds(tok["top_logprobs"], vocab)[1]
     out = {}
     probed = {}
     if tf_dir is not None:  # the teacher-forced probe's per-token ΔH / KL of this trajectory (one file)
@@ -320,6 +326,8 @@ def _call_tokens(run: Run, line: dict, tf_dir: Path | None) -> dict:
         think = tok["think"][idx].astype(bool)
         col = {"text": ["" if t is None else str(t) for t in tok["text"][idx][think]],
                "H": np.rint(H[idx][think] * 100).astype(int).tolist()}
+        if H_hi is not None:
+            col["Hhi"] = np.rint(H_hi[idx][think] * 100).astype(int).tolist()
         t = probed.get(int(c))
         if t is None and "release_kl" in tok and np.isfinite(tok["release_kl"][idx]).any():
             col["dH"] = [None if not np.isfinite(v) else int(round(v * 100)) for v in tok["release_dH"][idx][think]]
@@ -332,8 +340,41 @@ def _call_tokens(run: Run, line: dict, tf_dir: Path | None) -> dict:
                 full[name][pos[ok]] = np.asarray(t[name])[ok]
             col["dH"] = [None if not np.isfinite(v) else int(round(v * 100)) for v in full["dH"][think]]
             col["kl"] = [None if not np.isfinite(v) else int(round(v * 1000)) for v in full["kl"][think]]
+            if "w_ids" in t:  # the top-5 under both contexts, per think token: [[text, per mille], …] each side
+                col["alt"] = _alternatives_of(t, pos, ok, len(idx), think)
         out[int(c)] = col
     return out
+
+
+def _run_vocab(run: Run) -> int | None:
+    """The run's model vocabulary size (for the entropy upper bound), from its model directory; None if unknown."""
+    from .backends.base import model_vocab_size
+
+    b = run.header.get("backend") or {}
+    if b.get("kind") == "scripted":
+        from .backends.scripted import ScriptedBackend
+
+        return ScriptedBackend.vocab
+    md = b.get("model_dir")
+    if not md and (b.get("kind") == "local" or b.get("embedded_tiny_model")):
+        from .backends.tiny_model import default_tiny_dir
+
+        md = default_tiny_dir()
+    return model_vocab_size(md) if md else None
+
+
+def _alternatives_of(t: dict, pos, ok, n: int, think) -> list:
+    """Per think token of a call: ``[with, without]``, each a list of ``[text, probability in per mille]``."""
+    texts = t.get("texts") or {}
+    rows: list = [None] * n
+    for j in np.flatnonzero(ok):
+        sides = []
+        for side in ("w", "o"):
+            ids, lps = t[f"{side}_ids"][j], t[f"{side}_lp"][j]
+            sides.append([[texts.get(int(i), f"#{int(i)}"), int(round(float(np.exp(lp)) * 1000))]
+                          for i, lp in zip(ids, lps) if int(i) >= 0 and np.isfinite(lp)])
+        rows[int(pos[j])] = sides
+    return [rows[i] for i in np.flatnonzero(think)]
 
 
 def _sample_detail(run: Run, line: dict, images: dict, missing: list, dH: dict, tf_dir: Path | None,
@@ -587,7 +628,7 @@ function legend() {
 }
 legend();
 // think tokens are columns: text, H in centinats, dH in centinats, kl in millinats (see _call_tokens)
-const UNIT = {H: 100, dH: 100, kl: 1000};
+const UNIT = {H: 100, Hhi: 100, dH: 100, kl: 1000};
 function tokensHtml(col) {
   if (!col || !col.text.length) return "";
   const mode = document.getElementById("colour").value, vals = col[mode];
@@ -595,7 +636,12 @@ function tokensHtml(col) {
   return col.text.map((t, i) => {
     const h = num(col, i, "H"), d = num(col, i, "dH"), k = num(col, i, "kl");
     const v = vals ? num(col, i, mode) : null;
-    return `<span class="tok" title="H=${h.toFixed(2)}${d !== null ? " ΔH=" + d.toFixed(2) : ""}${k !== null ? " KL=" + k.toFixed(3) : ""}" style="background:${colour(v, mode)}">${esc(t)}</span>`;
+    const hi = num(col, i, "Hhi"), alt = col.alt ? col.alt[i] : null;
+    const fmt = side => side.map(([s, pm]) => `${JSON.stringify(s)} ${(pm / 10).toFixed(1)}%`).join(" · ");
+    const tip = `H=${h.toFixed(2)}${d !== null ? " ΔH=" + d.toFixed(2) : ""}${k !== null ? " KL=" + k.toFixed(3) : ""}` +
+      (hi !== null ? `\nexact H in [${h.toFixed(2)}, ${hi.toFixed(2)}] (top-20 + vocabulary)` : "") +
+      (alt ? `\nwith images: ${fmt(alt[0])}\nwithout: ${fmt(alt[1])}` : "");
+    return `<span class="tok" title="${esc(tip)}" style="background:${colour(v, mode)}">${esc(t)}</span>`;
   }).join("");
 }
 function partsHtml(parts) {

@@ -66,6 +66,37 @@ def _think_mean(values: np.ndarray, think: np.ndarray) -> float:
     return float(np.add.reduce(v, dtype=np.float64)) / len(v) if len(v) else float("nan")
 
 
+#: Alternatives kept per think token and context for the viewer's hover (teacher-forced probe; ours).
+ALTERNATIVES = 5
+
+
+def _alternatives(with_tokens, without_tokens, pos) -> dict:
+    """The top-:data:`ALTERNATIVES` ids and logprobs of each think token under both contexts, and the texts of
+    those ids (``texts``: {id: text}, decoded once per id by the backend's tokenizer)."""
+    from agent.backends.base import TokenArrays
+
+    out, texts = {}, {}
+    for side, toks in (("w", with_tokens), ("o", without_tokens)):
+        arr = TokenArrays.from_tokens(toks, ALTERNATIVES)
+        ids = np.asarray(arr.top_ids)[pos, :ALTERNATIVES].astype(np.int64)
+        out[f"{side}_ids"], out[f"{side}_lp"] = ids, np.asarray(arr.top_logprobs)[pos, :ALTERNATIVES].astype(np.float32)
+        need = sorted({int(i) for i in np.unique(ids) if i >= 0} - texts.keys())
+        if need:
+            if isinstance(toks, TokenArrays):
+                dec = getattr(toks, "_decode", None)
+                texts.update({i: (dec(i) if dec else "") for i in need})
+            else:  # the object path carries each alternative's text
+                for t in (toks[int(p)] for p in pos):
+                    for a in t.top[:ALTERNATIVES]:
+                        if a.id is not None and int(a.id) not in texts:
+                            texts[int(a.id)] = a.text
+    out["texts"] = texts
+    return out
+
+
+_COLUMNS = ("pos", "dH", "kl", "w_ids", "w_lp", "o_ids", "o_lp")
+
+
 class TokenStore:
     """The teacher-forced probe's per-token results, one ``tokens/<key>.parquet`` per trajectory (columns step, pos,
     dH, kl), not one file per step (50,870 of them at paper scale; 1.1 ms of CPU each; ours).
@@ -87,8 +118,10 @@ class TokenStore:
         if fh is None:
             self.d.mkdir(parents=True, exist_ok=True)
             fh = open(self.d / f"{key}.partial.jsonl", "ab")
-        fh.write(dumps({"step": int(step), "pos": tok["pos"].tolist(), "dH": tok["dH"].tolist(),
-                        "kl": tok["kl"].tolist()}) + b"\n")
+        rec = {"step": int(step), **{c: np.asarray(tok[c]).tolist() for c in _COLUMNS if c in tok}}
+        if tok.get("texts"):
+            rec["texts"] = {str(k): v for k, v in tok["texts"].items()}
+        fh.write(dumps(rec) + b"\n")
         fh.flush()
         return fh
 
@@ -111,8 +144,18 @@ class TokenStore:
                     "pos": np.concatenate([np.asarray(merged[s]["pos"], np.int32) for s in order]),
                     "dH": np.concatenate([np.asarray(merged[s]["dH"], np.float32) for s in order]),
                     "kl": np.concatenate([np.asarray(merged[s]["kl"], np.float32) for s in order])}
+            texts = {}
+            if all("w_ids" in merged[s] for s in order):  # the alternatives (probes from before: none)
+                for c, dt in (("w_ids", np.int32), ("w_lp", np.float32), ("o_ids", np.int32), ("o_lp", np.float32)):
+                    flat = np.concatenate([np.asarray(merged[s][c], dt).reshape(-1, ALTERNATIVES) for s in order])
+                    cols[c] = pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), ALTERNATIVES)
+                for s in order:
+                    texts.update({str(k): v for k, v in (merged[s].get("texts") or {}).items()})
+            table = pa.table(cols)
+            if texts:  # the alternatives' texts, once per id, in the file's metadata
+                table = table.replace_schema_metadata({"alt_texts": json.dumps(texts, ensure_ascii=False)})
             sink = pa.BufferOutputStream()
-            pq.write_table(pa.table(cols), sink, compression="zstd")
+            pq.write_table(table, sink, compression="zstd")
             self.d.mkdir(parents=True, exist_ok=True)
             _atomic_write(self.path(key), sink.getvalue().to_pybytes())
         partial.unlink(missing_ok=True)
@@ -134,7 +177,12 @@ class TokenStore:
         t = read_parquet(p)
         step = t.column("step").to_numpy()
         cols = {c: t.column(c).to_numpy() for c in ("pos", "dH", "kl")}
-        return {int(s): {c: v[step == s] for c, v in cols.items()} for s in np.unique(step)}
+        for c in ("w_ids", "w_lp", "o_ids", "o_lp"):
+            if c in t.column_names:
+                cols[c] = np.asarray(t.column(c).combine_chunks().flatten()).reshape(-1, ALTERNATIVES)
+        meta = (t.schema.metadata or {}).get(b"alt_texts")
+        texts = {int(k): v for k, v in json.loads(meta).items()} if meta else {}
+        return {int(s): {**{c: v[step == s] for c, v in cols.items()}, "texts": texts} for s in np.unique(step)}
 
     @staticmethod
     def _read_partial(p: Path) -> dict:
@@ -143,7 +191,7 @@ class TokenStore:
             for raw in p.read_bytes().splitlines():
                 try:
                     r = loads(raw)
-                    out[int(r["step"])] = {c: r[c] for c in ("pos", "dH", "kl")}
+                    out[int(r["step"])] = {c: r[c] for c in (*_COLUMNS, "texts") if c in r}
                 except (ValueError, KeyError, TypeError):  # a torn last line: that step's row was never written
                     continue
         return out
@@ -273,8 +321,10 @@ async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: 
         row["fork"] = {"w": entropy_histogram(inf["per_token_H_with"][pos], inf["dH"]),
                        "o": entropy_histogram(inf["per_token_H_without"][pos])}
         row["n_think_without"] = row["n_think"]
-        # per think token: the entropy change and the KL influence (the trajectory viewer colours tokens by them)
-        row["_tokens"] = {"pos": inf["pos"], "dH": inf["dH"].astype(np.float32), "kl": inf["kl"].astype(np.float32)}
+        # per think token: the entropy change and the KL influence (the trajectory viewer colours tokens by them),
+        # and the top-5 alternatives under both contexts (shown on hover)
+        row["_tokens"] = {"pos": inf["pos"], "dH": inf["dH"].astype(np.float32), "kl": inf["kl"].astype(np.float32),
+                          **_alternatives(a.tokens, b.tokens, inf["pos"])}
     row["dH"] = row["H_with"] - row["H_without"]
     if vocab:  # the interval the true ΔH lies in (per-token bounds averaged: the means are bounded the same way)
         row["vocab"] = int(vocab)

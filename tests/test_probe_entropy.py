@@ -164,6 +164,9 @@ async def test_teacher_forced_tokens_are_one_file_per_trajectory_and_survive_an_
         for step, t in got.items():
             assert len(t["pos"]) == int(g[g.step == step].n_think.iloc[0]) > 0
             assert np.allclose(np.mean(t["kl"]), g[g.step == step].kl_with_without.iloc[0], atol=1e-6)
+            # the viewer's hover: the top-5 under both contexts, best first, with their texts (through the recovery)
+            assert t["w_ids"].shape == t["o_ids"].shape == (len(t["pos"]), 5)
+            assert (np.diff(t["w_lp"], axis=1) <= 0).all() and all(int(i) in t["texts"] for i in t["w_ids"].ravel())
 
 
 async def test_probe_refuses_to_pair_scaled_with_raw(tmp_path):

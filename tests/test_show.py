@@ -154,7 +154,19 @@ def test_page_renders_in_a_browser(demo_run, tmp_path):
     assert thumbs and set(thumbs) == set(ev["image_hashes"])
     assert all(src.startswith("data:image/") for src in re.findall(r'<img class="thumb"[^>]*src="([^"]+)"', call))
     # the reasoning is coloured token by token (ΔH from the teacher-forced probe), with a legend
-    assert len(re.findall(r'<span class="tok" title="H=[0-9.]+ ΔH=-?[0-9.]+ KL=[0-9.]+"', call)) == ev["think_tokens"]
+    titles = re.findall(r'<span class="tok" title="(H=[0-9.]+ ΔH=-?[0-9.]+ KL=[0-9.]+[^"]*)"', call)
+    assert len(titles) == ev["think_tokens"]
+    # on hover: the bounds on the token's exact entropy and its top-5 alternatives under both contexts
+    for t in titles:
+        lo, hi = map(float, re.search(r"exact H in \[([0-9.]+), ([0-9.]+)\]", t).groups())
+        assert lo <= hi and t.startswith(f"H={lo:.2f}")
+        w = re.search(r"with images: (.*)\nwithout: (.*)$", t, re.S)
+        assert w, t
+        for side in w.groups():
+            alts = re.findall(r'(&quot;.*?&quot;|".*?") ([0-9.]+)%', side)
+            assert 1 <= len(alts) <= 5 and all(0 <= float(p) <= 100 for _, p in alts)
+            ps = [float(p) for _, p in alts]
+            assert ps == sorted(ps, reverse=True)  # best first
     assert "blue: the images lower it" in page
     assert re.search(r"lens_search\(.*\) ok", call)
 
