@@ -447,7 +447,7 @@ async def probe_run(run_dir, *, mode: str = "regenerate", out_dir=None, **kw) ->
 
 async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir=None, concurrency: int = 8,
                      limit: int | None = None, progress: bool = True, force: bool = False,
-                     include_unparsed: bool = False, hardware: dict | None = None) -> dict:
+                     include_unparsed: bool = False, hardware: dict | None = None, fidelity: dict | None = None) -> dict:
     import pandas as pd
 
     if mode not in MODES:
@@ -583,6 +583,8 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
                           time.perf_counter() - t0, kept[0])
     (out / "probe.json").write_text(json.dumps({"run_dir": str(run.path), "mode": mode, "finished": time.time(),
                                                 "serving": _serving_totals(rows), "cost": cost,
+                                                "fidelity": fidelity or {"skipped": "not run (probe_run called "
+                                                                                    "directly)"},
                                                 "model": ident, "forced_model_mismatch": force,
                                                 "include_unparsed": include_unparsed,
                                                 "failures": failures}, indent=2))
@@ -672,6 +674,28 @@ async def _demo(args) -> int:
     return 0
 
 
+async def _fidelity_first(args, backend) -> dict:
+    """The serving-fidelity check before a probe (probes/fidelity.py): refused (PreflightError, exit 2) when a
+    check fails, unless --force; skipped (and said so in probe.json) with --skip-fidelity and for backends that
+    cannot score (the OpenAI-compatible chat path). In-process and scripted models get the warm check only."""
+    from agent.preflight import PreflightError
+    from probes.fidelity import check_servers, refusal
+
+    members = list(getattr(backend, "backends", None) or [backend])
+    if args.skip_fidelity:
+        return {"skipped": "--skip-fidelity"}
+    if not all(callable(getattr(b, "score", None)) for b in members) or getattr(backend, "name", "") == "openai":
+        return {"skipped": f"the backend cannot score recorded tokens ({getattr(backend, 'name', '?')})"}
+    out = Path(args.out).parent / "fidelity" if args.out else None
+    rep = await check_servers(args.run_dir, backend, out_dir=out, force=args.force)
+    if not rep["ok"]:
+        if not args.force:
+            raise PreflightError(refusal(rep))
+        print(f"warning: --force: {refusal(rep)}", file=sys.stderr)
+    return {"ok": rep["ok"], "forced": rep.get("forced", False), "failed": rep["failed"],
+            "report": str((out or Path(args.run_dir) / "probes" / "fidelity") / "fidelity.json")}
+
+
 def main(argv=None) -> int:
     from agent.cli import done, make_parser
 
@@ -683,7 +707,10 @@ def main(argv=None) -> int:
     ap.add_argument("--mode", default="regenerate", choices=MODES,
                     help="regenerate = the paper's (resample under τ^IR); teacher-forced = score the recorded tokens")
     add_backend_args(ap)
-    ap.add_argument("--force", action="store_true", help="probe with a model other than the run's (recorded)")
+    ap.add_argument("--force", action="store_true", help="probe with a model other than the run's, or a server that "
+                                                          "failed the fidelity check (both recorded)")
+    ap.add_argument("--skip-fidelity", action="store_true",
+                    help="do not run the serving-fidelity check first (probes/fidelity.py; recorded in probe.json)")
     ap.add_argument("--include-unparsed", action="store_true",
                     help="keep trajectories whose first call did not parse (the paper excludes them; recorded)")
     ap.add_argument("--concurrency", type=int, default=None,
@@ -705,7 +732,9 @@ def main(argv=None) -> int:
             from probes.cli import serving_hardware
 
             hw = serving_hardware(backend, gpus_per_server=args.gpus_per_server, serving_dir=args.serving_dir)
+            fidelity = await _fidelity_first(args, backend)
             return await probe_run(args.run_dir, mode=args.mode, backend=backend, out_dir=args.out, hardware=hw,
+                                   fidelity=fidelity,
                                    concurrency=probe_concurrency(args, backend), limit=args.limit, progress=not args.no_progress,
                                    force=args.force, include_unparsed=args.include_unparsed)
         finally:

@@ -10,6 +10,7 @@
 #       --model-dir /models/Qwen3.5-27B [--out runs/fig2-27b] [--trials 1] [--steps 1..5] [--limit N]
 #       [--concurrency N]    (in flight; default: the runner's 32 per server, the probes' 128 per server)
 #       [--teacher-forced]   (also score each step teacher-forced: the KL influence panel; ~2 scoring calls per step)
+#       [--skip-fidelity]    (do not run the serving-fidelity check before the entropy probes; recorded)
 #       against a served Qwen3.5 (serving/launch_qwen35.sh), live tools (SERPER_API_KEY, JINA_API_KEY, a lens
 #       URL), the paper's annotator and judge (OpenRouter google/gemini-3-flash-preview, OPENROUTER_API_KEY); everything a
 #       later stage needs is checked first (python -m agent.preflight).
@@ -18,8 +19,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEMO=0 DEMO_MODEL=scripted BENCHMARK="" ENDPOINTS=() MODEL_DIR="" CONCURRENCY="" OUT="" TRIALS=1 STEPS="1..5" LIMIT="" LOGPROB_MODE="scaled" TEACHER_FORCED=0
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+DEMO=0 DEMO_MODEL=scripted BENCHMARK="" ENDPOINTS=() MODEL_DIR="" CONCURRENCY="" OUT="" TRIALS=1 STEPS="1..5" LIMIT="" LOGPROB_MODE="scaled" TEACHER_FORCED=0 SKIP_FIDELITY=()
+usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --demo) DEMO=1 ;;
@@ -34,6 +35,7 @@ while [[ $# -gt 0 ]]; do
     --limit) LIMIT="$2"; shift ;;
     --logprob-mode) LOGPROB_MODE="$2"; shift ;;
     --teacher-forced) TEACHER_FORCED=1 ;;
+    --skip-fidelity) SKIP_FIDELITY=(--skip-fidelity) ;;
     -h|--help) usage 0 ;;
     *) echo "unknown argument: $1" >&2; usage 2 ;;
   esac
@@ -83,9 +85,9 @@ fi
 set -x
 "$PY" -m agent.run --method react --out "$OUT" "${RUN_ARGS[@]}" "${LIMIT_ARGS[@]}" --no-progress
 "$PY" -m probes.grounding "$OUT" "${GROUNDING_ARGS[@]}" --no-progress || echo "grounding: see $OUT/probes/grounding/summary.json" >&2
-"$PY" -m probes.entropy "$OUT" --mode regenerate "${PROBE_BACKEND[@]}" "${ENTROPY_ARGS[@]}" --no-progress
+"$PY" -m probes.entropy "$OUT" --mode regenerate "${PROBE_BACKEND[@]}" "${ENTROPY_ARGS[@]}" ${SKIP_FIDELITY[@]+"${SKIP_FIDELITY[@]}"} --no-progress
 if [[ "$TEACHER_FORCED" == 1 ]]; then  # the KL influence panel and per-token ΔH / KL in agent.show
-  "$PY" -m probes.entropy "$OUT" --mode teacher-forced "${PROBE_BACKEND[@]}" "${ENTROPY_ARGS[@]}" --no-progress
+  "$PY" -m probes.entropy "$OUT" --mode teacher-forced "${PROBE_BACKEND[@]}" "${ENTROPY_ARGS[@]}" --skip-fidelity --no-progress
 fi
 "$PY" -m probes.removal "$OUT" --steps "$STEPS" "${PROBE_BACKEND[@]}" "${JUDGE_ARGS[@]}" --no-progress
 "$PY" -m agent.judge "$OUT" "${JUDGE_ARGS[@]}" --no-progress

@@ -314,5 +314,14 @@ class SGLangBackend:
         return tokens_from_triples(tail, tail_tops, decode=self._decode, decode_many=self._decode_many, where=where,
                                    k=k, vocab=self.vocab)
 
+    async def flush_cache(self) -> None:
+        """SGLang's ``/flush_cache``: empty the server's prefix (radix) cache, so the next request takes the
+        uncached path (probes/fidelity.py compares the two)."""
+        url = self.url.removesuffix("/generate") + "/flush_cache"
+        try:
+            await request_json(self._client, "POST", url, policy=self.policy, what="flush_cache", parse=False)
+        except HTTPError as e:
+            raise BackendError(str(e)) from e
+
     async def aclose(self) -> None:
         await self._client.aclose()

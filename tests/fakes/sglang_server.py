@@ -209,6 +209,10 @@ class _Handler(JSONHandler):
             time.sleep(self.server.slow_s)
         if fault in GARBAGE:
             req = {**req, "_garbage": GARBAGE[fault]}
+        if self.path == "/flush_cache":  # SGLang answers with a plain-text line
+            with self.server.lock:
+                self.server.seen.clear()
+            return self._send(200, b"Cache flushed.\nPlease check backend logs for more details.", "text/plain")
         if self.path == "/generate":
             res = self._generate(req, drift=(fault == "drift"))
             if isinstance(res, tuple):
@@ -269,6 +273,14 @@ class _Handler(JSONHandler):
                 ids = ids[:-1] + [ids[-1] + 1]
             entries = [[None if j == 0 else _f32(-0.25 - 0.01 * (j % 9) - 1e-4 * (j % 83)), t, tok.decode(t) if with_text else None] for j, t in enumerate(ids)]
             tops = [None if j == 0 else _top(t, k, j, tok, with_text) for j, t in enumerate(ids)]
+            if self.server.leak:  # a cached state reused: a prompt seen since the last flush scores differently
+                key = (tuple(ids_in), len(req.get("image_data") or []))
+                with self.server.lock:
+                    hit = key in self.server.seen
+                    self.server.seen.add(key)
+                if hit:
+                    entries = [[e[0] if e[0] is None else e[0] - self.server.leak, *e[1:]] for e in entries]
+                    tops = [t if t is None else [[a[0] - self.server.leak, *a[1:]] for a in t] for t in tops]
             meta.update({"finish_reason": {"type": "length", "length": 0}, "completion_tokens": 0,
                          "input_token_logprobs": entries, "input_top_logprobs": tops,
                          "output_token_logprobs": [], "output_top_logprobs": []})
@@ -365,8 +377,10 @@ class FakeServer(ThreadingHTTPServer):
 
     def __init__(self, port: int = 0, *, model_name: str = "fake-qwen3.5", tokenizer_dir: str | None = None,
                  reply: str = DEFAULT_REPLY, latency_s: float = 0.0, deterministic: bool = False,
-                 fault_rate: float = 0.0, fault_kinds=None, seed: int = 0, slow_s: float = 3.0):
+                 fault_rate: float = 0.0, fault_kinds=None, seed: int = 0, slow_s: float = 3.0, leak: float = 0.0):
         super().__init__(("127.0.0.1", port), _Handler)
+        self.leak = leak      # > 0: a repeated scoring request's logprobs shifted by this (a cache-state leak)
+        self.seen: set = set()
         self.model_name = model_name
         self.tok = _Tok(tokenizer_dir)
         self.reply = reply

@@ -1,0 +1,215 @@
+"""Is the server fit to be probed? Score recorded continuations several ways and compare (ours; issue 25).
+
+    python -m probes.fidelity RUN_DIR [--backend sglang --endpoint URL --model-dir DIR] [--samples 8]
+        [--reference-model-dir DIR] [--force] [--out DIR]
+
+A probe compares log-probabilities of one model under two contexts. If the server's log-probabilities of the
+*same* tokens in the *same* context differ between requests — a prefix-cache state leaking from one request
+into the next (a cached image state reused for another image), the cached and the uncached path disagreeing,
+the server and the reference implementation disagreeing once an image is in the prompt (users report up to
+0.3 nat) — a ΔH drawn from it is noise. On a sample of the run's image-bearing calls (one per trajectory, in
+order) this scores the recorded continuation with its images:
+
+- **warm**: twice in a row (the second request finds the first's prefix in the cache);
+- **cold**: once more after ``/flush_cache`` (SGLang's endpoint; the path without the cache);
+- **local**: with the in-process transformers model when the weights are local (``--reference-model-dir``; a
+  GPU node has them), against the first scoring.
+
+Per check: the largest and the mean |Δ logprob| of the scored tokens and the mean / smallest top-20 overlap
+(shared ids / 20). Refused (exit 2) beyond the tolerances below unless ``--force`` (recorded); the report is
+written as ``fidelity.json`` (default: ``RUN_DIR/probes/fidelity/``). ``python -m probes.entropy`` runs it first
+on a serving backend unless ``--skip-fidelity`` (recorded in its probe.json).
+
+Tolerances (ours): bf16 inference repeats a prefill to within a few hundredths of a nat per token (batch
+composition changes the reduction order), while the paper's effects are ΔH of ~0.1-0.5 nats per step mean
+over hundreds of think tokens. Repeats of one request on one server (warm, cold) must agree to a mean of
+0.02 nat (max 0.25 on any token) with ≥ 0.95 top-20 overlap; the server against the reference implementation
+(different kernels, bf16 vs the reference's dtype) to a mean of 0.05 nat with ≥ 0.90 overlap. A cache leak of
+the reported size (0.3 nat) fails every one of them.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from agent.backends.base import BackendError, Continuation, TokenArrays
+from agent.rundir import RunError, load_run
+
+__all__ = ["fidelity_check", "check_servers", "refusal", "TOLERANCES", "main"]
+
+#: check -> (mean |Δ logprob| at most, max |Δ| at most, mean top-20 overlap at least)
+TOLERANCES = {"warm": (0.02, 0.25, 0.95), "cold": (0.02, 0.25, 0.95), "local": (0.05, 1.0, 0.90)}
+
+
+def _compare(a, b) -> dict:
+    """|Δ logprob| of the scored tokens and top-20 overlap between two scorings of the same tokens."""
+    A, B = TokenArrays.from_tokens(a.tokens, 20), TokenArrays.from_tokens(b.tokens, 20)
+    if len(A) != len(B):
+        raise BackendError(f"two scorings of one continuation returned {len(A)} and {len(B)} positions")
+    d = np.abs(np.asarray(A.logprobs, np.float64) - np.asarray(B.logprobs, np.float64))
+    ov = []
+    for ra, rb in zip(np.asarray(A.top_ids), np.asarray(B.top_ids)):
+        sa, sb = {int(x) for x in ra if x >= 0}, {int(x) for x in rb if x >= 0}
+        ov.append(len(sa & sb) / max(len(sa), len(sb), 1))
+    return {"n_tokens": int(len(d)), "max_abs": float(d.max()) if len(d) else 0.0,
+            "mean_abs": float(d.mean()) if len(d) else 0.0, "overlap_mean": float(np.mean(ov)) if ov else 1.0,
+            "overlap_min": float(np.min(ov)) if ov else 1.0}
+
+
+def _pool(parts: list[dict]) -> dict:
+    n = sum(p["n_tokens"] for p in parts)
+    return {"calls": len(parts), "n_tokens": n, "max_abs": max((p["max_abs"] for p in parts), default=0.0),
+            "mean_abs": sum(p["mean_abs"] * p["n_tokens"] for p in parts) / n if n else 0.0,
+            "overlap_mean": sum(p["overlap_mean"] * p["n_tokens"] for p in parts) / n if n else 1.0,
+            "overlap_min": min((p["overlap_min"] for p in parts), default=1.0)}
+
+
+def _sample_calls(run, samples: int) -> list:
+    out = []
+    for summary in sorted(run.index, key=lambda ln: (ln["sample_id"], ln["trial"])):
+        call = next((c for c in summary.get("calls") or [] if c.get("n_query_images", 0) > 0), None)
+        if call is None or not summary.get("tokens_file"):
+            continue
+        out.append((summary, call["index"]))
+        if len(out) >= samples:
+            break
+    return out
+
+
+async def fidelity_check(run_dir, backend, *, samples: int = 8, reference=None, out_dir=None,
+                         force: bool = False) -> dict:
+    """Run the checks; write ``fidelity.json``; return the report (``ok``: every check within its tolerance)."""
+    run = load_run(run_dir)
+    if not hasattr(backend, "score"):
+        raise BackendError(f"{getattr(backend, 'name', backend)}: the fidelity check scores recorded tokens; this "
+                           "backend cannot (use --backend sglang with --model-dir)")
+    picked = _sample_calls(run, samples)
+    if not picked:
+        raise RunError(f"{run.path}: no image-bearing call with recorded tokens to check")
+    results: dict[str, list] = {"warm": [], "cold": [], "local": []}
+    flush = getattr(backend, "flush_cache", None)
+    for summary, step in picked:
+        line = run.full(summary)
+        ev = next(e for e in line["events"] if e["type"] == "llm_call" and e["index"] == step)
+        try:
+            tok = run.tokens(line, ["call", "id", "text"])
+        except RunError:  # an older sidecar without token texts
+            tok = run.tokens(line, ["call", "id"])
+        sel = tok["call"] == step
+        ids = [int(i) for i in tok["id"][sel]]
+        if not ids or min(ids) < 0:
+            continue
+        msgs = run.sendable_messages(line, ev)
+        texts = tok.get("text")
+        # the text rides along for backends that cannot map ids back (the scripted fake), as in the entropy probe
+        cont = Continuation(ids=ids, text=None if texts is None or any(t is None for t in texts[sel])
+                            else "".join(texts[sel]))
+        first = await backend.score(msgs, cont, top_logprobs=20)
+        results["warm"].append(_compare(first, await backend.score(msgs, cont, top_logprobs=20)))
+        if flush is not None:
+            await flush()
+            results["cold"].append(_compare(first, await backend.score(msgs, cont, top_logprobs=20)))
+        if reference is not None:
+            results["local"].append(_compare(first, await reference.score(msgs, cont, top_logprobs=20)))
+    checks, failed = {}, []
+    for name, parts in results.items():
+        if not parts:
+            checks[name] = {"skipped": {"cold": "the backend has no /flush_cache", "local":
+                                        "no --reference-model-dir (the weights are not local)"}.get(name, "no call")}
+            continue
+        c = _pool(parts)
+        mean_tol, max_tol, ov_tol = TOLERANCES[name]
+        c["tolerance"] = {"mean_abs": mean_tol, "max_abs": max_tol, "overlap_mean": ov_tol}
+        c["ok"] = c["mean_abs"] <= mean_tol and c["max_abs"] <= max_tol and c["overlap_mean"] >= ov_tol
+        if not c["ok"]:
+            failed.append(f"{name}: mean |Δlogprob| {c['mean_abs']:.3f} (≤ {mean_tol}), max {c['max_abs']:.3f} "
+                          f"(≤ {max_tol}), top-20 overlap {c['overlap_mean']:.3f} (≥ {ov_tol})")
+        checks[name] = c
+    report = {"run_dir": str(run.path), "finished": time.time(), "endpoint": getattr(backend, "public", None),
+              "calls": len(results["warm"]), "checks": checks, "ok": not failed, "failed": failed,
+              "forced": bool(failed and force)}
+    out = Path(out_dir) if out_dir else run.path / "probes" / "fidelity"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fidelity.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+async def check_servers(run_dir, backend, *, samples: int = 8, out_dir=None, force: bool = False) -> dict:
+    """:func:`fidelity_check` on each server behind ``backend`` (several ``--endpoint``: each on its own, so a
+    flush reaches the server that was scored); one report (``ok`` when every server passes)."""
+    members = list(getattr(backend, "backends", None) or [backend])
+    reports = []
+    for b in members:
+        reports.append(await fidelity_check(run_dir, b, samples=samples, out_dir=out_dir, force=force))
+    if len(reports) == 1:
+        return reports[0]
+    rep = {"servers": reports, "ok": all(r["ok"] for r in reports),
+           "failed": [f"{r.get('endpoint')}: {f}" for r in reports for f in r["failed"]],
+           "forced": force and not all(r["ok"] for r in reports)}
+    out = Path(out_dir) if out_dir else Path(run_dir) / "probes" / "fidelity"
+    (out / "fidelity.json").write_text(json.dumps(rep, indent=2))
+    return rep
+
+
+def refusal(report: dict) -> str:
+    return ("the server is not fit to be probed: scoring the same recorded tokens twice gave different "
+            "log-probabilities (" + "; ".join(report["failed"]) + "). A ΔH drawn from it would be noise. Look "
+            "for a prefix-cache or image-cache issue on the server (restart it, try --disable-radix-cache), or "
+            "pass --force to probe anyway (recorded)")
+
+
+def main(argv=None) -> int:
+    from agent.cli import done, make_parser
+    from probes.cli import add_backend_args, backend_for, run_async
+
+    ap = make_parser("python -m probes.fidelity", __doc__, [
+        "python -m probes.fidelity runs/react-27b --backend sglang --endpoint http://gpu:30000 --model-dir /models/Qwen3.5-27B"])
+    ap.add_argument("run_dir", help="a run directory with recorded tokens")
+    add_backend_args(ap)
+    ap.add_argument("--samples", type=int, default=8, help="calls to check (one per trajectory; default 8)")
+    ap.add_argument("--reference-model-dir", help="local weights: also compare with the in-process transformers model")
+    ap.add_argument("--force", action="store_true", help="exit 0 even when a check fails (recorded)")
+    ap.add_argument("--out", help="output dir (default: RUN_DIR/probes/fidelity)")
+    a = ap.parse_args(argv)
+
+    async def go():
+        run = load_run(a.run_dir)
+        backend = backend_for(a, run.header)
+        reference = None
+        if a.reference_model_dir:
+            from agent.backends import make_backend
+
+            reference = make_backend("local", model_dir=a.reference_model_dir, logprob_mode="raw")
+        try:
+            return await fidelity_check(a.run_dir, backend, samples=a.samples, reference=reference, out_dir=a.out,
+                                        force=a.force)
+        finally:
+            await backend.aclose()
+            if reference is not None:
+                await reference.aclose()
+
+    rep, code = run_async(go(), "nothing")
+    if code:
+        return code
+    for name, c in rep["checks"].items():
+        if "skipped" in c:
+            print(f"{name:5s}: skipped ({c['skipped']})")
+        else:
+            print(f"{name:5s}: {'ok  ' if c['ok'] else 'FAIL'} mean |Δlogprob| {c['mean_abs']:.4f}, max {c['max_abs']:.4f}, "
+                  f"top-20 overlap {c['overlap_mean']:.3f} (min {c['overlap_min']:.3f}) over {c['n_tokens']} tokens "
+                  f"of {c['calls']} calls")
+    out = Path(a.out) if a.out else Path(a.run_dir) / "probes" / "fidelity"
+    if not rep["ok"]:
+        print(f"error: {refusal(rep)}", file=sys.stderr)
+        done([f"{out}/fidelity.json"], "fix the server, then rerun; or --force")
+        return 0 if a.force else 2
+    done([f"{out}/fidelity.json"], f"python -m probes.entropy {a.run_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""The serving-fidelity check (probes/fidelity.py) against the loopback SGLang: a consistent server passes and
+the probe goes on; a server whose cached state leaks into a repeated request is refused before any probing,
+unless --force, which is recorded."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agent.run import main as run_main
+from probes.entropy import main as entropy_main
+from probes.fidelity import main as fidelity_main
+from scripts.soak import agent_policy
+from tests.fakes.sglang_server import FakeSGLang
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory, tiny_model_dir):
+    """A ReAct run recorded through SGLang's native API (the tiny model's tokenizer: ids that can be scored)."""
+    out = tmp_path_factory.mktemp("fid") / "r"
+    with FakeSGLang(reply=agent_policy, tokenizer_dir=str(tiny_model_dir), model_name=str(tiny_model_dir)) as srv:
+        assert run_main(["--method", "react", "--backend", "sglang", "--endpoint", srv.url, "--model-dir",
+                         str(tiny_model_dir), "--benchmark", "demo", "--limit", "3", "--t-max", "3", "--out", str(out),
+                         "--no-progress"]) == 0
+    return out
+
+
+def _args(url, tiny, run):
+    return [str(run), "--backend", "sglang", "--endpoint", url, "--model-dir", str(tiny), "--no-progress"]
+
+
+def test_a_consistent_server_passes_and_the_probe_records_it(recorded, tiny_model_dir, capsys):
+    with FakeSGLang(reply=agent_policy, tokenizer_dir=str(tiny_model_dir), model_name=str(tiny_model_dir)) as srv:
+        assert fidelity_main(_args(srv.url, tiny_model_dir, recorded)[:-1] + ["--samples", "3"]) == 0
+        assert srv.requests.count("/flush_cache") == 3  # one cold scoring per call
+        rep = json.loads((recorded / "probes" / "fidelity" / "fidelity.json").read_text())
+        assert rep["ok"] and rep["calls"] == 3
+        assert rep["checks"]["warm"]["max_abs"] == 0.0 and rep["checks"]["cold"]["overlap_mean"] == 1.0
+        assert "weights are not local" in rep["checks"]["local"]["skipped"]
+        out = recorded / "probes" / "tf-ok"
+        assert entropy_main(_args(srv.url, tiny_model_dir, recorded) + ["--mode", "teacher-forced", "--force",
+                                                                        "--out", str(out)]) == 0
+    probe = json.loads((out / "probe.json").read_text())
+    assert probe["fidelity"]["ok"] is True and probe["fidelity"]["failed"] == []
+
+
+def test_a_cache_leak_is_refused_before_probing_unless_forced(recorded, tiny_model_dir, capsys):
+    with FakeSGLang(reply=agent_policy, tokenizer_dir=str(tiny_model_dir), model_name=str(tiny_model_dir),
+                    leak=0.3) as srv:
+        assert fidelity_main(_args(srv.url, tiny_model_dir, recorded)[:-1] + ["--samples", "2"]) == 2
+        err = capsys.readouterr().err
+        assert "not fit to be probed" in err and "warm: mean |Δlogprob| 0.300" in err
+        rep = json.loads((recorded / "probes" / "fidelity" / "fidelity.json").read_text())
+        assert not rep["ok"] and not rep["checks"]["warm"]["ok"]
+        assert rep["checks"]["cold"]["ok"]  # after a flush the first result comes back: the leak is the cache's
+        # the entropy probe runs the check first and refuses: no probing request was sent
+        out = recorded / "probes" / "tf-leak"
+        n = srv.requests.count("/generate")
+        assert entropy_main(_args(srv.url, tiny_model_dir, recorded) + ["--mode", "teacher-forced", "--out", str(out)]) == 2
+        assert "not fit to be probed" in capsys.readouterr().err
+        checked = srv.requests.count("/generate") - n
+        assert checked == 3 * 3 and not (out / "steps.jsonl").exists()  # 3 calls x (warm, warm, cold), then stop
+        # --force probes anyway and says so in probe.json; --skip-fidelity skips and says that
+        assert entropy_main(_args(srv.url, tiny_model_dir, recorded) + ["--mode", "teacher-forced", "--out", str(out),
+                                                                        "--force"]) == 0
+        probe = json.loads((out / "probe.json").read_text())
+        assert probe["fidelity"]["ok"] is False and probe["fidelity"]["forced"] is True and probe["fidelity"]["failed"]
+        out2 = recorded / "probes" / "tf-skip"
+        assert entropy_main(_args(srv.url, tiny_model_dir, recorded) + ["--mode", "teacher-forced", "--out", str(out2),
+                                                                        "--force", "--skip-fidelity"]) == 0
+    assert json.loads((out2 / "probe.json").read_text())["fidelity"] == {"skipped": "--skip-fidelity"}
