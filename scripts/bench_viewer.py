@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import resource
 import shutil
 import subprocess
 import sys
@@ -90,7 +89,7 @@ def main(argv=None) -> int:
     for n, label, pages, peak, tot, big, wall, ready in rows:
         print(f"{n:>12} {label:>9} {pages:>5} {peak:>11.0f} {tot:>9.1f} {big:>10.1f} {wall:>7.1f} "
               f"{'n/a' if ready is None else f'{ready / 1000:.1f}':>18}")
-    print(f"(the paged writer holds one page at a time; 'one page' is --page-size equal to the run: the old writer)")
+    print("(the paged writer holds one page at a time; 'one page' is --page-size equal to the run: the old writer)")
     return 0
 
 
