@@ -279,7 +279,8 @@ def fig2b_entropy(summary, stem, *, title: str | None = None, ax=None, mark: str
     ax.axhline(0.0, color="0.5", lw=0.8)
     if {"dH_low", "dH_high"} <= set(summary.columns):
         # where the true ΔH can lie given only the top-20 and the vocabulary (analysis.entropy.entropy_bounds)
-        b = summary[summary["series"] == "pooled"] if "series" in summary else summary
+        one = "series" in summary and summary["series"].nunique() == 1
+        b = summary if "series" not in summary or one else summary[summary["series"] == "pooled"]
         b = b.sort_values("step")
         b = b[np.isfinite(b["dH_low"].astype(float)) & np.isfinite(b["dH_high"].astype(float))]
         if len(b):

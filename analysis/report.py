@@ -94,9 +94,17 @@ def _pooled_figure2(react_runs: list[str], out: Path, made: list, missing: list)
         allsteps = pd.concat(entropy, ignore_index=True)
         valid = allsteps[allsteps["dH"].notna()]
 
-        parts = [summarise_by(g, "step", "dH").assign(series=name) for name, g in valid.groupby("series", sort=False)]
+        def with_bounds(g):  # the ΔH interval per step where the probe recorded it (probes/entropy.py)
+            out = summarise_by(g, "step", "dH")
+            if "dH_low" in g and g["dH_low"].notna().any():
+                from probes.entropy import bounds_by_step
+
+                out = out.merge(bounds_by_step(g), on="step", how="left")
+            return out
+
+        parts = [with_bounds(g).assign(series=name) for name, g in valid.groupby("series", sort=False)]
         if len(entropy) > 1:
-            parts.append(summarise_by(valid, "step", "dH").assign(series="pooled"))
+            parts.append(with_bounds(valid).assign(series="pooled"))
         es = pd.concat(parts, ignore_index=True)
         es.attrs["mode"] = modes.pop()
     ks = None
