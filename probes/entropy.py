@@ -684,8 +684,11 @@ async def _fidelity_first(args, backend) -> dict:
     members = list(getattr(backend, "backends", None) or [backend])
     if args.skip_fidelity:
         return {"skipped": "--skip-fidelity"}
-    if not all(callable(getattr(b, "score", None)) for b in members) or getattr(backend, "name", "") == "openai":
-        return {"skipped": f"the backend cannot score recorded tokens ({getattr(backend, 'name', '?')})"}
+    # the OpenAI-compatible chat path has no teacher-forced scoring (its score() refuses)
+    cannot = [getattr(b, "name", "?") for b in members if getattr(b, "name", "") == "openai"
+              or not callable(getattr(b, "score", None))]
+    if cannot:
+        return {"skipped": f"the backend cannot score recorded tokens ({cannot[0]})"}
     out = Path(args.out).parent / "fidelity" if args.out else None
     rep = await check_servers(args.run_dir, backend, out_dir=out, force=args.force)
     if not rep["ok"]:

@@ -98,6 +98,8 @@ def test_gpu_seconds_come_from_the_launchers_endpoints_and_add_up_over_sessions(
         c1 = json.loads(probe.read_text())["cost"]
         assert entropy_main([str(tmp_path / "r"), "--no-progress", "--serving-dir", str(serve)]) == 0  # resumes
         c2 = json.loads(probe.read_text())["cost"]
+        # the chat path cannot score: the fidelity check is skipped, and the probe says so
+        assert json.loads(probe.read_text())["fidelity"] == {"skipped": "the backend cannot score recorded tokens (openai)"}
     assert [s["servers"] for s in c2["sessions"]] == [2, 2] and {s["gpus_per_server"] for s in c2["sessions"]} == {4}
     assert c2["sessions"][0] == c1["sessions"][0] and c2["sessions"][1]["units"] > 0
     assert c2["gpu_seconds"] == round(sum(s["wall_s"] for s in c2["sessions"]) * 2 * 4, 1) > 0
