@@ -735,6 +735,8 @@ def main(argv=None) -> int:
             from probes.cli import serving_hardware
 
             hw = serving_hardware(backend, gpus_per_server=args.gpus_per_server, serving_dir=args.serving_dir)
+            # the model first: a server of another model would fail the fidelity check for the wrong reason
+            await probe_model_check(run, backend, force=args.force)
             fidelity = await _fidelity_first(args, backend)
             return await probe_run(args.run_dir, mode=args.mode, backend=backend, out_dir=args.out, hardware=hw,
                                    fidelity=fidelity,

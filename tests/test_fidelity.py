@@ -69,3 +69,11 @@ def test_a_cache_leak_is_refused_before_probing_unless_forced(recorded, tiny_mod
         assert entropy_main(_args(srv.url, tiny_model_dir, recorded) + ["--mode", "teacher-forced", "--out", str(out2),
                                                                         "--force", "--skip-fidelity"]) == 0
     assert json.loads((out2 / "probe.json").read_text())["fidelity"] == {"skipped": "--skip-fidelity"}
+
+
+def test_a_server_of_another_model_is_refused_as_such_before_the_fidelity_check(recorded, tiny_model_dir, capsys):
+    with FakeSGLang(reply=agent_policy, tokenizer_dir=str(tiny_model_dir), model_name="another-model") as srv:
+        assert entropy_main(_args(srv.url, tiny_model_dir, recorded) + ["--mode", "teacher-forced", "--out",
+                                                                        str(recorded / "probes" / "tf-other")]) == 2
+        assert srv.requests.count("/generate") == 0 and srv.requests.count("/flush_cache") == 0
+    assert "serves the weights 'another-model'" in capsys.readouterr().err  # the model check, not fidelity
