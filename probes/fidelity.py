@@ -13,7 +13,14 @@ order) this scores the recorded continuation with its images:
 - **warm**: twice in a row (the second request finds the first's prefix in the cache);
 - **cold**: once more after ``/flush_cache`` (SGLang's endpoint; the path without the cache);
 - **local**: with the in-process transformers model when the weights are local (``--reference-model-dir``; a
-  GPU node has them), against the first scoring.
+  GPU node has them), against the first scoring;
+- **paths**: SGLang serves the same model on its native ``/generate`` (our client renders the chat template) and
+  on ``/v1/chat/completions`` (the server renders it and decodes the images). A chat-path request cannot be
+  teacher-forced, so both generate greedily (temperature 0, ``PATH_TOKENS`` tokens, top-20) from the recorded
+  messages; the prompt token counts must be equal (the same rendered prompt, images expanded alike) and the
+  logprobs agree over the tokens both chose (the greedy prefix they share; a first token that differs fails).
+  Run on every SGLang native backend unless ``--no-paths``; a probe run on one path and a figure drawn from
+  the other then rest on the same context.
 
 Per check: the largest and the mean |Δ logprob| of the scored tokens and the mean / smallest top-20 overlap
 (shared ids / 20). Refused (exit 2) beyond the tolerances below unless ``--force`` (recorded); the report is
@@ -33,16 +40,22 @@ import json
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
-from agent.backends.base import BackendError, Continuation, TokenArrays
+from agent.backends.base import BackendError, Continuation, SamplingParams, TokenArrays
 from agent.rundir import RunError, load_run
 
-__all__ = ["fidelity_check", "check_servers", "refusal", "TOLERANCES", "main"]
+__all__ = ["fidelity_check", "check_servers", "chat_twin", "refusal", "TOLERANCES", "PATH_TOKENS", "main"]
 
 #: check -> (mean |Δ logprob| at most, max |Δ| at most, mean top-20 overlap at least)
-TOLERANCES = {"warm": (0.02, 0.25, 0.95), "cold": (0.02, 0.25, 0.95), "local": (0.05, 1.0, 0.90)}
+TOLERANCES = {"warm": (0.02, 0.25, 0.95), "cold": (0.02, 0.25, 0.95), "local": (0.05, 1.0, 0.90),
+              # one server, one model, two front doors: the same kernels, so the repeat tolerance (ours)
+              "paths": (0.02, 0.25, 0.95)}
+#: Greedy tokens generated on each path for the paths check (ours: enough to cover the first think tokens,
+#: cheap next to a probe).
+PATH_TOKENS = 16
 
 
 def _compare(a, b) -> dict:
@@ -80,9 +93,45 @@ def _sample_calls(run, samples: int) -> list:
     return out
 
 
+async def _two_paths(native, chat, msgs: list[dict], ev: dict) -> tuple[dict, str | None]:
+    """Greedy generations of the same messages on the native and the chat path: the comparison over the tokens
+    both chose, and what disagreed (None when nothing did)."""
+    from probes.entropy import _sampling_of
+
+    base = _sampling_of(ev)
+    sp = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=PATH_TOKENS, top_logprobs=20,
+                        enable_thinking=base.enable_thinking, chat_template_kwargs=base.chat_template_kwargs)
+    a = await native.generate(msgs, sp)
+    b = await chat.generate(msgs, sp)
+    ia, ib = [t.id for t in a.tokens], [t.id for t in b.tokens]
+    m = next((j for j, (x, y) in enumerate(zip(ia, ib)) if x != y), min(len(ia), len(ib)))
+    part = _compare(SimpleNamespace(tokens=list(a.tokens)[:m]), SimpleNamespace(tokens=list(b.tokens)[:m])) if m else \
+        {"n_tokens": 0, "max_abs": 0.0, "mean_abs": 0.0, "overlap_mean": 1.0, "overlap_min": 1.0}
+    part["prompt_tokens"] = {"native": a.usage.prompt_tokens, "chat": b.usage.prompt_tokens}
+    part["shared_prefix"] = m
+    notes = []
+    if a.usage.prompt_tokens != b.usage.prompt_tokens:
+        notes.append(f"prompt tokens differ (native {a.usage.prompt_tokens}, chat {b.usage.prompt_tokens}): the "
+                     "server's chat template or image expansion is not the client's")
+    if m == 0 and ia and ib:
+        notes.append(f"the first greedy token differs (native id {ia[0]}, chat id {ib[0]})")
+    return part, "; ".join(notes) or None
+
+
+def chat_twin(backend):
+    """The OpenAI-compatible chat path of the SGLang server behind a native backend (None for other backends)."""
+    if getattr(backend, "name", "") != "sglang" or not hasattr(backend, "url"):
+        return None
+    from agent.backends.openai_compat import OpenAIBackend
+
+    return OpenAIBackend(backend.url.removesuffix("/generate"), backend.model_arg, server="sglang",
+                         logprob_mode=backend.logprob_mode, policy=backend.policy)
+
+
 async def fidelity_check(run_dir, backend, *, samples: int = 8, reference=None, out_dir=None,
-                         force: bool = False) -> dict:
-    """Run the checks; write ``fidelity.json``; return the report (``ok``: every check within its tolerance)."""
+                         force: bool = False, chat=None) -> dict:
+    """Run the checks; write ``fidelity.json``; return the report (``ok``: every check within its tolerance).
+    ``chat``: the same server's chat path (:func:`chat_twin`) for the paths check."""
     run = load_run(run_dir)
     if not hasattr(backend, "score"):
         raise BackendError(f"{getattr(backend, 'name', backend)}: the fidelity check scores recorded tokens; this "
@@ -90,7 +139,8 @@ async def fidelity_check(run_dir, backend, *, samples: int = 8, reference=None, 
     picked = _sample_calls(run, samples)
     if not picked:
         raise RunError(f"{run.path}: no image-bearing call with recorded tokens to check")
-    results: dict[str, list] = {"warm": [], "cold": [], "local": []}
+    results: dict[str, list] = {"warm": [], "cold": [], "local": [], "paths": []}
+    path_notes: list[str] = []
     flush = getattr(backend, "flush_cache", None)
     for summary, step in picked:
         line = run.full(summary)
@@ -115,19 +165,30 @@ async def fidelity_check(run_dir, backend, *, samples: int = 8, reference=None, 
             results["cold"].append(_compare(first, await backend.score(msgs, cont, top_logprobs=20)))
         if reference is not None:
             results["local"].append(_compare(first, await reference.score(msgs, cont, top_logprobs=20)))
+        if chat is not None:
+            part, note = await _two_paths(backend, chat, msgs, ev)
+            results["paths"].append(part)
+            if note:
+                path_notes.append(f"{summary['sample_id']}#{summary['trial']} call {step}: {note}")
     checks, failed = {}, []
     for name, parts in results.items():
         if not parts:
             checks[name] = {"skipped": {"cold": "the backend has no /flush_cache", "local":
-                                        "no --reference-model-dir (the weights are not local)"}.get(name, "no call")}
+                                        "no --reference-model-dir (the weights are not local)",
+                                        "paths": "not an SGLang native backend, or --no-paths"}.get(name, "no call")}
             continue
         c = _pool(parts)
         mean_tol, max_tol, ov_tol = TOLERANCES[name]
         c["tolerance"] = {"mean_abs": mean_tol, "max_abs": max_tol, "overlap_mean": ov_tol}
         c["ok"] = c["mean_abs"] <= mean_tol and c["max_abs"] <= max_tol and c["overlap_mean"] >= ov_tol
+        if name == "paths":
+            c["prompt_tokens"] = [p["prompt_tokens"] for p in parts]
+            c["notes"] = path_notes
+            c["ok"] = c["ok"] and not path_notes
         if not c["ok"]:
             failed.append(f"{name}: mean |Δlogprob| {c['mean_abs']:.3f} (≤ {mean_tol}), max {c['max_abs']:.3f} "
-                          f"(≤ {max_tol}), top-20 overlap {c['overlap_mean']:.3f} (≥ {ov_tol})")
+                          f"(≤ {max_tol}), top-20 overlap {c['overlap_mean']:.3f} (≥ {ov_tol})"
+                          + "".join(f"; {n}" for n in (path_notes if name == "paths" else [])[:3]))
         checks[name] = c
     report = {"run_dir": str(run.path), "finished": time.time(), "endpoint": getattr(backend, "public", None),
               "calls": len(results["warm"]), "checks": checks, "ok": not failed, "failed": failed,
@@ -138,13 +199,21 @@ async def fidelity_check(run_dir, backend, *, samples: int = 8, reference=None, 
     return report
 
 
-async def check_servers(run_dir, backend, *, samples: int = 8, out_dir=None, force: bool = False) -> dict:
+async def check_servers(run_dir, backend, *, samples: int = 8, out_dir=None, force: bool = False, reference=None,
+                        paths: bool = True) -> dict:
     """:func:`fidelity_check` on each server behind ``backend`` (several ``--endpoint``: each on its own, so a
-    flush reaches the server that was scored); one report (``ok`` when every server passes)."""
+    flush reaches the server that was scored), with the paths check on each SGLang server unless ``paths`` is
+    false; one report (``ok`` when every server passes)."""
     members = list(getattr(backend, "backends", None) or [backend])
     reports = []
     for b in members:
-        reports.append(await fidelity_check(run_dir, b, samples=samples, out_dir=out_dir, force=force))
+        chat = chat_twin(b) if paths else None
+        try:
+            reports.append(await fidelity_check(run_dir, b, samples=samples, out_dir=out_dir, force=force,
+                                                reference=reference, chat=chat))
+        finally:
+            if chat is not None:
+                await chat.aclose()
     if len(reports) == 1:
         return reports[0]
     rep = {"servers": reports, "ok": all(r["ok"] for r in reports),
@@ -172,6 +241,7 @@ def main(argv=None) -> int:
     add_backend_args(ap)
     ap.add_argument("--samples", type=int, default=8, help="calls to check (one per trajectory; default 8)")
     ap.add_argument("--reference-model-dir", help="local weights: also compare with the in-process transformers model")
+    ap.add_argument("--no-paths", action="store_true", help="skip the native-vs-chat path check")
     ap.add_argument("--force", action="store_true", help="exit 0 even when a check fails (recorded)")
     ap.add_argument("--out", help="output dir (default: RUN_DIR/probes/fidelity)")
     a = ap.parse_args(argv)
@@ -185,8 +255,8 @@ def main(argv=None) -> int:
 
             reference = make_backend("local", model_dir=a.reference_model_dir, logprob_mode="raw")
         try:
-            return await fidelity_check(a.run_dir, backend, samples=a.samples, reference=reference, out_dir=a.out,
-                                        force=a.force)
+            return await check_servers(a.run_dir, backend, samples=a.samples, reference=reference, out_dir=a.out,
+                                       force=a.force, paths=not a.no_paths)
         finally:
             await backend.aclose()
             if reference is not None:
@@ -195,13 +265,16 @@ def main(argv=None) -> int:
     rep, code = run_async(go(), "nothing")
     if code:
         return code
-    for name, c in rep["checks"].items():
-        if "skipped" in c:
-            print(f"{name:5s}: skipped ({c['skipped']})")
-        else:
-            print(f"{name:5s}: {'ok  ' if c['ok'] else 'FAIL'} mean |Δlogprob| {c['mean_abs']:.4f}, max {c['max_abs']:.4f}, "
-                  f"top-20 overlap {c['overlap_mean']:.3f} (min {c['overlap_min']:.3f}) over {c['n_tokens']} tokens "
-                  f"of {c['calls']} calls")
+    for r in rep.get("servers") or [rep]:
+        if "servers" in rep:
+            print(f"{r.get('endpoint')}:")
+        for name, c in r["checks"].items():
+            if "skipped" in c:
+                print(f"{name:5s}: skipped ({c['skipped']})")
+            else:
+                print(f"{name:5s}: {'ok  ' if c['ok'] else 'FAIL'} mean |Δlogprob| {c['mean_abs']:.4f}, max "
+                      f"{c['max_abs']:.4f}, top-20 overlap {c['overlap_mean']:.3f} (min {c['overlap_min']:.3f}) over "
+                      f"{c['n_tokens']} tokens of {c['calls']} calls")
     out = Path(a.out) if a.out else Path(a.run_dir) / "probes" / "fidelity"
     if not rep["ok"]:
         print(f"error: {refusal(rep)}", file=sys.stderr)

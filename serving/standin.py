@@ -74,6 +74,19 @@ class _Standin:
         self.aborted: set = set()
         self.queue: list = []  # generation requests in arrival order (served one at a time: no batching)
         self.abort_all = False
+        # a test switch (ours): while the file MMCF_STANDIN_LEAK_FILE exists, a scoring request whose prompt was
+        # scored since the last /flush_cache comes back with its logprobs shifted by the file's value (a prefix
+        # cache reusing another request's state: the fault probes/fidelity.py exists to catch)
+        self.leak_file = os.environ.get("MMCF_STANDIN_LEAK_FILE")
+        self.seen: set = set()
+
+    def _leak(self) -> float:
+        if not self.leak_file:
+            return 0.0
+        try:
+            return float(open(self.leak_file).read().strip() or 0)
+        except (OSError, ValueError):
+            return 0.0
 
     def _drain(self) -> None:
         """Take every message waiting on the socket: generation requests join the queue, aborts are noted,
@@ -132,6 +145,7 @@ class _Standin:
             io.sock_send(self.to_tokenizer, io.GetLoadReqOutput(dp_rank=0, num_reqs=0, num_waiting_reqs=0,
                                                                 num_tokens=0))
         elif name == "FlushCacheReqInput":
+            self.seen.clear()
             io.sock_send(self.to_tokenizer, io.FlushCacheReqOutput(success=True))
         # everything else (FreezeGCReq, profiling, weights, sessions …) needs no reply here
 
@@ -155,6 +169,14 @@ class _Standin:
         stops = set(sp.stop_token_ids or ()) | set(_eos_ids(self.tok))
         gen = self.engine.start(ids, req.mm_inputs, sp, k, want_input=req.return_logprob and start < len(ids),
                                 input_from=start)
+        leak = self._leak() if gen.input_logprobs is not None else 0.0
+        if leak:
+            key = (tuple(ids), start, len(getattr(req.mm_inputs, "mm_items", None) or ()) if req.mm_inputs else 0)
+            if key in self.seen:
+                iv, ii, tv, ti = gen.input_logprobs
+                gen.input_logprobs = ([v if v is None else v - leak for v in iv], ii,
+                                      [t if t is None else [v - leak for v in t] for t in tv], ti)
+            self.seen.add(key)
         state = _new_state(gen.input_logprobs if req.return_logprob else None)
         finish = None
         for step in range(max_new):

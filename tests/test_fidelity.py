@@ -37,6 +37,10 @@ def test_a_consistent_server_passes_and_the_probe_records_it(recorded, tiny_mode
         assert rep["ok"] and rep["calls"] == 3
         assert rep["checks"]["warm"]["max_abs"] == 0.0 and rep["checks"]["cold"]["overlap_mean"] == 1.0
         assert "weights are not local" in rep["checks"]["local"]["skipped"]
+        paths = rep["checks"]["paths"]  # the chat path rendered the same prompt and chose the same greedy tokens
+        assert paths["ok"] and paths["n_tokens"] > 0 and not paths["notes"]
+        assert all(p["native"] == p["chat"] > 20 for p in paths["prompt_tokens"])
+        assert srv.requests.count("/v1/chat/completions") == 3
         out = recorded / "probes" / "tf-ok"
         assert entropy_main(_args(srv.url, tiny_model_dir, recorded) + ["--mode", "teacher-forced", "--force",
                                                                         "--out", str(out)]) == 0
@@ -59,7 +63,8 @@ def test_a_cache_leak_is_refused_before_probing_unless_forced(recorded, tiny_mod
         assert entropy_main(_args(srv.url, tiny_model_dir, recorded) + ["--mode", "teacher-forced", "--out", str(out)]) == 2
         assert "not fit to be probed" in capsys.readouterr().err
         checked = srv.requests.count("/generate") - n
-        assert checked == 3 * 3 and not (out / "steps.jsonl").exists()  # 3 calls x (warm, warm, cold), then stop
+        # 3 calls x (warm, warm, cold, the native greedy generation of the paths check), then stop
+        assert checked == 3 * 4 and not (out / "steps.jsonl").exists()
         # --force probes anyway and says so in probe.json; --skip-fidelity skips and says that
         assert entropy_main(_args(srv.url, tiny_model_dir, recorded) + ["--mode", "teacher-forced", "--out", str(out),
                                                                         "--force"]) == 0
@@ -77,3 +82,22 @@ def test_a_server_of_another_model_is_refused_as_such_before_the_fidelity_check(
                                                                         str(recorded / "probes" / "tf-other")]) == 2
         assert srv.requests.count("/generate") == 0 and srv.requests.count("/flush_cache") == 0
     assert "serves the weights 'another-model'" in capsys.readouterr().err  # the model check, not fidelity
+
+
+def test_a_chat_path_that_renders_another_prompt_is_refused(recorded, tiny_model_dir, capsys):
+    """The server's chat layer renders with its own template (as a server started with --chat-template would):
+    the same messages become another prompt there, which the paths check names; --no-paths skips it."""
+    other = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content if m.content is string else '' }}" \
+            "<|im_end|>\n{% endfor %}<|im_start|>assistant\n"
+    with FakeSGLang(reply=agent_policy, tokenizer_dir=str(tiny_model_dir), model_name=str(tiny_model_dir),
+                    chat_template=other) as srv:
+        assert fidelity_main(_args(srv.url, tiny_model_dir, recorded)[:-1] + ["--samples", "2"]) == 2
+        err = capsys.readouterr().err
+        assert "paths:" in err and "prompt tokens differ" in err and "chat template" in err
+        rep = json.loads((recorded / "probes" / "fidelity" / "fidelity.json").read_text())
+        assert not rep["checks"]["paths"]["ok"] and rep["checks"]["warm"]["ok"] and rep["checks"]["cold"]["ok"]
+        n = srv.requests.count("/v1/chat/completions")
+        assert fidelity_main(_args(srv.url, tiny_model_dir, recorded)[:-1] + ["--samples", "2", "--no-paths"]) == 0
+        assert srv.requests.count("/v1/chat/completions") == n
+    rep = json.loads((recorded / "probes" / "fidelity" / "fidelity.json").read_text())
+    assert "--no-paths" in rep["checks"]["paths"]["skipped"]

@@ -73,7 +73,10 @@ class RealSGLang:
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.model_dir, self.log = model_dir, log
-        env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{site}", "PYTHONWARNINGS": "ignore"}
+        # write a number here to make the stand-in leak cached state into repeated scorings (serving/standin.py)
+        self.leak_file = log.with_suffix(".leak")
+        env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{site}", "PYTHONWARNINGS": "ignore",
+               "MMCF_STANDIN_LEAK_FILE": str(self.leak_file)}
         cmd = [sys.executable, "-m", "serving.standin", "--model-path", str(model_dir), "--port", str(self.port),
                "--mode", mode, "--served-model-name", "tiny-qwen35"]
         if mode == "scripted":

@@ -231,3 +231,37 @@ def test_the_launcher_starts_its_real_topology_on_cpu_and_stops_it(sglang_front_
     assert s.returncode == 0 and s.stdout.count(": stopped (pid") == 4, s.stdout
     assert not any(_alive(p) for p in pids)
     assert {e["status"] for e in json.loads((run_dir / "endpoints.json").read_text())} == {"stopped"}
+
+
+def test_the_fidelity_check_on_the_real_front_end_all_four_checks_and_an_injected_leak(
+        real_sglang_model, tiny_model_dir, tmp_path, capsys):
+    """probes.fidelity through SGLang's own server (the tiny model computing every logprob): warm, cold (its
+    /flush_cache), the chat path (SGLang renders the template and processes the image itself) and the
+    in-process transformers reference all agree; then the stand-in leaks cached state into repeated scorings
+    and the check refuses, naming the warm check (the cold one, after a flush, still agrees)."""
+    import json
+
+    from probes.fidelity import main as fidelity_main
+
+    url, md = real_sglang_model.url, str(tiny_model_dir)
+    run = tmp_path / "run"
+    assert run_main(["--method", "react", "--backend", "sglang", "--endpoint", url, "--model-dir", md, "--limit", "1",
+                     "--t-max", "2", "--max-tokens", "12", "--out", str(run), "--no-progress"]) == 0
+    args = [str(run), "--backend", "sglang", "--endpoint", url, "--model-dir", md, "--samples", "1"]
+    rc = fidelity_main(args + ["--reference-model-dir", md])
+    rep = json.loads((run / "probes" / "fidelity" / "fidelity.json").read_text())
+    assert rc == 0, (rep, capsys.readouterr().err[-2000:], real_sglang_model.tail())
+    c = rep["checks"]
+    assert all(c[k]["ok"] and c[k]["n_tokens"] > 0 for k in ("warm", "cold", "local", "paths")), c
+    assert c["local"]["max_abs"] < 1e-3  # float32 on both sides: the reference agrees to rounding
+    (p,) = c["paths"]["prompt_tokens"]
+    assert p["native"] == p["chat"] > 50  # SGLang's chat layer expanded the image as our client did
+    real_sglang_model.leak_file.write_text("0.3")
+    try:
+        assert fidelity_main(args) == 2
+    finally:
+        real_sglang_model.leak_file.unlink()
+    err = capsys.readouterr().err
+    assert "not fit to be probed" in err and "warm: mean |Δlogprob| 0.300" in err
+    rep = json.loads((run / "probes" / "fidelity" / "fidelity.json").read_text())
+    assert not rep["checks"]["warm"]["ok"] and rep["checks"]["cold"]["ok"] and rep["checks"]["paths"]["ok"]

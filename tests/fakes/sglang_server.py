@@ -312,17 +312,43 @@ class _Handler(JSONHandler):
     def _chat_cached(self, req: dict) -> bytes:
         """Replies depend only on (text, k, max_tokens, flags): encode each distinct one once."""
         reply = self.server.reply(req) if callable(self.server.reply) else self.server.reply
+        n_prompt = self._chat_prompt_tokens(req)
         key = (reply, req.get("top_logprobs"), req.get("max_tokens"), bool(req.get("logprobs")),
-               bool(req.get("return_meta_info")), self.server.model_name)
+               bool(req.get("return_meta_info")), self.server.model_name, n_prompt)
         with self.server.lock:
             hit = self.server.chat_cache.get(key)
         if hit is None:
-            hit = json.dumps(self._chat({**req, "_reply": reply})).encode()
+            hit = json.dumps(self._chat({**req, "_reply": reply, "_n_prompt": n_prompt})).encode()
             with self.server.lock:
                 self.server.chat_cache[key] = hit
         return hit
 
+    def _chat_prompt_tokens(self, req: dict) -> int:
+        """The prompt's length as SGLang's chat layer counts it: the model's chat template rendered server-side,
+        each image placeholder expanded (with the tiny model's tokenizer); 17 without one."""
+        tok = self.server.tok
+        if tok.hf is None:
+            return 17
+        msgs, images = [], []
+        for m in req.get("messages") or []:
+            c = m.get("content")
+            if isinstance(c, list):
+                parts = []
+                for it in c:
+                    if it.get("type") == "image_url":
+                        images.append(it["image_url"]["url"])
+                        parts.append({"type": "image"})
+                    else:
+                        parts.append(it)
+                m = {**m, "content": parts}
+            msgs.append(m)
+        text = tok.hf.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True,
+                                          chat_template=self.server.chat_template,
+                                          **(req.get("chat_template_kwargs") or {}))
+        return len(self._expand(tok.encode(text), images))
+
     def _chat(self, req: dict) -> dict:
+        n_prompt = req.get("_n_prompt", 17)
         tok = self.server.tok
         k = int(req.get("top_logprobs") or 0)
         reply = req["_reply"]
@@ -357,7 +383,7 @@ class _Handler(JSONHandler):
                                    "top_logprobs": top})
             choice["logprobs"] = {"content": content_lp}
             if req.get("return_meta_info"):
-                choice["meta_info"] = {"id": "e037366a24d14dedaa779408681a5a5f", "prompt_tokens": 17,
+                choice["meta_info"] = {"id": "e037366a24d14dedaa779408681a5a5f", "prompt_tokens": n_prompt,
                                        "completion_tokens": len(out_ids), "cached_tokens": 0,
                                        "output_token_logprobs": [[_top(t, max(k, 1), j, tok, True)[0][0], t, s]
                                                                  for j, (t, s) in enumerate(zip(out_ids, texts))],
@@ -366,7 +392,7 @@ class _Handler(JSONHandler):
             choice["logprobs"] = None
         return {"id": "e037366a24d14dedaa779408681a5a5f", "object": "chat.completion", "created": 1775407536,
                 "model": self.server.model_name, "choices": [choice],
-                "usage": {"prompt_tokens": 17, "total_tokens": 17 + len(out_ids), "completion_tokens": len(out_ids),
+                "usage": {"prompt_tokens": n_prompt, "total_tokens": n_prompt + len(out_ids), "completion_tokens": len(out_ids),
                           "prompt_tokens_details": None, "reasoning_tokens": 0},
                 "metadata": {"weight_version": "default"}}
 
@@ -377,9 +403,11 @@ class FakeServer(ThreadingHTTPServer):
 
     def __init__(self, port: int = 0, *, model_name: str = "fake-qwen3.5", tokenizer_dir: str | None = None,
                  reply: str = DEFAULT_REPLY, latency_s: float = 0.0, deterministic: bool = False,
-                 fault_rate: float = 0.0, fault_kinds=None, seed: int = 0, slow_s: float = 3.0, leak: float = 0.0):
+                 fault_rate: float = 0.0, fault_kinds=None, seed: int = 0, slow_s: float = 3.0, leak: float = 0.0,
+                 chat_template: str | None = None):
         super().__init__(("127.0.0.1", port), _Handler)
         self.leak = leak      # > 0: a repeated scoring request's logprobs shifted by this (a cache-state leak)
+        self.chat_template = chat_template  # the chat path's own template (a server started with --chat-template)
         self.seen: set = set()
         self.model_name = model_name
         self.tok = _Tok(tokenizer_dir)
