@@ -96,6 +96,7 @@ class RunConfig:
     allow_missing_images: bool = False
     max_image_mb: float | None = None
     request_timeout: float = 600.0
+    part: tuple[int, int] | None = None    # --shard I/N: this run directory holds part I of N (agent/rundir/merge.py)
     shard: tuple[int, int] | None = None   # internal: worker i of n in a --processes run
     job_keys: list | None = None           # internal: the parent's job list ([sample id, trial], in order)
 
@@ -297,6 +298,10 @@ async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends,
     header. Returns ``(cfg with the run's seed, header, samples, skipped_images)``."""
     import dataclasses
 
+    if cfg.part is not None and cfg.seed is None and not rd.header_path.exists():
+        raise PreflightError(f"--shard {cfg.part[0]}/{cfg.part[1]} needs --seed S (the same in every shard): without "
+                             "it each shard would draw its own base seed, and the merged run would not be one run's "
+                             "trials")
     seed, seed_source = trial_seeds(cfg, rd)
     cfg = dataclasses.replace(cfg, seed=seed)
     samples = _select(manifest, cfg)
@@ -344,6 +349,10 @@ async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends,
 
         if all(isinstance(b, ScriptedBackend) for b in backends):
             head["backend"] = {**head["backend"], "kind": "scripted", "embedded_tiny_model": False}
+    if cfg.part is not None:
+        from .rundir.merge import shard_record
+
+        head["shard"] = shard_record(_all_units(cfg, samples), *cfg.part)
     header = rd.write_header({**head, "selection": selection, "seed_source": seed_source}, force=cfg.force)
     if skipped_images:
         rd.note_skipped(skipped_images)
@@ -361,15 +370,27 @@ async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends,
 def _pending_jobs(cfg: RunConfig, spec, manifest, rd: RunDir, samples: list) -> tuple[list, int]:
     """The (sample, trial) units still to run (a --processes worker: the parent's list), and how many are done."""
     done = rd.done_keys(retry_errors=cfg.retry_errors)
-    jobs = [(s, t) for t in range(cfg.trials) for s in samples if (s.id, t) not in done]
-    skipped = len(samples) * cfg.trials - len(jobs)
+    units = _all_units(cfg, samples)
+    if cfg.part is not None:  # --shard I/N: this directory's part of the units (agent/rundir/merge.py)
+        from .rundir.merge import shard_units
+
+        mine = set(shard_units([(s.id, t) for s, t in units], *cfg.part))
+        units = [(s, t) for s, t in units if (s.id, t) in mine]
+    jobs = [(s, t) for s, t in units if (s.id, t) not in done]
+    skipped = len(units) - len(jobs)
     if cfg.shard is not None:  # a --processes worker: the parent's list; jobs are claimed from a shared counter
         by_id = {s.id: s for s in samples}
         jobs = [(by_id[sid], int(t)) for sid, t in (cfg.job_keys or []) if sid in by_id]
     else:
-        print(f"{spec.label} on {manifest.name}: {len(samples)} samples x {cfg.trials} trials; "
+        part = f" (shard {cfg.part[0]}/{cfg.part[1]}: {len(units)} units)" if cfg.part is not None else ""
+        print(f"{spec.label} on {manifest.name}: {len(samples)} samples x {cfg.trials} trials{part}; "
               f"{skipped} already done, {len(jobs)} to run -> {rd.path}", file=sys.stderr)
     return jobs, skipped
+
+
+def _all_units(cfg: RunConfig, samples: list) -> list:
+    """Every (sample, trial) unit of the run, in the runner's order (trial by trial, samples in manifest order)."""
+    return [(s, t) for t in range(cfg.trials) for s in samples]
 
 
 async def _execute(cfg: RunConfig, spec, rd: RunDir, header: dict, jobs: list, skipped: int, skipped_images: list,
@@ -739,6 +760,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"runner processes sharing the jobs (decoding top-20 replies is CPU-bound); auto (default): "
                          f"one per {PROCESS_CONCURRENCY} samples in flight, at most one per CPU")
     ap.add_argument("--limit", type=int, help="the first N samples only")
+    ap.add_argument("--shard", type=_shard_arg, metavar="I/N",
+                    help="run part I of N (0 <= I < N) of the (sample, trial) units into --out, a directory of its "
+                         "own (its own tool cache); needs --seed. Merge the parts with python -m agent.rundir merge "
+                         "(README: Scaling out)")
     ap.add_argument("--sample-ids", help="comma-separated ids to run")
     ap.add_argument("--selection", metavar="FILE",
                     help="run the ids a selection file holds for this benchmark (python -m agent.benchmarks subset "
@@ -804,7 +829,18 @@ def config_from_args(a) -> RunConfig:
         allow_missing_images=a.allow_missing_images, max_image_mb=a.max_image_mb, request_timeout=a.request_timeout,
         tools=a.tools, world=a.world, tool_cache=a.tool_cache,
         cache_mode=a.cache_mode, live_fallback=a.live_fallback, timeout=a.timeout, retry_errors=a.retry_errors,
-        force=a.force, progress=a.progress, token_precision=a.token_precision, processes=a.processes)
+        force=a.force, progress=a.progress, token_precision=a.token_precision, processes=a.processes, part=a.shard)
+
+
+def _shard_arg(v: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in v.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"I/N (e.g. 0/4), not {v!r}") from None
+    if n < 1 or not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"I/N needs 0 <= I < N, not {v!r} (shards are numbered from 0, as Slurm's "
+                                         "--array=0-(N-1))")
+    return i, n
 
 
 def _processes_arg(v: str):

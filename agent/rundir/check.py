@@ -89,7 +89,13 @@ def _expected_keys(rd: "RunDir", header: dict) -> set | None:
     if sel.get("limit") is not None:
         samples = samples[: sel["limit"]]
     skipped = set(sel.get("skipped") or [])
-    return {(s.id, t) for t in range(int(header.get("trials") or 1)) for s in samples if s.id not in skipped}
+    units = [(s.id, t) for t in range(int(header.get("trials") or 1)) for s in samples if s.id not in skipped]
+    shard = header.get("shard")
+    if shard:  # a shard of a run (agent.run --shard I/N): its part of the units
+        from .merge import shard_units
+
+        units = shard_units(units, int(shard["index"]), int(shard["of"]))
+    return set(units)
 
 
 def check_run(path, *, deep: bool = True, repair: bool = False) -> CheckReport:
@@ -138,6 +144,8 @@ def check_run(path, *, deep: bool = True, repair: bool = False) -> CheckReport:
         sel = header.get("selection") or {}
         n = sel.get("n_samples")
         rep.expected = n * int(header.get("trials") or 1) if n is not None else None
+        if header.get("shard"):
+            rep.expected = int(header["shard"]["units"])
     for d in (rd.path, rd.path / "tokens", rd.path / "images"):
         if d.is_dir():
             rep.temp_files += [str(p.relative_to(rd.path)) for p in d.iterdir() if ".tmp" in p.name]
@@ -246,6 +254,12 @@ def main(argv=None) -> int:
 
     from ..cli import HelpFormatter, make_parser
 
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["merge"]:
+        from .merge import main as merge_main
+
+        return merge_main(args[1:])
+
     ap = make_parser("python -m agent.rundir", "Run-directory tools: check is a run complete and intact.",
                      ["python -m agent.rundir check runs/react-27b", "python -m agent.rundir check runs/react-27b --repair"])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -259,7 +273,9 @@ def main(argv=None) -> int:
     c.add_argument("--repair", action="store_true",
                    help="move torn lines and orphaned files into RUN_DIR/quarantine/ (never deleted), remove temp files")
     c.add_argument("--json", action="store_true", help="print the report as JSON")
-    a = ap.parse_args(argv)
+    sub.add_parser("merge", help="merge the shards of a run (agent.run --shard I/N) into one run directory: "
+                                 "python -m agent.rundir merge OUT SHARD_DIR... (--help: its own)")
+    a = ap.parse_args(args)
     try:
         rep = check_run(a.run_dir, repair=a.repair)
     except RunError as e:

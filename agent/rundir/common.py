@@ -23,7 +23,7 @@ RESUME_HISTORY = 50
 
 #: Header fields that must match when a run directory is resumed.
 IDENTITY_KEYS = ("method", "variant", "benchmark", "remove_images_from_step", "budgets", "sampling", "schema_version",
-                 "history_reasoning", "observation_images")
+                 "history_reasoning", "observation_images", "shard")
 
 
 class RunError(RuntimeError):

@@ -154,6 +154,15 @@ class RunDir(RunIndex):
                 line["tokens_file"] = None
             for p in [*getattr(traj.sample, "image_paths", []), *getattr(traj, "image_files", {}).values()]:
                 self.store_image(p)
+        except OSError as e:  # disk full, permissions: a harness failure that names the file
+            raise RunError(f"{getattr(e, 'filename', None) or self.path}: cannot write the run record "
+                           f"({e.strerror or e}); finished lines are kept, rerun to resume") from e
+        self.append_line(line)
+
+    def append_line(self, line: dict) -> None:
+        """Append one complete line (its sidecar and images already in place) and its index entry: one write
+        under an exclusive lock."""
+        try:
             data = dumps(line) + b"\n"
             if b"\n" in data[:-1]:  # cannot happen with JSON, but a torn line must never be possible
                 raise RunError("internal: a result line contains a newline")

@@ -1,0 +1,167 @@
+"""Shards of one run (agent.run --shard I/N) and their merge (agent.rundir merge): the same units, the same Table 1
+and the same probe outputs as one run of the same command; every inconsistent or incomplete set is refused
+before anything is written."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from agent.judge import main as judge_main
+from agent.rundir import check_run, load_run
+from agent.rundir.merge import main as merge_main
+from agent.rundir.merge import shard_units
+from agent.run import main as run_main
+from probes.entropy import main as entropy_main
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = ["--method", "react", "--backend", "scripted", "--limit", "5", "--trials", "2", "--seed", "7", "--no-progress"]
+
+
+def _units(run_dir) -> dict:
+    """Each unit's outcome, as the tables and probes read it (timings, sidecar names and cache-hit flags aside:
+    in one run, trial 1 finds trial 0's tool results in the cache; in two shards it may not)."""
+    r = load_run(run_dir)
+    out = {}
+    for s in r.index:
+        ln = r.full(s)
+        calls = [(e.get("index"), e.get("n_tokens"), e.get("finish_reason")) for e in ln["events"] if e["type"] == "llm_call"]
+        tools = [(e.get("tool"), e.get("observation")) for e in ln["events"] if e["type"] == "tool_call"]
+        out[(ln["sample_id"], ln["trial"])] = (ln["status"], ln.get("answer"), ln.get("responses_sha"), calls, tools)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("shards")
+    # same-length directory names: the scripted model's prompt length counts the image paths' characters
+    assert run_main(BASE + ["--out", str(d / "one")]) == 0
+    for i in range(3):
+        assert run_main(BASE + ["--shard", f"{i}/3", "--out", str(d / f"sh{i}")]) == 0
+    assert merge_main([str(d / "mrg"), *(str(d / f"sh{i}") for i in (2, 0, 1))]) == 0
+    return d
+
+
+def test_the_shards_are_a_balanced_partition_of_the_units(runs):
+    parts = [set(_units(runs / f"sh{i}")) for i in range(3)]
+    assert sorted(len(p) for p in parts) == [3, 3, 4]  # 10 units over 3 shards
+    assert not (parts[0] & parts[1]) and not (parts[1] & parts[2]) and not (parts[0] & parts[2])
+    assert set().union(*parts) == set(_units(runs / "one"))
+    # a pure function of the ordered unit list
+    units = [(f"s{j}", t) for t in range(2) for j in range(5)]
+    assert shard_units(units, 1, 3) == [units[1], units[4], units[7]]
+    h = json.loads((runs / "sh1" / "header.json").read_text())["shard"]
+    assert h["index"] == 1 and h["of"] == 3 and h["units"] == 3 and h["all_units"] == 10
+    # each shard's own check expects its part only
+    rep = check_run(runs / "sh1")
+    assert rep.intact and rep.complete and rep.expected == 3
+
+
+def test_the_merged_run_is_one_run(runs, capsys):
+    one, mrg = runs / "one", runs / "mrg"
+    assert _units(mrg) == _units(one)
+    rep = check_run(mrg)
+    assert rep.intact and rep.complete and rep.expected == 10 and rep.present == 10 and not rep.orphans, rep.lines()
+    h = json.loads((mrg / "header.json").read_text())
+    assert "shard" not in h and [m["index"] for m in h["merged_from"]] == [0, 1, 2]
+    assert h["sampling"] == json.loads((one / "header.json").read_text())["sampling"]
+    # one tool cache, the union of the shards'
+    import sqlite3
+
+    keys = lambda p: {r[0] for r in sqlite3.connect(p).execute("SELECT key FROM tool_cache")}  # noqa: E731
+    assert keys(mrg / "tools.sqlite") == set().union(*(keys(runs / f"sh{i}" / "tools.sqlite") for i in range(3)))
+    assert keys(mrg / "tools.sqlite") == keys(one / "tools.sqlite")
+    # sidecars and images all there (check_run verified the sidecars against their calls)
+    assert {p.name for p in (mrg / "images").iterdir()} == {p.name for p in (one / "images").iterdir()}
+    # the same Table 1 ...
+    for r in (one, mrg):
+        assert judge_main([str(r), "--judge", "exact", "--no-progress"]) == 0
+    assert (one / "table1-exact.csv").read_text() == (mrg / "table1-exact.csv").read_text()
+    # ... and the same entropy probe
+    steps = []
+    for r in (one, mrg):
+        assert entropy_main([str(r), "--backend", "scripted", "--no-progress"]) == 0
+        s = pd.read_csv(r / "probes" / "entropy-regenerate" / "steps.csv").drop(columns=["latency_s"])
+        steps.append(s.sort_values(["sample_id", "trial", "step"]).reset_index(drop=True))
+    assert len(steps[0]) > 10
+    pd.testing.assert_frame_equal(steps[0], steps[1])
+    # and the merged run resumes as one run: nothing left to do
+    assert run_main(BASE + ["--out", str(mrg)]) == 0
+    assert "10 already done, 0 to run" in capsys.readouterr().err
+
+
+def test_merge_refuses_what_is_not_one_complete_run(runs, tmp_path, capsys):
+    sh = [str(runs / f"sh{i}") for i in range(3)]
+
+    def refused(args, *needles):
+        out = tmp_path / f"out{len(list(tmp_path.iterdir()))}"
+        assert merge_main([str(out), *args]) == 2
+        err = capsys.readouterr().err
+        for n in needles:
+            assert n in err, err
+        assert not out.exists()  # refused before writing anything
+
+    refused(sh[:2], "1 of the 3 shards are not given", "[2]")
+    refused([sh[0], sh[0], sh[1], sh[2]], "shard index 0 of 3 given twice")
+    refused([str(runs / "one"), *sh], "not a shard")
+    # another sampling setting is another run
+    other = tmp_path / "t2"
+    assert run_main(BASE[:-3] + ["--seed", "7", "--temperature", "0.5", "--no-progress", "--shard", "2/3",
+                                 "--out", str(other)]) == 0
+    refused([sh[0], sh[1], str(other)], "not a shard of the same run", "sampling")
+    # another unit list (another --limit) is refused as such
+    lim = tmp_path / "lim"
+    assert run_main([*BASE[:2], *BASE[2:4], "--limit", "4", *BASE[6:], "--shard", "2/3", "--out", str(lim)]) == 0
+    refused([sh[0], sh[1], str(lim)], "not a shard of the same run")
+    # an incomplete shard: what is missing is said, and nothing is written
+    part = tmp_path / "part"
+    shutil.copytree(sh[2], part)
+    lines = (part / "results.jsonl").read_bytes().splitlines(keepends=True)
+    (part / "results.jsonl").write_bytes(lines[0])
+    (part / "results.index.jsonl").unlink()
+    refused([sh[0], sh[1], str(part)], "incomplete shards", f"{part}: 2 unit(s) missing", "Rerun")
+    # rerunning the shard's own command completes it, and then the merge goes through
+    assert run_main(BASE + ["--shard", "2/3", "--out", str(part)]) == 0
+    assert "1 already done, 2 to run" in capsys.readouterr().err
+    assert merge_main([str(tmp_path / "ok"), sh[0], sh[1], str(part)]) == 0
+    assert _units(tmp_path / "ok") == _units(runs / "one")
+    # a merge into an existing run directory is refused
+    assert merge_main([str(runs / "one"), *sh]) == 2
+    assert "exists and is not empty" in capsys.readouterr().err
+
+
+def test_shard_arguments_are_checked_before_any_work(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        run_main(BASE + ["--shard", "3/3", "--out", str(tmp_path / "x")])
+    assert "0 <= I < N" in capsys.readouterr().err
+    no_seed = [a for a in BASE if a not in ("--seed", "7")]
+    assert run_main(no_seed + ["--shard", "0/2", "--out", str(tmp_path / "y")]) == 2
+    assert "needs --seed" in capsys.readouterr().err and not (tmp_path / "y" / "results.jsonl").exists()
+    # a shard directory resumed as another shard is another run
+    assert run_main(BASE + ["--shard", "0/2", "--out", str(tmp_path / "z")]) == 0
+    assert run_main(BASE + ["--shard", "1/2", "--out", str(tmp_path / "z")]) == 2
+    assert "holds a different run" in capsys.readouterr().err
+
+
+def test_the_slurm_example_runs_one_shard_per_array_task(tmp_path):
+    """scripts/slurm_array.sh as Slurm would run it (SLURM_ARRAY_TASK_ID, SLURM_ARRAY_TASK_COUNT set), on the
+    offline demo; the merge of its two tasks is the whole run."""
+    out = tmp_path / "runs" / "react-demo"
+    env = {**os.environ, "BACKEND": "scripted", "OUT": str(out), "TRIALS": "1", "SEED": "3", "EXTRA": "--limit 4",
+           "SLURM_ARRAY_TASK_COUNT": "2", "SLURM_SUBMIT_DIR": str(REPO), "PYTHONPATH": str(REPO)}
+    for i in (0, 1):
+        r = subprocess.run(["bash", str(REPO / "scripts" / "slurm_array.sh")], env={**env, "SLURM_ARRAY_TASK_ID": str(i)},
+                           capture_output=True, text=True, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert json.loads((Path(f"{out}.shard-{i}") / "header.json").read_text())["shard"]["of"] == 2
+    r = subprocess.run([sys.executable, "-m", "agent.rundir", "merge", str(out), f"{out}.shard-0", f"{out}.shard-1"],
+                       capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    rep = check_run(out)
+    assert rep.intact and rep.complete and len(load_run(out).index) == 4
