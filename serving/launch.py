@@ -327,6 +327,10 @@ def _remember(run_dir: Path) -> None:
 
 
 def _client_url(a, port: int) -> str:
+    """The URL clients (and a gateway on another node) use: --advertise-host when given (a multi-node topology:
+    serving/gateway.py reads it from endpoints.json), else the listen address (0.0.0.0: this node's loopback)."""
+    if getattr(a, "advertise_host", None):
+        return f"http://{a.advertise_host}:{port}"
     host = "127.0.0.1" if a.host in ("0.0.0.0", "::") else a.host
     return f"http://{host}:{port}"
 
@@ -559,6 +563,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                      "(default: consecutive blocks of --tp)")
     ap.add_argument("--port", type=int, default=30000, help="first port (default: 30000)")
     ap.add_argument("--host", default="0.0.0.0", help="listen address (default: 0.0.0.0)")
+    ap.add_argument("--advertise-host", metavar="HOST",
+                    help="the name other nodes reach this one by, written into endpoints.json (several nodes behind "
+                         "one gateway: python -m serving.gateway; default: 127.0.0.1 when listening on 0.0.0.0)")
     ap.add_argument("--mem-fraction", type=float, default=0.85, help="--mem-fraction-static (default: 0.85)")
     ap.add_argument("--context-length", type=int, default=131072, help="(default: 131072)")
     ap.add_argument("--deterministic", action="store_true",

@@ -182,7 +182,6 @@ def _merge_caches(out: Path, caches: list[Path]) -> dict:
 
 def merge_runs(out, shard_dirs: list, *, progress=None) -> dict:
     """Merge complete, consistent shards into the new run directory ``out``; return what was written."""
-    from .common import token_key  # noqa: F401  (the sidecar names are kept as the shards wrote them)
     from .writer import RunDir
 
     out = Path(out)
