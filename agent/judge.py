@@ -212,7 +212,10 @@ class Grader:
                     out = await client.generate([{"role": "user", "content": prompt}], self.sp)
                     g, ext = parse_grade(out.text or out.reasoning)
                     # the model the reply names: a silently rerouted judge shows up (and is refused in tables)
-                    rec.update(grade=g, extracted=ext, reply=out.text, reason="llm", judge_served_model=out.model or None)
+                    rec.update(grade=g, extracted=ext, reply=out.text, reason="llm", judge_served_model=out.model or None,
+                               usage={"prompt_tokens": out.usage.prompt_tokens,  # for the run's cost ledger
+                                      "completion_tokens": out.usage.completion_tokens,
+                                      "cached_tokens": out.usage.cached_tokens})
                 except BackendError as e:  # recorded and retried on the next run
                     rec.update(grade="UNPARSED", extracted=None, reply=None, reason=f"judge call failed: {e}",
                                failed=True)

@@ -235,6 +235,14 @@ async def run(cfg: RunConfig, argv=None, *, backends: list | None = None, toolbo
     try:
         return await _run_locked(cfg, argv, spec, manifest, rd, backends, toolbox)
     finally:
+        if cfg.shard is None and rd.results.exists():  # the cost ledger (agent/ledger.py), after every invocation
+            try:
+                from .ledger import write_ledger
+
+                write_ledger(rd.path)
+            except Exception as e:  # noqa: BLE001 - the ledger is a report: never what fails a run
+                print(f"warning: {rd.path}/ledger.json not written ({type(e).__name__}: {e}); "
+                      f"python -m agent.ledger {rd.path} writes it", file=sys.stderr)
         rd.unlock()
 
 
@@ -808,6 +816,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--request-timeout", type=float, default=600.0, metavar="S",
                    help="seconds one model-server request may take before it is retried (default 600)")
     g.add_argument("--force", action="store_true", help="write into a run dir whose header differs")
+    g.add_argument("--dry-run", action="store_true",
+                   help="project what the planned units cost (tokens, GPU time, tool calls, money) and stop: from "
+                        "--pilot's ledger, else from the paper's Table 4; nothing runs or is written (agent/ledger.py)")
+    g.add_argument("--pilot", metavar="RUN_DIR", help="--dry-run: a finished run of the same method to project from")
+    g.add_argument("--prices", metavar="FILE", help="--dry-run: a price table (agent/ledger.py DEFAULT_PRICES' layout)")
     g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     g.add_argument("--token-precision", default="float32", choices=("float32", "float16"),
                    help="storage of the top-k logprobs in the token sidecar (float16: ~35%% smaller, lossy)")
@@ -830,6 +843,25 @@ def config_from_args(a) -> RunConfig:
         tools=a.tools, world=a.world, tool_cache=a.tool_cache,
         cache_mode=a.cache_mode, live_fallback=a.live_fallback, timeout=a.timeout, retry_errors=a.retry_errors,
         force=a.force, progress=a.progress, token_precision=a.token_precision, processes=a.processes, part=a.shard)
+
+
+def _dry_run(cfg: RunConfig, a) -> int:
+    """--dry-run: the planned units and what they are expected to cost; nothing runs, nothing is written."""
+    from pathlib import Path
+
+    from .ledger import format_projection, load_prices, project
+
+    manifest = resolve_benchmark(cfg.benchmark)
+    samples = _select(manifest, cfg)
+    units = _all_units(cfg, samples)
+    if cfg.part is not None:
+        from .rundir.merge import shard_units
+
+        units = shard_units(units, *cfg.part)
+    cache = cfg.tool_cache or str(Path(cfg.out) / "tools.sqlite")
+    p = project(cfg.spec().method, len(units), samples, pilot=a.pilot, cache_path=cache, prices=load_prices(a.prices))
+    print("\n".join(format_projection(p)))
+    return 0
 
 
 def _shard_arg(v: str) -> tuple[int, int]:
@@ -876,6 +908,8 @@ def main(argv=None) -> int:
     try:
         cfg = config_from_args(a)
         cfg.spec()  # validate method/variant/removal before touching anything
+        if a.dry_run:
+            return _dry_run(cfg, a)
         summary = asyncio.run(run(cfg, argv))
     except (KeyboardInterrupt, asyncio.CancelledError):
         return 143 if _TERMINATED["by"] else 130

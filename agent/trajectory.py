@@ -211,6 +211,13 @@ class Trajectory:
     def to_line(self, status: str, answer: str, *, error: str | None = None, extra: dict | None = None) -> dict[str, Any]:
         s = self.sample
         tools = Counter(e["name"] for e in self.events if e["type"] == "tool_call")
+        usage: dict = {}  # per tool: calls, answered from the cache, paid API calls (the run's cost ledger)
+        for e in self.events:
+            if e["type"] == "tool_call":
+                u = usage.setdefault(e["name"], {"calls": 0, "cached": 0, "paid": 0})
+                u["calls"] += 1
+                u["cached"] += bool(e.get("cache_hit"))
+                u["paid"] += int(e.get("paid_calls") or 0)
         n_tokens = sum(len(a["id"]) for a in self.tokens.values())
         return {
             "schema_version": SCHEMA_VERSION,
@@ -219,6 +226,7 @@ class Trajectory:
             "question": s.question, "gold": s.answer, "answer": answer or "", "status": status, "error": error,
             "query_images": {f"<image_{i}>": h for i, h in enumerate(self.query_hashes)},
             "n_calls": self.n_calls, "n_tool_calls": sum(tools.values()), "tool_calls": dict(tools),
+            "tool_usage": usage,
             "generated_tokens": n_tokens, "think_tokens": int(sum(a["think"].sum() for a in self.tokens.values())),
             "backend": self.backend, "model": self.model,
             "started": round(self.started, 3), "finished": round(time.time(), 3),

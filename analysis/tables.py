@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 from agent.rundir import RunError, load_run
 
-__all__ = ["grades_of", "judged_runs", "table1", "table4", "table5", "write_table", "method_label", "model_label",
+__all__ = ["grades_of", "judged_runs", "table1", "table4", "table5", "ledger_table", "write_table", "method_label", "model_label",
            "JUDGES"]
 
 JUDGES = ("llm", "exact")
@@ -331,6 +331,39 @@ def table4(run_dirs) -> "pd.DataFrame":
                         "context = the largest prompt of any single call. Trajectories that ended in a harness "
                         "error or timeout are excluded. 'ended by length' (ours) = calls whose generation stopped "
                         "at max_tokens." + note_pool)
+    return df
+
+
+def ledger_table(run_dirs, prices=None) -> "pd.DataFrame":
+    """Beside Table 4 (ours): what each run cost, from its cost ledger (agent/ledger.py; recomputed when the run
+    has none). Unknown GPU time or money is "unknown", never 0."""
+    import json as _json
+
+    import pandas as pd
+
+    from agent.ledger import compute_ledger
+
+    rows = []
+    for rd in run_dirs:
+        run = load_run(rd)
+        f = Path(rd) / "ledger.json"
+        led = _json.loads(f.read_text()) if f.exists() and prices is None else compute_ledger(rd, prices=prices)
+        unk = lambda v: "unknown" if v is None else v  # noqa: E731
+        for model, m in led["models"].items():
+            tools = led["tools"].values()
+            rows.append({"run": run.path.name, "method": method_label(run), "model": model, "units": led["units"],
+                         "prompt tokens": m["prompt_tokens"], "cached tokens": m["cached_tokens"],
+                         "completion tokens": m["completion_tokens"],
+                         "request GPU-s": unk(m["request_gpu_seconds"]), "held GPU-s": unk(m["held_gpu_seconds"]),
+                         "tool calls": sum(t["calls"] for t in tools), "cached tool calls": sum(t["cached"] for t in tools),
+                         "paid tool calls": sum(t["paid_calls"] for t in tools),
+                         "money (USD)": unk(led["total_money"])})
+    df = pd.DataFrame(rows)
+    df.attrs["note"] = ("What each run cost (ours; agent/ledger.py): tokens per model; request GPU-s = latency x the "
+                        "GPUs behind the endpoint, held GPU-s = the run's span x servers x GPUs (requests are batched: "
+                        "the first over-counts busy time); tool calls answered from the cache and paid ones; money "
+                        "from the price table (python -m agent.ledger --prices), unknown where a price or the GPUs "
+                        "are unknown.")
     return df
 
 

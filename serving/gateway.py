@@ -27,7 +27,6 @@ point ``--endpoint`` at the router (``agent.run``, the probes, ``scripts/slurm_a
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex

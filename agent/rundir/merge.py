@@ -249,6 +249,9 @@ def merge_runs(out, shard_dirs: list, *, progress=None) -> dict:
     rep = {"out": str(out), "shards": len(shards), "lines": n_lines, "sidecars": n_tokens, "images": len(images),
            "tool_cache": cache}
     _atomic_write(out / "merge.json", json.dumps(rep, indent=2).encode())
+    from ..ledger import write_ledger
+
+    write_ledger(out)  # the merged run's cost ledger (the shards' own stay in their directories)
     return rep
 
 
