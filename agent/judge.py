@@ -228,13 +228,19 @@ class Grader:
 
 async def judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_ENDPOINT, model: str = DEFAULT_MODEL,
                     api_key_env: str | None = None, server: str = "openrouter", concurrency: int = 8,
-                    backend=None, progress: bool = True, regrade: bool = False) -> dict:
-    """Grade every (sample, trial) of the run (resumable); returns the summary dict."""
+                    backend=None, progress: bool = True, regrade: bool = False, name: str | None = None) -> dict:
+    """Grade every (sample, trial) of the run (resumable); returns the summary dict. ``name``: the judge's file
+    (``judge-NAME.jsonl``; default ``llm`` / ``exact``): a second judge gets a name of its own."""
     rd = RunDir(run_dir)
     header = rd.read_header()
     lines = list(rd.latest().values())
     grader = Grader(judge, endpoint=endpoint, model=model, api_key_env=api_key_env, server=server,
                     concurrency=concurrency, backend=backend)
+    if name is not None:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name) or (name == "exact") != (judge == "exact"):
+            raise RunError(f"--judge-name {name!r}: letters, digits, '.', '_' and '-' ('exact' is the offline "
+                           "judge's own name)")
+        grader.name = name
     name, label = grader.name, grader.label
     out_path = rd.path / f"judge-{name}.jsonl"
     done = {}
@@ -243,8 +249,10 @@ async def judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_ENDP
         if labels - {label}:
             if not regrade:
                 raise RunError(f"{out_path} was graded by {', '.join(sorted(map(str, labels - {label})))}; this judge is "
-                               f"{label}. One run, one judge: pass --regrade to grade everything again with this one "
-                               "(the old grades, summary and table are kept beside them)")
+                               f"{label}. One file, one judge: give this judge its own --judge-name NAME to keep both "
+                               "(then python -m agent.judge agree compares them), or pass --regrade to grade "
+                               "everything again with this one (the old grades, summary and table are kept beside "
+                               "them)")
             # the old grades and everything made from them move aside together, under one suffix
             suffix = f"replaced-{int(time.time())}"
             for old in (out_path, rd.path / f"judge-{name}-summary.json", rd.path / f"table1-{name}.md",
@@ -358,24 +366,35 @@ def accuracy_table(records: list[dict], *, label: str = "", run_label: str = "",
 def main(argv=None) -> int:
     from .cli import DEFAULT_CONCURRENCY, add_judge_args, done, make_parser
 
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["agree"]:
+        from .agreement import main as agree_main
+
+        return agree_main(args[1:])
+
     ap = make_parser("python -m agent.judge", __doc__, [
         "python -m agent.judge runs/mmsearch-react-27b                      # Gemini-3-Flash on OpenRouter",
         "python -m agent.judge runs/x --judge-endpoint http://gpu:30001 --judge-model qwen3.5-27b",
-        "python -m agent.judge runs/demo-react --judge exact                 # offline, labelled exact-match"])
+        "python -m agent.judge runs/demo-react --judge exact                 # offline, labelled exact-match",
+        "python -m agent.judge runs/x --judge-endpoint http://gpu:30002 --judge-model qwen3.5-27b --judge-name qwen27b",
+        "python -m agent.judge agree runs/x --judges llm qwen27b             # kappa, confusion, accuracy gap"])
     ap.add_argument("run_dir", help="a run directory of python -m agent.run")
     ap.add_argument("--judge", default="llm", choices=("llm", "exact"),
                     help="llm = the paper's E.5 judge at T=0; exact = offline exact match (labelled so everywhere)")
     add_judge_args(ap)
     ap.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="judge calls at once (paper: 8)")
+    ap.add_argument("--judge-name", metavar="NAME",
+                    help="keep this judge's grades in judge-NAME.jsonl (a second judge beside the paper's; default: "
+                         "llm, or exact); then: python -m agent.judge agree RUN")
     ap.add_argument("--regrade", action="store_true",
                     help="grades from another judge exist: grade everything again with this one (old file kept)")
     ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    a = ap.parse_args(argv)
+    a = ap.parse_args(args)
     server = "openrouter" if is_host(a.judge_endpoint, "openrouter.ai") else "other"
     try:
         s = asyncio.run(judge_run(a.run_dir, judge=a.judge, endpoint=a.judge_endpoint, model=a.judge_model,
                                   api_key_env=a.judge_api_key_env, server=server, concurrency=a.concurrency,
-                                  progress=a.progress, regrade=a.regrade))
+                                  progress=a.progress, regrade=a.regrade, name=a.judge_name))
     except (RunError, BackendError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -383,7 +402,7 @@ def main(argv=None) -> int:
     if s["failed_judge_calls"]:
         print(f"{s['failed_judge_calls']} judge calls failed; rerun to retry them", file=sys.stderr)
         return 1
-    name = "exact" if a.judge == "exact" else "llm"
+    name = a.judge_name or ("exact" if a.judge == "exact" else "llm")
     done([f"{a.run_dir}/judge-{name}.jsonl, judge-{name}-summary.json, table1-{name}.md/.csv"],
          f"python -m analysis.report --runs {a.run_dir}" + (f" --judge {name}" if name == "exact" else ""))
     return 0

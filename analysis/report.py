@@ -282,7 +282,8 @@ def main(argv=None) -> int:
     ap.add_argument("--release-runs", nargs="*", default=[],
                     help="judged adaptive-release runs (--image-release adaptive): the release figure, against the "
                          "--removal-runs and the --react runs' removal replays")
-    ap.add_argument("--judge", choices=tables.JUDGES, help="which judge's grades (needed when runs were graded differently)")
+    ap.add_argument("--judge", metavar="NAME", help="which judge's grades: llm, exact, or a second judge's --judge-name "
+                                                   "(needed when runs were graded differently)")
     ap.add_argument("--out", default="figures/out", help="where figures (PNG, PDF, CSV) and tables (MD, CSV) go")
     a = ap.parse_args(argv)
     if not (a.react or a.runs or a.removal_runs or a.release_runs):
