@@ -38,15 +38,28 @@ print(json.dumps({"peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss 
 """
 
 
+#: How long the browser may take to render a page before the bench reports "did not open".
+BROWSER_TIMEOUT_S = 600
+
+
 def _ready_ms(page: Path, profile: Path) -> float | None:
     browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if browser is None:
         return None
-    r = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                        "--no-first-run", f"--user-data-dir={profile}", "--dump-dom", page.resolve().as_uri()],
-                       capture_output=True, text=True, timeout=600)
+    try:
+        r = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                            "--no-first-run", f"--user-data-dir={profile}", "--dump-dom", page.resolve().as_uri()],
+                           capture_output=True, text=True, timeout=BROWSER_TIMEOUT_S)
+    except subprocess.TimeoutExpired:  # the page did not render within the bound: said, not a crash
+        return float("inf")
     m = re.search(r'data-ready-ms="(\d+)"', r.stdout)
     return float(m.group(1)) if m else None
+
+
+def _ready(ms) -> str:
+    if ms is None:
+        return "n/a"
+    return f"> {BROWSER_TIMEOUT_S} (did not open)" if ms == float("inf") else f"{ms / 1000:.1f}"
 
 
 def main(argv=None) -> int:
@@ -80,6 +93,7 @@ def main(argv=None) -> int:
                 ready = _ready_ms(out, Path(d) / "profile")
                 rows.append((n, label, info["pages"], info["peak_mb"], info["bytes"] / 1e6, info["largest"] / 1e6,
                              wall, ready))
+                print(f"measured: {n} trajectories, {label}: {rows[-1][2:]}", file=sys.stderr, flush=True)
                 shutil.rmtree(out.parent)
             shutil.rmtree(root)
     print(f"python -m agent.show RUN --html run.html (page size {page_size}); paper-shaped lines, a distinct "
@@ -88,7 +102,7 @@ def main(argv=None) -> int:
           f"{'write s':>7} {'first page ready s':>18}")
     for n, label, pages, peak, tot, big, wall, ready in rows:
         print(f"{n:>12} {label:>9} {pages:>5} {peak:>11.0f} {tot:>9.1f} {big:>10.1f} {wall:>7.1f} "
-              f"{'n/a' if ready is None else f'{ready / 1000:.1f}':>18}")
+              f"{_ready(ready):>18}")
     print("(the paged writer holds one page at a time; 'one page' is --page-size equal to the run: the old writer)")
     return 0
 

@@ -32,6 +32,7 @@ GATEWAY="${GATEWAY:-}"                                 # the SGLang gateway of t
 MODEL_DIR="${MODEL_DIR:-}"                             # the model's directory (chat template, tokenizer)
 CONCURRENCY="${CONCURRENCY:-64}"                       # per shard: the gateway spreads it over its workers
 EXTRA="${EXTRA:-}"                                     # anything else for agent.run (e.g. --tools live)
+# PYTHON: the interpreter with the toolkit installed (default: python on PATH, e.g. an activated venv)
 
 backend=()
 if [[ -n "$GATEWAY" ]]; then
@@ -43,6 +44,6 @@ fi
 # sbatch runs a copy of this script from its spool directory: the repository is where sbatch was called
 cd "${REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}"
 # shellcheck disable=SC2086 # EXTRA is a list of arguments
-exec python -m agent.run --method "$METHOD" --benchmark "$BENCHMARK" "${backend[@]}" \
+exec "${PYTHON:-python}" -m agent.run --method "$METHOD" --benchmark "$BENCHMARK" "${backend[@]}" \
   --trials "$TRIALS" --seed "$SEED" --concurrency "$CONCURRENCY" \
   --shard "$I/$N" --out "$OUT.shard-$I" --no-progress $EXTRA

@@ -154,7 +154,8 @@ def test_the_slurm_example_runs_one_shard_per_array_task(tmp_path):
     offline demo; the merge of its two tasks is the whole run."""
     out = tmp_path / "runs" / "react-demo"
     env = {**os.environ, "BACKEND": "scripted", "OUT": str(out), "TRIALS": "1", "SEED": "3", "EXTRA": "--limit 4",
-           "SLURM_ARRAY_TASK_COUNT": "2", "SLURM_SUBMIT_DIR": str(REPO), "PYTHONPATH": str(REPO)}
+           "SLURM_ARRAY_TASK_COUNT": "2", "SLURM_SUBMIT_DIR": str(REPO), "PYTHONPATH": str(REPO),
+           "PYTHON": sys.executable}
     for i in (0, 1):
         r = subprocess.run(["bash", str(REPO / "scripts" / "slurm_array.sh")], env={**env, "SLURM_ARRAY_TASK_ID": str(i)},
                            capture_output=True, text=True, cwd=tmp_path)
