@@ -663,13 +663,24 @@ async def _demo(args) -> int:
     backend = make_backend("local")
     try:
         # the tiny random model never emits a valid action: the paper's rule would exclude every trajectory
+        from probes.fidelity import check_servers
+
+        # the serving-fidelity check first, as on a server (in-process: the warm repeat only; probes/fidelity.py)
+        rep = await check_servers(out, backend, samples=args.demo_samples)
+        warm = rep["checks"]["warm"]
+        print(f"serving fidelity: {'ok' if rep['ok'] else 'FAILED'} (warm repeat: max |Δlogprob| "
+              f"{warm.get('max_abs', float('nan')):.2g}; cold, local and paths need a server) -> "
+              f"{out}/probes/fidelity/fidelity.json", flush=True)
+        fidelity = {"ok": rep["ok"], "forced": False, "failed": rep["failed"],
+                    "report": str(out / "probes" / "fidelity" / "fidelity.json")}
         print("(demo: --include-unparsed, since the random model's first calls never parse)", flush=True)
         res = await probe_run(out, mode=args.mode, backend=backend, progress=not args.no_progress,
-                              include_unparsed=True)
+                              include_unparsed=True, fidelity=fidelity)
     finally:
         await backend.aclose()
     _print_summary(res["summary"])
-    print(f"\nwrote {res['out']}/steps.parquet, summary.csv, fig2b_entropy.png/.pdf")
+    print(f"\nwrote {res['out']}/steps.parquet, summary.csv, forking.csv, bounds per step; fig2b_entropy.png/.pdf "
+          "(with the bound band), fig2b_forking.png/.pdf")
     print("(random weights: every number above is meaningless)")
     return 0
 

@@ -1,6 +1,7 @@
 """The entropy probe on the HTTP path: client CPU per step and peak memory, at two scales, as whole processes.
 
     python scripts/bench_probe_http.py [--scales 10,100,300] [--reply-tokens 1000] [--concurrency 64]
+        [--mode regenerate|teacher-forced] [--server fake|standin]
 
 What a user with a GPU node runs: ``python -m probes.entropy RUN --backend sglang --endpoint URL
 --model-dir DIR`` against a server. The server is the loopback SGLang stand-in (tests/fakes/sglang_server.py)
@@ -11,6 +12,12 @@ probe runs as one process; its CPU time (user + system, from the kernel) and pea
 and in all, so scaling shows: CPU per step should stay flat and peak memory should not grow with the steps.
 The tokenizer and chat template are the embedded tiny model's (the real Qwen3.5 classes; a 628-token
 vocabulary, so the replies' JSON is a little smaller than a real model's).
+
+``--server standin``: instead of the loopback fake, SGLang's own HTTP server, TokenizerManager (with the
+Qwen-VL processor: every image is decoded and processed by SGLang) and DetokenizerManager, with
+serving/standin.py's scripted scheduler (planted replies and logprobs; needs bash
+scripts/sglang_conformance.sh). The replies are then SGLang's own bytes. It serves one request at a time
+and shares this machine's cores, so use small scales (e.g. 10,30); the client's CPU is measured as before.
 """
 from __future__ import annotations
 
@@ -41,7 +48,8 @@ def _wait(url: str, proc, timeout: float = 120.0) -> None:
     t = time.time()
     while time.time() - t < timeout:
         if proc.poll() is not None:
-            raise SystemExit(f"the stand-in exited: {proc.stderr.read()[-2000:]}")
+            err = proc.stderr.read()[-2000:] if proc.stderr else "(its log: bench-standin-PORT.log in the temp dir)"
+            raise SystemExit(f"the stand-in exited: {err}")
         try:
             urllib.request.urlopen(url + "/health", timeout=2)
             return
@@ -107,6 +115,8 @@ def main(argv=None) -> int:
     ap.add_argument("--scales", default="10,100,300", help="trajectories per scale (x 10 steps each)")
     ap.add_argument("--reply-tokens", type=int, default=1000)
     ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--server", choices=("fake", "standin"), default="fake",
+                    help="fake: the loopback stand-in; standin: SGLang's real front end (serving/standin.py)")
     ap.add_argument("--mode", choices=("regenerate", "teacher-forced"), default="regenerate",
                     help="teacher-forced: two scoring requests per step (with / without the query images)")
     a = ap.parse_args(argv)
@@ -130,11 +140,24 @@ def main(argv=None) -> int:
     reply_tokens = len(tok(reply)["input_ids"])
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    srv = subprocess.Popen([sys.executable, str(REPO / "tests" / "fakes" / "sglang_server.py"), "--port", str(port),
-                            "--tokenizer", tiny, "--model-name", tiny, "--reply", reply],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if a.server == "standin":
+        site = REPO / ".venv-sglang" / "site"
+        if not (site / "fastapi").is_dir():
+            raise SystemExit(f"--server standin needs SGLang's front end at {site}: bash scripts/sglang_conformance.sh")
+        # the planted reply without its <think> (the chat template pre-fills it)
+        srv = subprocess.Popen([sys.executable, "-m", "serving.standin", "--model-path", tiny, "--port", str(port),
+                                "--served-model-name", Path(tiny).name, "--mode", "scripted",
+                                "--context-length", "262144",
+                                "--reply", reply.removeprefix("<think>\n")],
+                               cwd=REPO, stdout=subprocess.DEVNULL, text=True,
+                               stderr=open(Path(tempfile.gettempdir()) / f"bench-standin-{port}.log", "w"),
+                               env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{site}", "PYTHONWARNINGS": "ignore"})
+    else:
+        srv = subprocess.Popen([sys.executable, str(REPO / "tests" / "fakes" / "sglang_server.py"), "--port", str(port),
+                                "--tokenizer", tiny, "--model-name", tiny, "--reply", reply],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        _wait(url, srv)
+        _wait(url, srv, timeout=600.0)
         rows, floor = [], None
         with tempfile.TemporaryDirectory() as d:
             if a.mode == "teacher-forced":  # the recorded ids are scored: they must be the served model's
@@ -142,7 +165,9 @@ def main(argv=None) -> int:
 
                 from agent.backends.base import model_vocab_size
 
-                bench_data.VOCAB = model_vocab_size(tiny)
+                # the ordinary tokens only: a think block never holds the model's special tokens (SGLang's
+                # front end reads a <|video_pad|> in the ids as a video without data and refuses the request)
+                bench_data.VOCAB = min([model_vocab_size(tiny), *tok.all_special_ids])
             pool = RowPool(seed=0, n_rows=1 << 16 if a.mode == "teacher-forced" else 1 << 19)
             for n in (int(x) for x in a.scales.split(",")):
                 root = Path(d) / f"run{n}"
@@ -169,8 +194,9 @@ def main(argv=None) -> int:
     finally:
         srv.terminate()
         srv.wait(timeout=30)
-    print(f"python -m probes.entropy RUN --backend sglang ({a.mode}), {reply_tokens}-token replies with top-20, "
-          f"--concurrency {a.concurrency}; one process per scale")
+    what = "SGLang's real front end (serving/standin.py, scripted)" if a.server == "standin" else "the loopback fake"
+    print(f"python -m probes.entropy RUN --backend sglang ({a.mode}) against {what}, {reply_tokens}-token replies "
+          f"with top-20, --concurrency {a.concurrency}; one process per scale")
     print(f"{'trajectories':>12} {'steps':>6} {'client CPU s':>12} {'ms CPU/step':>11} {'wall s':>7} {'peak RSS MB':>11}")
     for n, steps, cpu, wall, rss in rows:
         print(f"{n:>12} {steps:>6} {cpu:>12.1f} {1000 * cpu / steps:>11.1f} {wall:>7.1f} {rss:>11.0f}")

@@ -460,6 +460,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--nccl-port", type=int, help="the NCCL / dist-init port SGLang reserves (the launcher gives each "
                                                   "server its own)")
     ap.add_argument("--mode", choices=("model", "scripted"), default="model")
+    ap.add_argument("--context-length", type=int,
+                    help="override the model's context length (the tiny model's is 32,768; a paper-shaped prompt with "
+                         "photos, in the tiny tokenizer's ~3x tokens, is longer); sets "
+                         "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 as SGLang asks")
     ap.add_argument("--reply", help="scripted mode: the planted reply text")
     ap.add_argument("--policy", metavar="MODULE:FUNCTION",
                     help="scripted mode: a function of {'messages': prompt text} returning the reply (e.g. "
@@ -481,7 +485,11 @@ def main(argv=None) -> int:
         print(f"error: SGLang's front end is not importable ({e}); build it with bash scripts/sglang_conformance.sh "
               "--front-end and put .venv-sglang/site and .venv-sglang/front on PYTHONPATH", file=sys.stderr)
         return 2
-    sa = ServerArgs(model_path=a.model_path, host=a.host, port=a.port, device="cpu", disable_radix_cache=True,
+    extra = {}
+    if a.context_length:
+        os.environ["SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"] = "1"
+        extra["context_length"] = a.context_length
+    sa = ServerArgs(model_path=a.model_path, host=a.host, port=a.port, device="cpu", disable_radix_cache=True, **extra,
                     reasoning_parser="qwen3", served_model_name=a.served_model_name or os.path.basename(a.model_path.rstrip("/")),
                     skip_server_warmup=True, **({"nccl_port": a.nccl_port} if a.nccl_port else {}))
     launch_server(sa, run_scheduler_process_func=run_standin_scheduler)

@@ -245,6 +245,12 @@ def test_no_argument_demo_runs_end_to_end(tmp_path, tiny_model_dir, monkeypatch,
     steps = pd.read_parquet(d / "steps.parquet")
     ok = steps.dropna(subset=["H_exact_with"])
     assert len(ok) and (ok.H_with <= ok.H_exact_with + 1e-4).all() and (ok.H_exact_with <= ok.H_high_with + 1e-4).all()
+    # the demo chain also draws the forking-token panel and runs the fidelity check first (warm, in-process)
+    assert (d / "fig2b_forking.png").exists() and (d / "forking.csv").exists()
+    rep = json.loads((tmp_path / "demo" / "probes" / "fidelity" / "fidelity.json").read_text())
+    assert rep["ok"] and rep["checks"]["warm"]["n_tokens"] > 0 and "skipped" in rep["checks"]["paths"]
+    assert json.loads((d / "probe.json").read_text())["fidelity"]["ok"] is True
+    assert "serving fidelity: ok" in out
 
 
 async def test_probe_applies_the_shared_selection_rule_and_saves_table10(tmp_path):
