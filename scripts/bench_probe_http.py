@@ -81,7 +81,7 @@ def _decode_floor(root: Path, url: str, tiny: str) -> dict:
     msgs = run.sendable_messages(line, ev)
     payload = b.score_payload(msgs, Continuation(ids=ids))[0]
     with httpx.Client(trust_env=False, timeout=600) as c:
-        body = c.post(url + "/generate", content=dumps(payload)).content
+        body = c.post(url + "/generate", content=dumps(payload), headers={"Content-Type": "application/json"}).content
 
     def med(f, n=20):
         ts = []
@@ -92,6 +92,8 @@ def _decode_floor(root: Path, url: str, tiny: str) -> dict:
         return 1000 * statistics.median(ts)
 
     resp = decode_generate_reply(body)
+    if not isinstance(resp, dict) or "meta_info" not in resp:
+        raise SystemExit(f"the floor's scoring request was not answered: {str(resp)[:400]}")
     fresh = SGLangBackend(url, tiny)
     prev = b.render(run.sendable_messages(line, calls[len(calls) // 2 - 1]), {"enable_thinking": True})[0]
     fresh.prompt_ids(prev)  # the previous step's pieces are known; this step's new ones are tokenised
@@ -160,7 +162,7 @@ def main(argv=None) -> int:
         _wait(url, srv, timeout=600.0)
         rows, floor = [], None
         with tempfile.TemporaryDirectory() as d:
-            if a.mode == "teacher-forced":  # the recorded ids are scored: they must be the served model's
+            if a.mode == "teacher-forced" or a.server == "standin":  # recorded ids are scored (the fidelity check too)
                 import bench_data
 
                 from agent.backends.base import model_vocab_size

@@ -58,3 +58,19 @@ def shared_dir() -> Path:
     if not SHARED.is_dir():
         pytest.skip(f"shared data not found at {SHARED}")
     return SHARED
+
+
+@pytest.fixture
+def live_web(monkeypatch):
+    """The live tools pointed at tests/fakes/web_apis.py (Serper search and Lens, Jina Reader, Serper scrape),
+    with fake keys; ``web.log`` lists every request the fake APIs received."""
+    from tests.fakes.web_apis import FakeWeb
+
+    with FakeWeb() as web:
+        monkeypatch.setenv("SERPER_API_KEY", "sk-fake")
+        monkeypatch.setenv("JINA_API_KEY", "jina-fake")
+        monkeypatch.setenv("MMCF_SERPER_BASE", web.url)
+        monkeypatch.setenv("MMCF_SERPER_SCRAPE_BASE", web.url + "/scrape")
+        monkeypatch.setenv("MMCF_JINA_BASE", web.url)
+        monkeypatch.setenv("MMCF_LENS_URL_TEMPLATE", "https://images.example/{sha256}")
+        yield web

@@ -19,20 +19,6 @@ PRICES = {"models": {"fake-qwen3.5": {"input_per_1m": 1.0, "output_per_1m": 2.0}
           "gpu_hour": {"price": 2.5, "source": "test"}}
 
 
-@pytest.fixture
-def live_web(monkeypatch):
-    from tests.fakes.web_apis import FakeWeb
-
-    with FakeWeb() as web:
-        monkeypatch.setenv("SERPER_API_KEY", "sk-fake")
-        monkeypatch.setenv("JINA_API_KEY", "jina-fake")
-        monkeypatch.setenv("MMCF_SERPER_BASE", web.url)
-        monkeypatch.setenv("MMCF_SERPER_SCRAPE_BASE", web.url + "/scrape")
-        monkeypatch.setenv("MMCF_JINA_BASE", web.url)
-        monkeypatch.setenv("MMCF_LENS_URL_TEMPLATE", "https://images.example/{sha256}")
-        yield web
-
-
 def _hand(run_dir) -> dict:
     """The same numbers counted from the full lines' events, not from the summaries the ledger reads."""
     r = load_run(run_dir)

@@ -144,20 +144,6 @@ def needs_image_at_step_1_policy(tag="run"):
     return policy
 
 
-@pytest.fixture
-def live_web(monkeypatch):
-    from tests.fakes.web_apis import FakeWeb
-
-    with FakeWeb() as web:
-        monkeypatch.setenv("SERPER_API_KEY", "sk-fake")
-        monkeypatch.setenv("JINA_API_KEY", "jina-fake")
-        monkeypatch.setenv("MMCF_SERPER_BASE", web.url)
-        monkeypatch.setenv("MMCF_SERPER_SCRAPE_BASE", web.url + "/scrape")
-        monkeypatch.setenv("MMCF_JINA_BASE", web.url)
-        monkeypatch.setenv("MMCF_LENS_URL_TEMPLATE", "https://images.example/{sha256}")
-        yield web
-
-
 async def _live_react_run(tmp_path, policy, n=6):
     await run(RunConfig(method="react", out=str(tmp_path / "run"), limit=n, t_max=8, tools="live", progress=False),
               [], backends=[ScriptedBackend([policy] * 200)])
