@@ -19,6 +19,8 @@ order) this scores the recorded continuation with its images:
   teacher-forced, so both generate greedily (temperature 0, ``PATH_TOKENS`` tokens, top-20) from the recorded
   messages; the prompt token counts must be equal (the same rendered prompt, images expanded alike) and the
   logprobs agree over the tokens both chose (the greedy prefix they share; a first token that differs fails).
+  Tokens are compared by id where the chat reply carries SGLang's ``meta_info``, by text where it does not
+  (sglang-router in front passes only the OpenAI ``logprobs``, tokens and alternatives as texts).
   Run on every SGLang native backend unless ``--no-paths``; a probe run on one path and a figure drawn from
   the other then rest on the same context.
 
@@ -103,19 +105,41 @@ async def _two_paths(native, chat, msgs: list[dict], ev: dict) -> tuple[dict, st
                         enable_thinking=base.enable_thinking, chat_template_kwargs=base.chat_template_kwargs)
     a = await native.generate(msgs, sp)
     b = await chat.generate(msgs, sp)
-    ia, ib = [t.id for t in a.tokens], [t.id for t in b.tokens]
+    ta, tb = list(a.tokens), list(b.tokens)
+    # token ids where the chat reply carries them (SGLang's meta_info); by text where it does not (a router in
+    # front passes only the OpenAI logprobs, whose tokens and alternatives are texts)
+    by_text = any(t.id is None for t in tb)
+    ia = [t.text for t in ta] if by_text else [t.id for t in ta]
+    ib = [t.text for t in tb] if by_text else [t.id for t in tb]
     m = next((j for j, (x, y) in enumerate(zip(ia, ib)) if x != y), min(len(ia), len(ib)))
-    part = _compare(SimpleNamespace(tokens=list(a.tokens)[:m]), SimpleNamespace(tokens=list(b.tokens)[:m])) if m else \
-        {"n_tokens": 0, "max_abs": 0.0, "mean_abs": 0.0, "overlap_mean": 1.0, "overlap_min": 1.0}
+    if not m:
+        part = {"n_tokens": 0, "max_abs": 0.0, "mean_abs": 0.0, "overlap_mean": 1.0, "overlap_min": 1.0}
+    elif by_text:
+        part = _compare_texts(ta[:m], tb[:m])
+    else:
+        part = _compare(SimpleNamespace(tokens=ta[:m]), SimpleNamespace(tokens=tb[:m]))
     part["prompt_tokens"] = {"native": a.usage.prompt_tokens, "chat": b.usage.prompt_tokens}
     part["shared_prefix"] = m
+    part["by"] = "text" if by_text else "ids"
     notes = []
     if a.usage.prompt_tokens != b.usage.prompt_tokens:
         notes.append(f"prompt tokens differ (native {a.usage.prompt_tokens}, chat {b.usage.prompt_tokens}): the "
                      "server's chat template or image expansion is not the client's")
     if m == 0 and ia and ib:
-        notes.append(f"the first greedy token differs (native id {ia[0]}, chat id {ib[0]})")
+        notes.append(f"the first greedy token differs (native {ia[0]!r}, chat {ib[0]!r})")
     return part, "; ".join(notes) or None
+
+
+def _compare_texts(a: list, b: list) -> dict:
+    """:func:`_compare` for tokens known by text only: |Δ logprob| of the chosen tokens, and the overlap of the
+    top-20 alternatives' texts (SGLang's chat layer dedupes alternatives by text, so the native side's are too)."""
+    d = np.abs(np.array([x.logprob for x in a], np.float64) - np.array([y.logprob for y in b], np.float64))
+    ov = []
+    for x, y in zip(a, b):
+        sa, sb = {t.text for t in x.top}, {t.text for t in y.top}
+        ov.append(len(sa & sb) / max(len(sa), len(sb), 1))
+    return {"n_tokens": int(len(d)), "max_abs": float(d.max()), "mean_abs": float(d.mean()),
+            "overlap_mean": float(np.mean(ov)), "overlap_min": float(np.min(ov))}
 
 
 def chat_twin(backend):
@@ -183,6 +207,7 @@ async def fidelity_check(run_dir, backend, *, samples: int = 8, reference=None, 
         c["ok"] = c["mean_abs"] <= mean_tol and c["max_abs"] <= max_tol and c["overlap_mean"] >= ov_tol
         if name == "paths":
             c["prompt_tokens"] = [p["prompt_tokens"] for p in parts]
+            c["by"] = sorted({p.get("by", "ids") for p in parts})  # ids (meta_info), or texts (behind a router)
             c["notes"] = path_notes
             c["ok"] = c["ok"] and not path_notes
         if not c["ok"]:

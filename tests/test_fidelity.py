@@ -38,7 +38,7 @@ def test_a_consistent_server_passes_and_the_probe_records_it(recorded, tiny_mode
         assert rep["checks"]["warm"]["max_abs"] == 0.0 and rep["checks"]["cold"]["overlap_mean"] == 1.0
         assert "weights are not local" in rep["checks"]["local"]["skipped"]
         paths = rep["checks"]["paths"]  # the chat path rendered the same prompt and chose the same greedy tokens
-        assert paths["ok"] and paths["n_tokens"] > 0 and not paths["notes"]
+        assert paths["ok"] and paths["n_tokens"] > 0 and not paths["notes"] and paths["by"] == ["ids"]
         assert all(p["native"] == p["chat"] > 20 for p in paths["prompt_tokens"])
         assert srv.requests.count("/v1/chat/completions") == 3
         out = recorded / "probes" / "tf-ok"

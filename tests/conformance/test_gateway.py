@@ -108,3 +108,50 @@ def test_the_gateway_refuses_what_would_mix_numbers_or_lose_a_server(nodes):
     assert "qwen3.5-9b: router" in r.stdout and "over 1 server(s) on 1 node(s)" in r.stdout
     r = _gateway(tmp / "nowhere")
     assert r.returncode == 2 and "no such file" in r.stderr
+
+
+def test_a_run_through_the_gateway_over_sglangs_real_front_ends(sglang_front_end_built, tiny_model_dir, tmp_path):
+    """Two SGLang servers (the real front end with the scripted scheduler stand-in) recorded as two nodes, the
+    gateway's real router in front, and a ReAct run, the fidelity check and the cost ledger through it."""
+    from agent.rundir import check_run, load_run
+    from agent.run import main as run_main
+    from probes.fidelity import main as fidelity_main
+
+    port, nccl = free_port(), free_port()
+    while nccl in (port, port + 1) or nccl + 1 in (port, port + 1):
+        nccl = free_port()
+    serve = tmp_path / "serve"
+    env = {"PYTHON": sys.executable, "MMCF_TINY_MODEL_DIR": str(tiny_model_dir)}
+    r = sh(["serving/launch_qwen35.sh", "--standin", "scripted", "--host", "127.0.0.1", "--advertise-host", "127.0.0.1",
+            "--port", str(port), "--nccl-port", str(nccl), "--run-dir", str(serve), "--timeout", "600", "9b", "9b"],
+           env=env, timeout=900)
+    gw = tmp_path / "gw"
+    try:
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        entries = json.loads((serve / "endpoints.json").read_text())
+        for name, e in zip(("nodeA", "nodeB"), entries):  # each server as its own node's record
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "endpoints.json").write_text(json.dumps([e]))
+        g = _gateway(tmp_path / "nodeA", tmp_path / "nodeB", "--run-dir", gw, "--port", free_port(),
+                     "--prometheus-port", free_port())
+        assert g.returncode == 0, g.stdout + g.stderr
+        (router,) = [e for e in json.loads((gw / "endpoints.json").read_text()) if e["kind"] == "router"]
+        assert sorted(router["router_of"]) == sorted(e["url"] for e in entries)
+        run = tmp_path / "run"
+        assert run_main(["--method", "react", "--backend", "sglang", "--endpoint", router["url"], "--model-dir",
+                         str(tiny_model_dir), "--limit", "2", "--t-max", "3", "--max-tokens", "64", "--out", str(run),
+                         "--no-progress"]) == 0
+        assert check_run(run).complete and len(load_run(run).index) == 2
+        led = json.loads((run / "ledger.json").read_text())
+        (m,) = led["models"].values()
+        assert m["calls"] >= 2 and m["request_gpu_seconds"] is not None  # the GPUs behind the gateway are known
+        # the serving-fidelity check through the gateway: every check but the local reference
+        rc = fidelity_main([str(run), "--backend", "sglang", "--endpoint", router["url"], "--model-dir",
+                            str(tiny_model_dir), "--samples", "1"])
+        rep = json.loads((run / "probes" / "fidelity" / "fidelity.json").read_text())
+        assert rc == 0, rep
+        assert all(rep["checks"][k]["ok"] and rep["checks"][k]["n_tokens"] > 0 for k in ("warm", "cold", "paths")), rep
+        assert rep["checks"]["paths"]["by"] == ["text"]  # the router passes the chat path's logprobs as texts only
+    finally:
+        sh([STOP, "--run-dir", str(gw)])
+        sh([STOP, "--run-dir", str(serve)])
