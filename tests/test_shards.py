@@ -131,6 +131,13 @@ def test_merge_refuses_what_is_not_one_complete_run(runs, tmp_path, capsys):
     assert "1 already done, 2 to run" in capsys.readouterr().err
     assert merge_main([str(tmp_path / "ok"), sh[0], sh[1], str(part)]) == 0
     assert _units(tmp_path / "ok") == _units(runs / "one")
+    # a shard whose tool cache is gone still merges (its lines hold the observations), and says so
+    nocache = tmp_path / "nocache"
+    shutil.copytree(sh[2], nocache)
+    (nocache / "tools.sqlite").unlink()
+    assert merge_main([str(tmp_path / "nc"), sh[0], sh[1], str(nocache)]) == 0
+    assert "no tool cache found for 1 shard" in capsys.readouterr().err
+    assert json.loads((tmp_path / "nc" / "merge.json").read_text())["shards_without_tool_cache"] == [str(nocache)]
     # a merge into an existing run directory is refused
     assert merge_main([str(runs / "one"), *sh]) == 2
     assert "exists and is not empty" in capsys.readouterr().err
