@@ -104,6 +104,15 @@ async def run_check(args) -> dict:
         {"type": "text", "text": args.prompt}]}]
     sp = SamplingParams(max_tokens=args.max_tokens, top_logprobs=args.top_logprobs, seed=0)
     try:
+        if kind in ("openai", "sglang"):
+            # the runner's own model check first (agent/preflight.py): the served model, and for SGLang's native
+            # path the weights it loaded against --model-dir, so a check never passes where agent.run refuses
+            from agent.preflight import PreflightError, model_identity
+
+            try:
+                await model_identity(backend)
+            except PreflightError as e:
+                raise BackendError(str(e)) from None
         out = await backend.generate(messages, sp)
     finally:
         await backend.aclose()

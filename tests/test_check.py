@@ -24,8 +24,15 @@ def test_check_against_sglang_chat_and_native(capsys, fake_sglang, tiny_model_di
     rc, rep = run(capsys, "--endpoint", fake_sglang.url, "--max-tokens", "40")
     assert rc == 0 and rep["ok"], rep["problems"]
     assert rep["tokens"][0]["entropy_exact"] is None and rep["tokens"][0]["think"]
+    # the native path: the runner's model check runs first, so a server of other weights fails here as agent.run
+    # would refuse it (the fixture serves "fake-qwen3.5", not the --model-dir's weights)
     rc, rep = run(capsys, "--endpoint", fake_sglang.url, "--backend", "sglang", "--model-dir", str(tiny_model_dir))
-    assert rc == 0 and rep["ok"]
+    assert rc == 1 and "serves the weights 'fake-qwen3.5'" in rep["problems"][0]
+    from tests.fakes.sglang_server import FakeSGLang
+
+    with FakeSGLang(tokenizer_dir=str(tiny_model_dir), model_name=str(tiny_model_dir)) as srv:
+        rc, rep = run(capsys, "--endpoint", srv.url, "--backend", "sglang", "--model-dir", str(tiny_model_dir))
+    assert rc == 0 and rep["ok"], rep["problems"]
 
 
 def test_check_fails_on_unsorted_alternatives(capsys, fake_sglang, monkeypatch):
