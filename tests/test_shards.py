@@ -129,7 +129,11 @@ def test_merge_refuses_what_is_not_one_complete_run(runs, tmp_path, capsys):
     # rerunning the shard's own command completes it, and then the merge goes through
     assert run_main(BASE + ["--shard", "2/3", "--out", str(part)]) == 0
     assert "1 already done, 2 to run" in capsys.readouterr().err
+    # a merge that failed half-way left only its own working directory, which the next merge replaces
+    (tmp_path / ".ok.merging").mkdir()
+    (tmp_path / ".ok.merging" / "results.jsonl").write_text('{"torn')
     assert merge_main([str(tmp_path / "ok"), sh[0], sh[1], str(part)]) == 0
+    assert not (tmp_path / ".ok.merging").exists() and "merge: 10/10 units written" in capsys.readouterr().err
     assert _units(tmp_path / "ok") == _units(runs / "one")
     # a shard whose tool cache is gone still merges (its lines hold the observations), and says so
     nocache = tmp_path / "nocache"

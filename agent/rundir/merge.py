@@ -191,6 +191,11 @@ def merge_runs(out, shard_dirs: list, *, progress=None) -> dict:
     for p, _, _ in shards:
         if out.resolve() == p.resolve():
             raise RunError(f"{out}: the output is one of the shards")
+    # built beside OUT and renamed into place at the end: a merge that fails half-way (a full disk) leaves no
+    # half-written OUT behind, and rerunning the same command starts it afresh (the shards are only read)
+    final, out = out, out.parent / f".{out.name}.merging"
+    if out.exists():
+        shutil.rmtree(out)  # a previous merge's leftovers: ours, never a run directory
     rd = RunDir(out, token_precision=first.get("token_precision") or "float32")
     header = {k: v for k, v in first.items() if k not in ("shard", "resumed")}
     header["created"] = min(h.get("created") or time.time() for _, h, _ in shards)
@@ -251,12 +256,15 @@ def merge_runs(out, shard_dirs: list, *, progress=None) -> dict:
         cache = _merge_caches(out / "tools.sqlite", caches) if caches else None
     finally:
         rd.unlock()
-    rep = {"out": str(out), "shards": len(shards), "lines": n_lines, "sidecars": n_tokens, "images": len(images),
+    rep = {"out": str(final), "shards": len(shards), "lines": n_lines, "sidecars": n_tokens, "images": len(images),
            "tool_cache": cache, "shards_without_tool_cache": no_cache}
     _atomic_write(out / "merge.json", json.dumps(rep, indent=2).encode())
+    if final.exists():  # an empty directory (checked above)
+        final.rmdir()
+    os.replace(out, final)
     from ..ledger import write_ledger
 
-    write_ledger(out)  # the merged run's cost ledger (the shards' own stay in their directories)
+    write_ledger(final)  # the merged run's cost ledger (the shards' own stay in their directories)
     return rep
 
 
@@ -277,8 +285,12 @@ def main(argv=None) -> int:
     ap.add_argument("out", help="the merged run directory (new)")
     ap.add_argument("shards", nargs="+", help="the shard directories (python -m agent.run … --shard I/N)")
     a = ap.parse_args(argv)
+    def progress(done: int, total: int) -> None:  # a paper-scale merge writes thousands of lines
+        if done == total or done % max(total // 10, 1) == 0:
+            print(f"merge: {done}/{total} units written", file=sys.stderr, flush=True)
+
     try:
-        rep = merge_runs(a.out, a.shards)
+        rep = merge_runs(a.out, a.shards, progress=progress)
     except RunError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
