@@ -11,7 +11,7 @@ Per model (the runner's LLM calls): calls, prompt / cached / completion tokens, 
 **request GPU-seconds** = each call's latency × the GPUs of the serving group behind its endpoint (from the
 launcher's ``endpoints.json``: serving/endpoints.py; a router counts one worker group), and **held
 GPU-seconds** = the run's span (first start to last finish, per invocation is not recorded, so the whole
-span) × servers × GPUs per server. Requests are batched, so request GPU-seconds over-count what the GPUs were
+span) × the GPUs behind its endpoints (a router's: all its workers'). Requests are batched, so request GPU-seconds over-count what the GPUs were
 busy with; held GPU-seconds are what the reservation cost. Both are null when the GPUs are unknown, never 0.
 Per tool: calls, those answered from the tool cache, and the paid API calls (a cache miss that reached a paid
 API; the offline world pays none). Per judge file: calls and tokens of the LLM judge.
@@ -87,16 +87,18 @@ def load_prices(path=None) -> dict:
     return prices
 
 
-def _gpus_for(url: str | None, serving_dir, gpus_per_server, cache: dict):
+def _gpus_for(url: str | None, serving_dir, gpus_per_server, cache: dict, held: bool = False):
+    """GPUs one request runs on, or (``held``) all those behind the URL (a router: its every worker)."""
     if gpus_per_server:
         return gpus_per_server
     if not url or url in ("scripted", "local") or not str(url).startswith("http"):
         return None
-    if url not in cache:
-        from serving.endpoints import gpus_behind
+    key = (url, held)
+    if key not in cache:
+        from serving.endpoints import gpus_behind, gpus_held
 
-        cache[url] = gpus_behind(url, serving_dir)
-    return cache[url]
+        cache[key] = (gpus_held if held else gpus_behind)(url, serving_dir)
+    return cache[key]
 
 
 def _money(*parts):
@@ -159,7 +161,7 @@ def compute_ledger(run_dir, *, prices: dict | None = None, serving_dir=None, gpu
         m["latency_s"] = round(m["latency_s"], 3)
         if m["request_gpu_seconds"] is not None:
             m["request_gpu_seconds"] = round(m["request_gpu_seconds"], 3)
-        g = [_gpus_for(u, serving_dir, gpus_per_server, cache) for u in servers]
+        g = [_gpus_for(u, serving_dir, gpus_per_server, cache, held=True) for u in servers]
         m["held_gpu_seconds"] = round(span * sum(g), 3) if g and all(x is not None for x in g) else None
         price = (prices.get("models") or {}).get(name)
         if price:  # an API model priced per token

@@ -34,35 +34,46 @@ def add_backend_args(ap) -> None:
 def serving_hardware(backend, *, gpus_per_server: int | None = None, serving_dir=None) -> dict:
     """The hardware a probe holds: how many model servers, and how many GPUs behind each (``--gpus-per-server``,
     else the launcher's endpoints.json; None when unknown, never guessed)."""
-    from serving.endpoints import gpus_behind
+    from serving.endpoints import gpus_behind, gpus_held
 
     urls = [getattr(b, "url", None) or getattr(b, "base", None) for b in (getattr(backend, "backends", None) or [backend])]
     urls = [u for u in urls if u]
     if not urls:  # in-process or scripted: no server to account for
-        return {"servers": 0, "gpus_per_server": None, "gpus_from": None}
+        return {"servers": 0, "gpus_per_server": None, "gpus_from": None, "gpus_held": None}
     if gpus_per_server:
-        return {"servers": len(urls), "gpus_per_server": int(gpus_per_server), "gpus_from": "--gpus-per-server"}
+        return {"servers": len(urls), "gpus_per_server": int(gpus_per_server), "gpus_from": "--gpus-per-server",
+                "gpus_held": len(urls) * int(gpus_per_server)}
     counts = {gpus_behind(u, serving_dir) for u in urls}
     g = counts.pop() if len(counts) == 1 else None
-    return {"servers": len(urls), "gpus_per_server": g, "gpus_from": "endpoints.json" if g else None}
+    # held: a router's every worker (a gateway over 2 TP=4 workers holds 8 GPUs, though a request runs on 4)
+    held = [gpus_held(u, serving_dir) for u in urls]
+    return {"servers": len(urls), "gpus_per_server": g, "gpus_from": "endpoints.json" if g else None,
+            "gpus_held": sum(held) if all(h is not None for h in held) else None}
 
 
 def record_session(prev_json, hardware: dict, started: float, wall_s: float, units: int) -> dict:
     """Append this session to the probe's sessions (kept in its probe.json across resumes) and total them.
 
-    GPU-seconds are the hardware *held*: each session's wall time x servers x GPUs per server, summed (ours).
+    GPU-seconds are the hardware *held*: each session's wall time x the GPUs behind its servers (a router's: all
+    its workers'), summed (ours).
     The sum of request latencies is not: SGLang batches the requests in flight, so 128 concurrent 18-s requests
     cost one group ~18 s, not 2,304 s; it is kept as ``request_seconds`` beside. Unknown GPUs: None (never 0)."""
     import json
 
     sessions = []
     try:
-        sessions = list(json.loads(open(prev_json).read()).get("cost", {}).get("sessions") or [])
+        if prev_json:  # None: a new probe
+            sessions = list(json.loads(open(prev_json).read()).get("cost", {}).get("sessions") or [])
     except (OSError, ValueError, AttributeError):
         pass
     sessions.append({"started": round(started, 3), "wall_s": round(wall_s, 3), "units": int(units), **hardware})
-    known = all(x.get("gpus_per_server") and x.get("servers") for x in sessions)
-    held = sum(x["wall_s"] * x["servers"] * x["gpus_per_server"] for x in sessions) if known else None
+    def gpus(x):  # sessions recorded before gpus_held: servers x GPUs per server
+        if "gpus_held" in x:
+            return x["gpus_held"]
+        return x["servers"] * x["gpus_per_server"] if x.get("gpus_per_server") and x.get("servers") else None
+
+    known = all(gpus(x) for x in sessions)
+    held = sum(x["wall_s"] * gpus(x) for x in sessions) if known else None
     return {"sessions": sessions, "wall_s": round(sum(x["wall_s"] for x in sessions), 3),
             "gpu_seconds": None if held is None else round(held, 1),
             "gpu_hours": None if held is None else round(held / 3600, 3)}

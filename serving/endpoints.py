@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["gpus_behind", "launched_endpoints"]
+__all__ = ["gpus_behind", "gpus_held", "launched_endpoints"]
 
 
 def _norm(url: str) -> str:
@@ -50,12 +50,29 @@ def _count(gpus) -> int | None:
     return len(ids) or None
 
 
+def _by_url(serving_dir) -> dict:
+    by_url = {}
+    for e in launched_endpoints(serving_dir):
+        by_url.setdefault(_norm(e["url"]), e)
+    return by_url
+
+
+def gpus_held(url: str, serving_dir=None) -> int | None:
+    """The GPUs held behind ``url``: a server's own, a router's all its workers' (what a run through it reserves,
+    where :func:`gpus_behind` is what one request runs on); None when any is unknown."""
+    by_url = _by_url(serving_dir)
+    e = by_url.get(_norm(url))
+    if e is None:
+        return None
+    if e.get("kind") == "router":
+        counts = [_count((by_url.get(_norm(w)) or {}).get("gpus")) for w in e.get("router_of") or []]
+        return sum(counts) if counts and all(c is not None for c in counts) else None
+    return _count(e.get("gpus"))
+
+
 def gpus_behind(url: str, serving_dir=None) -> int | None:
     """The number of GPUs one request to ``url`` runs on, from the launcher's record; None when unknown."""
-    entries = launched_endpoints(serving_dir)
-    by_url = {}
-    for e in entries:
-        by_url.setdefault(_norm(e["url"]), e)
+    by_url = _by_url(serving_dir)
     e = by_url.get(_norm(url))
     if e is None:
         return None

@@ -74,6 +74,13 @@ def test_the_probe_defaults_to_the_runs_servers_and_spreads_over_them(tmp_path, 
     assert "error:" not in capsys.readouterr().err
 
 
+class FakeRouterBackend:
+    """Only what serving_hardware reads of a backend: its URL."""
+
+    def __init__(self, url):
+        self.url = url + "/generate"
+
+
 def test_gpu_seconds_come_from_the_launchers_endpoints_and_add_up_over_sessions(tmp_path, monkeypatch):
     """probe.json's cost: the hardware held (wall time x servers x GPUs behind each, read from the launcher's
     endpoints.json: a TP=4 server, a router counted by its workers' group), summed over resumed sessions; GPUs
@@ -90,6 +97,13 @@ def test_gpu_seconds_come_from_the_launchers_endpoints_and_add_up_over_sessions(
             {"url": "http://127.0.0.1:9", "kind": "router", "router_of": [s1.url, s2.url], "gpus": ""}]))
         assert gpus_behind(s1.url + "/v1", serve) == 4 and gpus_behind("http://localhost:9/", serve) == 4
         assert gpus_behind("http://elsewhere:1", serve) is None and gpus_behind(s1.url) is None  # not remembered
+        from serving.endpoints import gpus_held
+
+        # what a run through the router holds: both workers' GPUs, though a request runs on one group
+        assert gpus_held("http://127.0.0.1:9", serve) == 8 and gpus_held(s2.url, serve) == 4
+        hw_router = serving_hardware(FakeRouterBackend("http://127.0.0.1:9"), serving_dir=serve)
+        assert hw_router["gpus_per_server"] == 4 and hw_router["gpus_held"] == 8
+        assert record_session(None, hw_router, 0.0, 10.0, 1)["gpu_seconds"] == 80.0
         assert run_main(["--method", "react", "--backend", "openai", "--endpoint", s1.url, "--endpoint", s2.url,
                          "--benchmark", "demo", "--limit", "2", "--t-max", "3", "--out", str(tmp_path / "r"),
                          "--no-progress"]) == 0
@@ -105,6 +119,6 @@ def test_gpu_seconds_come_from_the_launchers_endpoints_and_add_up_over_sessions(
     assert c2["gpu_seconds"] == round(sum(s["wall_s"] for s in c2["sessions"]) * 2 * 4, 1) > 0
     # no record of the GPUs: unknown, and it stays unknown once a session is
     hw = serving_hardware(ScriptedBackend(["x"]))
-    assert hw == {"servers": 0, "gpus_per_server": None, "gpus_from": None}
+    assert hw == {"servers": 0, "gpus_per_server": None, "gpus_from": None, "gpus_held": None}
     c3 = record_session(probe, hw, 0.0, 1.0, 1)
     assert c3["gpu_seconds"] is None and len(c3["sessions"]) == 3

@@ -76,6 +76,11 @@ def test_one_gateway_per_model_over_several_nodes(nodes):
         from serving.endpoints import gpus_behind
 
         assert gpus_behind(routers["qwen3.5-9b"]["url"], serving_dir=gw) == 4
+        # ... and the GPUs a run through it holds: both 9b workers' (what held GPU-seconds count)
+        from serving.endpoints import gpus_held
+
+        assert gpus_held(routers["qwen3.5-9b"]["url"], serving_dir=gw) == 8
+        assert gpus_held(routers["qwen3.5-27b"]["url"], serving_dir=gw) == 4
         # the smoke test through the gateway
         chk = subprocess.run([sys.executable, "-m", "serving.check", "--endpoint", routers["qwen3.5-27b"]["url"],
                               "--json", "--max-tokens", "8"], cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -145,6 +150,9 @@ def test_a_run_through_the_gateway_over_sglangs_real_front_ends(sglang_front_end
         led = json.loads((run / "ledger.json").read_text())
         (m,) = led["models"].values()
         assert m["calls"] >= 2 and m["request_gpu_seconds"] is not None  # the GPUs behind the gateway are known
+        # a request runs on one worker's GPUs; the run held both workers'
+        per = [len(e["gpus"].split(",")) for e in entries]
+        assert m["held_gpu_seconds"] == pytest.approx(led["span_s"] * sum(per), abs=0.01) and len(per) == 2
         # the serving-fidelity check through the gateway: every check but the local reference
         rc = fidelity_main([str(run), "--backend", "sglang", "--endpoint", router["url"], "--model-dir",
                             str(tiny_model_dir), "--samples", "1"])
