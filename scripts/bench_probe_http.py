@@ -112,6 +112,92 @@ def _decode_floor(root: Path, url: str, tiny: str) -> dict:
             "parse_ms": med(lambda: b.parse_score(resp, ids, k=20)), "tokenise_ms": tk}
 
 
+#: The breakdown's parts, each timed by wrapping the function that does it (CPU time of this process).
+_PARTS = (("render", "chat template renders (2 a step)"),
+          ("tokenise", "prompt pieces tokenised (the step's new ones)"),
+          ("body", "request bodies to JSON"),
+          ("http", "HTTP (httpx: send, receive; our retry layer)"),
+          ("decode", "reply JSON decoded (msgspec, by type)"),
+          ("arrays", "triples into arrays + value checks"),
+          ("influence", "grouped entropy, bounds, union-tail KL"),
+          ("alternatives", "top-5 alternatives for the viewer"))
+
+
+def _breakdown(root: Path, url: str, tiny: str, n_steps: int = 60) -> dict:
+    """Where a teacher-forced step's client CPU goes, on the probe's own path: the same ``_probe_step`` the command
+    runs (two scoring requests, with and without the query image, against the same server), one step at a time
+    with the probe's collector settings, each part timed by wrapping the function that does it. A warm pass
+    first; then the prompt-piece cache is emptied so each step tokenises its new pieces as the command does."""
+    import asyncio
+    import statistics
+
+    import agent.http as H
+    import agent.backends.sglang_native as N
+    import probes.entropy as E
+    from agent.backends.base import model_vocab_size
+    from agent.backends.sglang_native import SGLangBackend
+    from agent.rundir import collect_cycles, collector_off_the_heap, load_run
+    from probes.entropy import _call_slices, _probe_step
+
+    run = load_run(root)
+    work = []
+    for summary in run.index:
+        line = run.full(summary)
+        tok = run.tokens(line, ["call", "think", "id", "top_logprobs"])
+        slices = _call_slices(tok["call"])
+        work += [(line, e, tok, slices) for e in line["events"] if e["type"] == "llm_call" and e.get("n_query_images")]
+    work = work[:n_steps]
+    b = SGLangBackend(url, tiny)
+    vocab = model_vocab_size(tiny)
+    acc = dict.fromkeys([p for p, _ in _PARTS] + ["post"], 0.0)
+
+    def timed(obj, name, part, is_async=False):
+        f = getattr(obj, name)
+        if is_async:
+            async def g(*a, **k):
+                t = time.process_time()
+                try:
+                    return await f(*a, **k)
+                finally:
+                    acc[part] += time.process_time() - t
+        else:
+            def g(*a, **k):
+                t = time.process_time()
+                try:
+                    return f(*a, **k)
+                finally:
+                    acc[part] += time.process_time() - t
+        setattr(obj, name, g)
+
+    async def steps():
+        out = []
+        for line, ev, tok, slices in work:
+            t = time.process_time()
+            await _probe_step(run, line, ev, tok, b, "teacher-forced", None, slices, vocab, None)
+            collect_cycles()
+            out.append(time.process_time() - t)
+        return out
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(steps())  # warm: connections, caches, the image token counts
+        b._piece_ids.clear()
+        for obj, name, part, is_async in ((b, "render", "render", False), (b, "prompt_ids", "tokenise", False),
+                                          (H, "dumps", "body", False), (N, "decode_generate_reply", "decode", False),
+                                          (b, "_post", "post", True), (b, "parse_score", "arrays", False),
+                                          (E, "token_influence", "influence", False),
+                                          (E, "_alternatives", "alternatives", False)):
+            timed(obj, name, part, is_async)
+        with collector_off_the_heap():
+            ts = loop.run_until_complete(steps())
+    finally:
+        loop.close()
+    n = len(ts)
+    per = {k: 1000 * v / n for k, v in acc.items()}
+    per["http"] = per.pop("post") - per["decode"] - per["body"]  # _post holds the body's dumps and the decode
+    return {"steps": n, "total": 1000 * sum(ts) / n, "median": 1000 * statistics.median(ts), **per}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scales", default="10,100,300", help="trajectories per scale (x 10 steps each)")
@@ -121,6 +207,8 @@ def main(argv=None) -> int:
                     help="fake: the loopback stand-in; standin: SGLang's real front end (serving/standin.py)")
     ap.add_argument("--mode", choices=("regenerate", "teacher-forced"), default="regenerate",
                     help="teacher-forced: two scoring requests per step (with / without the query images)")
+    ap.add_argument("--no-breakdown", dest="breakdown", action="store_false",
+                    help="teacher-forced: skip the in-process breakdown of a step's CPU by part")
     a = ap.parse_args(argv)
     from agent.backends.tiny_model import ensure_tiny_model
     from bench_data import RowPool, write_run
@@ -156,11 +244,11 @@ def main(argv=None) -> int:
                                env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{site}", "PYTHONWARNINGS": "ignore"})
     else:
         srv = subprocess.Popen([sys.executable, str(REPO / "tests" / "fakes" / "sglang_server.py"), "--port", str(port),
-                                "--tokenizer", tiny, "--model-name", tiny, "--reply", reply],
+                                "--tokenizer", tiny, "--model-name", tiny, "--reply", reply, "--keep-alive"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         _wait(url, srv, timeout=600.0)
-        rows, floor = [], None
+        rows, floor, parts = [], None, None
         with tempfile.TemporaryDirectory() as d:
             if a.mode == "teacher-forced" or a.server == "standin":  # recorded ids are scored (the fidelity check too)
                 import bench_data
@@ -191,6 +279,8 @@ def main(argv=None) -> int:
                 steps = sum(1 for _ in open(root / "probes" / f"entropy-{a.mode}" / "steps.jsonl", "rb"))
                 if a.mode == "teacher-forced" and floor is None:
                     floor = _decode_floor(root, url, tiny)
+                    if a.breakdown:
+                        parts = _breakdown(root, url, tiny)
                 cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
                 rows.append((n, steps, cpu, wall, after.ru_maxrss / 1024))
     finally:
@@ -208,6 +298,17 @@ def main(argv=None) -> int:
               f"decoded in-process, median of 20): JSON {2 * floor['decode_ms']:.1f} ms + the triples into arrays "
               f"{2 * floor['parse_ms']:.1f} ms = {2 * (floor['decode_ms'] + floor['parse_ms']):.1f} ms; the prompt's "
               f"pieces tokenised (this step's new ones) {floor['tokenise_ms']:.1f} ms")
+    if parts:
+        print(f"\nwhere a teacher-forced step's client CPU goes (in-process, the probe's _probe_step one step at a time, "
+              f"{parts['steps']} steps of the first run, each part timed by wrapping the function that does it):")
+        print(f"{'part':<48} {'ms/step':>8} {'share':>6}")
+        known = 0.0
+        for key, label in _PARTS:
+            known += parts[key]
+            print(f"{label:<48} {parts[key]:>8.2f} {parts[key] / parts['total']:>6.0%}")
+        rest = parts["total"] - known
+        print(f"{'the rest (records, rows, collector, asyncio)':<48} {rest:>8.2f} {rest / parts['total']:>6.0%}")
+        print(f"{'all (mean; median ' + format(parts['median'], '.1f') + ')':<48} {parts['total']:>8.2f}")
     return 0
 
 

@@ -50,6 +50,39 @@ async def test_native_score_takes_last_n_entries_and_verifies_ids(native, fake_s
     assert body["sampling_params"]["max_new_tokens"] == 0 and body["logprob_start_len"] >= 0
 
 
+async def test_native_score_over_a_kept_alive_connection(tiny_model_dir, red_image):
+    """The benches' fake speaks HTTP/1.1 with persistent connections, as SGLang's server does: consecutive
+    scorings reuse one connection (the default fake closes it after every reply) and score the same."""
+    from agent.backends.local import load_chat_renderer
+    from tests.fakes.sglang_server import FakeSGLang
+
+    ids = load_chat_renderer(str(tiny_model_dir))("It is red.", add_special_tokens=False)["input_ids"]
+    got = {}
+    for keep in (False, True):
+        with FakeSGLang(tokenizer_dir=str(tiny_model_dir), keep_alive=keep) as srv:
+            b = SGLangBackend(srv.url, str(tiny_model_dir), policy=FAST)
+            scores = [await b.score(msgs(red_image), Continuation(ids=ids)) for _ in range(3)]
+            got[keep] = (srv.connections, [[t.logprob for t in s.tokens] for s in scores])
+    assert got[False][0] == 3 and got[True][0] == 1
+    assert got[True][1] == got[False][1] and got[True][1][0] == got[True][1][2]
+
+
+async def test_native_score_malformed_triple_is_an_error_naming_it(native, fake_sglang, red_image, tiny_model_dir):
+    """A scored position whose triple is not [logprob, id, text] takes the element-wise check (no crash in the
+    fast comparison) and is refused as drifted ids, naming the position."""
+    from agent.backends.local import load_chat_renderer
+
+    ids = load_chat_renderer(str(tiny_model_dir))("It is red.", add_special_tokens=False)["input_ids"]
+    b = native
+    resp = {"meta_info": {"input_token_logprobs": [[-0.1, i, None] for i in ids[:-1]] + [{"bad": 1}],
+                          "input_top_logprobs": [None] * len(ids)}}
+    with pytest.raises(BackendError, match=f"continuation token {len(ids) - 1}: server None"):
+        b.parse_score(resp, ids, k=20)
+    resp["meta_info"]["input_token_logprobs"][-1] = [-0.1, float(ids[-1]) + 0.5, None]
+    with pytest.raises(BackendError, match="drifted"):
+        b.parse_score(resp, ids, k=20)
+
+
 async def test_native_score_drift_is_an_error(native, fake_sglang, red_image, tiny_model_dir):
     from transformers import AutoTokenizer
 

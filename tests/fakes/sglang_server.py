@@ -145,6 +145,11 @@ def _top(tid: int, k: int, pos: int, tok: _Tok, with_text: bool):
 class _Handler(JSONHandler):
     server: "FakeServer"
 
+    def setup(self):
+        super().setup()
+        with self.server.lock:
+            self.server.connections += 1   # TCP connections accepted (one per request unless keep-alive)
+
     def _fault(self):
         srv = self.server
         with srv.lock:
@@ -397,6 +402,13 @@ class _Handler(JSONHandler):
                 "metadata": {"weight_version": "default"}}
 
 
+class _KeepAliveHandler(_Handler):
+    """HTTP/1.1 with persistent connections, as SGLang's uvicorn serves (the default handler speaks HTTP/1.0 and
+    closes the connection after every reply, so each request pays a TCP connect and a new client connection:
+    ~2 ms of client CPU a request, which a real server does not cost; the benches use this one)."""
+    protocol_version = "HTTP/1.1"
+
+
 class FakeServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256  # listen() backlog: the default 5 drops bursts of connections (1 s SYN retries)
@@ -404,8 +416,8 @@ class FakeServer(ThreadingHTTPServer):
     def __init__(self, port: int = 0, *, model_name: str = "fake-qwen3.5", tokenizer_dir: str | None = None,
                  reply: str = DEFAULT_REPLY, latency_s: float = 0.0, deterministic: bool = False,
                  fault_rate: float = 0.0, fault_kinds=None, seed: int = 0, slow_s: float = 3.0, leak: float = 0.0,
-                 chat_template: str | None = None):
-        super().__init__(("127.0.0.1", port), _Handler)
+                 chat_template: str | None = None, keep_alive: bool = False):
+        super().__init__(("127.0.0.1", port), _KeepAliveHandler if keep_alive else _Handler)
         self.leak = leak      # > 0: a repeated scoring request's logprobs shifted by this (a cache-state leak)
         self.chat_template = chat_template  # the chat path's own template (a server started with --chat-template)
         self.seen: set = set()
@@ -423,6 +435,7 @@ class FakeServer(ThreadingHTTPServer):
         self.chat_cache: dict = {}
         self.requests: list[str] = []
         self.bodies: list[dict] = []
+        self.connections = 0
         self.lock = threading.Lock()
 
     @property
@@ -459,11 +472,13 @@ def main() -> None:
     ap.add_argument("--fault-kinds", help="comma-separated subset of the faults (default: all)")
     ap.add_argument("--fault-seed", type=int, default=0)
     ap.add_argument("--slow-s", type=float, default=3.0, help="delay of a 'slow' fault")
+    ap.add_argument("--keep-alive", action="store_true",
+                    help="HTTP/1.1 persistent connections, as SGLang's server (default: HTTP/1.0, one per request)")
     args, _unknown = ap.parse_known_args()
     srv = FakeServer(args.port, model_name=args.model_name, tokenizer_dir=args.tokenizer, reply=args.reply,
                      latency_s=args.latency, deterministic=args.deterministic, fault_rate=args.fault_rate,
                      fault_kinds=args.fault_kinds.split(",") if args.fault_kinds else None, seed=args.fault_seed,
-                     slow_s=args.slow_s)
+                     slow_s=args.slow_s, keep_alive=args.keep_alive)
     print(f"fake sglang serving {args.model_name} on {srv.url}", flush=True)
     srv.serve_forever()
 
