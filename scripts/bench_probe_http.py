@@ -1,7 +1,7 @@
 """The entropy probe on the HTTP path: client CPU per step and peak memory, at two scales, as whole processes.
 
     python scripts/bench_probe_http.py [--scales 10,100,300] [--reply-tokens 1000] [--concurrency 64]
-        [--mode regenerate|teacher-forced] [--server fake|standin]
+        [--mode regenerate|teacher-forced] [--server fake|standin] [--no-breakdown]
 
 What a user with a GPU node runs: ``python -m probes.entropy RUN --backend sglang --endpoint URL
 --model-dir DIR`` against a server. The server is the loopback SGLang stand-in (tests/fakes/sglang_server.py)
@@ -12,6 +12,11 @@ probe runs as one process; its CPU time (user + system, from the kernel) and pea
 and in all, so scaling shows: CPU per step should stay flat and peak memory should not grow with the steps.
 The tokenizer and chat template are the embedded tiny model's (the real Qwen3.5 classes; a 628-token
 vocabulary, so the replies' JSON is a little smaller than a real model's).
+
+``--mode teacher-forced`` also prints where a step's client CPU goes (``--no-breakdown`` skips it): the probe's own
+``_probe_step`` run in this process one step at a time, each part (renders, tokenising, request bodies, HTTP, the JSON
+decode, the triples into arrays, the entropy / KL arithmetic, the viewer's alternatives) timed by wrapping the
+function that does it. The loopback fake keeps its connections alive (HTTP/1.1), as SGLang's server does.
 
 ``--server standin``: instead of the loopback fake, SGLang's own HTTP server, TokenizerManager (with the
 Qwen-VL processor: every image is decoded and processed by SGLang) and DetokenizerManager, with
