@@ -118,7 +118,9 @@ class TokenStore:
         if fh is None:
             self.d.mkdir(parents=True, exist_ok=True)
             fh = open(self.d / f"{key}.partial.jsonl", "ab")
-        rec = {"step": int(step), **{c: np.asarray(tok[c]).tolist() for c in _COLUMNS if c in tok}}
+        # the arrays as they are (orjson writes contiguous numpy arrays itself: half the CPU of .tolist(), and a
+        # float32 in its shortest form, which reads back to the same float32; ours)
+        rec = {"step": int(step), **{c: np.ascontiguousarray(tok[c]) for c in _COLUMNS if c in tok}}
         if tok.get("texts"):
             rec["texts"] = {str(k): v for k, v in tok["texts"].items()}
         fh.write(dumps(rec) + b"\n")

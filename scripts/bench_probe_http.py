@@ -13,10 +13,12 @@ and in all, so scaling shows: CPU per step should stay flat and peak memory shou
 The tokenizer and chat template are the embedded tiny model's (the real Qwen3.5 classes; a 628-token
 vocabulary, so the replies' JSON is a little smaller than a real model's).
 
-``--mode teacher-forced`` also prints where a step's client CPU goes (``--no-breakdown`` skips it): the probe's own
-``_probe_step`` run in this process one step at a time, each part (renders, tokenising, request bodies, HTTP, the JSON
-decode, the triples into arrays, the entropy / KL arithmetic, the viewer's alternatives) timed by wrapping the
-function that does it. The loopback fake keeps its connections alive (HTTP/1.1), as SGLang's server does.
+``--mode teacher-forced`` also prints where a step's client CPU goes (``--no-breakdown`` skips it): each scale's
+command runs through scripts/_probe_parts.py, which is the same command with the function doing each part
+(renders, tokenising, request bodies, the JSON decode, the triples into arrays, the entropy / KL arithmetic,
+the viewer's alternatives, the line and sidecar reads, the token results written) wrapped to add up its CPU time;
+the per-step figures are the differences between the smallest and largest scale. The loopback fake keeps its
+connections alive (HTTP/1.1), as SGLang's server does.
 
 ``--server standin``: instead of the loopback fake, SGLang's own HTTP server, TokenizerManager (with the
 Qwen-VL processor: every image is decoded and processed by SGLang) and DetokenizerManager, with
@@ -27,6 +29,7 @@ and shares this machine's cores, so use small scales (e.g. 10,30); the client's 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import socket
@@ -117,90 +120,22 @@ def _decode_floor(root: Path, url: str, tiny: str) -> dict:
             "parse_ms": med(lambda: b.parse_score(resp, ids, k=20)), "tokenise_ms": tk}
 
 
-#: The breakdown's parts, each timed by wrapping the function that does it (CPU time of this process).
+#: The breakdown's parts (scripts/_probe_parts.py wraps the function that does each).
 _PARTS = (("render", "chat template renders (2 a step)"),
           ("tokenise", "prompt pieces tokenised (the step's new ones)"),
           ("body", "request bodies to JSON"),
-          ("http", "HTTP (httpx: send, receive; our retry layer)"),
           ("decode", "reply JSON decoded (msgspec, by type)"),
           ("arrays", "triples into arrays + value checks"),
           ("influence", "grouped entropy, bounds, union-tail KL"),
-          ("alternatives", "top-5 alternatives for the viewer"))
+          ("alternatives", "top-5 alternatives for the viewer"),
+          ("line_read", "the trajectory's line read"),
+          ("sidecar_read", "its token sidecar read"),
+          ("token_store", "token results written (per trajectory)"))
 
 
-def _breakdown(root: Path, url: str, tiny: str, n_steps: int = 60) -> dict:
-    """Where a teacher-forced step's client CPU goes, on the probe's own path: the same ``_probe_step`` the command
-    runs (two scoring requests, with and without the query image, against the same server), one step at a time
-    with the probe's collector settings, each part timed by wrapping the function that does it. A warm pass
-    first; then the prompt-piece cache is emptied so each step tokenises its new pieces as the command does."""
-    import asyncio
-    import statistics
-
-    import agent.http as H
-    import agent.backends.sglang_native as N
-    import probes.entropy as E
-    from agent.backends.base import model_vocab_size
-    from agent.backends.sglang_native import SGLangBackend
-    from agent.rundir import collect_cycles, collector_off_the_heap, load_run
-    from probes.entropy import _call_slices, _probe_step
-
-    run = load_run(root)
-    work = []
-    for summary in run.index:
-        line = run.full(summary)
-        tok = run.tokens(line, ["call", "think", "id", "top_logprobs"])
-        slices = _call_slices(tok["call"])
-        work += [(line, e, tok, slices) for e in line["events"] if e["type"] == "llm_call" and e.get("n_query_images")]
-    work = work[:n_steps]
-    b = SGLangBackend(url, tiny)
-    vocab = model_vocab_size(tiny)
-    acc = dict.fromkeys([p for p, _ in _PARTS] + ["post"], 0.0)
-
-    def timed(obj, name, part, is_async=False):
-        f = getattr(obj, name)
-        if is_async:
-            async def g(*a, **k):
-                t = time.process_time()
-                try:
-                    return await f(*a, **k)
-                finally:
-                    acc[part] += time.process_time() - t
-        else:
-            def g(*a, **k):
-                t = time.process_time()
-                try:
-                    return f(*a, **k)
-                finally:
-                    acc[part] += time.process_time() - t
-        setattr(obj, name, g)
-
-    async def steps():
-        out = []
-        for line, ev, tok, slices in work:
-            t = time.process_time()
-            await _probe_step(run, line, ev, tok, b, "teacher-forced", None, slices, vocab, None)
-            collect_cycles()
-            out.append(time.process_time() - t)
-        return out
-
-    loop = asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(steps())  # warm: connections, caches, the image token counts
-        b._piece_ids.clear()
-        for obj, name, part, is_async in ((b, "render", "render", False), (b, "prompt_ids", "tokenise", False),
-                                          (H, "dumps", "body", False), (N, "decode_generate_reply", "decode", False),
-                                          (b, "_post", "post", True), (b, "parse_score", "arrays", False),
-                                          (E, "token_influence", "influence", False),
-                                          (E, "_alternatives", "alternatives", False)):
-            timed(obj, name, part, is_async)
-        with collector_off_the_heap():
-            ts = loop.run_until_complete(steps())
-    finally:
-        loop.close()
-    n = len(ts)
-    per = {k: 1000 * v / n for k, v in acc.items()}
-    per["http"] = per.pop("post") - per["decode"] - per["body"]  # _post holds the body's dumps and the decode
-    return {"steps": n, "total": 1000 * sum(ts) / n, "median": 1000 * statistics.median(ts), **per}
+def cpu_of(_r, before, after) -> float:
+    """User + system CPU seconds of the child that ran between the two ``RUSAGE_CHILDREN`` readings."""
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def main(argv=None) -> int:
@@ -253,7 +188,7 @@ def main(argv=None) -> int:
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         _wait(url, srv, timeout=600.0)
-        rows, floor, parts = [], None, None
+        rows, floor, parts = [], None, []
         with tempfile.TemporaryDirectory() as d:
             if a.mode == "teacher-forced" or a.server == "standin":  # recorded ids are scored (the fidelity check too)
                 import bench_data
@@ -268,7 +203,11 @@ def main(argv=None) -> int:
                 root = Path(d) / f"run{n}"
                 write_run(root, n, pool, progress=False)
                 driver = os.environ.get("BENCH_DRIVER")  # (experiments) a wrapper: DRIVER MODE ARGS...
-                cmd = [sys.executable, *(driver.split() if driver else ["-m", "probes.entropy"]), str(root), "--backend", "sglang", "--endpoint", url,
+                parts_file = Path(d) / f"parts{n}.json"
+                head = driver.split() if driver else ["-m", "probes.entropy"]
+                if not driver and a.mode == "teacher-forced" and a.breakdown:  # the same command, its parts timed
+                    head = [str(REPO / "scripts" / "_probe_parts.py"), str(parts_file)]
+                cmd = [sys.executable, *head, str(root), "--backend", "sglang", "--endpoint", url,
                        "--model-dir", tiny, "--force", "--no-progress", "--concurrency", str(a.concurrency),
                        "--mode", a.mode]
                 before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -284,9 +223,9 @@ def main(argv=None) -> int:
                 steps = sum(1 for _ in open(root / "probes" / f"entropy-{a.mode}" / "steps.jsonl", "rb"))
                 if a.mode == "teacher-forced" and floor is None:
                     floor = _decode_floor(root, url, tiny)
-                    if a.breakdown:
-                        parts = _breakdown(root, url, tiny)
-                cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+                if parts_file.exists():
+                    parts.append((steps, cpu_of(r, before, after), json.loads(parts_file.read_text())))
+                cpu = cpu_of(r, before, after)
                 rows.append((n, steps, cpu, wall, after.ru_maxrss / 1024))
     finally:
         srv.terminate()
@@ -303,17 +242,21 @@ def main(argv=None) -> int:
               f"decoded in-process, median of 20): JSON {2 * floor['decode_ms']:.1f} ms + the triples into arrays "
               f"{2 * floor['parse_ms']:.1f} ms = {2 * (floor['decode_ms'] + floor['parse_ms']):.1f} ms; the prompt's "
               f"pieces tokenised (this step's new ones) {floor['tokenise_ms']:.1f} ms")
-    if parts:
-        print(f"\nwhere a teacher-forced step's client CPU goes (in-process, the probe's _probe_step one step at a time, "
-              f"{parts['steps']} steps of the first run, each part timed by wrapping the function that does it):")
+    if len(parts) >= 2:
+        (s0, c0, p0), (s1, c1, p1) = parts[0], parts[-1]
+        dn = s1 - s0
+        per = {k: 1000 * (p1["cpu_s"][k] - p0["cpu_s"][k]) / dn for k in p1["cpu_s"]}
+        total = 1000 * (c1 - c0) / dn
+        print(f"\nwhere a teacher-forced step's client CPU goes: the same command with each part's function wrapped "
+              f"(scripts/_probe_parts.py), per step between the {s0}- and {s1}-step runs (constant costs drop out):")
         print(f"{'part':<48} {'ms/step':>8} {'share':>6}")
         known = 0.0
         for key, label in _PARTS:
-            known += parts[key]
-            print(f"{label:<48} {parts[key]:>8.2f} {parts[key] / parts['total']:>6.0%}")
-        rest = parts["total"] - known
-        print(f"{'the rest (records, rows, collector, asyncio)':<48} {rest:>8.2f} {rest / parts['total']:>6.0%}")
-        print(f"{'all (mean; median ' + format(parts['median'], '.1f') + ')':<48} {parts['total']:>8.2f}")
+            known += per[key]
+            print(f"{label:<48} {per[key]:>8.2f} {per[key] / total:>6.0%}")
+        rest = total - known
+        print(f"{'the rest: HTTP (httpx), rows, collector, asyncio':<48} {rest:>8.2f} {rest / total:>6.0%}")
+        print(f"{'all (the process CPU, marginal)':<48} {total:>8.2f}")
     return 0
 
 

@@ -2,6 +2,7 @@
 import json
 
 import httpx
+import numpy as np
 import pytest
 
 from agent.backends import BackendError, Continuation, SamplingParams
@@ -81,6 +82,63 @@ async def test_native_score_malformed_triple_is_an_error_naming_it(native, fake_
     resp["meta_info"]["input_token_logprobs"][-1] = [-0.1, float(ids[-1]) + 0.5, None]
     with pytest.raises(BackendError, match="drifted"):
         b.parse_score(resp, ids, k=20)
+
+
+async def test_native_score_flat_top_logprobs_are_the_nested_ones(tiny_model_dir, red_image, capsys):
+    """Scoring asks for SGLang's flat base64 top-logprob arrays; they give exactly the arrays the nested triples
+    give, with and without an image. A server that ignores the fields answers nested (parsed as before); one that
+    refuses them with a 400 is asked again without them, once, said on stderr, and nested from then on."""
+    from agent.backends.local import load_chat_renderer
+    from tests.fakes.sglang_server import FakeSGLang
+
+    ids = load_chat_renderer(str(tiny_model_dir))("It is red, I think.", add_special_tokens=False)["input_ids"]
+    text_only = [{"role": "user", "content": [{"type": "text", "text": "What is this?"}]}]
+    got = {}
+    for mode in ("yes", "ignore", "refuse"):
+        with FakeSGLang(tokenizer_dir=str(tiny_model_dir), flat=mode) as srv:
+            b = SGLangBackend(srv.url, str(tiny_model_dir), policy=FAST)
+            got[mode] = [await b.score(m, Continuation(ids=ids)) for m in (msgs(red_image), text_only, text_only)]
+            sent = [bool(x.get("return_flat_raw_top_logprobs")) for x in srv.bodies]
+            assert srv.bodies[0]["return_flat_raw_top_logprobs_b64"] is True
+        if mode == "refuse":
+            assert sent == [True, False, False, False] and not b.flat_logprobs  # refused once, then nested
+            assert "refused SGLang's flat top-logprob format" in capsys.readouterr().err
+        else:
+            assert sent == [True, True, True]
+        wire = [s.request["top_logprobs_wire"] for s in got[mode]]
+        assert wire == (["flat"] * 3 if mode == "yes" else ["nested"] * 3)
+    for a, b_, c in zip(got["yes"], got["ignore"], got["refuse"]):
+        for x in (b_, c):
+            for f in ("ids", "logprobs", "top_ids", "top_logprobs", "counts", "think"):
+                assert np.array_equal(getattr(a.tokens, f), getattr(x.tokens, f)), f
+            assert a.tokens.texts == x.tokens.texts
+        assert a.tokens.top_logprobs.shape == (len(ids), 20) and a.tokens.top_logprobs.dtype == np.float64
+        assert not any("flat" in key for key in a.response["meta_info"])  # the arrays are not kept with the reply
+
+
+@pytest.mark.parametrize("fault", ["short", "dtype", "shape", "cover", "half"])
+def test_native_score_malformed_flat_top_logprobs_are_refused_naming_the_field(native, fault):
+    import base64
+
+    n, k = 4, 3
+    val = np.sort(-np.random.default_rng(0).random((n, k)).astype(np.float32), axis=1)[:, ::-1].copy()
+    idx = np.arange(n * k, dtype=np.int32).reshape(n, k)
+    meta = {"input_token_logprobs": [[None, 7, None]] + [[-0.5, 7 + i, None] for i in range(n)],
+            "input_top_logprobs_val_flat_b64": base64.b64encode(val.tobytes()).decode(),
+            "input_top_logprobs_idx_flat_b64": base64.b64encode(idx.tobytes()).decode(),
+            "input_top_logprobs_val_flat_b64_dtype": "float32", "input_top_logprobs_idx_flat_b64_dtype": "int32",
+            "input_top_logprobs_shape": [n, k], "input_top_logprobs_null_prefix": 1}
+    ids = [7 + i for i in range(n)]
+    ok = native.parse_score({"meta_info": dict(meta)}, ids, k=k)
+    assert np.array_equal(ok.top_logprobs, val.astype(np.float64)) and np.array_equal(ok.top_ids, idx)
+    bad = {"short": ("input_top_logprobs_val_flat_b64", base64.b64encode(val.tobytes()[:-4]).decode(), "bytes"),
+           "dtype": ("input_top_logprobs_idx_flat_b64_dtype", "bfloat16", "dtype"),
+           "shape": ("input_top_logprobs_shape", [n, k, 1], "shape"),
+           "cover": ("input_top_logprobs_null_prefix", 0, "cover"),
+           "half": ("input_top_logprobs_idx_flat_b64", None, "input_top_logprobs_idx_flat_b64")}[fault]
+    meta[bad[0]] = bad[1]
+    with pytest.raises(BackendError, match=bad[2]):
+        native.parse_score({"meta_info": meta}, ids, k=k)
 
 
 async def test_native_score_drift_is_an_error(native, fake_sglang, red_image, tiny_model_dir):

@@ -30,6 +30,7 @@ something reads them.
 from __future__ import annotations
 
 import re
+import sys
 import time
 from array import array
 from operator import itemgetter
@@ -44,7 +45,8 @@ from .base import (
 from .local import load_chat_renderer
 from .messages import record_messages, split_text_and_images
 from .think import THINK_OPEN, mark_think, split_think
-from .wire import decode_generate_reply, finish_reason_of, tokens_from_triples
+from .wire import (arrays_from_flat, check_values, decode_generate_reply, finish_reason_of, flat_top_arrays,
+                   tokens_from_triples)
 
 __all__ = ["SGLangBackend"]
 
@@ -61,8 +63,18 @@ def _without_logprobs(resp: dict) -> dict:
     """The reply as kept beside the parsed tokens: its meta fields without the logprob lists (those live on as
     arrays). Keeping the lists would hold ~100k small objects per reply alive while a probe awaits its next
     request, and every cycle collection would walk them (ours: 2.6 ms per probed step at 64 in flight)."""
-    meta = {k: v for k, v in resp["meta_info"].items() if not k.endswith("_logprobs")}
+    meta = {k: v for k, v in resp["meta_info"].items() if not (k.endswith("_logprobs") or "_top_logprobs_" in k)}
     return {**{k: v for k, v in resp.items() if k != "meta_info"}, "meta_info": meta}
+
+
+#: The request fields for SGLang's flat top-logprob arrays, base64 (prompt side; SGLang 0.5.23's GenerateReqInput).
+FLAT_REQUEST = {"return_flat_raw_top_logprobs": True, "return_flat_raw_top_logprobs_b64": True}
+
+
+def _refuses_flat(e: Exception) -> bool:
+    """A 4xx whose message names the flat format's fields: the server does not take them."""
+    m = str(e)
+    return "flat_raw" in m and ("answered HTTP 400" in m or "answered HTTP 422" in m)
 
 
 def _same_ids(tail: list, ids: list) -> bool:
@@ -79,7 +91,8 @@ class SGLangBackend:
     name = "sglang"
 
     def __init__(self, endpoint: str, model_dir: str, *, model: str | None = None, logprob_mode: str = "scaled",
-                 policy: RetryPolicy = RetryPolicy(), client: httpx.AsyncClient | None = None, renderer=None):
+                 policy: RetryPolicy = RetryPolicy(), client: httpx.AsyncClient | None = None, renderer=None,
+                 flat_logprobs: bool = True):
         if logprob_mode not in ("raw", "scaled"):
             raise ValueError(f"logprob_mode must be 'raw' or 'scaled', got {logprob_mode!r}")
         if not str(endpoint).startswith(("http://", "https://")):
@@ -104,6 +117,10 @@ class SGLangBackend:
         self._proc = None
         self._grid = False                             # image_tokens: the processor's resize rule (None: unknown)
         self._piece_ids: dict[str, array] = {}   # prompt_ids: ids per message piece
+        # scoring asks for SGLang's flat base64 top-logprob arrays (ours; wire.flat_top_arrays): ~0.25 MB instead of
+        # ~0.65 MB of nested triples a 1,000-token reply, and no Python object per alternative. A server that
+        # ignores the request answers with the nested lists, which parse as before; one that refuses it turns it off.
+        self.flat_logprobs = bool(flat_logprobs)
         self._image_tokens: dict[str, int] = {}      # image_tokens: expanded length per image sha256
 
     def _decode(self, tid: int) -> str:
@@ -271,6 +288,8 @@ class SGLangBackend:
         params = {"max_new_tokens": 0, "temperature": 0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
                   "repetition_penalty": 1.0}
         common = {"sampling_params": params, "return_logprob": True, "top_logprobs_num": int(top_logprobs)}
+        if self.flat_logprobs and int(top_logprobs) > 0:
+            common.update(FLAT_REQUEST)
         prompt_ids = self.prompt_ids(prompt)
         if not images:
             return ({"input_ids": prompt_ids + ids, "logprob_start_len": max(len(prompt_ids) - 1, 0), **common},
@@ -292,7 +311,19 @@ class SGLangBackend:
         box = {}
 
         async def attempt():
-            box["resp"] = resp = await self._post(payload, "score")
+            try:
+                box["resp"] = resp = await self._post(payload, "score")
+            except BackendError as e:
+                if not (payload.get("return_flat_raw_top_logprobs") and _refuses_flat(e)):
+                    raise
+                # a server that refuses the flat format (a version without it, strict about fields): nested from now
+                self.flat_logprobs = False
+                for key in FLAT_REQUEST:
+                    payload.pop(key, None)
+                print(f"{self.public}: the server refused SGLang's flat top-logprob format ({str(e)[:200]}); "
+                      "scoring with the nested lists instead", file=sys.stderr)
+                box["resp"] = resp = await self._post(payload, "score")
+            box["wire"] = "flat" if "input_top_logprobs_shape" in resp["meta_info"] else "nested"
             return self.parse_score(resp, ids, k=int(top_logprobs) or None)
 
         tokens = await retry_bad_replies(attempt, f"score @ {self.public}")
@@ -301,7 +332,8 @@ class SGLangBackend:
         return ScoredTokens(tokens=tokens, semantics=LogprobSemantics("raw"), backend=self.name, model=self.model,
                             request={"endpoint": self.public, "messages": record_messages(messages), "continuation_ids": ids,
                                      "image_sha256": [im.sha256 for im in images], "by": "ids",
-                                     "logprob_start_len": payload["logprob_start_len"]},
+                                     "logprob_start_len": payload["logprob_start_len"],
+                                     "top_logprobs_wire": box.get("wire", "nested")},
                             response=_without_logprobs(resp), top_k_requested=int(top_logprobs))
 
     def parse_score(self, resp: dict, ids: list[int], k: int | None = None):
@@ -313,7 +345,8 @@ class SGLangBackend:
             raise BackendError(f"{where}: {got} input logprobs for a {len(ids)}-token continuation")
         n = len(ids)
         tail = entries[-n:]
-        tail_tops = tops[-n:] if isinstance(tops, list) and len(tops) >= n else None
+        flat = flat_top_arrays(meta, "input", where)
+        tail_tops = tops[-n:] if flat is None and isinstance(tops, list) and len(tops) >= n else None
         if not _same_ids(tail, list(ids)):
             got_ids = [t[1] if isinstance(t, (list, tuple)) and len(t) > 1 else None for t in tail]
             first = next(i for i, (a, b) in enumerate(zip(got_ids, ids)) if a != b)
@@ -323,6 +356,17 @@ class SGLangBackend:
                 "refusing to report logprobs of different tokens")
         if tail[0][0] is None:
             raise BackendError(f"{where}: the first continuation token has no logprob (logprob_start_len too late)")
+        if flat is not None:
+            val, idx, null_prefix = flat
+            if null_prefix + len(val) != len(entries):
+                raise BackendError(f"{where}: flat top logprobs cover {null_prefix} + {len(val)} positions but there are "
+                                   f"{len(entries)} token logprobs; refusing the reply")
+            if len(val) < n:
+                raise BackendError(f"{where}: the first {n - len(val)} continuation tokens have no top logprobs "
+                                   "(logprob_start_len too late)")
+            arrays = arrays_from_flat(tail, val[len(val) - n:], idx[len(val) - n:], decode=self._decode,
+                                      decode_many=self._decode_many)
+            return check_values(arrays, where, k=k, vocab=self.vocab)
         return tokens_from_triples(tail, tail_tops, decode=self._decode, decode_many=self._decode_many, where=where,
                                    k=k, vocab=self.vocab)
 

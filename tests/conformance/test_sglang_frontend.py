@@ -141,6 +141,33 @@ async def test_teacher_forced_scoring_through_the_real_front_end_with_and_withou
     assert not np.allclose(s_img.tokens.logprobs, s_txt.tokens.logprobs)
 
 
+async def test_flat_top_logprobs_from_the_real_front_end_are_the_nested_ones(real_sglang_model, tiny_model_dir, red_image):
+    """SGLang's own TokenizerManager builds the flat base64 arrays our scoring asks for (return_flat_raw_top_logprobs
+    with _b64): parsed, they are bit for bit the arrays of its nested triples, with and without an image."""
+    from agent.backends.base import Continuation
+    from agent.backends.sglang_native import SGLangBackend
+    from agent.http import RetryPolicy
+
+    policy = RetryPolicy(retries=1, timeout_s=300)
+    flat = SGLangBackend(real_sglang_model.url, str(tiny_model_dir), policy=policy)
+    nested = SGLangBackend(real_sglang_model.url, str(tiny_model_dir), policy=policy, flat_logprobs=False)
+    with_img = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": str(red_image)}},
+                                              {"type": "text", "text": "What colour is it?"}]}]
+    text_only = [{"role": "user", "content": [{"type": "text", "text": "What colour is it?"}]}]
+    cont = Continuation(ids=flat.tok("\nRed, I think.\n</think>\n\nRed.", add_special_tokens=False)["input_ids"])
+    try:
+        for m in (with_img, text_only):
+            a, b = await flat.score(m, cont), await nested.score(m, cont)
+            assert a.request["top_logprobs_wire"] == "flat" and b.request["top_logprobs_wire"] == "nested"
+            for f in ("ids", "logprobs", "top_ids", "top_logprobs", "counts"):
+                assert np.array_equal(getattr(a.tokens, f), getattr(b.tokens, f)), f
+            assert a.tokens.texts == b.tokens.texts and a.tokens.top_logprobs.shape == (len(cont.ids), 20)
+    finally:
+        await flat.aclose()
+        await nested.aclose()
+    assert flat.flat_logprobs  # never refused
+
+
 def test_probes_and_the_smoke_check_against_the_real_front_end(real_sglang_model, tiny_model_dir, tmp_path, capsys):
     """A run on the real front end with the tiny model, then both entropy modes, the removal replays and
     serving.check, all through SGLang's own server."""

@@ -5,7 +5,8 @@
 Serves ``/health``, ``/health_generate``, ``/v1/models``, ``/get_model_info``, native
 ``/generate`` (``meta_info`` with ``[logprob, token_id, text_or_null]`` triples; scoring with
 ``max_new_tokens: 0`` and ``logprob_start_len``; ``input_token_logprobs[0]`` = ``[null, id, …]``,
-``input_top_logprobs[0]`` = ``null``; each image placeholder expanded to several tokens) and
+``input_top_logprobs[0]`` = ``null``; with ``return_flat_raw_top_logprobs[_b64]`` the prompt's top lists as
+SGLang 0.5.23's flat arrays instead; each image placeholder expanded to several tokens) and
 ``/v1/chat/completions`` (``logprobs.content[].top_logprobs[]`` deduplicated by text,
 ``reasoning_content``, and ``choices[0].meta_info`` when ``return_meta_info`` is set).
 
@@ -142,6 +143,31 @@ def _top(tid: int, k: int, pos: int, tok: _Tok, with_text: bool):
     return [[lp, i, tok.decode(i) if with_text else None] for lp, i in zip(lps, ids)]
 
 
+def _flat_fields(side: str, tops: list, k: int, b64: bool) -> dict:
+    """SGLang 0.5.23's flat top-logprob fields for nested rows (as its TokenizerManager builds them: the leading
+    null rows counted, the rest a rows x k float32 / int32 array, base64 little-endian with dtype markers, or
+    plain lists keeping the rows' own values)."""
+    import base64
+
+    import numpy as np
+
+    pre = f"{side}_top_logprobs"
+    null_prefix = 0
+    while null_prefix < len(tops) and not tops[null_prefix]:
+        null_prefix += 1
+    rows = tops[null_prefix:]
+    k = len(rows[0]) if rows else k
+    if b64:
+        val = np.asarray([[a[0] for a in r] for r in rows], dtype=np.float32).reshape(len(rows), k)
+        idx = np.asarray([[a[1] for a in r] for r in rows], dtype=np.int32).reshape(len(rows), k)
+        fields = {f"{pre}_val_flat_b64": base64.b64encode(val.tobytes()).decode(),
+                  f"{pre}_idx_flat_b64": base64.b64encode(idx.tobytes()).decode(),
+                  f"{pre}_val_flat_b64_dtype": "float32", f"{pre}_idx_flat_b64_dtype": "int32"}
+    else:
+        fields = {f"{pre}_val_flat": [a[0] for r in rows for a in r], f"{pre}_idx_flat": [a[1] for r in rows for a in r]}
+    return {**fields, f"{pre}_shape": [len(rows), k], f"{pre}_null_prefix": null_prefix}
+
+
 class _Handler(JSONHandler):
     server: "FakeServer"
 
@@ -192,6 +218,9 @@ class _Handler(JSONHandler):
             return self._send(400, {"error": "bad json"})
         with self.server.lock:
             self.server.bodies.append(req)
+        if self.server.flat == "refuse" and any(key.startswith("return_flat_raw") for key in req):
+            return self._send(400, {"object": "error", "message": "unexpected keyword argument "
+                                    "'return_flat_raw_top_logprobs'", "type": "BadRequestError", "code": 400})
         fault = self._fault()
         if self.server.latency_s:
             time.sleep(self.server.latency_s)
@@ -289,6 +318,9 @@ class _Handler(JSONHandler):
             meta.update({"finish_reason": {"type": "length", "length": 0}, "completion_tokens": 0,
                          "input_token_logprobs": entries, "input_top_logprobs": tops,
                          "output_token_logprobs": [], "output_top_logprobs": []})
+            if req.get("return_flat_raw_top_logprobs") and k > 0 and self.server.flat == "yes":
+                meta.update(_flat_fields("input", tops, k, bool(req.get("return_flat_raw_top_logprobs_b64"))))
+                del meta["input_top_logprobs"]  # flat replaces nested for the input side (SGLang 0.5.23)
             return {"text": "", "output_ids": [], "meta_info": meta}
         reply = req["_garbage"] if "_garbage" in req else (self.server.reply(req) if callable(self.server.reply)
                                                            else self.server.reply)
@@ -416,8 +448,11 @@ class FakeServer(ThreadingHTTPServer):
     def __init__(self, port: int = 0, *, model_name: str = "fake-qwen3.5", tokenizer_dir: str | None = None,
                  reply: str = DEFAULT_REPLY, latency_s: float = 0.0, deterministic: bool = False,
                  fault_rate: float = 0.0, fault_kinds=None, seed: int = 0, slow_s: float = 3.0, leak: float = 0.0,
-                 chat_template: str | None = None, keep_alive: bool = False):
+                 chat_template: str | None = None, keep_alive: bool = False, flat: str = "yes"):
         super().__init__(("127.0.0.1", port), _KeepAliveHandler if keep_alive else _Handler)
+        # SGLang's flat top-logprob format: "yes" (0.5.23), "ignore" (a server without it: nested lists), "refuse"
+        # (a server that rejects the fields with a 400)
+        self.flat = flat
         self.leak = leak      # > 0: a repeated scoring request's logprobs shifted by this (a cache-state leak)
         self.chat_template = chat_template  # the chat path's own template (a server started with --chat-template)
         self.seen: set = set()
