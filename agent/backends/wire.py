@@ -160,10 +160,13 @@ def arrays_from_flat(token_lps: list, val: np.ndarray, idx: np.ndarray, *, decod
     is not is sorted here, as the checked path sorts). Malformed triples raise ``BackendError`` naming them."""
     n = len(token_lps)
     try:
-        lps = np.array([_num(t[0], "token logprob") for t in token_lps], dtype=np.float64)
-        ids = np.fromiter((int(t[1]) for t in token_lps), np.int64, n)
+        try:  # the columns by C-level iteration; a null logprob (NaN for the checks to name) takes the slow way
+            lps = np.fromiter(map(_first, token_lps), np.float64, n)
+        except TypeError:
+            lps = np.array([_num(t[0], "token logprob") for t in token_lps], dtype=np.float64)
+        ids = np.fromiter(map(_second, token_lps), np.int64, n)
         texts = [t[2] if len(t) > 2 else None for t in token_lps]
-    except (TypeError, ValueError, IndexError, OverflowError):
+    except (TypeError, ValueError, IndexError, OverflowError, BackendError):
         bad = next((t for t in token_lps if not isinstance(t, (list, tuple)) or len(t) < 2), token_lps[:1])
         raise BackendError(f"expected [logprob, token_id, text], got {str(bad)[:80]}") from None
     if val.shape[1] > 1 and (np.diff(val, axis=1) > 0).any():
