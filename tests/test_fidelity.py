@@ -101,3 +101,21 @@ def test_a_chat_path_that_renders_another_prompt_is_refused(recorded, tiny_model
         assert srv.requests.count("/v1/chat/completions") == n
     rep = json.loads((recorded / "probes" / "fidelity" / "fidelity.json").read_text())
     assert "--no-paths" in rep["checks"]["paths"]["skipped"]
+
+
+def test_the_teacher_forced_probe_is_the_same_over_flat_and_nested_logprobs(recorded, tiny_model_dir):
+    """The whole teacher-forced probe over SGLang's flat top-logprob arrays (the default) and over the nested lists
+    (--nested-logprobs): the requests ask for what was chosen, and every step's numbers are equal."""
+    import pandas as pd
+
+    got = {}
+    for name, extra in (("flat", []), ("nested", ["--nested-logprobs"])):
+        with FakeSGLang(reply=agent_policy, tokenizer_dir=str(tiny_model_dir), model_name=str(tiny_model_dir)) as srv:
+            out = recorded / "probes" / f"tf-{name}"
+            assert entropy_main(_args(srv.url, tiny_model_dir, recorded) + ["--mode", "teacher-forced", "--force",
+                                                                            "--out", str(out), *extra]) == 0
+            scoring = [b for b in srv.bodies if (b.get("sampling_params") or {}).get("max_new_tokens") == 0]
+            assert scoring and all(bool(b.get("return_flat_raw_top_logprobs")) == (name == "flat") for b in scoring)
+        got[name] = pd.read_csv(out / "steps.csv").sort_values(["sample_id", "trial", "step"]).reset_index(drop=True)
+    cols = [c for c in ("H_with", "H_without", "dH", "kl_with_without", "H_high_with", "dH_low") if c in got["flat"]]
+    assert len(got["flat"]) > 0 and "dH" in cols and got["flat"][cols].equals(got["nested"][cols])
