@@ -32,6 +32,12 @@ WRAPPED = (
     ("sidecar_read", "agent.rundir.reader:Run", "tokens", False),
     ("token_store", "probes.entropy:TokenStore", "append", False),
     ("token_store", "probes.entropy:TokenStore", "commit", False),
+    ("messages", "agent.rundir.reader:Run", "sendable_messages", False),
+    ("messages", "probes.entropy", "strip_query_images", False),
+    ("records", "agent.backends.sglang_native", "record_messages", False),
+    ("records", "agent.backends.sglang_native", "mark_think", False),
+    ("histograms", "probes.entropy", "entropy_histogram", False),
+    ("collector", "probes.entropy", "collect_cycles", False),
 )
 
 
@@ -57,6 +63,11 @@ def install(acc: dict, calls: dict) -> None:
                     calls[part] += 1
         return g
 
+    import agent.rundir.common as common
+
+    if common._TRIM is not None:  # glibc's malloc_trim, inside the collector's part: timed on its own too
+        acc["trim"], calls["trim"] = 0.0, 0
+        common._TRIM = timed(common._TRIM, "trim", False)
     for part, where, name, is_async in WRAPPED:
         mod, _, cls = where.partition(":")
         obj = importlib.import_module(mod)

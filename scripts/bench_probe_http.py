@@ -130,7 +130,11 @@ _PARTS = (("render", "chat template renders (2 a step)"),
           ("alternatives", "top-5 alternatives for the viewer"),
           ("line_read", "the trajectory's line read"),
           ("sidecar_read", "its token sidecar read"),
-          ("token_store", "token results written (per trajectory)"))
+          ("token_store", "token results written (per trajectory)"),
+          ("messages", "the step's messages, with and without images"),
+          ("records", "request records, think masks"),
+          ("histograms", "entropy histograms (forking tokens)"),
+          ("collector", "collections + heap trims every 32 steps"))
 
 
 def cpu_of(_r, before, after) -> float:
@@ -254,8 +258,10 @@ def main(argv=None) -> int:
         for key, label in _PARTS:
             known += per[key]
             print(f"{label:<48} {per[key]:>8.2f} {per[key] / total:>6.0%}")
+        if "trim" in per:
+            print(f"{'  of which glibc heap trims':<48} {per['trim']:>8.2f}")
         rest = total - known
-        print(f"{'the rest: HTTP (httpx), rows, collector, asyncio':<48} {rest:>8.2f} {rest / total:>6.0%}")
+        print(f"{'the rest: HTTP (httpx), asyncio, rows, bookkeeping':<48} {rest:>8.2f} {rest / total:>6.0%}")
         print(f"{'all (the process CPU, marginal)':<48} {total:>8.2f}")
     return 0
 
