@@ -154,6 +154,17 @@ def flat_top_arrays(meta: dict, side: str, where: str):
     return out[0], out[1], null_prefix
 
 
+def _texts_of(texts: list, ids: np.ndarray, decode, decode_many) -> list:
+    """The tokens' texts: the wire's where it sent them, else decoded from the ids by the tokenizer."""
+    if not any(x is None for x in texts):
+        return texts
+    if decode_many is not None:
+        return decode_many(ids.tolist())
+    if decode is not None:
+        return [decode(i) for i in ids.tolist()]
+    return ["" if x is None else x for x in texts]
+
+
 def arrays_from_flat(token_lps: list, val: np.ndarray, idx: np.ndarray, *, decode=None, decode_many=None) -> TokenArrays:
     """A scoring's tokens from its ``[logprob, id, text]`` triples and the flat top-k arrays of the same positions
     (:func:`flat_top_arrays`): the arrays the nested lists give (rows sorted best first, as SGLang's are; a row that
@@ -172,13 +183,7 @@ def arrays_from_flat(token_lps: list, val: np.ndarray, idx: np.ndarray, *, decod
     if val.shape[1] > 1 and (np.diff(val, axis=1) > 0).any():
         order = np.argsort(-val, axis=1, kind="stable")
         val, idx = np.take_along_axis(val, order, 1), np.take_along_axis(idx, order, 1)
-    if any(x is None for x in texts):
-        if decode_many is not None:
-            texts = decode_many(ids.tolist())
-        elif decode is not None:
-            texts = [decode(i) for i in ids.tolist()]
-        else:
-            texts = ["" if x is None else x for x in texts]
+    texts = _texts_of(texts, ids, decode, decode_many)
     return TokenArrays(ids, texts, lps, idx, val, decode=decode)
 
 
@@ -337,13 +342,7 @@ def arrays_from_triples(token_lps: list, top_lps: list | None, *, decode: Callab
         return None
     if np.isnan(lps).any() or np.isnan(tl).any() or (ids < 0).any() or (tl.shape[1] > 1 and (np.diff(tl, axis=1) > 0).any()):
         return None
-    if any(x is None for x in texts):
-        if decode_many is not None:
-            texts = decode_many(ids.tolist())
-        elif decode is not None:
-            texts = [decode(i) for i in ids.tolist()]
-        else:
-            texts = ["" if x is None else x for x in texts]
+    texts = _texts_of(texts, ids, decode, decode_many)
     return TokenArrays(ids, texts, lps, ti, tl, decode=decode)
 
 

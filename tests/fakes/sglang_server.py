@@ -319,6 +319,17 @@ class _Handler(JSONHandler):
                 out.append(i)
         return out
 
+    def _leaks(self, ids_in: list, req: dict) -> bool:
+        """With ``leak`` set: whether this scoring repeats a prompt seen since the last flush (a cached state
+        reused, which then scores differently)."""
+        if not self.server.leak:
+            return False
+        key = (tuple(ids_in), len(req.get("image_data") or []))
+        with self.server.lock:
+            hit = key in self.server.seen
+            self.server.seen.add(key)
+        return hit
+
     def _generate(self, req: dict, drift: bool):
         tok = self.server.tok
         sp = req.get("sampling_params") or {}
@@ -341,28 +352,18 @@ class _Handler(JSONHandler):
             flat = bool(req.get("return_flat_raw_top_logprobs")) and k > 0 and self.server.flat == "yes"
             if flat and not with_text and len(ids) > 1:  # the arrays straight away (what the benches ask for)
                 val, idx = _tops_arrays(ids, k)
-                if self.server.leak:
-                    key = (tuple(ids_in), len(req.get("image_data") or []))
-                    with self.server.lock:
-                        hit = key in self.server.seen
-                        self.server.seen.add(key)
-                    if hit:
-                        entries = [[e[0] if e[0] is None else e[0] - self.server.leak, *e[1:]] for e in entries]
-                        val = val.astype("float32").astype("float64") - self.server.leak
+                if self._leaks(ids_in, req):
+                    entries = [[e[0] if e[0] is None else e[0] - self.server.leak, *e[1:]] for e in entries]
+                    val = val.astype("float32").astype("float64") - self.server.leak
                 meta.update({"finish_reason": {"type": "length", "length": 0}, "completion_tokens": 0,
                              "input_token_logprobs": entries, "output_token_logprobs": [], "output_top_logprobs": [],
                              **_flat_from_arrays("input", val, idx, 1,
                                                  bool(req.get("return_flat_raw_top_logprobs_b64")))})
                 return {"text": "", "output_ids": [], "meta_info": meta}
             tops = [None if j == 0 else _top(t, k, j, tok, with_text) for j, t in enumerate(ids)]
-            if self.server.leak:  # a cached state reused: a prompt seen since the last flush scores differently
-                key = (tuple(ids_in), len(req.get("image_data") or []))
-                with self.server.lock:
-                    hit = key in self.server.seen
-                    self.server.seen.add(key)
-                if hit:
-                    entries = [[e[0] if e[0] is None else e[0] - self.server.leak, *e[1:]] for e in entries]
-                    tops = [t if t is None else [[a[0] - self.server.leak, *a[1:]] for a in t] for t in tops]
+            if self._leaks(ids_in, req):
+                entries = [[e[0] if e[0] is None else e[0] - self.server.leak, *e[1:]] for e in entries]
+                tops = [t if t is None else [[a[0] - self.server.leak, *a[1:]] for a in t] for t in tops]
             meta.update({"finish_reason": {"type": "length", "length": 0}, "completion_tokens": 0,
                          "input_token_logprobs": entries, "input_top_logprobs": tops,
                          "output_token_logprobs": [], "output_top_logprobs": []})
