@@ -51,8 +51,8 @@ from .wire import (arrays_from_flat, check_values, decode_generate_reply, finish
 __all__ = ["SGLangBackend"]
 
 _TRAILING_SPECIALS = ("<|im_end|>", "<|endoftext|>")
-#: Where a rendered prompt is cut for :meth:`SGLangBackend.prompt_ids` (before each message's start token).
 _second = itemgetter(1)
+#: Where a rendered prompt is cut for :meth:`SGLangBackend.prompt_ids` (before each message's start token).
 _PIECES = re.compile(r"(?=<\|im_start\|>)")
 #: Message pieces remembered per backend (ours: ~2 new per step, so 4,096 cover the last steps of every
 #: trajectory in flight at the probes' 128 per server; a piece is its text and 4 bytes per id: ~10 KB).
@@ -317,11 +317,13 @@ class SGLangBackend:
                 if not (payload.get("return_flat_raw_top_logprobs") and _refuses_flat(e)):
                     raise
                 # a server that refuses the flat format (a version without it, strict about fields): nested from now
+                # (said once: requests already in flight were built with the fields and come back here too)
+                if self.flat_logprobs:
+                    print(f"{self.public}: the server refused SGLang's flat top-logprob format ({str(e)[:200]}); "
+                          "scoring with the nested lists instead", file=sys.stderr)
                 self.flat_logprobs = False
                 for key in FLAT_REQUEST:
                     payload.pop(key, None)
-                print(f"{self.public}: the server refused SGLang's flat top-logprob format ({str(e)[:200]}); "
-                      "scoring with the nested lists instead", file=sys.stderr)
                 box["resp"] = resp = await self._post(payload, "score")
             box["wire"] = "flat" if "input_top_logprobs_shape" in resp["meta_info"] else "nested"
             return self.parse_score(resp, ids, k=int(top_logprobs) or None)
