@@ -19,63 +19,57 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-#: (part, object path, attribute, is a coroutine function)
+#: (part, object path, attribute); each a plain function (never a coroutine)
 WRAPPED = (
-    ("render", "agent.backends.sglang_native:SGLangBackend", "render", False),
-    ("tokenise", "agent.backends.sglang_native:SGLangBackend", "prompt_ids", False),
-    ("body", "agent.http", "dumps", False),
-    ("decode", "agent.backends.sglang_native", "decode_generate_reply", False),
-    ("arrays", "agent.backends.sglang_native:SGLangBackend", "parse_score", False),
-    ("influence", "probes.entropy", "token_influence", False),
-    ("alternatives", "probes.entropy", "_alternatives", False),
-    ("line_read", "agent.rundir.reader:Run", "full", False),
-    ("sidecar_read", "agent.rundir.reader:Run", "tokens", False),
-    ("token_store", "probes.entropy:TokenStore", "append", False),
-    ("token_store", "probes.entropy:TokenStore", "commit", False),
-    ("messages", "agent.rundir.reader:Run", "sendable_messages", False),
-    ("messages", "probes.entropy", "strip_query_images", False),
-    ("records", "agent.backends.sglang_native", "record_messages", False),
-    ("records", "agent.backends.sglang_native", "mark_think", False),
-    ("histograms", "probes.entropy", "entropy_histogram", False),
-    ("collector", "probes.entropy", "collect_cycles", False),
+    ("render", "agent.backends.sglang_native:SGLangBackend", "render"),
+    ("tokenise", "agent.backends.sglang_native:SGLangBackend", "prompt_ids"),
+    ("body", "agent.http", "dumps"),
+    ("decode", "agent.backends.sglang_native", "decode_generate_reply"),
+    ("arrays", "agent.backends.sglang_native:SGLangBackend", "parse_score"),
+    ("influence", "probes.entropy", "token_influence"),
+    ("alternatives", "probes.entropy", "_alternatives"),
+    ("line_read", "agent.rundir.reader:Run", "full"),
+    ("sidecar_read", "agent.rundir.reader:Run", "tokens"),
+    ("token_store", "probes.entropy:TokenStore", "append"),
+    ("token_store", "probes.entropy:TokenStore", "commit"),
+    ("messages", "agent.rundir.reader:Run", "sendable_messages"),
+    ("messages", "probes.entropy", "strip_query_images"),
+    ("records", "agent.backends.sglang_native", "record_messages"),
+    ("records", "agent.backends.sglang_native", "mark_think"),
+    ("histograms", "probes.entropy", "entropy_histogram"),
+    ("collector", "probes.entropy", "collect_cycles"),
 )
 
 
 def install(acc: dict, calls: dict) -> None:
+    """Wrap every function of :data:`WRAPPED` (and glibc's heap trim). Every module is imported first, so a module
+    that imports a wrapped name (``from agent.http import dumps``) keeps the unwrapped one and is not counted."""
     import importlib
-
-    def timed(f, part, is_async):
-        if is_async:
-            async def g(*a, **k):
-                t = time.process_time()
-                try:
-                    return await f(*a, **k)
-                finally:
-                    acc[part] += time.process_time() - t
-                    calls[part] += 1
-        else:
-            def g(*a, **k):
-                t = time.process_time()
-                try:
-                    return f(*a, **k)
-                finally:
-                    acc[part] += time.process_time() - t
-                    calls[part] += 1
-        return g
 
     import agent.rundir.common as common
 
-    if common._TRIM is not None:  # glibc's malloc_trim, inside the collector's part: timed on its own too
-        acc["trim"], calls["trim"] = 0.0, 0
-        common._TRIM = timed(common._TRIM, "trim", False)
-    for part, where, name, is_async in WRAPPED:
+    def timed(f, part):
+        def g(*a, **k):
+            t = time.process_time()
+            try:
+                return f(*a, **k)
+            finally:
+                acc[part] += time.process_time() - t
+                calls[part] += 1
+        return g
+
+    targets = []
+    for part, where, name in WRAPPED:
         mod, _, cls = where.partition(":")
         obj = importlib.import_module(mod)
-        if cls:
-            obj = getattr(obj, cls)
+        targets.append((part, getattr(obj, cls) if cls else obj, name))
+    if common._TRIM is not None:  # glibc's malloc_trim, inside the collector's part: timed on its own too
+        acc["trim"], calls["trim"] = 0.0, 0
+        common._TRIM = timed(common._TRIM, "trim")
+    for part, obj, name in targets:
         acc.setdefault(part, 0.0)
         calls.setdefault(part, 0)
-        setattr(obj, name, timed(getattr(obj, name), part, is_async))
+        setattr(obj, name, timed(getattr(obj, name), part))
 
 
 def main() -> int:

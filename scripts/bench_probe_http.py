@@ -16,7 +16,8 @@ vocabulary, so the replies' JSON is a little smaller than a real model's).
 ``--mode teacher-forced`` also prints where a step's client CPU goes (``--no-breakdown`` skips it): each scale's
 command runs through scripts/_probe_parts.py, which is the same command with the function doing each part
 (renders, tokenising, request bodies, the JSON decode, the triples into arrays, the entropy / KL arithmetic,
-the viewer's alternatives, the line and sidecar reads, the token results written) wrapped to add up its CPU time;
+the viewer's alternatives, the line and sidecar reads, the token results written, the messages and records, the
+collections) wrapped to add up its CPU time, HTTP and the rest being what is left;
 the per-step figures are the differences between the smallest and largest scale. The loopback fake keeps its
 connections alive (HTTP/1.1), as SGLang's server does.
 
@@ -137,7 +138,7 @@ _PARTS = (("render", "chat template renders (2 a step)"),
           ("collector", "collections + heap trims every 32 steps"))
 
 
-def cpu_of(_r, before, after) -> float:
+def cpu_of(before, after) -> float:
     """User + system CPU seconds of the child that ran between the two ``RUSAGE_CHILDREN`` readings."""
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
@@ -152,7 +153,7 @@ def main(argv=None) -> int:
     ap.add_argument("--mode", choices=("regenerate", "teacher-forced"), default="regenerate",
                     help="teacher-forced: two scoring requests per step (with / without the query images)")
     ap.add_argument("--no-breakdown", dest="breakdown", action="store_false",
-                    help="teacher-forced: skip the in-process breakdown of a step's CPU by part")
+                    help="teacher-forced: run the plain command, without timing a step's CPU by part")
     a = ap.parse_args(argv)
     from agent.backends.tiny_model import ensure_tiny_model
     from bench_data import RowPool, write_run
@@ -228,8 +229,8 @@ def main(argv=None) -> int:
                 if a.mode == "teacher-forced" and floor is None:
                     floor = _decode_floor(root, url, tiny)
                 if parts_file.exists():
-                    parts.append((steps, cpu_of(r, before, after), json.loads(parts_file.read_text())))
-                cpu = cpu_of(r, before, after)
+                    parts.append((steps, cpu_of(before, after), json.loads(parts_file.read_text())))
+                cpu = cpu_of(before, after)
                 rows.append((n, steps, cpu, wall, after.ru_maxrss / 1024))
     finally:
         srv.terminate()

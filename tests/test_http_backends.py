@@ -131,6 +131,10 @@ def test_native_score_malformed_flat_top_logprobs_are_refused_naming_the_field(n
     ids = [7 + i for i in range(n)]
     ok = native.parse_score({"meta_info": dict(meta)}, ids, k=k)
     assert np.array_equal(ok.top_logprobs, val.astype(np.float64)) and np.array_equal(ok.top_ids, idx)
+    plain = {key: v for key, v in meta.items() if "b64" not in key}  # the flat lists without base64: the same
+    plain.update({"input_top_logprobs_val_flat": val.ravel().tolist(), "input_top_logprobs_idx_flat": idx.ravel().tolist()})
+    same = native.parse_score({"meta_info": plain}, ids, k=k)
+    assert np.array_equal(same.top_logprobs, ok.top_logprobs) and np.array_equal(same.top_ids, ok.top_ids)
     bad = {"short": ("input_top_logprobs_val_flat_b64", base64.b64encode(val.tobytes()[:-4]).decode(), "bytes"),
            "dtype": ("input_top_logprobs_idx_flat_b64_dtype", "bfloat16", "dtype"),
            "shape": ("input_top_logprobs_shape", [n, k, 1], "shape"),

@@ -10,6 +10,7 @@ text, so fewer than k can come back; the count is kept per token.
 """
 from __future__ import annotations
 
+import binascii
 import gc
 import math
 from itertools import chain
@@ -126,8 +127,6 @@ def flat_top_arrays(meta: dict, side: str, where: str):
     out = []
     for part, kind in (("val", "float"), ("idx", "int")):
         if b64:
-            import binascii
-
             data, dt = meta.get(f"{pre}_{part}_flat_b64"), meta.get(f"{pre}_{part}_flat_b64_dtype")
             np_dt = _FLAT_DTYPES.get(dt) if isinstance(dt, str) else None
             if not isinstance(data, str) or np_dt is None or np.dtype(np_dt).kind != kind[0]:

@@ -179,25 +179,20 @@ def _flat_fields(side: str, tops: list, k: int, b64: bool) -> dict:
     """SGLang 0.5.23's flat top-logprob fields for nested rows (as its TokenizerManager builds them: the leading
     null rows counted, the rest a rows x k float32 / int32 array, base64 little-endian with dtype markers, or
     plain lists keeping the rows' own values)."""
-    import base64
-
-    import numpy as np
-
-    pre = f"{side}_top_logprobs"
     null_prefix = 0
     while null_prefix < len(tops) and not tops[null_prefix]:
         null_prefix += 1
     rows = tops[null_prefix:]
     k = len(rows[0]) if rows else k
     if b64:
+        import numpy as np
+
         val = np.asarray([[a[0] for a in r] for r in rows], dtype=np.float32).reshape(len(rows), k)
         idx = np.asarray([[a[1] for a in r] for r in rows], dtype=np.int32).reshape(len(rows), k)
-        fields = {f"{pre}_val_flat_b64": base64.b64encode(val.tobytes()).decode(),
-                  f"{pre}_idx_flat_b64": base64.b64encode(idx.tobytes()).decode(),
-                  f"{pre}_val_flat_b64_dtype": "float32", f"{pre}_idx_flat_b64_dtype": "int32"}
-    else:
-        fields = {f"{pre}_val_flat": [a[0] for r in rows for a in r], f"{pre}_idx_flat": [a[1] for r in rows for a in r]}
-    return {**fields, f"{pre}_shape": [len(rows), k], f"{pre}_null_prefix": null_prefix}
+        return _flat_from_arrays(side, val, idx, null_prefix, True)
+    pre = f"{side}_top_logprobs"
+    return {f"{pre}_val_flat": [a[0] for r in rows for a in r], f"{pre}_idx_flat": [a[1] for r in rows for a in r],
+            f"{pre}_shape": [len(rows), k], f"{pre}_null_prefix": null_prefix}
 
 
 class _Handler(JSONHandler):
