@@ -80,7 +80,8 @@ def _alternatives(with_tokens, without_tokens, pos) -> dict:
         arr = TokenArrays.from_tokens(toks, ALTERNATIVES)
         ids = np.asarray(arr.top_ids)[pos, :ALTERNATIVES].astype(np.int64)
         out[f"{side}_ids"], out[f"{side}_lp"] = ids, np.asarray(arr.top_logprobs)[pos, :ALTERNATIVES].astype(np.float32)
-        need = sorted({int(i) for i in np.unique(ids) if i >= 0} - texts.keys())
+        u = np.unique(ids)
+        need = [i for i in u[u >= 0].tolist() if i not in texts]  # ascending, each id once
         if need:
             if isinstance(toks, TokenArrays):
                 dec = getattr(toks, "_decode", None)

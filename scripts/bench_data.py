@@ -175,7 +175,7 @@ def write_run(root: Path, n_trajectories: int, pool: RowPool, *, calls: int = 10
         if distinct_images:
             img = photo_image(root, i)
         s = Sample(id=f"s{i}", query=f"Question {i}: what is shown in the image, and when was it made?",
-                   query_images=[img.name], answer="1911", benchmark="bench", line=i, image_dir=str(root),
+                   query_images=[img.relative_to(root).as_posix()], answer="1911", benchmark="bench", line=i, image_dir=str(root),
                    category="c", paper_category=("Atomic factuality", "Dynamic information-seeking",
                                                  "Visual deep research")[i % 3])
         traj = Trajectory(s, 0, "react")

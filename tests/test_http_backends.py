@@ -402,5 +402,5 @@ def test_prompt_ids_per_message_equal_the_whole_prompts_ids(tiny_model_dir, red_
                                else {**m, "content": [p for p in m["content"] if p.get("type") == "text"]}
                                for m in history]):
             prompt, _ = b.render(msgs, {"enable_thinking": True})
-            assert b.prompt_ids(prompt) == b.tok(prompt, add_special_tokens=False)["input_ids"]
+            assert b.prompt_ids(prompt).tolist() == b.tok(prompt, add_special_tokens=False)["input_ids"]
     assert len(b._piece_ids) >= 6  # the pieces were remembered and reused

@@ -65,3 +65,37 @@ def test_split_think():
     assert split_think("hmm\n</think>\nParis", starts_in_think=True) == ("hmm", "Paris")
     assert split_think("still thinking", starts_in_think=True) == ("still thinking", "")
     assert split_think("Paris", starts_in_think=False) == ("", "Paris")
+
+
+def _token_by_token(texts, starts_in_think):
+    """The rules of agent/backends/think.py applied one token at a time (the spec the joined-text search follows)."""
+    full = "".join(texts)
+    inside = starts_in_think or "<think>" in full
+    out = [False] * len(texts)
+    if not inside:
+        return out
+    implicit_close, leading = "</think>" not in full, True
+    for i, text in enumerate(texts):
+        t = text.strip()
+        if t == "<think>" and leading:
+            continue
+        leading = False
+        if t == "</think>":
+            break
+        if implicit_close and "<tool_call>" in text:
+            break
+        out[i] = True
+    return out
+
+
+def test_the_joined_text_search_gives_the_token_by_token_mask():
+    """Random token streams rich in tags, tags split over tokens, tags inside longer tokens, empty tokens."""
+    from agent.backends.think import think_mask_of
+
+    rng = np.random.default_rng(0)
+    vocab = ["<think>", " <think>", "</think>", "</think>\n", "</", "think>", "<tool_call>", "x<tool_call>y", "<tool",
+             "_call>", "a", " b", "", "\n", "<", "think", "x</think>"]
+    for _ in range(3000):
+        texts = [vocab[i] for i in rng.integers(0, len(vocab), rng.integers(0, 12))]
+        for start in (False, True):
+            assert think_mask_of(texts, start).tolist() == _token_by_token(texts, start), (texts, start)

@@ -20,7 +20,7 @@ import time
 import httpx
 
 from ..http import (
-    HTTPError, RetryPolicy, has_credentials, make_client, public_url, redact, register_key_var, request_json, scrub,
+    HTTPError, RetryPolicy, has_credentials, make_model_client, public_url, redact, register_key_var, request_json, scrub,
 )
 from .base import (
     DEFAULT_TOP_LOGPROBS, BackendError, Continuation, LogprobSemantics, ModelOutput, SamplingParams,
@@ -75,7 +75,7 @@ class OpenAIBackend:
         self.logprob_mode = logprob_mode
         self.policy = policy
         self.extra_body = dict(extra_body or {})
-        self._client = client or make_client()
+        self._client = client or make_model_client()
 
     async def resolve_model(self) -> str:
         if not self.model:

@@ -26,28 +26,40 @@ TOOL_CALL_OPEN = "<tool_call>"
 
 
 def think_mask_of(texts: list[str], starts_in_think: bool) -> np.ndarray:
-    """The think mask of tokens with these texts (the rules above, at token level)."""
+    """The think mask of tokens with these texts (the rules above, at token level).
+
+    Only a token equal to ``</think>`` (spaces aside) or, without any ``</think>``, one holding ``<tool_call>``
+    ends the segment, and nothing reopens it, so the mask is one run: from the first token after the leading
+    ``<think>`` tags to the first such token. That token is found by searching the joined text and mapping each
+    hit to its token (ours: one pass in C instead of a Python loop over every token, ~0.3 ms of a 1,000-token
+    reply; tests/test_think.py checks it against the token-by-token rules and SGLang's parser)."""
+    n = len(texts)
+    out = np.zeros(n, dtype=bool)
     full = "".join(texts)
-    inside = starts_in_think or THINK_OPEN in full
-    out = np.zeros(len(texts), dtype=bool)
-    if not inside:
+    if not (starts_in_think or THINK_OPEN in full):
         return out
-    implicit_close = THINK_CLOSE not in full  # then a <tool_call> ends the reasoning
-    leading = True  # only the <think> tags that open the output are tags; a later one is reasoning text
-    for i, text in enumerate(texts):
-        t = text.strip()
-        if t == THINK_OPEN and leading:
-            inside = True
-            continue
-        leading = False
-        if t == THINK_CLOSE and inside:
-            inside = False
-        elif inside and implicit_close and TOOL_CALL_OPEN in text:
-            inside = False
-        else:
-            out[i] = inside
-            if not inside:  # after the segment closed nothing is think again
+    i0 = 0
+    while i0 < n and texts[i0].strip() == THINK_OPEN:  # the leading tags are tags, not reasoning
+        i0 += 1
+    if i0 == n:
+        return out
+    ends = None
+    end = n
+    for tag, holds in ((THINK_CLOSE, lambda t: t.strip() == THINK_CLOSE), (TOOL_CALL_OPEN, lambda t: TOOL_CALL_OPEN in t)):
+        if tag == TOOL_CALL_OPEN and THINK_CLOSE in full:
+            break  # a <tool_call> ends the reasoning only when nothing closes it (implicit close)
+        p = full.find(tag)
+        while p >= 0:
+            if ends is None:
+                ends = np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=n))
+            j = int(np.searchsorted(ends, p, side="right"))  # the token holding the hit's first character
+            if j >= end:
                 break
+            if j >= i0 and holds(texts[j]):
+                end = j
+                break
+            p = full.find(tag, p + 1)
+    out[i0:end] = True
     return out
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from agent.http import dumps
+
 REPO = Path(__file__).resolve().parents[2]
 SITE = Path(os.environ.get("MMCF_SGLANG_SITE", REPO / ".venv-sglang" / "site"))
 
@@ -40,7 +42,8 @@ class Oracle:
 
     def ask(self, op: str, **kw) -> dict:
         with self.lock:
-            self.p.stdin.write(json.dumps({"op": op, **kw}) + "\n")
+            # the bytes our client would send (agent.http.dumps: numpy id arrays are written as JSON lists)
+            self.p.stdin.write(dumps({"op": op, **kw}).decode() + "\n")
             self.p.stdin.flush()
             return self._read(timeout=120)
 
