@@ -9,7 +9,11 @@ from http.server import ThreadingHTTPServer
 import httpx
 import pytest
 
-from agent.http import HTTPError, RetryPolicy, is_host, make_client, redact, register_key_var, request_json
+from agent.http import (HTTPError, RetryPolicy, is_host, make_client, make_model_client, redact, register_key_var,
+                        request_json)
+
+#: both clients request_json is given: httpx's (the live tools) and aiohttp's (the model backends, a judge's key)
+CLIENTS = {"httpx": lambda: make_client(follow_redirects=False), "aiohttp": make_model_client}
 from tests.fakes.http_base import JSONHandler
 
 
@@ -43,7 +47,8 @@ def test_the_openrouter_key_goes_to_openrouter_only():
     assert is_host("https://OpenRouter.ai/api", "openrouter.ai")
 
 
-async def test_a_key_never_follows_a_redirect_to_another_origin():
+@pytest.mark.parametrize("kind", sorted(CLIENTS))
+async def test_a_key_never_follows_a_redirect_to_another_origin(kind):
     class Other(JSONHandler):
         def do_GET(self):
             self.record()
@@ -63,7 +68,7 @@ async def test_a_key_never_follows_a_redirect_to_another_origin():
             self.end_headers()
 
     a = _Server(Redirect)
-    client = make_client(follow_redirects=False)
+    client = CLIENTS[kind]()
     try:
         with pytest.raises(HTTPError, match="redirected to another origin"):
             await request_json(client, "GET", a.url + "/away", headers={"X-API-KEY": "serper-PLANTED"},
@@ -82,7 +87,8 @@ async def test_a_key_never_follows_a_redirect_to_another_origin():
         other.close()
 
 
-async def test_the_request_timeout_is_a_deadline_for_the_whole_reply():
+@pytest.mark.parametrize("kind", sorted(CLIENTS))
+async def test_the_request_timeout_is_a_deadline_for_the_whole_reply(kind):
     class Drip(JSONHandler):
         def do_GET(self):
             self.send_response(200)
@@ -98,7 +104,7 @@ async def test_the_request_timeout_is_a_deadline_for_the_whole_reply():
                 time.sleep(0.1)
 
     s = _Server(Drip)
-    client = make_client()
+    client = CLIENTS[kind]()
     t0 = time.monotonic()
     try:
         with pytest.raises(HTTPError, match="no complete reply within 1 s"):
@@ -107,6 +113,44 @@ async def test_the_request_timeout_is_a_deadline_for_the_whole_reply():
         await client.aclose()
         s.close()
     assert time.monotonic() - t0 < 30  # a bound far above the deadline, far below the drip's 40 s
+
+
+@pytest.mark.parametrize("kind", sorted(CLIENTS))
+async def test_a_refused_connection_and_a_cut_reply_are_retried_then_named(kind):
+    """Transport faults through either client: retried, then refused with the error's name and the endpoint."""
+    import socket
+
+    with socket.socket() as sk:  # a port nobody listens on
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    client = CLIENTS[kind]()
+    try:
+        with pytest.raises(HTTPError, match=rf"127.0.0.1:{port}/x failed after 2 attempts; last error: ConnectError"):
+            await request_json(client, "GET", f"http://127.0.0.1:{port}/x", policy=RetryPolicy(retries=1, backoff_s=0.01))
+
+        class Cut(JSONHandler):  # promises 100 bytes, sends 9 and closes: the first time only
+            n = 0
+
+            def do_GET(self):
+                Cut.n += 1
+                if Cut.n > 1:
+                    return self._send(200, {"whole": True})
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", "100")
+                self.end_headers()
+                self.wfile.write(b'{"whole":')
+                self.wfile.flush()
+                self.close_connection = True
+
+        s = _Server(Cut)
+        try:
+            assert await request_json(client, "GET", s.url + "/", policy=RetryPolicy(retries=2, backoff_s=0.01)) == {"whole": True}
+            assert Cut.n == 2
+        finally:
+            s.close()
+    finally:
+        await client.aclose()
 
 
 def test_the_value_of_a_named_key_variable_is_redacted_whatever_its_name(monkeypatch):
