@@ -281,11 +281,27 @@ class AioPool:
     was made in). Its transport errors are raised as httpx's (``httpx.ConnectError``, ``httpx.ReadError``,
     ``httpx.ReadTimeout``), so :func:`request_json` retries them as before and its messages keep their names.
     Redirects are never followed here (:func:`request_json` does that); proxies come from the environment
-    (``HTTP(S)_PROXY`` / ``NO_PROXY``), as with httpx."""
+    (``HTTP(S)_PROXY`` / ``ALL_PROXY`` / ``NO_PROXY``), as with httpx; ``~/.netrc`` is never read."""
 
     def __init__(self):
         self._session = None
         self._loop = None
+        self._proxies: dict = {}
+
+    def _proxy(self, url: str) -> str | None:
+        """The proxy for this URL's scheme and host from ``HTTP(S)_PROXY`` / ``ALL_PROXY``, None where ``NO_PROXY``
+        names the host or none is set (urllib's reading of them; remembered per scheme and host)."""
+        import urllib.request
+
+        p = urlsplit(url)
+        key = (p.scheme, p.hostname or "")
+        if key not in self._proxies:
+            env = urllib.request.getproxies_environment()
+            proxy = env.get(p.scheme) or env.get("all")
+            if proxy and urllib.request.proxy_bypass_environment(p.hostname or "", env):
+                proxy = None
+            self._proxies[key] = proxy
+        return self._proxies[key]
 
     def _get(self):
         import aiohttp
@@ -293,9 +309,10 @@ class AioPool:
         loop = asyncio.get_running_loop()
         if self._session is None or self._loop is not loop or self._session.closed:
             conn = aiohttp.TCPConnector(limit=1024, limit_per_host=0, keepalive_timeout=60)
-            # no cookie jar: a server's Set-Cookie is never sent back (httpx's clients here keep none either
-            # between processes; a model server sets none)
-            self._session = aiohttp.ClientSession(connector=conn, trust_env=True,
+            # no cookie jar: a server's Set-Cookie is never sent back (a model server sets none). trust_env stays
+            # off: with it aiohttp would also send ~/.netrc credentials; the proxies come from the environment
+            # here instead (_proxy), as httpx takes them
+            self._session = aiohttp.ClientSession(connector=conn, trust_env=False,
                                                   cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=True)
             self._loop = loop
         return self._session
@@ -308,7 +325,7 @@ class AioPool:
         to = aiohttp.ClientTimeout(total=timeout) if timeout else aiohttp.ClientTimeout(total=None)
         try:
             async with s.request(method, url, data=content, params=params, headers=headers, timeout=to,
-                                 allow_redirects=False) as r:
+                                 allow_redirects=False, proxy=self._proxy(url)) as r:
                 body = await r.read()
                 return _Reply(r.status, r.headers, body, str(r.url))
         except asyncio.TimeoutError as e:

@@ -268,7 +268,7 @@ def main(argv=None) -> int:
         if "trim" in per:
             print(f"{'  of which glibc heap trims':<48} {per['trim']:>8.2f}")
         rest = total - known
-        print(f"{'the rest: HTTP (httpx), asyncio, rows, bookkeeping':<48} {rest:>8.2f} {rest / total:>6.0%}")
+        print(f"{'the rest: HTTP (aiohttp), asyncio, rows, bookkeeping':<48} {rest:>8.2f} {rest / total:>6.0%}")
         print(f"{'all (the process CPU, marginal)':<48} {total:>8.2f}")
     return 0
 

@@ -11,10 +11,10 @@ import pytest
 
 from agent.http import (HTTPError, RetryPolicy, is_host, make_client, make_model_client, redact, register_key_var,
                         request_json)
+from tests.fakes.http_base import JSONHandler
 
 #: both clients request_json is given: httpx's (the live tools) and aiohttp's (the model backends, a judge's key)
 CLIENTS = {"httpx": lambda: make_client(follow_redirects=False), "aiohttp": make_model_client}
-from tests.fakes.http_base import JSONHandler
 
 
 class _Server:
@@ -151,6 +151,36 @@ async def test_a_refused_connection_and_a_cut_reply_are_retried_then_named(kind)
             s.close()
     finally:
         await client.aclose()
+
+
+@pytest.mark.parametrize("kind", sorted(CLIENTS))
+async def test_proxies_come_from_the_environment_and_no_proxy_is_honoured(kind, monkeypatch):
+    class Proxy(JSONHandler):  # an HTTP proxy gets the absolute URL as its request target
+        def do_GET(self):
+            self.record()
+            self._send(200, {"via": "proxy"})
+
+    class Direct(JSONHandler):
+        def do_GET(self):
+            self.record()
+            self._send(200, {"via": "direct"})
+
+    proxy, direct = _Server(Proxy), _Server(Direct)
+    monkeypatch.setenv("HTTP_PROXY", proxy.url)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    for k in ("http_proxy", "no_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(k, raising=False)
+    client = CLIENTS[kind]()
+    try:
+        pol = RetryPolicy(retries=0, timeout_s=30)
+        got = await request_json(client, "GET", "http://model-node.invalid:30000/v1/models", policy=pol)
+        assert got == {"via": "proxy"} and proxy.seen[-1]["path"] == "http://model-node.invalid:30000/v1/models"
+        assert await request_json(client, "GET", direct.url + "/v1/models", policy=pol) == {"via": "direct"}
+        assert [x["path"] for x in direct.seen] == ["/v1/models"] and len(proxy.seen) == 1
+    finally:
+        await client.aclose()
+        proxy.close()
+        direct.close()
 
 
 def test_the_value_of_a_named_key_variable_is_redacted_whatever_its_name(monkeypatch):
