@@ -200,14 +200,15 @@ def main(argv=None) -> int:
         _wait(url, srv, timeout=600.0)
         rows, floor, parts = [], None, []
         with tempfile.TemporaryDirectory() as d:
-            if a.mode == "teacher-forced" or a.server == "standin":  # recorded ids are scored (the fidelity check too)
-                import bench_data
+            # recorded ids are scored in every mode (the teacher-forced steps, and the fidelity check before a
+            # regenerate probe), so they are the model's: its ordinary tokens only (a think block never holds a
+            # special token; SGLang's front end reads a <|video_pad|> in the ids as a video without data and
+            # refuses the request)
+            import bench_data
 
-                from agent.backends.base import model_vocab_size
+            from agent.backends.base import model_vocab_size
 
-                # the ordinary tokens only: a think block never holds the model's special tokens (SGLang's
-                # front end reads a <|video_pad|> in the ids as a video without data and refuses the request)
-                bench_data.VOCAB = min([model_vocab_size(tiny), *tok.all_special_ids])
+            bench_data.VOCAB = min([model_vocab_size(tiny), *tok.all_special_ids])
             pool = RowPool(seed=0, n_rows=1 << 16 if a.mode == "teacher-forced" else 1 << 19)
             for n in (int(x) for x in a.scales.split(",")):
                 root = Path(d) / f"run{n}"
