@@ -18,10 +18,25 @@ STOP = str(REPO / "serving" / "stop.sh")
 STANDIN = f"{sys.executable} {REPO / 'tests' / 'fakes' / 'sglang_server.py'}"
 
 
-def free_port() -> int:
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A --port base whose derived ports are free too: the launcher binds port + i for its servers and, by
+    default, port + 1000 + i for their NCCL ports (an ephemeral port the kernel picks can sit on one of those)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            p = s.getsockname()[1]
+        if p + 1003 < 65536 and all(_bindable(p + d + i) for d in (0, 1000) for i in range(4)):
+            return p
+    raise RuntimeError("no free port base with its derived ports free")
 
 
 def sh(args, env=None, timeout=120):
