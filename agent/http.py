@@ -250,11 +250,10 @@ class ClientPool:
 def make_model_client() -> "AioPool":
     """The HTTP client of the model backends (SGLang's /generate, OpenAI-compatible chat): an :class:`AioPool`.
 
-    Ours, measured (one process, 64 in flight, keep-alive, ~0.45 MB requests and 0.13 MB replies against a
-    loopback server): ~1.4 ms of client CPU a request through httpx, ~1.1 ms through httpcore alone (h11 parses
-    in Python), ~0.5 ms through aiohttp (its parser is C). A teacher-forced probe step sends two of them, so
-    this is ~2 ms of the step (scripts/bench_probe_http.py). The live tools keep httpx (:func:`make_client`).
-    """
+    Ours, measured: ``python scripts/bench_http_client.py`` (teacher-forced-shaped requests through
+    :func:`request_json`, 64 in flight, keep-alive) printed 1.0-1.3 ms of client CPU a request through httpx and
+    0.30-0.35 ms through aiohttp, whose parser is C (h11, httpx's, is Python). A teacher-forced probe step sends
+    two. The live tools keep httpx (:func:`make_client`)."""
     return AioPool()
 
 

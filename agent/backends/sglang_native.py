@@ -32,10 +32,10 @@ from __future__ import annotations
 import re
 import sys
 import time
-import numpy as np
 from operator import itemgetter
 
 import httpx
+import numpy as np
 
 from ..http import HTTPError, RetryPolicy, make_model_client, public_url, request_json, scrub
 from .base import (
