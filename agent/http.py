@@ -307,6 +307,7 @@ class AioPool:
 
         loop = asyncio.get_running_loop()
         if self._session is None or self._loop is not loop or self._session.closed:
+            self._drop()
             conn = aiohttp.TCPConnector(limit=1024, limit_per_host=0, keepalive_timeout=60)
             # no cookie jar: a server's Set-Cookie is never sent back (a model server sets none). trust_env stays
             # off: with it aiohttp would also send ~/.netrc credentials; the proxies come from the environment
@@ -340,14 +341,28 @@ class AioPool:
     async def post(self, url: str, **kw) -> _Reply:
         return await self.request("POST", url, **kw)
 
-    async def aclose(self) -> None:
+    def _drop(self) -> None:
+        """Let go of a session made in an event loop that has ended (a backend used by two ``asyncio.run``): its
+        connections are closed without that loop (none can be in use), so nothing is left to warn about."""
         s, self._session = self._session, None
         if s is not None and not s.closed:
-            try:
-                if self._loop is asyncio.get_running_loop():
-                    await s.close()
-            except RuntimeError:
-                pass
+            conn = s.connector
+            s.detach()
+            # aiohttp's synchronous close (its public close is a coroutine of the ended loop); it marks the
+            # connector closed and, with that loop closed, has nothing else to do
+            close = getattr(conn, "_close", None)
+            if close is not None:
+                try:
+                    close(abort_ssl=True)
+                except (RuntimeError, TypeError):
+                    pass
+
+    async def aclose(self) -> None:
+        if self._session is not None and self._loop is asyncio.get_running_loop():
+            s, self._session = self._session, None
+            await s.close()
+        else:
+            self._drop()
 
 
 MAX_REDIRECTS = 5

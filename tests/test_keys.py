@@ -372,3 +372,34 @@ async def test_a_key_echoed_in_a_200_tool_reply_is_never_cached_shown_or_recorde
     assert b"serper-PLANTED-7777" not in (tmp_path / "tools.sqlite").read_bytes()
     again = await tb.call("search", {"query": "kestrel", "goal": "g"}, None)  # from the cache
     assert again.cache_hit and "serper-PLANTED-7777" not in again.observation
+
+
+def test_the_model_client_serves_one_backend_across_event_loops_and_leaves_nothing_open():
+    """A backend used by two ``asyncio.run`` (a preflight, then the work) gets a new session in the second loop;
+    the first one's is let go without its loop, so aiohttp has no unclosed session or connector to warn about."""
+    import subprocess
+    import sys
+
+    class Ok(JSONHandler):
+        def do_GET(self):
+            self._send(200, {"ok": True})
+
+    s = _Server(Ok)
+    code = f"""
+import asyncio, gc, sys
+sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parents[1])!r})
+from agent.http import RetryPolicy, make_model_client, request_json
+c = make_model_client()
+async def one():
+    return await request_json(c, "GET", {s.url + "/x"!r}, policy=RetryPolicy(retries=0, timeout_s=30))
+print(asyncio.run(one()), asyncio.run(one()))
+asyncio.run(c.aclose())
+gc.collect()
+"""
+    try:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    finally:
+        s.close()
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["{'ok':", "True}", "{'ok':", "True}"]
+    assert "Unclosed" not in r.stderr and "never awaited" not in r.stderr, r.stderr
