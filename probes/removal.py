@@ -239,7 +239,9 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
                                             sampling=sampling)
                 await asyncio.to_thread(dirs[k].append, traj, rl)
                 bar.update(1)
-                collect_cycles()  # the finished replies' reference cycles (the heap itself stays frozen)
+                # the finished replies' reference cycles (the heap itself stays frozen); a replay is a whole agent run
+                # (several calls, tool results): collected every 32 as before
+                collect_cycles(every=32)
 
     import time
 

@@ -138,3 +138,26 @@ def test_forking_threshold_takes_the_top_fifth_and_the_parts_add_up():
     empty = forking_stats(None, j)
     assert empty[:3] == (0, 0, 0.0) and np.isnan(empty[3])
     assert np.isnan(forking_threshold([])[1])
+
+
+def test_entropy_bounds_of_full_rows_equal_the_masked_arithmetic():
+    """Rows with every alternative listed take a path without masks (analysis.entropy._bounds_full): the same
+    values as the masked arithmetic (reached by appending one absent alternative, which changes nothing), also
+    with underflowed probabilities, a logprob rounded above 0, and vocabularies with no or one tail token."""
+    from analysis.entropy import _bounds_full, entropy_bounds
+
+    rng = np.random.default_rng(3)
+    for trial in range(24):
+        n, k = int(rng.integers(1, 300)), int(rng.integers(1, 25))
+        g = rng.gamma(rng.uniform(0.01, 2.0), size=(n, k + int(rng.integers(0, 50))))
+        p = -np.sort(-(g / g.sum(axis=1, keepdims=True)), axis=1)[:, :k]
+        lp = np.log(np.maximum(p, 1e-320))
+        if trial % 3 == 0:
+            lp[rng.random(lp.shape) < 0.05] = -800.0  # exp underflows to 0
+        if trial % 4 == 0:
+            lp[:, 0] = 1e-7  # above 0 by rounding
+        V = int(rng.choice([k, k + 1, 1000, 248_320]))
+        fast = entropy_bounds(lp, V)
+        masked = entropy_bounds(np.concatenate([lp, np.full((n, 1), np.nan)], axis=1), V)
+        assert all(np.allclose(a, b, rtol=0, atol=1e-12) for a, b in zip(fast, masked)), trial
+        assert all(np.array_equal(a, b) for a, b in zip(fast, _bounds_full(lp, V)))

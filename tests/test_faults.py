@@ -368,3 +368,43 @@ def test_image_caches_are_bounded_by_bytes(tmp_path):
         M.set_image_cache_mb(float(before) if before else M.DEFAULT_IMAGE_CACHE_MB)
         if before is None:
             os.environ.pop("MMCF_IMAGE_CACHE_MB", None)
+
+
+def test_a_probe_lets_go_of_an_image_when_the_last_trajectory_sending_it_is_done(tmp_path):
+    """A probe takes each trajectory once: the images its finished trajectories sent were kept in the caches up to
+    their bound (512 MB: ~1.1 GB of RSS at paper scale). Now an image leaves both caches when the last trajectory
+    in flight that sends it is done, and not before (two trials of one sample share their query image)."""
+    import numpy as np
+    from PIL import Image
+
+    from agent.backends import messages as M
+    from probes.entropy import _ImageUsers
+
+    rng = np.random.default_rng(1)
+    imgs = {}
+    for name in ("a", "b"):
+        p = tmp_path / f"{name}.png"
+        Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(p)
+        img = M.load_image(p)
+        img.data_uri()
+        imgs[name] = (p, img.sha256)
+
+    def msgs(*names):
+        return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": str(imgs[n][0])},
+                                              "sha256": imgs[n][1]} for n in names]}]
+
+    def cached(name):
+        with M._lock:
+            uri = M._uri_by_sha.get(imgs[name][1]) is not None
+            data = any(v.sha256 == imgs[name][1] for v, _ in M._by_key.items.values())
+        return uri, data
+
+    users, t1, t2 = _ImageUsers(), set(), set()
+    users.use(t1, msgs("a", "b"))
+    users.use(t1, msgs("a"))  # a later step of the same trajectory: counted once
+    users.use(t2, msgs("a"))
+    users.done(t1)
+    assert cached("a") == (True, True) and cached("b") == (False, False)  # a: still sent by t2
+    users.done(t2)
+    assert cached("a") == (False, False) and users.users == {}
+    assert M.load_image(imgs["a"][0]).sha256 == imgs["a"][1]  # read again if it is needed after all

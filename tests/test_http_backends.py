@@ -116,7 +116,7 @@ async def test_native_score_flat_top_logprobs_are_the_nested_ones(tiny_model_dir
         assert not any("flat" in key for key in a.response["meta_info"])  # the arrays are not kept with the reply
 
 
-@pytest.mark.parametrize("fault", ["short", "dtype", "shape", "cover", "half"])
+@pytest.mark.parametrize("fault", ["short", "dtype", "shape", "cover", "half", "alphabet"])
 def test_native_score_malformed_flat_top_logprobs_are_refused_naming_the_field(native, fault):
     import base64
 
@@ -139,7 +139,10 @@ def test_native_score_malformed_flat_top_logprobs_are_refused_naming_the_field(n
            "dtype": ("input_top_logprobs_idx_flat_b64_dtype", "bfloat16", "dtype"),
            "shape": ("input_top_logprobs_shape", [n, k, 1], "shape"),
            "cover": ("input_top_logprobs_null_prefix", 0, "cover"),
-           "half": ("input_top_logprobs_idx_flat_b64", None, "input_top_logprobs_idx_flat_b64")}[fault]
+           "half": ("input_top_logprobs_idx_flat_b64", None, "input_top_logprobs_idx_flat_b64"),
+           # a character outside base64's alphabet (the lenient decoder would drop it and read shifted bytes)
+           "alphabet": ("input_top_logprobs_val_flat_b64", "!" + base64.b64encode(val.tobytes()).decode()[1:],
+                        "not base64")}[fault]
     meta[bad[0]] = bad[1]
     with pytest.raises(BackendError, match=bad[2]):
         native.parse_score({"meta_info": meta}, ids, k=k)

@@ -55,6 +55,9 @@ class ScriptedBackend:
     #: The fake vocabulary's size (for the entropy bounds): Qwen3.5's 248,320 output rows, so a scripted demo's
     #: ΔH interval is as wide as a real model's would be for the same top-20 lists (ids are not checked here).
     vocab = 248_320
+    #: Scoring another process's continuation needs its text (the ids are this process's hashes): a probe reads the
+    #: token texts for it. The model backends score by ids alone and skip that column (probes/entropy.py).
+    scores_text = True
 
     def __init__(self, script: list, *, model: str = "scripted", k: int = DEFAULT_TOP_LOGPROBS,
                  top_fn: Callable | None = None, semantics: LogprobSemantics | None = None,

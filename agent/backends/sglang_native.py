@@ -29,7 +29,6 @@ something reads them.
 """
 from __future__ import annotations
 
-import re
 import sys
 import time
 from operator import itemgetter
@@ -53,7 +52,7 @@ __all__ = ["SGLangBackend"]
 _TRAILING_SPECIALS = ("<|im_end|>", "<|endoftext|>")
 _second = itemgetter(1)
 #: Where a rendered prompt is cut for :meth:`SGLangBackend.prompt_ids` (before each message's start token).
-_PIECES = re.compile(r"(?=<\|im_start\|>)")
+_IM_START = "<|im_start|>"
 #: Message pieces remembered per backend (ours: ~2 new per step, so 4,096 cover the last steps of every
 #: trajectory in flight at the probes' 128 per server; a piece is its text and 4 bytes per id: ~10 KB).
 _PIECE_CACHE = 4096
@@ -142,7 +141,10 @@ class SGLangBackend:
 
     def _decode_many(self, ids: list[int]) -> list[str]:
         c = self._decode_cache
-        return [c[i] if i in c else self._decode(i) for i in ids]
+        try:  # every id seen before (the usual case after a few replies): one C-level pass
+            return list(map(c.__getitem__, ids))
+        except KeyError:
+            return [c[i] if i in c else self._decode(i) for i in ids]
 
     def render(self, messages: list[dict], template_kwargs: dict | None = None) -> tuple[str, list]:
         hf, images = split_text_and_images(messages)
@@ -276,8 +278,13 @@ class SGLangBackend:
         cache = self._piece_ids
         encode = self._encode
         out = []
-        for piece in _PIECES.split(prompt):
-            if not piece:
+        # str.split, then the start token put back on each later piece: the same pieces as a look-ahead regex split,
+        # at ~1/20 of its CPU on a 58K-character prompt (ours)
+        parts = prompt.split(_IM_START)
+        for j, piece in enumerate(parts):
+            if j:
+                piece = _IM_START + piece
+            elif not piece:
                 continue
             ids = cache.get(piece)
             if ids is None:

@@ -113,24 +113,28 @@ def _malloc_trim():
 _TRIM = _malloc_trim()
 
 
-def collect_cycles(every: int = 32) -> None:
+def collect_cycles(every: int = 128, trim_every: int = 32) -> None:
     """Call once per unit of work (a probe's step) inside :func:`collector_off_the_heap`: every ``every`` calls
     a full collection runs. With the heap frozen it walks only what was made since (the work in flight), so it
     is cheap; without it the garbage that sits in reference cycles (an HTTP client's finished responses)
     waited for the rare full collections of the raised thresholds: +0.4 GB of RSS at 1,000 probed steps of
-    ~1,000-token replies, gone with one collection every 32 steps (ours: scripts/bench_probe_http.py).
+    ~1,000-token replies with httpx, gone with one collection every 32 steps (ours: scripts/bench_probe_http.py).
+    With the model backends on aiohttp a step leaves ~80 objects in cycles, so one collection every 128 steps
+    holds the same peak RSS (570 MB at 1,000 teacher-forced steps either way) for a quarter of the walks, each of
+    which visits every object of the 64-128 trajectories in flight (~14 ms).
 
-    Then, on glibc, ``malloc_trim(0)``: a probe frees a ~1 MB reply body, its token lists and arrays at every
-    step, and glibc keeps such freed blocks inside its heap (after the first free of a large block it raises its
-    mmap threshold, so later ones come from the heap and fragment it): the teacher-forced probe's RSS climbed by
-    ~0.25 MB per step (784 MB peak at 1,000 steps, 1.1 GB at 3,000) with the Python heap flat; trimmed every 32
-    steps, 500 MB at 1,000 (ours, scripts/bench_probe_http.py --mode teacher-forced; ~1 ms per trim)."""
+    Every ``trim_every`` calls, on glibc, ``malloc_trim(0)``: a probe frees a ~1 MB reply body, its token lists and
+    arrays at every step, and glibc keeps such freed blocks inside its heap (after the first free of a large block
+    it raises its mmap threshold, so later ones come from the heap and fragment it): the teacher-forced probe's RSS
+    climbed by ~0.25 MB per step (784 MB peak at 1,000 steps, 1.1 GB at 3,000) with the Python heap flat; trimmed
+    every 32 steps, 500 MB at 1,000 (ours, scripts/bench_probe_http.py --mode teacher-forced; ~1 ms per trim)."""
     import gc
 
-    _FROZEN["ticks"] = _FROZEN.get("ticks", 0) + 1
-    if _FROZEN["ticks"] % every == 0 and _FROZEN["depth"] > 0:
-        gc.collect()
-        if _TRIM is not None:
+    _FROZEN["ticks"] = t = _FROZEN.get("ticks", 0) + 1
+    if _FROZEN["depth"] > 0:
+        if t % every == 0:
+            gc.collect()
+        if _TRIM is not None and t % trim_every == 0:
             _TRIM(0)
 
 
