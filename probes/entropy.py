@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from agent.backends.base import BackendError, Continuation, SamplingParams, top_matrix
-from agent.backends.messages import strip_query_images
+from agent.backends.messages import ImageUsers, image_shas, strip_query_images
 from agent.backends.spread import pin
 from agent.http import dumps, loads
 from agent.rundir import (Run, RunError, close_fragment, collect_cycles, collector_off_the_heap, load_run, output_lock,
@@ -309,45 +309,6 @@ def _serving_totals(rows: list[dict]) -> dict:
             "server_seconds": round(sum(float(r.get("latency_s") or 0.0) for r in rs), 2)}
 
 
-def _image_shas(messages: list[dict]):
-    """The content hashes of the stored images a call's messages send (Run.sendable_messages keeps them)."""
-    for m in messages:
-        c = m.get("content")
-        if isinstance(c, list):
-            for p in c:
-                if isinstance(p, dict) and p.get("sha256"):
-                    yield p["sha256"]
-
-
-class _ImageUsers:
-    """Which stored images the trajectories in flight send: when the last one sending an image is done, the image
-    leaves the process's image caches (agent.backends.messages.forget_images; ours). A probe takes each trajectory
-    once, so an image no trajectory in flight sends is rarely needed again (another trial of the same sample would
-    read it again); without this the caches filled to their bound (512 MB by default) over a long probe."""
-
-    def __init__(self):
-        self.users: dict[str, int] = {}
-
-    def use(self, mine: set, messages: list[dict]) -> None:
-        for sha in _image_shas(messages):
-            if sha not in mine:
-                mine.add(sha)
-                self.users[sha] = self.users.get(sha, 0) + 1
-
-    def done(self, mine: set) -> None:
-        from agent.backends.messages import forget_images
-
-        gone = []
-        for sha in mine:
-            n = self.users.get(sha, 1) - 1
-            if n > 0:
-                self.users[sha] = n
-            else:
-                self.users.pop(sha, None)
-                gone.append(sha)
-        forget_images(gone)
-
-
 async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: str, H_all=None, slices=None,
                       vocab: int | None = None, Hhi_all=None, known_texts: set | None = None,
                       images: tuple | None = None) -> dict:
@@ -360,7 +321,7 @@ async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: 
            "model": line.get("model")}
     with_imgs = run.sendable_messages(line, ev)
     if images is not None:  # (the probe's image users, this trajectory's images)
-        images[0].use(images[1], with_imgs)
+        images[0].use(images[1], image_shas(with_imgs))
     without = strip_query_images(with_imgs)  # the query images, by position (never by content)
     if mode == "regenerate":
         H = H_all[sel] if H_all is not None else grouped_tail_entropy(tok["top_logprobs"][sel])
@@ -656,7 +617,7 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
         print(f"{out / 'tokens'}: folded the token results of an interrupted probe into their trajectories' files",
               file=sys.stderr)
     kept = [0]
-    image_users = _ImageUsers()
+    image_users = ImageUsers()
     sink = open(steps_path, "ab")
     started, t0 = time.time(), time.perf_counter()
     try:

@@ -213,13 +213,21 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
     bar = tqdm(total=len(pending), desc="grounding", unit="traj", disable=not progress, file=sys.stderr, mininterval=1.0)
     failed = []
 
+    from agent.backends.messages import ImageUsers
+
+    image_users = ImageUsers()
+
     async def one(line):
         async with sem:
+            mine = set()  # its query images leave the image caches when it (and its twins in flight) are done
+            image_users.use(mine, (line.get("query_images") or {}).values())
             try:
                 rec = await ann.annotate(run, run.full(line))  # the whole line, read now
             except BackendError as e:  # the annotator endpoint failed: not written, retried on the next run
                 failed.append(f"{line['sample_id']}/t{line['trial']}: {e}")
                 rec = None
+            finally:
+                image_users.done(mine)
         if rec is not None:
             with open(path, "a") as f:
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")

@@ -225,6 +225,9 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
 
     bar = tqdm(total=n_jobs, desc="removal", unit="replay", disable=not progress, file=sys.stderr, mininterval=1.0)
     sem = asyncio.Semaphore(concurrency)
+    from agent.backends.messages import ImageUsers
+
+    image_users = ImageUsers()
 
     async def trajectory_group(line):  # the k replays of one trajectory back to back (prefix cache)
         ks = pending[(line["sample_id"], line["trial"])]
@@ -234,14 +237,22 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
             pin(backend, (line["sample_id"], line["trial"]))  # one server for a trajectory's replays (its prefixes)
             line = run.full(line)
             tokens = run.tokens(line)
-            for k in ks:
-                rl, traj = await replay_one(run, line, tokens, k, backend=backend, toolbox=toolbox, spec=spec,
-                                            sampling=sampling)
-                await asyncio.to_thread(dirs[k].append, traj, rl)
-                bar.update(1)
-                # the finished replies' reference cycles (the heap itself stays frozen); a replay is a whole agent run
-                # (several calls, tool results): collected every 32 as before
-                collect_cycles(every=32)
+            mine = set()  # its query images leave the image caches when its replays (and its twins') are done
+            image_users.use(mine, (line.get("query_images") or {}).values())
+            try:
+                await replay_group(line, tokens, ks)
+            finally:
+                image_users.done(mine)
+
+    async def replay_group(line, tokens, ks):
+        for k in ks:
+            rl, traj = await replay_one(run, line, tokens, k, backend=backend, toolbox=toolbox, spec=spec,
+                                        sampling=sampling)
+            await asyncio.to_thread(dirs[k].append, traj, rl)
+            bar.update(1)
+            # the finished replies' reference cycles (the heap itself stays frozen); a replay is a whole agent run
+            # (several calls, tool results): collected every 32 as before
+            collect_cycles(every=32)
 
     import time
 

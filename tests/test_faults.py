@@ -378,7 +378,6 @@ def test_a_probe_lets_go_of_an_image_when_the_last_trajectory_sending_it_is_done
     from PIL import Image
 
     from agent.backends import messages as M
-    from probes.entropy import _ImageUsers
 
     rng = np.random.default_rng(1)
     imgs = {}
@@ -399,10 +398,10 @@ def test_a_probe_lets_go_of_an_image_when_the_last_trajectory_sending_it_is_done
             data = any(v.sha256 == imgs[name][1] for v, _ in M._by_key.items.values())
         return uri, data
 
-    users, t1, t2 = _ImageUsers(), set(), set()
-    users.use(t1, msgs("a", "b"))
-    users.use(t1, msgs("a"))  # a later step of the same trajectory: counted once
-    users.use(t2, msgs("a"))
+    users, t1, t2 = M.ImageUsers(), set(), set()
+    users.use(t1, M.image_shas(msgs("a", "b")))
+    users.use(t1, M.image_shas(msgs("a")))  # a later step of the same trajectory: counted once
+    users.use(t2, M.image_shas(msgs("a")))
     users.done(t1)
     assert cached("a") == (True, True) and cached("b") == (False, False)  # a: still sent by t2
     users.done(t2)

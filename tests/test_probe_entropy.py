@@ -209,6 +209,51 @@ def test_token_store_partial_records_survive_a_torn_write_and_fold_in_the_old_js
     assert sorted(k2) == [5] and np.allclose(k2[5]["kl"], old["kl"]) and k2[5]["texts"][3] == "t3"
 
 
+@pytest.mark.parametrize("mode", ["regenerate", "teacher-forced"])
+async def test_the_probe_sends_each_image_from_the_caches_and_lets_go_of_it_when_its_trajectory_is_done(tmp_path,
+                                                                                                   mode):
+    """A probe's image caches hold the images of the trajectories in flight only: every request of a trajectory
+    finds its image in the caches (read once), and once the trajectory is done the image is gone from them (before:
+    kept until the caches' 512 MB bound, ~1.1 GB of RSS at paper scale)."""
+    from agent.backends import messages as M
+
+    await _run(tmp_path)
+    seen = []
+
+    def cached(sha):
+        with M._lock:
+            return M._uri_by_sha.get(sha) is not None
+
+    class Sends(ScriptedBackend):  # a model backend's part: each image part read and encoded for the request
+        def _send(self, messages):
+            shas = list(M.image_shas(messages))
+            seen.append([cached(sha) for sha in shas])
+            for m in messages:
+                for part in m["content"] if isinstance(m.get("content"), list) else []:
+                    if part.get("type") == "image_url":
+                        M.load_image(part["image_url"]["url"]).data_uri()
+
+        async def score(self, messages, continuation, **kw):
+            self._send(messages)
+            return await super().score(messages, continuation, **kw)
+
+        async def generate(self, messages, sampling=None):
+            self._send(messages)
+            return await super().generate(messages, sampling)
+
+    sends = Sends([policy] * 50, top_fn=planted)
+    res = await probe_run(tmp_path / "run", mode=mode, backend=sends, progress=False, concurrency=1)
+    from agent.rundir import load_run
+
+    run_ = load_run(tmp_path / "run")
+    shas = {sha for ln in run_.index for sha in (ln.get("query_images") or {}).values()}
+    assert len(res["steps"]) == 9 and shas
+    assert not any(cached(sha) for sha in shas)  # all trajectories done: none kept
+    if mode == "teacher-forced":  # a trajectory's later with-images requests found its image cached
+        with_images = [s for s in seen if s]
+        assert len(with_images) == 9 and sum(all(s) for s in with_images) == 9 - 3
+
+
 async def test_probe_refuses_to_pair_scaled_with_raw(tmp_path):
     await _run(tmp_path)  # recorded with raw semantics
     scaled = ScriptedBackend([policy] * 50, top_fn=planted, semantics=LogprobSemantics("scaled", 0.2))

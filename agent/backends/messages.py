@@ -147,6 +147,45 @@ def forget_images(shas) -> None:
             _by_key.pop(key)
 
 
+def image_shas(messages: list[dict]):
+    """The content hashes of the stored images a call's messages send (``Run.sendable_messages`` keeps them)."""
+    for m in messages:
+        c = m.get("content")
+        if isinstance(c, list):
+            for p in c:
+                if isinstance(p, dict) and p.get("sha256"):
+                    yield p["sha256"]
+
+
+class ImageUsers:
+    """Which stored images the trajectories a probe has in flight send: when the last one sending an image is
+    done, the image leaves the process's image caches (:func:`forget_images`; ours). A probe takes each trajectory
+    once, so an image no trajectory in flight sends is rarely needed again (another trial of the same sample reads
+    it again); without this the caches filled to their bound (512 MB by default) over a long probe. One event
+    loop's tasks use it (no lock)."""
+
+    def __init__(self):
+        self.users: dict[str, int] = {}
+
+    def use(self, mine: set, shas) -> None:
+        """The trajectory whose images are ``mine`` sends these (each counted once per trajectory)."""
+        for sha in shas:
+            if sha not in mine:
+                mine.add(sha)
+                self.users[sha] = self.users.get(sha, 0) + 1
+
+    def done(self, mine: set) -> None:
+        gone = []
+        for sha in mine:
+            n = self.users.get(sha, 1) - 1
+            if n > 0:
+                self.users[sha] = n
+            else:
+                self.users.pop(sha, None)
+                gone.append(sha)
+        forget_images(gone)
+
+
 def image_cache_stats() -> dict:
     with _lock:
         return {"images": len(_by_key.items), "image_bytes": _by_key.bytes, "uris": len(_uri_by_sha.items),
