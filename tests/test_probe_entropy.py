@@ -209,14 +209,14 @@ def test_token_store_partial_records_survive_a_torn_write_and_fold_in_the_old_js
     assert sorted(k2) == [5] and np.allclose(k2[5]["kl"], old["kl"]) and k2[5]["texts"][3] == "t3"
 
 
-@pytest.mark.parametrize("mode", ["regenerate", "teacher-forced"])
-async def test_the_probe_sends_each_image_from_the_caches_and_lets_go_of_it_when_its_trajectory_is_done(tmp_path,
-                                                                                                   mode):
+async def test_the_probe_sends_each_image_from_the_caches_and_lets_go_of_it_when_its_trajectory_is_done(tmp_path):
     """A probe's image caches hold the images of the trajectories in flight only: every request of a trajectory
     finds its image in the caches (read once), and once the trajectory is done the image is gone from them (before:
-    kept until the caches' 512 MB bound, ~1.1 GB of RSS at paper scale)."""
+    kept until the caches' 512 MB bound, ~1.1 GB of RSS at paper scale). Teacher-forced: its with-images side is
+    sent (the regenerate probe sends only the side without)."""
     from agent.backends import messages as M
 
+    mode = "teacher-forced"
     await _run(tmp_path)
     seen = []
 
@@ -249,9 +249,8 @@ async def test_the_probe_sends_each_image_from_the_caches_and_lets_go_of_it_when
     shas = {sha for ln in run_.index for sha in (ln.get("query_images") or {}).values()}
     assert len(res["steps"]) == 9 and shas
     assert not any(cached(sha) for sha in shas)  # all trajectories done: none kept
-    if mode == "teacher-forced":  # a trajectory's later with-images requests found its image cached
-        with_images = [s for s in seen if s]
-        assert len(with_images) == 9 and sum(all(s) for s in with_images) == 9 - 3
+    with_images = [s for s in seen if s]  # a trajectory's later with-images requests found its image cached
+    assert len(with_images) == 9 and sum(all(s) for s in with_images) == 9 - 3
 
 
 async def test_probe_refuses_to_pair_scaled_with_raw(tmp_path):
