@@ -148,11 +148,33 @@ def photo_image(root: Path, i: int, kb: int = 320) -> Path:
     return p
 
 
+def english_windows(rng):
+    """``take(n)``: a random window of ~``n`` characters of English prose (this repository's README.md, cut at
+    word boundaries): the ``text="english"`` option of :func:`write_run`."""
+    corpus = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+
+    def take(n: int) -> str:
+        a = int(rng.integers(0, max(1, len(corpus) - n - 1)))
+        a = corpus.find(" ", a) + 1
+        return corpus[a:a + n]
+    return take
+
+
 def write_run(root: Path, n_trajectories: int, pool: RowPool, *, calls: int = 10, tokens: int = 1000,
               observation_chars: int = 4000, precision: str = "float32", progress: bool = True,
-              model: str = "bench-model", distinct_images: bool = False) -> dict:
+              model: str = "bench-model", distinct_images: bool = False, text: str = "synthetic") -> dict:
     """A ReAct run directory written by the toolkit's own writer; returns counts and sizes. ``distinct_images``:
-    one ~320 KB photo-sized JPEG per trajectory (:func:`photo_image`) instead of one small image for all."""
+    one ~320 KB photo-sized JPEG per trajectory (:func:`photo_image`) instead of one small image for all.
+
+    ``text``: what the history's texts are. ``"synthetic"`` (the default): each reasoning is the texts of its
+    tokens' ids in the pool's fake vocabulary of random letter strings, and each observation random words of it,
+    so nearly every word is new to a tokenizer's word cache. ``"english"``: the reasoning and the observation are
+    windows of English prose of the same lengths (this repository's README, code spans and numbers included; the
+    recorded ids and their logprobs are unchanged, so the reasoning is not their decode). Which is cheaper to
+    tokenise depends on the tokenizer: with the embedded one's 628-token vocabulary the English measured slower
+    (scripts/bench_probe_http.py --text english)."""
+    if text not in ("synthetic", "english"):
+        raise ValueError(f"text must be 'synthetic' or 'english', not {text!r}")
     from agent.benchmarks import Sample
     from agent.rundir import RunDir
     from agent.tools.toolbox import ToolResult
@@ -169,6 +191,7 @@ def write_run(root: Path, n_trajectories: int, pool: RowPool, *, calls: int = 10
     img = bench_image(root)
     rng = pool.rng
     words = pool.vocab
+    english = english_windows(rng) if text == "english" else None
     system = "You are a research assistant that answers questions about images by searching the web. " * 20
     n_tok = 0
     for i in range(n_trajectories):
@@ -187,10 +210,13 @@ def write_run(root: Path, n_trajectories: int, pool: RowPool, *, calls: int = 10
         for c in range(calls):
             n = int(rng.integers(tokens // 2, tokens * 3 // 2 + 1))
             out = output(pool, n, model=model)
+            if english is not None:
+                out.reasoning = english(len(out.reasoning))
             ev = traj.llm_call(msgs, out, state="react", sampling={"temperature": 0.2, "top_p": 0.95,
                                                                   "max_tokens": 4096, "top_logprobs": 20})
             ev["action"] = {"kind": "tool_call", "name": "search", "args": {"query": "q", "goal": "g"}}
-            obs = "".join(words[j] for j in rng.integers(0, len(words), observation_chars // 4))[:observation_chars]
+            obs = english(observation_chars) if english is not None else \
+                "".join(words[j] for j in rng.integers(0, len(words), observation_chars // 4))[:observation_chars]
             traj.tool_call(ev, ToolResult("search", {"query": "q", "goal": "g"}, obs, True, False))
             msgs = msgs + [{"role": "assistant", "content": out.text, "reasoning_content": out.reasoning},
                            {"role": "user", "content": f"<tool_response>\n{obs}\n</tool_response>"}]

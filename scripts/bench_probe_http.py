@@ -1,7 +1,8 @@
 """The entropy probe on the HTTP path: client CPU per step and peak memory, at two scales, as whole processes.
 
     python scripts/bench_probe_http.py [--scales 10,100,300] [--reply-tokens 1000] [--concurrency 64]
-        [--mode regenerate|teacher-forced] [--server fake|standin] [--small-images] [--no-breakdown]
+        [--mode regenerate|teacher-forced] [--server fake|standin] [--small-images] [--text synthetic|english]
+        [--no-breakdown]
 
 What a user with a GPU node runs: ``python -m probes.entropy RUN --backend sglang --endpoint URL
 --model-dir DIR`` against a server. The server is the loopback SGLang stand-in (tests/fakes/sglang_server.py)
@@ -9,7 +10,8 @@ in its own process, replying to every ``/generate`` with a ~``--reply-tokens`` t
 alternatives per token (SGLang's native JSON shape); the run is paper-shaped (scripts/bench_data.py: 10 calls
 of ~1,000 tokens per trajectory, each with its query image: by default a distinct ~320 KB 1024 x 768 JPEG per
 trajectory, a real photo's size, so every with-images request carries its own ~0.43 MB of base64;
-``--small-images`` shares one small image instead). For each scale (trajectories; x 10 steps) the
+``--small-images`` shares one small image instead; ``--text english`` makes the history's reasoning and
+observations windows of English prose, this README, instead of random letter strings). For each scale (trajectories; x 10 steps) the
 probe runs as one process; its CPU time (user + system, from the kernel) and peak RSS are printed, per step
 and in all, so scaling shows: CPU per step should stay flat and peak memory should not grow with the steps.
 The tokenizer and chat template are the embedded tiny model's (the real Qwen3.5 classes; a 628-token
@@ -157,6 +159,10 @@ def main(argv=None) -> int:
     ap.add_argument("--small-images", dest="photos", action="store_false",
                     help="one small image shared by every trajectory instead of a distinct ~320 KB 1024 x 768 JPEG per "
                          "trajectory (the default: a real query photo's size, and no image is sent twice)")
+    ap.add_argument("--text", choices=("synthetic", "english"), default="synthetic",
+                    help="the history's texts: random letter strings (default; nearly every word new to the "
+                         "tokenizer's word cache) or windows of English prose (this README): scripts/bench_data.py "
+                         "write_run")
     ap.add_argument("--no-breakdown", dest="breakdown", action="store_false",
                     help="teacher-forced: run the plain command, without timing a step's CPU by part")
     a = ap.parse_args(argv)
@@ -212,7 +218,7 @@ def main(argv=None) -> int:
             pool = RowPool(seed=0, n_rows=1 << 16 if a.mode == "teacher-forced" else 1 << 19)
             for n in (int(x) for x in a.scales.split(",")):
                 root = Path(d) / f"run{n}"
-                write_run(root, n, pool, progress=False, distinct_images=a.photos)
+                write_run(root, n, pool, progress=False, distinct_images=a.photos, text=a.text)
                 driver = os.environ.get("BENCH_DRIVER")  # (experiments) a wrapper: DRIVER MODE ARGS...
                 parts_file = Path(d) / f"parts{n}.json"
                 head = driver.split() if driver else ["-m", "probes.entropy"]
@@ -244,7 +250,7 @@ def main(argv=None) -> int:
     what = "SGLang's real front end (serving/standin.py, scripted)" if a.server == "standin" else "the loopback fake"
     imgs = "a distinct ~320 KB 1024 x 768 JPEG per trajectory" if a.photos else "one small image for all trajectories"
     print(f"python -m probes.entropy RUN --backend sglang ({a.mode}) against {what}, {reply_tokens}-token replies "
-          f"with top-20, {imgs}, --concurrency {a.concurrency}; one process per scale")
+          f"with top-20, {imgs}, {a.text} history text, --concurrency {a.concurrency}; one process per scale")
     print(f"{'trajectories':>12} {'steps':>6} {'client CPU s':>12} {'ms CPU/step':>11} {'wall s':>7} {'peak RSS MB':>11}")
     for n, steps, cpu, wall, rss in rows:
         print(f"{n:>12} {steps:>6} {cpu:>12.1f} {1000 * cpu / steps:>11.1f} {wall:>7.1f} {rss:>11.0f}")
