@@ -94,6 +94,40 @@ def test_vectorised_kl_equals_the_definition():
     assert E.kl_union_tail(ip[9], lp[9], iq[9], lq[9]) == pytest.approx(ref[9], abs=1e-12)
 
 
+def test_the_kl_of_fully_listed_rows_equals_the_masked_arithmetic():
+    """Rows where every alternative is listed take a path without masks (analysis.entropy._kl_full): the same
+    values as the masked path (reached by giving one row an absent entry), also with underflowed probabilities,
+    logprobs rounded above 0, lists of different lengths, identical lists and disjoint ones."""
+    rng = np.random.default_rng(5)
+    for trial in range(20):
+        n, kp, kq = int(rng.integers(1, 200)), int(rng.integers(1, 22)), int(rng.integers(1, 22))
+
+        def rows(k):
+            g = rng.gamma(rng.uniform(0.02, 2.0), size=(n, 60))
+            p = g / g.sum(1, keepdims=True)
+            o = np.argsort(-p, axis=1)[:, :k]
+            return o.astype(np.int64), np.log(np.maximum(np.take_along_axis(p, o, 1), 1e-320))
+        ip, lp = rows(kp)
+        iq, lq = rows(kq)
+        if trial % 3 == 0:
+            lp[rng.random(lp.shape) < 0.05] = -800.0
+            lq[rng.random(lq.shape) < 0.05] = -1000.0
+        if trial % 4 == 0:
+            lp[:, 0], lq[:, 0] = 1e-7, 2e-7
+        if trial % 5 == 0 and kp == kq:
+            iq[: n // 2], lq[: n // 2] = ip[: n // 2], lp[: n // 2]
+        if trial % 7 == 0:
+            iq += 1000  # nothing in common
+        fast = E.kl_union_tail_rows(ip, lp, iq, lq)
+        ip2, lp2 = np.concatenate([ip, np.full((n, 1), -1)], 1), np.concatenate([lp, np.full((n, 1), np.nan)], 1)
+        masked = E.kl_union_tail_rows(ip2, lp2, iq, lq)   # the absent entry changes nothing
+        ref = np.array([_kl_reference(ip[i], lp[i], iq[i], lq[i]) for i in range(min(n, 30))])
+        assert np.allclose(fast, masked, rtol=0, atol=1e-12), trial
+        assert np.allclose(fast[:30], ref, rtol=1e-9, atol=1e-12), trial
+    with pytest.raises(ValueError, match="matrices"):
+        E.kl_union_tail_rows(np.zeros((3, 2)), np.zeros((3, 3)), np.zeros((3, 2)), np.zeros((3, 2)))
+
+
 def test_chunked_entropy_across_chunk_boundaries(monkeypatch):
     rng = np.random.default_rng(2)
     lp = np.log(rng.dirichlet(np.ones(30), size=1000)[:, :20])

@@ -161,3 +161,29 @@ def test_entropy_bounds_of_full_rows_equal_the_masked_arithmetic():
         masked = entropy_bounds(np.concatenate([lp, np.full((n, 1), np.nan)], axis=1), V)
         assert all(np.allclose(a, b, rtol=0, atol=1e-12) for a, b in zip(fast, masked)), trial
         assert all(np.array_equal(a, b) for a, b in zip(fast, _bounds_full(lp, V)))
+
+
+def test_the_upper_bound_from_the_grouped_entropy_equals_entropy_bounds():
+    """token_influence takes the upper bound from the grouped-tail entropy it already has (analysis.entropy.
+    _upper_bound): the same values as entropy_bounds, also with underflowed probabilities, a logprob rounded
+    above 0, an empty tail, vocabularies with no or one tail token, and a row with an absent entry (which takes
+    entropy_bounds itself)."""
+    from analysis.entropy import _upper_bound, entropy_bounds, grouped_tail_entropy
+
+    rng = np.random.default_rng(4)
+    for trial in range(24):
+        n, k = int(rng.integers(1, 300)), int(rng.integers(1, 25))
+        g = rng.gamma(rng.uniform(0.01, 2.0), size=(n, k + int(rng.integers(0, 50))))
+        p = -np.sort(-(g / g.sum(axis=1, keepdims=True)), axis=1)[:, :k]
+        lp = np.log(np.maximum(p, 1e-320))
+        if trial % 3 == 0:
+            lp[rng.random(lp.shape) < 0.05] = -800.0
+        if trial % 4 == 0:
+            lp[:, 0] = 1e-7
+        if trial % 5 == 0:
+            lp[0] = np.log(np.full(k, 1.0 / k))  # no tail at all
+        if trial % 6 == 0:
+            lp[-1, -1] = np.nan
+        V = int(rng.choice([k, k + 1, 1000, 248_320]))
+        got = _upper_bound(lp, grouped_tail_entropy(lp), V)
+        assert np.allclose(got, entropy_bounds(lp, V)[1], rtol=0, atol=1e-12), trial
