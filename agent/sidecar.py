@@ -226,6 +226,16 @@ def decode(path, columns: list[str] | None = None) -> dict[str, np.ndarray]:
             cache["top_ids"] = ids
         return cache["top_ids"]
 
+    def top_ids_at(rows, cols):
+        """``top_ids()[rows, cols]`` without mapping the whole matrix (the chosen ids of a read of ``id`` alone:
+        ours, ~1/10 of the CPU of the full ``d[ranks]`` over every alternative)."""
+        if "top_ids" in cache:
+            return cache["top_ids"][rows, cols]
+        col = got["top_ids"]
+        ranks = col.flatten().to_numpy(zero_copy_only=False).reshape(-1, col.type.list_size)[rows, cols]
+        d = _unpack_dict(meta.get(_META_DICT, b"0:"))
+        return np.where(ranks >= 0, d[np.maximum(ranks, 0)] if len(d) else -1, -1)
+
     def top_lps():
         if "top_logprobs" not in cache:
             col = got["top_logprobs"]
@@ -247,9 +257,8 @@ def decode(path, columns: list[str] | None = None) -> dict[str, np.ndarray]:
             chosen = got["chosen"].to_numpy(zero_copy_only=False).astype(np.int64)
             sel = np.flatnonzero(chosen >= 0)
             if len(sel):
-                src = top_ids() if name == "id" else top_lps()
                 base = base.copy()
-                base[sel] = src[sel, chosen[sel]]
+                base[sel] = top_ids_at(sel, chosen[sel]) if name == "id" else top_lps()[sel, chosen[sel]]
             out[name] = base
         else:
             out[name] = _plain(got[name], name)

@@ -84,7 +84,11 @@ def _alternatives(with_tokens, without_tokens, pos, known: set | None = None) ->
         out[f"{side}_ids"] = np.asarray(arr.top_ids)[pos, :ALTERNATIVES].astype(np.int64)
         out[f"{side}_lp"] = np.asarray(arr.top_logprobs)[pos, :ALTERNATIVES].astype(np.float32)
     if isinstance(with_tokens, TokenArrays) and isinstance(without_tokens, TokenArrays):
-        u = np.unique(np.concatenate([out["w_ids"].ravel(), out["o_ids"].ravel()]))  # both sides: one sort
+        # both sides: one sort, then each id once (not np.unique: numpy 2.4's took ~0.55 ms on these ~9,000 ids,
+        # the sort ~0.03; ours)
+        u = np.sort(np.concatenate([out["w_ids"].ravel(), out["o_ids"].ravel()]))
+        if len(u):
+            u = u[np.concatenate(([True], u[1:] != u[:-1]))]
         need = [i for i in u[u >= 0].tolist() if i not in known]  # ascending, each id once
         dec = getattr(with_tokens, "_decode", None) or getattr(without_tokens, "_decode", None)
         texts = {i: (dec(i) if dec else "") for i in need}

@@ -53,6 +53,8 @@ def test_format2_round_trip_is_exact(tmp_path, seed):
     # a subset of columns reads only what it needs, and agrees
     sub = sidecar.decode(p, ["logprob", "call"])
     assert set(sub) == {"logprob", "call"} and np.array_equal(sub["logprob"], got["logprob"], equal_nan=True)
+    ids = sidecar.decode(p, ["id"])["id"]  # the chosen ids alone: picked from the ranks, not the mapped matrix
+    assert np.array_equal(ids, _concat(tok, "id")) and np.array_equal(sidecar.decode(p, ["top_ids", "id"])["id"], ids)
     with pytest.raises(ValueError, match="no column"):
         sidecar.decode(p, ["release_kl"])
 
@@ -72,6 +74,7 @@ def test_ids_without_a_top_list_and_float16(tmp_path):
     p.write_bytes(sidecar.encode(tok, 20, "float16"))
     got = sidecar.decode(p)
     assert np.array_equal(got["id"], tok[1]["id"]) and (got["top_ids"] == -1).all()
+    assert np.array_equal(sidecar.decode(p, ["id"])["id"], tok[1]["id"])
     assert np.allclose(got["top_logprobs"], tok[1]["top_logprobs"], rtol=2e-3, equal_nan=True)
     assert np.array_equal(got["logprob"], tok[1]["logprob"])  # the chosen logprob stays float32
 
