@@ -149,13 +149,15 @@ def loads(data: bytes):
     return json.loads(data)
 
 
-def dumps(obj, *, sort_keys: bool = False) -> bytes:
-    """Compact UTF-8 JSON (orjson when installed); non-finite floats become null.
+def dumps(obj, *, sort_keys: bool = False, int_keys: bool = False) -> bytes:
+    """Compact UTF-8 JSON (orjson when installed); non-finite floats become null. ``int_keys``: dict keys may be
+    ints (written as strings, as the json module writes them), with no converted copy of the dict.
 
     Strings holding lone surrogates (not encodable as UTF-8) are written as JSON escapes (``\\ud800``),
     so a record never fails to write because of what a model emitted."""
     if _orjson is not None:
-        opt = _orjson.OPT_SERIALIZE_NUMPY | (_orjson.OPT_SORT_KEYS if sort_keys else 0)
+        opt = (_orjson.OPT_SERIALIZE_NUMPY | (_orjson.OPT_SORT_KEYS if sort_keys else 0)
+               | (_orjson.OPT_NON_STR_KEYS if int_keys else 0))
         try:
             return _orjson.dumps(obj, option=opt, default=_default)
         except TypeError:  # "str is not valid UTF-8: surrogates not allowed"

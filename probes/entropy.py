@@ -159,16 +159,17 @@ class TokenStore:
                 for c, dt in (("w_ids", np.int32), ("w_lp", np.float32), ("o_ids", np.int32), ("o_lp", np.float32)):
                     flat = np.concatenate([np.asarray(merged[s][c], dt).reshape(-1, ALTERNATIVES) for s in order])
                     cols[c] = pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), ALTERNATIVES)
-                for s in order:
-                    texts.update({str(k): v for k, v in (merged[s].get("texts") or {}).items()})
+                for s in order:  # int keys throughout (the readers below convert theirs)
+                    texts.update(merged[s].get("texts") or {})
             table = pa.table(cols)
             if texts:  # the alternatives' texts, once per id, in the file's metadata
-                table = table.replace_schema_metadata({"alt_texts": json.dumps(texts, ensure_ascii=False)})
+                table = table.replace_schema_metadata({"alt_texts": dumps(texts, int_keys=True)})
             sink = pa.BufferOutputStream()
             # dictionary-encoding only the step column: with every column dictionary-encoded (pyarrow's default) the
             # write took ~4x the CPU and the file was larger (ours, ad hoc: 9.8 -> 2.2 ms and 1.02 -> 0.65 MB for a
             # 9,000-token trajectory)
-            pq.write_table(table, sink, compression="zstd", use_dictionary=["step"])
+            # (no column statistics: nothing filters these files by value; ~7 % of the write)
+            pq.write_table(table, sink, compression="zstd", use_dictionary=["step"], write_statistics=False)
             self.d.mkdir(parents=True, exist_ok=True)
             _atomic_write(self.path(key), sink.getvalue().to_pybytes())
         for partial in partials:
@@ -210,7 +211,8 @@ class TokenStore:
             for raw in data.splitlines():
                 try:
                     r = loads(raw)
-                    out[int(r["step"])] = {c: r[c] for c in (*_COLUMNS, "texts") if c in r}
+                    out[int(r["step"])] = {**{c: r[c] for c in _COLUMNS if c in r},
+                                           "texts": {int(k): v for k, v in (r.get("texts") or {}).items()}}
                 except (ValueError, KeyError, TypeError):  # a torn last line: that step's row was never written
                     continue
             return out
@@ -237,7 +239,7 @@ def _frame(step: int, tok: dict) -> bytes:
     column's dtype and shape, the alternatives' texts) and the columns' bytes in header order (ours)."""
     arrays = [(c, np.ascontiguousarray(tok[c])) for c in _COLUMNS if c in tok]
     head = dumps({"step": int(step), "cols": [[c, a.dtype.str, list(a.shape)] for c, a in arrays],
-                  "texts": {str(k): v for k, v in (tok.get("texts") or {}).items()}})
+                  "texts": tok.get("texts") or {}}, int_keys=True)
     return b"".join([_MAGIC, len(head).to_bytes(4, "little"), head, *(a.tobytes() for _, a in arrays)])
 
 
