@@ -43,7 +43,7 @@ from agent.backends.spread import pin
 from agent.http import dumps, loads
 from agent.rundir import (Run, RunError, close_fragment, collect_cycles, collector_off_the_heap, load_run, output_lock,
                           token_key)
-from analysis.entropy import entropy_bounds, entropy_histogram, grouped_tail_entropy, token_influence
+from analysis.entropy import entropy_high, entropy_histogram, grouped_tail_entropy, token_influence
 from analysis.selection import select_trajectories
 from analysis.entropy import FORK_SHARE
 from analysis.stats import summarise_by
@@ -335,7 +335,7 @@ async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: 
         H = H_all[sel] if H_all is not None else grouped_tail_entropy(tok["top_logprobs"][sel])
         row["H_with"] = _think_mean(H, think)
         if vocab:
-            hi = Hhi_all[sel] if Hhi_all is not None else entropy_bounds(tok["top_logprobs"][sel], vocab)[1]
+            hi = Hhi_all[sel] if Hhi_all is not None else entropy_high(tok["top_logprobs"][sel], H, vocab)
             row["H_high_with"] = _think_mean(hi, think)
         ex = tok["exact_entropy"][sel][think]  # NaN where the backend had no full distribution (a server)
         row["H_exact_with"] = float(np.mean(ex, dtype=np.float64)) if len(ex) and np.isfinite(ex).all() else float("nan")
@@ -354,7 +354,7 @@ async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: 
         # forking-token statistics (the run-wide threshold is applied after the probe): each side's think tokens
         row["fork"] = {"w": entropy_histogram(H[think]), "o": entropy_histogram(np.asarray(h2)[th2])}
         if vocab:
-            row["H_high_without"] = _think_mean(entropy_bounds(top, vocab)[1], th2)
+            row["H_high_without"] = _think_mean(entropy_high(top, h2, vocab), th2)
         if out.exact_entropy is not None:
             row["H_exact_without"] = _think_mean(np.asarray(out.exact_entropy, dtype=np.float64), th2)
         row["regenerated_text"] = out.text[:2000]
@@ -579,7 +579,8 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
                 bar.update(len(steps))
                 return
             H_all = grouped_tail_entropy(tok["top_logprobs"]) if mode == "regenerate" else None
-            Hhi_all = entropy_bounds(tok["top_logprobs"], vocab)[1] if mode == "regenerate" and vocab else None
+            # the upper bounds from the grouped entropies just computed (the same bound: ~40 % less CPU, ours)
+            Hhi_all = entropy_high(tok["top_logprobs"], H_all, vocab) if mode == "regenerate" and vocab else None
             slices = _call_slices(tok["call"])
             events = {e["index"]: e for e in line["events"] if e["type"] == "llm_call"}
             key, fh, kept_tokens = token_key(line["sample_id"], line["trial"]), None, {}

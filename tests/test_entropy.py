@@ -165,10 +165,10 @@ def test_entropy_bounds_of_full_rows_equal_the_masked_arithmetic():
 
 def test_the_upper_bound_from_the_grouped_entropy_equals_entropy_bounds():
     """token_influence takes the upper bound from the grouped-tail entropy it already has (analysis.entropy.
-    _upper_bound): the same values as entropy_bounds, also with underflowed probabilities, a logprob rounded
+    entropy_high): the same values as entropy_bounds, also with underflowed probabilities, a logprob rounded
     above 0, an empty tail, vocabularies with no or one tail token, and a row with an absent entry (which takes
     entropy_bounds itself)."""
-    from analysis.entropy import _upper_bound, entropy_bounds, grouped_tail_entropy
+    from analysis.entropy import entropy_high, entropy_bounds, grouped_tail_entropy
 
     rng = np.random.default_rng(4)
     for trial in range(24):
@@ -185,5 +185,8 @@ def test_the_upper_bound_from_the_grouped_entropy_equals_entropy_bounds():
         if trial % 6 == 0:
             lp[-1, -1] = np.nan
         V = int(rng.choice([k, k + 1, 1000, 248_320]))
-        got = _upper_bound(lp, grouped_tail_entropy(lp), V)
+        got = entropy_high(lp, grouped_tail_entropy(lp), V)
         assert np.allclose(got, entropy_bounds(lp, V)[1], rtol=0, atol=1e-12), trial
+        f32 = lp.astype(np.float32)  # a record's float32 logprobs: the grouped entropy in float32 arithmetic
+        assert np.allclose(entropy_high(f32, grouped_tail_entropy(f32), V), entropy_bounds(f32, V)[1], rtol=0,
+                           atol=2e-6), trial
