@@ -140,6 +140,21 @@ def test_forking_threshold_takes_the_top_fifth_and_the_parts_add_up():
     assert np.isnan(forking_threshold([])[1])
 
 
+def _top_rows(rng, trial: int):
+    """(n, k) sorted top-k logprobs of random peaked-to-flat distributions, some with probabilities that underflow
+    (trial % 3 == 0) or a logprob rounded above 0 (trial % 4 == 0), and a vocabulary with no, one or many tail
+    tokens."""
+    n, k = int(rng.integers(1, 300)), int(rng.integers(1, 25))
+    g = rng.gamma(rng.uniform(0.01, 2.0), size=(n, k + int(rng.integers(0, 50))))
+    p = -np.sort(-(g / g.sum(axis=1, keepdims=True)), axis=1)[:, :k]
+    lp = np.log(np.maximum(p, 1e-320))
+    if trial % 3 == 0:
+        lp[rng.random(lp.shape) < 0.05] = -800.0  # exp underflows to 0
+    if trial % 4 == 0:
+        lp[:, 0] = 1e-7  # above 0 by rounding
+    return lp, int(rng.choice([k, k + 1, 1000, 248_320]))
+
+
 def test_entropy_bounds_of_full_rows_equal_the_masked_arithmetic():
     """Rows with every alternative listed take a path without masks (analysis.entropy._bounds_full): the same
     values as the masked arithmetic (reached by appending one absent alternative, which changes nothing), also
@@ -148,15 +163,8 @@ def test_entropy_bounds_of_full_rows_equal_the_masked_arithmetic():
 
     rng = np.random.default_rng(3)
     for trial in range(24):
-        n, k = int(rng.integers(1, 300)), int(rng.integers(1, 25))
-        g = rng.gamma(rng.uniform(0.01, 2.0), size=(n, k + int(rng.integers(0, 50))))
-        p = -np.sort(-(g / g.sum(axis=1, keepdims=True)), axis=1)[:, :k]
-        lp = np.log(np.maximum(p, 1e-320))
-        if trial % 3 == 0:
-            lp[rng.random(lp.shape) < 0.05] = -800.0  # exp underflows to 0
-        if trial % 4 == 0:
-            lp[:, 0] = 1e-7  # above 0 by rounding
-        V = int(rng.choice([k, k + 1, 1000, 248_320]))
+        lp, V = _top_rows(rng, trial)
+        n = len(lp)
         fast = entropy_bounds(lp, V)
         masked = entropy_bounds(np.concatenate([lp, np.full((n, 1), np.nan)], axis=1), V)
         assert all(np.allclose(a, b, rtol=0, atol=1e-12) for a, b in zip(fast, masked)), trial
@@ -172,19 +180,12 @@ def test_the_upper_bound_from_the_grouped_entropy_equals_entropy_bounds():
 
     rng = np.random.default_rng(4)
     for trial in range(24):
-        n, k = int(rng.integers(1, 300)), int(rng.integers(1, 25))
-        g = rng.gamma(rng.uniform(0.01, 2.0), size=(n, k + int(rng.integers(0, 50))))
-        p = -np.sort(-(g / g.sum(axis=1, keepdims=True)), axis=1)[:, :k]
-        lp = np.log(np.maximum(p, 1e-320))
-        if trial % 3 == 0:
-            lp[rng.random(lp.shape) < 0.05] = -800.0
-        if trial % 4 == 0:
-            lp[:, 0] = 1e-7
+        lp, V = _top_rows(rng, trial)
+        k = lp.shape[1]
         if trial % 5 == 0:
             lp[0] = np.log(np.full(k, 1.0 / k))  # no tail at all
         if trial % 6 == 0:
             lp[-1, -1] = np.nan
-        V = int(rng.choice([k, k + 1, 1000, 248_320]))
         got = entropy_high(lp, grouped_tail_entropy(lp), V)
         assert np.allclose(got, entropy_bounds(lp, V)[1], rtol=0, atol=1e-12), trial
         f32 = lp.astype(np.float32)  # a record's float32 logprobs: the grouped entropy in float32 arithmetic
