@@ -1,6 +1,6 @@
 """What tokenising a teacher-forced step's new text costs: the embedded tokenizer against a Qwen vocabulary.
 
-    python scripts/bench_tokenize.py [--qwen-ranks PATH] [--model-dir DIR] [--steps 300]
+    python scripts/bench_tokenize.py [--qwen-ranks PATH] [--model-dir DIR] [--steps 200] [--rounds 3]
 
 A teacher-forced step sends the conversation so far twice (with and without the query images); the client
 tokenises only the step's new message pieces, once for both (agent/backends/sglang_native.py ``prompt_ids``): the
@@ -15,7 +15,9 @@ each tokenizer tokenises the same steps' pieces the way the probe does (``encode
 
 on the bench's synthetic text (random letter strings from its fake vocabulary: nearly every word new) and on
 English prose (windows of this README, code spans and numbers included), printing ms per step, µs per
-character and tokens per step, and each tokenizer's cold time over the embedded one's.
+character and tokens per step, and each tokenizer's cold time over the embedded one's. Each round has new text
+and runs the tokenizers in turn on it, the first one alternating (this machine's speed drifts within a minute),
+so the ratios are paired per round.
 
 ``--qwen-ranks PATH``: Qwen's byte-level BPE ranks in tiktoken format, ``qwen.tiktoken`` (151,643 tokens: the
 ordinary tokens of Qwen2's and Qwen3's tokenizers; Qwen3.5's has 248,320, which no file here has). Nothing is
@@ -143,8 +145,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--qwen-ranks", type=Path, help="qwen.tiktoken, or the dashscope wheel holding it")
     ap.add_argument("--model-dir", help="also a real model directory's tokenizer")
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=200, help="steps' text per round")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds, each on new text, the tokenizers in turn")
     a = ap.parse_args(argv)
+    import statistics
+
     from agent.backends.local import load_chat_renderer
     from agent.backends.tiny_model import SPECIAL_TOKENS, ensure_tiny_model
 
@@ -159,18 +164,28 @@ def main(argv=None) -> int:
     if a.model_dir:
         t = load_chat_renderer(a.model_dir)
         toks.append((f"{Path(a.model_dir).name} ({len(t):,} tokens)", t))
-    texts = {k: step_texts(a.steps, k) for k in ("synthetic", "english")}
-    print(f"{a.steps} teacher-forced steps' new text each (the previous step's reasoning and observation, as "
-          "scripts/bench_data.py writes them), tokenised as the probe does")
+    kinds = ("synthetic", "english")
+    got: dict = {}  # (tokenizer, kind) -> one measure per round
+    for r in range(a.rounds):
+        for kind in kinds:
+            texts = step_texts(a.steps, kind, seed=100 * r)  # new text each round: the cold pass is cold
+            order = toks if r % 2 == 0 else toks[::-1]     # in turn, the first one alternating
+            for name, tok in order:
+                got.setdefault((name, kind), []).append(measure(tok, texts))
+    print(f"{a.rounds} rounds of {a.steps} teacher-forced steps' new text (the previous step's reasoning and "
+          "observation, as scripts/bench_data.py writes them), each round's text tokenised by every tokenizer in "
+          "turn, as the probe does; medians over the rounds")
     print(f"{'tokenizer':<28} {'text':<10} {'chars':>6} {'tokens':>6} {'cold ms':>8} {'warm ms':>8} {'us/char':>8} "
-          f"{'cold / embedded':>15}")
-    base = {}
-    for name, tok in toks:
-        for kind, tx in texts.items():
-            m = measure(tok, tx)
-            base.setdefault(kind, m["cold_ms"])
-            print(f"{name:<28} {kind:<10} {m['chars']:>6.0f} {m['tokens']:>6.0f} {m['cold_ms']:>8.2f} "
-                  f"{m['warm_ms']:>8.2f} {m['us_per_char']:>8.3f} {m['cold_ms'] / base[kind]:>15.2f}")
+          f"{'cold / embedded, per round':>30}")
+    first = toks[0][0]
+    for name, _ in toks:
+        for kind in kinds:
+            ms = got[(name, kind)]
+            med = {k: statistics.median(m[k] for m in ms) for k in ms[0]}
+            ratios = [m["cold_ms"] / b["cold_ms"] for m, b in zip(ms, got[(first, kind)])]
+            print(f"{name:<28} {kind:<10} {med['chars']:>6.0f} {med['tokens']:>6.0f} {med['cold_ms']:>8.2f} "
+                  f"{med['warm_ms']:>8.2f} {med['us_per_char']:>8.3f} "
+                  f"{' / '.join(f'{x:.2f}' for x in ratios) + f' (median {statistics.median(ratios):.2f})':>30}")
     return 0
 
 
