@@ -13,6 +13,7 @@ import sys
 from agent.backends.base import BackendError
 from agent.preflight import PreflightError, model_identity, same_model
 from agent.rundir import RunError
+from agent.rundir.common import keep_freed_pages
 from agent.tools.live import MissingKeyError
 
 __all__ = ["run_async", "add_backend_args", "backend_for", "probe_model_check", "probe_concurrency",
@@ -149,7 +150,10 @@ async def probe_model_check(run, backend, *, force: bool = False) -> dict:
 
 
 def run_async(coro, kept: str):
-    """``(result, 0)``; ``(None, 130)`` on Ctrl-C (saying what is kept); ``(None, 2)`` on a clear error."""
+    """``(result, 0)``; ``(None, 130)`` on Ctrl-C (saying what is kept); ``(None, 2)`` on a clear error. A probe's
+    process keeps its freed pages for the next steps (agent.rundir.common.keep_freed_pages: fewer page faults,
+    the heap trimmed when it has grown)."""
+    keep_freed_pages()
     try:
         return asyncio.run(coro), 0
     except KeyboardInterrupt:

@@ -386,6 +386,75 @@ def test_cycles_are_collected_while_the_heap_is_frozen():
         gc.collect()
 
 
+def test_a_kept_heap_is_trimmed_only_when_it_has_grown(monkeypatch):
+    """After keep_freed_pages, collect_cycles trims the heap when the RSS (read every trim_every calls) exceeds the
+    level after the last trim by TRIM_SLACK, and then measures that level again; without it, every trim_every
+    calls (the old rule)."""
+    import agent.rundir.common as common
+    from agent.rundir import collect_cycles, collector_off_the_heap
+
+    MB, slack = 1 << 20, common.TRIM_SLACK
+    trims, readings = [], iter([])
+    monkeypatch.setattr(common, "_TRIM", lambda pad: trims.append(pad))
+    monkeypatch.setattr(common, "_rss_bytes", lambda: next(readings))
+    monkeypatch.setitem(common._FROZEN, "ticks", 0)
+    monkeypatch.setitem(common._FROZEN, "keep", False)
+    with collector_off_the_heap():
+        for _ in range(6):
+            collect_cycles(every=10**9, trim_every=2)
+    assert len(trims) == 3
+    trims.clear()
+    monkeypatch.setitem(common._FROZEN, "keep", True)
+    monkeypatch.delitem(common._FROZEN, "rss_floor", raising=False)
+    # readings: the first sets the floor (500 MB); growth within the slack trims nothing; past it, a trim and the
+    # level after it (520 MB) is the new floor, so 520 + slack - 1 MB trims nothing and 520 + slack + 1 MB trims
+    readings = iter([500 * MB, 500 * MB + slack - MB, 500 * MB + slack + MB, 520 * MB,
+                     520 * MB + slack - MB, 520 * MB + slack + MB, 530 * MB])
+    with collector_off_the_heap():
+        done = []
+        for _ in range(10):
+            collect_cycles(every=10**9, trim_every=2)
+            done.append(len(trims))
+    assert done == [0, 0, 0, 0, 0, 1, 1, 1, 1, 2]
+    assert common._FROZEN["rss_floor"] == 530 * MB
+    with pytest.raises(StopIteration):
+        next(readings)
+
+
+def test_kept_pages_spare_the_page_faults_of_a_probes_allocations(tmp_path):
+    """keep_freed_pages (glibc): a loop that allocates, touches and frees blocks of 0.2-8 MB, as a probed step does
+    with its bodies, replies and arrays, faults far fewer fresh pages in than with glibc's defaults (its moving
+    mmap threshold and automatic trims). Page-fault counts, each in a fresh process: no timing."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = """if True:
+        import random, resource, sys
+        from agent.rundir.common import keep_freed_pages
+        kept = keep_freed_pages() if sys.argv[1] == "keep" else None
+        rng = random.Random(0)
+        sizes = [int(rng.uniform(0.2, 8) * (1 << 20)) for _ in range(400)]
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        held = []
+        for n in sizes:
+            b = bytearray(n)          # zeroed: every page touched
+            held.append(b)
+            if len(held) > 3:
+                held.pop(0)
+        print(kept, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    """
+    out = {}
+    for mode in ("default", "keep"):
+        r = subprocess.run([sys.executable, "-c", code, mode], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, check=True)
+        kept, faults = r.stdout.split()
+        out[mode] = (kept, int(faults))
+    if out["keep"][0] != "True":
+        pytest.skip("not glibc: no mallopt")
+    assert out["default"][0] == "None"
+    assert out["keep"][1] * 4 < out["default"][1], out
+
+
 def test_prompt_ids_per_message_equal_the_whole_prompts_ids(tiny_model_dir, red_image):
     """The native backend tokenises a rendered prompt message by message (cut before each <|im_start|>) and
     remembers each piece: the ids must be exactly those of the whole text, for the shapes a trajectory takes
