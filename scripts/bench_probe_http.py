@@ -140,7 +140,7 @@ _PARTS = (("render", "chat template renders (2 a step)"),
           ("messages", "the step's messages, with and without images"),
           ("records", "request records, think masks"),
           ("histograms", "entropy histograms (forking tokens)"),
-          ("collector", "collections + heap trims every 32 steps"))
+          ("collector", "collections + heap trims (when grown)"))
 
 
 def cpu_of(before, after) -> float:

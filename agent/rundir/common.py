@@ -130,9 +130,10 @@ def keep_freed_pages() -> bool:
     the ~1 MB of request bodies, replies and arrays a probed step allocates and frees reuses pages the process
     already has instead of mapping fresh ones (each first touch a page fault: the kernel zeroes the page). The heap
     is trimmed by :func:`collect_cycles` instead, when the RSS has grown by :data:`TRIM_SLACK`, so memory stays
-    bounded. Ours, scripts/bench_probe_http.py --mode teacher-forced --scales 10,100,300, two rounds in turn with
-    the code before: minor page faults ~490 -> ~80 a step, client CPU 14.8 -> 13.0 ms a step (marginal, 100 to
-    3,000 steps); peak RSS 592 -> 701-734 MB at 3,000 steps, 771 MB at 10,000 (bounded by the slack)."""
+    bounded. Ours, scripts/bench_probe_http.py --mode teacher-forced --scales 10,300 --no-breakdown, four rounds
+    in turn with the code before: minor page faults ~460 -> ~80 a step, client CPU median 12.9 -> 11.4 ms a step
+    (marginal, 100 to 3,000 steps; per-round ratios 0.76-0.93); peak RSS 564-593 -> 707-723 MB at 3,000 steps,
+    771 MB at 10,000 (bounded by the slack)."""
     import ctypes
 
     mallopt = getattr(_libc(), "mallopt", None) if _TRIM is not None else None
