@@ -30,7 +30,7 @@ from agent.backends.base import BackendError, SamplingParams
 from agent.http import is_host
 from agent.judge import judge_key_env
 from agent.prompts import GROUNDING_PASS1, GROUNDING_PASS2, fill
-from agent.rundir import RunError, close_fragment, collector_off_the_heap, load_run
+from agent.rundir import RunError, close_fragment, collect_cycles, collector_off_the_heap, load_run
 from analysis.selection import select_trajectories
 from probes.cli import run_async
 
@@ -233,6 +233,9 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
             done[(rec["sample_id"], rec["trial"])] = rec
         bar.update(1)
+        # the finished requests' cycles, and the heap trimmed when it has grown (the probes' process keeps its
+        # freed pages: probes.cli.run_async), as in the other probes' loops
+        collect_cycles()
 
     try:
         work = [one(ln) for ln in pending]
