@@ -405,7 +405,8 @@ def test_a_kept_heap_is_trimmed_only_when_it_has_grown(monkeypatch):
     assert len(trims) == 3
     trims.clear()
     monkeypatch.setitem(common._FROZEN, "keep", True)
-    monkeypatch.delitem(common._FROZEN, "rss_floor", raising=False)
+    monkeypatch.setitem(common._FROZEN, "rss_floor", 0)  # recorded by monkeypatch, so restored afterwards
+    del common._FROZEN["rss_floor"]
     # readings: the first sets the floor (500 MB); growth within the slack trims nothing; past it, a trim and the
     # level after it (520 MB) is the new floor, so 520 + slack - 1 MB trims nothing and 520 + slack + 1 MB trims
     readings = iter([500 * MB, 500 * MB + slack - MB, 500 * MB + slack + MB, 520 * MB,
@@ -421,7 +422,7 @@ def test_a_kept_heap_is_trimmed_only_when_it_has_grown(monkeypatch):
         next(readings)
 
 
-def test_kept_pages_spare_the_page_faults_of_a_probes_allocations(tmp_path):
+def test_kept_pages_spare_the_page_faults_of_a_probes_allocations():
     """keep_freed_pages (glibc): a loop that allocates, touches and frees blocks of 0.2-8 MB, as a probed step does
     with its bodies, replies and arrays, faults far fewer fresh pages in than with glibc's defaults (its moving
     mmap threshold and automatic trims). Page-fault counts, each in a fresh process: no timing."""
@@ -446,12 +447,12 @@ def test_kept_pages_spare_the_page_faults_of_a_probes_allocations(tmp_path):
     """
     out = {}
     for mode in ("default", "keep"):
-        r = subprocess.run([sys.executable, "-c", code, mode], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, check=True)
+        r = subprocess.run([sys.executable, "-c", code, mode], cwd=Path(__file__).resolve().parents[1],
+                           capture_output=True, text=True, check=True)
         kept, faults = r.stdout.split()
         out[mode] = (kept, int(faults))
     if out["keep"][0] != "True":
         pytest.skip("not glibc: no mallopt")
-    assert out["default"][0] == "None"
     assert out["keep"][1] * 4 < out["default"][1], out
 
 
