@@ -19,6 +19,10 @@ How it is stored (format 2; ours, measured by ``scripts/bench_runner.py``'s stor
   stored only where they cannot be read from the top list at that place (null otherwise).
 - ``text`` dictionary-encoded; ``exact_entropy`` and the release columns byte-stream split.
 
+- ``mmcf.prompt_pieces`` / ``mmcf.tokenizer`` (metadata, when the run's backend sent token ids): the ids of every
+  distinct message piece of the line's prompts, by digest, and the fingerprint of the tokenizer that made them
+  (agent/backends/pieces.py; read by :func:`read_prompt_pieces`). The probes send these ids again.
+
 Files of format 1 (raw ``top_ids`` / ``top_logprobs`` / ``id`` / ``logprob`` columns, no ``mmcf.sidecar``
 metadata) are read as before.
 """
@@ -28,7 +32,8 @@ import io
 
 import numpy as np
 
-__all__ = ["encode", "decode", "FORMAT", "RELEASE_COLUMNS", "token_table", "read_parquet", "rank_ids"]
+__all__ = ["encode", "decode", "FORMAT", "RELEASE_COLUMNS", "token_table", "read_parquet", "rank_ids",
+           "read_prompt_pieces"]
 
 FORMAT = b"2"
 #: Optional per-token columns of the adaptive image release (agent/release.py).
@@ -36,6 +41,8 @@ RELEASE_COLUMNS = ("release_kl", "release_dH")
 _META_FORMAT = b"mmcf.sidecar"
 _META_DICT = b"mmcf.top_id_dict"
 _META_LP = b"mmcf.top_logprobs"
+_META_PIECES = b"mmcf.prompt_pieces"
+_META_TOKENIZER = b"mmcf.tokenizer"
 
 
 def read_parquet(path, columns: list[str] | None = None):
@@ -178,16 +185,41 @@ def _scrubbed(texts: list, scrub) -> list:
         return [None if t is None else scrub(str(t)) for t in texts]
 
 
-def encode(tokens: dict[int, dict[str, np.ndarray]], k: int, precision: str = "float32") -> bytes:
-    """The sidecar file's bytes (Parquet, zstd)."""
+def encode(tokens: dict[int, dict[str, np.ndarray]], k: int, precision: str = "float32",
+           prompt: tuple[str, dict] | None = None) -> bytes:
+    """The sidecar file's bytes (Parquet, zstd); ``prompt``: (tokenizer fingerprint, {digest: ids}), the line's
+    prompt pieces (agent/backends/pieces.py), kept in the file's metadata."""
     import pyarrow.parquet as pq
 
     t = token_table(tokens, k, precision)
+    if prompt and prompt[0] and prompt[1]:
+        from .backends.pieces import pack_pieces
+
+        t = t.replace_schema_metadata({**t.schema.metadata, _META_TOKENIZER: str(prompt[0]).encode(),
+                                       _META_PIECES: pack_pieces(prompt[1])})
     split = [c for c in ("logprob", "top_ids.list.element", "top_logprobs.list.element", "exact_entropy",
                          *RELEASE_COLUMNS) if c.split(".")[0] in t.column_names]
     buf = io.BytesIO()
     pq.write_table(t, buf, compression="zstd", use_byte_stream_split=split, use_dictionary=["text"])
     return buf.getvalue()
+
+
+def read_prompt_pieces(path) -> tuple[str | None, dict[bytes, np.ndarray]]:
+    """(tokenizer fingerprint, {digest: int32 ids}) of a sidecar's prompt pieces; ``(None, {})`` for a sidecar
+    without them (an older run, a backend that sent text). Reads the file's footer only. A malformed record raises
+    ValueError."""
+    import pyarrow.parquet as pq
+
+    meta = pq.read_schema(path).metadata or {}
+    blob = meta.get(_META_PIECES)
+    if blob is None:
+        return None, {}
+    from .backends.pieces import unpack_pieces
+
+    fingerprint = meta.get(_META_TOKENIZER, b"").decode("ascii", "replace") or None
+    if fingerprint is None:
+        raise ValueError("prompt pieces without the fingerprint of their tokenizer")
+    return fingerprint, unpack_pieces(blob)
 
 
 #: What each derived column needs from the file.

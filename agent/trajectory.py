@@ -87,6 +87,10 @@ class Trajectory:
         self.query_hashes: list[str] = []
         self.image_files: dict[str, str] = {}   # sha256 -> path of every retrieved image shown (stored with the run)
         self.extra: dict[str, Any] = {}          # line-level fields a method adds (e.g. image_release)
+        # every distinct message piece of the prompts sent, by digest, and the fingerprint of the tokenizer that made
+        # them (from a backend that sends token ids: stored in the token sidecar, agent/backends/pieces.py)
+        self.prompt_pieces: dict[bytes, np.ndarray] = {}
+        self.tokenizer: str | None = None
 
     # ------------------------------------------------------------------ events
     def _add(self, type_: str, parent: str | None, **fields) -> dict:
@@ -121,6 +125,8 @@ class Trajectory:
                         n_query += q  # by position (after its <image_k>), never by content: paper B.5
         self.top_k = max(self.top_k, out.top_k_requested, max(out.top_counts(), default=0))
         self.tokens[idx] = token_arrays(out, out.top_k_requested)
+        if out.prompt_pieces is not None:
+            self._keep_pieces(*out.prompt_pieces)
         self.backend, self.model = out.backend, out.model
         u = out.usage
         return self._add(
@@ -134,6 +140,17 @@ class Trajectory:
             semantics=out.semantics.label(), sampling=sampling or {},
             backend=out.backend, model=out.model, top_k=out.top_k_requested,
         )
+
+    def _keep_pieces(self, fingerprint: str, pieces: list) -> None:
+        """Keep each new piece of a call's prompt (references to the backend's arrays: no copy). A trajectory's calls
+        share one tokenizer; pieces from another one (a backend swapped mid-trajectory) are not kept."""
+        if self.tokenizer is None:
+            self.tokenizer = fingerprint
+        if fingerprint == self.tokenizer:
+            keep = self.prompt_pieces
+            for d, ids in pieces:
+                if d not in keep:
+                    keep[d] = ids
 
     def tool_call(self, call_ev: dict, res, shown_images: int | None = None) -> dict:
         """``shown_images``: how many of the result images went into the observation (None: all)."""

@@ -17,7 +17,8 @@ from agent.rundir.common import keep_freed_pages
 from agent.tools.live import MissingKeyError
 
 __all__ = ["run_async", "add_backend_args", "backend_for", "probe_model_check", "probe_concurrency",
-           "PROBE_CONCURRENCY", "serving_hardware", "record_session"]
+           "PROBE_CONCURRENCY", "serving_hardware", "record_session", "RecordedPrompts", "add_retokenize_arg"]
+
 
 def add_backend_args(ap) -> None:
     """The model-server options, defaulting to the backend that recorded the run (agent/cli.py)."""
@@ -33,6 +34,64 @@ def add_backend_args(ap) -> None:
     ap.add_argument("--serving-dir", default=None,
                     help="the launcher's --run-dir whose endpoints.json describes the endpoints (default: the ones "
                          "python -m serving.launch remembered on this machine)")
+
+
+class RecordedPrompts:
+    """Lends each trajectory's recorded prompt ids (agent/backends/pieces.py) to the probe's backend while the probe
+    works on that trajectory, so its requests send the ids the run sent and tokenise only what the run never sent.
+
+        recorded = RecordedPrompts(backend, off=args.retokenize)
+        give_back = recorded.lend(run, line)        # RunError: the record is unreadable (names the file)
+        try: ... finally: give_back()
+
+    Pieces made by another tokenizer than the backend's (another --model-dir) are not lent: the probe then
+    tokenises, as for a run without them, and says so once."""
+
+    def __init__(self, backend, *, off: bool = False):
+        self.backend = backend
+        self.off = bool(off)
+        self.trajectories = 0   # trajectories whose recorded ids were lent
+        self._said = False
+        members = getattr(backend, "backends", None) or [backend]
+        # the backends that send token ids and take lent ones (SGLang's native); the others (in-process, chat,
+        # scripted) have no use for them, and the record is not even read
+        self._takers = [b for b in members if getattr(b, "book", None) is not None]
+
+    def lend(self, run, line: dict):
+        from agent.backends.pieces import lend_pieces
+
+        if self.off or not self._takers:
+            return _nothing
+        fingerprint, pieces = run.prompt_pieces(line)
+        lent, give_back = lend_pieces(self.backend, fingerprint, pieces)
+        self.trajectories += lent
+        if pieces and not lent and not self._said:
+            self._said = True
+            mine = self._takers[0].fingerprint or "none"
+            print(f"{run.path}: the run's prompt ids were made by another tokenizer (sha256 {fingerprint[:12]}…) than "
+                  f"this --model-dir's ({mine[:12]}…); the probe tokenises the prompts itself", file=sys.stderr)
+        return give_back
+
+    def summary(self) -> dict:
+        """What probe.json records: whether recorded ids were used, for how many trajectories, and how many
+        prompt pieces were taken from the record or tokenised (the backend's counts)."""
+        members = getattr(self.backend, "backends", None) or [self.backend]
+        stats = [b.piece_stats for b in members if isinstance(getattr(b, "piece_stats", None), dict)]
+        total = {k: sum(s.get(k, 0) for s in stats) for k in ("recorded", "tokenised", "tokenised_chars")}
+        return {"retokenize": self.off, "trajectories_with_recorded_ids": self.trajectories,
+                "pieces_from_the_record": total["recorded"], "pieces_tokenised": total["tokenised"],
+                "characters_tokenised": total["tokenised_chars"]}
+
+
+def _nothing() -> None:
+    return None
+
+
+def add_retokenize_arg(ap) -> None:
+    """``--retokenize`` (the probes that send the run's prompts again: entropy, removal)."""
+    ap.add_argument("--retokenize", action="store_true",
+                    help="tokenise every prompt again instead of sending the token ids the run recorded for it (a run "
+                         "made with --backend sglang records them; agent/backends/pieces.py): a check, or a baseline")
 
 
 def serving_hardware(backend, *, gpus_per_server: int | None = None, serving_dir=None) -> dict:

@@ -47,7 +47,8 @@ from analysis.entropy import entropy_high, entropy_histogram, grouped_tail_entro
 from analysis.selection import select_trajectories
 from analysis.entropy import FORK_SHARE
 from analysis.stats import summarise_by
-from probes.cli import add_backend_args, backend_for, probe_concurrency, probe_model_check, run_async
+from probes.cli import (RecordedPrompts, add_backend_args, add_retokenize_arg, backend_for, probe_concurrency,
+                        probe_model_check, run_async)
 
 __all__ = ["probe_run", "main", "MODES", "TokenStore", "read_step_tokens"]
 
@@ -515,7 +516,8 @@ async def probe_run(run_dir, *, mode: str = "regenerate", out_dir=None, **kw) ->
 
 async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir=None, concurrency: int = 8,
                      limit: int | None = None, progress: bool = True, force: bool = False,
-                     include_unparsed: bool = False, hardware: dict | None = None, fidelity: dict | None = None) -> dict:
+                     include_unparsed: bool = False, hardware: dict | None = None, fidelity: dict | None = None,
+                     retokenize: bool = False) -> dict:
     import pandas as pd
 
     if mode not in MODES:
@@ -574,6 +576,9 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
                 want = columns if mode == "regenerate" else [c for c in columns if c != "text"] + (
                     ["text"] if getattr(backend, "scores_text", False) and _has_text(run, line) else [])
                 tok = run.tokens(line, want)
+                # the prompt ids the run sent, lent to the backend while this trajectory is probed: its requests send
+                # them again instead of tokenising the history (probes/cli.py RecordedPrompts)
+                give_back = recorded.lend(run, line)
             except RunError as e:
                 failures.append(f"{summary['sample_id']}/t{summary['trial']}: {e}")
                 bar.update(len(steps))
@@ -611,6 +616,7 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
                     bar.update(1)
                     collect_cycles()  # the finished replies' reference cycles (the heap itself stays frozen)
             finally:
+                give_back()
                 image_users.done(my_images)
                 if fh is not None:
                     fh.close()
@@ -628,6 +634,7 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
               file=sys.stderr)
     kept = [0]
     image_users = ImageUsers()
+    recorded = RecordedPrompts(backend, off=retokenize)
     sink = open(steps_path, "ab")
     started, t0 = time.time(), time.perf_counter()
     try:
@@ -664,6 +671,7 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
                                                                                     "directly)"},
                                                 "model": ident, "forced_model_mismatch": force,
                                                 "include_unparsed": include_unparsed,
+                                                "prompt_ids": recorded.summary(),
                                                 "failures": failures}, indent=2))
     fork_summary = _forking(rows, mode)
     steps = pd.DataFrame([{k: v for k, v in r.items() if k != "fork"} for r in rows])
@@ -798,6 +806,7 @@ def main(argv=None) -> int:
     ap.add_argument("--mode", default="regenerate", choices=MODES,
                     help="regenerate = the paper's (resample under τ^IR); teacher-forced = score the recorded tokens")
     add_backend_args(ap)
+    add_retokenize_arg(ap)
     ap.add_argument("--force", action="store_true", help="probe with a model other than the run's, or a server that "
                                                           "failed the fidelity check (both recorded)")
     ap.add_argument("--skip-fidelity", action="store_true",
@@ -829,7 +838,8 @@ def main(argv=None) -> int:
             return await probe_run(args.run_dir, mode=args.mode, backend=backend, out_dir=args.out, hardware=hw,
                                    fidelity=fidelity,
                                    concurrency=probe_concurrency(args, backend), limit=args.limit, progress=not args.no_progress,
-                                   force=args.force, include_unparsed=args.include_unparsed)
+                                   force=args.force, include_unparsed=args.include_unparsed,
+                                   retokenize=args.retokenize)
         finally:
             await backend.aclose()
 

@@ -142,6 +142,36 @@ def _compare_texts(a: list, b: list) -> dict:
             "overlap_mean": float(np.mean(ov)), "overlap_min": float(np.min(ov))}
 
 
+async def _check_call(run, line, step, backend, reference, chat, flush, results, path_notes, summary) -> None:
+    """The checks on one recorded call (its scored tokens appended to ``results``)."""
+    ev = next(e for e in line["events"] if e["type"] == "llm_call" and e["index"] == step)
+    try:
+        tok = run.tokens(line, ["call", "id", "text"])
+    except RunError:  # an older sidecar without token texts
+        tok = run.tokens(line, ["call", "id"])
+    sel = tok["call"] == step
+    ids = [int(i) for i in tok["id"][sel]]
+    if not ids or min(ids) < 0:
+        return
+    msgs = run.sendable_messages(line, ev)
+    texts = tok.get("text")
+    # the text rides along for backends that cannot map ids back (the scripted fake), as in the entropy probe
+    cont = Continuation(ids=ids, text=None if texts is None or any(t is None for t in texts[sel])
+                        else "".join(texts[sel]))
+    first = await backend.score(msgs, cont, top_logprobs=20)
+    results["warm"].append(_compare(first, await backend.score(msgs, cont, top_logprobs=20)))
+    if flush is not None:
+        await flush()
+        results["cold"].append(_compare(first, await backend.score(msgs, cont, top_logprobs=20)))
+    if reference is not None:
+        results["local"].append(_compare(first, await reference.score(msgs, cont, top_logprobs=20)))
+    if chat is not None:
+        part, note = await _two_paths(backend, chat, msgs, ev)
+        results["paths"].append(part)
+        if note:
+            path_notes.append(f"{summary['sample_id']}#{summary['trial']} call {step}: {note}")
+
+
 def chat_twin(backend):
     """The OpenAI-compatible chat path of the SGLang server behind a native backend (None for other backends)."""
     if getattr(backend, "name", "") != "sglang" or not hasattr(backend, "url"):
@@ -166,34 +196,20 @@ async def fidelity_check(run_dir, backend, *, samples: int = 8, reference=None, 
     results: dict[str, list] = {"warm": [], "cold": [], "local": [], "paths": []}
     path_notes: list[str] = []
     flush = getattr(backend, "flush_cache", None)
+    from probes.cli import RecordedPrompts
+
+    recorded = RecordedPrompts(backend)  # the prompt ids the run sent, as the probes send them (probes/cli.py)
     for summary, step in picked:
         line = run.full(summary)
-        ev = next(e for e in line["events"] if e["type"] == "llm_call" and e["index"] == step)
         try:
-            tok = run.tokens(line, ["call", "id", "text"])
-        except RunError:  # an older sidecar without token texts
-            tok = run.tokens(line, ["call", "id"])
-        sel = tok["call"] == step
-        ids = [int(i) for i in tok["id"][sel]]
-        if not ids or min(ids) < 0:
-            continue
-        msgs = run.sendable_messages(line, ev)
-        texts = tok.get("text")
-        # the text rides along for backends that cannot map ids back (the scripted fake), as in the entropy probe
-        cont = Continuation(ids=ids, text=None if texts is None or any(t is None for t in texts[sel])
-                            else "".join(texts[sel]))
-        first = await backend.score(msgs, cont, top_logprobs=20)
-        results["warm"].append(_compare(first, await backend.score(msgs, cont, top_logprobs=20)))
-        if flush is not None:
-            await flush()
-            results["cold"].append(_compare(first, await backend.score(msgs, cont, top_logprobs=20)))
-        if reference is not None:
-            results["local"].append(_compare(first, await reference.score(msgs, cont, top_logprobs=20)))
-        if chat is not None:
-            part, note = await _two_paths(backend, chat, msgs, ev)
-            results["paths"].append(part)
-            if note:
-                path_notes.append(f"{summary['sample_id']}#{summary['trial']} call {step}: {note}")
+            give_back = recorded.lend(run, line)
+        except RunError:  # an unreadable record: this check tokenises; the probe names it when it gets there
+            give_back = None
+        try:
+            await _check_call(run, line, step, backend, reference, chat, flush, results, path_notes, summary)
+        finally:
+            if give_back is not None:
+                give_back()
     checks, failed = {}, []
     for name, parts in results.items():
         if not parts:

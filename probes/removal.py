@@ -46,7 +46,8 @@ from agent.rundir import Run, RunDir, RunError, collect_cycles, collector_off_th
 from agent.tools import make_toolbox
 from agent.trajectory import Trajectory
 from analysis.stats import removal_summary
-from probes.cli import add_backend_args, backend_for, probe_concurrency, probe_model_check, run_async
+from probes.cli import (RecordedPrompts, add_backend_args, add_retokenize_arg, backend_for, probe_concurrency,
+                        probe_model_check, run_async)
 
 __all__ = ["replay_prefix_turns", "replay_one", "removal_probe", "parse_steps", "main"]
 
@@ -188,7 +189,7 @@ async def removal_probe(run_dir, steps: list[int], *, out_dir=None, **kw) -> dic
 
 async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, out_dir=None, concurrency: int = 8,
                          limit: int | None = None, progress: bool = True, force: bool = False,
-                         hardware: dict | None = None) -> dict:
+                         hardware: dict | None = None, retokenize: bool = False) -> dict:
     import pandas as pd
 
     run = load_run(run_dir)
@@ -228,6 +229,7 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
     from agent.backends.messages import ImageUsers
 
     image_users = ImageUsers()
+    recorded = RecordedPrompts(backend, off=retokenize)
 
     async def trajectory_group(line):  # the k replays of one trajectory back to back (prefix cache)
         ks = pending[(line["sample_id"], line["trial"])]
@@ -237,11 +239,14 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
             pin(backend, (line["sample_id"], line["trial"]))  # one server for a trajectory's replays (its prefixes)
             line = run.full(line)
             tokens = run.tokens(line)
+            # the history before step k is the run's: its recorded prompt ids are sent again (probes/cli.py)
+            give_back = recorded.lend(run, line)
             mine = set()  # its query images leave the image caches when its replays (and its twins') are done
             image_users.use(mine, (line.get("query_images") or {}).values())
             try:
                 await replay_group(line, tokens, ks)
             finally:
+                give_back()
                 image_users.done(mine)
 
     async def replay_group(line, tokens, ks):
@@ -302,6 +307,7 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
     summary.to_csv(out / "summary.csv", index=False)
     (out / "probe.json").write_text(json.dumps({"run_dir": str(run.path), "steps": steps, "model": ident, "cost": cost,
                                                 "forced_model_mismatch": force, "judge": grader.label,
+                                                "prompt_ids": recorded.summary(),
                                                 "n_error": int(len(errors))}, indent=2))
     from analysis.figures import fig2c_removal, provenance_mark
 
@@ -320,6 +326,7 @@ def main(argv=None) -> int:
     ap.add_argument("run_dir", help="a plain ReAct run directory")
     ap.add_argument("--steps", default="1..5", help="k values: 1..5, or 1,2,4")
     add_backend_args(ap)
+    add_retokenize_arg(ap)
     ap.add_argument("--judge", default="llm", choices=("llm", "exact"),
                     help="llm = the paper's E.5 judge; exact = offline exact match (labelled so)")
     add_judge_args(ap)
@@ -344,7 +351,7 @@ def main(argv=None) -> int:
             return await removal_probe(a.run_dir, parse_steps(a.steps), backend=backend, grader=grader, out_dir=a.out,
                                        hardware=hw,
                                        concurrency=probe_concurrency(a, backend), limit=a.limit, progress=not a.no_progress,
-                                       force=a.force)
+                                       force=a.force, retokenize=a.retokenize)
         finally:
             await backend.aclose()
 

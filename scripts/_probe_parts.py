@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO))
 #: (part, object path, attribute); each a plain function (never a coroutine)
 WRAPPED = (
     ("render", "agent.backends.sglang_native:SGLangBackend", "render"),
-    ("tokenise", "agent.backends.sglang_native:SGLangBackend", "prompt_ids"),
+    ("tokenise", "agent.backends.sglang_native:SGLangBackend", "prompt_pieces"),
     ("body", "agent.http", "dumps"),
     ("decode", "agent.backends.sglang_native", "decode_generate_reply"),
     ("arrays", "agent.backends.sglang_native:SGLangBackend", "parse_score"),

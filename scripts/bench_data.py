@@ -162,7 +162,8 @@ def english_windows(rng):
 
 def write_run(root: Path, n_trajectories: int, pool: RowPool, *, calls: int = 10, tokens: int = 1000,
               observation_chars: int = 4000, precision: str = "float32", progress: bool = True,
-              model: str = "bench-model", distinct_images: bool = False, text: str = "synthetic") -> dict:
+              model: str = "bench-model", distinct_images: bool = False, text: str = "synthetic",
+              prompts=None) -> dict:
     """A ReAct run directory written by the toolkit's own writer; returns counts and sizes. ``distinct_images``:
     one ~320 KB photo-sized JPEG per trajectory (:func:`photo_image`) instead of one small image for all.
 
@@ -172,7 +173,11 @@ def write_run(root: Path, n_trajectories: int, pool: RowPool, *, calls: int = 10
     windows of English prose of the same lengths (this repository's README, code spans and numbers included; the
     recorded ids and their logprobs are unchanged, so the reasoning is not their decode). Which is cheaper to
     tokenise depends on the tokenizer: with the embedded one's 628-token vocabulary the English measured slower
-    (scripts/bench_probe_http.py --text english)."""
+    (scripts/bench_probe_http.py --text english).
+
+    ``prompts``: an ``SGLangBackend`` (no server needed) whose tokenizer and chat template make each call's prompt
+    ids by message piece, recorded in the sidecars as a run through ``--backend sglang`` records them
+    (agent/backends/pieces.py); None: no prompt ids recorded (a run through the chat path, or an older one)."""
     if text not in ("synthetic", "english"):
         raise ValueError(f"text must be 'synthetic' or 'english', not {text!r}")
     from agent.benchmarks import Sample
@@ -212,6 +217,9 @@ def write_run(root: Path, n_trajectories: int, pool: RowPool, *, calls: int = 10
             out = output(pool, n, model=model)
             if english is not None:
                 out.reasoning = english(len(out.reasoning))
+            if prompts is not None:  # what the runner's SGLang backend tokenised and sent for this call
+                out.prompt_pieces = (prompts.fingerprint,
+                                     prompts.prompt_pieces(prompts.render(msgs, {"enable_thinking": True})[0]))
             ev = traj.llm_call(msgs, out, state="react", sampling={"temperature": 0.2, "top_p": 0.95,
                                                                   "max_tokens": 4096, "top_logprobs": 20})
             ev["action"] = {"kind": "tool_call", "name": "search", "args": {"query": "q", "goal": "g"}}

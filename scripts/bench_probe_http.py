@@ -2,7 +2,7 @@
 
     python scripts/bench_probe_http.py [--scales 10,100,300] [--reply-tokens 1000] [--concurrency 64]
         [--mode regenerate|teacher-forced] [--server fake|standin] [--small-images] [--text synthetic|english]
-        [--no-breakdown]
+        [--variants recorded,retokenize] [--no-breakdown]
 
 What a user with a GPU node runs: ``python -m probes.entropy RUN --backend sglang --endpoint URL
 --model-dir DIR`` against a server. The server is the loopback SGLang stand-in (tests/fakes/sglang_server.py)
@@ -17,6 +17,12 @@ and in all, so scaling shows: CPU per step should stay flat and peak memory shou
 The tokenizer and chat template are the embedded tiny model's (the real Qwen3.5 classes; a 628-token
 vocabulary, so the replies' JSON is a little smaller than a real model's, and tokenising costs ~1.3x less than
 with Qwen's 151,643-token vocabulary: scripts/bench_tokenize.py).
+
+Two variants run in turn on the same run at each scale (``--variants``), so their ratio is paired: **recorded**,
+the run records its prompts' token ids by message piece as a run through ``--backend sglang`` does
+(agent/backends/pieces.py; made here by the runner's own backend class) and the probe sends them again, tokenising
+only what the run never sent; **retokenize**, the same command with ``--retokenize``, which tokenises every prompt
+piece again (what a run without recorded ids costs: one through the chat path, or an older one).
 
 ``--mode teacher-forced`` also prints where a step's client CPU goes (``--no-breakdown`` skips it): each scale's
 command runs through scripts/_probe_parts.py, which is the same command with the function doing each part
@@ -37,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import socket
 import subprocess
 import sys
@@ -128,7 +133,7 @@ def _decode_floor(root: Path, url: str, tiny: str) -> dict:
 
 #: The breakdown's parts (scripts/_probe_parts.py wraps the function that does each).
 _PARTS = (("render", "chat template renders (2 a step)"),
-          ("tokenise", "prompt pieces tokenised (the step's new ones)"),
+          ("tokenise", "prompt pieces: the new ones tokenised or recorded"),
           ("body", "request bodies to JSON"),
           ("decode", "reply JSON decoded (msgspec, by type)"),
           ("arrays", "triples into arrays + value checks"),
@@ -143,9 +148,18 @@ _PARTS = (("render", "chat template renders (2 a step)"),
           ("collector", "collections + heap trims (when grown)"))
 
 
-def cpu_of(before, after) -> float:
-    """User + system CPU seconds of the child that ran between the two ``RUSAGE_CHILDREN`` readings."""
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+def run_measured(cmd: list[str], env: dict) -> tuple[int, str, float, float, float]:
+    """Run ``cmd`` in REPO; (exit code, its stderr, its CPU seconds (user + system), wall seconds, its own peak RSS in
+    MB), the CPU and the peak from the kernel's account of that one process (``os.wait4``)."""
+    with tempfile.TemporaryFile() as err:
+        t = time.perf_counter()
+        p = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        _, status, ru = os.wait4(p.pid, 0)
+        wall = time.perf_counter() - t
+        p.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        text = err.read().decode("utf-8", "replace")
+    return p.returncode, text, ru.ru_utime + ru.ru_stime, wall, ru.ru_maxrss / 1024
 
 
 def main(argv=None) -> int:
@@ -164,9 +178,14 @@ def main(argv=None) -> int:
                     help="the history's texts: random letter strings (default; nearly every word new to the "
                          "tokenizer's word cache) or windows of English prose (this README): scripts/bench_data.py "
                          "write_run")
+    ap.add_argument("--variants", default="recorded,retokenize",
+                    help="recorded: the run records its prompt ids (as a run through --backend sglang does) and the "
+                         "probe sends them again; retokenize: the same command with --retokenize (a run without them); "
+                         "both (the default) run in turn on the same run at each scale")
     ap.add_argument("--no-breakdown", dest="breakdown", action="store_false",
                     help="teacher-forced: run the plain command, without timing a step's CPU by part")
     a = ap.parse_args(argv)
+    from agent.backends.sglang_native import SGLangBackend
     from agent.backends.tiny_model import ensure_tiny_model
     from bench_data import RowPool, write_run
 
@@ -217,34 +236,35 @@ def main(argv=None) -> int:
 
             bench_data.VOCAB = min([model_vocab_size(tiny), *tok.all_special_ids])
             pool = RowPool(seed=0, n_rows=1 << 16 if a.mode == "teacher-forced" else 1 << 19)
+            prompts = SGLangBackend(url, tiny)  # the runner's backend: records each call's prompt ids by piece
+            variants = [v for v in a.variants.split(",") if v]
             for n in (int(x) for x in a.scales.split(",")):
                 root = Path(d) / f"run{n}"
-                write_run(root, n, pool, progress=False, distinct_images=a.photos, text=a.text)
-                driver = os.environ.get("BENCH_DRIVER")  # (experiments) a wrapper: DRIVER MODE ARGS...
-                parts_file = Path(d) / f"parts{n}.json"
-                head = driver.split() if driver else ["-m", "probes.entropy"]
-                if not driver and a.mode == "teacher-forced" and a.breakdown:  # the same command, its parts timed
-                    head = [str(REPO / "scripts" / "_probe_parts.py"), str(parts_file)]
-                cmd = [sys.executable, *head, str(root), "--backend", "sglang", "--endpoint", url,
-                       "--model-dir", tiny, "--force", "--no-progress", "--concurrency", str(a.concurrency),
-                       "--mode", a.mode]
-                before = resource.getrusage(resource.RUSAGE_CHILDREN)
-                t = time.perf_counter()
-                r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
-                                   env={**os.environ, "PYTHONPATH": str(REPO)})
-                wall = time.perf_counter() - t
-                after = resource.getrusage(resource.RUSAGE_CHILDREN)
-                if r.returncode:
-                    raise SystemExit(f"probe failed ({r.returncode}): {r.stderr[-3000:]}")
-                if driver:
-                    print("\n".join(x for x in r.stderr.splitlines() if x.startswith(("MAXRSS", "TIMERS", "MEM"))))
-                steps = sum(1 for _ in open(root / "probes" / f"entropy-{a.mode}" / "steps.jsonl", "rb"))
-                if a.mode == "teacher-forced" and floor is None:
-                    floor = _decode_floor(root, url, tiny)
-                if parts_file.exists():
-                    parts.append((steps, cpu_of(before, after), json.loads(parts_file.read_text())))
-                cpu = cpu_of(before, after)
-                rows.append((n, steps, cpu, wall, after.ru_maxrss / 1024))
+                write_run(root, n, pool, progress=False, distinct_images=a.photos, text=a.text,
+                          prompts=prompts if "recorded" in variants else None)
+                prompts._piece_ids.clear()
+                for variant in variants:  # in turn on the same run: paired
+                    driver = os.environ.get("BENCH_DRIVER")  # (experiments) a wrapper: DRIVER MODE ARGS...
+                    parts_file = Path(d) / f"parts{n}-{variant}.json"
+                    head = driver.split() if driver else ["-m", "probes.entropy"]
+                    if not driver and a.mode == "teacher-forced" and a.breakdown:  # the same command, its parts timed
+                        head = [str(REPO / "scripts" / "_probe_parts.py"), str(parts_file)]
+                    out = root / "probes" / f"entropy-{a.mode}-{variant}"
+                    cmd = [sys.executable, *head, str(root), "--backend", "sglang", "--endpoint", url,
+                           "--model-dir", tiny, "--force", "--no-progress", "--concurrency", str(a.concurrency),
+                           "--mode", a.mode, "--out", str(out), *(["--retokenize"] if variant == "retokenize" else [])]
+                    code, err, cpu, wall, rss = run_measured(cmd, env={**os.environ, "PYTHONPATH": str(REPO)})
+                    if code:
+                        raise SystemExit(f"probe failed ({code}): {err[-3000:]}")
+                    if driver:
+                        print("\n".join(x for x in err.splitlines() if x.startswith(("MAXRSS", "TIMERS", "MEM"))))
+                    steps = sum(1 for _ in open(out / "steps.jsonl", "rb"))
+                    used = json.loads((out / "probe.json").read_text()).get("prompt_ids") or {}
+                    if a.mode == "teacher-forced" and floor is None:
+                        floor = _decode_floor(root, url, tiny)
+                    if parts_file.exists():
+                        parts.append((variant, steps, cpu, json.loads(parts_file.read_text())))
+                    rows.append((variant, n, steps, cpu, wall, rss, used))
     finally:
         srv.terminate()
         srv.wait(timeout=30)
@@ -252,22 +272,39 @@ def main(argv=None) -> int:
     imgs = "a distinct ~320 KB 1024 x 768 JPEG per trajectory" if a.photos else "one small image for all trajectories"
     print(f"python -m probes.entropy RUN --backend sglang ({a.mode}) against {what}, {reply_tokens}-token replies "
           f"with top-20, {imgs}, {a.text} history text, --concurrency {a.concurrency}; one process per scale")
-    print(f"{'trajectories':>12} {'steps':>6} {'client CPU s':>12} {'ms CPU/step':>11} {'wall s':>7} {'peak RSS MB':>11}")
-    for n, steps, cpu, wall, rss in rows:
-        print(f"{n:>12} {steps:>6} {cpu:>12.1f} {1000 * cpu / steps:>11.1f} {wall:>7.1f} {rss:>11.0f}")
-    print("(peak RSS: the largest of the probe processes so far, as the kernel reports children's maxima)")
+    print(f"{'prompt ids':<11} {'trajectories':>12} {'steps':>6} {'client CPU s':>12} {'ms CPU/step':>11} {'wall s':>7} "
+          f"{'peak RSS MB':>11} {'pieces: from the run / tokenised':>33}")
+    for variant, n, steps, cpu, wall, rss, used in rows:
+        pieces = f"{used.get('pieces_from_the_record', 0)} / {used.get('pieces_tokenised', 0)}"
+        print(f"{variant:<11} {n:>12} {steps:>6} {cpu:>12.1f} {1000 * cpu / steps:>11.1f} {wall:>7.1f} {rss:>11.0f} "
+              f"{pieces:>33}")
+    print("(recorded: the run's recorded prompt ids sent again, the default; retokenize: the same command with "
+          "--retokenize, every prompt tokenised again, as for a run without recorded ids; peak RSS: each process's own)")
+    marginal = {}
+    for variant in dict.fromkeys(r[0] for r in rows):
+        mine = [r for r in rows if r[0] == variant]
+        if len(mine) >= 2:
+            (_, _, s0, c0, *_), (_, _, s1, c1, *_) = mine[0], mine[-1]
+            marginal[variant] = 1000 * (c1 - c0) / (s1 - s0)
+            print(f"marginal client CPU per step, {variant}: {marginal[variant]:.1f} ms ({s0} -> {s1} steps)")
+    if len(marginal) == 2:
+        print(f"recorded / retokenize, paired: {marginal['recorded'] / marginal['retokenize']:.2f}")
     if floor:
         print(f"floor per step (two scoring replies of a step-{floor['step']} request, {floor['bytes'] / 1e6:.2f} MB each, "
               f"decoded in-process, median of 20): JSON {2 * floor['decode_ms']:.1f} ms + the triples into arrays "
               f"{2 * floor['parse_ms']:.1f} ms = {2 * (floor['decode_ms'] + floor['parse_ms']):.1f} ms; the prompt's "
-              f"pieces tokenised (this step's new ones) {floor['tokenise_ms']:.1f} ms")
-    if len(parts) >= 2:
-        (s0, c0, p0), (s1, c1, p1) = parts[0], parts[-1]
+              f"pieces tokenised (this step's new ones; what --retokenize pays) {floor['tokenise_ms']:.1f} ms")
+    for variant in dict.fromkeys(p[0] for p in parts):
+        mine = [p for p in parts if p[0] == variant]
+        if len(mine) < 2:
+            continue
+        (_, s0, c0, p0), (_, s1, c1, p1) = mine[0], mine[-1]
         dn = s1 - s0
         per = {k: 1000 * (p1["cpu_s"][k] - p0["cpu_s"][k]) / dn for k in p1["cpu_s"]}
         total = 1000 * (c1 - c0) / dn
-        print(f"\nwhere a teacher-forced step's client CPU goes: the same command with each part's function wrapped "
-              f"(scripts/_probe_parts.py), per step between the {s0}- and {s1}-step runs (constant costs drop out):")
+        print(f"\nwhere a teacher-forced step's client CPU goes ({variant}): the same command with each part's function "
+              f"wrapped (scripts/_probe_parts.py), per step between the {s0}- and {s1}-step runs (constant costs drop "
+              "out):")
         print(f"{'part':<48} {'ms/step':>8} {'share':>6}")
         known = 0.0
         for key, label in _PARTS:

@@ -102,6 +102,15 @@ def serve(port: int, latency: float, bodies_file: str, model_path: str) -> None:
     models = json.dumps({"object": "list", "data": [{"id": model_path, "object": "model"}]}).encode()
     server_info = json.dumps({"model_path": model_path, "enable_deterministic_inference": False}).encode()
 
+    # the runner sends token ids (agent/backends/sglang_native.py): the prompt's assistant turns are the ids of
+    # "<|im_start|>assistant" side by side in the body's JSON array (a text prompt is counted as text)
+    import re
+
+    from transformers import AutoTokenizer
+
+    turn = AutoTokenizer.from_pretrained(model_path)(ASSISTANT.decode(), add_special_tokens=False)["input_ids"]
+    turn_ids = re.compile(rb"[\[,]" + b",".join(b"%d" % i for i in turn) + rb"[,\]]")
+
     class H(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -120,7 +129,8 @@ def serve(port: int, latency: float, bodies_file: str, model_path: str) -> None:
 
         def do_POST(self):
             req = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            n = max(0, req.count(ASSISTANT) - 1)  # the prompt ends with the generation prompt's assistant turn
+            # the prompt ends with the generation prompt's assistant turn
+            n = max(0, req.count(ASSISTANT) + len(turn_ids.findall(req)) - 1)
             time.sleep(latency)
             self._send(bodies[min(n, len(bodies) - 1)])
 
@@ -259,7 +269,7 @@ def decode_cost(reply_tokens: int = 1000, reps: int = 20) -> dict:
 
 
 # ---------------------------------------------------------------------------- 3. storage
-def storage(trajectories: int, ids: str) -> dict:
+def storage(trajectories: int, ids: str, prompts: bool = False) -> dict:
     from bench_data import RowPool, write_run
 
     from agent.rundir import load_run
@@ -287,6 +297,18 @@ def storage(trajectories: int, ids: str) -> dict:
     err = np.abs(grouped_tail_entropy(res.pop("_f16")) - grouped_tail_entropy(res.pop("_f32")))
     res["float16"]["entropy_abs_err_max"] = float(err.max())
     res["float16"]["entropy_abs_err_mean"] = float(err.mean())
+    if prompts:  # float32 again, the same tokens, with each call's prompt ids recorded as --backend sglang records them
+        from agent.backends.sglang_native import SGLangBackend
+        from agent.backends.tiny_model import ensure_tiny_model
+
+        tmp = Path(tempfile.mkdtemp(prefix="mmcf-store-"))
+        try:
+            pool.rng = np.random.default_rng(7)
+            info = write_run(tmp, trajectories, pool, progress=False,
+                             prompts=SGLangBackend("http://127.0.0.1:9", str(ensure_tiny_model(quiet=True))))
+            res["float32"]["with_prompt_ids_B_per_token"] = info["sidecar_bytes"] / info["tokens"]
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return res
 
 
@@ -349,13 +371,17 @@ def main() -> int:
         print("\n[storage] the runner's writer on realistic top-20 rows (scripts/bench_data.py), 10 calls x ~1,000 "
               "tokens per trajectory")
         for ids in ("zipf", "uniform"):
-            s = storage(40 // (2 if a.quick else 1), ids)
+            s = storage(40 // (2 if a.quick else 1), ids, prompts=ids == "zipf")
             f32, f16 = s["float32"], s["float16"]
             print(f"  ids {ids:8s}: float32 {f32['sidecar_B_per_token']:.1f} B/token in the sidecar "
                   f"({f32['run_B_per_token']:.1f} for the whole run dir), float16 {f16['sidecar_B_per_token']:.1f} "
                   f"({f16['run_B_per_token']:.1f}); float16 moves the grouped entropy by <= "
                   f"{f16['entropy_abs_err_max']:.1e} nats (mean {f16['entropy_abs_err_mean']:.1e}); "
                   f"{f32['tokens']:,} tokens", flush=True)
+            if "with_prompt_ids_B_per_token" in f32:
+                print(f"  ids {ids:8s}: float32 with each call's prompt ids recorded (a run through --backend sglang; "
+                      f"the embedded tokenizer: 1.8-2.4x as many ids as Qwen's vocabulary makes, scripts/bench_tokenize.py): "
+                      f"{f32['with_prompt_ids_B_per_token']:.1f} B/token in the sidecar", flush=True)
         print("  target: <= 100 B per generated token with top-20 float32 on realistic (zipf) ids")
     return 0
 

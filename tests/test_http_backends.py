@@ -30,7 +30,15 @@ async def test_native_generate_parses_triples_and_think(native, fake_sglang, red
     assert body["return_logprob"] is True and body["top_logprobs_num"] == 20
     assert body["sampling_params"]["temperature"] == 0.2 and body["sampling_params"]["top_p"] == 0.95
     assert body["image_data"][0].startswith("data:image/png;base64,")
-    assert body["text"].endswith("<|im_start|>assistant\n<think>\n")
+    # token ids, never text: the rendered prompt tokenised as the tokenizer tokenises it whole, and handed back by
+    # message piece (what the run records, agent/backends/pieces.py)
+    prompt = out.request["prompt_text"]
+    assert "text" not in body and prompt.endswith("<|im_start|>assistant\n<think>\n")
+    assert body["input_ids"] == native.tok(prompt, add_special_tokens=False)["input_ids"]
+    fingerprint, pieces = out.prompt_pieces
+    assert fingerprint == native.fingerprint and len(fingerprint) == 64
+    assert [i for _, ids in pieces for i in ids.tolist()] == body["input_ids"]
+    assert "input_ids" not in out.request
     assert out.reasoning == "Let me look at the picture."
     assert out.text == "It shows a red square."
     assert all(len(t.top) == 20 and t.id is not None for t in out.tokens)

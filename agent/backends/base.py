@@ -303,6 +303,9 @@ class ModelOutput:
     ``text`` is the visible answer (after the think segment), ``reasoning`` the thinking text;
     ``tokens[i].think`` says which output tokens lie strictly inside ``<think>…</think>``.
     ``request`` is what was sent, with images replaced by their sha256; ``response`` the raw reply.
+    ``prompt_pieces``: ``(tokenizer fingerprint, [(digest, int32 ids), ...])``, the prompt's token ids by message
+    piece, from a backend that tokenises the prompt itself and sends the ids (SGLang's native one; the run records
+    them, agent/backends/pieces.py), else None.
     """
 
     text: str
@@ -318,6 +321,7 @@ class ModelOutput:
     response: Any = None
     exact_entropy: list[float] | None = None
     top_k_requested: int = DEFAULT_TOP_LOGPROBS
+    prompt_pieces: Any = None
 
     @property
     def full_text(self) -> str:

@@ -5,7 +5,8 @@
     sc  = await b.score(messages, Continuation(ids=...))      # max_new_tokens=0, input top logprobs
 
 The prompt is rendered here with the model's own chat template from the local model directory
-(only the tokenizer files are needed); images go in ``image_data`` as data URIs. Wire format:
+(only the tokenizer files are needed) and sent as token ids, tokenised here one message piece at a time
+(``prompt_pieces``; the run records them, agent/backends/pieces.py); images go in ``image_data`` as data URIs. Wire format:
 each logprob is ``[logprob, token_id, text_or_null]``; ``input_token_logprobs[0]`` is
 ``[null, id, …]`` and ``input_top_logprobs[0]`` is ``null``. Every request carries the full sampling
 set (temperature, top_p, top_k -1, min_p 0, repetition_penalty 1), so no server-side default
@@ -43,6 +44,7 @@ from .base import (
 )
 from .local import load_chat_renderer
 from .messages import record_messages, split_text_and_images
+from .pieces import PieceBook, piece_digest, tokenizer_fingerprint
 from .think import THINK_OPEN, mark_think, split_think
 from .wire import (arrays_from_flat, check_values, decode_generate_reply, finish_reason_of, flat_top_arrays,
                    tokens_from_triples)
@@ -86,6 +88,11 @@ def _piece_encoder(tok):
     return lambda piece: tok(piece, add_special_tokens=False)["input_ids"]
 
 
+def _joined(pieces: list) -> np.ndarray:
+    """The pieces' ids as one int32 array."""
+    return np.concatenate([ids for _, ids in pieces]) if pieces else np.zeros(0, np.int32)
+
+
 def _same_ids(tail: list, ids: list) -> bool:
     """Whether the reply's scored positions carry exactly the recorded ids (``[logprob, id, text]`` triples): the
     ids taken and compared by C-level iteration in the common case (ours: the Python comprehension cost ~0.3 ms a
@@ -126,7 +133,12 @@ class SGLangBackend:
         self._decode_cache: dict[int, str] = {}
         self._proc = None
         self._grid = False                             # image_tokens: the processor's resize rule (None: unknown)
-        self._piece_ids: dict[str, np.ndarray] = {}   # prompt_ids: int32 ids per message piece
+        self._piece_ids: dict[str, tuple] = {}       # prompt_pieces: (digest, int32 ids) per message piece
+        # pieces a run recorded, lent by a probe while their trajectory is in flight (agent/backends/pieces.py), and
+        # the fingerprint of this tokenizer (pieces made by another one are never lent)
+        self.book = PieceBook()
+        self.fingerprint = tokenizer_fingerprint(model_dir)
+        self.piece_stats = {"tokenised": 0, "tokenised_chars": 0, "recorded": 0}
         # scoring asks for SGLang's flat base64 top-logprob arrays (ours; wire.flat_top_arrays): ~0.25 MB instead of
         # ~0.65 MB of nested triples a 1,000-token reply, and no Python object per alternative. A server that
         # ignores the request answers with the nested lists, which parse as before; one that refuses it turns it off.
@@ -163,19 +175,26 @@ class SGLangBackend:
 
     def generate_payload(self, messages: list[dict], sp: SamplingParams) -> tuple[dict, str, list]:
         """(the /generate body, the rendered prompt, the images) for a generation."""
+        payload, prompt, images, _ = self._generate_request(messages, sp)
+        return payload, prompt, images
+
+    def _generate_request(self, messages: list[dict], sp: SamplingParams):
         prompt, images = self.render(messages, sp.template_kwargs())
         params = {**sp.server_params(), "skip_special_tokens": False}
         if sp.seed is not None:
             params["sampling_seed"] = sp.seed  # only honoured by a server started with --enable-deterministic-inference
-        payload = {"text": prompt, "sampling_params": params, "return_logprob": True,
+        # token ids, as scoring sends them (SGLang 0.5.23's TokenizerManager expands each image placeholder in them
+        # itself; tests/conformance): what the model is sent is exactly what the run records (ModelOutput.prompt_pieces)
+        pieces = self.prompt_pieces(prompt)
+        payload = {"input_ids": _joined(pieces), "sampling_params": params, "return_logprob": True,
                    "top_logprobs_num": sp.top_logprobs}
         if images:
             payload["image_data"] = [im.data_uri() for im in images]
-        return payload, prompt, images
+        return payload, prompt, images, pieces
 
     async def generate(self, messages: list[dict], sampling: SamplingParams | None = None) -> ModelOutput:
         sp = sampling or SamplingParams()
-        payload, prompt, images = self.generate_payload(messages, sp)
+        payload, prompt, images, pieces = self._generate_request(messages, sp)
         t0 = time.perf_counter()
 
         async def attempt():
@@ -185,7 +204,9 @@ class SGLangBackend:
         out.latency_s = time.perf_counter() - t0
         out.request = {"endpoint": self.public, "messages": record_messages(messages), "prompt_text": prompt,
                        "image_sha256": [im.sha256 for im in images],
-                       **{k: v for k, v in payload.items() if k not in ("text", "image_data")}}
+                       **{k: v for k, v in payload.items() if k not in ("input_ids", "image_data")}}
+        if self.fingerprint:  # the run records them (agent/trajectory.py), the probes send them again
+            out.prompt_pieces = (self.fingerprint, pieces)
         return out
 
     def parse_generate(self, resp: dict, sp: SamplingParams, prompt: str) -> ModelOutput:
@@ -269,14 +290,14 @@ class SGLangBackend:
         per_image = self.image_tokens(images)
         return len(prompt_ids) + sum(per_image) - len(per_image)
 
-    def prompt_ids(self, prompt: str) -> np.ndarray:
-        """The rendered prompt's token ids, each message tokenised once: the text is cut before every
+    def prompt_pieces(self, prompt: str) -> list[tuple[bytes, np.ndarray]]:
+        """The rendered prompt as ``(digest, int32 ids)`` per message piece: the text is cut before every
         ``<|im_start|>`` (a special token, split out before the tokenizer's pre-tokenisation, so nothing merges
-        across the cut and the ids are those of the whole text; tested) and each piece's ids are remembered.
-        A trajectory's later steps and its with / without-images requests repeat all but their last pieces.
-        Ours: tokenising every growing prompt whole cost ~16 ms a request (scripts/bench_probe_http.py)."""
+        across the cut and the ids are those of the whole text; tested) and each piece's ids are remembered. A
+        trajectory's later steps and its with / without-images requests repeat all but their last pieces. A piece
+        met for the first time is taken from :attr:`book` (the ids a run recorded for it, lent by a probe) or else
+        tokenised. Ours: tokenising every growing prompt whole cost ~16 ms a request (scripts/bench_probe_http.py)."""
         cache = self._piece_ids
-        encode = self._encode
         out = []
         # str.split, then the start token put back on each later piece: the same pieces as a look-ahead regex split,
         # at ~1/20 of its CPU on a 58K-character prompt (ours)
@@ -286,16 +307,28 @@ class SGLangBackend:
                 piece = _IM_START + piece
             elif not piece:
                 continue
-            ids = cache.get(piece)
-            if ids is None:
-                ids = np.asarray(encode(piece), dtype=np.int32)  # 4 bytes an id
+            hit = cache.get(piece)
+            if hit is None:
+                d = piece_digest(piece)
+                ids = self.book.get(d)
+                stats = self.piece_stats
+                if ids is None:
+                    ids = np.asarray(self._encode(piece), dtype=np.int32)  # 4 bytes an id
+                    stats["tokenised"] += 1
+                    stats["tokenised_chars"] += len(piece)
+                else:
+                    stats["recorded"] += 1
                 if len(cache) >= _PIECE_CACHE:
                     cache.pop(next(iter(cache)))  # oldest first: a bounded memory
-                cache[piece] = ids
-            out.append(ids)
-        # one int32 array, never a list of Python ints: the request body's JSON writes it straight from the buffer
-        # (agent.http.dumps, orjson's numpy support); ours: ~0.1 ms a request instead of ~1 ms for a 36k-id prompt
-        return np.concatenate(out) if out else np.zeros(0, np.int32)
+                cache[piece] = hit = (d, ids)
+            out.append(hit)
+        return out
+
+    def prompt_ids(self, prompt: str) -> np.ndarray:
+        """The rendered prompt's token ids (:meth:`prompt_pieces` joined): one int32 array, never a list of Python
+        ints: the request body's JSON writes it straight from the buffer (agent.http.dumps, orjson's numpy support;
+        ours: ~0.1 ms a request instead of ~1 ms for a 36k-id prompt)."""
+        return _joined(self.prompt_pieces(prompt))
 
     def score_payload(self, messages: list[dict], continuation: Continuation, *, top_logprobs: int = DEFAULT_TOP_LOGPROBS,
                       enable_thinking: bool | None = True) -> tuple[dict, list[int], str, list]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..sidecar import read_parquet
+from ..sidecar import read_parquet, read_prompt_pieces
 
 from .common import RunError
 from .index import summary_of
@@ -166,6 +166,10 @@ def check_run(path, *, deep: bool = True, repair: bool = False) -> CheckReport:
             got = {int(c): int((call == c).sum()) for c in np.unique(call)}
             if {c: n for c, n in want.items() if n} != got:
                 rep.sidecars.append((f"{key[0]}/t{key[1]}", f"{tf}: token counts per call {got} != calls {want}"))
+            try:  # the prompts' token ids it may carry (agent/backends/pieces.py): the probes send them again
+                read_prompt_pieces(rd.path / tf)
+            except (OSError, ValueError) as e:
+                rep.sidecars.append((f"{key[0]}/t{key[1]}", f"{tf}: unreadable prompt ids ({e})"))
         tok_dir = rd.path / "tokens"
         if tok_dir.is_dir():
             rep.orphans = sorted(f"tokens/{p.name}" for p in tok_dir.glob("*.parquet") if f"tokens/{p.name}" not in named)

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ..sidecar import decode as _decode_sidecar
+from ..sidecar import read_prompt_pieces as _read_prompt_pieces
 
 from .common import RunError
 from .index import Lines, summary_of
@@ -82,6 +83,18 @@ class Run:
             return _decode_sidecar(p, columns)
         except (OSError, ValueError) as e:
             raise RunError(f"{p}: unreadable token sidecar ({e})") from None
+
+    def prompt_pieces(self, line: dict) -> tuple[str | None, dict]:
+        """(tokenizer fingerprint, {digest: ids}): the token ids of the line's prompts by message piece, as its
+        backend sent them (agent/backends/pieces.py); ``(None, {})`` when the run did not record them."""
+        if not line.get("tokens_file"):
+            return None, {}
+        p = self.path / line["tokens_file"]
+        try:
+            return _read_prompt_pieces(p)
+        except (OSError, ValueError) as e:
+            raise RunError(f"{p}: unreadable prompt ids in the token sidecar ({e}); probe with --retokenize to "
+                           "tokenise the prompts again instead") from None
 
     def call_event(self, line: dict, call: int | dict) -> dict:
         """The ``llm_call`` event of ``call``: the event itself, or its 1-based call index."""

@@ -147,8 +147,9 @@ class RunDir(RunIndex):
         key = f"{token_key(line['sample_id'], line['trial'])}__{uuid.uuid4().hex[:8]}"
         try:
             if traj.tokens:
+                prompt = (traj.tokenizer, traj.prompt_pieces) if getattr(traj, "prompt_pieces", None) else None
                 _atomic_write(self.path / "tokens" / f"{key}.parquet",
-                              _encode_sidecar(traj.tokens, traj.top_k, self.token_precision))
+                              _encode_sidecar(traj.tokens, traj.top_k, self.token_precision, prompt))
                 line["tokens_file"] = f"tokens/{key}.parquet"
             else:
                 line["tokens_file"] = None

@@ -103,6 +103,12 @@ class _Tok:
             return ids
         return [ord(c) for c in text]
 
+    def decode_all(self, ids: list[int]) -> str:
+        """A prompt's text from its ids (what a reply policy reads when the request came as ids)."""
+        if self.hf:
+            return self.hf.decode(list(ids), skip_special_tokens=False)
+        return "".join(self.decode(i) for i in ids)
+
     def decode(self, i: int) -> str:
         if self.hf:
             return self.hf.decode([i], skip_special_tokens=False)
@@ -366,6 +372,8 @@ class _Handler(JSONHandler):
                 meta.update(_flat_fields("input", tops, k, bool(req.get("return_flat_raw_top_logprobs_b64"))))
                 del meta["input_top_logprobs"]  # flat replaces nested for the input side (SGLang 0.5.23)
             return {"text": "", "output_ids": [], "meta_info": meta}
+        if callable(self.server.reply) and req.get("text") is None and req.get("input_ids") is not None:
+            req = {**req, "text": tok.decode_all(req["input_ids"])}  # a policy reads the prompt as text either way
         reply = req["_garbage"] if "_garbage" in req else (self.server.reply(req) if callable(self.server.reply)
                                                            else self.server.reply)
         reply = reply or ""
