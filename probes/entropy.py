@@ -786,7 +786,7 @@ async def _fidelity_first(args, backend) -> dict:
     if cannot:
         return {"skipped": f"the backend cannot score recorded tokens ({cannot[0]})"}
     out = Path(args.out).parent / "fidelity" if args.out else None
-    rep = await check_servers(args.run_dir, backend, out_dir=out, force=args.force)
+    rep = await check_servers(args.run_dir, backend, out_dir=out, force=args.force, retokenize=args.retokenize)
     if not rep["ok"]:
         if not args.force:
             raise PreflightError(refusal(rep))

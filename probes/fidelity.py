@@ -183,7 +183,7 @@ def chat_twin(backend):
 
 
 async def fidelity_check(run_dir, backend, *, samples: int = 8, reference=None, out_dir=None,
-                         force: bool = False, chat=None) -> dict:
+                         force: bool = False, chat=None, retokenize: bool = False) -> dict:
     """Run the checks; write ``fidelity.json``; return the report (``ok``: every check within its tolerance).
     ``chat``: the same server's chat path (:func:`chat_twin`) for the paths check."""
     run = load_run(run_dir)
@@ -198,7 +198,8 @@ async def fidelity_check(run_dir, backend, *, samples: int = 8, reference=None, 
     flush = getattr(backend, "flush_cache", None)
     from probes.cli import RecordedPrompts
 
-    recorded = RecordedPrompts(backend)  # the prompt ids the run sent, as the probes send them (probes/cli.py)
+    # the prompt ids the run sent, as the probe that runs this check sends them (probes/cli.py; --retokenize: none)
+    recorded = RecordedPrompts(backend, off=retokenize)
     for summary, step in picked:
         line = run.full(summary)
         try:
@@ -241,7 +242,7 @@ async def fidelity_check(run_dir, backend, *, samples: int = 8, reference=None, 
 
 
 async def check_servers(run_dir, backend, *, samples: int = 8, out_dir=None, force: bool = False, reference=None,
-                        paths: bool = True) -> dict:
+                        paths: bool = True, retokenize: bool = False) -> dict:
     """:func:`fidelity_check` on each server behind ``backend`` (several ``--endpoint``: each on its own, so a
     flush reaches the server that was scored), with the paths check on each SGLang server unless ``paths`` is
     false; one report (``ok`` when every server passes)."""
@@ -251,7 +252,7 @@ async def check_servers(run_dir, backend, *, samples: int = 8, out_dir=None, for
         chat = chat_twin(b) if paths else None
         try:
             reports.append(await fidelity_check(run_dir, b, samples=samples, out_dir=out_dir, force=force,
-                                                reference=reference, chat=chat))
+                                                reference=reference, chat=chat, retokenize=retokenize))
         finally:
             if chat is not None:
                 await chat.aclose()

@@ -135,7 +135,8 @@ def test_the_probe_sends_the_recorded_ids_and_tokenises_only_what_the_run_never_
     got, bodies = {}, {}
     for name, extra in (("recorded", []), ("retokenized", ["--retokenize"])):
         with FakeSGLang(reply=agent_policy, tokenizer_dir=str(tiny_model_dir), model_name=str(tiny_model_dir)) as srv:
-            assert _probe(srv.url, tiny_model_dir, out, out / "probes" / name, *extra) == 0
+            # (the serving-fidelity check first, as a user runs it: it sends what the probe sends)
+            assert _probe(srv.url, tiny_model_dir, out, out / "probes" / name, *extra, fidelity=True) == 0
             bodies[name] = sorted((tuple(b["input_ids"]), len(b.get("image_data") or []))
                                   for b in srv.bodies if "input_ids" in b)
         got[name] = pd.read_csv(out / "probes" / name / "steps.csv").sort_values(["sample_id", "trial", "step"])
