@@ -192,15 +192,18 @@ def encode(tokens: dict[int, dict[str, np.ndarray]], k: int, precision: str = "f
     import pyarrow.parquet as pq
 
     t = token_table(tokens, k, precision)
-    if prompt and prompt[0] and prompt[1]:
-        from .backends.pieces import pack_pieces
-
-        t = t.replace_schema_metadata({**t.schema.metadata, _META_TOKENIZER: str(prompt[0]).encode(),
-                                       _META_PIECES: pack_pieces(prompt[1])})
     split = [c for c in ("logprob", "top_ids.list.element", "top_logprobs.list.element", "exact_entropy",
                          *RELEASE_COLUMNS) if c.split(".")[0] in t.column_names]
     buf = io.BytesIO()
-    pq.write_table(t, buf, compression="zstd", use_byte_stream_split=split, use_dictionary=["text"])
+    with pq.ParquetWriter(buf, t.schema, compression="zstd", use_byte_stream_split=split,
+                          use_dictionary=["text"]) as w:
+        w.write_table(t)
+        if prompt and prompt[0] and prompt[1]:
+            from .backends.pieces import pack_pieces
+
+            # the file's key-value metadata only: the table schema's metadata is also stored inside the serialised
+            # Arrow schema, base64-encoded, which would keep these bytes twice (ours: 12.9 -> 5.6 B a token)
+            w.add_key_value_metadata({_META_TOKENIZER: str(prompt[0]).encode(), _META_PIECES: pack_pieces(prompt[1])})
     return buf.getvalue()
 
 
@@ -210,7 +213,7 @@ def read_prompt_pieces(path) -> tuple[str | None, dict[bytes, np.ndarray]]:
     ValueError."""
     import pyarrow.parquet as pq
 
-    meta = pq.read_schema(path).metadata or {}
+    meta = pq.read_metadata(path).metadata or {}
     blob = meta.get(_META_PIECES)
     if blob is None:
         return None, {}

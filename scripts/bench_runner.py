@@ -269,7 +269,7 @@ def decode_cost(reply_tokens: int = 1000, reps: int = 20) -> dict:
 
 
 # ---------------------------------------------------------------------------- 3. storage
-def storage(trajectories: int, ids: str, prompts: bool = False) -> dict:
+def storage(trajectories: int, ids: str, prompts: bool = False, qwen_ranks=None) -> dict:
     from bench_data import RowPool, write_run
 
     from agent.rundir import load_run
@@ -301,14 +301,26 @@ def storage(trajectories: int, ids: str, prompts: bool = False) -> dict:
         from agent.backends.sglang_native import SGLangBackend
         from agent.backends.tiny_model import ensure_tiny_model
 
-        tmp = Path(tempfile.mkdtemp(prefix="mmcf-store-"))
-        try:
-            pool.rng = np.random.default_rng(7)
-            info = write_run(tmp, trajectories, pool, progress=False,
-                             prompts=SGLangBackend("http://127.0.0.1:9", str(ensure_tiny_model(quiet=True))))
-            res["float32"]["with_prompt_ids_B_per_token"] = info["sidecar_bytes"] / info["tokens"]
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        vocabularies = [("embedded", None)]
+        if qwen_ranks:  # the same prompts tokenised with Qwen's vocabulary (scripts/bench_tokenize.py builds it)
+            from bench_tokenize import read_ranks, tokenizer_from_ranks
+
+            fast = tokenizer_from_ranks(read_ranks(qwen_ranks))._tokenizer
+            vocabularies.append(("qwen", lambda piece: fast.encode_batch_fast([piece], add_special_tokens=False)[0].ids))
+        # the history's text as bench_data writes it: random letter strings (each word new: many short tokens, a
+        # real vocabulary's worst case) or windows of English prose; the generated tokens are the same either way
+        for text in ("synthetic", "english"):
+            for name, encode in vocabularies:
+                b = SGLangBackend("http://127.0.0.1:9", str(ensure_tiny_model(quiet=True)))
+                if encode is not None:
+                    b._encode = encode
+                tmp = Path(tempfile.mkdtemp(prefix="mmcf-store-"))
+                try:
+                    pool.rng = np.random.default_rng(7)
+                    info = write_run(tmp, trajectories, pool, progress=False, prompts=b, text=text)
+                    res["float32"][f"with_prompt_ids_{name}_{text}"] = info["sidecar_bytes"] / info["tokens"]
+                finally:
+                    shutil.rmtree(tmp, ignore_errors=True)
     return res
 
 
@@ -327,6 +339,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="a quarter of the samples in every configuration")
     ap.add_argument("--only", help="comma-separated parts: rate, decode, storage (default: all)")
     ap.add_argument("--seed", type=int, default=0, help="sample ids and token rows")
+    ap.add_argument("--qwen-ranks", type=Path, default=None,
+                    help="storage: also record the prompt ids with Qwen's vocabulary, from qwen.tiktoken or the dashscope "
+                         "wheel holding it (pip download --no-deps dashscope==2.0.2; scripts/bench_tokenize.py)")
     ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--bodies", help=argparse.SUPPRESS)
     ap.add_argument("--model-path", help=argparse.SUPPRESS)
@@ -371,17 +386,19 @@ def main() -> int:
         print("\n[storage] the runner's writer on realistic top-20 rows (scripts/bench_data.py), 10 calls x ~1,000 "
               "tokens per trajectory")
         for ids in ("zipf", "uniform"):
-            s = storage(40 // (2 if a.quick else 1), ids, prompts=ids == "zipf")
+            s = storage(40 // (2 if a.quick else 1), ids, prompts=ids == "zipf", qwen_ranks=a.qwen_ranks)
             f32, f16 = s["float32"], s["float16"]
             print(f"  ids {ids:8s}: float32 {f32['sidecar_B_per_token']:.1f} B/token in the sidecar "
                   f"({f32['run_B_per_token']:.1f} for the whole run dir), float16 {f16['sidecar_B_per_token']:.1f} "
                   f"({f16['run_B_per_token']:.1f}); float16 moves the grouped entropy by <= "
                   f"{f16['entropy_abs_err_max']:.1e} nats (mean {f16['entropy_abs_err_mean']:.1e}); "
                   f"{f32['tokens']:,} tokens", flush=True)
-            if "with_prompt_ids_B_per_token" in f32:
-                print(f"  ids {ids:8s}: float32 with each call's prompt ids recorded (a run through --backend sglang; "
-                      f"the embedded tokenizer: 1.8-2.4x as many ids as Qwen's vocabulary makes, scripts/bench_tokenize.py): "
-                      f"{f32['with_prompt_ids_B_per_token']:.1f} B/token in the sidecar", flush=True)
+            for name, what in (("embedded", "the embedded tokenizer"), ("qwen", "Qwen's vocabulary (--qwen-ranks)")):
+                got = {t: f32.get(f"with_prompt_ids_{name}_{t}") for t in ("synthetic", "english")}
+                if got["synthetic"] is not None:
+                    print(f"  ids {ids:8s}: float32 with each call's prompt ids recorded (a run through --backend "
+                          f"sglang), tokenised by {what}: {got['synthetic']:.1f} B/token in the sidecar with the "
+                          f"random-letter history text, {got['english']:.1f} with English prose", flush=True)
         print("  target: <= 100 B per generated token with top-20 float32 on realistic (zipf) ids")
     return 0
 

@@ -105,9 +105,14 @@ def lend_pieces(backend, fingerprint: str | None, pieces: dict[bytes, np.ndarray
     return bool(lent), give_back
 
 
+#: zstd level of the record (ours): on Qwen-vocabulary prompt ids, level 3 of the plain little-endian int32 was ~8 %
+#: smaller than level 1 of their byte planes (which break a repeated token's bytes apart), ~1.3 ms a trajectory.
+_ZSTD_LEVEL = 3
+
+
 def pack_pieces(pieces: dict[bytes, np.ndarray]) -> bytes:
     """The pieces as bytes (sidecar metadata): ``1:<n>:<ids>:`` then zstd of the digests (16 bytes each), the
-    lengths (uint32) and the ids (int32, byte planes: most ids fit in 3 bytes, so a plane of zeros compresses)."""
+    lengths (uint32) and the ids (int32), all little-endian."""
     import pyarrow as pa
 
     digests = list(pieces)
@@ -116,9 +121,9 @@ def pack_pieces(pieces: dict[bytes, np.ndarray]) -> bytes:
     arrays = [np.asarray(pieces[d], dtype=np.int32).reshape(-1) for d in digests]
     lens = np.fromiter((len(a) for a in arrays), dtype="<u4", count=len(arrays))
     ids = np.concatenate(arrays).astype("<i4", copy=False) if arrays else np.zeros(0, "<i4")
-    planes = np.frombuffer(ids.tobytes(), dtype=np.uint8).reshape(-1, 4).T.tobytes()
-    body = b"".join(digests) + lens.tobytes() + planes
-    return b"%s:%d:%d:" % (_PACK_VERSION, len(digests), len(ids)) + pa.compress(body, codec="zstd", asbytes=True)
+    body = b"".join(digests) + lens.tobytes() + ids.tobytes()
+    packed = pa.Codec("zstd", compression_level=_ZSTD_LEVEL).compress(body, asbytes=True)
+    return b"%s:%d:%d:" % (_PACK_VERSION, len(digests), len(ids)) + packed
 
 
 def unpack_pieces(blob: bytes) -> dict[bytes, np.ndarray]:
@@ -144,8 +149,7 @@ def unpack_pieces(blob: bytes) -> dict[bytes, np.ndarray]:
     lens = np.frombuffer(raw, dtype="<u4", count=n, offset=16 * n).astype(np.int64)
     if int(lens.sum()) != total:
         raise ValueError(f"prompt pieces: the lengths add to {int(lens.sum())}, not the header's {total}")
-    ids = np.frombuffer(raw, dtype=np.uint8, offset=20 * n).reshape(4, total).T.copy().view("<i4").reshape(-1)
-    ids = ids.astype(np.int32, copy=False)
+    ids = np.frombuffer(raw, dtype="<i4", offset=20 * n).astype(np.int32)  # a copy: the record's bytes can go
     ends = np.cumsum(lens)
     return {raw[16 * i: 16 * i + 16]: ids[e - m: e] for i, (m, e) in enumerate(zip(lens.tolist(), ends.tolist()))}
 
