@@ -202,7 +202,7 @@ def encode(tokens: dict[int, dict[str, np.ndarray]], k: int, precision: str = "f
             from .backends.pieces import pack_pieces
 
             # the file's key-value metadata only: the table schema's metadata is also stored inside the serialised
-            # Arrow schema, base64-encoded, which would keep these bytes twice (ours: 12.9 -> 5.6 B a token)
+            # Arrow schema, base64-encoded, which kept these bytes twice (ours: 12.9 B a generated token, not 5.5)
             w.add_key_value_metadata({_META_TOKENIZER: str(prompt[0]).encode(), _META_PIECES: pack_pieces(prompt[1])})
     return buf.getvalue()
 

@@ -7,21 +7,17 @@ import json
 
 import pytest
 
-from agent.run import main as run_main
 from probes.entropy import main as entropy_main
 from probes.fidelity import main as fidelity_main
 from scripts.soak import agent_policy
-from tests.fakes.sglang_server import FakeSGLang
+from tests.fakes.sglang_server import FakeSGLang, record_react_run
 
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory, tiny_model_dir):
     """A ReAct run recorded through SGLang's native API (the tiny model's tokenizer: ids that can be scored)."""
     out = tmp_path_factory.mktemp("fid") / "r"
-    with FakeSGLang(reply=agent_policy, tokenizer_dir=str(tiny_model_dir), model_name=str(tiny_model_dir)) as srv:
-        assert run_main(["--method", "react", "--backend", "sglang", "--endpoint", srv.url, "--model-dir",
-                         str(tiny_model_dir), "--benchmark", "demo", "--limit", "3", "--t-max", "3", "--out", str(out),
-                         "--no-progress"]) == 0
+    record_react_run(out, tiny_model_dir, limit=3)
     return out
 
 

@@ -12,11 +12,10 @@ import pytest
 from agent.backends.pieces import PieceBook, lend_pieces, pack_pieces, piece_digest, tokenizer_fingerprint, unpack_pieces
 from agent.backends.sglang_native import SGLangBackend
 from agent.rundir import load_run
-from agent.run import main as run_main
 from agent.sidecar import encode, read_prompt_pieces
 from probes.entropy import main as entropy_main
 from scripts.soak import agent_policy
-from tests.fakes.sglang_server import FakeSGLang
+from tests.fakes.sglang_server import FakeSGLang, record_react_run
 
 
 def _pieces(rng, n):
@@ -92,12 +91,9 @@ def test_the_sidecar_keeps_a_lines_prompt_pieces_beside_its_tokens(tmp_path):
 def recorded(tmp_path_factory, tiny_model_dir):
     """A ReAct run recorded through SGLang's native API, with the generation requests the server received."""
     out = tmp_path_factory.mktemp("pieces") / "r"
-    with FakeSGLang(reply=agent_policy, tokenizer_dir=str(tiny_model_dir), model_name=str(tiny_model_dir)) as srv:
-        assert run_main(["--method", "react", "--backend", "sglang", "--endpoint", srv.url, "--model-dir",
-                         str(tiny_model_dir), "--benchmark", "demo", "--limit", "4", "--t-max", "3", "--out", str(out),
-                         "--no-progress"]) == 0
-        sent = [tuple(b["input_ids"]) for b in srv.bodies if "input_ids" in b]
-        assert len(sent) == len([b for b in srv.bodies if (b.get("sampling_params") or {}).get("max_new_tokens")])
+    bodies = record_react_run(out, tiny_model_dir, limit=4)
+    sent = [tuple(b["input_ids"]) for b in bodies if "input_ids" in b]
+    assert len(sent) == len([b for b in bodies if (b.get("sampling_params") or {}).get("max_new_tokens")])
     return out, set(sent)
 
 

@@ -546,6 +546,20 @@ class FakeSGLang:
         self.server.server_close()
 
 
+def record_react_run(out, tiny_model_dir, *, limit: int) -> list[dict]:
+    """A ReAct run of the demo benchmark recorded through SGLang's native API against this fake, acting by
+    scripts/soak.py's policy with the tiny model's tokenizer (ids that can be scored); returns the request bodies the
+    server received."""
+    from agent.run import main as run_main
+    from scripts.soak import agent_policy
+
+    with FakeSGLang(reply=agent_policy, tokenizer_dir=str(tiny_model_dir), model_name=str(tiny_model_dir)) as srv:
+        assert run_main(["--method", "react", "--backend", "sglang", "--endpoint", srv.url, "--model-dir",
+                         str(tiny_model_dir), "--benchmark", "demo", "--limit", str(limit), "--t-max", "3",
+                         "--out", str(out), "--no-progress"]) == 0
+        return list(srv.bodies)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="loopback SGLang stand-in for tests")
     ap.add_argument("--port", type=int, required=True)
