@@ -18,10 +18,10 @@ How it is stored (format 2; ours, measured by ``scripts/bench_runner.py``'s stor
 - ``chosen``: where the chosen token sits in its own top list (-1: not in it). ``id`` and ``logprob`` are
   stored only where they cannot be read from the top list at that place (null otherwise).
 - ``text`` dictionary-encoded; ``exact_entropy`` and the release columns byte-stream split.
-
-- ``mmcf.prompt_pieces`` / ``mmcf.tokenizer`` (metadata, when the run's backend sent token ids): the ids of every
-  distinct message piece of the line's prompts, by digest, and the fingerprint of the tokenizer that made them
-  (agent/backends/pieces.py; read by :func:`read_prompt_pieces`). The probes send these ids again.
+- ``mmcf.prompt_pieces`` / ``mmcf.tokenizer`` (the Parquet file's key-value metadata, not the Arrow schema's, when
+  the run's backend sent token ids): the ids of every distinct message piece of the line's prompts, by digest, and
+  the fingerprint of the tokenizer that made them (agent/backends/pieces.py; read by :func:`read_prompt_pieces`).
+  The probes send these ids again.
 
 Files of format 1 (raw ``top_ids`` / ``top_logprobs`` / ``id`` / ``logprob`` columns, no ``mmcf.sidecar``
 metadata) are read as before.
