@@ -86,6 +86,12 @@ def test_the_agents_run_against_sglangs_real_server_and_record_what_the_fake_rec
                                        "--model-dir", str(tiny_model_dir), "--no-progress"])
                 assert rc == 0, (name, mode)
                 frames.append(pd.read_csv(tmp_path / name / "probes" / f"entropy-{mode}" / "steps.csv"))
+                # the run's recorded prompt ids were what the probe sent (agent/backends/pieces.py): on SGLang's own
+                # front end, the scorings and regenerations of ids it never tokenised itself
+                import json
+
+                used = json.loads((tmp_path / name / "probes" / f"entropy-{mode}" / "probe.json").read_text())
+                assert used["prompt_ids"]["pieces_from_the_record"] > 0, used["prompt_ids"]
             cols = ["sample_id", "step", "state", "n_images", "n_query_images", "n_tokens", "n_think"]
             r, f_ = (x.sort_values(["sample_id", "step"])[cols].reset_index(drop=True) for x in frames)
             assert len(r) > 0 and r.equals(f_), (mode, r, f_)
