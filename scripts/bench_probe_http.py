@@ -12,7 +12,7 @@ of ~1,000 tokens per trajectory, each with its query image: by default a distinc
 trajectory, a real photo's size, so every with-images request carries its own ~0.43 MB of base64;
 ``--small-images`` shares one small image instead; ``--text english`` makes the history's reasoning and
 observations windows of English prose, this README, instead of random letter strings). For each scale
-(trajectories; x 10 steps) the probe runs as one process; its CPU time (user + system, from the kernel) and peak RSS are printed, per step
+(trajectories; x 10 steps) and variant (below) the probe runs as one process; its CPU time (user + system, from the kernel) and peak RSS are printed, per step
 and in all, so scaling shows: CPU per step should stay flat and peak memory should not grow with the steps.
 The tokenizer and chat template are the embedded tiny model's (the real Qwen3.5 classes; a 628-token
 vocabulary, so the replies' JSON is a little smaller than a real model's, and tokenising costs ~1.3x less than
@@ -271,7 +271,7 @@ def main(argv=None) -> int:
     what = "SGLang's real front end (serving/standin.py, scripted)" if a.server == "standin" else "the loopback fake"
     imgs = "a distinct ~320 KB 1024 x 768 JPEG per trajectory" if a.photos else "one small image for all trajectories"
     print(f"python -m probes.entropy RUN --backend sglang ({a.mode}) against {what}, {reply_tokens}-token replies "
-          f"with top-20, {imgs}, {a.text} history text, --concurrency {a.concurrency}; one process per scale")
+          f"with top-20, {imgs}, {a.text} history text, --concurrency {a.concurrency}; one process per scale and variant")
     print(f"{'prompt ids':<11} {'trajectories':>12} {'steps':>6} {'client CPU s':>12} {'ms CPU/step':>11} {'wall s':>7} "
           f"{'peak RSS MB':>11} {'pieces: from the run / tokenised':>33}")
     for variant, n, steps, cpu, wall, rss, used in rows:
