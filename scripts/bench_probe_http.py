@@ -12,7 +12,8 @@ of ~1,000 tokens per trajectory, each with its query image: by default a distinc
 trajectory, a real photo's size, so every with-images request carries its own ~0.43 MB of base64;
 ``--small-images`` shares one small image instead; ``--text english`` makes the history's reasoning and
 observations windows of English prose, this README, instead of random letter strings). For each scale
-(trajectories; x 10 steps) and variant (below) the probe runs as one process; its CPU time (user + system, from the kernel) and peak RSS are printed, per step
+(trajectories; x 10 steps) and variant (below) the probe runs as one process; its CPU time (user + system, from
+the kernel) and peak RSS are printed, per step
 and in all, so scaling shows: CPU per step should stay flat and peak memory should not grow with the steps.
 The tokenizer and chat template are the embedded tiny model's (the real Qwen3.5 classes; a 628-token
 vocabulary, so the replies' JSON is a little smaller than a real model's, and tokenising costs ~1.3x less than

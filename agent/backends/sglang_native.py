@@ -6,8 +6,8 @@
 
 The prompt is rendered here with the model's own chat template from the local model directory
 (only the tokenizer files are needed) and sent as token ids, tokenised here one message piece at a time
-(``prompt_pieces``; the run records them, agent/backends/pieces.py); images go in ``image_data`` as data URIs. Wire format:
-each logprob is ``[logprob, token_id, text_or_null]``; ``input_token_logprobs[0]`` is
+(``prompt_pieces``; the run records them, agent/backends/pieces.py); images go in ``image_data`` as data URIs.
+Wire format: each logprob is ``[logprob, token_id, text_or_null]``; ``input_token_logprobs[0]`` is
 ``[null, id, …]`` and ``input_top_logprobs[0]`` is ``null``. Every request carries the full sampling
 set (temperature, top_p, top_k -1, min_p 0, repetition_penalty 1), so no server-side default
 (``--preferred-sampling-params``, the model's generation config) changes what is sampled.
