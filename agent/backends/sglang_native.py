@@ -17,12 +17,13 @@ Scoring (``max_new_tokens: 0``, prompt logprobs):
 - **without images** the request is token ids: ``input_ids = prompt_ids + continuation_ids`` with
   ``logprob_start_len = len(prompt_ids) - 1``: nothing is re-tokenised, so a continuation whose first
   token would merge with the prompt's last (``\n`` after the ``<think>\n`` pre-fill) scores exactly;
-- **with images** the request is text (the server's processor places the images), and
-  ``logprob_start_len`` is the *expanded* prompt length - 1, computed here with the model's processor
-  (each image placeholder becomes ``prod(image_grid_thw) / merge_size²`` tokens), so the server returns
-  logprobs for the continuation only, not for thousands of image tokens. The last len(continuation)
-  entries are taken and their **token ids verified** against the continuation; a mismatch
-  (re-tokenisation drift) is an error, never a silently wrong number.
+- **with images** the request is token ids too, with ``image_data`` (SGLang 0.5.23's TokenizerManager expands
+  each image placeholder itself), and ``logprob_start_len`` is the *expanded* prompt length - 1, computed here
+  from the processor's resize rule (each image placeholder becomes ``prod(image_grid_thw) / merge_size²``
+  tokens), so the server returns logprobs for the continuation only, not for thousands of image tokens.
+
+Either way the last len(continuation) entries are taken and their **token ids verified** against the
+continuation; a mismatch is an error, never a silently wrong number.
 
 Token texts are not requested (``return_text_in_logprobs`` would double the reply); they are decoded
 here from the ids with the same tokenizer, the chosen tokens at once, the alternatives only when
