@@ -2,7 +2,7 @@
 
     python scripts/bench_probe_http.py [--scales 10,100,300] [--reply-tokens 1000] [--concurrency 64]
         [--mode regenerate|teacher-forced] [--server fake|standin] [--small-images] [--text synthetic|english]
-        [--variants recorded,retokenize] [--no-breakdown]
+        [--variants recorded,retokenize] [--against REV] [--no-breakdown]
 
 What a user with a GPU node runs: ``python -m probes.entropy RUN --backend sglang --endpoint URL
 --model-dir DIR`` against a server. The server is the loopback SGLang stand-in (tests/fakes/sglang_server.py)
@@ -24,6 +24,12 @@ the run records its prompts' token ids by message piece as a run through ``--bac
 (agent/backends/pieces.py; made here by the runner's own backend class) and the probe sends them again, tokenising
 only what the run never sent; **retokenize**, the same command with ``--retokenize``, which tokenises every prompt
 piece again (what a run without recorded ids costs: one through the chat path, or an older one).
+
+``--against REV`` (ours) adds a variant: the same command at an earlier commit (``git archive REV``, run from
+its own tree) on the same run, in turn with the others, so its ratio to today's code is paired too. This machine
+is shared and its speed drifts by up to ~4x between sessions; a past commit measured in the same run is the one
+yardstick that drifts with it, e.g. ``--against 34c23d2 --reference 34c23d2=11.4`` (the fifth pass's code and
+what it measured then with this command) also prints today's step in the fifth pass's units.
 
 ``--mode teacher-forced`` also prints where a step's client CPU goes (``--no-breakdown`` skips it): each scale's
 command runs through scripts/_probe_parts.py, which is the same command with the function doing each part
@@ -149,12 +155,22 @@ _PARTS = (("render", "chat template renders (2 a step)"),
           ("collector", "collections + heap trims (when grown)"))
 
 
-def run_measured(cmd: list[str], env: dict) -> tuple[int, str, float, float, float]:
-    """Run ``cmd`` in REPO; (exit code, its stderr, its CPU seconds (user + system), wall seconds, its own peak RSS in
+def _tree_at(rev: str, where: Path) -> Path:
+    """Commit ``rev``'s files (``git archive``) unpacked in ``where``: an earlier version of the probe to run."""
+    where.mkdir(parents=True)
+    arc = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", rev], capture_output=True)
+    if arc.returncode:
+        raise SystemExit(f"--against {rev}: git archive failed: {arc.stderr.decode(errors='replace').strip()}")
+    subprocess.run(["tar", "-x", "-C", str(where)], input=arc.stdout, check=True)
+    return where
+
+
+def run_measured(cmd: list[str], env: dict, cwd: Path = REPO) -> tuple[int, str, float, float, float]:
+    """Run ``cmd`` in ``cwd``; (exit code, its stderr, its CPU seconds (user + system), wall seconds, its own peak RSS in
     MB), the CPU and the peak from the kernel's account of that one process (``os.wait4``)."""
     with tempfile.TemporaryFile() as err:
         t = time.perf_counter()
-        p = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        p = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=err, env=env)
         _, status, ru = os.wait4(p.pid, 0)
         wall = time.perf_counter() - t
         p.returncode = os.waitstatus_to_exitcode(status)
@@ -183,9 +199,19 @@ def main(argv=None) -> int:
                     help="recorded: the run records its prompt ids (as a run through --backend sglang does) and the "
                          "probe sends them again; retokenize: the same command with --retokenize (a run without them); "
                          "both (the default) run in turn on the same run at each scale")
+    ap.add_argument("--against", default="",
+                    help="comma-separated git revisions: each runs the same command from that commit's tree on the same "
+                         "run, in turn with the variants (a paired yardstick for a machine whose speed drifts)")
+    ap.add_argument("--reference", default="",
+                    help="REV=MS[,REV=MS...]: what REV's step cost where it was measured before (e.g. 34c23d2=11.4, the "
+                         "fifth pass); prints each variant's step in those units: MS x the paired ratio to @REV")
     ap.add_argument("--no-breakdown", dest="breakdown", action="store_false",
                     help="teacher-forced: run the plain command, without timing a step's CPU by part")
     a = ap.parse_args(argv)
+    try:
+        refs = {r.split("=")[0]: float(r.split("=")[1]) for r in a.reference.split(",") if r}
+    except (IndexError, ValueError):
+        ap.error(f"--reference wants REV=MS[,REV=MS...], got {a.reference!r}")
     from agent.backends.sglang_native import SGLangBackend
     from agent.backends.tiny_model import ensure_tiny_model
     from bench_data import RowPool, write_run
@@ -239,6 +265,10 @@ def main(argv=None) -> int:
             pool = RowPool(seed=0, n_rows=1 << 16 if a.mode == "teacher-forced" else 1 << 19)
             prompts = SGLangBackend(url, tiny)  # the runner's backend: records each call's prompt ids by piece
             variants = [v for v in a.variants.split(",") if v]
+            trees = {}  # "@REV": that commit's tree (its own probes.entropy, run from there)
+            for rev in (r for r in a.against.split(",") if r):
+                trees[f"@{rev}"] = _tree_at(rev, Path(d) / f"tree-{rev}")
+            variants += list(trees)
             for n in (int(x) for x in a.scales.split(",")):
                 root = Path(d) / f"run{n}"
                 write_run(root, n, pool, progress=False, distinct_images=a.photos, text=a.text,
@@ -248,13 +278,17 @@ def main(argv=None) -> int:
                     driver = os.environ.get("BENCH_DRIVER")  # (experiments) a wrapper: DRIVER MODE ARGS...
                     parts_file = Path(d) / f"parts{n}-{variant}.json"
                     head = driver.split() if driver else ["-m", "probes.entropy"]
-                    if not driver and a.mode == "teacher-forced" and a.breakdown:  # the same command, its parts timed
+                    tree = trees.get(variant)
+                    if tree is not None:
+                        head = ["-m", "probes.entropy"]
+                    elif not driver and a.mode == "teacher-forced" and a.breakdown:  # the same command, its parts timed
                         head = [str(REPO / "scripts" / "_probe_parts.py"), str(parts_file)]
                     out = root / "probes" / f"entropy-{a.mode}-{variant}"
                     cmd = [sys.executable, *head, str(root), "--backend", "sglang", "--endpoint", url,
                            "--model-dir", tiny, "--force", "--no-progress", "--concurrency", str(a.concurrency),
                            "--mode", a.mode, "--out", str(out), *(["--retokenize"] if variant == "retokenize" else [])]
-                    code, err, cpu, wall, rss = run_measured(cmd, env={**os.environ, "PYTHONPATH": str(REPO)})
+                    code, err, cpu, wall, rss = run_measured(cmd, env={**os.environ, "PYTHONPATH": str(tree or REPO)},
+                                                             cwd=tree or REPO)
                     if code:
                         raise SystemExit(f"probe failed ({code}): {err[-3000:]}")
                     if driver:
@@ -276,11 +310,12 @@ def main(argv=None) -> int:
     print(f"{'prompt ids':<11} {'trajectories':>12} {'steps':>6} {'client CPU s':>12} {'ms CPU/step':>11} {'wall s':>7} "
           f"{'peak RSS MB':>11} {'pieces: from the run / tokenised':>33}")
     for variant, n, steps, cpu, wall, rss, used in rows:
-        pieces = f"{used.get('pieces_from_the_record', 0)} / {used.get('pieces_tokenised', 0)}"
+        pieces = f"{used.get('pieces_from_the_record', 0)} / {used.get('pieces_tokenised', 0)}" if used else "-"
         print(f"{variant:<11} {n:>12} {steps:>6} {cpu:>12.1f} {1000 * cpu / steps:>11.1f} {wall:>7.1f} {rss:>11.0f} "
               f"{pieces:>33}")
     print("(recorded: the run's recorded prompt ids sent again, the default; retokenize: the same command with "
-          "--retokenize, every prompt tokenised again, as for a run without recorded ids; peak RSS: each process's own)")
+          "--retokenize, every prompt tokenised again, as for a run without recorded ids; @REV: the same command from "
+          "commit REV's tree (--against); peak RSS: each process's own)")
     marginal = {}
     for variant in dict.fromkeys(r[0] for r in rows):
         mine = [r for r in rows if r[0] == variant]
@@ -288,8 +323,19 @@ def main(argv=None) -> int:
             (_, _, s0, c0, *_), (_, _, s1, c1, *_) = mine[0], mine[-1]
             marginal[variant] = 1000 * (c1 - c0) / (s1 - s0)
             print(f"marginal client CPU per step, {variant}: {marginal[variant]:.1f} ms ({s0} -> {s1} steps)")
-    if len(marginal) == 2:
+    if "recorded" in marginal and "retokenize" in marginal:
         print(f"recorded / retokenize, paired: {marginal['recorded'] / marginal['retokenize']:.2f}")
+    for v in (v for v in marginal if v.startswith("@")):
+        for mine in (m for m in ("recorded", "retokenize") if m in marginal):
+            print(f"{mine} / the code at {v[1:]}, paired: {marginal[mine] / marginal[v]:.3f}")
+    for rev, ms in refs.items():  # the yardstick: a past measurement of REV, carried over by the paired ratio
+        if f"@{rev}" not in marginal:
+            print(f"--reference {rev}: no marginal figure for @{rev} (pass --against {rev} and two scales)")
+            continue
+        for mine in (m for m in ("recorded", "retokenize") if m in marginal):
+            print(f"{mine} in the units of the run where {rev} measured {ms:g} ms a step: "
+                  f"{ms * marginal[mine] / marginal[f'@{rev}']:.1f} ms ({ms:g} x {marginal[mine] / marginal[f'@{rev}']:.3f}; "
+                  f"here {rev} measured {marginal[f'@{rev}']:.1f} ms, {marginal[f'@{rev}'] / ms:.2f}x its old figure)")
     if floor:
         print(f"floor per step (two scoring replies of a step-{floor['step']} request, {floor['bytes'] / 1e6:.2f} MB each, "
               f"decoded in-process, median of 20): JSON {2 * floor['decode_ms']:.1f} ms + the triples into arrays "
