@@ -158,7 +158,8 @@ _PARTS = (("render", "chat template renders (2 a step)"),
 def _tree_at(rev: str, where: Path) -> Path:
     """Commit ``rev``'s files (``git archive``) unpacked in ``where``: an earlier version of the probe to run."""
     where.mkdir(parents=True)
-    arc = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", rev], capture_output=True)
+    arc = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", rev], check=False,
+                         capture_output=True)
     if arc.returncode:
         raise SystemExit(f"--against {rev}: git archive failed: {arc.stderr.decode(errors='replace').strip()}")
     subprocess.run(["tar", "-x", "-C", str(where)], input=arc.stdout, check=True)
@@ -212,6 +213,7 @@ def main(argv=None) -> int:
         refs = {r.split("=")[0]: float(r.split("=")[1]) for r in a.reference.split(",") if r}
     except (IndexError, ValueError):
         ap.error(f"--reference wants REV=MS[,REV=MS...], got {a.reference!r}")
+
     from agent.backends.sglang_native import SGLangBackend
     from agent.backends.tiny_model import ensure_tiny_model
     from bench_data import RowPool, write_run
