@@ -213,6 +213,8 @@ def main(argv=None) -> int:
         refs = {r.split("=")[0]: float(r.split("=")[1]) for r in a.reference.split(",") if r}
     except (IndexError, ValueError):
         ap.error(f"--reference wants REV=MS[,REV=MS...], got {a.reference!r}")
+    if set(refs) - {r for r in a.against.split(",") if r} or (refs and len(a.scales.split(",")) < 2):
+        ap.error("--reference REV=MS needs --against REV and two scales (its ratio is paired and marginal)")
 
     from agent.backends.sglang_native import SGLangBackend
     from agent.backends.tiny_model import ensure_tiny_model
@@ -331,9 +333,6 @@ def main(argv=None) -> int:
         for mine in (m for m in ("recorded", "retokenize") if m in marginal):
             print(f"{mine} / the code at {v[1:]}, paired: {marginal[mine] / marginal[v]:.3f}")
     for rev, ms in refs.items():  # the yardstick: a past measurement of REV, carried over by the paired ratio
-        if f"@{rev}" not in marginal:
-            print(f"--reference {rev}: no marginal figure for @{rev} (pass --against {rev} and two scales)")
-            continue
         for mine in (m for m in ("recorded", "retokenize") if m in marginal):
             print(f"{mine} in the units of the run where {rev} measured {ms:g} ms a step: "
                   f"{ms * marginal[mine] / marginal[f'@{rev}']:.1f} ms ({ms:g} x {marginal[mine] / marginal[f'@{rev}']:.3f}; "
