@@ -13,12 +13,18 @@ torn lines): each is reported with file and line, the valid rows are kept, a dup
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
 import random
 import sys
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from .backends.messages import ImageError, load_image, max_image_bytes
+from .cli import HelpFormatter
+from .tools.demo_world import ensure_demo_world
 
 __all__ = ["Sample", "Problem", "Manifest", "load_benchmark", "load_dataset_dir", "PAPER_CATEGORY", "paper_subset",
            "random_per_benchmark", "load_selection",
@@ -124,7 +130,6 @@ def _resolves_inside(path: Path, root: Path) -> bool:
 
 def _image_problem(path: Path) -> tuple[str, str] | None:
     """(kind, detail) when the image cannot be used: missing, not a file, too large, not an image."""
-    from .backends.messages import ImageError, load_image, max_image_bytes
 
     if not path.exists():
         return "missing_image", f"{path} not found"
@@ -247,7 +252,6 @@ def load_dataset_dir(root: str | Path, *, check_images: bool = True) -> dict[str
 def resolve_benchmark(name_or_path: str) -> Manifest:
     """``demo`` = the offline demo benchmark; else a benchmark directory or .jsonl path."""
     if name_or_path == "demo":
-        from .tools.demo_world import ensure_demo_world
 
         return load_benchmark(ensure_demo_world() / "demo", "demo")
     return load_benchmark(name_or_path)
@@ -319,7 +323,6 @@ def random_per_benchmark(manifests: dict[str, Manifest], n: int, seed: int) -> d
 def load_selection(path: str | Path, benchmark: str) -> tuple[list[str], dict]:
     """The sample ids a selection file (``subset --random-per-benchmark``) holds for ``benchmark``, and what to
     record of it in a run header."""
-    import hashlib
 
     p = Path(path)
     try:
@@ -339,7 +342,6 @@ def load_selection(path: str | Path, benchmark: str) -> tuple[list[str], dict]:
 
 # ------------------------------------------------------------------ CLI
 def main(argv=None) -> int:
-    from .cli import HelpFormatter
 
     ap = argparse.ArgumentParser(prog="python -m agent.benchmarks", description="benchmark manifests: stats and subsets",
                                  formatter_class=HelpFormatter, epilog="examples:\n"
@@ -367,7 +369,6 @@ def main(argv=None) -> int:
     ss.add_argument("--out", help="write the subset's rows (or the selection file) here (default: print ids)")
     a = ap.parse_args(argv)
     if getattr(a, "max_image_mb", None):
-        import os
 
         os.environ["MMCF_MAX_IMAGE_MB"] = str(a.max_image_mb)
     try:

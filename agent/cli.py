@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 
 __all__ = ["make_parser", "add_backend_args", "add_judge_args", "single_endpoint", "done", "DEFAULT_CONCURRENCY",
@@ -54,7 +55,6 @@ class Parser(argparse.ArgumentParser):
                 break
             flag = tok.split("=", 1)[0]
             if flag.startswith("--") and flag not in known and not any(k.startswith(flag) for k in known):
-                import difflib
 
                 close = difflib.get_close_matches(flag, sorted(known), n=1)
                 self.error(f"unrecognized argument: {flag}" + (f" (did you mean {close[0]}?)" if close else ""))

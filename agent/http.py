@@ -12,10 +12,11 @@ import json
 import os
 import random
 import re
+import ssl
+import urllib.request
 from dataclasses import dataclass
 from typing import Any, Callable
-
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import httpx
 
@@ -214,7 +215,6 @@ class ClientPool:
     def __init__(self, client_kw: dict):
         self._kw = dict(client_kw)
         if "verify" not in self._kw:  # one TLS context for all members (each costs ~45 ms to make)
-            import ssl
 
             self._kw["verify"] = ssl.create_default_context()
         self._clients: list[httpx.AsyncClient] = []
@@ -292,7 +292,6 @@ class AioPool:
     def _proxy(self, url: str) -> str | None:
         """The proxy for this URL's scheme and host from ``HTTP(S)_PROXY`` / ``ALL_PROXY``, None where ``NO_PROXY``
         names the host or none is set (urllib's reading of them; remembered per scheme and host)."""
-        import urllib.request
 
         p = urlsplit(url)
         key = (p.scheme, p.hostname or "")
@@ -377,7 +376,6 @@ def _origin(u: str) -> tuple:
 
 
 async def _send_following(client, method, url, json_body, params, headers, policy, what):
-    from urllib.parse import urljoin
 
     hdrs = dict(headers or {})
     origin = _origin(url)  # keys stay with the origin the caller named, across every hop

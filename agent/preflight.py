@@ -20,12 +20,19 @@ never does.
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 
+from .backends import BackendError, make_backend
+from .backends.messages import ImageError, load_image
+from .benchmarks import resolve_benchmark
+from .cli import add_backend_args, done, make_parser
 from .http import HTTPError, RetryPolicy, public_url, request_json
+from .tools.live import MissingKeyError, require_live_tools
 
 __all__ = ["PreflightError", "model_identity", "local_identity", "same_model", "require_keys",
            "check_benchmark_images", "PREFLIGHT_POLICY"]
@@ -172,7 +179,6 @@ def check_benchmark_images(manifest, samples, *, allow_missing: bool = False):
     Refuses (PreflightError) when any image is missing, unreadable or not an image, unless
     ``allow_missing``: then the samples with a bad image are left out, and the caller says how many.
     """
-    from .backends.messages import ImageError, load_image
 
     bad: list[tuple[str, str]] = []
     keep = []
@@ -209,10 +215,7 @@ def main(argv=None) -> int:
     Used by ``scripts/reproduce_figure2.sh``; exit 0 when everything a later stage needs is in place, 2 (with
     every problem listed) otherwise.
     """
-    import asyncio
-    import sys
 
-    from .cli import add_backend_args, done, make_parser
 
     ap = make_parser("python -m agent.preflight", main.__doc__, [
         "python -m agent.preflight --benchmark DATA/mmsearch --backend sglang --endpoint http://gpu:30000 "
@@ -228,7 +231,6 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     problems = []
     if a.tools == "live":
-        from .tools.live import MissingKeyError, require_live_tools
 
         try:
             require_live_tools(("search", "visit", "lens_search"))
@@ -239,7 +241,6 @@ def main(argv=None) -> int:
     except PreflightError as e:
         problems.append(str(e))
     if a.benchmark:
-        from .benchmarks import resolve_benchmark
 
         try:
             m = resolve_benchmark(a.benchmark)
@@ -247,7 +248,6 @@ def main(argv=None) -> int:
         except (PreflightError, FileNotFoundError) as e:
             problems.append(str(e))
     if a.backend:
-        from .backends import BackendError, make_backend
 
         async def ident(endpoint):
             b = make_backend(a.backend, endpoint=endpoint, model=a.model, model_dir=a.model_dir,

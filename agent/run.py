@@ -16,26 +16,44 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import errno
 import gc
 import json
+import multiprocessing as mp
 import os
-import threading
+import secrets
+import shlex
+import signal
 import sys
+import threading
 import time
 from collections import Counter
-import dataclasses
+from collections import Counter as _C
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from tqdm import tqdm
+
+from .backends import make_backend
 from .backends.base import DEFAULT_TOP_LOGPROBS, BackendError, SamplingParams
+from .backends.local import renderer_hints, set_renderer_hints
+from .backends.messages import set_image_cache_mb
+from .backends.scripted import ScriptedBackend
 from .backends.spread import BackendPool
-from .benchmarks import resolve_benchmark
+from .backends.tiny_model import ensure_tiny_model
+from .benchmarks import load_selection, resolve_benchmark
+from .cli import DEFAULT_CONCURRENCY, add_backend_args, done, make_parser
+from .http import RetryPolicy, public_url, safe_argv
 from .methods import METHODS, VARIANTS, Budgets, MethodSpec, new_trajectory, run_sample
 from .methods.common import HISTORY_REASONING, WEBWATCHER_OBSERVATION_IMAGES
-from .http import public_url, safe_argv
+from .methods.release import DEFAULT_PATIENCE, DEFAULT_THRESHOLD, SCORING_BACKENDS, ReleasePolicy
 from .preflight import PreflightError, check_benchmark_images, local_identity, model_identity
-from .release import DEFAULT_PATIENCE, DEFAULT_THRESHOLD, SCORING_BACKENDS, ReleasePolicy
-from .rundir import RunDir, RunError, versions
+from .rundir import RunDir, RunError, check_run, versions
+from .rundir.ledger import format_projection, load_prices, project
+from .rundir.shards import shard_record, shard_units
 from .tools import MODES, MissingKeyError, make_toolbox
+from .tools.live import require_live_tools
 from .trajectory import SCHEMA_VERSION
 
 __all__ = ["RunConfig", "run", "main", "EMBEDDED_MAX_TOKENS", "SERVED_MAX_TOKENS", "trial_seeds"]
@@ -55,7 +73,7 @@ class RunConfig:
     benchmark: str = "demo"
     variant: str = ""
     remove_images_from_step: int | None = None
-    image_release: str = "keep"            # keep | adaptive (agent/release.py)
+    image_release: str = "keep"            # keep | adaptive (agent/methods/release.py)
     release_signal: str | None = None
     release_threshold: str | float | None = None
     release_patience: int | None = None
@@ -131,7 +149,6 @@ class RunConfig:
 
 
 def make_backends(cfg: RunConfig) -> list:
-    from .backends import make_backend
 
     if cfg.backend == "local":
         return [make_backend("local", model_dir=cfg.model_dir, logprob_mode=cfg.logprob_mode)]
@@ -139,7 +156,6 @@ def make_backends(cfg: RunConfig) -> list:
         return [make_backend("scripted")]
     if not cfg.endpoints:
         raise BackendError(f"--backend {cfg.backend} needs --endpoint URL (repeat it for several servers)")
-    from .http import RetryPolicy
 
     policy = RetryPolicy(timeout_s=cfg.request_timeout)
     return [make_backend(cfg.backend, endpoint=e, model=cfg.model, model_dir=cfg.model_dir, logprob_mode=cfg.logprob_mode,
@@ -171,7 +187,6 @@ def header_for(cfg: RunConfig, manifest, argv, model: dict | None = None) -> dic
 def _select(manifest, cfg: RunConfig) -> list:
     samples = manifest.samples
     if cfg.selection:
-        from .benchmarks import load_selection
 
         ids, _ = load_selection(cfg.selection, manifest.name)
         want = set(ids)
@@ -221,7 +236,6 @@ async def run(cfg: RunConfig, argv=None, *, backends: list | None = None, toolbo
 
     SIGTERM is handled like Ctrl-C: the units in flight are abandoned (they rerun on resume), every finished
     line is on disk, and the run says how to resume."""
-    import signal
 
     try:
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, _on_sigterm, asyncio.current_task())
@@ -237,7 +251,7 @@ async def run(cfg: RunConfig, argv=None, *, backends: list | None = None, toolbo
     finally:
         if cfg.shard is None and rd.results.exists():  # the cost ledger (agent/ledger.py), after every invocation
             try:
-                from .ledger import write_ledger
+                from .rundir.ledger import write_ledger
 
                 write_ledger(rd.path)
             except Exception as e:  # noqa: BLE001 - the ledger is a report: never what fails a run
@@ -249,7 +263,6 @@ async def run(cfg: RunConfig, argv=None, *, backends: list | None = None, toolbo
 async def identify_backends(cfg: RunConfig, backends: list | None) -> dict:
     """The one model every backend serves (asking each server); refuses unreachable or mixed endpoints."""
     if backends is None and cfg.backend == "local":
-        from .backends.tiny_model import ensure_tiny_model
 
         return local_identity(cfg.model_dir or ensure_tiny_model())
     own = backends is None
@@ -281,7 +294,6 @@ def trial_seeds(cfg: RunConfig, rd: RunDir) -> tuple[int | None, str]:
         old = rd.read_header()
         seed = (old.get("sampling") or {}).get("seed")
         return seed, old.get("seed_source") or ("legacy" if seed is None else "given")
-    import secrets
 
     return secrets.randbelow(2**31 - 2**20), "drawn"
 
@@ -304,7 +316,6 @@ async def _run_locked(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends
 async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends, toolbox):
     """Every check before any work (nothing is written and nothing runs until all pass: exit 2 otherwise), then the
     header. Returns ``(cfg with the run's seed, header, samples, skipped_images)``."""
-    import dataclasses
 
     if cfg.part is not None and cfg.seed is None and not rd.header_path.exists():
         raise PreflightError(f"--shard {cfg.part[0]}/{cfg.part[1]} needs --seed S (the same in every shard): without "
@@ -321,11 +332,9 @@ async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends,
         print("NOTE: --backend scripted is a FAKE demo model (agent/backends/demo_model.py): its behaviour and "
               "numbers are planted, not measured.", file=sys.stderr)
     if cfg.tools == "live" and spec.method != "direct" and toolbox is None:
-        from .tools.live import require_live_tools
 
         require_live_tools(spec.allowed_tools())
     if manifest.problems:
-        from collections import Counter as _C
 
         kinds = _C(p.kind for p in manifest.problems)
         print(f"{manifest.path}: {len(manifest.problems)} data problem(s) {dict(kinds)}; first: "
@@ -339,7 +348,6 @@ async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends,
     selection = {"limit": cfg.limit, "sample_ids": cfg.sample_ids, "n_samples": len(samples),
                  "skipped": [i for i, _ in skipped_images]}
     if cfg.selection:
-        from .benchmarks import load_selection
 
         selection["selection_file"] = load_selection(cfg.selection, manifest.name)[1]
     if seed_source == "given" and ident.get("deterministic") is False:
@@ -353,19 +361,16 @@ async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends,
     resuming = rd.results.exists()
     head = header_for(cfg, manifest, argv, ident)
     if backends is not None:  # backends handed in (a notebook, the tests): record what they are, not cfg's default
-        from .backends.scripted import ScriptedBackend
 
         if all(isinstance(b, ScriptedBackend) for b in backends):
             head["backend"] = {**head["backend"], "kind": "scripted", "embedded_tiny_model": False}
     if cfg.part is not None:
-        from .rundir.merge import shard_record
 
         head["shard"] = shard_record(_all_units(cfg, samples), *cfg.part)
     header = rd.write_header({**head, "selection": selection, "seed_source": seed_source}, force=cfg.force)
     if skipped_images:
         rd.note_skipped(skipped_images)
     if resuming:  # the cheap part of python -m agent.rundir check: torn lines, temp files, duplicates
-        from .rundir import check_run
 
         rep = check_run(rd.path, deep=False)
         if rep.torn or rep.temp_files or rep.duplicates:
@@ -380,7 +385,6 @@ def _pending_jobs(cfg: RunConfig, spec, manifest, rd: RunDir, samples: list) -> 
     done = rd.done_keys(retry_errors=cfg.retry_errors)
     units = _all_units(cfg, samples)
     if cfg.part is not None:  # --shard I/N: this directory's part of the units (agent/rundir/merge.py)
-        from .rundir.merge import shard_units
 
         mine = set(shard_units([(s.id, t) for s, t in units], *cfg.part))
         units = [(s, t) for s, t in units if (s.id, t) in mine]
@@ -568,7 +572,6 @@ EXIT_DISK_FULL = 5
 
 def disk_full(e: BaseException) -> str | None:
     """None unless ``e`` (or what caused it) is "no space left on device"; then the file it names ('' if none)."""
-    import errno
 
     while e is not None:
         if isinstance(e, OSError) and e.errno == errno.ENOSPC:
@@ -601,10 +604,7 @@ def _claimer(jobs: list, counter=None):
 
 def _child(cfg_fields: dict, i: int, n: int, results, counter=None, hints=None) -> None:
     """One worker of a multi-process run (spawned); reports its summary through ``results``."""
-    import signal
-    import threading
 
-    from .backends.local import set_renderer_hints
 
     set_renderer_hints(hints)  # the tokenizer class the parent's AutoTokenizer chose: no torch import here
     cfg = RunConfig(**cfg_fields)
@@ -637,16 +637,12 @@ async def _run_processes(cfg: RunConfig, rd: RunDir, job_keys: list, skipped: in
     balanced whatever the sample ids (a hash split put >256 jobs on one of two workers in 95% of random id
     draws). The parent shows the progress by watching results.jsonl.
     """
-    import dataclasses
-    import multiprocessing as mp
-    import signal
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     n_jobs = len(job_keys)
     fields = dataclasses.asdict(cfg) | {"job_keys": [list(k) for k in job_keys]}
     counter = ctx.Value("l", 0)
-    from .backends.local import renderer_hints
 
     procs = [ctx.Process(target=_child, args=(fields, i, cfg.processes, results, counter, renderer_hints()), daemon=False)
              for i in range(cfg.processes)]
@@ -723,7 +719,6 @@ async def _run_processes(cfg: RunConfig, rd: RunDir, job_keys: list, skipped: in
         raise KeyboardInterrupt
     if errors:
         if any("No space left on device" in e for e in errors):  # said once, with its own exit status
-            import errno
 
             raise OSError(errno.ENOSPC, "No space left on device", str(rd.path))
         raise RunError(f"{len(errors)} runner process(es) failed; rerun to resume: {errors[0]}")
@@ -731,13 +726,11 @@ async def _run_processes(cfg: RunConfig, rd: RunDir, job_keys: list, skipped: in
 
 
 def _progress(total: int, enabled: bool, label: str):
-    from tqdm import tqdm
 
     return tqdm(total=total, desc=label, unit="sample", disable=not enabled, mininterval=1.0, file=sys.stderr)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .cli import DEFAULT_CONCURRENCY, add_backend_args, make_parser
 
     ap = make_parser("python -m agent.run", __doc__, [
         "python -m agent.run --method react --out runs/demo-react                       # embedded tiny model, offline world",
@@ -747,7 +740,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--method", required=True, choices=METHODS, help="the agent (README: Agents)")
     ap.add_argument("--variant", default="", choices=VARIANTS, help="MM-ContextFold ablation (paper §4.3)")
     ap.add_argument("--remove-images-from-step", type=int, metavar="K", help="ReAct-Removal@K (paper §3.2.3)")
-    g = ap.add_argument_group("adaptive image release (ReAct only; ours, agent/release.py)")
+    g = ap.add_argument_group("adaptive image release (ReAct only; ours, agent/methods/release.py)")
     g.add_argument("--image-release", default="keep", choices=("keep", "adaptive"),
                    help="adaptive: probe each step's thinking without the query images (teacher-forced) and remove "
                         "them once their influence stays below the threshold (needs a scoring backend)")
@@ -847,15 +840,12 @@ def config_from_args(a) -> RunConfig:
 
 def _dry_run(cfg: RunConfig, a) -> int:
     """--dry-run: the planned units and what they are expected to cost; nothing runs, nothing is written."""
-    from pathlib import Path
 
-    from .ledger import format_projection, load_prices, project
 
     manifest = resolve_benchmark(cfg.benchmark)
     samples = _select(manifest, cfg)
     units = _all_units(cfg, samples)
     if cfg.part is not None:
-        from .rundir.merge import shard_units
 
         units = shard_units(units, *cfg.part)
     cache = cfg.tool_cache or str(Path(cfg.out) / "tools.sqlite")
@@ -892,7 +882,6 @@ def main(argv=None) -> int:
     3 finished, but some units ended in ``error``/``timeout`` (rerun with ``--retry-errors``); 4 stopped
     after ``--max-consecutive-errors`` harness errors in a row; 5 the disk is full (finished units kept; free
     space and rerun); 130 interrupted (rerun to resume)."""
-    import shlex
 
     a = build_parser().parse_args(argv)
     _SHARED["freeze"] = argv is None  # run as a program (python -m agent.run), not called from Python
@@ -902,7 +891,6 @@ def main(argv=None) -> int:
         if a.image_cache_mb < 0:
             print("error: --image-cache-mb must be >= 0", file=sys.stderr)
             return 2
-        from .backends.messages import set_image_cache_mb
 
         set_image_cache_mb(a.image_cache_mb)  # and the environment, which worker processes inherit
     try:
@@ -939,7 +927,6 @@ def main(argv=None) -> int:
         print(f"{bad} unit(s) ended in error or timeout; first error: {summary.get('first_error')}\n"
               f"rerun them with: {retry}", file=sys.stderr)
         return 3
-    from .cli import done
 
     judge = "--judge exact" if cfg.embedded or cfg.backend == "scripted" else "(LLM judge: $OPENROUTER_API_KEY)"
     done([f"{cfg.out}/ (results.jsonl, tokens/, images/, header.json)"],

@@ -21,15 +21,31 @@ another page opens there), so the writer's memory and every page's size stay bou
 from __future__ import annotations
 
 import base64
+import csv
+import gc
 import gzip
 import html
+import io
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
+from PIL import Image
 
+from analysis.entropy import entropy_bounds, grouped_tail_entropy
+from analysis.figures import provenance_mark
+from probes.entropy import read_step_tokens
+
+from .backends.base import model_vocab_size
+from .backends.scripted import ScriptedBackend
+from .backends.tiny_model import default_tiny_dir
+from .cli import done, make_parser
 from .rundir import Run, RunError, load_run, token_key
+from .rundir.common import _TRIM
+from .rundir.grades import read_grades
 
 __all__ = ["sample_table", "render_text", "build_html", "run_summary", "main"]
 
@@ -88,7 +104,6 @@ def _grounding_labels(run: Run) -> dict:
 def _removal_outcomes(run: Run) -> dict:
     """{(sample, trial): [{k, replay_correct, replayed, status, error}]} from the step-k removal replays, with the
     original's grade under ``original``."""
-    import csv
 
     p = run.path / "probes" / "removal" / "outcomes.csv"
     out: dict = {}
@@ -112,11 +127,9 @@ def _removal_outcomes(run: Run) -> dict:
 
 def run_summary(run: Run) -> dict:
     """The landing pane's numbers: statuses, accuracy per judge, calls and tokens, and which probes ran."""
-    from collections import Counter
 
     idx = run.index
     statuses = Counter(ln["status"] for ln in idx)
-    from .judge import read_grades
 
     judges = {}
     for name in ("llm", "exact"):
@@ -156,7 +169,6 @@ def run_summary(run: Run) -> dict:
 
 def sample_table(run: Run):
     """One row per (sample, trial): status, calls, answer, gold, grade."""
-    import pandas as pd
 
     grades, judge = _grades(run)
     rows = [{"sample_id": ln["sample_id"], "trial": ln["trial"], "benchmark": ln.get("benchmark"),
@@ -274,9 +286,7 @@ def _image_uri(run: Run, sha: str, cache: dict, missing: list, max_px: int | Non
     data, ext = p.read_bytes(), p.suffix.lstrip(".").replace("jpg", "jpeg")
     max_px = EMBED_PX if max_px is None else max_px
     if max_px:
-        import io
 
-        from PIL import Image
 
         try:
             with Image.open(io.BytesIO(data)) as im:
@@ -295,12 +305,11 @@ def _image_uri(run: Run, sha: str, cache: dict, missing: list, max_px: int | Non
 def _call_tokens(run: Run, line: dict, tf_dir: Path | None) -> dict:
     """Per call, its think tokens as columns: text, H (centinats), and where the teacher-forced probe ran on
     this run ΔH (centinats) and KL (millinats). Integers compress well; the colour scale needs no more."""
-    from analysis.entropy import grouped_tail_entropy
 
     if not line.get("tokens_file"):
         return {}
     try:
-        try:  # an adaptive-release run carries its online per-token KL / ΔH (agent/release.py)
+        try:  # an adaptive-release run carries its online per-token KL / ΔH (agent/methods/release.py)
             tok = run.tokens(line, ["call", "text", "think", "top_logprobs", "release_kl", "release_dH"])
         except RunError:
             tok = run.tokens(line, ["call", "text", "think", "top_logprobs"])
@@ -312,13 +321,11 @@ def _call_tokens(run: Run, line: dict, tf_dir: Path | None) -> dict:
     vocab = _run_vocab(run)
     H_hi = None
     if vocab:  # the upper bound of each token's exact entropy (analysis.entropy.entropy_bounds), for the hover
-        from analysis.entropy import entropy_bounds
 
         H_hi = entropy_bounds(tok["top_logprobs"], vocab)[1]
     out = {}
     probed = {}
     if tf_dir is not None:  # the teacher-forced probe's per-token ΔH / KL of this trajectory (one file)
-        from probes.entropy import read_step_tokens
 
         probed = read_step_tokens(tf_dir, token_key(line["sample_id"], line["trial"]))
     for c in np.unique(tok["call"]):
@@ -348,16 +355,13 @@ def _call_tokens(run: Run, line: dict, tf_dir: Path | None) -> dict:
 
 def _run_vocab(run: Run) -> int | None:
     """The run's model vocabulary size (for the entropy upper bound), from its model directory; None if unknown."""
-    from .backends.base import model_vocab_size
 
     b = run.header.get("backend") or {}
     if b.get("kind") == "scripted":
-        from .backends.scripted import ScriptedBackend
 
         return ScriptedBackend.vocab
     md = b.get("model_dir")
     if not md and (b.get("kind") == "local" or b.get("embedded_tiny_model")):
-        from .backends.tiny_model import default_tiny_dir
 
         md = default_tiny_dir()
     return model_vocab_size(md) if md else None
@@ -420,9 +424,7 @@ PAGE_SIZE = 200
 
 
 def _release_memory() -> None:
-    import gc
 
-    from .rundir.common import _TRIM
 
     gc.collect()
     if _TRIM is not None:
@@ -471,7 +473,6 @@ def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[
                             "answer": _short(ln.get("answer"), 80), "gold": _short(ln.get("gold"), 80),
                             "page": files[i].name})
     h = run.header
-    from analysis.figures import provenance_mark
 
     pages = [{"file": f.name, "first": c[0]["sample_id"] if c else "", "last": c[-1]["sample_id"] if c else "",
               "n": len(c)} for f, c in zip(files, chunks)]
@@ -752,7 +753,6 @@ renderList();
 
 
 def main(argv=None) -> int:
-    from .cli import done, make_parser
 
     ap = make_parser("python -m agent.show", __doc__, [
         "python -m agent.show runs/demo-react",

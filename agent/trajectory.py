@@ -36,13 +36,16 @@ The full schema of a run directory is in ``docs/trajectory.md``.
 """
 from __future__ import annotations
 
+import copy
+import hashlib
+import json
 import time
 from collections import Counter
 from typing import Any
 
 import numpy as np
 
-from .backends.base import ModelOutput, TokenArrays, top_id_matrix, top_matrix
+from .backends.base import ModelOutput, SamplingParams, TokenArrays, top_id_matrix, top_matrix
 from .backends.messages import query_image_flags, record_messages
 from .http import dumps
 
@@ -183,7 +186,6 @@ class Trajectory:
 
     def seed_prefix(self, line: dict, tokens: dict[str, np.ndarray], upto: int) -> None:
         """Start from a recorded trajectory's calls 1..upto (events, messages, token arrays), as recorded."""
-        import copy
 
         keep = [e for e in line["events"] if (e["type"] == "llm_call" and e["index"] <= upto)
                 or (e["type"] == "tool_call" and e["call_index"] <= upto)]
@@ -257,9 +259,15 @@ class Trajectory:
 
 def responses_fingerprint(line: dict) -> str:
     """A digest of what the model said in a trajectory (every call's visible text and reasoning)."""
-    import hashlib
-    import json
 
     calls = [e for e in line.get("events") or () if e.get("type") == "llm_call"]
     said = [[e.get("text"), e.get("reasoning")] for e in calls] or [line.get("answer"), line.get("status")]
     return hashlib.sha256(json.dumps(said, ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def recorded_sampling(event: dict) -> SamplingParams:
+    """The sampling parameters a recorded ``llm_call`` event was sent with (the probes replay calls with them)."""
+    s = dict(event.get("sampling") or {})
+    keep = {k: s[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens",
+                               "top_logprobs", "seed", "stop", "enable_thinking", "chat_template_kwargs") if k in s}
+    return SamplingParams(**keep)

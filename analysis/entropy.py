@@ -8,6 +8,9 @@ Everything here is in nats and vectorised with numpy; nothing loops over tokens 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
+
+from agent.backends.base import TokenArrays
 
 __all__ = ["grouped_tail_entropy", "entropy_bounds", "entropy_histogram", "forking_threshold", "forking_stats", "exact_entropy_from_logprobs", "tail_mass", "think_segment_entropy",
            "step_entropies", "kl_union_tail"]
@@ -145,7 +148,6 @@ def step_entropies(run):
     paper_category, step (the call index), state, n_images (all pixels in context), n_query_images,
     n_think, H, H_exact, gap.
     """
-    import pandas as pd
 
     rows = []
     for line in run.index:  # the line summaries (calls included); only the token columns are read
@@ -418,7 +420,6 @@ def token_influence(with_tokens, without_tokens, think, vocab: int | None = None
     ``vocab`` (the model's vocabulary size) also the upper entropy bounds of :func:`entropy_bounds`
     (``H_high_with`` / ``H_high_without`` and per token).
     """
-    from agent.backends.base import TokenArrays
 
     think = np.asarray(think, dtype=bool)
     if len(with_tokens) != len(without_tokens) or len(with_tokens) != len(think):

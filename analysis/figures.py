@@ -16,9 +16,16 @@ so a notebook can feed them anything with the same columns.
 """
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
+import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
+import seaborn as sns
+
+from analysis.stats import bootstrap_ci, wilson_ci
 
 __all__ = ["tool_shares", "fig1_tool_calls", "fig2a_grounding", "fig2b_entropy", "fig2b_kl", "fig2c_removal",
            "fig2_combined", "fig4_context", "fig_release", "save", "provenance_mark", "image_needed_within",
@@ -35,11 +42,8 @@ COLUMN, DOUBLE = 3.3, 7.0
 
 
 def _plt():
-    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import seaborn as sns
 
     sns.set_theme(style="whitegrid", palette="colorblind", context="paper")
     plt.rcParams.update({"font.size": 7, "axes.titlesize": 7.5, "axes.labelsize": 7, "xtick.labelsize": 6,
@@ -49,7 +53,6 @@ def _plt():
 
 
 def _wrap(title: str, width: int) -> str:
-    import textwrap
 
     return "\n".join(textwrap.wrap(title, width)) if len(title) > width else title
 
@@ -94,7 +97,6 @@ def save(fig, stem, mark: str | None = None) -> list[Path]:
     paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
     fig.savefig(paths[0], dpi=200, bbox_inches="tight")
     fig.savefig(paths[1], bbox_inches="tight")
-    import matplotlib.pyplot as plt
 
     plt.close(fig)  # a report draws dozens of figures: release each once written
     return paths
@@ -103,7 +105,6 @@ def save(fig, stem, mark: str | None = None) -> list[Path]:
 def _legend_outside(ax, ncol: int | None = None, **kw):
     """Below the panel, centred, as its (sub)figure's "outside" legend: the constrained layout makes room for
     it under the tick labels and the x label, whatever their height."""
-    import textwrap
 
     handles, labels = ax.get_legend_handles_labels()
     if not handles:
@@ -187,9 +188,7 @@ def grounding_shares(steps, max_step: int = 20):
     """Figure 2(a)'s numbers: per step, n (steps labelled at t), each category's share (%) and the 95% Wilson
     interval of the Image Needed and Text Only shares (each step t holds one step per trajectory, so the n
     steps behind a bar are independent)."""
-    import pandas as pd
 
-    from analysis.stats import wilson_ci
 
     df = steps[steps["step"] <= max_step]
     rows = []
@@ -469,9 +468,7 @@ def fig2_combined(grounding_steps, entropy_summary, removal_summary, stem, *, ma
 def context_bins(samples, bins=(1, 5, 9, 13, 17, 21), by=("method",)):
     """Figure 4's numbers: per group (``by``) and trajectory-length bin, n, the mean length, the mean working
     context with its 95% bootstrap CI, and the accuracy with its 95% Wilson interval."""
-    import pandas as pd
 
-    from analysis.stats import bootstrap_ci, wilson_ci
 
     labels = [f"{lo}-{hi - 1}" for lo, hi in zip(bins[:-1], bins[1:])]
     rows = []

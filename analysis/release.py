@@ -1,4 +1,4 @@
-"""The data of the release figure (ours; ``--image-release adaptive``, agent/release.py).
+"""The data of the release figure (ours; ``--image-release adaptive``, agent/methods/release.py).
 
     from analysis.release import release_points, release_steps
     pts = release_points(full_and_removal_runs, adaptive_runs, react_runs=probed_react_runs, judge="exact")
@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 
 from agent.rundir import RunError, load_run
 
@@ -50,7 +51,6 @@ def _kind(run) -> tuple[str, dict]:
 
 
 def release_points(runs=(), adaptive=(), *, react_runs=(), judge: str | None = None):
-    import pandas as pd
 
     all_runs = list(dict.fromkeys([*map(str, runs), *map(str, adaptive)]))
     judged, missing, label = tables.judged_runs(all_runs, judge)
@@ -108,7 +108,6 @@ def release_points(runs=(), adaptive=(), *, react_runs=(), judge: str | None = N
 
 
 def release_steps(adaptive=()):
-    import pandas as pd
 
     rows = []
     for rd in adaptive:

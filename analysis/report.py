@@ -19,10 +19,17 @@ PDF figures and Markdown + CSV tables. Exit status 2 when a table would mix judg
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
+import pandas as pd
+
+from agent.cli import done, make_parser
 from agent.rundir import RunError, load_run
+from analysis.release import release_points, release_steps
+from analysis.stats import removal_summary, summarise_by
+from probes.entropy import bounds_by_step
 
 from . import figures, tables
 from .tables import method_label
@@ -31,7 +38,6 @@ __all__ = ["make_report", "main"]
 
 
 def _read(p: Path):
-    import pandas as pd
 
     if not p.exists():
         return None
@@ -48,9 +54,7 @@ def _entropy_steps(probes: Path):
 
 def _pooled_figure2(react_runs: list[str], out: Path, made: list, missing: list):
     """Figure 2 panels pooled over the given ReAct runs (and, for (b), one curve per run)."""
-    import pandas as pd
 
-    from analysis.stats import removal_summary, summarise_by
 
     grounding, entropy, outcomes, modes, headers, labels, tf = [], [], [], set(), [], [], []
     for rd in react_runs:
@@ -97,7 +101,6 @@ def _pooled_figure2(react_runs: list[str], out: Path, made: list, missing: list)
         def with_bounds(g):  # the ΔH interval per step where the probe recorded it (probes/entropy.py)
             out = summarise_by(g, "step", "dH")
             if "dH_low" in g and g["dH_low"].notna().any():
-                from probes.entropy import bounds_by_step
 
                 out = out.merge(bounds_by_step(g), on="step", how="left")
             return out
@@ -147,7 +150,6 @@ def _pooled_figure2(react_runs: list[str], out: Path, made: list, missing: list)
 
 def _release_figure(react, removal_runs, release_runs, out: Path, made: list, missing: list, judge):
     """The adaptive-release figure (ours): needs the adaptive runs and at least one reference policy."""
-    from analysis.release import release_points, release_steps
 
     plain = [rd for rd in react if not load_run(rd).header.get("variant")]
     refs = list(dict.fromkeys([*removal_runs, *plain]))  # ReAct (images kept) and Removal@k runs
@@ -167,7 +169,6 @@ def _figure4(judged, out: Path, made: list, missing: list) -> None:
     """Figure 4 over the judged agentic runs: pooled over the backbones when every method covers the same ones
     (the paper's Figure 4 pools its five), else one figure per backbone (never a pool of different model
     mixes: ours). The binned numbers go in the CSV beside each figure."""
-    import pandas as pd
 
     samples = []
     for run, recs in judged:
@@ -204,14 +205,12 @@ def _figure4(judged, out: Path, made: list, missing: list) -> None:
 
 
 def _slug(s: str) -> str:
-    import re
 
     return re.sub(r"[^A-Za-z0-9._-]+", "_", s).strip("_")[:60]
 
 
 def make_report(*, react=(), runs=(), removal_runs=(), out="figures/out", judge: str | None = None,
                 release_runs=()) -> dict:
-    import pandas as pd
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -271,7 +270,6 @@ def make_report(*, react=(), runs=(), removal_runs=(), out="figures/out", judge:
 
 
 def main(argv=None) -> int:
-    from agent.cli import done, make_parser
 
     ap = make_parser("python -m analysis.report", __doc__, [
         "python -m analysis.report --react runs/react-9b runs/react-27b runs/react-35b --out figures/out",

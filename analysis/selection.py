@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pandas as pd
+
 __all__ = ["REASONS", "exclusion_reason", "select_trajectories"]
 
 REASONS = ("harness_error", "no_calls", "first_call_unparsed", "no_image_call")
@@ -51,7 +53,6 @@ def exclusion_reason(line: dict, *, include_unparsed: bool = False) -> str | Non
 def select_trajectories(lines: list[dict], *, include_unparsed: bool = False):
     """(kept lines, exclusion table): the table has one row per (model, benchmark) with ``total``, one
     column per reason and ``kept``, plus an ``All`` row per model — the layout of the paper's Table 10."""
-    import pandas as pd
 
     kept, counts = [], Counter()
     keys = set()

@@ -9,7 +9,11 @@ Every function returns NaN rather than raising when there is too little data to 
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
+import pandas as pd
+from scipy.stats import binomtest, wilcoxon
 
 __all__ = ["bootstrap_ci", "wilson_ci", "wilcoxon_p", "mcnemar_p", "summarise_by", "removal_summary"]
 
@@ -37,7 +41,6 @@ def wilson_ci(successes, n, *, z: float = 1.959963984540054) -> tuple[float, flo
 
     Ours, for every share and accuracy a figure draws: unlike the normal interval it stays inside [0, 1] and
     is not zero-width at 0 % or 100 % (2 of 2 correct gives [0.34, 1.0], not [1.0, 1.0])."""
-    import math
 
     n = int(n)
     if n <= 0:
@@ -63,7 +66,6 @@ def wilcoxon_p(diffs) -> float:
         return float("nan")
     if len(d) > 50 and not (d == 0).any():
         return _wilcoxon_normal_p(d)
-    from scipy.stats import wilcoxon
 
     return float(wilcoxon(d, zero_method="wilcox").pvalue)
 
@@ -71,7 +73,6 @@ def wilcoxon_p(diffs) -> float:
 def _wilcoxon_normal_p(d: np.ndarray) -> float:
     """The normal approximation of the signed-rank test, as SciPy computes it (average ranks, tie-corrected
     variance, no continuity correction, two-sided)."""
-    import math
 
     a = np.abs(d)
     order = np.argsort(a, kind="mergesort")
@@ -95,7 +96,6 @@ def _wilcoxon_normal_p(d: np.ndarray) -> float:
 
 def mcnemar_p(before, after) -> float:
     """Exact McNemar p-value for paired binary outcomes (binomial test on the discordant pairs)."""
-    from scipy.stats import binomtest
 
     b = np.asarray(before, dtype=bool)
     a = np.asarray(after, dtype=bool)
@@ -108,7 +108,6 @@ def mcnemar_p(before, after) -> float:
 
 def summarise_by(df, key: str, value: str, *, seed: int = 0):
     """Per value of ``key``: n, mean, 95% bootstrap CI and Wilcoxon p of ``value`` (a paired difference)."""
-    import pandas as pd
 
     rows = []
     for k, g in df.groupby(key, sort=True):
@@ -126,7 +125,6 @@ def removal_summary(outcomes):
     pairs ``n_error`` (never counted as wrong), the accuracy of the originals and of the replays on the
     same complete pairs (the replays' with a 95% Wilson interval), the discordant pairs (``lost``: correct
     only with the images; ``gained``: only without) and the exact McNemar p on them."""
-    import pandas as pd
 
     rows = []
     for (cat, k), g in [*(((c, k), g) for (c, k), g in outcomes.groupby(["paper_category", "k"])),

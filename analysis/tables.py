@@ -31,53 +31,19 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
+import json as _json
+
+import pandas as pd
+
 from agent.rundir import RunError, load_run
+from agent.rundir.grades import JUDGES, grades_of, identical_trials
+from agent.rundir.ledger import compute_ledger
 
 __all__ = ["grades_of", "judged_runs", "table1", "table4", "table5", "ledger_table", "write_table", "method_label", "model_label",
            "JUDGES"]
 
-JUDGES = ("llm", "exact")
 #: Header fields that must agree for numbers to be compared side by side (flagged, not refused).
 COMPARED = ("budgets", "sampling", "history_reasoning", "observation_images")
-
-
-def _latest_grades(path: Path) -> dict:
-    from agent.judge import read_grades
-
-    recs = {}
-    for r in read_grades(path):  # torn lines (a kill mid-write, a cut multi-byte character) skipped
-        if "sample_id" in r and "trial" in r:
-            recs[(r["sample_id"], r["trial"])] = r
-    return recs
-
-
-def grades_of(run_dir, judge: str | None = None) -> tuple[list[dict], str]:
-    """The latest grade per (sample, trial) of a run, and the judge's label.
-
-    ``judge=None`` takes the LLM judge's output when there is one, else exact match. A file holding the
-    grades of more than one judge is refused (a table must never mix judges).
-    """
-    run_dir = Path(run_dir)
-    names = [judge] if judge else list(JUDGES)
-    for name in names:
-        p = run_dir / f"judge-{name}.jsonl"
-        if p.exists():
-            recs = _latest_grades(p)
-            labels = sorted({r.get("judge", name) for r in recs.values()})
-            if len(labels) > 1:
-                raise RunError(f"{p} holds grades of {len(labels)} judges ({'; '.join(labels)}); regrade with one "
-                               f"judge (python -m agent.judge {run_dir} --regrade)")
-            label = labels[0] if labels else name
-            served = sorted({r["judge_served_model"] for r in recs.values() if r.get("judge_served_model")})
-            if len(served) > 1:  # the judge's replies named different models: rerouted mid-run
-                raise RunError(f"{p}: the judge's replies name {len(served)} models ({', '.join(served)}): the judge "
-                               f"was rerouted while grading. Regrade with one (python -m agent.judge {run_dir} --regrade)")
-            if served:
-                label = f"{label} [served: {served[0]}]"
-            return list(recs.values()), label
-    want = f"--judge {judge} " if judge else ""
-    raise RunError(f"{run_dir}: no {judge + ' ' if judge else ''}judge output; run python -m agent.judge {run_dir} "
-                   f"{want}first")
 
 
 def judged_runs(run_dirs, judge: str | None = None) -> tuple[list[tuple], list[str], str]:
@@ -180,9 +146,7 @@ def table1(run_dirs, judge: str | None = None) -> "pd.DataFrame":
     samples than the column's (the union over every row and trial) is marked ``†`` and named in the note. A
     std is "—" for one trial (undefined) and refused ("—", with the reason in the note) over identical trials.
     ``attrs["numeric"]`` holds the numbers (mean, std, n_trials, n, n_expected per row x benchmark): the CSV."""
-    import pandas as pd
 
-    from agent.judge import identical_trials
 
     runs, missing, label = judged_runs(run_dirs, judge)
     if not runs:
@@ -286,7 +250,6 @@ def table4(run_dirs) -> "pd.DataFrame":
     of different models is only a fair comparison when every method covers the same models, so (ours) each
     (method, model) gets its own row, and a pooled row per method ("all N backbones") is added only then;
     otherwise the note says why there is none."""
-    import pandas as pd
 
     pooled: dict = {}
     for rd in run_dirs:
@@ -337,11 +300,8 @@ def table4(run_dirs) -> "pd.DataFrame":
 def ledger_table(run_dirs, prices=None) -> "pd.DataFrame":
     """Beside Table 4 (ours): what each run cost, from its cost ledger (agent/ledger.py; recomputed when the run
     has none). Unknown GPU time or money is "unknown", never 0."""
-    import json as _json
 
-    import pandas as pd
 
-    from agent.ledger import compute_ledger
 
     rows = []
     for rd in run_dirs:
@@ -373,7 +333,6 @@ def _image_group(n: int) -> str:
 
 def table5(run_dirs, benchmark: str = "mmsearch_plus", judge: str | None = None) -> "pd.DataFrame":
     """Table 5: accuracy (%) and Visual Search / total tool calls on MMSearch-Plus by number of query images."""
-    import pandas as pd
 
     runs, missing, label = judged_runs(run_dirs, judge)
     per_run = []

@@ -34,15 +34,16 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
-from agent.release import SIGNALS, influence_of
+from agent.cli import done, make_parser
+from agent.methods.release import SIGNALS, influence_of
 from agent.rundir import RunError, load_run
 
 __all__ = ["calibrate", "labelled_steps", "simulate", "main"]
 
 
 def _read_inputs(run_dir: Path):
-    import pandas as pd
 
     ent = run_dir / "probes" / "entropy-teacher-forced" / "steps.parquet"
     rem = run_dir / "probes" / "removal" / "outcomes.csv"
@@ -63,7 +64,6 @@ def _read_inputs(run_dir: Path):
 def labelled_steps(steps, outcomes, signal: str):
     """One row per (trajectory, step t) with its influence and, where k = t+1 was replayed, whether removal
     from t+1 changed the outcome (``needed``)."""
-    import pandas as pd
 
     s = steps[["sample_id", "trial", "paper_category", "step", "kl_with_without", "dH"]].copy()
     s["influence"] = [influence_of(signal, k, d) for k, d in zip(s["kl_with_without"], s["dH"])]
@@ -129,7 +129,6 @@ def simulate(steps, outcomes, run, signal: str, threshold: float, patience: int)
 
 
 def calibrate(run_dir, *, signal: str = "kl", patience=(1, 2, 3), out_dir=None) -> dict:
-    import pandas as pd
 
     if signal not in SIGNALS:
         raise ValueError(f"--signal must be one of {SIGNALS}")
@@ -183,7 +182,6 @@ def calibrate(run_dir, *, signal: str = "kl", patience=(1, 2, 3), out_dir=None) 
 
 
 def main(argv=None) -> int:
-    from agent.cli import done, make_parser
 
     ap = make_parser("python -m probes.calibrate_release", __doc__, [
         "python -m probes.calibrate_release runs/react-27b",

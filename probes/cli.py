@@ -8,13 +8,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 
+from agent.backends import make_backend
 from agent.backends.base import BackendError
+from agent.backends.pieces import lend_pieces
+from agent.backends.spread import Spread
+from agent.cli import add_backend_args as add
 from agent.preflight import PreflightError, model_identity, same_model
 from agent.rundir import RunError
 from agent.rundir.common import keep_freed_pages
 from agent.tools.live import MissingKeyError
+from serving.endpoints import gpus_behind, gpus_held
 
 __all__ = ["run_async", "add_backend_args", "backend_for", "probe_model_check", "probe_concurrency",
            "PROBE_CONCURRENCY", "serving_hardware", "record_session", "RecordedPrompts", "add_retokenize_arg"]
@@ -22,7 +28,6 @@ __all__ = ["run_async", "add_backend_args", "backend_for", "probe_model_check", 
 
 def add_backend_args(ap) -> None:
     """The model-server options, defaulting to the backend that recorded the run (agent/cli.py)."""
-    from agent.cli import add_backend_args as add
 
     add(ap, from_run=True, repeat_endpoint=True)
     ap.add_argument("--gpus-per-server", type=int, default=None,
@@ -58,7 +63,6 @@ class RecordedPrompts:
         self._takers = [b for b in members if getattr(b, "book", None) is not None]
 
     def lend(self, run, line: dict):
-        from agent.backends.pieces import lend_pieces
 
         if self.off or not self._takers:
             return _nothing
@@ -97,7 +101,6 @@ def add_retokenize_arg(ap) -> None:
 def serving_hardware(backend, *, gpus_per_server: int | None = None, serving_dir=None) -> dict:
     """The hardware a probe holds: how many model servers, and how many GPUs behind each (``--gpus-per-server``,
     else the launcher's endpoints.json; None when unknown, never guessed)."""
-    from serving.endpoints import gpus_behind, gpus_held
 
     urls = [getattr(b, "url", None) or getattr(b, "base", None) for b in (getattr(backend, "backends", None) or [backend])]
     urls = [u for u in urls if u]
@@ -121,7 +124,6 @@ def record_session(prev_json, hardware: dict, started: float, wall_s: float, uni
     its workers'), summed (ours).
     The sum of request latencies is not: SGLang batches the requests in flight, so 128 concurrent 18-s requests
     cost one group ~18 s, not 2,304 s; it is kept as ``request_seconds`` beside. Unknown GPUs: None (never 0)."""
-    import json
 
     sessions = []
     try:
@@ -146,7 +148,6 @@ def backend_for(args, run_header: dict):
     """The probe's backend: the one given on the command line, else the one the run used. Several
     ``--endpoint`` s (or a run recorded over several, when none is given) make one
     :class:`~agent.backends.spread.Spread`: each trajectory keeps one server (its prefix cache)."""
-    from agent.backends import make_backend
 
     b = run_header.get("backend") or {}
     mode = args.logprob_mode or b.get("logprob_mode", "scaled")
@@ -167,7 +168,6 @@ def backend_for(args, run_header: dict):
                     for e in endpoints]
             if len(made) == 1:
                 return made[0]
-            from agent.backends.spread import Spread
 
             return Spread(made)
     raise BackendError(f"no usable backend: the run header names {b.get('kind')!r} with endpoints {b.get('endpoints')}; "

@@ -36,19 +36,56 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
 
-from agent.backends.base import BackendError, Continuation, SamplingParams, top_matrix
+from agent.backends import make_backend
+from agent.backends.base import BackendError, Continuation, TokenArrays, model_vocab_size, top_matrix
 from agent.backends.messages import ImageUsers, image_shas, strip_query_images
 from agent.backends.spread import pin
+from agent.cli import done, make_parser
 from agent.http import dumps, loads
-from agent.rundir import (Run, RunError, close_fragment, collect_cycles, collector_off_the_heap, load_run, output_lock,
-                          token_key)
-from analysis.entropy import entropy_high, entropy_histogram, grouped_tail_entropy, token_influence
+from agent.preflight import PreflightError
+from agent.run import RunConfig, run
+from agent.rundir import (
+    Run,
+    RunError,
+    close_fragment,
+    collect_cycles,
+    collector_off_the_heap,
+    load_run,
+    output_lock,
+    read_parquet,
+    token_key,
+)
+from agent.rundir.common import _atomic_write
+from agent.trajectory import recorded_sampling
+from analysis.entropy import (
+    FORK_SHARE,
+    entropy_high,
+    entropy_histogram,
+    forking_stats,
+    forking_threshold,
+    grouped_tail_entropy,
+    token_influence,
+)
+from analysis.figures import fig2b_entropy, fig2b_forking, fig2b_kl, provenance_mark
 from analysis.selection import select_trajectories
-from analysis.entropy import FORK_SHARE
 from analysis.stats import summarise_by
-from probes.cli import (RecordedPrompts, add_backend_args, add_retokenize_arg, backend_for, probe_concurrency,
-                        probe_model_check, run_async)
+from probes.cli import (
+    RecordedPrompts,
+    add_backend_args,
+    add_retokenize_arg,
+    backend_for,
+    probe_concurrency,
+    probe_model_check,
+    record_session,
+    run_async,
+    serving_hardware,
+)
+from probes.fidelity import check_servers, refusal
 
 __all__ = ["probe_run", "main", "MODES", "TokenStore", "read_step_tokens"]
 
@@ -76,7 +113,6 @@ def _alternatives(with_tokens, without_tokens, pos, known: set | None = None) ->
     those ids (``texts``: {id: text}, decoded once per id by the backend's tokenizer). ``known``: the ids whose
     texts the trajectory's earlier steps already carry (updated here); only new ones are decoded and kept, since a
     trajectory's file holds one text table for all its steps (ours: most alternatives recur from step to step)."""
-    from agent.backends.base import TokenArrays
 
     known = set() if known is None else known
     out, texts = {}, {}
@@ -138,10 +174,7 @@ class TokenStore:
     def commit(self, key: str, steps: dict[int, dict], *, partial_too: bool = False) -> None:
         """Write the trajectory's steps (with the ones already in its file, and with ``partial_too`` those in its
         partial file: a recovery; a probe's own partial file holds just ``steps``), then drop the partial file."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
 
-        from agent.rundir.common import _atomic_write
 
         partials = [self.d / f"{key}{PARTIAL}", self.d / f"{key}{_PARTIAL_JSONL}"]
         merged = self._read(key)
@@ -190,7 +223,6 @@ class TokenStore:
         p = self.path(key)
         if not p.exists():
             return {}
-        from agent.rundir import read_parquet
 
         t = read_parquet(p)
         step = t.column("step").to_numpy()
@@ -268,7 +300,6 @@ def read_step_tokens(tokens_dir: Path, key: str) -> dict[int, dict]:
     file; a probe from before it wrote ``<key>__c<step>.parquet`` per step, read too)."""
     out = TokenStore(tokens_dir)._read(key)
     if not out:
-        from agent.rundir import read_parquet
 
         for p in tokens_dir.glob(f"{key}__c*.parquet"):
             try:
@@ -282,19 +313,11 @@ def read_step_tokens(tokens_dir: Path, key: str) -> dict[int, dict]:
 
 def _has_text(run: Run, line: dict) -> bool:
     """Whether the line's sidecar keeps token texts (format 2 does; older ones may not)."""
-    import pyarrow.parquet as pq
 
     try:
         return "text" in pq.ParquetFile(run.path / line["tokens_file"]).schema_arrow.names
     except (OSError, KeyError, TypeError, ValueError):
         return False
-
-
-def _sampling_of(ev: dict) -> SamplingParams:
-    s = dict(ev.get("sampling") or {})
-    keep = {k: s[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens",
-                               "top_logprobs", "seed", "stop", "enable_thinking", "chat_template_kwargs") if k in s}
-    return SamplingParams(**keep)
 
 
 def _call_slices(call: np.ndarray) -> dict:
@@ -340,7 +363,7 @@ async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: 
             row["H_high_with"] = _think_mean(hi, think)
         ex = tok["exact_entropy"][sel][think]  # NaN where the backend had no full distribution (a server)
         row["H_exact_with"] = float(np.mean(ex, dtype=np.float64)) if len(ex) and np.isfinite(ex).all() else float("nan")
-        sp = _sampling_of(ev)
+        sp = recorded_sampling(ev)
         out = await backend.generate(without, sp)
         if ev.get("semantics") and out.semantics.label() != ev["semantics"]:
             raise BackendError(f"regenerated logprobs are {out.semantics.label()} but the record's are {ev['semantics']}: "
@@ -413,9 +436,7 @@ def _forking(rows: list[dict], mode: str):
     each response's own forking tokens, Σ H / n with − the same without), with a bootstrap CI: whether the
     images move a few forking tokens or every token (ours). Also written per (trajectory, step) into the rows.
     None when no row carries histograms (a probe from before this was recorded)."""
-    import pandas as pd
 
-    from analysis.entropy import forking_stats, forking_threshold
 
     hist_rows = [r for r in rows if isinstance(r.get("fork"), dict)]
     if not hist_rows:
@@ -470,7 +491,6 @@ def bounds_calibration(steps, tol: float = 1e-4):
     above the grouped lower bound and below the upper bound (mean, median, 95th percentile, max) and the share
     of steps whose interval holds it (``covered``: must be 1; ``tol`` absorbs float32 storage). None without
     exact values."""
-    import pandas as pd
 
     rows = []
     for side in ("with", "without"):
@@ -492,7 +512,6 @@ def bounds_calibration(steps, tol: float = 1e-4):
 def vocab_of(backend) -> int | None:
     """The model's vocabulary size V for the entropy bounds: the backend's (SGLang native and scripted know it),
     else its model directory's config.json; None when neither says."""
-    from agent.backends.base import model_vocab_size
 
     for b in getattr(backend, "backends", None) or [backend]:
         v = getattr(b, "vocab", None) or (model_vocab_size(b.model_dir) if getattr(b, "model_dir", None) else None)
@@ -518,7 +537,6 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
                      limit: int | None = None, progress: bool = True, force: bool = False,
                      include_unparsed: bool = False, hardware: dict | None = None, fidelity: dict | None = None,
                      retokenize: bool = False) -> dict:
-    import pandas as pd
 
     if mode not in MODES:
         raise ValueError(f"--mode must be one of {MODES}")
@@ -555,7 +573,6 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
           + exclusions.to_string(index=False), file=sys.stderr)
     print(f"entropy probe ({mode}): {len(lines)} trajectories, {n_steps} image-bearing steps to probe, "
           f"{len(done)} already done -> {out}", file=sys.stderr)
-    from tqdm import tqdm
 
     bar = tqdm(total=n_steps, desc=f"entropy/{mode}", unit="step", disable=not progress, file=sys.stderr,
                mininterval=1.0)
@@ -661,7 +678,6 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
         print(f"{steps_path}: {len(rows) - len(by_key)} duplicate step row(s) ignored (the last of each is kept)",
               file=sys.stderr)
     rows = list(by_key.values())
-    from probes.cli import record_session, serving_hardware
 
     cost = record_session(out / "probe.json", hardware or serving_hardware(backend), started,
                           time.perf_counter() - t0, kept[0])
@@ -712,7 +728,6 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
     summary.to_csv(out / "summary.csv", index=False)
     if fork_summary is not None:
         fork_summary.to_csv(out / "forking.csv", index=False)
-    from analysis.figures import fig2b_entropy, fig2b_forking, fig2b_kl, provenance_mark
 
     model = (ident or {}).get("served_model") or (run.index[0].get("model") if run.index else None) or "model"
     mark = provenance_mark([run.header])
@@ -735,7 +750,6 @@ def _print_summary(s) -> None:
 
 
 async def _demo(args) -> int:
-    from agent.run import RunConfig, run
 
     print(DEMO_BANNER, flush=True)
     out = Path(args.demo_dir)
@@ -743,7 +757,6 @@ async def _demo(args) -> int:
     await run(RunConfig(method="react", out=str(out), benchmark="demo", limit=args.demo_samples, t_max=4,
                         max_tokens=24, concurrency=1, seed=0, progress=not args.no_progress), [])
     print(f"\n[2/2] probing every image-bearing step ({args.mode})", flush=True)
-    from agent.backends import make_backend
 
     backend = make_backend("local")
     try:
@@ -774,8 +787,6 @@ async def _fidelity_first(args, backend) -> dict:
     """The serving-fidelity check before a probe (probes/fidelity.py): refused (PreflightError, exit 2) when a
     check fails, unless --force; skipped (and said so in probe.json) with --skip-fidelity and for backends that
     cannot score (the OpenAI-compatible chat path). In-process and scripted models get the warm check only."""
-    from agent.preflight import PreflightError
-    from probes.fidelity import check_servers, refusal
 
     members = list(getattr(backend, "backends", None) or [backend])
     if args.skip_fidelity:
@@ -796,7 +807,6 @@ async def _fidelity_first(args, backend) -> dict:
 
 
 def main(argv=None) -> int:
-    from agent.cli import done, make_parser
 
     ap = make_parser("python -m probes.entropy", __doc__, [
         "python -m probes.entropy                                   # the embedded demo (random model)",

@@ -46,8 +46,13 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from agent.backends import make_backend
 from agent.backends.base import BackendError, Continuation, SamplingParams, TokenArrays
+from agent.backends.openai_compat import OpenAIBackend
+from agent.cli import done, make_parser
 from agent.rundir import RunError, load_run
+from agent.trajectory import recorded_sampling
+from probes.cli import RecordedPrompts, add_backend_args, backend_for, run_async
 
 __all__ = ["fidelity_check", "check_servers", "chat_twin", "refusal", "TOLERANCES", "PATH_TOKENS", "main"]
 
@@ -98,9 +103,8 @@ def _sample_calls(run, samples: int) -> list:
 async def _two_paths(native, chat, msgs: list[dict], ev: dict) -> tuple[dict, str | None]:
     """Greedy generations of the same messages on the native and the chat path: the comparison over the tokens
     both chose, and what disagreed (None when nothing did)."""
-    from probes.entropy import _sampling_of
 
-    base = _sampling_of(ev)
+    base = recorded_sampling(ev)
     sp = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=PATH_TOKENS, top_logprobs=20,
                         enable_thinking=base.enable_thinking, chat_template_kwargs=base.chat_template_kwargs)
     a = await native.generate(msgs, sp)
@@ -176,7 +180,6 @@ def chat_twin(backend):
     """The OpenAI-compatible chat path of the SGLang server behind a native backend (None for other backends)."""
     if getattr(backend, "name", "") != "sglang" or not hasattr(backend, "url"):
         return None
-    from agent.backends.openai_compat import OpenAIBackend
 
     return OpenAIBackend(backend.url.removesuffix("/generate"), backend.model_arg, server="sglang",
                          logprob_mode=backend.logprob_mode, policy=backend.policy)
@@ -196,7 +199,6 @@ async def fidelity_check(run_dir, backend, *, samples: int = 8, reference=None, 
     results: dict[str, list] = {"warm": [], "cold": [], "local": [], "paths": []}
     path_notes: list[str] = []
     flush = getattr(backend, "flush_cache", None)
-    from probes.cli import RecordedPrompts
 
     # the prompt ids the run sent, as the probe that runs this check sends them (probes/cli.py; --retokenize: none)
     recorded = RecordedPrompts(backend, off=retokenize)
@@ -274,8 +276,6 @@ def refusal(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from agent.cli import done, make_parser
-    from probes.cli import add_backend_args, backend_for, run_async
 
     ap = make_parser("python -m probes.fidelity", __doc__, [
         "python -m probes.fidelity runs/react-27b --backend sglang --endpoint http://gpu:30000 --model-dir /models/Qwen3.5-27B"])
@@ -293,7 +293,6 @@ def main(argv=None) -> int:
         backend = backend_for(a, run.header)
         reference = None
         if a.reference_model_dir:
-            from agent.backends import make_backend
 
             reference = make_backend("local", model_dir=a.reference_model_dir, logprob_mode="raw")
         try:

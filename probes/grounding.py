@@ -22,15 +22,25 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import sys
 from pathlib import Path
 
+import pandas as pd
+from tqdm import tqdm
+
+from agent.backends import make_backend
 from agent.backends.base import BackendError, SamplingParams
+from agent.backends.messages import ImageUsers
+from agent.backends.openai_compat import OpenAIBackend
+from agent.backends.spread import Spread
+from agent.cli import DEFAULT_CONCURRENCY, JUDGE_ENDPOINT, add_judge_args, done, make_parser
 from agent.http import is_host
 from agent.judge import judge_key_env
 from agent.prompts import GROUNDING_PASS1, GROUNDING_PASS2, fill
 from agent.rundir import RunError, close_fragment, collect_cycles, collector_off_the_heap, load_run
+from analysis.figures import fig2a_grounding, provenance_mark
 from analysis.selection import select_trajectories
 from probes.cli import run_async
 
@@ -183,7 +193,6 @@ class Annotator:
 async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, concurrency: int = 8,
                        limit: int | None = None, observation_chars: int = 1500, max_tokens: int = 8192,
                        progress: bool = True, include_unparsed: bool = False) -> dict:
-    import pandas as pd
 
     run = load_run(run_dir)
     out = Path(out_dir) if out_dir else run.path / "probes" / "grounding"
@@ -208,12 +217,10 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
     print(f"grounding annotation: {len(lines)} trajectories, {len(pending)} to annotate -> {out}", file=sys.stderr)
     ann = Annotator(backend, retries=retries, observation_chars=observation_chars, max_tokens=max_tokens)
     sem = asyncio.Semaphore(concurrency)
-    from tqdm import tqdm
 
     bar = tqdm(total=len(pending), desc="grounding", unit="traj", disable=not progress, file=sys.stderr, mininterval=1.0)
     failed = []
 
-    from agent.backends.messages import ImageUsers
 
     image_users = ImageUsers()
 
@@ -263,7 +270,6 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
             "image_needed_within_first_5": float((needed["step"] <= 5).mean()) if len(needed) else float("nan"),
             "image_needed_steps": int(len(needed)),
         })
-        from analysis.figures import fig2a_grounding, provenance_mark
 
         model = (run.header.get("model") or {}).get("served_model") or ""
         mark = provenance_mark([run.header]) or ("SCRIPTED FAKE ANNOTATOR: planted labels"
@@ -278,18 +284,13 @@ def annotator_backend(kind: str, *, endpoint, model: str, api_key_env: str | Non
     """The annotator: an OpenAI-compatible server (the paper: Gemini-3-Flash on OpenRouter; several URLs: one
     :class:`~agent.backends.spread.Spread` over replicas of one model), an in-process model, or the scripted
     FAKE demo annotator."""
-    import os
 
-    from agent.backends import make_backend
-    from agent.backends.openai_compat import OpenAIBackend
 
     if kind == "local":
         return make_backend("local", model_dir=model_dir)
     if kind == "scripted":
         return make_backend("scripted")
     if isinstance(endpoint, (list, tuple)):
-        from agent.backends.spread import Spread
-        from agent.cli import JUDGE_ENDPOINT
 
         urls = list(dict.fromkeys(endpoint)) or [JUDGE_ENDPOINT]
         made = [annotator_backend(kind, endpoint=u, model=model, api_key_env=api_key_env) for u in urls]
@@ -303,7 +304,6 @@ def annotator_backend(kind: str, *, endpoint, model: str, api_key_env: str | Non
 
 
 def main(argv=None) -> int:
-    from agent.cli import DEFAULT_CONCURRENCY, add_judge_args, done, make_parser
 
     ap = make_parser("python -m probes.grounding", __doc__, [
         "python -m probes.grounding runs/react-27b                      # Gemini-3-Flash on OpenRouter",

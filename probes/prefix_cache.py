@@ -31,6 +31,14 @@ from collections import deque
 
 import numpy as np
 
+from agent.backends.local import load_chat_renderer
+from agent.backends.messages import split_text_and_images, strip_query_images
+from agent.backends.tiny_model import ensure_tiny_model
+from agent.backends.vision import UnknownProcessor, VisionGrid
+from agent.cli import done, make_parser
+from agent.rundir import RunError, load_run
+from analysis.selection import select_trajectories
+
 __all__ = ["RadixLRU", "prefix_keys", "simulate", "probe_streams", "main"]
 
 _P = np.uint64(0x100000001B3)          # the polynomial's base (FNV's prime: odd, well mixed)
@@ -144,7 +152,6 @@ def simulate(streams: list[list[np.ndarray]], *, capacity: int | None, servers: 
 def _image_tokens(img, grid=None) -> int:
     """Qwen's vision tokens for an image of this stored size: the model's processor rule
     (agent/backends/vision.py) where its config is known, else Qwen3.5's defaults."""
-    from agent.backends.vision import VisionGrid
 
     return (grid or VisionGrid()).tokens(max(int(img.width), 1), max(int(img.height), 1))
 
@@ -152,17 +159,11 @@ def _image_tokens(img, grid=None) -> int:
 def probe_streams(run_dir, *, mode: str = "regenerate", model_dir=None, limit: int | None = None):
     """Per trajectory the token streams the entropy probe sends (its order: steps ascending; teacher-forced:
     with images, then without, per step), rendered with the model's chat template."""
-    from agent.backends.local import load_chat_renderer
-    from agent.backends.messages import split_text_and_images, strip_query_images
-    from agent.backends.tiny_model import ensure_tiny_model
-    from agent.rundir import load_run
-    from analysis.selection import select_trajectories
 
     run = load_run(run_dir)
     md = model_dir or (run.header.get("backend") or {}).get("model_dir") or ensure_tiny_model(quiet=True)
     tok = load_chat_renderer(str(md))
     pad = tok.convert_tokens_to_ids("<|image_pad|>")
-    from agent.backends.vision import UnknownProcessor, VisionGrid
 
     try:
         grid = VisionGrid.from_model_dir(md)
@@ -226,7 +227,6 @@ def report(streams, *, capacity: int, servers: int, concurrency: int) -> list[di
 
 
 def main(argv=None) -> int:
-    from agent.cli import done, make_parser
 
     ap = make_parser("python -m probes.prefix_cache", __doc__, [
         "python -m probes.prefix_cache runs/react-27b --model-dir /models/Qwen3.5-27B --servers 2",
@@ -242,7 +242,6 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.servers < 1 or a.capacity_tokens < 1 or a.concurrency < 1:
         ap.error("--servers, --capacity-tokens and --concurrency must be positive")
-    from agent.rundir import RunError
 
     try:
         streams = probe_streams(a.run_dir, mode=a.mode, model_dir=a.model_dir, limit=a.limit)

@@ -30,12 +30,18 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
+from pathlib import Path as _P
+
+import pandas as pd
+from tqdm import tqdm
 
 from agent.backends.base import SamplingParams
-from agent.backends.messages import record_messages
+from agent.backends.messages import ImageUsers, record_messages
 from agent.backends.spread import pin
 from agent.benchmarks import Sample
+from agent.cli import add_judge_args, done, make_parser
 from agent.http import is_host
 from agent.judge import Grader
 from agent.methods import HARNESS_ERRORS, Budgets, Episode, MethodSpec
@@ -45,9 +51,19 @@ from agent.prompts import CORRECTION, fill
 from agent.rundir import Run, RunDir, RunError, collect_cycles, collector_off_the_heap, load_run, output_lock
 from agent.tools import make_toolbox
 from agent.trajectory import Trajectory
+from analysis.figures import fig2c_removal, provenance_mark
 from analysis.stats import removal_summary
-from probes.cli import (RecordedPrompts, add_backend_args, add_retokenize_arg, backend_for, probe_concurrency,
-                        probe_model_check, run_async)
+from probes.cli import (
+    RecordedPrompts,
+    add_backend_args,
+    add_retokenize_arg,
+    backend_for,
+    probe_concurrency,
+    probe_model_check,
+    record_session,
+    run_async,
+    serving_hardware,
+)
 
 __all__ = ["replay_prefix_turns", "replay_one", "removal_probe", "parse_steps", "main"]
 
@@ -115,7 +131,6 @@ def _sample_of(run: Run, line: dict) -> Sample:
 
 def _sent(messages: list[dict]) -> str:
     """What reaches the model: the messages with each image's local path (``source``) left out."""
-    import json
 
     def strip(p):
         return {k: v for k, v in p.items() if k != "source"} if isinstance(p, dict) else p
@@ -180,7 +195,6 @@ def replay_toolbox(run: Run):
 
 async def removal_probe(run_dir, steps: list[int], *, out_dir=None, **kw) -> dict:
     """The step-k replays; one probe per output directory at a time (a second is refused)."""
-    from pathlib import Path as _P
 
     out = _P(out_dir) if out_dir else _P(run_dir) / "probes" / "removal"
     with output_lock(out, "removal probe"):
@@ -190,7 +204,6 @@ async def removal_probe(run_dir, steps: list[int], *, out_dir=None, **kw) -> dic
 async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, out_dir=None, concurrency: int = 8,
                          limit: int | None = None, progress: bool = True, force: bool = False,
                          hardware: dict | None = None, retokenize: bool = False) -> dict:
-    import pandas as pd
 
     run = load_run(run_dir)
     h = run.header
@@ -222,11 +235,9 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
                                              and (ln["sample_id"], ln["trial"]) not in done[k]] for ln in lines}
     n_jobs = sum(len(v) for v in pending.values())
     print(f"removal replays: {len(lines)} trajectories x steps {steps}: {n_jobs} replays to run -> {out}", file=sys.stderr)
-    from tqdm import tqdm
 
     bar = tqdm(total=n_jobs, desc="removal", unit="replay", disable=not progress, file=sys.stderr, mininterval=1.0)
     sem = asyncio.Semaphore(concurrency)
-    from agent.backends.messages import ImageUsers
 
     image_users = ImageUsers()
     recorded = RecordedPrompts(backend, off=retokenize)
@@ -259,7 +270,6 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
             # (several calls, tool results): collected every 32 as before
             collect_cycles(every=32)
 
-    import time
 
     started, t0, done_before = time.time(), time.perf_counter(), bar.n
     try:
@@ -269,7 +279,6 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
     finally:
         bar.close()
         await toolbox.aclose()
-    from probes.cli import record_session, serving_hardware
 
     out.mkdir(parents=True, exist_ok=True)
     cost = record_session(out / "probe.json", hardware or serving_hardware(backend), started,
@@ -309,7 +318,6 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
                                                 "forced_model_mismatch": force, "judge": grader.label,
                                                 "prompt_ids": recorded.summary(),
                                                 "n_error": int(len(errors))}, indent=2))
-    from analysis.figures import fig2c_removal, provenance_mark
 
     fig2c_removal(summary, out / "fig2c_removal", mark=provenance_mark([h]),
                   title=f"Figure 2(c): step-k image removal ({ident.get('served_model')}; judge: {grader.name})")
@@ -318,7 +326,6 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
 
 
 def main(argv=None) -> int:
-    from agent.cli import add_judge_args, done, make_parser
 
     ap = make_parser("python -m probes.removal", __doc__, [
         "python -m probes.removal runs/react-27b --steps 1..5          # judged by the paper's LLM judge",

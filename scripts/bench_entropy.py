@@ -127,7 +127,7 @@ def phase(kind: str, root: str) -> dict:
     if kind == "floor":
         from agent.backends.base import top_matrix
         from agent.rundir import load_run
-        from agent.sidecar import decode
+        from agent.rundir.sidecar import decode
         from analysis.entropy import grouped_tail_entropy
 
         run = load_run(root)
@@ -148,7 +148,7 @@ def phase(kind: str, root: str) -> dict:
         import pyarrow.parquet as pq
 
         from agent.rundir import load_run
-        from agent.sidecar import decode
+        from agent.rundir.sidecar import decode
 
         run = load_run(root)
         acc, n = 0.0, 0

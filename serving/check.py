@@ -14,11 +14,15 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import shlex
 import sys
 import tempfile
 from pathlib import Path
 
+from PIL import Image, ImageDraw
+
 from agent.backends import BackendError, ImageError, ModelOutput, SamplingParams, make_backend
+from agent.cli import add_backend_args, make_parser, single_endpoint
 from agent.http import RetryPolicy
 from analysis.entropy import grouped_tail_entropy
 
@@ -70,7 +74,6 @@ def report(out: ModelOutput, k: int, problems: list[str]) -> dict:
 
 def default_image() -> Path:
     """A small synthetic test image (so the check needs no file)."""
-    from PIL import Image, ImageDraw
 
     p = Path(tempfile.gettempdir()) / "mmcf_check_image.png"
     if not p.exists():
@@ -83,7 +86,6 @@ def default_image() -> Path:
 
 
 async def run_check(args) -> dict:
-    from agent.cli import single_endpoint
 
     endpoint = single_endpoint(args)
     kind = args.backend or ("openai" if endpoint else "local")
@@ -123,7 +125,6 @@ async def run_check(args) -> dict:
 
 def next_command(args) -> str:
     """The first run on the backend just checked: the same backend flags, written out (a command that runs)."""
-    import shlex
 
     endpoints = list(getattr(args, "endpoint", None) or [])
     endpoints = endpoints if isinstance(endpoints, list) else [endpoints]
@@ -145,7 +146,6 @@ def next_command(args) -> str:
 
 
 def main(argv=None) -> int:
-    from agent.cli import add_backend_args, make_parser
 
     ap = make_parser("python -m serving.check", __doc__, [
         "python -m serving.check --endpoint http://localhost:30000                          # OpenAI chat API",

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .launch import state_file
+
 __all__ = ["gpus_behind", "gpus_held", "launched_endpoints"]
 
 
@@ -26,7 +28,6 @@ def _norm(url: str) -> str:
 
 def launched_endpoints(serving_dir=None) -> list[dict]:
     """Every entry of the launcher's endpoints.json files: ``serving_dir``'s, then the remembered directories'."""
-    from .launch import state_file
 
     dirs = [Path(serving_dir)] if serving_dir else []
     try:

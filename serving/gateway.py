@@ -35,8 +35,19 @@ import time
 import urllib.request
 from pathlib import Path
 
-from .launch import (SGLANG_SITE, LaunchError, _port_free, _quote, _remember, _start, _write_endpoints, pid_record,
-                     router_command)
+from agent.cli import make_parser
+
+from .launch import (
+    SGLANG_SITE,
+    LaunchError,
+    _port_free,
+    _quote,
+    _remember,
+    _start,
+    _write_endpoints,
+    pid_record,
+    router_command,
+)
 
 __all__ = ["read_nodes", "check_workers", "plan_gateways", "main"]
 
@@ -142,7 +153,6 @@ def _wait_router(url: str, model: str, proc, log: str, timeout: float) -> None:
 
 
 def main(argv=None) -> int:
-    from agent.cli import make_parser
 
     ap = make_parser("python -m serving.gateway", __doc__, [
         "python -m serving.gateway /shared/serve/node1 /shared/serve/node2 --port 30100",

@@ -38,6 +38,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.backends.tiny_model import ensure_tiny_model
+
 __all__ = ["MODELS", "Server", "plan", "server_command", "router_command", "memory_estimate", "main", "state_file"]
 
 #: size -> (hub id, served model name, nominal parameter count): the paper's three local backbones (B.1).
@@ -85,7 +87,6 @@ def weights_for(size: str, standin: str | None = None) -> str:
     if os.environ.get("MODEL_DIR"):
         return os.path.join(os.environ["MODEL_DIR"], hub.split("/")[1])
     if standin:  # SGLang's front end on CPU: the embedded tiny Qwen3.5 stands in for every backbone
-        from agent.backends.tiny_model import ensure_tiny_model
 
         try:
             return str(ensure_tiny_model(os.environ.get("MMCF_TINY_MODEL_DIR"), quiet=True))

@@ -23,9 +23,11 @@ model's numbers (see README, "SGLang's real front end on CPU").
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import time
+from array import array
 
 __all__ = ["run_standin_scheduler", "main", "SGLANG_VERSION"]
 
@@ -270,7 +272,6 @@ def _new_state(input_logprobs=None) -> dict:
 
 
 def _arr(xs):
-    from array import array
 
     return array("q", [int(x) for x in xs])
 
@@ -310,7 +311,6 @@ class _ScriptedEngine:
         spec = os.environ.get("MMCF_STANDIN_POLICY")
         if not spec:
             return None
-        import importlib
 
         mod, _, fn = spec.partition(":")
         return getattr(importlib.import_module(mod), fn)

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from agent.cli import make_parser
 from serving.launch import _alive, proc_start_time, state_file
 
 __all__ = ["stop_dir", "main"]
@@ -110,7 +111,6 @@ def stop_dir(run_dir: Path, timeout: float = 30.0) -> list[str]:
 
 
 def main(argv=None) -> int:
-    from agent.cli import make_parser
 
     ap = make_parser("bash serving/stop.sh", __doc__, ["bash serving/stop.sh", "bash serving/stop.sh --run-dir .serve-27b --timeout 60"])
     ap.add_argument("--run-dir", default=os.environ.get("MMCF_SERVE_DIR", ".serve"),

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from agent.agreement import agreement, cohen_kappa
+from agent.judge.agreement import agreement, cohen_kappa
 from agent.backends.scripted import ScriptedBackend
 from agent.judge import judge_run
 from agent.judge import main as judge_main

@@ -12,7 +12,7 @@ import pytest
 from agent.backends.pieces import PieceBook, lend_pieces, pack_pieces, piece_digest, tokenizer_fingerprint, unpack_pieces
 from agent.backends.sglang_native import SGLangBackend
 from agent.rundir import load_run
-from agent.sidecar import encode, read_prompt_pieces
+from agent.rundir.sidecar import encode, read_prompt_pieces
 from probes.entropy import main as entropy_main
 from scripts.soak import agent_policy
 from tests.fakes.sglang_server import FakeSGLang, record_react_run
@@ -81,7 +81,7 @@ def test_the_sidecar_keeps_a_lines_prompt_pieces_beside_its_tokens(tmp_path):
     fp, got = read_prompt_pieces(tmp_path / "with.parquet")
     assert fp == "ab" * 32 and list(got) == list(pieces) and all(np.array_equal(got[d], pieces[d]) for d in pieces)
     assert read_prompt_pieces(tmp_path / "without.parquet") == (None, {})
-    from agent.sidecar import decode
+    from agent.rundir.sidecar import decode
 
     a, b = decode(tmp_path / "with.parquet"), decode(tmp_path / "without.parquet")
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k], equal_nan=a[k].dtype.kind == "f") for k in a)

@@ -1,4 +1,4 @@
-"""ReAct-Adaptive (--image-release adaptive, agent/release.py), its calibration and its figure.
+"""ReAct-Adaptive (--image-release adaptive, agent/methods/release.py), its calibration and its figure.
 
 The scripted demo model plants the query images' influence by category: they matter for the first g steps
 (Atomic factuality g=1, Dynamic information-seeking g=2, Visual deep research g=4) and not after. An online
@@ -16,7 +16,7 @@ import pytest
 from agent import judge
 from agent import run as runner
 from agent.backends.demo_model import GROUNDING_STEPS
-from agent.release import DEFAULT_PATIENCE, DEFAULT_THRESHOLD, ReleasePolicy
+from agent.methods.release import DEFAULT_PATIENCE, DEFAULT_THRESHOLD, ReleasePolicy
 from agent.rundir import load_run
 from probes import calibrate_release, entropy, removal
 

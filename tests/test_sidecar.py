@@ -1,4 +1,4 @@
-"""The token sidecar (agent/sidecar.py): lossless round trips of format 2, and format-1 files still read."""
+"""The token sidecar (agent/rundir/sidecar.py): lossless round trips of format 2, and format-1 files still read."""
 from __future__ import annotations
 
 import io
@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from agent import sidecar
+from agent.rundir import sidecar
 
 
 def _tokens(rng, calls=(1, 2, 3), k=20, vocab=248_000):

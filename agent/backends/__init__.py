@@ -8,10 +8,24 @@
 from __future__ import annotations
 
 from .base import (
-    DEFAULT_TOP_LOGPROBS, Backend, BackendError, Continuation, LogprobSemantics, ModelOutput, SamplingParams,
-    ScoredTokens, TokenLogprob, TopLogprob, Usage,
+    DEFAULT_TOP_LOGPROBS,
+    Backend,
+    BackendError,
+    Continuation,
+    LogprobSemantics,
+    ModelOutput,
+    SamplingParams,
+    ScoredTokens,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
 )
+from .demo_model import DemoModel
+from .local import LocalBackend
 from .messages import ImageError
+from .openai_compat import OpenAIBackend
+from .sglang_native import SGLangBackend
+from .tiny_model import ensure_tiny_model
 
 __all__ = [
     "Backend", "BackendError", "Continuation", "ImageError", "LogprobSemantics", "ModelOutput", "SamplingParams",
@@ -27,24 +41,19 @@ def make_backend(kind: str = "local", *, endpoint: str | None = None, model: str
                  api_key_env: str | None = None, **kw) -> Backend:
     """Build a backend by name. ``local`` with no ``model_dir`` uses the embedded tiny Qwen3.5."""
     if kind == "local":
-        from .local import LocalBackend
-        from .tiny_model import ensure_tiny_model
 
         return LocalBackend(model_dir or ensure_tiny_model(), logprob_mode=logprob_mode, **kw)
     if kind == "openai":
         if not endpoint:
             raise BackendError("--backend openai needs --endpoint URL")
-        from .openai_compat import OpenAIBackend
 
         return OpenAIBackend(endpoint, model, server=server, logprob_mode=logprob_mode, api_key_env=api_key_env, **kw)
     if kind == "scripted":
-        from .demo_model import DemoModel
 
         return DemoModel()
     if kind == "sglang":
         if not endpoint or not model_dir:
             raise BackendError("--backend sglang needs --endpoint URL and --model-dir DIR (for the chat template)")
-        from .sglang_native import SGLangBackend
 
         return SGLangBackend(endpoint, model_dir, model=model, logprob_mode=logprob_mode, **kw)
     raise BackendError(f"unknown backend {kind!r}; choose one of {', '.join(BACKENDS)}")

@@ -17,8 +17,10 @@ visible in its replies, so each backend is *told* (``logprob_mode=``) and stamps
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import json
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
@@ -61,8 +63,6 @@ BAD_REPLY_ATTEMPTS = 3
 
 def model_vocab_size(model_dir) -> int | None:
     """The model's vocabulary (its logits' width, padded rows included) from ``config.json``; None if unknown."""
-    import json
-    from pathlib import Path
 
     try:
         cfg = json.loads((Path(model_dir) / "config.json").read_text())

@@ -23,6 +23,18 @@ import json
 import math
 import re
 
+from ..prompts import (
+    AGENTFOLD_SYSTEM,
+    CONTEXTFOLD_BRANCH,
+    CONTEXTFOLD_FORCE_FINISH,
+    CONTEXTFOLD_SYSTEM,
+    DIRECT_SYSTEM,
+    FORCE_ANSWER,
+    INIT,
+    REACT_SYSTEM,
+    SYSTEM,
+)
+from ..tools.demo_world import QUESTIONS
 from .messages import text_of
 from .scripted import ScriptedBackend, has_query_images
 
@@ -44,7 +56,6 @@ _FACTS = {
 
 def _question(messages) -> dict:
     """The demo question these messages are about (by its text), or a generic one."""
-    from ..tools.demo_world import QUESTIONS
 
     blob = json.dumps(messages, ensure_ascii=False, default=str)
     for qid, query, imgs, answer, cat in QUESTIONS:
@@ -78,7 +89,6 @@ def _tool(name: str, reasoning: str, **args) -> str:
 
 # ---------------------------------------------------------------------------- agents
 def _react(messages) -> str:
-    from ..prompts import FORCE_ANSWER
 
     q, g = _question(messages), grounding_steps_for(messages)
     turns = _assistants(messages)
@@ -103,7 +113,6 @@ def _react(messages) -> str:
 
 
 def _mmcf(messages) -> str:
-    from ..prompts import FORCE_ANSWER, INIT
 
     q = _question(messages)
     last = text_of(messages[-1])
@@ -157,7 +166,6 @@ def _agentfold(messages) -> str:
 
 
 def _contextfold(messages) -> str:
-    from ..prompts import CONTEXTFOLD_BRANCH, CONTEXTFOLD_FORCE_FINISH
 
     q = _question(messages)
 
@@ -208,7 +216,6 @@ def _annotator(messages) -> str:
 
 def policy(messages) -> str:
     """The demo model's reply to any prompt of the toolkit (see the module docstring)."""
-    from ..prompts import AGENTFOLD_SYSTEM, CONTEXTFOLD_SYSTEM, DIRECT_SYSTEM, REACT_SYSTEM, SYSTEM
 
     sysm, last = _system(messages), text_of(messages[-1]) if messages else ""
     if "multi-step reasoning trajectory" in last or "Each step has already been labeled" in last:

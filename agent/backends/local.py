@@ -14,14 +14,27 @@ O(sequence × vocab)). Needs the ``local`` extra (torch, torchvision, transforme
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import importlib
+import json
 import os
+import re
 import threading
 import time
 
 from .base import (
-    DEFAULT_TOP_LOGPROBS, BackendError, Continuation, LogprobSemantics, ModelOutput, SamplingParams,
-    ScoredTokens, TokenLogprob, TopLogprob, Usage,
+    DEFAULT_TOP_LOGPROBS,
+    BackendError,
+    Continuation,
+    LogprobSemantics,
+    ModelOutput,
+    SamplingParams,
+    ScoredTokens,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
 )
+from .hub import resolve_model_dir
 from .messages import record_messages, split_text_and_images
 from .think import THINK_OPEN, mark_think, split_think
 
@@ -56,7 +69,6 @@ def set_renderer_hints(hints: dict[str, dict] | None) -> None:
 def _fingerprint(tok) -> str:
     """What the tokenizer does with a fixed conversation: its class, vocabulary size, chat template, a rendered
     prompt (thinking on and off) and the ids of that prompt."""
-    import hashlib
 
     conv = [{"role": "system", "content": "s"}, {"role": "user", "content": "What is shown? <image_1>"},
             {"role": "assistant", "content": "a", "reasoning_content": "r"}, {"role": "user", "content": "ok"}]
@@ -74,7 +86,6 @@ def _fingerprint(tok) -> str:
 
 def _from_hint(path, hint: dict):
     """The tokenizer loaded with the class a parent process found, or None when that fails or differs."""
-    import importlib
 
     try:
         mod, _, name = str(hint["class"]).partition(":")
@@ -95,9 +106,6 @@ def _named_tokenizer(path):
     of RSS and ~3 s in every HTTP-path probe and runner process that only renders prompts); the class itself
     does not. AutoTokenizer resolves the same name to the same class; anything unusual (no name, a class
     outside transformers.models, an import error) falls back to it."""
-    import importlib
-    import json
-    import re
 
     try:
         name = json.loads((path / "tokenizer_config.json").read_text()).get("tokenizer_class")
@@ -114,7 +122,6 @@ def _named_tokenizer(path):
 
 def load_chat_renderer(model_dir: str | os.PathLike):
     """The tokenizer of a model directory with its chat template loaded (no torch needed, none imported)."""
-    from .hub import resolve_model_dir
 
     path = resolve_model_dir(model_dir)
     hint = _RENDERER_HINTS.get(str(path))
@@ -168,7 +175,6 @@ class LocalBackend:
         if logprob_mode not in ("raw", "scaled"):
             raise ValueError(f"logprob_mode must be 'raw' or 'scaled', got {logprob_mode!r}")
         torch = _import_torch()
-        from .hub import resolve_model_dir
 
         path = resolve_model_dir(model_dir)
         if not (path / "config.json").exists():

@@ -17,10 +17,14 @@ import os
 import re
 import stat
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import unquote, urlparse
+
+import httpx
+from PIL import Image
 
 __all__ = [
     "ImageError",
@@ -59,7 +63,6 @@ class ImageData:
         return _data_uri(self)
 
     def pil(self):
-        from PIL import Image
 
         img = Image.open(io.BytesIO(self.data))
         img.load()
@@ -70,7 +73,6 @@ class _ByteLRU:
     """A dict bounded by the bytes of its values, least recently used out first (callers hold ``_lock``)."""
 
     def __init__(self, budget: int):
-        from collections import OrderedDict
 
         self.items: "OrderedDict" = OrderedDict()
         self.budget, self.bytes = budget, 0
@@ -253,7 +255,6 @@ def load_image(ref: str | os.PathLike, *, base_dir: str | os.PathLike | None = N
             raise ImageError(f"{ref}: an http(s) image URL; the SGLang native backend needs a local file or a data URI "
                              "(download the image first). The openai backend passes URLs to the server as they are; "
                              "the local backend downloads them")
-        import httpx
 
         try:
             r = httpx.get(ref, timeout=30, follow_redirects=True)

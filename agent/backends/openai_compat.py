@@ -20,11 +20,27 @@ import time
 import httpx
 
 from ..http import (
-    HTTPError, RetryPolicy, has_credentials, make_model_client, public_url, redact, register_key_var, request_json, scrub,
+    HTTPError,
+    RetryPolicy,
+    has_credentials,
+    make_model_client,
+    public_url,
+    redact,
+    register_key_var,
+    request_json,
+    scrub,
 )
 from .base import (
-    DEFAULT_TOP_LOGPROBS, BackendError, Continuation, LogprobSemantics, ModelOutput, SamplingParams,
-    BadReply, ScoredTokens, Usage, retry_bad_replies,
+    DEFAULT_TOP_LOGPROBS,
+    BackendError,
+    BadReply,
+    Continuation,
+    LogprobSemantics,
+    ModelOutput,
+    SamplingParams,
+    ScoredTokens,
+    Usage,
+    retry_bad_replies,
 )
 from .messages import record_messages, to_openai_messages
 from .think import THINK_CLOSE, mark_think, mark_think_by_text

@@ -5,7 +5,7 @@ the model's chat template, cuts the text before every ``<|im_start|>`` and token
 token is split out before pre-tokenisation, so the pieces' ids are the whole prompt's). Each piece is known by a
 16-byte digest of its text (:func:`piece_digest`). Every generation hands its prompt's pieces back
 (``ModelOutput.prompt_pieces``); the trajectory keeps each distinct piece once and the run stores them in the
-token sidecar's metadata (``agent/sidecar.py``), beside the fingerprint of the tokenizer that made them
+token sidecar's metadata (``agent/rundir/sidecar.py``), beside the fingerprint of the tokenizer that made them
 (:func:`tokenizer_fingerprint`).
 
 Why: the probes send the run's prompts again (the entropy probe two per step, with and without the query images)
@@ -22,6 +22,7 @@ import hashlib
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 __all__ = ["piece_digest", "tokenizer_fingerprint", "PieceBook", "pack_pieces", "unpack_pieces", "lend_pieces"]
 
@@ -113,7 +114,6 @@ _ZSTD_LEVEL = 3
 def pack_pieces(pieces: dict[bytes, np.ndarray]) -> bytes:
     """The pieces as bytes (sidecar metadata): ``1:<n>:<ids>:`` then zstd of the digests (16 bytes each), the
     lengths (uint32) and the ids (int32), all little-endian."""
-    import pyarrow as pa
 
     digests = list(pieces)
     if any(len(d) != 16 for d in digests):
@@ -128,7 +128,6 @@ def pack_pieces(pieces: dict[bytes, np.ndarray]) -> bytes:
 
 def unpack_pieces(blob: bytes) -> dict[bytes, np.ndarray]:
     """:func:`pack_pieces` undone; a blob that does not hold what its header says raises ValueError naming why."""
-    import pyarrow as pa
 
     try:
         version, n, total, body = blob.split(b":", 3)

@@ -15,15 +15,25 @@ result images in observations do not count. Every call is kept in ``calls``.
 from __future__ import annotations
 
 import asyncio
+import inspect
+import math
 import re
 import zlib
 from typing import Callable
 
 from .base import (
-    DEFAULT_TOP_LOGPROBS, BackendError, Continuation, LogprobSemantics, ModelOutput, SamplingParams, ScoredTokens,
-    TokenLogprob, TopLogprob, Usage,
+    DEFAULT_TOP_LOGPROBS,
+    BackendError,
+    Continuation,
+    LogprobSemantics,
+    ModelOutput,
+    SamplingParams,
+    ScoredTokens,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
 )
-from .messages import is_image_part, query_image_flags, record_messages
+from .messages import query_image_flags, record_messages
 from .think import mark_think, split_think
 
 __all__ = ["ScriptedBackend", "uniform_top", "ALT_ID0", "has_query_images"]
@@ -43,7 +53,6 @@ def has_query_images(messages: list[dict]) -> bool:
 
 def uniform_top(n: int, k: int = DEFAULT_TOP_LOGPROBS):
     """top_fn giving a uniform distribution over ``n`` tokens (k listed, the rest in the tail)."""
-    import math
 
     def fn(has_images: bool, pos: int) -> list[float]:
         return [math.log(1.0 / n)] * min(k, n)
@@ -68,7 +77,6 @@ class ScriptedBackend:
         self.k = k
         self.top_fn = top_fn or uniform_top(4, k)
         # a top_fn may take (has_images, pos) or (has_images, pos, messages): the latter can plant per step
-        import inspect
 
         self._top_ctx = len(inspect.signature(self.top_fn).parameters) >= 3
         self.semantics = semantics or LogprobSemantics("raw")

@@ -40,15 +40,31 @@ import numpy as np
 
 from ..http import HTTPError, RetryPolicy, make_model_client, public_url, request_json, scrub
 from .base import (
-    DEFAULT_TOP_LOGPROBS, BackendError, Continuation, LogprobSemantics, ModelOutput, SamplingParams,
-    ScoredTokens, Usage, model_vocab_size, retry_bad_replies,
+    DEFAULT_TOP_LOGPROBS,
+    BackendError,
+    Continuation,
+    LogprobSemantics,
+    ModelOutput,
+    SamplingParams,
+    ScoredTokens,
+    Usage,
+    model_vocab_size,
+    retry_bad_replies,
 )
+from .hub import resolve_model_dir
 from .local import load_chat_renderer
 from .messages import record_messages, split_text_and_images
 from .pieces import PieceBook, piece_digest, tokenizer_fingerprint
 from .think import THINK_OPEN, mark_think, split_think
-from .wire import (arrays_from_flat, check_values, decode_generate_reply, finish_reason_of, flat_top_arrays,
-                   tokens_from_triples)
+from .vision import UnknownProcessor, VisionGrid
+from .wire import (
+    arrays_from_flat,
+    check_values,
+    decode_generate_reply,
+    finish_reason_of,
+    flat_top_arrays,
+    tokens_from_triples,
+)
 
 __all__ = ["SGLangBackend"]
 
@@ -118,7 +134,6 @@ class SGLangBackend:
         self.public = public_url(self.url)  # what records and messages may name (no credentials)
         name = str(model_dir).rstrip("/").split("/")[-1]  # "Qwen3.5-27B" for a path or a hub id
         if renderer is None:
-            from .hub import resolve_model_dir
 
             model_dir = resolve_model_dir(model_dir)  # a directory, or a hub id in the local HF cache
         self.tok = renderer or load_chat_renderer(model_dir)
@@ -246,7 +261,6 @@ class SGLangBackend:
     def _vision_grid(self):
         """The processor's resize rule read from its config (no torch), or None when it is not a Qwen-VL one."""
         if self._grid is False:
-            from .vision import UnknownProcessor, VisionGrid
 
             try:
                 self._grid = VisionGrid.from_model_dir(self.model_dir)

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextvars
 
+from agent.preflight import PreflightError, model_identity, same_model
+
 __all__ = ["Spread", "pin", "BackendPool"]
 
 _PIN: contextvars.ContextVar = contextvars.ContextVar("mmcf_spread_pin", default=None)
@@ -93,7 +95,6 @@ class Spread:
         return await self._call("score", *args, **kw)
 
     async def identity(self) -> dict:
-        from agent.preflight import PreflightError, model_identity, same_model
 
         idents = [await model_identity(b) for b in self.backends]
         for b, ident in zip(self.backends[1:], idents[1:]):

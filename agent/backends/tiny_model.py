@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 __all__ = ["build", "ensure_tiny_model", "default_tiny_dir", "CHAT_TEMPLATE", "SPECIAL_TOKENS", "BUILD_VERSION"]
@@ -164,9 +165,7 @@ def build(out_dir: str | os.PathLike, *, seed: int = 0, bpe_vocab: int = 1024) -
     """Build the tiny Qwen3.5 into ``out_dir`` (deterministic for ``seed``) and return the path."""
     try:
         import torch
-        from transformers import (
-            Qwen2VLImageProcessor, Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3VLProcessor,
-        )
+        from transformers import Qwen2VLImageProcessor, Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3VLProcessor
         from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
     except ImportError as e:
         raise ImportError(f"building the tiny model needs the 'local' extra: pip install 'mmcf-toolkit[local]' ({e})") from e
@@ -236,7 +235,6 @@ def ensure_tiny_model(path: str | os.PathLike | None = None, *, seed: int = 0, q
     tmp = p.with_name(p.name + f".tmp-{os.getpid()}")
     build(tmp, seed=seed)
     if p.exists():
-        import shutil
 
         shutil.rmtree(p)
     os.replace(tmp, p)

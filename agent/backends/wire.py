@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from ..http import loads
 from .base import LOGPROB_FLOOR, BackendError, BadReply, TokenArrays, TokenLogprob, TopList, TopLogprob
 
 __all__ = ["decode_generate_reply", "tokens_from_triples", "arrays_from_triples", "flat_top_arrays", "arrays_from_flat", "tokens_from_chat_logprobs", "finish_reason_of",
@@ -80,7 +81,6 @@ def decode_generate_reply(body: bytes) -> Any:
     1,000-token reply with top-20 alternatives, ~0.7 MB; scripts/bench_probe_http.py measures the whole path);
     anything else (an extra element in a triple, a string where a number goes, no ``meta_info``, an error body)
     goes through the generic parser, so the checked path sees it as it is and names what is wrong."""
-    from ..http import loads
 
     if _DECODER is not None:
         # the cyclic collector paused meanwhile (tuples of numbers are in no cycle; otherwise young collections

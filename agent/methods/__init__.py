@@ -18,13 +18,13 @@ from ..backends.base import BackendError, SamplingParams
 from ..backends.messages import ImageError
 from ..tools.toolbox import TOOL_NAMES, CacheMiss
 from ..trajectory import Trajectory
-from ..release import ReleasePolicy, ReleaseTracker
-from .common import HISTORY_REASONING, WEBWATCHER_OBSERVATION_IMAGES, BudgetExceeded, Budgets, Episode
 from .agentfold import run_agentfold
+from .common import HISTORY_REASONING, WEBWATCHER_OBSERVATION_IMAGES, BudgetExceeded, Budgets, Episode
 from .contextfold import run_contextfold
-from .mmcontextfold import VARIANTS, run_mmcontextfold
 from .direct import run_direct
+from .mmcontextfold import VARIANTS, run_mmcontextfold
 from .react import run_react
+from .release import ReleasePolicy, ReleaseTracker
 
 __all__ = ["MethodSpec", "run_sample", "new_trajectory", "METHODS", "VARIANTS", "Budgets", "Episode"]
 
@@ -39,7 +39,7 @@ class MethodSpec:
     budgets: Budgets = Budgets()
     history_reasoning: str = "keep"
     observation_images: int = WEBWATCHER_OBSERVATION_IMAGES
-    release: ReleasePolicy | None = None   # --image-release adaptive (agent/release.py)
+    release: ReleasePolicy | None = None   # --image-release adaptive (agent/methods/release.py)
 
     def __post_init__(self):
         if self.history_reasoning not in HISTORY_REASONING:

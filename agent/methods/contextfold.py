@@ -25,8 +25,14 @@ import copy
 
 from ..parsing import parse_function_calls, trailing_group
 from ..prompts import (
-    CONTEXTFOLD_BRANCH, CONTEXTFOLD_FORCE_FINISH, CONTEXTFOLD_FORCED_RETURN, CONTEXTFOLD_NUDGE_BRANCH,
-    CONTEXTFOLD_NUDGE_MAIN, CONTEXTFOLD_SYSTEM, CONTEXTFOLD_USER, fill,
+    CONTEXTFOLD_BRANCH,
+    CONTEXTFOLD_FORCE_FINISH,
+    CONTEXTFOLD_FORCED_RETURN,
+    CONTEXTFOLD_NUDGE_BRANCH,
+    CONTEXTFOLD_NUDGE_MAIN,
+    CONTEXTFOLD_SYSTEM,
+    CONTEXTFOLD_USER,
+    fill,
 )
 from ..tools.toolbox import TOOL_NAMES
 from .common import Episode, assistant_message, chat, image_parts, with_suffix

@@ -27,9 +27,19 @@ Variants (§4.3, Table 2), what each branch call renders (``tests/test_agents.py
 """
 from __future__ import annotations
 
+import re
+
 from ..parsing import ActionError, parse_action, parse_init_description
 from ..prompts import (
-    BRANCH_SUMMARISE, CONTINUATION, FORCE_ANSWER, INIT, MAIN, NO_INIT_IMAGE_CONTEXT, SYSTEM, branch_prompt, fill,
+    BRANCH_SUMMARISE,
+    CONTINUATION,
+    FORCE_ANSWER,
+    INIT,
+    MAIN,
+    NO_INIT_IMAGE_CONTEXT,
+    SYSTEM,
+    branch_prompt,
+    fill,
 )
 from .common import Episode, Turn, assistant_message, chat, correction_text, image_parts, with_suffix
 
@@ -176,6 +186,5 @@ async def _branch(ep: Episode, bid: str, subtask: dict, inherited: list[dict], m
 
 
 def _visible_without_calls(text: str) -> str:
-    import re
 
     return re.sub(r"<tool_call>.*?(</tool_call>|$)", "", text or "", flags=re.S).strip()

@@ -20,9 +20,9 @@ template decides what it renders), unless the run says ``--history-reasoning dro
 """
 from __future__ import annotations
 
+from ..backends.messages import strip_query_images
 from ..parsing import ActionError, parse_action
 from ..prompts import FORCE_ANSWER, REACT_SYSTEM, REACT_USER, fill
-from ..backends.messages import strip_query_images
 from .common import Episode, Turn, chat, correction_text, image_parts, with_suffix
 
 __all__ = ["run_react", "react_messages"]

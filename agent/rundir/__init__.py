@@ -24,15 +24,22 @@ A torn last line (a crash mid-write) is reported and ignored; the pair is rerun 
 """
 from __future__ import annotations
 
-from ..sidecar import RELEASE_COLUMNS, read_parquet  # noqa: F401  (re-exported: older imports keep working)
 from .check import CheckReport, check_run, main
 from .common import (
-    IDENTITY_KEYS, RESUME_HISTORY, TOKEN_PRECISIONS, RunError, close_fragment, collect_cycles,
-    collector_off_the_heap, output_lock,
-    token_key, versions,
+    IDENTITY_KEYS,
+    RESUME_HISTORY,
+    TOKEN_PRECISIONS,
+    RunError,
+    close_fragment,
+    collect_cycles,
+    collector_off_the_heap,
+    output_lock,
+    token_key,
+    versions,
 )
 from .index import Lines, summary_of
 from .reader import Run, load_run
+from .sidecar import RELEASE_COLUMNS, read_parquet  # noqa: F401  (re-exported: older imports keep working)
 from .writer import RunDir
 
 __all__ = ["RunDir", "Run", "load_run", "RunError", "IDENTITY_KEYS", "versions", "token_key", "read_parquet",

@@ -2,20 +2,22 @@
 duplicates, torn lines, sidecars against their calls, orphaned and temporary files, images, the tool cache."""
 from __future__ import annotations
 
-
 import json
 import os
+import sqlite3
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ..sidecar import read_parquet, read_prompt_pieces
-
+from ..cli import HelpFormatter, done, make_parser
 from .common import RunError
 from .index import summary_of
+from .merge import main as merge_main
+from .shards import shard_units
+from .sidecar import read_parquet, read_prompt_pieces
 from .writer import RunDir
 
 
@@ -68,7 +70,6 @@ class CheckReport:
         return out
 
     def to_dict(self) -> dict:
-        from dataclasses import asdict
 
         return {**asdict(self), "intact": self.intact, "complete": self.complete}
 
@@ -92,7 +93,6 @@ def _expected_keys(rd: "RunDir", header: dict) -> set | None:
     units = [(s.id, t) for t in range(int(header.get("trials") or 1)) for s in samples if s.id not in skipped]
     shard = header.get("shard")
     if shard:  # a shard of a run (agent.run --shard I/N): its part of the units
-        from .merge import shard_units
 
         units = shard_units(units, int(shard["index"]), int(shard["of"]))
     return set(units)
@@ -179,7 +179,6 @@ def check_run(path, *, deep: bool = True, repair: bool = False) -> CheckReport:
             rep.missing_images += [(f"{key[0]}/t{key[1]}", h[:12]) for h in sorted(need - stored)]
         cache = (header.get("tools") or {}).get("cache") or str(rd.path / "tools.sqlite")
         if Path(cache).exists():
-            import sqlite3
 
             try:
                 con = sqlite3.connect(f"file:{cache}?mode=ro", uri=True, timeout=30)
@@ -256,11 +255,9 @@ def _repair(rd: "RunDir", rep: CheckReport, torn_raw: list) -> None:
 
 def main(argv=None) -> int:
 
-    from ..cli import HelpFormatter, make_parser
 
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["merge"]:
-        from .merge import main as merge_main
 
         return merge_main(args[1:])
 
@@ -299,7 +296,6 @@ def main(argv=None) -> int:
         print("damaged: python -m agent.rundir check RUN_DIR --repair quarantines torn lines and orphans; "
               "rerun the run command to redo the units they held", file=sys.stderr)
     elif not a.json:
-        from ..cli import done
 
         done([f"{a.run_dir}/quarantine/"] if a.repair else [],
              f"python -m agent.show {a.run_dir}" if rep.complete else

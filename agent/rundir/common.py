@@ -2,15 +2,16 @@
 and the garbage-collector setting of the readers."""
 from __future__ import annotations
 
-
 import contextlib
 import fcntl
+import gc
 import hashlib
+import importlib.metadata as md
 import os
+import platform
 import re
 import threading
 from pathlib import Path
-
 
 #: How the top-k logprobs are stored. float32 (default) keeps the server's values; with zstd and
 #: byte-stream-split it takes ~94 bytes per generated token with top-20 ids and logprobs over a 248k
@@ -31,8 +32,6 @@ class RunError(RuntimeError):
 
 
 def versions() -> dict:
-    import importlib.metadata as md
-    import platform
 
     out = {"python": platform.python_version()}
     for pkg in ("mmcf-toolkit", "numpy", "pyarrow", "httpx", "torch", "transformers", "sglang"):
@@ -174,7 +173,6 @@ def collect_cycles(every: int = 128, trim_every: int = 32) -> None:
     page, which the next steps fault in again, so after :func:`keep_freed_pages` the heap is trimmed only when the
     RSS (read every ``trim_every`` calls) has grown by :data:`TRIM_SLACK` since the last trim (ours): the same
     bound, a trim every few thousand steps instead of every 32."""
-    import gc
 
     _FROZEN["ticks"] = t = _FROZEN.get("ticks", 0) + 1
     if _FROZEN["depth"] > 0:
@@ -202,7 +200,6 @@ def collector_off_the_heap():
     leaving the block (outermost) puts it back. Inside, young collections wait for 100k allocations (instead of
     700), so a parsed line's objects are freed by reference counting before a collection walks them. Reference
     counting frees everything as before."""
-    import gc
 
     _FROZEN["depth"] += 1
     if _FROZEN["depth"] == 1:

@@ -5,7 +5,6 @@ checksum against the file (a line damaged in place is parsed again, and skipped 
 parses whatever no entry covers; :class:`Lines` refuses a line that changed since it was indexed."""
 from __future__ import annotations
 
-
 import json
 import os
 import sys
@@ -13,9 +12,7 @@ import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
-
-from ..http import dumps
-
+from ..http import dumps, loads
 from .common import RunError, _atomic_write
 
 
@@ -146,7 +143,6 @@ def _entries_intact(f, entries: list[dict]) -> list[dict]:
 
 def _scan(f, start: int, end: int, path, warn: bool) -> tuple[list[dict], int]:
     """Parse the lines in bytes [start, end) of results.jsonl: (their summaries, bytes scanned)."""
-    from ..http import loads
 
     f.seek(start)
     out, pos = [], start
@@ -200,7 +196,6 @@ class Lines(Sequence):
 
 def _checked(raw: bytes, entry: dict, path) -> dict:
     """The line at an index entry, refused with the file and byte offset if it changed since it was indexed."""
-    from ..http import loads
 
     if entry.get("_h") is not None and zlib.crc32(raw) != entry["_h"]:
         raise RunError(f"{path}: the line at byte {entry['_o']} changed since the run was read (damaged on disk?); "

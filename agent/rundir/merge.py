@@ -23,7 +23,7 @@ merged: grade and probe the merged run.
 """
 from __future__ import annotations
 
-import hashlib
+import argparse
 import json
 import os
 import shutil
@@ -32,38 +32,18 @@ import sys
 import time
 from pathlib import Path
 
+from ..cli import done
+from ..preflight import same_model
+from ..tools.cache import ToolCache
 from .common import IDENTITY_KEYS, RunError, _atomic_write
+from .ledger import write_ledger
+from .writer import RunDir
 
-__all__ = ["shard_units", "shard_record", "merge_runs", "MERGE_KEYS", "main"]
+__all__ = ["merge_runs", "MERGE_KEYS", "main"]
 
 #: Header fields every shard must share (besides IDENTITY_KEYS and the model's identity).
 MERGE_KEYS = tuple(k for k in IDENTITY_KEYS if k != "shard") + (
     "trials", "n_samples", "image_release", "token_precision", "label", "seed_source")
-
-
-def _key(u) -> tuple[str, int]:
-    s, t = u
-    return (getattr(s, "id", s), int(t))
-
-
-def shard_units(units: list, i: int, n: int) -> list:
-    """Shard ``i`` of ``n``: unit j of the ordered list goes to shard j mod n."""
-    if n < 1 or not 0 <= i < n:
-        raise ValueError(f"shard {i}/{n}: need 0 <= I < N")
-    return [u for j, u in enumerate(units) if j % n == i]
-
-
-def _units_sha(units: list) -> str:
-    h = hashlib.sha256()
-    for sid, t in (_key(u) for u in units):
-        h.update(f"{sid}\t{t}\n".encode("utf-8", "surrogatepass"))
-    return h.hexdigest()
-
-
-def shard_record(units: list, i: int, n: int) -> dict:
-    """What a shard's header records: which part of which unit list it holds."""
-    return {"index": i, "of": n, "units": len(shard_units(units, i, n)), "all_units": len(units),
-            "units_sha256": _units_sha(units)}
 
 
 def _tool_cache_of(path: Path, header: dict) -> Path | None:
@@ -73,7 +53,6 @@ def _tool_cache_of(path: Path, header: dict) -> Path | None:
 
 
 def _header_diff(a: dict, b: dict) -> list[str]:
-    from ..preflight import same_model
 
     out = [f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in MERGE_KEYS if a.get(k) != b.get(k)]
     sa, sb = dict(a.get("selection") or {}), dict(b.get("selection") or {})
@@ -94,7 +73,6 @@ def _header_diff(a: dict, b: dict) -> list[str]:
 
 def _plan(shard_dirs: list) -> tuple[list, dict]:
     """Open and check every shard; ``[(path, header, {unit: summary})]`` in shard order, and the first header."""
-    from .writer import RunDir
 
     if not shard_dirs:
         raise RunError("merge: no shard directories given")
@@ -145,7 +123,6 @@ def _plan(shard_dirs: list) -> tuple[list, dict]:
 
 
 def _merge_caches(out: Path, caches: list[Path]) -> dict:
-    from ..tools.cache import ToolCache
 
     dst = ToolCache(out)
     dst.close()
@@ -182,7 +159,6 @@ def _merge_caches(out: Path, caches: list[Path]) -> dict:
 
 def merge_runs(out, shard_dirs: list, *, progress=None) -> dict:
     """Merge complete, consistent shards into the new run directory ``out``; return what was written."""
-    from .writer import RunDir
 
     out = Path(out)
     shards, first = _plan([Path(d) for d in shard_dirs])
@@ -262,7 +238,6 @@ def merge_runs(out, shard_dirs: list, *, progress=None) -> dict:
     if final.exists():  # an empty directory (checked above)
         final.rmdir()
     os.replace(out, final)
-    from ..ledger import write_ledger
 
     write_ledger(final)  # the merged run's cost ledger (the shards' own stay in their directories)
     return rep
@@ -277,9 +252,7 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 
 def main(argv=None) -> int:
-    from ..cli import done
 
-    import argparse
 
     ap = argparse.ArgumentParser(prog="python -m agent.rundir merge", description=__doc__.split("\n\n")[0])
     ap.add_argument("out", help="the merged run directory (new)")

@@ -2,16 +2,15 @@
 sidecars, the exact messages of a call) and :func:`load_run`."""
 from __future__ import annotations
 
-
 from pathlib import Path
 
 import numpy as np
-
-from ..sidecar import decode as _decode_sidecar
-from ..sidecar import read_prompt_pieces as _read_prompt_pieces
+import pandas as pd
 
 from .common import RunError
 from .index import Lines, summary_of
+from .sidecar import decode as _decode_sidecar
+from .sidecar import read_prompt_pieces as _read_prompt_pieces
 from .writer import RunDir
 
 
@@ -46,7 +45,6 @@ class Run:
         return Lines(self.path / "results.jsonl", [line])[0]
 
     def samples(self):
-        import pandas as pd
 
         keep = ("sample_id", "trial", "method", "variant", "benchmark", "category", "paper_category", "status",
                 "answer", "gold", "error", "n_calls", "n_tool_calls", "generated_tokens", "think_tokens",
@@ -64,7 +62,6 @@ class Run:
         return pd.DataFrame(rows)
 
     def calls(self):
-        import pandas as pd
 
         rows = []
         for ln in self.index:

@@ -2,7 +2,6 @@
 finished line (sidecar and images first), the image store."""
 from __future__ import annotations
 
-
 import fcntl
 import json
 import os
@@ -14,12 +13,12 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-
+from ..backends.messages import ImageError, load_image
 from ..http import dumps
-from ..sidecar import encode as _encode_sidecar
-
+from ..preflight import same_model
 from .common import IDENTITY_KEYS, RESUME_HISTORY, TOKEN_PRECISIONS, RunError, _atomic_write, _tmp_name, token_key
 from .index import RunIndex
+from .sidecar import encode as _encode_sidecar
 
 
 @dataclass
@@ -42,7 +41,6 @@ class RunDir(RunIndex):
         (self.path / "images").mkdir(exist_ok=True)
         if self.header_path.exists():
             old = self.read_header()
-            from ..preflight import same_model
 
             diff = [k for k in IDENTITY_KEYS if old.get(k) != header.get(k)]
             detail = [f"{k}: {old.get(k)!r} -> {header.get(k)!r}" for k in diff]
@@ -191,7 +189,6 @@ class RunDir(RunIndex):
                            f"({e.strerror or e}); finished lines are kept, rerun to resume") from e
 
     def store_image(self, path) -> str | None:
-        from ..backends.messages import ImageError, load_image
 
         try:
             img = load_image(path)

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from .cache import MODES, ToolCache
+from .demo_world import ensure_demo_world
 from .live import LensURL, LiveProvider, MissingKeyError
 from .offline import OfflineProvider, WorldError
 from .registry import ImageRegistry, RegisteredImage
@@ -20,7 +21,6 @@ def make_toolbox(kind: str = "offline", *, world_dir=None, cache_path=None, mode
                  live_fallback: bool = False, visit_max_chars: int = 12000, thumbnail_dir=None) -> Toolbox:
     """``thumbnail_dir``: where live Lens result images are saved (default: beside the cache, ``<cache>.images/``)."""
     if kind == "offline":
-        from .demo_world import ensure_demo_world
 
         provider = OfflineProvider(world_dir or ensure_demo_world(), visit_max_chars=visit_max_chars)
     elif kind == "live":

@@ -15,13 +15,16 @@ import os
 import sys
 from pathlib import Path
 
+from PIL import Image, ImageDraw
+
+from ..cli import done, make_parser
+
 __all__ = ["build_demo_world", "ensure_demo_world", "default_demo_dir", "QUESTIONS"]
 
 WORLD_VERSION = "demo-world-v1"
 
 
 def _draw(name: str):
-    from PIL import Image, ImageDraw
 
     W, H = 160, 120
     im = Image.new("RGB", (W, H), (245, 245, 240))
@@ -171,7 +174,6 @@ def ensure_demo_world(out_dir: str | os.PathLike | None = None) -> Path:
 
 
 def main(argv=None) -> int:
-    from ..cli import done, make_parser
 
     ap = make_parser("python -m agent.tools.demo_world", "Write the shipped offline demo world and the 'demo' benchmark.",
                      ["python -m agent.tools.demo_world /tmp/demo-world", "python -m agent.tools.demo_world"])

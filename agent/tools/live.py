@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 
+from ..backends.messages import ImageError, load_image
 from ..http import HTTPError, RetryPolicy, make_client, request_json
 from .formatting import failed_visit, format_lens, format_search, format_visit, looks_blocked
 from .registry import RegisteredImage
@@ -157,7 +158,6 @@ class LiveProvider:
 
     async def _save_thumbnails(self, items: list) -> list:
         """Download each result's thumbnail once, stored by content hash; failures are skipped."""
-        from ..backends.messages import ImageError, load_image
 
         out_dir = Path(self.thumbnail_dir)
         out_dir.mkdir(parents=True, exist_ok=True)

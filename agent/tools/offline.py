@@ -16,6 +16,8 @@ import re
 import sqlite3
 from pathlib import Path
 
+from PIL import Image
+
 from .formatting import failed_visit, format_lens, format_search, format_visit, looks_blocked
 from .live import ProviderResult
 from .registry import RegisteredImage
@@ -43,7 +45,6 @@ class OfflineProvider:
     kind = "offline"
 
     def __init__(self, world_dir: str | Path, *, visit_max_chars: int = 12000, phash_max_distance: int = 10):
-        from PIL import Image
 
         root = Path(world_dir)
         root = root / "world" if (root / "world" / "pages.jsonl").exists() else root

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..http import redact
 from .cache import MODES, ToolCache, cache_key
@@ -60,7 +61,6 @@ def result_images(raw) -> list[tuple[str, str]]:
     Live lens keeps them under ``saved_thumbnails``, the offline world under ``thumbnails``; entries whose
     file is gone (a cache copied without its image folder) are skipped.
     """
-    from pathlib import Path
 
     if not isinstance(raw, dict):
         return []

@@ -31,12 +31,17 @@ from __future__ import annotations
 import io
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..backends.pieces import pack_pieces, unpack_pieces
+from ..http import scrub
 
 __all__ = ["encode", "decode", "FORMAT", "RELEASE_COLUMNS", "token_table", "read_parquet", "rank_ids",
            "read_prompt_pieces"]
 
 FORMAT = b"2"
-#: Optional per-token columns of the adaptive image release (agent/release.py).
+#: Optional per-token columns of the adaptive image release (agent/methods/release.py).
 RELEASE_COLUMNS = ("release_kl", "release_dH")
 _META_FORMAT = b"mmcf.sidecar"
 _META_DICT = b"mmcf.top_id_dict"
@@ -51,13 +56,11 @@ def read_parquet(path, columns: list[str] | None = None):
     pyarrow's threaded reader (``pq.read_table``) intermittently aborts the interpreter at exit
     ("terminate called without an active exception", apache/arrow#34314; seen here with 26.0.1).
     """
-    import pyarrow.parquet as pq
 
     return pq.ParquetFile(path).read(columns=columns, use_threads=False)
 
 
 def _fixed(arr2d: np.ndarray):
-    import pyarrow as pa
 
     n, k = arr2d.shape
     return pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(arr2d).reshape(-1)), k)
@@ -101,7 +104,6 @@ def rank_ids(top_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _pack_dict(d: np.ndarray) -> bytes:
-    import pyarrow as pa
 
     delta = np.diff(d.astype(np.int64), prepend=0).astype(np.int32)  # within a count class ids ascend: small
     raw = delta.tobytes()
@@ -111,7 +113,6 @@ def _pack_dict(d: np.ndarray) -> bytes:
 
 
 def _unpack_dict(blob: bytes) -> np.ndarray:
-    import pyarrow as pa
 
     head, body = blob.split(b":", 1)
     n = int(head)
@@ -124,9 +125,7 @@ def _unpack_dict(blob: bytes) -> np.ndarray:
 
 def token_table(tokens: dict[int, dict[str, np.ndarray]], k: int, precision: str = "float32"):
     """The Arrow table (format 2) of a line's per-call token arrays (``{call: {name: array}}``)."""
-    import pyarrow as pa
 
-    from .http import scrub
 
     calls = sorted(tokens)
     k = max(int(k), 1)
@@ -189,7 +188,6 @@ def encode(tokens: dict[int, dict[str, np.ndarray]], k: int, precision: str = "f
            prompt: tuple[str, dict] | None = None) -> bytes:
     """The sidecar file's bytes (Parquet, zstd); ``prompt``: (tokenizer fingerprint, {digest: ids}), the line's
     prompt pieces (agent/backends/pieces.py), kept in the file's metadata."""
-    import pyarrow.parquet as pq
 
     t = token_table(tokens, k, precision)
     split = [c for c in ("logprob", "top_ids.list.element", "top_logprobs.list.element", "exact_entropy",
@@ -199,7 +197,6 @@ def encode(tokens: dict[int, dict[str, np.ndarray]], k: int, precision: str = "f
                           use_dictionary=["text"]) as w:
         w.write_table(t)
         if prompt and prompt[0] and prompt[1]:
-            from .backends.pieces import pack_pieces
 
             # the file's key-value metadata only: the table schema's metadata is also stored inside the serialised
             # Arrow schema, base64-encoded, which kept these bytes twice (ours: 12.9 B a generated token, not 5.5)
@@ -211,13 +208,11 @@ def read_prompt_pieces(path) -> tuple[str | None, dict[bytes, np.ndarray]]:
     """(tokenizer fingerprint, {digest: int32 ids}) of a sidecar's prompt pieces; ``(None, {})`` for a sidecar
     without them (an older run, a backend that sent text). Reads the file's footer only. A malformed record raises
     ValueError."""
-    import pyarrow.parquet as pq
 
     meta = pq.read_metadata(path).metadata or {}
     blob = meta.get(_META_PIECES)
     if blob is None:
         return None, {}
-    from .backends.pieces import unpack_pieces
 
     fingerprint = meta.get(_META_TOKENIZER, b"").decode("ascii", "replace") or None
     if fingerprint is None:
@@ -231,7 +226,6 @@ _NEEDS = {"id": ("id", "chosen", "top_ids"), "logprob": ("logprob", "chosen", "t
 
 def decode(path, columns: list[str] | None = None) -> dict[str, np.ndarray]:
     """The per-token arrays of a sidecar (``columns`` to read only some; format 1 or 2)."""
-    import pyarrow.parquet as pq
 
     pf = pq.ParquetFile(path)
     schema = pf.schema_arrow  # built on each access: once
@@ -313,7 +307,6 @@ def _undelta(delta: np.ndarray) -> np.ndarray:
 
 
 def _plain(col, name: str) -> np.ndarray:
-    import pyarrow as pa
 
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks()

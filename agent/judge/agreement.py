@@ -27,6 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..cli import done, make_parser
+from ..rundir import RunError
+from ..rundir.grades import grades_of
+
 __all__ = ["cohen_kappa", "agreement", "main", "LABELS"]
 
 LABELS = ("CORRECT", "INCORRECT", "NOT_ATTEMPTED", "UNPARSED")
@@ -45,7 +49,6 @@ def cohen_kappa(a: list[str], b: list[str]) -> float | None:
 
 
 def _grades(run_dir: Path, name: str) -> dict:
-    from analysis.tables import grades_of
 
     recs, label = grades_of(run_dir, name)  # refuses a mixed or rerouted judge file
     return {"label": label, "recs": {(r["sample_id"], r["trial"]): r for r in recs}}
@@ -70,7 +73,6 @@ def _block(units: list, A: dict, B: dict, rng) -> dict:
 
 
 def agreement(run_dir, a: str, b: str, *, common_only: bool = False, seed: int = 0) -> dict:
-    from .rundir import RunError
 
     run_dir = Path(run_dir)
     A, B = _grades(run_dir, a), _grades(run_dir, b)
@@ -128,8 +130,6 @@ def markdown(rep: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from .cli import done, make_parser
-    from .rundir import RunError
 
     ap = make_parser("python -m agent.judge agree", __doc__, [
         "python -m agent.judge agree runs/react-27b", "python -m agent.judge agree runs/react-27b --judges llm qwen27b"])

@@ -24,17 +24,19 @@ import sys
 import time
 import unicodedata
 
-import numpy as np
+from tqdm import tqdm
 
-from .backends.base import BackendError, SamplingParams
-from .cli import JUDGE_ENDPOINT, JUDGE_MODEL
-from .http import is_host, public_url
-from .prompts import JUDGE, fill
-from .rundir import RunDir, RunError
-from .trajectory import responses_fingerprint  # re-exported
+from ..backends.base import BackendError, SamplingParams
+from ..backends.openai_compat import OpenAIBackend
+from ..cli import JUDGE_ENDPOINT, JUDGE_MODEL
+from ..http import is_host, public_url
+from ..prompts import JUDGE, fill
+from ..rundir import RunDir, RunError, close_fragment
+from ..rundir.grades import accuracy_table, identical_trials, read_grades
+from ..trajectory import responses_fingerprint  # re-exported
 
-__all__ = ["parse_grade", "exact_grade", "judge_run", "accuracy_table", "Grader", "GRADES", "main", "identical_trials",
-           "responses_fingerprint", "DEFAULT_MODEL"]
+__all__ = ["parse_grade", "exact_grade", "judge_run", "accuracy_table", "Grader", "GRADES", "identical_trials", "responses_fingerprint",
+           "DEFAULT_MODEL", "read_grades", "judge_key_env"]
 
 GRADES = ("CORRECT", "INCORRECT", "NOT_ATTEMPTED", "UNPARSED")
 _LETTER = {"A": "CORRECT", "B": "INCORRECT", "C": "NOT_ATTEMPTED"}
@@ -44,22 +46,6 @@ DEFAULT_ENDPOINT, DEFAULT_MODEL = JUDGE_ENDPOINT, JUDGE_MODEL  # agent/cli.py: t
 DEFAULT_KEY_ENV = "OPENROUTER_API_KEY"
 
 
-
-
-def identical_trials(lines) -> str | None:
-    """Why a std over these trials would be meaningless, or None: every sample run in several trials has the
-    very same responses in each (one trial repeated: a deterministic server without per-trial seeds, or a
-    scripted backend). Table 1's "± std over three independent trials" needs them to differ somewhere."""
-    by_sample: dict = {}
-    for ln in lines:  # a line's summary carries its digest (runs recorded before it: computed from the events)
-        by_sample.setdefault(ln["sample_id"], {})[ln["trial"]] = ln.get("responses_sha") or responses_fingerprint(ln)
-    multi = {s: d for s, d in by_sample.items() if len(d) > 1}
-    if not multi or any(len(set(d.values())) > 1 for d in multi.values()):
-        return None
-    trials = sorted({t for d in multi.values() for t in d})
-    return (f"the trials {trials} are identical: each of the {len(multi)} samples run in several trials has the same "
-            "responses in every trial (a deterministic server without per-trial seeds, or a scripted backend), so "
-            "they are one trial repeated and a std over them is refused")
 
 
 def judge_key_env(endpoint: str, given: str | None) -> str | None:
@@ -125,28 +111,6 @@ def exact_grade(answer: str, gold: str) -> str:
     return "CORRECT" if ok else "INCORRECT"
 
 
-def read_grades(path) -> list[dict]:
-    """The records of a ``judge-*.jsonl``, read as bytes line by line: a torn line (a kill mid-write, a cut
-    multi-byte character) is skipped, never a crash."""
-    from pathlib import Path
-
-    out = []
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        return out
-    for raw in data.split(b"\n"):
-        if not raw.strip():
-            continue
-        try:
-            r = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            continue
-        if isinstance(r, dict):
-            out.append(r)
-    return out
-
-
 def _answer_key(line: dict) -> str:
     return hashlib.sha256(json.dumps([line["status"], line.get("answer"), line.get("gold")]).encode()).hexdigest()[:16]
 
@@ -177,7 +141,6 @@ class Grader:
 
     def client(self):
         if self.backend is None:
-            from .backends.openai_compat import OpenAIBackend
 
             endpoint, model, key_env, server = self._spec
             key_env = judge_key_env(endpoint, key_env)
@@ -268,11 +231,8 @@ async def judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_ENDP
     print(f"judge [{label}]: {len(lines)} trajectories, {len(lines) - len(pending)} already graded", file=sys.stderr)
     if grader.needs_client(pending):
         grader.client()  # fail early (missing key) before any work
-    from tqdm import tqdm
 
     bar = tqdm(total=len(pending), desc="judge", unit="answer", disable=not progress, file=sys.stderr, mininterval=1.0)
-
-    from .rundir import close_fragment
 
     close_fragment(out_path)  # a grade cut by a kill stays a torn line of its own, skipped by every reader
     out = open(out_path, "ab")
@@ -305,108 +265,3 @@ async def judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_ENDP
     (rd.path / f"table1-{name}.md").write_text(summary["markdown"])
     table.to_csv(rd.path / f"table1-{name}.csv", index=False)
     return summary
-
-
-def _mean_std(vals: list[float], refused: bool = False) -> tuple[float, float | None]:
-    """Mean and std (ddof = 1) in %; the std is None (printed "—") for one trial (undefined) or when refused."""
-    a = np.asarray(vals, dtype=float)
-    return float(a.mean() * 100), (float(a.std(ddof=1) * 100) if len(a) > 1 and not refused else None)
-
-
-def fmt_mean_std(mean: float, std: float | None) -> str:
-    return f"{mean:.1f} ± {std:.1f}" if std is not None else f"{mean:.1f} ± —"
-
-
-def accuracy_table(records: list[dict], *, label: str = "", run_label: str = "", std_refused: str | None = None) -> dict:
-    """Accuracy (%) per benchmark, per category and weighted overall: mean ± std over trials.
-
-    ``std_refused``: why no std may be given (identical trials); the std is then None and the note says why."""
-    import pandas as pd
-
-    df = pd.DataFrame(records)
-    if df.empty:
-        raise RunError("nothing to grade: the run has no finished trajectories")
-    df["correct"] = df["grade"] == "CORRECT"
-    trials = sorted(df["trial"].unique())
-
-    def block(sub: "pd.DataFrame") -> dict:
-        per_trial = [sub[sub.trial == t]["correct"].mean() for t in trials if (sub.trial == t).any()]
-        m, s = _mean_std(per_trial, refused=std_refused is not None)
-        return {"n": int(sub[sub.trial == trials[0]].shape[0]), "mean": m, "std": s, "n_trials": len(per_trial),
-                "per_trial": [p * 100 for p in per_trial],
-                "grades": sub["grade"].value_counts().to_dict()}
-
-    benchmarks = {b: block(g) for b, g in df.groupby("benchmark")}
-    categories = {c: block(g) for c, g in df.groupby(df["category"].fillna("(none)"))}
-    paper_categories = {c: block(g) for c, g in df.groupby(df["paper_category"].fillna("(none)"))}
-    overall = block(df)
-    cols, row = [], {"method": run_label}
-    for b, r in benchmarks.items():
-        cols.append(f"{b} (n={r['n']})")
-        row[cols[-1]] = fmt_mean_std(r["mean"], r["std"])
-    row["Avg."] = fmt_mean_std(overall["mean"], overall["std"])
-    table = pd.DataFrame([row])
-    why = (f" No std: {std_refused}." if std_refused else
-           " No std: one trial (a std over one trial is undefined)." if len(trials) < 2 else "")
-    md = [f"Accuracy (%), mean ± std (ddof = 1) over {len(trials)} trial(s). Judge: {label}.{why}", "",
-          "| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns),
-          "| " + " | ".join(str(v) for v in row.values()) + " |", "",
-          "| category | n | accuracy |", "|---|---|---|"]
-    md += [f"| {c} | {r['n']} | {fmt_mean_std(r['mean'], r['std'])} |" for c, r in categories.items()]
-    unparsed = int((df["grade"] == "UNPARSED").sum())
-    if unparsed:
-        md += ["", f"**{unparsed} UNPARSED judge replies** (counted as not correct; see judge-*.jsonl)."]
-    numeric = pd.DataFrame([{"method": run_label, "benchmark": b, "mean": r["mean"], "std": r["std"],
-                             "n_trials": r["n_trials"], "n": r["n"]} for b, r in [*benchmarks.items(), ("Avg.", overall)]])
-    return {"trials": [int(t) for t in trials], "benchmarks": benchmarks, "categories": categories,
-            "paper_categories": paper_categories, "overall": overall, "unparsed": unparsed,
-            "std_refused": std_refused, "markdown": "\n".join(md) + "\n", "table": numeric}
-
-
-def main(argv=None) -> int:
-    from .cli import DEFAULT_CONCURRENCY, add_judge_args, done, make_parser
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["agree"]:
-        from .agreement import main as agree_main
-
-        return agree_main(args[1:])
-
-    ap = make_parser("python -m agent.judge", __doc__, [
-        "python -m agent.judge runs/mmsearch-react-27b                      # Gemini-3-Flash on OpenRouter",
-        "python -m agent.judge runs/x --judge-endpoint http://gpu:30001 --judge-model qwen3.5-27b",
-        "python -m agent.judge runs/demo-react --judge exact                 # offline, labelled exact-match",
-        "python -m agent.judge runs/x --judge-endpoint http://gpu:30002 --judge-model qwen3.5-27b --judge-name qwen27b",
-        "python -m agent.judge agree runs/x --judges llm qwen27b             # kappa, confusion, accuracy gap"])
-    ap.add_argument("run_dir", help="a run directory of python -m agent.run")
-    ap.add_argument("--judge", default="llm", choices=("llm", "exact"),
-                    help="llm = the paper's E.5 judge at T=0; exact = offline exact match (labelled so everywhere)")
-    add_judge_args(ap)
-    ap.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="judge calls at once (paper: 8)")
-    ap.add_argument("--judge-name", metavar="NAME",
-                    help="keep this judge's grades in judge-NAME.jsonl (a second judge beside the paper's; default: "
-                         "llm, or exact); then: python -m agent.judge agree RUN")
-    ap.add_argument("--regrade", action="store_true",
-                    help="grades from another judge exist: grade everything again with this one (old file kept)")
-    ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    a = ap.parse_args(args)
-    server = "openrouter" if is_host(a.judge_endpoint, "openrouter.ai") else "other"
-    try:
-        s = asyncio.run(judge_run(a.run_dir, judge=a.judge, endpoint=a.judge_endpoint, model=a.judge_model,
-                                  api_key_env=a.judge_api_key_env, server=server, concurrency=a.concurrency,
-                                  progress=a.progress, regrade=a.regrade, name=a.judge_name))
-    except (RunError, BackendError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(s["markdown"])
-    if s["failed_judge_calls"]:
-        print(f"{s['failed_judge_calls']} judge calls failed; rerun to retry them", file=sys.stderr)
-        return 1
-    name = a.judge_name or ("exact" if a.judge == "exact" else "llm")
-    done([f"{a.run_dir}/judge-{name}.jsonl, judge-{name}-summary.json, table1-{name}.md/.csv"],
-         f"python -m analysis.report --runs {a.run_dir}" + (f" --judge {name}" if name == "exact" else ""))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -42,8 +42,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .backends.base import BackendError, Continuation
-from .backends.messages import strip_query_images
+from analysis.entropy import token_influence
+
+from ..backends.base import BackendError, Continuation
+from ..backends.messages import strip_query_images
 
 __all__ = ["ReleasePolicy", "ReleaseTracker", "SIGNALS", "SCORING_BACKENDS", "DEFAULT_THRESHOLD", "DEFAULT_PATIENCE",
            "influence_of"]
@@ -144,7 +146,6 @@ class ReleaseTracker:
 
     async def observe(self, ep, ev: dict, messages: list[dict], out) -> dict:
         """Probe step ``ev`` (generated from ``messages`` with the query images); record it; maybe release."""
-        from analysis.entropy import token_influence
 
         t0 = time.monotonic()
         step = ev["index"]

@@ -1,0 +1,61 @@
+"""``python -m agent.judge``: grade a run (``agent/judge/grading.py``), or compare two judges (``agree``).
+
+    python -m agent.judge RUN_DIR [--judge llm|exact] [--judge-endpoint URL --judge-model NAME]
+    python -m agent.judge agree RUN_DIR [--judges A B]
+"""
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from ..backends.base import BackendError
+from ..cli import DEFAULT_CONCURRENCY, add_judge_args, done, make_parser
+from ..http import is_host
+from ..rundir import RunError
+from . import grading
+from .agreement import main as agree_main
+from .grading import judge_run
+
+__all__ = ["main"]
+
+
+def main(argv=None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["agree"]:
+        return agree_main(args[1:])
+
+    ap = make_parser("python -m agent.judge", grading.__doc__, [
+        "python -m agent.judge runs/mmsearch-react-27b                      # Gemini-3-Flash on OpenRouter",
+        "python -m agent.judge runs/x --judge-endpoint http://gpu:30001 --judge-model qwen3.5-27b",
+        "python -m agent.judge runs/demo-react --judge exact                 # offline, labelled exact-match",
+        "python -m agent.judge runs/x --judge-endpoint http://gpu:30002 --judge-model qwen3.5-27b --judge-name qwen27b",
+        "python -m agent.judge agree runs/x --judges llm qwen27b             # kappa, confusion, accuracy gap"])
+    ap.add_argument("run_dir", help="a run directory of python -m agent.run")
+    ap.add_argument("--judge", default="llm", choices=("llm", "exact"),
+                    help="llm = the paper's E.5 judge at T=0; exact = offline exact match (labelled so everywhere)")
+    add_judge_args(ap)
+    ap.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="judge calls at once (paper: 8)")
+    ap.add_argument("--judge-name", metavar="NAME",
+                    help="keep this judge's grades in judge-NAME.jsonl (a second judge beside the paper's; default: "
+                         "llm, or exact); then: python -m agent.judge agree RUN")
+    ap.add_argument("--regrade", action="store_true",
+                    help="grades from another judge exist: grade everything again with this one (old file kept)")
+    ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    a = ap.parse_args(args)
+    server = "openrouter" if is_host(a.judge_endpoint, "openrouter.ai") else "other"
+    try:
+        s = asyncio.run(judge_run(a.run_dir, judge=a.judge, endpoint=a.judge_endpoint, model=a.judge_model,
+                                  api_key_env=a.judge_api_key_env, server=server, concurrency=a.concurrency,
+                                  progress=a.progress, regrade=a.regrade, name=a.judge_name))
+    except (RunError, BackendError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(s["markdown"])
+    if s["failed_judge_calls"]:
+        print(f"{s['failed_judge_calls']} judge calls failed; rerun to retry them", file=sys.stderr)
+        return 1
+    name = a.judge_name or ("exact" if a.judge == "exact" else "llm")
+    done([f"{a.run_dir}/judge-{name}.jsonl, judge-{name}-summary.json, table1-{name}.md/.csv"],
+         f"python -m analysis.report --runs {a.run_dir}" + (f" --judge {name}" if name == "exact" else ""))
+    return 0
+
