@@ -7,18 +7,18 @@ message naming the endpoint. Secrets in headers never appear in messages.
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
+import math
 import os
 import random
 import re
 import ssl
-import urllib.request
 from dataclasses import dataclass
 from typing import Any, Callable
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import httpx
+import orjson
 
 __all__ = ["HTTPError", "RetryPolicy", "request_json", "loads", "dumps", "scrub", "redact", "public_url", "safe_argv"]
 
@@ -125,49 +125,41 @@ class RetryPolicy:
         return base * (0.5 + random.random() / 2)
 
 
-try:  # orjson parses a top-20 logprob reply several times faster than the stdlib
-    import orjson as _orjson
-except ImportError:  # pragma: no cover - orjson is a core dependency; keep working without it
-    _orjson = None
-
-
 def loads(data: bytes):
-    """Parse JSON (orjson when installed). A body orjson refuses but the JSON grammar allows — a JSON-escaped
-    lone surrogate such as ``"\\ud800"`` in a model's output — is parsed by the standard library instead."""
-    if _orjson is not None:
-        # a large reply (top-20 logprobs: tens of thousands of small lists, none of them in a cycle) is parsed
-        # with the cyclic collector paused: otherwise it runs dozens of times over the half-built tree (ours)
-        pause = len(data) > (1 << 16) and gc.isenabled()
-        if pause:
-            gc.disable()
-        try:
-            return _orjson.loads(data)
-        except ValueError:
-            pass
-        finally:
-            if pause:
-                gc.enable()
-    return json.loads(data)
+    """Parse JSON with orjson. A body orjson refuses but the JSON grammar allows — a JSON-escaped lone surrogate
+    such as ``"\\ud800"`` in a model's output — is parsed by the standard library instead."""
+    try:
+        return orjson.loads(data)
+    except ValueError:
+        return json.loads(data)
 
 
 def dumps(obj, *, sort_keys: bool = False, int_keys: bool = False) -> bytes:
-    """Compact UTF-8 JSON (orjson when installed); non-finite floats become null. ``int_keys``: dict keys may be
-    ints (written as strings, as the json module writes them), with no converted copy of the dict.
+    """Compact UTF-8 JSON (orjson; numpy values as their Python values); non-finite floats become null.
+    ``int_keys``: dict keys may be ints (written as strings, as the json module writes them).
 
     Strings holding lone surrogates (not encodable as UTF-8) are written as JSON escapes (``\\ud800``),
     so a record never fails to write because of what a model emitted."""
-    if _orjson is not None:
-        opt = (_orjson.OPT_SERIALIZE_NUMPY | (_orjson.OPT_SORT_KEYS if sort_keys else 0)
-               | (_orjson.OPT_NON_STR_KEYS if int_keys else 0))
-        try:
-            return _orjson.dumps(obj, option=opt, default=_default)
-        except TypeError:  # "str is not valid UTF-8: surrogates not allowed"
-            return json.dumps(obj, sort_keys=sort_keys, ensure_ascii=True, separators=(",", ":"),
-                              default=_default).encode()
+    opt = (orjson.OPT_SERIALIZE_NUMPY | (orjson.OPT_SORT_KEYS if sort_keys else 0)
+           | (orjson.OPT_NON_STR_KEYS if int_keys else 0))
     try:
-        return json.dumps(obj, sort_keys=sort_keys, ensure_ascii=False, separators=(",", ":"), default=_default).encode()
-    except UnicodeEncodeError:
-        return json.dumps(obj, sort_keys=sort_keys, ensure_ascii=True, separators=(",", ":"), default=_default).encode()
+        return orjson.dumps(obj, option=opt, default=_default)
+    except TypeError:  # "str is not valid UTF-8: surrogates not allowed"
+        return json.dumps(_plain(obj), sort_keys=sort_keys, ensure_ascii=True, separators=(",", ":"),
+                          allow_nan=False, default=_default).encode()
+
+
+def _plain(o):
+    """``o`` with numpy keys and non-finite floats made plain, for the standard library's encoder."""
+    if isinstance(o, dict):
+        return {(k.item() if hasattr(k, "item") else k): _plain(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_plain(v) for v in o]
+    if hasattr(o, "tolist"):
+        return _plain(o.tolist())
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    return o
 
 
 def scrub(text):
@@ -219,8 +211,12 @@ class ClientPool:
             self._kw["verify"] = ssl.create_default_context()
         self._clients: list[httpx.AsyncClient] = []
         self._busy: list[int] = []
+        self._loop = None
 
     def _pick(self) -> int:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # a client belongs to the event loop it was used in: a new loop, new members
+            self._clients, self._busy, self._loop = [], [], loop
         if self._clients:
             i = min(range(len(self._clients)), key=self._busy.__getitem__)
             if self._busy[i] < self.per_client:
@@ -244,126 +240,10 @@ class ClientPool:
         return await self.request("POST", url, **kw)
 
     async def aclose(self) -> None:
-        for c in self._clients:
-            await c.aclose()
+        if self._loop is asyncio.get_running_loop():
+            for c in self._clients:
+                await c.aclose()
         self._clients, self._busy = [], []
-
-
-def make_model_client() -> "AioPool":
-    """The HTTP client of the model backends (SGLang's /generate, OpenAI-compatible chat): an :class:`AioPool`.
-
-    Ours, measured: ``python scripts/bench_http_client.py`` (teacher-forced-shaped requests through
-    :func:`request_json`, 64 in flight, keep-alive) printed 1.0-1.3 ms of client CPU a request through httpx and
-    0.30-0.35 ms through aiohttp, whose parser is C (h11, httpx's, is Python). A teacher-forced probe step sends
-    two. The live tools keep httpx (:func:`make_client`)."""
-    return AioPool()
-
-
-class _Reply:
-    """What :func:`request_json` reads of a reply, the same names as httpx's Response."""
-
-    __slots__ = ("status_code", "headers", "content", "url")
-
-    def __init__(self, status_code: int, headers, content: bytes, url: str):
-        self.status_code, self.headers, self.content, self.url = status_code, headers, content, url
-
-    @property
-    def text(self) -> str:
-        return self.content.decode("utf-8", errors="replace")
-
-    @property
-    def request(self):  # httpx's r.request.url, for the redirect base
-        return self
-
-
-class AioPool:
-    """An aiohttp session behind the httpx-like ``request`` / ``get`` / ``post`` / ``aclose`` of
-    :class:`ClientPool` (ours). One session per event loop, made on first use (a session belongs to the loop it
-    was made in). Its transport errors are raised as httpx's (``httpx.ConnectError``, ``httpx.ReadError``,
-    ``httpx.ReadTimeout``), so :func:`request_json` retries them as before and its messages keep their names.
-    Redirects are never followed here (:func:`request_json` does that); proxies come from the environment
-    (``HTTP(S)_PROXY`` / ``ALL_PROXY`` / ``NO_PROXY``), as with httpx; ``~/.netrc`` is never read."""
-
-    def __init__(self):
-        self._session = None
-        self._loop = None
-        self._proxies: dict = {}
-
-    def _proxy(self, url: str) -> str | None:
-        """The proxy for this URL's scheme and host from ``HTTP(S)_PROXY`` / ``ALL_PROXY``, None where ``NO_PROXY``
-        names the host or none is set (urllib's reading of them; remembered per scheme and host)."""
-
-        p = urlsplit(url)
-        key = (p.scheme, p.hostname or "")
-        if key not in self._proxies:
-            env = urllib.request.getproxies_environment()
-            proxy = env.get(p.scheme) or env.get("all")
-            if proxy and urllib.request.proxy_bypass_environment(p.hostname or "", env):
-                proxy = None
-            self._proxies[key] = proxy
-        return self._proxies[key]
-
-    def _get(self):
-        import aiohttp
-
-        loop = asyncio.get_running_loop()
-        if self._session is None or self._loop is not loop or self._session.closed:
-            self._drop()
-            conn = aiohttp.TCPConnector(limit=1024, limit_per_host=0, keepalive_timeout=60)
-            # no cookie jar: a server's Set-Cookie is never sent back (a model server sets none). trust_env stays
-            # off: with it aiohttp would also send ~/.netrc credentials; the proxies come from the environment
-            # here instead (_proxy), as httpx takes them
-            self._session = aiohttp.ClientSession(connector=conn, trust_env=False,
-                                                  cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=True)
-            self._loop = loop
-        return self._session
-
-    async def request(self, method: str, url: str, *, content: bytes | None = None, params: dict | None = None,
-                      headers: dict | None = None, timeout: float | None = None) -> _Reply:
-        import aiohttp
-
-        s = self._get()
-        to = aiohttp.ClientTimeout(total=timeout) if timeout else aiohttp.ClientTimeout(total=None)
-        try:
-            async with s.request(method, url, data=content, params=params, headers=headers, timeout=to,
-                                 allow_redirects=False, proxy=self._proxy(url)) as r:
-                body = await r.read()
-                return _Reply(r.status, r.headers, body, str(r.url))
-        except asyncio.TimeoutError as e:
-            raise httpx.ReadTimeout(f"no reply within {timeout:g} s" if timeout else "timed out") from e
-        except aiohttp.ClientConnectorError as e:
-            raise httpx.ConnectError(str(e) or type(e).__name__) from e
-        except (aiohttp.ClientError, OSError) as e:  # a reset, a reply cut short, a bad status line
-            raise httpx.ReadError(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from e
-
-    async def get(self, url: str, **kw) -> _Reply:
-        return await self.request("GET", url, **kw)
-
-    async def post(self, url: str, **kw) -> _Reply:
-        return await self.request("POST", url, **kw)
-
-    def _drop(self) -> None:
-        """Let go of a session made in an event loop that has ended (a backend used by two ``asyncio.run``): its
-        connections are closed without that loop (none can be in use), so nothing is left to warn about."""
-        s, self._session = self._session, None
-        if s is not None and not s.closed:
-            conn = s.connector
-            s.detach()
-            # aiohttp's synchronous close (its public close is a coroutine of the ended loop); it marks the
-            # connector closed and, with that loop closed, has nothing else to do
-            close = getattr(conn, "_close", None)
-            if close is not None:
-                try:
-                    close(abort_ssl=True)
-                except (RuntimeError, TypeError):
-                    pass
-
-    async def aclose(self) -> None:
-        if self._session is not None and self._loop is asyncio.get_running_loop():
-            s, self._session = self._session, None
-            await s.close()
-        else:
-            self._drop()
 
 
 MAX_REDIRECTS = 5

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import dataclasses
 import errno
-import gc
 import json
 import multiprocessing as mp
 import os
@@ -400,6 +399,12 @@ def _pending_jobs(cfg: RunConfig, spec, manifest, rd: RunDir, samples: list) -> 
     return jobs, skipped
 
 
+def _retrieved(fut) -> None:
+    """Mark a finished future's exception as seen (the worker that awaited it reports it, if still running)."""
+    if not fut.cancelled():
+        fut.exception()
+
+
 def _all_units(cfg: RunConfig, samples: list) -> list:
     """Every (sample, trial) unit of the run, in the runner's order (trial by trial, samples in manifest order)."""
     return [(s, t) for t in range(cfg.trials) for s in samples]
@@ -425,15 +430,6 @@ async def _execute(cfg: RunConfig, spec, rd: RunDir, header: dict, jobs: list, s
     # the model every reply must name (OpenAI-compatible replies carry ``model``; SGLang's native replies do not)
     served_model = (header.get("model") or {}).get("served_model") if cfg.backend == "openai" and own_backends else None
     claim = _claimer(jobs, _SHARED.get("counter"))
-    if _SHARED.get("freeze"):
-        # the command line's process: what is alive now (modules, tokenizer, manifest) is never garbage; keep
-        # the collector off it, so the many short-lived objects of each reply's JSON do not make every full
-        # collection walk it (a full collection cost ~0.1 s here; ours)
-        gc.freeze()
-        # and let a reply's tens of thousands of short-lived lists die by reference counting before a young
-        # collection walks them: 13 % less runner CPU per call (7.3 -> 6.3 ms at 128 in flight; ours, measured
-        # like scripts/bench_runner.py). Cyclic garbage waits a little longer: < 100k objects.
-        gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
     bar = _progress(len(jobs), cfg.progress, spec.label)
     t0 = time.perf_counter()
     n_calls = n_tokens = 0
@@ -474,6 +470,7 @@ async def _execute(cfg: RunConfig, spec, rd: RunDir, header: dict, jobs: list, s
             fut = asyncio.get_running_loop().run_in_executor(None, _write, line, traj)
             writes.add(fut)
             fut.add_done_callback(writes.discard)
+            fut.add_done_callback(_retrieved)  # a write whose worker was cancelled meanwhile: its error not re-raised
             await asyncio.shield(fut)
             n_calls += line["n_calls"]
             n_tokens += line["generated_tokens"]
@@ -580,9 +577,6 @@ def disk_full(e: BaseException) -> str | None:
     return None
 
 
-#: Allocations between young collections in runner processes (Python's default: 700).
-GC_YOUNG_THRESHOLD = 100_000
-
 #: A --processes worker's shared job counter (set in the child before it runs).
 _SHARED: dict = {}
 
@@ -610,7 +604,6 @@ def _child(cfg_fields: dict, i: int, n: int, results, counter=None, hints=None) 
     cfg = RunConfig(**cfg_fields)
     cfg.shard, cfg.processes, cfg.progress = (i, n), 1, False
     _SHARED["counter"] = counter
-    _SHARED["freeze"] = True
     cfg.concurrency = max(1, -(-cfg.concurrency // n))
     parent = os.getppid()
 
@@ -884,7 +877,6 @@ def main(argv=None) -> int:
     space and rerun); 130 interrupted (rerun to resume)."""
 
     a = build_parser().parse_args(argv)
-    _SHARED["freeze"] = argv is None  # run as a program (python -m agent.run), not called from Python
     if a.max_image_mb:
         os.environ["MMCF_MAX_IMAGE_MB"] = str(a.max_image_mb)  # read by every image load, children included
     if a.image_cache_mb is not None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import csv
-import gc
 import gzip
 import html
 import io
@@ -44,7 +43,6 @@ from .backends.scripted import ScriptedBackend
 from .backends.tiny_model import default_tiny_dir
 from .cli import done, make_parser
 from .rundir import Run, RunError, load_run, token_key
-from .rundir.common import _TRIM
 from .rundir.grades import read_grades
 
 __all__ = ["sample_table", "render_text", "build_html", "run_summary", "main"]
@@ -423,14 +421,6 @@ AUTO_TOKENS = 300
 PAGE_SIZE = 200
 
 
-def _release_memory() -> None:
-
-
-    gc.collect()
-    if _TRIM is not None:
-        _TRIM(0)
-
-
 def page_files(out_path: Path, n_pages: int) -> list[Path]:
     """The page files: ``OUT.html`` first, then ``OUT-p2.html``, ``OUT-p3.html``… beside it."""
     return [out_path] + [out_path.with_name(f"{out_path.stem}-p{i}{out_path.suffix}") for i in range(2, n_pages + 1)]
@@ -500,7 +490,6 @@ def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[
         total += f.stat().st_size
         n_images += sum(1 for v in images.values() if v)
         del details, images, page
-        _release_memory()  # the page's strings freed: glibc keeps them in its heap otherwise (RSS grows per page)
     for stale in out_path.parent.glob(f"{out_path.stem}-p*{out_path.suffix}"):  # pages of an earlier, larger write
         if stale not in files and stale.stem[len(out_path.stem) + 2:].isdigit():
             stale.unlink()

@@ -18,7 +18,6 @@ from agent.backends.spread import Spread
 from agent.cli import add_backend_args as add
 from agent.preflight import PreflightError, model_identity, same_model
 from agent.rundir import RunError
-from agent.rundir.common import keep_freed_pages
 from agent.tools.live import MissingKeyError
 from serving.endpoints import gpus_behind, gpus_held
 
@@ -209,10 +208,7 @@ async def probe_model_check(run, backend, *, force: bool = False) -> dict:
 
 
 def run_async(coro, kept: str):
-    """``(result, 0)``; ``(None, 130)`` on Ctrl-C (saying what is kept); ``(None, 2)`` on a clear error. A probe's
-    process keeps its freed pages for the next steps (agent.rundir.common.keep_freed_pages: fewer page faults,
-    the heap trimmed when it has grown)."""
-    keep_freed_pages()
+    """``(result, 0)``; ``(None, 130)`` on Ctrl-C (saying what is kept); ``(None, 2)`` on a clear error."""
     try:
         return asyncio.run(coro), 0
     except KeyboardInterrupt:

@@ -49,17 +49,7 @@ from agent.cli import done, make_parser
 from agent.http import dumps, loads
 from agent.preflight import PreflightError
 from agent.run import RunConfig, run
-from agent.rundir import (
-    Run,
-    RunError,
-    close_fragment,
-    collect_cycles,
-    collector_off_the_heap,
-    load_run,
-    output_lock,
-    read_parquet,
-    token_key,
-)
+from agent.rundir import Run, RunError, close_fragment, load_run, output_lock, read_parquet, token_key
 from agent.rundir.common import _atomic_write
 from agent.trajectory import recorded_sampling
 from analysis.entropy import (
@@ -631,7 +621,6 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
                         sink.flush()
                         kept[0] += 1
                     bar.update(1)
-                    collect_cycles()  # the finished replies' reference cycles (the heap itself stays frozen)
             finally:
                 give_back()
                 image_users.done(my_images)
@@ -640,7 +629,7 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
             if kept_tokens:  # the trajectory is done: its tokens into one file (an interrupt leaves the partial one)
                 store.commit(key, kept_tokens)
 
-    getattr(backend, "prepare", lambda m: None)(mode)  # what the requests will need, loaded before the freeze
+    getattr(backend, "prepare", lambda m: None)(mode)  # what the requests will need, loaded once
     vocab = vocab_of(backend)
     if not vocab:
         print("entropy bounds: the model's vocabulary size is unknown (no config.json): steps carry the grouped "
@@ -656,8 +645,7 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
     started, t0 = time.time(), time.perf_counter()
     try:
         work = [trajectory(line, steps) for line, steps in pending]
-        with collector_off_the_heap():  # the index and the pending work are not garbage
-            await asyncio.gather(*work)
+        await asyncio.gather(*work)
     except BaseException:
         print(f"entropy probe stopped: {kept[0]} steps finished in this session are kept in {steps_path} "
               f"({len(done) + kept[0]} in all); the rerun probes the {n_steps - kept[0]} others", file=sys.stderr)

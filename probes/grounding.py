@@ -39,7 +39,7 @@ from agent.cli import DEFAULT_CONCURRENCY, JUDGE_ENDPOINT, add_judge_args, done,
 from agent.http import is_host
 from agent.judge import judge_key_env
 from agent.prompts import GROUNDING_PASS1, GROUNDING_PASS2, fill
-from agent.rundir import RunError, close_fragment, collect_cycles, collector_off_the_heap, load_run
+from agent.rundir import RunError, close_fragment, load_run
 from analysis.figures import fig2a_grounding, provenance_mark
 from analysis.selection import select_trajectories
 from probes.cli import run_async
@@ -240,14 +240,10 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
             done[(rec["sample_id"], rec["trial"])] = rec
         bar.update(1)
-        # the finished requests' cycles, and the heap trimmed when it has grown (the probes' process keeps its
-        # freed pages: probes.cli.run_async), as in the other probes' loops
-        collect_cycles()
 
     try:
         work = [one(ln) for ln in pending]
-        with collector_off_the_heap():  # the index and the pending work are not garbage
-            await asyncio.gather(*work)
+        await asyncio.gather(*work)
     finally:
         bar.close()
     keep = {(ln["sample_id"], ln["trial"]) for ln in lines}

@@ -48,7 +48,7 @@ from agent.methods import HARNESS_ERRORS, Budgets, Episode, MethodSpec
 from agent.methods.common import WEBWATCHER_OBSERVATION_IMAGES, Turn, tool_reply
 from agent.methods.react import react_messages, run_react
 from agent.prompts import CORRECTION, fill
-from agent.rundir import Run, RunDir, RunError, collect_cycles, collector_off_the_heap, load_run, output_lock
+from agent.rundir import Run, RunDir, RunError, load_run, output_lock
 from agent.tools import make_toolbox
 from agent.trajectory import Trajectory
 from analysis.figures import fig2c_removal, provenance_mark
@@ -266,16 +266,12 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
                                         sampling=sampling)
             await asyncio.to_thread(dirs[k].append, traj, rl)
             bar.update(1)
-            # the finished replies' reference cycles (the heap itself stays frozen); a replay is a whole agent run
-            # (several calls, tool results): collected every 32 as before
-            collect_cycles(every=32)
 
 
     started, t0, done_before = time.time(), time.perf_counter(), bar.n
     try:
         work = [trajectory_group(ln) for ln in lines]
-        with collector_off_the_heap():  # the index and the pending work are not garbage
-            await asyncio.gather(*work)
+        await asyncio.gather(*work)
     finally:
         bar.close()
         await toolbox.aclose()

@@ -9,12 +9,12 @@ from http.server import ThreadingHTTPServer
 import httpx
 import pytest
 
-from agent.http import (HTTPError, RetryPolicy, is_host, make_client, make_model_client, redact, register_key_var,
+from agent.http import (HTTPError, RetryPolicy, is_host, make_client, redact, register_key_var,
                         request_json)
 from tests.fakes.http_base import JSONHandler
 
-#: both clients request_json is given: httpx's (the live tools) and aiohttp's (the model backends, a judge's key)
-CLIENTS = {"httpx": lambda: make_client(follow_redirects=False), "aiohttp": make_model_client}
+#: the one client request_json is given (httpx: the live tools, the model backends, a judge)
+CLIENTS = {"httpx": lambda: make_client(follow_redirects=False)}
 
 
 class _Server:
@@ -375,8 +375,8 @@ async def test_a_key_echoed_in_a_200_tool_reply_is_never_cached_shown_or_recorde
 
 
 def test_the_model_client_serves_one_backend_across_event_loops_and_leaves_nothing_open():
-    """A backend used by two ``asyncio.run`` (a preflight, then the work) gets a new session in the second loop;
-    the first one's is let go without its loop, so aiohttp has no unclosed session or connector to warn about."""
+    """A backend used by two ``asyncio.run`` (a preflight, then the work) gets new connections in the second loop
+    (a connection belongs to the loop it was opened in), and nothing warns about what was left open."""
     import subprocess
     import sys
 
@@ -388,8 +388,8 @@ def test_the_model_client_serves_one_backend_across_event_loops_and_leaves_nothi
     code = f"""
 import asyncio, gc, sys
 sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parents[1])!r})
-from agent.http import RetryPolicy, make_model_client, request_json
-c = make_model_client()
+from agent.http import RetryPolicy, make_client, request_json
+c = make_client(follow_redirects=False)
 async def one():
     return await request_json(c, "GET", {s.url + "/x"!r}, policy=RetryPolicy(retries=0, timeout_s=30))
 print(asyncio.run(one()), asyncio.run(one()))

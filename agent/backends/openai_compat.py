@@ -23,7 +23,7 @@ from ..http import (
     HTTPError,
     RetryPolicy,
     has_credentials,
-    make_model_client,
+    make_client,
     public_url,
     redact,
     register_key_var,
@@ -91,7 +91,7 @@ class OpenAIBackend:
         self.logprob_mode = logprob_mode
         self.policy = policy
         self.extra_body = dict(extra_body or {})
-        self._client = client or make_model_client()
+        self._client = client or make_client(follow_redirects=False)
 
     async def resolve_model(self) -> str:
         if not self.model:

@@ -38,7 +38,7 @@ from operator import itemgetter
 import httpx
 import numpy as np
 
-from ..http import HTTPError, RetryPolicy, make_model_client, public_url, request_json, scrub
+from ..http import HTTPError, RetryPolicy, make_client, public_url, request_json, scrub
 from .base import (
     DEFAULT_TOP_LOGPROBS,
     BackendError,
@@ -145,7 +145,7 @@ class SGLangBackend:
         self.vocab = model_vocab_size(model_dir)  # token ids at or above it are refused (check_values)
         self.logprob_mode = logprob_mode
         self.policy = policy
-        self._client = client or make_model_client()
+        self._client = client or make_client(follow_redirects=False)
         self._decode_cache: dict[int, str] = {}
         self._proc = None
         self._grid = False                             # image_tokens: the processor's resize rule (None: unknown)

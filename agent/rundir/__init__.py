@@ -31,8 +31,6 @@ from .common import (
     TOKEN_PRECISIONS,
     RunError,
     close_fragment,
-    collect_cycles,
-    collector_off_the_heap,
     output_lock,
     token_key,
     versions,
@@ -44,4 +42,4 @@ from .writer import RunDir
 
 __all__ = ["RunDir", "Run", "load_run", "RunError", "IDENTITY_KEYS", "versions", "token_key", "read_parquet",
            "TOKEN_PRECISIONS", "RESUME_HISTORY", "Lines", "summary_of", "check_run", "CheckReport", "close_fragment",
-           "output_lock", "collector_off_the_heap", "collect_cycles", "main"]
+           "output_lock", "main"]
