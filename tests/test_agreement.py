@@ -7,10 +7,10 @@ import re
 
 import pytest
 
-from agent.judge.agreement import agreement, cohen_kappa
 from agent.backends.scripted import ScriptedBackend
 from agent.judge import judge_run
 from agent.judge import main as judge_main
+from agent.judge.agreement import agreement, cohen_kappa
 from agent.rundir import RunError
 
 
@@ -36,7 +36,8 @@ def graded(tmp_path_factory):
     trials, graded by exact match."""
     import asyncio
 
-    from agent.run import RunConfig, run as run_async
+    from agent.run import RunConfig
+    from agent.run import run as run_async
 
     run = tmp_path_factory.mktemp("agree") / "run"
     asyncio.run(run_async(RunConfig(method="direct", out=str(run), limit=6, trials=2, seed=1, progress=False), [],

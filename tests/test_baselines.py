@@ -274,8 +274,8 @@ async def test_contextfold_error_observations(demo, toolbox):
 @pytest.mark.model
 @pytest.mark.parametrize("method", ["agentfold", "contextfold"])
 def test_embedded_default_runs_each_baseline(tmp_path, tiny_model_dir, monkeypatch, method):
-    from agent.rundir import check_run, load_run
     from agent.run import main as run_main
+    from agent.rundir import check_run, load_run
 
     monkeypatch.setenv("MMCF_TINY_MODEL_DIR", str(tiny_model_dir))
     rc = run_main(["--method", method, "--limit", "2", "--t-max", "4", "--max-tokens", "8",

@@ -2,7 +2,6 @@
 import json
 from collections import Counter
 
-
 from agent.benchmarks import PAPER_CATEGORY, load_benchmark, load_dataset_dir, main, paper_subset
 
 

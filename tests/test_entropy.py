@@ -176,7 +176,7 @@ def test_the_upper_bound_from_the_grouped_entropy_equals_entropy_bounds():
     entropy_high): the same values as entropy_bounds, also with underflowed probabilities, a logprob rounded
     above 0, an empty tail, vocabularies with no or one tail token, and a row with an absent entry (which takes
     entropy_bounds itself)."""
-    from analysis.entropy import entropy_high, entropy_bounds, grouped_tail_entropy
+    from analysis.entropy import entropy_bounds, entropy_high, grouped_tail_entropy
 
     rng = np.random.default_rng(4)
     for trial in range(24):

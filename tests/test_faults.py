@@ -14,12 +14,11 @@ import time
 
 import pytest
 
-from agent.rundir import RunDir, check_run, load_run
 from agent.run import main as run_main
+from agent.rundir import RunDir, check_run, load_run
 from scripts.soak import agent_policy, soak
 from tests.conftest import REPO
 from tests.fakes.sglang_server import GARBAGE, FakeSGLang
-
 
 #: Client timeouts far above what any normal reply of the loopback stand-in takes on a loaded 2-core machine,
 #: and "slow" faults far above those: no assertion depends on how busy the CPU is (a 1 s timeout did, and a

@@ -8,7 +8,8 @@ import re
 import pytest
 
 from agent.backends.scripted import ScriptedBackend
-from agent.judge import accuracy_table, exact_grade, judge_run, main as judge_main, parse_grade, read_grades
+from agent.judge import accuracy_table, exact_grade, judge_run, parse_grade, read_grades
+from agent.judge import main as judge_main
 from agent.prompts import JUDGE
 from agent.run import RunConfig, run
 from tests.fakes.sglang_server import FakeSGLang

@@ -9,8 +9,7 @@ from http.server import ThreadingHTTPServer
 import httpx
 import pytest
 
-from agent.http import (HTTPError, RetryPolicy, is_host, make_client, redact, register_key_var,
-                        request_json)
+from agent.http import HTTPError, RetryPolicy, is_host, make_client, redact, register_key_var, request_json
 from tests.fakes.http_base import JSONHandler
 
 #: the one client request_json is given (httpx: the live tools, the model backends, a judge)

@@ -13,7 +13,8 @@ from agent.run import RunConfig, run
 from agent.rundir import RunError
 from analysis.entropy import kl_union_tail
 from analysis.stats import bootstrap_ci, mcnemar_p, wilcoxon_p
-from probes.entropy import main as entropy_main, probe_run
+from probes.entropy import main as entropy_main
+from probes.entropy import probe_run
 
 
 def policy(messages):

@@ -9,7 +9,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from agent.backends.pieces import PieceBook, lend_pieces, pack_pieces, piece_digest, tokenizer_fingerprint, unpack_pieces
+from agent.backends.pieces import (
+    PieceBook,
+    lend_pieces,
+    pack_pieces,
+    piece_digest,
+    tokenizer_fingerprint,
+    unpack_pieces,
+)
 from agent.backends.sglang_native import SGLangBackend
 from agent.rundir import load_run
 from agent.rundir.sidecar import encode, read_prompt_pieces

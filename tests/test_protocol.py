@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from agent.run import SERVED_MAX_TOKENS, main as run_main
+from agent.run import SERVED_MAX_TOKENS
+from agent.run import main as run_main
 from agent.rundir import RunDir, load_run
 from scripts.soak import agent_policy
 from tests.fakes.sglang_server import FakeSGLang
@@ -162,8 +163,8 @@ def test_the_judge_records_the_model_its_replies_name_and_a_rerouted_judge_is_re
     import asyncio
 
     from agent.judge import judge_run
-    from analysis.tables import table1
     from agent.rundir import RunError
+    from analysis.tables import table1
     from tests.test_judge import _make_run, judge_reply
 
     rd = asyncio.run(_make_run(tmp_path, trials=1))

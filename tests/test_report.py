@@ -286,11 +286,10 @@ async def test_table4_per_backbone_and_pooled_only_over_the_same_backbones(tmp_p
 
 
 async def test_table1_backbone_blocks_rank_best_and_second_best_within_each(tmp_path):
-    from analysis.tables import table1, write_table
-
     import shutil
 
     from agent.tools.demo_world import ensure_demo_world
+    from analysis.tables import table1, write_table
 
     bench = tmp_path / "demo"
     shutil.copytree(ensure_demo_world() / "demo", bench)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -14,7 +15,8 @@ import pytest
 from agent.backends.base import ModelOutput
 from agent.backends.messages import text_of
 from agent.backends.scripted import ScriptedBackend
-from agent.run import RunConfig, main as run_main, run
+from agent.run import RunConfig, run
+from agent.run import main as run_main
 from agent.rundir import RunDir, RunError, load_run
 from tests.conftest import REPO
 from tests.fakes.sglang_server import FakeSGLang
@@ -378,7 +380,7 @@ def test_processes_auto_takes_one_per_256_in_flight_capped_by_the_cpus(monkeypat
     from agent import run as run_mod
     from agent.run import PROCESS_CONCURRENCY, RunConfig, auto_processes
 
-    monkeypatch.setattr(run_mod.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
     cfg = lambda **kw: RunConfig(method="react", out=str(tmp_path / "r"), backend="sglang", **kw)  # noqa: E731
     assert RunConfig(method="react", out="x").processes == "auto"
     assert [auto_processes(cfg(concurrency=c)) for c in (8, PROCESS_CONCURRENCY, PROCESS_CONCURRENCY + 1, 10_000)] \

@@ -14,10 +14,10 @@ import pandas as pd
 import pytest
 
 from agent.judge import main as judge_main
+from agent.run import main as run_main
 from agent.rundir import check_run, load_run
 from agent.rundir.merge import main as merge_main
 from agent.rundir.shards import shard_units
-from agent.run import main as run_main
 from probes.entropy import main as entropy_main
 
 REPO = Path(__file__).resolve().parents[1]

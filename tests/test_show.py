@@ -12,7 +12,8 @@ import subprocess
 
 import pytest
 
-from agent import judge, run as runner, show
+from agent import judge, show
+from agent import run as runner
 from agent.rundir import RunError, load_run
 from probes import entropy
 

@@ -10,7 +10,8 @@ from agent.backends.scripted import ScriptedBackend
 from agent.backends.spread import Spread, pin
 from agent.preflight import PreflightError
 from agent.run import main as run_main
-from probes.entropy import main as entropy_main, probe_run
+from probes.entropy import main as entropy_main
+from probes.entropy import probe_run
 from scripts.soak import agent_policy
 from tests.fakes.sglang_server import FakeSGLang
 from tests.test_probe_entropy import _run, planted, policy

@@ -6,7 +6,16 @@ import sqlite3
 import pytest
 
 from agent.http import RetryPolicy
-from agent.tools import CacheMiss, ImageRegistry, LensURL, LiveProvider, MissingKeyError, OfflineProvider, ToolCache, Toolbox
+from agent.tools import (
+    CacheMiss,
+    ImageRegistry,
+    LensURL,
+    LiveProvider,
+    MissingKeyError,
+    OfflineProvider,
+    Toolbox,
+    ToolCache,
+)
 from agent.tools.demo_world import QUESTIONS, build_demo_world
 from tests.fakes.web_apis import FakeWeb
 

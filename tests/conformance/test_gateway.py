@@ -12,8 +12,8 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import REPO
 from tests.conformance.conftest import _need_front_end
+from tests.conftest import REPO
 from tests.test_serving_launch import LAUNCH, STOP, _standin_env, free_port, sh
 
 
@@ -141,8 +141,8 @@ async def _score_both_ways(url, tiny_model_dir) -> list[str]:
 def test_a_run_through_the_gateway_over_sglangs_real_front_ends(sglang_front_end_built, tiny_model_dir, tmp_path):
     """Two SGLang servers (the real front end with the scripted scheduler stand-in) recorded as two nodes, the
     gateway's real router in front, and a ReAct run, the fidelity check and the cost ledger through it."""
-    from agent.rundir import check_run, load_run
     from agent.run import main as run_main
+    from agent.rundir import check_run, load_run
     from probes.fidelity import main as fidelity_main
 
     port, nccl = free_port(), free_port()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving.launch import build_parser, plan, router_command, _router_plan
+from serving.launch import _router_plan, build_parser, plan, router_command
 
 
 def _args(*argv):

@@ -1,0 +1,31 @@
+"""The resumable runner: a method over a benchmark, N trials, recorded into a run directory.
+
+    python -m agent.run --method react --out runs/demo-react              # embedded default: tiny model, offline world, demo
+    python -m agent.run --method mmcontextfold --benchmark data/mmsearch --backend sglang \\
+        --endpoint http://gpu:30000 --endpoint http://gpu:30001 --model-dir /models/Qwen3.5-27B \\
+        --tools live --trials 3 --concurrency 64 --out runs/mmsearch-cf-27b
+
+asyncio workers (``--concurrency``) share the backends (one per ``--endpoint``; each trajectory stays
+on one endpoint so the server's prefix cache is reused; the least busy endpoint gets the next one).
+A rerun of the same command skips the (sample, trial) pairs already written; ``--retry-errors``
+reruns the ones that ended in ``error`` or ``timeout``. Ctrl-C stops cleanly: every finished pair is
+on disk; the ones in flight are dropped and rerun next time. ``--timeout`` bounds one sample.
+See ``agent/rundir/`` and ``docs/trajectory.md`` for what is written.
+"""
+from .cli import build_parser, config_from_args, main
+from .config import (
+                     EMBEDDED_MAX_TOKENS,
+                     PROCESS_CONCURRENCY,
+                     SERVED_MAX_TOKENS,
+                     RunConfig,
+                     auto_processes,
+                     header_for,
+                     make_backends,
+                     trial_seeds,
+)
+from .execute import EXIT_DISK_FULL, UnitStats, disk_full
+from .runner import identify_backends, run
+
+__all__ = ["RunConfig", "run", "main", "EMBEDDED_MAX_TOKENS", "SERVED_MAX_TOKENS", "trial_seeds", "PROCESS_CONCURRENCY",
+           "auto_processes", "header_for", "make_backends", "identify_backends", "build_parser", "config_from_args",
+           "EXIT_DISK_FULL", "UnitStats", "disk_full"]

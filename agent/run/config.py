@@ -1,0 +1,209 @@
+"""What a run is: its configuration, the units it runs, its header, and its trial seeds."""
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+import time
+from dataclasses import dataclass, field
+
+from ..backends import make_backend
+from ..backends.base import DEFAULT_TOP_LOGPROBS, BackendError, SamplingParams
+from ..benchmarks import load_selection
+from ..http import RetryPolicy, public_url, safe_argv
+from ..methods import Budgets, MethodSpec
+from ..methods.common import WEBWATCHER_OBSERVATION_IMAGES
+from ..methods.release import SCORING_BACKENDS, ReleasePolicy
+from ..rundir import RunDir, RunError, versions
+from ..trajectory import SCHEMA_VERSION
+
+__all__ = ["EMBEDDED_MAX_TOKENS", "SERVED_MAX_TOKENS", "PROCESS_CONCURRENCY", "RunConfig", "make_backends", "header_for",
+           "select_samples", "all_units", "auto_processes", "trial_seeds"]
+
+
+#: The tiny random model never closes its think block on its own; cap its outputs so the embedded
+#: default finishes in seconds.
+EMBEDDED_MAX_TOKENS = 48
+
+
+#: Served models: the paper's release sends ``max_completion_tokens=8192`` (iLearn-Lab/MM26-MMContextFold,
+#: mmcontextfold/utils/search_backbone_model.py); 4096 cut Qwen3.5's thinking and forced corrections.
+SERVED_MAX_TOKENS = 8192
+
+
+@dataclass
+class RunConfig:
+    method: str
+    out: str
+    benchmark: str = "demo"
+    variant: str = ""
+    remove_images_from_step: int | None = None
+    image_release: str = "keep"            # keep | adaptive (agent/methods/release.py)
+    release_signal: str | None = None
+    release_threshold: str | float | None = None
+    release_patience: int | None = None
+    trials: int = 1
+    concurrency: int = 8
+    limit: int | None = None
+    sample_ids: list[str] | None = None
+    selection: str | None = None           # a selection file (python -m agent.benchmarks subset --random-per-benchmark)
+    backend: str = "local"
+    endpoints: list[str] = field(default_factory=list)
+    model: str | None = None
+    model_dir: str | None = None
+    logprob_mode: str = "scaled"
+    server: str = "sglang"
+    api_key_env: str | None = None
+    temperature: float = 0.2
+    top_p: float = 0.95
+    max_tokens: int | None = None
+    top_logprobs: int = DEFAULT_TOP_LOGPROBS
+    seed: int | None = None
+    thinking: bool = True
+    t_max: int = 20
+    b_max: int = 5
+    history_reasoning: str = "keep"
+    observation_images: int = WEBWATCHER_OBSERVATION_IMAGES
+    tools: str = "offline"
+    world: str | None = None
+    tool_cache: str | None = None
+    cache_mode: str = "readwrite"
+    live_fallback: bool = False
+    timeout: float | None = None
+    retry_errors: bool = False
+    force: bool = False
+    progress: bool = True
+    token_precision: str = "float32"
+    processes: int | str = "auto"
+    max_consecutive_errors: int = 10
+    allow_missing_images: bool = False
+    max_image_mb: float | None = None
+    request_timeout: float = 600.0
+    part: tuple[int, int] | None = None    # --shard I/N: this run directory holds part I of N (agent/rundir/merge.py)
+    shard: tuple[int, int] | None = None   # internal: worker i of n in a --processes run
+    job_keys: list | None = None           # internal: the parent's job list ([sample id, trial], in order)
+
+    @property
+    def embedded(self) -> bool:
+        return self.backend == "local" and not self.model_dir
+
+    def spec(self) -> MethodSpec:
+        if self.processes != "auto" and (not isinstance(self.processes, int) or self.processes < 1):
+            raise ValueError(f"--processes must be auto or an integer >= 1, not {self.processes!r}")
+        if self.concurrency < 1 or self.trials < 1:
+            raise ValueError("--processes, --concurrency and --trials must be >= 1")
+        release = None
+        if self.image_release not in ("keep", "adaptive"):
+            raise ValueError(f"--image-release must be keep or adaptive, not {self.image_release!r}")
+        if self.image_release == "adaptive":
+            if self.backend not in SCORING_BACKENDS:
+                raise ValueError(f"--image-release adaptive scores every step without the images (teacher-forced); "
+                                 f"--backend {self.backend} cannot score a fixed continuation. Use one that can: "
+                                 f"{', '.join(SCORING_BACKENDS)} (sglang = SGLang's native /generate with --model-dir)")
+            release = ReleasePolicy.from_args(self.release_signal, self.release_threshold, self.release_patience)
+        elif any(v is not None for v in (self.release_signal, self.release_threshold, self.release_patience)):
+            raise ValueError("--release-signal / --release-threshold / --release-patience need --image-release adaptive")
+        return MethodSpec(self.method, self.variant, self.remove_images_from_step, Budgets(self.t_max, self.b_max),
+                          self.history_reasoning, self.observation_images, release)
+
+    def sampling(self, trial: int = 0) -> SamplingParams:
+        mt = self.max_tokens or (EMBEDDED_MAX_TOKENS if self.embedded else SERVED_MAX_TOKENS)
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, max_tokens=mt,
+                              top_logprobs=self.top_logprobs, seed=None if self.seed is None else self.seed + trial,
+                              enable_thinking=self.thinking)
+
+
+def make_backends(cfg: RunConfig) -> list:
+
+    if cfg.backend == "local":
+        return [make_backend("local", model_dir=cfg.model_dir, logprob_mode=cfg.logprob_mode)]
+    if cfg.backend == "scripted":
+        return [make_backend("scripted")]
+    if not cfg.endpoints:
+        raise BackendError(f"--backend {cfg.backend} needs --endpoint URL (repeat it for several servers)")
+
+    policy = RetryPolicy(timeout_s=cfg.request_timeout)
+    return [make_backend(cfg.backend, endpoint=e, model=cfg.model, model_dir=cfg.model_dir, logprob_mode=cfg.logprob_mode,
+                         server=cfg.server, api_key_env=cfg.api_key_env, policy=policy) for e in cfg.endpoints]
+
+
+def header_for(cfg: RunConfig, manifest, argv, model: dict | None = None) -> dict:
+    spec = cfg.spec()
+    return {
+        "schema_version": SCHEMA_VERSION, "created": time.time(),
+        "argv": safe_argv(list(argv) if argv is not None else sys.argv),
+        "method": spec.method, "variant": spec.variant_label, "label": spec.label,
+        "remove_images_from_step": spec.remove_images_from_step, "budgets": spec.budgets.to_dict(),
+        "image_release": spec.release.to_dict() if spec.release is not None else None,
+        "history_reasoning": spec.history_reasoning, "observation_images": spec.observation_images,
+        "model": model,
+        "sampling": cfg.sampling().to_dict() | {"seed": cfg.seed}, "trials": cfg.trials,
+        "benchmark": manifest.name, "benchmark_path": str(manifest.path), "n_samples": len(manifest.samples),
+        "backend": {"kind": cfg.backend, "endpoints": [public_url(e) for e in cfg.endpoints], "model": cfg.model, "model_dir": cfg.model_dir,
+                    "logprob_mode": cfg.logprob_mode, "server": cfg.server, "embedded_tiny_model": cfg.embedded,
+                    "api_key_env": cfg.api_key_env},
+        "tools": {"provider": cfg.tools, "world": cfg.world, "cache": cfg.tool_cache, "cache_mode": cfg.cache_mode,
+                  "live_fallback": cfg.live_fallback},
+        "token_precision": cfg.token_precision, "processes": cfg.processes, "versions": versions(),
+        "manifest_problems": {p.kind: sum(q.kind == p.kind for q in manifest.problems) for p in manifest.problems},
+    }
+
+
+def select_samples(manifest, cfg: RunConfig) -> list:
+    samples = manifest.samples
+    if cfg.selection:
+
+        ids, _ = load_selection(cfg.selection, manifest.name)
+        want = set(ids)
+        samples = [s for s in samples if s.id in want]
+        missing = want - {s.id for s in samples}
+        if missing:
+            raise RunError(f"{cfg.selection}: {len(missing)} selected ids are not in {manifest.path} (first: "
+                           f"{sorted(missing)[:5]}); the selection was drawn from another manifest")
+    if cfg.sample_ids:
+        want = set(cfg.sample_ids)
+        samples = [s for s in samples if s.id in want]
+        missing = want - {s.id for s in samples}
+        if missing:
+            raise RunError(f"{manifest.path}: sample ids not found: {sorted(missing)[:10]}")
+    if cfg.limit is not None:
+        samples = samples[: cfg.limit]
+    return samples
+
+
+def all_units(cfg: RunConfig, samples: list) -> list:
+    """Every (sample, trial) unit of the run, in the runner's order (trial by trial, samples in manifest order)."""
+    return [(s, t) for t in range(cfg.trials) for s in samples]
+
+
+#: Samples in flight one runner process keeps at the ideal call rate (ours, scripts/bench_runner.py: one
+#: process at 256 in flight, ~1,000-token top-20 replies and photo-sized images: 0.957 of the ideal call rate,
+#: 10.4 µs of CPU per generated token all-in; the 165-token load at 256: 0.934 with one process).
+PROCESS_CONCURRENCY = 256
+
+
+def auto_processes(cfg: RunConfig, injected: bool = False) -> int:
+    """``--processes auto``: one process per :data:`PROCESS_CONCURRENCY` samples in flight, at most one per CPU;
+    one where the model runs in this process (local, scripted) or the caller passed its own backends."""
+    if cfg.processes != "auto":
+        return int(cfg.processes)
+    if injected or cfg.backend in ("local", "scripted") or cfg.shard is not None:
+        return 1
+    return max(1, min(os.cpu_count() or 1, -(-cfg.concurrency // PROCESS_CONCURRENCY)))
+
+
+def trial_seeds(cfg: RunConfig, rd: RunDir) -> tuple[int | None, str]:
+    """The run's base seed (trial t samples with seed + t) and where it came from: ``given`` (--seed), ``drawn``
+    (a new run without --seed draws one and records it), or the recorded one of the run being resumed.
+
+    Ours, why: a server started with deterministic inference samples every request that has no seed with seed 42
+    (sglang/srt/sampling/sampling_batch_info.py: ``sampling_seed if not None else 42``), so trials 0, 1, 2 would be
+    one trial three times and Table 1's std over "independent trials" 0.0."""
+    if cfg.seed is not None:
+        return cfg.seed, "given"
+    if rd.header_path.exists():
+        old = rd.read_header()
+        seed = (old.get("sampling") or {}).get("seed")
+        return seed, old.get("seed_source") or ("legacy" if seed is None else "given")
+
+    return secrets.randbelow(2**31 - 2**20), "drawn"

@@ -1,0 +1,217 @@
+"""Running units in this process: asyncio workers over the backends, each finished unit written as it ends."""
+from __future__ import annotations
+
+import asyncio
+import errno
+import sys
+import threading
+import time
+from collections import Counter
+
+from tqdm import tqdm
+
+from ..backends.spread import BackendPool
+from ..http import public_url
+from ..methods import new_trajectory, run_sample
+from ..rundir import RunDir
+from ..tools import make_toolbox
+from .config import RunConfig, make_backends
+
+__all__ = ["execute", "UnitStats", "EXIT_DISK_FULL", "disk_full", "SHARED", "claimer", "progress_bar"]
+
+
+def retrieved(fut) -> None:
+    """Mark a finished future's exception as seen (the worker that awaited it reports it, if still running)."""
+    if not fut.cancelled():
+        fut.exception()
+
+
+async def execute(cfg: RunConfig, spec, rd: RunDir, header: dict, jobs: list, skipped: int, skipped_images: list,
+                   backends, toolbox) -> dict:
+    """Run ``jobs`` with ``--concurrency`` asyncio workers over the backends; every finished unit is written as it
+    ends; returns the summary (raises KeyboardInterrupt after writing what finished, on Ctrl-C / SIGTERM)."""
+    cache_path = cfg.tool_cache or str(rd.path / "tools.sqlite")
+    counts: Counter = Counter()
+    stats = UnitStats()
+    own_backends = backends is None
+    backends = backends if backends is not None else make_backends(cfg)
+    if own_backends and cfg.backend == "sglang":
+        for b in backends:  # records name the served model (the preflight asked a fresh client)
+            b.model = (header.get("model") or {}).get("served_model") or b.model
+    own_toolbox = toolbox is None
+    if toolbox is None:
+        toolbox = make_toolbox(cfg.tools, world_dir=cfg.world, cache_path=cache_path, mode=cfg.cache_mode,
+                               live_fallback=cfg.live_fallback)
+    pool = BackendPool(backends)  # each trajectory keeps the backend it is given
+    # the model every reply must name (OpenAI-compatible replies carry ``model``; SGLang's native replies do not)
+    served_model = (header.get("model") or {}).get("served_model") if cfg.backend == "openai" and own_backends else None
+    claim = claimer(jobs, SHARED.get("counter"))
+    bar = progress_bar(len(jobs), cfg.progress, spec.label)
+    t0 = time.perf_counter()
+    n_calls = n_tokens = 0
+    first_error: list[str] = []
+    streak = {"n": 0, "last": ""}
+    stop = asyncio.Event()
+    writes: set = set()
+    flying: set = set()  # the units whose trajectories are being made (what an interrupt abandons)
+    count_lock = threading.Lock()
+
+    def _write(line: dict, traj) -> None:
+        rd.append(traj, line)
+        with count_lock:
+            counts[line["status"]] += 1
+
+    async def worker():
+        nonlocal n_calls, n_tokens
+        while not stop.is_set():
+            job = claim()
+            if job is None:
+                return
+            sample, trial = job
+            i = pool.acquire()
+            traj = new_trajectory(spec, sample, trial)
+            flying.add(traj)
+            try:
+                coro = run_sample(spec, sample, trial, backend=backends[i], toolbox=toolbox,
+                                  sampling=cfg.sampling(trial), traj=traj, served_model=served_model)
+                line, _ = await (asyncio.wait_for(coro, cfg.timeout) if cfg.timeout else coro)
+            except asyncio.TimeoutError:
+                traj.error("Timeout", f"sample exceeded --timeout {cfg.timeout:g}s")
+                line = traj.to_line("timeout", "", error=f"sample exceeded --timeout {cfg.timeout:g}s")
+            finally:
+                pool.release(i)
+                flying.discard(traj)
+            line["endpoint"] = public_url(cfg.endpoints[i]) if cfg.endpoints else cfg.backend
+            # the write finishes even if the run is interrupted meanwhile, and is counted when it lands
+            fut = asyncio.get_running_loop().run_in_executor(None, _write, line, traj)
+            writes.add(fut)
+            fut.add_done_callback(writes.discard)
+            fut.add_done_callback(retrieved)  # a write whose worker was cancelled meanwhile: its error not re-raised
+            await asyncio.shield(fut)
+            n_calls += line["n_calls"]
+            n_tokens += line["generated_tokens"]
+            stats.add(line)
+            if line["status"] == "error":
+                first_error[:0] = [] if first_error else [f"{line['sample_id']}/t{line['trial']}: {line.get('error')}"]
+                streak["n"] += 1
+                streak["last"] = line.get("error") or ""
+                if cfg.max_consecutive_errors and streak["n"] >= cfg.max_consecutive_errors:
+                    stop.set()
+            else:
+                streak["n"] = 0
+            bar.update(1)
+            bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+                                + f" calls/s={n_calls / max(time.perf_counter() - t0, 1e-9):.1f}", refresh=False)
+
+    tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(cfg.concurrency, len(jobs))))]
+    interrupted = False
+    try:
+        await asyncio.gather(*tasks)
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        interrupted = True
+        # what is abandoned, counted before the cancellation unwinds it: units and the calls they had made
+        lost_units, lost_calls = len(flying), sum(t.n_calls for t in flying)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if writes:  # lines being written when the interrupt came: let them land (and be counted)
+            await asyncio.wait(list(writes))
+    finally:
+        bar.close()
+        if own_toolbox:
+            await toolbox.aclose()
+        if own_backends:
+            for b in backends:
+                await b.aclose()
+    elapsed = time.perf_counter() - t0
+    summary = {"run_dir": str(rd.path), "ran": sum(counts.values()), "skipped": skipped, "counts": dict(counts),
+               "llm_calls": n_calls, "generated_tokens": n_tokens, "elapsed_s": round(elapsed, 2),
+               "interrupted": interrupted, "tool_stats": dict(toolbox.stats), "skipped_images": len(skipped_images),
+               "first_error": first_error[0] if first_error else None,
+               "stopped_after_errors": streak["n"] if stop.is_set() else 0, **stats.to_dict()}
+    if cfg.shard is None:
+        print(f"{'interrupted' if interrupted else 'done'}: {summary['ran']} written ({dict(counts)}), "
+              f"{n_calls} LLM calls in {elapsed:.1f}s; tools: {dict(toolbox.stats)}", file=sys.stderr)
+        for x in stats.lines(cfg.sampling().max_tokens):
+            print(x, file=sys.stderr)
+    if interrupted:
+        summary["abandoned_units"], summary["abandoned_calls"] = lost_units, lost_calls
+        if cfg.shard is None:
+            print(f"{lost_units} units were in flight and are dropped ({lost_calls} LLM calls made for them, their "
+                  "cost is spent; they rerun from the start on resume)", file=sys.stderr)
+            print("rerun the same command to resume; finished samples are kept.", file=sys.stderr)
+        raise KeyboardInterrupt(summary)  # a worker process hands it to its parent (_child)
+    return summary
+
+
+class UnitStats:
+    """What the run summary reports beyond statuses, gathered from each written line: calls that ended by
+    length (per call index = step), and units ended because the reply named another model."""
+
+    def __init__(self):
+        self.length_by_step: Counter = Counter()
+        self.calls = 0
+        self.model_changed = 0
+
+    def add(self, line: dict) -> None:
+        for c in line.get("calls") or ():
+            self.calls += 1
+            if c.get("finish_reason") == "length":
+                self.length_by_step[int(c["index"])] += 1
+        if line.get("status") == "error" and str(line.get("error") or "").startswith("ServedModelChanged"):
+            self.model_changed += 1
+
+    def to_dict(self) -> dict:
+        return {"length_ended_calls": sum(self.length_by_step.values()), "calls_seen": self.calls,
+                "length_ended_by_step": {str(k): v for k, v in sorted(self.length_by_step.items())},
+                "served_model_changed": self.model_changed}
+
+    def lines(self, max_tokens: int) -> list[str]:
+        out = []
+        n = sum(self.length_by_step.values())
+        if n:
+            by = ", ".join(f"step {k}: {v}" for k, v in sorted(self.length_by_step.items()))
+            out.append(f"{n} of {self.calls} LLM calls ended by length (max_tokens {max_tokens}; {by}): their "
+                       "thinking or action was cut (--max-tokens raises the cap)")
+        if self.model_changed:
+            out.append(f"{self.model_changed} unit(s) ended in error because a reply named another model than the run "
+                       "records (a router mixing backends, a redeployed server): check the endpoint, then --retry-errors")
+        return out
+
+
+#: The exit status when the disk is full (ours): not a refusal (2), not failed units (3).
+EXIT_DISK_FULL = 5
+
+
+def disk_full(e: BaseException) -> str | None:
+    """None unless ``e`` (or what caused it) is "no space left on device"; then the file it names ('' if none)."""
+
+    while e is not None:
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return e.filename or ""
+        e = e.__cause__ or e.__context__
+    return None
+
+
+#: A --processes worker's shared job counter (set in the child before it runs).
+SHARED: dict = {}
+
+
+def claimer(jobs: list, counter=None):
+    """The next job to run: from the list in order, or — in a --processes worker — the next index of the
+    counter all workers share, so that every process takes work while there is any, whatever the ids."""
+    if counter is None:
+        it = iter(jobs)
+        return lambda: next(it, None)
+
+    def claim():
+        with counter.get_lock():
+            i = counter.value
+            counter.value = i + 1
+        return jobs[i] if i < len(jobs) else None
+    return claim
+
+
+def progress_bar(total: int, enabled: bool, label: str):
+
+    return tqdm(total=total, desc=label, unit="sample", disable=not enabled, mininterval=1.0, file=sys.stderr)

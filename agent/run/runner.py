@@ -1,0 +1,213 @@
+"""Run (or resume) a configured run: the preflight, the header, the units still to run, then their execution."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import sys
+import threading
+import time
+from collections import Counter as _C
+
+from ..backends.local import set_renderer_hints
+from ..backends.scripted import ScriptedBackend
+from ..backends.tiny_model import ensure_tiny_model
+from ..benchmarks import load_selection, resolve_benchmark
+from ..http import public_url
+from ..preflight import PreflightError, check_benchmark_images, local_identity, model_identity
+from ..rundir import RunDir, check_run
+from ..rundir.shards import shard_record, shard_units
+from ..tools.live import require_live_tools
+from .config import RunConfig, all_units, auto_processes, header_for, make_backends, select_samples, trial_seeds
+from .execute import SHARED, execute
+from .processes import run_processes
+
+__all__ = ["run", "identify_backends"]
+
+
+#: Set when SIGTERM stopped the run (the exit status is then 143, else 130 for Ctrl-C).
+_TERMINATED = {"by": None}
+
+
+def _on_sigterm(task) -> None:
+    _TERMINATED["by"] = "SIGTERM"
+    task.cancel()
+
+
+async def run(cfg: RunConfig, argv=None, *, backends: list | None = None, toolbox=None) -> dict:
+    """Run (or resume) ``cfg``; returns a summary dict. ``backends``/``toolbox`` override the built ones.
+
+    SIGTERM is handled like Ctrl-C: the units in flight are abandoned (they rerun on resume), every finished
+    line is on disk, and the run says how to resume."""
+
+    try:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, _on_sigterm, asyncio.current_task())
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread: the caller handles signals
+        pass
+    spec = cfg.spec()
+    cfg = dataclasses.replace(cfg, processes=auto_processes(cfg, backends is not None))
+    manifest = resolve_benchmark(cfg.benchmark)
+    rd = RunDir(cfg.out, cfg.token_precision)
+    rd.lock(shared_only=cfg.shard is not None)
+    try:
+        return await _run_locked(cfg, argv, spec, manifest, rd, backends, toolbox)
+    finally:
+        if cfg.shard is None and rd.results.exists():  # the cost ledger (agent/ledger.py), after every invocation
+            try:
+                from .rundir.ledger import write_ledger
+
+                write_ledger(rd.path)
+            except Exception as e:  # noqa: BLE001 - the ledger is a report: never what fails a run
+                print(f"warning: {rd.path}/ledger.json not written ({type(e).__name__}: {e}); "
+                      f"python -m agent.ledger {rd.path} writes it", file=sys.stderr)
+        rd.unlock()
+
+
+async def identify_backends(cfg: RunConfig, backends: list | None) -> dict:
+    """The one model every backend serves (asking each server); refuses unreachable or mixed endpoints."""
+    if backends is None and cfg.backend == "local":
+
+        return local_identity(cfg.model_dir or ensure_tiny_model())
+    own = backends is None
+    backends = backends if backends is not None else make_backends(cfg)
+    try:
+        idents = [await model_identity(b) for b in backends]
+    finally:
+        if own:
+            for b in backends:
+                await b.aclose()
+    names = {i.get("served_model") for i in idents}
+    if len(names) > 1:
+        where = ", ".join(f"{public_url(e)} -> {i.get('served_model')}"
+                          for e, i in zip(cfg.endpoints or ["backend"] * len(idents), idents))
+        raise PreflightError(f"the endpoints serve different models ({where}): one run must use one model")
+    return idents[0]
+
+
+async def _run_locked(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends, toolbox) -> dict:
+    """Preflight and header, the units to run, then run them (in this process or in --processes workers)."""
+    if cfg.shard is None:
+        cfg, header, samples, skipped_images = await _preflight(cfg, argv, spec, manifest, rd, backends, toolbox)
+    else:  # a --processes worker: the parent checked everything and wrote the header
+        header, samples, skipped_images = rd.read_header(), select_samples(manifest, cfg), []
+    jobs, skipped = _pending_jobs(cfg, spec, manifest, rd, samples)
+    if not jobs:
+        return {"run_dir": str(rd.path), "ran": 0, "skipped": skipped, "counts": {}, "llm_calls": 0,
+                "skipped_images": len(skipped_images), "first_error": None}
+    if cfg.processes > 1 and cfg.shard is None and backends is None:
+        return await run_processes(cfg, rd, [(s.id, t) for s, t in jobs], skipped, spec.label, child=_child)
+    return await execute(cfg, spec, rd, header, jobs, skipped, skipped_images, backends, toolbox)
+
+
+async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends, toolbox):
+    """Every check before any work (nothing is written and nothing runs until all pass: exit 2 otherwise), then the
+    header. Returns ``(cfg with the run's seed, header, samples, skipped_images)``."""
+
+    if cfg.part is not None and cfg.seed is None and not rd.header_path.exists():
+        raise PreflightError(f"--shard {cfg.part[0]}/{cfg.part[1]} needs --seed S (the same in every shard): without "
+                             "it each shard would draw its own base seed, and the merged run would not be one run's "
+                             "trials")
+    seed, seed_source = trial_seeds(cfg, rd)
+    cfg = dataclasses.replace(cfg, seed=seed)
+    samples = select_samples(manifest, cfg)
+    # --- preflight: nothing is written and nothing runs until every check passes (exit 2 otherwise)
+    if cfg.embedded and backends is None:
+        print("NOTE: embedded default: a tiny RANDOMLY INITIALISED Qwen3.5 and the offline demo world; "
+              "its answers and numbers are meaningless.", file=sys.stderr)
+    if cfg.backend == "scripted" and backends is None:
+        print("NOTE: --backend scripted is a FAKE demo model (agent/backends/demo_model.py): its behaviour and "
+              "numbers are planted, not measured.", file=sys.stderr)
+    if cfg.tools == "live" and spec.method != "direct" and toolbox is None:
+
+        require_live_tools(spec.allowed_tools())
+    if manifest.problems:
+
+        kinds = _C(p.kind for p in manifest.problems)
+        print(f"{manifest.path}: {len(manifest.problems)} data problem(s) {dict(kinds)}; first: "
+              f"line {manifest.problems[0].line}: {manifest.problems[0].detail}. Rows with a refused path, broken "
+              f"JSON or non-UTF-8 bytes are skipped; python -m agent.benchmarks stats lists them all", file=sys.stderr)
+    samples, skipped_images = check_benchmark_images(manifest, samples, allow_missing=cfg.allow_missing_images)
+    if skipped_images:
+        print(f"--allow-missing-images: {len(skipped_images)} samples skipped for a missing or unreadable image "
+              f"(first: {skipped_images[0][0]}: {skipped_images[0][1]})", file=sys.stderr)
+    ident = await identify_backends(cfg, backends)
+    selection = {"limit": cfg.limit, "sample_ids": cfg.sample_ids, "n_samples": len(samples),
+                 "skipped": [i for i, _ in skipped_images]}
+    if cfg.selection:
+
+        selection["selection_file"] = load_selection(cfg.selection, manifest.name)[1]
+    if seed_source == "given" and ident.get("deterministic") is False:
+        print("WARNING: --seed has no effect on this server: it runs without --enable-deterministic-inference "
+              "(serving/launch_qwen35.sh --deterministic); recorded in header.json (model.deterministic)",
+              file=sys.stderr)
+    if cfg.seed is None and cfg.trials > 1 and ident.get("deterministic"):
+        raise PreflightError(f"{rd.path} was recorded without seeds and the server runs deterministic inference: "
+                             "every trial would sample with SGLang's default seed 42, so the trials would be one "
+                             "trial repeated. Give --seed S (a new --out), or serve without --deterministic")
+    resuming = rd.results.exists()
+    head = header_for(cfg, manifest, argv, ident)
+    if backends is not None:  # backends handed in (a notebook, the tests): record what they are, not cfg's default
+
+        if all(isinstance(b, ScriptedBackend) for b in backends):
+            head["backend"] = {**head["backend"], "kind": "scripted", "embedded_tiny_model": False}
+    if cfg.part is not None:
+
+        head["shard"] = shard_record(all_units(cfg, samples), *cfg.part)
+    header = rd.write_header({**head, "selection": selection, "seed_source": seed_source}, force=cfg.force)
+    if skipped_images:
+        rd.note_skipped(skipped_images)
+    if resuming:  # the cheap part of python -m agent.rundir check: torn lines, temp files, duplicates
+
+        rep = check_run(rd.path, deep=False)
+        if rep.torn or rep.temp_files or rep.duplicates:
+            print("\n".join(rep.lines()[:1] + [x for x in rep.lines()[2:] if "tool cache" not in x]), file=sys.stderr)
+            print(f"(torn lines are ignored and their units rerun; python -m agent.rundir check {rd.path} --repair "
+                  "quarantines them)", file=sys.stderr)
+    return cfg, header, samples, skipped_images
+
+
+def _pending_jobs(cfg: RunConfig, spec, manifest, rd: RunDir, samples: list) -> tuple[list, int]:
+    """The (sample, trial) units still to run (a --processes worker: the parent's list), and how many are done."""
+    done = rd.done_keys(retry_errors=cfg.retry_errors)
+    units = all_units(cfg, samples)
+    if cfg.part is not None:  # --shard I/N: this directory's part of the units (agent/rundir/merge.py)
+
+        mine = set(shard_units([(s.id, t) for s, t in units], *cfg.part))
+        units = [(s, t) for s, t in units if (s.id, t) in mine]
+    jobs = [(s, t) for s, t in units if (s.id, t) not in done]
+    skipped = len(units) - len(jobs)
+    if cfg.shard is not None:  # a --processes worker: the parent's list; jobs are claimed from a shared counter
+        by_id = {s.id: s for s in samples}
+        jobs = [(by_id[sid], int(t)) for sid, t in (cfg.job_keys or []) if sid in by_id]
+    else:
+        part = f" (shard {cfg.part[0]}/{cfg.part[1]}: {len(units)} units)" if cfg.part is not None else ""
+        print(f"{spec.label} on {manifest.name}: {len(samples)} samples x {cfg.trials} trials{part}; "
+              f"{skipped} already done, {len(jobs)} to run -> {rd.path}", file=sys.stderr)
+    return jobs, skipped
+
+
+def _child(cfg_fields: dict, i: int, n: int, results, counter=None, hints=None) -> None:
+    """One worker of a multi-process run (spawned); reports its summary through ``results``."""
+
+
+    set_renderer_hints(hints)  # the tokenizer class the parent's AutoTokenizer chose: no torch import here
+    cfg = RunConfig(**cfg_fields)
+    cfg.shard, cfg.processes, cfg.progress = (i, n), 1, False
+    SHARED["counter"] = counter
+    cfg.concurrency = max(1, -(-cfg.concurrency // n))
+    parent = os.getppid()
+
+    def orphan_watch():  # the parent was killed: stop like Ctrl-C, so nothing outlives the run
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=orphan_watch, daemon=True).start()
+    try:
+        results.put(asyncio.run(run(cfg)))
+    except KeyboardInterrupt as e:  # what the worker wrote and what it abandoned, for the parent's summary
+        part = e.args[0] if e.args and isinstance(e.args[0], dict) else {}
+        results.put({**part, "interrupted": True})
+    except Exception as e:  # reported by the parent; the lines already written stay
+        results.put({"error": f"{type(e).__name__}: {e}"})
