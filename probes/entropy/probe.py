@@ -1,0 +1,305 @@
+"""The entropy probe over a run: which steps to probe, each trajectory probed in turn, then the per-step summary.
+
+Resumable: each finished step is one flushed line of ``steps.jsonl``; a rerun probes only the missing steps.
+One probe per output directory at a time (a second is refused: both would append the same steps).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+from agent.backends.base import BackendError
+from agent.backends.messages import ImageUsers
+from agent.backends.spread import pin
+from agent.http import dumps, loads
+from agent.rundir import RunError, close_fragment, load_run, output_lock, token_key
+from analysis.entropy import FORK_SHARE, entropy_high, grouped_tail_entropy
+from analysis.figures import fig2b_entropy, fig2b_forking, fig2b_kl, provenance_mark
+from analysis.selection import select_trajectories
+from analysis.stats import summarise_by
+from probes.cli import RecordedPrompts, probe_model_check, record_session, serving_hardware
+
+from .step import (
+    _call_slices,
+    _forking,
+    _has_text,
+    _probe_step,
+    _serving_totals,
+    bounds_by_step,
+    bounds_calibration,
+    vocab_of,
+)
+from .store import TokenStore
+
+__all__ = ["probe_run", "MODES", "SUPPORTED_METHODS"]
+
+MODES = ("regenerate", "teacher-forced")
+#: Methods whose trajectories the entropy probe reads (the paper probes ReAct; Removal@k runs have steps
+#: without query images by design, which the selection rule handles).
+SUPPORTED_METHODS = ("react",)
+#: Step columns that are numbers (a null in JSON, a non-finite value, is NaN).
+NUMERIC = ("H_with", "H_without", "dH", "H_exact_with", "H_exact_without", "kl_with_without", "dH_exact", "gap_with",
+           "H_high_with", "H_high_without", "dH_low", "dH_high")
+
+
+async def probe_run(run_dir, *, mode: str = "regenerate", out_dir=None, **kw) -> dict:
+    """Probe every image-bearing step of the run; returns {"steps": DataFrame, "summary": DataFrame, "out": Path}.
+    One probe per output directory at a time (a second is refused: both would append the same steps)."""
+    out = Path(out_dir) if out_dir else Path(run_dir) / "probes" / f"entropy-{mode}"
+    with output_lock(out, "entropy probe"):
+        return await _probe_run(run_dir, mode=mode, out_dir=out, **kw)
+
+
+def _done_steps(steps_path: Path) -> set:
+    """The (sample, trial, step) rows already written; a torn last line's step is probed again."""
+    done = set()
+    if steps_path.exists():
+        close_fragment(steps_path)  # an interrupted append left a fragment: new rows start on a line of their own
+        for raw in steps_path.read_bytes().splitlines():
+            try:
+                r = loads(raw)
+                done.add((r["sample_id"], r["trial"], r["step"]))
+            except (ValueError, KeyError, TypeError):
+                continue
+    return done
+
+
+def _plan(run, out: Path, done: set, limit, include_unparsed: bool) -> tuple[list, list]:
+    """The selected trajectories (paper B.1 rule, exclusions written) and ``[(line summary, steps to probe)]``."""
+    # the run's index (line summaries) decides what to probe; each trajectory's whole line and token columns
+    # are read when its turn comes and dropped when its steps are done: memory stays bounded at any run size
+    index = sorted(run.index, key=lambda ln: (ln["sample_id"], ln["trial"]))[: limit or None]
+    lines, exclusions = select_trajectories(index, include_unparsed=include_unparsed)
+    exclusions.to_csv(out / "exclusions.csv", index=False)
+    pending = []
+    for line in lines:
+        steps = [c["index"] for c in line.get("calls") or []
+                 if c.get("n_query_images", 0) > 0 and (line["sample_id"], line["trial"], c["index"]) not in done]
+        if steps:
+            pending.append((line, steps))
+    print("trajectories entering the analysis (rule: analysis/selection.py):\n"
+          + exclusions.to_string(index=False), file=sys.stderr)
+    return lines, pending
+
+
+class _Prober:
+    """Probes trajectories one after another within a bound on those in flight; every finished step is written
+    to ``sink`` at once (one whole flushed line) and its tokens to the :class:`TokenStore`."""
+
+    def __init__(self, run, backend, mode: str, out: Path, sink, bar, *, concurrency: int, retokenize: bool):
+        self.run, self.backend, self.mode, self.sink, self.bar = run, backend, mode, sink, bar
+        self.sem = asyncio.Semaphore(concurrency)
+        self.failures: list[str] = []
+        self.kept = 0
+        self.image_users = ImageUsers()
+        self.recorded = RecordedPrompts(backend, off=retokenize)
+        self.columns = (["call", "think", "top_logprobs", "exact_entropy"] if mode == "regenerate"
+                        else ["call", "think", "id", "text"])
+        self.vocab = vocab_of(backend)
+        self.store = TokenStore(out / "tokens")
+
+    def _open(self, summary):
+        """The trajectory's whole line and token columns, and the lending of its recorded prompt ids."""
+        line = self.run.full(summary)
+        if not line.get("tokens_file"):
+            raise RunError("no token sidecar (the run recorded no tokens)")
+        # the token texts only for a backend that scores by text (the scripted fake): the model backends score ids
+        want = self.columns if self.mode == "regenerate" else [c for c in self.columns if c != "text"] + (
+            ["text"] if getattr(self.backend, "scores_text", False) and _has_text(self.run, line) else [])
+        tok = self.run.tokens(line, want)
+        # the prompt ids the run sent, lent to the backend while this trajectory is probed (probes/cli.py)
+        return line, tok, self.recorded.lend(self.run, line)
+
+    async def trajectory(self, summary, steps) -> None:
+        async with self.sem:  # at most `concurrency` trajectories (and requests) at a time
+            pin(self.backend, (summary["sample_id"], summary["trial"]))  # one server per trajectory (its prefix cache)
+            try:
+                line, tok, give_back = self._open(summary)
+            except RunError as e:
+                self.failures.append(f"{summary['sample_id']}/t{summary['trial']}: {e}")
+                self.bar.update(len(steps))
+                return
+            try:
+                await self._steps(line, tok, steps)
+            finally:
+                give_back()
+
+    async def _steps(self, line: dict, tok: dict, steps: list) -> None:
+        regen = self.mode == "regenerate"
+        H_all = grouped_tail_entropy(tok["top_logprobs"]) if regen else None
+        Hhi_all = entropy_high(tok["top_logprobs"], H_all, self.vocab) if regen and self.vocab else None
+        slices = _call_slices(tok["call"])
+        events = {e["index"]: e for e in line["events"] if e["type"] == "llm_call"}
+        key, fh, kept_tokens = token_key(line["sample_id"], line["trial"]), None, {}
+        known_texts, my_images = set(), set()  # alternatives' ids whose texts are kept; the images its steps send
+        try:
+            for step in steps:
+                ev = events.get(step)
+                try:
+                    if ev is None:
+                        raise RunError(f"no llm_call event for step {step}")
+                    row = await _probe_step(self.run, line, ev, tok, self.backend, self.mode, H_all, slices,
+                                            self.vocab, Hhi_all, known_texts, (self.image_users, my_images))
+                except (BackendError, RunError) as e:
+                    self.failures.append(f"{line['sample_id']}/t{line['trial']} step {step}: {e}")
+                    row = None
+                if row is not None:
+                    t = row.pop("_tokens", None)
+                    if t is not None:  # the step's tokens first (its partial file), then its row
+                        fh = self.store.append(key, step, t, fh)
+                        kept_tokens[step] = t
+                    # one whole line, flushed: an interrupt keeps every finished step, the rerun probes the rest
+                    self.sink.write(dumps(row) + b"\n")
+                    self.sink.flush()
+                    self.kept += 1
+                self.bar.update(1)
+        finally:
+            self.image_users.done(my_images)
+            if fh is not None:
+                fh.close()
+        if kept_tokens:  # the trajectory is done: its tokens into one file (an interrupt leaves the partial one)
+            self.store.commit(key, kept_tokens)
+
+
+def _read_rows(steps_path: Path) -> list[dict]:
+    """One row per step from ``steps.jsonl`` (torn lines skipped; of duplicates the last counts, said so)."""
+    rows = []
+    for raw in (steps_path.read_bytes().splitlines() if steps_path.exists() else []):
+        try:
+            rows.append(loads(raw))
+        except ValueError:  # a torn line (an interrupted append): skipped here, probed again on the next run
+            continue
+    rows = [r for r in rows if isinstance(r, dict) and {"sample_id", "trial", "step"} <= r.keys()]
+    by_key = {(r["sample_id"], r["trial"], r["step"]): r for r in rows}
+    if len(by_key) < len(rows):
+        print(f"{steps_path}: {len(rows) - len(by_key)} duplicate step row(s) ignored (the last of each is kept)",
+              file=sys.stderr)
+    return list(by_key.values())
+
+
+def _steps_frame(rows: list[dict], lines: list, run, failures: list) -> pd.DataFrame:
+    steps = pd.DataFrame([{k: v for k, v in r.items() if k != "fork"} for r in rows])
+    for c in NUMERIC:
+        if c in steps:
+            steps[c] = pd.to_numeric(steps[c], errors="coerce").astype(float)
+    if steps.empty:
+        raise RunError(f"{run.path}: no step with query images was probed ({len(failures)} failed"
+                       + (f"; first: {failures[0]}" if failures else "") + ")")
+    keep = {(ln["sample_id"], ln["trial"]) for ln in lines}  # a rerun after a selection change drops stale rows
+    steps = steps[[(a, b) in keep for a, b in zip(steps["sample_id"], steps["trial"])]]
+    steps = steps.sort_values(["sample_id", "trial", "step"]).reset_index(drop=True)
+    if "dH_low" in steps:  # +1 / -1: the interval holds only positive / negative ΔH; 0: it holds 0
+        steps["sign_robust"] = np.select([steps["dH_low"] > 0, steps["dH_high"] < 0], [1, -1], 0)
+    return steps
+
+
+def _summary(steps: pd.DataFrame, out: Path) -> pd.DataFrame:
+    """Per step: n, mean ΔH, 95% CI, Wilcoxon p (calls without think tokens excluded and counted), KL and bounds."""
+    summary = summarise_by(steps[np.isfinite(steps["dH"])], "step", "dH")
+    counts = steps.groupby("step").agg(n_steps=("dH", "size"),
+                                       excluded_no_think=("dH", lambda x: int((~np.isfinite(x)).sum())),
+                                       H_with=("H_with", "mean"), H_without=("H_without", "mean"))
+    summary = summary.merge(counts.reset_index(), on="step", how="right")
+    if "kl_with_without" in steps:
+        kl = summarise_by(steps[np.isfinite(steps["kl_with_without"])], "step", "kl_with_without")
+        kl = kl.rename(columns={"mean": "kl_with_without", "ci_low": "kl_ci_low", "ci_high": "kl_ci_high", "n": "kl_n"})
+        summary = summary.merge(kl[["step", "kl_with_without", "kl_ci_low", "kl_ci_high", "kl_n"]], on="step",
+                                how="left")
+    if "dH_exact" in steps:
+        summary = summary.merge(steps.groupby("step")[["dH_exact", "gap_with"]].mean().reset_index(), on="step",
+                                how="left")
+    if "dH_low" in steps:
+        summary = summary.merge(bounds_by_step(steps), on="step", how="left")
+        cal = bounds_calibration(steps)
+        if cal is not None:
+            cal.to_csv(out / "bounds_calibration.csv", index=False)
+            bad = cal[cal["covered"] < 1.0]
+            if len(bad):  # cannot happen for a correct bound: said loudly, never hidden
+                print(f"warning: the entropy bounds missed the exact value at {int(bad['n_missed'].sum())} step(s) "
+                      f"(bounds_calibration.csv); please report it", file=sys.stderr)
+    return summary
+
+
+def _draw(summary, fork_summary, out: Path, run, ident, mode: str) -> None:
+    model = (ident or {}).get("served_model") or (run.index[0].get("model") if run.index else None) or "model"
+    mark = provenance_mark([run.header])
+    fig2b_entropy(summary, out / "fig2b_entropy", title=f"Figure 2(b): ΔH per step ({model}, {mode})", mark=mark)
+    if fork_summary is not None and len(fork_summary):
+        fig2b_forking(fork_summary, summary, out / "fig2b_forking",
+                      title=f"Forking tokens (top {FORK_SHARE:.0%} by entropy; {model}, {mode})", mark=mark)
+    if "kl_with_without" in summary and np.isfinite(summary["kl_with_without"]).any():
+        fig2b_kl(summary, out / "fig2b_kl_influence", title=f"Image influence per step ({model}, teacher-forced)",
+                 mark=mark)
+
+
+async def _probe_pending(prober: _Prober, pending: list, steps_path: Path, n_done: int, n_steps: int) -> None:
+    try:
+        await asyncio.gather(*(prober.trajectory(line, steps) for line, steps in pending))
+    except BaseException:
+        print(f"entropy probe stopped: {prober.kept} steps finished in this session are kept in {steps_path} "
+              f"({n_done + prober.kept} in all); the rerun probes the {n_steps - prober.kept} others", file=sys.stderr)
+        raise
+
+
+async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir=None, concurrency: int = 8,
+                     limit: int | None = None, progress: bool = True, force: bool = False,
+                     include_unparsed: bool = False, hardware: dict | None = None, fidelity: dict | None = None,
+                     retokenize: bool = False) -> dict:
+    if mode not in MODES:
+        raise ValueError(f"--mode must be one of {MODES}")
+    run = load_run(run_dir)
+    if run.header.get("method") not in SUPPORTED_METHODS:
+        raise RunError(f"{run.path}: the entropy probe reads ReAct runs (paper §3.2.2); this run is "
+                       f"{run.header.get('label') or run.header.get('method')}")
+    ident = await probe_model_check(run, backend, force=force)
+    out = Path(out_dir) if out_dir else run.path / "probes" / f"entropy-{mode}"
+    out.mkdir(parents=True, exist_ok=True)
+    steps_path = out / "steps.jsonl"
+    done = _done_steps(steps_path)
+    lines, pending = _plan(run, out, done, limit, include_unparsed)
+    n_steps = sum(len(st) for _, st in pending)
+    print(f"entropy probe ({mode}): {len(lines)} trajectories, {n_steps} image-bearing steps to probe, "
+          f"{len(done)} already done -> {out}", file=sys.stderr)
+    getattr(backend, "prepare", lambda m: None)(mode)  # what the requests will need, loaded once
+    bar = tqdm(total=n_steps, desc=f"entropy/{mode}", unit="step", disable=not progress, file=sys.stderr,
+               mininterval=1.0)
+    started, t0 = time.time(), time.perf_counter()
+    with open(steps_path, "ab") as sink:
+        prober = _Prober(run, backend, mode, out, sink, bar, concurrency=concurrency, retokenize=retokenize)
+        if not prober.vocab:
+            print("entropy bounds: the model's vocabulary size is unknown (no config.json): steps carry the grouped "
+                  "lower bound only, no upper bound or ΔH interval", file=sys.stderr)
+        if prober.store.recover():  # an interrupted probe's finished steps, folded into their trajectories' files
+            print(f"{out / 'tokens'}: folded the token results of an interrupted probe into their trajectories' "
+                  "files", file=sys.stderr)
+        try:
+            await _probe_pending(prober, pending, steps_path, len(done), n_steps)
+        finally:
+            bar.close()
+    rows = _read_rows(steps_path)
+    cost = record_session(out / "probe.json", hardware or serving_hardware(backend), started,
+                          time.perf_counter() - t0, prober.kept)
+    (out / "probe.json").write_text(json.dumps({
+        "run_dir": str(run.path), "mode": mode, "finished": time.time(), "serving": _serving_totals(rows),
+        "cost": cost, "fidelity": fidelity or {"skipped": "not run (probe_run called directly)"}, "model": ident,
+        "forced_model_mismatch": force, "include_unparsed": include_unparsed, "prompt_ids": prober.recorded.summary(),
+        "failures": prober.failures}, indent=2))
+    fork_summary = _forking(rows, mode)
+    steps = _steps_frame(rows, lines, run, prober.failures)
+    steps.to_parquet(out / "steps.parquet", index=False)
+    steps.to_csv(out / "steps.csv", index=False)
+    summary = _summary(steps, out)
+    summary.to_csv(out / "summary.csv", index=False)
+    if fork_summary is not None:
+        fork_summary.to_csv(out / "forking.csv", index=False)
+    _draw(summary, fork_summary, out, run, ident, mode)
+    for f in prober.failures[:10]:
+        print(f"failed: {f}", file=sys.stderr)
+    return {"steps": steps, "summary": summary, "out": out, "failures": prober.failures}

@@ -1,0 +1,272 @@
+"""One probed step of the entropy probe (paper §3.2.2, B.4): H(τ_t) and H(τ_t^IR) over the think tokens, ΔH with
+its bounds, and (teacher-forced) KL(with ‖ without) per token; plus the forking-token and bound summaries.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+
+from agent.backends.base import BackendError, Continuation, TokenArrays, model_vocab_size, top_matrix
+from agent.backends.messages import image_shas, strip_query_images
+from agent.rundir import Run, RunError
+from agent.trajectory import recorded_sampling
+from analysis.entropy import (
+    entropy_high,
+    entropy_histogram,
+    forking_stats,
+    forking_threshold,
+    grouped_tail_entropy,
+    token_influence,
+)
+from analysis.stats import summarise_by
+
+from .store import ALTERNATIVES
+
+
+def _think_mean(values: np.ndarray, think: np.ndarray) -> float:
+    v = values[think]
+    return float(np.add.reduce(v, dtype=np.float64)) / len(v) if len(v) else float("nan")
+
+
+
+
+def _alternatives(with_tokens, without_tokens, pos, known: set | None = None) -> dict:
+    """The top-:data:`ALTERNATIVES` ids and logprobs of each think token under both contexts, and the texts of
+    those ids (``texts``: {id: text}, decoded once per id by the backend's tokenizer). ``known``: the ids whose
+    texts the trajectory's earlier steps already carry (updated here); only new ones are decoded and kept, since a
+    trajectory's file holds one text table for all its steps (ours: most alternatives recur from step to step)."""
+
+    known = set() if known is None else known
+    out, texts = {}, {}
+    for side, toks in (("w", with_tokens), ("o", without_tokens)):
+        arr = TokenArrays.from_tokens(toks, ALTERNATIVES)
+        out[f"{side}_ids"] = np.asarray(arr.top_ids)[pos, :ALTERNATIVES].astype(np.int64)
+        out[f"{side}_lp"] = np.asarray(arr.top_logprobs)[pos, :ALTERNATIVES].astype(np.float32)
+    if isinstance(with_tokens, TokenArrays) and isinstance(without_tokens, TokenArrays):
+        # both sides: one sort, then each id once (not np.unique: numpy 2.4's took ~0.55 ms on these ~9,000 ids,
+        # the sort ~0.03; ours)
+        u = np.sort(np.concatenate([out["w_ids"].ravel(), out["o_ids"].ravel()]))
+        if len(u):
+            u = u[np.concatenate(([True], u[1:] != u[:-1]))]
+        need = [i for i in u[u >= 0].tolist() if i not in known]  # ascending, each id once
+        dec = getattr(with_tokens, "_decode", None) or getattr(without_tokens, "_decode", None)
+        texts = {i: (dec(i) if dec else "") for i in need}
+    else:  # the object path carries each alternative's text
+        for toks in (with_tokens, without_tokens):
+            for t in (toks[int(p)] for p in pos):
+                for a in t.top[:ALTERNATIVES]:
+                    if a.id is not None and int(a.id) not in known and int(a.id) not in texts:
+                        texts[int(a.id)] = a.text
+    known.update(texts)
+    out["texts"] = texts
+    return out
+
+
+def _has_text(run: Run, line: dict) -> bool:
+    """Whether the line's sidecar keeps token texts (format 2 does; older ones may not)."""
+
+    try:
+        return "text" in pq.ParquetFile(run.path / line["tokens_file"]).schema_arrow.names
+    except (OSError, KeyError, TypeError, ValueError):
+        return False
+
+
+def _call_slices(call: np.ndarray) -> dict:
+    """{call index: slice of its rows} (a sidecar's rows are grouped by call, in order)."""
+    if len(call) and np.all(call[1:] >= call[:-1]):
+        start = np.r_[0, np.flatnonzero(call[1:] != call[:-1]) + 1]
+        ends = np.r_[start[1:], len(call)]
+        return {int(call[a]): slice(int(a), int(b)) for a, b in zip(start.tolist(), ends.tolist())}
+    return {int(c): np.flatnonzero(call == c) for c in np.unique(call)}
+
+
+def _serving_totals(rows: list[dict]) -> dict:
+    """Over every step row: requests, prompt tokens, those the server's prefix cache served (SGLang's
+    ``cached_tokens``), and the summed request time (``server_seconds``: request-seconds, batched requests
+    overlapping; the GPU-seconds held are probe.json's ``cost``, :func:`probes.cli.record_session`)."""
+    rs = [r for r in rows if r.get("prompt_tokens") is not None]
+    prompt = sum(int(r["prompt_tokens"]) for r in rs)
+    cached = sum(int(r.get("cached_tokens") or 0) for r in rs)
+    return {"requests": len(rs), "prompt_tokens": prompt, "cached_tokens": cached,
+            "cached_share": round(cached / prompt, 4) if prompt else None,
+            "server_seconds": round(sum(float(r.get("latency_s") or 0.0) for r in rs), 2)}
+
+
+async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: str, H_all=None, slices=None,
+                      vocab: int | None = None, Hhi_all=None, known_texts: set | None = None,
+                      images: tuple | None = None) -> dict:
+    sel = (slices or _call_slices(tok["call"])).get(ev["index"], slice(0, 0))
+    think = np.asarray(tok["think"][sel], dtype=bool)
+    row = {"sample_id": line["sample_id"], "trial": line["trial"], "benchmark": line["benchmark"],
+           "paper_category": line.get("paper_category"), "category": line.get("category"), "step": ev["index"],
+           "state": ev["state"], "n_images": ev["n_images"], "n_query_images": ev.get("n_query_images", 0),
+           "n_tokens": int(len(think)), "n_think": int(think.sum()), "mode": mode, "semantics": ev.get("semantics"),
+           "model": line.get("model")}
+    with_imgs = run.sendable_messages(line, ev)
+    if images is not None:  # (the probe's image users, this trajectory's images)
+        images[0].use(images[1], image_shas(with_imgs))
+    without = strip_query_images(with_imgs)  # the query images, by position (never by content)
+    if mode == "regenerate":
+        H = H_all[sel] if H_all is not None else grouped_tail_entropy(tok["top_logprobs"][sel])
+        row["H_with"] = _think_mean(H, think)
+        if vocab:
+            hi = Hhi_all[sel] if Hhi_all is not None else entropy_high(tok["top_logprobs"][sel], H, vocab)
+            row["H_high_with"] = _think_mean(hi, think)
+        ex = tok["exact_entropy"][sel][think]  # NaN where the backend had no full distribution (a server)
+        row["H_exact_with"] = float(np.mean(ex, dtype=np.float64)) if len(ex) and np.isfinite(ex).all() else float("nan")
+        sp = recorded_sampling(ev)
+        out = await backend.generate(without, sp)
+        if ev.get("semantics") and out.semantics.label() != ev["semantics"]:
+            raise BackendError(f"regenerated logprobs are {out.semantics.label()} but the record's are {ev['semantics']}: "
+                               "the two sides would describe different distributions (use the same --logprob-mode)")
+        th2 = out.think_mask()
+        row["n_think_without"] = int(th2.sum())
+        # float32, as the recorded side is stored: both sides of ΔH go through the same arithmetic
+        # (computed in float32 straight from the reply's arrays: no converted copy)
+        top = top_matrix(out.tokens, 20, getattr(getattr(out.tokens, "top_logprobs", None), "dtype", np.float64), copy=False)
+        h2 = grouped_tail_entropy(top, compute=np.float32)
+        row["H_without"] = _think_mean(h2, th2)
+        # forking-token statistics (the run-wide threshold is applied after the probe): each side's think tokens
+        row["fork"] = {"w": entropy_histogram(H[think]), "o": entropy_histogram(np.asarray(h2)[th2])}
+        if vocab:
+            row["H_high_without"] = _think_mean(entropy_high(top, h2, vocab), th2)
+        if out.exact_entropy is not None:
+            row["H_exact_without"] = _think_mean(np.asarray(out.exact_entropy, dtype=np.float64), th2)
+        row["regenerated_text"] = out.text[:2000]
+        # what the server did for it: prompt tokens, those served from its prefix cache, and the request's time
+        # (summed per probe in probe.json: the GPU time a figure costs, and whether the request order paid off)
+        row["prompt_tokens"], row["cached_tokens"] = int(out.usage.prompt_tokens), int(out.usage.cached_tokens)
+        row["latency_s"] = round(float(out.latency_s), 4)
+    else:
+        ids = np.asarray(tok["id"][sel]).astype(np.int64, copy=False).tolist()  # Python ints, by one C-level pass
+        if not ids or min(ids) < 0:
+            raise RunError(f"{line['sample_id']} step {ev['index']}: the record has no token ids "
+                           "(teacher-forced scoring needs them; use --mode regenerate)")
+        texts = tok.get("text")
+        # ids are what is scored; the text rides along for backends that cannot map ids back (the scripted fake)
+        cont = Continuation(ids=ids, text=None if texts is None or any(t is None for t in texts[sel])
+                            else "".join(texts[sel]))
+        a = await backend.score(with_imgs, cont, top_logprobs=20)
+        b = await backend.score(without, cont, top_logprobs=20)
+        for side, sc in (("with", a), ("without", b)):
+            if len(sc.tokens) != len(ids):
+                raise BackendError(f"scoring returned {len(sc.tokens)} positions for {len(ids)} tokens")
+            if sc.exact_entropy is not None:
+                row[f"H_exact_{side}"] = _think_mean(np.asarray(sc.exact_entropy, dtype=np.float64), think)
+        # the same quantities the adaptive image release computes online (analysis.entropy.token_influence)
+        inf = token_influence(a.tokens, b.tokens, think, vocab=vocab)
+        row["H_with"], row["H_without"] = inf["H_with"], inf["H_without"]
+        if vocab:
+            row["H_high_with"], row["H_high_without"] = inf["H_high_with"], inf["H_high_without"]
+        row["kl_with_without"] = inf["kl_mean"]
+        # forking tokens: the same tokens, binned by their entropy with the images (dH summed per bin too)
+        pos = inf["pos"]
+        row["fork"] = {"w": entropy_histogram(inf["per_token_H_with"][pos], inf["dH"]),
+                       "o": entropy_histogram(inf["per_token_H_without"][pos])}
+        row["n_think_without"] = row["n_think"]
+        # per think token: the entropy change and the KL influence (the trajectory viewer colours tokens by them),
+        # and the top-5 alternatives under both contexts (shown on hover)
+        row["_tokens"] = {"pos": inf["pos"], "dH": inf["dH"].astype(np.float32), "kl": inf["kl"].astype(np.float32),
+                          **_alternatives(a.tokens, b.tokens, inf["pos"], known_texts)}
+    row["dH"] = row["H_with"] - row["H_without"]
+    if vocab:  # the interval the true ΔH lies in (per-token bounds averaged: the means are bounded the same way)
+        row["vocab"] = int(vocab)
+        row["dH_low"] = row["H_with"] - row["H_high_without"]
+        row["dH_high"] = row["H_high_with"] - row["H_without"]
+    if np.isfinite(row.get("H_exact_with", np.nan)) and np.isfinite(row.get("H_exact_without", np.nan)):
+        row["dH_exact"] = row["H_exact_with"] - row["H_exact_without"]
+        row["gap_with"] = row["H_exact_with"] - row["H_with"]
+    return row
+
+
+def _forking(rows: list[dict], mode: str):
+    """Per step: the share of forking think tokens (the run's top 20 % by entropy with the images, arXiv
+    2506.01939's high-entropy minority: one threshold for the whole run) with and without the query images, and
+    the forking tokens' part of ΔH, ``dH_fork`` (ΔH = dH_fork + dH_rest, both per think token of the step;
+    teacher-forced: Σ over the tokens that fork with the images of their H with − without, / n; regenerate:
+    each response's own forking tokens, Σ H / n with − the same without), with a bootstrap CI: whether the
+    images move a few forking tokens or every token (ours). Also written per (trajectory, step) into the rows.
+    None when no row carries histograms (a probe from before this was recorded)."""
+
+
+    hist_rows = [r for r in rows if isinstance(r.get("fork"), dict)]
+    if not hist_rows:
+        return None
+    j, theta = forking_threshold(r["fork"].get("w") for r in hist_rows)
+    per = []
+    for r in hist_rows:
+        nw, fw, sw, dw = forking_stats(r["fork"].get("w"), j)
+        no, fo, so, _ = forking_stats(r["fork"].get("o"), j)
+        # the forking tokens' part of ΔH (per think token of the step: ΔH = dH_fork + dH_rest)
+        if not nw or not no:
+            d = float("nan")
+        elif mode == "teacher-forced":
+            d = dw / nw
+        else:
+            d = sw / nw - so / no
+        r["share_fork_with"] = fw / nw if nw else float("nan")
+        r["share_fork_without"] = fo / no if no else float("nan")
+        r["dH_fork"] = d
+        dh = r.get("dH")
+        r["dH_rest"] = float(dh) - d if isinstance(dh, (int, float)) and np.isfinite(dh) else float("nan")
+        per.append({"step": r["step"], "share_fork_with": r["share_fork_with"],
+                    "share_fork_without": r["share_fork_without"], "dH_fork": d, "dH_rest": r["dH_rest"],
+                    "n_fork": fw})
+    df = pd.DataFrame(per)
+    out = summarise_by(df[np.isfinite(df["dH_fork"])], "step", "dH_fork")
+    if out.empty:  # no step has forking tokens on both sides: the shares still say where they are
+        out = pd.DataFrame(columns=["step", "n", "mean", "ci_low", "ci_high", "wilcoxon_p"])
+    out = out.rename(columns={"mean": "dH_fork", "ci_low": "fork_ci_low", "ci_high": "fork_ci_high", "n": "n_steps"})
+    shares = df.groupby("step").agg(share_fork_with=("share_fork_with", "mean"),
+                                    share_fork_without=("share_fork_without", "mean"),
+                                    dH_rest=("dH_rest", "mean"), forking_tokens=("n_fork", "sum")).reset_index()
+    out = shares.merge(out, on="step", how="left")
+    out["threshold_nats"] = theta
+    return out
+
+
+def bounds_by_step(steps):
+    """Per step: the mean ΔH interval [mean dH_low, mean dH_high] (the bounds of the mean ΔH: each step's
+    interval holds its true ΔH, so their means hold the true mean), whether it excludes 0 (``sign_robust``: +1 /
+    -1 / 0), and how many of the step's ΔH are robust on their own, each way."""
+    v = steps[np.isfinite(steps["dH_low"]) & np.isfinite(steps["dH_high"])]
+    b = v.groupby("step").agg(dH_low=("dH_low", "mean"), dH_high=("dH_high", "mean"), n_bounded=("dH_low", "size"),
+                              n_robust_positive=("dH_low", lambda x: int((x > 0).sum())),
+                              n_robust_negative=("dH_high", lambda x: int((x < 0).sum()))).reset_index()
+    b["sign_robust"] = np.select([b["dH_low"] > 0, b["dH_high"] < 0], [1, -1], 0)
+    return b
+
+
+def bounds_calibration(steps, tol: float = 1e-4):
+    """Where the exact entropy is known (the in-process backend): per step and context, the exact value's distance
+    above the grouped lower bound and below the upper bound (mean, median, 95th percentile, max) and the share
+    of steps whose interval holds it (``covered``: must be 1; ``tol`` absorbs float32 storage). None without
+    exact values."""
+
+    rows = []
+    for side in ("with", "without"):
+        ex, lo, hi = f"H_exact_{side}", f"H_{side}", f"H_high_{side}"
+        if ex not in steps or hi not in steps:
+            continue
+        v = steps[np.isfinite(steps[ex]) & np.isfinite(steps[hi])]
+        for step, g in v.groupby("step"):
+            below, above = (g[ex] - g[lo]).to_numpy(), (g[hi] - g[ex]).to_numpy()
+            ok = (below >= -tol) & (above >= -tol)
+            rows.append({"step": step, "context": side, "n": len(g), "gap_low_mean": below.mean(),
+                         "gap_low_p50": np.median(below), "gap_low_p95": np.quantile(below, 0.95),
+                         "gap_low_max": below.max(), "gap_high_mean": above.mean(), "gap_high_p50": np.median(above),
+                         "gap_high_p95": np.quantile(above, 0.95), "gap_high_max": above.max(),
+                         "covered": float(ok.mean()), "n_missed": int((~ok).sum())})
+    return pd.DataFrame(rows) if rows else None
+
+
+def vocab_of(backend) -> int | None:
+    """The model's vocabulary size V for the entropy bounds: the backend's (SGLang native and scripted know it),
+    else its model directory's config.json; None when neither says."""
+
+    for b in getattr(backend, "backends", None) or [backend]:
+        v = getattr(b, "vocab", None) or (model_vocab_size(b.model_dir) if getattr(b, "model_dir", None) else None)
+        if v:
+            return int(v)
+    return None
