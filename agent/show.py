@@ -780,7 +780,6 @@ def main(argv=None) -> int:
             if df.empty:
                 print(f"{run.path}: no finished trajectory yet")
                 return 0
-            import pandas as pd
 
             with pd.option_context("display.max_rows", 500, "display.max_colwidth", 40, "display.width", 160):
                 print(df.to_string(index=False))

@@ -28,6 +28,7 @@ same pairs, exact McNemar p), ``OUT/errors.csv``, ``OUT/probe.json`` and the Fig
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 import time
@@ -150,7 +151,6 @@ async def replay_one(run: Run, line: dict, tokens: dict, k: int, *, backend, too
             for sha in e.get("result_images") or []:
                 traj.image_files.setdefault(sha, str(run.image_path(sha)))
         if sampling.seed is not None:  # the trial's own seed, as the run sampled it (agent.run: seed + trial)
-            import dataclasses
 
             sampling = dataclasses.replace(sampling, seed=sampling.seed + int(line["trial"]))
         ep = Episode(sample, line["trial"], backend=backend, toolbox=toolbox, sampling=sampling, traj=traj,
@@ -348,7 +348,6 @@ def main(argv=None) -> int:
         grader = Grader(a.judge, endpoint=a.judge_endpoint, model=a.judge_model, api_key_env=a.judge_api_key_env,
                         server=server)
         try:
-            from probes.cli import serving_hardware
 
             hw = serving_hardware(backend, gpus_per_server=a.gpus_per_server, serving_dir=a.serving_dir)
             return await removal_probe(a.run_dir, parse_steps(a.steps), backend=backend, grader=grader, out_dir=a.out,

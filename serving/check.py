@@ -24,6 +24,7 @@ from PIL import Image, ImageDraw
 from agent.backends import BackendError, ImageError, ModelOutput, SamplingParams, make_backend
 from agent.cli import add_backend_args, make_parser, single_endpoint
 from agent.http import RetryPolicy
+from agent.preflight import PreflightError, model_identity
 from analysis.entropy import grouped_tail_entropy
 
 TOL = 1e-3
@@ -109,7 +110,6 @@ async def run_check(args) -> dict:
         if kind in ("openai", "sglang"):
             # the runner's own model check first (agent/preflight.py): the served model, and for SGLang's native
             # path the weights it loaded against --model-dir, so a check never passes where agent.run refuses
-            from agent.preflight import PreflightError, model_identity
 
             try:
                 await model_identity(backend)

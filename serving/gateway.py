@@ -40,6 +40,7 @@ from agent.cli import make_parser
 from .launch import (
     SGLANG_SITE,
     LaunchError,
+    _kill_group,
     _port_free,
     _quote,
     _remember,
@@ -225,7 +226,6 @@ def main(argv=None) -> int:
             _write_endpoints(run_dir, entries)
             print(f"ready: http://{host}:{p['port']} serves {p['model']}", flush=True)
     except LaunchError as e:
-        from .launch import _kill_group
 
         for proc in started:
             _kill_group(proc.pid)

@@ -38,8 +38,6 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.backends.tiny_model import ensure_tiny_model
-
 __all__ = ["MODELS", "Server", "plan", "server_command", "router_command", "memory_estimate", "main", "state_file"]
 
 #: size -> (hub id, served model name, nominal parameter count): the paper's three local backbones (B.1).
@@ -87,8 +85,10 @@ def weights_for(size: str, standin: str | None = None) -> str:
     if os.environ.get("MODEL_DIR"):
         return os.path.join(os.environ["MODEL_DIR"], hub.split("/")[1])
     if standin:  # SGLang's front end on CPU: the embedded tiny Qwen3.5 stands in for every backbone
-
         try:
+            # the launcher itself runs on a bare python3; the stand-in needs the toolkit's `local` extra
+            from agent.backends.tiny_model import ensure_tiny_model  # noqa: PLC0415 - optional heavy (transformers)
+
             return str(ensure_tiny_model(os.environ.get("MMCF_TINY_MODEL_DIR"), quiet=True))
         except ImportError as e:
             raise LaunchError(f"--standin needs the embedded tiny model ({e}); run the launcher with the project's "
@@ -192,7 +192,7 @@ def _config_of(weights: str) -> tuple[dict | None, str | None]:
     if (p / "config.json").is_file():
         return json.loads((p / "config.json").read_text()), str(p / "config.json")
     try:
-        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub import try_to_load_from_cache  # noqa: PLC0415 - the launcher runs on a bare python3
 
         hit = try_to_load_from_cache(weights, "config.json")
         if isinstance(hit, str):

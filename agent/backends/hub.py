@@ -28,8 +28,8 @@ def resolve_model_dir(model_dir: str | os.PathLike) -> Path:
     if not _HUB_ID.match(s):
         raise BackendError(f"{s}: model directory not found")
     try:
-        from huggingface_hub import snapshot_download
-        from huggingface_hub.constants import HF_HUB_CACHE
+        from huggingface_hub import snapshot_download  # noqa: PLC0415 - optional heavy (comes with transformers)
+        from huggingface_hub.constants import HF_HUB_CACHE  # noqa: PLC0415
     except ImportError:
         raise BackendError(f"{s}: not a directory, and resolving a hub id needs huggingface_hub "
                            "(pip install huggingface_hub) — or pass the weights directory") from None

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 from urllib.parse import unquote, urlparse
 
 import httpx
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 __all__ = [
     "ImageError",
@@ -206,10 +206,6 @@ def _data_uri(img: ImageData) -> str:
 
 
 def _validate(data: bytes, source: str) -> tuple[str, int, int]:
-    try:
-        from PIL import Image, UnidentifiedImageError
-    except ImportError as e:  # pragma: no cover - pillow is a core dependency
-        raise ImageError("pillow is required to read images: pip install pillow") from e
     try:
         with Image.open(io.BytesIO(data)) as im:
             fmt = (im.format or "PNG").lower()

@@ -249,7 +249,7 @@ class SGLangBackend:
     def _processor(self):
         if self._proc is None:
             try:
-                from transformers import AutoProcessor
+                from transformers import AutoProcessor  # noqa: PLC0415 - optional heavy
 
                 self._proc = AutoProcessor.from_pretrained(str(self.model_dir))
             except Exception as e:  # noqa: BLE001 - any failure: say what is needed

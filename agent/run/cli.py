@@ -202,7 +202,6 @@ def main(argv=None) -> int:
     except (ValueError, RunError, BackendError, OSError, MissingKeyError, PreflightError) as e:
         full = disk_full(e)
         if full is not None:
-            from pathlib import Path
 
             inside = bool(full) and Path(a.out).resolve() in Path(full).resolve().parents
             print(f"error: {full if inside else a.out}: the disk is full (No space left on device). Finished units are kept; free "

@@ -17,6 +17,7 @@ from ..benchmarks import load_selection, resolve_benchmark
 from ..http import public_url
 from ..preflight import PreflightError, check_benchmark_images, local_identity, model_identity
 from ..rundir import RunDir, check_run
+from ..rundir.ledger import write_ledger
 from ..rundir.shards import shard_record, shard_units
 from ..tools.live import require_live_tools
 from .config import RunConfig, all_units, auto_processes, header_for, make_backends, select_samples, trial_seeds
@@ -55,7 +56,6 @@ async def run(cfg: RunConfig, argv=None, *, backends: list | None = None, toolbo
     finally:
         if cfg.shard is None and rd.results.exists():  # the cost ledger (agent/ledger.py), after every invocation
             try:
-                from .rundir.ledger import write_ledger
 
                 write_ledger(rd.path)
             except Exception as e:  # noqa: BLE001 - the ledger is a report: never what fails a run

@@ -2,6 +2,7 @@
 duplicates, torn lines, sidecars against their calls, orphaned and temporary files, images, the tool cache."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sqlite3
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..benchmarks import resolve_benchmark
 from ..cli import HelpFormatter, done, make_parser
 from .common import RunError
 from .index import summary_of
@@ -78,7 +80,6 @@ def _expected_keys(rd: "RunDir", header: dict) -> set | None:
     """The (sample, trial) units the run was asked for, from the manifest and the recorded selection."""
     sel = header.get("selection") or {}
     try:
-        from ..benchmarks import resolve_benchmark
 
         m = resolve_benchmark(header.get("benchmark_path") or header.get("benchmark", ""))
     except Exception:  # noqa: BLE001 - the manifest moved: fall back to the recorded count
@@ -283,7 +284,6 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:
-        import errno
 
         if e.errno != errno.ENOSPC:
             raise

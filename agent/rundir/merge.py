@@ -37,6 +37,7 @@ from ..preflight import same_model
 from ..tools.cache import ToolCache
 from .common import IDENTITY_KEYS, RunError, _atomic_write
 from .ledger import write_ledger
+from .reader import load_run
 from .writer import RunDir
 
 __all__ = ["merge_runs", "MERGE_KEYS", "main"]
@@ -191,7 +192,6 @@ def merge_runs(out, shard_dirs: list, *, progress=None) -> dict:
         rd.write_header(header)
         # each unit's latest line, shard by shard in the order each shard wrote them (a runner's file is in
         # completion order too: every reader sorts what it needs)
-        from .reader import load_run
 
         readers = [load_run(p) for p, _, _ in shards]
         n_lines = n_tokens = 0

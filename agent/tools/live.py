@@ -63,7 +63,7 @@ class LensURL:
             return self.template.format(benchmark=img.benchmark, filename=img.filename, sha256=img.sha256)
         if self.s3_bucket:
             try:
-                import boto3
+                import boto3  # noqa: PLC0415 - the optional s3 extra
             except ImportError as e:
                 raise RuntimeError("S3 upload for Lens needs boto3: pip install 'mmcf-toolkit[s3]'") from e
             s3 = boto3.client("s3", endpoint_url=self.s3_endpoint_url)
