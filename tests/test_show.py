@@ -13,6 +13,7 @@ import subprocess
 import pytest
 
 from agent import judge, show
+from agent.show import html as show_html
 from agent import run as runner
 from agent.rundir import RunError, load_run
 from probes import entropy
@@ -268,10 +269,10 @@ def test_large_images_are_embedded_downscaled(tmp_path):
         Image.fromarray(rng.integers(0, 255, (side, side * 3 // 4, 3), dtype=np.uint8)).save(p, quality=90)
     run = SimpleNamespace(image_path=lambda sha: paths.get(sha))  # what _image_uri reads of a run
     cache, missing = {}, []
-    big = show._image_uri(run, "big", cache, missing)
-    small = show._image_uri(run, "small", cache, missing)
-    assert show._image_uri(run, "gone", cache, missing) is None and missing == ["gone"]
+    big = show_html._image_uri(run, "big", cache, missing)
+    small = show_html._image_uri(run, "small", cache, missing)
+    assert show_html._image_uri(run, "gone", cache, missing) is None and missing == ["gone"]
     im = Image.open(io.BytesIO(base64.b64decode(big.split(",", 1)[1])))
-    assert max(im.size) == show.EMBED_PX and im.size[0] < im.size[1] and big.startswith("data:image/jpeg;base64,")
+    assert max(im.size) == show_html.EMBED_PX and im.size[0] < im.size[1] and big.startswith("data:image/jpeg;base64,")
     assert len(big) < paths["big"].stat().st_size / 4
     assert base64.b64decode(small.split(",", 1)[1]) == paths["small"].read_bytes()

@@ -1,0 +1,26 @@
+"""Look at a run: a trajectory in the terminal, or the whole run as self-contained HTML pages.
+
+    python -m agent.show RUN_DIR                                  # the samples: status, answer, gold, grade
+    python -m agent.show RUN_DIR demo_3 [--trial 0] [--reasoning] # one trajectory, call by call
+    python -m agent.show RUN_DIR --html run.html [--limit N]      # HTML (no server, no network): run.html,
+                                                                  # run-p2.html, … (--page-size trajectories each)
+
+The terminal view prints each LLM call with its state and branch span, the images it saw (query and
+retrieved, by hash), its reasoning (first line, unless ``--reasoning``), its visible text, the parsed
+action or why it was rejected, the tool calls with their observations, folds, branch spans and the budget
+used. The HTML page lists the samples (filter by status, grade, benchmark, id) and, per sample, the event
+timeline with main and branch spans nested; each call shows its exact messages with image thumbnails (the
+images that call saw, embedded once per page; those over :data:`EMBED_PX` pixels on a side downscaled, the
+originals being in ``RUN/images/``), its tool calls and observations (collapsible), and its
+think tokens coloured by their grouped-tail entropy — or, where the entropy probe ran teacher-forced on this
+run, by ΔH and by the KL(with ‖ without) influence of the images (the step's ΔH is shown for either mode).
+Trajectories are embedded gzip-compressed and rendered only when opened; a run of more than ``--page-size``
+trajectories is written as several pages, each listing every trajectory (filters see the whole run; one on
+another page opens there), so the writer's memory and every page's size stay bounded at paper scale.
+"""
+from .cli import main
+from .data import run_summary, sample_table
+from .html import PAGE_SIZE, build_html, page_files
+from .text import render_text
+
+__all__ = ["main", "run_summary", "sample_table", "build_html", "page_files", "PAGE_SIZE", "render_text"]

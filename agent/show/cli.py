@@ -1,0 +1,71 @@
+"""``python -m agent.show``: the viewer's command line (the sample list, one trajectory, or the HTML pages)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from ..cli import done, make_parser
+from ..rundir import RunError, load_run
+from . import __doc__ as SHOW_DOC
+from .data import sample_table
+from .html import AUTO_TOKENS, PAGE_SIZE, build_html
+from .text import render_text
+
+
+def main(argv=None) -> int:
+
+    ap = make_parser("python -m agent.show", SHOW_DOC, [
+        "python -m agent.show runs/demo-react",
+        "python -m agent.show runs/demo-react demo_3 --reasoning",
+        "python -m agent.show runs/demo-react --html runs/demo-react/run.html"])
+    ap.add_argument("run_dir", help="a run directory")
+    ap.add_argument("sample_id", nargs="?", help="one trajectory (none: the list of samples)")
+    ap.add_argument("--trial", type=int, default=0, help="which trial of the sample")
+    ap.add_argument("--reasoning", action="store_true", help="show each call's whole reasoning (default: its first line)")
+    ap.add_argument("--observation-chars", type=int, default=400, help="observations are cut at this length")
+    ap.add_argument("--html", metavar="OUT.html", help="write the whole run as self-contained HTML (one page per "
+                                                        "--page-size trajectories: OUT.html, OUT-p2.html, …)")
+    ap.add_argument("--page-size", type=int, default=PAGE_SIZE,
+                    help=f"HTML: trajectories per page (default {PAGE_SIZE}; each page lists every trajectory)")
+    ap.add_argument("--limit", type=int, help="HTML: the first N trajectories only")
+    ap.add_argument("--tokens", choices=("auto", "all", "none"), default="auto",
+                    help=f"HTML: embed each call's think tokens, coloured by H / ΔH / KL (auto: when at most "
+                         f"{AUTO_TOKENS} trajectories are written; they dominate the page's size)")
+    a = ap.parse_args(argv)
+    try:
+        run = load_run(a.run_dir)
+        if a.html:
+            info = build_html(run.path, a.html, limit=a.limit, sample_ids=[a.sample_id] if a.sample_id else None,
+                              tokens=a.tokens, page_size=a.page_size)
+            pages = len(info["pages"])
+            print(f"{info['samples']} trajectories, {info['images']} images, {info['bytes'] / 1e6:.1f} MB"
+                  + (f" in {pages} pages (largest {info['largest_page_bytes'] / 1e6:.1f} MB)" if pages > 1 else "")
+                  + ("" if info["tokens"] else "; think tokens not embedded (--tokens all, or fewer trajectories "
+                     "with --limit / a SAMPLE_ID, colours them)"))
+            if info["missing_images"]:
+                print(f"warning: {len(info['missing_images'])} images are not stored in {run.path}/images", file=sys.stderr)
+            done([info["path"]], f"open it in a browser (file://{Path(info['path']).resolve()})")
+            return 0
+        if not a.sample_id:
+            df = sample_table(run)
+            if df.empty:
+                print(f"{run.path}: no finished trajectory yet")
+                return 0
+
+            with pd.option_context("display.max_rows", 500, "display.max_colwidth", 40, "display.width", 160):
+                print(df.to_string(index=False))
+            print(f"\n{len(df)} trajectories; judge: {df.attrs.get('judge') or 'none yet'}")
+            done([], f"python -m agent.show {a.run_dir} {df.iloc[0]['sample_id']}   |   "
+                     f"python -m agent.show {a.run_dir} --html {a.run_dir}/run.html")
+            return 0
+        line = next((ln for ln in run.index if ln["sample_id"] == a.sample_id and int(ln["trial"]) == a.trial), None)
+        if line is None:
+            print(f"error: {run.path}: no trajectory {a.sample_id} trial {a.trial}", file=sys.stderr)
+            return 2
+        print(render_text(run, run.full(line), reasoning=a.reasoning, observation_chars=a.observation_chars))
+        return 0
+    except RunError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,145 @@
+"""What the viewer reads of a run beside its lines: the grades, the probes' outputs, and the per-run summary."""
+from __future__ import annotations
+
+import csv
+import json
+from collections import Counter
+
+import pandas as pd
+
+from ..rundir import Run
+from ..rundir.grades import read_grades
+
+
+# ---------------------------------------------------------------------------- shared data
+def _grades(run: Run) -> tuple[dict, str]:
+    """{(sample, trial): grade} from the run's judge output (LLM judge first), and which judge."""
+    for name in ("llm", "exact"):
+        p = run.path / f"judge-{name}.jsonl"
+        if p.exists():
+            out = {}
+            for raw in p.read_text().splitlines():
+                try:
+                    r = json.loads(raw)
+                    out[(r["sample_id"], r["trial"])] = r["grade"]
+                except (ValueError, KeyError):
+                    continue
+            return out, name
+    return {}, ""
+
+
+def _probe_steps(run: Run) -> tuple[dict, str | None]:
+    """{(sample, trial, step): ΔH} from the entropy probe, and its mode (teacher-forced preferred)."""
+    for mode in ("teacher-forced", "regenerate"):
+        p = run.path / "probes" / f"entropy-{mode}" / "steps.jsonl"
+        if p.exists():
+            out = {}
+            for raw in p.read_text().splitlines():
+                try:
+                    r = json.loads(raw)
+                    out[(r["sample_id"], r["trial"], r["step"])] = r.get("dH")
+                except (ValueError, KeyError):
+                    continue
+            return out, mode
+    return {}, None
+
+
+def _grounding_labels(run: Run) -> dict:
+    """{(sample, trial): {step: {category, reasons}}} from the grounding annotator (probes/grounding/labels.jsonl)."""
+    p = run.path / "probes" / "grounding" / "labels.jsonl"
+    out: dict = {}
+    if not p.exists():
+        return out
+    for raw in p.read_bytes().splitlines():
+        try:
+            r = json.loads(raw)
+            out[(r["sample_id"], r["trial"])] = {
+                int(st["step"]): {"category": st.get("category"),
+                                  "reasons": [st[k] for k in sorted(st) if k.startswith("reason") and st[k]]}
+                for st in r.get("steps") or []}
+        except (ValueError, KeyError, TypeError):  # a torn line: that trajectory shows no labels
+            continue
+    return out
+
+
+def _removal_outcomes(run: Run) -> dict:
+    """{(sample, trial): [{k, replay_correct, replayed, status, error}]} from the step-k removal replays, with the
+    original's grade under ``original``."""
+
+    p = run.path / "probes" / "removal" / "outcomes.csv"
+    out: dict = {}
+    if not p.exists():
+        return out
+    with open(p, newline="") as f:
+        for r in csv.DictReader(f):
+            try:
+                key = (r["sample_id"], int(r["trial"]))
+                rc = r.get("replay_correct")
+                out.setdefault(key, []).append({
+                    "k": int(r["k"]), "correct": None if rc in ("", None) else rc == "True",
+                    "original": r.get("original_correct") == "True", "replayed": r.get("replayed") == "True",
+                    "status": r.get("replay_status") or "", "error": r.get("error") or ""})
+            except (KeyError, ValueError):
+                continue
+    for v in out.values():
+        v.sort(key=lambda x: x["k"])
+    return out
+
+
+def run_summary(run: Run) -> dict:
+    """The landing pane's numbers: statuses, accuracy per judge, calls and tokens, and which probes ran."""
+
+    idx = run.index
+    statuses = Counter(ln["status"] for ln in idx)
+
+    judges = {}
+    for name in ("llm", "exact"):
+        grades, label = {}, name
+        for r in read_grades(run.path / f"judge-{name}.jsonl"):  # torn lines skipped
+            if "sample_id" in r and "trial" in r and "grade" in r:
+                grades[(r["sample_id"], r["trial"])] = r["grade"]  # the latest grade of each
+                label = r.get("judge") or label
+        if not grades:
+            continue
+        n = len(grades)
+        judges[label] = {"graded": n, "correct": sum(g == "CORRECT" for g in grades.values()),
+                         "accuracy": round(100.0 * sum(g == "CORRECT" for g in grades.values()) / n, 1) if n else None}
+    calls = [c for ln in idx for c in ln.get("calls") or []]
+    probes = {}
+    pd_ = run.path / "probes"
+    for d in sorted(pd_.iterdir()) if pd_.is_dir() else []:
+        if not d.is_dir():
+            continue
+        if d.name.startswith("entropy-") and (d / "steps.jsonl").exists():
+            probes[d.name] = f"{sum(1 for _ in (d / 'steps.jsonl').open('rb'))} steps probed"
+        elif d.name == "grounding" and (d / "labels.jsonl").exists():
+            probes[d.name] = f"{sum(1 for _ in (d / 'labels.jsonl').open('rb'))} trajectories annotated"
+        elif d.name == "removal" and (d / "outcomes.csv").exists():
+            probes[d.name] = f"{max(0, sum(1 for _ in (d / 'outcomes.csv').open('rb')) - 1)} replays (trajectory x k)"
+        else:
+            probes[d.name] = "present"
+    if (run.header.get("image_release") or {}).get("policy"):
+        probes["adaptive image release"] = "online (release_probe events in each trajectory)"
+    return {"trajectories": len(idx), "statuses": dict(statuses), "judges": judges, "llm_calls": len(calls),
+            "mean_calls": round(len(calls) / len(idx), 2) if idx else None,
+            "prompt_tokens": sum(int(c.get("prompt_tokens") or 0) for c in calls),
+            "completion_tokens": sum(int(c.get("completion_tokens") or 0) for c in calls),
+            "tool_calls": sum(int(ln.get("n_tool_calls") or 0) for ln in idx), "probes": probes,
+            "method": run.header.get("label"), "trials": run.header.get("trials")}
+
+
+def sample_table(run: Run):
+    """One row per (sample, trial): status, calls, answer, gold, grade."""
+
+    grades, judge = _grades(run)
+    rows = [{"sample_id": ln["sample_id"], "trial": ln["trial"], "benchmark": ln.get("benchmark"),
+             "status": ln["status"], "calls": ln.get("n_calls"), "answer": ln.get("answer", ""), "gold": ln.get("gold", ""),
+             "grade": grades.get((ln["sample_id"], ln["trial"]), "")} for ln in run.index]
+    df = pd.DataFrame(rows)
+    df.attrs["judge"] = judge
+    return df.sort_values(["sample_id", "trial"]).reset_index(drop=True) if len(df) else df
+
+
+def short(text: str, n: int) -> str:
+    text = " ".join(str(text or "").split())
+    return text if len(text) <= n else text[: n - 1] + "…"
