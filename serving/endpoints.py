@@ -12,11 +12,34 @@ of its workers (a request runs on one worker group). Nothing found: None, and ca
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
-from .launch import state_file
+__all__ = ["gpus_behind", "gpus_held", "launched_endpoints", "state_file", "remember", "write_endpoints"]
 
-__all__ = ["gpus_behind", "gpus_held", "launched_endpoints"]
+
+def state_file() -> Path:
+    base = os.environ.get("MMCF_STATE_DIR") or os.path.join(
+        os.environ.get("XDG_STATE_HOME", os.path.expanduser("~/.local/state")), "mmcf-toolkit")
+    return Path(base) / "serve-dirs.txt"
+
+
+def remember(run_dir: Path) -> None:
+    f = state_file()
+    try:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        known = set(f.read_text().split("\n")) if f.exists() else set()
+        if str(run_dir) not in known:
+            with open(f, "a") as fh:
+                fh.write(str(run_dir) + "\n")
+    except OSError:
+        pass  # remembering is a convenience for stop.sh, never a reason to fail
+
+
+def write_endpoints(run_dir: Path, entries: list[dict]) -> None:
+    tmp = run_dir / "endpoints.json.tmp"
+    tmp.write_text(json.dumps(entries, indent=2))
+    os.replace(tmp, run_dir / "endpoints.json")
 
 
 def _norm(url: str) -> str:

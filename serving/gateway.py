@@ -37,18 +37,9 @@ from pathlib import Path
 
 from agent.cli import make_parser
 
-from .launch import (
-    SGLANG_SITE,
-    LaunchError,
-    _kill_group,
-    _port_free,
-    _quote,
-    _remember,
-    _start,
-    _write_endpoints,
-    pid_record,
-    router_command,
-)
+from .endpoints import remember, write_endpoints
+from .plan import SGLANG_SITE, LaunchError, _quote, router_command
+from .processes import kill_group, pid_record, port_free, start
 
 __all__ = ["read_nodes", "check_workers", "plan_gateways", "main"]
 
@@ -184,7 +175,7 @@ def main(argv=None) -> int:
         plans = plan_gateways(workers, a.port, a.prometheus_port)
         for p in plans:
             for what, port in (("port", p["port"]), ("metrics port", p["prometheus_port"])):
-                if not _port_free(port):
+                if not port_free(port):
                     raise LaunchError(f"the router for {p['model']}: {what} {port} is in use (choose --port / "
                                       "--prometheus-port)")
     except LaunchError as e:
@@ -201,7 +192,7 @@ def main(argv=None) -> int:
         return 0
     run_dir = Path(a.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    _remember(run_dir)
+    remember(run_dir)
     entries = [{**{k: v for k, v in w.items() if not k.startswith("_") and k != "pid"}, "remote": True}
                for p in plans for w in p["entries"]]
     started = []
@@ -212,7 +203,7 @@ def main(argv=None) -> int:
             log = str(run_dir / f"{name}.log")
             env = {"PYTHONPATH": f"{SGLANG_SITE}{os.pathsep}{os.environ['PYTHONPATH']}" if os.environ.get("PYTHONPATH")
                    else str(SGLANG_SITE)} if SGLANG_SITE.is_dir() else {}
-            proc = _start(p["cmd"], env, log)
+            proc = start(p["cmd"], env, log)
             started.append(proc)
             (run_dir / f"{name}.pid").write_text(pid_record(proc.pid))
             _wait_router(f"http://127.0.0.1:{p['port']}", p["model"], proc, log, a.timeout)
@@ -223,15 +214,15 @@ def main(argv=None) -> int:
                             "weights": lm.get("weights"), "size": lm.get("size"), "gpus": "", "pid": proc.pid,
                             "log": log, "status": "running", "kind": "router",
                             "nodes": sorted({w["node"] for w in p["entries"]})})
-            _write_endpoints(run_dir, entries)
+            write_endpoints(run_dir, entries)
             print(f"ready: http://{host}:{p['port']} serves {p['model']}", flush=True)
     except LaunchError as e:
 
         for proc in started:
-            _kill_group(proc.pid)
+            kill_group(proc.pid)
         print(f"gateway: {e}\ngateway: stopped the routers this command started", file=sys.stderr)
         return 1
-    _write_endpoints(run_dir, entries)
+    write_endpoints(run_dir, entries)
     print(f"\nendpoints written to {run_dir / 'endpoints.json'}; stop: bash serving/stop.sh --run-dir "
           f"{shlex.quote(str(run_dir))}")
     for p in plans:

@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 from agent.cli import make_parser
-from serving.launch import _alive, proc_start_time, state_file
+from serving.endpoints import state_file
+from serving.processes import alive, proc_start_time
 
 __all__ = ["stop_dir", "main"]
 
@@ -53,7 +54,7 @@ def _live(run_dir: Path) -> list[Path]:
             pid, start = _read_pid(f)
         except (ValueError, IndexError):
             continue
-        if _alive(pid) and _ours(f, pid, start):
+        if alive(pid) and _ours(f, pid, start):
             out.append(f)
     return out
 
@@ -69,7 +70,7 @@ def stop_dir(run_dir: Path, timeout: float = 30.0) -> list[str]:
             lines.append(f"{name}: unreadable PID file; removed")
             f.unlink()
             continue
-        if _cmdline(pid) is None or not _alive(pid):
+        if _cmdline(pid) is None or not alive(pid):
             lines.append(f"{name}: not running (pid {pid})")
             f.unlink()
             stopped_pids.add(pid)
@@ -83,9 +84,9 @@ def stop_dir(run_dir: Path, timeout: float = 30.0) -> list[str]:
         except OSError:
             os.kill(pid, signal.SIGTERM)
         deadline = time.time() + timeout
-        while time.time() < deadline and _alive(pid):
+        while time.time() < deadline and alive(pid):
             time.sleep(0.1)
-        if _alive(pid):
+        if alive(pid):
             try:
                 os.killpg(pid, signal.SIGKILL)
             except OSError:

@@ -216,7 +216,7 @@ def test_the_launcher_starts_its_real_topology_on_cpu_and_stops_it(sglang_front_
     import subprocess
     import sys
 
-    from serving.launch import _alive
+    from serving.processes import alive as _alive
     from tests.conftest import REPO
 
     def free_base(n):  # n consecutive free ports (checked; the launcher checks again and refuses if taken)

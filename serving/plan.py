@@ -1,0 +1,232 @@
+"""What the launcher will start, decided before anything starts: the servers and routers per model, their GPU
+groups, ports and exact commands, and an estimate of their memory (paper B.1: TP on an 8-GPU node, top-20 logprobs).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from .processes import LaunchError
+
+#: size -> (hub id, served model name, nominal parameter count): the paper's three local backbones (B.1).
+MODELS = {
+    "9b": ("Qwen/Qwen3.5-9B", "qwen3.5-9b", 9e9),
+    "27b": ("Qwen/Qwen3.5-27B", "qwen3.5-27b", 27e9),
+    "35b-a3b": ("Qwen/Qwen3.5-35B-A3B", "qwen3.5-35b-a3b", 35e9),
+}
+
+
+@dataclass
+class Server:
+    size: str
+    port: int
+    gpus: str
+    weights: str
+    served: str
+    cmd: list[str]
+    env: dict[str, str]
+    name: str = ""
+    log: str = ""
+    nccl_port: int = 0
+
+
+#: The conformance layer (scripts/sglang_conformance.sh): SGLang's own code importable on a CPU machine.
+REPO = Path(__file__).resolve().parents[1]
+
+
+SGLANG_SITE = Path(os.environ.get("MMCF_SGLANG_SITE", REPO / ".venv-sglang" / "site"))
+
+
+def weights_for(size: str, standin: str | None = None) -> str:
+    hub = MODELS[size][0]
+    var = f"QWEN35_{size.upper().replace('-', '_')}_PATH"
+    if os.environ.get(var):
+        return os.environ[var]
+    if os.environ.get("MODEL_DIR"):
+        return os.path.join(os.environ["MODEL_DIR"], hub.split("/")[1])
+    if standin:  # SGLang's front end on CPU: the embedded tiny Qwen3.5 stands in for every backbone
+        try:
+            # the launcher itself runs on a bare python3; the stand-in needs the toolkit's `local` extra
+            from agent.backends.tiny_model import ensure_tiny_model  # noqa: PLC0415 - optional heavy (transformers)
+
+            return str(ensure_tiny_model(os.environ.get("MMCF_TINY_MODEL_DIR"), quiet=True))
+        except ImportError as e:
+            raise LaunchError(f"--standin needs the embedded tiny model ({e}); run the launcher with the project's "
+                              "venv: PYTHON=.venv/bin/python bash serving/launch_qwen35.sh --standin ...") from None
+    return hub
+
+
+def _is_local(size: str) -> bool:
+    return bool(os.environ.get(f"QWEN35_{size.upper().replace('-', '_')}_PATH") or os.environ.get("MODEL_DIR"))
+
+
+def server_command(size: str, port: int, a, nccl_port: int | None = None) -> list[str]:
+    """The server's command line; every port it binds is given (``--nccl-port`` too: left to SGLang, servers
+    started together can race for the same free port)."""
+    nccl = ["--nccl-port", str(nccl_port)] if nccl_port else []
+    if getattr(a, "standin", None):  # SGLang's own front end, our scheduler stand-in (serving/standin.py)
+        return [a.python, "-m", "serving.standin", "--model-path", weights_for(size, a.standin), "--served-model-name",
+                MODELS[size][1], "--host", a.host, "--port", str(port), "--mode", a.standin, *nccl]
+    base = shlex.split(os.environ["MMCF_SGLANG_SERVER_CMD"]) if os.environ.get("MMCF_SGLANG_SERVER_CMD") else \
+        [a.python, "-m", "sglang.launch_server"]
+    cmd = [*base, "--model-path", weights_for(size), "--served-model-name", MODELS[size][1], "--tp-size", str(a.tp),
+           "--host", a.host, "--port", str(port), *nccl, "--reasoning-parser", "qwen3",
+           "--mem-fraction-static", str(a.mem_fraction), "--context-length", str(a.context_length)]
+    if a.deterministic:
+        cmd.append("--enable-deterministic-inference")
+    return cmd + shlex.split(os.environ.get("SGLANG_EXTRA_ARGS", ""))
+
+
+def router_command(worker_urls: list[str], port: int, a, prometheus_port: int | None = None) -> list[str]:
+    """One router's command line. Its Prometheus port is always given: every router defaults to 29000
+    (sglang_router/router_args.py), so a second router could not bind it and the launch failed."""
+    base = shlex.split(os.environ["MMCF_SGLANG_ROUTER_CMD"]) if os.environ.get("MMCF_SGLANG_ROUTER_CMD") else \
+        [a.python, "-m", "sglang_router.launch_router"]
+    prom = ["--prometheus-port", str(prometheus_port)] if prometheus_port else []
+    return [*base, "--worker-urls", *worker_urls, "--policy", "cache_aware", "--host", a.host, "--port", str(port), *prom]
+
+
+def _groups(a) -> list[str]:
+    if a.gpu_groups:
+        return a.gpu_groups.split()
+    return [",".join(str(j) for j in range(i * a.tp, (i + 1) * a.tp)) for i in range(len(a.models))]
+
+
+def _gpu_count() -> int | None:
+    if os.environ.get("MMCF_GPU_COUNT"):
+        return int(os.environ["MMCF_GPU_COUNT"])
+    if shutil.which("nvidia-smi"):
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
+        return sum(line.startswith("GPU ") for line in out.splitlines())
+    return None
+
+
+def _gpu_mem_gb() -> float | None:
+    if os.environ.get("MMCF_GPU_MEM_GB"):
+        return float(os.environ["MMCF_GPU_MEM_GB"])
+    if shutil.which("nvidia-smi"):
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True).stdout.split()
+        if out:
+            return float(out[0]) / 1024
+    return None
+
+
+def plan(a) -> list[Server]:
+    """The servers to start, checked for everything that does not need the GPUs themselves."""
+    groups = _groups(a)
+    if len(groups) < len(a.models):
+        need = len(a.models) * a.tp
+        raise LaunchError(f"{len(a.models)} model(s) ({' '.join(a.models)}) need {len(a.models)} GPU groups of {a.tp} "
+                          f"GPUs ({need} GPUs in all) but --gpu-groups gives {len(groups)}: {a.gpu_groups!r}")
+    n = None if a.standin else _gpu_count()
+    nccl = a.nccl_port if a.nccl_port is not None else a.port + 1000
+    out = []
+    for i, size in enumerate(a.models):
+        ids = groups[i].split(",")
+        if len(ids) != a.tp:
+            raise LaunchError(f"GPU group '{groups[i]}' has {len(ids)} GPUs but --tp is {a.tp}")
+        for g in ids:
+            if not g.isdigit():
+                raise LaunchError(f"GPU group '{groups[i]}': {g!r} is not a GPU index")
+            if n is not None and int(g) >= n:
+                raise LaunchError(f"GPU {g} requested (group '{groups[i]}' for {size}; {len(a.models)} model(s) x TP "
+                                  f"{a.tp} need {len(a.models) * a.tp} GPUs) but this machine has {n} GPU(s)")
+        port = a.port + i
+        env = {"CUDA_VISIBLE_DEVICES": groups[i]}
+        if a.standin:  # SGLang's code from the conformance layer, the toolkit's stand-in from this checkout
+            env = {"PYTHONPATH": os.pathsep.join([str(REPO), str(SGLANG_SITE)])}
+        if a.logprobs == "raw":
+            env["SGLANG_RETURN_ORIGINAL_LOGPROB"] = "1"
+        name = f"{MODELS[size][1]}-{port}"
+        out.append(Server(size, port, "cpu (stand-in)" if a.standin else groups[i], weights_for(size, a.standin), MODELS[size][1],
+                          server_command(size, port, a, nccl + i), env, name=name,
+                          log=str(Path(a.run_dir) / f"{name}.log"), nccl_port=nccl + i))
+    return out
+
+
+# ------------------------------------------------------------------ memory estimate
+def _config_of(weights: str) -> tuple[dict | None, str | None]:
+    """(config.json, where it was found): the weights directory, else the local Hugging Face cache."""
+    p = Path(weights)
+    if (p / "config.json").is_file():
+        return json.loads((p / "config.json").read_text()), str(p / "config.json")
+    try:
+        from huggingface_hub import try_to_load_from_cache  # noqa: PLC0415 - the launcher runs on a bare python3
+
+        hit = try_to_load_from_cache(weights, "config.json")
+        if isinstance(hit, str):
+            return json.loads(Path(hit).read_text()), hit
+    except Exception:  # noqa: BLE001 - no hub library or not a repo id: no estimate
+        pass
+    return None, None
+
+
+def memory_estimate(weights: str, size: str, tp: int, mem_fraction: float, gpu_gb: float | None) -> str:
+    """One line: an *estimate* of weights and KV-cache memory per GPU (bf16), from the model's config.json."""
+    cfg, where = _config_of(weights)
+    files = list(Path(weights).glob("*.safetensors")) if Path(weights).is_dir() else []
+    if files:
+        w_bytes, w_src = sum(f.stat().st_size for f in files), "safetensors files"
+    else:
+        w_bytes, w_src = MODELS[size][2] * 2, "2 bytes x nominal parameters"
+    parts = [f"weights {w_bytes / 1e9:.1f} GB ({w_src}) -> {w_bytes / tp / 1e9:.1f} GB per GPU at TP {tp}"]
+    if cfg is None:
+        parts.append("KV cache: config.json not found locally (download the weights for an estimate)")
+    else:
+        t = cfg.get("text_config") or cfg
+        layers = t.get("layer_types")
+        n_full = sum(x == "full_attention" for x in layers) if layers else int(t.get("num_hidden_layers", 0))
+        kv = int(t.get("num_key_value_heads") or t.get("num_attention_heads") or 0)
+        hd = int(t.get("head_dim") or (t.get("hidden_size", 0) // max(1, t.get("num_attention_heads", 1))))
+        per_gpu_heads = max(1, -(-kv // tp))  # KV heads split over TP (replicated when fewer than TP)
+        kv_tok = 2 * n_full * per_gpu_heads * hd * 2
+        parts.append(f"KV {kv_tok / 1024:.0f} KiB/token per GPU ({n_full} full-attention layers x {kv} KV heads x "
+                     f"head dim {hd}, bf16{'; linear-attention layers keep a fixed per-request state' if layers else ''})")
+        if gpu_gb:
+            left = gpu_gb * mem_fraction - w_bytes / tp / 1e9
+            parts.append(f"of {gpu_gb:.0f} GB x {mem_fraction} = {gpu_gb * mem_fraction:.1f} GB per GPU, ~{left:.1f} GB "
+                         f"remain for the KV cache (~{max(left, 0) * 1e9 / kv_tok / 1e6:.2f} M tokens)")
+    return "memory (estimate): " + "; ".join(parts) + (f" [config: {where}]" if where else "")
+
+
+def _router_plan(a, servers: list[Server]) -> list[tuple[str, int, list[str]]]:
+    """One router per served model (a router over several models would send requests to any of them)."""
+    if not a.router:
+        return []
+    by_model: dict[str, list[str]] = {}
+    for s in servers:
+        by_model.setdefault(s.served, []).append(f"http://127.0.0.1:{s.port}")
+    return [(m, a.router_port + j, urls, a.prometheus_port + j) for j, (m, urls) in enumerate(by_model.items())]
+
+
+def ports_of(servers: list[Server], routers: list) -> list[tuple[str, int]]:
+    """Every port the launch binds, named; refused when two coincide."""
+    out = [(f"{s.name} http", s.port) for s in servers] + [(f"{s.name} nccl", s.nccl_port) for s in servers if s.nccl_port]
+    out += [(f"router-{port} http", port) for _, port, _, _ in routers]
+    out += [(f"router-{port} prometheus", prom) for _, port, _, prom in routers]
+    seen: dict = {}
+    for what, p in out:
+        if p in seen:
+            raise LaunchError(f"port {p} is planned twice ({seen[p]} and {what}): choose other --port / --router-port / "
+                              "--prometheus-port / --nccl-port bases")
+        seen[p] = what
+    return out
+
+
+def _client_url(a, port: int) -> str:
+    """The URL clients (and a gateway on another node) use: --advertise-host when given (a multi-node topology:
+    serving/gateway.py reads it from endpoints.json), else the listen address (0.0.0.0: this node's loopback)."""
+    if getattr(a, "advertise_host", None):
+        return f"http://{a.advertise_host}:{port}"
+    host = "127.0.0.1" if a.host in ("0.0.0.0", "::") else a.host
+    return f"http://{host}:{port}"
+
+
+def _quote(words: list[str]) -> str:
+    return " ".join(w if all(c.isalnum() or c in "_@%+=:,./-" for c in w) and w else shlex.quote(w) for w in words)
