@@ -252,7 +252,6 @@ def load_dataset_dir(root: str | Path, *, check_images: bool = True) -> dict[str
 def resolve_benchmark(name_or_path: str) -> Manifest:
     """``demo`` = the offline demo benchmark; else a benchmark directory or .jsonl path."""
     if name_or_path == "demo":
-
         return load_benchmark(ensure_demo_world() / "demo", "demo")
     return load_benchmark(name_or_path)
 
@@ -342,7 +341,6 @@ def load_selection(path: str | Path, benchmark: str) -> tuple[list[str], dict]:
 
 # ------------------------------------------------------------------ CLI
 def main(argv=None) -> int:
-
     ap = argparse.ArgumentParser(prog="python -m agent.benchmarks", description="benchmark manifests: stats and subsets",
                                  formatter_class=HelpFormatter, epilog="examples:\n"
                                  "  python -m agent.benchmarks stats DATA --json\n"
@@ -369,7 +367,6 @@ def main(argv=None) -> int:
     ss.add_argument("--out", help="write the subset's rows (or the selection file) here (default: print ids)")
     a = ap.parse_args(argv)
     if getattr(a, "max_image_mb", None):
-
         os.environ["MMCF_MAX_IMAGE_MB"] = str(a.max_image_mb)
     try:
         if a.cmd == "stats":

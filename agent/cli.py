@@ -55,7 +55,6 @@ class Parser(argparse.ArgumentParser):
                 break
             flag = tok.split("=", 1)[0]
             if flag.startswith("--") and flag not in known and not any(k.startswith(flag) for k in known):
-
                 close = difflib.get_close_matches(flag, sorted(known), n=1)
                 self.error(f"unrecognized argument: {flag}" + (f" (did you mean {close[0]}?)" if close else ""))
         return super().parse_known_args(args, namespace)

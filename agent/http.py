@@ -256,7 +256,6 @@ def _origin(u: str) -> tuple:
 
 
 async def _send_following(client, method, url, json_body, params, headers, policy, what):
-
     hdrs = dict(headers or {})
     origin = _origin(url)  # keys stay with the origin the caller named, across every hop
     body = dumps(json_body) if json_body is not None else None

@@ -231,7 +231,6 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     problems = []
     if a.tools == "live":
-
         try:
             require_live_tools(("search", "visit", "lens_search"))
         except MissingKeyError as e:
@@ -241,14 +240,12 @@ def main(argv=None) -> int:
     except PreflightError as e:
         problems.append(str(e))
     if a.benchmark:
-
         try:
             m = resolve_benchmark(a.benchmark)
             check_benchmark_images(m, m.samples)
         except (PreflightError, FileNotFoundError) as e:
             problems.append(str(e))
     if a.backend:
-
         async def ident(endpoint):
             b = make_backend(a.backend, endpoint=endpoint, model=a.model, model_dir=a.model_dir,
                              logprob_mode=a.logprob_mode, server=a.server, api_key_env=a.api_key_env)

@@ -51,7 +51,6 @@ def _kind(run) -> tuple[str, dict]:
 
 
 def release_points(runs=(), adaptive=(), *, react_runs=(), judge: str | None = None):
-
     all_runs = list(dict.fromkeys([*map(str, runs), *map(str, adaptive)]))
     judged, missing, label = tables.judged_runs(all_runs, judge)
     rows = []
@@ -108,7 +107,6 @@ def release_points(runs=(), adaptive=(), *, react_runs=(), judge: str | None = N
 
 
 def release_steps(adaptive=()):
-
     rows = []
     for rd in adaptive:
         run = load_run(rd)

@@ -38,7 +38,6 @@ __all__ = ["make_report", "main"]
 
 
 def _read(p: Path):
-
     if not p.exists():
         return None
     return pd.read_parquet(p) if p.suffix == ".parquet" else pd.read_csv(p)
@@ -101,7 +100,6 @@ def _pooled_figure2(react_runs: list[str], out: Path, made: list, missing: list)
         def with_bounds(g):  # the ΔH interval per step where the probe recorded it (probes/entropy.py)
             out = summarise_by(g, "step", "dH")
             if "dH_low" in g and g["dH_low"].notna().any():
-
                 out = out.merge(bounds_by_step(g), on="step", how="left")
             return out
 
@@ -205,13 +203,11 @@ def _figure4(judged, out: Path, made: list, missing: list) -> None:
 
 
 def _slug(s: str) -> str:
-
     return re.sub(r"[^A-Za-z0-9._-]+", "_", s).strip("_")[:60]
 
 
 def make_report(*, react=(), runs=(), removal_runs=(), out="figures/out", judge: str | None = None,
                 release_runs=()) -> dict:
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     made, missing = [], []
@@ -270,7 +266,6 @@ def make_report(*, react=(), runs=(), removal_runs=(), out="figures/out", judge:
 
 
 def main(argv=None) -> int:
-
     ap = make_parser("python -m analysis.report", __doc__, [
         "python -m analysis.report --react runs/react-9b runs/react-27b runs/react-35b --out figures/out",
         "python -m analysis.report --runs runs/*-mmsearch runs/*-simplevqa --judge llm"])

@@ -44,7 +44,6 @@ __all__ = ["calibrate", "labelled_steps", "simulate", "main"]
 
 
 def _read_inputs(run_dir: Path):
-
     ent = run_dir / "probes" / "entropy-teacher-forced" / "steps.parquet"
     rem = run_dir / "probes" / "removal" / "outcomes.csv"
     missing = []
@@ -129,7 +128,6 @@ def simulate(steps, outcomes, run, signal: str, threshold: float, patience: int)
 
 
 def calibrate(run_dir, *, signal: str = "kl", patience=(1, 2, 3), out_dir=None) -> dict:
-
     if signal not in SIGNALS:
         raise ValueError(f"--signal must be one of {SIGNALS}")
     run = load_run(run_dir)
@@ -182,7 +180,6 @@ def calibrate(run_dir, *, signal: str = "kl", patience=(1, 2, 3), out_dir=None) 
 
 
 def main(argv=None) -> int:
-
     ap = make_parser("python -m probes.calibrate_release", __doc__, [
         "python -m probes.calibrate_release runs/react-27b",
         "python -m probes.calibrate_release runs/fig2-demo --signal dH --patience 1,2"])

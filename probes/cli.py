@@ -62,7 +62,6 @@ class RecordedPrompts:
         self._takers = [b for b in members if getattr(b, "book", None) is not None]
 
     def lend(self, run, line: dict):
-
         if self.off or not self._takers:
             return _nothing
         fingerprint, pieces = run.prompt_pieces(line)

@@ -276,7 +276,6 @@ def refusal(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-
     ap = make_parser("python -m probes.fidelity", __doc__, [
         "python -m probes.fidelity runs/react-27b --backend sglang --endpoint http://gpu:30000 --model-dir /models/Qwen3.5-27B"])
     ap.add_argument("run_dir", help="a run directory with recorded tokens")
@@ -293,7 +292,6 @@ def main(argv=None) -> int:
         backend = backend_for(a, run.header)
         reference = None
         if a.reference_model_dir:
-
             reference = make_backend("local", model_dir=a.reference_model_dir, logprob_mode="raw")
         try:
             return await check_servers(a.run_dir, backend, samples=a.samples, reference=reference, out_dir=a.out,

@@ -193,7 +193,6 @@ class Annotator:
 async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, concurrency: int = 8,
                        limit: int | None = None, observation_chars: int = 1500, max_tokens: int = 8192,
                        progress: bool = True, include_unparsed: bool = False) -> dict:
-
     run = load_run(run_dir)
     out = Path(out_dir) if out_dir else run.path / "probes" / "grounding"
     out.mkdir(parents=True, exist_ok=True)
@@ -287,7 +286,6 @@ def annotator_backend(kind: str, *, endpoint, model: str, api_key_env: str | Non
     if kind == "scripted":
         return make_backend("scripted")
     if isinstance(endpoint, (list, tuple)):
-
         urls = list(dict.fromkeys(endpoint)) or [JUDGE_ENDPOINT]
         made = [annotator_backend(kind, endpoint=u, model=model, api_key_env=api_key_env) for u in urls]
         return made[0] if len(made) == 1 else Spread(made)
@@ -300,7 +298,6 @@ def annotator_backend(kind: str, *, endpoint, model: str, api_key_env: str | Non
 
 
 def main(argv=None) -> int:
-
     ap = make_parser("python -m probes.grounding", __doc__, [
         "python -m probes.grounding runs/react-27b                      # Gemini-3-Flash on OpenRouter",
         "python -m probes.grounding runs/react-27b --judge-endpoint http://gpu:30001 --judge-model qwen3.5-27b",

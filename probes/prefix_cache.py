@@ -227,7 +227,6 @@ def report(streams, *, capacity: int, servers: int, concurrency: int) -> list[di
 
 
 def main(argv=None) -> int:
-
     ap = make_parser("python -m probes.prefix_cache", __doc__, [
         "python -m probes.prefix_cache runs/react-27b --model-dir /models/Qwen3.5-27B --servers 2",
         "python -m probes.prefix_cache runs/fig2-demo --capacity-tokens 20000   # the demo, a small cache"])

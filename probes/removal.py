@@ -204,7 +204,6 @@ async def removal_probe(run_dir, steps: list[int], *, out_dir=None, **kw) -> dic
 async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, out_dir=None, concurrency: int = 8,
                          limit: int | None = None, progress: bool = True, force: bool = False,
                          hardware: dict | None = None, retokenize: bool = False) -> dict:
-
     run = load_run(run_dir)
     h = run.header
     if h.get("method") != "react" or h.get("remove_images_from_step") is not None:
@@ -322,7 +321,6 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
 
 
 def main(argv=None) -> int:
-
     ap = make_parser("python -m probes.removal", __doc__, [
         "python -m probes.removal runs/react-27b --steps 1..5          # judged by the paper's LLM judge",
         "python -m probes.removal runs/demo-react --steps 1..3 --judge exact --backend scripted"])
@@ -348,7 +346,6 @@ def main(argv=None) -> int:
         grader = Grader(a.judge, endpoint=a.judge_endpoint, model=a.judge_model, api_key_env=a.judge_api_key_env,
                         server=server)
         try:
-
             hw = serving_hardware(backend, gpus_per_server=a.gpus_per_server, serving_dir=a.serving_dir)
             return await removal_probe(a.run_dir, parse_steps(a.steps), backend=backend, grader=grader, out_dir=a.out,
                                        hardware=hw,

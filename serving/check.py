@@ -87,7 +87,6 @@ def default_image() -> Path:
 
 
 async def run_check(args) -> dict:
-
     endpoint = single_endpoint(args)
     kind = args.backend or ("openai" if endpoint else "local")
     if kind in ("openai", "sglang"):
@@ -146,7 +145,6 @@ def next_command(args) -> str:
 
 
 def main(argv=None) -> int:
-
     ap = make_parser("python -m serving.check", __doc__, [
         "python -m serving.check --endpoint http://localhost:30000                          # OpenAI chat API",
         "python -m serving.check --backend sglang --endpoint http://localhost:30000 --model-dir /models/Qwen3.5-27B",

@@ -145,7 +145,6 @@ def _wait_router(url: str, model: str, proc, log: str, timeout: float) -> None:
 
 
 def main(argv=None) -> int:
-
     ap = make_parser("python -m serving.gateway", __doc__, [
         "python -m serving.gateway /shared/serve/node1 /shared/serve/node2 --port 30100",
         "python -m serving.gateway /shared/serve/* --dry-run"])
@@ -217,7 +216,6 @@ def main(argv=None) -> int:
             write_endpoints(run_dir, entries)
             print(f"ready: http://{host}:{p['port']} serves {p['model']}", flush=True)
     except LaunchError as e:
-
         for proc in started:
             kill_group(proc.pid)
         print(f"gateway: {e}\ngateway: stopped the routers this command started", file=sys.stderr)

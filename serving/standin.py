@@ -272,7 +272,6 @@ def _new_state(input_logprobs=None) -> dict:
 
 
 def _arr(xs):
-
     return array("q", [int(x) for x in xs])
 
 

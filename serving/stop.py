@@ -112,7 +112,6 @@ def stop_dir(run_dir: Path, timeout: float = 30.0) -> list[str]:
 
 
 def main(argv=None) -> int:
-
     ap = make_parser("bash serving/stop.sh", __doc__, ["bash serving/stop.sh", "bash serving/stop.sh --run-dir .serve-27b --timeout 60"])
     ap.add_argument("--run-dir", default=os.environ.get("MMCF_SERVE_DIR", ".serve"),
                     help="the launcher's --run-dir ($MMCF_SERVE_DIR or .serve)")

@@ -41,7 +41,6 @@ def make_backend(kind: str = "local", *, endpoint: str | None = None, model: str
                  api_key_env: str | None = None, **kw) -> Backend:
     """Build a backend by name. ``local`` with no ``model_dir`` uses the embedded tiny Qwen3.5."""
     if kind == "local":
-
         return LocalBackend(model_dir or ensure_tiny_model(), logprob_mode=logprob_mode, **kw)
     if kind == "openai":
         if not endpoint:
@@ -49,7 +48,6 @@ def make_backend(kind: str = "local", *, endpoint: str | None = None, model: str
 
         return OpenAIBackend(endpoint, model, server=server, logprob_mode=logprob_mode, api_key_env=api_key_env, **kw)
     if kind == "scripted":
-
         return DemoModel()
     if kind == "sglang":
         if not endpoint or not model_dir:

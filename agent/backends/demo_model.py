@@ -89,7 +89,6 @@ def _tool(name: str, reasoning: str, **args) -> str:
 
 # ---------------------------------------------------------------------------- agents
 def _react(messages) -> str:
-
     q, g = _question(messages), grounding_steps_for(messages)
     turns = _assistants(messages)
     n = len(turns) + 1
@@ -113,7 +112,6 @@ def _react(messages) -> str:
 
 
 def _mmcf(messages) -> str:
-
     q = _question(messages)
     last = text_of(messages[-1])
     if INIT in last:
@@ -166,7 +164,6 @@ def _agentfold(messages) -> str:
 
 
 def _contextfold(messages) -> str:
-
     q = _question(messages)
 
     def fn(name, **p):

@@ -63,7 +63,6 @@ class ImageData:
         return _data_uri(self)
 
     def pil(self):
-
         img = Image.open(io.BytesIO(self.data))
         img.load()
         return img.convert("RGB") if img.mode not in ("RGB", "L") else img
@@ -73,7 +72,6 @@ class _ByteLRU:
     """A dict bounded by the bytes of its values, least recently used out first (callers hold ``_lock``)."""
 
     def __init__(self, budget: int):
-
         self.items: "OrderedDict" = OrderedDict()
         self.budget, self.bytes = budget, 0
 

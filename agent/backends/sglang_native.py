@@ -134,7 +134,6 @@ class SGLangBackend:
         self.public = public_url(self.url)  # what records and messages may name (no credentials)
         name = str(model_dir).rstrip("/").split("/")[-1]  # "Qwen3.5-27B" for a path or a hub id
         if renderer is None:
-
             model_dir = resolve_model_dir(model_dir)  # a directory, or a hub id in the local HF cache
         self.tok = renderer or load_chat_renderer(model_dir)
         self._encode = _piece_encoder(self.tok)
@@ -261,7 +260,6 @@ class SGLangBackend:
     def _vision_grid(self):
         """The processor's resize rule read from its config (no torch), or None when it is not a Qwen-VL one."""
         if self._grid is False:
-
             try:
                 self._grid = VisionGrid.from_model_dir(self.model_dir)
             except UnknownProcessor:

@@ -95,7 +95,6 @@ class Spread:
         return await self._call("score", *args, **kw)
 
     async def identity(self) -> dict:
-
         idents = [await model_identity(b) for b in self.backends]
         for b, ident in zip(self.backends[1:], idents[1:]):
             why = same_model(idents[0], ident)

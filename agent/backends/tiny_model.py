@@ -235,7 +235,6 @@ def ensure_tiny_model(path: str | os.PathLike | None = None, *, seed: int = 0, q
     tmp = p.with_name(p.name + f".tmp-{os.getpid()}")
     build(tmp, seed=seed)
     if p.exists():
-
         shutil.rmtree(p)
     os.replace(tmp, p)
     return p

@@ -49,7 +49,6 @@ def cohen_kappa(a: list[str], b: list[str]) -> float | None:
 
 
 def _grades(run_dir: Path, name: str) -> dict:
-
     recs, label = grades_of(run_dir, name)  # refuses a mixed or rerouted judge file
     return {"label": label, "recs": {(r["sample_id"], r["trial"]): r for r in recs}}
 
@@ -73,7 +72,6 @@ def _block(units: list, A: dict, B: dict, rng) -> dict:
 
 
 def agreement(run_dir, a: str, b: str, *, common_only: bool = False, seed: int = 0) -> dict:
-
     run_dir = Path(run_dir)
     A, B = _grades(run_dir, a), _grades(run_dir, b)
     if A["label"] == B["label"]:
@@ -130,7 +128,6 @@ def markdown(rep: dict) -> str:
 
 
 def main(argv=None) -> int:
-
     ap = make_parser("python -m agent.judge agree", __doc__, [
         "python -m agent.judge agree runs/react-27b", "python -m agent.judge agree runs/react-27b --judges llm qwen27b"])
     ap.add_argument("run_dir", help="a run graded by two judges (python -m agent.judge ... --judge-name NAME)")

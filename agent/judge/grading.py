@@ -141,7 +141,6 @@ class Grader:
 
     def client(self):
         if self.backend is None:
-
             endpoint, model, key_env, server = self._spec
             key_env = judge_key_env(endpoint, key_env)
             if key_env and not os.environ.get(key_env):

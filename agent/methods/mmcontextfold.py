@@ -186,5 +186,4 @@ async def _branch(ep: Episode, bid: str, subtask: dict, inherited: list[dict], m
 
 
 def _visible_without_calls(text: str) -> str:
-
     return re.sub(r"<tool_call>.*?(</tool_call>|$)", "", text or "", flags=re.S).strip()

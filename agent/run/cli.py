@@ -30,7 +30,6 @@ __all__ = ["build_parser", "config_from_args", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-
     ap = make_parser("python -m agent.run", RUN_DOC, [
         "python -m agent.run --method react --out runs/demo-react                       # embedded tiny model, offline world",
         "python -m agent.run --method mmcontextfold --backend scripted --out runs/demo-mmcf   # the scripted FAKE demo model",
@@ -145,7 +144,6 @@ def _dry_run(cfg: RunConfig, a) -> int:
     samples = select_samples(manifest, cfg)
     units = all_units(cfg, samples)
     if cfg.part is not None:
-
         units = shard_units(units, *cfg.part)
     cache = cfg.tool_cache or str(Path(cfg.out) / "tools.sqlite")
     p = project(cfg.spec().method, len(units), samples, pilot=a.pilot, cache_path=cache, prices=load_prices(a.prices))
@@ -202,7 +200,6 @@ def main(argv=None) -> int:
     except (ValueError, RunError, BackendError, OSError, MissingKeyError, PreflightError) as e:
         full = disk_full(e)
         if full is not None:
-
             inside = bool(full) and Path(a.out).resolve() in Path(full).resolve().parents
             print(f"error: {full if inside else a.out}: the disk is full (No space left on device). Finished units are kept; free "
                   f"space where {a.out} lives (df -h {a.out}), then rerun the same command to resume", file=sys.stderr)

@@ -114,7 +114,6 @@ class RunConfig:
 
 
 def make_backends(cfg: RunConfig) -> list:
-
     if cfg.backend == "local":
         return [make_backend("local", model_dir=cfg.model_dir, logprob_mode=cfg.logprob_mode)]
     if cfg.backend == "scripted":
@@ -152,7 +151,6 @@ def header_for(cfg: RunConfig, manifest, argv, model: dict | None = None) -> dic
 def select_samples(manifest, cfg: RunConfig) -> list:
     samples = manifest.samples
     if cfg.selection:
-
         ids, _ = load_selection(cfg.selection, manifest.name)
         want = set(ids)
         samples = [s for s in samples if s.id in want]

@@ -213,5 +213,4 @@ def claimer(jobs: list, counter=None):
 
 
 def progress_bar(total: int, enabled: bool, label: str):
-
     return tqdm(total=total, desc=label, unit="sample", disable=not enabled, mininterval=1.0, file=sys.stderr)

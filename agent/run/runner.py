@@ -56,7 +56,6 @@ async def run(cfg: RunConfig, argv=None, *, backends: list | None = None, toolbo
     finally:
         if cfg.shard is None and rd.results.exists():  # the cost ledger (agent/ledger.py), after every invocation
             try:
-
                 write_ledger(rd.path)
             except Exception as e:  # noqa: BLE001 - the ledger is a report: never what fails a run
                 print(f"warning: {rd.path}/ledger.json not written ({type(e).__name__}: {e}); "
@@ -67,7 +66,6 @@ async def run(cfg: RunConfig, argv=None, *, backends: list | None = None, toolbo
 async def identify_backends(cfg: RunConfig, backends: list | None) -> dict:
     """The one model every backend serves (asking each server); refuses unreachable or mixed endpoints."""
     if backends is None and cfg.backend == "local":
-
         return local_identity(cfg.model_dir or ensure_tiny_model())
     own = backends is None
     backends = backends if backends is not None else make_backends(cfg)
@@ -119,10 +117,8 @@ async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends,
         print("NOTE: --backend scripted is a FAKE demo model (agent/backends/demo_model.py): its behaviour and "
               "numbers are planted, not measured.", file=sys.stderr)
     if cfg.tools == "live" and spec.method != "direct" and toolbox is None:
-
         require_live_tools(spec.allowed_tools())
     if manifest.problems:
-
         kinds = _C(p.kind for p in manifest.problems)
         print(f"{manifest.path}: {len(manifest.problems)} data problem(s) {dict(kinds)}; first: "
               f"line {manifest.problems[0].line}: {manifest.problems[0].detail}. Rows with a refused path, broken "
@@ -135,7 +131,6 @@ async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends,
     selection = {"limit": cfg.limit, "sample_ids": cfg.sample_ids, "n_samples": len(samples),
                  "skipped": [i for i, _ in skipped_images]}
     if cfg.selection:
-
         selection["selection_file"] = load_selection(cfg.selection, manifest.name)[1]
     if seed_source == "given" and ident.get("deterministic") is False:
         print("WARNING: --seed has no effect on this server: it runs without --enable-deterministic-inference "
@@ -152,7 +147,6 @@ async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends,
         if all(isinstance(b, ScriptedBackend) for b in backends):
             head["backend"] = {**head["backend"], "kind": "scripted", "embedded_tiny_model": False}
     if cfg.part is not None:
-
         head["shard"] = shard_record(all_units(cfg, samples), *cfg.part)
     header = rd.write_header({**head, "selection": selection, "seed_source": seed_source}, force=cfg.force)
     if skipped_images:

@@ -72,7 +72,6 @@ class CheckReport:
         return out
 
     def to_dict(self) -> dict:
-
         return {**asdict(self), "intact": self.intact, "complete": self.complete}
 
 
@@ -80,7 +79,6 @@ def _expected_keys(rd: "RunDir", header: dict) -> set | None:
     """The (sample, trial) units the run was asked for, from the manifest and the recorded selection."""
     sel = header.get("selection") or {}
     try:
-
         m = resolve_benchmark(header.get("benchmark_path") or header.get("benchmark", ""))
     except Exception:  # noqa: BLE001 - the manifest moved: fall back to the recorded count
         return None
@@ -180,7 +178,6 @@ def check_run(path, *, deep: bool = True, repair: bool = False) -> CheckReport:
             rep.missing_images += [(f"{key[0]}/t{key[1]}", h[:12]) for h in sorted(need - stored)]
         cache = (header.get("tools") or {}).get("cache") or str(rd.path / "tools.sqlite")
         if Path(cache).exists():
-
             try:
                 con = sqlite3.connect(f"file:{cache}?mode=ro", uri=True, timeout=30)
                 res = con.execute("PRAGMA integrity_check").fetchall()
@@ -255,11 +252,8 @@ def _repair(rd: "RunDir", rep: CheckReport, torn_raw: list) -> None:
 
 
 def main(argv=None) -> int:
-
-
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["merge"]:
-
         return merge_main(args[1:])
 
     ap = make_parser("python -m agent.rundir", "Run-directory tools: check is a run complete and intact.",
@@ -284,7 +278,6 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:
-
         if e.errno != errno.ENOSPC:
             raise
         print(f"error: {e.filename or a.run_dir}: the disk is full; --repair needs only room for the torn lines' "
@@ -296,7 +289,6 @@ def main(argv=None) -> int:
         print("damaged: python -m agent.rundir check RUN_DIR --repair quarantines torn lines and orphans; "
               "rerun the run command to redo the units they held", file=sys.stderr)
     elif not a.json:
-
         done([f"{a.run_dir}/quarantine/"] if a.repair else [],
              f"python -m agent.show {a.run_dir}" if rep.complete else
              "rerun the run's command (python -m agent.run ... with the same --out) to finish the missing units")

@@ -31,7 +31,6 @@ class RunError(RuntimeError):
 
 
 def versions() -> dict:
-
     out = {"python": platform.python_version()}
     for pkg in ("mmcf-toolkit", "numpy", "pyarrow", "httpx", "torch", "transformers", "sglang"):
         try:

@@ -102,7 +102,6 @@ def _gpus_for(url: str | None, serving_dir, gpus_per_server, cache: dict, held: 
         return None
     key = (url, held)
     if key not in cache:
-
         cache[key] = (gpus_held if held else gpus_behind)(url, serving_dir)
     return cache[key]
 
@@ -113,7 +112,6 @@ def _money(*parts):
 
 
 def compute_ledger(run_dir, *, prices: dict | None = None, serving_dir=None, gpus_per_server: int | None = None) -> dict:
-
     prices = prices or load_prices()
     run = load_run(run_dir)
     gpu_price = (prices.get("gpu_hour") or {}).get("price")
@@ -217,7 +215,6 @@ def compute_ledger(run_dir, *, prices: dict | None = None, serving_dir=None, gpu
 
 
 def write_ledger(run_dir, **kw) -> dict:
-
     led = compute_ledger(run_dir, **kw)
     _atomic_write(Path(run_dir) / "ledger.json", json.dumps(led, indent=2).encode())
     return led

@@ -54,7 +54,6 @@ def _tool_cache_of(path: Path, header: dict) -> Path | None:
 
 
 def _header_diff(a: dict, b: dict) -> list[str]:
-
     out = [f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in MERGE_KEYS if a.get(k) != b.get(k)]
     sa, sb = dict(a.get("selection") or {}), dict(b.get("selection") or {})
     if sa != sb:
@@ -124,7 +123,6 @@ def _plan(shard_dirs: list) -> tuple[list, dict]:
 
 
 def _merge_caches(out: Path, caches: list[Path]) -> dict:
-
     dst = ToolCache(out)
     dst.close()
     stats = {"entries": 0, "from_shards": 0, "same": 0, "disagreeing": 0, "transient_replaced": 0}
@@ -252,8 +250,6 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 
 def main(argv=None) -> int:
-
-
     ap = argparse.ArgumentParser(prog="python -m agent.rundir merge", description=__doc__.split("\n\n")[0])
     ap.add_argument("out", help="the merged run directory (new)")
     ap.add_argument("shards", nargs="+", help="the shard directories (python -m agent.run … --shard I/N)")

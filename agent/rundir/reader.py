@@ -45,7 +45,6 @@ class Run:
         return Lines(self.path / "results.jsonl", [line])[0]
 
     def samples(self):
-
         keep = ("sample_id", "trial", "method", "variant", "benchmark", "category", "paper_category", "status",
                 "answer", "gold", "error", "n_calls", "n_tool_calls", "generated_tokens", "think_tokens",
                 "duration_s", "model")
@@ -62,7 +61,6 @@ class Run:
         return pd.DataFrame(rows)
 
     def calls(self):
-
         rows = []
         for ln in self.index:
             for c in ln.get("calls", []):

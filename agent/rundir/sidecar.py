@@ -61,7 +61,6 @@ def read_parquet(path, columns: list[str] | None = None):
 
 
 def _fixed(arr2d: np.ndarray):
-
     n, k = arr2d.shape
     return pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(arr2d).reshape(-1)), k)
 
@@ -104,7 +103,6 @@ def rank_ids(top_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _pack_dict(d: np.ndarray) -> bytes:
-
     delta = np.diff(d.astype(np.int64), prepend=0).astype(np.int32)  # within a count class ids ascend: small
     raw = delta.tobytes()
     # byte planes (as byte-stream split does) before zstd: the high bytes of small deltas are zeros
@@ -113,7 +111,6 @@ def _pack_dict(d: np.ndarray) -> bytes:
 
 
 def _unpack_dict(blob: bytes) -> np.ndarray:
-
     head, body = blob.split(b":", 1)
     n = int(head)
     if n == 0:
@@ -307,7 +304,6 @@ def _undelta(delta: np.ndarray) -> np.ndarray:
 
 
 def _plain(col, name: str) -> np.ndarray:
-
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks()
     if name in ("top_ids", "top_logprobs"):

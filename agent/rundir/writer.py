@@ -189,7 +189,6 @@ class RunDir(RunIndex):
                            f"({e.strerror or e}); finished lines are kept, rerun to resume") from e
 
     def store_image(self, path) -> str | None:
-
         try:
             img = load_image(path)
         except ImageError:

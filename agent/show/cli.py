@@ -15,7 +15,6 @@ from .text import render_text
 
 
 def main(argv=None) -> int:
-
     ap = make_parser("python -m agent.show", SHOW_DOC, [
         "python -m agent.show runs/demo-react",
         "python -m agent.show runs/demo-react demo_3 --reasoning",

@@ -45,8 +45,6 @@ def _image_uri(run: Run, sha: str, cache: dict, missing: list, max_px: int | Non
     data, ext = p.read_bytes(), p.suffix.lstrip(".").replace("jpg", "jpeg")
     max_px = EMBED_PX if max_px is None else max_px
     if max_px:
-
-
         try:
             with Image.open(io.BytesIO(data)) as im:
                 if max(im.size) > max_px:
@@ -117,11 +115,9 @@ def _run_vocab(run: Run) -> int | None:
 
     b = run.header.get("backend") or {}
     if b.get("kind") == "scripted":
-
         return ScriptedBackend.vocab
     md = b.get("model_dir")
     if not md and (b.get("kind") == "local" or b.get("embedded_tiny_model")):
-
         md = default_tiny_dir()
     return model_vocab_size(md) if md else None
 

@@ -21,7 +21,6 @@ def make_toolbox(kind: str = "offline", *, world_dir=None, cache_path=None, mode
                  live_fallback: bool = False, visit_max_chars: int = 12000, thumbnail_dir=None) -> Toolbox:
     """``thumbnail_dir``: where live Lens result images are saved (default: beside the cache, ``<cache>.images/``)."""
     if kind == "offline":
-
         provider = OfflineProvider(world_dir or ensure_demo_world(), visit_max_chars=visit_max_chars)
     elif kind == "live":
         if thumbnail_dir is None and cache_path:

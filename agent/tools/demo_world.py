@@ -25,7 +25,6 @@ WORLD_VERSION = "demo-world-v1"
 
 
 def _draw(name: str):
-
     W, H = 160, 120
     im = Image.new("RGB", (W, H), (245, 245, 240))
     d = ImageDraw.Draw(im)
@@ -174,7 +173,6 @@ def ensure_demo_world(out_dir: str | os.PathLike | None = None) -> Path:
 
 
 def main(argv=None) -> int:
-
     ap = make_parser("python -m agent.tools.demo_world", "Write the shipped offline demo world and the 'demo' benchmark.",
                      ["python -m agent.tools.demo_world /tmp/demo-world", "python -m agent.tools.demo_world"])
     ap.add_argument("out_dir", nargs="?", help="where to write world/ and demo/ (default: the cache directory)")

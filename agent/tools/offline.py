@@ -45,7 +45,6 @@ class OfflineProvider:
     kind = "offline"
 
     def __init__(self, world_dir: str | Path, *, visit_max_chars: int = 12000, phash_max_distance: int = 10):
-
         root = Path(world_dir)
         root = root / "world" if (root / "world" / "pages.jsonl").exists() else root
         pages = root / "pages.jsonl"

@@ -40,7 +40,6 @@ def _print_summary(s) -> None:
 
 
 async def _demo(args) -> int:
-
     print(DEMO_BANNER, flush=True)
     out = Path(args.demo_dir)
     print(f"\n[1/2] collecting {args.demo_samples} ReAct trajectories on the demo benchmark -> {out}", flush=True)
@@ -95,7 +94,6 @@ async def _fidelity_first(args, backend) -> dict:
 
 
 def main(argv=None) -> int:
-
     ap = make_parser("python -m probes.entropy", PROBE_DOC, [
         "python -m probes.entropy                                   # the embedded demo (random model)",
         "python -m probes.entropy runs/react-27b --mode teacher-forced --backend sglang --endpoint http://gpu:30000 "

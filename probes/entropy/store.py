@@ -186,7 +186,6 @@ def read_step_tokens(tokens_dir: Path, key: str) -> dict[int, dict]:
     file; a probe from before it wrote ``<key>__c<step>.parquet`` per step, read too)."""
     out = TokenStore(tokens_dir)._read(key)
     if not out:
-
         for p in tokens_dir.glob(f"{key}__c*.parquet"):
             try:
                 step = int(p.stem.rsplit("__c", 1)[1])

@@ -1,0 +1,193 @@
+"""Figure 1 (tool calls per step), Figure 4 (accuracy by context length) and the release figure (ours)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.stats import bootstrap_ci, wilson_ci
+
+from .style import DOUBLE, TOOL_LABEL, TOOL_ORDER, _legend_outside, _plt, _steps_axis, _subpanels, _title, _wrap, save
+
+
+def tool_shares(calls, max_step: int = 20):
+    """(shares %, counts): per step (rows) and tool (columns), among the tool calls issued at that step."""
+    df = calls[calls["tool"].notna() & (calls["index"] <= max_step)]
+    counts = df.groupby(["index", "tool"]).size().unstack(fill_value=0)
+    counts = counts.reindex(columns=[t for t in TOOL_ORDER if t in counts.columns] +
+                            [t for t in counts.columns if t not in TOOL_ORDER], fill_value=0)
+    totals = counts.sum(axis=1)
+    return counts.div(totals.where(totals > 0, 1), axis=0) * 100, counts
+
+
+def fig1_tool_calls(calls, stem, *, max_step: int = 20, title: str | None = None, mark: str | None = None):
+    """Figure 1: the share (%) of each tool among the tool calls issued at each step (LLM call index).
+
+    ``calls``: one row per LLM call with ``index`` and ``tool`` (None when the call made no tool call).
+    Shares, not counts (the number of tool calls behind each bar is printed above it), over steps 1..max_step.
+    """
+    plt, sns = _plt()
+    shares, counts = tool_shares(calls, max_step)
+    totals = counts.sum(axis=1)
+    shares.to_csv(Path(stem).with_suffix(".csv"))  # the plotted numbers, beside the figure
+    fig, ax = plt.subplots(figsize=(DOUBLE, 2.5), layout="constrained")
+    bottom = np.zeros(len(shares))
+    colors = sns.color_palette("colorblind", n_colors=max(3, shares.shape[1]))
+    for j, tool in enumerate(shares.columns):
+        ax.bar(shares.index, shares[tool].to_numpy(), bottom=bottom, label=TOOL_LABEL.get(tool, tool), color=colors[j],
+               width=0.8)
+        bottom += shares[tool].to_numpy()
+    for x, n in totals.items():
+        ax.text(x, 101.5, f"{n}", ha="center", va="bottom", fontsize=5.5, color="0.35")
+    ax.set_xlabel("step t (LLM call index)")
+    ax.set_ylabel("share of tool calls (%)")
+    ax.set_ylim(0, 110)
+    ax.set_yticks(range(0, 101, 20))
+    _steps_axis(ax, range(1, max_step + 1), max_step)
+    if shares.shape[1]:
+        _legend_outside(ax, ncol=3)
+    else:
+        ax.text(0.5, 0.5, "no tool calls in these trajectories", ha="center", va="center", transform=ax.transAxes)
+    _title(ax, title, "Figure 1: tool calls by type per step (numbers: tool calls at that step)", 110)
+    save(fig, stem, mark)
+    return fig
+
+
+def context_bins(samples, bins=(1, 5, 9, 13, 17, 21), by=("method",)):
+    """Figure 4's numbers: per group (``by``) and trajectory-length bin, n, the mean length, the mean working
+    context with its 95% bootstrap CI, and the accuracy with its 95% Wilson interval."""
+
+
+    labels = [f"{lo}-{hi - 1}" for lo, hi in zip(bins[:-1], bins[1:])]
+    rows = []
+    for key, g in samples.groupby(list(by), sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        cut = np.digitize(g["n_calls"], bins[1:-1], right=False)
+        for i, lab in enumerate(labels):
+            gi = g[cut == i]
+            if not len(gi):
+                continue
+            wc = gi["max_prompt_tokens"].to_numpy(dtype=float)
+            lo, hi = bootstrap_ci(wc, reps=500)
+            k = int(gi["correct"].sum())
+            alo, ahi = wilson_ci(k, len(gi))
+            rows.append({**dict(zip(by, key)), "bin": lab, "bin_index": i, "n": len(gi),
+                         "mean_length": float(gi["n_calls"].mean()), "working_context": float(wc.mean()),
+                         "wc_ci_low": lo, "wc_ci_high": hi, "accuracy": 100.0 * k / len(gi),
+                         "acc_ci_low": 100 * alo, "acc_ci_high": 100 * ahi})
+    out = pd.DataFrame(rows)
+    out.attrs["labels"] = labels
+    return out
+
+
+def fig4_context(samples, stem, *, bins=(1, 5, 9, 13, 17, 21), mark: str | None = None, title: str | None = None):
+    """Figure 4: (a) each trajectory's working context against its length, (b) accuracy against length, per method.
+
+    ``samples``: one row per trajectory with ``method``, ``n_calls`` (trajectory length in LLM calls),
+    ``max_prompt_tokens`` (working context: the largest prompt of any single call) and ``correct`` (bool).
+    (a) every trajectory (light points) and the mean per length bin at the bin's mean length, with its 95%
+    bootstrap CI as a band; (b) the accuracy per bin with its 95% Wilson band and the n behind each point.
+    The binned numbers are written beside the figure (``stem.csv``). One model's trajectories per call: the
+    caller decides what to pool (analysis.report never pools different model mixes).
+    """
+    plt, sns = _plt()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(DOUBLE, 2.9), layout="constrained")
+    methods = list(dict.fromkeys(samples["method"]))
+    colors = dict(zip(methods, sns.color_palette("colorblind", n_colors=max(3, len(methods)))))
+    tab = context_bins(samples, bins)
+    labels = tab.attrs["labels"]
+    rng = np.random.default_rng(0)
+    off = 0.08 * (len(methods) - 1)
+    for j, (m, g) in enumerate(samples.groupby("method", sort=False)):
+        jitter = rng.uniform(-0.25, 0.25, len(g))
+        a.scatter(g["n_calls"] + jitter, g["max_prompt_tokens"], s=3, alpha=0.25, color=colors[m], linewidths=0)
+        t = tab[tab["method"] == m]
+        a.fill_between(t["mean_length"], t["wc_ci_low"].fillna(t["working_context"]),
+                       t["wc_ci_high"].fillna(t["working_context"]), color=colors[m], alpha=0.15, lw=0)
+        a.plot(t["mean_length"], t["working_context"], "o-", ms=3, lw=1.1, color=colors[m], label=m)
+        x = t["bin_index"].to_numpy(dtype=float) + (-off / 2 + 0.08 * j if len(methods) > 1 else 0)
+        b.fill_between(x, t["acc_ci_low"], t["acc_ci_high"], color=colors[m], alpha=0.12, lw=0)
+        b.plot(x, t["accuracy"], "o-", ms=3, lw=1.1, color=colors[m], label=m)
+        for xi, y, c in zip(x, t["accuracy"], t["n"]):
+            b.annotate(f"{c}", (xi, y), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=5,
+                       color=colors[m])
+    a.set_xlim(bins[0] - 0.6, bins[-1] - 0.4)
+    a.set_xticks(range(bins[0], bins[-1], max(1, (bins[-1] - bins[0]) // 10)))
+    a.set_xlabel("trajectory length (LLM calls)")
+    a.set_ylabel("working context (max prompt tokens)")
+    a.set_title("(a) working context vs trajectory length")
+    b.set_xticks(range(len(labels)), labels)
+    b.set_xlabel("trajectory length (LLM calls); n above each point")
+    b.set_ylabel("accuracy (%)")
+    b.set_ylim(-3, 108)
+    b.set_title("(b) accuracy vs trajectory length (95% Wilson band)")
+    _legend_outside(b, ncol=min(4, len(methods)))  # one legend: both panels draw the same methods
+    fig.suptitle(_wrap(title or "Figure 4", 120))
+    tab.to_csv(Path(stem).with_suffix(".csv"), index=False)
+    save(fig, stem, mark)
+    return fig
+
+
+def fig_release(points, steps, stem, *, mark: str | None = None, subtitle: str | None = None, hist_policy=None):
+    """The adaptive image release (ours): (a) accuracy against query-image steps kept — ReAct with the images
+    kept, each fixed Removal@k, each adaptive policy (ε, M): the Pareto picture; (b) when the detector released
+    the images, per paper category (one adaptive policy: ``hist_policy``, default the calibrated one)."""
+    plt, sns = _plt()
+    fig, (ax, bx) = _subpanels(plt, 1, 2, (DOUBLE, 3.8))
+    pal = sns.color_palette("colorblind", 8)
+    ref = points[points["series"] == "ReAct (images kept)"]
+    for r in ref.itertuples():
+        ax.plot(r.image_steps, r.accuracy, marker="*", ms=9, ls="none", color="k", label=f"ReAct, images kept (n={int(r.n)})")
+    for j, series in enumerate(("R@k (runs)", "R@k (replays)")):
+        g = points[points["series"] == series].sort_values("k")
+        if not len(g):
+            continue
+        ax.plot(g["image_steps"], g["accuracy"], marker="os"[j], ms=5, ls="-" if j == 0 else "--", lw=1.0,
+                color=pal[j], label=f"fixed Removal@k ({'runs' if j == 0 else 'replays of the ReAct run'}; "
+                                    f"n={int(g['n'].max())})")
+        for r in g.itertuples():
+            ax.annotate(f"k={int(r.k)}", (r.image_steps, r.accuracy), textcoords="offset points",
+                        xytext=(3, -8 if j else 3), fontsize=5, color=pal[j])
+    ad = points[points["series"] == "adaptive"].sort_values("threshold")
+    for i, r in enumerate(ad.itertuples()):
+        ax.plot(r.image_steps, r.accuracy, marker="D", ms=7, ls="none", color=pal[(i + 2) % len(pal)],
+                markeredgecolor="k", markeredgewidth=0.5,
+                label=f"adaptive {r.signal} ε={r.threshold:.3g}, M={int(r.patience)} (n={int(r.n)})")
+    ax.set_xlabel(_wrap("query-image steps kept per trajectory (query images in context, summed over its calls)", 60))
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(-3, 108)
+    ax.set_yticks(range(0, 101, 20))
+    ax.set_xlim(left=-0.2)
+    ax.set_title("(a) accuracy vs. images kept in context")
+    _legend_outside(ax)
+    if steps is None or not len(steps):
+        bx.text(0.5, 0.5, "(b) no adaptive run", ha="center", va="center", transform=bx.transAxes)
+        bx.set_axis_off()
+    else:
+        pol = hist_policy or (steps[steps["calibrated"]]["policy"].iloc[0] if steps["calibrated"].any()
+                              else steps["policy"].iloc[0])
+        d = steps[steps["policy"] == pol]
+        never = int(np.nanmax(d["n_calls"].astype(float))) + 1 if len(d) else 1
+        d = d.assign(bin=d["release_step"].fillna(never).astype(int))
+        cats = [c for c in dict.fromkeys(d["paper_category"]) if c is not None]
+        bins = list(range(int(min(d["bin"].min(), 2)), never + 1))
+        colors = dict(zip(cats, sns.color_palette("colorblind", n_colors=max(3, len(cats)))))
+        w = 0.8 / max(1, len(cats))
+        for j, cat in enumerate(cats):
+            dc = d[d["paper_category"] == cat]
+            share = [100.0 * float((dc["bin"] == b).mean()) for b in bins]
+            xs = np.arange(len(bins)) + (j - (len(cats) - 1) / 2) * w
+            med = dc["release_step"].median()
+            bx.bar(xs, share, width=w, color=colors[cat],
+                   label=f"{cat} (n={len(dc)}; median {med:g})" if np.isfinite(med) else f"{cat} (n={len(dc)}; never)")
+        bx.set_xticks(np.arange(len(bins)), [str(b) if b != never else "never" for b in bins])
+        bx.set_xlabel("release step (first step without the query images)")
+        bx.set_ylabel("share of the category's trajectories (%)")
+        bx.set_ylim(0, 103)
+        bx.set_title(_wrap(f"(b) release steps by category: {pol}", 50))
+        _legend_outside(bx)
+    if subtitle:
+        fig.suptitle(_wrap(subtitle, 120))
+    save(fig, stem, mark)
+    return fig

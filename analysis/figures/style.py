@@ -1,0 +1,119 @@
+"""How every figure looks and is saved: paper sizes, panels, legends below the axes, integer step ticks, the
+provenance mark of a figure made from a fake or random model, and PNG + PDF output.
+"""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import seaborn as sns
+
+GROUNDING = ["Image Needed", "Image-Derived", "Text Only"]
+
+
+TOOL_ORDER = ["lens_search", "search", "visit"]
+
+
+TOOL_LABEL = {"lens_search": "Visual Search (lens)", "search": "Text Retrieval (search)", "visit": "Web Visit"}
+
+
+DELTA_H = r"$\Delta H_t = H(\tau_t) - H(\tau_t^{\mathrm{IR}})$"
+
+
+#: Paper sizes (in): one column, two columns (ours: the common two-column templates' widths).
+COLUMN, DOUBLE = 3.3, 7.0
+
+
+def _plt():
+    matplotlib.use("Agg")
+
+    sns.set_theme(style="whitegrid", palette="colorblind", context="paper")
+    plt.rcParams.update({"font.size": 7, "axes.titlesize": 7.5, "axes.labelsize": 7, "xtick.labelsize": 6,
+                         "ytick.labelsize": 6, "legend.fontsize": 6, "figure.titlesize": 8, "lines.markersize": 3.5,
+                         "axes.titlepad": 4})
+    return plt, sns
+
+
+def _wrap(title: str, width: int) -> str:
+    return "\n".join(textwrap.wrap(title, width)) if len(title) > width else title
+
+
+def _panel(ax, size=(COLUMN, 2.9)):
+    """(seaborn, figure, axis, own): a new figure unless the caller passes the axis to draw into (an axis of
+    its own subfigure, so that the panel's legend goes under the panel: :func:`_legend_outside`)."""
+    plt, sns = _plt()
+    if ax is None:
+        fig = plt.figure(figsize=size, layout="constrained")
+        return sns, fig, fig.subplots(), True
+    return sns, ax.figure, ax, False
+
+
+def _subpanels(plt, n_rows: int, n_cols: int, size):
+    """A constrained figure of ``n_rows x n_cols`` subfigures with one axis each: every panel keeps its own
+    legend below it, sized by the layout (never over a neighbour or the data)."""
+    fig = plt.figure(figsize=size, layout="constrained")
+    subs = np.atleast_1d(fig.subfigures(n_rows, n_cols, wspace=0.02, hspace=0.02)).ravel()
+    return fig, [sf.subplots() for sf in subs]
+
+
+def provenance_mark(headers) -> str | None:
+    """The stamp a figure gets when any of its runs came from a model whose numbers mean nothing."""
+    marks = []
+    for h in headers:
+        b = (h or {}).get("backend") or {}
+        if b.get("kind") == "scripted":
+            marks.append("SCRIPTED FAKE BACKEND: planted numbers, not a result")
+        elif b.get("embedded_tiny_model"):
+            marks.append("RANDOM WEIGHTS (embedded tiny model): meaningless numbers")
+    return " | ".join(dict.fromkeys(marks)) or None
+
+
+def save(fig, stem, mark: str | None = None) -> list[Path]:
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    if mark:
+        # above everything (the legends sit at the bottom); the tight bounding box keeps it in the file
+        fig.text(0.5, 1.0, mark, ha="center", va="bottom", fontsize=6.5, color="#b00020", weight="bold",
+                 transform=fig.transFigure)
+    paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
+    fig.savefig(paths[0], dpi=200, bbox_inches="tight")
+    fig.savefig(paths[1], bbox_inches="tight")
+
+    plt.close(fig)  # a report draws dozens of figures: release each once written
+    return paths
+
+
+def _legend_outside(ax, ncol: int | None = None, **kw):
+    """Below the panel, centred, as its (sub)figure's "outside" legend: the constrained layout makes room for
+    it under the tick labels and the x label, whatever their height."""
+
+    handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        return
+    # fit the panel's width: ~0.045 in per character at 6 pt, ~0.4 in of handle and spacing per column
+    sub = ax.figure
+    width = sub.bbox.width / sub.dpi if hasattr(sub, "bbox") else COLUMN
+    chars = max(12, int((width - 0.45) / 0.045))
+    labels = ["\n".join(textwrap.wrap(x, chars)) or x for x in labels]
+    longest = max(len(line) for x in labels for line in x.split("\n"))
+    fit = max(1, int(width // (longest * 0.045 + 0.4)))
+    ncol = min(ncol or 3, fit, len(labels))
+    ax.figure.legend(handles, labels, frameon=False, loc="outside lower center", ncol=ncol, handlelength=1.6,
+                     columnspacing=1.0, **kw)
+
+
+def _title(ax, title, default, width: int = 52):
+    ax.set_title(_wrap(title or default, width))
+
+
+def _steps_axis(ax, steps, max_step=None):
+    steps = sorted(int(s) for s in steps)
+    if not steps:
+        return
+    hi = max_step or max(steps)
+    stride = 1 if hi <= 20 else 2
+    ax.set_xticks(range(1, hi + 1, stride))
+    ax.set_xlim(0.4, hi + 0.6)
