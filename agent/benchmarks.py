@@ -22,7 +22,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .backends.messages import ImageError, load_image, max_image_bytes
+from .backends.images import ImageError, load_image, max_image_bytes
 from .cli import HelpFormatter
 from .tools.demo_world import ensure_demo_world
 

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from .backends import BackendError, make_backend
-from .backends.messages import ImageError, load_image
+from .backends.images import ImageError, load_image
 from .benchmarks import resolve_benchmark
 from .cli import add_backend_args, done, make_parser
 from .http import HTTPError, RetryPolicy, public_url, request_json

@@ -26,7 +26,7 @@ sys.path.insert(0, sys.argv[1])
 def rss():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096
-from agent.backends import messages as M
+from agent.backends import images as M
 paths = json.loads(open(sys.argv[2]).read())
 if sys.argv[3] != "default":
     M.set_image_cache_mb(float(sys.argv[3]))

@@ -157,7 +157,7 @@ async def test_superseded_lines_keep_their_tokens(tmp_path):
 def test_bad_data_is_reported_not_used(tmp_path, monkeypatch):
     import shutil
 
-    from agent.backends.messages import ImageError, load_image
+    from agent.backends.images import ImageError, load_image
     from agent.benchmarks import load_benchmark
     from agent.tools.demo_world import ensure_demo_world
 
@@ -338,7 +338,7 @@ def test_image_caches_are_bounded_by_bytes(tmp_path):
     import numpy as np
     from PIL import Image
 
-    from agent.backends import messages as M
+    from agent.backends import images as I
 
     rng = np.random.default_rng(0)
     paths = []
@@ -348,23 +348,23 @@ def test_image_caches_are_bounded_by_bytes(tmp_path):
         paths.append(p)
     before = os.environ.get("MMCF_IMAGE_CACHE_MB")
     try:
-        M.set_image_cache_mb(2)
+        I.set_image_cache_mb(2)
         first = {}
         for p in paths:
-            img = M.load_image(p)
+            img = I.load_image(p)
             first[p] = (img.sha256, img.data_uri()[:80])
-            st = M.image_cache_stats()
+            st = I.image_cache_stats()
             assert st["image_bytes"] <= st["budget_bytes"] // 2 + len(img.data) * 2
             assert st["uri_bytes"] <= st["budget_bytes"] // 2 + len(img.data_uri())
-        st = M.image_cache_stats()
+        st = I.image_cache_stats()
         assert st["budget_bytes"] == 2 * 2**20 and st["images"] < 2 * len(paths) and st["uris"] < len(paths)
-        assert M.load_image(paths[-1]) is M.load_image(paths[-1])  # the most recent one is a hit
-        again = M.load_image(paths[0])  # long evicted: read again, the same image
+        assert I.load_image(paths[-1]) is I.load_image(paths[-1])  # the most recent one is a hit
+        again = I.load_image(paths[0])  # long evicted: read again, the same image
         assert (again.sha256, again.data_uri()[:80]) == first[paths[0]]
-        M.set_image_cache_mb(0)  # no cache: nothing kept
-        assert M.image_cache_stats()["image_bytes"] == 0 and M.image_cache_stats()["uri_bytes"] == 0
+        I.set_image_cache_mb(0)  # no cache: nothing kept
+        assert I.image_cache_stats()["image_bytes"] == 0 and I.image_cache_stats()["uri_bytes"] == 0
     finally:
-        M.set_image_cache_mb(float(before) if before else M.DEFAULT_IMAGE_CACHE_MB)
+        I.set_image_cache_mb(float(before) if before else I.DEFAULT_IMAGE_CACHE_MB)
         if before is None:
             os.environ.pop("MMCF_IMAGE_CACHE_MB", None)
 
@@ -377,6 +377,7 @@ def test_a_probe_lets_go_of_an_image_when_the_last_trajectory_sending_it_is_done
     import numpy as np
     from PIL import Image
 
+    from agent.backends import images as I
     from agent.backends import messages as M
 
     rng = np.random.default_rng(1)
@@ -384,7 +385,7 @@ def test_a_probe_lets_go_of_an_image_when_the_last_trajectory_sending_it_is_done
     for name in ("a", "b"):
         p = tmp_path / f"{name}.png"
         Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(p)
-        img = M.load_image(p)
+        img = I.load_image(p)
         img.data_uri()
         imgs[name] = (p, img.sha256)
 
@@ -393,9 +394,9 @@ def test_a_probe_lets_go_of_an_image_when_the_last_trajectory_sending_it_is_done
                                               "sha256": imgs[n][1]} for n in names]}]
 
     def cached(name):
-        with M._lock:
-            uri = M._uri_by_sha.get(imgs[name][1]) is not None
-            data = any(v.sha256 == imgs[name][1] for v, _ in M._by_key.items.values())
+        with I._lock:
+            uri = I._uri_by_sha.get(imgs[name][1]) is not None
+            data = any(v.sha256 == imgs[name][1] for v, _ in I._by_key.items.values())
         return uri, data
 
     users, t1, t2 = M.ImageUsers(), set(), set()
@@ -406,4 +407,4 @@ def test_a_probe_lets_go_of_an_image_when_the_last_trajectory_sending_it_is_done
     assert cached("a") == (True, True) and cached("b") == (False, False)  # a: still sent by t2
     users.done(t2)
     assert cached("a") == (False, False) and users.users == {}
-    assert M.load_image(imgs["a"][0]).sha256 == imgs["a"][1]  # read again if it is needed after all
+    assert I.load_image(imgs["a"][0]).sha256 == imgs["a"][1]  # read again if it is needed after all

@@ -215,6 +215,7 @@ async def test_the_probe_sends_each_image_from_the_caches_and_lets_go_of_it_when
     finds its image in the caches (read once), and once the trajectory is done the image is gone from them (before:
     kept until the caches' 512 MB bound, ~1.1 GB of RSS at paper scale). Teacher-forced: its with-images side is
     sent (the regenerate probe sends only the side without)."""
+    from agent.backends import images as I
     from agent.backends import messages as M
 
     mode = "teacher-forced"
@@ -222,8 +223,8 @@ async def test_the_probe_sends_each_image_from_the_caches_and_lets_go_of_it_when
     seen = []
 
     def cached(sha):
-        with M._lock:
-            return M._uri_by_sha.get(sha) is not None
+        with I._lock:
+            return I._uri_by_sha.get(sha) is not None
 
     class Sends(ScriptedBackend):  # a model backend's part: each image part read and encoded for the request
         def _send(self, messages):
@@ -232,7 +233,7 @@ async def test_the_probe_sends_each_image_from_the_caches_and_lets_go_of_it_when
             for m in messages:
                 for part in m["content"] if isinstance(m.get("content"), list) else []:
                     if part.get("type") == "image_url":
-                        M.load_image(part["image_url"]["url"]).data_uri()
+                        I.load_image(part["image_url"]["url"]).data_uri()
 
         async def score(self, messages, continuation, **kw):
             self._send(messages)
@@ -288,8 +289,6 @@ def test_stats_helpers():
 def test_wilcoxon_normal_approximation_equals_scipy():
     """Above 50 differences without zeros wilcoxon_p computes SciPy's asymptotic p itself (no scipy.stats
     import); it must equal SciPy's, ties included; small samples and zeros still go to SciPy."""
-    import subprocess
-    import sys
 
     from scipy.stats import wilcoxon
 

@@ -13,9 +13,9 @@ import subprocess
 import pytest
 
 from agent import judge, show
-from agent.show import html as show_html
 from agent import run as runner
 from agent.rundir import RunError, load_run
+from agent.show import html as show_html
 from probes import entropy
 
 

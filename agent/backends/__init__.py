@@ -21,8 +21,8 @@ from .base import (
     Usage,
 )
 from .demo_model import DemoModel
+from .images import ImageError
 from .local import LocalBackend
-from .messages import ImageError
 from .openai_compat import OpenAIBackend
 from .sglang_native import SGLangBackend
 from .tiny_model import ensure_tiny_model

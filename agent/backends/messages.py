@@ -8,23 +8,12 @@ its query image 20 times.
 """
 from __future__ import annotations
 
-import base64
 import copy
-import hashlib
-import io
-import mimetypes
 import os
 import re
-import stat
-import threading
-from collections import OrderedDict
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterator
-from urllib.parse import unquote, urlparse
 
-import httpx
-from PIL import Image, UnidentifiedImageError
+from .images import ImageData, ImageError, forget_images, load_image
 
 __all__ = [
     "ImageError",
@@ -46,106 +35,6 @@ __all__ = [
 ]
 
 
-class ImageError(ValueError):
-    """An image part that cannot be used: missing/unreadable file, not an image, bad data URI."""
-
-
-@dataclass(frozen=True)
-class ImageData:
-    sha256: str
-    data: bytes
-    mime: str
-    source: str
-    width: int
-    height: int
-
-    def data_uri(self) -> str:
-        return _data_uri(self)
-
-    def pil(self):
-        img = Image.open(io.BytesIO(self.data))
-        img.load()
-        return img.convert("RGB") if img.mode not in ("RGB", "L") else img
-
-
-class _ByteLRU:
-    """A dict bounded by the bytes of its values, least recently used out first (callers hold ``_lock``)."""
-
-    def __init__(self, budget: int):
-        self.items: "OrderedDict" = OrderedDict()
-        self.budget, self.bytes = budget, 0
-
-    def get(self, key):
-        hit = self.items.get(key)
-        if hit is None:
-            return None
-        self.items.move_to_end(key)
-        return hit[0]
-
-    def put(self, key, value, nbytes: int) -> None:
-        old = self.items.pop(key, None)
-        if old is not None:
-            self.bytes -= old[1]
-        self.items[key] = (value, nbytes)
-        self.bytes += nbytes
-        self.trim(keep=1)
-
-    def pop(self, key) -> None:
-        old = self.items.pop(key, None)
-        if old is not None:
-            self.bytes -= old[1]
-
-    def trim(self, keep: int = 0) -> None:
-        """Evict the least recently used until within budget (``keep``: the newest entries never evicted)."""
-        while self.bytes > self.budget and len(self.items) > keep:
-            _, (_, n) = self.items.popitem(last=False)
-            self.bytes -= n
-
-
-#: The image caches' memory bound (MB, both together; MMCF_IMAGE_CACHE_MB, agent.run --image-cache-mb). Ours:
-#: every distinct image read stayed in memory twice (its bytes and its base64 data URI), +1.6 MB of RSS per
-#: 322 KB JPEG, never released: ~2.8 GB per runner process over the release's 1,727 samples (issue 24). A
-#: sample's images are read again at each of its calls, so a few hundred MB holds every image of the samples in
-#: flight; an evicted image is read and encoded again if it comes back (its hash is the same).
-DEFAULT_IMAGE_CACHE_MB = 512
-
-
-def _cache_budget() -> int:
-    try:
-        mb = float(os.environ.get("MMCF_IMAGE_CACHE_MB", DEFAULT_IMAGE_CACHE_MB))
-    except ValueError:
-        mb = DEFAULT_IMAGE_CACHE_MB
-    return max(0, int(mb * 2**20))
-
-
-_lock = threading.Lock()
-_by_key = _ByteLRU(_cache_budget() // 2)    # (path, size, mtime[, inode]) -> ImageData
-_uri_by_sha = _ByteLRU(_cache_budget() // 2)  # sha256 -> data URI
-
-
-def set_image_cache_mb(mb: float) -> None:
-    """Bound the image caches to ``mb`` MB in all (0: no caching beyond the current request)."""
-    budget = max(0, int(mb * 2**20))
-    with _lock:
-        for c in (_by_key, _uri_by_sha):
-            c.budget = budget // 2
-            c.trim()
-    os.environ["MMCF_IMAGE_CACHE_MB"] = str(mb)  # worker processes inherit it
-
-
-def forget_images(shas) -> None:
-    """Drop these images (by content hash) from both caches now: a probe calls it when the last trajectory it has
-    in flight that sends them is done, since no later request will (ours: otherwise a probe's RSS grew with every
-    distinct image until the caches' bound, +0.75 MB per ~330 KB photo: 794 MB at 3,000 teacher-forced steps, and
-    by our extrapolation ~1.1 GB at paper scale; 634 MB at 3,000 with this, scripts/bench_probe_http.py)."""
-    shas = set(shas)
-    if not shas:
-        return
-    with _lock:
-        for sha in shas:
-            _uri_by_sha.pop(sha)
-        for key in [k for k, (img, _) in _by_key.items.items() if img.sha256 in shas]:
-            _by_key.pop(key)
 
 
 def image_shas(messages: list[dict]):
@@ -185,118 +74,6 @@ class ImageUsers:
                 self.users.pop(sha, None)
                 gone.append(sha)
         forget_images(gone)
-
-
-def image_cache_stats() -> dict:
-    with _lock:
-        return {"images": len(_by_key.items), "image_bytes": _by_key.bytes, "uris": len(_uri_by_sha.items),
-                "uri_bytes": _uri_by_sha.bytes, "budget_bytes": _by_key.budget + _uri_by_sha.budget}
-
-
-def _data_uri(img: ImageData) -> str:
-    with _lock:
-        uri = _uri_by_sha.get(img.sha256)
-    if uri is None:
-        uri = f"data:{img.mime};base64," + base64.b64encode(img.data).decode("ascii")
-        with _lock:
-            _uri_by_sha.put(img.sha256, uri, len(uri))
-    return uri
-
-
-def _validate(data: bytes, source: str) -> tuple[str, int, int]:
-    try:
-        with Image.open(io.BytesIO(data)) as im:
-            fmt = (im.format or "PNG").lower()
-            w, h = im.size
-            im.verify()
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
-        raise ImageError(f"{source}: not a readable image ({e.__class__.__name__}: {e})") from None
-    mime = {"jpeg": "image/jpeg", "jpg": "image/jpeg", "png": "image/png", "webp": "image/webp",
-            "gif": "image/gif", "bmp": "image/bmp"}.get(fmt, mimetypes.types_map.get("." + fmt, "image/png"))
-    return mime, w, h
-
-
-#: The largest image the toolkit reads (default 20 MB; MMCF_MAX_IMAGE_MB overrides, as do the CLIs' --max-image-mb).
-DEFAULT_MAX_IMAGE_MB = 20
-
-
-def max_image_bytes() -> int:
-    try:
-        return int(float(os.environ.get("MMCF_MAX_IMAGE_MB", DEFAULT_MAX_IMAGE_MB)) * 2**20)
-    except ValueError:
-        return DEFAULT_MAX_IMAGE_MB * 2**20
-
-
-def load_image(ref: str | os.PathLike, *, base_dir: str | os.PathLike | None = None, fetch_urls: bool = False) -> ImageData:
-    """Read and validate an image reference; raises :class:`ImageError` naming it on failure.
-
-    Only regular files are read, and never more than :func:`max_image_bytes`."""
-    ref = os.fspath(ref)
-    if ref.startswith("data:"):
-        try:
-            header, b64 = ref.split(",", 1)
-            if ";base64" not in header:
-                raise ValueError("not base64")
-            if len(b64) * 3 // 4 > max_image_bytes():
-                raise ValueError(f"over the image size limit of {max_image_bytes() / 2**20:g} MB")
-            data = base64.b64decode(b64, validate=False)
-        except (ValueError, base64.binascii.Error) as e:
-            raise ImageError(f"malformed data URI image ({e})") from None
-        mime, w, h = _validate(data, "data URI image")
-        return ImageData(hashlib.sha256(data).hexdigest(), data, mime, "data-uri", w, h)
-    if ref.startswith(("http://", "https://")):
-        if not fetch_urls:
-            raise ImageError(f"{ref}: an http(s) image URL; the SGLang native backend needs a local file or a data URI "
-                             "(download the image first). The openai backend passes URLs to the server as they are; "
-                             "the local backend downloads them")
-
-        try:
-            r = httpx.get(ref, timeout=30, follow_redirects=True)
-            r.raise_for_status()
-        except httpx.HTTPError as e:
-            raise ImageError(f"{ref}: could not download image ({e})") from None
-        if len(r.content) > max_image_bytes():
-            raise ImageError(f"{ref}: over the image size limit of {max_image_bytes() / 2**20:g} MB")
-        mime, w, h = _validate(r.content, ref)
-        return ImageData(hashlib.sha256(r.content).hexdigest(), r.content, mime, ref, w, h)
-    path = Path(unquote(urlparse(ref).path) if ref.startswith("file://") else ref)
-    if base_dir is not None and not path.is_absolute():
-        path = Path(base_dir) / path
-    try:
-        st = path.stat()
-    except OSError as e:
-        raise ImageError(f"{path}: image file not found or unreadable ({e.strerror})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ImageError(f"{path}: not a regular file (a device, directory or pipe is never read as an image)")
-    cap = max_image_bytes()
-    if st.st_size > cap:
-        raise ImageError(f"{path}: {st.st_size / 2**20:.1f} MB, over the image size limit of {cap / 2**20:g} MB "
-                         "(MMCF_MAX_IMAGE_MB / --max-image-mb)")
-    fast = (str(path), st.st_size, st.st_mtime_ns, st.st_ino)  # the same file as last time: no path resolution
-    with _lock:
-        hit = _by_key.get(fast)
-    if hit is not None:
-        return hit
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
-    with _lock:
-        hit = _by_key.get(key)
-    if hit is not None:
-        with _lock:
-            _by_key.put(fast, hit, len(hit.data))
-        return hit
-    try:
-        with open(path, "rb") as f:
-            data = f.read(cap + 1)  # never more than the limit, whatever the file claims to be
-    except OSError as e:
-        raise ImageError(f"{path}: cannot read image ({e.strerror})") from None
-    if len(data) > cap:
-        raise ImageError(f"{path}: over the image size limit of {cap / 2**20:g} MB")
-    mime, w, h = _validate(data, str(path))
-    img = ImageData(hashlib.sha256(data).hexdigest(), data, mime, str(path), w, h)
-    with _lock:
-        _by_key.put(key, img, len(data))
-        _by_key.put(fast, img, len(data))  # counted twice: the bound is conservative
-    return img
 
 
 def is_image_part(part: Any) -> bool:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..backends.base import BackendError, SamplingParams
-from ..backends.messages import ImageError
+from ..backends.images import ImageError
 from ..tools.toolbox import TOOL_NAMES, CacheMiss
 from ..trajectory import Trajectory
 from .agentfold import run_agentfold

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from ..backends.base import DEFAULT_TOP_LOGPROBS, BackendError
-from ..backends.messages import set_image_cache_mb
+from ..backends.images import set_image_cache_mb
 from ..benchmarks import resolve_benchmark
 from ..cli import DEFAULT_CONCURRENCY, add_backend_args, done, make_parser
 from ..http import safe_argv

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from serving.endpoints import gpus_behind, gpus_held
 
-from ..backends.messages import ImageError, load_image
+from ..backends.images import ImageError, load_image
 from ..tools.cache import ToolCache, cache_key
 from .common import _atomic_write
 from .grades import read_grades

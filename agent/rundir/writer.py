@@ -13,7 +13,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..backends.messages import ImageError, load_image
+from ..backends.images import ImageError, load_image
 from ..http import dumps
 from ..preflight import same_model
 from .common import IDENTITY_KEYS, RESUME_HISTORY, TOKEN_PRECISIONS, RunError, _atomic_write, _tmp_name, token_key

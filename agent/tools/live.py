@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from ..backends.messages import ImageError, load_image
+from ..backends.images import ImageError, load_image
 from ..http import HTTPError, RetryPolicy, make_client, request_json
 from .formatting import failed_visit, format_lens, format_search, format_visit, looks_blocked
 from .registry import RegisteredImage
