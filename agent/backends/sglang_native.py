@@ -54,9 +54,9 @@ from .base import (
 from .hub import resolve_model_dir
 from .local import load_chat_renderer
 from .messages import record_messages, split_text_and_images
-from .pieces import PieceBook, piece_digest, tokenizer_fingerprint
+from .pieces import PieceBook, tokenizer_fingerprint
+from .prompt_tokens import PromptTokens, _joined, _piece_encoder
 from .think import THINK_OPEN, mark_think, split_think
-from .vision import UnknownProcessor, VisionGrid
 from .wire import (
     arrays_from_flat,
     check_values,
@@ -70,11 +70,6 @@ __all__ = ["SGLangBackend"]
 
 _TRAILING_SPECIALS = ("<|im_end|>", "<|endoftext|>")
 _second = itemgetter(1)
-#: Where a rendered prompt is cut for :meth:`SGLangBackend.prompt_ids` (before each message's start token).
-_IM_START = "<|im_start|>"
-#: Message pieces remembered per backend (ours: ~2 new per step, so 4,096 cover the last steps of every
-#: trajectory in flight at the probes' 128 per server; a piece is its text and 4 bytes per id: ~10 KB).
-_PIECE_CACHE = 4096
 
 
 def _without_logprobs(resp: dict) -> dict:
@@ -95,21 +90,6 @@ def _refuses_flat(e: Exception) -> bool:
     return "flat_raw" in m and ("answered HTTP 400" in m or "answered HTTP 422" in m)
 
 
-def _piece_encoder(tok):
-    """A prompt piece's ids: the tokenizer's own Rust ``encode_batch_fast`` (tokenizers >= 0.21: the same ids
-    without the character offsets; ~30 % less CPU than ``tok(piece)``, which also builds a BatchEncoding; ours,
-    tested equal), or ``tok(piece)`` for a tokenizer without it."""
-    fast = getattr(getattr(tok, "_tokenizer", None), "encode_batch_fast", None)
-    if fast is not None and getattr(tok, "is_fast", False):
-        return lambda piece: fast([piece], add_special_tokens=False)[0].ids
-    return lambda piece: tok(piece, add_special_tokens=False)["input_ids"]
-
-
-def _joined(pieces: list) -> np.ndarray:
-    """The pieces' ids as one int32 array."""
-    return np.concatenate([ids for _, ids in pieces]) if pieces else np.zeros(0, np.int32)
-
-
 def _same_ids(tail: list, ids: list) -> bool:
     """Whether the reply's scored positions carry exactly the recorded ids (``[logprob, id, text]`` triples): the
     ids taken and compared by C-level iteration in the common case (ours: the Python comprehension cost ~0.3 ms a
@@ -120,7 +100,7 @@ def _same_ids(tail: list, ids: list) -> bool:
         return [t[1] if isinstance(t, (list, tuple)) and len(t) > 1 else None for t in tail] == ids
 
 
-class SGLangBackend:
+class SGLangBackend(PromptTokens):
     name = "sglang"
 
     def __init__(self, endpoint: str, model_dir: str, *, model: str | None = None, logprob_mode: str = "scaled",
@@ -244,104 +224,6 @@ class SGLangBackend:
             semantics=LogprobSemantics.for_generation(self.logprob_mode, sp.temperature),
             backend=self.name, model=self.model, response=_without_logprobs(resp), top_k_requested=sp.top_logprobs,
         )
-
-    def _processor(self):
-        if self._proc is None:
-            try:
-                from transformers import AutoProcessor  # noqa: PLC0415 - optional heavy
-
-                self._proc = AutoProcessor.from_pretrained(str(self.model_dir))
-            except Exception as e:  # noqa: BLE001 - any failure: say what is needed
-                raise BackendError(f"{self.model_dir}: scoring with images needs the model's processor to place the "
-                                   f"scored tokens after the images ({type(e).__name__}: {e}); install torch and "
-                                   "torchvision (present on an SGLang node) or score without images") from None
-        return self._proc
-
-    def _vision_grid(self):
-        """The processor's resize rule read from its config (no torch), or None when it is not a Qwen-VL one."""
-        if self._grid is False:
-            try:
-                self._grid = VisionGrid.from_model_dir(self.model_dir)
-            except UnknownProcessor:
-                self._grid = None
-        return self._grid
-
-    def prepare(self, mode: str) -> None:
-        """Load now what a probe of this ``mode`` will need, before the probe freezes its heap: for teacher-forced
-        scoring with images, the image token rule (agent/backends/vision.py, read from the processor's config;
-        no torch), or, for a processor that rule does not know, the processor itself (loaded later, its hundreds
-        of thousands of objects would be walked by every cycle collection of the probe: 0.26 s each; ours,
-        scripts/bench_probe_http.py)."""
-        if mode == "teacher-forced" and self._vision_grid() is None:
-            try:
-                self._processor()
-            except BackendError:  # said again, with the reason, if an image is scored
-                pass
-
-    def image_tokens(self, images: list) -> list[int]:
-        """Each image's token count after the server expands its placeholder (Qwen-VL rule: the processor's
-        ``image_grid_thw`` / merge²), remembered per image content (sha256). From the image's stored size and
-        the processor config (agent/backends/vision.py: the same arithmetic, tested against the processor), or
-        from the processor itself where the config is not a Qwen-VL image processor."""
-        cache = self._image_tokens
-        todo = [im for im in images if im.sha256 not in cache]
-        if todo:
-            grid = self._vision_grid()
-            if grid is not None:
-                for im in todo:
-                    cache[im.sha256] = grid.tokens(im.width, im.height)
-            else:
-                proc = self._processor()
-                thw = proc.image_processor(images=[im.pil() for im in todo])["image_grid_thw"]
-                merge = int(getattr(proc.image_processor, "merge_size", 2))
-                for im, g in zip(todo, thw.tolist()):
-                    cache[im.sha256] = int(g[0]) * int(g[1]) * int(g[2]) // (merge * merge)
-        return [cache[im.sha256] for im in images]
-
-    def expanded_prompt_len(self, prompt_ids: list[int], images: list) -> int:
-        """Prompt length in tokens after the server expands each image placeholder (Qwen-VL rule)."""
-        per_image = self.image_tokens(images)
-        return len(prompt_ids) + sum(per_image) - len(per_image)
-
-    def prompt_pieces(self, prompt: str) -> list[tuple[bytes, np.ndarray]]:
-        """The rendered prompt as ``(digest, int32 ids)`` per message piece: the text is cut before every
-        ``<|im_start|>`` (a special token, split out before the tokenizer's pre-tokenisation, so nothing merges
-        across the cut and the ids are those of the whole text; tested) and each piece's ids are remembered. A
-        trajectory's later steps and its with / without-images requests repeat all but their last pieces. A piece
-        met for the first time is taken from :attr:`book` (the ids a run recorded for it, lent by a probe) or else
-        tokenised. Ours: tokenising every growing prompt whole cost ~16 ms a request (scripts/bench_probe_http.py)."""
-        cache = self._piece_ids
-        out = []
-        # str.split, then the start token put back on each later piece: the same pieces as a look-ahead regex split,
-        # at ~1/20 of its CPU on a 58K-character prompt (ours)
-        parts = prompt.split(_IM_START)
-        for j, piece in enumerate(parts):
-            if j:
-                piece = _IM_START + piece
-            elif not piece:
-                continue
-            hit = cache.get(piece)
-            if hit is None:
-                d = piece_digest(piece)
-                ids = self.book.get(d)
-                stats = self.piece_stats
-                if ids is None:
-                    ids = np.asarray(self._encode(piece), dtype=np.int32)  # 4 bytes an id
-                    stats["tokenised"] += 1
-                    stats["tokenised_chars"] += len(piece)
-                else:
-                    stats["recorded"] += 1
-                if len(cache) >= _PIECE_CACHE:
-                    cache.pop(next(iter(cache)))  # oldest first: a bounded memory
-                cache[piece] = hit = (d, ids)
-            out.append(hit)
-        return out
-
-    def prompt_ids(self, prompt: str) -> np.ndarray:
-        """The rendered prompt's token ids (:meth:`prompt_pieces` joined): one int32 array, never a list of Python
-        ints: the request body's JSON writes it straight from the buffer (agent.http.dumps, orjson's numpy support;
-        ours: ~0.1 ms a request instead of ~1 ms for a 36k-id prompt)."""
-        return _joined(self.prompt_pieces(prompt))
 
     def score_payload(self, messages: list[dict], continuation: Continuation, *, top_logprobs: int = DEFAULT_TOP_LOGPROBS,
                       enable_thinking: bool | None = True) -> tuple[dict, list[int], str, list]:
