@@ -216,9 +216,10 @@ def main(argv=None) -> int:
     if set(refs) - {r for r in a.against.split(",") if r} or (refs and len(a.scales.split(",")) < 2):
         ap.error("--reference REV=MS needs --against REV and two scales (its ratio is paired and marginal)")
 
+    from bench_data import RowPool, write_run
+
     from agent.backends.sglang_native import SGLangBackend
     from agent.backends.tiny_model import ensure_tiny_model
-    from bench_data import RowPool, write_run
 
     tiny = str(ensure_tiny_model(quiet=True))
     words = ("the image shows a building with a tower and we should search for its name before the answer "

@@ -69,8 +69,9 @@ def main(argv=None) -> int:
     ap.add_argument("--scales", default="400,1600", help="trajectories per scale")
     ap.add_argument("--page-size", type=int, default=None, help="the paged writer's page size (default: agent.show's)")
     a = ap.parse_args(argv)
-    from agent.show import PAGE_SIZE
     from bench_data import RowPool, write_run
+
+    from agent.show import PAGE_SIZE
 
     page_size = a.page_size or PAGE_SIZE
     pool = RowPool(seed=0, n_rows=1 << 16)

@@ -12,6 +12,7 @@ from agent.backends.base import TokenArrays, TokenLogprob, TopLogprob, top_id_ma
 from agent.backends.think import mark_think
 from agent.backends.wire import tokens_from_triples
 from analysis import entropy as E
+from analysis import influence as I
 
 
 def _triples(rng, n=40, k=5, vocab=500):
@@ -87,15 +88,15 @@ def test_vectorised_kl_equals_the_definition():
     iq[:50], lq[:50] = ip[:50], lp[:50]          # identical rows: 0
     lp[5, 18:], ip[5, 18:] = np.nan, -1          # padding
     iq[7] = -1                                    # a side without ids
-    got = E.kl_union_tail_rows(ip, lp, iq, lq)
+    got = I.kl_union_tail_rows(ip, lp, iq, lq)
     ref = np.array([_kl_reference(ip[i], lp[i], iq[i], lq[i]) for i in range(n)])
     same = [i for i in range(50) if i not in (5, 7)]
     assert np.allclose(got, ref, atol=1e-12) and np.allclose(got[same], 0, atol=1e-12)
-    assert E.kl_union_tail(ip[9], lp[9], iq[9], lq[9]) == pytest.approx(ref[9], abs=1e-12)
+    assert I.kl_union_tail(ip[9], lp[9], iq[9], lq[9]) == pytest.approx(ref[9], abs=1e-12)
 
 
 def test_the_kl_of_fully_listed_rows_equals_the_masked_arithmetic():
-    """Rows where every alternative is listed take a path without masks (analysis.entropy._kl_full): the same
+    """Rows where every alternative is listed take a path without masks (analysis.influence._kl_full): the same
     values as the masked path (reached by giving one row an absent entry), also with underflowed probabilities,
     logprobs rounded above 0, lists of different lengths, identical lists and disjoint ones."""
     rng = np.random.default_rng(5)
@@ -118,14 +119,14 @@ def test_the_kl_of_fully_listed_rows_equals_the_masked_arithmetic():
             iq[: n // 2], lq[: n // 2] = ip[: n // 2], lp[: n // 2]
         if trial % 7 == 0:
             iq += 1000  # nothing in common
-        fast = E.kl_union_tail_rows(ip, lp, iq, lq)
+        fast = I.kl_union_tail_rows(ip, lp, iq, lq)
         ip2, lp2 = np.concatenate([ip, np.full((n, 1), -1)], 1), np.concatenate([lp, np.full((n, 1), np.nan)], 1)
-        masked = E.kl_union_tail_rows(ip2, lp2, iq, lq)   # the absent entry changes nothing
+        masked = I.kl_union_tail_rows(ip2, lp2, iq, lq)   # the absent entry changes nothing
         ref = np.array([_kl_reference(ip[i], lp[i], iq[i], lq[i]) for i in range(min(n, 30))])
         assert np.allclose(fast, masked, rtol=0, atol=1e-12), trial
         assert np.allclose(fast[:30], ref, rtol=1e-9, atol=1e-12), trial
     with pytest.raises(ValueError, match="matrices"):
-        E.kl_union_tail_rows(np.zeros((3, 2)), np.zeros((3, 3)), np.zeros((3, 2)), np.zeros((3, 2)))
+        I.kl_union_tail_rows(np.zeros((3, 2)), np.zeros((3, 3)), np.zeros((3, 2)), np.zeros((3, 2)))
 
 
 def test_chunked_entropy_across_chunk_boundaries(monkeypatch):

@@ -11,7 +11,7 @@ from agent.backends.base import LogprobSemantics
 from agent.backends.scripted import ScriptedBackend
 from agent.run import RunConfig, run
 from agent.rundir import RunError
-from analysis.entropy import kl_union_tail
+from analysis.influence import kl_union_tail
 from analysis.stats import bootstrap_ci, mcnemar_p, wilcoxon_p
 from probes.entropy import main as entropy_main
 from probes.entropy import probe_run

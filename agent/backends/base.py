@@ -18,14 +18,24 @@ visible in its replies, so each backend is *told* (``logprob_mode=``) and stamps
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
+from .tokens import (  # re-exported
+    LOGPROB_FLOOR,
+    TokenArrays,
+    TokenLogprob,
+    TopList,
+    TopLogprob,
+    top_id_matrix,
+    top_matrix,
+)
+
 __all__ = [
+    "LOGPROB_FLOOR", "TokenArrays", "top_matrix", "top_id_matrix",
     "BackendError",
     "TopLogprob",
     "TopList",
@@ -81,143 +91,6 @@ async def retry_bad_replies(attempt, what: str):
         except BadReply as e:
             last = e
     raise BadReply(f"{what}: {BAD_REPLY_ATTEMPTS} replies in a row refused; last: {last}") from None
-
-
-#: SGLang's temperature-scaled logprobs clamp an underflowed top-k logprob to float32's lowest value
-#: (-3.4e38); -inf means the same. Both are stored as this known floor and every entropy / KL path reads them
-#: as probability 0 (exp underflows to exactly 0).
-LOGPROB_FLOOR = float(np.finfo(np.float32).min)
-
-
-@dataclass(slots=True)  # not frozen: a frozen dataclass is 3x slower to build, and replies hold thousands
-class TopLogprob:
-    """One alternative at a position: token id (None when the server does not say), text, logprob."""
-
-    id: int | None
-    text: str
-    logprob: float
-
-
-class TopList(Sequence):
-    """A token's top-k alternatives (best first) held as parallel lists; items are built on access.
-
-    Wire parsers return these instead of lists of :class:`TopLogprob`: a top-20 reply of a thousand
-    tokens holds 20,000 alternatives, and building an object for each costs more than the HTTP call's
-    JSON decoding. ``ids``/``logprobs`` feed the record's arrays directly; indexing, iteration, ``len``
-    and ``==`` behave like the list of :class:`TopLogprob` it stands for (texts decoded on demand).
-    """
-
-    __slots__ = ("ids", "logprobs", "texts", "_decode", "_items")
-
-    def __init__(self, ids: list, logprobs: list[float], texts: list | None = None, decode=None):
-        self.ids, self.logprobs, self.texts, self._decode, self._items = ids, logprobs, texts, decode, None
-
-    def _materialise(self) -> list[TopLogprob]:
-        if self._items is None:
-            texts = self.texts or [None] * len(self.logprobs)
-            dec = self._decode
-            self._items = [TopLogprob(i, t if t is not None else (dec(i) if dec is not None and i is not None else ""), lp)
-                           for i, t, lp in zip(self.ids, texts, self.logprobs)]
-        return self._items
-
-    def __len__(self) -> int:
-        return len(self.logprobs)
-
-    def __getitem__(self, i):
-        return self._materialise()[i]
-
-    def __iter__(self):
-        return iter(self._materialise())
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, Sequence) and list(self) == list(other)
-
-    def __repr__(self) -> str:
-        return f"TopList({self._materialise()!r})"
-
-
-@dataclass(slots=True)
-class TokenLogprob:
-    """One generated (or scored) token with its top-k alternatives, sorted best first."""
-
-    id: int | None
-    text: str
-    logprob: float
-    top: "list[TopLogprob] | TopList"
-    think: bool = False
-
-    def top_logprobs(self) -> list[float]:
-        return list(self.top.logprobs) if isinstance(self.top, TopList) else [t.logprob for t in self.top]
-
-    def top_ids(self) -> list:
-        return list(self.top.ids) if isinstance(self.top, TopList) else [t.id for t in self.top]
-
-
-def _rows(a: np.ndarray, n: int) -> np.ndarray:
-    if a.ndim == 2 and a.shape[0] == n:
-        return a
-    return a.reshape(n, -1) if n else np.zeros((0, a.shape[-1] if a.ndim == 2 else 0), dtype=a.dtype)
-
-
-class TokenArrays(Sequence):
-    """A generation's (or a scoring's) tokens held as arrays: no Python object per token on the hot path.
-
-    ``ids`` (n,) int64 (-1: unknown), ``texts`` (list of n str), ``logprobs`` (n,) float64, ``top_ids`` (n, k)
-    int64 (-1: absent), ``top_logprobs`` (n, k) float64 (NaN: absent; each row sorted best first), ``think``
-    (n,) bool (set by :func:`agent.backends.think.mark_think`), ``counts`` (n,) alternatives per token.
-    Indexing and iteration build :class:`TokenLogprob` objects on demand (for code that wants them);
-    the record, the entropy math and the probes read the arrays directly.
-    """
-
-    __slots__ = ("ids", "texts", "logprobs", "top_ids", "top_logprobs", "think", "counts", "_decode")
-
-    def __init__(self, ids, texts, logprobs, top_ids, top_logprobs, think=None, counts=None, decode=None):
-        n = len(ids)
-        self.ids = np.asarray(ids, dtype=np.int64)
-        self.texts = list(texts)
-        self.logprobs = np.asarray(logprobs, dtype=np.float64)
-        self.top_ids = _rows(np.asarray(top_ids, dtype=np.int64), n)
-        self.top_logprobs = _rows(np.asarray(top_logprobs, dtype=np.float64), n)
-        self.think = np.zeros(n, dtype=bool) if think is None else np.asarray(think, dtype=bool)
-        self.counts = (np.full(n, self.top_logprobs.shape[1], dtype=np.int64) if counts is None
-                       else np.asarray(counts, dtype=np.int64))
-        self._decode = decode
-        if not (len(self.texts) == len(self.logprobs) == len(self.top_logprobs) == len(self.think) == n):
-            raise ValueError("TokenArrays: columns of different lengths")
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def _token(self, i: int) -> TokenLogprob:
-        c = int(self.counts[i])
-        ids = [None if x < 0 else int(x) for x in self.top_ids[i, :c]]
-        top = TopList(ids, [float(x) for x in self.top_logprobs[i, :c]], None, self._decode)
-        tid = int(self.ids[i])
-        return TokenLogprob(None if tid < 0 else tid, self.texts[i], float(self.logprobs[i]), top, bool(self.think[i]))
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self._token(j) for j in range(*i.indices(len(self)))]
-        if i < 0:
-            i += len(self)
-        if not 0 <= i < len(self):
-            raise IndexError(i)
-        return self._token(i)
-
-    def __iter__(self):
-        return (self._token(i) for i in range(len(self)))
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, Sequence) and len(other) == len(self) and list(self) == list(other)
-
-    @classmethod
-    def from_tokens(cls, tokens: "list[TokenLogprob]", k: int) -> "TokenArrays":
-        """The arrays of a list of :class:`TokenLogprob` (the object path: scripted and chat backends)."""
-        if isinstance(tokens, TokenArrays):
-            return tokens
-        return cls([-1 if t.id is None else t.id for t in tokens], [t.text for t in tokens],
-                   [t.logprob for t in tokens], top_id_matrix(tokens, k), top_matrix(tokens, k),
-                   [t.think for t in tokens], [len(t.top) for t in tokens])
 
 
 @dataclass(slots=True)
@@ -373,43 +246,6 @@ class ScoredTokens:
 
     def top_logprob_matrix(self, k: int | None = None) -> np.ndarray:
         return top_matrix(self.tokens, k or self.top_k_requested)
-
-
-def _fit(a: np.ndarray, k: int, fill, dtype, copy: bool = True) -> np.ndarray:
-    """``a`` (n, m) cut or padded to (n, k) (``copy=False``: ``a`` itself when it already is)."""
-    if a.shape[1] == k:
-        return a.astype(dtype, copy=copy)
-    out = np.full((a.shape[0], k), fill, dtype=dtype)
-    w = min(k, a.shape[1])
-    out[:, :w] = a[:, :w]
-    return out
-
-
-def top_matrix(tokens: list[TokenLogprob], k: int, dtype=np.float64, copy: bool = True) -> np.ndarray:
-    """(n, k) top logprobs, NaN-padded where fewer than k came back (``copy=False``: read-only use, the
-    arrays' own matrix when it already has that shape and dtype)."""
-    if isinstance(tokens, TokenArrays):
-        return _fit(tokens.top_logprobs, k, np.nan, dtype, copy)
-    if tokens and all(isinstance(t.top, TopList) and len(t.top.logprobs) == k for t in tokens):
-        return np.array([t.top.logprobs for t in tokens], dtype=dtype)
-    out = np.full((len(tokens), k), np.nan, dtype=dtype)
-    for i, t in enumerate(tokens):
-        vals = t.top_logprobs()[:k]
-        out[i, : len(vals)] = vals
-    return out
-
-
-def top_id_matrix(tokens: list[TokenLogprob], k: int) -> np.ndarray:
-    """(n, k) top token ids, -1 where absent or unknown (chat servers give no ids)."""
-    if isinstance(tokens, TokenArrays):
-        return _fit(tokens.top_ids, k, -1, np.int32)
-    if tokens and all(isinstance(t.top, TopList) and len(t.top.ids) == k and None not in t.top.ids for t in tokens):
-        return np.array([t.top.ids for t in tokens], dtype=np.int32)
-    out = np.full((len(tokens), k), -1, dtype=np.int32)
-    for i, t in enumerate(tokens):
-        for j, alt in enumerate(t.top[:k]):
-            out[i, j] = -1 if alt.id is None else alt.id
-    return out
 
 
 @runtime_checkable

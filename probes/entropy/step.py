@@ -11,14 +11,8 @@ from agent.backends.base import BackendError, Continuation, TokenArrays, model_v
 from agent.backends.messages import image_shas, strip_query_images
 from agent.rundir import Run, RunError
 from agent.trajectory import recorded_sampling
-from analysis.entropy import (
-    entropy_high,
-    entropy_histogram,
-    forking_stats,
-    forking_threshold,
-    grouped_tail_entropy,
-    token_influence,
-)
+from analysis.entropy import entropy_high, entropy_histogram, forking_stats, forking_threshold, grouped_tail_entropy
+from analysis.influence import token_influence
 from analysis.stats import summarise_by
 
 from .store import ALTERNATIVES
