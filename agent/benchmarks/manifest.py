@@ -1,0 +1,239 @@
+"""A benchmark manifest in the release's unified format (``DATASET_DIR/<benchmark>/data_unified.jsonl`` + ``imgs/``):
+its samples, the data problems found while loading it, and the checks on its images."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..backends.images import ImageError, load_image, max_image_bytes
+from ..tools.demo_world import ensure_demo_world
+
+__all__ = ["Sample", "Problem", "Manifest", "load_benchmark", "load_dataset_dir", "PAPER_CATEGORY",
+           "resolve_benchmark"]
+
+#: Paper §4.1: the three benchmark categories (plus the HLE-VL extra and the offline demo).
+PAPER_CATEGORY = {
+    "simplevqa": "Atomic factuality", "world_vqa": "Atomic factuality",
+    "mmsearch": "Dynamic information-seeking", "livevqa": "Dynamic information-seeking",
+    "browsecomp_vl": "Visual deep research", "mmsearch_plus": "Visual deep research", "vdr_bench": "Visual deep research",
+    "hle_vl": "HLE-VL (extra)", "demo": "Demo (offline world)",
+}
+
+
+_PAPER_CATEGORIES = ("Atomic factuality", "Dynamic information-seeking", "Visual deep research")
+
+
+@dataclass
+class Sample:
+    id: str
+    query: str
+    query_images: list[str]
+    answer: str
+    benchmark: str
+    line: int
+    image_dir: str = ""
+    options: list[str] | None = None
+    gt_option: str | None = None
+    category: str | None = None          # the benchmark's own topical category, normalised
+    paper_category: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def question(self) -> str:
+        """The text the agent sees: the query, with the options appended when there are any."""
+        if self.options:
+            return self.query.rstrip() + "\n\nOptions:\n" + "\n".join(str(o) for o in self.options)
+        return self.query
+
+    @property
+    def image_paths(self) -> list[Path]:
+        return [Path(self.image_dir) / f for f in self.query_images]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Problem:
+    line: int
+    id: str
+    kind: str
+    detail: str
+
+
+@dataclass
+class Manifest:
+    name: str
+    path: Path
+    samples: list[Sample]
+    problems: list[Problem]
+
+    @property
+    def category(self) -> str:
+        return PAPER_CATEGORY.get(self.name, "Uncategorised")
+
+    def stats(self) -> dict:
+        hist = Counter(str(len(s.query_images)) for s in self.samples)
+        return {"samples": len(self.samples), "category": self.category,
+                "images_per_sample": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
+                "problems": [asdict(p) for p in self.problems]}
+
+
+def _norm_category(raw, line: int, sid: str, problems: list[Problem]):
+    if isinstance(raw, list):
+        return " / ".join(map(str, raw)) or None
+    if isinstance(raw, str) and raw.strip().startswith("["):
+        try:
+            val = json.loads(raw)
+        except json.JSONDecodeError:
+            return raw
+        problems.append(Problem(line, sid, "category_json_list", f"category is a JSON-list string: {raw[:80]}"))
+        return " / ".join(map(str, val)) if isinstance(val, list) else raw
+    return raw
+
+
+def _inside_imgs(im) -> bool:
+    """Whether a manifest's image path stays inside the benchmark's imgs/ (relative, no '..')."""
+    if not isinstance(im, str) or not im or im.startswith(("/", "\\")) or ":" in im.split("/")[0]:
+        return False
+    return ".." not in Path(im).parts
+
+
+def _resolves_inside(path: Path, root: Path) -> bool:
+    """Whether ``path``'s real path (symbolic links followed) lies inside ``root`` (imgs/, itself resolved: an
+    imgs/ that is a link to a shared image store is fine; a link inside it that leaves it is not)."""
+    try:
+        real = path.resolve()
+    except (OSError, RuntimeError):  # a link loop
+        return False
+    return real == root or root in real.parents
+
+
+def _image_problem(path: Path) -> tuple[str, str] | None:
+    """(kind, detail) when the image cannot be used: missing, not a file, too large, not an image."""
+
+    if not path.exists():
+        return "missing_image", f"{path} not found"
+    try:
+        if path.is_file() and path.stat().st_size > max_image_bytes():
+            return "image_too_large", f"{path}: {path.stat().st_size / 2**20:.1f} MB > {max_image_bytes() / 2**20:g} MB"
+        load_image(path)
+    except ImageError as e:
+        return "not_an_image", str(e)
+    return None
+
+
+def _from_hle(row: dict) -> dict:
+    """WebWatcher's HLE-VL rows use question/image(s) rather than query/query_images."""
+    row = dict(row)
+    if "query" not in row and "question" in row:
+        row["query"] = row.pop("question")
+    if "query_images" not in row:
+        imgs = row.pop("images", None) or row.pop("image", None) or row.pop("image_path", None)
+        row["query_images"] = imgs if isinstance(imgs, list) else ([imgs] if imgs else [])
+    return row
+
+
+def load_benchmark(path: str | Path, name: str | None = None, *, check_images: bool = True) -> Manifest:
+    """Load ``<dir>/data_unified.jsonl`` (or a .jsonl file); never raises on bad rows, reports them."""
+    p = Path(path)
+    f = p / "data_unified.jsonl" if p.is_dir() else p
+    if not f.exists():
+        raise FileNotFoundError(f"{f}: benchmark manifest not found")
+    bench = name or (f.parent.name if f.name == "data_unified.jsonl" else f.stem)
+    img_dir = f.parent / "imgs"
+    problems: list[Problem] = []
+    samples: list[Sample] = []
+    seen: set[str] = set()
+    if check_images and not img_dir.is_dir():
+        problems.append(Problem(0, "", "missing_image_dir", f"{img_dir} does not exist: no query image can be loaded"))
+    with open(f, "rb") as fh:
+        for n, raw in enumerate(fh, 1):
+            if n == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 BOM: accepted (some editors write one)
+                raw = raw[3:]
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                problems.append(Problem(n, "", "non_utf8", f"{f.name}:{n}: bytes that are not UTF-8 at offset {e.start} "
+                                                          f"({raw[max(0, e.start - 10):e.start + 10]!r}); row skipped"))
+                continue
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                if not isinstance(row, dict):
+                    raise ValueError("not a JSON object")
+            except ValueError as e:
+                problems.append(Problem(n, "", "torn_line", f"{f.name}:{n}: not valid JSON ({e}): {line[:60]!r}"))
+                continue
+            if bench == "hle_vl":
+                row = _from_hle(row)
+            sid = str(row.get("id", "")).strip()
+            if not sid:
+                problems.append(Problem(n, "", "missing_id", "row has no id"))
+                continue
+            if sid in seen:
+                problems.append(Problem(n, sid, "duplicate_id", f"id {sid!r} already seen earlier; this row is skipped"))
+                continue
+            seen.add(sid)
+            query = row.get("query")
+            imgs = row.get("query_images")
+            if not isinstance(query, str) or not query.strip():
+                problems.append(Problem(n, sid, "missing_query", "no query text; row skipped"))
+                continue
+            if isinstance(imgs, str):
+                imgs = [imgs]
+            if not isinstance(imgs, list) or not imgs:
+                problems.append(Problem(n, sid, "no_query_images", "query_images missing or empty; row skipped"))
+                continue
+            outside = [im for im in imgs if not _inside_imgs(im)]
+            if outside:  # never read: a manifest must not point the toolkit at arbitrary files
+                problems.append(Problem(n, sid, "path_outside_imgs", f"image path(s) {outside[:3]} leave {img_dir} "
+                                                                     "(absolute or '..'); row refused"))
+                continue
+            if img_dir.is_dir():  # symlinks: the real path must stay inside imgs/ (ln -s /elsewhere imgs/r escapes it)
+                root = img_dir.resolve()
+                escaped = [im for im in imgs if not _resolves_inside(img_dir / im, root)]
+                if escaped:
+                    problems.append(Problem(n, sid, "path_outside_imgs", f"image path(s) {escaped[:3]} resolve outside "
+                                                                         f"{img_dir} (a symbolic link); row refused"))
+                    continue
+            answer = row.get("answer")
+            if answer is None or not str(answer).strip():
+                problems.append(Problem(n, sid, "empty_answer", "gold answer is empty (kept; it cannot be graded correct)"))
+            if check_images and img_dir.is_dir():
+                for im in imgs:
+                    problem = _image_problem(img_dir / im)
+                    if problem:
+                        problems.append(Problem(n, sid, problem[0], problem[1]))
+            cat = _norm_category(row.get("category"), n, sid, problems)
+            known = {"id", "query", "query_images", "answer", "options", "gt_option", "category", "source"}
+            samples.append(Sample(
+                id=sid, query=query, query_images=[str(i) for i in imgs], answer="" if answer is None else str(answer),
+                benchmark=bench, line=n, image_dir=str(img_dir), options=row.get("options") or None,
+                gt_option=row.get("gt_option"), category=cat,
+                # the demo benchmark spans the paper's three categories, one row each way (its rows say which)
+                paper_category=(cat if bench == "demo" and cat in _PAPER_CATEGORIES else
+                                PAPER_CATEGORY.get(bench, "Uncategorised")),
+                extra={k: v for k, v in row.items() if k not in known}))
+    return Manifest(bench, f, samples, problems)
+
+
+def load_dataset_dir(root: str | Path, *, check_images: bool = True) -> dict[str, Manifest]:
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: dataset directory not found")
+    out = {d.name: load_benchmark(d, check_images=check_images)
+           for d in sorted(root.iterdir()) if (d / "data_unified.jsonl").exists()}
+    if not out:
+        raise FileNotFoundError(f"{root}: no <benchmark>/data_unified.jsonl found")
+    return out
+
+
+def resolve_benchmark(name_or_path: str) -> Manifest:
+    """``demo`` = the offline demo benchmark; else a benchmark directory or .jsonl path."""
+    if name_or_path == "demo":
+        return load_benchmark(ensure_demo_world() / "demo", "demo")
+    return load_benchmark(name_or_path)
