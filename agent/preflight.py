@@ -29,6 +29,7 @@ from pathlib import Path
 
 from .backends import BackendError, make_backend
 from .backends.images import ImageError, load_image
+from .backends.spread import Spread
 from .benchmarks import resolve_benchmark
 from .cli import add_backend_args, done, make_parser
 from .http import HTTPError, RetryPolicy, public_url, request_json
@@ -58,6 +59,17 @@ def local_identity(model_dir, kind: str = "local") -> dict:
     return {"backend": kind, "served_model": p.name, "weights": str(p.resolve()), "fingerprint": h.hexdigest()[:16]}
 
 
+async def _spread_identity(spread: Spread) -> dict:
+    """The one model every server of a :class:`Spread` serves; refuses servers that disagree."""
+    idents = [await model_identity(b) for b in spread.backends]
+    for b, ident in zip(spread.backends[1:], idents[1:]):
+        why = same_model(idents[0], ident)
+        if why:
+            raise PreflightError(f"the servers given serve different models ({getattr(b, 'base', b)}: {why}); "
+                                 "one probe, one model")
+    return {**idents[0], "endpoints": [getattr(b, "base", None) for b in spread.backends]}
+
+
 async def model_identity(backend) -> dict:
     """Ask a backend which model it serves; raises :class:`PreflightError` when the server cannot say.
 
@@ -73,9 +85,8 @@ async def model_identity(backend) -> dict:
         return await _openai_identity(backend)
     if kind == "sglang":
         return await _sglang_identity(backend)
-    ident = getattr(backend, "identity", None)
-    if ident is not None:
-        return await ident()
+    if isinstance(backend, Spread):
+        return await _spread_identity(backend)
     raise PreflightError(f"backend {kind!r} cannot say which model it serves")
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from agent.backends.scripted import ScriptedBackend
 from agent.backends.spread import Spread, pin
-from agent.preflight import PreflightError
+from agent.preflight import PreflightError, model_identity
 from agent.run import main as run_main
 from probes.entropy import main as entropy_main
 from probes.entropy import probe_run
@@ -50,8 +50,8 @@ def test_pin_is_per_task_and_unpinned_calls_go_to_the_least_busy():
 async def test_servers_of_different_models_are_refused():
     s = Spread([ScriptedBackend(["x"], model="m1"), ScriptedBackend(["x"], model="m2")])
     with pytest.raises(PreflightError, match="serve different models"):
-        await s.identity()
-    ok = await Spread([ScriptedBackend(["x"], model="m1"), ScriptedBackend(["x"], model="m1")]).identity()
+        await model_identity(s)
+    ok = await model_identity(Spread([ScriptedBackend(["x"], model="m1"), ScriptedBackend(["x"], model="m1")]))
     assert ok["served_model"] == "m1"
 
 

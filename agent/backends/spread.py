@@ -12,14 +12,12 @@ least busy server the first time it is seen (ties: the one given fewest keys), a
 requests (the annotator's, one per trajectory) go to the least busy server. The pin lives in a context
 variable, so it is per asyncio task: ``asyncio.gather`` of one coroutine per trajectory pins each apart.
 
-``identity()`` asks every server which model it serves and refuses (PreflightError) servers that disagree:
-spreading one probe over two different models would mix them in one figure.
+``agent.preflight.model_identity(spread)`` asks every server which model it serves and refuses servers that
+disagree: spreading one probe over two different models would mix them in one figure.
 """
 from __future__ import annotations
 
 import contextvars
-
-from agent.preflight import PreflightError, model_identity, same_model
 
 __all__ = ["Spread", "pin", "BackendPool"]
 
@@ -93,15 +91,6 @@ class Spread:
 
     async def score(self, *args, **kw):
         return await self._call("score", *args, **kw)
-
-    async def identity(self) -> dict:
-        idents = [await model_identity(b) for b in self.backends]
-        for b, ident in zip(self.backends[1:], idents[1:]):
-            why = same_model(idents[0], ident)
-            if why:
-                raise PreflightError(f"the servers given serve different models ({getattr(b, 'base', b)}: {why}); "
-                                     "one probe, one model")
-        return {**idents[0], "endpoints": [getattr(b, "base", None) for b in self.backends]}
 
     def prepare(self, mode: str) -> None:
         for b in self.backends:
