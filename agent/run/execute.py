@@ -26,96 +26,128 @@ def retrieved(fut) -> None:
         fut.exception()
 
 
+class _Workers:
+    """The asyncio workers of one process: each claims a unit, runs it on the backend it is given, and writes its
+    line as soon as it ends (in a thread, shielded: an interrupt lets the write finish and be counted)."""
+
+    def __init__(self, cfg: RunConfig, spec, rd: RunDir, claim, backends, toolbox, served_model, bar):
+        self.cfg, self.spec, self.rd, self.claim = cfg, spec, rd, claim
+        self.backends, self.toolbox, self.served_model, self.bar = backends, toolbox, served_model, bar
+        self.pool = BackendPool(backends)  # each trajectory keeps the backend it is given
+        self.counts: Counter = Counter()
+        self.stats = UnitStats()
+        self.n_calls = self.n_tokens = 0
+        self.first_error: list[str] = []
+        self.streak = {"n": 0, "last": ""}
+        self.stop = asyncio.Event()
+        self.writes: set = set()
+        self.flying: set = set()  # the units whose trajectories are being made (what an interrupt abandons)
+        self._lock = threading.Lock()
+        self.t0 = time.perf_counter()
+
+    def _write(self, line: dict, traj) -> None:
+        self.rd.append(traj, line)
+        with self._lock:
+            self.counts[line["status"]] += 1
+
+    async def _unit(self, sample, trial) -> dict:
+        """One unit's trajectory, to its line (a timeout ends it as ``timeout``)."""
+        cfg, i = self.cfg, self.pool.acquire()
+        traj = new_trajectory(self.spec, sample, trial)
+        self.flying.add(traj)
+        try:
+            coro = run_sample(self.spec, sample, trial, backend=self.backends[i], toolbox=self.toolbox,
+                              sampling=cfg.sampling(trial), traj=traj, served_model=self.served_model)
+            line, _ = await (asyncio.wait_for(coro, cfg.timeout) if cfg.timeout else coro)
+        except asyncio.TimeoutError:
+            traj.error("Timeout", f"sample exceeded --timeout {cfg.timeout:g}s")
+            line = traj.to_line("timeout", "", error=f"sample exceeded --timeout {cfg.timeout:g}s")
+        finally:
+            self.pool.release(i)
+            self.flying.discard(traj)
+        line["endpoint"] = public_url(cfg.endpoints[i]) if cfg.endpoints else cfg.backend
+        # the write finishes even if the run is interrupted meanwhile, and is counted when it lands
+        fut = asyncio.get_running_loop().run_in_executor(None, self._write, line, traj)
+        self.writes.add(fut)
+        fut.add_done_callback(self.writes.discard)
+        fut.add_done_callback(retrieved)  # a write whose worker was cancelled meanwhile: its error not re-raised
+        await asyncio.shield(fut)
+        return line
+
+    def _account(self, line: dict) -> None:
+        """Counts, and the stop after ``--max-consecutive-errors`` harness errors in a row."""
+        self.n_calls += line["n_calls"]
+        self.n_tokens += line["generated_tokens"]
+        self.stats.add(line)
+        if line["status"] == "error":
+            if not self.first_error:
+                self.first_error.append(f"{line['sample_id']}/t{line['trial']}: {line.get('error')}")
+            self.streak["n"] += 1
+            self.streak["last"] = line.get("error") or ""
+            if self.cfg.max_consecutive_errors and self.streak["n"] >= self.cfg.max_consecutive_errors:
+                self.stop.set()
+        else:
+            self.streak["n"] = 0
+        self.bar.update(1)
+        rate = self.n_calls / max(time.perf_counter() - self.t0, 1e-9)
+        self.bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in sorted(self.counts.items())) + f" calls/s={rate:.1f}",
+                                 refresh=False)
+
+    async def worker(self) -> None:
+        while not self.stop.is_set():
+            job = self.claim()
+            if job is None:
+                return
+            self._account(await self._unit(*job))
+
+    async def run(self, n: int) -> tuple[bool, int, int]:
+        """Run ``n`` workers to the end; ``(interrupted, units abandoned, their calls)``."""
+        tasks = [asyncio.create_task(self.worker()) for _ in range(n)]
+        try:
+            await asyncio.gather(*tasks)
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            # what is abandoned, counted before the cancellation unwinds it: units and the calls they had made
+            lost_units, lost_calls = len(self.flying), sum(t.n_calls for t in self.flying)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self.writes:  # lines being written when the interrupt came: let them land (and be counted)
+                await asyncio.wait(list(self.writes))
+            return True, lost_units, lost_calls
+        return False, 0, 0
+
+
+def _report(cfg: RunConfig, w: _Workers, summary: dict, interrupted: bool) -> None:
+    if cfg.shard is not None:
+        return
+    print(f"{'interrupted' if interrupted else 'done'}: {summary['ran']} written ({dict(w.counts)}), "
+          f"{w.n_calls} LLM calls in {summary['elapsed_s']:.1f}s; tools: {dict(w.toolbox.stats)}", file=sys.stderr)
+    for x in w.stats.lines(cfg.sampling().max_tokens):
+        print(x, file=sys.stderr)
+    if interrupted:
+        print(f"{summary['abandoned_units']} units were in flight and are dropped ({summary['abandoned_calls']} LLM "
+              "calls made for them, their cost is spent; they rerun from the start on resume)", file=sys.stderr)
+        print("rerun the same command to resume; finished samples are kept.", file=sys.stderr)
+
+
 async def execute(cfg: RunConfig, spec, rd: RunDir, header: dict, jobs: list, skipped: int, skipped_images: list,
-                   backends, toolbox) -> dict:
+                  backends, toolbox) -> dict:
     """Run ``jobs`` with ``--concurrency`` asyncio workers over the backends; every finished unit is written as it
     ends; returns the summary (raises KeyboardInterrupt after writing what finished, on Ctrl-C / SIGTERM)."""
-    cache_path = cfg.tool_cache or str(rd.path / "tools.sqlite")
-    counts: Counter = Counter()
-    stats = UnitStats()
-    own_backends = backends is None
+    own_backends, own_toolbox = backends is None, toolbox is None
     backends = backends if backends is not None else make_backends(cfg)
     if own_backends and cfg.backend == "sglang":
         for b in backends:  # records name the served model (the preflight asked a fresh client)
             b.model = (header.get("model") or {}).get("served_model") or b.model
-    own_toolbox = toolbox is None
     if toolbox is None:
-        toolbox = make_toolbox(cfg.tools, world_dir=cfg.world, cache_path=cache_path, mode=cfg.cache_mode,
-                               live_fallback=cfg.live_fallback)
-    pool = BackendPool(backends)  # each trajectory keeps the backend it is given
+        toolbox = make_toolbox(cfg.tools, world_dir=cfg.world, cache_path=cfg.tool_cache or str(rd.path / "tools.sqlite"),
+                               mode=cfg.cache_mode, live_fallback=cfg.live_fallback)
     # the model every reply must name (OpenAI-compatible replies carry ``model``; SGLang's native replies do not)
     served_model = (header.get("model") or {}).get("served_model") if cfg.backend == "openai" and own_backends else None
-    claim = claimer(jobs, SHARED.get("counter"))
     bar = progress_bar(len(jobs), cfg.progress, spec.label)
-    t0 = time.perf_counter()
-    n_calls = n_tokens = 0
-    first_error: list[str] = []
-    streak = {"n": 0, "last": ""}
-    stop = asyncio.Event()
-    writes: set = set()
-    flying: set = set()  # the units whose trajectories are being made (what an interrupt abandons)
-    count_lock = threading.Lock()
-
-    def _write(line: dict, traj) -> None:
-        rd.append(traj, line)
-        with count_lock:
-            counts[line["status"]] += 1
-
-    async def worker():
-        nonlocal n_calls, n_tokens
-        while not stop.is_set():
-            job = claim()
-            if job is None:
-                return
-            sample, trial = job
-            i = pool.acquire()
-            traj = new_trajectory(spec, sample, trial)
-            flying.add(traj)
-            try:
-                coro = run_sample(spec, sample, trial, backend=backends[i], toolbox=toolbox,
-                                  sampling=cfg.sampling(trial), traj=traj, served_model=served_model)
-                line, _ = await (asyncio.wait_for(coro, cfg.timeout) if cfg.timeout else coro)
-            except asyncio.TimeoutError:
-                traj.error("Timeout", f"sample exceeded --timeout {cfg.timeout:g}s")
-                line = traj.to_line("timeout", "", error=f"sample exceeded --timeout {cfg.timeout:g}s")
-            finally:
-                pool.release(i)
-                flying.discard(traj)
-            line["endpoint"] = public_url(cfg.endpoints[i]) if cfg.endpoints else cfg.backend
-            # the write finishes even if the run is interrupted meanwhile, and is counted when it lands
-            fut = asyncio.get_running_loop().run_in_executor(None, _write, line, traj)
-            writes.add(fut)
-            fut.add_done_callback(writes.discard)
-            fut.add_done_callback(retrieved)  # a write whose worker was cancelled meanwhile: its error not re-raised
-            await asyncio.shield(fut)
-            n_calls += line["n_calls"]
-            n_tokens += line["generated_tokens"]
-            stats.add(line)
-            if line["status"] == "error":
-                first_error[:0] = [] if first_error else [f"{line['sample_id']}/t{line['trial']}: {line.get('error')}"]
-                streak["n"] += 1
-                streak["last"] = line.get("error") or ""
-                if cfg.max_consecutive_errors and streak["n"] >= cfg.max_consecutive_errors:
-                    stop.set()
-            else:
-                streak["n"] = 0
-            bar.update(1)
-            bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in sorted(counts.items()))
-                                + f" calls/s={n_calls / max(time.perf_counter() - t0, 1e-9):.1f}", refresh=False)
-
-    tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(cfg.concurrency, len(jobs))))]
-    interrupted = False
+    w = _Workers(cfg, spec, rd, claimer(jobs, SHARED.get("counter")), backends, toolbox, served_model, bar)
     try:
-        await asyncio.gather(*tasks)
-    except (asyncio.CancelledError, KeyboardInterrupt):
-        interrupted = True
-        # what is abandoned, counted before the cancellation unwinds it: units and the calls they had made
-        lost_units, lost_calls = len(flying), sum(t.n_calls for t in flying)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if writes:  # lines being written when the interrupt came: let them land (and be counted)
-            await asyncio.wait(list(writes))
+        interrupted, lost_units, lost_calls = await w.run(max(1, min(cfg.concurrency, len(jobs))))
     finally:
         bar.close()
         if own_toolbox:
@@ -123,23 +155,16 @@ async def execute(cfg: RunConfig, spec, rd: RunDir, header: dict, jobs: list, sk
         if own_backends:
             for b in backends:
                 await b.aclose()
-    elapsed = time.perf_counter() - t0
-    summary = {"run_dir": str(rd.path), "ran": sum(counts.values()), "skipped": skipped, "counts": dict(counts),
-               "llm_calls": n_calls, "generated_tokens": n_tokens, "elapsed_s": round(elapsed, 2),
-               "interrupted": interrupted, "tool_stats": dict(toolbox.stats), "skipped_images": len(skipped_images),
-               "first_error": first_error[0] if first_error else None,
-               "stopped_after_errors": streak["n"] if stop.is_set() else 0, **stats.to_dict()}
-    if cfg.shard is None:
-        print(f"{'interrupted' if interrupted else 'done'}: {summary['ran']} written ({dict(counts)}), "
-              f"{n_calls} LLM calls in {elapsed:.1f}s; tools: {dict(toolbox.stats)}", file=sys.stderr)
-        for x in stats.lines(cfg.sampling().max_tokens):
-            print(x, file=sys.stderr)
+    summary = {"run_dir": str(rd.path), "ran": sum(w.counts.values()), "skipped": skipped, "counts": dict(w.counts),
+               "llm_calls": w.n_calls, "generated_tokens": w.n_tokens,
+               "elapsed_s": round(time.perf_counter() - w.t0, 2), "interrupted": interrupted,
+               "tool_stats": dict(toolbox.stats), "skipped_images": len(skipped_images),
+               "first_error": w.first_error[0] if w.first_error else None,
+               "stopped_after_errors": w.streak["n"] if w.stop.is_set() else 0, **w.stats.to_dict()}
     if interrupted:
         summary["abandoned_units"], summary["abandoned_calls"] = lost_units, lost_calls
-        if cfg.shard is None:
-            print(f"{lost_units} units were in flight and are dropped ({lost_calls} LLM calls made for them, their "
-                  "cost is spent; they rerun from the start on resume)", file=sys.stderr)
-            print("rerun the same command to resume; finished samples are kept.", file=sys.stderr)
+    _report(cfg, w, summary, interrupted)
+    if interrupted:
         raise KeyboardInterrupt(summary)  # a worker process hands it to its parent (_child)
     return summary
 

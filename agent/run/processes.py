@@ -20,34 +20,14 @@ from .execute import UnitStats, progress_bar
 __all__ = ["run_processes"]
 
 
-async def run_processes(cfg: RunConfig, rd: RunDir, job_keys: list, skipped: int, label: str, *, child) -> dict:
-    """``--processes P``: P runner processes taking jobs from one shared counter, appending to one file.
-
-    Each process parses its own replies (top-20 JSON decoding is the runner's main CPU cost), so a
-    busy run is not bound to one core; a worker with a free slot takes the next job, so the load stays
-    balanced whatever the sample ids (a hash split put >256 jobs on one of two workers in 95% of random id
-    draws). The parent shows the progress by watching results.jsonl. ``child``: the worker's entry point
-    (``agent.run.runner._child``: it runs the same :func:`run` with its part of the units).
-    """
-
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    n_jobs = len(job_keys)
-    fields = dataclasses.asdict(cfg) | {"job_keys": [list(k) for k in job_keys]}
-    counter = ctx.Value("l", 0)
-
-    procs = [ctx.Process(target=child, args=(fields, i, cfg.processes, results, counter, renderer_hints()), daemon=False)
-             for i in range(cfg.processes)]
-    for p in procs:
-        p.start()
-    bar = progress_bar(n_jobs, cfg.progress, f"{label} x{cfg.processes}")
-    t0 = time.perf_counter()
-    offset = offset0 = rd.results.stat().st_size if rd.results.exists() else 0
+async def _watch(procs, results, rd: RunDir, bar) -> tuple[list, bool]:
+    """Until every worker has reported (or died): the progress bar follows results.jsonl. ``(summaries,
+    interrupted)``; on Ctrl-C / SIGTERM every worker gets SIGINT (each stops like Ctrl-C) and is waited for."""
+    offset = rd.results.stat().st_size if rd.results.exists() else 0
     summaries, interrupted = [], False
     try:
         while len(summaries) < len(procs):
-            # 0.1 s: the run's end is seen within 0.1 s of the last worker's (0.5 s cost ~0.4 s per run; ours)
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # the run's end is seen within 0.1 s of the last worker's
             if rd.results.exists():
                 with open(rd.results, "rb") as f:
                     f.seek(offset)
@@ -69,10 +49,13 @@ async def run_processes(cfg: RunConfig, rd: RunDir, job_keys: list, skipped: int
             p.join(60)
             if p.is_alive():
                 p.terminate()
-        bar.close()
     while not results.empty():
         summaries.append(results.get())
-    # what the workers wrote, read from the file itself (an interrupted worker cannot report it)
+    return summaries, interrupted
+
+
+def _written(rd: RunDir, offset0: int) -> tuple[Counter, UnitStats]:
+    """What the workers wrote, read from the file itself (an interrupted worker cannot report it)."""
     counts: Counter = Counter()
     stats = UnitStats()
     if rd.results.exists():
@@ -85,22 +68,19 @@ async def run_processes(cfg: RunConfig, rd: RunDir, job_keys: list, skipped: int
                     stats.add(ln)
                 except (ValueError, KeyError, TypeError):
                     continue
-    errors = [s["error"] for s in summaries if "error" in s]
-    interrupted = interrupted or any(s.get("interrupted") for s in summaries)
-    elapsed = time.perf_counter() - t0
-    summary = {"run_dir": str(rd.path), "ran": sum(counts.values()), "skipped": skipped, "counts": dict(counts),
-               "llm_calls": sum(s.get("llm_calls", 0) for s in summaries),
-               "generated_tokens": sum(s.get("generated_tokens", 0) for s in summaries), "elapsed_s": round(elapsed, 2),
-               "interrupted": interrupted, "processes": cfg.processes, "errors": errors,
-               "first_error": next((s["first_error"] for s in summaries if s.get("first_error")), None),
-               "stopped_after_errors": max((s.get("stopped_after_errors") or 0 for s in summaries), default=0),
-               **stats.to_dict()}
+    return counts, stats
+
+
+def _finish(cfg: RunConfig, rd: RunDir, summary: dict, stats: UnitStats, summaries: list) -> dict:
+    """Say how the run ended; raise KeyboardInterrupt (interrupted) or the workers' failure, else the summary."""
+    errors, interrupted = summary["errors"], summary["interrupted"]
     state = "interrupted" if interrupted else "stopped" if errors else "done"
-    print(f"{state}: {summary['ran']} written ({dict(counts)}) by "
-          f"{cfg.processes} processes, {summary['llm_calls']} LLM calls in {elapsed:.1f}s", file=sys.stderr)
+    print(f"{state}: {summary['ran']} written ({summary['counts']}) by {cfg.processes} processes, "
+          f"{summary['llm_calls']} LLM calls in {summary['elapsed_s']:.1f}s", file=sys.stderr)
     for x in stats.lines(cfg.sampling().max_tokens):
         print(x, file=sys.stderr)
-    for e in errors if not any("No space left on device" in x for x in errors) else []:
+    full = any("No space left on device" in x for x in errors)
+    for e in errors if not full else []:
         print(f"a runner process failed: {e}", file=sys.stderr)
     if interrupted:
         lost_units = sum(s.get("abandoned_units", 0) for s in summaries)
@@ -110,8 +90,44 @@ async def run_processes(cfg: RunConfig, rd: RunDir, job_keys: list, skipped: int
         print("rerun the same command to resume; finished samples are kept.", file=sys.stderr)
         raise KeyboardInterrupt
     if errors:
-        if any("No space left on device" in e for e in errors):  # said once, with its own exit status
-
+        if full:  # said once, with its own exit status
             raise OSError(errno.ENOSPC, "No space left on device", str(rd.path))
         raise RunError(f"{len(errors)} runner process(es) failed; rerun to resume: {errors[0]}")
     return summary
+
+
+async def run_processes(cfg: RunConfig, rd: RunDir, job_keys: list, skipped: int, label: str, *, child) -> dict:
+    """``--processes P``: P runner processes taking jobs from one shared counter, appending to one file.
+
+    Each process parses its own replies (top-20 JSON decoding is the runner's main CPU cost), so a
+    busy run is not bound to one core; a worker with a free slot takes the next job, so the load stays
+    balanced whatever the sample ids (a hash split put >256 jobs on one of two workers in 95% of random id
+    draws). The parent shows the progress by watching results.jsonl. ``child``: the worker's entry point
+    (``agent.run.runner._child``: it runs the same :func:`run` with its part of the units).
+    """
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    fields = dataclasses.asdict(cfg) | {"job_keys": [list(k) for k in job_keys]}
+    counter = ctx.Value("l", 0)
+    procs = [ctx.Process(target=child, args=(fields, i, cfg.processes, results, counter, renderer_hints()),
+                         daemon=False) for i in range(cfg.processes)]
+    for p in procs:
+        p.start()
+    bar = progress_bar(len(job_keys), cfg.progress, f"{label} x{cfg.processes}")
+    t0 = time.perf_counter()
+    offset0 = rd.results.stat().st_size if rd.results.exists() else 0
+    try:
+        summaries, interrupted = await _watch(procs, results, rd, bar)
+    finally:
+        bar.close()
+    counts, stats = _written(rd, offset0)
+    summary = {"run_dir": str(rd.path), "ran": sum(counts.values()), "skipped": skipped, "counts": dict(counts),
+               "llm_calls": sum(s.get("llm_calls", 0) for s in summaries),
+               "generated_tokens": sum(s.get("generated_tokens", 0) for s in summaries),
+               "elapsed_s": round(time.perf_counter() - t0, 2),
+               "interrupted": interrupted or any(s.get("interrupted") for s in summaries),
+               "processes": cfg.processes, "errors": [s["error"] for s in summaries if "error" in s],
+               "first_error": next((s["first_error"] for s in summaries if s.get("first_error")), None),
+               "stopped_after_errors": max((s.get("stopped_after_errors") or 0 for s in summaries), default=0),
+               **stats.to_dict()}
+    return _finish(cfg, rd, summary, stats, summaries)
