@@ -97,12 +97,8 @@ def _expected_keys(rd: "RunDir", header: dict) -> set | None:
     return set(units)
 
 
-def check_run(path, *, deep: bool = True, repair: bool = False) -> CheckReport:
-    """Is this run complete and intact? ``deep=False`` is the cheap part (lines, temp files) the runner
-    runs on resume; ``repair`` quarantines torn lines and orphans (never deletes them) and removes temp files."""
-    rd = RunDir(path)
-    header = rd.read_header()
-    rep = CheckReport(str(rd.path))
+def _read_lines(rd: RunDir, rep: CheckReport) -> tuple[list, list]:
+    """The summaries of the well-formed lines (with the images each needs) and the raw torn lines."""
     good, torn_raw = [], []
     if rd.results.exists():
         with open(rd.results, "rb") as f:
@@ -123,6 +119,11 @@ def check_run(path, *, deep: bool = True, repair: bool = False) -> CheckReport:
                 except ValueError:
                     rep.torn.append((n, raw[:60].decode(errors="replace")))
                     torn_raw.append(raw)
+    return good, torn_raw
+
+
+def _count_units(rd: RunDir, header: dict, rep: CheckReport, good: list) -> dict:
+    """Duplicates, superseded lines, statuses, and the units expected vs present; returns the latest per unit."""
     by_key: dict = {}
     for ln in good:
         by_key.setdefault((ln["sample_id"], int(ln["trial"])), []).append(ln)
@@ -140,53 +141,60 @@ def check_run(path, *, deep: bool = True, repair: bool = False) -> CheckReport:
         rep.expected = len(expected)
         rep.missing = sorted(expected - set(latest))
     else:
-        sel = header.get("selection") or {}
-        n = sel.get("n_samples")
+        n = (header.get("selection") or {}).get("n_samples")
         rep.expected = n * int(header.get("trials") or 1) if n is not None else None
         if header.get("shard"):
             rep.expected = int(header["shard"]["units"])
-    for d in (rd.path, rd.path / "tokens", rd.path / "images"):
-        if d.is_dir():
-            rep.temp_files += [str(p.relative_to(rd.path)) for p in d.iterdir() if ".tmp" in p.name]
-    if deep:
-        named = {ln.get("tokens_file") for ln in good if ln.get("tokens_file")}
-        for key, ln in latest.items():
-            tf = ln.get("tokens_file")
-            want = {c["index"]: c.get("n_tokens", 0) for c in ln.get("calls") or []}
-            if not tf:
-                if any(want.values()):
-                    rep.sidecars.append((f"{key[0]}/t{key[1]}", "tokens recorded but no sidecar named"))
-                continue
-            try:
-                call = read_parquet(rd.path / tf, ["call"]).column("call").to_numpy()
-            except Exception as e:  # noqa: BLE001 - any unreadable file is the finding
-                rep.sidecars.append((f"{key[0]}/t{key[1]}", f"{tf} unreadable ({type(e).__name__})"))
-                continue
-            got = {int(c): int((call == c).sum()) for c in np.unique(call)}
-            if {c: n for c, n in want.items() if n} != got:
-                rep.sidecars.append((f"{key[0]}/t{key[1]}", f"{tf}: token counts per call {got} != calls {want}"))
-            try:  # the prompts' token ids it may carry (agent/backends/pieces.py): the probes send them again
-                read_prompt_pieces(rd.path / tf)
-            except (OSError, ValueError) as e:
-                rep.sidecars.append((f"{key[0]}/t{key[1]}", f"{tf}: unreadable prompt ids ({e})"))
-        tok_dir = rd.path / "tokens"
-        if tok_dir.is_dir():
-            rep.orphans = sorted(f"tokens/{p.name}" for p in tok_dir.glob("*.parquet") if f"tokens/{p.name}" not in named)
-        stored = {p.name.split(".")[0] for p in (rd.path / "images").glob("*")} if (rd.path / "images").is_dir() else set()
-        for key, ln in latest.items():
-            need = ln["_need"]
-            rep.missing_images += [(f"{key[0]}/t{key[1]}", h[:12]) for h in sorted(need - stored)]
-        cache = (header.get("tools") or {}).get("cache") or str(rd.path / "tools.sqlite")
-        if Path(cache).exists():
-            try:
-                con = sqlite3.connect(f"file:{cache}?mode=ro", uri=True, timeout=30)
-                res = con.execute("PRAGMA integrity_check").fetchall()
-                con.close()
-                rep.cache = "ok" if res == [("ok",)] else "; ".join(r[0] for r in res[:5])
-            except sqlite3.Error as e:
-                rep.cache = f"unreadable ({e})"
+    return latest
+
+
+def _check_sidecars(rd: RunDir, rep: CheckReport, good: list, latest: dict) -> None:
+    """Each latest line's sidecar: readable, its token counts per call those of the line, its prompt ids readable;
+    and the sidecars no line names (orphans)."""
+    named = {ln.get("tokens_file") for ln in good if ln.get("tokens_file")}
+    for key, ln in latest.items():
+        unit, tf = f"{key[0]}/t{key[1]}", ln.get("tokens_file")
+        want = {c["index"]: c.get("n_tokens", 0) for c in ln.get("calls") or []}
+        if not tf:
+            if any(want.values()):
+                rep.sidecars.append((unit, "tokens recorded but no sidecar named"))
+            continue
+        try:
+            call = read_parquet(rd.path / tf, ["call"]).column("call").to_numpy()
+        except Exception as e:  # noqa: BLE001 - any unreadable file is the finding
+            rep.sidecars.append((unit, f"{tf} unreadable ({type(e).__name__})"))
+            continue
+        got = {int(c): int((call == c).sum()) for c in np.unique(call)}
+        if {c: n for c, n in want.items() if n} != got:
+            rep.sidecars.append((unit, f"{tf}: token counts per call {got} != calls {want}"))
+        try:  # the prompts' token ids it may carry (agent/backends/pieces.py): the probes send them again
+            read_prompt_pieces(rd.path / tf)
+        except (OSError, ValueError) as e:
+            rep.sidecars.append((unit, f"{tf}: unreadable prompt ids ({e})"))
+    tok_dir = rd.path / "tokens"
+    if tok_dir.is_dir():
+        rep.orphans = sorted(f"tokens/{p.name}" for p in tok_dir.glob("*.parquet") if f"tokens/{p.name}" not in named)
+
+
+def _check_images_and_cache(rd: RunDir, header: dict, rep: CheckReport, latest: dict) -> None:
+    stored = {p.name.split(".")[0] for p in (rd.path / "images").glob("*")} if (rd.path / "images").is_dir() else set()
+    for key, ln in latest.items():
+        rep.missing_images += [(f"{key[0]}/t{key[1]}", h[:12]) for h in sorted(ln["_need"] - stored)]
+    cache = (header.get("tools") or {}).get("cache") or str(rd.path / "tools.sqlite")
+    if Path(cache).exists():
+        try:
+            con = sqlite3.connect(f"file:{cache}?mode=ro", uri=True, timeout=30)
+            res = con.execute("PRAGMA integrity_check").fetchall()
+            con.close()
+            rep.cache = "ok" if res == [("ok",)] else "; ".join(r[0] for r in res[:5])
+        except sqlite3.Error as e:
+            rep.cache = f"unreadable ({e})"
+
+
+def _torn_grades(rd: RunDir, rep: CheckReport) -> dict:
+    """The judge's files too: torn grades are re-asked, never read. ``{file: [torn raw lines]}``."""
     judge_raw: dict = {}
-    for jf in sorted(rd.path.glob("judge-*.jsonl")):  # the judge's files too: torn grades are re-asked, never read
+    for jf in sorted(rd.path.glob("judge-*.jsonl")):
         bad = []
         with open(jf, "rb") as f:
             for raw in f:
@@ -199,6 +207,24 @@ def check_run(path, *, deep: bool = True, repair: bool = False) -> CheckReport:
                     bad.append(raw)
         if bad:
             rep.judge_torn[jf.name], judge_raw[jf] = len(bad), bad
+    return judge_raw
+
+
+def check_run(path, *, deep: bool = True, repair: bool = False) -> CheckReport:
+    """Is this run complete and intact? ``deep=False`` is the cheap part (lines, temp files) the runner
+    runs on resume; ``repair`` quarantines torn lines and orphans (never deletes them) and removes temp files."""
+    rd = RunDir(path)
+    header = rd.read_header()
+    rep = CheckReport(str(rd.path))
+    good, torn_raw = _read_lines(rd, rep)
+    latest = _count_units(rd, header, rep, good)
+    for d in (rd.path, rd.path / "tokens", rd.path / "images"):
+        if d.is_dir():
+            rep.temp_files += [str(p.relative_to(rd.path)) for p in d.iterdir() if ".tmp" in p.name]
+    if deep:
+        _check_sidecars(rd, rep, good, latest)
+        _check_images_and_cache(rd, header, rep, latest)
+    judge_raw = _torn_grades(rd, rep)
     if repair:
         _repair(rd, rep, torn_raw)
         for jf, bad in judge_raw.items():
