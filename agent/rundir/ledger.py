@@ -111,60 +111,64 @@ def _money(*parts):
     return None if any(p is None for p in parts) else round(sum(parts), 6)
 
 
-def compute_ledger(run_dir, *, prices: dict | None = None, serving_dir=None, gpus_per_server: int | None = None) -> dict:
-    prices = prices or load_prices()
-    run = load_run(run_dir)
-    gpu_price = (prices.get("gpu_hour") or {}).get("price")
+def _count(run, serving_dir, gpus_per_server, cache: dict) -> tuple[dict, dict, set, float]:
+    """Per model (calls, tokens, latency, request GPU-seconds) and per tool (calls, cached, paid) over the run's
+    lines; the endpoints seen and the run's span (first start to last finish)."""
     models: dict = {}
     tools: dict = {}
-    cache: dict = {}
     endpoints: set = set()
     t0 = t1 = None
     for s in run.index:
         t0 = s.get("started") if t0 is None else min(t0, s.get("started") or t0)
         t1 = s.get("finished") if t1 is None else max(t1, s.get("finished") or t1)
-        model = s.get("model") or "?"
-        m = models.setdefault(model, {"calls": 0, "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0,
-                                      "latency_s": 0.0, "request_gpu_seconds": 0.0, "_gpus_unknown": 0})
+        m = models.setdefault(s.get("model") or "?", {"calls": 0, "prompt_tokens": 0, "cached_tokens": 0,
+                                                      "completion_tokens": 0, "latency_s": 0.0,
+                                                      "request_gpu_seconds": 0.0, "_gpus_unknown": 0})
         url = s.get("endpoint")
         endpoints.add(url)
         gpus = _gpus_for(url, serving_dir, gpus_per_server, cache)
         for c in s.get("calls") or []:
             m["calls"] += 1
-            m["prompt_tokens"] += int(c.get("prompt_tokens") or 0)
-            m["cached_tokens"] += int(c.get("cached_tokens") or 0)
-            m["completion_tokens"] += int(c.get("completion_tokens") or 0)
+            for k in ("prompt_tokens", "cached_tokens", "completion_tokens"):
+                m[k] += int(c.get(k) or 0)
             lat = float(c.get("latency_s") or 0.0)
             m["latency_s"] += lat
             if gpus is None:
                 m["_gpus_unknown"] += 1
             else:
                 m["request_gpu_seconds"] += lat * gpus
-        usage = s.get("tool_usage")
-        if usage is None:  # a line written before tool_usage: count from its events
-            usage = {}
-            for e in run.full(s).get("events") or []:
-                if e.get("type") == "tool_call":
-                    u = usage.setdefault(e["name"], {"calls": 0, "cached": 0, "paid": 0})
-                    u["calls"] += 1
-                    u["cached"] += bool(e.get("cache_hit"))
-                    u["paid"] += int(e.get("paid_calls") or 0)
-        for name, u in usage.items():
+        for name, u in _tool_usage(run, s).items():
             t = tools.setdefault(name, {"calls": 0, "cached": 0, "paid_calls": 0})
             t["calls"] += u["calls"]
             t["cached"] += u["cached"]
             t["paid_calls"] += u["paid"]
-    unknown: list[str] = []
     span = (t1 - t0) if t0 is not None and t1 is not None else 0.0
-    servers = [e for e in endpoints if e]
+    return models, tools, endpoints, span
+
+
+def _tool_usage(run, s: dict) -> dict:
+    usage = s.get("tool_usage")
+    if usage is None:  # a line written before tool_usage: count from its events
+        usage = {}
+        for e in run.full(s).get("events") or []:
+            if e.get("type") == "tool_call":
+                u = usage.setdefault(e["name"], {"calls": 0, "cached": 0, "paid": 0})
+                u["calls"] += 1
+                u["cached"] += bool(e.get("cache_hit"))
+                u["paid"] += int(e.get("paid_calls") or 0)
+    return usage
+
+
+def _price_models(models: dict, prices: dict, held_gpus, span: float, unknown: list) -> None:
+    """Held GPU-seconds and money per model: by tokens for a priced API model, else by held GPU-hours."""
+    gpu_price = (prices.get("gpu_hour") or {}).get("price")
     for name, m in models.items():
         if m.pop("_gpus_unknown"):
             m["request_gpu_seconds"] = None
         m["latency_s"] = round(m["latency_s"], 3)
         if m["request_gpu_seconds"] is not None:
             m["request_gpu_seconds"] = round(m["request_gpu_seconds"], 3)
-        g = [_gpus_for(u, serving_dir, gpus_per_server, cache, held=True) for u in servers]
-        m["held_gpu_seconds"] = round(span * sum(g), 3) if g and all(x is not None for x in g) else None
+        m["held_gpu_seconds"] = round(span * sum(held_gpus), 3) if held_gpus and None not in held_gpus else None
         price = (prices.get("models") or {}).get(name)
         if price:  # an API model priced per token
             pin, pout, pcached = price.get("input_per_1m"), price.get("output_per_1m"), price.get("cached_input_per_1m")
@@ -180,16 +184,13 @@ def compute_ledger(run_dir, *, prices: dict | None = None, serving_dir=None, gpu
         if m["money"] is None and m["calls"]:
             unknown.append(f"model {name}: " + ("no GPU-hour price" if gpu_price is None and not price else
                                                 "GPUs behind its endpoints unknown" if not price else "a token price"))
-    for name, t in tools.items():
-        per = ((prices.get("tools") or {}).get(name) or {}).get("per_call")
-        t["price_per_call"] = per
-        t["money"] = 0.0 if t["paid_calls"] == 0 else (None if per is None else round(t["paid_calls"] * per, 6))
-        if t["money"] is None:
-            unknown.append(f"tool {name}: no price per call")
+
+
+def _judges(run_path: Path, prices: dict, unknown: list) -> dict:
+    """Per judge file: its LLM calls, tokens and money."""
     judges: dict = {}
-    for f in sorted(Path(run.path).glob("judge-*.jsonl")):
-        recs = read_grades(f)
-        used = [r for r in recs if r.get("usage")]
+    for f in sorted(Path(run_path).glob("judge-*.jsonl")):
+        used = [r for r in read_grades(f) if r.get("usage")]
         if not used:
             continue
         model = next((r.get("judge_served_model") for r in used if r.get("judge_served_model")), None) or \
@@ -203,6 +204,25 @@ def compute_ledger(run_dir, *, prices: dict | None = None, serving_dir=None, gpu
         if j["money"] is None:
             unknown.append(f"judge {model}: no token price")
         judges[f.name] = j
+    return judges
+
+
+def compute_ledger(run_dir, *, prices: dict | None = None, serving_dir=None, gpus_per_server: int | None = None) -> dict:
+    prices = prices or load_prices()
+    run = load_run(run_dir)
+    cache: dict = {}
+    models, tools, endpoints, span = _count(run, serving_dir, gpus_per_server, cache)
+    servers = [e for e in endpoints if e]
+    unknown: list[str] = []
+    held = [_gpus_for(u, serving_dir, gpus_per_server, cache, held=True) for u in servers]
+    _price_models(models, prices, held, span, unknown)
+    for name, t in tools.items():
+        per = ((prices.get("tools") or {}).get(name) or {}).get("per_call")
+        t["price_per_call"] = per
+        t["money"] = 0.0 if t["paid_calls"] == 0 else (None if per is None else round(t["paid_calls"] * per, 6))
+        if t["money"] is None:
+            unknown.append(f"tool {name}: no price per call")
+    judges = _judges(run.path, prices, unknown)
     parts = [m["money"] for m in models.values()] + [t["money"] for t in tools.values()] + \
         [j["money"] for j in judges.values()]
     return {"run_dir": str(run.path), "computed": time.time(), "units": len(run.index), "span_s": round(span, 3),
