@@ -38,6 +38,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--method", required=True, choices=METHODS, help="the agent (README: Agents)")
     ap.add_argument("--variant", default="", choices=VARIANTS, help="MM-ContextFold ablation (paper §4.3)")
     ap.add_argument("--remove-images-from-step", type=int, metavar="K", help="ReAct-Removal@K (paper §3.2.3)")
+    _release_args(ap)
+    _backend_args(ap)
+    _sampling_args(ap)
+    _tools_args(ap)
+    _control_args(ap)
+    return ap
+
+
+def _release_args(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("adaptive image release (ReAct only; ours, agent/methods/release.py)")
     g.add_argument("--image-release", default="keep", choices=("keep", "adaptive"),
                    help="adaptive: probe each step's thinking without the query images (teacher-forced) and remove "
@@ -68,7 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run the ids a selection file holds for this benchmark (python -m agent.benchmarks subset "
                          "DATA --random-per-benchmark 100 --seed S: the B_max sweep's 700 samples, D.2); recorded in "
                          "header.json")
+
+
+def _backend_args(ap: argparse.ArgumentParser) -> None:
     add_backend_args(ap, default="local", repeat_endpoint=True)
+
+
+def _sampling_args(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("sampling (paper defaults)")
     g.add_argument("--temperature", type=float, default=0.2, help="paper B.1")
     g.add_argument("--top-p", type=float, default=0.95, help="paper B.1")
@@ -86,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "what it renders; paper B.3) or drop it")
     g.add_argument("--observation-images", type=int, default=WEBWATCHER_OBSERVATION_IMAGES, metavar="N",
                    help="lens result images put into the observation (WebWatcher: 5; 0 = none)")
+
+
+def _tools_args(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("tools")
     g.add_argument("--tools", default="offline", choices=("offline", "live"),
                    help="offline = the shipped demo world; live = Serper / Jina (keys from the environment)")
@@ -93,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tool-cache", help="SQLite cache path (default RUN_DIR/tools.sqlite)")
     g.add_argument("--cache-mode", default="readwrite", choices=MODES, help="replay = exact replays (a miss is an error)")
     g.add_argument("--live-fallback", action="store_true", help="replay mode: call the tool on a cache miss")
+
+
+def _control_args(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("run control")
     g.add_argument("--timeout", type=float, help="seconds per sample (ends it as status=timeout)")
     g.add_argument("--retry-errors", action="store_true", help="rerun pairs that ended in error/timeout")
@@ -115,7 +136,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     g.add_argument("--token-precision", default="float32", choices=("float32", "float16"),
                    help="storage of the top-k logprobs in the token sidecar (float16: ~35%% smaller, lossy)")
-    return ap
 
 
 def config_from_args(a) -> RunConfig:
