@@ -124,18 +124,13 @@ def preflight(a, servers: list[Server], routers, ports) -> list[tuple]:
     return out
 
 
-def launch(a) -> int:
-    servers = plan(a)
-    gpu_gb = _gpu_mem_gb()
-    run_dir = Path(a.run_dir).resolve()
-    for s in servers:
-        s.log = str(run_dir / f"{s.name}.log")
+def _announce(a, servers: list[Server], routers, ports, gpu_gb, run_dir: Path) -> None:
+    """What this launch is: logprob semantics, determinism, ports; with --dry-run the exact commands too."""
     sem = ("raw log_softmax(logits): SGLANG_RETURN_ORIGINAL_LOGPROB=1" if a.logprobs == "raw"
            else "log_softmax(logits / T), SGLang's default")
     print(f"logprob semantics: {a.logprobs} ({sem}); clients: --logprob-mode {a.logprobs}")
-    print(f"deterministic inference: {'on (--enable-deterministic-inference: seeds are honoured)' if a.deterministic else 'off (seeds are ignored by the server)'}")
-    routers = _router_plan(a, servers)
-    ports = ports_of(servers, routers)
+    print("deterministic inference: " + ("on (--enable-deterministic-inference: seeds are honoured)" if a.deterministic
+                                         else "off (seeds are ignored by the server)"))
     print("ports: " + ", ".join(f"{what} {p}" for what, p in ports))
     if a.standin:
         print(f"stand-in: SGLang's own HTTP server / TokenizerManager / DetokenizerManager from {SGLANG_SITE}, the "
@@ -147,7 +142,10 @@ def launch(a) -> int:
             print(_quote(router_command(urls, port, a, prom)))
         for s in servers:
             print("\n".join(_describe(a, s, gpu_gb, run_dir)))
-    # ------------------------------------------------ preflight: fail early and clearly, start nothing
+
+
+def _refusals(a, servers, routers, ports) -> int | None:
+    """Preflight: fail early and clearly, start nothing. --dry-run reports every check and returns its status."""
     checks = preflight(a, servers, routers, ports)
     failed = [c for c in checks if c[0] == "FAIL"]
     if not a.dry_run:  # a launch refuses what it cannot check: it needs the node
@@ -161,75 +159,110 @@ def launch(a) -> int:
         return 0
     if failed:
         raise LaunchError(failed[0][2])
-    run_dir.mkdir(parents=True, exist_ok=True)
-    remember(run_dir)
-    started: list[tuple[str, subprocess.Popen]] = []
-    entries: list[dict] = []
+    return None
 
-    def fail(msg: str) -> int:
+
+class _Launch:
+    """What this launch started, recorded in its run directory as it goes; stopped together on a failure."""
+
+    def __init__(self, a, run_dir: Path):
+        self.a, self.run_dir = a, run_dir
+        self.started: list[tuple[str, subprocess.Popen]] = []
+        self.entries: list[dict] = []
+
+    def fail(self, msg: str) -> int:
         print(f"launch_qwen35: {msg}", file=sys.stderr)
         print("launch_qwen35: stopping the servers started by this launch", file=sys.stderr)
-        for name, p in started:
+        for name, p in self.started:
             kill_group(p.pid)
-            (run_dir / f"{name}.pid").unlink(missing_ok=True)
-        for e in entries:
+            (self.run_dir / f"{name}.pid").unlink(missing_ok=True)
+        for e in self.entries:
             e["status"] = "stopped"
-        if entries:
-            write_endpoints(run_dir, entries)
+        if self.entries:
+            write_endpoints(self.run_dir, self.entries)
         return 1
 
-    procs = {}
-    for s in servers:
-        (run_dir / f"{s.name}.cmd").write_text(_quote(["env", *(f"{k}={v}" for k, v in s.env.items()), *s.cmd]) + "\n")
-        print(f"starting {s.name} on GPUs {s.gpus} (log: {s.log})", flush=True)
-        p = start(s.cmd, s.env, s.log)
-        (run_dir / f"{s.name}.pid").write_text(pid_record(p.pid))
-        started.append((s.name, p))
-        procs[s.name] = p
-    for s in servers:
-        url = f"http://127.0.0.1:{s.port}"
-        try:
-            model = wait_ready(url, procs[s.name], s.log, s.name, a.timeout)
-        except LaunchError as e:
-            return fail(str(e))
-        print(f"ready: {url}  model={model}  logprobs={a.logprobs}  GPUs={s.gpus}", flush=True)
-        entries.append({"url": _client_url(a, s.port), "model": model, "served_model": model, "weights": s.weights,
-                        "size": s.size, "logprob_mode": a.logprobs, "gpus": s.gpus, "deterministic": a.deterministic,
-                        "pid": procs[s.name].pid, "log": s.log, "status": "running", "kind": "server",
-                        "nccl_port": s.nccl_port, "standin": a.standin})
-        write_endpoints(run_dir, entries)
-    for served, port, urls, prom in routers:
-        name = f"router-{port}"
-        cmd = router_command(urls, port, a, prom)
-        (run_dir / f"{name}.cmd").write_text(_quote(cmd) + "\n")
-        log = str(run_dir / f"{name}.log")
-        p = start(cmd, {"PYTHONPATH": str(SGLANG_SITE)} if a.standin else {}, log)
-        (run_dir / f"{name}.pid").write_text(pid_record(p.pid))
-        started.append((name, p))
-        t0 = time.time()
-        while True:
+    def start(self, name: str, cmd: list[str], env: dict, log: str, shown_env: dict | None = None):
+        shown = cmd if shown_env is None else ["env", *(f"{k}={v}" for k, v in shown_env.items()), *cmd]
+        (self.run_dir / f"{name}.cmd").write_text(_quote(shown) + "\n")
+        p = start(cmd, env, log)
+        (self.run_dir / f"{name}.pid").write_text(pid_record(p.pid))
+        self.started.append((name, p))
+        return p
+
+    def record(self, entry: dict) -> None:
+        self.entries.append(entry)
+        write_endpoints(self.run_dir, self.entries)
+
+    def servers(self, servers: list[Server]) -> int | None:
+        a, procs = self.a, {}
+        for s in servers:
+            print(f"starting {s.name} on GPUs {s.gpus} (log: {s.log})", flush=True)
+            procs[s.name] = self.start(s.name, s.cmd, s.env, s.log, shown_env=s.env)
+        for s in servers:
+            url = f"http://127.0.0.1:{s.port}"
             try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5).read()
-                break
-            except Exception:  # noqa: BLE001 - not up yet
-                if p.poll() is not None or time.time() - t0 > a.timeout:
-                    return fail(f"the router for {served} did not come up; see {log}")
-                time.sleep(0.5)
-        print(f"ready: router http://127.0.0.1:{port} for {served} over {' '.join(urls)} (policy cache_aware)", flush=True)
-        entries.append({"url": _client_url(a, port), "model": served, "served_model": served, "router_of": urls,
-                        "prometheus_port": prom,
-                        "size": next(s.size for s in servers if s.served == served), "logprob_mode": a.logprobs,
-                        "gpus": "", "deterministic": a.deterministic, "pid": p.pid, "log": log, "status": "running",
-                        "kind": "router"})
-        write_endpoints(run_dir, entries)
+                model = wait_ready(url, procs[s.name], s.log, s.name, a.timeout)
+            except LaunchError as e:
+                return self.fail(str(e))
+            print(f"ready: {url}  model={model}  logprobs={a.logprobs}  GPUs={s.gpus}", flush=True)
+            self.record({"url": _client_url(a, s.port), "model": model, "served_model": model, "weights": s.weights,
+                         "size": s.size, "logprob_mode": a.logprobs, "gpus": s.gpus, "deterministic": a.deterministic,
+                         "pid": procs[s.name].pid, "log": s.log, "status": "running", "kind": "server",
+                         "nccl_port": s.nccl_port, "standin": a.standin})
+        return None
+
+    def routers(self, servers: list[Server], routers) -> int | None:
+        a = self.a
+        for served, port, urls, prom in routers:
+            name, log = f"router-{port}", str(self.run_dir / f"router-{port}.log")
+            p = self.start(name, router_command(urls, port, a, prom),
+                           {"PYTHONPATH": str(SGLANG_SITE)} if a.standin else {}, log)
+            t0 = time.time()
+            while True:
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5).read()
+                    break
+                except Exception:  # noqa: BLE001 - not up yet
+                    if p.poll() is not None or time.time() - t0 > a.timeout:
+                        return self.fail(f"the router for {served} did not come up; see {log}")
+                    time.sleep(0.5)
+            print(f"ready: router http://127.0.0.1:{port} for {served} over {' '.join(urls)} (policy cache_aware)",
+                  flush=True)
+            self.record({"url": _client_url(a, port), "model": served, "served_model": served, "router_of": urls,
+                         "prometheus_port": prom, "size": next(s.size for s in servers if s.served == served),
+                         "logprob_mode": a.logprobs, "gpus": "", "deterministic": a.deterministic, "pid": p.pid,
+                         "log": log, "status": "running", "kind": "router"})
+        return None
+
+
+def launch(a) -> int:
+    servers = plan(a)
+    gpu_gb = _gpu_mem_gb()
+    run_dir = Path(a.run_dir).resolve()
+    for s in servers:
+        s.log = str(run_dir / f"{s.name}.log")
+    routers = _router_plan(a, servers)
+    ports = ports_of(servers, routers)
+    _announce(a, servers, routers, ports, gpu_gb, run_dir)
+    rc = _refusals(a, servers, routers, ports)
+    if rc is not None:
+        return rc
+    run_dir.mkdir(parents=True, exist_ok=True)
+    remember(run_dir)
+    done = _Launch(a, run_dir)
+    rc = done.servers(servers)
+    if rc is None:
+        rc = done.routers(servers, routers)
+    if rc is not None:
+        return rc
     print(f"\nendpoints written to {run_dir / 'endpoints.json'}")
     for s in servers:
         print("\n".join(_describe(a, s, gpu_gb, run_dir)))
     for served, port, _, _ in routers:
-        url = _client_url(a, port)
         w = next(s.weights for s in servers if s.served == served)
-        print(f"router for {served}: clients: --backend sglang --endpoint {url} --model-dir {shlex.quote(w)} "
-              f"--logprob-mode {a.logprobs}")
+        print(f"router for {served}: clients: --backend sglang --endpoint {_client_url(a, port)} --model-dir "
+              f"{shlex.quote(w)} --logprob-mode {a.logprobs}")
     return 0
 
 
