@@ -201,6 +201,79 @@ async def removal_probe(run_dir, steps: list[int], *, out_dir=None, **kw) -> dic
         return await _removal_probe(run_dir, steps, out_dir=out, **kw)
 
 
+def _replay_dirs(out: Path, h: dict, ident: dict, steps: list[int], run_path: Path) -> dict:
+    """One run directory per k (``OUT/k<k>``), its header saying what it replays."""
+    dirs = {k: RunDir(out / f"k{k}") for k in steps}
+    for k, rd in dirs.items():
+        rd.write_header({**{x: h.get(x) for x in ("benchmark", "budgets", "sampling", "schema_version", "backend",
+                                                  "tools", "benchmark_path", "versions", "history_reasoning",
+                                                  "observation_images")},
+                         "model": ident, "method": "react", "variant": f"replay-removal@{k}",
+                         "label": f"react replay, images removed from step {k}",
+                         "remove_images_from_step": k, "replay_of": str(run_path), "trials": h.get("trials")},
+                        force=True)
+    return dirs
+
+
+async def _replay_all(run, lines: list, pending: dict, dirs: dict, *, backend, toolbox, spec, sampling, concurrency: int,
+                      bar, retokenize: bool):
+    """Every pending replay; a trajectory's k replays back to back on one server (its prefixes). Returns the
+    prompt-id record's summary."""
+    sem = asyncio.Semaphore(concurrency)
+    image_users = ImageUsers()
+    recorded = RecordedPrompts(backend, off=retokenize)
+
+    async def trajectory_group(line):
+        ks = pending[(line["sample_id"], line["trial"])]
+        if not ks:
+            return
+        async with sem:
+            pin(backend, (line["sample_id"], line["trial"]))
+            line = run.full(line)
+            tokens = run.tokens(line)
+            # the history before step k is the run's: its recorded prompt ids are sent again (probes/cli.py)
+            give_back = recorded.lend(run, line)
+            mine = set()  # its query images leave the image caches when its replays (and its twins') are done
+            image_users.use(mine, (line.get("query_images") or {}).values())
+            try:
+                for k in ks:
+                    rl, traj = await replay_one(run, line, tokens, k, backend=backend, toolbox=toolbox, spec=spec,
+                                                sampling=sampling)
+                    await asyncio.to_thread(dirs[k].append, traj, rl)
+                    bar.update(1)
+            finally:
+                give_back()
+                image_users.done(mine)
+
+    await asyncio.gather(*(trajectory_group(ln) for ln in lines))
+    return recorded.summary()
+
+
+async def _outcomes(grader: Grader, lines: list, dirs: dict) -> pd.DataFrame:
+    """The originals and every replay graded by the same grader: one row per (trajectory, k)."""
+    originals = {(ln["sample_id"], ln["trial"]): ln for ln in lines}
+    orig_grades = dict(zip(originals, await asyncio.gather(*(grader.grade(ln) for ln in originals.values()))))
+    rows = []
+    for k, rd in dirs.items():
+        replays = {key: ln for key, ln in rd.latest().items() if key in originals}
+        ok_replays = {key: ln for key, ln in replays.items() if ln["status"] not in ("error", "timeout")}
+        graded = dict(zip(ok_replays, await asyncio.gather(*(grader.grade(ln) for ln in ok_replays.values()))))
+        for key, orig in originals.items():
+            o = orig_grades[key]["grade"] == "CORRECT"
+            base = {"sample_id": key[0], "trial": key[1], "k": k, "benchmark": orig["benchmark"],
+                    "paper_category": orig.get("paper_category"), "original_correct": o}
+            if orig["n_calls"] < k:  # ended before step k: keeps its original outcome
+                rows.append({**base, "replay_correct": o, "replayed": False, "replay_status": orig["status"],
+                             "error": None})
+            elif key in graded:
+                rows.append({**base, "replay_correct": graded[key]["grade"] == "CORRECT", "replayed": True,
+                             "replay_status": replays[key]["status"], "error": None})
+            elif key in replays:  # ended in error/timeout: a missing pair, never a wrong answer
+                rows.append({**base, "replay_correct": None, "replayed": True, "replay_status": replays[key]["status"],
+                             "error": replays[key].get("error")})
+    return pd.DataFrame(rows)
+
+
 async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, out_dir=None, concurrency: int = 8,
                          limit: int | None = None, progress: bool = True, force: bool = False,
                          hardware: dict | None = None, retokenize: bool = False) -> dict:
@@ -210,22 +283,13 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
         raise RunError(f"{run.path}: step-k removal replays need a plain ReAct run (this is {h.get('label')})")
     ident = await probe_model_check(run, backend, force=force)
     out = Path(out_dir) if out_dir else run.path / "probes" / "removal"
-    spec = replay_spec(h)
     sp = h.get("sampling") or {}
     sampling = SamplingParams(**{k: sp[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                                                     "max_tokens", "top_logprobs", "seed", "enable_thinking") if k in sp})
     if grader.needs_client([{"status": "ok", "answer": "x"}]):
         grader.client()  # fail early (a missing judge key) before any replay
     toolbox = replay_toolbox(run)
-    dirs = {k: RunDir(out / f"k{k}") for k in steps}
-    for k, rd in dirs.items():
-        rd.write_header({**{x: h.get(x) for x in ("benchmark", "budgets", "sampling", "schema_version", "backend",
-                                                  "tools", "benchmark_path", "versions", "history_reasoning",
-                                                  "observation_images")},
-                         "model": ident, "method": "react", "variant": f"replay-removal@{k}",
-                         "label": f"react replay, images removed from step {k}",
-                         "remove_images_from_step": k, "replay_of": str(run.path), "trials": h.get("trials")},
-                        force=True)
+    dirs = _replay_dirs(out, h, ident, steps, run.path)
     done = {k: rd.done_keys(retry_errors=True) for k, rd in dirs.items()}
     # summaries from the run's index; each trajectory's whole line is read when its replays start
     lines = sorted(run.index, key=lambda ln: (ln["sample_id"], ln["trial"]))[: limit or None]
@@ -233,77 +297,24 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
     pending = {(ln["sample_id"], ln["trial"]): [k for k in steps if ln["n_calls"] >= k
                                              and (ln["sample_id"], ln["trial"]) not in done[k]] for ln in lines}
     n_jobs = sum(len(v) for v in pending.values())
-    print(f"removal replays: {len(lines)} trajectories x steps {steps}: {n_jobs} replays to run -> {out}", file=sys.stderr)
-
+    print(f"removal replays: {len(lines)} trajectories x steps {steps}: {n_jobs} replays to run -> {out}",
+          file=sys.stderr)
     bar = tqdm(total=n_jobs, desc="removal", unit="replay", disable=not progress, file=sys.stderr, mininterval=1.0)
-    sem = asyncio.Semaphore(concurrency)
-
-    image_users = ImageUsers()
-    recorded = RecordedPrompts(backend, off=retokenize)
-
-    async def trajectory_group(line):  # the k replays of one trajectory back to back (prefix cache)
-        ks = pending[(line["sample_id"], line["trial"])]
-        if not ks:
-            return
-        async with sem:
-            pin(backend, (line["sample_id"], line["trial"]))  # one server for a trajectory's replays (its prefixes)
-            line = run.full(line)
-            tokens = run.tokens(line)
-            # the history before step k is the run's: its recorded prompt ids are sent again (probes/cli.py)
-            give_back = recorded.lend(run, line)
-            mine = set()  # its query images leave the image caches when its replays (and its twins') are done
-            image_users.use(mine, (line.get("query_images") or {}).values())
-            try:
-                await replay_group(line, tokens, ks)
-            finally:
-                give_back()
-                image_users.done(mine)
-
-    async def replay_group(line, tokens, ks):
-        for k in ks:
-            rl, traj = await replay_one(run, line, tokens, k, backend=backend, toolbox=toolbox, spec=spec,
-                                        sampling=sampling)
-            await asyncio.to_thread(dirs[k].append, traj, rl)
-            bar.update(1)
-
-
-    started, t0, done_before = time.time(), time.perf_counter(), bar.n
+    started, t0 = time.time(), time.perf_counter()
     try:
-        work = [trajectory_group(ln) for ln in lines]
-        await asyncio.gather(*work)
+        prompt_ids = await _replay_all(run, lines, pending, dirs, backend=backend, toolbox=toolbox,
+                                       spec=replay_spec(h), sampling=sampling, concurrency=concurrency, bar=bar,
+                                       retokenize=retokenize)
     finally:
         bar.close()
         await toolbox.aclose()
-
     out.mkdir(parents=True, exist_ok=True)
     cost = record_session(out / "probe.json", hardware or serving_hardware(backend), started,
-                          time.perf_counter() - t0, bar.n - done_before)
-    # grade the originals and every replay with the same grader
-    originals = {(ln["sample_id"], ln["trial"]): ln for ln in lines}
-    orig_grades = dict(zip(originals, await asyncio.gather(*(grader.grade(ln) for ln in originals.values()))))
-    rows = []
-    for k, rd in dirs.items():
-        latest = rd.latest()
-        replays = {key: ln for key, ln in latest.items() if key in originals}
-        ok_replays = {key: ln for key, ln in replays.items() if ln["status"] not in ("error", "timeout")}
-        graded = dict(zip(ok_replays, await asyncio.gather(*(grader.grade(ln) for ln in ok_replays.values()))))
-        for key, orig in originals.items():
-            o = orig_grades[key]["grade"] == "CORRECT"
-            base = {"sample_id": key[0], "trial": key[1], "k": k, "benchmark": orig["benchmark"],
-                    "paper_category": orig.get("paper_category"), "original_correct": o}
-            if orig["n_calls"] < k:  # ended before step k: keeps its original outcome
-                rows.append({**base, "replay_correct": o, "replayed": False, "replay_status": orig["status"], "error": None})
-            elif key in graded:
-                rows.append({**base, "replay_correct": graded[key]["grade"] == "CORRECT", "replayed": True,
-                             "replay_status": replays[key]["status"], "error": None})
-            elif key in replays:  # ended in error/timeout: a missing pair, never a wrong answer
-                rows.append({**base, "replay_correct": None, "replayed": True, "replay_status": replays[key]["status"],
-                             "error": replays[key].get("error")})
+                          time.perf_counter() - t0, bar.n)
+    outcomes = await _outcomes(grader, lines, dirs)
     await grader.aclose()
-    outcomes = pd.DataFrame(rows)
     if outcomes.empty:
         raise RunError(f"{run.path}: no replay outcome to report")
-    out.mkdir(parents=True, exist_ok=True)
     outcomes.to_csv(out / "outcomes.csv", index=False)
     errors = outcomes[outcomes["error"].notna() | outcomes["replay_status"].isin(["error", "timeout"])]
     errors[["sample_id", "trial", "k", "replay_status", "error"]].to_csv(out / "errors.csv", index=False)
@@ -311,9 +322,7 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
     summary.to_csv(out / "summary.csv", index=False)
     (out / "probe.json").write_text(json.dumps({"run_dir": str(run.path), "steps": steps, "model": ident, "cost": cost,
                                                 "forced_model_mismatch": force, "judge": grader.label,
-                                                "prompt_ids": recorded.summary(),
-                                                "n_error": int(len(errors))}, indent=2))
-
+                                                "prompt_ids": prompt_ids, "n_error": int(len(errors))}, indent=2))
     fig2c_removal(summary, out / "fig2c_removal", mark=provenance_mark([h]),
                   title=f"Figure 2(c): step-k image removal ({ident.get('served_model')}; judge: {grader.name})")
     return {"outcomes": outcomes, "summary": summary, "out": out, "judge": grader.label,
