@@ -51,10 +51,47 @@ def _entropy_steps(probes: Path):
     return None, None
 
 
+def _with_bounds(g):
+    """ΔH per step, with the ΔH interval where the probe recorded it (probes/entropy)."""
+    out = summarise_by(g, "step", "dH")
+    if "dH_low" in g and g["dH_low"].notna().any():
+        out = out.merge(bounds_by_step(g), on="step", how="left")
+    return out
+
+
+def _entropy_summary(entropy: list, modes: set, react_runs: list):
+    """Figure 2(b)'s data: one curve per run, and the pooled one when there are several."""
+    if len(modes) > 1:
+        raise RunError(f"the entropy probes of {react_runs} ran in different modes ({sorted(modes)}): one mode per figure")
+    allsteps = pd.concat(entropy, ignore_index=True)
+    valid = allsteps[allsteps["dH"].notna()]
+    parts = [_with_bounds(g).assign(series=name) for name, g in valid.groupby("series", sort=False)]
+    if len(entropy) > 1:
+        parts.append(_with_bounds(valid).assign(series="pooled"))
+    es = pd.concat(parts, ignore_index=True)
+    es.attrs["mode"] = next(iter(modes))
+    return es
+
+
+def _kl_summ(g):
+    return summarise_by(g, "step", "kl_with_without").rename(
+        columns={"mean": "kl_with_without", "ci_low": "kl_ci_low", "ci_high": "kl_ci_high", "n": "kl_n"})
+
+
+def _kl_summary(tf: list):
+    """The images' KL influence per step (teacher-forced probe): per run, and pooled over several."""
+    allkl = pd.concat(tf, ignore_index=True)
+    allkl = allkl[allkl["kl_with_without"].notna()]
+    if not len(allkl):
+        return None
+    kparts = [_kl_summ(g).assign(series=name) for name, g in allkl.groupby("series", sort=False)]
+    if len(tf) > 1:
+        kparts.append(_kl_summ(allkl).assign(series="pooled"))
+    return pd.concat(kparts, ignore_index=True)
+
+
 def _pooled_figure2(react_runs: list[str], out: Path, made: list, missing: list):
     """Figure 2 panels pooled over the given ReAct runs (and, for (b), one curve per run)."""
-
-
     grounding, entropy, outcomes, modes, headers, labels, tf = [], [], [], set(), [], [], []
     for rd in react_runs:
         probes = Path(rd) / "probes"
@@ -90,37 +127,8 @@ def _pooled_figure2(react_runs: list[str], out: Path, made: list, missing: list)
         else:
             missing.append(f"fig2c_removal: run python -m probes.removal {rd} first")
     gs = pd.concat(grounding, ignore_index=True) if grounding else None
-    es = None
-    if entropy:
-        if len(modes) > 1:
-            raise RunError(f"the entropy probes of {react_runs} ran in different modes ({sorted(modes)}): one mode per figure")
-        allsteps = pd.concat(entropy, ignore_index=True)
-        valid = allsteps[allsteps["dH"].notna()]
-
-        def with_bounds(g):  # the ΔH interval per step where the probe recorded it (probes/entropy.py)
-            out = summarise_by(g, "step", "dH")
-            if "dH_low" in g and g["dH_low"].notna().any():
-                out = out.merge(bounds_by_step(g), on="step", how="left")
-            return out
-
-        parts = [with_bounds(g).assign(series=name) for name, g in valid.groupby("series", sort=False)]
-        if len(entropy) > 1:
-            parts.append(with_bounds(valid).assign(series="pooled"))
-        es = pd.concat(parts, ignore_index=True)
-        es.attrs["mode"] = modes.pop()
-    ks = None
-    if tf:
-        allkl = pd.concat(tf, ignore_index=True)
-        allkl = allkl[allkl["kl_with_without"].notna()]
-
-        def kl_summ(g):
-            return summarise_by(g, "step", "kl_with_without").rename(
-                columns={"mean": "kl_with_without", "ci_low": "kl_ci_low", "ci_high": "kl_ci_high", "n": "kl_n"})
-        if len(allkl):
-            kparts = [kl_summ(g).assign(series=name) for name, g in allkl.groupby("series", sort=False)]
-            if len(tf) > 1:
-                kparts.append(kl_summ(allkl).assign(series="pooled"))
-            ks = pd.concat(kparts, ignore_index=True)
+    es = _entropy_summary(entropy, modes, react_runs) if entropy else None
+    ks = _kl_summary(tf) if tf else None
     rs = removal_summary(pd.concat(outcomes, ignore_index=True)) if outcomes else None
     mark = figures.provenance_mark(headers)
     who = ", ".join(dict.fromkeys(labels))

@@ -138,19 +138,9 @@ def _backbone_blocks(out, num, colmap: dict):
     return out
 
 
-def table1(run_dirs, judge: str | None = None) -> "pd.DataFrame":
-    """Table 1 (and Table 3 when given ReAct-Removal@k runs): accuracy (%) mean ± std over trials.
-
-    The caption's rule (Table 1): the n under each benchmark is "the number of evaluated instances per
-    benchmark, identical for all methods and trials". A cell whose method x trial evaluated another set of
-    samples than the column's (the union over every row and trial) is marked ``†`` and named in the note. A
-    std is "—" for one trial (undefined) and refused ("—", with the reason in the note) over identical trials.
-    ``attrs["numeric"]`` holds the numbers (mean, std, n_trials, n, n_expected per row x benchmark): the CSV."""
-
-
-    runs, missing, label = judged_runs(run_dirs, judge)
-    if not runs:
-        raise RunError("no judged run to tabulate: " + "; ".join(missing))
+def _table1_groups(runs) -> tuple[dict, dict, dict]:
+    """Runs grouped by (method, model) (one run per method, model and benchmark), their grades as frames, and each
+    benchmark column's evaluated set: every sample any row graded on it, in any trial."""
     groups: dict = {}
     for run, recs in runs:
         key = (method_label(run), model_label(run))
@@ -166,11 +156,25 @@ def table1(run_dirs, judge: str | None = None) -> "pd.DataFrame":
         df = pd.DataFrame([r for _, recs in items for r in recs])
         df["correct"] = df["grade"] == "CORRECT"
         frames[key] = df
-    # the column's evaluated set: every sample any row graded on that benchmark, in any trial
     expected: dict = {}
     for df in frames.values():
         for b, g in df.groupby("benchmark"):
             expected.setdefault(b, set()).update(g["sample_id"])
+    return groups, frames, expected
+
+
+def table1(run_dirs, judge: str | None = None) -> "pd.DataFrame":
+    """Table 1 (and Table 3 when given ReAct-Removal@k runs): accuracy (%) mean ± std over trials.
+
+    The caption's rule (Table 1): the n under each benchmark is "the number of evaluated instances per
+    benchmark, identical for all methods and trials". A cell whose method x trial evaluated another set of
+    samples than the column's (the union over every row and trial) is marked ``†`` and named in the note. A
+    std is "—" for one trial (undefined) and refused ("—", with the reason in the note) over identical trials.
+    ``attrs["numeric"]`` holds the numbers (mean, std, n_trials, n, n_expected per row x benchmark): the CSV."""
+    runs, missing, label = judged_runs(run_dirs, judge)
+    if not runs:
+        raise RunError("no judged run to tabulate: " + "; ".join(missing))
+    groups, frames, expected = _table1_groups(runs)
     rows, numeric, notes_n, notes_id = [], [], [], []
     for (method, model), df in frames.items():
         # the summaries carry each line's digest; only lines recorded before it are read whole

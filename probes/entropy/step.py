@@ -87,6 +87,76 @@ def _serving_totals(rows: list[dict]) -> dict:
             "server_seconds": round(sum(float(r.get("latency_s") or 0.0) for r in rs), 2)}
 
 
+async def _regenerate_side(row: dict, ev: dict, tok: dict, sel, think, without, backend, H_all, Hhi_all, vocab) -> None:
+    """Regenerate mode (the paper's): H(τ_t) from the recorded response, H(τ_t^IR) from a new one sampled without
+    the query images with the recorded sampling parameters and logprob semantics."""
+    H = H_all[sel] if H_all is not None else grouped_tail_entropy(tok["top_logprobs"][sel])
+    row["H_with"] = _think_mean(H, think)
+    if vocab:
+        hi = Hhi_all[sel] if Hhi_all is not None else entropy_high(tok["top_logprobs"][sel], H, vocab)
+        row["H_high_with"] = _think_mean(hi, think)
+    ex = tok["exact_entropy"][sel][think]  # NaN where the backend had no full distribution (a server)
+    row["H_exact_with"] = float(np.mean(ex, dtype=np.float64)) if len(ex) and np.isfinite(ex).all() else float("nan")
+    sp = recorded_sampling(ev)
+    out = await backend.generate(without, sp)
+    if ev.get("semantics") and out.semantics.label() != ev["semantics"]:
+        raise BackendError(f"regenerated logprobs are {out.semantics.label()} but the record's are {ev['semantics']}: "
+                           "the two sides would describe different distributions (use the same --logprob-mode)")
+    th2 = out.think_mask()
+    row["n_think_without"] = int(th2.sum())
+    # float32, as the recorded side is stored: both sides of ΔH go through the same arithmetic
+    # (computed in float32 straight from the reply's arrays: no converted copy)
+    top = top_matrix(out.tokens, 20, getattr(getattr(out.tokens, "top_logprobs", None), "dtype", np.float64), copy=False)
+    h2 = grouped_tail_entropy(top, compute=np.float32)
+    row["H_without"] = _think_mean(h2, th2)
+    # forking-token statistics (the run-wide threshold is applied after the probe): each side's think tokens
+    row["fork"] = {"w": entropy_histogram(H[think]), "o": entropy_histogram(np.asarray(h2)[th2])}
+    if vocab:
+        row["H_high_without"] = _think_mean(entropy_high(top, h2, vocab), th2)
+    if out.exact_entropy is not None:
+        row["H_exact_without"] = _think_mean(np.asarray(out.exact_entropy, dtype=np.float64), th2)
+    row["regenerated_text"] = out.text[:2000]
+    # what the server did for it: prompt tokens, those served from its prefix cache, and the request's time
+    # (summed per probe in probe.json: the GPU time a figure costs, and whether the request order paid off)
+    row["prompt_tokens"], row["cached_tokens"] = int(out.usage.prompt_tokens), int(out.usage.cached_tokens)
+    row["latency_s"] = round(float(out.latency_s), 4)
+
+
+async def _teacher_forced_side(row: dict, line: dict, ev: dict, tok: dict, sel, think, with_imgs, without, backend,
+                               vocab, known_texts) -> None:
+    """Teacher-forced mode: the recorded response scored under both contexts, with the KL influence per token."""
+    ids = np.asarray(tok["id"][sel]).astype(np.int64, copy=False).tolist()  # Python ints, by one C-level pass
+    if not ids or min(ids) < 0:
+        raise RunError(f"{line['sample_id']} step {ev['index']}: the record has no token ids "
+                       "(teacher-forced scoring needs them; use --mode regenerate)")
+    texts = tok.get("text")
+    # ids are what is scored; the text rides along for backends that cannot map ids back (the scripted fake)
+    cont = Continuation(ids=ids, text=None if texts is None or any(t is None for t in texts[sel])
+                        else "".join(texts[sel]))
+    a = await backend.score(with_imgs, cont, top_logprobs=20)
+    b = await backend.score(without, cont, top_logprobs=20)
+    for side, sc in (("with", a), ("without", b)):
+        if len(sc.tokens) != len(ids):
+            raise BackendError(f"scoring returned {len(sc.tokens)} positions for {len(ids)} tokens")
+        if sc.exact_entropy is not None:
+            row[f"H_exact_{side}"] = _think_mean(np.asarray(sc.exact_entropy, dtype=np.float64), think)
+    # the same quantities the adaptive image release computes online (analysis.entropy.token_influence)
+    inf = token_influence(a.tokens, b.tokens, think, vocab=vocab)
+    row["H_with"], row["H_without"] = inf["H_with"], inf["H_without"]
+    if vocab:
+        row["H_high_with"], row["H_high_without"] = inf["H_high_with"], inf["H_high_without"]
+    row["kl_with_without"] = inf["kl_mean"]
+    # forking tokens: the same tokens, binned by their entropy with the images (dH summed per bin too)
+    pos = inf["pos"]
+    row["fork"] = {"w": entropy_histogram(inf["per_token_H_with"][pos], inf["dH"]),
+                   "o": entropy_histogram(inf["per_token_H_without"][pos])}
+    row["n_think_without"] = row["n_think"]
+    # per think token: the entropy change and the KL influence (the trajectory viewer colours tokens by them),
+    # and the top-5 alternatives under both contexts (shown on hover)
+    row["_tokens"] = {"pos": inf["pos"], "dH": inf["dH"].astype(np.float32), "kl": inf["kl"].astype(np.float32),
+                      **_alternatives(a.tokens, b.tokens, inf["pos"], known_texts)}
+
+
 async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: str, H_all=None, slices=None,
                       vocab: int | None = None, Hhi_all=None, known_texts: set | None = None,
                       images: tuple | None = None) -> dict:
@@ -102,67 +172,9 @@ async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: 
         images[0].use(images[1], image_shas(with_imgs))
     without = strip_query_images(with_imgs)  # the query images, by position (never by content)
     if mode == "regenerate":
-        H = H_all[sel] if H_all is not None else grouped_tail_entropy(tok["top_logprobs"][sel])
-        row["H_with"] = _think_mean(H, think)
-        if vocab:
-            hi = Hhi_all[sel] if Hhi_all is not None else entropy_high(tok["top_logprobs"][sel], H, vocab)
-            row["H_high_with"] = _think_mean(hi, think)
-        ex = tok["exact_entropy"][sel][think]  # NaN where the backend had no full distribution (a server)
-        row["H_exact_with"] = float(np.mean(ex, dtype=np.float64)) if len(ex) and np.isfinite(ex).all() else float("nan")
-        sp = recorded_sampling(ev)
-        out = await backend.generate(without, sp)
-        if ev.get("semantics") and out.semantics.label() != ev["semantics"]:
-            raise BackendError(f"regenerated logprobs are {out.semantics.label()} but the record's are {ev['semantics']}: "
-                               "the two sides would describe different distributions (use the same --logprob-mode)")
-        th2 = out.think_mask()
-        row["n_think_without"] = int(th2.sum())
-        # float32, as the recorded side is stored: both sides of ΔH go through the same arithmetic
-        # (computed in float32 straight from the reply's arrays: no converted copy)
-        top = top_matrix(out.tokens, 20, getattr(getattr(out.tokens, "top_logprobs", None), "dtype", np.float64), copy=False)
-        h2 = grouped_tail_entropy(top, compute=np.float32)
-        row["H_without"] = _think_mean(h2, th2)
-        # forking-token statistics (the run-wide threshold is applied after the probe): each side's think tokens
-        row["fork"] = {"w": entropy_histogram(H[think]), "o": entropy_histogram(np.asarray(h2)[th2])}
-        if vocab:
-            row["H_high_without"] = _think_mean(entropy_high(top, h2, vocab), th2)
-        if out.exact_entropy is not None:
-            row["H_exact_without"] = _think_mean(np.asarray(out.exact_entropy, dtype=np.float64), th2)
-        row["regenerated_text"] = out.text[:2000]
-        # what the server did for it: prompt tokens, those served from its prefix cache, and the request's time
-        # (summed per probe in probe.json: the GPU time a figure costs, and whether the request order paid off)
-        row["prompt_tokens"], row["cached_tokens"] = int(out.usage.prompt_tokens), int(out.usage.cached_tokens)
-        row["latency_s"] = round(float(out.latency_s), 4)
+        await _regenerate_side(row, ev, tok, sel, think, without, backend, H_all, Hhi_all, vocab)
     else:
-        ids = np.asarray(tok["id"][sel]).astype(np.int64, copy=False).tolist()  # Python ints, by one C-level pass
-        if not ids or min(ids) < 0:
-            raise RunError(f"{line['sample_id']} step {ev['index']}: the record has no token ids "
-                           "(teacher-forced scoring needs them; use --mode regenerate)")
-        texts = tok.get("text")
-        # ids are what is scored; the text rides along for backends that cannot map ids back (the scripted fake)
-        cont = Continuation(ids=ids, text=None if texts is None or any(t is None for t in texts[sel])
-                            else "".join(texts[sel]))
-        a = await backend.score(with_imgs, cont, top_logprobs=20)
-        b = await backend.score(without, cont, top_logprobs=20)
-        for side, sc in (("with", a), ("without", b)):
-            if len(sc.tokens) != len(ids):
-                raise BackendError(f"scoring returned {len(sc.tokens)} positions for {len(ids)} tokens")
-            if sc.exact_entropy is not None:
-                row[f"H_exact_{side}"] = _think_mean(np.asarray(sc.exact_entropy, dtype=np.float64), think)
-        # the same quantities the adaptive image release computes online (analysis.entropy.token_influence)
-        inf = token_influence(a.tokens, b.tokens, think, vocab=vocab)
-        row["H_with"], row["H_without"] = inf["H_with"], inf["H_without"]
-        if vocab:
-            row["H_high_with"], row["H_high_without"] = inf["H_high_with"], inf["H_high_without"]
-        row["kl_with_without"] = inf["kl_mean"]
-        # forking tokens: the same tokens, binned by their entropy with the images (dH summed per bin too)
-        pos = inf["pos"]
-        row["fork"] = {"w": entropy_histogram(inf["per_token_H_with"][pos], inf["dH"]),
-                       "o": entropy_histogram(inf["per_token_H_without"][pos])}
-        row["n_think_without"] = row["n_think"]
-        # per think token: the entropy change and the KL influence (the trajectory viewer colours tokens by them),
-        # and the top-5 alternatives under both contexts (shown on hover)
-        row["_tokens"] = {"pos": inf["pos"], "dH": inf["dH"].astype(np.float32), "kl": inf["kl"].astype(np.float32),
-                          **_alternatives(a.tokens, b.tokens, inf["pos"], known_texts)}
+        await _teacher_forced_side(row, line, ev, tok, sel, think, with_imgs, without, backend, vocab, known_texts)
     row["dH"] = row["H_with"] - row["H_without"]
     if vocab:  # the interval the true ΔH lies in (per-token bounds averaged: the means are bounded the same way)
         row["vocab"] = int(vocab)
