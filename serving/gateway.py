@@ -144,7 +144,7 @@ def _wait_router(url: str, model: str, proc, log: str, timeout: float) -> None:
     raise LaunchError(f"the router for {model} did not serve it within {timeout:g}s ({last}); see {log}")
 
 
-def main(argv=None) -> int:
+def _parser():
     ap = make_parser("python -m serving.gateway", __doc__, [
         "python -m serving.gateway /shared/serve/node1 /shared/serve/node2 --port 30100",
         "python -m serving.gateway /shared/serve/* --dry-run"])
@@ -158,42 +158,32 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=300, help="seconds to wait for each router (default: 300)")
     ap.add_argument("--skip-unhealthy", action="store_true", help="leave out servers that fail the check (said)")
     ap.add_argument("--dry-run", action="store_true", help="check and print the routers' commands; start nothing")
-    a = ap.parse_args(argv)
-    a.python = os.environ.get("PYTHON") or sys.executable
-    try:
-        workers = read_nodes(a.nodes)
-        bad = check_workers(workers)
-        if bad and not a.skip_unhealthy:
-            raise LaunchError(f"{len(bad)} of {len(workers)} servers cannot be put behind a gateway:\n  "
-                              + "\n  ".join(bad) + "\n(--skip-unhealthy leaves them out)")
-        for b in bad:
-            print(f"gateway: left out: {b}", file=sys.stderr)
-        workers = [w for w in workers if not w.get("_bad")]
-        if not workers:
-            raise LaunchError("no healthy server left")
-        plans = plan_gateways(workers, a.port, a.prometheus_port)
-        for p in plans:
-            for what, port in (("port", p["port"]), ("metrics port", p["prometheus_port"])):
-                if not port_free(port):
-                    raise LaunchError(f"the router for {p['model']}: {what} {port} is in use (choose --port / "
-                                      "--prometheus-port)")
-    except LaunchError as e:
-        print(f"gateway: {e}", file=sys.stderr)
-        return 2
-    host = a.advertise_host or ("127.0.0.1" if a.host in ("0.0.0.0", "::") else a.host)
+    return ap
+
+
+def _plans(a) -> list[dict]:
+    """The healthy servers of the given nodes, one router plan per model, its ports free (LaunchError otherwise)."""
+    workers = read_nodes(a.nodes)
+    bad = check_workers(workers)
+    if bad and not a.skip_unhealthy:
+        raise LaunchError(f"{len(bad)} of {len(workers)} servers cannot be put behind a gateway:\n  "
+                          + "\n  ".join(bad) + "\n(--skip-unhealthy leaves them out)")
+    for b in bad:
+        print(f"gateway: left out: {b}", file=sys.stderr)
+    workers = [w for w in workers if not w.get("_bad")]
+    if not workers:
+        raise LaunchError("no healthy server left")
+    plans = plan_gateways(workers, a.port, a.prometheus_port)
     for p in plans:
-        p["cmd"] = router_command(p["workers"], p["port"], a, p["prometheus_port"])
-        gpus = sorted({str(w.get("gpus")) for w in p["entries"]})
-        print(f"{p['model']}: router http://{host}:{p['port']} over {len(p['workers'])} server(s) on "
-              f"{len({w['node'] for w in p['entries']})} node(s) (GPUs per server: {', '.join(gpus)})")
-        print("  " + _quote(p["cmd"]))
-    if a.dry_run:
-        return 0
-    run_dir = Path(a.run_dir).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    remember(run_dir)
-    entries = [{**{k: v for k, v in w.items() if not k.startswith("_") and k != "pid"}, "remote": True}
-               for p in plans for w in p["entries"]]
+        for what, port in (("port", p["port"]), ("metrics port", p["prometheus_port"])):
+            if not port_free(port):
+                raise LaunchError(f"the router for {p['model']}: {what} {port} is in use (choose --port / "
+                                  "--prometheus-port)")
+    return plans
+
+
+def _start_routers(a, plans: list[dict], run_dir: Path, host: str, entries: list) -> bool:
+    """Start each planned router and wait until it serves its model; on a failure stop what was started."""
     started = []
     try:
         for p in plans:
@@ -219,6 +209,34 @@ def main(argv=None) -> int:
         for proc in started:
             kill_group(proc.pid)
         print(f"gateway: {e}\ngateway: stopped the routers this command started", file=sys.stderr)
+        return False
+    return True
+
+
+def main(argv=None) -> int:
+    ap = _parser()
+    a = ap.parse_args(argv)
+    a.python = os.environ.get("PYTHON") or sys.executable
+    try:
+        plans = _plans(a)
+    except LaunchError as e:
+        print(f"gateway: {e}", file=sys.stderr)
+        return 2
+    host = a.advertise_host or ("127.0.0.1" if a.host in ("0.0.0.0", "::") else a.host)
+    for p in plans:
+        p["cmd"] = router_command(p["workers"], p["port"], a, p["prometheus_port"])
+        gpus = sorted({str(w.get("gpus")) for w in p["entries"]})
+        print(f"{p['model']}: router http://{host}:{p['port']} over {len(p['workers'])} server(s) on "
+              f"{len({w['node'] for w in p['entries']})} node(s) (GPUs per server: {', '.join(gpus)})")
+        print("  " + _quote(p["cmd"]))
+    if a.dry_run:
+        return 0
+    run_dir = Path(a.run_dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    remember(run_dir)
+    entries = [{**{k: v for k, v in w.items() if not k.startswith("_") and k != "pid"}, "remote": True}
+               for p in plans for w in p["entries"]]
+    if not _start_routers(a, plans, run_dir, host, entries):
         return 1
     write_endpoints(run_dir, entries)
     print(f"\nendpoints written to {run_dir / 'endpoints.json'}; stop: bash serving/stop.sh --run-dir "
