@@ -190,13 +190,8 @@ class Annotator:
         return {**rec, "status": "ok", "retried": len(err1) + len(err2), "errors": err1 + err2, "steps": rows}
 
 
-async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, concurrency: int = 8,
-                       limit: int | None = None, observation_chars: int = 1500, max_tokens: int = 8192,
-                       progress: bool = True, include_unparsed: bool = False) -> dict:
-    run = load_run(run_dir)
-    out = Path(out_dir) if out_dir else run.path / "probes" / "grounding"
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "labels.jsonl"
+def _done_labels(path: Path) -> dict:
+    """The trajectories already annotated; a torn line is annotated again."""
     done = {}
     if path.exists():
         close_fragment(path)  # an interrupted append left a fragment: new labels start on a line of their own
@@ -206,6 +201,39 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
                 done[(r["sample_id"], r["trial"])] = r
             except (ValueError, KeyError, TypeError):
                 continue
+    return done
+
+
+def _steps_and_summary(recs: list[dict], failed: list) -> tuple[pd.DataFrame, dict]:
+    """One row per labelled step, and the summary: counts, invalid annotations, the shares per step."""
+    rows = [{"sample_id": r["sample_id"], "trial": r["trial"], "benchmark": r["benchmark"],
+             "paper_category": r.get("paper_category"), **s} for r in recs if r["status"] == "ok" for s in r["steps"]]
+    steps = pd.DataFrame(rows)
+    invalid = [{"sample_id": r["sample_id"], "trial": r["trial"], "errors": r["errors"]} for r in recs
+               if r["status"] != "ok"]
+    summary = {"trajectories": len(recs), "annotated": len(recs) - len(invalid), "invalid": len(invalid),
+               "invalid_examples": invalid[:20], "endpoint_failures": failed}
+    if not steps.empty:
+        shares = (steps.groupby("step")["category"].value_counts(normalize=True).unstack(fill_value=0.0)
+                  .reindex(columns=list(CATEGORIES), fill_value=0.0))
+        needed = steps[steps["category"] == "Image Needed"]
+        summary.update({
+            "share_per_step": {int(k): {c: float(v) for c, v in row.items()} for k, row in shares.iterrows()},
+            "steps_per_step": {int(k): int(v) for k, v in steps.groupby("step").size().items()},
+            "image_needed_within_first_5": float((needed["step"] <= 5).mean()) if len(needed) else float("nan"),
+            "image_needed_steps": int(len(needed)),
+        })
+    return steps, summary
+
+
+async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, concurrency: int = 8,
+                       limit: int | None = None, observation_chars: int = 1500, max_tokens: int = 8192,
+                       progress: bool = True, include_unparsed: bool = False) -> dict:
+    run = load_run(run_dir)
+    out = Path(out_dir) if out_dir else run.path / "probes" / "grounding"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "labels.jsonl"
+    done = _done_labels(path)
     if run.header.get("method") != "react":
         raise RunError(f"{run.path}: the grounding annotator reads ReAct runs (paper §3.2.1); this run is "
                        f"{run.header.get('label') or run.header.get('method')}")
@@ -219,8 +247,6 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
 
     bar = tqdm(total=len(pending), desc="grounding", unit="traj", disable=not progress, file=sys.stderr, mininterval=1.0)
     failed = []
-
-
     image_users = ImageUsers()
 
     async def one(line):
@@ -246,26 +272,10 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
     finally:
         bar.close()
     keep = {(ln["sample_id"], ln["trial"]) for ln in lines}
-    recs = [r for k, r in done.items() if k in keep]
-    rows = [{"sample_id": r["sample_id"], "trial": r["trial"], "benchmark": r["benchmark"],
-             "paper_category": r.get("paper_category"), **s} for r in recs if r["status"] == "ok" for s in r["steps"]]
-    steps = pd.DataFrame(rows)
-    invalid = [{"sample_id": r["sample_id"], "trial": r["trial"], "errors": r["errors"]} for r in recs if r["status"] != "ok"]
-    summary = {"trajectories": len(recs), "annotated": len(recs) - len(invalid), "invalid": len(invalid),
-               "invalid_examples": invalid[:20], "endpoint_failures": failed}
+    steps, summary = _steps_and_summary([r for k, r in done.items() if k in keep], failed)
     if not steps.empty:
         steps.to_csv(out / "steps.csv", index=False)
         steps.to_parquet(out / "steps.parquet", index=False)
-        shares = (steps.groupby("step")["category"].value_counts(normalize=True).unstack(fill_value=0.0)
-                  .reindex(columns=list(CATEGORIES), fill_value=0.0))
-        needed = steps[steps["category"] == "Image Needed"]
-        summary.update({
-            "share_per_step": {int(k): {c: float(v) for c, v in row.items()} for k, row in shares.iterrows()},
-            "steps_per_step": {int(k): int(v) for k, v in steps.groupby("step").size().items()},
-            "image_needed_within_first_5": float((needed["step"] <= 5).mean()) if len(needed) else float("nan"),
-            "image_needed_steps": int(len(needed)),
-        })
-
         model = (run.header.get("model") or {}).get("served_model") or ""
         mark = provenance_mark([run.header]) or ("SCRIPTED FAKE ANNOTATOR: planted labels"
                                                  if getattr(backend, "name", "") == "scripted" else None)
