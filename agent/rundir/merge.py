@@ -156,6 +156,48 @@ def _merge_caches(out: Path, caches: list[Path]) -> dict:
     return stats
 
 
+def _merged_header(first: dict, shards: list) -> dict:
+    """The merged run's header: the shards' shared one, with what each shard was and how they were merged."""
+    header = {k: v for k, v in first.items() if k not in ("shard", "resumed")}
+    header["created"] = min(h.get("created") or time.time() for _, h, _ in shards)
+    header["backend"] = {**(first.get("backend") or {}), "endpoints": sorted(
+        {e for _, h, _ in shards for e in (h.get("backend") or {}).get("endpoints") or []})}
+    header["merged_from"] = [{"dir": str(p), "index": h["shard"]["index"], "of": h["shard"]["of"],
+                              "units": h["shard"]["units"], "created": h.get("created"), "argv": h.get("argv"),
+                              "endpoints": (h.get("backend") or {}).get("endpoints"),
+                              "processes": h.get("processes"), "resumed": len(h.get("resumed") or [])}
+                             for p, h, _ in shards]
+    header["merged"] = {"at": time.time(), "shards": len(shards), "units": first["shard"]["all_units"],
+                        "units_sha256": first["shard"]["units_sha256"]}
+    if header.get("tools", {}).get("cache"):
+        header["tools"] = {**header["tools"], "cache": None}  # merged into OUT/tools.sqlite
+    return header
+
+
+def _copy_lines(rd: RunDir, out: Path, shards: list, progress) -> tuple[int, int]:
+    """Each unit's latest line with its sidecar, shard by shard in the order each shard wrote them (a runner's file is
+    in completion order too: every reader sorts what it needs). ``(lines, sidecars)``."""
+    readers = [load_run(p) for p, _, _ in shards]
+    n_lines = n_tokens = 0
+    order = [(si, kv) for si, (_, _, latest) in enumerate(shards)
+             for kv in sorted(latest.items(), key=lambda kv: kv[1].get("_o", 0))]
+    for si, (key, summary) in order:
+        src = shards[si][0]
+        line = readers[si].full(summary)
+        line = {k: v for k, v in line.items() if not k.startswith("_")}
+        tf = line.get("tokens_file")
+        if tf:
+            dst = out / tf
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            _link_or_copy(src / tf, dst)
+            n_tokens += 1
+        rd.append_line(line)
+        n_lines += 1
+        if progress:
+            progress(n_lines, len(order))
+    return n_lines, n_tokens
+
+
 def merge_runs(out, shard_dirs: list, *, progress=None) -> dict:
     """Merge complete, consistent shards into the new run directory ``out``; return what was written."""
 
@@ -172,44 +214,12 @@ def merge_runs(out, shard_dirs: list, *, progress=None) -> dict:
     if out.exists():
         shutil.rmtree(out)  # a previous merge's leftovers: ours, never a run directory
     rd = RunDir(out, token_precision=first.get("token_precision") or "float32")
-    header = {k: v for k, v in first.items() if k not in ("shard", "resumed")}
-    header["created"] = min(h.get("created") or time.time() for _, h, _ in shards)
-    header["backend"] = {**(first.get("backend") or {}), "endpoints": sorted(
-        {e for _, h, _ in shards for e in (h.get("backend") or {}).get("endpoints") or []})}
-    header["merged_from"] = [{"dir": str(p), "index": h["shard"]["index"], "of": h["shard"]["of"],
-                              "units": h["shard"]["units"], "created": h.get("created"), "argv": h.get("argv"),
-                              "endpoints": (h.get("backend") or {}).get("endpoints"),
-                              "processes": h.get("processes"), "resumed": len(h.get("resumed") or [])}
-                             for p, h, _ in shards]
-    header["merged"] = {"at": time.time(), "shards": len(shards), "units": first["shard"]["all_units"],
-                        "units_sha256": first["shard"]["units_sha256"]}
-    if header.get("tools", {}).get("cache"):
-        header["tools"] = {**header["tools"], "cache": None}  # merged into OUT/tools.sqlite
+    header = _merged_header(first, shards)
     rd.lock()
     try:
         rd.write_header(header)
-        # each unit's latest line, shard by shard in the order each shard wrote them (a runner's file is in
-        # completion order too: every reader sorts what it needs)
-
-        readers = [load_run(p) for p, _, _ in shards]
-        n_lines = n_tokens = 0
+        n_lines, n_tokens = _copy_lines(rd, out, shards, progress)
         images: set[str] = set()
-        order = [(si, kv) for si, (_, _, latest) in enumerate(shards)
-                 for kv in sorted(latest.items(), key=lambda kv: kv[1].get("_o", 0))]
-        for si, (key, summary) in order:
-            src = shards[si][0]
-            line = readers[si].full(summary)
-            line = {k: v for k, v in line.items() if not k.startswith("_")}
-            tf = line.get("tokens_file")
-            if tf:
-                dst = out / tf
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                _link_or_copy(src / tf, dst)
-                n_tokens += 1
-            rd.append_line(line)
-            n_lines += 1
-            if progress:
-                progress(n_lines, len(order))
         for p, _, _ in shards:
             for f in sorted((p / "images").glob("*")) if (p / "images").is_dir() else []:
                 if f.name.startswith(".") or f.name in images:
