@@ -136,6 +136,41 @@ def _from_hle(row: dict) -> dict:
     return row
 
 
+def _decode_row(f: Path, n: int, raw: bytes, problems: list) -> dict | None:
+    """Line ``n`` as a JSON object, or None (a blank line; or a problem recorded: not UTF-8, not JSON)."""
+    if n == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 BOM: accepted (some editors write one)
+        raw = raw[3:]
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        problems.append(Problem(n, "", "non_utf8", f"{f.name}:{n}: bytes that are not UTF-8 at offset {e.start} "
+                                                  f"({raw[max(0, e.start - 10):e.start + 10]!r}); row skipped"))
+        return None
+    if not line.strip():
+        return None
+    try:
+        row = json.loads(line)
+        if not isinstance(row, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as e:
+        problems.append(Problem(n, "", "torn_line", f"{f.name}:{n}: not valid JSON ({e}): {line[:60]!r}"))
+        return None
+    return row
+
+
+def _paths_refused(imgs: list, img_dir: Path) -> str | None:
+    """Why a row's image paths are refused (absolute, '..', or a symbolic link leaving imgs/), or None."""
+    outside = [im for im in imgs if not _inside_imgs(im)]
+    if outside:
+        return f"image path(s) {outside[:3]} leave {img_dir} (absolute or '..'); row refused"
+    if img_dir.is_dir():  # symlinks: the real path must stay inside imgs/ (ln -s /elsewhere imgs/r escapes it)
+        root = img_dir.resolve()
+        escaped = [im for im in imgs if not _resolves_inside(img_dir / im, root)]
+        if escaped:
+            return f"image path(s) {escaped[:3]} resolve outside {img_dir} (a symbolic link); row refused"
+    return None
+
+
 def load_benchmark(path: str | Path, name: str | None = None, *, check_images: bool = True) -> Manifest:
     """Load ``<dir>/data_unified.jsonl`` (or a .jsonl file); never raises on bad rows, reports them."""
     p = Path(path)
@@ -151,22 +186,8 @@ def load_benchmark(path: str | Path, name: str | None = None, *, check_images: b
         problems.append(Problem(0, "", "missing_image_dir", f"{img_dir} does not exist: no query image can be loaded"))
     with open(f, "rb") as fh:
         for n, raw in enumerate(fh, 1):
-            if n == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 BOM: accepted (some editors write one)
-                raw = raw[3:]
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                problems.append(Problem(n, "", "non_utf8", f"{f.name}:{n}: bytes that are not UTF-8 at offset {e.start} "
-                                                          f"({raw[max(0, e.start - 10):e.start + 10]!r}); row skipped"))
-                continue
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                if not isinstance(row, dict):
-                    raise ValueError("not a JSON object")
-            except ValueError as e:
-                problems.append(Problem(n, "", "torn_line", f"{f.name}:{n}: not valid JSON ({e}): {line[:60]!r}"))
+            row = _decode_row(f, n, raw, problems)
+            if row is None:
                 continue
             if bench == "hle_vl":
                 row = _from_hle(row)
@@ -188,18 +209,10 @@ def load_benchmark(path: str | Path, name: str | None = None, *, check_images: b
             if not isinstance(imgs, list) or not imgs:
                 problems.append(Problem(n, sid, "no_query_images", "query_images missing or empty; row skipped"))
                 continue
-            outside = [im for im in imgs if not _inside_imgs(im)]
-            if outside:  # never read: a manifest must not point the toolkit at arbitrary files
-                problems.append(Problem(n, sid, "path_outside_imgs", f"image path(s) {outside[:3]} leave {img_dir} "
-                                                                     "(absolute or '..'); row refused"))
+            refused = _paths_refused(imgs, img_dir)
+            if refused:  # never read: a manifest must not point the toolkit at arbitrary files
+                problems.append(Problem(n, sid, "path_outside_imgs", refused))
                 continue
-            if img_dir.is_dir():  # symlinks: the real path must stay inside imgs/ (ln -s /elsewhere imgs/r escapes it)
-                root = img_dir.resolve()
-                escaped = [im for im in imgs if not _resolves_inside(img_dir / im, root)]
-                if escaped:
-                    problems.append(Problem(n, sid, "path_outside_imgs", f"image path(s) {escaped[:3]} resolve outside "
-                                                                         f"{img_dir} (a symbolic link); row refused"))
-                    continue
             answer = row.get("answer")
             if answer is None or not str(answer).strip():
                 problems.append(Problem(n, sid, "empty_answer", "gold answer is empty (kept; it cannot be graded correct)"))
