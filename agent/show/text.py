@@ -9,6 +9,40 @@ from .data import _grades, short
 __all__ = ["render_text"]
 
 
+def _llm_call(ev: dict, pad: str, t_max, reasoning: bool) -> list[str]:
+    """One LLM call: its state and branch, images and tokens, reasoning, visible text and parsed action."""
+    out = []
+    imgs = ev.get("image_hashes") or []
+    u = ev.get("usage") or {}
+    flags = "".join(f" [{f}]" for f in ("correction", "forced") if ev.get(f))
+    out.append(f"{pad}#{ev['index']}/{t_max} {ev['state']}{' ' + ev['branch'] if ev.get('branch') else ''}{flags}"
+               f"  images {len(imgs)} (query {ev.get('n_query_images', 0)}: "
+               f"{', '.join(x[:8] for x in imgs) or '-'})  prompt {u.get('prompt_tokens')} tok, "
+               f"out {ev.get('n_tokens')} ({ev.get('think_tokens')} think)")
+    r = (ev.get("reasoning") or "").strip()
+    if r:
+        out.append(f"{pad}  reasoning: {r if reasoning else short(r.splitlines()[0], 160) + (' …' if len(r.splitlines()) > 1 else '')}")
+    if (ev.get("text") or "").strip():
+        out.append(f"{pad}  text: {short(ev['text'], 400)}")
+    act = ev.get("action") or {}
+    if ev.get("action_error"):
+        out.append(f"{pad}  REJECTED: {ev['action_error']}")
+    elif act:
+        desc = act.get("kind")
+        if act.get("kind") == "tool_call":
+            desc += f" {act.get('name') or ''}"
+        if act.get("kind") == "answer":
+            desc += f": {act.get('answer')}"
+        if act.get("kind") == "subtask":
+            st = act.get("subtask") or {}
+            desc += f" [{st.get('description')}] images {st.get('assigned_images')}"
+        if act.get("fold"):
+            f = act["fold"]
+            desc += f"  fold {f['range']} removed {f['removed']}" + (f" anomaly {f['anomaly']}" if f["anomaly"] else "")
+        out.append(f"{pad}  action: {desc}")
+    return out
+
+
 def render_text(run: Run, line: dict, *, reasoning: bool = False, observation_chars: int = 400) -> str:
     """A readable rendering of one trajectory (plain text)."""
     h = run.header
@@ -26,34 +60,7 @@ def render_text(run: Run, line: dict, *, reasoning: bool = False, observation_ch
         pad = "  " * depth
         t = ev["type"]
         if t == "llm_call":
-            imgs = ev.get("image_hashes") or []
-            u = ev.get("usage") or {}
-            flags = "".join(f" [{f}]" for f in ("correction", "forced") if ev.get(f))
-            out.append(f"{pad}#{ev['index']}/{t_max} {ev['state']}{' ' + ev['branch'] if ev.get('branch') else ''}{flags}"
-                       f"  images {len(imgs)} (query {ev.get('n_query_images', 0)}: "
-                       f"{', '.join(x[:8] for x in imgs) or '-'})  prompt {u.get('prompt_tokens')} tok, "
-                       f"out {ev.get('n_tokens')} ({ev.get('think_tokens')} think)")
-            r = (ev.get("reasoning") or "").strip()
-            if r:
-                out.append(f"{pad}  reasoning: {r if reasoning else short(r.splitlines()[0], 160) + (' …' if len(r.splitlines()) > 1 else '')}")
-            if (ev.get("text") or "").strip():
-                out.append(f"{pad}  text: {short(ev['text'], 400)}")
-            act = ev.get("action") or {}
-            if ev.get("action_error"):
-                out.append(f"{pad}  REJECTED: {ev['action_error']}")
-            elif act:
-                desc = act.get("kind")
-                if act.get("kind") == "tool_call":
-                    desc += f" {act.get('name') or ''}"
-                if act.get("kind") == "answer":
-                    desc += f": {act.get('answer')}"
-                if act.get("kind") == "subtask":
-                    st = act.get("subtask") or {}
-                    desc += f" [{st.get('description')}] images {st.get('assigned_images')}"
-                if act.get("fold"):
-                    f = act["fold"]
-                    desc += f"  fold {f['range']} removed {f['removed']}" + (f" anomaly {f['anomaly']}" if f["anomaly"] else "")
-                out.append(f"{pad}  action: {desc}")
+            out += _llm_call(ev, pad, t_max, reasoning)
         elif t == "tool_call":
             res = ("ok" if ev.get("ok") else "FAILED") + (", cached" if ev.get("cache_hit") else "")
             imgs = ev.get("result_images") or []
