@@ -283,7 +283,12 @@ class LocalBackend:
                 stopping_criteria=StoppingCriteriaList([StopOnStrings()]),
                 eos_token_id=self.eos_ids, pad_token_id=self.tokenizer.pad_token_id,
             )
-        tokens = [TokenLogprob(c, codec.text(c), lp, [TopLogprob(int(i), codec.text(int(i)), float(v)) for i, v in zip(ti, tv)])
+        return self._output(rec, messages, sp, sem, prompt_text, inputs, images, stops, t0)
+
+    def _output(self, rec: list, messages, sp: SamplingParams, sem, prompt_text: str, inputs, images, stops,
+                t0: float) -> ModelOutput:
+        """The generated tokens (``rec``: id, logprob, top ids, top logprobs, exact entropy) as a ModelOutput."""
+        tokens = [TokenLogprob(c, self.codec.text(c), lp, [TopLogprob(int(i), self.codec.text(int(i)), float(v)) for i, v in zip(ti, tv)])
                   for c, lp, ti, tv, _ in rec]
         ids = [r[0] for r in rec]
         finish = "length"
@@ -304,7 +309,7 @@ class LocalBackend:
             semantics=sem, backend=self.name, model=self.model, latency_s=time.perf_counter() - t0,
             request={"messages": record_messages(messages), "sampling": sp.to_dict(), "prompt_text": prompt_text,
                      "image_sha256": [im.sha256 for im in images]},
-            response={"output_ids": ids, "raw_text": raw_text}, exact_entropy=[r[4] for r in rec], top_k_requested=k,
+            response={"output_ids": ids, "raw_text": raw_text}, exact_entropy=[r[4] for r in rec], top_k_requested=int(sp.top_logprobs),
         )
 
     async def generate(self, messages: list[dict], sampling: SamplingParams | None = None) -> ModelOutput:
