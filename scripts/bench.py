@@ -1,0 +1,89 @@
+"""Regenerate the table in docs/performance.md: the questions a user asks about the client's cost, in one run.
+
+    python scripts/bench.py [--quick] [--against REV] [--write]
+
+1. The entropy probe (teacher-forced, the probe with the most client work a step) at two scales: client CPU per step
+   against a fair read of the same bytes and as a share of a GPU step's server time, and peak memory at each
+   scale (scripts/bench_probe.py). ``--against REV``: the same command from commit REV, in turn on the same run.
+2. The runner's call rate against the ideal at 64 and 256 samples in flight (scripts/bench_runner.py).
+
+``--write`` replaces the part of docs/performance.md between its ``<!-- bench -->`` markers with the table, the
+machine and the date; without it the table is printed.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+import bench_probe  # noqa: E402
+import bench_runner  # noqa: E402
+
+DOC = REPO / "docs" / "performance.md"
+BEGIN, END = "<!-- bench -->", "<!-- /bench -->"
+
+
+def probe_rows(scales: list[int], against: list[str]) -> list[str]:
+    m = bench_probe.measure(scales, 1000, against)
+    fair = m["fair"]
+    out = [f"| entropy probe, teacher-forced, client CPU per step (marginal {scales[0] * 10} -> {scales[-1] * 10} steps) "
+           "| ratio | |", "|---|---|---|"]
+    for s in bench_probe.summarise(m):
+        lo, hi = s["gpu_share"]
+        rss = ", ".join(f"{mb:.0f} MB at {n} steps" for n, mb in s["rss"].items())
+        out.append(f"| {s['code']}: {s['ms_per_step']:.1f} ms a step | {s['fair_ratio']:.1f}x the fair read "
+                   f"({fair['ms_per_step']:.1f} ms: two {fair['bytes'] / 1e6:.2f} MB replies decoded into arrays); "
+                   f"{lo:.1%} of a 0.2 s GPU step, {hi:.1%} of a 1.2 s one | peak RSS {rss} |")
+    today = next(s for s in bench_probe.summarise(m) if s["code"] == "today")
+    for s in bench_probe.summarise(m):
+        if s["code"] != "today":
+            out.append(f"| today / {s['code']}, paired | {today['ms_per_step'] / s['ms_per_step']:.3f} | |")
+    return out
+
+
+def runner_rows(samples: int) -> list[str]:
+    out = ["", "| agent.run against a 3 s stand-in, 5 calls a sample, 165-token replies | ideal / measured | "
+           "runner CPU |", "|---|---|---|"]
+    for c in (64, 256):
+        r = bench_runner.call_rate(samples=max(samples, 2 * c), concurrency=c, processes="auto", calls=5, latency=3.0,
+                                   reply_tokens=165, seed=0)
+        out.append(f"| {c} in flight, {r['samples']} samples, {r['processes_used']} process(es) | {r['ratio']:.3f} "
+                   f"(serving span {r['span_ratio']:.3f}) | {r['cpu_ms_per_call']:.1f} ms a call |")
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smaller scales (10 and 30 trajectories; 256 samples)")
+    ap.add_argument("--against", default="", help="comma-separated git revisions for the paired probe comparison")
+    ap.add_argument("--write", action="store_true", help="write the table into docs/performance.md")
+    a = ap.parse_args(argv)
+    scales = [10, 30] if a.quick else [10, 100]
+    rows = probe_rows(scales, [r for r in a.against.split(",") if r]) + runner_rows(256 if a.quick else 512)
+    head = (f"Measured {datetime.date.today().isoformat()} with `python scripts/bench.py"
+            f"{' --quick' if a.quick else ''}{' --against ' + a.against if a.against else ''} --write` on "
+            f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; the stand-in server "
+            "shares these cores.")
+    table = "\n".join([head, "", *rows])
+    if not a.write:
+        print(table)
+        return 0
+    text = DOC.read_text()
+    if BEGIN not in text or END not in text:
+        print(f"error: {DOC} has no {BEGIN} ... {END} section to replace", file=sys.stderr)
+        return 2
+    pre, rest = text.split(BEGIN, 1)
+    DOC.write_text(pre + BEGIN + "\n" + table + "\n" + END + rest.split(END, 1)[1])
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
