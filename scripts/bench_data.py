@@ -172,8 +172,7 @@ def write_run(root: Path, n_trajectories: int, pool: RowPool, *, calls: int = 10
     so nearly every word is new to a tokenizer's word cache. ``"english"``: the reasoning and the observation are
     windows of English prose of the same lengths (this repository's README, code spans and numbers included; the
     recorded ids and their logprobs are unchanged, so the reasoning is not their decode). Which is cheaper to
-    tokenise depends on the tokenizer: with the embedded one's 628-token vocabulary the English measured slower
-    (scripts/bench_probe_http.py --text english).
+    tokenise depends on the tokenizer: with the embedded one's 628-token vocabulary the English measured slower.
 
     ``prompts``: an ``SGLangBackend`` (no server needed) whose tokenizer and chat template make each call's prompt
     ids by message piece, recorded in the sidecars as a run through ``--backend sglang`` records them

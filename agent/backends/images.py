@@ -108,9 +108,8 @@ def set_image_cache_mb(mb: float) -> None:
 
 def forget_images(shas) -> None:
     """Drop these images (by content hash) from both caches now: a probe calls it when the last trajectory it has
-    in flight that sends them is done, since no later request will (ours: otherwise a probe's RSS grew with every
-    distinct image until the caches' bound, +0.75 MB per ~330 KB photo: 794 MB at 3,000 teacher-forced steps, and
-    by our extrapolation ~1.1 GB at paper scale; 634 MB at 3,000 with this, scripts/bench_probe_http.py)."""
+    in flight that sends them is done, since no later request will (ours: otherwise a probe's memory grows with
+    every distinct image until the caches' bound; docs/performance.md)."""
     shas = set(shas)
     if not shas:
         return

@@ -10,7 +10,7 @@ token sidecar's metadata (``agent/rundir/sidecar.py``), beside the fingerprint o
 
 Why: the probes send the run's prompts again (the entropy probe two per step, with and without the query images)
 and a step's new pieces (~8K characters: the previous step's reasoning and its tool observation) were tokenised
-once more per probed step, a third of a teacher-forced step's client CPU (scripts/bench_probe_http.py). With the
+once more per probed step, a third of a teacher-forced step's client CPU (docs/performance.md). With the
 run's pieces in a :class:`PieceBook`, a probe sends **the very ids the model was sent during the run** and
 tokenises only what the run never sent (the first user message without its images). The run's client pays for
 the tokenising instead, while the GPU spends ~18 s decoding each reply, and SGLang's own front end no longer

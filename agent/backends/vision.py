@@ -10,7 +10,7 @@ multiples of the factor, the pixel count clamped to the range, the aspect kept),
 patches (one temporal frame for a still image), and every ``merge_size x merge_size`` patches become one
 token: ``(h' / patch) * (w' / patch) / merge²``. Computing it needs only the image's stored width and height
 (no pixel is decoded) and no torch: the HTTP probes use it to place the scored tokens after the images
-(``logprob_start_len``) without importing the processor (+0.5 GB; ours, scripts/bench_probe_http.py).
+(``logprob_start_len``) without importing the processor (~0.5 GB of memory).
 Tested against the real processor on many sizes (tests/test_vision_grid.py). A processor this module does
 not recognise is refused (:class:`UnknownProcessor`); the caller then asks the processor itself.
 """

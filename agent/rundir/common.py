@@ -1,5 +1,4 @@
-"""What every part of a run directory shares: the error, the identity keys, atomic writes, the locks
-and the garbage-collector setting of the readers."""
+"""What every part of a run directory shares: the error, the identity keys, atomic writes and the locks."""
 from __future__ import annotations
 
 import contextlib

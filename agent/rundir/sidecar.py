@@ -7,7 +7,7 @@ What a reader gets (``decode``), one row per generated token: ``call``, ``pos``,
 ``logprob``, ``think``, ``top_ids`` (n, k) int32 (-1 where absent), ``top_logprobs`` (n, k) float32 (NaN
 where absent), ``exact_entropy``, and the adaptive release's ``release_kl`` / ``release_dH`` when present.
 
-How it is stored (format 2; ours, measured by ``scripts/bench_runner.py``'s storage part) — lossless:
+How it is stored (format 2; ours) — lossless:
 
 - ``top_logprobs`` float32: each row's values as their IEEE bit patterns, delta-coded along the row
   (a row is sorted, so the deltas are small integers), byte-stream split, zstd. float16 (``--token-precision

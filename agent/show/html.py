@@ -174,7 +174,7 @@ def _sample_detail(run: Run, line: dict, images: dict, missing: list, dH: dict, 
 AUTO_TOKENS = 300
 #: Trajectories per HTML page (ours): a page of this many holds ~25 MB at paper-shaped lines without tokens, and
 #: writing it holds one page's details and images at a time, so the writer's memory and each page's size stay
-#: bounded at any run size (scripts/bench_viewer.py measures both at 5,087 trajectories).
+#: bounded at any run size.
 PAGE_SIZE = 200
 
 
