@@ -4,7 +4,7 @@
     ident = await model_identity(backend)          # which model a backend really serves (asks the server)
     same_model(run.header["model"], ident)          # -> None, or why the two differ
 
-What is checked, and by whom (README "What is checked before a run starts"):
+What is checked, and by whom (docs/reliability.md):
 
 - the model server answers and serves the model named (``/v1/models``; SGLang also ``/model_info``, else ``/get_model_info``,
   whose weights path must match ``--model-dir``); several ``--endpoint``s must serve one model;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One shard of a run per Slurm array task (README: "Scaling out"). An example to copy and edit, not a scheduler:
+# One shard of a run per Slurm array task (docs/serving.md: "Scaling out"). An example to copy and edit, not a scheduler:
 #
 #   mkdir -p logs && sbatch --array=0-7 scripts/slurm_array.sh     # from the repository: 8 shards, 0..7
 #   # when every task has finished:

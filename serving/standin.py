@@ -18,7 +18,7 @@ distribution; a KV cache per request); ``scripted`` answers with planted texts (
 
 What this proves: the toolkit's requests are valid for SGLang's real front end and its replies are what that
 front end makes of a scheduler's output. What it does not: kernels, batching, the radix cache, the real
-model's numbers (see README, "SGLang's real front end on CPU").
+model's numbers (docs/serving.md, "SGLang's real front end on CPU").
 """
 from __future__ import annotations
 

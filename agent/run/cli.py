@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         "python -m agent.run --method mmcontextfold --backend scripted --out runs/demo-mmcf   # the scripted FAKE demo model",
         "python -m agent.run --method react --benchmark DATA/mmsearch --backend sglang --endpoint http://gpu:30000 "
         "--model-dir /models/Qwen3.5-27B --tools live --trials 3 --out runs/mmsearch-react-27b"])
-    ap.add_argument("--method", required=True, choices=METHODS, help="the agent (README: Agents)")
+    ap.add_argument("--method", required=True, choices=METHODS, help="the agent (docs/usage.md: Agents)")
     ap.add_argument("--variant", default="", choices=VARIANTS, help="MM-ContextFold ablation (paper §4.3)")
     ap.add_argument("--remove-images-from-step", type=int, metavar="K", help="ReAct-Removal@K (paper §3.2.3)")
     _release_args(ap)
@@ -71,7 +71,7 @@ def _release_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--shard", type=_shard_arg, metavar="I/N",
                     help="run part I of N (0 <= I < N) of the (sample, trial) units into --out, a directory of its "
                          "own (its own tool cache); needs --seed. Merge the parts with python -m agent.rundir merge "
-                         "(README: Scaling out)")
+                         "(docs/serving.md: Scaling out)")
     ap.add_argument("--sample-ids", help="comma-separated ids to run")
     ap.add_argument("--selection", metavar="FILE",
                     help="run the ids a selection file holds for this benchmark (python -m agent.benchmarks subset "

@@ -29,7 +29,7 @@ DEMO_BANNER = """\
  probes.entropy DEMO on the EMBEDDED DEFAULT: a tiny, RANDOMLY INITIALISED Qwen3.5 and the
  offline demo world. Every entropy and ΔH below is MEANINGLESS: the point is that the whole
  pipeline (collect ReAct trajectories -> strip images -> regenerate -> ΔH -> Figure 2(b)) runs.
- Run it on a served Qwen3.5 (README: "Probes") for real numbers.
+ Run it on a served Qwen3.5 (README: "On a GPU node") for real numbers.
 =========================================================================================="""
 
 
