@@ -10,7 +10,6 @@ text, so fewer than k can come back; the count is kept per token.
 """
 from __future__ import annotations
 
-import base64
 import binascii
 import math
 from itertools import chain
@@ -18,6 +17,7 @@ from operator import itemgetter
 from typing import Any, Callable
 
 import numpy as np
+from pybase64 import b64decode
 
 from ..http import loads
 from .base import LOGPROB_FLOOR, BackendError, BadReply, TokenArrays, TokenLogprob, TopList, TopLogprob
@@ -44,7 +44,7 @@ def decode_generate_reply(body: bytes) -> Any:
 
 
 def _unbase64(s: str) -> bytes:
-    return base64.b64decode(s, validate=True)  # strict: a character outside the alphabet is refused
+    return b64decode(s, validate=True)  # strict: a character outside the alphabet is refused
 
 
 #: The dtypes SGLang's flat base64 arrays may carry (its ``*_flat_b64_dtype`` markers), as little-endian numpy types.
