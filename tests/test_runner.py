@@ -376,13 +376,14 @@ def test_worker_processes_load_the_parents_tokenizer_class_without_torch(tiny_mo
     assert got["mismatch"] == {"torch": False, "fp": hints[key]["fingerprint"], "cls": type(parent).__name__}
 
 
-def test_processes_auto_takes_one_per_256_in_flight_capped_by_the_cpus(monkeypatch, tmp_path):
+def test_processes_auto_takes_one_per_128_in_flight_capped_by_the_cpus(monkeypatch, tmp_path):
     from agent import run as run_mod
     from agent.run import PROCESS_CONCURRENCY, RunConfig, auto_processes
 
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
     cfg = lambda **kw: RunConfig(method="react", out=str(tmp_path / "r"), backend="sglang", **kw)  # noqa: E731
     assert RunConfig(method="react", out="x").processes == "auto"
+    assert PROCESS_CONCURRENCY == 128
     assert [auto_processes(cfg(concurrency=c)) for c in (8, PROCESS_CONCURRENCY, PROCESS_CONCURRENCY + 1, 10_000)] \
         == [1, 1, 2, 4]
     assert auto_processes(cfg(concurrency=1024, processes=3)) == 3             # an explicit count is kept

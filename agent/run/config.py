@@ -174,10 +174,9 @@ def all_units(cfg: RunConfig, samples: list) -> list:
     return [(s, t) for t in range(cfg.trials) for s in samples]
 
 
-#: Samples in flight one runner process keeps at the ideal call rate (ours, scripts/bench_runner.py: one
-#: process at 256 in flight, ~1,000-token top-20 replies and photo-sized images: 0.957 of the ideal call rate,
-#: 10.4 µs of CPU per generated token all-in; the 165-token load at 256: 0.934 with one process).
-PROCESS_CONCURRENCY = 256
+#: Samples in flight one runner process serves (ours, scripts/bench_runner.py, docs/performance.md: one process
+#: keeps 0.95 of the ideal call rate at 64 in flight and falls to ~0.7 at 256, where two do better).
+PROCESS_CONCURRENCY = 128
 
 
 def auto_processes(cfg: RunConfig, injected: bool = False) -> int:
