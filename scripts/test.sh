@@ -1,11 +1,30 @@
 #!/usr/bin/env bash
-# Run the checks and the test suite on the CPU (no GPU, no network): bash scripts/test.sh [pytest args]
-# First the code's shape (ruff: pyflakes, import order, imports at the top, function size; import-linter: the layers
-# of docs/architecture.md), then every test.
+# Everything the suite needs, then the checks and every test, on the CPU (no GPU, no network):
+#   bash scripts/test.sh [pytest args]
+# 1. the venv (scripts/setup_env.sh), SGLang's pure-Python layer for tests/conformance/ (scripts/sglang_conformance.sh)
+#    and Debian's chromium for the viewer's browser test, where the system package manager can install it;
+# 2. the code's shape: ruff (pyflakes, import order, imports at the top, function size) and import-linter (the
+#    layers of docs/architecture.md);
+# 3. the suite, ending with the list of skipped tests and why (-rs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
+bash scripts/sglang_conformance.sh
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+  SUDO=""; [[ "$(id -u)" != 0 ]] && SUDO="sudo -n"
+  if command -v apt-get >/dev/null 2>&1 && { [[ -z "$SUDO" ]] || sudo -n true 2>/dev/null; }; then
+    echo "== installing Debian's chromium for tests/test_show.py (the browser test) =="
+    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends chromium \
+      || echo "warning: chromium could not be installed; the browser tests will skip" >&2
+  else
+    echo "note: no chromium and no way to install it here; the browser tests will skip" >&2
+  fi
+fi
+if [[ -n "${CI:-}" ]] && ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+  echo "error: CI must run the browser test, and chromium could not be installed" >&2
+  exit 1
+fi
 .venv/bin/ruff check .
 .venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache
 export MMCF_TINY_MODEL_DIR=${MMCF_TINY_MODEL_DIR:-$PWD/.cache/tiny-qwen35}
-exec .venv/bin/python -m pytest -q "$@"
+exec .venv/bin/python -m pytest -q -rs "$@"
