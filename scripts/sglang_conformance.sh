@@ -23,7 +23,7 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 fi
 PKGS=(
   sglang==0.5.23 sglang-router==0.3.2
-  psutil==7.2.2 pybase64==1.5.1 requests==2.34.2 urllib3==2.8.0 starlette==1.10.0 msgspec==0.23.0
+  sniffio==1.3.1 psutil==7.2.2 pybase64==1.5.1 requests==2.34.2 urllib3==2.8.0 starlette==1.10.0 msgspec==0.23.0
   pyzmq==27.3.0 ipython==9.18.1 traitlets==5.16.1 aiohttp==3.14.5 multidict==7.2.1 attrs==26.1.0
   yarl==1.25.1 propcache==0.5.4 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 frozenlist==1.8.0
   openai==3.57.0 dill==0.4.1 apache-tvm-ffi==0.1.15.post2 sentencepiece==0.2.3 compressed-tensors==0.20.1
@@ -33,7 +33,7 @@ PKGS=(
   opentelemetry-api==1.45.2 setproctitle==1.3.8 einops==0.8.2 xgrammar==0.2.7 soundfile==0.13.1 cffi==2.1.1
   pycparser==3.12 jsonschema==4.26.0 referencing==0.37.0 rpds-py==2026.9.1 jsonschema-specifications==2025.9.1
 )
-# pydantic comes with the project's venv; bring it only where that venv lacks it
+# pydantic comes with the project's venv; bring it only where that venv lacks it (sniffio, which openai imports, is listed above)
 "$PY" -c "import pydantic" 2>/dev/null || PKGS+=(pydantic pydantic-core annotated-types typing-inspection)
 echo "[sglang-conformance] installing SGLang's pure-Python parts into $SITE (--no-deps)"
 rm -rf "$SITE"
