@@ -163,13 +163,16 @@ def test_killed_runner_resumes_without_loss_or_duplicates(tmp_path, sig, process
         p = subprocess.Popen(_runner_cmd(srv.url, out, processes=processes), cwd=REPO, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE)
         res = out / "results.jsonl"
-        deadline = time.time() + 60
+        deadline = time.time() + 300
         while time.time() < deadline:
             if res.exists() and res.read_bytes().count(b"\n") >= 3:
                 break
             time.sleep(0.05)
+        srv.gate.clear()  # no reply from now on: the run cannot finish before the signal, however fast it is
+        time.sleep(0.5)   # (not an assertion's timing: lets the replies already sent land or not, either is fine)
         p.send_signal(sig)
         _, err = p.communicate(timeout=60)
+        srv.gate.set()    # the held requests answer the dead runner; the rerun's are answered as they come
         before = res.read_bytes()
         n_before = before.count(b"\n")
         assert 3 <= n_before < 18, "the run must be killed mid-way"

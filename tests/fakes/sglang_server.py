@@ -255,6 +255,7 @@ class _Handler(JSONHandler):
             return self._send(400, {"object": "error", "message": "unexpected keyword argument "
                                     "'return_flat_raw_top_logprobs'", "type": "BadRequestError", "code": 400})
         fault = self._fault()
+        self.server.gate.wait(600)  # a test holds every reply here to stop a run mid-way, whatever the machine's speed
         if self.server.latency_s:
             time.sleep(self.server.latency_s)
         if fault == "429":
@@ -512,6 +513,8 @@ class FakeServer(ThreadingHTTPServer):
         self.tok = _Tok(tokenizer_dir)
         self.reply = reply
         self.latency_s = latency_s
+        self.gate = threading.Event()  # cleared: replies wait (see the handler); set by default
+        self.gate.set()
         self.deterministic = deterministic
         self.faults: list = []
         self.fault_rate = fault_rate
