@@ -236,7 +236,7 @@ def make_report(*, react=(), runs=(), removal_runs=(), out="figures/out", judge:
     if runs:
         tables.write_table(tables.table4(runs), out / "table4_cost")
         made.append("table4_cost")
-        led = tables.ledger_table(runs)  # beside Table 4: what the runs cost (agent/ledger.py)
+        led = tables.ledger_table(runs)  # beside Table 4: what the runs cost (agent/rundir/ledger.py)
         tables.write_table(led, out / "table4_ledger")
         made.append("table4_ledger")
         print("cost ledger (table4_ledger.md):\n" + led.to_string(index=False))

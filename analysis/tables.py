@@ -302,7 +302,7 @@ def table4(run_dirs) -> "pd.DataFrame":
 
 
 def ledger_table(run_dirs, prices=None) -> "pd.DataFrame":
-    """Beside Table 4 (ours): what each run cost, from its cost ledger (agent/ledger.py; recomputed when the run
+    """Beside Table 4 (ours): what each run cost, from its cost ledger (agent/rundir/ledger.py; recomputed when the run
     has none). Unknown GPU time or money is "unknown", never 0."""
 
 
@@ -323,7 +323,7 @@ def ledger_table(run_dirs, prices=None) -> "pd.DataFrame":
                          "paid tool calls": sum(t["paid_calls"] for t in tools),
                          "money (USD)": unk(led["total_money"])})
     df = pd.DataFrame(rows)
-    df.attrs["note"] = ("What each run cost (ours; agent/ledger.py): tokens per model; request GPU-s = latency x the "
+    df.attrs["note"] = ("What each run cost (ours; agent/rundir/ledger.py): tokens per model; request GPU-s = latency x the "
                         "GPUs behind the endpoint, held GPU-s = the run's span x servers x GPUs (requests are batched: "
                         "the first over-counts busy time); tool calls answered from the cache and paid ones; money "
                         "from the price table (python -m agent.ledger --prices), unknown where a price or the GPUs "

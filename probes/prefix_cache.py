@@ -12,7 +12,7 @@ sha256, as SGLang's multimodal cache keys them) through one simulated radix cach
 
 - ``step-major``: every trajectory's step 1, then every step 2, ... (a flat list of steps), each request
   on any server (as a balancer without affinity spreads them: drawn at random, seeded);
-- ``per-trajectory``: what the probes do (probes/entropy.py, probes/removal.py): ``--concurrency``
+- ``per-trajectory``: what the probes do (probes/entropy/, probes/removal.py): ``--concurrency``
   trajectories in flight, each sending its steps back to back, each kept on one server
   (agent/backends/spread.py); also shown unpinned, to isolate the pinning.
 

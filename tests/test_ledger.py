@@ -1,4 +1,4 @@
-"""The cost ledger (agent/ledger.py) equals hand counts on a small run with live (fake) APIs behind a served model;
+"""The cost ledger (agent/rundir/ledger.py) equals hand counts on a small run with live (fake) APIs behind a served model;
 unknown prices stay unknown; the dry-run projection; the ledger beside Table 4."""
 from __future__ import annotations
 

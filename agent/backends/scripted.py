@@ -65,7 +65,7 @@ class ScriptedBackend:
     #: ΔH interval is as wide as a real model's would be for the same top-20 lists (ids are not checked here).
     vocab = 248_320
     #: Scoring another process's continuation needs its text (the ids are this process's hashes): a probe reads the
-    #: token texts for it. The model backends score by ids alone and skip that column (probes/entropy.py).
+    #: token texts for it. The model backends score by ids alone and skip that column (probes/entropy/).
     scores_text = True
 
     def __init__(self, script: list, *, model: str = "scripted", k: int = DEFAULT_TOP_LOGPROBS,

@@ -130,9 +130,9 @@ def _control_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--force", action="store_true", help="write into a run dir whose header differs")
     g.add_argument("--dry-run", action="store_true",
                    help="project what the planned units cost (tokens, GPU time, tool calls, money) and stop: from "
-                        "--pilot's ledger, else from the paper's Table 4; nothing runs or is written (agent/ledger.py)")
+                        "--pilot's ledger, else from the paper's Table 4; nothing runs or is written (agent/rundir/ledger.py)")
     g.add_argument("--pilot", metavar="RUN_DIR", help="--dry-run: a finished run of the same method to project from")
-    g.add_argument("--prices", metavar="FILE", help="--dry-run: a price table (agent/ledger.py DEFAULT_PRICES' layout)")
+    g.add_argument("--prices", metavar="FILE", help="--dry-run: a price table (agent/rundir/ledger.py DEFAULT_PRICES' layout)")
     g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     g.add_argument("--token-precision", default="float32", choices=("float32", "float16"),
                    help="storage of the top-k logprobs in the token sidecar (float16: ~35%% smaller, lossy)")

@@ -54,7 +54,7 @@ async def run(cfg: RunConfig, argv=None, *, backends: list | None = None, toolbo
     try:
         return await _run_locked(cfg, argv, spec, manifest, rd, backends, toolbox)
     finally:
-        if cfg.shard is None and rd.results.exists():  # the cost ledger (agent/ledger.py), after every invocation
+        if cfg.shard is None and rd.results.exists():  # the cost ledger (agent/rundir/ledger.py), after every invocation
             try:
                 write_ledger(rd.path)
             except Exception as e:  # noqa: BLE001 - the ledger is a report: never what fails a run
