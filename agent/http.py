@@ -207,7 +207,6 @@ class ClientPool:
     def __init__(self, client_kw: dict):
         self._kw = dict(client_kw)
         if "verify" not in self._kw:  # one TLS context for all members (each costs ~45 ms to make)
-
             self._kw["verify"] = ssl.create_default_context()
         self._clients: list[httpx.AsyncClient] = []
         self._busy: list[int] = []

@@ -14,7 +14,9 @@ come from the kernel (``os.wait4``). Printed:
 - **against a fair read**: the CPU that no client can skip per step, timed on one real reply: decoding the step's
   two scoring replies (JSON, then the top-20 triples into arrays);
 - **peak memory** at each scale (it should not grow with the steps);
-- with ``--against REV``: the same command from commit REV's tree on the same run, in turn, and the paired ratio.
+- with ``--against REV``: the same command from commit REV's tree on the same run, in turn, and the paired ratio
+  (REV's tree runs with this venv: the packages it imports must be installed here, e.g. aiohttp and msgspec for
+  commits before the one HTTP client).
 """
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ def _import_torch():
 #: What a parent process learnt about each model directory's tokenizer: the class ``AutoTokenizer`` chose and a
 #: fingerprint of what it renders. A ``--processes`` worker gets these, imports that class directly and checks the
 #: fingerprint: ``AutoTokenizer`` itself imports torch through transformers' configuration code (~2 s of a
-#: worker's start on these CPUs; ours, measured with scripts/bench_runner.py), the class alone does not.
+#: worker's start on a 2-core machine), the class alone does not.
 _RENDERER_HINTS: dict[str, dict] = {}
 
 

@@ -122,7 +122,6 @@ async def run_sample(spec: MethodSpec, sample, trial: int, *, backend, toolbox,
         traj.error(type(e).__name__, msg)
         return traj.to_line("error", "", error=msg), traj
     except Exception as e:  # noqa: BLE001 - anything unexpected ends this unit only, with the exception recorded
-
         where = traceback.extract_tb(e.__traceback__)[-1]
         msg = f"internal {type(e).__name__}: {e} (at {Path(where.filename).name}:{where.lineno})"
         _finish_extra(traj)

@@ -152,7 +152,6 @@ async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends,
     if skipped_images:
         rd.note_skipped(skipped_images)
     if resuming:  # the cheap part of python -m agent.rundir check: torn lines, temp files, duplicates
-
         rep = check_run(rd.path, deep=False)
         if rep.torn or rep.temp_files or rep.duplicates:
             print("\n".join(rep.lines()[:1] + [x for x in rep.lines()[2:] if "tool cache" not in x]), file=sys.stderr)

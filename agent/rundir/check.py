@@ -92,7 +92,6 @@ def _expected_keys(rd: "RunDir", header: dict) -> set | None:
     units = [(s.id, t) for t in range(int(header.get("trials") or 1)) for s in samples if s.id not in skipped]
     shard = header.get("shard")
     if shard:  # a shard of a run (agent.run --shard I/N): its part of the units
-
         units = shard_units(units, int(shard["index"]), int(shard["of"]))
     return set(units)
 
