@@ -254,6 +254,14 @@ def _origin(u: str) -> tuple:
     return (p.scheme, (p.hostname or "").lower(), p.port or (443 if p.scheme == "https" else 80))
 
 
+def _unbound(r: httpx.Response) -> httpx.Response:
+    """The response with its stream no longer bound back to it. httpx wraps every read response's stream in an
+    object that points back at the response (a reference cycle, encode/httpx#3733): the reply and the request body
+    (images included) then stay in memory until a full collection. Once the body is read nothing needs that stream."""
+    r.stream = httpx.ByteStream(r.content)
+    return r
+
+
 async def _send_following(client, method, url, json_body, params, headers, policy, what):
     hdrs = dict(headers or {})
     origin = _origin(url)  # keys stay with the origin the caller named, across every hop
@@ -265,6 +273,7 @@ async def _send_following(client, method, url, json_body, params, headers, polic
             r = await client.request(method, url, content=body, params=params, headers=hdrs, timeout=policy.timeout_s)
         else:
             r = await client.request(method, url, params=params, headers=hdrs, timeout=policy.timeout_s)
+        _unbound(r)
         loc = r.headers.get("location") if r.status_code in (301, 302, 303, 307, 308) else None
         if not loc:
             return r

@@ -383,3 +383,23 @@ def test_prompt_ids_per_message_equal_the_whole_prompts_ids(tiny_model_dir, red_
             prompt, _ = b.render(msgs, {"enable_thinking": True})
             assert b.prompt_ids(prompt).tolist() == b.tok(prompt, add_special_tokens=False)["input_ids"]
     assert len(b._piece_ids) >= 6  # the pieces were remembered and reused
+
+
+async def test_a_read_reply_and_its_request_body_are_freed_without_the_cyclic_collector(native, red_image):
+    """httpx binds each response's stream back to the response (encode/httpx#3733); unbroken, every reply and its
+    request body (the images) would wait for a full collection: memory would grow with the steps in flight."""
+    import gc
+
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(3):
+            await native.generate(msgs(red_image), SamplingParams(max_tokens=16))
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        cyclic = [o for o in gc.garbage if isinstance(o, (httpx.Response, httpx.Request))]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert cyclic == []
