@@ -216,7 +216,13 @@ def test_embedded_default_runs_end_to_end(tmp_path, tiny_model_dir, monkeypatch,
     rc = run_main(["--method", "mmcontextfold", "--limit", "1", "--t-max", "4", "--max-tokens", "8",
                    "--out", str(tmp_path / "emb"), "--no-progress"])
     assert rc == 0
-    assert "RANDOMLY INITIALISED" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "RANDOMLY INITIALISED" in err
+    # no unit can end with an answer on random weights: the command that does is offered, and it does
+    offered = next(ln for ln in err.splitlines() if "never write an answer" in ln).split(": python -m agent.run ")[1]
+    assert "--backend scripted" in offered and "falling back to its reference PyTorch" not in err
+    assert run_main([*offered.split(), "--no-progress"]) == 0
+    assert {ln["status"] for ln in load_run(tmp_path / "emb-scripted").lines} == {"ok"}
     run_ = load_run(tmp_path / "emb")
     line = run_.lines[0]
     assert line["n_calls"] == 4 and line["calls"][0]["state"] == "init" and line["backend"] == "local"

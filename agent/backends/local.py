@@ -17,6 +17,7 @@ import asyncio
 import hashlib
 import importlib
 import json
+import logging
 import os
 import re
 import threading
@@ -189,6 +190,8 @@ class LocalBackend:
             raise BackendError(f"{path}: cannot load model/processor ({e})") from e
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.hf_model.to(self.device)
+        if self.device == "cpu":  # the fused CUDA kernels it suggests installing (causal_conv1d, fla) cannot run here
+            logging.getLogger("transformers.integrations.hub_kernels").setLevel(logging.ERROR)
         self.tokenizer = self.processor.tokenizer
         self.codec = _TokenCodec(self.tokenizer)
         eos = self.hf_model.generation_config.eos_token_id

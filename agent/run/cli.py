@@ -242,6 +242,13 @@ def main(argv=None) -> int:
               f"rerun them with: {retry}", file=sys.stderr)
         return 3
 
+    counts = summary.get("counts", {})
+    if cfg.embedded and counts and not counts.get("ok"):
+        # random weights never close their reasoning nor write <answer>: say so, and what ends with answers
+        print("the embedded model's random weights never write an answer (every unit ended "
+              f"{', '.join(sorted(counts))}); the same run with answers, on the scripted fake model (seconds): "
+              f"python -m agent.run --method {cfg.method} --limit {cfg.limit or 2} --backend scripted "
+              f"--out {cfg.out}-scripted", file=sys.stderr)
     judge = "--judge exact" if cfg.embedded or cfg.backend == "scripted" else "(LLM judge: $OPENROUTER_API_KEY)"
     done([f"{cfg.out}/ (results.jsonl, tokens/, images/, header.json)"],
          f"python -m agent.judge {cfg.out} {judge}   |   look at it: python -m agent.show {cfg.out}")
