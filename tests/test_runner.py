@@ -160,8 +160,10 @@ def _runner_cmd(url, out, trials=3, processes=1):
 def test_killed_runner_resumes_without_loss_or_duplicates(tmp_path, sig, processes):
     out = tmp_path / "run"
     with FakeSGLang(latency_s=0.1) as srv:
+        # Ctrl-C's default action even where the suite itself was started in the background (a shell then
+        # ignores SIGINT in it and its children, and Python leaves an inherited SIG_IGN alone)
         p = subprocess.Popen(_runner_cmd(srv.url, out, processes=processes), cwd=REPO, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE)
+                             stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         res = out / "results.jsonl"
         deadline = time.time() + 300
         while time.time() < deadline:
@@ -171,8 +173,9 @@ def test_killed_runner_resumes_without_loss_or_duplicates(tmp_path, sig, process
         srv.gate.clear()  # no reply from now on: the run cannot finish before the signal, however fast it is
         time.sleep(0.5)   # (not an assertion's timing: lets the replies already sent land or not, either is fine)
         p.send_signal(sig)
-        _, err = p.communicate(timeout=60)
+        p.wait(timeout=120)  # the runner itself; after a SIGKILL its orphaned workers wait for their replies
         srv.gate.set()    # the held requests answer the dead runner; the rerun's are answered as they come
+        _, err = p.communicate(timeout=120)  # (the workers hold the pipes until they stop by themselves)
         before = res.read_bytes()
         n_before = before.count(b"\n")
         assert 3 <= n_before < 18, "the run must be killed mid-way"
