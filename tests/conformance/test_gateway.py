@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -138,33 +139,68 @@ async def _score_both_ways(url, tiny_model_dir) -> list[str]:
     return out
 
 
-def test_a_run_through_the_gateway_over_sglangs_real_front_ends(sglang_front_end_built, tiny_model_dir, tmp_path):
-    """Two SGLang servers (the real front end with the scripted scheduler stand-in) recorded as two nodes, the
-    gateway's real router in front, and a ReAct run, the fidelity check and the cost ledger through it."""
+def _free_base(n: int) -> int:
+    """The first of ``n`` consecutive free ports (checked; the launcher checks again and refuses if taken)."""
+    for _ in range(50):
+        base = free_port()
+        if base + n < 65000 and all(_is_free(base + i) for i in range(n)):
+            return base
+    raise RuntimeError("no free port range")
+
+
+def _is_free(p: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", p))
+            return True
+        except OSError:
+            return False
+
+
+def test_the_launchers_real_topology_then_a_run_through_the_gateway_over_it(sglang_front_end_built, tiny_model_dir,
+                                                                            tmp_path):
+    """One launch of the real topology on CPU (SGLang's front end with the scripted scheduler stand-in): two 9b
+    replicas behind one real sglang-router and a 27b behind its own, every port distinct (the routers' Prometheus
+    ports included: both default to 29000), the smoke check through each router. Then the two 9b servers recorded
+    as two nodes, the gateway's real router in front, and a ReAct run, the fidelity check and the cost ledger
+    through it; finally stop.sh stops everything. (One launch for both: each start of the servers costs a minute
+    on a loaded 2-core machine.)"""
     from agent.run import main as run_main
     from agent.rundir import check_run, load_run
     from probes.fidelity import main as fidelity_main
+    from serving.check import main as check_main
+    from serving.processes import alive
 
-    port, nccl = free_port(), free_port()
-    while nccl in (port, port + 1) or nccl + 1 in (port, port + 1):
-        nccl = free_port()
-    serve = tmp_path / "serve"
+    port, rport, prom, nccl = _free_base(3), _free_base(2), _free_base(2), _free_base(3)
+    serve, gw = tmp_path / "serve", tmp_path / "gw"
     env = {"PYTHON": sys.executable, "MMCF_TINY_MODEL_DIR": str(tiny_model_dir)}
-    r = sh(["serving/launch_qwen35.sh", "--standin", "scripted", "--host", "127.0.0.1", "--advertise-host", "127.0.0.1",
-            "--port", str(port), "--nccl-port", str(nccl), "--run-dir", str(serve), "--timeout", "600", "9b", "9b"],
-           env=env, timeout=900)
-    gw = tmp_path / "gw"
+    r = sh([LAUNCH, "--standin", "scripted", "--router", "--host", "127.0.0.1", "--advertise-host", "127.0.0.1",
+            "--port", str(port), "--router-port", str(rport), "--prometheus-port", str(prom), "--nccl-port", str(nccl),
+            "--run-dir", str(serve), "--timeout", "600", "9b", "9b", "27b"], env=env, timeout=900)
     try:
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        ports_line = next(ln for ln in r.stdout.splitlines() if ln.startswith("ports: "))
+        for p in (port, port + 1, port + 2, nccl, nccl + 1, nccl + 2, rport, rport + 1, prom, prom + 1):
+            assert f" {p}" in ports_line
         entries = json.loads((serve / "endpoints.json").read_text())
-        for name, e in zip(("nodeA", "nodeB"), entries):  # each server as its own node's record
+        routers = [e for e in entries if e["kind"] == "router"]
+        servers = [e for e in entries if e["kind"] != "router"]
+        assert [e["served_model"] for e in routers] == ["qwen3.5-9b", "qwen3.5-27b"]
+        assert sorted(e["prometheus_port"] for e in routers) == [prom, prom + 1]
+        assert sorted(routers[0]["router_of"]) == sorted(e["url"] for e in servers[:2])
+        for e in routers:  # the toolkit's own smoke check through each real router
+            assert check_main(["--endpoint", e["url"], "--backend", "sglang", "--model-dir", str(tiny_model_dir)]) == 0
+        pids = [e["pid"] for e in entries]
+
+        nines = [e for e in servers if e["served_model"] == "qwen3.5-9b"]
+        for name, e in zip(("nodeA", "nodeB"), nines):  # each 9b server as its own node's record
             (tmp_path / name).mkdir()
             (tmp_path / name / "endpoints.json").write_text(json.dumps([e]))
         g = _gateway(tmp_path / "nodeA", tmp_path / "nodeB", "--run-dir", gw, "--port", free_port(),
                      "--prometheus-port", free_port())
         assert g.returncode == 0, g.stdout + g.stderr
         (router,) = [e for e in json.loads((gw / "endpoints.json").read_text()) if e["kind"] == "router"]
-        assert sorted(router["router_of"]) == sorted(e["url"] for e in entries)
+        assert sorted(router["router_of"]) == sorted(e["url"] for e in nines)
         run = tmp_path / "run"
         assert run_main(["--method", "react", "--backend", "sglang", "--endpoint", router["url"], "--model-dir",
                          str(tiny_model_dir), "--limit", "2", "--t-max", "3", "--max-tokens", "64", "--out", str(run),
@@ -174,7 +210,7 @@ def test_a_run_through_the_gateway_over_sglangs_real_front_ends(sglang_front_end
         (m,) = led["models"].values()
         assert m["calls"] >= 2 and m["request_gpu_seconds"] is not None  # the GPUs behind the gateway are known
         # a request runs on one worker's GPUs; the run held both workers'
-        per = [len(e["gpus"].split(",")) for e in entries]
+        per = [len(e["gpus"].split(",")) for e in nines]
         assert m["held_gpu_seconds"] == pytest.approx(led["span_s"] * sum(per), abs=0.01) and len(per) == 2
         # the serving-fidelity check through the gateway: every check but the local reference
         rc = fidelity_main([str(run), "--backend", "sglang", "--endpoint", router["url"], "--model-dir",
@@ -189,4 +225,7 @@ def test_a_run_through_the_gateway_over_sglangs_real_front_ends(sglang_front_end
         assert asyncio.run(_score_both_ways(router["url"], tiny_model_dir)) == ["nested", "nested"]
     finally:
         sh([STOP, "--run-dir", str(gw)])
-        sh([STOP, "--run-dir", str(serve)])
+        s = sh([STOP, "--run-dir", str(serve)])
+    assert s.returncode == 0 and s.stdout.count(": stopped (pid") == 5, s.stdout
+    assert not any(alive(p) for p in pids)
+    assert {e["status"] for e in json.loads((serve / "endpoints.json").read_text())} == {"stopped"}

@@ -207,65 +207,6 @@ def test_a_request_the_stand_in_cannot_serve_comes_back_as_sglangs_error_not_a_h
 
 
 
-def test_the_launcher_starts_its_real_topology_on_cpu_and_stops_it(sglang_front_end_built, tiny_model_dir, tmp_path):
-    """Two models, each behind its own real sglang-router, every port distinct (the routers' Prometheus ports
-    included: both defaulted to 29000 before), requests through both routers, then stop.sh stops everything."""
-    import json
-    import os
-    import socket
-    import subprocess
-    import sys
-
-    from serving.processes import alive as _alive
-    from tests.conftest import REPO
-
-    def free_base(n):  # n consecutive free ports (checked; the launcher checks again and refuses if taken)
-        for _ in range(50):
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                base = s.getsockname()[1]
-            if base + n < 65000 and all(_free(base + i) for i in range(n)):
-                return base
-        raise RuntimeError("no free port range")
-
-    def _free(p):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", p))
-                return True
-            except OSError:
-                return False
-
-    port, rport, prom, nccl = free_base(2), free_base(2), free_base(2), free_base(2)
-    run_dir = tmp_path / "serve"
-    env = {**os.environ, "PYTHON": sys.executable, "MMCF_TINY_MODEL_DIR": str(tiny_model_dir)}
-    r = subprocess.run(["bash", "serving/launch_qwen35.sh", "--standin", "scripted", "--router", "--host", "127.0.0.1",
-                        "--port", str(port), "--router-port", str(rport), "--prometheus-port", str(prom), "--nccl-port",
-                        str(nccl), "--run-dir", str(run_dir), "--timeout", "600", "9b", "27b"],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    try:
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        ports_line = next(ln for ln in r.stdout.splitlines() if ln.startswith("ports: "))
-        for p in (port, port + 1, nccl, nccl + 1, rport, rport + 1, prom, prom + 1):
-            assert f" {p}" in ports_line
-        entries = json.loads((run_dir / "endpoints.json").read_text())
-        routers = [e for e in entries if e["kind"] == "router"]
-        assert [e["served_model"] for e in routers] == ["qwen3.5-9b", "qwen3.5-27b"]
-        assert sorted(e["prometheus_port"] for e in routers) == [prom, prom + 1]
-        for e in routers:  # the toolkit's own smoke check through each real router
-            rc = subprocess.run([sys.executable, "-m", "serving.check", "--endpoint", e["url"], "--backend", "sglang",
-                                 "--model-dir", str(tiny_model_dir)], cwd=REPO, capture_output=True, text=True,
-                                timeout=300)
-            assert rc.returncode == 0, rc.stdout[-2000:] + rc.stderr[-2000:]
-        pids = [e["pid"] for e in entries]
-    finally:
-        s = subprocess.run(["bash", "serving/stop.sh", "--run-dir", str(run_dir)], cwd=REPO, env=env,
-                           capture_output=True, text=True, timeout=300)
-    assert s.returncode == 0 and s.stdout.count(": stopped (pid") == 4, s.stdout
-    assert not any(_alive(p) for p in pids)
-    assert {e["status"] for e in json.loads((run_dir / "endpoints.json").read_text())} == {"stopped"}
-
-
 def test_the_fidelity_check_on_the_real_front_end_all_four_checks_and_an_injected_leak(
         real_sglang_model, tiny_model_dir, tmp_path, capsys):
     """probes.fidelity through SGLang's own server (the tiny model computing every logprob): warm, cold (its
