@@ -177,3 +177,60 @@ def test_the_slurm_example_runs_one_shard_per_array_task(tmp_path):
     assert r.returncode == 0, r.stderr
     rep = check_run(out)
     assert rep.intact and rep.complete and len(load_run(out).index) == 4
+
+
+def _point_tokens_file(run_dir: Path, name: str) -> None:
+    """A hostile edit: the first line's ``tokens_file`` set to ``name`` (the index dropped, so it is read again)."""
+    res = run_dir / "results.jsonl"
+    lines = res.read_text().splitlines()
+    first = json.loads(lines[0])
+    first["tokens_file"] = name
+    res.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    (run_dir / "results.index.jsonl").unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("name", ["../victim.txt", "/etc/hostname", "tokens/../../victim.txt", "tokens/link.parquet"])
+def test_merge_check_and_readers_refuse_a_sidecar_name_that_leads_out_of_the_run(runs, tmp_path, capsys, name):
+    from agent.rundir import RunError
+
+    shards = [tmp_path / f"sh{i}" for i in range(3)]
+    for i, d in enumerate(shards):
+        shutil.copytree(runs / f"sh{i}", d)
+    victim = tmp_path / "victim.txt"  # what ../victim.txt names from inside sh0
+    victim.write_text("not a sidecar")
+    target = tmp_path / "out" / "victim.txt"
+    (shards[0] / "tokens" / "link.parquet").symlink_to(victim)  # a symlink inside, pointing out
+    _point_tokens_file(shards[0], name)
+    capsys.readouterr()
+    assert merge_main([str(tmp_path / "out"), *map(str, shards)]) != 0
+    err = capsys.readouterr().err
+    assert "leads outside" in err and "results.jsonl" in err and name in err
+    assert not (tmp_path / "out").exists() and not target.exists() and victim.read_text() == "not a sidecar"
+    rep = check_run(shards[0])
+    assert not rep.intact and any("leads outside" in p for _, p in rep.sidecars)
+    run = load_run(shards[0])
+    with pytest.raises(RunError, match="leads outside"):
+        run.tokens(run.full(run.index[0]))
+
+
+def test_a_stored_image_that_links_out_of_the_run_is_refused_by_check_and_never_embedded(runs, tmp_path, capsys):
+    import base64
+
+    from agent.show import main as show_main
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(runs / "one", run_dir)
+    stored = sorted((run_dir / "images").iterdir())[0]
+    as_embedded = base64.b64encode(stored.read_bytes()).decode()
+    assert show_main([str(run_dir), "--html", str(tmp_path / "before.html")]) == 0
+    assert as_embedded in (tmp_path / "before.html").read_text()  # the stored image is embedded as it is
+    secret = tmp_path / "secret.png"  # the same bytes, outside the run, reached through a symlink inside it
+    shutil.copyfile(stored, secret)
+    stored.unlink()
+    stored.symlink_to(secret)
+    rep = check_run(run_dir)
+    assert not rep.intact and any("leads outside" in p for _, p in rep.sidecars)
+    capsys.readouterr()
+    assert show_main([str(run_dir), "--html", str(tmp_path / "after.html")]) == 0
+    assert as_embedded not in (tmp_path / "after.html").read_text()
+    assert "leads outside" in capsys.readouterr().err

@@ -1,5 +1,6 @@
 """Tools: live providers against loopback Serper/Jina, the offline world, the record/replay cache."""
 import asyncio
+import json
 import multiprocessing as mp
 import sqlite3
 
@@ -194,3 +195,14 @@ def test_several_processes_write_at_once(world, tmp_path):
         assert p.exitcode == 0
     rows = sqlite3.connect(path).execute("SELECT tool, COUNT(*) FROM tool_cache GROUP BY tool").fetchall()
     assert dict(rows) == {"search": 25, "visit": 120}  # shared keys once, distinct keys all kept
+
+
+def test_an_offline_world_image_name_that_leads_out_is_refused_naming_the_line(tmp_path):
+    from agent.tools.offline import OfflineProvider, WorldError
+
+    (tmp_path / "images").mkdir()
+    (tmp_path / "outside.png").write_bytes(b"\x89PNG not really")
+    (tmp_path / "pages.jsonl").write_text(json.dumps({"url": "u", "title": "t", "text": "x",
+                                                      "images": ["../outside.png"]}) + "\n")
+    with pytest.raises(WorldError, match=r"pages.jsonl:1: image: '\.\./outside.png' leads outside"):
+        OfflineProvider(tmp_path)

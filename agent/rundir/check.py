@@ -15,7 +15,7 @@ import numpy as np
 
 from ..benchmarks import resolve_benchmark
 from ..cli import HelpFormatter, done, make_parser
-from .common import RunError
+from .common import RunError, inside
 from .index import summary_of
 from .merge import main as merge_main
 from .shards import shard_units
@@ -159,7 +159,12 @@ def _check_sidecars(rd: RunDir, rep: CheckReport, good: list, latest: dict) -> N
                 rep.sidecars.append((unit, "tokens recorded but no sidecar named"))
             continue
         try:
-            call = read_parquet(rd.path / tf, ["call"]).column("call").to_numpy()
+            path = inside(rd.path, tf, "tokens_file")
+        except RunError:
+            rep.sidecars.append((unit, f"{tf!r} leads outside the run directory (refused)"))
+            continue
+        try:
+            call = read_parquet(path, ["call"]).column("call").to_numpy()
         except Exception as e:  # noqa: BLE001 - any unreadable file is the finding
             rep.sidecars.append((unit, f"{tf} unreadable ({type(e).__name__})"))
             continue
@@ -167,7 +172,7 @@ def _check_sidecars(rd: RunDir, rep: CheckReport, good: list, latest: dict) -> N
         if {c: n for c, n in want.items() if n} != got:
             rep.sidecars.append((unit, f"{tf}: token counts per call {got} != calls {want}"))
         try:  # the prompts' token ids it may carry (agent/backends/pieces.py): the probes send them again
-            read_prompt_pieces(rd.path / tf)
+            read_prompt_pieces(path)
         except (OSError, ValueError) as e:
             rep.sidecars.append((unit, f"{tf}: unreadable prompt ids ({e})"))
     tok_dir = rd.path / "tokens"
@@ -176,7 +181,13 @@ def _check_sidecars(rd: RunDir, rep: CheckReport, good: list, latest: dict) -> N
 
 
 def _check_images_and_cache(rd: RunDir, header: dict, rep: CheckReport, latest: dict) -> None:
-    stored = {p.name.split(".")[0] for p in (rd.path / "images").glob("*")} if (rd.path / "images").is_dir() else set()
+    stored = set()
+    for p in sorted((rd.path / "images").glob("*")) if (rd.path / "images").is_dir() else []:
+        try:
+            inside(rd.path / "images", p.name, "images")
+            stored.add(p.name.split(".")[0])
+        except RunError:  # a symlink leading out of the run directory: never read, so counted as missing
+            rep.sidecars.append(("images", f"images/{p.name} leads outside the run directory (refused)"))
     for key, ln in latest.items():
         rep.missing_images += [(f"{key[0]}/t{key[1]}", h[:12]) for h in sorted(ln["_need"] - stored)]
     cache = (header.get("tools") or {}).get("cache") or str(rd.path / "tools.sqlite")

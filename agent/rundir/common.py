@@ -11,6 +11,8 @@ import re
 import threading
 from pathlib import Path
 
+from ..paths import inside as _inside
+
 #: How the top-k logprobs are stored. float32 (default) keeps the server's values; float16 takes about two
 #: thirds of the bytes and moves the grouped entropy by up to ~1e-3 nats. The sampled token's logprob and the
 #: exact entropy are always float32.
@@ -26,6 +28,11 @@ IDENTITY_KEYS = ("method", "variant", "benchmark", "remove_images_from_step", "b
 
 class RunError(RuntimeError):
     """A run directory that cannot be used as asked (foreign header, unreadable file)."""
+
+
+def inside(root, name, where: str) -> Path:
+    """``root / name`` checked to stay inside ``root`` (agent/paths.py), or a :class:`RunError` naming ``where``."""
+    return _inside(root, name, where, RunError)
 
 
 def versions() -> dict:

@@ -35,7 +35,7 @@ from pathlib import Path
 from ..cli import done
 from ..preflight import same_model
 from ..tools.cache import ToolCache
-from .common import IDENTITY_KEYS, RunError, _atomic_write
+from .common import IDENTITY_KEYS, RunError, _atomic_write, inside
 from .ledger import write_ledger
 from .reader import load_run
 from .writer import RunDir
@@ -185,11 +185,13 @@ def _copy_lines(rd: RunDir, out: Path, shards: list, progress) -> tuple[int, int
         src = shards[si][0]
         line = readers[si].full(summary)
         line = {k: v for k, v in line.items() if not k.startswith("_")}
-        tf = line.get("tokens_file")
-        if tf:
-            dst = out / tf
+        tf = readers[si].tokens_path(line)  # refused when it leads out of the shard
+        if tf is not None:
+            dst = inside(out, line["tokens_file"], f"{src / 'results.jsonl'} ({key[0]} trial {key[1]}): tokens_file")
+            if not tf.is_file():
+                raise RunError(f"{tf}: the token sidecar of {key[0]} trial {key[1]} is missing")
             dst.parent.mkdir(parents=True, exist_ok=True)
-            _link_or_copy(src / tf, dst)
+            _link_or_copy(tf, dst)
             n_tokens += 1
         rd.append_line(line)
         n_lines += 1
@@ -224,6 +226,7 @@ def merge_runs(out, shard_dirs: list, *, progress=None) -> dict:
             for f in sorted((p / "images").glob("*")) if (p / "images").is_dir() else []:
                 if f.name.startswith(".") or f.name in images:
                     continue
+                f = inside(p / "images", f.name, f"{p / 'images'}")  # a symlink out of the shard is refused
                 dst = out / "images" / f.name
                 if not dst.exists():
                     _link_or_copy(f, dst)

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .common import RunError
+from .common import RunError, inside
 from .index import Lines, summary_of
 from .sidecar import decode as _decode_sidecar
 from .sidecar import read_prompt_pieces as _read_prompt_pieces
@@ -69,11 +69,18 @@ class Run:
                              "paper_category": ln.get("paper_category"), "status": ln["status"], **c})
         return pd.DataFrame(rows)
 
+    def tokens_path(self, line: dict) -> Path | None:
+        """The line's token sidecar, checked to lie inside the run directory (None when it recorded no tokens)."""
+        if not line.get("tokens_file"):
+            return None
+        return inside(self.path, line["tokens_file"], f"{self.path / 'results.jsonl'} ({line.get('sample_id')} "
+                                                      f"trial {line.get('trial')}): tokens_file")
+
     def tokens(self, line: dict, columns: list[str] | None = None) -> dict[str, np.ndarray]:
         """The line's per-token arrays (``columns`` to read only some: the sidecar is columnar)."""
-        if not line.get("tokens_file"):
+        p = self.tokens_path(line)
+        if p is None:
             return {}
-        p = self.path / line["tokens_file"]
         try:
             return _decode_sidecar(p, columns)
         except (OSError, ValueError) as e:
@@ -82,9 +89,9 @@ class Run:
     def prompt_pieces(self, line: dict) -> tuple[str | None, dict]:
         """(tokenizer fingerprint, {digest: ids}): the token ids of the line's prompts by message piece, as its
         backend sent them (agent/backends/pieces.py); ``(None, {})`` when the run did not record them."""
-        if not line.get("tokens_file"):
+        p = self.tokens_path(line)
+        if p is None:
             return None, {}
-        p = self.path / line["tokens_file"]
         try:
             return _read_prompt_pieces(p)
         except (OSError, ValueError) as e:
@@ -137,7 +144,9 @@ class Run:
             if (self.path / "images").is_dir():
                 for p in (self.path / "images").iterdir():
                     d.setdefault(p.name.split(".")[0], p)
-        return d.get(sha256)
+        p = d.get(sha256)
+        # a stored image that is a symlink leading out of the run directory is never read (nor embedded in a page)
+        return None if p is None else inside(self.path / "images", p.name, f"{self.path / 'images'}")
 
 
 def load_run(path) -> Run:

@@ -7,6 +7,7 @@ import gzip
 import html
 import io
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +38,11 @@ PAGE_TEMPLATE = (Path(__file__).parent / "page.html").read_text(encoding="utf-8"
 def _image_uri(run: Run, sha: str, cache: dict, missing: list, max_px: int | None = None) -> str | None:
     if sha in cache:
         return cache[sha]
-    p = run.image_path(sha)
+    try:
+        p = run.image_path(sha)
+    except RunError as e:  # a stored image that leads out of the run directory: never read, never embedded
+        print(f"warning: {e}", file=sys.stderr)
+        p = None
     if p is None:
         missing.append(sha)
         cache[sha] = None

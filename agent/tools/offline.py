@@ -18,6 +18,7 @@ from pathlib import Path
 
 from PIL import Image
 
+from ..paths import inside
 from .formatting import failed_visit, format_lens, format_search, format_visit, looks_blocked
 from .live import ProviderResult
 from .registry import RegisteredImage
@@ -69,7 +70,7 @@ class OfflineProvider:
             self.pages[url] = p
             self.db.execute("INSERT INTO pages(url, title, text) VALUES (?,?,?)", (url, title, text))
             for fn in p.get("images", []):
-                f = root / "images" / fn
+                f = inside(root / "images", fn, f"{pages}:{n}: image", WorldError)
                 try:
                     data = f.read_bytes()
                     with Image.open(f) as im:

@@ -61,7 +61,7 @@ def _has_text(run: Run, line: dict) -> bool:
     """Whether the line's sidecar keeps token texts (format 2 does; older ones may not)."""
 
     try:
-        return "text" in pq.ParquetFile(run.path / line["tokens_file"]).schema_arrow.names
+        return "text" in pq.ParquetFile(run.tokens_path(line)).schema_arrow.names
     except (OSError, KeyError, TypeError, ValueError):
         return False
 
