@@ -18,6 +18,8 @@ import argparse
 import difflib
 import sys
 
+from .http import RedactingStream
+
 __all__ = ["make_parser", "add_backend_args", "add_judge_args", "single_endpoint", "done", "DEFAULT_CONCURRENCY",
            "SERVERS", "BACKEND_CHOICES", "JUDGE_ENDPOINT", "JUDGE_MODEL"]
 
@@ -46,6 +48,10 @@ class Parser(argparse.ArgumentParser):
     only "required: --method" for a mistyped ``--methd react``)."""
 
     def parse_known_args(self, args=None, namespace=None):
+        # every command parses its arguments first: from here on its console never shows a key's value
+        for name in ("stdout", "stderr"):
+            if not isinstance(getattr(sys, name), RedactingStream):
+                setattr(sys, name, RedactingStream(getattr(sys, name)))
         argv = list(sys.argv[1:] if args is None else args)
         known = {o for a in self._actions for o in a.option_strings}
         if any(isinstance(a, argparse._SubParsersAction) for a in self._actions):

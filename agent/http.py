@@ -20,7 +20,8 @@ from urllib.parse import urljoin, urlsplit, urlunsplit
 import httpx
 import orjson
 
-__all__ = ["HTTPError", "RetryPolicy", "request_json", "loads", "dumps", "scrub", "redact", "public_url", "safe_argv"]
+__all__ = ["HTTPError", "RetryPolicy", "request_json", "loads", "dumps", "scrub", "redact", "redact_bytes", "RedactingStream", "secrets",
+           "public_url", "safe_argv"]
 
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 
@@ -31,14 +32,46 @@ _AUTH = re.compile(r"(?i)((?:proxy-)?authorization|x-api-key|api[_-]?key|access[
                    r"(\\?[\"']?\s*[:=]?\s*\\?[\"']?\s*(?:bearer\s+|basic\s+)?)([A-Za-z0-9._~+/=-]{6,})")
 
 
+def secrets() -> list[str]:
+    """The values that must appear in nothing the toolkit writes or prints: those of every secret-looking
+    environment variable and of every variable named as holding a key (``--api-key-env`` and the like), longest
+    first (a key that contains another is replaced whole)."""
+    vals = {v for k, v in os.environ.items() if v and len(v) >= 6 and (SECRET_ENV.search(k) or k in KEY_VARS)}
+    return sorted(vals, key=len, reverse=True)
+
+
 def redact(text):
     """``text`` with the values of secret environment variables and ``Authorization``-like values replaced."""
     if not isinstance(text, str) or not text:
         return text
-    for k, v in os.environ.items():
-        if v and len(v) >= 6 and (SECRET_ENV.search(k) or k in KEY_VARS) and v in text:
+    for v in secrets():
+        if v in text:
             text = text.replace(v, "[REDACTED]")
     return _AUTH.sub(lambda m: m.group(1) + m.group(2) + "[REDACTED]", text)
+
+
+def redact_bytes(data: bytes) -> bytes:
+    """UTF-8 text or JSON bytes with every secret value replaced, as written and as JSON escapes it (a value
+    holding ``"``, ``\\`` or ``/``). The one redaction every record passes where it is written."""
+    for v in secrets():
+        for form in {v.encode(), json.dumps(v)[1:-1].encode(), json.dumps(v)[1:-1].replace("/", "\\/").encode()}:
+            if form in data:
+                data = data.replace(form, b"[REDACTED]")
+    return data
+
+
+class RedactingStream:
+    """A console stream (stdout, stderr) whose every write passes :func:`redact`: a key a server sent back is
+    never printed. Installed once per process by the commands' argument parser (agent/cli.py)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, s):
+        return self._stream.write(redact(s) if isinstance(s, str) else s)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 def is_host(url: str, host: str) -> bool:
@@ -143,10 +176,11 @@ def dumps(obj, *, sort_keys: bool = False, int_keys: bool = False) -> bytes:
     opt = (orjson.OPT_SERIALIZE_NUMPY | (orjson.OPT_SORT_KEYS if sort_keys else 0)
            | (orjson.OPT_NON_STR_KEYS if int_keys else 0))
     try:
-        return orjson.dumps(obj, option=opt, default=_default)
+        data = orjson.dumps(obj, option=opt, default=_default)
     except TypeError:  # "str is not valid UTF-8: surrogates not allowed"
-        return json.dumps(_plain(obj), sort_keys=sort_keys, ensure_ascii=True, separators=(",", ":"),
+        data = json.dumps(_plain(obj), sort_keys=sort_keys, ensure_ascii=True, separators=(",", ":"),
                           allow_nan=False, default=_default).encode()
+    return redact_bytes(data)  # every record line and request body: no key a server echoed is written or sent on
 
 
 def _plain(o):

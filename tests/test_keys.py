@@ -2,6 +2,7 @@
 variable's name; a request timeout is a deadline; 200 replies of the wrong shape are parsed or named (issue 22)."""
 from __future__ import annotations
 
+import json
 import threading
 import time
 from http.server import ThreadingHTTPServer
@@ -402,3 +403,53 @@ gc.collect()
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["{'ok':", "True}", "{'ok':", "True}"]
     assert "Unclosed" not in r.stderr and "never awaited" not in r.stderr, r.stderr
+
+
+def _echo_key_reply(key: str):
+    """A server that puts the key it received into the reasoning, a tool call's arguments, the answer and (for a
+    judge's prompt) the grade."""
+    def reply(req) -> str:
+        text = json.dumps(req.get("messages") or req.get("text") or "")
+        if "correct" in text.lower() and "gold" in text.lower() or "judge" in text.lower():
+            return f"The key was {key}. Correct"
+        if "<tool_response>" in text or "search results" in text.lower():
+            return f"<think>\nI also saw {key}\n</think>\n\n<answer>{key}</answer>"
+        return (f"<think>\nmy key is {key}\n</think>\n\n<tool_call>\n"
+                f'{{"name": "search", "arguments": {{"query": "{key}", "goal": "find {key}"}}}}\n</tool_call>')
+    return reply
+
+
+def test_a_key_the_server_echoes_is_in_no_file_of_the_run_and_never_printed(tmp_path):
+    """S1: the runner and the judge against a loopback server that echoes the key in the content, the reasoning,
+    a tool call's arguments and an error body; then every file under the run directory and the console output
+    are searched for the key (the variable's name is not secret-looking: it is redacted because it was named)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    from tests.fakes.sglang_server import FakeSGLang
+
+    key = "zq-echoed-9f8e7d6c5b4a3210"
+    env = {**os.environ, "MMCF_PLAIN_VAR": key, "PYTHONPATH": str(REPO)}
+    run = tmp_path / "run"
+    with FakeSGLang(reply=_echo_key_reply(key)) as srv:
+        srv.faults = ["500_echo", "500_echo"]
+        cmds = [["agent.run", "--method", "react", "--backend", "openai", "--endpoint", srv.url, "--api-key-env",
+                 "MMCF_PLAIN_VAR", "--benchmark", "demo", "--limit", "2", "--t-max", "3", "--out", str(run),
+                 "--no-progress"],
+                ["agent.judge", str(run), "--judge-endpoint", srv.url, "--judge-model", "fake-qwen3.5",
+                 "--judge-api-key-env", "MMCF_PLAIN_VAR", "--no-progress"],
+                ["agent.show", str(run)], ["agent.show", str(run), "--html", str(run / "page.html")],
+                ["agent.ledger", str(run)]]
+        console = ""
+        for c in cmds:
+            r = subprocess.run([sys.executable, "-m", *c], cwd=REPO, env=env, capture_output=True, text=True,
+                               timeout=300)
+            console += r.stdout + r.stderr
+            assert r.returncode == 0, (c, r.stdout[-2000:], r.stderr[-2000:])
+        assert any(key in json.dumps(b) for b in srv.bodies) or srv.injected["500_echo"] == 2  # it was echoed
+    assert "[REDACTED]" in (run / "results.jsonl").read_text()  # the echo landed where redaction applies
+    assert key not in console
+    leaked = [str(p.relative_to(run)) for p in run.rglob("*") if p.is_file() and key.encode() in p.read_bytes()]
+    assert leaked == []

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from ..backends.base import BackendError, SamplingParams
 from ..backends.openai_compat import OpenAIBackend
 from ..cli import JUDGE_ENDPOINT, JUDGE_MODEL
-from ..http import is_host, public_url
+from ..http import is_host, public_url, redact, redact_bytes
 from ..prompts import JUDGE, fill
 from ..rundir import RunDir, RunError, close_fragment
 from ..rundir.grades import accuracy_table, identical_trials, read_grades
@@ -239,7 +239,7 @@ async def judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_ENDP
     async def grade(ln: dict) -> dict:
         rec = await grader.grade(ln)
         if not rec.get("failed"):  # each paid grade lands as soon as it comes: a kill loses none of them
-            out.write(json.dumps(rec, ensure_ascii=False).encode("utf-8", "surrogatepass") + b"\n")
+            out.write(redact_bytes(json.dumps(rec, ensure_ascii=False).encode("utf-8", "surrogatepass")) + b"\n")
             out.flush()
         bar.update(1)
         return rec
@@ -260,7 +260,7 @@ async def judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_ENDP
     summary["judge"] = label
     summary["failed_judge_calls"] = sum(1 for r in results if r.get("failed"))
     table = summary.pop("table")
-    (rd.path / f"judge-{name}-summary.json").write_text(json.dumps(summary, indent=2))
-    (rd.path / f"table1-{name}.md").write_text(summary["markdown"])
+    (rd.path / f"judge-{name}-summary.json").write_text(redact(json.dumps(summary, indent=2)))
+    (rd.path / f"table1-{name}.md").write_text(redact(summary["markdown"]))
     table.to_csv(rd.path / f"table1-{name}.csv", index=False)
     return summary

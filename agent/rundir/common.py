@@ -11,6 +11,7 @@ import re
 import threading
 from pathlib import Path
 
+from ..http import redact_bytes
 from ..paths import inside as _inside
 
 #: How the top-k logprobs are stored. float32 (default) keeps the server's values; float16 takes about two
@@ -55,7 +56,10 @@ def _tmp_name(path: Path) -> Path:
     return path.with_name(f"{path.name}.tmp{os.getpid()}-{threading.get_ident()}")
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def _atomic_write(path: Path, data: bytes, *, binary: bool = False) -> None:
+    """``data`` into ``path`` under a temporary name, renamed into place; text (not ``binary``) is redacted first."""
+    if not binary:
+        data = redact_bytes(data)
     tmp = _tmp_name(path)
     with open(tmp, "wb") as f:
         f.write(data)

@@ -147,7 +147,7 @@ class RunDir(RunIndex):
             if traj.tokens:
                 prompt = (traj.tokenizer, traj.prompt_pieces) if getattr(traj, "prompt_pieces", None) else None
                 _atomic_write(self.path / "tokens" / f"{key}.parquet",
-                              _encode_sidecar(traj.tokens, traj.top_k, self.token_precision, prompt))
+                              _encode_sidecar(traj.tokens, traj.top_k, self.token_precision, prompt), binary=True)
                 line["tokens_file"] = f"tokens/{key}.parquet"
             else:
                 line["tokens_file"] = None

@@ -20,6 +20,7 @@ from probes.entropy import read_step_tokens
 from ..backends.base import model_vocab_size
 from ..backends.scripted import ScriptedBackend
 from ..backends.tiny_model import default_tiny_dir
+from ..http import redact
 from ..rundir import Run, RunError, load_run, token_key
 
 __all__ = ["build_html", "page_files", "PAGE_SIZE", "AUTO_TOKENS", "EMBED_PX", "PAGE_TEMPLATE"]
@@ -248,7 +249,7 @@ def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[
                 .replace("__META__", _js({**meta, "page": i + 1, "this_file": f.name}))
                 .replace("__SAMPLES__", samples_js)
                 .replace("__DETAILS__", _js(details)).replace("__IMAGES__", _js({k: v for k, v in images.items() if v})))
-        f.write_text(page, encoding="utf-8")
+        f.write_text(redact(page), encoding="utf-8")
         total += f.stat().st_size
         n_images += sum(1 for v in images.values() if v)
         del details, images, page

@@ -87,7 +87,7 @@ class TokenStore:
             # (no column statistics: nothing filters these files by value; ~7 % of the write)
             pq.write_table(table, sink, compression="zstd", use_dictionary=["step"], write_statistics=False)
             self.d.mkdir(parents=True, exist_ok=True)
-            _atomic_write(self.path(key), sink.getvalue().to_pybytes())
+            _atomic_write(self.path(key), sink.getvalue().to_pybytes(), binary=True)
         for partial in partials:
             partial.unlink(missing_ok=True)
 

@@ -12,7 +12,7 @@ SGLang 0.5.23's flat arrays instead; each image placeholder expanded to several 
 
 Faults for tests: ``server.faults`` is a list consumed one per request, or ``fault_rate`` (with a seed)
 draws one at random for that share of the requests; ``server.injected`` counts them. Transport faults:
-``"429"``, ``"500"``, ``"400"``, ``"drop"`` (the connection closes without a reply), ``"truncated"`` /
+``"429"``, ``"500"``, ``"500_echo"`` (the error body echoes the Authorization header), ``"400"``, ``"drop"`` (the connection closes without a reply), ``"truncated"`` /
 ``"malformed"`` (a 200 whose body is cut), ``"slow"`` (the reply comes after ``slow_s``), ``"drift"``
 (scoring returns shifted token ids). Model-output faults (a well-formed reply carrying garbage, see
 :data:`GARBAGE`): no tags, an unclosed ``<think>``, invalid JSON, an unknown tool, a 200 KB output, empty
@@ -262,6 +262,8 @@ class _Handler(JSONHandler):
             return self._send(429, {"error": "rate limited"})
         if fault == "500":
             return self._send(500, {"error": "internal"})
+        if fault == "500_echo":  # a logging proxy that sends back what it received, the key included
+            return self._send(500, {"error": f"internal; request had Authorization: {self.headers.get('Authorization')}"})
         if fault == "malformed":
             return self._send(200, b'{"text": "oops", "meta_info": {', "application/json")
         if fault == "400":
