@@ -21,7 +21,7 @@ import sys
 from .http import RedactingStream
 
 __all__ = ["make_parser", "add_backend_args", "add_judge_args", "single_endpoint", "done", "DEFAULT_CONCURRENCY",
-           "SERVERS", "BACKEND_CHOICES", "JUDGE_ENDPOINT", "JUDGE_MODEL"]
+           "SERVERS", "BACKEND_CHOICES", "JUDGE_ENDPOINT", "JUDGE_MODEL", "positive_int", "positive_float"]
 
 #: Requests (samples, steps, grades) in flight, the same default for every command.
 DEFAULT_CONCURRENCY = 8
@@ -64,6 +64,28 @@ class Parser(argparse.ArgumentParser):
                 close = difflib.get_close_matches(flag, sorted(known), n=1)
                 self.error(f"unrecognized argument: {flag}" + (f" (did you mean {close[0]}?)" if close else ""))
         return super().parse_known_args(args, namespace)
+
+
+def positive_int(v: str) -> int:
+    """An argparse type: a whole number >= 1 (``--limit -2`` is refused, naming the value)."""
+    try:
+        n = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{v!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def positive_float(v: str) -> float:
+    """An argparse type: a finite number > 0 (``--timeout -5`` is refused, naming the value)."""
+    try:
+        x = float(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{v!r} is not a number") from None
+    if not (0 < x < float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a number above 0, got {v}")
+    return x
 
 
 def make_parser(prog: str, doc: str | None, examples: list[str]) -> argparse.ArgumentParser:

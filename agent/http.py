@@ -40,6 +40,9 @@ def secrets() -> list[str]:
     return sorted(vals, key=len, reverse=True)
 
 
+_URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^/\s:@\"']*):([^/\s@\"']+)@")
+
+
 def redact(text):
     """``text`` with the values of secret environment variables and ``Authorization``-like values replaced."""
     if not isinstance(text, str) or not text:
@@ -47,6 +50,8 @@ def redact(text):
     for v in secrets():
         if v in text:
             text = text.replace(v, "[REDACTED]")
+    if "@" in text:  # a URL's password (http://user:pass@host), wherever a URL is printed
+        text = _URL_PASSWORD.sub(r"\1\2:[REDACTED]@", text)
     return _AUTH.sub(lambda m: m.group(1) + m.group(2) + "[REDACTED]", text)
 
 

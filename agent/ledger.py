@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import sys
 
-from .cli import done, make_parser
+from .cli import done, make_parser, positive_int
 from .rundir import ledger
 from .rundir.common import RunError
 from .rundir.ledger import (
@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     ap.add_argument("run_dirs", nargs="+", help="run directories of python -m agent.run")
     ap.add_argument("--prices", help="a price table (JSON, DEFAULT_PRICES' layout) merged over the defaults")
     ap.add_argument("--serving-dir", help="the launcher's --run-dir whose endpoints.json names the GPUs")
-    ap.add_argument("--gpus-per-server", type=int, help="GPUs behind each endpoint (instead of endpoints.json)")
+    ap.add_argument("--gpus-per-server", type=positive_int, help="GPUs behind each endpoint (instead of endpoints.json)")
     ap.add_argument("--json", action="store_true", help="print the ledgers as JSON")
     a = ap.parse_args(argv)
     try:

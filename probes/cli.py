@@ -16,6 +16,7 @@ from agent.backends.base import BackendError
 from agent.backends.pieces import lend_pieces
 from agent.backends.spread import Spread
 from agent.cli import add_backend_args as add
+from agent.cli import positive_int
 from agent.preflight import PreflightError, model_identity, same_model
 from agent.rundir import RunError
 from agent.tools.live import MissingKeyError
@@ -29,7 +30,7 @@ def add_backend_args(ap) -> None:
     """The model-server options, defaulting to the backend that recorded the run (agent/cli.py)."""
 
     add(ap, from_run=True, repeat_endpoint=True)
-    ap.add_argument("--gpus-per-server", type=int, default=None,
+    ap.add_argument("--gpus-per-server", type=positive_int, default=None,
                     help="GPUs behind each endpoint (for GPU-seconds in probe.json; default: read from the "
                          "launcher's endpoints.json, else unknown)")
     ap.add_argument("--nested-logprobs", action="store_true",

@@ -35,7 +35,7 @@ from agent.backends.base import BackendError, SamplingParams
 from agent.backends.messages import ImageUsers
 from agent.backends.openai_compat import OpenAIBackend
 from agent.backends.spread import Spread
-from agent.cli import DEFAULT_CONCURRENCY, JUDGE_ENDPOINT, add_judge_args, done, make_parser
+from agent.cli import DEFAULT_CONCURRENCY, JUDGE_ENDPOINT, add_judge_args, done, make_parser, positive_int
 from agent.http import is_host
 from agent.judge import judge_key_env
 from agent.prompts import GROUNDING_PASS1, GROUNDING_PASS2, fill
@@ -323,7 +323,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=8192, help="per annotator reply")
     ap.add_argument("--concurrency", type=int, default=None,
                     help="trajectories annotated at once (default: 8 per annotator server; OpenRouter's rate limits)")
-    ap.add_argument("--limit", type=int, help="the first N trajectories only")
+    ap.add_argument("--limit", type=positive_int, help="the first N trajectories only")
     ap.add_argument("--include-unparsed", action="store_true",
                     help="keep trajectories whose first call did not parse (the paper excludes them)")
     ap.add_argument("--out", help="output dir (default: RUN_DIR/probes/grounding)")

@@ -35,7 +35,7 @@ from agent.backends.local import load_chat_renderer
 from agent.backends.messages import split_text_and_images, strip_query_images
 from agent.backends.tiny_model import ensure_tiny_model
 from agent.backends.vision import UnknownProcessor, VisionGrid
-from agent.cli import done, make_parser
+from agent.cli import done, make_parser, positive_int
 from agent.rundir import RunError, load_run
 from analysis.selection import select_trajectories
 
@@ -237,7 +237,7 @@ def main(argv=None) -> int:
                     help="each server's KV pool in tokens (default 1M; SGLang logs its max_total_num_tokens at start)")
     ap.add_argument("--servers", type=int, default=2, help="servers the probe spreads over")
     ap.add_argument("--concurrency", type=int, default=128, help="trajectories in flight per server (the probes' default)")
-    ap.add_argument("--limit", type=int, help="the first N trajectories")
+    ap.add_argument("--limit", type=positive_int, help="the first N trajectories")
     a = ap.parse_args(argv)
     if a.servers < 1 or a.capacity_tokens < 1 or a.concurrency < 1:
         ap.error("--servers, --capacity-tokens and --concurrency must be positive")

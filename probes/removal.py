@@ -42,7 +42,7 @@ from agent.backends.base import SamplingParams
 from agent.backends.messages import ImageUsers, record_messages
 from agent.backends.spread import pin
 from agent.benchmarks import Sample
-from agent.cli import add_judge_args, done, make_parser
+from agent.cli import add_judge_args, done, make_parser, positive_int
 from agent.http import is_host
 from agent.judge import Grader
 from agent.methods import HARNESS_ERRORS, Budgets, Episode, MethodSpec
@@ -342,7 +342,7 @@ def main(argv=None) -> int:
     add_judge_args(ap)
     ap.add_argument("--concurrency", type=int, default=None,
                     help="trajectories in flight (default: 128 per model server, 8 in-process; probes/cli.py says why)")
-    ap.add_argument("--limit", type=int, help="the first N trajectories only")
+    ap.add_argument("--limit", type=positive_int, help="the first N trajectories only")
     ap.add_argument("--force", action="store_true", help="replay with a model other than the run's (recorded)")
     ap.add_argument("--out", help="output dir (default: RUN_DIR/probes/removal)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -35,7 +35,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from agent.cli import make_parser
+from agent.cli import make_parser, positive_float
 
 from .endpoints import remember, write_endpoints
 from .plan import SGLANG_SITE, LaunchError, _quote, router_command
@@ -155,7 +155,7 @@ def _parser():
                     help="first router's metrics port; router j gets +j (default: 29100: not the launcher's 29000)")
     ap.add_argument("--host", default="0.0.0.0", help="listen address (default: 0.0.0.0)")
     ap.add_argument("--advertise-host", metavar="HOST", help="the name clients reach this node by (endpoints.json)")
-    ap.add_argument("--timeout", type=float, default=300, help="seconds to wait for each router (default: 300)")
+    ap.add_argument("--timeout", type=positive_float, default=300, help="seconds to wait for each router (default: 300)")
     ap.add_argument("--skip-unhealthy", action="store_true", help="leave out servers that fail the check (said)")
     ap.add_argument("--dry-run", action="store_true", help="check and print the routers' commands; start nothing")
     return ap

@@ -33,6 +33,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from agent.cli import positive_float
+
 from .endpoints import remember, state_file, write_endpoints
 from .plan import (
     MODELS,
@@ -291,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--context-length", type=int, default=131072, help="(default: 131072)")
     ap.add_argument("--deterministic", action="store_true",
                     help="--enable-deterministic-inference: seeds become reproducible (slower; default: off)")
-    ap.add_argument("--timeout", type=float, default=1800, help="readiness wait per server, seconds (default: 1800)")
+    ap.add_argument("--timeout", type=positive_float, default=1800, help="readiness wait per server, seconds (default: 1800)")
     ap.add_argument("--run-dir", default=os.environ.get("MMCF_SERVE_DIR", ".serve"),
                     help="logs, PID files, commands, endpoints.json (default: .serve)")
     ap.add_argument("--router", action="store_true", help="also start one sglang-router (cache_aware) per model")

@@ -28,14 +28,15 @@ class _Gen:
 
 
 class _ScriptedEngine:
-    """Planted texts with planted distributions: the reply's tokens, each the top choice with logprob -0.1 and
-    k-1 alternatives below it; scoring (max_new_tokens 0) gives each input token logprob -0.25."""
+    """Planted texts with planted distributions: the reply's tokens, each the top choice with logprob about -0.1
+    and k-1 alternatives well below it (one distribution: the k probabilities sum to less than 1); scoring
+    (max_new_tokens 0) gives each input token logprob -0.25."""
 
     def __init__(self, tok):
         self.tok = tok
 
     def _top(self, tid, k, j):
-        vals = [-0.1 - 0.3 * a - 0.01 * (j % 7) for a in range(k)]
+        vals = [-0.1 - 0.01 * (j % 7)] + [-3.5 - 0.3 * a - 0.01 * (j % 7) for a in range(1, k)]
         ids = [tid] + [(tid + 7 * a) % 600 + 1 for a in range(1, k)]
         return vals, ids
 

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from agent.cli import make_parser
+from agent.cli import make_parser, positive_float
 from serving.endpoints import state_file
 from serving.processes import alive, proc_start_time
 
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     ap = make_parser("bash serving/stop.sh", __doc__, ["bash serving/stop.sh", "bash serving/stop.sh --run-dir .serve-27b --timeout 60"])
     ap.add_argument("--run-dir", default=os.environ.get("MMCF_SERVE_DIR", ".serve"),
                     help="the launcher's --run-dir ($MMCF_SERVE_DIR or .serve)")
-    ap.add_argument("--timeout", type=float, default=30, help="seconds between SIGTERM and SIGKILL")
+    ap.add_argument("--timeout", type=positive_float, default=30, help="seconds between SIGTERM and SIGKILL")
     a = ap.parse_args(argv)
     run_dir = Path(a.run_dir).resolve()
     if not list(run_dir.glob("*.pid")):

@@ -129,7 +129,8 @@ def test_native_score_malformed_flat_top_logprobs_are_refused_naming_the_field(n
     import base64
 
     n, k = 4, 3
-    val = np.sort(-np.random.default_rng(0).random((n, k)).astype(np.float32), axis=1)[:, ::-1].copy()
+    p = np.random.default_rng(0).random((n, k))  # one distribution a row: the top k hold 90 % of the mass
+    val = np.sort(np.log(0.9 * p / p.sum(axis=1, keepdims=True)).astype(np.float32), axis=1)[:, ::-1].copy()
     idx = np.arange(n * k, dtype=np.int32).reshape(n, k)
     meta = {"input_token_logprobs": [[None, 7, None]] + [[-0.5, 7 + i, None] for i in range(n)],
             "input_top_logprobs_val_flat_b64": base64.b64encode(val.tobytes()).decode(),

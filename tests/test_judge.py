@@ -199,3 +199,19 @@ async def test_rundir_check_covers_the_judge_files(tmp_path):
     rep = check_run(rd, repair=True)
     assert "judge-exact.jsonl: 1 torn line(s) blanked" in rep.repaired
     assert check_run(rd).judge_torn == {} and len(read_grades(rd / "judge-exact.jsonl")) == 6
+
+
+def test_a_second_judge_on_the_same_run_is_refused_while_the_first_runs(tmp_path, capsys):
+    """C2: two judges at once would pay for every grade and store it twice: the second is refused at once."""
+    from agent.judge import main as judge_main
+    from agent.run import main as run_main
+    from agent.rundir import output_lock
+
+    run = tmp_path / "run"
+    assert run_main(["--method", "react", "--backend", "scripted", "--limit", "2", "--out", str(run),
+                     "--no-progress"]) == 0
+    with output_lock(run, "judge", ".judge.lock"):  # as a running judge holds it
+        assert judge_main([str(run), "--judge", "exact", "--no-progress"]) != 0
+        assert "another judge is writing here" in capsys.readouterr().err
+        assert not (run / "judge-exact.jsonl").exists()
+    assert judge_main([str(run), "--judge", "exact", "--no-progress"]) == 0

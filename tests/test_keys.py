@@ -453,3 +453,50 @@ def test_a_key_the_server_echoes_is_in_no_file_of_the_run_and_never_printed(tmp_
     assert key not in console
     leaked = [str(p.relative_to(run)) for p in run.rglob("*") if p.is_file() and key.encode() in p.read_bytes()]
     assert leaked == []
+
+
+def test_a_urls_password_is_never_printed(tmp_path):
+    """G1: serving.gateway names a server it cannot use by its URL; the URL's password is redacted."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    (tmp_path / "endpoints.json").write_text(json.dumps([{
+        "url": "http://alice:s3cretpw@127.0.0.1:9", "served_model": "qwen3.5-9b", "model": "qwen3.5-9b",
+        "weights": "/m", "size": "9b", "gpus": "0,1,2,3", "logprob_mode": "scaled", "deterministic": False,
+        "pid": 1, "log": "x", "status": "running", "kind": "server"}]))
+    r = subprocess.run([sys.executable, "-m", "serving.gateway", str(tmp_path), "--dry-run"], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "alice:[REDACTED]@127.0.0.1:9" in r.stderr
+    assert "s3cretpw" not in r.stdout + r.stderr
+    assert redact("see https://bob:hunter22@example.org/x") == "see https://bob:[REDACTED]@example.org/x"
+
+
+def _png_header_only(width: int, height: int) -> bytes:
+    """A PNG that claims ``width`` x ``height`` pixels in 60 bytes (its header; no pixel data)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+
+
+def test_a_decompression_bomb_in_a_benchmark_is_a_clear_error_naming_the_image(tmp_path, capsys):
+    """I1: a 20000 x 20000 PNG is named (and agent.benchmarks stats reports it), never a traceback."""
+    from agent.backends.images import ImageError, load_image
+    from agent.benchmarks import main as bench_main
+
+    bench = tmp_path / "data" / "simplevqa"
+    (bench / "imgs").mkdir(parents=True)
+    (bench / "imgs" / "bomb.png").write_bytes(_png_header_only(20000, 20000))
+    (bench / "data_unified.jsonl").write_text(json.dumps({"id": "a", "query": "q?", "query_images": ["bomb.png"],
+                                                          "answer": "x"}) + "\n")
+    with pytest.raises(ImageError, match=r"bomb.png: too many pixels to read safely"):
+        load_image(bench / "imgs" / "bomb.png")
+    assert bench_main(["stats", str(tmp_path / "data")]) == 0  # a report: the problem is listed with its line
+    out = capsys.readouterr().out
+    assert "data_unified.jsonl:1" in out and "bomb.png: too many pixels to read safely" in out

@@ -281,7 +281,8 @@ def test_a_short_top_list_is_refused_and_sglangs_floor_is_probability_zero():
     assert np.isfinite(kl) and kl == pytest.approx(kl2, abs=1e-6)
 
 
-@pytest.mark.parametrize("fault", ["null_logprob", "positive_logprob", "huge_id", "short_top"])
+@pytest.mark.parametrize("fault", ["null_logprob", "positive_logprob", "huge_id", "short_top", "short_logprobs",
+                                   "wrong_entry_id", "dup_top_id", "overfull_top"])
 async def test_a_bad_reply_is_asked_again_then_the_unit_ends_naming_the_field(fault, tiny_model_dir):
     from agent.backends.base import BadReply, SamplingParams
     from agent.backends.sglang_native import SGLangBackend
@@ -321,3 +322,41 @@ def test_command_line_mistakes_get_the_right_message_and_status(tmp_path, capsys
     with pytest.raises(SystemExit) as e:  # the smoke test checks one server (the probes and agent.run spread)
         check_main(["--backend", "sglang", "--endpoint", "http://a:1", "--endpoint", "http://b:1"])
     assert e.value.code == 2 and "talks to one model server" in capsys.readouterr().err
+
+
+async def test_a_200_error_object_on_native_generate_is_asked_again_then_named(tiny_model_dir):
+    """F5: an SGLang error object sent with status 200 is retried like a 5xx (bounded), then a clear error."""
+    from agent.backends.base import BadReply, SamplingParams
+    from agent.backends.sglang_native import SGLangBackend
+    from agent.http import RetryPolicy
+
+    with FakeSGLang(tokenizer_dir=str(tiny_model_dir)) as srv:
+        b = SGLangBackend(srv.url, str(tiny_model_dir), policy=RetryPolicy(retries=1, backoff_s=0.01, timeout_s=60))
+        msgs = [{"role": "user", "content": "hi"}]
+        srv.faults = ["200_error"]
+        out = await b.generate(msgs, SamplingParams(max_tokens=8))
+        assert len(srv.bodies) == 2 and len(out.tokens) > 0
+        srv.faults = ["200_error"] * 3
+        with pytest.raises(BadReply, match="replies in a row refused; .*answered 200 with an error object: scheduler busy"):
+            await b.generate(msgs, SamplingParams(max_tokens=8))
+        await b.aclose()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["agent.run", "--method", "react", "--limit", "-2"], "argument --limit: must be at least 1, got -2"),
+    (["agent.run", "--method", "react", "--timeout", "-5"], "argument --timeout: must be a number above 0, got -5"),
+    (["agent.run", "--method", "react", "--request-timeout", "nan"], "argument --request-timeout: must be a number"),
+    (["agent.ledger", "RUN", "--gpus-per-server", "-3"], "argument --gpus-per-server: must be at least 1, got -3"),
+    (["probes.entropy", "RUN", "--limit", "0"], "argument --limit: must be at least 1, got 0"),
+    (["serving.launch", "--timeout", "-1", "9b"], "argument --timeout: must be a number above 0, got -1"),
+])
+def test_values_that_would_make_nonsense_are_refused_naming_the_flag(argv, message):
+    import importlib
+    import io
+    from contextlib import redirect_stderr
+
+    mod = importlib.import_module(argv[0] + (".cli" if argv[0] in ("agent.run", "probes.entropy") else ""))
+    err = io.StringIO()
+    with redirect_stderr(err), pytest.raises(SystemExit) as e:
+        mod.main(argv[1:])
+    assert e.value.code == 2 and message in err.getvalue()

@@ -234,3 +234,15 @@ def test_a_stored_image_that_links_out_of_the_run_is_refused_by_check_and_never_
     assert show_main([str(run_dir), "--html", str(tmp_path / "after.html")]) == 0
     assert as_embedded not in (tmp_path / "after.html").read_text()
     assert "leads outside" in capsys.readouterr().err
+
+
+def test_a_second_merge_into_the_same_out_is_refused_while_the_first_runs(runs, tmp_path, capsys):
+    """C1: the lock beside OUT; held here as a running merge holds it."""
+    from agent.rundir import output_lock
+
+    shards = [str(runs / f"sh{i}") for i in range(3)]
+    with output_lock(tmp_path, "merge into out", ".out.merge.lock"):
+        assert merge_main([str(tmp_path / "out"), *shards]) != 0
+        assert "another merge into out is writing here" in capsys.readouterr().err
+        assert not (tmp_path / "out").exists() and not (tmp_path / ".out.merging").exists()
+    assert merge_main([str(tmp_path / "out"), *shards]) == 0  # once it is released, the merge runs

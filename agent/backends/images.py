@@ -142,6 +142,8 @@ def _validate(data: bytes, source: str) -> tuple[str, int, int]:
             fmt = (im.format or "PNG").lower()
             w, h = im.size
             im.verify()
+    except Image.DecompressionBombError as e:  # PIL's own limit on pixels: a few KB can claim gigabytes
+        raise ImageError(f"{source}: too many pixels to read safely ({e})") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         raise ImageError(f"{source}: not a readable image ({e.__class__.__name__}: {e})") from None
     mime = {"jpeg": "image/jpeg", "jpg": "image/jpeg", "png": "image/png", "webp": "image/webp",

@@ -38,10 +38,11 @@ from operator import itemgetter
 import httpx
 import numpy as np
 
-from ..http import HTTPError, RetryPolicy, make_client, public_url, request_json, scrub
+from ..http import HTTPError, RetryPolicy, make_client, public_url, redact, request_json, scrub
 from .base import (
     DEFAULT_TOP_LOGPROBS,
     BackendError,
+    BadReply,
     Continuation,
     LogprobSemantics,
     ModelOutput,
@@ -87,6 +88,26 @@ def _refuses_flat(e: Exception) -> bool:
     """A 4xx whose message names the flat format's fields: the server does not take them."""
     m = str(e)
     return "flat_raw" in m and ("answered HTTP 400" in m or "answered HTTP 422" in m)
+
+
+def _entries_match_output(tokens, resp: dict, where: str) -> None:
+    """One logprob entry per generated token, each naming that token (F1, F3): the reply's ``output_ids`` (or, where
+    a server leaves them out, its ``completion_tokens``) against the entries; anything else is refused."""
+    out_ids = resp.get("output_ids")
+    n = len(tokens)
+    if isinstance(out_ids, list) and out_ids:
+        if n != len(out_ids):
+            raise BadReply(f"{where}: {n} logprob entries for {len(out_ids)} output tokens; refusing the reply")
+        got = np.asarray(tokens.ids, dtype=np.int64)
+        want = np.asarray(out_ids, dtype=np.int64)
+        if not np.array_equal(got, want):
+            i = int(np.argmax(got != want))
+            raise BadReply(f"{where}: the logprob entry at position {i} names token {int(got[i])} but the output token "
+                           f"there is {int(want[i])}; refusing the reply")
+        return
+    meta_n = (resp.get("meta_info") or {}).get("completion_tokens")
+    if type(meta_n) is int and meta_n > 0 and n != meta_n:
+        raise BadReply(f"{where}: {n} logprob entries for {meta_n} completion tokens; refusing the reply")
 
 
 def _same_ids(tail: list, ids: list) -> bool:
@@ -163,8 +184,14 @@ class SGLangBackend(PromptTokens):
                                       decode=decode_generate_reply)
         except HTTPError as e:
             raise BackendError(str(e)) from e
+        if isinstance(resp, dict) and not isinstance(resp.get("meta_info"), dict) and (
+                resp.get("object") == "error" or "error" in resp):
+            # an SGLang error object sent with status 200: asked again like a 5xx (bounded), then named (F5)
+            err = resp.get("error") if isinstance(resp.get("error"), (dict, str)) else resp
+            text = err.get("message") if isinstance(err, dict) else err
+            raise BadReply(f"{what}: {self.public} answered 200 with an error object: {redact(str(text))[:300]}")
         if not isinstance(resp, dict) or not isinstance(resp.get("meta_info"), dict):
-            raise BackendError(f"{what}: {self.public} reply has no meta_info: {str(resp)[:300]}")
+            raise BackendError(f"{what}: {self.public} reply has no meta_info: {redact(str(resp))[:300]}")
         return resp
 
     def generate_payload(self, messages: list[dict], sp: SamplingParams) -> tuple[dict, str, list]:
@@ -209,6 +236,7 @@ class SGLangBackend(PromptTokens):
                                      decode=self._decode, decode_many=self._decode_many,
                                      where=f"{self.public} meta_info.output", k=sp.top_logprobs or None,
                                      vocab=self.vocab)
+        _entries_match_output(tokens, resp, f"{self.public} meta_info.output")
         starts = prompt.rstrip().endswith(THINK_OPEN)
         mark_think(tokens, starts)
         text = scrub(resp.get("text") or "")

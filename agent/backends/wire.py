@@ -31,6 +31,9 @@ _chain, _first, _second, _third = chain.from_iterable, itemgetter(0), itemgetter
 MAX_TOKEN_ID = 2**31 - 1
 #: A log-softmax is <= 0; float rounding can leave its largest value a hair above (ours: 1e-5 nats).
 POSITIVE_ROUNDING = 1e-5
+#: The top-k probabilities of one distribution sum to at most 1; float32 log-softmax rounding can add a little
+#: (ours: 1e-3, far above 20 float32 roundings, far below any list that is not one distribution).
+TOP_MASS_ROUNDING = 1e-3
 
 
 def decode_generate_reply(body: bytes) -> Any:
@@ -167,8 +170,29 @@ def _plainly_valid(tokens: TokenArrays, k, vocab, ids: bool) -> bool:
     return True
 
 
+def _check_distribution(tl: np.ndarray, ti: np.ndarray, counts: np.ndarray, where: str, ids: bool) -> None:
+    """A top list is alternatives of one distribution: no token twice (F2), and probabilities that sum to at most 1
+    plus :data:`TOP_MASS_ROUNDING` (F4). Refused naming the position."""
+    if not tl.size:
+        return
+    valid = np.arange(tl.shape[1])[None, :] < counts[:, None]
+    mass = np.where(valid, np.exp(np.where(valid, tl, -np.inf)), 0.0).sum(axis=1)
+    if (mass > 1.0 + TOP_MASS_ROUNDING).any():
+        i = int(np.argmax(mass))
+        raise BadReply(f"{where}: the top alternatives at position {i} have probabilities summing to {mass[i]:.4f} "
+                       "(> 1: not one distribution); refusing the reply")
+    if ids and ti.size:
+        s = np.sort(np.where(valid, ti, -1), axis=1)
+        dup = (s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)
+        if dup.any():
+            i, j = (int(x) for x in np.argwhere(dup)[0])
+            raise BadReply(f"{where}: token id {int(s[i, j])} is listed twice among the top alternatives at position "
+                           f"{i}; refusing the reply")
+
+
 def _check_values(tokens, where, k, vocab, ids):
     if isinstance(tokens, TokenArrays) and _plainly_valid(tokens, k, vocab, ids):
+        _check_distribution(tokens.top_logprobs, tokens.top_ids, tokens.counts, where, ids)
         for a in (tokens.logprobs, tokens.top_logprobs):
             if a.size and a.min() <= LOGPROB_FLOOR:  # rare: no write pass over every reply
                 a[a <= LOGPROB_FLOOR] = LOGPROB_FLOOR
@@ -210,6 +234,7 @@ def _check_values(tokens, where, k, vocab, ids):
         if k and len(counts) and int(counts.min()) < k:
             i = int(np.argmin(counts))
             raise BadReply(f"{where}: top list {i} has {int(counts[i])} alternatives, {k} were asked; refusing the reply")
+    _check_distribution(arrs[1][1], tops, counts, where, ids)
     # the known floor: -inf or float32's lowest (and anything below it) is probability 0
     if isinstance(tokens, TokenArrays):
         for a in (tokens.logprobs, tokens.top_logprobs):

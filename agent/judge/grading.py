@@ -31,7 +31,7 @@ from ..backends.openai_compat import OpenAIBackend
 from ..cli import JUDGE_ENDPOINT, JUDGE_MODEL
 from ..http import is_host, public_url, redact, redact_bytes
 from ..prompts import JUDGE, fill
-from ..rundir import RunDir, RunError, close_fragment
+from ..rundir import RunDir, RunError, close_fragment, output_lock
 from ..rundir.grades import accuracy_table, identical_trials, read_grades
 from ..trajectory import responses_fingerprint  # re-exported
 
@@ -188,11 +188,18 @@ class Grader:
             await self.backend.aclose()
 
 
-async def judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_ENDPOINT, model: str = DEFAULT_MODEL,
-                    api_key_env: str | None = None, server: str = "openrouter", concurrency: int = 8,
-                    backend=None, progress: bool = True, regrade: bool = False, name: str | None = None) -> dict:
+async def judge_run(run_dir, **kw) -> dict:
     """Grade every (sample, trial) of the run (resumable); returns the summary dict. ``name``: the judge's file
-    (``judge-NAME.jsonl``; default ``llm`` / ``exact``): a second judge gets a name of its own."""
+    (``judge-NAME.jsonl``; default ``llm`` / ``exact``): a second judge gets a name of its own. One judge per run
+    at a time: a second is refused at once (both would pay for every grade and store it twice)."""
+    RunDir(run_dir).read_header()  # a directory that is not a run is named before anything is created in it
+    with output_lock(run_dir, "judge", ".judge.lock"):
+        return await _judge_run(run_dir, **kw)
+
+
+async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_ENDPOINT, model: str = DEFAULT_MODEL,
+                     api_key_env: str | None = None, server: str = "openrouter", concurrency: int = 8,
+                     backend=None, progress: bool = True, regrade: bool = False, name: str | None = None) -> dict:
     rd = RunDir(run_dir)
     header = rd.read_header()
     lines = list(rd.latest().values())

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..backends.base import DEFAULT_TOP_LOGPROBS, BackendError
 from ..backends.images import set_image_cache_mb
 from ..benchmarks import resolve_benchmark
-from ..cli import DEFAULT_CONCURRENCY, add_backend_args, done, make_parser
+from ..cli import DEFAULT_CONCURRENCY, add_backend_args, done, make_parser, positive_float, positive_int
 from ..http import safe_argv
 from ..methods import METHODS, VARIANTS
 from ..methods.common import HISTORY_REASONING, WEBWATCHER_OBSERVATION_IMAGES
@@ -67,7 +67,7 @@ def _release_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--processes", type=_processes_arg, default="auto",
                     help=f"runner processes sharing the jobs (decoding top-20 replies is CPU-bound); auto (default): "
                          f"one per {PROCESS_CONCURRENCY} samples in flight, at most one per CPU")
-    ap.add_argument("--limit", type=int, help="the first N samples only")
+    ap.add_argument("--limit", type=positive_int, help="the first N samples only")
     ap.add_argument("--shard", type=_shard_arg, metavar="I/N",
                     help="run part I of N (0 <= I < N) of the (sample, trial) units into --out, a directory of its "
                          "own (its own tool cache); needs --seed. Merge the parts with python -m agent.rundir merge "
@@ -115,7 +115,7 @@ def _tools_args(ap: argparse.ArgumentParser) -> None:
 
 def _control_args(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("run control")
-    g.add_argument("--timeout", type=float, help="seconds per sample (ends it as status=timeout)")
+    g.add_argument("--timeout", type=positive_float, help="seconds per sample (ends it as status=timeout)")
     g.add_argument("--retry-errors", action="store_true", help="rerun pairs that ended in error/timeout")
     g.add_argument("--max-consecutive-errors", type=int, default=10, metavar="N",
                    help="stop the run after N harness errors in a row (0 = never)")
@@ -125,7 +125,7 @@ def _control_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--image-cache-mb", type=float,
                    help="memory for read and encoded images, per process, least recently used out first (default "
                         "512; MMCF_IMAGE_CACHE_MB; 0: no cache)")
-    g.add_argument("--request-timeout", type=float, default=600.0, metavar="S",
+    g.add_argument("--request-timeout", type=positive_float, default=600.0, metavar="S",
                    help="seconds one model-server request may take before it is retried (default 600)")
     g.add_argument("--force", action="store_true", help="write into a run dir whose header differs")
     g.add_argument("--dry-run", action="store_true",

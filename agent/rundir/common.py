@@ -69,12 +69,13 @@ def _atomic_write(path: Path, data: bytes, *, binary: bool = False) -> None:
 
 
 @contextlib.contextmanager
-def output_lock(out_dir, what: str):
-    """Hold ``out_dir``'s lock while a probe writes there: a second probe on the same directory is refused at
-    once (two would append the same steps twice and change the statistics)."""
+def output_lock(out_dir, what: str, name: str = ".probe.lock"):
+    """Hold ``out_dir``'s lock (the file ``name`` in it) while a command writes there: a second one on the same
+    directory is refused at once (two probes would append the same steps twice, two judges pay for every grade
+    twice, two merges build the same directory)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(out_dir / ".probe.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(out_dir / name, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

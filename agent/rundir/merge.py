@@ -35,7 +35,7 @@ from pathlib import Path
 from ..cli import done
 from ..preflight import same_model
 from ..tools.cache import ToolCache
-from .common import IDENTITY_KEYS, RunError, _atomic_write, inside
+from .common import IDENTITY_KEYS, RunError, _atomic_write, inside, output_lock
 from .ledger import write_ledger
 from .reader import load_run
 from .writer import RunDir
@@ -201,9 +201,14 @@ def _copy_lines(rd: RunDir, out: Path, shards: list, progress) -> tuple[int, int
 
 
 def merge_runs(out, shard_dirs: list, *, progress=None) -> dict:
-    """Merge complete, consistent shards into the new run directory ``out``; return what was written."""
-
+    """Merge complete, consistent shards into the new run directory ``out``; return what was written. One merge
+    into ``out`` at a time (the lock lives beside it: a second is refused at once)."""
     out = Path(out)
+    with output_lock(out.parent, f"merge into {out.name}", f".{out.name}.merge.lock"):
+        return _merge_runs(out, shard_dirs, progress)
+
+
+def _merge_runs(out: Path, shard_dirs: list, progress) -> dict:
     shards, first = _plan([Path(d) for d in shard_dirs])
     if out.exists() and any(out.iterdir()):
         raise RunError(f"{out} exists and is not empty: merge writes a new run directory")

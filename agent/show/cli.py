@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..cli import done, make_parser
+from ..cli import done, make_parser, positive_int
 from ..rundir import RunError, load_run
 from . import __doc__ as SHOW_DOC
 from .data import sample_table
@@ -28,7 +28,7 @@ def main(argv=None) -> int:
                                                         "--page-size trajectories: OUT.html, OUT-p2.html, …)")
     ap.add_argument("--page-size", type=int, default=PAGE_SIZE,
                     help=f"HTML: trajectories per page (default {PAGE_SIZE}; each page lists every trajectory)")
-    ap.add_argument("--limit", type=int, help="HTML: the first N trajectories only")
+    ap.add_argument("--limit", type=positive_int, help="HTML: the first N trajectories only")
     ap.add_argument("--tokens", choices=("auto", "all", "none"), default="auto",
                     help=f"HTML: embed each call's think tokens, coloured by H / ΔH / KL (auto: when at most "
                          f"{AUTO_TOKENS} trajectories are written; they dominate the page's size)")

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from agent.backends import make_backend
-from agent.cli import done, make_parser
+from agent.cli import done, make_parser, positive_int
 from agent.preflight import PreflightError
 from agent.run import RunConfig, run
 from agent.rundir import load_run
@@ -111,7 +111,7 @@ def main(argv=None) -> int:
                     help="keep trajectories whose first call did not parse (the paper excludes them; recorded)")
     ap.add_argument("--concurrency", type=int, default=None,
                     help="trajectories in flight (default: 128 per model server, 8 in-process; probes/cli.py says why)")
-    ap.add_argument("--limit", type=int, help="probe the first N trajectories only")
+    ap.add_argument("--limit", type=positive_int, help="probe the first N trajectories only")
     ap.add_argument("--out", help="output dir (default: RUN_DIR/probes/entropy-MODE)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--demo-dir", default="runs/demo-entropy", help="demo: where the demo run is written")

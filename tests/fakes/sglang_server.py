@@ -12,7 +12,8 @@ SGLang 0.5.23's flat arrays instead; each image placeholder expanded to several 
 
 Faults for tests: ``server.faults`` is a list consumed one per request, or ``fault_rate`` (with a seed)
 draws one at random for that share of the requests; ``server.injected`` counts them. Transport faults:
-``"429"``, ``"500"``, ``"500_echo"`` (the error body echoes the Authorization header), ``"400"``, ``"drop"`` (the connection closes without a reply), ``"truncated"`` /
+``"429"``, ``"500"``, ``"500_echo"`` (the error body echoes the Authorization header), ``"200_error"`` (an SGLang
+error object with status 200), ``"400"``, ``"drop"`` (the connection closes without a reply), ``"truncated"`` /
 ``"malformed"`` (a 200 whose body is cut), ``"slow"`` (the reply comes after ``slow_s``), ``"drift"``
 (scoring returns shifted token ids). Model-output faults (a well-formed reply carrying garbage, see
 :data:`GARBAGE`): no tags, an unclosed ``<think>``, invalid JSON, an unknown tool, a 200 KB output, empty
@@ -62,6 +63,12 @@ BAD_VALUES = {
     "huge_id": lambda m: m["output_top_logprobs"][0][-1].__setitem__(1, 2**40 + 7),
     "short_top": lambda m: m["output_top_logprobs"][0].pop(),
     "underflow": lambda m: m["output_top_logprobs"][0][-1].__setitem__(0, -3.4028234663852886e38),
+    # one entry fewer than the output ids (F1); an entry naming another token than the output id there (F3)
+    "short_logprobs": lambda m: (m["output_token_logprobs"].pop(), m["output_top_logprobs"].pop()),
+    "wrong_entry_id": lambda m: m["output_token_logprobs"][0].__setitem__(1, (m["output_token_logprobs"][0][1] + 1) % 100),
+    # a token twice among the alternatives (F2); alternatives whose probabilities sum to 1.8 (F4)
+    "dup_top_id": lambda m: m["output_top_logprobs"][0][1].__setitem__(1, m["output_top_logprobs"][0][0][1]),
+    "overfull_top": lambda m: [t.__setitem__(0, -2.4079456) for t in m["output_top_logprobs"][0]],
 }
 DEFAULT_REPLY = "Let me look at the picture.</think>\n\nIt shows a red square."
 
@@ -142,9 +149,10 @@ def _f32(x: float) -> float:
 
 
 def _top(tid: int, k: int, pos: int, tok: _Tok, with_text: bool):
-    """A deterministic top-k list (best first) whose first entry is the chosen token."""
+    """A deterministic top-k list (best first) whose first entry is the chosen token: one distribution (its
+    probabilities sum to less than 1, as a true top-k does)."""
     lps = [_f32(-0.05 - 0.01 * (pos % 7) - 1e-4 * (pos % 97))] + [
-        _f32(-(1.0 + 0.35 * j + 0.02 * (pos % 5) + 1e-4 * (pos % 89))) for j in range(1, k)]
+        _f32(-(4.0 + 0.35 * j + 0.02 * (pos % 5) + 1e-4 * (pos % 89))) for j in range(1, k)]
     ids = [tid] + [(tid + 7 * j) % 600 + 1 for j in range(1, k)]
     return [[lp, i, tok.decode(i) if with_text else None] for lp, i in zip(lps, ids)]
 
@@ -159,7 +167,7 @@ def _tops_arrays(ids: list[int], k: int):
     pos = np.arange(1, len(ids), dtype=np.int64)[:, None]
     jj = np.arange(1, k, dtype=np.int64)[None, :]
     first = -0.05 - 0.01 * (pos % 7) - 1e-4 * (pos % 97)
-    rest = -(1.0 + 0.35 * jj + 0.02 * (pos % 5) + 1e-4 * (pos % 89))
+    rest = -(4.0 + 0.35 * jj + 0.02 * (pos % 5) + 1e-4 * (pos % 89))
     val = np.concatenate([first, rest], axis=1)[:, :k]
     idx = np.concatenate([t, (t + 7 * jj) % 600 + 1], axis=1)[:, :k]
     return val, idx.astype(np.int32)
@@ -266,6 +274,8 @@ class _Handler(JSONHandler):
             return self._send(500, {"error": f"internal; request had Authorization: {self.headers.get('Authorization')}"})
         if fault == "malformed":
             return self._send(200, b'{"text": "oops", "meta_info": {', "application/json")
+        if fault == "200_error":  # an SGLang error object sent with status 200
+            return self._send(200, {"object": "error", "message": "scheduler busy", "type": "InternalError", "code": 500})
         if fault == "400":
             return self._send(400, {"object": "error", "message": "bad request", "code": 400})
         if fault == "drop":  # the connection closes with no reply at all
