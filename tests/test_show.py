@@ -276,3 +276,26 @@ def test_large_images_are_embedded_downscaled(tmp_path):
     assert max(im.size) == show_html.EMBED_PX and im.size[0] < im.size[1] and big.startswith("data:image/jpeg;base64,")
     assert len(big) < paths["big"].stat().st_size / 4
     assert base64.b64decode(small.split(",", 1)[1]) == paths["small"].read_bytes()
+
+
+@pytest.mark.skipif(_chromium() is None, reason="needs chromium (.ci/run installs Debian's package)")
+def test_text_that_looks_like_html_renders_as_text_and_every_row_shows(demo_run, tmp_path):
+    """V1: an answer holding ``<!--<script>`` (and a label naming a placeholder of the page) is shown as text."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(demo_run, run_dir)
+    hostile = "<!--<script>document.title='pwned'</script> __SAMPLES__ &amp;"
+    res = run_dir / "results.jsonl"
+    lines = [json.loads(x) for x in res.read_text().splitlines()]
+    lines[0]["answer"] = hostile
+    res.write_text("".join(json.dumps(ln) + "\n" for ln in lines))
+    (run_dir / "results.index.jsonl").unlink(missing_ok=True)
+    html = tmp_path / "run.html"
+    show.build_html(run_dir, html)
+    dom = subprocess.run(_headless(_chromium(), tmp_path / "profile", "--dump-dom", html.resolve().as_uri()),
+                         capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    page = re.sub(r"<script.*?</script>", "", dom.stdout, flags=re.S)
+    assert 'data-ready="1"' in page and "pwned" not in re.search(r"<title>(.*?)</title>", dom.stdout, re.S).group(1)
+    rows = re.findall(r'<tr class="sample-row[^"]*" data-key="([^"]+)"', page)
+    assert len(rows) == len(lines)
+    assert "&lt;!--&lt;script&gt;document.title='pwned'&lt;/script&gt; __SAMPLES__ &amp;amp;" in page

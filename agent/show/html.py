@@ -7,6 +7,7 @@ import gzip
 import html
 import io
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -244,11 +245,12 @@ def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[
             blob = json.dumps(_sample_detail(run, run.full(ln), images, missing, dH, tf_dir, with_tokens, grounding,
                                              removal), ensure_ascii=False, default=str, separators=(",", ":"))
             details[f"{ln['sample_id']}__t{ln['trial']}"] = base64.b64encode(gzip.compress(blob.encode(), 6)).decode()
-        page = (PAGE_TEMPLATE.replace("__TITLE__", html.escape(f"{h.get('label')} — {run.path.name}"
-                                                           + (f" (page {i + 1} of {len(files)})" if len(files) > 1 else "")))
-                .replace("__META__", _js({**meta, "page": i + 1, "this_file": f.name}))
-                .replace("__SAMPLES__", samples_js)
-                .replace("__DETAILS__", _js(details)).replace("__IMAGES__", _js({k: v for k, v in images.items() if v})))
+        fill = {"__TITLE__": html.escape(f"{h.get('label')} — {run.path.name}"
+                                         + (f" (page {i + 1} of {len(files)})" if len(files) > 1 else "")),
+                "__META__": _js({**meta, "page": i + 1, "this_file": f.name}), "__SAMPLES__": samples_js,
+                "__DETAILS__": _js(details), "__IMAGES__": _js({k: v for k, v in images.items() if v})}
+        # one pass: a placeholder's name inside the data (a label, an answer) is never filled in again
+        page = _PLACEHOLDER.sub(lambda m: fill[m.group(0)], PAGE_TEMPLATE)
         f.write_text(redact(page), encoding="utf-8")
         total += f.stat().st_size
         n_images += sum(1 for v in images.values() if v)
@@ -261,6 +263,11 @@ def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[
             "largest_page_bytes": max(f.stat().st_size for f in files)}
 
 
+_PLACEHOLDER = re.compile(r"__(?:TITLE|META|SAMPLES|DETAILS|IMAGES)__")
+
+
 def _js(obj) -> str:
-    """JSON safe inside a <script> element."""
-    return json.dumps(obj, ensure_ascii=False, default=str).replace("</", "<\\/")
+    """JSON safe inside a <script> element: no ``<``, ``>`` or ``&`` left as such (an answer holding ``<!--<script>``
+    or ``</script>`` would otherwise change how the HTML parser reads the rest of the page)."""
+    return (json.dumps(obj, ensure_ascii=False, default=str)
+            .replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026"))
