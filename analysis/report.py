@@ -143,7 +143,7 @@ def _pooled_figure2(react_runs: list[str], out: Path, made: list, missing: list)
     for name, data, fn, title in panels:
         if data is not None and len(data):
             fn(data, out / name, title=title, mark=mark)
-            data.to_csv((out / name).with_suffix(".csv"), index=False)  # the plotted numbers, beside the figure
+            figures.write_csv(data, (out / name).with_suffix(".csv"), index=False)  # the plotted numbers, beside the figure
             made.append(name)
             drawn += 1
     if not drawn:  # a figure with no data is not made (the reasons are listed above)
@@ -166,8 +166,8 @@ def _release_figure(react, removal_runs, release_runs, out: Path, made: list, mi
     mark = figures.provenance_mark(heads)
     figures.fig_release(pts, st, out / "fig_release", mark=mark,
                         subtitle=f"Adaptive image release ({pts.attrs.get('model') or '?'}; judge: {pts.attrs.get('judge')})")
-    pts.to_csv(out / "fig_release_points.csv", index=False)
-    st.to_csv(out / "fig_release_steps.csv", index=False)
+    figures.write_csv(pts, out / "fig_release_points.csv", index=False)
+    figures.write_csv(st, out / "fig_release_steps.csv", index=False)
     made.append("fig_release")
 
 
@@ -269,7 +269,7 @@ def make_report(*, react=(), runs=(), removal_runs=(), out="figures/out", judge:
             missing.append(str(e))
     if release_runs:
         _release_figure(react, removal_runs, list(release_runs), out, made, missing, judge)
-    (out / "report.json").write_text(json.dumps({"made": made, "missing": missing}, indent=2))
+    figures.write_text(out / "report.json", json.dumps({"made": made, "missing": missing}, indent=2))
     return {"made": made, "missing": missing, "out": out}
 
 

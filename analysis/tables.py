@@ -38,6 +38,7 @@ import pandas as pd
 from agent.rundir import RunError, load_run
 from agent.rundir.grades import JUDGES, grades_of, identical_trials
 from agent.rundir.ledger import compute_ledger
+from analysis.figures import write_csv, write_text
 
 __all__ = ["grades_of", "judged_runs", "table1", "table4", "table5", "ledger_table", "write_table", "method_label", "model_label",
            "JUDGES"]
@@ -391,8 +392,8 @@ def write_table(df, stem) -> list[Path]:
     md = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols), *body]
     if df.attrs.get("note"):
         md = [df.attrs["note"], "", *md]
-    stem.with_suffix(".md").write_text("\n".join(md) + "\n")
+    write_text(stem.with_suffix(".md"), "\n".join(md) + "\n")
     # the CSV holds numbers (a table's display strings, "mean ± std", live in the .md only)
     numeric = df.attrs.get("numeric")
-    (numeric if numeric is not None else df).to_csv(stem.with_suffix(".csv"), index=False)
+    write_csv(numeric if numeric is not None else df, stem.with_suffix(".csv"), index=False)
     return [stem.with_suffix(".md"), stem.with_suffix(".csv")]

@@ -339,3 +339,33 @@ async def test_report_refuses_a_non_react_run_for_figure2_and_draws_figure4_per_
 
     assert set(pd.read_csv(out / "fig4_context-m1.csv").method) == {"react", "contextfold"}
     assert set(pd.read_csv(out / "fig4_context-m2.csv").method) == {"react"}
+
+def test_an_output_interrupted_while_written_keeps_the_old_file_and_leaves_no_partial_one(tmp_path, monkeypatch):
+    """K1: each figure and table goes under a temporary name and is renamed into place: a report killed while
+    writing leaves the previous file whole (never a zero-byte PNG/PDF), and no temporary file."""
+    import matplotlib.figure
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from analysis.figures import save, write_csv
+
+    stem = tmp_path / "fig2"
+    save(plt.figure(), stem)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert sorted(before) == ["fig2.pdf", "fig2.png"] and all(before.values())
+
+    def killed(self, fname, **kw):
+        open(fname, "wb").close()  # the file is opened (zero bytes) when the signal lands
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", killed)
+    with pytest.raises(KeyboardInterrupt):
+        save(plt.figure(), stem)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+    write_csv(pd.DataFrame({"a": [1]}), tmp_path / "t.csv", index=False)
+    monkeypatch.setattr(pd.DataFrame, "to_csv", lambda self, path, **kw: (open(path, "w").close(), 1 / 0))
+    with pytest.raises(ZeroDivisionError):
+        write_csv(pd.DataFrame({"a": [2]}), tmp_path / "t.csv", index=False)
+    assert (tmp_path / "t.csv").read_text() == "a\n1\n" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "fig2.pdf", "fig2.png", "t.csv"]

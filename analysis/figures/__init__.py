@@ -26,8 +26,8 @@ from .fig2 import (
                    image_needed_within,
                    removal_tests_table,
 )
-from .style import COLUMN, DOUBLE, provenance_mark, save
+from .style import COLUMN, DOUBLE, provenance_mark, save, write_csv, write_text, written
 
 __all__ = ["tool_shares", "fig1_tool_calls", "fig2a_grounding", "fig2b_entropy", "fig2b_forking", "fig2b_kl",
            "fig2c_removal", "fig2_combined", "fig4_context", "fig_release", "save", "provenance_mark",
-           "image_needed_within", "grounding_shares", "removal_tests_table", "context_bins", "COLUMN", "DOUBLE"]
+           "image_needed_within", "grounding_shares", "removal_tests_table", "context_bins", "COLUMN", "DOUBLE", "write_csv", "write_text", "written"]

@@ -8,7 +8,19 @@ import pandas as pd
 
 from analysis.stats import bootstrap_ci, wilson_ci
 
-from .style import DOUBLE, TOOL_LABEL, TOOL_ORDER, _legend_outside, _plt, _steps_axis, _subpanels, _title, _wrap, save
+from .style import (
+    DOUBLE,
+    TOOL_LABEL,
+    TOOL_ORDER,
+    _legend_outside,
+    _plt,
+    _steps_axis,
+    _subpanels,
+    _title,
+    _wrap,
+    save,
+    write_csv,
+)
 
 
 def tool_shares(calls, max_step: int = 20):
@@ -30,7 +42,7 @@ def fig1_tool_calls(calls, stem, *, max_step: int = 20, title: str | None = None
     plt, sns = _plt()
     shares, counts = tool_shares(calls, max_step)
     totals = counts.sum(axis=1)
-    shares.to_csv(Path(stem).with_suffix(".csv"))  # the plotted numbers, beside the figure
+    write_csv(shares, Path(stem).with_suffix(".csv"))  # the plotted numbers, beside the figure
     fig, ax = plt.subplots(figsize=(DOUBLE, 2.5), layout="constrained")
     bottom = np.zeros(len(shares))
     colors = sns.color_palette("colorblind", n_colors=max(3, shares.shape[1]))
@@ -124,7 +136,7 @@ def fig4_context(samples, stem, *, bins=(1, 5, 9, 13, 17, 21), mark: str | None 
     b.set_title("(b) accuracy vs trajectory length (95% Wilson band)")
     _legend_outside(b, ncol=min(4, len(methods)))  # one legend: both panels draw the same methods
     fig.suptitle(_wrap(title or "Figure 4", 120))
-    tab.to_csv(Path(stem).with_suffix(".csv"), index=False)
+    write_csv(tab, Path(stem).with_suffix(".csv"), index=False)
     save(fig, stem, mark)
     return fig
 

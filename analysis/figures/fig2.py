@@ -22,6 +22,7 @@ from .style import (
     _title,
     _wrap,
     save,
+    write_text,
 )
 
 
@@ -280,7 +281,7 @@ def fig2c_removal(summary, stem, *, title: str | None = None, ax=None, mark: str
     _legend_outside(ax, ncol=2)
     if own and stem is not None:
         save(fig, stem, mark)
-        Path(stem).with_suffix(".md").write_text(removal_tests_table(summary))
+        write_text(Path(stem).with_suffix(".md"), removal_tests_table(summary))
     return fig
 
 

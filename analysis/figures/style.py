@@ -3,6 +3,8 @@ provenance mark of a figure made from a fake or random model, and PNG + PDF outp
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import textwrap
 from pathlib import Path
 
@@ -71,6 +73,30 @@ def provenance_mark(headers) -> str | None:
     return " | ".join(dict.fromkeys(marks)) or None
 
 
+@contextlib.contextmanager
+def written(path):
+    """A temporary sibling of ``path`` (same suffix) to write to, renamed onto ``path`` when the block ends: a
+    report killed mid-way leaves each output as it was before or as it is now, never empty or half-written."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}{path.suffix}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_csv(df, path, **kw) -> None:
+    """``df.to_csv(path)``, written under a temporary name and renamed into place (:func:`written`)."""
+    with written(path) as tmp:
+        df.to_csv(tmp, **kw)
+
+
+def write_text(path, text: str) -> None:
+    with written(path) as tmp:
+        tmp.write_text(text)
+
+
 def save(fig, stem, mark: str | None = None) -> list[Path]:
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
@@ -79,8 +105,10 @@ def save(fig, stem, mark: str | None = None) -> list[Path]:
         fig.text(0.5, 1.0, mark, ha="center", va="bottom", fontsize=6.5, color="#b00020", weight="bold",
                  transform=fig.transFigure)
     paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
-    fig.savefig(paths[0], dpi=200, bbox_inches="tight")
-    fig.savefig(paths[1], bbox_inches="tight")
+    with written(paths[0]) as tmp:
+        fig.savefig(tmp, dpi=200, bbox_inches="tight")
+    with written(paths[1]) as tmp:
+        fig.savefig(tmp, bbox_inches="tight")
 
     plt.close(fig)  # a report draws dozens of figures: release each once written
     return paths
