@@ -346,6 +346,7 @@ async def test_a_200_error_object_on_native_generate_is_asked_again_then_named(t
     (["agent.run", "--method", "react", "--limit", "-2"], "argument --limit: must be at least 1, got -2"),
     (["agent.run", "--method", "react", "--timeout", "-5"], "argument --timeout: must be a number above 0, got -5"),
     (["agent.run", "--method", "react", "--request-timeout", "nan"], "argument --request-timeout: must be a number"),
+    (["agent.run", "--method", "react", "--processes", "1000"], "argument --processes: 1000 processes on a machine"),
     (["agent.ledger", "RUN", "--gpus-per-server", "-3"], "argument --gpus-per-server: must be at least 1, got -3"),
     (["probes.entropy", "RUN", "--limit", "0"], "argument --limit: must be at least 1, got 0"),
     (["serving.launch", "--timeout", "-1", "9b"], "argument --timeout: must be a number above 0, got -1"),

@@ -191,6 +191,10 @@ def _processes_arg(v: str):
         n = 0
     if n < 1:
         raise argparse.ArgumentTypeError(f"auto or an integer >= 1, not {v!r}")
+    cap = 2 * (os.cpu_count() or 1)
+    if n > cap:  # more only share the same cores, each with its own copy of the tokenizer and tools
+        raise argparse.ArgumentTypeError(f"{n} processes on a machine with {os.cpu_count()} CPUs: at most {cap} "
+                                         "(one per 128 samples in flight is plenty: --processes auto)")
     return n
 
 

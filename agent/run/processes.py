@@ -19,6 +19,9 @@ from .execute import UnitStats, progress_bar
 
 __all__ = ["run_processes"]
 
+#: Seconds the workers have, all together, to stop after Ctrl-C or SIGTERM before they are terminated.
+STOP_GRACE_S = 20
+
 
 async def _watch(procs, results, rd: RunDir, bar) -> tuple[list, bool]:
     """Until every worker has reported (or died): the progress bar follows results.jsonl. ``(summaries,
@@ -45,10 +48,18 @@ async def _watch(procs, results, rd: RunDir, bar) -> tuple[list, bool]:
             if p.is_alive():
                 os.kill(p.pid, signal.SIGINT)
     finally:
+        # every worker within one deadline (not one per worker: 40 of them must not take 40 minutes), then
+        # SIGTERM, then SIGKILL for any that still hangs
+        deadline = time.monotonic() + (STOP_GRACE_S if interrupted else 60)
         for p in procs:
-            p.join(60)
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in procs:
             if p.is_alive():
                 p.terminate()
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
     while not results.empty():
         summaries.append(results.get())
     return summaries, interrupted
