@@ -246,3 +246,24 @@ def test_a_second_merge_into_the_same_out_is_refused_while_the_first_runs(runs, 
         assert "another merge into out is writing here" in capsys.readouterr().err
         assert not (tmp_path / "out").exists() and not (tmp_path / ".out.merging").exists()
     assert merge_main([str(tmp_path / "out"), *shards]) == 0  # once it is released, the merge runs
+
+
+@pytest.mark.parametrize("damage", ["truncated sidecar", "missing image"])
+def test_merge_refuses_a_damaged_shard_naming_the_file(runs, tmp_path, capsys, damage):
+    """M1: a shard whose sidecar was cut short or whose image is gone is refused before anything is written."""
+    shards = [tmp_path / f"sh{i}" for i in range(3)]
+    for i, d in enumerate(shards):
+        shutil.copytree(runs / f"sh{i}", d)
+    if damage == "truncated sidecar":
+        victim = sorted((shards[1] / "tokens").glob("*.parquet"))[0]
+        victim.write_bytes(victim.read_bytes()[:-100])
+        named = victim.name
+    else:
+        victim = sorted((shards[1] / "images").iterdir())[0]
+        victim.unlink()
+        named = "is not stored"
+    capsys.readouterr()
+    assert merge_main([str(tmp_path / "out"), *map(str, shards)]) != 0
+    err = capsys.readouterr().err
+    assert f"{shards[1]} is damaged" in err and named in err and "python -m agent.rundir check" in err
+    assert not (tmp_path / "out").exists()

@@ -17,7 +17,6 @@ from ..benchmarks import resolve_benchmark
 from ..cli import HelpFormatter, done, make_parser
 from .common import RunError, inside
 from .index import summary_of
-from .merge import main as merge_main
 from .shards import shard_units
 from .sidecar import read_parquet, read_prompt_pieces
 from .writer import RunDir
@@ -161,7 +160,8 @@ def _check_sidecars(rd: RunDir, rep: CheckReport, good: list, latest: dict) -> N
         try:
             path = inside(rd.path, tf, "tokens_file")
         except RunError:
-            rep.sidecars.append((unit, f"{tf!r} leads outside the run directory (refused)"))
+            rep.sidecars.append((unit, f"results.jsonl names tokens_file {tf!r}, which leads outside the run "
+                                       "directory (refused)"))
             continue
         try:
             call = read_parquet(path, ["call"]).column("call").to_numpy()
@@ -289,9 +289,6 @@ def _repair(rd: "RunDir", rep: CheckReport, torn_raw: list) -> None:
 
 def main(argv=None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["merge"]:
-        return merge_main(args[1:])
-
     ap = make_parser("python -m agent.rundir", "Run-directory tools: check is a run complete and intact.",
                      ["python -m agent.rundir check runs/react-27b", "python -m agent.rundir check runs/react-27b --repair"])
     sub = ap.add_subparsers(dest="cmd", required=True)

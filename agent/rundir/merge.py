@@ -23,7 +23,6 @@ merged: grade and probe the merged run.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -32,9 +31,10 @@ import sys
 import time
 from pathlib import Path
 
-from ..cli import done
+from ..cli import done, make_parser
 from ..preflight import same_model
 from ..tools.cache import ToolCache
+from .check import check_run
 from .common import IDENTITY_KEYS, RunError, _atomic_write, inside, output_lock
 from .ledger import write_ledger
 from .reader import load_run
@@ -119,6 +119,13 @@ def _plan(shard_dirs: list) -> tuple[list, dict]:
     total = first["shard"]["all_units"]
     if len(seen) != total:
         raise RunError(f"merge: the shards hold {len(seen)} units, the run has {total}")
+    for p, _, _ in shards:  # a truncated or missing sidecar, a missing image: refused before anything is written
+        rep = check_run(p)
+        bad = rep.sidecars + [(u, f"image {h}… is not stored") for u, h in rep.missing_images]
+        if bad or rep.torn:
+            first_bad = f"{bad[0][0]}: {bad[0][1]}" if bad else f"{len(rep.torn)} torn line(s)"
+            raise RunError(f"merge: {p} is damaged: {first_bad} ({len(bad) + len(rep.torn)} problem(s) in all; "
+                           f"python -m agent.rundir check {p} lists them)")
     return sorted(shards, key=lambda s: s[1]["shard"]["index"]), first
 
 
@@ -268,7 +275,8 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m agent.rundir merge", description=__doc__.split("\n\n")[0])
+    ap = make_parser("python -m agent.rundir merge", __doc__.split("\n\n")[0],
+                     ["python -m agent.rundir merge runs/react-27b runs/react-27b-shard*"])
     ap.add_argument("out", help="the merged run directory (new)")
     ap.add_argument("shards", nargs="+", help="the shard directories (python -m agent.run … --shard I/N)")
     a = ap.parse_args(argv)
