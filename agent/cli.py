@@ -43,6 +43,16 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
         return h + " (default: %(default)s)"
 
 
+def _interrupted_hook(kind, value, tb) -> None:
+    """An uncaught Ctrl-C: one line (what is kept and how to go on) instead of a traceback; anything else as
+    Python prints it. Python still ends the process as killed by SIGINT (status 130 in a shell)."""
+    if issubclass(kind, KeyboardInterrupt):
+        print("\ninterrupted (Ctrl-C): every output finished so far is kept; rerun the same command to go on",
+              file=sys.stderr)
+        return
+    sys.__excepthook__(kind, value, tb)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, except that an unknown flag is reported first, with the closest known one (argparse would say
     only "required: --method" for a mistyped ``--methd react``)."""
@@ -52,6 +62,8 @@ class Parser(argparse.ArgumentParser):
         for name in ("stdout", "stderr"):
             if not isinstance(getattr(sys, name), RedactingStream):
                 setattr(sys, name, RedactingStream(getattr(sys, name)))
+        if sys.excepthook is sys.__excepthook__:  # and Ctrl-C ends it with one line, not a traceback
+            sys.excepthook = _interrupted_hook
         argv = list(sys.argv[1:] if args is None else args)
         known = {o for a in self._actions for o in a.option_strings}
         if any(isinstance(a, argparse._SubParsersAction) for a in self._actions):

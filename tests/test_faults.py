@@ -408,3 +408,20 @@ def test_a_probe_lets_go_of_an_image_when_the_last_trajectory_sending_it_is_done
     users.done(t2)
     assert cached("a") == (False, False) and users.users == {}
     assert I.load_image(imgs["a"][0]).sha256 == imgs["a"][1]  # read again if it is needed after all
+
+
+def test_ctrl_c_in_any_command_is_one_line_and_status_130_not_a_traceback():
+    """X1: every command parses its arguments with agent.cli's parser, which makes an uncaught Ctrl-C one line."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    code = ("from agent.cli import make_parser\nmake_parser('python -m x', None, []).parse_args([])\n"
+            "raise KeyboardInterrupt")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode in (130, -2) and "Traceback" not in r.stderr
+    assert "interrupted (Ctrl-C): every output finished so far is kept" in r.stderr
+    other = subprocess.run([sys.executable, "-c", code.replace("KeyboardInterrupt", "ValueError('boom')")], cwd=REPO,
+                           capture_output=True, text=True, timeout=60)
+    assert other.returncode == 1 and "Traceback" in other.stderr and "boom" in other.stderr  # bugs stay visible

@@ -384,3 +384,17 @@ async def test_one_probe_per_output_directory_and_duplicate_rows_are_read_once(t
     res = await probe_run(tmp_path / "run", backend=backend, progress=False)
     assert len(res["steps"]) == 9 and (res["summary"]["n"] == 3).all()
     assert "9 duplicate step row(s) ignored" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", ["regenerate", "teacher-forced"])
+async def test_a_damaged_sidecar_skips_its_trajectory_names_it_and_the_rest_is_probed(tmp_path, mode):
+    """X2/X3: one truncated sidecar does not stop the probe: its trajectory is skipped, named and counted."""
+    from agent.rundir import load_run
+
+    backend = await _run(tmp_path)
+    run = load_run(tmp_path / "run")
+    victim = run.tokens_path(run.full(run.index[0]))
+    victim.write_bytes(victim.read_bytes()[: len(victim.read_bytes()) // 2])
+    res = await probe_run(tmp_path / "run", mode=mode, backend=backend, progress=False)
+    assert len(res["steps"]) == 6 and len(res["failures"]) == 1  # the two intact trajectories' 3 steps each
+    assert victim.name in res["failures"][0] and run.index[0]["sample_id"] in res["failures"][0]
