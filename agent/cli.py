@@ -18,7 +18,7 @@ import argparse
 import difflib
 import sys
 
-from .http import RedactingStream
+from .redact import RedactingStream
 
 __all__ = ["make_parser", "add_backend_args", "add_judge_args", "single_endpoint", "done", "DEFAULT_CONCURRENCY",
            "SERVERS", "BACKEND_CHOICES", "JUDGE_ENDPOINT", "JUDGE_MODEL", "positive_int", "positive_float"]

@@ -77,3 +77,23 @@ def test_demo_benchmark_points_at_the_world(tmp_path, monkeypatch):
     assert len(m.samples) >= 5 and not m.problems
     assert all(p.exists() for s in m.samples for p in s.image_paths)
     assert PAPER_CATEGORY["demo"] and max(len(s.query_images) for s in m.samples) == 2
+
+
+def test_an_answer_or_options_of_the_wrong_type_are_refused_naming_the_line(tmp_path):
+    """Values that would make nonsense: a list answer (graded as its Python repr), options given as one string
+    ("ABCD" would read as four one-letter options), a boolean answer: the row is skipped with its problem named."""
+    import json
+
+    d = tmp_path / "simplevqa"
+    (d / "imgs").mkdir(parents=True)
+    rows = [{"id": "ok", "query": "q?", "query_images": ["a.png"], "answer": 1911},
+            {"id": "list", "query": "q?", "query_images": ["a.png"], "answer": ["Paris", "Lyon"]},
+            {"id": "str_opts", "query": "q?", "query_images": ["a.png"], "answer": "A", "options": "ABCD"},
+            {"id": "bool", "query": "q?", "query_images": ["a.png"], "answer": True}]
+    (d / "data_unified.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    m = load_benchmark(d, check_images=False)
+    assert [s.id for s in m.samples] == ["ok"] and m.samples[0].answer == "1911"
+    bad = {p.id: p for p in m.problems if p.kind == "bad_field"}
+    assert set(bad) == {"list", "str_opts", "bool"}
+    assert bad["list"].line == 2 and "answer is list" in bad["list"].detail
+    assert "options is str 'ABCD'" in bad["str_opts"].detail

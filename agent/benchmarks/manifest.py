@@ -158,6 +158,18 @@ def _decode_row(f: Path, n: int, raw: bytes, problems: list) -> dict | None:
     return row
 
 
+def _mistyped(row: dict) -> str | None:
+    """What is wrong with the row's answer and options, if anything: the answer is text or a number, the options
+    a list of texts."""
+    answer, options = row.get("answer"), row.get("options")
+    if answer is not None and (isinstance(answer, bool) or not isinstance(answer, (str, int, float))):
+        return f"answer is {type(answer).__name__} {str(answer)[:60]!r}, not a text or a number"
+    if options is not None and not (isinstance(options, list) and all(isinstance(o, (str, int, float))
+                                                                      and not isinstance(o, bool) for o in options)):
+        return f"options is {type(options).__name__} {str(options)[:60]!r}, not a list of texts"
+    return None
+
+
 def _paths_refused(imgs: list, img_dir: Path) -> str | None:
     """Why a row's image paths are refused (absolute, '..', or a symbolic link leaving imgs/), or None."""
     outside = [im for im in imgs if not _inside_imgs(im)]
@@ -214,6 +226,10 @@ def load_benchmark(path: str | Path, name: str | None = None, *, check_images: b
                 problems.append(Problem(n, sid, "path_outside_imgs", refused))
                 continue
             answer = row.get("answer")
+            bad = _mistyped(row)
+            if bad:  # a list answer would be graded as its Python repr; options "ABCD" as four options
+                problems.append(Problem(n, sid, "bad_field", f"{bad}; row skipped"))
+                continue
             if answer is None or not str(answer).strip():
                 problems.append(Problem(n, sid, "empty_answer", "gold answer is empty (kept; it cannot be graded correct)"))
             if check_images and img_dir.is_dir():
