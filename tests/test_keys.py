@@ -500,3 +500,30 @@ def test_a_decompression_bomb_in_a_benchmark_is_a_clear_error_naming_the_image(t
     assert bench_main(["stats", str(tmp_path / "data")]) == 0  # a report: the problem is listed with its line
     out = capsys.readouterr().out
     assert "data_unified.jsonl:1" in out and "bomb.png: too many pixels to read safely" in out
+
+
+@pytest.mark.parametrize("damage", ["out is a file", "header field of the wrong type", "header is a list"])
+def test_a_file_for_a_run_or_an_edited_header_is_one_clear_error_in_every_reader(tmp_path, capsys, damage):
+    """Tracebacks instead of messages: OUT that is an existing file, a header field of the wrong type."""
+    from agent.judge import main as judge_main
+    from agent.run import main as run_main
+    from agent.show import main as show_main
+    from probes.entropy import main as entropy_main
+
+    run = tmp_path / "run"
+    if damage == "out is a file":
+        run.write_text("notes")
+        expect = "is a file, not a run directory"
+    else:
+        assert run_main(["--method", "react", "--backend", "scripted", "--limit", "1", "--out", str(run),
+                         "--no-progress"]) == 0
+        h = json.loads((run / "header.json").read_text())
+        (run / "header.json").write_text(json.dumps({**h, "budgets": "lots"} if "field" in damage else [h]))
+        expect = "'budgets' is str 'lots', expected dict" if "field" in damage else "the header is a list"
+    capsys.readouterr()
+    for main, argv in ((run_main, ["--method", "react", "--backend", "scripted", "--limit", "1", "--out", str(run)]),
+                       (show_main, [str(run)]), (judge_main, [str(run), "--judge", "exact"]),
+                       (entropy_main, [str(run), "--backend", "scripted"])):
+        assert main(argv) != 0, main
+        err = capsys.readouterr().err
+        assert expect in err and "Traceback" not in err, (main, err[-500:])

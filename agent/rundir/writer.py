@@ -20,6 +20,11 @@ from .common import IDENTITY_KEYS, RESUME_HISTORY, TOKEN_PRECISIONS, RunError, _
 from .index import RunIndex
 from .sidecar import encode as _encode_sidecar
 
+#: The header fields every reader relies on, with the types they must have (None is allowed: older runs).
+_HEADER_TYPES = {"method": (str,), "variant": (str,), "benchmark": (str,), "label": (str,), "schema_version": (int,),
+                 "sampling": (dict,), "budgets": (dict,), "model": (dict,), "backend": (dict,), "tools": (dict,),
+                 "shard": (dict,), "token_precision": (str,), "remove_images_from_step": (int,)}
+
 
 @dataclass
 class RunDir(RunIndex):
@@ -30,6 +35,8 @@ class RunDir(RunIndex):
         if self.token_precision not in TOKEN_PRECISIONS:
             raise ValueError(f"token precision must be one of {TOKEN_PRECISIONS}, got {self.token_precision!r}")
         self.path = Path(self.path)
+        if self.path.exists() and not self.path.is_dir():
+            raise RunError(f"{self.path} is a file, not a run directory (give a directory, new or of a run)")
         self.results = self.path / "results.jsonl"
         self.header_path = self.path / "header.json"
 
@@ -104,11 +111,18 @@ class RunDir(RunIndex):
 
     def read_header(self) -> dict:
         try:
-            return json.loads(self.header_path.read_text())
+            header = json.loads(self.header_path.read_text())
         except FileNotFoundError:
             raise RunError(f"{self.path}: no header.json — not a run directory") from None
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise RunError(f"{self.header_path}: unreadable header ({e})") from None
+        if not isinstance(header, dict):
+            raise RunError(f"{self.header_path}: the header is a {type(header).__name__}, not an object")
+        for key, kinds in _HEADER_TYPES.items():  # an edited header is named here, never a traceback later
+            if header.get(key) is not None and not isinstance(header[key], kinds):
+                raise RunError(f"{self.header_path}: {key!r} is {type(header[key]).__name__} "
+                               f"{str(header[key])[:60]!r}, expected {' or '.join(k.__name__ for k in kinds)}")
+        return header
 
     # ------------------------------------------------------------------ lines
     def read_lines(self, *, warn=True) -> list[dict]:
