@@ -50,6 +50,7 @@ from agent.methods.common import WEBWATCHER_OBSERVATION_IMAGES, Turn, tool_reply
 from agent.methods.react import react_messages, run_react
 from agent.prompts import CORRECTION, fill
 from agent.rundir import Run, RunDir, RunError, load_run, output_lock
+from agent.rundir.common import _atomic_write
 from agent.tools import make_toolbox
 from agent.trajectory import Trajectory
 from analysis.figures import fig2c_removal, provenance_mark
@@ -301,16 +302,22 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
           file=sys.stderr)
     bar = tqdm(total=n_jobs, desc="removal", unit="replay", disable=not progress, file=sys.stderr, mininterval=1.0)
     started, t0 = time.time(), time.perf_counter()
+    hardware = hardware or serving_hardware(backend)
     try:
         prompt_ids = await _replay_all(run, lines, pending, dirs, backend=backend, toolbox=toolbox,
                                        spec=replay_spec(h), sampling=sampling, concurrency=concurrency, bar=bar,
                                        retokenize=retokenize)
+    except BaseException:  # interrupted: the GPU time of the replays that were answered is recorded all the same
+        out.mkdir(parents=True, exist_ok=True)
+        cost = record_session(out / "probe.json", hardware, started, time.perf_counter() - t0, bar.n)
+        _atomic_write(out / "probe.json", json.dumps({"run_dir": str(run.path), "steps": steps, "model": ident,
+                                                      "cost": cost, "interrupted": True}, indent=2).encode())
+        raise
     finally:
         bar.close()
         await toolbox.aclose()
     out.mkdir(parents=True, exist_ok=True)
-    cost = record_session(out / "probe.json", hardware or serving_hardware(backend), started,
-                          time.perf_counter() - t0, bar.n)
+    cost = record_session(out / "probe.json", hardware, started, time.perf_counter() - t0, bar.n)
     outcomes = await _outcomes(grader, lines, dirs)
     await grader.aclose()
     if outcomes.empty:

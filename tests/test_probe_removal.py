@@ -214,3 +214,30 @@ async def test_a_failed_replay_is_a_missing_pair_not_a_wrong_answer(tmp_path):
     res2 = await removal_probe(rd, [4], backend=b, grader=Grader("exact"), progress=False)
     assert not res2["errors"] and res2["summary"].set_index(["paper_category", "k"]).loc[("All", 4), "n"] == 4
     assert sum(c["kind"] == "generate" for c in b.calls) == 1
+
+
+async def test_an_interrupted_removal_probe_records_the_cost_of_what_was_answered(tmp_path):
+    """K3: a probe stopped mid-way (Ctrl-C, SIGTERM) writes the session's GPU time and replay count before it
+    stops; the rerun adds its own session to it."""
+    import asyncio
+    import json
+
+    rd = await _react_run(tmp_path)
+    calls = {"n": 0}
+
+    def stops_on_the_fifth(messages):
+        calls["n"] += 1
+        if calls["n"] == 5:  # what Ctrl-C or SIGTERM does to the replays in flight
+            raise asyncio.CancelledError
+        return sees_image_policy(messages)
+
+    hw = {"servers": 1, "gpus_per_server": 4, "gpus_held": 4}
+    with pytest.raises(asyncio.CancelledError):
+        await removal_probe(rd, [1, 2], backend=ScriptedBackend([stops_on_the_fifth] * 200), grader=Grader("exact"),
+                            progress=False, concurrency=1, hardware=hw)
+    rec = json.loads((rd / "probes" / "removal" / "probe.json").read_text())
+    assert rec["interrupted"] is True and len(rec["cost"]["sessions"]) == 1 and rec["cost"]["gpu_seconds"] is not None
+    await removal_probe(rd, [1, 2], backend=ScriptedBackend([sees_image_policy] * 200), grader=Grader("exact"),
+                        progress=False, hardware=hw)
+    rec = json.loads((rd / "probes" / "removal" / "probe.json").read_text())
+    assert "interrupted" not in rec and len(rec["cost"]["sessions"]) == 2
