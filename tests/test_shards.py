@@ -267,3 +267,20 @@ def test_merge_refuses_a_damaged_shard_naming_the_file(runs, tmp_path, capsys, d
     err = capsys.readouterr().err
     assert f"{shards[1]} is damaged" in err and named in err and "python -m agent.rundir check" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_merge_is_whole_or_absent_and_its_rerun_finishes(runs, tmp_path, capsys):
+    """K2: the ledger and the completion marker (merge.json, last) are written before the one rename: OUT is either
+    absent or whole; rerunning the same merge after it finished says so and exits 0."""
+    shards = [str(runs / f"sh{i}") for i in range(3)]
+    out = tmp_path / "out"
+    assert merge_main([str(out), *shards]) == 0
+    led = json.loads((out / "ledger.json").read_text())
+    assert led["run_dir"] == str(out) and led["units"] == 10
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    capsys.readouterr()
+    assert merge_main([str(out), *shards]) == 0  # the same command again: nothing to do, nothing changed
+    assert "already merged from these 3 shards" in capsys.readouterr().err
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+    assert merge_main([str(out), *shards[:2], str(runs / "sh2")]) == 0  # the same shards named otherwise
+    assert merge_main([str(out), str(runs / "sh0"), str(runs / "sh1")]) != 0  # not these shards: refused

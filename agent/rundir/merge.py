@@ -36,7 +36,7 @@ from ..preflight import same_model
 from ..tools.cache import ToolCache
 from .check import check_run
 from .common import IDENTITY_KEYS, RunError, _atomic_write, inside, output_lock
-from .ledger import write_ledger
+from .ledger import compute_ledger
 from .reader import load_run
 from .writer import RunDir
 
@@ -217,6 +217,10 @@ def merge_runs(out, shard_dirs: list, *, progress=None) -> dict:
 
 def _merge_runs(out: Path, shard_dirs: list, progress) -> dict:
     shards, first = _plan([Path(d) for d in shard_dirs])
+    done = _finished(out, shards)
+    if done is not None:  # a rerun after the merge finished (killed after its rename): nothing left to do
+        print(f"{out}: already merged from these {len(shards)} shards (merge.json)", file=sys.stderr)
+        return done
     if out.exists() and any(out.iterdir()):
         raise RunError(f"{out} exists and is not empty: merge writes a new run directory")
     for p, _, _ in shards:
@@ -256,13 +260,25 @@ def _merge_runs(out: Path, shard_dirs: list, progress) -> dict:
     finally:
         rd.unlock()
     rep = {"out": str(final), "shards": len(shards), "lines": n_lines, "sidecars": n_tokens, "images": len(images),
-           "tool_cache": cache, "shards_without_tool_cache": no_cache}
-    _atomic_write(out / "merge.json", json.dumps(rep, indent=2).encode())
+           "tool_cache": cache, "shards_without_tool_cache": no_cache,
+           "shard_dirs": [str(p.resolve()) for p, _, _ in shards]}
+    led = compute_ledger(out)  # the merged run's cost ledger (the shards' own stay in their directories)
+    _atomic_write(out / "ledger.json", json.dumps({**led, "run_dir": str(final)}, indent=2).encode())
+    _atomic_write(out / "merge.json", json.dumps(rep, indent=2).encode())  # the completion marker, written last
     if final.exists():  # an empty directory (checked above)
         final.rmdir()
-    os.replace(out, final)
+    os.replace(out, final)  # one rename: OUT is either absent or whole, ledger included
+    return rep
 
-    write_ledger(final)  # the merged run's cost ledger (the shards' own stay in their directories)
+
+def _finished(out: Path, shards: list) -> dict | None:
+    """``out``'s merge report when ``out`` is the finished merge of exactly these shards, else None."""
+    try:
+        rep = json.loads((out / "merge.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(rep, dict) or sorted(rep.get("shard_dirs") or []) != sorted(str(p.resolve()) for p, _, _ in shards):
+        return None
     return rep
 
 
