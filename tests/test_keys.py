@@ -296,7 +296,8 @@ def test_a_line_damaged_in_place_is_seen_by_every_reader(tmp_path, capsys):
     with pytest.raises(RunError, match=r"results.jsonl: the line at byte 0 changed"):
         Lines(res, old_index)[0]  # a reader holding the old index is refused, naming file and offset
     capsys.readouterr()
-    assert judge_main([str(run), "--judge", "exact", "--no-progress"]) == 0
+    assert judge_main([str(run), "--judge", "exact", "--no-progress"]) == 1  # graded the rest, said so, exit 1
+    assert "changed since they were written" in capsys.readouterr().err
     graded = [json.loads(x)["sample_id"] for x in (run / "judge-exact.jsonl").read_text().splitlines()]
     assert victim not in graded and len(graded) == 2
     assert run_main(args) == 0  # resume: the damaged unit runs again
@@ -527,3 +528,28 @@ def test_a_file_for_a_run_or_an_edited_header_is_one_clear_error_in_every_reader
         assert main(argv) != 0, main
         err = capsys.readouterr().err
         assert expect in err and "Traceback" not in err, (main, err[-500:])
+
+
+def test_a_line_edited_in_place_that_still_parses_is_left_out_by_every_reader_and_reported(tmp_path, capsys):
+    """H1: an answer changed in place (valid JSON, same length): the checksum written with the line catches it;
+    check reports it, the judge and the readers leave it out with a loud warning and the judge exits non-zero."""
+    from agent.judge import main as judge_main
+    from agent.run import main as run_main
+    from agent.rundir import check_run, load_run
+
+    run = tmp_path / "r"
+    assert run_main(["--method", "react", "--backend", "scripted", "--out", str(run), "--limit", "3",
+                     "--no-progress"]) == 0
+    res = run / "results.jsonl"
+    data = res.read_bytes()
+    first = json.loads(data[: data.index(b"\n")])
+    i = data.index(b'"answer":"') + len(b'"answer":"')
+    res.write_bytes(data[:i] + (b"Z" if data[i:i + 1] != b"Z" else b"Y") + data[i + 1:])  # still valid JSON
+    rep = check_run(run)
+    assert not rep.intact and rep.changed == [(1, f"{first['sample_id']}/t{first['trial']}")]
+    capsys.readouterr()
+    assert first["sample_id"] not in {s["sample_id"] for s in load_run(run).index}
+    assert "changed since they were written" in capsys.readouterr().err
+    assert judge_main([str(run), "--judge", "exact", "--no-progress"]) == 1
+    graded = {json.loads(x)["sample_id"] for x in (run / "judge-exact.jsonl").read_text().splitlines()}
+    assert first["sample_id"] not in graded and len(graded) == 2

@@ -54,6 +54,10 @@ def main(argv=None) -> int:
     if s["failed_judge_calls"]:
         print(f"{s['failed_judge_calls']} judge calls failed; rerun to retry them", file=sys.stderr)
         return 1
+    if s.get("lines_changed"):  # graded without them (warned above): the table is not the whole run's
+        print(f"{len(s['lines_changed'])} line(s) of the run changed since they were written and were not graded; "
+              f"python -m agent.rundir check {a.run_dir} lists them", file=sys.stderr)
+        return 1
     name = a.judge_name or ("exact" if a.judge == "exact" else "llm")
     done([f"{a.run_dir}/judge-{name}.jsonl, judge-{name}-summary.json, table1-{name}.md/.csv"],
          f"python -m analysis.report --runs {a.run_dir}" + (f" --judge {name}" if name == "exact" else ""))

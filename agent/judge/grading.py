@@ -265,6 +265,7 @@ async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_END
     summary = accuracy_table(current, label=label, run_label=header.get("label") or header.get("method", ""),
                              std_refused=refused)
     summary["judge"] = label
+    summary["lines_changed"] = list(rd.changed)  # left out of the grading, edited or damaged in place
     summary["failed_judge_calls"] = sum(1 for r in results if r.get("failed"))
     table = summary.pop("table")
     (rd.path / f"judge-{name}-summary.json").write_text(redact(json.dumps(summary, indent=2)))

@@ -34,6 +34,7 @@ class CheckReport:
     duplicates: list = field(default_factory=list)       # keys with two final (non error/timeout) lines
     superseded: int = 0                                  # error/timeout lines later retried (normal)
     torn: list = field(default_factory=list)             # (line number, first bytes)
+    changed: list = field(default_factory=list)          # (line number, sample_id/trial): edited since written
     sidecars: list = field(default_factory=list)         # (sample_id/trial, problem)
     orphans: list = field(default_factory=list)          # token files no line names
     temp_files: list = field(default_factory=list)
@@ -44,7 +45,7 @@ class CheckReport:
 
     @property
     def intact(self) -> bool:
-        return not (self.torn or self.duplicates or self.sidecars or self.missing_images
+        return not (self.torn or self.changed or self.duplicates or self.sidecars or self.missing_images
                     or self.cache not in ("ok", "absent"))
 
     @property
@@ -57,7 +58,9 @@ class CheckReport:
                f"  units: {self.present} present of {self.expected if self.expected is not None else '?'} expected "
                f"{dict(sorted(self.statuses.items()))}; {self.superseded} superseded by retries"]
         for name, items in (("missing units", self.missing), ("duplicated units", self.duplicates),
-                            ("torn or unparseable lines", self.torn), ("sidecar problems", self.sidecars),
+                            ("torn or unparseable lines", self.torn),
+                            ("lines changed since they were written (left out by every reader)", self.changed),
+                            ("sidecar problems", self.sidecars),
                             ("orphaned token files", self.orphans), ("temporary files", self.temp_files),
                             ("missing images", self.missing_images)):
             if items:
@@ -98,10 +101,17 @@ def _expected_keys(rd: "RunDir", header: dict) -> set | None:
 def _read_lines(rd: RunDir, rep: CheckReport) -> tuple[list, list]:
     """The summaries of the well-formed lines (with the images each needs) and the raw torn lines."""
     good, torn_raw = [], []
+    rd.index(warn=False)  # the written checksums: which lines changed since (edited or damaged in place)
+    changed = {o: f"{sid}/t{t}" for sid, t, o in rd.changed}
     if rd.results.exists():
         with open(rd.results, "rb") as f:
+            offset = 0
             for n, raw in enumerate(f, 1):
+                at, offset = offset, offset + len(raw)
                 if not raw.strip():
+                    continue
+                if at in changed:  # never counted as the unit's record: it reruns on resume
+                    rep.changed.append((n, changed[at]))
                     continue
                 try:
                     line = json.loads(raw)

@@ -19,6 +19,9 @@ from .common import RunError, _atomic_write
 class RunIndex:
     """The index half of :class:`agent.rundir.RunDir` (``self.path``, ``self.results``)."""
 
+    #: ``(sample_id, trial, byte offset)`` of each line the last :meth:`index` found changed since it was written
+    changed: list = []
+
     # results.index.jsonl: one small entry per line of results.jsonl (its byte offset and length, and the
     # line without its events and messages), so that a run of thousands of ~150 KB lines is listed without
     # parsing them; the lines themselves are read one at a time when something needs them. The index is a
@@ -36,23 +39,31 @@ class RunIndex:
         st = os.stat(self.results)
         size, ino = st.st_size, st.st_ino
         entries = self._read_index(size, ino)
+        changed: list[dict] = []
         with open(self.results, "rb") as f:
             if entries and not _entries_fit(f, entries):
                 entries = []
             if verify and entries:
-                entries = _entries_intact(f, entries)
+                entries, changed = _entries_intact(f, entries)
             out, pos, scanned = [], 0, 0
-            for e in entries + [None]:
+            for e in sorted(entries + changed, key=lambda x: x["_o"]) + [None]:
                 end = e["_o"] if e is not None else size
                 if end > pos:  # bytes no entry covers: parse the lines there
                     got, n = _scan(f, pos, end, self.results, warn)
                     out += got
                     scanned += n
                 if e is not None:
-                    out.append(e)
+                    if e not in changed:
+                        out.append(e)
                     pos = e["_o"] + e["_n"]
-        if scanned > (1 << 20) or (not entries and out):
-            self._write_index(out, ino)
+        self.changed = [(e.get("sample_id"), e.get("trial"), e["_o"]) for e in changed]
+        if changed and warn:  # loud: a reader that used the line would report what was never recorded
+            print(f"WARNING: {self.results}: {len(changed)} line(s) changed since they were written (edited or damaged "
+                  f"in place), first {changed[0].get('sample_id')} trial {changed[0].get('trial')} at byte "
+                  f"{changed[0]['_o']}: left out (their units rerun on resume); python -m agent.rundir check "
+                  f"{self.path} lists them", file=sys.stderr)
+        if scanned > (1 << 20) or (not entries and out):  # the changed lines' entries are kept: still refused next time
+            self._write_index(sorted(out + changed, key=lambda x: x["_o"]), ino)
         return out
 
     @property
@@ -127,18 +138,18 @@ def _entries_fit(f, entries: list[dict]) -> bool:
     return True
 
 
-def _entries_intact(f, entries: list[dict]) -> list[dict]:
-    """The entries whose line bytes still have the checksum the index recorded (entries without one, from an
-    older index, cannot be vouched for: their lines are parsed again)."""
-    out = []
+def _entries_intact(f, entries: list[dict]) -> tuple[list[dict], list[dict]]:
+    """``(intact, changed)``: the entries whose line bytes still have the checksum written with them, and those
+    whose bytes changed since (edited or damaged in place: never read as a record). Entries without a checksum,
+    from an older index, cannot be vouched for: their lines are parsed again."""
+    out, changed = [], []
     for e in entries:
         h = e.get("_h")
         if h is None:
             continue
         f.seek(e["_o"])
-        if zlib.crc32(f.read(e["_n"])) == h:
-            out.append(e)
-    return out
+        (out if zlib.crc32(f.read(e["_n"])) == h else changed).append(e)
+    return out, changed
 
 
 def _scan(f, start: int, end: int, path, warn: bool) -> tuple[list[dict], int]:

@@ -20,6 +20,7 @@ class Run:
 
     def __init__(self, path, header: dict, index: list[dict] | None = None, *, lines: list[dict] | None = None):
         self.path = Path(path)
+        self.changed: list = []  # (sample_id, trial, byte offset) of lines changed since written (left out)
         self.header = header
         if lines is not None:  # built in memory (tests, notebooks)
             self.index = [summary_of(ln) | {"_line": ln} for ln in lines]
@@ -152,4 +153,6 @@ class Run:
 def load_run(path) -> Run:
     rd = RunDir(path)
     header = rd.read_header()
-    return Run(rd.path, header, list(rd.latest().values()))  # summaries; whole lines are read on access
+    run = Run(rd.path, header, list(rd.latest().values()))  # summaries; whole lines are read on access
+    run.changed = list(rd.changed)  # lines left out: changed since they were written (warned by the index)
+    return run

@@ -273,6 +273,7 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
     started, t0 = time.time(), time.perf_counter()
     with open(steps_path, "ab") as sink:
         prober = _Prober(run, backend, mode, out, sink, bar, concurrency=concurrency, retokenize=retokenize)
+        prober.failures += [f"{sid}/t{t}: its line changed since it was written (left out)" for sid, t, _ in run.changed]
         if not prober.vocab:
             print("entropy bounds: the model's vocabulary size is unknown (no config.json): steps carry the grouped "
                   "lower bound only, no upper bound or ΔH interval", file=sys.stderr)
