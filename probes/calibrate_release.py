@@ -38,7 +38,7 @@ import pandas as pd
 
 from agent.cli import done, make_parser
 from agent.methods.release import SIGNALS, influence_of
-from agent.rundir import RunError, load_run
+from agent.rundir import RunError, load_run, write_json
 
 __all__ = ["calibrate", "labelled_steps", "simulate", "main"]
 
@@ -173,7 +173,7 @@ def calibrate(run_dir, *, signal: str = "kl", patience=(1, 2, 3), out_dir=None) 
         "mark": "scripted" if (run.header.get("backend") or {}).get("kind") == "scripted" else
                 "random weights" if (run.header.get("backend") or {}).get("embedded_tiny_model") else None,
     }
-    (out / "calibration.json").write_text(json.dumps(res, indent=1, default=str))
+    write_json(out / "calibration.json", res, indent=1, default=str)
     res["out"] = str(out)
     res["grid"] = g
     return res

@@ -38,7 +38,6 @@ the reported size (0.3 nat) fails every one of them.
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -50,7 +49,7 @@ from agent.backends import make_backend
 from agent.backends.base import BackendError, Continuation, SamplingParams, TokenArrays
 from agent.backends.openai_compat import OpenAIBackend
 from agent.cli import done, make_parser
-from agent.rundir import RunError, load_run
+from agent.rundir import RunError, load_run, write_json
 from agent.trajectory import recorded_sampling
 from probes.cli import RecordedPrompts, add_backend_args, backend_for, run_async
 
@@ -239,7 +238,7 @@ async def fidelity_check(run_dir, backend, *, samples: int = 8, reference=None, 
               "forced": bool(failed and force)}
     out = Path(out_dir) if out_dir else run.path / "probes" / "fidelity"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "fidelity.json").write_text(json.dumps(report, indent=2))
+    write_json(out / "fidelity.json", report, indent=2)
     return report
 
 
@@ -264,7 +263,7 @@ async def check_servers(run_dir, backend, *, samples: int = 8, out_dir=None, for
            "failed": [f"{r.get('endpoint')}: {f}" for r in reports for f in r["failed"]],
            "forced": force and not all(r["ok"] for r in reports)}
     out = Path(out_dir) if out_dir else Path(run_dir) / "probes" / "fidelity"
-    (out / "fidelity.json").write_text(json.dumps(rep, indent=2))
+    write_json(out / "fidelity.json", rep, indent=2)
     return rep
 
 

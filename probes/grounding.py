@@ -36,10 +36,10 @@ from agent.backends.messages import ImageUsers
 from agent.backends.openai_compat import OpenAIBackend
 from agent.backends.spread import Spread
 from agent.cli import DEFAULT_CONCURRENCY, JUDGE_ENDPOINT, add_judge_args, done, make_parser, positive_int
-from agent.http import is_host
+from agent.http import is_host, redact
 from agent.judge import judge_key_env
 from agent.prompts import GROUNDING_PASS1, GROUNDING_PASS2, fill
-from agent.rundir import RunError, close_fragment, load_run
+from agent.rundir import RunError, close_fragment, load_run, write_json
 from analysis.figures import fig2a_grounding, provenance_mark
 from analysis.selection import select_trajectories
 from probes.cli import run_async
@@ -262,7 +262,7 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
                 image_users.done(mine)
         if rec is not None:
             with open(path, "a") as f:
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                f.write(redact(json.dumps(rec, ensure_ascii=False)) + "\n")  # an annotator's echoed key: not kept
             done[(rec["sample_id"], rec["trial"])] = rec
         bar.update(1)
 
@@ -281,7 +281,7 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
                                                  if getattr(backend, "name", "") == "scripted" else None)
         fig2a_grounding(steps, out / "fig2a_grounding", mark=mark,
                         title=f"Figure 2(a): grounding of each step ({model}; annotator {getattr(backend, 'model', '')})")
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_json(out / "summary.json", summary, indent=2)
     return {"steps": steps, "summary": summary, "out": out}
 
 

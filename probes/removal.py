@@ -49,7 +49,7 @@ from agent.methods import HARNESS_ERRORS, Budgets, Episode, MethodSpec
 from agent.methods.common import WEBWATCHER_OBSERVATION_IMAGES, Turn, tool_reply
 from agent.methods.react import react_messages, run_react
 from agent.prompts import CORRECTION, fill
-from agent.rundir import Run, RunDir, RunError, load_run, output_lock
+from agent.rundir import Run, RunDir, RunError, load_run, output_lock, write_json
 from agent.rundir.common import _atomic_write
 from agent.tools import make_toolbox
 from agent.trajectory import Trajectory
@@ -327,9 +327,9 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
     errors[["sample_id", "trial", "k", "replay_status", "error"]].to_csv(out / "errors.csv", index=False)
     summary = removal_summary(outcomes)
     summary.to_csv(out / "summary.csv", index=False)
-    (out / "probe.json").write_text(json.dumps({"run_dir": str(run.path), "steps": steps, "model": ident, "cost": cost,
+    write_json(out / "probe.json", {"run_dir": str(run.path), "steps": steps, "model": ident, "cost": cost,
                                                 "forced_model_mismatch": force, "judge": grader.label,
-                                                "prompt_ids": prompt_ids, "n_error": int(len(errors))}, indent=2))
+                                                "prompt_ids": prompt_ids, "n_error": int(len(errors))}, indent=2)
     fig2c_removal(summary, out / "fig2c_removal", mark=provenance_mark([h]),
                   title=f"Figure 2(c): step-k image removal ({ident.get('served_model')}; judge: {grader.name})")
     return {"outcomes": outcomes, "summary": summary, "out": out, "judge": grader.label,

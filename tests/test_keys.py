@@ -421,9 +421,10 @@ def _echo_key_reply(key: str):
 
 
 def test_a_key_the_server_echoes_is_in_no_file_of_the_run_and_never_printed(tmp_path):
-    """S1: the runner and the judge against a loopback server that echoes the key in the content, the reasoning,
-    a tool call's arguments and an error body; then every file under the run directory and the console output
-    are searched for the key (the variable's name is not secret-looking: it is redacted because it was named)."""
+    """S1: the runner, the judge, the annotator and the entropy probe against a loopback server that echoes the key
+    in the content, the reasoning, a tool call's arguments and an error body; then every file under the run
+    directory and the console output are searched for the key (the variable's name is not secret-looking: it is
+    redacted because it was named)."""
     import os
     import subprocess
     import sys
@@ -441,6 +442,10 @@ def test_a_key_the_server_echoes_is_in_no_file_of_the_run_and_never_printed(tmp_
                  "--no-progress"],
                 ["agent.judge", str(run), "--judge-endpoint", srv.url, "--judge-model", "fake-qwen3.5",
                  "--judge-api-key-env", "MMCF_PLAIN_VAR", "--no-progress"],
+                ["probes.grounding", str(run), "--judge-endpoint", srv.url, "--judge-model", "fake-qwen3.5",
+                 "--judge-api-key-env", "MMCF_PLAIN_VAR", "--include-unparsed", "--no-progress"],
+                ["probes.entropy", str(run), "--mode", "regenerate", "--backend", "openai", "--endpoint", srv.url,
+                 "--api-key-env", "MMCF_PLAIN_VAR", "--skip-fidelity", "--include-unparsed", "--no-progress"],
                 ["agent.show", str(run)], ["agent.show", str(run), "--html", str(run / "page.html")],
                 ["agent.ledger", str(run)]]
         console = ""
@@ -448,6 +453,9 @@ def test_a_key_the_server_echoes_is_in_no_file_of_the_run_and_never_printed(tmp_
             r = subprocess.run([sys.executable, "-m", *c], cwd=REPO, env=env, capture_output=True, text=True,
                                timeout=300)
             console += r.stdout + r.stderr
+            if c[0] == "probes.entropy":  # the chat path's replies carry no think tokens: ΔH is refused, said so
+                assert r.returncode != 0 and "none of the" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+                continue
             assert r.returncode == 0, (c, r.stdout[-2000:], r.stderr[-2000:])
         assert any(key in json.dumps(b) for b in srv.bodies) or srv.injected["500_echo"] == 2  # it was echoed
     assert "[REDACTED]" in (run / "results.jsonl").read_text()  # the echo landed where redaction applies

@@ -34,6 +34,7 @@ from .common import (
     output_lock,
     token_key,
     versions,
+    write_json,
 )
 from .index import Lines, summary_of
 from .reader import Run, load_run
@@ -42,4 +43,4 @@ from .writer import RunDir
 
 __all__ = ["RunDir", "Run", "load_run", "RunError", "IDENTITY_KEYS", "versions", "token_key", "read_parquet",
            "TOKEN_PRECISIONS", "RESUME_HISTORY", "Lines", "summary_of", "check_run", "CheckReport", "close_fragment",
-           "output_lock", "main"]
+           "output_lock", "write_json", "main"]

@@ -5,6 +5,7 @@ import contextlib
 import fcntl
 import hashlib
 import importlib.metadata as md
+import json
 import os
 import platform
 import re
@@ -66,6 +67,11 @@ def _atomic_write(path: Path, data: bytes, *, binary: bool = False) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def write_json(path, obj, **kw) -> None:
+    """``obj`` as JSON text (``json.dumps(obj, **kw)``) into ``path``: redacted, under a temporary name, renamed."""
+    _atomic_write(Path(path), json.dumps(obj, **kw).encode())
 
 
 @contextlib.contextmanager

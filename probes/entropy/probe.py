@@ -6,7 +6,6 @@ One probe per output directory at a time (a second is refused: both would append
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ from agent.backends.base import BackendError
 from agent.backends.messages import ImageUsers
 from agent.backends.spread import pin
 from agent.http import dumps, loads
-from agent.rundir import RunError, close_fragment, load_run, output_lock, token_key
+from agent.rundir import RunError, close_fragment, load_run, output_lock, token_key, write_json
 from analysis.entropy import FORK_SHARE, entropy_high, grouped_tail_entropy
 from analysis.figures import fig2b_entropy, fig2b_forking, fig2b_kl, provenance_mark
 from analysis.selection import select_trajectories
@@ -202,6 +201,9 @@ def _steps_frame(rows: list[dict], lines: list, run, failures: list) -> pd.DataF
 
 def _summary(steps: pd.DataFrame, out: Path) -> pd.DataFrame:
     """Per step: n, mean ΔH, 95% CI, Wilcoxon p (calls without think tokens excluded and counted), KL and bounds."""
+    if not np.isfinite(steps["dH"]).any():  # every step without think tokens: ΔH is undefined, not 0
+        raise RunError(f"{out}: none of the {len(steps)} probed steps has think tokens on both sides (ΔH is the "
+                       "thinking's entropy: the model or path gave no reasoning tokens); steps.csv lists them")
     summary = summarise_by(steps[np.isfinite(steps["dH"])], "step", "dH")
     counts = steps.groupby("step").agg(n_steps=("dH", "size"),
                                        excluded_no_think=("dH", lambda x: int((~np.isfinite(x)).sum())),
@@ -287,11 +289,11 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
     rows = _read_rows(steps_path)
     cost = record_session(out / "probe.json", hardware or serving_hardware(backend), started,
                           time.perf_counter() - t0, prober.kept)
-    (out / "probe.json").write_text(json.dumps({
+    write_json(out / "probe.json", {
         "run_dir": str(run.path), "mode": mode, "finished": time.time(), "serving": _serving_totals(rows),
         "cost": cost, "fidelity": fidelity or {"skipped": "not run (probe_run called directly)"}, "model": ident,
         "forced_model_mismatch": force, "include_unparsed": include_unparsed, "prompt_ids": prober.recorded.summary(),
-        "failures": prober.failures}, indent=2))
+        "failures": prober.failures}, indent=2)
     fork_summary = _forking(rows, mode)
     steps = _steps_frame(rows, lines, run, prober.failures)
     steps.to_parquet(out / "steps.parquet", index=False)
