@@ -410,3 +410,31 @@ def test_processes_auto_takes_one_per_128_in_flight_capped_by_the_cpus(monkeypat
     assert run_mod.main(["--method", "react", "--benchmark", "demo", "--backend", "scripted", "--limit", "1",
                          "--out", str(tmp_path / "s"), "--no-progress"]) == 0
     assert json.loads((tmp_path / "s" / "header.json").read_text())["processes"] == 1
+
+
+def test_a_server_that_changes_model_mid_run_is_caught_and_nothing_of_the_other_model_is_kept(tmp_path, capsys,
+                                                                                               tiny_model_dir):
+    """F6: SGLang's native replies do not name the model; after each trajectory the runner asks the server which
+    weights it serves. Once they change, every trajectory ends `error` (ServedModelChanged) without its calls,
+    and the command says why."""
+    from tests.fakes.sglang_server import FakeSGLang
+
+    calls = {"n": 0}
+    with FakeSGLang(tokenizer_dir=str(tiny_model_dir), model_name=str(tiny_model_dir)) as srv:
+        def reply(req):
+            calls["n"] += 1
+            if calls["n"] == 3:  # the server is redeployed with other weights while the third unit runs
+                srv.model_name = "/models/Other-Model"
+            return "<think>\nok\n</think>\n\n<answer>1911</answer>"
+
+        srv.reply = reply
+        rc = run_main(["--method", "react", "--backend", "sglang", "--endpoint", srv.url, "--model-dir",
+                       str(tiny_model_dir), "--limit", "6", "--concurrency", "1", "--t-max", "3", "--out",
+                       str(tmp_path / "run"), "--no-progress"])
+    err = capsys.readouterr().err
+    lines = load_run(tmp_path / "run").lines
+    changed = [ln for ln in lines if str(ln.get("error") or "").startswith("ServedModelChanged")]
+    assert rc != 0 and changed and "because the served model changed under the run" in err
+    assert all(ln["n_calls"] == 0 and not ln.get("tokens_file") for ln in changed)  # nothing of theirs kept
+    assert all(ln["status"] == "ok" for ln in lines if ln not in changed)
+    assert "/models/Other-Model" in changed[0]["error"]

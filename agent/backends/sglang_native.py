@@ -349,6 +349,21 @@ class SGLangBackend(PromptTokens):
         return tokens_from_triples(tail, tail_tops, decode=self._decode, decode_many=self._decode_many, where=where,
                                    k=k, vocab=self.vocab)
 
+    async def served_weights(self) -> str | None:
+        """The weights the server serves now (``/model_info``'s ``model_path``; ``/get_model_info`` on servers
+        without it): the runner asks after each trajectory whether they are still the run's (F6: SGLang's native
+        replies do not name the model)."""
+        root = self.url.removesuffix("/generate")
+        for path in ("/model_info", "/get_model_info"):
+            try:
+                info = await request_json(self._client, "GET", root + path, policy=self.policy, what="model info")
+            except HTTPError as e:
+                if getattr(e, "status", None) == 404:
+                    continue
+                raise BackendError(str(e)) from e
+            return info.get("model_path") if isinstance(info, dict) else None
+        return None
+
     async def flush_cache(self) -> None:
         """SGLang's ``/flush_cache``: empty the server's prefix (radix) cache, so the next request takes the
         uncached path (probes/fidelity.py compares the two)."""

@@ -10,6 +10,7 @@ from collections import Counter
 
 from tqdm import tqdm
 
+from ..backends import BackendError
 from ..backends.spread import BackendPool
 from ..http import public_url
 from ..methods import new_trajectory, run_sample
@@ -33,6 +34,7 @@ class _Workers:
     def __init__(self, cfg: RunConfig, spec, rd: RunDir, claim, backends, toolbox, served_model, bar):
         self.cfg, self.spec, self.rd, self.claim = cfg, spec, rd, claim
         self.backends, self.toolbox, self.served_model, self.bar = backends, toolbox, served_model, bar
+        self.weights = None  # the weights the run records (set by execute for a native SGLang run)
         self.pool = BackendPool(backends)  # each trajectory keeps the backend it is given
         self.counts: Counter = Counter()
         self.stats = UnitStats()
@@ -65,6 +67,11 @@ class _Workers:
         finally:
             self.pool.release(i)
             self.flying.discard(traj)
+        changed = await self._model_changed(i)
+        if changed:  # nothing of this trajectory is kept: which of its calls the other model answered is unknown
+            traj = new_trajectory(self.spec, sample, trial)
+            traj.error("ServedModelChanged", changed)
+            line = traj.to_line("error", "", error=f"ServedModelChanged: {changed}")
         line["endpoint"] = public_url(cfg.endpoints[i]) if cfg.endpoints else cfg.backend
         # the write finishes even if the run is interrupted meanwhile, and is counted when it lands
         fut = asyncio.get_running_loop().run_in_executor(None, self._write, line, traj)
@@ -73,6 +80,21 @@ class _Workers:
         fut.add_done_callback(retrieved)  # a write whose worker was cancelled meanwhile: its error not re-raised
         await asyncio.shield(fut)
         return line
+
+    async def _model_changed(self, i: int) -> str | None:
+        """Whether the server behind backend ``i`` now serves other weights than the run's (asked after each
+        trajectory of a native SGLang run; one cheap GET)."""
+        ask = getattr(self.backends[i], "served_weights", None)
+        if ask is None or not self.weights:
+            return None
+        try:
+            now = await ask()
+        except BackendError:  # unreachable just now: the next call says so; the line stands
+            return None
+        if now and str(now).rstrip("/") != str(self.weights).rstrip("/"):
+            return (f"the server now serves {now!r}, but this run records {self.weights!r} (a redeployed server?); "
+                    "the trajectory is not kept")
+        return None
 
     def _account(self, line: dict) -> None:
         """Counts, and the stop after ``--max-consecutive-errors`` harness errors in a row."""
@@ -146,6 +168,8 @@ async def execute(cfg: RunConfig, spec, rd: RunDir, header: dict, jobs: list, sk
     served_model = (header.get("model") or {}).get("served_model") if cfg.backend == "openai" and own_backends else None
     bar = progress_bar(len(jobs), cfg.progress, spec.label)
     w = _Workers(cfg, spec, rd, claimer(jobs, SHARED.get("counter")), backends, toolbox, served_model, bar)
+    if cfg.backend == "sglang":
+        w.weights = (header.get("model") or {}).get("weights")
     try:
         interrupted, lost_units, lost_calls = await w.run(max(1, min(cfg.concurrency, len(jobs))))
     finally:
