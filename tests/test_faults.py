@@ -425,3 +425,38 @@ def test_ctrl_c_in_any_command_is_one_line_and_status_130_not_a_traceback():
     other = subprocess.run([sys.executable, "-c", code.replace("KeyboardInterrupt", "ValueError('boom')")], cwd=REPO,
                            capture_output=True, text=True, timeout=60)
     assert other.returncode == 1 and "Traceback" in other.stderr and "boom" in other.stderr  # bugs stay visible
+
+
+def _ignores_ctrl_c() -> None:  # a worker stuck where Ctrl-C does not reach it (a blocking call, a busy C loop)
+    import signal
+    import time
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    time.sleep(600)
+
+
+@pytest.mark.timeout(120)  # a hang guard: one deadline for all takes seconds; one per worker took a minute each
+async def test_workers_that_ignore_ctrl_c_are_stopped_within_one_deadline(tmp_path, monkeypatch):
+    """P1: on Ctrl-C / SIGTERM the parent gives its workers one deadline all together, then SIGTERM, then SIGKILL:
+    three workers that ignore SIGINT are all gone when it returns."""
+    import asyncio
+    import multiprocessing as mp
+
+    from agent.run import processes
+    from agent.rundir import RunDir
+
+    monkeypatch.setattr(processes, "STOP_GRACE_S", 1)
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_ignores_ctrl_c) for _ in range(3)]
+    for p in procs:
+        p.start()
+
+    class Bar:
+        def update(self, n):
+            pass
+
+    watch = asyncio.ensure_future(processes._watch(procs, ctx.Queue(), RunDir(tmp_path / "run"), Bar()))
+    await asyncio.sleep(0.5)
+    watch.cancel()  # what Ctrl-C does to the parent's wait
+    summaries, interrupted = await watch
+    assert interrupted and summaries == [] and not any(p.is_alive() for p in procs)
