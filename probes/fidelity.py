@@ -93,6 +93,11 @@ def _sample_calls(run, samples: int) -> list:
         call = next((c for c in summary.get("calls") or [] if c.get("n_query_images", 0) > 0), None)
         if call is None or not summary.get("tokens_file"):
             continue
+        try:  # a damaged sidecar is the probe's to skip and count, not a reason to stop before it starts
+            run.tokens(summary, ["call"])
+        except RunError as e:
+            print(f"serving fidelity: {e}; checking another trajectory", file=sys.stderr)
+            continue
         out.append((summary, call["index"]))
         if len(out) >= samples:
             break
