@@ -32,7 +32,7 @@ from .redact import (  # noqa: F401 - the redaction helpers, where their users h
     secrets,
 )
 
-__all__ = ["HTTPError", "RetryPolicy", "request_json", "loads", "dumps", "scrub", "redact", "redact_bytes", "RedactingStream", "secrets",
+__all__ = ["HTTPError", "RetryPolicy", "request_json", "loads", "dumps", "scrub", "redact", "redact_bytes", "dumps_record", "RedactingStream", "secrets",
            "public_url", "safe_argv"]
 
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
@@ -88,7 +88,13 @@ def dumps(obj, *, sort_keys: bool = False, int_keys: bool = False) -> bytes:
     except TypeError:  # "str is not valid UTF-8: surrogates not allowed"
         data = json.dumps(_plain(obj), sort_keys=sort_keys, ensure_ascii=True, separators=(",", ":"),
                           allow_nan=False, default=_default).encode()
-    return redact_bytes(data)  # every record line and request body: no key a server echoed is written or sent on
+    return data
+
+
+def dumps_record(obj) -> bytes:
+    """:func:`dumps`, redacted (agent/redact.py): what a record file gets (a run line, its index entry, a probe's
+    step), so that no key a server echoed is written."""
+    return redact_bytes(dumps(obj))
 
 
 def _plain(o):

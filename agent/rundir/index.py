@@ -12,7 +12,7 @@ import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..http import dumps, loads
+from ..http import dumps, dumps_record, loads
 from .common import RunError, _atomic_write
 
 
@@ -111,7 +111,7 @@ class RunIndex:
             with open(self.index_path, "ab") as f:
                 if f.tell() == 0:
                     f.write(dumps({"index": 1, "ino": ino}) + b"\n")
-                f.write(dumps({**summary_of(line), "_o": offset, "_n": length, "_h": crc}) + b"\n")
+                f.write(dumps_record({**summary_of(line), "_o": offset, "_n": length, "_h": crc}) + b"\n")
         except OSError:
             pass  # the reader parses what the index lacks
 

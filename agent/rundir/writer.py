@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..backends.images import ImageError, load_image
-from ..http import dumps
+from ..http import dumps_record
 from ..preflight import same_model
 from .common import IDENTITY_KEYS, RESUME_HISTORY, TOKEN_PRECISIONS, RunError, _atomic_write, _tmp_name, token_key
 from .index import RunIndex
@@ -176,7 +176,7 @@ class RunDir(RunIndex):
         """Append one complete line (its sidecar and images already in place) and its index entry: one write
         under an exclusive lock."""
         try:
-            data = dumps(line) + b"\n"
+            data = dumps_record(line) + b"\n"
             if b"\n" in data[:-1]:  # cannot happen with JSON, but a torn line must never be possible
                 raise RunError("internal: a result line contains a newline")
             with open(self.results, "ab") as f:  # one write under an exclusive lock: --processes share the file
