@@ -135,16 +135,10 @@ async def _openai_identity(b) -> dict:
 async def _sglang_identity(b) -> dict:
     root = b.url.removesuffix("/generate")
     ids = _ids(await _get(b, root + "/v1/models", "list models"), root + "/v1/models")
-    # /model_info (SGLang >= 0.5.2x); /get_model_info is deprecated there (logged on every call) but is all
-    # that older servers have
-    try:
-        info = await request_json(b._client, "GET", root + "/model_info", headers=getattr(b, "_headers", None),
-                                  policy=PREFLIGHT_POLICY, what="model info")
-    except HTTPError as e:
-        if getattr(e, "status", None) != 404:
-            raise PreflightError(f"the model server is unreachable or refused: {e}") from None
-        info = await _get(b, root + "/get_model_info", "model info")
-    weights = info.get("model_path") if isinstance(info, dict) else None
+    try:  # the same question the runner asks after each trajectory (a redeployed server, F6)
+        weights = await b.served_weights(policy=PREFLIGHT_POLICY)
+    except BackendError as e:
+        raise PreflightError(f"the model server is unreachable or refused: {e}") from None
     if b.model_arg and b.model_arg not in ids:
         raise PreflightError(f"{public_url(root)} does not serve {b.model_arg!r}; it serves {', '.join(ids[:10])}")
     served = b.model_arg or ids[0]

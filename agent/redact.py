@@ -1,8 +1,8 @@
 """What must never be written or printed: the values of the keys in use and a URL's credentials.
 
-Standard library only (the serving scripts run it with a bare ``python3``). Every record line, request body and
-text file the toolkit writes passes :func:`redact_bytes`; every command's console passes :func:`redact` through
-:class:`RedactingStream` (installed by agent/cli.py's argument parser).
+Standard library only (the serving scripts run it with a bare ``python3``). Every record line and text file the
+toolkit writes passes :func:`redact_bytes` (agent.http.dumps_record, agent.rundir's writes); every command's
+console passes :func:`redact` through :class:`RedactingStream` (installed by agent/cli.py's argument parser).
 """
 from __future__ import annotations
 

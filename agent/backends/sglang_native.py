@@ -349,14 +349,16 @@ class SGLangBackend(PromptTokens):
         return tokens_from_triples(tail, tail_tops, decode=self._decode, decode_many=self._decode_many, where=where,
                                    k=k, vocab=self.vocab)
 
-    async def served_weights(self) -> str | None:
-        """The weights the server serves now (``/model_info``'s ``model_path``; ``/get_model_info`` on servers
-        without it): the runner asks after each trajectory whether they are still the run's (F6: SGLang's native
-        replies do not name the model)."""
+    async def served_weights(self, policy: RetryPolicy | None = None) -> str | None:
+        """The weights the server serves now: ``/model_info``'s ``model_path`` (SGLang >= 0.5.2x; the deprecated
+        ``/get_model_info`` logs on every call there but is all older servers have). The preflight records them;
+        the runner asks again after each trajectory whether they are still the run's (F6: SGLang's native replies
+        do not name the model)."""
         root = self.url.removesuffix("/generate")
         for path in ("/model_info", "/get_model_info"):
             try:
-                info = await request_json(self._client, "GET", root + path, policy=self.policy, what="model info")
+                info = await request_json(self._client, "GET", root + path, policy=policy or self.policy,
+                                          what="model info")
             except HTTPError as e:
                 if getattr(e, "status", None) == 404:
                     continue
