@@ -24,6 +24,7 @@ esac
 echo "[setup] installing $TORCH_PINS and mmcf-toolkit[local,dev] into $VENV (first run: a few minutes)"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 # shellcheck disable=SC2086
-"$VENV/bin/python" -m pip install -q $TORCH_PINS
-"$VENV/bin/python" -m pip install -q -e ".[local,dev]"
+# --no-compile: Python compiles what it imports on first use; byte-compiling all of torch up front costs minutes
+"$VENV/bin/python" -m pip install -q --no-compile $TORCH_PINS
+"$VENV/bin/python" -m pip install -q --no-compile -e ".[local,dev]"
 echo "$want" > "$stamp"

@@ -39,7 +39,7 @@ echo "[sglang-conformance] installing SGLang's pure-Python parts into $SITE (--n
 rm -rf "$SITE"
 mkdir -p "$SITE"
 start=$(date +%s)
-"$PY" -m pip install -q --no-deps --target "$SITE" "${PKGS[@]}" 2>&1 | grep -v "^WARNING: Location" || true
+"$PY" -m pip install -q --no-compile --no-deps --target "$SITE" "${PKGS[@]}" 2>&1 | grep -v "^WARNING: Location" || true
 PYTHONPATH="$SITE" "$PY" -c "
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 from sglang.srt.managers.io_struct import GenerateReqInput

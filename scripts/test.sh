@@ -5,7 +5,7 @@
 #    and Debian's chromium for the viewer's browser test, where the system package manager can install it;
 # 2. the code's shape: ruff (pyflakes, import order, imports at the top, function size) and import-linter (the
 #    layers of docs/architecture.md);
-# 3. the suite, ending with the list of skipped tests and why (-rs).
+# 3. the suite on two workers (pytest-xdist), ending with the list of skipped tests and why (-rs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
@@ -27,4 +27,7 @@ fi
 .venv/bin/ruff check .
 .venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache
 export MMCF_TINY_MODEL_DIR=${MMCF_TINY_MODEL_DIR:-$PWD/.cache/tiny-qwen35}
-exec .venv/bin/python -m pytest -q -rs "$@"
+.venv/bin/python -c "import os; from agent.backends.tiny_model import ensure_tiny_model as e; e(os.environ['MMCF_TINY_MODEL_DIR'])"
+# two workers (CI has 2 cores; many tests wait on servers they started); a module's tests stay on one worker,
+# so each module- and session-scoped server starts once. MMCF_TEST_WORKERS=0 runs in one process.
+exec .venv/bin/python -m pytest -q -rs -n "${MMCF_TEST_WORKERS:-2}" --dist loadscope "$@"

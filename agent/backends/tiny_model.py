@@ -223,18 +223,24 @@ def build(out_dir: str | os.PathLike, *, seed: int = 0, bpe_vocab: int = 1024) -
 def ensure_tiny_model(path: str | os.PathLike | None = None, *, seed: int = 0, quiet: bool = False) -> Path:
     """Return the tiny model directory, building it first if it is missing or stale."""
     p = Path(path) if path else default_tiny_dir()
-    meta = p / "mmcf_build.json"
-    try:
-        info = json.loads(meta.read_text())
-        if info.get("build") == BUILD_VERSION and info.get("seed") == seed:
-            return p
-    except (OSError, ValueError):
-        pass
+    if _is_current(p / "mmcf_build.json", seed):
+        return p
     if not quiet:
         print(f"[mmcf] building the tiny random Qwen3.5 into {p} (offline, a few seconds)…", flush=True)
     tmp = p.with_name(p.name + f".tmp-{os.getpid()}")
     build(tmp, seed=seed)
+    if _is_current(p / "mmcf_build.json", seed):  # another process built it meanwhile (parallel test workers)
+        shutil.rmtree(tmp)
+        return p
     if p.exists():
         shutil.rmtree(p)
     os.replace(tmp, p)
     return p
+
+
+def _is_current(meta: Path, seed: int) -> bool:
+    try:
+        info = json.loads(meta.read_text())
+    except (OSError, ValueError):
+        return False
+    return info.get("build") == BUILD_VERSION and info.get("seed") == seed
