@@ -38,6 +38,7 @@ import pandas as pd
 from agent.rundir import RunError, load_run
 from agent.rundir.grades import JUDGES, grades_of, identical_trials
 from agent.rundir.ledger import compute_ledger
+from analysis.counts import duplicates_note
 from analysis.figures import write_csv, write_text
 
 __all__ = ["grades_of", "judged_runs", "table1", "table4", "table5", "ledger_table", "write_table", "method_label", "model_label",
@@ -224,9 +225,9 @@ def table1(run_dirs, judge: str | None = None) -> "pd.DataFrame":
                      "and trials): " + "; ".join(notes_n) + ".")
     if notes_id:
         notes.append("**std refused:** " + "; ".join(notes_id) + ".")
-    cmp_note = _comparability_note([r for r, _ in runs])
-    if cmp_note:
-        notes.append(cmp_note)
+    for extra in (_comparability_note([r for r, _ in runs]), duplicates_note([r for r, _ in runs])):
+        if extra:
+            notes.append(extra)
     if missing:
         notes.append("Not included (no such judge output): " + "; ".join(missing))
     out.attrs["note"] = "\n\n".join(notes)

@@ -175,7 +175,7 @@ async def test_contextfold_parallel_group_and_image_id(demo, toolbox):
     assert t[0]["image_sha256"] == line["query_images"]["<image_0>"]
     assert line["status"] == "ok" and line["answer"] == "1911"
     obs = text_of(msgs_of(line, llm_events(line)[1])[-1])
-    assert "Google Lens found" in obs and "A Google search" in obs and "<tool_response>" not in obs
+    assert "Google Lens found" in obs and "## text_search Results" in obs and "<tool_response>" not in obs
 
 
 async def test_contextfold_branch_inherits_everything_and_returns_one_message(demo, toolbox):

@@ -215,3 +215,23 @@ def test_a_second_judge_on_the_same_run_is_refused_while_the_first_runs(tmp_path
         assert "another judge is writing here" in capsys.readouterr().err
         assert not (run / "judge-exact.jsonl").exists()
     assert judge_main([str(run), "--judge", "exact", "--no-progress"]) == 0
+
+
+async def test_a_judge_reply_cut_by_its_limit_is_asked_again_then_reported(tmp_path):
+    """U9: the judge's 2,048 tokens are ours (the release has no judge); a cut reply is never silently UNPARSED."""
+    rd = await _make_run(tmp_path, trials=1)
+
+    def rambling(req):
+        prompt = req["messages"][0]["content"]
+        pred = re.search(r"Predicted answer: (.*)", prompt).group(1)
+        tokens = 1500 if "1911" in pred else (5000 if "1998" in pred else 0)  # demo_1: long; demo_4, demo_6: endless
+        return "</think>" + " z" * tokens + f"Extracted: {pred}\nGrade: A"  # " z": one token, no grade letter
+
+    with FakeSGLang(reply=rambling) as srv:
+        await judge_run(rd, endpoint=srv.url, model="judge", api_key_env=None, server="sglang", progress=False)
+        limits = [b["max_tokens"] for b in srv.bodies]
+    recs = {r["sample_id"]: r for r in map(json.loads, (rd / "judge-llm.jsonl").read_text().splitlines())}
+    assert recs["demo_1"]["grade"] == "CORRECT" and "asked again with 8192" in recs["demo_1"]["reason"]
+    assert recs["demo_6"]["grade"] == "UNPARSED" and "cut by its token limit twice (2048, then 8192)" in recs["demo_6"]["reason"]
+    assert recs["demo_2"]["reason"] == "llm"
+    assert limits.count(8192) == 3 and recs["demo_1"]["usage"]["completion_tokens"] > 2048

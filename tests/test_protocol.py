@@ -361,3 +361,21 @@ def test_values_that_would_make_nonsense_are_refused_naming_the_flag(argv, messa
     with redirect_stderr(err), pytest.raises(SystemExit) as e:
         mod.main(argv[1:])
     assert e.value.code == 2 and message in err.getvalue()
+
+
+def test_table1_footnotes_the_rows_the_release_counts_against_our_n(tmp_path, red_image):
+    """U8: the release runs every manifest row (pipelines/base_pipeline.py:103-116); we read a repeated id once."""
+    from analysis.tables import table1
+
+    d = tmp_path / "mmsearch"
+    (d / "imgs").mkdir(parents=True)
+    (d / "imgs" / "a.png").write_bytes(red_image.read_bytes())
+    rows = [{"id": i, "query": f"q{i}", "query_images": ["a.png"], "answer": "1911"} for i in ("1", "2", "3", "2", "3")]
+    (d / "data_unified.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    t = table1([_direct(tmp_path, "dups", ["<answer>1911</answer>"] * 3, benchmark=str(d))])
+    assert "mmsearch (n=3)" in t.columns
+    assert ("**n counts each manifest id once** (ours; the release runs every row, pipelines/base_pipeline.py:103-116): "
+            "mmsearch: 5 rows, 2 repeating an earlier id, n = 3. Over these benchmarks: n = 3 here, 5 rows as the "
+            "release counts them.") in t.attrs["note"]
+    assert "counts each manifest id once" not in table1([_direct(tmp_path, "plain", ["<answer>1911</answer>"] * 2,
+                                                                 limit=2)]).attrs["note"]

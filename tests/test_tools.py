@@ -39,14 +39,22 @@ def live(web, **kw):
                         scrape_base=web.url + "/scrape", jina_base=web.url, policy=FAST, **kw)
 
 
-async def test_live_search_top10_and_key_header(web):
+async def test_live_search_sends_and_shows_what_the_release_does(web):
     tb = Toolbox(live(web))
     r = await tb.call("search", {"query": "kestrel observatory", "goal": "x"})
-    assert r.ok and r.observation.count("\n1. ") == 1 and "10. [Result 10" in r.observation and "11." not in r.observation
+    # the request: q and location, no num (release utils/search_tools.py:64)
+    assert web.bodies[-1] == ("/search", {"q": "kestrel observatory", "location": "United States"})
     assert web.log[-1][2]["X-API-KEY"] == "sk-test-SECRET"
+    # the text: the release's block (utils/search_tools.py:23-43), 0-based rows with indented snippets (:90-99),
+    # the top 10 (paper §4.1)
+    head = "## text_search Results\n\n**Query:** kestrel observatory\n**Goal:** \n**Status:** Success\n**Count:** 10 results"
+    assert r.ok and r.observation.startswith(head + "\n\n### Results:\n0. [Result 1 for kestrel observatory]"
+                                              "(https://site1.example/1)\n  snippet 1\n\n1. [Result 2")
+    assert r.observation.endswith("9. [Result 10 for kestrel observatory](https://site10.example/10)\n  snippet 10")
     assert "SECRET" not in r.observation
     r = await tb.call("search", {"query": "nothing at all"})
-    assert r.ok and "no results" in r.observation
+    assert r.ok and r.observation.endswith("**Status:** Failed\n\nNo results found. Try to fix the current query "
+                                           "or use a different tool.")
 
 
 async def test_live_429_then_success_and_500_exhausted(web):
@@ -61,15 +69,22 @@ async def test_live_429_then_success_and_500_exhausted(web):
 
 async def test_live_visit_block_page_falls_back_to_scrape_then_fails(web):
     url = "https://news.example/story"
-    web.pages[url] = "# Story\n\nThe answer is 42."
-    tb = Toolbox(live(web, visit_max_chars=20))
-    r = await tb.call("visit", {"url": url, "goal": "g"})
-    assert r.ok and "The answer" in r.observation and "truncated" in r.observation
+    web.pages[url] = "# Story\n\nThe answer is 42.\n"
+    r = await Toolbox(live(web)).call("visit", {"url": url, "goal": "g"})
+    # the page as the reader returned it, stripped, no header, no cap (release utils/search_tools.py, visit_page);
+    # Jina asked to strip links and images (:249-253)
+    assert r.ok and r.observation == "# Story\n\nThe answer is 42."
+    assert {k: web.log[-1][2][k] for k in ("X-Md-Link-Style", "X-Retain-imgs", "X-Return-Format")} == \
+        {"X-Md-Link-Style": "discarded", "X-Retain-imgs": "none", "X-Return-Format": "markdown"}
+    r = await Toolbox(live(web, visit_max_chars=10)).call("visit", {"url": url})
+    assert r.observation.startswith("# Story\n\nT") and "truncated: showing 10 of" in r.observation  # a cap if asked
+    tb = Toolbox(live(web))
     blocked = "https://cf.example/p"
     web.pages[blocked] = "Just a moment... Verify you are human"
     web.scrape[blocked] = "Attention Required! | Cloudflare"
     r = await tb.call("visit", {"url": blocked})
-    assert not r.ok and "Failed to visit" in r.observation and "block page" in r.observation
+    assert not r.ok and r.observation == "Failed to read page content." and "block page" in r.raw["blocked"]
+    assert web.bodies[-1] == ("/scrape", {"url": blocked, "includeMarkdown": True})
     web.scrape["https://x.example/forbidden"] = "Real article text from scrape."
     web.faults = ["403"]
     r = await tb.call("visit", {"url": "https://x.example/forbidden"})
@@ -83,6 +98,9 @@ async def test_live_lens_needs_public_url(web, world):
     tb = Toolbox(live(web, lens_url=LensURL(template="https://host/{benchmark}/{filename}")))
     r = await tb.call("lens_search", {"image_id": "image_0"}, reg)
     assert r.ok and "10. [Lens match 10]" in r.observation
+    # url, num 100 and location (release utils/search_tools.py:150)
+    assert web.bodies[-1] == ("/lens", {"url": f"https://host/demo/{reg.images[0].filename}", "num": 100,
+                                        "location": "United States"})
 
 
 async def test_lens_thumbnails_saved_and_s3_presigned_url(web, world, tmp_path, monkeypatch):
@@ -104,8 +122,23 @@ async def test_lens_thumbnails_saved_and_s3_presigned_url(web, world, tmp_path, 
     tb = Toolbox(live(web, lens_url=LensURL(s3_bucket="b"), thumbnail_dir=tmp_path / "thumbs"))
     r = await tb.call("lens_search", {"image_id": "<image_0>"}, reg)
     assert r.ok and calls["put"]["Bucket"] == "b" and calls["put"]["Key"].endswith(reg.images[0].sha256 + ".png")
-    saved = [t for t in r.raw["saved_thumbnails"] if t]
+    saved = r.raw["saved_thumbnails"]
     assert len(saved) == 10 and all((tmp_path / "thumbs" / t["path"].split("/")[-1]).exists() for t in saved)
+
+
+async def test_lens_keeps_up_to_10_thumbnails_from_the_first_30_results(web, world, tmp_path):
+    """release utils/search_tools.py:177 (max_imgs=10), img_download :200-240: the first 30 results are tried, a
+    result whose thumbnail does not arrive is left out, the first 10 that arrive are kept with their result."""
+    reg = ImageRegistry.from_paths([world / "demo/imgs/kestrel_logo.png"], "demo")
+    web.lens_results, web.bad_thumbs = 40, set(range(1, 28)) - {2, 5}
+    tb = Toolbox(live(web, lens_url=LensURL(template="https://host/{filename}"), thumbnail_dir=tmp_path / "t"))
+    r = await tb.call("lens_search", {"image_id": "<image_0>"}, reg)
+    assert [t["title"] for t in r.raw["saved_thumbnails"]] == [f"Lens match {i}" for i in (2, 5, 28, 29, 30)]
+    assert [t["link"] for t in r.raw["saved_thumbnails"]][:2] == ["https://match2.example/", "https://match5.example/"]
+    web.bad_thumbs = set()
+    r = await Toolbox(live(web, lens_url=LensURL(template="https://h/{filename}"), thumbnail_dir=tmp_path / "u")).call(
+        "lens_search", {"image_id": "<image_0>"}, reg)
+    assert [t["rank"] for t in r.raw["saved_thumbnails"]] == list(range(10))
 
 
 def test_missing_keys_fail_at_start():

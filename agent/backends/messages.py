@@ -227,7 +227,9 @@ def to_openai_messages(messages: list[dict], base_dir=None) -> list[dict]:
                 url = ref if ref.startswith(("http://", "https://", "data:")) else _image_of(p, base_dir).data_uri()
                 if ref.startswith("data:"):
                     load_image(ref)  # validate early, with a clear error
-                parts.append({"type": "image_url", "image_url": {"url": url}})
+                iu = p.get("image_url")
+                detail = iu.get("detail") if isinstance(iu, dict) else None
+                parts.append({"type": "image_url", "image_url": {"url": url, **({"detail": detail} if detail else {})}})
             else:
                 parts.append(p)
         out.append({**m, "content": parts})

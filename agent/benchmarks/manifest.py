@@ -44,7 +44,8 @@ class Sample:
     def question(self) -> str:
         """The text the agent sees: the query, with the options appended when there are any."""
         if self.options:
-            return self.query.rstrip() + "\n\nOptions:\n" + "\n".join(str(o) for o in self.options)
+            # a blank line, "Options:", one "- " bullet per option (release pipelines/base_pipeline.py:118-122)
+            return self.query + "\n\nOptions:\n" + "\n".join(f"- {o}" for o in self.options)
         return self.query
 
     @property

@@ -23,6 +23,7 @@ import re
 import sys
 import time
 import unicodedata
+from dataclasses import replace
 
 from tqdm import tqdm
 
@@ -39,6 +40,8 @@ __all__ = ["parse_grade", "exact_grade", "judge_run", "accuracy_table", "Grader"
            "DEFAULT_MODEL", "read_grades", "judge_key_env"]
 
 GRADES = ("CORRECT", "INCORRECT", "NOT_ATTEMPTED", "UNPARSED")
+#: The judge's token limit per reply (ours), and the limit a reply cut by it is asked again with.
+JUDGE_MAX_TOKENS, JUDGE_RETRY_TOKENS = 2048, 8192
 _LETTER = {"A": "CORRECT", "B": "INCORRECT", "C": "NOT_ATTEMPTED"}
 _WORD = {"CORRECT": "CORRECT", "INCORRECT": "INCORRECT", "NOT ATTEMPTED": "NOT_ATTEMPTED",
          "NOTATTEMPTED": "NOT_ATTEMPTED"}
@@ -137,7 +140,9 @@ class Grader:
         self.backend = backend
         self._own = False
         self.sem = asyncio.Semaphore(concurrency)
-        self.sp = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=2048, top_logprobs=0, enable_thinking=None)
+        # T = 0 (paper B.6); top-p 1.0 and 2,048 tokens are ours (the release ships no judge): docs/fidelity.md
+        self.sp = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=JUDGE_MAX_TOKENS, top_logprobs=0,
+                                 enable_thinking=None)
 
     def client(self):
         if self.backend is None:
@@ -171,17 +176,31 @@ class Grader:
             client = self.client()
             async with self.sem:
                 try:
-                    out = await client.generate([{"role": "user", "content": prompt}], self.sp)
-                    g, ext = parse_grade(out.text or out.reasoning)
-                    # the model the reply names: a silently rerouted judge shows up (and is refused in tables)
-                    rec.update(grade=g, extracted=ext, reply=out.text, reason="llm", judge_served_model=out.model or None,
-                               usage={"prompt_tokens": out.usage.prompt_tokens,  # for the run's cost ledger
-                                      "completion_tokens": out.usage.completion_tokens,
-                                      "cached_tokens": out.usage.cached_tokens})
+                    rec.update(await self._ask(client, prompt))
                 except BackendError as e:  # recorded and retried on the next run
                     rec.update(grade="UNPARSED", extracted=None, reply=None, reason=f"judge call failed: {e}",
                                failed=True)
         return rec
+
+    async def _ask(self, client, prompt: str) -> dict:
+        """One grade from the judge. A reply cut by its token limit before it states a grade is asked again with
+        ``JUDGE_RETRY_TOKENS``; cut again, it is UNPARSED with the reason said (never silently)."""
+        msgs, usage = [{"role": "user", "content": prompt}], {}
+        for attempt, sp in enumerate((self.sp, replace(self.sp, max_tokens=JUDGE_RETRY_TOKENS))):
+            out = await client.generate(msgs, sp)
+            for k in ("prompt_tokens", "completion_tokens", "cached_tokens"):  # for the run's cost ledger
+                usage[k] = usage.get(k, 0) + (getattr(out.usage, k) or 0)
+            g, ext = parse_grade(out.text or out.reasoning)
+            cut = g == "UNPARSED" and out.finish_reason == "length"
+            if not cut:
+                break
+        if cut:
+            reason = f"the judge's reply was cut by its token limit twice ({JUDGE_MAX_TOKENS}, then {JUDGE_RETRY_TOKENS})"
+        else:
+            reason = "llm" if attempt == 0 else f"llm (asked again with {JUDGE_RETRY_TOKENS} tokens: the first reply was cut)"
+        # the model the reply names: a silently rerouted judge shows up (and is refused in tables)
+        return dict(grade=g, extracted=ext, reply=out.text, reason=reason, judge_served_model=out.model or None,
+                    usage=usage)
 
     async def aclose(self) -> None:
         if self._own and self.backend is not None:

@@ -8,17 +8,20 @@ projection passed through :func:`agent.backends.messages.strip_images`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..backends.base import BackendError, ModelOutput, SamplingParams
 from ..backends.messages import strip_images
 from ..parsing import Action, ActionError
 from ..prompts import CORRECTION, fill
+from ..tools.formatting import format_lens_branch
+from ..tools.live import LENS_IMAGES
 from ..tools.registry import ImageRegistry, RegisteredImage
-from ..tools.toolbox import TOOL_NAMES, ToolResult
+from ..tools.toolbox import TOOL_NAMES, ToolResult, lens_results
 from ..trajectory import Trajectory
 
-__all__ = ["Budgets", "Episode", "BudgetExceeded", "ServedModelChanged", "Turn", "image_parts", "with_suffix", "tool_reply", "correction_text",
+__all__ = ["Budgets", "Episode", "BudgetExceeded", "ServedModelChanged", "Turn", "image_parts", "with_suffix", "with_note",
+           "tool_reply", "correction_text",
            "strip_images", "chat", "with_turns", "assistant_message", "HISTORY_REASONING", "WEBWATCHER_OBSERVATION_IMAGES"]
 
 #: How an assistant turn goes back into the history: ``keep`` its reasoning as ``reasoning_content``
@@ -58,12 +61,14 @@ class ServedModelChanged(BackendError):
     server): the unit ends ``error``, never a trajectory of two models."""
 
 
-def image_parts(images: list[RegisteredImage]) -> list[dict]:
-    """Each image after its text identifier: ``<image_0>`` then the pixels (removal drops only the pixels)."""
+def image_parts(images: list[RegisteredImage], detail: str | None = None) -> list[dict]:
+    """Each image after its text identifier: ``<image_0>`` then the pixels (removal drops only the pixels).
+    ``detail``: the OpenAI ``detail`` field (MM-ContextFold sends ``"high"``, as the release does)."""
     parts = []
     for r in images:
+        url = {"url": str(r.path), **({"detail": detail} if detail else {})}
         parts.append({"type": "text", "text": r.image_id})
-        parts.append({"type": "image_url", "image_url": {"url": str(r.path)}})
+        parts.append({"type": "image_url", "image_url": url})
     return parts
 
 
@@ -105,20 +110,44 @@ def with_suffix(messages: list[dict], suffix: str) -> list[dict]:
     return out
 
 
-def tool_reply(observation: str, images: list | tuple = ()):
+def tool_reply(observation: str, images: list | tuple = (), *, images_after: bool = False):
     """The user message carrying a tool's observation, with the tool's result images (retrieved, not query).
 
     Ours, after WebWatcher's loop (agent_eval.py: ``<tool_response>``, the result images, the text,
     ``</tool_response>``): the images sit inside the ``<tool_response>`` wrapper, each after a label, so
     the message still counts as a tool response (not a new user query) for the chat template.
+    ``images_after``: the release's branch Lens layout instead (``pipeline_mmcontextfold.py:305-308``): the text,
+    which names the images ``<result#1>``…, then the images in that order, unlabelled, still inside the wrapper.
     """
     if not images:
         return f"<tool_response>\n{observation}\n</tool_response>"
+    pixels = [{"type": "image_url", "image_url": {"url": str(path)}} for path in images]
+    if images_after:
+        return [{"type": "text", "text": f"<tool_response>\n{observation}\n"}, *pixels,
+                {"type": "text", "text": "\n</tool_response>"}]
     parts: list[dict] = [{"type": "text", "text": "<tool_response>\n"}]
-    for i, path in enumerate(images, 1):
-        parts += [{"type": "text", "text": f"[result image {i}]"}, {"type": "image_url", "image_url": {"url": str(path)}}]
+    for i, px in enumerate(pixels, 1):
+        parts += [{"type": "text", "text": f"[result image {i}]"}, px]
     parts.append({"type": "text", "text": f"\n{observation}\n</tool_response>"})
     return parts
+
+
+def with_note(messages: list[dict], note: str) -> list[dict]:
+    """``messages`` with ``note`` added to the last (user) message, inside its ``<tool_response>`` wrapper when it
+    is a tool response, so that it still counts as one for the chat template (which decides whose reasoning is
+    rendered); otherwise at its end, like :func:`with_suffix`. The release appends its turn warnings to the
+    observation the same way (``pipeline_mmcontextfold.py:284-296``)."""
+    out = list(messages)
+    last = dict(out[-1])
+    c, end = last["content"], "\n</tool_response>"
+    if isinstance(c, str) and c.startswith("<tool_response>") and c.endswith(end):
+        last["content"] = c[:-len(end)] + "\n\n" + note + end
+    elif isinstance(c, list) and c and c[-1].get("type") == "text" and c[-1]["text"].endswith(end):
+        last["content"] = [*c[:-1], {"type": "text", "text": c[-1]["text"][:-len(end)] + "\n\n" + note + end}]
+    else:
+        return with_suffix(messages, note)
+    out[-1] = last
+    return out
 
 
 def correction_text(err: ActionError) -> str:
@@ -152,11 +181,11 @@ class Episode:
     def turns(self, base: list[dict], turns: list[Turn]) -> list[dict]:
         return with_turns(base, turns, self.history_reasoning)
 
-    def observation(self, res: ToolResult, images: int | None = None):
+    def observation(self, res: ToolResult, images: int | None = None, *, images_after: bool = False):
         """The user message carrying a tool result (with up to ``images`` result images, default
         ``observation_images``; 0 for a context that must see no pixels at all)."""
         n = self.observation_images if images is None else int(images)
-        return tool_reply(res.observation, [p for _, p in res.images[:n]])
+        return tool_reply(res.observation, [p for _, p in res.images[:n]], images_after=images_after)
 
     @property
     def used(self) -> int:
@@ -188,13 +217,20 @@ class Episode:
     def reject(ev: dict, err: Exception) -> None:
         ev["action_error"] = str(err)
 
-    async def tool(self, ev: dict, name: str, args: dict, *, images: int | None = None) -> ToolResult:
+    async def tool(self, ev: dict, name: str, args: dict, *, images: int | None = None,
+                   branch_lens: bool = False) -> ToolResult:
         """Run a tool; ``images``: how many result images its observation shows (recorded; default
-        ``observation_images``)."""
+        ``observation_images``). ``branch_lens``: a Lens result is shown as the release shows it inside an
+        MM-ContextFold branch (:func:`agent.tools.formatting.format_lens_branch`, up to ``LENS_IMAGES`` images)."""
         if name in TOOL_NAMES and name not in self.allowed_tools:
             res = ToolResult(name, dict(args), f"Tool '{name}' is not available here. Available tools: "
                              f"{', '.join(self.allowed_tools)}.", False, False)
         else:
             res = await self.toolbox.call(name, args, self.registry)
+        if branch_lens and name == "lens_search" and res.ok:
+            found = lens_results(res.raw)[:LENS_IMAGES]
+            res = replace(res, observation=format_lens_branch(str(args.get("image_id", "")), found),
+                          images=[(r["sha256"], r["path"]) for r in found])
+            images = len(found)
         self.traj.tool_call(ev, res, self.observation_images if images is None else int(images))
         return res

@@ -41,7 +41,7 @@ from ..prompts import (
     branch_prompt,
     fill,
 )
-from .common import Episode, Turn, assistant_message, chat, correction_text, image_parts, with_suffix
+from .common import Episode, Turn, assistant_message, chat, correction_text, image_parts, with_note
 
 __all__ = ["run_mmcontextfold", "VARIANTS"]
 
@@ -53,16 +53,26 @@ async def _init_cycle(ep: Episode) -> str:
     for img in ep.registry.images:
         if ep.remaining <= 1:  # keep the last call for the force-answer
             break
-        msgs = [chat("system", SYSTEM), chat("user", [*image_parts([img]), {"type": "text", "text": INIT}])]
+        # the prompt first, then the image (release utils/search_backbone_model.py:83-106)
+        msgs = [chat("system", SYSTEM), chat("user", [{"type": "text", "text": INIT}, *image_parts([img], "high")])]
         out, ev = await ep.llm(msgs, state="init", parent="init")
         obj, text = parse_init_description(out.text or out.reasoning)
         ev["action"] = {"kind": "describe", "image_id": img.image_id, "parsed": obj is not None}
-        descriptions[img.image_id], parsed[img.image_id] = text or "(no description)", obj is not None
+        descriptions[img.image_id], parsed[img.image_id] = _description(img.image_id, obj, text), obj is not None
     ep.traj.init_end(descriptions, parsed)
     missing = [r.image_id for r in ep.registry.images if r.image_id not in descriptions]
-    lines = [f"{k}: {v}" for k, v in descriptions.items()]
-    lines += [f"{k}: (not described: call budget exhausted)" for k in missing]
-    return "\n".join(lines) if lines else "No query images."
+    blocks = list(descriptions.values())
+    blocks += [f"{k}: [Query Image] (not described: call budget exhausted)" for k in missing]
+    return "\n\n".join(blocks) if blocks else "No query images."
+
+
+def _description(image_id: str, obj: dict | None, text: str) -> str:
+    """One image's block in the main state's image context, as the release writes it
+    (``pipelines/pipeline_mmcontextfold.py:124-138``): the E.4 fields indented under ``[Query Image]``, else the
+    reply's first 200 characters."""
+    if obj is not None:
+        return f"{image_id}: [Query Image]\n  Content: {obj.get('summary', '')}\n  Source: {obj.get('source_hint', '')}"
+    return f"{image_id}: [Query Image] {(text or '(no description)')[:200]}"
 
 
 def _no_init_context(ep: Episode) -> str:
@@ -75,7 +85,8 @@ async def run_mmcontextfold(ep: Episode, *, variant: str = "") -> tuple[str, str
         raise ValueError(f"unknown MM-ContextFold variant {variant!r}; choose from {VARIANTS[1:]}")
     image_context = _no_init_context(ep) if variant == "no-init" else await _init_cycle(ep)
     main_text = fill(MAIN, image_context=image_context, question=ep.sample.question)
-    first = [*image_parts(ep.registry.images), {"type": "text", "text": main_text}] if variant == "image-in-main" else main_text
+    first = [{"type": "text", "text": main_text}, *image_parts(ep.registry.images, "high")] if variant == "image-in-main" \
+        else main_text
     base = [chat("system", SYSTEM), chat("user", first)]
     turns: list[Turn] = []
     correction = False
@@ -89,7 +100,8 @@ async def run_mmcontextfold(ep: Episode, *, variant: str = "") -> tuple[str, str
 
     while ep.remaining > 0:
         forced = ep.remaining == 1
-        msgs = with_suffix(main_messages(), FORCE_ANSWER) if forced else main_messages()
+        # the force-answer prompt is a user turn of its own (release pipelines/pipeline_mmcontextfold.py:522-523)
+        msgs = [*main_messages(), chat("user", FORCE_ANSWER)] if forced else main_messages()
         out, ev = await ep.llm(msgs, state="main", correction=correction, forced=forced)
         try:
             act = parse_action(out.text, ("answer",) if forced else ("subtask", "answer"))
@@ -137,7 +149,7 @@ async def _branch(ep: Episode, bid: str, subtask: dict, inherited: list[dict], m
     # E.3 verbatim, its "at most 5 tool calls" following --b-max (the B_max sweep, D.2)
     template = branch_prompt(ep.budgets.b_max, lens=variant != "image-caption")
     prompt = fill(template, task_prompt=subtask["prompt"])
-    base = [*inherited, chat("user", [*image_parts(loaded), {"type": "text", "text": prompt}] if loaded else prompt)]
+    base = [*inherited, chat("user", [{"type": "text", "text": prompt}, *image_parts(loaded, "high")] if loaded else prompt)]
     turns: list[Turn] = []
     correction = False
     steps = 0
@@ -150,8 +162,8 @@ async def _branch(ep: Episode, bid: str, subtask: dict, inherited: list[dict], m
         steps += 1
         last = steps >= ep.budgets.b_max or ep.remaining <= 2
         msgs = ep.turns(base, turns)
-        if last:
-            msgs = with_suffix(msgs, BRANCH_SUMMARISE)
+        if last:  # inside the observation's wrapper: it still counts as a tool response for the template
+            msgs = with_note(msgs, BRANCH_SUMMARISE)
         out, ev = await ep.llm(msgs, state="branch", branch=bid, correction=correction, forced=last)
         # what a branch without a usable return folds back: its visible text, else its reasoning (ours)
         last_text = _visible_without_calls(out.text) or last_text
@@ -181,8 +193,10 @@ async def _branch(ep: Episode, bid: str, subtask: dict, inherited: list[dict], m
             message = last_text or last_reasoning or "Branch budget exhausted before a return; no findings were summarised."
             ep.traj.branch_end(bid, message=message, reason="branch_budget", steps=steps)
             return message
-        res = await ep.tool(ev, act.name, act.args, images=result_images)
-        turns.append(Turn(out.text, out.reasoning, ep.observation(res, result_images)))
+        # with pixels, Lens results come as the release shows them: named <result#i>, the images after the text
+        res = await ep.tool(ev, act.name, act.args, images=result_images, branch_lens=pixels)
+        turns.append(Turn(out.text, out.reasoning, ep.observation(res, result_images if not pixels else len(res.images),
+                                                                  images_after=pixels)))
 
 
 def _visible_without_calls(text: str) -> str:

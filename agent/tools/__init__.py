@@ -18,7 +18,7 @@ __all__ = ["make_toolbox", "Toolbox", "ToolResult", "ToolCache", "CacheMiss", "L
 
 
 def make_toolbox(kind: str = "offline", *, world_dir=None, cache_path=None, mode: str = "readwrite",
-                 live_fallback: bool = False, visit_max_chars: int = 12000, thumbnail_dir=None) -> Toolbox:
+                 live_fallback: bool = False, visit_max_chars: int | None = None, thumbnail_dir=None) -> Toolbox:
     """``thumbnail_dir``: where live Lens result images are saved (default: beside the cache, ``<cache>.images/``)."""
     if kind == "offline":
         provider = OfflineProvider(world_dir or ensure_demo_world(), visit_max_chars=visit_max_chars)

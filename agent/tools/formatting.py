@@ -1,7 +1,9 @@
 """How tool results are shown to the model — one format for the live APIs and the offline world.
 
 Both providers hand these functions the same plain records, so an agent cannot tell (from the
-observation's shape) whether it ran against Serper/Jina or the offline corpus.
+observation's shape) whether it ran against Serper/Jina or the offline corpus. Search and visit texts are the
+authors' release's (iLearn-Lab/MM26-MMContextFold @16fa474, ``utils/search_tools.py``), which the paper does not
+print; the Lens list ReAct sees is ours, and an MM-ContextFold branch gets the release's own (``format_lens_branch``).
 """
 from __future__ import annotations
 
@@ -12,20 +14,28 @@ BLOCK_MARKERS = (
 )
 
 
+def _tool_block(tool: str, query: str, success: bool, count: int = 0, results: str = "") -> str:
+    """The release's result block (``utils/search_tools.py:23-43``). Its Goal line is always empty there
+    (``SearchTools.text_search`` passes ``goal=""``, ``:346``), and so it is here."""
+    head = f"## {tool} Results\n\n**Query:** {query}\n**Goal:** \n**Status:** {'Success' if success else 'Failed'}\n"
+    if not success:
+        return head + "\nNo results found. Try to fix the current query or use a different tool."
+    return head + f"**Count:** {count} results\n\n### Results:\n{results}"
+
+
 def format_search(query: str, results: list[dict]) -> str:
-    """results: [{"title", "link", "snippet"}], top-10, as a compact numbered list."""
+    """results: [{"title", "link", "snippet"}], the top 10, as the release lists them: 0-based, each snippet
+    indented under its link, blank lines between (``utils/search_tools.py:90-99``)."""
     if not results:
-        return f"A Google search for '{query}' found no results. Try a shorter or different query."
-    lines = [f"A Google search for '{query}' found {len(results)} results:", ""]
-    for i, r in enumerate(results, 1):
-        lines.append(f"{i}. [{r.get('title') or '(no title)'}]({r.get('link', '')})")
-        if r.get("snippet"):
-            lines.append(f"   {r['snippet']}")
-    return "\n".join(lines)
+        return _tool_block("text_search", query, False)
+    rows = [f"{i}. [{r.get('title') or ''}]({r.get('link', '')})" + (f"\n  {r['snippet']}" if r.get("snippet") else "")
+            for i, r in enumerate(results)]
+    return _tool_block("text_search", query, True, len(rows), "\n\n".join(rows))
 
 
 def format_lens(image_id: str, results: list[dict]) -> str:
-    """results: [{"title", "link", "source"}], top-10 visually similar pages."""
+    """results: [{"title", "link", "source"}], top-10 visually similar pages (the observation ReAct and the
+    folding baselines get; an MM-ContextFold branch gets :func:`format_lens_branch`)."""
     if not results:
         return f"Google Lens found no visually similar results for {image_id}."
     lines = [f"Google Lens found {len(results)} visually similar results for {image_id}:", ""]
@@ -35,16 +45,35 @@ def format_lens(image_id: str, results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def format_visit(url: str, content: str, max_chars: int) -> str:
+#: The release's lens observation inside a branch when nothing came back (``pipelines/pipeline_mmcontextfold.py:383-400``).
+LENS_BRANCH_EMPTY = "lens_search returned no results. Try a different approach such as text search."
+
+
+def format_lens_branch(image_id: str, results: list[dict]) -> str:
+    """An MM-ContextFold branch's lens observation, as the release writes it (``pipelines/pipeline_mmcontextfold.py:383-400``, ``:305-308``):
+    only the results whose thumbnail arrived (``results``: [{"title", "link"}], in the order of their images),
+    named ``<result#1>``…, then the instruction to compare each attached image with the query image."""
+    if not results:
+        return LENS_BRANCH_EMPTY
+    rows = [f"<result#{i}>: **{r.get('title') or 'Result'}**\n   URL: {r.get('link', '')}" for i, r in enumerate(results, 1)]
+    return (f"Reverse image search results for {image_id}:\n\n" + "\n\n".join(rows)
+            + f"\n\nThe result images are attached in the same order (<result#1> ~ <result#{len(rows)}>). "
+            f"Compare each result image with the query image {image_id} and "
+            "use both visual and text information to continue your task.")
+
+
+def format_visit(url: str, content: str, max_chars: int | None = None) -> str:
+    """The page text as the reader returned it, stripped, no header (``utils/search_tools.py``, ``call_visit_jina``
+    and ``SearchTools.visit_page``); no length cap unless ``max_chars`` is given (the release has none)."""
     body = content.strip()
-    cut = ""
-    if len(body) > max_chars:
-        body, cut = body[:max_chars], f"\n\n[... truncated: showing {max_chars} of {len(content.strip())} characters]"
-    return f"Content of {url}:\n\n{body}{cut}"
+    if max_chars is not None and len(body) > max_chars:
+        body = body[:max_chars] + f"\n\n[... truncated: showing {max_chars} of {len(content.strip())} characters]"
+    return body
 
 
-def failed_visit(url: str, why: str) -> str:
-    return f"Failed to visit {url}: {why}. Try another source."
+#: The release's text for a page no reader could read (``utils/search_tools.py``, ``SearchTools.visit_page``);
+#: the reason goes to the record.
+FAILED_VISIT = "Failed to read page content."
 
 
 def looks_blocked(text: str, status: int | None = None) -> str | None:

@@ -20,10 +20,19 @@ import httpx
 
 from ..backends.images import ImageError, load_image
 from ..http import HTTPError, RetryPolicy, make_client, request_json
-from .formatting import failed_visit, format_lens, format_search, format_visit, looks_blocked
+from .formatting import FAILED_VISIT, format_lens, format_search, format_visit, looks_blocked
 from .registry import RegisteredImage
 
 __all__ = ["LiveProvider", "LensURL", "ProviderResult", "MissingKeyError", "require_live_tools"]
+
+
+#: What the release sends with every Serper search and Lens request (``utils/search_tools.py:64``, ``:150``).
+LOCATION = "United States"
+#: The release's Jina Reader headers: markdown, links and images stripped (``utils/search_tools.py:249-253``;
+#: ``X-Retain-imgs`` is spelled so there).
+JINA_HEADERS = {"X-Md-Link-Style": "discarded", "X-Retain-imgs": "none", "X-Return-Format": "markdown"}
+#: Lens result images downloaded per call: up to 10 from the first 30 results (``utils/search_tools.py:177``, ``:200``).
+LENS_IMAGES = 10
 
 
 class MissingKeyError(RuntimeError):
@@ -95,7 +104,7 @@ class LiveProvider:
     kind = "live"
 
     def __init__(self, *, serper_key: str | None, jina_key: str | None, lens_url: LensURL | None = None,
-                 visit_max_chars: int = 12000, policy: RetryPolicy = RetryPolicy(retries=3, timeout_s=45),
+                 visit_max_chars: int | None = None, policy: RetryPolicy = RetryPolicy(retries=3, timeout_s=45),
                  serper_base: str = "https://google.serper.dev", scrape_base: str = "https://scrape.serper.dev",
                  jina_base: str = "https://r.jina.ai", client: httpx.AsyncClient | None = None,
                  thumbnail_dir: str | os.PathLike | None = None):
@@ -128,7 +137,7 @@ class LiveProvider:
 
     async def search(self, query: str) -> ProviderResult:
         try:
-            data = await request_json(self._client, "POST", self.serper_base + "/search", json_body={"q": query, "num": 10},
+            data = await request_json(self._client, "POST", self.serper_base + "/search", json_body={"q": query, "location": LOCATION},
                                       headers=self._serper_headers(), policy=self.policy, what="serper search")
         except HTTPError as e:
             return ProviderResult(f"Search failed: {_public(e)}. Try again later or rephrase.", ok=False, transient=True, paid_calls=1)
@@ -146,47 +155,50 @@ class LiveProvider:
         except Exception as e:  # noqa: BLE001 - an upload failure is the tool's error, shown to the agent
             return ProviderResult(f"lens_search failed to publish {img.image_id}: {e}", ok=False, transient=True)
         try:
-            data = await request_json(self._client, "POST", self.serper_base + "/lens", json_body={"url": url},
+            data = await request_json(self._client, "POST", self.serper_base + "/lens",
+                                      json_body={"url": url, "num": 100, "location": LOCATION},
                                       headers=self._serper_headers(), policy=self.policy, what="serper lens")
         except HTTPError as e:
             return ProviderResult(f"lens_search failed: {_public(e)}.", ok=False, transient=True, paid_calls=1)
         items = data.get("organic") or data.get("visual_matches") or data.get("visualMatches") or []
         rows = [{"title": r.get("title", ""), "link": r.get("link", ""), "source": r.get("source", "")} for r in items[:10]]
         if self.thumbnail_dir:
-            data = {**data, "saved_thumbnails": await self._save_thumbnails(items[:10])}
+            data = {**data, "saved_thumbnails": await self._save_thumbnails(items)}
         return ProviderResult(format_lens(img.image_id, rows), raw=data, paid_calls=1)
 
     async def _save_thumbnails(self, items: list) -> list:
-        """Download each result's thumbnail once, stored by content hash; failures are skipped."""
-
+        """Up to ``LENS_IMAGES`` result thumbnails from the first ``3 × LENS_IMAGES`` results, each stored once by
+        content hash, with the result it belongs to; failures are skipped (release ``utils/search_tools.py:177``,
+        ``img_download`` ``:200-240``)."""
         out_dir = Path(self.thumbnail_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         saved = []
-        for r in items:
-            url = r.get("thumbnailUrl") or r.get("imageUrl")
+        for rank, r in enumerate(items[:3 * LENS_IMAGES]):
+            if len(saved) >= LENS_IMAGES:
+                break
+            url = r.get("thumbnailUrl")
             if not url:
-                saved.append(None)
                 continue
             try:
                 resp = await self._client.get(url, timeout=15)
                 resp.raise_for_status()
                 img = load_image("data:image;base64," + base64.b64encode(resp.content).decode())  # validates
             except (httpx.HTTPError, ImageError):
-                saved.append(None)
                 continue
             path = out_dir / f"{img.sha256}.{img.mime.split('/')[-1]}"
             if not path.exists():
                 path.write_bytes(resp.content)
-            saved.append({"url": url, "sha256": img.sha256, "path": str(path)})
+            saved.append({"url": url, "sha256": img.sha256, "path": str(path), "rank": rank,
+                          "title": r.get("title", ""), "link": r.get("link", "")})
         return saved
 
     async def visit(self, url: str) -> ProviderResult:
         if not url.startswith(("http://", "https://")):
-            return ProviderResult(failed_visit(url, "not an http(s) URL"), ok=False)
+            return ProviderResult(FAILED_VISIT, raw={"blocked": "not an http(s) URL"}, ok=False)
         paid, why = 0, "no reader configured"
         if self.jina_key or not self.serper_key:
             headers = {"Authorization": f"Bearer {self.jina_key}"} if self.jina_key else {}
-            headers["X-Return-Format"] = "markdown"
+            headers.update(JINA_HEADERS)
             paid += 1
             try:
                 text = await request_json(self._client, "GET", f"{self.jina_base}/{url}", headers=headers,
@@ -199,7 +211,7 @@ class LiveProvider:
         if self.serper_key:
             paid += 1
             try:
-                data = await request_json(self._client, "POST", self.scrape_base, json_body={"url": url},
+                data = await request_json(self._client, "POST", self.scrape_base, json_body={"url": url, "includeMarkdown": True},
                                           headers=self._serper_headers(), policy=self.policy, what="serper scrape")
                 text = data.get("markdown") or data.get("text") or ""
                 why2 = looks_blocked(text)
@@ -208,7 +220,7 @@ class LiveProvider:
                 why = why2
             except HTTPError as e:
                 why = looks_blocked("", e.status) or _public(e)
-        return ProviderResult(failed_visit(url, why), raw={"blocked": why}, ok=False, paid_calls=paid)
+        return ProviderResult(FAILED_VISIT, raw={"blocked": why}, ok=False, paid_calls=paid)
 
     async def aclose(self) -> None:
         await self._client.aclose()

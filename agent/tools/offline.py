@@ -19,7 +19,7 @@ from pathlib import Path
 from PIL import Image
 
 from ..paths import inside
-from .formatting import failed_visit, format_lens, format_search, format_visit, looks_blocked
+from .formatting import FAILED_VISIT, format_lens, format_search, format_visit, looks_blocked
 from .live import ProviderResult
 from .registry import RegisteredImage
 
@@ -45,7 +45,7 @@ def dhash(img, size: int = 8) -> int:
 class OfflineProvider:
     kind = "offline"
 
-    def __init__(self, world_dir: str | Path, *, visit_max_chars: int = 12000, phash_max_distance: int = 10):
+    def __init__(self, world_dir: str | Path, *, visit_max_chars: int | None = None, phash_max_distance: int = 10):
         root = Path(world_dir)
         root = root / "world" if (root / "world" / "pages.jsonl").exists() else root
         pages = root / "pages.jsonl"
@@ -108,17 +108,19 @@ class OfflineProvider:
             if u not in seen:
                 seen.add(u)
                 rows.append({"title": self.pages[u].get("title", ""), "link": u, "source": u.split("/")[2]})
-        thumbs = [self.page_images[r["link"]][0] for r in rows[:10] if self.page_images.get(r["link"])]
+        # as live Lens keeps them: up to 10 thumbnails from the first 30 results, each with its result
+        thumbs = [{**self.page_images[r["link"]][0], "rank": i, "title": r["title"], "link": r["link"]}
+                  for i, r in enumerate(rows[:30]) if self.page_images.get(r["link"])][:10]
         return ProviderResult(format_lens(img.image_id, rows[:10]), raw={"organic": rows[:10], "thumbnails": thumbs})
 
     async def visit(self, url: str) -> ProviderResult:
         p = self.pages.get(url) or self.pages.get(url.rstrip("/")) or self.pages.get(url.rstrip("/") + "/")
         if p is None:
-            return ProviderResult(failed_visit(url, "HTTP 404 (page not found)"), raw={"status": 404}, ok=False)
+            return ProviderResult(FAILED_VISIT, raw={"status": 404, "blocked": "HTTP 404 (page not found)"}, ok=False)
         text = f"# {p.get('title', '')}\n\n{p.get('text', '')}"
         why = looks_blocked(p.get("text", ""))
         if why:
-            return ProviderResult(failed_visit(url, why), raw={"blocked": why}, ok=False)
+            return ProviderResult(FAILED_VISIT, raw={"blocked": why}, ok=False)
         return ProviderResult(format_visit(url, text, self.visit_max_chars), raw={"reader": "offline", "content": text})
 
     def require(self, tools) -> None:

@@ -21,7 +21,7 @@ from .cache import MODES, ToolCache, cache_key
 from .live import ProviderResult
 from .registry import ImageRegistry
 
-__all__ = ["Toolbox", "ToolResult", "CacheMiss", "TOOL_NAMES", "result_images"]
+__all__ = ["Toolbox", "ToolResult", "CacheMiss", "TOOL_NAMES", "result_images", "lens_results"]
 
 TOOL_NAMES = ("search", "visit", "lens_search")
 _REQUIRED = {"search": "query", "visit": "url", "lens_search": "image_id"}
@@ -55,20 +55,19 @@ class ToolResult:
     images: list = field(default_factory=list)   # [(sha256, path)]: the result images (lens thumbnails)
 
 
-def result_images(raw) -> list[tuple[str, str]]:
-    """The result images a provider saved for a call, from its raw record (cached with it), best first.
-
-    Live lens keeps them under ``saved_thumbnails``, the offline world under ``thumbnails``; entries whose
-    file is gone (a cache copied without its image folder) are skipped.
-    """
-
+def lens_results(raw) -> list[dict]:
+    """The results whose image a provider saved for a call (``{"sha256", "path", "title", "link"}``), best first,
+    from its raw record (cached with it). Live Lens keeps them under ``saved_thumbnails``, the offline world under
+    ``thumbnails``; entries whose file is gone (a cache copied without its image folder) are skipped."""
     if not isinstance(raw, dict):
         return []
-    out = []
-    for r in raw.get("saved_thumbnails") or raw.get("thumbnails") or []:
-        if isinstance(r, dict) and r.get("sha256") and r.get("path") and Path(r["path"]).is_file():
-            out.append((r["sha256"], r["path"]))
-    return out
+    return [r for r in raw.get("saved_thumbnails") or raw.get("thumbnails") or []
+            if isinstance(r, dict) and r.get("sha256") and r.get("path") and Path(r["path"]).is_file()]
+
+
+def result_images(raw) -> list[tuple[str, str]]:
+    """The result images of a call as ``(sha256, path)``, best first (:func:`lens_results`)."""
+    return [(r["sha256"], r["path"]) for r in lens_results(raw)]
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """Loopback stand-ins for Serper (/search, /lens, scrape) and Jina Reader, with their response shapes.
 
 ``server.faults`` is consumed one per request: "429", "500", or None. ``server.pages`` maps a URL to
-the markdown Jina returns for it (a block page is just a page whose text is a bot wall).
+the markdown Jina returns for it (a block page is just a page whose text is a bot wall). ``server.bodies``
+lists each POST's path and JSON body; ``server.lens_results`` is how many results Lens returns, and
+``server.bad_thumbs`` the result numbers whose thumbnail answers 404.
 """
 from __future__ import annotations
 
@@ -18,6 +20,10 @@ class _H(JSONHandler):
     def _pre(self):
         with self.server.lock:
             self.server.log.append((self.command, self.path, dict(self.headers)))
+            n = int(self.headers.get("Content-Length") or 0) if self.command == "POST" else 0
+            self._body = json.loads(self.rfile.read(n) or b"{}") if n else {}
+            if self.command == "POST":
+                self.server.bodies.append((self.path, self._body))
             f = self.server.faults.pop(0) if self.server.faults else None
         if f in ("429", "500", "403"):
             self._send(int(f), {"message": "fault"})
@@ -32,6 +38,8 @@ class _H(JSONHandler):
 
             from PIL import Image
 
+            if int(self.path[7:].split(".")[0]) in self.server.bad_thumbs:
+                return self._send(404, "gone", "text/plain")
             buf = io.BytesIO()
             Image.new("RGB", (8, 8), (int(self.path[7:].split(".")[0]) * 20 % 255, 0, 0)).save(buf, "PNG")
             return self._send(200, buf.getvalue(), "image/png")
@@ -43,7 +51,7 @@ class _H(JSONHandler):
     def do_POST(self):
         if self._pre():
             return
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        body = self._body
         if self.path == "/search":
             q = body.get("q", "")
             if "nothing" in q:
@@ -56,7 +64,8 @@ class _H(JSONHandler):
             return self._send(200, {"searchParameters": {"url": body.get("url"), "type": "lens"},
                                     "organic": [{"title": f"Lens match {i}", "source": "example.org",
                                                  "link": f"https://match{i}.example/", "imageUrl": "https://img/x.jpg",
-                                                 "thumbnailUrl": f"{self.server.url}/thumb/{i}.png"} for i in range(1, 15)]})
+                                                 "thumbnailUrl": f"{self.server.url}/thumb/{i}.png"}
+                                                for i in range(1, self.server.lens_results + 1)]})
         if self.path == "/scrape":
             url = body.get("url", "")
             return self._send(200, {"text": self.server.scrape.get(url, ""), "metadata": {"title": "t"}})
@@ -72,6 +81,9 @@ class FakeWeb(ThreadingHTTPServer):
         self.pages: dict[str, str] = {}
         self.scrape: dict[str, str] = {}
         self.log: list = []
+        self.bodies: list = []
+        self.lens_results = 14
+        self.bad_thumbs: set = set()
         self.lock = threading.Lock()
         self._t = threading.Thread(target=self.serve_forever, daemon=True)
 
