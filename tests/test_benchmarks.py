@@ -97,3 +97,36 @@ def test_an_answer_or_options_of_the_wrong_type_are_refused_naming_the_line(tmp_
     assert set(bad) == {"list", "str_opts", "bool"}
     assert bad["list"].line == 2 and "answer is list" in bad["list"].detail
     assert "options is str 'ABCD'" in bad["str_opts"].detail
+
+
+def _hle(tmp_path, n, *, bad=()):
+    """A WebWatcher-style HLE-VL file: question / image rows (mapped to query / query_images on load)."""
+    d = tmp_path / "data" / "hle_vl"
+    (d / "imgs").mkdir(parents=True)
+    from PIL import Image
+
+    Image.new("RGB", (8, 8), (9, 9, 9)).save(d / "imgs" / "a.png")
+    rows = [{"id": f"hle_{i}", "question": f"Q{i}?", "image": "missing.png" if i in bad else "a.png",
+             "answer": "42"} for i in range(n)]
+    (d / "data_unified.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d
+
+
+def test_hle_vl_must_be_the_whole_330_question_visual_subset(tmp_path, capsys):
+    """Paper D.1: WebWatcher's released 330-question visual subset; every row's image inside imgs/."""
+    from agent.benchmarks import HLE_VL_VISUAL, incomplete_subset
+    from agent.run import main as run_main
+
+    assert incomplete_subset(load_benchmark(_hle(tmp_path / "ok", HLE_VL_VISUAL))) is None
+    why = incomplete_subset(load_benchmark(_hle(tmp_path / "bad", HLE_VL_VISUAL, bad={7, 9})))
+    assert "this file gives 330 questions, 328 with every image inside" in why and "missing.png not found" in why
+    small = _hle(tmp_path / "small", 12)
+    assert "this file gives 12 questions, 12 with every image inside" in incomplete_subset(load_benchmark(small))
+    assert main(["stats", str(small.parent)]) == 1 and "INCOMPLETE: " in capsys.readouterr().out
+    # a run on it is refused before anything is written
+    out = tmp_path / "run"
+    assert run_main(["--method", "direct", "--backend", "scripted", "--benchmark", str(small), "--out", str(out),
+                     "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "HLE-VL (paper D.1) is WebWatcher's 330-question visual subset" in err
+    assert not (out / "header.json").exists() and not (out / "results.jsonl").exists()

@@ -379,3 +379,27 @@ def test_table1_footnotes_the_rows_the_release_counts_against_our_n(tmp_path, re
             "release counts them.") in t.attrs["note"]
     assert "counts each manifest id once" not in table1([_direct(tmp_path, "plain", ["<answer>1911</answer>"] * 2,
                                                                  limit=2)]).attrs["note"]
+
+
+def test_openrouter_asks_for_logprobs_only_when_told_and_the_entropy_probe_refuses_a_run_without(tmp_path, capsys,
+                                                                                                 monkeypatch):
+    """U10: the release sends no logprob fields (utils/search_backbone_model.py:116-122); many OpenRouter providers
+    have none. Asked for only with --top-logprobs; a reply without them is accepted; the entropy probe refuses."""
+    from probes import entropy
+
+    monkeypatch.setenv("OPENROUTER_API_KEY", "sk-or-test")
+    with FakeSGLang(reply="k</think>\n\n<answer>1911</answer>") as srv:
+        args = ["--method", "react", "--backend", "openai", "--server", "openrouter", "--endpoint", srv.url,
+                "--api-key-env", "OPENROUTER_API_KEY", "--limit", "2", "--no-progress"]
+        assert run_main([*args, "--out", str(tmp_path / "plain")]) == 0
+        assert srv.bodies and not any({"logprobs", "top_logprobs"} & set(b) for b in srv.bodies)
+        srv.no_logprobs = True  # a provider that sends none even when asked
+        assert run_main([*args, "--top-logprobs", "20", "--out", str(tmp_path / "asked")]) == 0
+        assert srv.bodies[-1]["logprobs"] is True and srv.bodies[-1]["top_logprobs"] == 20
+    plain, asked = load_run(tmp_path / "plain"), load_run(tmp_path / "asked")
+    assert plain.header["logprobs"] == "absent" and asked.header["logprobs"] == "requested"
+    assert [ln["status"] for ln in asked.lines] == ["ok", "ok"]  # no logprobs in the replies: accepted
+    capsys.readouterr()
+    assert entropy.main([str(tmp_path / "plain"), "--mode", "teacher-forced", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "recorded no logprobs" in err and "--top-logprobs" in err and "Traceback" not in err

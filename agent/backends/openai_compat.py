@@ -184,8 +184,8 @@ class OpenAIBackend:
                         t.text = c.get("token", "")
         elif choice.get("logprobs") and choice["logprobs"].get("content") is not None:
             tokens = tokens_from_chat_logprobs(choice["logprobs"]["content"], where=f"{where} logprobs.content")
-        elif sp.top_logprobs == 0:
-            tokens = []
+        elif sp.top_logprobs == 0 or self.server == "openrouter":
+            tokens = []  # OpenRouter: a provider without logprobs answers without them; the run line says so
         else:
             raise BackendError(f"{where}: reply carries no logprobs (does this server support logprobs=true?)")
         # Which tokens are thinking: the generation starts inside <think> (the template pre-fills it) when the

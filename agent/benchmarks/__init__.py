@@ -12,7 +12,8 @@ torn lines): each is reported with file and line, the valid rows are kept, a dup
 """
 from .cli import main
 from .manifest import PAPER_CATEGORY, Manifest, Problem, Sample, load_benchmark, load_dataset_dir, resolve_benchmark
-from .subsets import load_selection, paper_subset, random_per_benchmark, stratified
+from .subsets import HLE_VL_VISUAL, incomplete_subset, load_selection, paper_subset, random_per_benchmark, stratified
 
 __all__ = ["Sample", "Problem", "Manifest", "PAPER_CATEGORY", "load_benchmark", "load_dataset_dir", "resolve_benchmark",
-           "stratified", "paper_subset", "random_per_benchmark", "load_selection", "main"]
+           "stratified", "paper_subset", "random_per_benchmark", "load_selection", "incomplete_subset", "HLE_VL_VISUAL",
+           "main"]

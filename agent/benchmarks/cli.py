@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..cli import HelpFormatter
 from .manifest import load_benchmark, load_dataset_dir
-from .subsets import paper_subset, random_per_benchmark
+from .subsets import incomplete_subset, paper_subset, random_per_benchmark
 
 
 def main(argv=None) -> int:
@@ -43,24 +43,7 @@ def main(argv=None) -> int:
         os.environ["MMCF_MAX_IMAGE_MB"] = str(a.max_image_mb)
     try:
         if a.cmd == "stats":
-            ms = load_dataset_dir(a.dataset_dir, check_images=not a.no_image_check)
-            rep = {"benchmarks": {k: m.stats() for k, m in ms.items()}, "total": sum(len(m.samples) for m in ms.values())}
-            if a.json:
-                print(json.dumps(rep, ensure_ascii=False, indent=1))
-            else:
-                for k, m in ms.items():
-                    st_ = m.stats()
-                    print(f"{k:15s} {st_['samples']:5d} samples  [{st_['category']}]  images/sample {st_['images_per_sample']}  problems {len(m.problems)}")
-                    kinds = Counter(p.kind for p in m.problems)
-                    for p in m.problems[:5]:
-                        print(f"    {m.path}:{p.line}  {p.kind}  {p.id}  {p.detail}")
-                    if len(m.problems) > 5:
-                        print(f"    … {len(m.problems) - 5} more ({dict(kinds)}); --json lists all")
-                print(f"total {rep['total']} samples")
-            if a.strict and any(m.problems for m in ms.values()):
-                print("strict: data problems found", file=sys.stderr)
-                return 1
-            return 0
+            return _stats(a)
         if a.random_per_benchmark is not None:
             if a.random_per_benchmark < 1:
                 raise ValueError("--random-per-benchmark needs N >= 1")
@@ -91,3 +74,33 @@ def main(argv=None) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _stats(a) -> int:
+    """Per-benchmark counts and data problems; 1 when a benchmark is incomplete (or, with --strict, has problems)."""
+    ms = load_dataset_dir(a.dataset_dir, check_images=not a.no_image_check)
+    rep = {"benchmarks": {k: m.stats() for k, m in ms.items()}, "total": sum(len(m.samples) for m in ms.values())}
+    partial = {k: incomplete_subset(m) for k, m in ms.items() if incomplete_subset(m)}
+    for k, why in partial.items():
+        rep["benchmarks"][k]["incomplete"] = why
+    if a.json:
+        print(json.dumps(rep, ensure_ascii=False, indent=1))
+    else:
+        for k, m in ms.items():
+            st_ = m.stats()
+            print(f"{k:15s} {st_['samples']:5d} samples  [{st_['category']}]  images/sample {st_['images_per_sample']}  problems {len(m.problems)}")
+            kinds = Counter(p.kind for p in m.problems)
+            for p in m.problems[:5]:
+                print(f"    {m.path}:{p.line}  {p.kind}  {p.id}  {p.detail}")
+            if len(m.problems) > 5:
+                print(f"    … {len(m.problems) - 5} more ({dict(kinds)}); --json lists all")
+            if k in partial:
+                print(f"    INCOMPLETE: {partial[k]}")
+        print(f"total {rep['total']} samples")
+    if partial:  # a run on it is refused; say so here too
+        print(f"error: {len(partial)} benchmark(s) incomplete: {', '.join(partial)}", file=sys.stderr)
+        return 1
+    if a.strict and any(m.problems for m in ms.values()):
+        print("strict: data problems found", file=sys.stderr)
+        return 1
+    return 0

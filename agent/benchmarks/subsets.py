@@ -91,3 +91,27 @@ def load_selection(path: str | Path, benchmark: str) -> tuple[list[str], dict]:
         raise ValueError(f"{p}: no selection for benchmark {benchmark!r} (it has: {', '.join(names) or 'none'})") from None
     return list(ids), {"file": str(p), "sha256": hashlib.sha256(raw).hexdigest(), "kind": sel.get("kind"),
                        "seed": sel.get("seed"), "n_per_benchmark": sel.get("n_per_benchmark")}
+
+
+#: Paper D.1: HLE-VL is WebWatcher's "released 330 question visual subset".
+HLE_VL_VISUAL = 330
+#: Problems that leave a row without a usable image inside the benchmark directory (or drop the row).
+_IMAGE_PROBLEMS = ("missing_image", "not_an_image", "image_too_large", "path_outside_imgs", "no_query_images")
+
+
+def incomplete_subset(manifest: Manifest) -> str | None:
+    """Why ``manifest`` is not the whole subset the paper evaluates (None when it is, or for a benchmark without
+    such a rule). HLE-VL must be exactly its 330 visual questions, each with every image resolving inside the
+    benchmark's ``imgs/``: a table over fewer (or other) rows is not the paper's D.1."""
+    if manifest.name != "hle_vl":
+        return None
+    lacking = {p.id for p in manifest.problems if p.kind in _IMAGE_PROBLEMS}
+    no_dir = any(p.kind == "missing_image_dir" for p in manifest.problems)
+    complete = [] if no_dir else [s for s in manifest.samples if s.id not in lacking]
+    if len(complete) == HLE_VL_VISUAL == len(manifest.samples):
+        return None
+    first = next((p for p in manifest.problems if p.kind in (*_IMAGE_PROBLEMS, "missing_image_dir")), None)
+    why = f" (first: line {first.line}: {first.detail})" if first else ""
+    return (f"{manifest.path}: HLE-VL (paper D.1) is WebWatcher's {HLE_VL_VISUAL}-question visual subset; this file "
+            f"gives {len(manifest.samples)} questions, {len(complete)} with every image inside "
+            f"{manifest.path.parent / 'imgs'}{why}. Map the whole file and put its images in imgs/")

@@ -89,7 +89,9 @@ def _sampling_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--top-p", type=float, default=0.95, help="paper B.1")
     g.add_argument("--max-tokens", type=int, help=f"per call (default {SERVED_MAX_TOKENS}, the paper's release; "
                                                   f"{EMBEDDED_MAX_TOKENS} on the tiny model)")
-    g.add_argument("--top-logprobs", type=int, default=DEFAULT_TOP_LOGPROBS, help="alternatives per token (paper: 20)")
+    g.add_argument("--top-logprobs", type=int, default=None,
+                   help=f"alternatives per token (paper: {DEFAULT_TOP_LOGPROBS}; with --server openrouter 0 unless given: "
+                        "no logprob fields are sent, as the release sends none)")
     g.add_argument("--seed", type=int, help="base seed, trial t uses seed + t (honoured by SGLang only with "
                                             "--enable-deterministic-inference); default: drawn once per run and "
                                             "recorded in header.json, so trials are independent on every server")
@@ -138,6 +140,14 @@ def _control_args(ap: argparse.ArgumentParser) -> None:
                    help="storage of the top-k logprobs in the token sidecar (float16: ~35%% smaller, lossy)")
 
 
+def _top_logprobs(a) -> int:
+    """The paper's top-20 (B.4), except on OpenRouter where logprobs are asked for only when the user asks (many of
+    its providers send none; the release sends no logprob fields, utils/search_backbone_model.py:116-122)."""
+    if a.top_logprobs is not None:
+        return a.top_logprobs
+    return 0 if a.backend == "openai" and a.server == "openrouter" else DEFAULT_TOP_LOGPROBS
+
+
 def config_from_args(a) -> RunConfig:
     return RunConfig(
         method=a.method, out=a.out, benchmark=a.benchmark, variant=a.variant,
@@ -147,7 +157,7 @@ def config_from_args(a) -> RunConfig:
         sample_ids=[x for x in (a.sample_ids or "").split(",") if x] or None, selection=a.selection,
         backend=a.backend, endpoints=a.endpoint,
         model=a.model, model_dir=a.model_dir, logprob_mode=a.logprob_mode, server=a.server, api_key_env=a.api_key_env,
-        temperature=a.temperature, top_p=a.top_p, max_tokens=a.max_tokens, top_logprobs=a.top_logprobs, seed=a.seed,
+        temperature=a.temperature, top_p=a.top_p, max_tokens=a.max_tokens, top_logprobs=_top_logprobs(a), seed=a.seed,
         thinking=a.thinking, t_max=a.t_max, b_max=a.b_max, history_reasoning=a.history_reasoning,
         observation_images=a.observation_images, max_consecutive_errors=a.max_consecutive_errors,
         allow_missing_images=a.allow_missing_images, max_image_mb=a.max_image_mb, request_timeout=a.request_timeout,

@@ -137,6 +137,8 @@ def header_for(cfg: RunConfig, manifest, argv, model: dict | None = None) -> dic
         "history_reasoning": spec.history_reasoning, "observation_images": spec.observation_images,
         "model": model,
         "sampling": cfg.sampling().to_dict() | {"seed": cfg.seed}, "trials": cfg.trials,
+        # "absent": no logprob fields were asked for (OpenRouter's default); the entropy probe refuses such a run
+        "logprobs": "requested" if cfg.top_logprobs > 0 else "absent",
         "benchmark": manifest.name, "benchmark_path": str(manifest.path), "n_samples": len(manifest.samples),
         "backend": {"kind": cfg.backend, "endpoints": [public_url(e) for e in cfg.endpoints], "model": cfg.model, "model_dir": cfg.model_dir,
                     "logprob_mode": cfg.logprob_mode, "server": cfg.server, "embedded_tiny_model": cfg.embedded,

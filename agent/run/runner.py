@@ -13,7 +13,7 @@ from collections import Counter as _C
 from ..backends.local import set_renderer_hints
 from ..backends.scripted import ScriptedBackend
 from ..backends.tiny_model import ensure_tiny_model
-from ..benchmarks import load_selection, resolve_benchmark
+from ..benchmarks import incomplete_subset, load_selection, resolve_benchmark
 from ..http import public_url
 from ..preflight import PreflightError, check_benchmark_images, local_identity, model_identity
 from ..rundir import RunDir, check_run
@@ -118,6 +118,9 @@ async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends,
               "numbers are planted, not measured.", file=sys.stderr)
     if cfg.tools == "live" and spec.method != "direct" and toolbox is None:
         require_live_tools(spec.allowed_tools())
+    partial = incomplete_subset(manifest)
+    if partial:
+        raise PreflightError(partial)
     if manifest.problems:
         kinds = _C(p.kind for p in manifest.problems)
         print(f"{manifest.path}: {len(manifest.problems)} data problem(s) {dict(kinds)}; first: "

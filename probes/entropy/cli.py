@@ -22,7 +22,7 @@ from probes.cli import (
 from probes.fidelity import check_servers, refusal
 
 from . import __doc__ as PROBE_DOC
-from .probe import MODES, probe_run
+from .probe import MODES, check_probeable, probe_run
 
 DEMO_BANNER = """\
 ==========================================================================================
@@ -123,6 +123,7 @@ def main(argv=None) -> int:
 
     async def go():
         run = load_run(args.run_dir)
+        check_probeable(run)
         backend = backend_for(args, run.header)
         try:
             hw = serving_hardware(backend, gpus_per_server=args.gpus_per_server, serving_dir=args.serving_dir)

@@ -250,6 +250,17 @@ async def _probe_pending(prober: _Prober, pending: list, steps_path: Path, n_don
         raise
 
 
+def check_probeable(run) -> None:
+    """Refuse, before any server is asked, a run the entropy probe cannot read: not ReAct, or without logprobs."""
+    if run.header.get("method") not in SUPPORTED_METHODS:
+        raise RunError(f"{run.path}: the entropy probe reads ReAct runs (paper §3.2.2); this run is "
+                       f"{run.header.get('label') or run.header.get('method')}")
+    if run.header.get("logprobs") == "absent" or (run.header.get("sampling") or {}).get("top_logprobs") == 0:
+        raise RunError(f"{run.path}: this run recorded no logprobs (it asked for none: --server openrouter sends no "
+                       "logprob fields unless --top-logprobs is given), so it has no token ids to probe; the entropy "
+                       "probe needs a run with the paper's top-20 logprobs (B.4)")
+
+
 async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir=None, concurrency: int = 8,
                      limit: int | None = None, progress: bool = True, force: bool = False,
                      include_unparsed: bool = False, hardware: dict | None = None, fidelity: dict | None = None,
@@ -257,9 +268,7 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
     if mode not in MODES:
         raise ValueError(f"--mode must be one of {MODES}")
     run = load_run(run_dir)
-    if run.header.get("method") not in SUPPORTED_METHODS:
-        raise RunError(f"{run.path}: the entropy probe reads ReAct runs (paper §3.2.2); this run is "
-                       f"{run.header.get('label') or run.header.get('method')}")
+    check_probeable(run)
     ident = await probe_model_check(run, backend, force=force)
     out = Path(out_dir) if out_dir else run.path / "probes" / f"entropy-{mode}"
     out.mkdir(parents=True, exist_ok=True)

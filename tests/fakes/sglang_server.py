@@ -470,7 +470,7 @@ class _Handler(JSONHandler):
                                           "tool_calls": None},
                   **({"finish_reason": "stop", "matched_stop": 151645} if len(out_ids) == len(all_ids)
                      else {"finish_reason": "length", "matched_stop": None})}
-        if req.get("logprobs"):
+        if req.get("logprobs") and not self.server.no_logprobs:
             content_lp = []
             for j, (t, s) in enumerate(zip(out_ids, texts)):
                 top, seen = [], set()
@@ -519,6 +519,7 @@ class FakeServer(ThreadingHTTPServer):
         # (a server that rejects the fields with a 400)
         self.flat = flat
         self.leak = leak      # > 0: a repeated scoring request's logprobs shifted by this (a cache-state leak)
+        self.no_logprobs = False  # True: a chat reply never carries logprobs, asked or not (some OpenRouter providers)
         self.chat_template = chat_template  # the chat path's own template (a server started with --chat-template)
         self.seen: set = set()
         self.model_name = model_name
