@@ -22,7 +22,6 @@
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,15 +37,11 @@ import pandas as pd
 from agent.rundir import RunError, load_run
 from agent.rundir.grades import JUDGES, grades_of, identical_trials
 from agent.rundir.ledger import compute_ledger
-from analysis.counts import duplicates_note
 from analysis.figures import write_csv, write_text
+from analysis.pooling import comparability_note, duplicates_note, refuse_mixed_protocols
 
 __all__ = ["grades_of", "judged_runs", "table1", "table4", "table5", "ledger_table", "write_table", "method_label", "model_label",
            "JUDGES"]
-
-#: Header fields that must agree for numbers to be compared side by side (flagged, not refused).
-COMPARED = ("budgets", "sampling", "history_reasoning", "observation_images")
-
 
 def judged_runs(run_dirs, judge: str | None = None) -> tuple[list[tuple], list[str], str]:
     """``([(run, records)], missing, judge label)`` for a table; refuses runs graded by different judges."""
@@ -78,22 +73,6 @@ def model_label(run) -> str:
     m = h.get("model") or {}
     return (m.get("served_model") or (run.index[0].get("model") if run.index else None)
             or (h.get("backend") or {}).get("model") or "")
-
-
-def _comparability_note(runs) -> str:
-    seen: dict = {}
-    for run in runs:
-        for k in COMPARED:
-            v = run.header.get(k)
-            if k == "sampling" and isinstance(v, dict):  # each run draws its own seed (per-trial seeds): not a difference
-                v = {a: b for a, b in v.items() if a != "seed"}
-            seen.setdefault(k, {}).setdefault(json.dumps(v, sort_keys=True), []).append(run.path.name)
-    diffs = []
-    for k, vals in seen.items():
-        if len(vals) > 1:
-            alts = " vs ".join(f"{v}: {', '.join(names)}" for v, names in vals.items())
-            diffs.append(f"{k} differs ({alts})")
-    return ("**Warning: compared runs differ:** " + "; ".join(diffs) + ".") if diffs else ""
 
 
 def _per_trial_acc(df, refused: bool = False) -> tuple[float, float | None, list[float]]:
@@ -149,6 +128,7 @@ def _table1_groups(runs) -> tuple[dict, dict, dict]:
         benches = {r["benchmark"] for r in recs}
         have = groups.setdefault(key, [])
         clash = benches & {r["benchmark"] for _, rs in have for r in rs}
+        refuse_mixed_protocols(key, [r for r, _ in have] + [run])
         if clash:
             raise RunError(f"two runs of {key[0]} on {key[1]} cover {sorted(clash)}: give one run per method, "
                            f"model and benchmark ({run.path})")
@@ -225,7 +205,7 @@ def table1(run_dirs, judge: str | None = None) -> "pd.DataFrame":
                      "and trials): " + "; ".join(notes_n) + ".")
     if notes_id:
         notes.append("**std refused:** " + "; ".join(notes_id) + ".")
-    for extra in (_comparability_note([r for r, _ in runs]), duplicates_note([r for r, _ in runs])):
+    for extra in (comparability_note([r for r, _ in runs]), duplicates_note([r for r, _ in runs])):
         if extra:
             notes.append(extra)
     if missing:

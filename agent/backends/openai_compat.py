@@ -73,9 +73,12 @@ class OpenAIBackend:
     def __init__(self, endpoint: str, model: str | None = None, *, api_key: str | None = None,
                  api_key_env: str | None = None, server: str = "sglang", logprob_mode: str = "scaled",
                  policy: RetryPolicy = RetryPolicy(), extra_body: dict | None = None,
-                 client: httpx.AsyncClient | None = None):
+                 client: httpx.AsyncClient | None = None, wire: str = "full"):
         if logprob_mode not in ("raw", "scaled"):
             raise ValueError(f"logprob_mode must be 'raw' or 'scaled', got {logprob_mode!r}")
+        if wire not in ("full", "release"):
+            raise ValueError(f"wire must be 'full' or 'release', got {wire!r}")
+        self.wire = wire  # "release": only the fields the authors' release sends (--protocol release)
         self.base = base_url(endpoint)
         self.model = model or ""
         register_key_var(api_key_env)  # its value is redacted from everything written, whatever its name
@@ -107,6 +110,12 @@ class OpenAIBackend:
         return self.model
 
     def _payload(self, messages: list[dict], sp: SamplingParams) -> dict:
+        if self.wire == "release":  # utils/search_backbone_model.py:116-122: these five fields and nothing else
+            body = {"model": self.model, "messages": to_openai_messages(messages), "max_completion_tokens": sp.max_tokens,
+                    "temperature": sp.temperature, "top_p": sp.top_p}
+            if sp.top_logprobs > 0:  # only when the user asked for them (--top-logprobs)
+                body.update(logprobs=True, top_logprobs=sp.top_logprobs)
+            return body
         body = {
             "model": self.model,
             "messages": to_openai_messages(messages),

@@ -184,8 +184,11 @@ def _paths_refused(imgs: list, img_dir: Path) -> str | None:
     return None
 
 
-def load_benchmark(path: str | Path, name: str | None = None, *, check_images: bool = True) -> Manifest:
-    """Load ``<dir>/data_unified.jsonl`` (or a .jsonl file); never raises on bad rows, reports them."""
+def load_benchmark(path: str | Path, name: str | None = None, *, check_images: bool = True,
+                   keep_duplicates: bool = False) -> Manifest:
+    """Load ``<dir>/data_unified.jsonl`` (or a .jsonl file); never raises on bad rows, reports them.
+    ``keep_duplicates``: a row repeating an earlier id runs too, as ``ID#LINE`` (the release runs every row,
+    ``pipelines/base_pipeline.py:103-116``); by default it is skipped (each id once, ours)."""
     p = Path(path)
     f = p / "data_unified.jsonl" if p.is_dir() else p
     if not f.exists():
@@ -209,8 +212,11 @@ def load_benchmark(path: str | Path, name: str | None = None, *, check_images: b
                 problems.append(Problem(n, "", "missing_id", "row has no id"))
                 continue
             if sid in seen:
-                problems.append(Problem(n, sid, "duplicate_id", f"id {sid!r} already seen earlier; this row is skipped"))
-                continue
+                problems.append(Problem(n, sid, "duplicate_id", f"id {sid!r} already seen earlier; this row is "
+                                        + (f"kept as {sid}#{n}" if keep_duplicates else "skipped")))
+                if not keep_duplicates:
+                    continue
+                sid = f"{sid}#{n}"
             seen.add(sid)
             query = row.get("query")
             imgs = row.get("query_images")
@@ -262,8 +268,8 @@ def load_dataset_dir(root: str | Path, *, check_images: bool = True) -> dict[str
     return out
 
 
-def resolve_benchmark(name_or_path: str) -> Manifest:
+def resolve_benchmark(name_or_path: str, *, keep_duplicates: bool = False) -> Manifest:
     """``demo`` = the offline demo benchmark; else a benchmark directory or .jsonl path."""
     if name_or_path == "demo":
-        return load_benchmark(ensure_demo_world() / "demo", "demo")
-    return load_benchmark(name_or_path)
+        return load_benchmark(ensure_demo_world() / "demo", "demo", keep_duplicates=keep_duplicates)
+    return load_benchmark(name_or_path, keep_duplicates=keep_duplicates)

@@ -24,12 +24,14 @@ from .common import HISTORY_REASONING, WEBWATCHER_OBSERVATION_IMAGES, BudgetExce
 from .contextfold import run_contextfold
 from .direct import run_direct
 from .mmcontextfold import VARIANTS, run_mmcontextfold
+from .mmcontextfold_release import run_release_protocol
 from .react import run_react
 from .release import ReleasePolicy, ReleaseTracker
 
-__all__ = ["MethodSpec", "run_sample", "new_trajectory", "METHODS", "VARIANTS", "Budgets", "Episode"]
+__all__ = ["MethodSpec", "run_sample", "new_trajectory", "METHODS", "PROTOCOLS", "VARIANTS", "Budgets", "Episode"]
 
 METHODS = ("direct", "react", "mmcontextfold", "agentfold", "contextfold")
+PROTOCOLS = ("paper", "release")
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class MethodSpec:
     history_reasoning: str = "keep"
     observation_images: int = WEBWATCHER_OBSERVATION_IMAGES
     release: ReleasePolicy | None = None   # --image-release adaptive (agent/methods/release.py)
+    protocol: str = "paper"                # "release": the authors' released MM-ContextFold (mmcontextfold_release.py)
 
     def __post_init__(self):
         if self.history_reasoning not in HISTORY_REASONING:
@@ -58,6 +61,10 @@ class MethodSpec:
                 raise ValueError("--remove-images-from-step applies to --method react only")
             if self.remove_images_from_step < 1:
                 raise ValueError("--remove-images-from-step must be >= 1")
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"--protocol must be one of {PROTOCOLS}")
+        if self.protocol == "release" and (self.method != "mmcontextfold" or self.variant):
+            raise ValueError("--protocol release applies to --method mmcontextfold (no --variant) only")
         if self.release is not None:
             if self.method != "react":
                 raise ValueError("--image-release adaptive applies to --method react only")
@@ -67,6 +74,8 @@ class MethodSpec:
 
     @property
     def label(self) -> str:
+        if self.protocol == "release":
+            return f"{self.method}@release"  # never pooled with the paper protocol's runs: another row, another label
         if self.remove_images_from_step is not None:
             return f"react-removal@{self.remove_images_from_step}"
         if self.release is not None:
@@ -114,6 +123,8 @@ async def run_sample(spec: MethodSpec, sample, trial: int, *, backend, toolbox,
             status, answer = await run_agentfold(ep)
         elif spec.method == "contextfold":
             status, answer = await run_contextfold(ep)
+        elif spec.protocol == "release":
+            status, answer = await run_release_protocol(ep)
         else:
             status, answer = await run_mmcontextfold(ep, variant=spec.variant)
     except HARNESS_ERRORS as e:

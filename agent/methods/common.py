@@ -218,10 +218,11 @@ class Episode:
         ev["action_error"] = str(err)
 
     async def tool(self, ev: dict, name: str, args: dict, *, images: int | None = None,
-                   branch_lens: bool = False) -> ToolResult:
+                   branch_lens: bool = False, lens_label: str | None = None) -> ToolResult:
         """Run a tool; ``images``: how many result images its observation shows (recorded; default
         ``observation_images``). ``branch_lens``: a Lens result is shown as the release shows it inside an
-        MM-ContextFold branch (:func:`agent.tools.formatting.format_lens_branch`, up to ``LENS_IMAGES`` images)."""
+        MM-ContextFold branch (:func:`agent.tools.formatting.format_lens_branch`, up to ``LENS_IMAGES`` images),
+        naming the image ``lens_label`` (default: the id in ``args``)."""
         if name in TOOL_NAMES and name not in self.allowed_tools:
             res = ToolResult(name, dict(args), f"Tool '{name}' is not available here. Available tools: "
                              f"{', '.join(self.allowed_tools)}.", False, False)
@@ -229,7 +230,7 @@ class Episode:
             res = await self.toolbox.call(name, args, self.registry)
         if branch_lens and name == "lens_search" and res.ok:
             found = lens_results(res.raw)[:LENS_IMAGES]
-            res = replace(res, observation=format_lens_branch(str(args.get("image_id", "")), found),
+            res = replace(res, observation=format_lens_branch(lens_label or str(args.get("image_id", "")), found),
                           images=[(r["sha256"], r["path"]) for r in found])
             images = len(found)
         self.traj.tool_call(ev, res, self.observation_images if images is None else int(images))

@@ -13,7 +13,7 @@ from ..backends.images import set_image_cache_mb
 from ..benchmarks import resolve_benchmark
 from ..cli import DEFAULT_CONCURRENCY, add_backend_args, done, make_parser, positive_float, positive_int
 from ..http import safe_argv
-from ..methods import METHODS, VARIANTS
+from ..methods import METHODS, PROTOCOLS, VARIANTS
 from ..methods.common import HISTORY_REASONING, WEBWATCHER_OBSERVATION_IMAGES
 from ..methods.release import DEFAULT_PATIENCE, DEFAULT_THRESHOLD
 from ..preflight import PreflightError
@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--model-dir /models/Qwen3.5-27B --tools live --trials 3 --out runs/mmsearch-react-27b"])
     ap.add_argument("--method", required=True, choices=METHODS, help="the agent (docs/usage.md: Agents)")
     ap.add_argument("--variant", default="", choices=VARIANTS, help="MM-ContextFold ablation (paper §4.3)")
+    ap.add_argument("--protocol", default="paper", choices=PROTOCOLS,
+                    help="paper (default; the release where the paper is silent) or release: MM-ContextFold exactly as "
+                         "the authors' code runs it, call for call (docs/fidelity.md)")
     ap.add_argument("--remove-images-from-step", type=int, metavar="K", help="ReAct-Removal@K (paper §3.2.3)")
     _release_args(ap)
     _backend_args(ap)
@@ -141,16 +144,19 @@ def _control_args(ap: argparse.ArgumentParser) -> None:
 
 
 def _top_logprobs(a) -> int:
-    """The paper's top-20 (B.4), except on OpenRouter where logprobs are asked for only when the user asks (many of
-    its providers send none; the release sends no logprob fields, utils/search_backbone_model.py:116-122)."""
+    """The paper's top-20 (B.4), except on OpenRouter and under --protocol release, where logprobs are asked for only
+    when the user asks (many OpenRouter providers send none; the release sends no logprob fields,
+    utils/search_backbone_model.py:116-122)."""
     if a.top_logprobs is not None:
         return a.top_logprobs
-    return 0 if a.backend == "openai" and a.server == "openrouter" else DEFAULT_TOP_LOGPROBS
+    if a.protocol == "release" or (a.backend == "openai" and a.server == "openrouter"):
+        return 0
+    return DEFAULT_TOP_LOGPROBS
 
 
 def config_from_args(a) -> RunConfig:
     return RunConfig(
-        method=a.method, out=a.out, benchmark=a.benchmark, variant=a.variant,
+        method=a.method, out=a.out, benchmark=a.benchmark, variant=a.variant, protocol=a.protocol,
         remove_images_from_step=a.remove_images_from_step, image_release=a.image_release,
         release_signal=a.release_signal, release_threshold=a.release_threshold, release_patience=a.release_patience,
         trials=a.trials, concurrency=a.concurrency, limit=a.limit,

@@ -13,6 +13,7 @@ from ..benchmarks import load_selection
 from ..http import RetryPolicy, public_url, safe_argv
 from ..methods import Budgets, MethodSpec
 from ..methods.common import WEBWATCHER_OBSERVATION_IMAGES
+from ..methods.mmcontextfold_release import CALL_CAP, MAX_BRANCH_TURNS, MAX_ROUNDS
 from ..methods.release import SCORING_BACKENDS, ReleasePolicy
 from ..rundir import RunDir, RunError, versions
 from ..trajectory import SCHEMA_VERSION
@@ -29,6 +30,8 @@ EMBEDDED_MAX_TOKENS = 48
 #: Served models: the paper's release sends ``max_completion_tokens=8192`` (iLearn-Lab/MM26-MMContextFold,
 #: mmcontextfold/utils/search_backbone_model.py); 4096 cut Qwen3.5's thinking and forced corrections.
 SERVED_MAX_TOKENS = 8192
+#: What the release asks for on every call (``max_completion_tokens``, utils/search_backbone_model.py:118).
+RELEASE_MAX_TOKENS = 8192
 
 
 @dataclass
@@ -36,6 +39,7 @@ class RunConfig:
     method: str
     out: str
     benchmark: str = "demo"
+    protocol: str = "paper"                # paper | release (agent/methods/mmcontextfold_release.py)
     variant: str = ""
     remove_images_from_step: int | None = None
     image_release: str = "keep"            # keep | adaptive (agent/methods/release.py)
@@ -103,10 +107,36 @@ class RunConfig:
             release = ReleasePolicy.from_args(self.release_signal, self.release_threshold, self.release_patience)
         elif any(v is not None for v in (self.release_signal, self.release_threshold, self.release_patience)):
             raise ValueError("--release-signal / --release-threshold / --release-patience need --image-release adaptive")
+        if self.protocol == "release":
+            self._check_release_protocol()
+            return MethodSpec(self.method, budgets=Budgets(CALL_CAP, MAX_BRANCH_TURNS), protocol="release")
+        if self.protocol != "paper":
+            raise ValueError(f"--protocol must be paper or release, not {self.protocol!r}")
         return MethodSpec(self.method, self.variant, self.remove_images_from_step, Budgets(self.t_max, self.b_max),
                           self.history_reasoning, self.observation_images, release)
 
+    def _check_release_protocol(self) -> None:
+        """What --protocol release cannot combine with: it is the release's MM-ContextFold, over chat completions,
+        with the release's sampling and budgets."""
+        if self.method != "mmcontextfold" or self.variant or self.image_release != "keep":
+            raise ValueError("--protocol release is the authors' released MM-ContextFold: --method mmcontextfold, "
+                             "no --variant or --image-release")
+        if self.backend == "sglang":
+            raise ValueError("--protocol release sends chat completions, as the release does: use --backend openai "
+                             "--server sglang for an SGLang server (its native /generate renders the prompt itself)")
+        fixed = {"--temperature": (self.temperature, 0.2), "--top-p": (self.top_p, 0.95),
+                 "--max-tokens": (self.max_tokens, None), "--t-max": (self.t_max, 20), "--b-max": (self.b_max, 5),
+                 "--history-reasoning": (self.history_reasoning, "keep")}
+        given = [k for k, (v, default) in fixed.items() if v != default]
+        if given:
+            raise ValueError(f"--protocol release fixes {', '.join(given)} as the release does (T 0.0, top-p 1.0, "
+                             f"{RELEASE_MAX_TOKENS} tokens, {MAX_ROUNDS} main rounds, branches of {MAX_BRANCH_TURNS} "
+                             "turns, content-only history): drop them")
+
     def sampling(self, trial: int = 0) -> SamplingParams:
+        if self.protocol == "release":  # utils/search_backbone_model.py:116-122: T 0, top-p 1, 8192; no seed
+            return SamplingParams(temperature=0.0, top_p=1.0, max_tokens=RELEASE_MAX_TOKENS,
+                                  top_logprobs=self.top_logprobs, seed=None, enable_thinking=None)
         mt = self.max_tokens or (EMBEDDED_MAX_TOKENS if self.embedded else SERVED_MAX_TOKENS)
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, max_tokens=mt,
                               top_logprobs=self.top_logprobs, seed=None if self.seed is None else self.seed + trial,
@@ -122,8 +152,9 @@ def make_backends(cfg: RunConfig) -> list:
         raise BackendError(f"--backend {cfg.backend} needs --endpoint URL (repeat it for several servers)")
 
     policy = RetryPolicy(timeout_s=cfg.request_timeout)
+    wire = {"wire": "release" if cfg.protocol == "release" else "full"} if cfg.backend == "openai" else {}
     return [make_backend(cfg.backend, endpoint=e, model=cfg.model, model_dir=cfg.model_dir, logprob_mode=cfg.logprob_mode,
-                         server=cfg.server, api_key_env=cfg.api_key_env, policy=policy) for e in cfg.endpoints]
+                         server=cfg.server, api_key_env=cfg.api_key_env, policy=policy, **wire) for e in cfg.endpoints]
 
 
 def header_for(cfg: RunConfig, manifest, argv, model: dict | None = None) -> dict:
@@ -131,7 +162,7 @@ def header_for(cfg: RunConfig, manifest, argv, model: dict | None = None) -> dic
     return {
         "schema_version": SCHEMA_VERSION, "created": time.time(),
         "argv": safe_argv(list(argv) if argv is not None else sys.argv),
-        "method": spec.method, "variant": spec.variant_label, "label": spec.label,
+        "method": spec.method, "variant": spec.variant_label, "label": spec.label, "protocol": spec.protocol,
         "remove_images_from_step": spec.remove_images_from_step, "budgets": spec.budgets.to_dict(),
         "image_release": spec.release.to_dict() if spec.release is not None else None,
         "history_reasoning": spec.history_reasoning, "observation_images": spec.observation_images,

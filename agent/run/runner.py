@@ -48,7 +48,7 @@ async def run(cfg: RunConfig, argv=None, *, backends: list | None = None, toolbo
         pass
     spec = cfg.spec()
     cfg = dataclasses.replace(cfg, processes=auto_processes(cfg, backends is not None))
-    manifest = resolve_benchmark(cfg.benchmark)
+    manifest = resolve_benchmark(cfg.benchmark, keep_duplicates=cfg.protocol == "release")  # the release runs every row
     rd = RunDir(cfg.out, cfg.token_precision)
     rd.lock(shared_only=cfg.shard is not None)
     try:

@@ -16,7 +16,16 @@ from pathlib import Path
 from ..backends.images import ImageError, load_image
 from ..http import dumps_record
 from ..preflight import same_model
-from .common import IDENTITY_KEYS, RESUME_HISTORY, TOKEN_PRECISIONS, RunError, _atomic_write, _tmp_name, token_key
+from .common import (
+    HEADER_DEFAULTS,
+    IDENTITY_KEYS,
+    RESUME_HISTORY,
+    TOKEN_PRECISIONS,
+    RunError,
+    _atomic_write,
+    _tmp_name,
+    token_key,
+)
 from .index import RunIndex
 from .sidecar import encode as _encode_sidecar
 
@@ -49,7 +58,7 @@ class RunDir(RunIndex):
         if self.header_path.exists():
             old = self.read_header()
 
-            diff = [k for k in IDENTITY_KEYS if old.get(k) != header.get(k)]
+            diff = [k for k in IDENTITY_KEYS if old.get(k, HEADER_DEFAULTS.get(k)) != header.get(k, HEADER_DEFAULTS.get(k))]
             detail = [f"{k}: {old.get(k)!r} -> {header.get(k)!r}" for k in diff]
             model_diff = same_model(old.get("model"), header.get("model")) if "model" in header else None
             if model_diff:

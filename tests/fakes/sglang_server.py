@@ -456,7 +456,7 @@ class _Handler(JSONHandler):
         reply = req["_reply"]
         null = reply is None
         all_ids = tok.encode(reply or "") + ([tok.eos] if tok.eos is not None and not null else [])
-        out_ids = all_ids[: int(req.get("max_tokens") or 16)]
+        out_ids = all_ids[: int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)]
         texts = [tok.decode(t) for t in out_ids]
         full = "".join(texts).removesuffix("<|im_end|>")  # the chat layer skips special tokens in content
         # --reasoning-parser qwen3 with the <think> pre-fill: SGLang's rules (which split_think mirrors, as

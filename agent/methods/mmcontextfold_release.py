@@ -1,0 +1,269 @@
+"""MM-ContextFold as the authors' release runs it (``--protocol release``), call for call.
+
+    python -m agent.run --method mmcontextfold --protocol release --backend openai --endpoint URL ...
+
+The release (iLearn-Lab/MM26-MMContextFold @16fa474; ``../shared/release-protocol.md``) departs from the paper
+(B of that page): no call budget but 15 main rounds (``pipelines/base_pipeline.py:26``), at most 5 branches
+(``pipelines/pipeline_mmcontextfold.py:39``) of up to 10 turns (``:40``), content-only history
+(``utils/search_backbone_model.py:124-125``), lenient parsing, the force answer as its own turn and the reply's
+first 500 characters as the answer when no ``<answer>`` comes (``pipelines/pipeline_mmcontextfold.py:522-529``).
+Its texts are in :mod:`agent.prompts_release`; what it sends is asserted, call by call, by
+``tests/test_protocol_release.py``.
+
+Ours (docs/fidelity.md): a failed model call ends the unit ``error`` (to be rerun) where the release carries on
+with a placeholder; a tool call without its argument gets the release's failure text without a paid request.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+from ..prompts_release import (
+    BRANCH,
+    BRANCH_CORRECTION,
+    BRANCH_LIMIT,
+    CALL_IN_RETURN,
+    CONTINUE,
+    EMPTY_RETURN,
+    FORCE_ANSWER,
+    INIT,
+    INIT_SYSTEM,
+    LAST_TURN,
+    MAIN,
+    MAIN_CORRECTION,
+    NOT_PARSED,
+    SYSTEM,
+    TWO_TURNS_LEFT,
+    UNKNOWN_TOOL,
+    fill,
+    images_note,
+    invalid_image,
+)
+from ..tools.formatting import FAILED_VISIT, LENS_BRANCH_EMPTY, format_search
+from .common import Episode
+
+__all__ = ["run_release_protocol", "MAX_ROUNDS", "MAX_BRANCHES", "MAX_BRANCH_TURNS", "CALL_CAP"]
+
+MAX_ROUNDS = 15          # pipelines/base_pipeline.py:26
+MAX_BRANCHES = 5         # pipelines/pipeline_mmcontextfold.py:39
+MAX_BRANCH_TURNS = 10    # pipelines/pipeline_mmcontextfold.py:40
+#: No call budget in the release; its loops bound a unit's calls (init + 15 rounds of at most 12 calls + force).
+CALL_CAP = 1024
+
+
+# ------------------------------------------------------------------ the release's parsers (prompts_mmcontextfold.py:176-215)
+def extract_subtask(text: str) -> dict | None:
+    """The first ``<subtask>`` JSON object with a non-empty ``prompt``; other fields are optional."""
+    m = re.search(r"<subtask>\s*(.*?)\s*</subtask>", text or "", re.S)
+    try:
+        data = json.loads(m.group(1)) if m else None
+    except json.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) and data.get("prompt") else None
+
+
+def extract_answer(text: str) -> str | None:
+    m = re.search(r"<answer>(.*?)</answer>", text or "", re.S)
+    return m.group(1).strip() if m else None
+
+
+def extract_tool_call(text: str) -> dict | None:
+    """The *last* ``<tool_call>`` block, parsed (the release runs the last of several)."""
+    found = list(re.finditer(r"<tool_call>\s*(.*?)\s*</tool_call>", text or "", re.S))
+    try:
+        data = json.loads(found[-1].group(1)) if found else None
+    except json.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+# ------------------------------------------------------------------ messages as the release builds them
+def user(text: str, images=()) -> dict:
+    """A user turn: always a list, the text first, then each image with ``detail: high``, no identifier part
+    (``utils/search_backbone_model.py:83-106``)."""
+    return {"role": "user", "content": [{"type": "text", "text": text},
+                                        *({"type": "image_url", "image_url": {"url": str(p), "detail": "high"}}
+                                          for p in images)]}
+
+
+class _Chat:
+    """The release's one conversation (``ChatClient_OpenRouter``): each call appends the user turn and the
+    reply's content (no reasoning) to the history; a branch works on the main history and is cut off after."""
+
+    def __init__(self, ep: Episode):
+        self.ep = ep
+        self.history: list[dict] = [{"role": "system", "content": SYSTEM}]
+
+    async def send(self, text: str, images=(), **record) -> tuple[str, dict]:
+        self.history.append(user(text, images))
+        out, ev = await self.ep.llm(list(self.history), **record)
+        self.history.append({"role": "assistant", "content": out.text})
+        return out.text, ev
+
+
+def _resolve(ep: Episode, image_id: str):
+    """The release's lenient id lookup (``pipelines/pipeline_mmcontextfold.py:85-99``): the id itself, else
+    its digits after an ``image``/``img`` prefix."""
+    r = ep.registry.resolve(image_id)
+    if r is not None:
+        return r
+    cleaned = str(image_id).strip().strip("<>").strip()
+    for prefix in ("image_", "image", "img_", "img", "image #", "image#"):
+        if cleaned.lower().startswith(prefix):
+            cleaned = cleaned[len(prefix):]
+            break
+    digits = re.search(r"(\d+)", cleaned)
+    return ep.registry.resolve(f"<image_{digits.group(1)}>") if digits else None
+
+
+# ------------------------------------------------------------------ the protocol
+async def _init(ep: Episode) -> str:
+    """One perception call per image, on its own (``pipelines/pipeline_mmcontextfold.py:101-151``)."""
+    blocks, parsed = [], {}
+    for img in ep.registry.images:
+        msgs = [{"role": "system", "content": INIT_SYSTEM}, user(INIT, [img.path])]
+        out, ev = await ep.llm(msgs, state="init", parent="init")
+        text = out.text
+        m = re.search(r"\{.*\}", text or "", re.S)
+        try:
+            data = json.loads(m.group()) if m else None
+        except json.JSONDecodeError:
+            data = None
+        ev["action"] = {"kind": "describe", "image_id": img.image_id, "parsed": isinstance(data, dict)}
+        parsed[img.image_id] = isinstance(data, dict)
+        if isinstance(data, dict):
+            blocks.append(f"{img.image_id}: [Query Image]\n  Content: {data.get('summary', '')}\n"
+                          f"  Source: {data.get('source_hint', '')}")
+        else:
+            blocks.append(f"{img.image_id}: [Query Image] {(text or '')[:200]}")
+    ep.traj.init_end({r.image_id: b for r, b in zip(ep.registry.images, blocks)}, parsed)
+    return "\n\n".join(blocks) if blocks else "No images provided."
+
+
+async def run_release_protocol(ep: Episode) -> tuple[str, str]:
+    chat = _Chat(ep)
+    question = ep.sample.question
+    response, ev = await chat.send(fill(MAIN, image_context=await _init(ep), question=question), state="main")
+    branches = 0
+    for _ in range(MAX_ROUNDS):
+        answer = extract_answer(response)
+        if answer:  # an <answer> wins over a <subtask> in the same reply
+            ep.traj.final_answer(ev, answer)
+            return "ok", answer
+        subtask = extract_subtask(response)
+        if subtask is None:
+            ev["action_error"] = "no <answer> and no <subtask> with a prompt"
+            response, ev = await chat.send(MAIN_CORRECTION, state="main", correction=True)
+            continue
+        if branches >= MAX_BRANCHES:
+            response, ev = await chat.send(BRANCH_LIMIT, state="main")
+            continue
+        branches += 1
+        description = subtask.get("description", "subtask")
+        ev["action"] = {"kind": "subtask", "subtask": subtask}
+        message = await _branch(ep, chat, f"b{branches}", subtask, ev)
+        response, ev = await chat.send(fill(CONTINUE, description=description, return_message=message), state="main")
+    response, ev = await chat.send(FORCE_ANSWER, state="main", forced=True)
+    answer = extract_answer(response) or response[:500]  # pipelines/pipeline_mmcontextfold.py:529
+    ep.traj.final_answer(ev, answer, forced=True)
+    return "ok", answer
+
+
+async def _branch(ep: Episode, chat: _Chat, bid: str, subtask: dict, main_ev: dict) -> str:
+    """``pipelines/pipeline_mmcontextfold.py:160-330``: the branch continues the main conversation, then is cut off."""
+    saved = list(chat.history)
+    loaded = []
+    for x in subtask.get("assigned_images", []) or []:
+        r = _resolve(ep, x)
+        if r is not None:
+            loaded.append((str(x), r))
+    note = images_note([x for x, _ in loaded]) if loaded else ""
+    ep.traj.branch_begin(bid, description=str(subtask.get("description", "subtask")), prompt=str(subtask["prompt"]),
+                         assigned_images=[r.image_id for _, r in loaded], assigned_hashes=[r.sha256 for _, r in loaded],
+                         main_call_index=main_ev["index"])
+    paths = [r.path for _, r in loaded]
+    response, ev = await chat.send(BRANCH.replace("{task_prompt}", str(subtask["prompt"]) + note), paths,
+                                   state="branch", branch=bid)
+    message, reason, failures = None, "budget", 0
+    for turn in range(MAX_BRANCH_TURNS):
+        call = extract_tool_call(response)
+        if call is None:
+            message, failures = _answer_in(response), failures + 1
+            if message:
+                reason = "answer"
+                break
+            if failures >= 2:
+                message, reason = (response[:1000] if response.strip() else NOT_PARSED), "unparsed"
+                break
+            response, ev = await chat.send(BRANCH_CORRECTION, state="branch", branch=bid, correction=True)
+            continue
+        failures = 0
+        name, params = call.get("name", ""), call.get("parameters", {})
+        params = params if isinstance(params, dict) else {}
+        if name in ("return", "finish"):
+            text = str(params.get("message") or "").strip()
+            if not text or "<tool_call>" in text:
+                response, ev = await chat.send(CALL_IN_RETURN if text else EMPTY_RETURN, state="branch", branch=bid,
+                                               correction=True)
+                continue
+            message, reason = _strip_answer_tags(text), "return"
+            break
+        ev["action"] = {"kind": "tool_call", "name": name, "args": params}
+        left = MAX_BRANCH_TURNS - 1 - turn
+        warning = LAST_TURN if left <= 1 else (TWO_TURNS_LEFT if left == 2 else "")
+        observation, images = await _tool(ep, ev, name, params, paths)
+        response, ev = await chat.send(observation + warning, images, state="branch", branch=bid)
+    else:
+        message = _after_last_turn(response)
+    chat.history = saved
+    ep.traj.branch_end(bid, message=message, reason=reason, steps=turn + 1)
+    return message
+
+
+def _answer_in(response: str) -> str | None:
+    """A branch reply with ``<answer>`` instead of a tool call: taken as its return (``:224-231``)."""
+    found = extract_answer(response)
+    if not found and "<answer>" in response:
+        found = re.sub(r"</answer>.*", "", response.split("<answer>", 1)[1], flags=re.S).strip()
+    return found or None
+
+
+def _strip_answer_tags(text: str) -> str:
+    m = re.search(r"<answer>(.*?)</answer>", text, re.S)
+    return m.group(1).strip() if m else re.sub(r"</?answer>", "", text).strip()
+
+
+def _after_last_turn(response: str) -> str:
+    """After the tenth turn, the last reply's return message, else its text without tool calls (``:315-327``)."""
+    call = extract_tool_call(response)
+    params = call.get("parameters", {}) if call else {}
+    if call and call.get("name") in ("return", "finish") and isinstance(params, dict) and \
+            str(params.get("message") or "").strip():
+        return str(params["message"]).strip()
+    return re.sub(r"<tool_call>.*?</tool_call>", "", response, flags=re.S).strip() or response[:1000]
+
+
+async def _tool(ep: Episode, ev: dict, name: str, params: dict, paths: list) -> tuple[str, list]:
+    """The observation text and result images of one tool call, as the release produces them (``:340-430``)."""
+    if name == "lens_search":
+        image_id = str(params.get("image_id", ""))
+        r = _resolve(ep, image_id)
+        if r is None:
+            digits = re.search(r"(\d+)", image_id)  # else an index into the branch's own images (:350-357)
+            idx = int(digits.group(1)) if digits else -1
+            r = next((x for x in ep.registry.images if paths and 0 <= idx < len(paths) and x.path == paths[idx]), None)
+        if r is None:
+            return invalid_image(image_id, ep.registry.ids), []
+        res = await ep.tool(ev, "lens_search", {**params, "image_id": r.image_id}, branch_lens=True, lens_label=image_id)
+        # any failure reads as no results there (utils/search_tools.py:_fail_result; :375 of the pipeline)
+        return (res.observation if res.ok else LENS_BRANCH_EMPTY), [p for _, p in res.images]
+    if name in ("visit", "open_page"):
+        if not str(params.get("url", "")).strip():
+            return FAILED_VISIT, []
+        return (await ep.tool(ev, "visit", params)).observation, []
+    if name == "search":
+        if not str(params.get("query", "")).strip():
+            return format_search("", []), []
+        res = await ep.tool(ev, "search", params)
+        return (res.observation if res.ok else format_search(str(params["query"]), [])), []
+    return fill(UNKNOWN_TOOL, name=name), []

@@ -1,0 +1,60 @@
+"""What may be pooled into one table row, and the notes that say what differs between the runs of a table.
+
+- runs of the paper's protocol and the release's (``--protocol release``) are never one row;
+- header fields that change numbers are named when compared runs differ (flagged, not refused);
+- n counts each manifest id once (ours), against the rows the release runs: the release iterates every manifest row, duplicates included (``pipelines/base_pipeline.py:103-116``): its
+collection counts 1,727 rows (MMSearch 171, two of them repeating an earlier id). We read a repeated id once
+(``agent.benchmarks``), so the same manifests give n = 1,725. Table 1 prints both counts in a footnote.
+"""
+from __future__ import annotations
+
+import json
+
+from agent.rundir import RunError
+
+__all__ = ["duplicates_note", "comparability_note", "refuse_mixed_protocols", "COMPARED"]
+
+#: Header fields that must agree for numbers to be compared side by side (flagged, not refused).
+COMPARED = ("budgets", "sampling", "history_reasoning", "observation_images", "protocol")
+
+
+def refuse_mixed_protocols(key, runs) -> None:
+    """One table row pools runs of one protocol only (a header without one predates it: the paper's)."""
+    protocols = {r.header.get("protocol", "paper") for r in runs}
+    if len(protocols) > 1:
+        raise RunError(f"{key[0]} on {key[1]}: runs of different protocols ({', '.join(sorted(protocols))}) in one "
+                       f"row ({', '.join(str(r.path) for r in runs)}); each protocol is its own method")
+
+
+
+
+def duplicates_note(runs) -> str:
+    """The footnote for the runs' benchmarks whose manifest repeats ids ("" when none does)."""
+    per: dict[str, tuple[int, int]] = {}
+    for run in runs:
+        h = run.header
+        dups = int((h.get("manifest_problems") or {}).get("duplicate_id", 0))
+        if h.get("benchmark") and isinstance(h.get("n_samples"), int):
+            per[h["benchmark"]] = (h["n_samples"], dups)
+    if not any(d for _, d in per.values()):
+        return ""
+    named = "; ".join(f"{b}: {n + d} rows, {d} repeating an earlier id, n = {n}" for b, (n, d) in sorted(per.items()) if d)
+    n_all, rows_all = sum(n for n, _ in per.values()), sum(n + d for n, d in per.values())
+    return (f"**n counts each manifest id once** (ours; the release runs every row, pipelines/base_pipeline.py:103-116): "
+            f"{named}. Over these benchmarks: n = {n_all:,} here, {rows_all:,} rows as the release counts them.")
+
+
+def comparability_note(runs) -> str:
+    seen: dict = {}
+    for run in runs:
+        for k in COMPARED:
+            v = run.header.get(k)
+            if k == "sampling" and isinstance(v, dict):  # each run draws its own seed (per-trial seeds): not a difference
+                v = {a: b for a, b in v.items() if a != "seed"}
+            seen.setdefault(k, {}).setdefault(json.dumps(v, sort_keys=True), []).append(run.path.name)
+    diffs = []
+    for k, vals in seen.items():
+        if len(vals) > 1:
+            alts = " vs ".join(f"{v}: {', '.join(names)}" for v, names in vals.items())
+            diffs.append(f"{k} differs ({alts})")
+    return ("**Warning: compared runs differ:** " + "; ".join(diffs) + ".") if diffs else ""
