@@ -6,6 +6,7 @@ needs; the project's ``local`` extra, ``scripts/setup_env.sh`` and the ``serve``
 from __future__ import annotations
 
 import re
+
 import tomllib
 
 from tests.conformance.conftest import REPO, SITE, _need_front_end
