@@ -124,3 +124,29 @@ def test_dry_run_projects_from_a_pilot_or_the_paper_and_writes_nothing(tmp_path,
     # a pilot of another method is refused
     assert run_main(["--method", "agentfold", "--limit", "2", "--out", str(out), "--dry-run", "--pilot", str(pilot)]) == 2
     assert "a pilot projects its own method" in capsys.readouterr().err
+
+
+def test_a_providers_reported_cost_is_the_bill_and_the_projection_uses_it(tmp_path, capsys, monkeypatch):
+    """OpenRouter's usage.cost: recorded per call, summed per model and per judge, preferred to token prices."""
+    monkeypatch.setenv("OPENROUTER_API_KEY", "sk-or-test")
+    pilot = tmp_path / "pilot"
+    with FakeSGLang(reply="k</think>\n\n<answer>1911</answer>") as srv:
+        srv.cost_per_token = 1e-3
+        common = ["--backend", "openai", "--server", "openrouter", "--endpoint", srv.url,
+                  "--api-key-env", "OPENROUTER_API_KEY", "--limit", "2"]
+        assert run_main(["--method", "react", *common, "--out", str(pilot), "--no-progress"]) == 0
+        assert judge_main([str(pilot), "--judge-endpoint", srv.url, "--judge-model", "fake-qwen3.5",
+                           "--judge-api-key-env", "OPENROUTER_API_KEY", "--no-progress"]) == 0
+    calls = [c for s in load_run(pilot).index for c in s["calls"]]
+    bill = sum(1e-3 * (c["prompt_tokens"] + c["completion_tokens"]) for c in calls)
+    assert all(c["cost"] > 0 for c in calls)
+    led = compute_ledger(pilot, prices={"models": {}, "tools": {}})  # no price file: the provider's bill still counts
+    m = led["models"]["fake-qwen3.5"]
+    assert m["provider_cost"] == pytest.approx(bill) and m["money"] == pytest.approx(bill)
+    assert m["priced_by"].startswith("provider-reported")
+    judge = next(iter(led["judges"].values()))
+    assert judge["money"] > 0 and judge["priced_by"].startswith("provider-reported")
+    capsys.readouterr()
+    assert run_main(["--method", "react", *common, "--trials", "3", "--out", str(tmp_path / "planned"), "--dry-run",
+                     "--pilot", str(pilot)]) == 0
+    assert f"money: ${3 * bill:,.2f}" in capsys.readouterr().out

@@ -99,6 +99,8 @@ class Usage:
     completion_tokens: int = 0
     cached_tokens: int = 0
     reasoning_tokens: int | None = None
+    cost: float | None = None       # what the provider says the call cost (OpenRouter's usage.cost), when it says
+    provider: str | None = None     # the provider that served it (OpenRouter's top-level "provider")
 
 
 @dataclass(frozen=True, slots=True)

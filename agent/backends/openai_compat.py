@@ -57,6 +57,13 @@ def base_url(endpoint: str) -> str:
     return e if e.endswith("/v1") else e + "/v1"
 
 
+def _cost(x) -> float | None:
+    """A provider's reported cost of a call (a finite, non-negative number), else None."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not x >= 0 or x == float("inf"):
+        return None
+    return float(x)
+
+
 def _text_of_content(c, where: str) -> str:
     """A message's content as text: a string, null, or a list of parts whose text parts are joined (some
     servers send ``[{"type": "text", "text": …}]``); anything else is a clear error naming the field."""
@@ -213,7 +220,8 @@ class OpenAIBackend:
         cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens") or meta.get("cached_tokens") or 0
         usage = Usage(prompt_tokens=int(u.get("prompt_tokens") or meta.get("prompt_tokens") or 0),
                       completion_tokens=int(u.get("completion_tokens") or meta.get("completion_tokens") or len(tokens)),
-                      cached_tokens=int(cached), reasoning_tokens=u.get("reasoning_tokens"))
+                      cached_tokens=int(cached), reasoning_tokens=u.get("reasoning_tokens"),
+                      cost=_cost(u.get("cost")), provider=resp.get("provider") if isinstance(resp.get("provider"), str) else None)
         return ModelOutput(
             text=content.strip(), reasoning=reasoning.strip(), tokens=tokens,
             finish_reason=finish_reason_of(choice.get("finish_reason")), usage=usage,

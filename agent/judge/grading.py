@@ -190,6 +190,8 @@ class Grader:
             out = await client.generate(msgs, sp)
             for k in ("prompt_tokens", "completion_tokens", "cached_tokens"):  # for the run's cost ledger
                 usage[k] = usage.get(k, 0) + (getattr(out.usage, k) or 0)
+            if out.usage.cost is not None:  # the provider's bill, when it sends one (summed over asks)
+                usage["cost"] = usage.get("cost", 0.0) + out.usage.cost
             g, ext = parse_grade(out.text or out.reasoning)
             cut = g == "UNPARSED" and out.finish_reason == "length"
             if not cut:

@@ -123,7 +123,8 @@ def _count(run, serving_dir, gpus_per_server, cache: dict) -> tuple[dict, dict, 
         t1 = s.get("finished") if t1 is None else max(t1, s.get("finished") or t1)
         m = models.setdefault(s.get("model") or "?", {"calls": 0, "prompt_tokens": 0, "cached_tokens": 0,
                                                       "completion_tokens": 0, "latency_s": 0.0,
-                                                      "request_gpu_seconds": 0.0, "_gpus_unknown": 0})
+                                                      "request_gpu_seconds": 0.0, "_gpus_unknown": 0,
+                                                      "provider_cost": 0.0, "calls_with_cost": 0})
         url = s.get("endpoint")
         endpoints.add(url)
         gpus = _gpus_for(url, serving_dir, gpus_per_server, cache)
@@ -131,6 +132,9 @@ def _count(run, serving_dir, gpus_per_server, cache: dict) -> tuple[dict, dict, 
             m["calls"] += 1
             for k in ("prompt_tokens", "cached_tokens", "completion_tokens"):
                 m[k] += int(c.get(k) or 0)
+            if c.get("cost") is not None:  # what the provider said this call cost
+                m["provider_cost"] += float(c["cost"])
+                m["calls_with_cost"] += 1
             lat = float(c.get("latency_s") or 0.0)
             m["latency_s"] += lat
             if gpus is None:
@@ -170,7 +174,10 @@ def _price_models(models: dict, prices: dict, held_gpus, span: float, unknown: l
             m["request_gpu_seconds"] = round(m["request_gpu_seconds"], 3)
         m["held_gpu_seconds"] = round(span * sum(held_gpus), 3) if held_gpus and None not in held_gpus else None
         price = (prices.get("models") or {}).get(name)
-        if price:  # an API model priced per token
+        m["provider_cost"] = round(m["provider_cost"], 6) if m["calls_with_cost"] else None
+        if m["calls"] and m["calls_with_cost"] == m["calls"]:  # the provider's own bill for every call
+            m["money"], m["priced_by"] = m["provider_cost"], "provider-reported cost (usage.cost)"
+        elif price:  # an API model priced per token
             pin, pout, pcached = price.get("input_per_1m"), price.get("output_per_1m"), price.get("cached_input_per_1m")
             pcached = pin if pcached is None else pcached
             m["money"] = None if pin is None or pout is None else round(
@@ -198,9 +205,13 @@ def _judges(run_path: Path, prices: dict, unknown: list) -> dict:
         j = {"file": f.name, "model": model, "calls": len(used),
              "prompt_tokens": sum(int(r["usage"].get("prompt_tokens") or 0) for r in used),
              "completion_tokens": sum(int(r["usage"].get("completion_tokens") or 0) for r in used)}
+        costs = [r["usage"].get("cost") for r in used]
         price = (prices.get("models") or {}).get(model) or {}
-        j["money"] = None if price.get("input_per_1m") is None or price.get("output_per_1m") is None else round(
-            j["prompt_tokens"] * price["input_per_1m"] / 1e6 + j["completion_tokens"] * price["output_per_1m"] / 1e6, 6)
+        if all(c is not None for c in costs):  # the provider's own bill for every grade
+            j["money"], j["priced_by"] = round(sum(costs), 6), "provider-reported cost (usage.cost)"
+        else:
+            j["money"] = None if price.get("input_per_1m") is None or price.get("output_per_1m") is None else round(
+                j["prompt_tokens"] * price["input_per_1m"] / 1e6 + j["completion_tokens"] * price["output_per_1m"] / 1e6, 6)
         if j["money"] is None:
             unknown.append(f"judge {model}: no token price")
         judges[f.name] = j
@@ -246,7 +257,9 @@ def _per_unit(led: dict) -> dict:
                                                                      "completion_tokens")}
     gs = [m.get("held_gpu_seconds") for m in led["models"].values()]
     rq = [m.get("request_gpu_seconds") for m in led["models"].values()]
+    billed = [m for m in led["models"].values() if m.get("priced_by", "").startswith("provider")]
     return {"units": led.get("units"), "tokens": tok,
+            "provider_cost": sum(m["money"] for m in billed) / n if billed and len(billed) == len(led["models"]) else None,
             "held_gpu_seconds": None if not gs or any(g is None for g in gs) else sum(gs) / n,
             "request_gpu_seconds": None if not rq or any(g is None for g in rq) else sum(rq) / n,
             "tools": {k: {"calls": t["calls"] / n, "paid_share": t["paid_calls"] / t["calls"] if t["calls"] else 0.0}
@@ -292,7 +305,11 @@ def project(method: str, units: int, samples, *, pilot=None, cache_path=None, pr
         out["tokens"] = {k: round(v * units) for k, v in pu["tokens"].items()}
         out["held_gpu_seconds"] = None if pu["held_gpu_seconds"] is None else round(pu["held_gpu_seconds"] * units, 1)
         gpu_price = (prices.get("gpu_hour") or {}).get("price")
-        parts = [None if gpu_price is None or out["held_gpu_seconds"] is None else out["held_gpu_seconds"] / 3600 * gpu_price]
+        if pu["provider_cost"] is not None:  # the pilot's provider billed every call: its per-unit bill
+            parts = [pu["provider_cost"] * units]
+            out["model_money_basis"] = "the pilot's provider-reported cost per unit (usage.cost)"
+        else:
+            parts = [None if gpu_price is None or out["held_gpu_seconds"] is None else out["held_gpu_seconds"] / 3600 * gpu_price]
         if parts[0] is None:
             out["unknown"].append("GPU time: " + ("no GPU-hour price" if gpu_price is None else "the pilot's GPUs unknown"))
         for k, t in pu["tools"].items():

@@ -495,7 +495,11 @@ class _Handler(JSONHandler):
         return {"id": "e037366a24d14dedaa779408681a5a5f", "object": "chat.completion", "created": 1775407536,
                 "model": self.server.model_name, "choices": [choice],
                 "usage": {"prompt_tokens": n_prompt, "total_tokens": n_prompt + len(out_ids), "completion_tokens": len(out_ids),
-                          "prompt_tokens_details": None, "reasoning_tokens": 0},
+                          "prompt_tokens_details": None, "reasoning_tokens": 0,
+                          # OpenRouter's bill for the call (usage.cost, credits = USD) and who served it
+                          **({"cost": self.server.cost_per_token * (n_prompt + len(out_ids))}
+                             if self.server.cost_per_token else {})},
+                **({"provider": "FakeProvider"} if self.server.cost_per_token else {}),
                 "metadata": {"weight_version": "default"}}
 
 
@@ -520,6 +524,7 @@ class FakeServer(ThreadingHTTPServer):
         self.flat = flat
         self.leak = leak      # > 0: a repeated scoring request's logprobs shifted by this (a cache-state leak)
         self.no_logprobs = False  # True: a chat reply never carries logprobs, asked or not (some OpenRouter providers)
+        self.cost_per_token = 0.0  # > 0: replies carry OpenRouter's usage.cost (this times the call's tokens)
         self.chat_template = chat_template  # the chat path's own template (a server started with --chat-template)
         self.seen: set = set()
         self.model_name = model_name
