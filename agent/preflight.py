@@ -36,7 +36,8 @@ from .http import HTTPError, RetryPolicy, public_url, request_json
 from .tools.live import MissingKeyError, require_live_tools
 
 __all__ = ["PreflightError", "model_identity", "local_identity", "same_model", "require_keys",
-           "check_benchmark_images", "PREFLIGHT_POLICY"]
+           "check_benchmark_images", "PREFLIGHT_POLICY", "server_facts", "server_differences", "deterministic_cost",
+           "SERVER_FACTS", "NUMBER_FACTS"]
 
 #: A preflight request fails fast: one retry, 15 s.
 PREFLIGHT_POLICY = RetryPolicy(retries=1, backoff_s=0.5, timeout_s=15.0)
@@ -108,8 +109,18 @@ def _ids(data, url: str) -> list[str]:
     return ids
 
 
-async def _deterministic(b, root: str) -> bool | None:
-    """Whether an SGLang server runs with --enable-deterministic-inference (seeds only work then); None: unknown."""
+#: What an SGLang server's information endpoint says about how it computes (SGLang 0.5.23 server-argument names):
+#: recorded in every header (``model.server``) so that a figure can be traced to the configuration behind it.
+SERVER_FACTS = ("version", "model_path", "served_model_name", "dtype", "quantization", "kv_cache_dtype",
+                "context_length", "tp_size", "attention_backend", "disable_radix_cache", "chunked_prefill_size",
+                "enable_deterministic_inference", "sampling_defaults", "mamba_radix_cache_strategy",
+                "mamba_track_interval", "mamba_max_states_per_path", "mem_fraction_static", "reasoning_parser")
+#: Of those, what changes the numbers themselves (ours): runs whose servers differ here are never pooled.
+NUMBER_FACTS = ("model_path", "dtype", "quantization", "kv_cache_dtype", "enable_deterministic_inference")
+
+
+async def server_facts(b, root: str) -> dict | None:
+    """SERVER_FACTS of an SGLang server (``/server_info``, else the older ``/get_server_info``); None: unknown."""
     for path in ("/server_info", "/get_server_info"):
         try:
             info = await request_json(b._client, "GET", root + path, headers=getattr(b, "_headers", None),
@@ -117,7 +128,26 @@ async def _deterministic(b, root: str) -> bool | None:
         except HTTPError:
             continue
         if isinstance(info, dict) and "enable_deterministic_inference" in info:
-            return bool(info["enable_deterministic_inference"])
+            return {k: info[k] for k in SERVER_FACTS if k in info}
+    return None
+
+
+def server_differences(recorded: dict | None, current: dict | None) -> str | None:
+    """How two model identities' servers differ in what changes the numbers (None: they do not, or one is unknown)."""
+    a, b = (recorded or {}).get("server") or {}, (current or {}).get("server") or {}
+    diff = [f"{k}: {a[k]!r} vs {b[k]!r}" for k in NUMBER_FACTS if k in a and k in b and a[k] != b[k]]
+    return "the servers differ in " + "; ".join(diff) if diff else None
+
+
+def deterministic_cost(facts: dict | None) -> str | None:
+    """A warning when a server runs deterministic inference with its radix cache off (SGLang 0.5.23 turns it off
+    unless the attention backend is one it lists, ``attention_hook.py`` ``handle_deterministic_inference``)."""
+    f = facts or {}
+    if f.get("enable_deterministic_inference") and f.get("disable_radix_cache"):
+        return (f"the server runs deterministic inference on the {f.get('attention_backend')!r} attention backend, so "
+                "SGLang turned its radix cache off: no prefix is reused and every request pays its whole prompt's "
+                "prefill (a probe several times over). Serve with --attention-backend fa3 (Hopper) or triton, which "
+                "keep it (docs/serving.md)")
     return None
 
 
@@ -127,9 +157,14 @@ async def _openai_identity(b) -> dict:
     if b.model and b.model not in ids:
         raise PreflightError(f"{public_url(b.base)} does not serve {b.model!r}; it serves {', '.join(ids[:10])}")
     b.model = b.model or ids[0]
-    det = await _deterministic(b, b.base.removesuffix("/v1")) if b.server == "sglang" else None
+    facts = await server_facts(b, b.base.removesuffix("/v1")) if b.server == "sglang" else None
+    if b.server == "vllm":  # what vLLM exposes: its version
+        try:
+            facts = {"version": (await _get(b, b.base.removesuffix("/v1") + "/version", "server version")).get("version")}
+        except (PreflightError, AttributeError):
+            facts = None
     return {"backend": f"openai:{b.server}", "served_model": b.model, "weights": None, "fingerprint": None,
-            "deterministic": det}
+            "deterministic": None if facts is None else facts.get("enable_deterministic_inference"), "server": facts}
 
 
 async def _sglang_identity(b) -> dict:
@@ -147,8 +182,9 @@ async def _sglang_identity(b) -> dict:
         raise PreflightError(
             f"{public_url(root)} serves the weights {weights!r} but --model-dir is {b.model_dir!s}: the prompts would be "
             "rendered with another model's chat template and the records would name the wrong model")
+    facts = await server_facts(b, root)
     return {"backend": "sglang", "served_model": served, "weights": weights, "fingerprint": None,
-            "deterministic": await _deterministic(b, root)}
+            "deterministic": None if facts is None else facts.get("enable_deterministic_inference"), "server": facts}
 
 
 def same_model(recorded: dict | None, current: dict | None) -> str | None:

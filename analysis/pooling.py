@@ -1,6 +1,8 @@
 """What may be pooled into one table row, and the notes that say what differs between the runs of a table.
 
 - runs of the paper's protocol and the release's (``--protocol release``) are never one row;
+- runs of one model from servers that compute differently (dtype, quantization, deterministic mode…) are never
+  pooled;
 - header fields that change numbers are named when compared runs differ (flagged, not refused);
 - n counts each manifest id once (ours), against the rows the release runs: the release iterates every manifest row, duplicates included (``pipelines/base_pipeline.py:103-116``): its
 collection counts 1,727 rows (MMSearch 171, two of them repeating an earlier id). We read a repeated id once
@@ -10,12 +12,22 @@ from __future__ import annotations
 
 import json
 
+from agent.preflight import server_differences
 from agent.rundir import RunError
 
-__all__ = ["duplicates_note", "comparability_note", "refuse_mixed_protocols", "COMPARED"]
+__all__ = ["duplicates_note", "comparability_note", "refuse_mixed_protocols", "refuse_mixed_servers", "COMPARED"]
 
 #: Header fields that must agree for numbers to be compared side by side (flagged, not refused).
 COMPARED = ("budgets", "sampling", "history_reasoning", "observation_images", "protocol")
+
+
+def refuse_mixed_servers(what: str, runs) -> None:
+    """Runs of one model pooled together (a table row, a figure's model) must come from servers that compute alike:
+    the same weights, dtype, quantization, KV-cache dtype and deterministic mode (``agent.preflight.NUMBER_FACTS``)."""
+    for r in runs[1:]:
+        why = server_differences(runs[0].header.get("model"), r.header.get("model"))
+        if why:
+            raise RunError(f"{what}: {runs[0].path} and {r.path} cannot be pooled: {why}")
 
 
 def refuse_mixed_protocols(key, runs) -> None:

@@ -27,6 +27,7 @@ import pandas as pd
 
 from agent.cli import done, make_parser
 from agent.rundir import RunError, load_run
+from analysis.pooling import refuse_mixed_servers
 from analysis.release import release_points, release_steps
 from analysis.stats import removal_summary, summarise_by
 from probes.entropy import bounds_by_step
@@ -92,6 +93,12 @@ def _kl_summary(tf: list):
 
 def _pooled_figure2(react_runs: list[str], out: Path, made: list, missing: list):
     """Figure 2 panels pooled over the given ReAct runs (and, for (b), one curve per run)."""
+    by_model: dict = {}
+    for rd in react_runs:  # a model's runs pool only if their servers computed alike
+        run = load_run(rd)
+        by_model.setdefault(tables.model_label(run) or Path(rd).name, []).append(run)
+    for label, runs in by_model.items():
+        refuse_mixed_servers(f"Figure 2, {label}", runs)
     grounding, entropy, outcomes, modes, headers, labels, tf = [], [], [], set(), [], [], []
     for rd in react_runs:
         probes = Path(rd) / "probes"

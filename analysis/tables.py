@@ -38,7 +38,7 @@ from agent.rundir import RunError, load_run
 from agent.rundir.grades import JUDGES, grades_of, identical_trials
 from agent.rundir.ledger import compute_ledger
 from analysis.figures import write_csv, write_text
-from analysis.pooling import comparability_note, duplicates_note, refuse_mixed_protocols
+from analysis.pooling import comparability_note, duplicates_note, refuse_mixed_protocols, refuse_mixed_servers
 
 __all__ = ["grades_of", "judged_runs", "table1", "table4", "table5", "ledger_table", "write_table", "method_label", "model_label",
            "JUDGES"]
@@ -129,6 +129,7 @@ def _table1_groups(runs) -> tuple[dict, dict, dict]:
         have = groups.setdefault(key, [])
         clash = benches & {r["benchmark"] for _, rs in have for r in rs}
         refuse_mixed_protocols(key, [r for r, _ in have] + [run])
+        refuse_mixed_servers(f"{key[0]} on {key[1]}", [r for r, _ in have] + [run])
         if clash:
             raise RunError(f"two runs of {key[0]} on {key[1]} cover {sorted(clash)}: give one run per method, "
                            f"model and benchmark ({run.path})")

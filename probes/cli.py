@@ -17,7 +17,7 @@ from agent.backends.pieces import lend_pieces
 from agent.backends.spread import Spread
 from agent.cli import add_backend_args as add
 from agent.cli import positive_int
-from agent.preflight import PreflightError, model_identity, same_model
+from agent.preflight import PreflightError, deterministic_cost, model_identity, same_model
 from agent.rundir import RunError
 from agent.tools.live import MissingKeyError
 from serving.endpoints import gpus_behind, gpus_held
@@ -195,6 +195,9 @@ PROBE_CONCURRENCY = 128
 async def probe_model_check(run, backend, *, force: bool = False) -> dict:
     """The probe backend's model identity; refuses (PreflightError) when it is not the model that recorded the run."""
     ident = await model_identity(backend)
+    cost = deterministic_cost(ident.get("server"))
+    if cost:  # the serving check's word on what the probe will cost
+        print(f"WARNING: {cost}", file=sys.stderr)
     recorded = run.header.get("model")
     why = "the run header records no model identity (made by an older version?)" if not recorded else \
         same_model(recorded, ident)

@@ -51,6 +51,7 @@ from .plan import (
     memory_estimate,
     plan,
     ports_of,
+    radix_cache_warning,
     router_command,
     server_command,
 )
@@ -133,6 +134,9 @@ def _announce(a, servers: list[Server], routers, ports, gpu_gb, run_dir: Path) -
     print(f"logprob semantics: {a.logprobs} ({sem}); clients: --logprob-mode {a.logprobs}")
     print("deterministic inference: " + ("on (--enable-deterministic-inference: seeds are honoured)" if a.deterministic
                                          else "off (seeds are ignored by the server)"))
+    cost = radix_cache_warning(a)
+    if cost:
+        print(cost)
     print("ports: " + ", ".join(f"{what} {p}" for what, p in ports))
     if a.standin:
         print(f"stand-in: SGLang's own HTTP server / TokenizerManager / DetokenizerManager from {SGLANG_SITE}, the "

@@ -82,6 +82,45 @@ def server_command(size: str, port: int, a, nccl_port: int | None = None) -> lis
     return cmd + shlex.split(os.environ.get("SGLANG_EXTRA_ARGS", ""))
 
 
+#: The attention backends with which SGLang 0.5.23 keeps the radix cache under --enable-deterministic-inference
+#: (sglang/srt/arg_groups/choices.py, RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND; attention_hook.py turns the
+#: cache off for any other). Without --attention-backend it picks fa3 on Hopper and older, flashinfer on Blackwell
+#: (sm100 / sm120; arg_groups/overrides.py, _deterministic_attention_backend).
+RADIX_DETERMINISTIC_BACKENDS = ("ascend", "fa3", "fa4", "triton")
+
+
+def _compute_cap() -> str | None:
+    if os.environ.get("MMCF_GPU_COMPUTE_CAP"):
+        return os.environ["MMCF_GPU_COMPUTE_CAP"]
+    if shutil.which("nvidia-smi"):
+        out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
+                             text=True).stdout.split()
+        return out[0] if out else None
+    return None
+
+
+def radix_cache_warning(a) -> str | None:
+    """What --deterministic costs with the attention backend the servers will use: None when the cache stays."""
+    if not a.deterministic:
+        return None
+    extra = shlex.split(os.environ.get("SGLANG_EXTRA_ARGS", ""))
+    backend = next((extra[i + 1] for i, x in enumerate(extra[:-1]) if x == "--attention-backend"),
+                   next((x.split("=", 1)[1] for x in extra if x.startswith("--attention-backend=")), None))
+    why = "--attention-backend"
+    if backend is None:
+        cap = _compute_cap()
+        if cap is None:
+            return ("WARNING: --deterministic: SGLang keeps its radix cache only with the fa3, fa4, triton or ascend "
+                    "attention backend; on Blackwell GPUs it picks flashinfer and turns the cache off (every request "
+                    "then pays its whole prompt). Set SGLANG_EXTRA_ARGS='--attention-backend triton' there")
+        backend, why = ("flashinfer" if cap.split(".")[0] in ("10", "12") else "fa3"), f"SGLang's pick on compute capability {cap}"
+    if backend in RADIX_DETERMINISTIC_BACKENDS:
+        return None
+    return (f"WARNING: --deterministic with the {backend} attention backend ({why}): SGLang turns the radix cache off, "
+            "so no prefix is reused and every request pays its whole prompt's prefill (the probes several times over). "
+            "Keep it with SGLANG_EXTRA_ARGS='--attention-backend triton' (or fa3 / fa4 where the GPU has them)")
+
+
 def router_command(worker_urls: list[str], port: int, a, prometheus_port: int | None = None) -> list[str]:
     """One router's command line. Its Prometheus port is always given: every router defaults to 29000
     (sglang_router/router_args.py), so a second router could not bind it and the launch failed."""

@@ -403,3 +403,36 @@ def test_openrouter_asks_for_logprobs_only_when_told_and_the_entropy_probe_refus
     assert entropy.main([str(tmp_path / "plain"), "--mode", "teacher-forced", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "recorded no logprobs" in err and "--top-logprobs" in err and "Traceback" not in err
+
+
+def test_server_facts_are_recorded_and_runs_from_servers_that_compute_differently_are_never_pooled(tmp_path, capsys):
+    """The header records what /server_info says; a resume, a second endpoint or a table row over a server with
+    another dtype, quantization or deterministic mode is refused, naming the difference. The deterministic mode
+    with the radix cache off is warned about."""
+    import asyncio
+
+    from agent.judge import judge_run
+    from agent.preflight import server_differences
+    from agent.rundir import RunError
+    from analysis.tables import table1
+
+    with FakeSGLang(reply=agent_policy) as a, FakeSGLang(reply=agent_policy) as b:
+        b.server_args = {"dtype": "float16"}
+        assert run_main(_cli(a.url, tmp_path / "r", "--limit", "1")) == 0
+        facts = load_run(tmp_path / "r").header["model"]["server"]
+        assert facts["dtype"] == "auto" and facts["version"] == "0.5.23" and facts["attention_backend"] == "fa3"
+        capsys.readouterr()
+        assert run_main(_cli(b.url, tmp_path / "r", "--limit", "2")) == 2             # resume on another server
+        assert "the servers differ in dtype: 'auto' vs 'float16'" in capsys.readouterr().err
+        assert run_main(_cli(a.url, tmp_path / "two", "--endpoint", b.url, "--limit", "1")) == 2  # two endpoints
+        assert "dtype: 'auto' vs 'float16'" in capsys.readouterr().err
+        a.server_args = {"enable_deterministic_inference": True, "disable_radix_cache": True, "attention_backend": "flashinfer"}
+        assert run_main(_cli(a.url, tmp_path / "det", "--limit", "1", "--seed", "1")) == 0
+        assert "turned its radix cache off" in capsys.readouterr().err
+    h = load_run(tmp_path / "det").header["model"]
+    assert server_differences(load_run(tmp_path / "r").header["model"], h).startswith(
+        "the servers differ in enable_deterministic_inference: False vs True")
+    for d in ("r", "det"):
+        asyncio.run(judge_run(tmp_path / d, judge="exact", progress=False))
+    with pytest.raises(RunError, match="cannot be pooled: the servers differ in enable_deterministic_inference"):
+        table1([tmp_path / "r", tmp_path / "det"])

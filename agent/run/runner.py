@@ -15,7 +15,14 @@ from ..backends.scripted import ScriptedBackend
 from ..backends.tiny_model import ensure_tiny_model
 from ..benchmarks import incomplete_subset, load_selection, resolve_benchmark
 from ..http import public_url
-from ..preflight import PreflightError, check_benchmark_images, local_identity, model_identity
+from ..preflight import (
+    PreflightError,
+    check_benchmark_images,
+    deterministic_cost,
+    local_identity,
+    model_identity,
+    server_differences,
+)
 from ..rundir import RunDir, check_run
 from ..rundir.ledger import write_ledger
 from ..rundir.shards import shard_record, shard_units
@@ -80,6 +87,13 @@ async def identify_backends(cfg: RunConfig, backends: list | None) -> dict:
         where = ", ".join(f"{public_url(e)} -> {i.get('served_model')}"
                           for e, i in zip(cfg.endpoints or ["backend"] * len(idents), idents))
         raise PreflightError(f"the endpoints serve different models ({where}): one run must use one model")
+    for e, i in zip((cfg.endpoints or [])[1:], idents[1:]):
+        why = server_differences(idents[0], i)
+        if why:  # the run's lines would be pooled in every table
+            raise PreflightError(f"{public_url(cfg.endpoints[0])} and {public_url(e)}: {why}; one run, one configuration")
+    cost = deterministic_cost(idents[0].get("server"))
+    if cost:
+        print(f"WARNING: {cost}", file=sys.stderr)
     return idents[0]
 
 

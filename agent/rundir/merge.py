@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from ..cli import done, make_parser
-from ..preflight import same_model
+from ..preflight import same_model, server_differences
 from ..tools.cache import ToolCache
 from .check import check_run
 from .common import IDENTITY_KEYS, RunError, _atomic_write, inside, output_lock
@@ -65,7 +65,7 @@ def _header_diff(a: dict, b: dict) -> list[str]:
     ka, kb = (a.get("backend") or {}).get("kind"), (b.get("backend") or {}).get("kind")
     if ka != kb:
         out.append(f"backend: {ka!r} vs {kb!r}")
-    m = same_model(a.get("model"), b.get("model"))
+    m = same_model(a.get("model"), b.get("model")) or server_differences(a.get("model"), b.get("model"))
     if m:
         out.append(f"model: {m}")
     return out

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..backends.images import ImageError, load_image
 from ..http import dumps_record
-from ..preflight import same_model
+from ..preflight import same_model, server_differences
 from .common import (
     HEADER_DEFAULTS,
     IDENTITY_KEYS,
@@ -63,6 +63,9 @@ class RunDir(RunIndex):
             model_diff = same_model(old.get("model"), header.get("model")) if "model" in header else None
             if model_diff:
                 detail.append(f"model: {model_diff}")
+            server_diff = server_differences(old.get("model"), header.get("model"))
+            if server_diff:  # one run, one server configuration: its lines are pooled in every table
+                detail.append(server_diff)
             if detail and not force:
                 raise RunError(f"{self.path} holds a different run ({'; '.join(detail)}); use another --out or --force")
             hist = old.setdefault("resumed", [])

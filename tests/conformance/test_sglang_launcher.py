@@ -45,3 +45,29 @@ def test_router_command_lines_parse_under_sglang_routers_parser(sglang, monkeypa
         proms.add(res["prometheus_port"])
     # each router its own metrics port (sglang-router defaults every one to 29000: the second could not bind it)
     assert proms == {29000, 29001}
+
+
+def test_the_radix_cache_rule_for_deterministic_inference_is_sglangs(sglang_front_end_built):
+    """serving/plan.py's list is SGLang's own; the launcher says when --deterministic turns the cache off."""
+    import os
+    import subprocess
+    import sys
+
+    from serving.plan import RADIX_DETERMINISTIC_BACKENDS
+
+    out = subprocess.run([sys.executable, "-c", "from sglang.srt.arg_groups.choices import "
+                          "RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND as r; print(','.join(r))"],
+                         env={**os.environ, "PYTHONPATH": str(sglang_front_end_built)}, capture_output=True, text=True)
+    assert tuple(out.stdout.strip().split(",")) == RADIX_DETERMINISTIC_BACKENDS, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("cap, extra, warned", [("9.0", "", False), ("10.0", "", True), ("10.0", "--attention-backend triton", False),
+                                                ("9.0", "--attention-backend=flashinfer", True)])
+def test_the_launcher_warns_when_deterministic_inference_turns_the_cache_off(monkeypatch, cap, extra, warned):
+    from serving.plan import radix_cache_warning
+
+    monkeypatch.setenv("MMCF_GPU_COMPUTE_CAP", cap)
+    monkeypatch.setenv("SGLANG_EXTRA_ARGS", extra)
+    msg = radix_cache_warning(_args("--deterministic"))
+    assert (msg is not None) == warned and (not warned or "turns the radix cache off" in msg)
+    assert radix_cache_warning(_args()) is None

@@ -243,7 +243,9 @@ class _Handler(JSONHandler):
                 return self._send(200, dict(self.server.injected))
         if self.path in ("/server_info", "/get_server_info"):
             return self._send(200, {"model_path": self.server.model_name, "tp_size": 1, "version": "0.5.23",
-                                    "enable_deterministic_inference": self.server.deterministic})
+                                    "dtype": "auto", "attention_backend": "fa3", "disable_radix_cache": False,
+                                    "enable_deterministic_inference": self.server.deterministic,
+                                    **self.server.server_args})
         if self.path in ("/model_info", "/get_model_info"):  # 0.5.23 has both; the old one is deprecated
             return self._send(200, {"model_path": self.server.model_name, "tokenizer_path": self.server.model_name,
                                     "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
@@ -524,6 +526,7 @@ class FakeServer(ThreadingHTTPServer):
         self.flat = flat
         self.leak = leak      # > 0: a repeated scoring request's logprobs shifted by this (a cache-state leak)
         self.no_logprobs = False  # True: a chat reply never carries logprobs, asked or not (some OpenRouter providers)
+        self.server_args: dict = {}  # more /server_info fields (a dtype, a quantization, a radix cache turned off)
         self.cost_per_token = 0.0  # > 0: replies carry OpenRouter's usage.cost (this times the call's tokens)
         self.chat_template = chat_template  # the chat path's own template (a server started with --chat-template)
         self.seen: set = set()
