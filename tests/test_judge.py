@@ -101,6 +101,8 @@ async def test_llm_judge_against_an_openai_compatible_server(tmp_path):
     md = (rd / "table1-llm.md").read_text()
     assert "demo (n=6)" in md and "50.0 ± —" in md and "2 UNPARSED" in md and "No std: the trials" in md
     assert (rd / "table1-llm.csv").exists() and (rd / "judge-llm-summary.json").exists()
+    # a self-hosted judge: the facts of the server that graded (SGLang's /server_info)
+    assert json.loads((rd / "judge-llm-summary.json").read_text())["judge_server"]["version"] == "0.5.23"
 
 
 def test_exact_judge_is_labelled(tmp_path, capsys):

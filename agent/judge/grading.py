@@ -24,6 +24,7 @@ import sys
 import time
 import unicodedata
 from dataclasses import replace
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -31,6 +32,7 @@ from ..backends.base import BackendError, SamplingParams
 from ..backends.openai_compat import OpenAIBackend
 from ..cli import JUDGE_ENDPOINT, JUDGE_MODEL
 from ..http import is_host, public_url, redact, redact_bytes
+from ..preflight import server_facts
 from ..prompts import JUDGE, fill
 from ..rundir import RunDir, RunError, close_fragment, output_lock
 from ..rundir.grades import accuracy_table, identical_trials, read_grades
@@ -209,6 +211,14 @@ class Grader:
             await self.backend.aclose()
 
 
+def _previous(path: Path, key: str):
+    """``key`` of an earlier summary (a rerun that graded nothing asked no server)."""
+    try:
+        return json.loads(path.read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 async def judge_run(run_dir, **kw) -> dict:
     """Grade every (sample, trial) of the run (resumable); returns the summary dict. ``name``: the judge's file
     (``judge-NAME.jsonl``; default ``llm`` / ``exact``): a second judge gets a name of its own. One judge per run
@@ -256,8 +266,11 @@ async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_END
             continue
     pending = [ln for ln in lines if (ln["sample_id"], ln["trial"], _answer_key(ln)) not in done]
     print(f"judge [{label}]: {len(lines)} trajectories, {len(lines) - len(pending)} already graded", file=sys.stderr)
+    judge_server = None
     if grader.needs_client(pending):
-        grader.client()  # fail early (missing key) before any work
+        client = grader.client()  # fail early (missing key) before any work
+        if getattr(client, "server", None) == "sglang":  # a self-hosted judge: the facts of the server grading
+            judge_server = await server_facts(client, client.base.removesuffix("/v1"))
 
     bar = tqdm(total=len(pending), desc="judge", unit="answer", disable=not progress, file=sys.stderr, mininterval=1.0)
 
@@ -286,6 +299,7 @@ async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_END
     summary = accuracy_table(current, label=label, run_label=header.get("label") or header.get("method", ""),
                              std_refused=refused)
     summary["judge"] = label
+    summary["judge_server"] = judge_server or _previous(rd.path / f"judge-{name}-summary.json", "judge_server")
     summary["lines_changed"] = list(rd.changed)  # left out of the grading, edited or damaged in place
     summary["failed_judge_calls"] = sum(1 for r in results if r.get("failed"))
     table = summary.pop("table")
