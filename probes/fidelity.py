@@ -20,7 +20,8 @@ order) this scores the recorded continuation with its images:
   messages; the prompt token counts must be equal (the same rendered prompt, images expanded alike) and the
   logprobs agree over the tokens both chose (the greedy prefix they share; a first token that differs fails).
   Tokens are compared by id where the chat reply carries SGLang's ``meta_info``, by text where it does not
-  (sglang-router in front passes only the OpenAI ``logprobs``, tokens and alternatives as texts).
+  (a proxy in front that drops it passes only the OpenAI ``logprobs``, tokens and alternatives as texts; smg
+  passes it).
   Run on every SGLang native backend unless ``--no-paths``; a probe run on one path and a figure drawn from
   the other then rest on the same context.
 

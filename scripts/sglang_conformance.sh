@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the SGLang conformance layer: SGLang's own pure-Python code (request models, sampling-parameter
-# checks, the qwen3 reasoning parser, the server and router argument parsers, and its real HTTP server,
+# checks, the qwen3 reasoning parser, the server's argument parser, smg (the gateway, a native binary), and its real HTTP server,
 # TokenizerManager and DetokenizerManager) importable on a CPU machine, so that tests/conformance/ checks the
 # toolkit against SGLang itself rather than against our reading of it (serving/standin.py stands in for the
 # scheduler only).
@@ -22,7 +22,7 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 PKGS=(
-  sglang==0.5.23 sglang-router==0.3.2
+  sglang==0.5.23 smg==1.13.0
   sniffio==1.3.1 psutil==7.2.2 pybase64==1.5.1 requests==2.34.2 urllib3==2.8.0 starlette==1.10.0 msgspec==0.23.0
   pyzmq==27.3.0 ipython==9.18.1 traitlets==5.16.1 aiohttp==3.14.5 multidict==7.2.1 attrs==26.1.0
   yarl==1.25.1 propcache==0.5.4 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 frozenlist==1.8.0
@@ -46,9 +46,9 @@ from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.parser.reasoning_parser import ReasoningParser
 from sglang.srt.server_args import ServerArgs
-from sglang_router.router_args import RouterArgs
+from smg.router_args import RouterArgs
 " 2>&1 | grep -v -e RequestsDependencyWarning -e "warnings.warn" || true
-PYTHONPATH="$SITE" "$PY" -c "import sglang.srt.server_args, sglang.srt.entrypoints.openai.protocol, sglang_router.router_args" >/dev/null 2>&1 \
+PYTHONPATH="$SITE" "$PY" -c "import sglang.srt.server_args, sglang.srt.entrypoints.openai.protocol, smg.router_args" >/dev/null 2>&1 \
   || { echo "[sglang-conformance] SGLang does not import from $SITE" >&2; exit 1; }
 PYTHONPATH="$SITE" "$PY" -c "import sglang.srt.entrypoints.http_server" >/dev/null 2>&1 \
   || { echo "[sglang-conformance] SGLang's HTTP front end does not import from $SITE" >&2; exit 1; }

@@ -1,4 +1,4 @@
-"""One SGLang router (its Model Gateway) per model over the servers of many nodes (ours; issue 26).
+"""One smg gateway (SGLang Model Gateway) per model over the servers of many nodes (ours; issue 26).
 
     # on every GPU node: servers only, under the name other nodes reach it by
     bash serving/launch_qwen35.sh --advertise-host "$(hostname -f)" --run-dir /shared/serve/$(hostname -s) 9b 27b
@@ -12,14 +12,15 @@ before starting anything:
 
 - checks every server: ``/health`` answers and ``/v1/models`` serves the model its node recorded (an
   unreachable or changed server is refused, ``--skip-unhealthy`` leaves it out and says so);
-- groups them by served model (a router never mixes models: without ``--enable-igw`` sglang-router ignores
+- groups them by served model (a gateway never mixes models: without ``--enable-igw`` smg ignores
   the model name) and refuses a group whose servers differ in what a number means (logprob mode,
   deterministic inference, the weights' name), or a URL two nodes both claim (``127.0.0.1`` from two nodes:
   start them with ``--advertise-host``);
 - checks that the planned ports are free.
 
-Then it starts ``python -m sglang_router.launch_router --worker-urls … --policy cache_aware --host H --port P
---prometheus-port Q`` per model (sglang-router's real CLI; the router health-checks its workers itself),
+Then it starts ``python -m smg.launch_router --worker-urls … --policy cache_aware --routing-key-override --host H
+--port P --prometheus-port Q`` per model (smg 1.13.0's real CLI; the gateway health-checks its workers itself and
+keeps each routing key on one worker),
 waits until each serves its model, and writes ``endpoints.json`` in ``--run-dir``: one ``router`` entry per
 model (``router_of`` its workers) and the workers' own entries (``"remote": true``, with their node and
 GPUs), so a run or probe through a gateway knows the GPUs behind a request (serving/endpoints.py). Clients

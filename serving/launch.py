@@ -13,7 +13,7 @@ Before anything starts (and in --dry-run): the GPU groups must fit the models an
 exist, ports must be free, weights must have a config.json, sglang must import. After launch, and in
 --dry-run, it prints per server the filled-in client flags, the log file, the stop command, and an
 *estimate* of weights + KV-cache memory per GPU read from the model's config.json. While a server loads,
-the elapsed time and its last log line are shown. ``--router`` starts one sglang-router per model (a
+the elapsed time and its last log line are shown. ``--router`` starts one smg gateway per model (a
 router never mixes models: without --enable-igw it ignores the model name). Everything is recorded in
 --run-dir: logs, PIDs, the exact commands and ``endpoints.json`` (per URL: the served model, weights,
 GPUs, logprob mode, deterministic or not, status). Stop with ``bash serving/stop.sh --run-dir DIR``.
@@ -121,8 +121,8 @@ def preflight(a, servers: list[Server], routers, ports) -> list[tuple]:
             "--nccl-port bases)")
     if routers and not os.environ.get("MMCF_SGLANG_ROUTER_CMD"):
         renv = {**os.environ, "PYTHONPATH": str(SGLANG_SITE)} if a.standin else None
-        add(not subprocess.run([a.python, "-c", "import sglang_router"], capture_output=True, env=renv).returncode,
-            "sglang-router imports", "sglang-router is not installed: pip install -e '.[serve]'",
+        add(not subprocess.run([a.python, "-c", "import smg.launch_router"], capture_output=True, env=renv).returncode,
+            "smg imports", "smg (SGLang Model Gateway) is not installed: pip install -e '.[serve]'",
             away="not here; checked again on the GPU node")
     return out
 
@@ -300,16 +300,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--timeout", type=positive_float, default=1800, help="readiness wait per server, seconds (default: 1800)")
     ap.add_argument("--run-dir", default=os.environ.get("MMCF_SERVE_DIR", ".serve"),
                     help="logs, PID files, commands, endpoints.json (default: .serve)")
-    ap.add_argument("--router", action="store_true", help="also start one sglang-router (cache_aware) per model")
+    ap.add_argument("--router", action="store_true", help="also start one smg gateway (cache_aware, sticky sessions) per model")
     ap.add_argument("--router-port", type=int, default=30100, help="first router port (default: 30100)")
     ap.add_argument("--prometheus-port", type=int, default=29000,
-                    help="first router's metrics port; router j gets +j (default: 29000, sglang-router's own default)")
+                    help="first router's metrics port; router j gets +j (default: 29000)")
     ap.add_argument("--nccl-port", type=int, default=None,
                     help="first server's NCCL / dist-init port; server i gets +i (default: --port + 1000)")
     ap.add_argument("--standin", choices=("scripted", "model"),
                     help="no GPU: SGLang's real front end on the CPU with serving/standin.py as its scheduler and the "
                          "embedded tiny Qwen3.5 for every model (needs bash scripts/sglang_conformance.sh); routers are "
-                         "the real sglang-router")
+                         "the real smg gateway")
     return ap
 
 

@@ -122,12 +122,15 @@ def radix_cache_warning(a) -> str | None:
 
 
 def router_command(worker_urls: list[str], port: int, a, prometheus_port: int | None = None) -> list[str]:
-    """One router's command line. Its Prometheus port is always given: every router defaults to 29000
-    (sglang_router/router_args.py), so a second router could not bind it and the launch failed."""
+    """One gateway's command line: smg (SGLang Model Gateway 1.13.0, ``smg/router_args.py``), cache-aware routing
+    with sticky sessions (``--routing-key-override``: a request's ``x-smg-routing-key`` header pins its
+    conversation to one worker, so a trajectory keeps its prefix in one cache behind one URL). Its metrics port is
+    always given, distinct per gateway: two gateways on one default could not both bind it."""
     base = shlex.split(os.environ["MMCF_SGLANG_ROUTER_CMD"]) if os.environ.get("MMCF_SGLANG_ROUTER_CMD") else \
-        [a.python, "-m", "sglang_router.launch_router"]
+        [a.python, "-m", "smg.launch_router"]
     prom = ["--prometheus-port", str(prometheus_port)] if prometheus_port else []
-    return [*base, "--worker-urls", *worker_urls, "--policy", "cache_aware", "--host", a.host, "--port", str(port), *prom]
+    return [*base, "--worker-urls", *worker_urls, "--policy", "cache_aware", "--routing-key-override",
+            "--host", a.host, "--port", str(port), *prom]
 
 
 def _groups(a) -> list[str]:

@@ -87,9 +87,10 @@ def test_dry_run_other_layouts_and_router():
     r = sh([LAUNCH, "--dry-run", "--tp", "2", "9b", "9b", "9b", "9b"])
     assert [c[1] for c in commands(r.stdout)] == [f"CUDA_VISIBLE_DEVICES={a},{a + 1}" for a in (0, 2, 4, 6)]
     r = sh([LAUNCH, "--dry-run", "--router", "27b", "27b"])
-    router = [line for line in r.stdout.splitlines() if "sglang_router.launch_router" in line]
-    assert len(router) == 1  # replicas of one model share one router
-    assert "--worker-urls http://127.0.0.1:30000 http://127.0.0.1:30001 --policy cache_aware" in router[0]
+    router = [line for line in r.stdout.splitlines() if "smg.launch_router" in line]
+    assert len(router) == 1  # replicas of one model share one gateway, with sticky sessions (the routing key)
+    assert "--worker-urls http://127.0.0.1:30000 http://127.0.0.1:30001 --policy cache_aware --routing-key-override" \
+        in router[0]
     r = sh([LAUNCH, "--dry-run", "--logprobs", "both"])
     assert r.returncode != 0 and "invalid choice: 'both'" in r.stderr
     r = sh([LAUNCH, "--dry-run", "70b"])
@@ -98,7 +99,7 @@ def test_dry_run_other_layouts_and_router():
 
 def test_a_router_never_mixes_models():
     r = sh([LAUNCH, "--dry-run", "--router", "--router-port", "31100", "9b", "27b"])
-    routers = [line for line in r.stdout.splitlines() if "sglang_router.launch_router" in line]
+    routers = [line for line in r.stdout.splitlines() if "smg.launch_router" in line]
     assert len(routers) == 2
     assert "--worker-urls http://127.0.0.1:30000 --policy" in routers[0] and "--port 31100" in routers[0]
     assert "--worker-urls http://127.0.0.1:30001 --policy" in routers[1] and "--port 31101" in routers[1]

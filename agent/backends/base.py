@@ -17,6 +17,7 @@ visible in its replies, so each backend is *told* (``logprob_mode=``) and stamps
 """
 from __future__ import annotations
 
+import contextvars
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -52,6 +53,24 @@ __all__ = [
 
 #: The paper asks every backend for the top-20 alternatives of each token (B.1).
 DEFAULT_TOP_LOGPROBS = 20
+
+
+#: The trajectory the current task's requests belong to: sent as smg's routing key, so that a gateway with sticky
+#: sessions (``--routing-key-override``, serving/plan.py) keeps a trajectory on one worker and its prefix in one
+#: cache. Set per unit by the runner and per trajectory by the probes (:func:`route`).
+ROUTING_KEY: contextvars.ContextVar = contextvars.ContextVar("mmcf_routing_key", default=None)
+ROUTING_HEADER = "x-smg-routing-key"
+
+
+def route(key) -> None:
+    """Send the current task's model requests under routing key ``key`` (a trajectory's identity)."""
+    ROUTING_KEY.set(None if key is None else "/".join(map(str, key)) if isinstance(key, tuple) else str(key))
+
+
+def routing_headers(headers: dict | None = None) -> dict:
+    """``headers`` plus the routing key of the current task, when it has one."""
+    key = ROUTING_KEY.get()
+    return {**(headers or {}), ROUTING_HEADER: key} if key else dict(headers or {})
 
 
 class BackendError(RuntimeError):

@@ -41,6 +41,7 @@ from .base import (
     ScoredTokens,
     Usage,
     retry_bad_replies,
+    routing_headers,
 )
 from .messages import record_messages, to_openai_messages
 from .think import THINK_CLOSE, mark_think, mark_think_by_text
@@ -160,7 +161,8 @@ class OpenAIBackend:
         async def attempt():
             try:
                 resp = await request_json(self._client, "POST", self.base + "/chat/completions", json_body=body,
-                                          headers=self._headers, policy=self.policy, what="chat completion")
+                                          headers=routing_headers(self._headers), policy=self.policy,
+                                          what="chat completion")
             except HTTPError as e:
                 raise BackendError(str(e)) from e
             return self.parse(resp, sp)

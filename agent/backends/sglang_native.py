@@ -51,6 +51,7 @@ from .base import (
     Usage,
     model_vocab_size,
     retry_bad_replies,
+    routing_headers,
 )
 from .hub import resolve_model_dir
 from .local import load_chat_renderer
@@ -181,7 +182,7 @@ class SGLangBackend(PromptTokens):
     async def _post(self, payload: dict, what: str) -> dict:
         try:
             resp = await request_json(self._client, "POST", self.url, json_body=payload, policy=self.policy, what=what,
-                                      decode=decode_generate_reply)
+                                      decode=decode_generate_reply, headers=routing_headers())
         except HTTPError as e:
             raise BackendError(str(e)) from e
         if isinstance(resp, dict) and not isinstance(resp.get("meta_info"), dict) and (

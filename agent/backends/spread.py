@@ -19,13 +19,17 @@ from __future__ import annotations
 
 import contextvars
 
+from .base import route
+
 __all__ = ["Spread", "pin", "BackendPool"]
 
 _PIN: contextvars.ContextVar = contextvars.ContextVar("mmcf_spread_pin", default=None)
 
 
 def pin(backend, key) -> None:
-    """Keep the current task's requests on one server of ``backend`` (a no-op for a single backend)."""
+    """Keep the current task's requests on one server of ``backend``: ours over several endpoints, smg's sticky
+    sessions behind one gateway URL (the routing key)."""
+    route(key)
     if isinstance(backend, Spread):
         _PIN.set((id(backend), backend.assign(key)))
 

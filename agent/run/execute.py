@@ -11,6 +11,7 @@ from collections import Counter
 from tqdm import tqdm
 
 from ..backends import BackendError
+from ..backends.base import route
 from ..backends.spread import BackendPool
 from ..http import public_url
 from ..methods import new_trajectory, run_sample
@@ -55,6 +56,7 @@ class _Workers:
     async def _unit(self, sample, trial) -> dict:
         """One unit's trajectory, to its line (a timeout ends it as ``timeout``)."""
         cfg, i = self.cfg, self.pool.acquire()
+        route((sample.id, trial))  # one worker behind a gateway for the whole trajectory (smg's routing key)
         traj = new_trajectory(self.spec, sample, trial)
         self.flying.add(traj)
         try:

@@ -10,7 +10,7 @@ Runs in its own process (SGLang's modules come from ``.venv-sglang/site``, built
   ``SamplingParams(**body["sampling_params"]).verify(N)``; answers the effective sampling fields;
 - ``{"op": "reasoning", "text": T, "force_reasoning": bool}``: ``ReasoningParser("qwen3")`` non-streaming;
 - ``{"op": "server_args", "argv": [...]}``: SGLang's server argument parser (``ServerArgs.add_cli_args``);
-- ``{"op": "router_args", "argv": [...]}``: sglang-router's (``RouterArgs``).
+- ``{"op": "router_args", "argv": [...]}``: smg's, the gateway (``RouterArgs``).
 
 Each answer is ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``.
 """
@@ -67,13 +67,13 @@ def _server_args(req):
 
 
 def _router_args(req):
-    from sglang_router.router_args import RouterArgs
+    from smg.router_args import RouterArgs
 
     p = argparse.ArgumentParser(exit_on_error=False)
     RouterArgs.add_cli_args(p, use_router_prefix=False)
     r = RouterArgs.from_cli_args(p.parse_args(req["argv"]), use_router_prefix=False)
     return {"worker_urls": r.worker_urls, "policy": r.policy, "host": r.host, "port": r.port,
-            "prometheus_port": r.prometheus_port}
+            "prometheus_port": r.prometheus_port, "routing_key_override": r.routing_key_override}
 
 
 OPS = {"chat": _chat, "generate": _generate, "reasoning": _reasoning, "server_args": _server_args,

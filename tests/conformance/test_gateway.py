@@ -1,6 +1,6 @@
 """Many nodes behind one gateway (serving/gateway.py), on 127.0.0.1: each "node" is a launcher run directory of
-stand-in servers (serving/launch_qwen35.sh with the loopback SGLang), the gateway is sglang-router's real binary
-(from the conformance layer), one per model."""
+stand-in servers (serving/launch_qwen35.sh with the loopback SGLang), the gateway is smg's real binary (SGLang
+Model Gateway 1.13.0, from the conformance layer), one per model."""
 from __future__ import annotations
 
 import asyncio
@@ -67,7 +67,7 @@ def test_one_gateway_per_model_over_several_nodes(nodes):
         nine = sorted(e["url"] for e in ea + eb if e["served_model"] == "qwen3.5-9b")
         assert sorted(routers["qwen3.5-9b"]["router_of"]) == nine and len(routers["qwen3.5-9b"]["nodes"]) == 2
         cmd = (gw / f"router-{port + 1}.cmd").read_text()
-        assert "sglang_router.launch_router --worker-urls" in cmd and "--policy cache_aware" in cmd
+        assert "smg.launch_router --worker-urls" in cmd and "--policy cache_aware --routing-key-override" in cmd
         # the real router serves each model and answers through a worker of that model only
         for model, e in routers.items():
             got = json.load(urllib.request.urlopen(e["url"] + "/v1/models", timeout=30))
@@ -120,9 +120,11 @@ def test_the_gateway_refuses_what_would_mix_numbers_or_lose_a_server(nodes):
 async def _score_both_ways(url, tiny_model_dir) -> list[str]:
     import numpy as np
 
-    from agent.backends.base import Continuation
+    from agent.backends.base import Continuation, route
     from agent.backends.sglang_native import SGLangBackend
     from agent.http import RetryPolicy
+
+    route(("scored", 0))  # both requests on one worker (smg's routing key), as a trajectory's are
 
     msgs = [{"role": "user", "content": [{"type": "text", "text": "What colour is it?"}]}]
     out, arrays = [], []
@@ -135,7 +137,11 @@ async def _score_both_ways(url, tiny_model_dir) -> list[str]:
             await b.aclose()
         out.append(s.request["top_logprobs_wire"])
         arrays.append((s.tokens.top_ids, s.tokens.top_logprobs, s.tokens.logprobs))
-    assert all(np.array_equal(x, y) for x, y in zip(*arrays))
+    (ids_f, top_f, lp_f), (ids_n, top_n, lp_n) = arrays
+    # the same tokens; the same values to float32 precision (the flat arrays are float32; the scripted stand-in's
+    # nested values are Python floats)
+    assert np.array_equal(ids_f, ids_n)
+    assert np.allclose(top_f, top_n, rtol=0, atol=1e-6, equal_nan=True) and np.allclose(lp_f, lp_n, rtol=0, atol=1e-6)
     return out
 
 
@@ -160,7 +166,7 @@ def _is_free(p: int) -> bool:
 def test_the_launchers_real_topology_then_a_run_through_the_gateway_over_it(sglang_front_end_built, tiny_model_dir,
                                                                             tmp_path):
     """One launch of the real topology on CPU (SGLang's front end with the scripted scheduler stand-in): two 9b
-    replicas behind one real sglang-router and a 27b behind its own, every port distinct (the routers' Prometheus
+    replicas behind one real smg gateway and a 27b behind its own, every port distinct (the routers' Prometheus
     ports included: both default to 29000), the smoke check through each router. Then the two 9b servers recorded
     as two nodes, the gateway's real router in front, and a ReAct run, the fidelity check and the cost ledger
     through it; finally stop.sh stops everything. (One launch for both: each start of the servers costs a minute
@@ -218,11 +224,10 @@ def test_the_launchers_real_topology_then_a_run_through_the_gateway_over_it(sgla
         rep = json.loads((run / "probes" / "fidelity" / "fidelity.json").read_text())
         assert rc == 0, rep
         assert all(rep["checks"][k]["ok"] and rep["checks"][k]["n_tokens"] > 0 for k in ("warm", "cold", "paths")), rep
-        assert rep["checks"]["paths"]["by"] == ["text"]  # the router passes the chat path's logprobs as texts only
-        # teacher-forced scoring through the router: sglang-router 0.3.2 does not pass SGLang's flat top-logprob
-        # fields on to the worker (observed here, not looked into), so the replies come back nested, and
-        # the scores are the same as asked without them
-        assert asyncio.run(_score_both_ways(router["url"], tiny_model_dir)) == ["nested", "nested"]
+        assert rep["checks"]["paths"]["by"] == ["ids"]  # smg passes the chat path's meta_info: compared by token id
+        # teacher-forced scoring through the gateway: smg passes SGLang's flat top-logprob fields on to the worker
+        # (tests/conformance/test_smg.py), and the scores are the same as asked for nested lists
+        assert asyncio.run(_score_both_ways(router["url"], tiny_model_dir)) == ["flat", "nested"]
     finally:
         sh([STOP, "--run-dir", str(gw)])
         s = sh([STOP, "--run-dir", str(serve)])

@@ -1,4 +1,4 @@
-"""The launcher's server and router command lines parse under SGLang's and sglang-router's own argument parsers."""
+"""The launcher's server and gateway command lines parse under SGLang's and smg's own argument parsers."""
 from __future__ import annotations
 
 import pytest
@@ -31,7 +31,7 @@ def test_server_command_lines_parse_under_sglangs_parser(sglang, monkeypatch, ar
         assert got["nccl_port"] == s.nccl_port == a.port + 1000 + plan(a).index(s)
 
 
-def test_router_command_lines_parse_under_sglang_routers_parser(sglang, monkeypatch):
+def test_gateway_command_lines_parse_under_smgs_parser(sglang, monkeypatch):
     monkeypatch.delenv("MMCF_SGLANG_ROUTER_CMD", raising=False)
     a = _args("--router", "9b", "9b", "27b")
     routers = _router_plan(a, plan(a))
@@ -42,8 +42,9 @@ def test_router_command_lines_parse_under_sglang_routers_parser(sglang, monkeypa
         res = sglang.ask("router_args", argv=cmd[3:])
         assert res["ok"], res
         assert res["worker_urls"] == urls and res["policy"] == "cache_aware" and res["port"] == port
+        assert res["routing_key_override"] is True  # sticky sessions: a trajectory's routing key pins one worker
         proms.add(res["prometheus_port"])
-    # each router its own metrics port (sglang-router defaults every one to 29000: the second could not bind it)
+    # each gateway its own metrics port (one default for both: the second could not bind it)
     assert proms == {29000, 29001}
 
 
