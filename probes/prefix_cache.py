@@ -17,7 +17,11 @@ sha256, as SGLang's multimodal cache keys them) through one simulated radix cach
   (agent/backends/spread.py); also shown unpinned, to isolate the pinning.
 
 It reports the share of prompt tokens served from cache, and that share as a percentage of the ideal (an
-unbounded cache on one server: every prefix ever seen stays). Ours, and a model of the server, not the
+unbounded cache on one server: every prefix ever seen stays). That is token-level reuse, the bound for a
+pure-attention model. Qwen3.5 is hybrid (Gated DeltaNet linear attention between full-attention layers): SGLang
+reuses a prefix only up to a stored linear-attention state, which a request's prefill leaves at the last multiple
+of ``mamba_track_interval`` in its prompt (:meth:`RadixLRU.hybrid_match`); the report adds the probes' order
+under that model (``--mamba-track-interval``, SGLang's 256 by default), said as such. Ours, and a model of the server, not the
 server: the cache is prompt-only (generated tokens also enter SGLang's tree but are never a later prompt's
 prefix here, because the regenerated text differs from the recorded one; they do take room, so a real cache
 fills sooner), one request is in flight per trajectory and requests complete in the order they are sent
@@ -66,15 +70,17 @@ class RadixLRU:
     takes the oldest request's nodes deepest first, which are always leaves (a deeper node touched later would
     have touched them too)."""
 
-    def __init__(self, capacity: int | None):
+    def __init__(self, capacity: int | None, state_interval: int | None = None):
         self.capacity = capacity
+        self.interval = state_interval  # None: token-level reuse (a pure-attention model)
+        self.states: set = set()        # the prefixes (keys) at which a recurrent state is stored
         self.owner: dict = {}
         self.groups: deque = deque()
         self.size = 0
         self.clock = 0
 
     def access(self, keys: np.ndarray) -> int:
-        """The number of leading tokens (keys) already cached; then the whole prompt is cached."""
+        """The number of leading tokens (keys) already cached and reusable; then the whole prompt is cached."""
         ks = keys.tolist()
         owner = self.owner
         lo, hi = 0, len(ks)
@@ -84,6 +90,8 @@ class RadixLRU:
                 lo = mid
             else:
                 hi = mid - 1
+        if self.interval:  # a hybrid model: reuse ends where a recurrent state is stored (see hybrid_match)
+            lo = self.hybrid_match(ks, lo)
         self.clock += 1
         aid = self.clock
         self.size += len(ks) - sum(1 for k in ks if k in owner)
@@ -92,6 +100,19 @@ class RadixLRU:
         self.groups.append([aid, ks, len(ks)])
         self._evict()
         return lo
+
+    def hybrid_match(self, ks: list, lo: int) -> int:
+        """SGLang 0.5.23's Mamba radix cache (``mem_cache/unified_cache/components/mamba.py``): a prefix is reusable
+        only up to a node holding the linear-attention state, and a request's prefill leaves that state at its last
+        track point, the largest multiple of ``mamba_track_interval`` in its prompt (``extra_buffer``, the strategy
+        on a server with the overlap scheduler; states at later track points stay on the request's own branch)."""
+        t = self.interval
+        p = lo // t * t
+        while p > 0 and not (ks[p - 1] in self.states and ks[p - 1] in self.owner):
+            p -= t
+        if len(ks) >= t:
+            self.states.add(ks[len(ks) // t * t - 1])
+        return p
 
     def _evict(self) -> None:
         if self.capacity is None:
@@ -127,11 +148,14 @@ def _order(streams: list[list[np.ndarray]], how: str, concurrency: int) -> list[
 
 
 def simulate(streams: list[list[np.ndarray]], *, capacity: int | None, servers: int = 1, concurrency: int = 128,
-             how: str = "per-trajectory", pinned: bool = True, page: int = 1, keys=None) -> dict:
+             how: str = "per-trajectory", pinned: bool = True, page: int = 1, keys=None,
+             state_interval: int | None = None) -> dict:
     """Replay the requests (``streams``: per trajectory, its requests' prompt tokens in the order it sends them)
     through one :class:`RadixLRU` per server; returns prompt tokens, cached tokens and the cached share.
+    ``state_interval``: Qwen3.5's hybrid cache (``mamba_track_interval``, SGLang's default 256), else token-level.
     ``keys``: the streams' :func:`prefix_keys` at this ``page``, when the caller replays them several times."""
-    caches = [RadixLRU(None if capacity is None else capacity // page) for _ in range(servers)]
+    interval = None if state_interval is None else max(1, state_interval // page)
+    caches = [RadixLRU(None if capacity is None else capacity // page, interval) for _ in range(servers)]
     keys = keys if keys is not None else [[prefix_keys(r, page) for r in s] for s in streams]
     assigned, given = {}, [0] * servers
     rng = np.random.default_rng(0)  # unpinned: a server per request as a balancer without affinity picks one
@@ -209,20 +233,30 @@ def probe_streams(run_dir, *, mode: str = "regenerate", model_dir=None, limit: i
     return streams
 
 
-def report(streams, *, capacity: int, servers: int, concurrency: int) -> list[dict]:
-    """Each order at one server and at ``servers``, ``concurrency`` trajectories in flight per server."""
+def report(streams, *, capacity: int, servers: int, concurrency: int, state_interval: int | None = None) -> list[dict]:
+    """Each order at one server and at ``servers``, ``concurrency`` trajectories in flight per server: token-level
+    (a pure-attention model's bound), then, with ``state_interval``, the probes' order under the hybrid cache."""
     keys = [[prefix_keys(r) for r in s] for s in streams]  # once, for every replay below
     ideal = simulate(streams, capacity=None, servers=1, concurrency=concurrency, keys=keys)
     rows = []
+
+    def row(order, n, r):
+        rows.append({"order": order, "servers": n, **r, "of_ideal": r["cached_tokens"] / ideal["cached_tokens"]
+                     if ideal["cached_tokens"] else float("nan")})
     for how, pinned in (("step-major", False), ("per-trajectory", False), ("per-trajectory", True)):
         for n in sorted({1, servers}):
             if n == 1 and pinned:
                 continue  # one server: pinning changes nothing
-            r = simulate(streams, capacity=capacity, servers=n, concurrency=concurrency * n, how=how, pinned=pinned,
-                         keys=keys)
-            rows.append({"order": how + (" (pinned)" if pinned else ""), "servers": n, **r,
-                         "of_ideal": r["cached_tokens"] / ideal["cached_tokens"] if ideal["cached_tokens"] else float("nan")})
+            row(how + (" (pinned)" if pinned else ""), n, simulate(
+                streams, capacity=capacity, servers=n, concurrency=concurrency * n, how=how, pinned=pinned, keys=keys))
     rows.append({"order": "ideal (unbounded, one server)", "servers": 1, **ideal, "of_ideal": 1.0})
+    if state_interval:
+        label = f"hybrid cache, track interval {state_interval}"
+        row(f"per-trajectory (pinned), {label}", servers, simulate(
+            streams, capacity=capacity, servers=servers, concurrency=concurrency * servers, keys=keys,
+            state_interval=state_interval))
+        row(f"ideal, {label}", 1, simulate(streams, capacity=None, servers=1, concurrency=concurrency, keys=keys,
+                                           state_interval=state_interval))
     return rows
 
 
@@ -238,9 +272,11 @@ def main(argv=None) -> int:
     ap.add_argument("--servers", type=int, default=2, help="servers the probe spreads over")
     ap.add_argument("--concurrency", type=int, default=128, help="trajectories in flight per server (the probes' default)")
     ap.add_argument("--limit", type=positive_int, help="the first N trajectories")
+    ap.add_argument("--mamba-track-interval", type=int, default=256,
+                    help="Qwen3.5's hybrid cache: SGLang's mamba_track_interval (0.5.23 default 256; 0 = token-level only)")
     a = ap.parse_args(argv)
-    if a.servers < 1 or a.capacity_tokens < 1 or a.concurrency < 1:
-        ap.error("--servers, --capacity-tokens and --concurrency must be positive")
+    if a.servers < 1 or a.capacity_tokens < 1 or a.concurrency < 1 or a.mamba_track_interval < 0:
+        ap.error("--servers, --capacity-tokens and --concurrency must be positive, --mamba-track-interval >= 0")
 
     try:
         streams = probe_streams(a.run_dir, mode=a.mode, model_dir=a.model_dir, limit=a.limit)
@@ -253,8 +289,9 @@ def main(argv=None) -> int:
     n_req = sum(len(s) for s in streams)
     print(f"{len(streams)} trajectories, {n_req} {a.mode} requests, "
           f"{sum(len(r) for s in streams for r in s):,} prompt tokens; cache {a.capacity_tokens:,} tokens per server")
-    for r in report(streams, capacity=a.capacity_tokens, servers=a.servers, concurrency=a.concurrency):
-        print(f"  {r['order']:32s} servers {r['servers']}: {100 * r['cached_share']:5.1f} % of prompt tokens cached "
+    for r in report(streams, capacity=a.capacity_tokens, servers=a.servers, concurrency=a.concurrency,
+                    state_interval=a.mamba_track_interval or None):
+        print(f"  {r['order']:58s} servers {r['servers']}: {100 * r['cached_share']:5.1f} % of prompt tokens cached "
               f"({100 * r['of_ideal']:5.1f} % of ideal)")
     done([], f"python -m probes.entropy {a.run_dir} --mode {a.mode}   (its probe.json: the server's own cached_tokens)")
     return 0

@@ -79,6 +79,35 @@ def test_the_command_on_a_scripted_run(tmp_path, capsys):
     capsys.readouterr()
     assert main([str(tmp_path / "r"), "--capacity-tokens", "4000", "--concurrency", "4"]) == 0
     out = capsys.readouterr().out
-    assert "18 trajectories" in out and "per-trajectory (pinned)          servers 2" in out and "of ideal" in out
+    assert "18 trajectories" in out and "per-trajectory (pinned)" in out and "servers 2" in out and "of ideal" in out
+    assert "per-trajectory (pinned), hybrid cache, track interval 256" in out
     assert main([str(tmp_path / "r"), "--mode", "teacher-forced", "--servers", "1"]) == 0
     assert main([str(tmp_path / "nope")]) == 2
+
+
+def test_the_hybrid_cache_reuses_a_prefix_only_up_to_a_stored_state():
+    """SGLang's Mamba radix cache: a prefill leaves the linear-attention state at the last multiple of the track
+    interval in its prompt; a later request reuses the longest cached prefix that ends at a stored state."""
+    t = 4
+    first = np.arange(10)                                # prompt of 10: state stored at 8
+    second = np.concatenate([first, np.arange(100, 107)])  # extends it to 17: reuses 8 (not 10), stores 16
+    third = np.concatenate([second, np.arange(200, 203)])  # 20: reuses 16
+    other = np.concatenate([np.arange(6), np.arange(300, 310)])  # shares 6 tokens: below 8, no state at 4 -> 0
+    hybrid, token = RadixLRU(None, t), RadixLRU(None)
+    got = [(hybrid.access(prefix_keys(x)), token.access(prefix_keys(x))) for x in (first, second, third, other)]
+    assert got == [(0, 0), (8, 10), (16, 17), (0, 6)]
+    # a short prompt stores no state; the same prompt twice reuses up to its own state only
+    c = RadixLRU(None, 8)
+    assert [c.access(prefix_keys(np.arange(5))), c.access(prefix_keys(np.arange(5)))] == [0, 0]
+    assert [c.access(prefix_keys(np.arange(20))), c.access(prefix_keys(np.arange(20)))] == [0, 16]
+    # never more than token-level reuse, on a probe-like stream
+    rng = np.random.default_rng(0)
+    streams = []
+    for _ in range(20):
+        steps = [rng.integers(0, 1000, 300)]  # each step's prompt extends the previous one (a trajectory)
+        for _ in range(4):
+            steps.append(np.concatenate([steps[-1], rng.integers(0, 1000, 90)]))
+        streams.append(steps)
+    tok = simulate(streams, capacity=None, concurrency=4)
+    hyb = simulate(streams, capacity=None, concurrency=4, state_interval=64)
+    assert 0 < hyb["cached_tokens"] < tok["cached_tokens"]
