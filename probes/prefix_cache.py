@@ -21,7 +21,7 @@ unbounded cache on one server: every prefix ever seen stays). That is token-leve
 pure-attention model. Qwen3.5 is hybrid (Gated DeltaNet linear attention between full-attention layers): SGLang
 reuses a prefix only up to a stored linear-attention state, which a request's prefill leaves at the last multiple
 of ``mamba_track_interval`` in its prompt (:meth:`RadixLRU.hybrid_match`); the report adds the probes' order
-under that model (``--mamba-track-interval``, SGLang's 256 by default), said as such. Ours, and a model of the server, not the
+under that model (``--mamba-track-interval``: the launcher's 128 by default; SGLang's own is 256), said as such. Ours, and a model of the server, not the
 server: the cache is prompt-only (generated tokens also enter SGLang's tree but are never a later prompt's
 prefix here, because the regenerated text differs from the recorded one; they do take room, so a real cache
 fills sooner), one request is in flight per trajectory and requests complete in the order they are sent
@@ -42,6 +42,7 @@ from agent.backends.vision import UnknownProcessor, VisionGrid
 from agent.cli import done, make_parser, positive_int
 from agent.rundir import RunError, load_run
 from analysis.selection import select_trajectories
+from serving.plan import MAMBA_TRACK_INTERVAL
 
 __all__ = ["RadixLRU", "prefix_keys", "simulate", "probe_streams", "main"]
 
@@ -272,8 +273,9 @@ def main(argv=None) -> int:
     ap.add_argument("--servers", type=int, default=2, help="servers the probe spreads over")
     ap.add_argument("--concurrency", type=int, default=128, help="trajectories in flight per server (the probes' default)")
     ap.add_argument("--limit", type=positive_int, help="the first N trajectories")
-    ap.add_argument("--mamba-track-interval", type=int, default=256,
-                    help="Qwen3.5's hybrid cache: SGLang's mamba_track_interval (0.5.23 default 256; 0 = token-level only)")
+    ap.add_argument("--mamba-track-interval", type=int, default=MAMBA_TRACK_INTERVAL,
+                    help=f"Qwen3.5's hybrid cache: the servers' mamba_track_interval (the launcher's {MAMBA_TRACK_INTERVAL}; "
+                         "SGLang's own default 256; 0 = token-level only)")
     a = ap.parse_args(argv)
     if a.servers < 1 or a.capacity_tokens < 1 or a.concurrency < 1 or a.mamba_track_interval < 0:
         ap.error("--servers, --capacity-tokens and --concurrency must be positive, --mamba-track-interval >= 0")

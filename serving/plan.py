@@ -65,6 +65,14 @@ def _is_local(size: str) -> bool:
     return bool(os.environ.get(f"QWEN35_{size.upper().replace('-', '_')}_PATH") or os.environ.get("MODEL_DIR"))
 
 
+#: Where Qwen3.5's servers store the linear-attention state for prefix reuse (SGLang's --mamba-track-interval,
+#: 256 by default; at least the GDN chunk of 64). A prefix is reused only up to a stored state, so a finer grid
+#: reuses more of each probe step's prompt: on the scripted demo run, `python -m probes.prefix_cache RUN
+#: --mamba-track-interval N` gives 71.1 % of prompt tokens cached at 256 and 77.9 % at 128 (two servers, pinned);
+#: 64 adds nothing more and snapshots twice as often (docs/serving.md).
+MAMBA_TRACK_INTERVAL = 128
+
+
 def server_command(size: str, port: int, a, nccl_port: int | None = None) -> list[str]:
     """The server's command line; every port it binds is given (``--nccl-port`` too: left to SGLang, servers
     started together can race for the same free port)."""
@@ -76,7 +84,8 @@ def server_command(size: str, port: int, a, nccl_port: int | None = None) -> lis
         [a.python, "-m", "sglang.launch_server"]
     cmd = [*base, "--model-path", weights_for(size), "--served-model-name", MODELS[size][1], "--tp-size", str(a.tp),
            "--host", a.host, "--port", str(port), *nccl, "--reasoning-parser", "qwen3",
-           "--mem-fraction-static", str(a.mem_fraction), "--context-length", str(a.context_length)]
+           "--mem-fraction-static", str(a.mem_fraction), "--context-length", str(a.context_length),
+           "--mamba-track-interval", str(MAMBA_TRACK_INTERVAL)]
     if a.deterministic:
         cmd.append("--enable-deterministic-inference")
     return cmd + shlex.split(os.environ.get("SGLANG_EXTRA_ARGS", ""))

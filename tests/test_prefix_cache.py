@@ -80,7 +80,7 @@ def test_the_command_on_a_scripted_run(tmp_path, capsys):
     assert main([str(tmp_path / "r"), "--capacity-tokens", "4000", "--concurrency", "4"]) == 0
     out = capsys.readouterr().out
     assert "18 trajectories" in out and "per-trajectory (pinned)" in out and "servers 2" in out and "of ideal" in out
-    assert "per-trajectory (pinned), hybrid cache, track interval 256" in out
+    assert "per-trajectory (pinned), hybrid cache, track interval 128" in out  # the launcher's interval
     assert main([str(tmp_path / "r"), "--mode", "teacher-forced", "--servers", "1"]) == 0
     assert main([str(tmp_path / "nope")]) == 2
 

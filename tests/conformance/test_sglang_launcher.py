@@ -28,6 +28,7 @@ def test_server_command_lines_parse_under_sglangs_parser(sglang, monkeypatch, ar
         assert got["tp_size"] == a.tp and got["reasoning_parser"] == "qwen3" and got["port"] == s.port
         assert got["served_model_name"] == s.served and got["mem_fraction_static"] == 0.85
         assert got["enable_deterministic_inference"] is a.deterministic and got["log_level"] == "info"
+        assert got["mamba_track_interval"] == 128  # the hybrid cache's finer state grid (serving/plan.py)
         assert got["nccl_port"] == s.nccl_port == a.port + 1000 + plan(a).index(s)
 
 
