@@ -104,20 +104,15 @@ def test_a_trajectorys_calls_stay_on_one_worker(two_workers, tiny_model_dir, tmp
 
 def test_a_worker_lost_mid_run_is_survived(two_workers, tiny_model_dir, tmp_path):
     gw, a, b = two_workers
-    a.latency_s = b.latency_s = 0.05
-    killed = []
+    killed, lock = [], threading.Lock()
 
-    def kill_the_first_busy_worker():  # whichever worker smg gave trajectories to: its third request is its last
-        while not killed:
-            for w in (a, b):
-                if len(w.bodies) >= 3:
-                    w.shutdown()
-                    w.server_close()
-                    killed.append(w)
-                    break
-            time.sleep(0.02)
+    def third_request_kills(w) -> bool:  # whichever worker smg gives work first dies on its third request
+        with lock:
+            if not killed and len(w.bodies) >= 3:
+                killed.append(w)
+            return bool(killed) and killed[0] is w
 
-    threading.Thread(target=kill_the_first_busy_worker, daemon=True).start()
+    a.crash_when = b.crash_when = third_request_kills
     run = tmp_path / "run"
     assert run_main(["--method", "react", "--backend", "sglang", "--endpoint", gw.url, "--model-dir",
                      str(tiny_model_dir), "--limit", "6", "--t-max", "4", "--out", str(run), "--no-progress"]) == 0

@@ -262,6 +262,12 @@ class _Handler(JSONHandler):
         with self.server.lock:
             self.server.bodies.append(req)
             self.server.routing_keys.append(self.headers.get("x-smg-routing-key"))
+            crash = self.server.crash_when is not None and self.server.crash_when(self.server)
+        if crash:  # a worker that dies on this request: no reply, and it stops listening
+            self.close_connection = True
+            srv = self.server
+            threading.Thread(target=lambda: (srv.shutdown(), srv.server_close()), daemon=True).start()
+            return
         if self.server.flat == "refuse" and any(key.startswith("return_flat_raw") for key in req):
             return self._send(400, {"object": "error", "message": "unexpected keyword argument "
                                     "'return_flat_raw_top_logprobs'", "type": "BadRequestError", "code": 400})
@@ -527,7 +533,8 @@ class FakeServer(ThreadingHTTPServer):
         self.flat = flat
         self.leak = leak      # > 0: a repeated scoring request's logprobs shifted by this (a cache-state leak)
         self.no_logprobs = False  # True: a chat reply never carries logprobs, asked or not (some OpenRouter providers)
-        self.routing_keys: list = []  # each POST's x-smg-routing-key header (None: none sent)
+        self.routing_keys: list = []
+        self.crash_when = None  # callable(server) -> bool, asked on each POST: True = die there (no reply, stop)  # each POST's x-smg-routing-key header (None: none sent)
         self.server_args: dict = {}  # more /server_info fields (a dtype, a quantization, a radix cache turned off)
         self.cost_per_token = 0.0  # > 0: replies carry OpenRouter's usage.cost (this times the call's tokens)
         self.chat_template = chat_template  # the chat path's own template (a server started with --chat-template)
