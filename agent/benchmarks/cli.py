@@ -80,7 +80,7 @@ def _stats(a) -> int:
     """Per-benchmark counts and data problems; 1 when a benchmark is incomplete (or, with --strict, has problems)."""
     ms = load_dataset_dir(a.dataset_dir, check_images=not a.no_image_check)
     rep = {"benchmarks": {k: m.stats() for k, m in ms.items()}, "total": sum(len(m.samples) for m in ms.values())}
-    partial = {k: incomplete_subset(m) for k, m in ms.items() if incomplete_subset(m)}
+    partial = {k: why for k, m in ms.items() if (why := incomplete_subset(m))}
     for k, why in partial.items():
         rep["benchmarks"][k]["incomplete"] = why
     if a.json:
