@@ -27,6 +27,11 @@ prefix here, because the regenerated text differs from the recorded one; they do
 fills sooner), one request is in flight per trajectory and requests complete in the order they are sent
 (round-robin over the trajectories in flight), and an image's token count is Qwen's 28-pixel grid of its
 stored size (the processor may resize; counts, not sharing, change).
+
+``--gpu-cost`` adds the prefill GPU-seconds of the uncached tokens per Figure 2 panel and backbone
+(:func:`gpu_cost`), token-level bound beside the hybrid cache: an estimate from a FLOPs model (2 x active
+parameters per prompt token, attention's own FLOPs left out), at ``--gpu-tflops`` (the paper's H20, §4) and
+``--mfu``; ``--prefill-rate SIZE=TOKENS_PER_GPU_SECOND`` replaces it with a rate measured on the node.
 """
 from __future__ import annotations
 
@@ -44,7 +49,13 @@ from agent.rundir import RunError, load_run
 from analysis.selection import select_trajectories
 from serving.plan import MAMBA_TRACK_INTERVAL
 
-__all__ = ["RadixLRU", "prefix_keys", "simulate", "probe_streams", "main"]
+__all__ = ["RadixLRU", "prefix_keys", "simulate", "probe_streams", "gpu_cost", "main"]
+
+# Ours: the cost model behind --gpu-cost (docs/performance.md). Active parameters from the backbones' names
+# (35B-A3B: 3B active per token); the paper serves them on NVIDIA H20 (§4), 148 dense bf16 TFLOPS each.
+ACTIVE_PARAMS = {"9b": 9e9, "27b": 27e9, "35b-a3b": 3e9}
+H20_TFLOPS = 148.0
+REMOVAL_STEPS = 5  # Figure 2(c)'s k = 1..5 (paper §3.2.3)
 
 _P = np.uint64(0x100000001B3)          # the polynomial's base (FNV's prime: odd, well mixed)
 _LEN = np.uint64(0x9E3779B97F4A7C15)   # mixes the prefix length into its key
@@ -261,6 +272,43 @@ def report(streams, *, capacity: int, servers: int, concurrency: int, state_inte
     return rows
 
 
+def gpu_cost(streams, *, capacity: int, servers: int, concurrency: int, state_interval: int, rates: dict,
+             removal_steps: int = REMOVAL_STEPS) -> list[dict]:
+    """Prefill GPU-seconds of the tokens a cache does not serve, per panel and backbone, in the probes' order
+    (pinned, ``servers``): Figure 2(b) sends every stream; Figure 2(c)'s replays open with the same requests
+    for k = 1..``removal_steps`` (the history at step k, query images removed) and then continue live, which
+    no recorded run predicts, so only their opening requests are counted. ``rates``: tokens per GPU-second
+    per backbone."""
+    panels = {"2(b) entropy": streams, f"2(c) removal, k<={removal_steps}, opening requests":
+              [s[:removal_steps] for s in streams]}
+    rows = []
+    for panel, ss in panels.items():
+        kw = dict(capacity=capacity, servers=servers, concurrency=concurrency * servers)
+        token = simulate(ss, **kw)
+        hybrid = simulate(ss, **kw, state_interval=state_interval)
+        for size, rate in rates.items():
+            rows.append({"panel": panel, "backbone": size, "prompt_tokens": token["prompt_tokens"],
+                         "token_level_s": (token["prompt_tokens"] - token["cached_tokens"]) / rate,
+                         "hybrid_s": (hybrid["prompt_tokens"] - hybrid["cached_tokens"]) / rate,
+                         "no_cache_s": token["prompt_tokens"] / rate})
+    return rows
+
+
+def _rates(a, ap) -> dict:
+    """Tokens per GPU-second per backbone: the FLOPs model, then any measured --prefill-rate."""
+    rates = {k: a.gpu_tflops * 1e12 * a.mfu / (2 * p) for k, p in ACTIVE_PARAMS.items()}
+    for item in a.prefill_rate or []:
+        size, _, v = item.partition("=")
+        try:
+            rates[size] = float(v)
+        except ValueError:
+            rates[size] = -1.0
+        if size not in ACTIVE_PARAMS or rates[size] <= 0:
+            ap.error(f"--prefill-rate {item!r}: want SIZE=TOKENS_PER_GPU_SECOND with SIZE one of "
+                     f"{', '.join(ACTIVE_PARAMS)} and a positive rate")
+    return rates
+
+
 def main(argv=None) -> int:
     ap = make_parser("python -m probes.prefix_cache", __doc__, [
         "python -m probes.prefix_cache runs/react-27b --model-dir /models/Qwen3.5-27B --servers 2",
@@ -276,9 +324,20 @@ def main(argv=None) -> int:
     ap.add_argument("--mamba-track-interval", type=int, default=MAMBA_TRACK_INTERVAL,
                     help=f"Qwen3.5's hybrid cache: the servers' mamba_track_interval (the launcher's {MAMBA_TRACK_INTERVAL}; "
                          "SGLang's own default 256; 0 = token-level only)")
+    ap.add_argument("--gpu-cost", action="store_true",
+                    help="add prefill GPU-seconds per Figure 2 panel and backbone (an estimate: see above)")
+    ap.add_argument("--gpu-tflops", type=float, default=H20_TFLOPS, help="dense bf16 TFLOPS per GPU (default: H20's)")
+    ap.add_argument("--mfu", type=float, default=0.4, help="the share of --gpu-tflops a prefill reaches (default 0.4)")
+    ap.add_argument("--prefill-rate", action="append", metavar="SIZE=RATE",
+                    help="a backbone's measured prefill tokens per GPU-second (replaces the FLOPs model for it)")
     a = ap.parse_args(argv)
     if a.servers < 1 or a.capacity_tokens < 1 or a.concurrency < 1 or a.mamba_track_interval < 0:
         ap.error("--servers, --capacity-tokens and --concurrency must be positive, --mamba-track-interval >= 0")
+    if not (a.gpu_tflops > 0 and 0 < a.mfu <= 1):
+        ap.error("--gpu-tflops must be positive and --mfu in (0, 1]")
+    if a.gpu_cost and not a.mamba_track_interval:
+        ap.error("--gpu-cost compares the token-level bound with the hybrid cache: it needs --mamba-track-interval > 0")
+    rates = _rates(a, ap)
 
     try:
         streams = probe_streams(a.run_dir, mode=a.mode, model_dir=a.model_dir, limit=a.limit)
@@ -295,8 +354,23 @@ def main(argv=None) -> int:
                     state_interval=a.mamba_track_interval or None):
         print(f"  {r['order']:58s} servers {r['servers']}: {100 * r['cached_share']:5.1f} % of prompt tokens cached "
               f"({100 * r['of_ideal']:5.1f} % of ideal)")
+    if a.gpu_cost:
+        _print_cost(gpu_cost(streams, capacity=a.capacity_tokens, servers=a.servers, concurrency=a.concurrency,
+                             state_interval=a.mamba_track_interval, rates=rates), a)
     done([], f"python -m probes.entropy {a.run_dir} --mode {a.mode}   (its probe.json: the server's own cached_tokens)")
     return 0
+
+
+def _print_cost(rows, a) -> None:
+    measured = {i.partition("=")[0] for i in a.prefill_rate or []}
+    print(f"prefill GPU-seconds of uncached tokens (estimate; FLOPs model at {a.gpu_tflops:g} TFLOPS x MFU {a.mfu:g} "
+          f"unless measured), probes' order, {a.servers} servers pinned:")
+    print(f"  {'panel':42s} {'backbone':18s} {'no cache':>10s} {'token-level (bound)':>20s} "
+          f"{f'hybrid, interval {a.mamba_track_interval}':>22s}")
+    for r in rows:
+        src = "measured" if r["backbone"] in measured else "FLOPs"
+        print(f"  {r['panel']:42s} {r['backbone'] + ' (' + src + ')':18s} {r['no_cache_s']:10.1f} "
+              f"{r['token_level_s']:20.1f} {r['hybrid_s']:22.1f}")
 
 
 if __name__ == "__main__":

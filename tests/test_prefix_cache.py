@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from probes.prefix_cache import RadixLRU, main, prefix_keys, simulate
+from probes.prefix_cache import ACTIVE_PARAMS, RadixLRU, gpu_cost, main, prefix_keys, simulate
 
 
 class Naive:
@@ -83,6 +83,42 @@ def test_the_command_on_a_scripted_run(tmp_path, capsys):
     assert "per-trajectory (pinned), hybrid cache, track interval 128" in out  # the launcher's interval
     assert main([str(tmp_path / "r"), "--mode", "teacher-forced", "--servers", "1"]) == 0
     assert main([str(tmp_path / "nope")]) == 2
+    # GPU-seconds per Figure 2 panel and backbone; a measured rate replaces the FLOPs model for its backbone
+    assert main([str(tmp_path / "r"), "--gpu-cost", "--prefill-rate", "27b=1000"]) == 0
+    out = capsys.readouterr().out
+    assert "2(b) entropy" in out and "2(c) removal" in out and "27b (measured)" in out and "9b (FLOPs)" in out
+    for bad in (["--prefill-rate", "70b=5"], ["--prefill-rate", "9b=fast"], ["--mfu", "0"],
+                ["--mamba-track-interval", "0"]):
+        try:
+            main([str(tmp_path / "r"), "--gpu-cost", *bad])
+        except SystemExit as e:
+            assert e.code == 2
+        else:
+            raise AssertionError(bad)
+    assert "--prefill-rate" in capsys.readouterr().err
+
+
+def test_gpu_cost_prices_the_uncached_tokens_of_each_panel():
+    """Seconds = uncached prompt tokens / rate; the hybrid cache pays at least the token-level bound; Figure
+    2(c)'s opening requests are the first five of each stream."""
+    rng = np.random.default_rng(1)
+    streams = []
+    for _ in range(6):
+        steps = [rng.integers(0, 1000, 200)]
+        for _ in range(7):
+            steps.append(np.concatenate([steps[-1], rng.integers(0, 1000, 70)]))
+        streams.append(steps)
+    rows = gpu_cost(streams, capacity=10**6, servers=2, concurrency=4, state_interval=64, rates={"9b": 100.0, "27b": 50.0})
+    by = {(r["panel"].split()[0], r["backbone"]): r for r in rows}
+    total = sum(len(r) for s in streams for r in s)
+    opening = sum(len(r) for s in streams for r in s[:5])
+    assert by[("2(b)", "9b")]["no_cache_s"] == total / 100 and by[("2(c)", "27b")]["no_cache_s"] == opening / 50
+    tok = simulate(streams, capacity=10**6, servers=2, concurrency=8)
+    assert by[("2(b)", "9b")]["token_level_s"] == (total - tok["cached_tokens"]) / 100
+    for r in rows:
+        assert 0 < r["token_level_s"] < r["hybrid_s"] < r["no_cache_s"]
+    assert by[("2(b)", "27b")]["hybrid_s"] == 2 * by[("2(b)", "9b")]["hybrid_s"]
+    assert set(ACTIVE_PARAMS) == {"9b", "27b", "35b-a3b"} and ACTIVE_PARAMS["35b-a3b"] < ACTIVE_PARAMS["9b"]
 
 
 def test_the_hybrid_cache_reuses_a_prefix_only_up_to_a_stored_state():
