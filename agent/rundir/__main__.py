@@ -1,8 +1,10 @@
-"""``python -m agent.rundir check RUN_DIR [--repair] [--json]`` and ``python -m agent.rundir merge OUT SHARD...``."""
+"""``python -m agent.rundir check RUN_DIR``, ``merge OUT SHARD...``, ``upgrade RUN_DIR``, ``export RUN_DIR OUT``."""
 import sys
 
 from .check import main as check_main
 from .merge import main as merge_main
+from .upgrade import main as upgrade_main
 
 args = sys.argv[1:]
-sys.exit(merge_main(args[1:]) if args[:1] == ["merge"] else check_main(args))
+commands = {"merge": merge_main, "upgrade": upgrade_main}
+sys.exit(commands[args[0]](args[1:]) if args[:1] and args[0] in commands else check_main(args))
