@@ -22,7 +22,7 @@ column                  type                what
 ======================  ==================  ==========================================================
 
 A position with fewer than k alternatives has a shorter list. Compression is Parquet's own: zstd, with the
-byte-stream-split encoding for the floats. The file's key-value metadata holds ``mmcf.sidecar`` (``3``),
+byte-stream-split encoding for the numbers. The file's key-value metadata holds ``mmcf.sidecar`` (``3``),
 ``mmcf.top_k``, ``mmcf.precision`` (``float16``: the alternatives' values were rounded to float16 and are stored
 as float32, lossy on purpose) and, when the backend sent token ids, ``mmcf.prompt_pieces`` / ``mmcf.tokenizer``:
 the ids of every distinct message piece of the line's prompts and the tokenizer's fingerprint
@@ -55,7 +55,10 @@ _META_K = b"mmcf.top_k"
 _META_PRECISION = b"mmcf.precision"
 _META_PIECES = b"mmcf.prompt_pieces"
 _META_TOKENIZER = b"mmcf.tokenizer"
-_FLOATS = ("logprob", "top_logprobs.list.element", "exact_entropy", *RELEASE_COLUMNS)
+#: Byte-stream split, then zstd (level 3): the numeric columns' bytes grouped by significance compress best
+#: (scripts/bench_sidecar.py; docs/performance.md).
+_SPLIT = ("id", "logprob", "top_ids.list.element", "top_logprobs.list.element", "exact_entropy", *RELEASE_COLUMNS)
+_ZSTD_LEVEL = 3
 
 
 def read_parquet(path, columns: list[str] | None = None):
@@ -155,10 +158,10 @@ def encode(tokens: dict[int, dict[str, np.ndarray]], k: int, precision: str = "f
 
 def write_table(t: pa.Table, prompt: tuple[str, dict] | None = None) -> bytes:
     """A format-3 table's Parquet bytes, with the line's prompt pieces when given."""
-    split = [c for c in _FLOATS if c.split(".")[0] in t.column_names]
+    split = [c for c in _SPLIT if c.split(".")[0] in t.column_names]
     buf = io.BytesIO()
-    with pq.ParquetWriter(buf, t.schema, compression="zstd", use_byte_stream_split=split,
-                          use_dictionary=["text"]) as w:
+    with pq.ParquetWriter(buf, t.schema, compression="zstd", compression_level=_ZSTD_LEVEL,
+                          use_byte_stream_split=split, use_dictionary=["text"]) as w:
         w.write_table(t)
         if prompt and prompt[0] and prompt[1]:
             # the file's key-value metadata only: the table schema's metadata is also stored inside the serialised
@@ -196,6 +199,8 @@ def _padded(col, k: int, dtype, fill) -> np.ndarray:
     out = np.full((n, k), fill, dtype=dtype)
     counts = col.value_lengths().fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
     values = col.flatten().to_numpy(zero_copy_only=False)
+    if len(values) == n * k and (counts == k).all():  # every position has its k alternatives: a reshape
+        return values.astype(dtype).reshape(n, k)  # a writable copy, as the other paths give
     rows = np.repeat(np.arange(n), counts)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]) if n else np.zeros(0, np.int64)
     out[rows, np.arange(len(values)) - np.repeat(starts, counts)] = values
