@@ -24,7 +24,7 @@ import pandas as pd
 
 from agent.rundir import RunError, load_run
 
-from . import tables
+from . import frames, tables
 
 __all__ = ["release_points", "release_steps"]
 
@@ -55,9 +55,9 @@ def release_points(runs=(), adaptive=(), *, react_runs=(), judge: str | None = N
     judged, missing, label = tables.judged_runs(all_runs, judge)
     rows = []
     models = {}
-    for run, recs in judged:
+    for run, g in judged:
         kind, info = _kind(run)
-        ok = {(r["sample_id"], int(r["trial"])): r["grade"] == "CORRECT" for r in recs}
+        ok = dict(zip(zip(g["sample_id"], g["trial"]), g["correct"]))
         kept = [_kept(ln) for ln in run.index if (ln["sample_id"], int(ln["trial"])) in ok]
         corr = [ok[(ln["sample_id"], int(ln["trial"]))] for ln in run.index if (ln["sample_id"], int(ln["trial"])) in ok]
         models.setdefault(tables.model_label(run), []).append(str(run.path))
@@ -77,7 +77,7 @@ def release_points(runs=(), adaptive=(), *, react_runs=(), judge: str | None = N
                            "one judge per figure (rerun python -m probes.removal with the same judge)")
         label = label or probe.get("judge", "")
         models.setdefault(tables.model_label(run), []).append(str(run.path))
-        o = pd.read_csv(pdir / "outcomes.csv")
+        o = frames.removal(pdir)
         # complete pairs only: a failed replay is missing, never a wrong answer; unreplayed = ended before k
         o = o[(o["replayed"].astype(bool) & o["replay_status"].isin(["ok", "no_answer"]) & o["error"].isna())
               | ~o["replayed"].astype(bool)]

@@ -32,24 +32,23 @@ from analysis.release import release_points, release_steps
 from analysis.stats import removal_summary, summarise_by
 from probes.entropy import bounds_by_step
 
-from . import figures, tables
+from . import figures, frames, tables
 from .tables import method_label
 
 __all__ = ["make_report", "main"]
 
 
-def _read(p: Path):
-    if not p.exists():
+def _probe(reader, rd, **kw):
+    """A probe's output as :mod:`analysis.frames` reads it; None when that probe has not run on ``rd``."""
+    try:
+        return reader(rd, **kw)
+    except frames.NoProbeOutput:
         return None
-    return pd.read_parquet(p) if p.suffix == ".parquet" else pd.read_csv(p)
 
 
-def _entropy_steps(probes: Path):
-    for mode in ("regenerate", "teacher-forced"):
-        d = probes / f"entropy-{mode}"
-        if (d / "steps.parquet").exists():
-            return _read(d / "steps.parquet"), mode
-    return None, None
+def _entropy_steps(rd):
+    e = _probe(frames.entropy, rd)
+    return (e, e.attrs["mode"]) if e is not None else (None, None)
 
 
 def _with_bounds(g):
@@ -106,7 +105,7 @@ def _pooled_figure2(react_runs: list[str], out: Path, made: list, missing: list)
         headers.append(run.header)
         label = tables.model_label(run) or Path(rd).name
         labels.append(label)
-        g = _read(probes / "grounding" / "steps.csv")
+        g = _probe(frames.grounding, rd)
         if g is not None and len(g):
             grounding.append(g)
         elif (probes / "grounding" / "summary.json").exists():
@@ -115,9 +114,9 @@ def _pooled_figure2(react_runs: list[str], out: Path, made: list, missing: list)
         else:
             fake = " --judge-backend scripted" if (run.header.get("backend") or {}).get("kind") == "scripted" else ""
             missing.append(f"fig2a_grounding: run python -m probes.grounding {rd}{fake} first")
-        e, mode = _entropy_steps(probes)
+        e, mode = _entropy_steps(rd)
         # the KL influence needs the teacher-forced probe (ours: its own panel, even when (b) is regenerated)
-        t = _read(probes / "entropy-teacher-forced" / "steps.parquet")
+        t = _probe(frames.entropy, rd, mode="teacher-forced")
         if t is not None and "kl_with_without" in t:
             tf.append(t.assign(series=label))
         if e is not None:
@@ -126,7 +125,7 @@ def _pooled_figure2(react_runs: list[str], out: Path, made: list, missing: list)
             modes.add(mode)
         else:
             missing.append(f"fig2b_entropy: run python -m probes.entropy {rd} first")
-        o = _read(probes / "removal" / "outcomes.csv")
+        o = _probe(frames.removal, rd)
         if o is not None and len(o):
             outcomes.append(o)
         elif run.header.get("remove_images_from_step") is not None:  # the replays need the images kept
@@ -184,14 +183,14 @@ def _figure4(judged, out: Path, made: list, missing: list) -> None:
     mixes: ours). The binned numbers go in the CSV beside each figure."""
 
     samples = []
-    for run, recs in judged:
+    for run, g in judged:
         if run.header.get("method") == "direct":  # Figure 4 compares the agentic methods (§4.4)
             continue
-        ok = {(r["sample_id"], r["trial"]): r["grade"] == "CORRECT" for r in recs}
+        ok = dict(zip(zip(g["sample_id"], g["trial"]), g["correct"]))
         s = tables._trajectory_frame(run)
         s["method"] = method_label(run)
         s["model"] = tables.model_label(run) or "?"
-        s["correct"] = [ok.get((a, b), False) for a, b in zip(s.sample_id, s.trial)]
+        s["correct"] = [bool(ok.get((a, b), False)) for a, b in zip(s.sample_id, s.trial)]
         s["_mark"] = figures.provenance_mark([run.header])
         samples.append(s)
     if not samples:

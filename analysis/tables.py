@@ -37,6 +37,7 @@ import pandas as pd
 from agent.rundir import RunError, load_run
 from agent.rundir.grades import JUDGES, grades_of, identical_trials
 from agent.rundir.ledger import compute_ledger
+from analysis import frames
 from analysis.figures import write_csv, write_text
 from analysis.pooling import comparability_note, duplicates_note, refuse_mixed_protocols, refuse_mixed_servers
 
@@ -44,15 +45,17 @@ __all__ = ["grades_of", "judged_runs", "table1", "table4", "table5", "ledger_tab
            "JUDGES"]
 
 def judged_runs(run_dirs, judge: str | None = None) -> tuple[list[tuple], list[str], str]:
-    """``([(run, records)], missing, judge label)`` for a table; refuses runs graded by different judges."""
+    """``([(run, grades)], missing, judge label)`` for a table, each run's grades as :func:`analysis.frames.grades`
+    gives them; refuses runs graded by different judges."""
     got, missing = [], []
     for rd in run_dirs:
         try:
-            recs, label = grades_of(rd, judge)
+            run = load_run(rd)
+            g = frames.grades(run, judge)
         except RunError as e:
             missing.append(str(e))
             continue
-        got.append((load_run(rd), recs, label))
+        got.append((run, g, g["judge"].iloc[0]))
     labels = {}
     for run, _, label in got:
         labels.setdefault(label, []).append(str(run.path))
@@ -60,7 +63,7 @@ def judged_runs(run_dirs, judge: str | None = None) -> tuple[list[tuple], list[s
         detail = "; ".join(f"{lab}: {', '.join(paths)}" for lab, paths in labels.items())
         raise RunError(f"these runs were graded by different judges ({detail}). One table, one judge: pass "
                        "--judge llm or --judge exact (runs lacking it are listed as missing), or regrade")
-    return [(r, recs) for r, recs, _ in got], missing, next(iter(labels), "")
+    return [(r, g) for r, g, _ in got], missing, next(iter(labels), "")
 
 
 def method_label(run) -> str:
@@ -123,27 +126,23 @@ def _table1_groups(runs) -> tuple[dict, dict, dict]:
     """Runs grouped by (method, model) (one run per method, model and benchmark), their grades as frames, and each
     benchmark column's evaluated set: every sample any row graded on it, in any trial."""
     groups: dict = {}
-    for run, recs in runs:
+    for run, g in runs:
         key = (method_label(run), model_label(run))
-        benches = {r["benchmark"] for r in recs}
+        benches = set(g["benchmark"])
         have = groups.setdefault(key, [])
-        clash = benches & {r["benchmark"] for _, rs in have for r in rs}
+        clash = benches & {b for _, other in have for b in other["benchmark"]}
         refuse_mixed_protocols(key, [r for r, _ in have] + [run])
         refuse_mixed_servers(f"{key[0]} on {key[1]}", [r for r, _ in have] + [run])
         if clash:
             raise RunError(f"two runs of {key[0]} on {key[1]} cover {sorted(clash)}: give one run per method, "
                            f"model and benchmark ({run.path})")
-        have.append((run, recs))
-    frames = {}
-    for key, items in groups.items():
-        df = pd.DataFrame([r for _, recs in items for r in recs])
-        df["correct"] = df["grade"] == "CORRECT"
-        frames[key] = df
+        have.append((run, g))
+    by_key = {key: pd.concat([g for _, g in items], ignore_index=True) for key, items in groups.items()}
     expected: dict = {}
-    for df in frames.values():
+    for df in by_key.values():
         for b, g in df.groupby("benchmark"):
             expected.setdefault(b, set()).update(g["sample_id"])
-    return groups, frames, expected
+    return groups, by_key, expected
 
 
 def table1(run_dirs, judge: str | None = None) -> "pd.DataFrame":
@@ -157,9 +156,9 @@ def table1(run_dirs, judge: str | None = None) -> "pd.DataFrame":
     runs, missing, label = judged_runs(run_dirs, judge)
     if not runs:
         raise RunError("no judged run to tabulate: " + "; ".join(missing))
-    groups, frames, expected = _table1_groups(runs)
+    groups, by_key, expected = _table1_groups(runs)
     rows, numeric, notes_n, notes_id = [], [], [], []
-    for (method, model), df in frames.items():
+    for (method, model), df in by_key.items():
         # the summaries carry each line's digest; only lines recorded before it are read whole
         refused = identical_trials([ln if ln.get("responses_sha") else run.full(ln)
                                     for run, _ in groups[(method, model)] for ln in run.index])
@@ -221,7 +220,7 @@ def table1(run_dirs, judge: str | None = None) -> "pd.DataFrame":
 
 
 def _trajectory_frame(run):
-    s = run.samples()
+    s = frames.results(run)
     s = s[s.status.isin(["ok", "no_answer"])].copy()  # harness errors and timeouts are not trajectories
     for t in ("lens_search", "search", "visit"):
         col = f"tool_{t}"
@@ -247,9 +246,9 @@ def table4(run_dirs) -> "pd.DataFrame":
         s["run"] = run.path.name
         pooled.setdefault((method_label(run), model_label(run)), []).append(s)
 
-    def row(method, model, frames):
-        s = pd.concat(frames, ignore_index=True)
-        return {"method": method, "model": model, "runs": len(frames), "trajectories": len(s),
+    def row(method, model, parts):
+        s = pd.concat(parts, ignore_index=True)
+        return {"method": method, "model": model, "runs": len(parts), "trajectories": len(s),
                 "cumulative tokens": s.total_tokens.mean(), "working context": s.max_prompt_tokens.mean(),
                 "LLM calls": s.n_calls.mean(), "tool calls": s.n_tool_calls.mean(),
                 "Visual Search (lens_search)": s.tool_lens_search.mean(),
@@ -323,16 +322,18 @@ def table5(run_dirs, benchmark: str = "mmsearch_plus", judge: str | None = None)
 
     runs, missing, label = judged_runs(run_dirs, judge)
     per_run = []
-    for run, recs in runs:
-        df = pd.DataFrame([r for r in recs if r["benchmark"] == benchmark])
+    for run, g in runs:
+        df = g[g["benchmark"] == benchmark][["sample_id", "trial", "correct"]]
         if df.empty:
             continue
-        lines = {(ln["sample_id"], ln["trial"]): ln for ln in run.index}
-        df["n_images"] = [len((lines.get((a, b)) or {}).get("query_images") or {}) for a, b in zip(df.sample_id, df.trial)]
-        df["vs"] = [((lines.get((a, b)) or {}).get("tool_calls") or {}).get("lens_search", 0) for a, b in zip(df.sample_id, df.trial)]
-        df["tools"] = [(lines.get((a, b)) or {}).get("n_tool_calls", 0) for a, b in zip(df.sample_id, df.trial)]
-        df["group"] = df["n_images"].map(_image_group)
-        df["correct"] = df.grade == "CORRECT"
+        res = frames.results(run)
+        if "tool_lens_search" not in res:
+            res["tool_lens_search"] = 0
+        res = res[["sample_id", "trial", "n_query_images", "tool_lens_search", "n_tool_calls"]]
+        df = df.merge(res, on=["sample_id", "trial"], how="left").fillna(
+            {"n_query_images": 0, "tool_lens_search": 0, "n_tool_calls": 0})
+        df = df.rename(columns={"n_query_images": "n_images", "tool_lens_search": "vs", "n_tool_calls": "tools"})
+        df["group"] = df["n_images"].astype(int).map(_image_group)
         for grp, g in df.groupby("group"):
             per_run.append({"method": method_label(run), "model": model_label(run), "group": grp,
                             "n": int((g.trial == g.trial.min()).sum()),

@@ -2,9 +2,10 @@
 import sys
 
 from .check import main as check_main
+from .export import main as export_main
 from .merge import main as merge_main
 from .upgrade import main as upgrade_main
 
 args = sys.argv[1:]
-commands = {"merge": merge_main, "upgrade": upgrade_main}
+commands = {"merge": merge_main, "upgrade": upgrade_main, "export": export_main}
 sys.exit(commands[args[0]](args[1:]) if args[:1] and args[0] in commands else check_main(args))

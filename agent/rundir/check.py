@@ -314,6 +314,8 @@ def main(argv=None) -> int:
     c.add_argument("--json", action="store_true", help="print the report as JSON")
     sub.add_parser("upgrade", help="rewrite a run's token sidecars of older formats as plain Parquet: "
                                    "python -m agent.rundir upgrade RUN_DIR")
+    sub.add_parser("export", help="a run as plain Parquet tables with a dataset card: "
+                                  "python -m agent.rundir export RUN_DIR OUT")
     sub.add_parser("merge", help="merge the shards of a run (agent.run --shard I/N) into one run directory: "
                                  "python -m agent.rundir merge OUT SHARD_DIR... (--help: its own)")
     a = ap.parse_args(args)

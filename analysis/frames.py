@@ -1,0 +1,76 @@
+"""Runs and the probes' outputs as tidy pandas DataFrames (docs/frames.md): the one reading path of the tables
+and the figures.
+
+    from analysis import frames
+    frames.results(RUN)     frames.steps(RUN)     frames.tokens(RUN)     frames.grades(RUN)   # agent/rundir/frames.py
+    frames.entropy(RUN)     # Figure 2(b): one row per probed step (probes/entropy)
+    frames.removal(RUN)     # Figure 2(c): one row per (trajectory, k) replay (probes/removal.py)
+    frames.grounding(RUN)   # Figure 2(a): one row per labelled step (probes/grounding.py)
+
+The probe readers take a run directory (its default output under ``RUN/probes/``) or the probe's ``--out``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from agent.rundir import RunError
+from agent.rundir.frames import grades, results, steps, tokens
+
+__all__ = ["results", "steps", "tokens", "grades", "entropy", "removal", "grounding", "NoProbeOutput"]
+
+ENTROPY_MODES = ("regenerate", "teacher-forced")
+
+
+class NoProbeOutput(RunError):
+    """The probe has not been run (or has not finished a step) there: a panel to list as missing, not an error."""
+
+
+def _probe_dir(path, names: tuple[str, ...], command: str) -> Path:
+    p = Path(path)
+    if (p / "header.json").is_file():  # a run directory: the probe's default output
+        for name in names:
+            if (p / "probes" / name).is_dir():
+                return p / "probes" / name
+        raise NoProbeOutput(f"{p}: no output of {command} (looked in {', '.join(str(p / 'probes' / n) for n in names)}); "
+                       f"run python -m {command} {p} first")
+    if not p.is_dir():
+        raise RunError(f"{p}: no such directory (a run directory or the --out of python -m {command})")
+    return p
+
+
+def _read(d: Path, stems: tuple[str, ...]) -> pd.DataFrame:
+    for stem in stems:
+        for ext in (".parquet", ".csv"):
+            f = d / f"{stem}{ext}"
+            if f.is_file():
+                try:
+                    return pd.read_parquet(f) if ext == ".parquet" else pd.read_csv(f)
+                except (OSError, ValueError) as e:
+                    raise RunError(f"{f}: unreadable ({e})") from None
+    raise NoProbeOutput(f"{d}: no {' or '.join(s + '.parquet/.csv' for s in stems)} (the probe has not finished a step)")
+
+
+def entropy(out, mode: str | None = None) -> pd.DataFrame:
+    """One row per probed step (``steps.parquet`` of ``python -m probes.entropy``): ``sample_id``, ``trial``,
+    ``step``, ``H_with`` / ``H_without`` (grouped-tail entropy of the step's thinking, nats), ``dH`` (with minus
+    without) and its bounds ``dH_low`` / ``dH_high`` where recorded, ``kl_with_without`` (teacher-forced), the
+    paper category; ``attrs["mode"]``: regenerate or teacher-forced. ``mode`` picks one when a run has both."""
+    names = (f"entropy-{mode}",) if mode else tuple(f"entropy-{m}" for m in ENTROPY_MODES)
+    d = _probe_dir(out, names, "probes.entropy")
+    df = _read(d, ("steps",))
+    df.attrs["mode"] = mode or next((m for m in ENTROPY_MODES if d.name.endswith(m)), None)
+    return df
+
+
+def removal(out) -> pd.DataFrame:
+    """One row per (trajectory, k) replay (``outcomes.csv`` of ``python -m probes.removal``): ``sample_id``,
+    ``trial``, ``k``, ``paper_category``, the original and the replayed grade."""
+    return _read(_probe_dir(out, ("removal",), "probes.removal"), ("outcomes",))
+
+
+def grounding(out) -> pd.DataFrame:
+    """One row per labelled step (``steps.parquet`` of ``python -m probes.grounding``): ``sample_id``,
+    ``trial``, ``step``, ``category`` (Image Needed | Image-Derived | Text Only) and the two passes' labels."""
+    return _read(_probe_dir(out, ("grounding",), "probes.grounding"), ("steps",))

@@ -1,0 +1,107 @@
+"""analysis.frames (agent/rundir/frames.py): a run and the probes' outputs as tidy DataFrames, and the export of a run
+as plain Parquet that other tools open without the toolkit."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from agent.judge import main as judge_main
+from agent.rundir import RunError, load_run
+from agent.rundir.export import main as export_main
+from agent.run import main as run_main
+from analysis import frames
+
+
+@pytest.fixture(scope="module")
+def judged(tmp_path_factory):
+    out = tmp_path_factory.mktemp("frames") / "run"
+    assert run_main(["--method", "react", "--backend", "scripted", "--benchmark", "demo", "--trials", "2",
+                     "--out", str(out), "--no-progress"]) == 0
+    plain = tmp_path_factory.mktemp("frames") / "plain"
+    assert run_main(["--method", "react", "--backend", "scripted", "--benchmark", "demo", "--limit", "2",
+                     "--out", str(plain), "--no-progress"]) == 0
+    assert judge_main([str(out), "--judge", "exact", "--no-progress"]) == 0
+    return out, plain
+
+
+def test_one_row_per_line_per_call_and_per_stored_token(judged):
+    out, plain = judged
+    run = load_run(out)
+    res, st, tok = frames.results(out), frames.steps(out), frames.tokens(out)
+    assert len(res) == len(run.index) == 12 and not res.duplicated(["sample_id", "trial"]).any()
+    assert len(st) == sum(len(ln["calls"]) for ln in run.index) == res["n_calls"].sum()
+    stored = sum(len(run.tokens(ln, ["call"])["call"]) for ln in run.index)
+    assert len(tok) == stored and stored > 0
+    # the result's token counts are its calls' sums; the tokens' think flags agree with the steps'
+    one = res.iloc[0]
+    mine = st[(st.sample_id == one.sample_id) & (st.trial == one.trial)]
+    assert one.prompt_tokens == mine.prompt_tokens.sum() and one.total_tokens == one.prompt_tokens + one.completion_tokens
+    assert tok.groupby(["sample_id", "trial", "call"]).think.sum().sum() == st.think_tokens.sum()
+    assert len(tok.top_logprobs.iloc[0]) == 20 and tok.id.dtype.kind == "i"  # padded to k (-1 / NaN)
+    assert list(frames.tokens(out, ["logprob"]).columns) == ["sample_id", "trial", "logprob"]
+    # graded: correct is the exact judge's verdict; unjudged: NA, and grades() says how to judge
+    g = frames.grades(out)
+    assert len(g) == 12 and g["judge"].iloc[0].startswith("exact")
+    merged = res.merge(g[["sample_id", "trial", "grade"]], on=["sample_id", "trial"])
+    assert (merged.correct == (merged.grade == "CORRECT")).all()
+    assert frames.results(plain)["correct"].isna().all()
+    with pytest.raises(RunError, match="agent.judge"):
+        frames.grades(plain)
+
+
+def test_probe_outputs_read_from_the_run_or_the_probe_dir(tmp_path, judged):
+    out, _ = judged
+    with pytest.raises(frames.NoProbeOutput, match="probes.entropy"):
+        frames.entropy(out)
+    d = tmp_path / "e"
+    (d / "probes" / "entropy-teacher-forced").mkdir(parents=True)
+    (d / "header.json").write_text("{}")
+    want = pd.DataFrame({"sample_id": ["a", "a"], "trial": [0, 0], "step": [1, 2], "dH": [-0.5, 0.1]})
+    want.to_parquet(d / "probes" / "entropy-teacher-forced" / "steps.parquet")
+    got = frames.entropy(d)
+    assert got.attrs["mode"] == "teacher-forced" and got.equals(want)
+    assert frames.entropy(d / "probes" / "entropy-teacher-forced", mode="teacher-forced").equals(want)
+    (d / "probes" / "removal").mkdir()
+    (d / "probes" / "removal" / "outcomes.csv").write_text("sample_id,trial,k\na,0,1\n")
+    assert frames.removal(d).k.tolist() == [1]
+    (d / "probes" / "grounding").mkdir()
+    (d / "probes" / "grounding" / "steps.parquet").write_bytes(b"not parquet")
+    with pytest.raises(RunError, match="unreadable") as e:  # a damaged output is an error, not a missing panel
+        frames.grounding(d)
+    assert not isinstance(e.value, frames.NoProbeOutput)
+
+
+def test_export_opens_in_pyarrow_pandas_and_duckdb_without_the_toolkit(tmp_path, judged, capsys):
+    duckdb = pytest.importorskip("duckdb")
+    out, _ = judged
+    exp = tmp_path / "exp"
+    assert export_main([str(out), str(exp)]) == 0
+    assert "tokens" in capsys.readouterr().out
+    run = load_run(out)
+    res = pd.read_parquet(exp / "results.parquet")
+    assert len(res) == 12 and set(res.correct) <= {True, False}
+    tok = pq.read_table(exp / "tokens.parquet")
+    assert tok.num_rows == len(frames.tokens(out))
+    # the true values: a token's top list and logprob as the run recorded them
+    ln = run.index[0]
+    arr = run.tokens(ln)
+    first = tok.filter(pq.ParquetFile(exp / "tokens.parquet").read(columns=["sample_id"]).column(0).to_numpy(
+        zero_copy_only=False) == ln["sample_id"]).slice(0, 1).to_pylist()[0]
+    assert first["top_ids"] == [i for i in arr["top_ids"][0].tolist() if i >= 0] and len(first["top_ids"]) > 1
+    assert np.float32(first["logprob"]) == arr["logprob"][0]
+    con = duckdb.connect()
+    n, k = con.execute(f"select count(*), max(len(top_logprobs)) from '{exp}/tokens.parquet'").fetchone()
+    assert n == tok.num_rows and k == max(int((r >= 0).sum()) for r in arr["top_ids"])
+    acc = con.execute(f"select avg(correct::int) from '{exp}/grades.parquet'").fetchone()[0]
+    assert acc == pytest.approx(frames.grades(out).correct.mean())
+    card = (exp / "README.md").read_text()
+    assert card.startswith("---\nconfigs:\n- config_name: results") and '"protocol": "paper"' in card
+    assert json.dumps("scripted-demo") in card
+    # never over an existing directory; a missing run is named
+    assert export_main([str(out), str(exp)]) == 2 and "exists" in capsys.readouterr().err
+    assert export_main([str(tmp_path / "nope"), str(tmp_path / "x")]) == 2
+    assert "not a run directory" in capsys.readouterr().err and not (tmp_path / "x").exists()
