@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from agent.judge import main as judge_main
+from agent.run import main as run_main
 from agent.rundir import RunError, load_run
 from agent.rundir.export import main as export_main
-from agent.run import main as run_main
 from analysis import frames
 
 

@@ -11,7 +11,7 @@ benchmark and overall, on the units both judges graded for the same answer,
   with p_e from each judge's own label frequencies (Cohen 1960); undefined (null) when both judges give one
   label to everything (p_e = 1);
 - the **confusion matrix** (rows: judge A's grade, columns: judge B's);
-- the **accuracy difference** A − B (accuracy = CORRECT / units, as Table 1) with a 95 % percentile bootstrap CI
+- the **accuracy difference** A − B (accuracy = CORRECT / units, as Table 1) with a 95 % BCa bootstrap CI (scipy.stats.bootstrap)
   over units, paired (one resample of units scores both judges), 2,000 resamples, fixed seed.
 
 Refused (exit 2), before any number: a judge file holding several judges or a rerouted judge (as the tables
@@ -26,6 +26,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+from analysis.stats import bootstrap_ci
 
 from ..cli import done, make_parser
 from ..rundir import RunError
@@ -53,7 +55,7 @@ def _grades(run_dir: Path, name: str) -> dict:
     return {"label": label, "recs": {(r["sample_id"], r["trial"]): r for r in recs}}
 
 
-def _block(units: list, A: dict, B: dict, rng) -> dict:
+def _block(units: list, A: dict, B: dict, seed: int) -> dict:
     ga = [A[u]["grade"] for u in units]
     gb = [B[u]["grade"] for u in units]
     ca = np.array([g == "CORRECT" for g in ga], float)
@@ -62,10 +64,8 @@ def _block(units: list, A: dict, B: dict, rng) -> dict:
     conf = {x: {y: sum(1 for p, q in zip(ga, gb) if p == x and q == y) for y in LABELS} for x in LABELS}
     diff = float(ca.mean() - cb.mean()) * 100 if n else None
     lo = hi = None
-    if n > 1:
-        idx = rng.integers(0, n, size=(BOOTSTRAP, n))
-        d = (ca[idx].mean(1) - cb[idx].mean(1)) * 100
-        lo, hi = (float(x) for x in np.percentile(d, [2.5, 97.5]))
+    if n > 1:  # paired: the difference of the means is the mean of the per-unit differences
+        lo, hi = bootstrap_ci((ca - cb) * 100, reps=BOOTSTRAP, seed=seed)
     return {"units": n, "kappa": cohen_kappa(ga, gb), "agreement": sum(x == y for x, y in zip(ga, gb)) / n if n else None,
             "accuracy_a": float(ca.mean()) * 100 if n else None, "accuracy_b": float(cb.mean()) * 100 if n else None,
             "accuracy_diff": diff, "diff_ci95": [lo, hi], "confusion": conf}
@@ -91,15 +91,14 @@ def agreement(run_dir, a: str, b: str, *, common_only: bool = False, seed: int =
                        "for both judges, then compare")
     if not units:
         raise RunError(f"{run_dir}: no unit graded by both judges")
-    rng = np.random.default_rng(seed)
     benches = sorted({A["recs"][u].get("benchmark") or "?" for u in units})
     out = {"run_dir": str(run_dir), "judge_a": {"name": a, "label": A["label"]}, "judge_b": {"name": b, "label": B["label"]},
            "left_out": {k: len(v) for k, v in only.items()}, "bootstrap": {"resamples": BOOTSTRAP, "seed": seed},
            "benchmarks": {}}
     for bench in benches:
         us = [u for u in units if (A["recs"][u].get("benchmark") or "?") == bench]
-        out["benchmarks"][bench] = _block(us, A["recs"], B["recs"], rng)
-    out["all"] = _block(units, A["recs"], B["recs"], rng)
+        out["benchmarks"][bench] = _block(us, A["recs"], B["recs"], seed)
+    out["all"] = _block(units, A["recs"], B["recs"], seed)
     return out
 
 
@@ -110,7 +109,7 @@ def _fmt(x, nd=3) -> str:
 def markdown(rep: dict) -> str:
     a, b = rep["judge_a"], rep["judge_b"]
     md = [f"Judge agreement on {rep['run_dir']}: A = {a['label']} ({a['name']}), B = {b['label']} ({b['name']}). "
-          f"Accuracy = CORRECT / units (Table 1); the difference A - B in points with a paired percentile bootstrap "
+          f"Accuracy = CORRECT / units (Table 1); the difference A - B in points with a paired BCa bootstrap "
           f"95% CI ({rep['bootstrap']['resamples']} resamples of units).", "",
           "| benchmark | units | Cohen's kappa | raw agreement | acc A | acc B | A - B | 95% CI |", "|---|---|---|---|---|---|---|---|"]
     for name, blk in [*rep["benchmarks"].items(), ("All", rep["all"])]:

@@ -37,7 +37,8 @@ def fig1_tool_calls(calls, stem, *, max_step: int = 20, title: str | None = None
     """Figure 1: the share (%) of each tool among the tool calls issued at each step (LLM call index).
 
     ``calls``: one row per LLM call with ``index`` and ``tool`` (None when the call made no tool call).
-    Shares, not counts (the number of tool calls behind each bar is printed above it), over steps 1..max_step.
+    Shares, not counts (the number of tool calls behind each bar is printed above it), over steps 1..max_step;
+    the step axis ends at the last step that has data.
     """
     plt, sns = _plt()
     shares, counts = tool_shares(calls, max_step)
@@ -56,7 +57,7 @@ def fig1_tool_calls(calls, stem, *, max_step: int = 20, title: str | None = None
     ax.set_ylabel("share of tool calls (%)")
     ax.set_ylim(0, 110)
     ax.set_yticks(range(0, 101, 20))
-    _steps_axis(ax, range(1, max_step + 1), max_step)
+    _steps_axis(ax, shares.index)  # the axis ends at the last step with a tool call
     if shares.shape[1]:
         _legend_outside(ax, ncol=3)
     else:
@@ -124,8 +125,9 @@ def fig4_context(samples, stem, *, bins=(1, 5, 9, 13, 17, 21), mark: str | None 
         for xi, y, c in zip(x, t["accuracy"], t["n"]):
             b.annotate(f"{c}", (xi, y), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=5,
                        color=colors[m])
-    a.set_xlim(bins[0] - 0.6, bins[-1] - 0.4)
-    a.set_xticks(range(bins[0], bins[-1], max(1, (bins[-1] - bins[0]) // 10)))
+    right = min(bins[-1] - 1, int(samples["n_calls"].max()))  # the axis ends at the longest trajectory
+    a.set_xticks(range(bins[0], right + 1, max(1, (right - bins[0]) // 10)))
+    a.set_xlim(bins[0] - 0.6, right + 0.6)
     a.set_xlabel("trajectory length (LLM calls)")
     a.set_ylabel("working context (max prompt tokens)")
     a.set_title("(a) working context vs trajectory length")

@@ -55,25 +55,28 @@ def grounding_shares(steps, max_step: int = 20):
 
 def fig2a_grounding(steps, stem, *, max_step: int = 20, title: str | None = None, ax=None, mark: str | None = None):
     """Figure 2(a): share (%) of Image Needed / Image-Derived / Text Only among the steps at each step t, with
-    n above each bar, 95% Wilson intervals on the Image Needed share (its top edge) and the Text Only share
-    (its bottom edge), and the share of Image Needed steps within the first five steps in the title."""
+    n above each bar, 95% Wilson intervals on the Image Needed share (its top edge, left of centre) and the Text
+    Only share (its bottom edge, right of centre: dodged so they never overlay), and the share of Image Needed
+    steps within the first five steps in the title."""
     sns, fig, ax, own = _panel(ax)
     sh = grounding_shares(steps, max_step)
     x = sh["step"].to_numpy()
     bottom = np.zeros(len(sh))
     colors = sns.color_palette("colorblind", n_colors=3)
-    for c, color in zip(GROUNDING, colors):
-        ax.bar(x, sh[c].to_numpy(), bottom=bottom, color=color, label=c, width=0.8)
+    for c, color in zip(GROUNDING, colors):  # a category with no step is left out of the legend (nothing drawn)
+        ax.bar(x, sh[c].to_numpy(), bottom=bottom, color=color, label=c if sh[c].sum() > 0 else None, width=0.8)
         bottom += sh[c].to_numpy()
     need, text = sh["Image Needed"].to_numpy(), sh["Text Only"].to_numpy()
     def err(lo, hi):  # float rounding can put a bound a hair past the point: never a negative bar
         return [np.clip(np.asarray(lo, dtype=float), 0, None), np.clip(np.asarray(hi, dtype=float), 0, None)]
 
-    ax.errorbar(x, need, yerr=err(need - sh["Image Needed ci_low"], sh["Image Needed ci_high"] - need), fmt="none",
-                ecolor="k", elinewidth=0.7, capsize=1.5)
+    # dodged (left: Image Needed, right: Text Only): where Image-Derived is empty the two edges meet and the
+    # intervals would overlay each other
+    ax.errorbar(x - 0.17, need, yerr=err(need - sh["Image Needed ci_low"], sh["Image Needed ci_high"] - need),
+                fmt="none", ecolor="k", elinewidth=0.7, capsize=1.5, clip_on=False)
     edge = 100 - text  # the Text Only segment's lower edge; its share's interval mirrored onto it
-    ax.errorbar(x, edge, yerr=err(sh["Text Only ci_high"] - text, text - sh["Text Only ci_low"]), fmt="none",
-                ecolor="0.35", elinewidth=0.7, capsize=1.5, label="95% Wilson CI")
+    ax.errorbar(x + 0.17, edge, yerr=err(sh["Text Only ci_high"] - text, text - sh["Text Only ci_low"]), fmt="none",
+                ecolor="0.35", elinewidth=0.7, capsize=1.5, clip_on=False, label="95% Wilson CI")
     for xi, n in zip(x, sh["n"]):
         ax.text(xi, 101.5, f"{n}", ha="center", va="bottom", fontsize=5, color="0.35")
     within = image_needed_within(steps)
@@ -121,7 +124,8 @@ def _series_plot(ax, summary, value, lo_col, hi_col, label_fmt, sns):
 def fig2b_entropy(summary, stem, *, title: str | None = None, ax=None, mark: str | None = None):
     """Figure 2(b): mean ΔH_t per step with its 95% bootstrap CI as a band (nats), n above each point; one line
     per ``series`` if given (the pooled one in black). With ``dH_low`` / ``dH_high`` (the probe's bounds) a
-    hatched band shows where the true ΔH can lie given only the top-20 lists (ours, issue 25)."""
+    hatched band shows where the true ΔH can lie given only the top-20 lists (ours); where the bounds coincide
+    it is a dotted line, and the legend says so."""
     sns, fig, ax, own = _panel(ax)
     ax.axhline(0.0, color="0.5", lw=0.8)
     if {"dH_low", "dH_high"} <= set(summary.columns):
@@ -130,10 +134,13 @@ def fig2b_entropy(summary, stem, *, title: str | None = None, ax=None, mark: str
         b = summary if "series" not in summary or one else summary[summary["series"] == "pooled"]
         b = b.sort_values("step")
         b = b[np.isfinite(b["dH_low"].astype(float)) & np.isfinite(b["dH_high"].astype(float))]
-        if len(b):
-            ax.fill_between(b["step"].to_numpy(dtype=float), b["dH_low"].to_numpy(dtype=float),
-                            b["dH_high"].to_numpy(dtype=float), facecolor="none", edgecolor="0.45", hatch="////",
-                            lw=0.6, label="bounds on the true ΔH (top-20 + vocabulary size)")
+        lo, hi = b["dH_low"].to_numpy(dtype=float), b["dH_high"].to_numpy(dtype=float)
+        if len(b) and np.nanmax(hi - lo) > 1e-9:
+            ax.fill_between(b["step"].to_numpy(dtype=float), lo, hi, facecolor="none", edgecolor="0.45",
+                            hatch="////", lw=0.6, label="bounds on the true ΔH (top-20 + vocabulary size)")
+        elif len(b):  # a band of zero width would be an invisible legend entry: the bounds meet, drawn as a line
+            ax.plot(b["step"].to_numpy(dtype=float), lo, ls=(0, (1, 1.5)), color="0.35", lw=1.0,
+                    label="bounds on the true ΔH coincide (the estimate is exact)")
     _series_plot(ax, summary, "mean", "ci_low", "ci_high",
                  lambda name: f"{name}: mean, 95% bootstrap CI" if name else "mean ΔH, 95% bootstrap CI", sns)
     ax.set_xlabel("step t (LLM call index); n above each point")
@@ -235,7 +242,7 @@ def removal_tests_table(summary) -> str:
 def fig2c_removal(summary, stem, *, title: str | None = None, ax=None, mark: str | None = None):
     """Figure 2(c): accuracy (%) when the query images are removed from step k on, per paper category.
 
-    Lines: the replays, with a 95% Wilson band; hollow markers (dodged per category, so equal values stay
+    Lines: the replays, with a 95% Wilson band in the category's colour and line style; hollow markers (dodged per category, so equal values stay
     apart): the original trajectories' accuracy on the same complete pairs. Every category's n is in its
     legend entry (per point where it varies with k); the x tick labels carry, per k, the pooled n and the
     exact McNemar p of the pooled pairs (the per-category tests: :func:`removal_tests_table`).
@@ -247,29 +254,32 @@ def fig2c_removal(summary, stem, *, title: str | None = None, ax=None, mark: str
     if "All" in colors:
         colors["All"] = (0.15, 0.15, 0.15)
     width = 0.09 * (len(cats) - 1)
+    styles = ["-", "--", "-.", ":"]
     for j, cat in enumerate(cats):
         g = summary[summary["paper_category"] == cat].sort_values("k")
         k = g["k"].to_numpy(dtype=float)
         ns = sorted(set(int(n) for n in g["n"]))
         nlab = f"n={ns[0]}" if len(ns) == 1 else f"n={ns[0]}-{ns[-1]}"
         main = cat == "All"
-        if "removed_ci_low" in g:
-            ax.fill_between(k, g["removed_ci_low"], g["removed_ci_high"], color=colors[cat],
-                            alpha=0.14 if main else 0.08, lw=0)
-        ax.plot(k, g["accuracy_removed"], "o-", color=colors[cat], lw=1.6 if main else 1.0, ms=3,
-                label=f"{cat} ({nlab})")
+        ls = "-" if main else styles[j % len(styles)]
+        last = j == len(cats) - 1  # the legend's "band" and "images kept" entries are this category's own artists
+        if "removed_ci_low" in g:  # each band its colour, edged in its line's style: overlapping bands stay apart
+            ax.fill_between(k, g["removed_ci_low"], g["removed_ci_high"], facecolor=colors[cat],
+                            alpha=0.12 if main else 0.08, edgecolor=colors[cat], linestyle=ls, lw=0.6,
+                            label="95% Wilson CI (removed)" if last else None)
+        ax.plot(k, g["accuracy_removed"], marker="o", ls=ls, color=colors[cat], lw=1.6 if main else 1.0, ms=3,
+                label=f"{cat} ({nlab})", clip_on=False)
         dx = -width / 2 + 0.09 * j if len(cats) > 1 else 0.0
-        ax.plot(k + dx, g["accuracy_original"], "o", mfc="none", mec=colors[cat], ms=3.2, mew=0.8)
+        ax.plot(k + dx, g["accuracy_original"], "o", mfc="none", mec=colors[cat], ms=3.2, mew=0.8, clip_on=False,
+                ls="none", label="images kept (same pairs)" if last else None)
         if len(ns) > 1:
             for xi, y, n in zip(k, g["accuracy_removed"], g["n"]):
                 ax.annotate(f"{int(n)}", (xi, y), textcoords="offset points", xytext=(0, -8), ha="center",
                             fontsize=5, color=colors[cat])
-    ax.plot([], [], "o", mfc="none", mec="0.3", ms=3.2, label="images kept (same pairs)")
-    ax.plot([], [], "s", color="0.3", alpha=0.2, ms=6, label="95% Wilson CI (removed)")
     ax.set_xlabel("k (query images removed from step k on);\nunder each k: all categories' n, McNemar p"
                   if "All" in cats else "k (query images removed from step k on)")
     ax.set_ylabel("accuracy (%)")
-    ax.set_ylim(-3, 103)
+    ax.set_ylim(-5, 105)  # markers at 0 % and 100 % drawn whole
     _title(ax, title, "Figure 2(c): step-k image removal")
     if len(summary):
         ks = sorted(int(k) for k in summary["k"].unique())
