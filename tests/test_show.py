@@ -14,7 +14,7 @@ import pytest
 
 from agent import judge, show
 from agent import run as runner
-from agent.rundir import RunError, load_run
+from agent.rundir import RunError, load_run, token_key
 from agent.show import html as show_html
 from probes import entropy
 
@@ -70,18 +70,24 @@ def test_call_messages_accepts_an_index_or_the_event(demo_run):
         run.call_messages(line, 99)
 
 
+def _page_of(out, ln) -> str:
+    return (show.files_dir(out) / (token_key(ln["sample_id"], ln["trial"]) + ".html")).read_text()
+
+
 def test_html_is_self_contained(demo_run, tmp_path):
     info = show.build_html(demo_run, tmp_path / "run.html")
-    page = (tmp_path / "run.html").read_text()
+    index = (tmp_path / "run.html").read_text()
     assert info["samples"] == 3 and info["missing_images"] == []
-    # nothing is fetched: no external script, stylesheet, image or font
-    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", page)
-    assert "<link" not in page and "@import" not in page and "fetch(" not in page
     run = load_run(demo_run)
-    for ln in run.lines:                                # every query image is embedded, once
+    for page in [index, *(_page_of(tmp_path / "run.html", ln) for ln in run.lines)]:
+        # nothing is fetched from elsewhere: no external script, stylesheet, image or font
+        assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", page)
+        assert "<link" not in page and "@import" not in page and "fetch(" not in page
+        assert "SCRIPTED FAKE BACKEND" in page            # the provenance mark travels with every page
+    for ln in run.lines:                                # a trajectory's query images are embedded in its page, once
+        page = _page_of(tmp_path / "run.html", ln)
         for sha in ln["query_images"].values():
             assert page.count(f'"{sha}": "data:image/') == 1
-    assert "SCRIPTED FAKE BACKEND" in page            # the provenance mark travels with the page
 
 
 def _details(page: str) -> dict:
@@ -100,9 +106,9 @@ def test_html_token_columns_carry_the_probe(demo_run, tmp_path):
     from analysis.entropy import grouped_tail_entropy
 
     show.build_html(demo_run, tmp_path / "a.html", tokens="all")
-    d = _details((tmp_path / "a.html").read_text())["demo_3__t0"]
     run = load_run(demo_run)
     line = next(ln for ln in run.lines if ln["sample_id"] == "demo_3")
+    d = _details(_page_of(tmp_path / "a.html", line))["demo_3__t0"]
     tok = run.tokens(line)
     for call in (1, 5):
         col = d["tokens"][str(call)]
@@ -114,9 +120,10 @@ def test_html_token_columns_carry_the_probe(demo_run, tmp_path):
     assert all(v < 0 for v in d["tokens"]["1"]["dH"]) and all(v > 0 for v in d["tokens"]["5"]["dH"])
     assert all(v > 0 for v in d["tokens"]["1"]["kl"])
 
-    show.build_html(demo_run, tmp_path / "n.html", tokens="none")
-    assert all(v["tokens"] == {} for v in _details((tmp_path / "n.html").read_text()).values())
-    assert (tmp_path / "n.html").stat().st_size < (tmp_path / "a.html").stat().st_size
+    info = show.build_html(demo_run, tmp_path / "n.html", tokens="none")
+    assert all(_details(_page_of(tmp_path / "n.html", ln))["demo_3__t0" if ln is line else
+                                                         f"{ln['sample_id']}__t0"]["tokens"] == {} for ln in run.lines)
+    assert info["largest_page_bytes"] < show.build_html(demo_run, tmp_path / "a.html", tokens="all")["largest_page_bytes"]
 
 
 def _chromium() -> str | None:
@@ -144,9 +151,9 @@ def test_page_renders_in_a_browser(demo_run, tmp_path):
     assert dom.returncode == 0, dom.stderr[-2000:]
     page = re.sub(r"<script.*?</script>", "", dom.stdout, flags=re.S)  # the rendered elements only
     assert 'data-ready="1"' in page, "the page's script did not finish"
-    # the sample list lists the samples
+    # the index's link went to demo_3's own page, which lists only it, with the way back and to its neighbours
     rows = re.findall(r'<tr class="sample-row[^"]*" data-key="([^"]+)"', page)
-    assert sorted(rows) == sorted(f"{ln['sample_id']}__t0" for ln in run.lines)
+    assert rows == ["demo_3__t0"] and '<a href="../run.html">↑ all trajectories</a>' in page and "‹ previous" in page
     # the deep link opened demo_3's second call: its messages show the thumbnails of exactly what it saw
     m = re.search(r'<details class="call" data-index="2" open="">(.*?)</details><details class="call"', page, re.S)
     assert m, "call 2 is not open"
@@ -190,6 +197,8 @@ def test_page_renders_in_a_browser(demo_run, tmp_path):
     land = re.sub(r"<script.*?</script>", "", dom.stdout, flags=re.S)
     m = re.search(r'<div id="landing">(.*?)</div>', land, re.S)
     assert m, land[-3000:]
+    rows = re.findall(r'<tr class="sample-row[^"]*" data-key="([^"]+)"', land)  # the index lists every sample
+    assert sorted(rows) == sorted(f"{ln['sample_id']}__t0" for ln in run.lines)
     pane = m.group(1)
     n = len(run.lines)
     assert f"{n} (1 trial(s)); statuses: " in pane and "accuracy (exact-match" in pane and "graded)" in pane
@@ -208,48 +217,56 @@ def _samples(page: str) -> list:
     return json.loads(re.search(r'<script type="application/json" id="samples">(.*?)</script>', page, re.S).group(1))
 
 
-def test_html_is_paged_with_every_trajectory_listed_on_each_page(demo_run, tmp_path):
-    """A run larger than a page is written as several self-contained pages: each holds its own trajectories'
-    details and images only, and lists every trajectory with the page it lives on; a rewrite with fewer pages
-    removes the stale ones."""
-    info = show.build_html(demo_run, tmp_path / "run.html", page_size=2)
-    files = [tmp_path / "run.html", tmp_path / "run-p2.html"]
-    assert info["pages"] == [str(f) for f in files] and info["samples"] == 3
+def test_one_page_per_trajectory_none_listing_the_others(demo_run, tmp_path, monkeypatch):
+    """Each trajectory's page holds its own details and images only, and lists no other trajectory; the index holds
+    no trajectory at all (its list is read from chunk files); a rewrite of fewer trajectories removes stale pages."""
+    monkeypatch.setattr(show_html, "LIST_CHUNK", 2)
+    out = tmp_path / "run.html"
+    info = show.build_html(demo_run, out)
     run = load_run(demo_run)
-    keys = sorted(f"{ln['sample_id']}__t{ln['trial']}" for ln in run.lines)
-    held = []
-    for f in files:
-        page = f.read_text()
-        assert sorted(s["key"] for s in _samples(page)) == keys                 # the whole run listed
-        mine = sorted(_details(page))
-        assert mine == sorted(s["key"] for s in _samples(page) if s["page"] == f.name)
-        held += mine
-        for ln in run.lines:  # a query image is embedded where its trajectory's details are, and only there
-            sha = next(iter(ln["query_images"].values()))
-            assert (f'"{sha}": "data:image/' in page) == (f"{ln['sample_id']}__t{ln['trial']}" in mine)
-    assert sorted(held) == keys  # each trajectory's details on exactly one page
-    assert info["largest_page_bytes"] == max(f.stat().st_size for f in files)
-    show.build_html(demo_run, tmp_path / "run.html")  # one page now: the second goes
-    assert not files[1].exists()
-    with pytest.raises(ValueError, match="page_size"):
-        show.build_html(demo_run, tmp_path / "x.html", page_size=0)
+    fdir = show.files_dir(out)
+    assert sorted(p.name for p in fdir.glob("list-*.js")) == ["list-0.js", "list-1.js"]
+    listed = [r["key"] for f in sorted(fdir.glob("list-*.js"))
+              for r in json.loads(re.fullmatch(r"MMCF_LIST\((.*)\);\n", f.read_text(), re.S).group(1))]
+    assert sorted(listed) == sorted(f"{ln['sample_id']}__t{ln['trial']}" for ln in run.lines)
+    index = out.read_text()
+    assert _samples(index) == [] and _details(index) == {} and "data:image/" not in index
+    for ln in run.lines:
+        page, key = _page_of(out, ln), f"{ln['sample_id']}__t{ln['trial']}"
+        assert [r["key"] for r in _samples(page)] == [key] and list(_details(page)) == [key]
+        for other in run.lines:  # a query image only in its own trajectory's page
+            sha = next(iter(other["query_images"].values()))
+            assert (f'"{sha}": "data:image/' in page) == (other is ln or sha in ln["query_images"].values())
+    assert info["largest_page_bytes"] == max(p.stat().st_size for p in fdir.glob("*.html"))
+    small = show.build_html(demo_run, out, limit=1)
+    assert len(list(fdir.glob("*.html"))) == 1 and sorted(p.name for p in fdir.glob("list-*.js")) == ["list-0.js"]
+    assert abs(small["index_bytes"] - info["index_bytes"]) < 200  # the index does not grow with the trajectories
 
 
 @pytest.mark.skipif(_chromium() is None, reason="needs chromium (.ci/run installs Debian's package)")
-def test_a_trajectory_on_another_page_opens_there(demo_run, tmp_path):
+def test_the_index_pages_and_searches_in_a_browser(demo_run, tmp_path, monkeypatch):
+    """Two rows a page: page 2 shows the third trajectory; a search sees every trajectory (all chunks read)."""
+    monkeypatch.setattr(show_html, "LIST_CHUNK", 2)
+    monkeypatch.setattr(show_html, "INDEX_ROWS", 2)
     browser = _chromium()
-    show.build_html(demo_run, tmp_path / "run.html", page_size=2)
-    other = next(s for s in _samples((tmp_path / "run.html").read_text()) if s["page"] == "run-p2.html")
-    url = f"{(tmp_path / 'run.html').resolve().as_uri()}#sample={other['key']}&open=1"
-    dom = subprocess.run(_headless(browser, tmp_path / "profile", "--dump-dom", url),
-                         capture_output=True, text=True, timeout=120)
-    assert dom.returncode == 0, dom.stderr[-2000:]
-    page = re.sub(r"<script.*?</script>", "", dom.stdout, flags=re.S)
-    assert 'data-ready="1"' in page
-    assert "(page 2 of 2)" in dom.stdout                                   # the browser went to page 2
-    assert re.search(rf"<h2>{re.escape(other['id'])} · trial {other['trial']}", page)   # and opened the trajectory
-    assert '<details class="call" data-index="1" open="">' in page
-    assert "page <a href=\"run.html\"" in page and "<b>2</b> of 2 (3 trajectories; 1 on this one)" in page
+    out = tmp_path / "run.html"
+    show.build_html(demo_run, out)
+    keys = sorted(f"{ln['sample_id']}__t{ln['trial']}" for ln in load_run(demo_run).lines)
+
+    def rows(hash_):
+        dom = subprocess.run(_headless(browser, tmp_path / "profile", "--dump-dom", f"{out.resolve().as_uri()}#{hash_}"),
+                             capture_output=True, text=True, timeout=120)
+        assert dom.returncode == 0, dom.stderr[-2000:]
+        page = re.sub(r"<script.*?</script>", "", dom.stdout, flags=re.S)
+        assert 'data-ready="1"' in page
+        return re.findall(r'<tr class="sample-row[^"]*" data-key="([^"]+)"', page), page
+
+    got, page = rows("page=1")
+    assert got == keys[:2] and "page <b>1</b> of 2" in page and "next ›" in page
+    got, page = rows("page=2")
+    assert got == keys[2:] and "page <b>2</b> of 2" in page and "‹ prev" in page
+    got, page = rows(f"q={keys[2].split('__')[0]}")   # the third trajectory's id: in the second chunk
+    assert got == keys[2:] and "1 trajectories match" in page
 
 
 def test_large_images_are_embedded_downscaled(tmp_path):

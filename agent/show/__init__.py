@@ -2,8 +2,8 @@
 
     python -m agent.show RUN_DIR                                  # the samples: status, answer, gold, grade
     python -m agent.show RUN_DIR demo_3 [--trial 0] [--reasoning] # one trajectory, call by call
-    python -m agent.show RUN_DIR --html run.html [--limit N]      # HTML (no server, no network): run.html,
-                                                                  # run-p2.html, … (--page-size trajectories each)
+    python -m agent.show RUN_DIR --html run.html [--limit N]      # HTML (no server, no network): run.html, the
+                                                                  # index, and run_files/: a page per trajectory
 
 The terminal view prints each LLM call with its state and branch span, the images it saw (query and
 retrieved, by hash), its reasoning (first line, unless ``--reasoning``), its visible text, the parsed
@@ -14,13 +14,14 @@ images that call saw, embedded once per page; those over :data:`EMBED_PX` pixels
 originals being in ``RUN/images/``), its tool calls and observations (collapsible), and its
 think tokens coloured by their grouped-tail entropy — or, where the entropy probe ran teacher-forced on this
 run, by ΔH and by the KL(with ‖ without) influence of the images (the step's ΔH is shown for either mode).
-Trajectories are embedded gzip-compressed and rendered only when opened; a run of more than ``--page-size``
-trajectories is written as several pages, each listing every trajectory (filters see the whole run; one on
-another page opens there), so the writer's memory and every page's size stay bounded at paper scale.
+The index page holds the run at a glance and the trajectories in pages of 100, with filters and a search over
+all of them (the list is read from ``run_files/list-<i>.js`` as it is needed); each trajectory is a page of
+its own (its data gzip-compressed, rendered when opened) with links back to the index and to its neighbours.
+No page lists every trajectory: each page's size and the writer's memory stay the same as the run grows.
 """
 from .cli import main
 from .data import run_summary, sample_table
-from .html import PAGE_SIZE, build_html, page_files
+from .html import LIST_CHUNK, build_html, files_dir
 from .text import render_text
 
-__all__ = ["main", "run_summary", "sample_table", "build_html", "page_files", "PAGE_SIZE", "render_text"]
+__all__ = ["main", "run_summary", "sample_table", "build_html", "files_dir", "LIST_CHUNK", "render_text"]

@@ -10,7 +10,7 @@ from ..cli import done, make_parser, positive_int
 from ..rundir import RunError, load_run
 from . import __doc__ as SHOW_DOC
 from .data import sample_table
-from .html import AUTO_TOKENS, PAGE_SIZE, build_html
+from .html import AUTO_TOKENS, build_html
 from .text import render_text
 
 
@@ -24,10 +24,8 @@ def main(argv=None) -> int:
     ap.add_argument("--trial", type=int, default=0, help="which trial of the sample")
     ap.add_argument("--reasoning", action="store_true", help="show each call's whole reasoning (default: its first line)")
     ap.add_argument("--observation-chars", type=int, default=400, help="observations are cut at this length")
-    ap.add_argument("--html", metavar="OUT.html", help="write the whole run as self-contained HTML (one page per "
-                                                        "--page-size trajectories: OUT.html, OUT-p2.html, …)")
-    ap.add_argument("--page-size", type=int, default=PAGE_SIZE,
-                    help=f"HTML: trajectories per page (default {PAGE_SIZE}; each page lists every trajectory)")
+    ap.add_argument("--html", metavar="OUT.html", help="write the run as HTML: OUT.html (the index: paging and "
+                                                        "search) and OUT_files/ (one page per trajectory)")
     ap.add_argument("--limit", type=positive_int, help="HTML: the first N trajectories only")
     ap.add_argument("--tokens", choices=("auto", "all", "none"), default="auto",
                     help=f"HTML: embed each call's think tokens, coloured by H / ΔH / KL (auto: when at most "
@@ -37,10 +35,10 @@ def main(argv=None) -> int:
         run = load_run(a.run_dir)
         if a.html:
             info = build_html(run.path, a.html, limit=a.limit, sample_ids=[a.sample_id] if a.sample_id else None,
-                              tokens=a.tokens, page_size=a.page_size)
-            pages = len(info["pages"])
-            print(f"{info['samples']} trajectories, {info['images']} images, {info['bytes'] / 1e6:.1f} MB"
-                  + (f" in {pages} pages (largest {info['largest_page_bytes'] / 1e6:.1f} MB)" if pages > 1 else "")
+                              tokens=a.tokens)
+            print(f"{info['samples']} trajectories, {info['images']} images, {info['bytes'] / 1e6:.1f} MB: the index "
+                  f"{info['index_bytes'] / 1e3:.0f} KB, one page per trajectory in {info['files']} (largest "
+                  f"{info['largest_page_bytes'] / 1e3:.0f} KB)"
                   + ("" if info["tokens"] else "; think tokens not embedded (--tokens all, or fewer trajectories "
                      "with --limit / a SAMPLE_ID, colours them)"))
             if info["missing_images"]:

@@ -24,7 +24,7 @@ from ..backends.tiny_model import default_tiny_dir
 from ..http import redact
 from ..rundir import Run, RunError, load_run, token_key
 
-__all__ = ["build_html", "page_files", "PAGE_SIZE", "AUTO_TOKENS", "EMBED_PX", "PAGE_TEMPLATE"]
+__all__ = ["build_html", "files_dir", "LIST_CHUNK", "INDEX_ROWS", "AUTO_TOKENS", "EMBED_PX", "PAGE_TEMPLATE"]
 
 
 # ---------------------------------------------------------------------------- HTML
@@ -177,32 +177,44 @@ def _sample_detail(run: Run, line: dict, images: dict, missing: list, dH: dict, 
 
 
 #: ``--tokens auto`` embeds the coloured think tokens for runs up to this many trajectories (ours: at ~1,000
-#: think tokens per call a trajectory's token columns take ~50-100 KB in the page, its messages ~10 KB)
+#: think tokens per call a trajectory's token columns take ~50-100 KB in its page, its messages ~10 KB)
 AUTO_TOKENS = 300
-#: Trajectories per HTML page (ours): a page of this many holds ~25 MB at paper-shaped lines without tokens, and
-#: writing it holds one page's details and images at a time, so the writer's memory and each page's size stay
-#: bounded at any run size.
-PAGE_SIZE = 200
+#: Rows per file of the index's trajectory list (``list-<i>.js``, loaded by the index page as it pages or
+#: searches): every file the viewer writes has a size independent of the number of trajectories.
+LIST_CHUNK = 500
+#: Trajectories per page of the index's list.
+INDEX_ROWS = 100
 
 
-def page_files(out_path: Path, n_pages: int) -> list[Path]:
-    """The page files: ``OUT.html`` first, then ``OUT-p2.html``, ``OUT-p3.html``… beside it."""
-    return [out_path] + [out_path.with_name(f"{out_path.stem}-p{i}{out_path.suffix}") for i in range(2, n_pages + 1)]
+def files_dir(out_path: Path) -> Path:
+    """The folder beside the index page holding one page per trajectory and the list's chunks."""
+    return out_path.with_name(f"{out_path.stem}_files")
+
+
+def _row(ln: dict, grades: dict) -> dict:
+    key = f"{ln['sample_id']}__t{ln['trial']}"
+    return {"key": key, "file": token_key(ln["sample_id"], ln["trial"]) + ".html", "id": ln["sample_id"],
+            "trial": ln["trial"], "status": ln["status"], "benchmark": ln.get("benchmark"),
+            "category": ln.get("paper_category"), "grade": grades.get((ln["sample_id"], ln["trial"]), ""),
+            "calls": ln.get("n_calls"), "answer": short(ln.get("answer"), 80), "gold": short(ln.get("gold"), 80)}
+
+
+def _page(fill: dict) -> str:
+    # one pass: a placeholder's name inside the data (a label, an answer) is never filled in again
+    return redact(_PLACEHOLDER.sub(lambda m: fill[m.group(0)], PAGE_TEMPLATE))
 
 
 def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[str] | None = None,
-               tokens: str = "auto", page_size: int = PAGE_SIZE) -> dict:
-    """Write the self-contained page(s); returns sizes (bytes, samples, images, pages) for the caller to report.
-
-    Up to ``page_size`` trajectories go in one file; a larger run is written as several (``OUT.html``,
-    ``OUT-p2.html``, …), each self-contained (its trajectories and their images) and each listing *every*
-    trajectory, so filtering sees the whole run and a trajectory on another page opens there (one click).
+               tokens: str = "auto") -> dict:
+    """Write the viewer: ``OUT.html``, the index (the run at a glance, and the trajectories in pages of 100 with
+    filters and search over all of them), and ``OUT_files/``: one self-contained page per trajectory (its
+    messages, events, images and tokens; links back to the index and to its neighbours) and the index's list in
+    files of :data:`LIST_CHUNK` rows. No page lists every trajectory, so each page's size and the writer's
+    memory (one trajectory at a time) do not grow with the run. Returns sizes for the caller to report.
     ``tokens``: ``all`` embeds every call's think tokens (coloured by H / ΔH / KL), ``none`` none, ``auto``
     all when at most :data:`AUTO_TOKENS` trajectories are written, else none (the page says so)."""
     if tokens not in ("auto", "all", "none"):
         raise ValueError(f"tokens must be auto, all or none, not {tokens!r}")
-    if page_size < 1:
-        raise ValueError(f"page_size must be at least 1, not {page_size}")
     run = load_run(run_dir)
     grades, judge = _grades(run)
     dH, mode = _probe_steps(run)
@@ -216,51 +228,51 @@ def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[
     with_tokens = tokens == "all" or (tokens == "auto" and len(lines) <= AUTO_TOKENS)
     grounding, removal = _grounding_labels(run), _removal_outcomes(run)
     out_path = Path(out_path)
-    chunks = [lines[i:i + page_size] for i in range(0, len(lines), page_size)] or [[]]
-    files = page_files(out_path, len(chunks))
-    samples = []
-    for i, chunk in enumerate(chunks):
-        for ln in chunk:
-            samples.append({"key": f"{ln['sample_id']}__t{ln['trial']}", "id": ln["sample_id"], "trial": ln["trial"],
-                            "status": ln["status"], "benchmark": ln.get("benchmark"), "category": ln.get("paper_category"),
-                            "grade": grades.get((ln["sample_id"], ln["trial"]), ""), "calls": ln.get("n_calls"),
-                            "answer": short(ln.get("answer"), 80), "gold": short(ln.get("gold"), 80),
-                            "page": files[i].name})
+    fdir = files_dir(out_path)
+    fdir.mkdir(parents=True, exist_ok=True)
     h = run.header
-
-    pages = [{"file": f.name, "first": c[0]["sample_id"] if c else "", "last": c[-1]["sample_id"] if c else "",
-              "n": len(c)} for f, c in zip(files, chunks)]
+    options = {k: sorted({str(ln.get(f) or "") for ln in lines} - {""}) for k, f in
+               (("status", "status"), ("benchmark", "benchmark"))}
+    options["grade"] = sorted({g for g in grades.values() if g})
     meta = {"run": str(run.path), "label": h.get("label"), "model": (h.get("model") or {}).get("served_model"),
             "t_max": (h.get("budgets") or {}).get("t_max"), "judge": judge, "probe_mode": mode,
             "has_token_probe": tf_dir is not None or has_release, "mark": provenance_mark([h]), "benchmark": h.get("benchmark"),
-            "n_lines": len(run.index), "shown": len(lines), "tokens": with_tokens, "summary": run_summary(run),
-            "pages": pages}
-    samples_js = _js(samples)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    total, n_images, missing = 0, 0, []
-    for i, (f, chunk) in enumerate(zip(files, chunks)):  # one page's details and images in memory at a time
+            "n_lines": len(run.index), "shown": len(lines), "tokens": with_tokens, "options": options,
+            "index": out_path.name, "files": fdir.name, "chunks": -(-len(lines) // LIST_CHUNK), "per_page": INDEX_ROWS}
+    title = html.escape(f"{h.get('label')} — {run.path.name}")
+    written, sizes, n_images, missing, chunk = set(), [], 0, [], []
+    for i, ln in enumerate(lines):  # one trajectory's details and images in memory at a time
+        row = _row(ln, grades)
         images: dict = {}
-        details = {}
-        for ln in chunk:
-            blob = json.dumps(_sample_detail(run, run.full(ln), images, missing, dH, tf_dir, with_tokens, grounding,
-                                             removal), ensure_ascii=False, default=str, separators=(",", ":"))
-            details[f"{ln['sample_id']}__t{ln['trial']}"] = base64.b64encode(gzip.compress(blob.encode(), 6)).decode()
-        fill = {"__TITLE__": html.escape(f"{h.get('label')} — {run.path.name}"
-                                         + (f" (page {i + 1} of {len(files)})" if len(files) > 1 else "")),
-                "__META__": _js({**meta, "page": i + 1, "this_file": f.name}), "__SAMPLES__": samples_js,
-                "__DETAILS__": _js(details), "__IMAGES__": _js({k: v for k, v in images.items() if v})}
-        # one pass: a placeholder's name inside the data (a label, an answer) is never filled in again
-        page = _PLACEHOLDER.sub(lambda m: fill[m.group(0)], PAGE_TEMPLATE)
-        f.write_text(redact(page), encoding="utf-8")
-        total += f.stat().st_size
+        blob = json.dumps(_sample_detail(run, run.full(ln), images, missing, dH, tf_dir, with_tokens, grounding,
+                                         removal), ensure_ascii=False, default=str, separators=(",", ":"))
+        near = {"prev": _row(lines[i - 1], grades)["file"] if i else None,
+                "next": _row(lines[i + 1], grades)["file"] if i + 1 < len(lines) else None}
+        page = _page({"__TITLE__": f"{html.escape(row['id'])} trial {row['trial']} — {title}",
+                      "__META__": _js({**meta, "mode": "trajectory", "key": row["key"], **near}),
+                      "__SAMPLES__": _js([row]),
+                      "__DETAILS__": _js({row["key"]: base64.b64encode(gzip.compress(blob.encode(), 6)).decode()}),
+                      "__IMAGES__": _js({k: v for k, v in images.items() if v})})
+        (fdir / row["file"]).write_text(page, encoding="utf-8")
+        written.add(row["file"])
+        sizes.append(len(page.encode()))
         n_images += sum(1 for v in images.values() if v)
-        del details, images, page
-    for stale in out_path.parent.glob(f"{out_path.stem}-p*{out_path.suffix}"):  # pages of an earlier, larger write
-        if stale not in files and stale.stem[len(out_path.stem) + 2:].isdigit():
+        chunk.append(row)
+        if len(chunk) == LIST_CHUNK or i == len(lines) - 1:
+            name = f"list-{i // LIST_CHUNK}.js"
+            (fdir / name).write_text(redact(f"MMCF_LIST({_js(chunk)});\n"), encoding="utf-8")
+            written.add(name)
+            chunk = []
+    index = _page({"__TITLE__": title, "__META__": _js({**meta, "mode": "index", "summary": run_summary(run)}),
+                   "__SAMPLES__": "[]", "__DETAILS__": "{}", "__IMAGES__": "{}"})
+    out_path.write_text(index, encoding="utf-8")
+    for stale in fdir.iterdir():  # pages of an earlier write of more trajectories
+        if stale.name not in written and (stale.suffix == ".html" or re.fullmatch(r"list-\d+\.js", stale.name)):
             stale.unlink()
-    return {"path": str(out_path), "bytes": total, "samples": len(samples), "images": n_images,
-            "missing_images": sorted(set(missing)), "tokens": with_tokens, "pages": [str(f) for f in files],
-            "largest_page_bytes": max(f.stat().st_size for f in files)}
+    total = len(index.encode()) + sum(sizes) + sum((fdir / f"list-{j}.js").stat().st_size for j in range(meta["chunks"]))
+    return {"path": str(out_path), "files": str(fdir), "bytes": total, "samples": len(lines), "images": n_images,
+            "missing_images": sorted(set(missing)), "tokens": with_tokens, "index_bytes": len(index.encode()),
+            "largest_page_bytes": max(sizes, default=0)}
 
 
 _PLACEHOLDER = re.compile(r"__(?:TITLE|META|SAMPLES|DETAILS|IMAGES)__")

@@ -1,0 +1,62 @@
+"""The viewer at two scales: page sizes and the writer's peak memory as the run grows.
+
+    python scripts/bench_viewer.py [--scales 100,1000] [--calls 10] [--tokens 300]
+
+Writes a paper-shaped run per scale (scripts/bench_data.py, through the toolkit's writer; a distinct photo-sized
+query image per trajectory), then ``python -m agent.show RUN --html`` on it as one process, and reports the
+index page's size, the largest trajectory page, all files together, and the writer's peak RSS (from the kernel).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# each run is written by a child process: a child's peak RSS (ru_maxrss) starts from its parent's at fork, so this
+# process stays small and the viewer's figure is its own
+WRITE = ("import sys; sys.path[:0] = ['.', 'scripts']; from pathlib import Path; from bench_data import RowPool, "
+         "write_run; write_run(Path(sys.argv[1]), int(sys.argv[2]), RowPool(seed=0, n_rows=1 << 16), "
+         "calls=int(sys.argv[3]), tokens=int(sys.argv[4]), progress=False, distinct_images=True)")
+
+
+def measure(run: Path, out: Path) -> dict:
+    p = subprocess.Popen([sys.executable, "-m", "agent.show", str(run), "--html", str(out), "--tokens", "all"],
+                         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, ru = os.wait4(p.pid, 0)
+    if os.waitstatus_to_exitcode(status):
+        raise SystemExit(f"agent.show failed on {run}: {p.stderr.read().decode()[-2000:]}")
+    files = list((out.parent / f"{out.stem}_files").iterdir())
+    pages = [f.stat().st_size for f in files if f.suffix == ".html"]
+    return {"index": out.stat().st_size, "largest": max(pages), "total": out.stat().st_size + sum(f.stat().st_size
+                                                                                                  for f in files),
+            "rss": ru.ru_maxrss / 1024}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scales", default="100,1000")
+    ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--tokens", type=int, default=300)
+    a = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (int(x) for x in a.scales.split(",")):
+            run = Path(tmp) / f"run{n}"
+            subprocess.run([sys.executable, "-c", WRITE, str(run), str(n), str(a.calls), str(a.tokens)], cwd=REPO,
+                           check=True)
+            rows.append((n, measure(run, Path(tmp) / f"view{n}" / "run.html")))
+    print(f"| trajectories ({a.calls} calls of ~{a.tokens} tokens) | index page | largest trajectory page | "
+          "all files | writer's peak RSS |")
+    print("|---|---|---|---|---|")
+    for n, m in rows:
+        print(f"| {n:,} | {m['index'] / 1e3:.1f} KB | {m['largest'] / 1e3:.1f} KB | {m['total'] / 1e6:.1f} MB | "
+              f"{m['rss']:.0f} MB |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
