@@ -40,6 +40,26 @@ def redact(text):
     return _AUTH.sub(lambda m: m.group(1) + m.group(2) + "[REDACTED]", text)
 
 
+def redact_token_texts(texts: list) -> list:
+    """Per-token texts (a sidecar's ``text`` column) with every secret value the tokens spell together removed:
+    the first token overlapping an occurrence reads ``[REDACTED]``, the others of it read empty. Compressed, the
+    column's characters can sit side by side in the file, so the joined text must hold no secret either. The ids
+    and logprobs are left as they are (what the probes score)."""
+    vals = secrets()
+    joined = "".join(t or "" for t in texts) if vals else ""
+    spans = [(m.start(), m.start() + len(v)) for v in vals for m in re.finditer(re.escape(v), joined)]
+    if not spans:
+        return texts
+    out, pos = list(texts), 0
+    for i, t in enumerate(texts):
+        n = len(t or "")
+        hit = [a for a, b in spans if pos < b and a < pos + n]
+        if hit:
+            out[i] = "[REDACTED]" if any(a >= pos for a in hit) else ""
+        pos += n
+    return out
+
+
 def redact_bytes(data: bytes) -> bytes:
     """UTF-8 text or JSON bytes with every secret value replaced, as written and as JSON escapes it (a value
     holding ``"``, ``\\`` or ``/``). The one redaction every record passes where it is written."""

@@ -280,7 +280,8 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path, processes):
     # and what was abandoned: the units in flight and the calls already spent on them
     import re
 
-    assert re.search(r"\d+ units were in flight and are dropped \(\d+ LLM calls made for them", err), err[-2000:]
+    assert re.search(r"\d+ units were in flight \(\d+ LLM calls made for them\); each resumes from its last completed call",
+                     err), err[-2000:]
 
 
 def test_small_ones(tmp_path, capsys):

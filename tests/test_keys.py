@@ -315,7 +315,7 @@ def test_a_full_disk_is_one_clear_message_with_its_own_exit_status(tmp_path):
 
     mnt = tmp_path / "small"
     mnt.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=640k", "tmpfs", str(mnt)],
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
                                            capture_output=True).returncode:
         pytest.skip("needs root to mount a small tmpfs (CI runs as root)")
     try:
@@ -561,3 +561,13 @@ def test_a_line_edited_in_place_that_still_parses_is_left_out_by_every_reader_an
     assert judge_main([str(run), "--judge", "exact", "--no-progress"]) == 1
     graded = {json.loads(x)["sample_id"] for x in (run / "judge-exact.jsonl").read_text().splitlines()}
     assert first["sample_id"] not in graded and len(graded) == 2
+
+
+def test_token_texts_that_spell_a_key_are_redacted(monkeypatch):
+    """Only the tokens overlapping an occurrence change: the first reads [REDACTED], the rest of it empty."""
+    from agent.redact import redact_token_texts
+
+    monkeypatch.setenv("MY_API_KEY", "sk-abc123xyz")
+    texts = ["I", " saw", " sk", "-abc", "123", "xyz", " and", " sk-abc123xyz!", None]
+    assert redact_token_texts(texts) == ["I", " saw", "[REDACTED]", "", "", "", " and", "[REDACTED]", None]
+    assert redact_token_texts(["no", " key"]) == ["no", " key"]

@@ -213,6 +213,13 @@ def test_merge_check_and_readers_refuse_a_sidecar_name_that_leads_out_of_the_run
         run.tokens(run.full(run.index[0]))
 
 
+def _viewer_text(index) -> str:
+    """The viewer's index page and every trajectory page beside it (agent.show --html)."""
+    from agent.show import files_dir
+
+    return index.read_text() + "".join(p.read_text() for p in sorted(files_dir(index).glob("*.html")))
+
+
 def test_a_stored_image_that_links_out_of_the_run_is_refused_by_check_and_never_embedded(runs, tmp_path, capsys):
     import base64
 
@@ -223,7 +230,7 @@ def test_a_stored_image_that_links_out_of_the_run_is_refused_by_check_and_never_
     stored = sorted((run_dir / "images").iterdir())[0]
     as_embedded = base64.b64encode(stored.read_bytes()).decode()
     assert show_main([str(run_dir), "--html", str(tmp_path / "before.html")]) == 0
-    assert as_embedded in (tmp_path / "before.html").read_text()  # the stored image is embedded as it is
+    assert as_embedded in _viewer_text(tmp_path / "before.html")  # the stored image is embedded as it is
     secret = tmp_path / "secret.png"  # the same bytes, outside the run, reached through a symlink inside it
     shutil.copyfile(stored, secret)
     stored.unlink()
@@ -232,7 +239,7 @@ def test_a_stored_image_that_links_out_of_the_run_is_refused_by_check_and_never_
     assert not rep.intact and any("leads outside" in p for _, p in rep.sidecars)
     capsys.readouterr()
     assert show_main([str(run_dir), "--html", str(tmp_path / "after.html")]) == 0
-    assert as_embedded not in (tmp_path / "after.html").read_text()
+    assert as_embedded not in _viewer_text(tmp_path / "after.html")
     assert "leads outside" in capsys.readouterr().err
 
 

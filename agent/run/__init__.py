@@ -9,7 +9,8 @@ asyncio workers (``--concurrency``) share the backends (one per ``--endpoint``; 
 on one endpoint so the server's prefix cache is reused; the least busy endpoint gets the next one).
 A rerun of the same command skips the (sample, trial) pairs already written; ``--retry-errors``
 reruns the ones that ended in ``error`` or ``timeout``. Ctrl-C stops cleanly: every finished pair is
-on disk; the ones in flight are dropped and rerun next time. ``--timeout`` bounds one sample.
+on disk; each one in flight continues from its last completed call next time (``agent/run/journal.py``:
+every completed call of an unfinished unit is recorded in ``RUN/inflight/``). ``--timeout`` bounds one sample.
 See ``agent/rundir/`` and ``docs/trajectory.md`` for what is written.
 """
 from .cli import build_parser, config_from_args, main

@@ -18,6 +18,7 @@ from ..methods import new_trajectory, run_sample
 from ..rundir import RunDir
 from ..tools import make_toolbox
 from .config import RunConfig, make_backends
+from .journal import Journal, JournaledBackend
 
 __all__ = ["execute", "UnitStats", "EXIT_DISK_FULL", "disk_full", "SHARED", "claimer", "progress_bar"]
 
@@ -40,6 +41,7 @@ class _Workers:
         self.counts: Counter = Counter()
         self.stats = UnitStats()
         self.n_calls = self.n_tokens = 0
+        self.resumed = self.replayed = 0  # units resumed inside their trajectory; calls answered from journals
         self.first_error: list[str] = []
         self.streak = {"n": 0, "last": ""}
         self.stop = asyncio.Event()
@@ -48,8 +50,9 @@ class _Workers:
         self._lock = threading.Lock()
         self.t0 = time.perf_counter()
 
-    def _write(self, line: dict, traj) -> None:
+    def _write(self, line: dict, traj, journal: Journal) -> None:
         self.rd.append(traj, line)
+        journal.clear()  # the line is written: its calls need no replay
         with self._lock:
             self.counts[line["status"]] += 1
 
@@ -59,8 +62,11 @@ class _Workers:
         route((sample.id, trial))  # one worker behind a gateway for the whole trajectory (smg's routing key)
         traj = new_trajectory(self.spec, sample, trial)
         self.flying.add(traj)
+        # each completed call recorded as it completes; a unit a kill interrupted replays its recorded calls
+        journal = Journal(self.rd.path, sample.id, trial)
+        backend = JournaledBackend(self.backends[i], journal)
         try:
-            coro = run_sample(self.spec, sample, trial, backend=self.backends[i], toolbox=self.toolbox,
+            coro = run_sample(self.spec, sample, trial, backend=backend, toolbox=self.toolbox,
                               sampling=cfg.sampling(trial), traj=traj, served_model=self.served_model)
             line, _ = await (asyncio.wait_for(coro, cfg.timeout) if cfg.timeout else coro)
         except asyncio.TimeoutError:
@@ -69,6 +75,9 @@ class _Workers:
         finally:
             self.pool.release(i)
             self.flying.discard(traj)
+        if backend.replayed:
+            self.resumed += 1
+            self.replayed += backend.replayed
         changed = await self._model_changed(i)
         if changed:  # nothing of this trajectory is kept: which of its calls the other model answered is unknown
             traj = new_trajectory(self.spec, sample, trial)
@@ -76,7 +85,7 @@ class _Workers:
             line = traj.to_line("error", "", error=f"ServedModelChanged: {changed}")
         line["endpoint"] = public_url(cfg.endpoints[i]) if cfg.endpoints else cfg.backend
         # the write finishes even if the run is interrupted meanwhile, and is counted when it lands
-        fut = asyncio.get_running_loop().run_in_executor(None, self._write, line, traj)
+        fut = asyncio.get_running_loop().run_in_executor(None, self._write, line, traj, journal)
         self.writes.add(fut)
         fut.add_done_callback(self.writes.discard)
         fut.add_done_callback(retrieved)  # a write whose worker was cancelled meanwhile: its error not re-raised
@@ -146,11 +155,14 @@ def _report(cfg: RunConfig, w: _Workers, summary: dict, interrupted: bool) -> No
         return
     print(f"{'interrupted' if interrupted else 'done'}: {summary['ran']} written ({dict(w.counts)}), "
           f"{w.n_calls} LLM calls in {summary['elapsed_s']:.1f}s; tools: {dict(w.toolbox.stats)}", file=sys.stderr)
+    if w.resumed:
+        print(f"resumed {w.resumed} unit(s) inside their trajectory: {w.replayed} recorded LLM calls replayed from "
+              f"{cfg.out}/inflight, not asked again", file=sys.stderr)
     for x in w.stats.lines(cfg.sampling().max_tokens):
         print(x, file=sys.stderr)
     if interrupted:
-        print(f"{summary['abandoned_units']} units were in flight and are dropped ({summary['abandoned_calls']} LLM "
-              "calls made for them, their cost is spent; they rerun from the start on resume)", file=sys.stderr)
+        print(f"{summary['abandoned_units']} units were in flight ({summary['abandoned_calls']} LLM calls made for "
+              "them); each resumes from its last completed call on the rerun", file=sys.stderr)
         print("rerun the same command to resume; finished samples are kept.", file=sys.stderr)
 
 
@@ -182,7 +194,7 @@ async def execute(cfg: RunConfig, spec, rd: RunDir, header: dict, jobs: list, sk
             for b in backends:
                 await b.aclose()
     summary = {"run_dir": str(rd.path), "ran": sum(w.counts.values()), "skipped": skipped, "counts": dict(w.counts),
-               "llm_calls": w.n_calls, "generated_tokens": w.n_tokens,
+               "llm_calls": w.n_calls, "generated_tokens": w.n_tokens, "replayed_calls": w.replayed,
                "elapsed_s": round(time.perf_counter() - w.t0, 2), "interrupted": interrupted,
                "tool_stats": dict(toolbox.stats), "skipped_images": len(skipped_images),
                "first_error": w.first_error[0] if w.first_error else None,

@@ -96,8 +96,8 @@ def _finish(cfg: RunConfig, rd: RunDir, summary: dict, stats: UnitStats, summari
     if interrupted:
         lost_units = sum(s.get("abandoned_units", 0) for s in summaries)
         lost_calls = sum(s.get("abandoned_calls", 0) for s in summaries)
-        print(f"{lost_units} units were in flight and are dropped ({lost_calls} LLM calls made for them, their cost "
-              "is spent; they rerun from the start on resume)", file=sys.stderr)
+        print(f"{lost_units} units were in flight ({lost_calls} LLM calls made for them); each resumes from its last "
+              "completed call on the rerun", file=sys.stderr)
         print("rerun the same command to resume; finished samples are kept.", file=sys.stderr)
         raise KeyboardInterrupt
     if errors:

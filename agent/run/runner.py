@@ -29,6 +29,7 @@ from ..rundir.shards import shard_record, shard_units
 from ..tools.live import require_live_tools
 from .config import RunConfig, all_units, auto_processes, header_for, make_backends, select_samples, trial_seeds
 from .execute import SHARED, execute
+from .journal import prune
 from .processes import run_processes
 
 __all__ = ["run", "identify_backends"]
@@ -104,6 +105,8 @@ async def _run_locked(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends
     else:  # a --processes worker: the parent checked everything and wrote the header
         header, samples, skipped_images = rd.read_header(), select_samples(manifest, cfg), []
     jobs, skipped = _pending_jobs(cfg, spec, manifest, rd, samples)
+    if cfg.shard is None:  # the journals of units already written go; the others resume where they stopped
+        prune(rd.path, {(s.id, int(t)) for s, t in jobs})
     if not jobs:
         return {"run_dir": str(rd.path), "ran": 0, "skipped": skipped, "counts": {}, "llm_calls": 0,
                 "skipped_images": len(skipped_images), "first_error": None}

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from .common import RunError
-from .grades import grades_of
+from .grades import JUDGES, grades_of
 from .reader import Run, load_run
 
 __all__ = ["results", "steps", "tokens", "grades", "RESULT_COLUMNS", "STEP_COLUMNS", "TOKEN_COLUMNS"]
@@ -37,12 +37,11 @@ def _run(run) -> Run:
 
 
 def _grade_frame(run: Run, judge: str | None) -> pd.DataFrame | None:
-    try:
-        recs, label = grades_of(run.path, judge)
-    except RunError:
-        if judge:
-            raise
+    """The latest grades as a frame; None when the run has no judge output (``judge`` not given). A judge file
+    that cannot be used as it is (several judges, a rerouted judge) is refused, naming why."""
+    if judge is None and not any((run.path / f"judge-{name}.jsonl").exists() for name in JUDGES):
         return None
+    recs, label = grades_of(run.path, judge)
     df = pd.DataFrame(recs)
     if df.empty:
         return None

@@ -42,6 +42,7 @@ import pyarrow.parquet as pq
 
 from ..backends.pieces import pack_pieces, unpack_pieces
 from ..http import scrub
+from ..redact import redact_token_texts
 from .sidecar_legacy import FORMAT2, decode_format2
 
 __all__ = ["encode", "decode", "FORMAT", "RELEASE_COLUMNS", "token_table", "read_parquet", "read_prompt_pieces",
@@ -56,8 +57,9 @@ _META_PRECISION = b"mmcf.precision"
 _META_PIECES = b"mmcf.prompt_pieces"
 _META_TOKENIZER = b"mmcf.tokenizer"
 #: Byte-stream split, then zstd (level 3): the numeric columns' bytes grouped by significance compress best
-#: (scripts/bench_sidecar.py; docs/performance.md).
-_SPLIT = ("id", "logprob", "top_ids.list.element", "top_logprobs.list.element", "exact_entropy", *RELEASE_COLUMNS)
+#: (scripts/bench_sidecar.py; docs/performance.md). Not the chosen ``id``s: their low bytes side by side would spell
+#: the text wherever ids follow characters (a byte-level tokenizer), a secret a model echoed included.
+_SPLIT = ("logprob", "top_ids.list.element", "top_logprobs.list.element", "exact_entropy", *RELEASE_COLUMNS)
 _ZSTD_LEVEL = 3
 
 
@@ -124,7 +126,7 @@ def token_table(tokens: dict[int, dict[str, np.ndarray]], k: int, precision: str
 
     cols = {
         "call": call_col, "pos": pos_col, "id": nullable(ids),
-        "text": pa.array(_scrubbed(texts, scrub), pa.string()),
+        "text": pa.array(redact_token_texts(_scrubbed(texts, scrub)), pa.string()),
         "logprob": nullable(lps), "think": _cat(tokens, calls, "think", bool, False),
         "top_ids": _lists(top_ids, top_ids >= 0, pa.int32()),
         "top_logprobs": _lists(top_lps, ~np.isnan(top_lps), pa.float32()),

@@ -1,0 +1,137 @@
+"""Resume inside a trajectory (agent/run/journal.py): a runner killed with SIGKILL at random points of long
+trajectories continues each unfinished unit from its last completed call; the finished lines equal an
+uninterrupted run's, no call is paid twice beyond those in flight at a kill, and no unit is lost or doubled."""
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from agent.rundir import load_run, token_key
+from tests.fakes.sglang_server import FakeSGLang
+
+from .conftest import REPO
+
+STEPS = 9  # tool calls before the answer: 10 LLM calls a trajectory
+
+
+def policy(req: dict) -> str:
+    """Deterministic: a search per step, then the answer (each reply a function of the request alone)."""
+    n = sum(m.get("role") == "assistant" for m in req.get("messages") or [])
+    if n < STEPS:
+        return (f"Step {n}: look further.</think>\n\n<tool_call>\n"
+                f'{{"name": "search", "arguments": {{"query": ["rivermoor stadium {n}"]}}}}\n</tool_call>')
+    return "Enough.</think>\n\n<answer>1998</answer>"
+
+
+def _cmd(url, out):
+    return [sys.executable, "-m", "agent.run", "--method", "react", "--backend", "openai", "--endpoint", url,
+            "--benchmark", "demo", "--concurrency", "2", "--t-max", "12", "--seed", "5", "--out", str(out), "--no-progress"]
+
+
+# what differs between two runs of the same units: time, and that a resumed unit's earlier tool calls come from the
+# run's tool cache (the line says so); the sidecar is compared by content, not by its per-attempt name
+VARIES = {"duration_s", "latency_s", "started", "finished", "t", "cache_hit", "paid_calls", "tool_usage", "tokens_file",
+          "_o", "_n", "_h"}
+
+
+def _norm(x):
+    if isinstance(x, dict):
+        return {k: _norm(v) for k, v in x.items() if k not in VARIES}
+    if isinstance(x, list):
+        return [_norm(v) for v in x]
+    return x
+
+
+def _lines(out) -> dict:
+    run = load_run(out)
+    return {(ln["sample_id"], ln["trial"]): (_norm(run.full(ln)), run.tokens(ln)) for ln in run.index}
+
+
+def _mid_trajectory(out) -> bool:
+    """Is a unit that has no line yet at least two calls into its trajectory?"""
+    done = {token_key(json.loads(x)["sample_id"], 0) for x in (out / "results.jsonl").read_bytes().splitlines()
+            if x.strip()} if (out / "results.jsonl").exists() else set()
+    return any(p.parent.name not in done for p in (out / "inflight").glob("*/c0002.json"))
+
+
+def _chat_posts(srv) -> int:
+    return sum(p.startswith("/v1/chat/completions") for p in srv.requests)
+
+
+def test_a_killed_runner_resumes_each_trajectory_from_its_last_completed_call(tmp_path):
+    rng = random.Random(7)
+    with FakeSGLang(reply=policy, latency_s=0.02) as srv:
+        ref = tmp_path / "ref"
+        assert subprocess.run(_cmd(srv.url, ref), cwd=REPO, capture_output=True, timeout=300).returncode == 0
+        want = _lines(ref)
+        assert len(want) == 6 and all(v[0]["n_calls"] == STEPS + 1 for v in want.values())
+
+        out, kills, start = tmp_path / "run", 0, _chat_posts(srv)
+        while kills < 3:
+            p = subprocess.Popen(_cmd(srv.url, out), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            target = _chat_posts(srv) + rng.randint(4, 17)   # a random point: after that many more calls, with a
+            while p.poll() is None and not (_chat_posts(srv) >= target and _mid_trajectory(out)):
+                time.sleep(0.01)  # polls progress; no assertion depends on how long it takes
+            if p.poll() is not None:
+                break
+            p.send_signal(signal.SIGKILL)
+            p.wait(timeout=60)
+            kills += 1
+        assert kills == 3, "the run finished before it could be killed three times"
+        assert (out / "inflight").is_dir()  # units a kill interrupted, their completed calls recorded
+        r = subprocess.run(_cmd(srv.url, out), cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "inside their trajectory" in r.stderr and "replayed" in r.stderr
+        paid = _chat_posts(srv) - start
+    got = _lines(out)
+    assert sorted(got) == sorted(want)  # no unit lost or doubled
+    keys = [(ln["sample_id"], ln["trial"]) for ln in map(json.loads, (out / "results.jsonl").read_bytes().splitlines())]
+    assert len(keys) == len(set(keys)) == 6
+    for k, (line, tok) in got.items():  # the finished lines and their tokens equal the uninterrupted run's
+        assert line == want[k][0], k
+        for col in ("id", "logprob", "think", "top_ids", "top_logprobs"):
+            assert np.array_equal(tok[col], want[k][1][col], equal_nan=True), (k, col)
+    calls = sum(v[0]["n_calls"] for v in got.values())
+    # every call made once, but those in flight at a kill (at most --concurrency 2 a kill)
+    assert calls <= paid <= calls + 2 * kills, (calls, paid, kills)
+    assert not (out / "inflight").exists()  # a written line's journal goes
+
+
+async def test_the_journal_replays_what_it_recorded_and_nothing_that_differs(tmp_path):
+    """In process: recorded calls come back as the backend gave them (text, tokens, usage); a request that differs
+    from the recorded one ends the replay and drops the rest; prune keeps only units still to run."""
+    from agent.backends.base import SamplingParams
+    from agent.backends.scripted import ScriptedBackend
+    from agent.run.journal import Journal, JournaledBackend, prune
+
+    inner = ScriptedBackend(["<think>\nalpha\n</think>\n\none", "<think>\nbeta\n</think>\n\ntwo", "three", "four"], model="m")
+    sp = SamplingParams(seed=3)
+    msgs = [[{"role": "user", "content": f"q{i}"}] for i in range(3)]
+    j = JournaledBackend(inner, Journal(tmp_path, "s1", 0))
+    first = [await j.generate(m, sp) for m in msgs]
+    assert j.replayed == 0 and len(Journal(tmp_path, "s1", 0).entries) == 3
+    again = JournaledBackend(ScriptedBackend(["other"] * 3, model="m"), Journal(tmp_path, "s1", 0))
+    got = [await again.generate(m, sp) for m in msgs[:2]]
+    assert again.replayed == 2
+    for a, b in zip(first, got):
+        assert (a.text, a.reasoning, a.finish_reason, a.model, a.usage) == (b.text, b.reasoning, b.finish_reason, b.model,
+                                                                            b.usage)
+        # float32, as the run records them (the sidecar's precision)
+        assert np.array_equal(a.top_logprob_matrix().astype(np.float32), b.top_logprob_matrix().astype(np.float32),
+                              equal_nan=True)
+        assert a.think_mask().tolist() == b.think_mask().tolist() and [t.id for t in a.tokens] == [t.id for t in b.tokens]
+    changed = await again.generate([{"role": "user", "content": "something else"}], sp)  # differs: asked live
+    assert changed.text == "other" and again.replayed == 2
+    assert len(Journal(tmp_path, "s1", 0).entries) == 3  # calls 1-2 kept, the third is the new one
+    JournaledBackend(inner, Journal(tmp_path, "s2", 1))  # nothing recorded: no directory
+    await JournaledBackend(inner, Journal(tmp_path, "s3", 0)).generate(msgs[0], sp)
+    assert prune(tmp_path, {("s1", 0)}) == 1
+    assert sorted(p.name for p in (tmp_path / "inflight").iterdir()) == [Journal(tmp_path, "s1", 0).dir.name]
+    Journal(tmp_path, "s1", 0).clear()
+    assert not (tmp_path / "inflight").exists()
