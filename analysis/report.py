@@ -232,7 +232,7 @@ def make_report(*, react=(), runs=(), removal_runs=(), out="figures/out", judge:
             raise RunError(f"--react {rd}: this is a {method_label(r)} run; Figures 1 and 2 read probed ReAct runs "
                            f"(paper §3.2). Pass it with --runs (Tables 1, 4, 5; Figure 4) instead")
     if react:
-        calls = pd.concat([r.calls() for r in rr], ignore_index=True)
+        calls = pd.concat([frames.steps(r) for r in rr], ignore_index=True).rename(columns={"call": "index"})
         if len(calls):
             who = ", ".join(dict.fromkeys(tables.model_label(r) for r in rr))
             figures.fig1_tool_calls(calls, out / "fig1_tool_calls", mark=figures.provenance_mark([r.header for r in rr]),

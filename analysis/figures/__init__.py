@@ -1,13 +1,14 @@
 """The paper's figures from run directories and probe outputs (seaborn, colour-blind safe, PNG + PDF).
 
+    from analysis import frames
     from analysis.figures import fig1_tool_calls, fig2b_entropy, provenance_mark
-    fig1_tool_calls(load_run("runs/react").calls(), "figures/out/fig1")
+    fig1_tool_calls(frames.steps("runs/react").rename(columns={"call": "index"}), "figures/out/fig1")
     fig2b_entropy(pd.read_csv("runs/react/probes/entropy-regenerate/summary.csv"), "figures/out/fig2b")
 
 Each function takes tidy data (a DataFrame), writes ``<stem>.png`` and ``<stem>.pdf`` and returns the
 matplotlib Figure. Conventions, for a reviewer: drawn at the sizes a paper uses (a panel 3.3 in wide, a
 single column; a composite 7 in, a double column; 7 pt text) and legible there; axes labelled with units,
-rendered math for ΔH, every point with its ``n`` and a 95% uncertainty band (bootstrap for means, Wilson
+rendered math for ΔH, every point with its ``n`` and a 95% uncertainty band (BCa bootstrap for means, Wilson
 for shares and accuracies) named in the legend, integer step ticks, accuracy and share axes 0–100 %,
 legends below the axes (never over data), titles wrapped to the panel and keeping the model and mode.
 ``mark=`` stamps a figure made from the embedded tiny model or the scripted backend (see
