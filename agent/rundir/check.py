@@ -38,6 +38,7 @@ class CheckReport:
     sidecars: list = field(default_factory=list)         # (sample_id/trial, problem)
     orphans: list = field(default_factory=list)          # token files no line names
     temp_files: list = field(default_factory=list)
+    in_flight: int = 0                                   # units with recorded calls in RUN/inflight/ (resumable)
     missing_images: list = field(default_factory=list)   # (sample_id/trial, sha256)
     cache: str = "absent"                                # "ok", "absent", or the integrity problem
     judge_torn: dict = field(default_factory=dict)       # judge-*.jsonl -> torn lines (skipped by readers)
@@ -66,6 +67,9 @@ class CheckReport:
             if items:
                 shown = ", ".join(str(x) for x in items[:5])
                 out.append(f"  {len(items)} {name}: {shown}{' …' if len(items) > 5 else ''}")
+        if self.in_flight:
+            out.append(f"  {self.in_flight} unit(s) in flight with recorded calls (RUN/inflight/): the rerun "
+                       "continues each from its last completed call")
         out.append(f"  tool cache: {self.cache}")
         for name, n in self.judge_torn.items():
             out.append(f"  {name}: {n} torn line(s) (every reader skips them; the next agent.judge grades those "
@@ -238,6 +242,8 @@ def check_run(path, *, deep: bool = True, repair: bool = False) -> CheckReport:
     rep = CheckReport(str(rd.path))
     good, torn_raw = _read_lines(rd, rep)
     latest = _count_units(rd, header, rep, good)
+    if (rd.path / "inflight").is_dir():
+        rep.in_flight = sum(1 for d in (rd.path / "inflight").iterdir() if d.is_dir() and not d.name.startswith("."))
     for d in (rd.path, rd.path / "tokens", rd.path / "images"):
         if d.is_dir():
             rep.temp_files += [str(p.relative_to(rd.path)) for p in d.iterdir() if ".tmp" in p.name]
