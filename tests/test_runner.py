@@ -47,12 +47,14 @@ async def test_run_writes_header_lines_sidecars_images(tmp_path):
     assert header["sampling"]["temperature"] == 0.2 and header["sampling"]["top_p"] == 0.95
     assert header["sampling"]["top_logprobs"] == 20 and "numpy" in header["versions"]
     run_ = load_run(tmp_path / "run")
-    df = run_.samples()
+    from analysis import frames
+
+    df = frames.results(run_)
     assert len(df) == 12 and set(df.trial) == {0, 1} and (df.status == "ok").all()
-    for col in ("sample_id", "trial", "method", "benchmark", "category", "status", "answer", "gold"):
+    for col in ("sample_id", "trial", "method", "benchmark", "paper_category", "status", "answer", "gold"):
         assert col in df.columns
-    calls = run_.calls()
-    for col in ("index", "state", "n_images", "prompt_tokens", "completion_tokens", "think_tokens"):
+    calls = frames.steps(run_)
+    for col in ("call", "state", "n_images", "prompt_tokens", "completion_tokens", "think_tokens"):
         assert col in calls.columns
     assert len(calls) == 24 and (calls.groupby(["sample_id", "trial"]).size() == 2).all()
     # the sidecar holds each call's tokens, matching the events

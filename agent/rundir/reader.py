@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from .common import RunError, inside
 from .index import Lines, summary_of
@@ -44,31 +43,6 @@ class Run:
         if "_o" not in line:
             raise RunError(f"{line.get('sample_id')}: not a line of {self.path}")
         return Lines(self.path / "results.jsonl", [line])[0]
-
-    def samples(self):
-        keep = ("sample_id", "trial", "method", "variant", "benchmark", "category", "paper_category", "status",
-                "answer", "gold", "error", "n_calls", "n_tool_calls", "generated_tokens", "think_tokens",
-                "duration_s", "model")
-        rows = []
-        for ln in self.index:
-            r = {k: ln.get(k) for k in keep}
-            r["n_query_images"] = len(ln.get("query_images") or {})
-            r["max_prompt_tokens"] = max((c["prompt_tokens"] for c in ln.get("calls", [])), default=0)
-            r["total_tokens"] = sum(c["prompt_tokens"] + c["completion_tokens"] for c in ln.get("calls", []))
-            r["length_calls"] = sum(c.get("finish_reason") == "length" for c in ln.get("calls", []))
-            for name, n in (ln.get("tool_calls") or {}).items():
-                r[f"tool_{name}"] = n
-            rows.append(r)
-        return pd.DataFrame(rows)
-
-    def calls(self):
-        rows = []
-        for ln in self.index:
-            for c in ln.get("calls", []):
-                rows.append({"sample_id": ln["sample_id"], "trial": ln["trial"], "method": ln["method"],
-                             "variant": ln.get("variant", ""), "benchmark": ln["benchmark"],
-                             "paper_category": ln.get("paper_category"), "status": ln["status"], **c})
-        return pd.DataFrame(rows)
 
     def tokens_path(self, line: dict) -> Path | None:
         """The line's token sidecar, checked to lie inside the run directory (None when it recorded no tokens)."""
