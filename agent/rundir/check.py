@@ -305,7 +305,7 @@ def _repair(rd: "RunDir", rep: CheckReport, torn_raw: list) -> None:
 
 def main(argv=None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    ap = make_parser("python -m agent.rundir", "Run-directory tools: check is a run complete and intact.",
+    ap = make_parser("python -m agent.rundir", "Run-directory tools: check a run, upgrade its sidecars, export it, merge shards.",
                      ["python -m agent.rundir check runs/react-27b", "python -m agent.rundir check runs/react-27b --repair"])
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("check", help="is this run complete and intact? (exit 0 only when it is)",
