@@ -25,7 +25,7 @@ from ..cli import done, make_parser
 from . import frames
 from .common import RunError
 from .reader import load_run
-from .sidecar import RELEASE_COLUMNS, decode, sidecar_format, token_table
+from .sidecar import RELEASE_COLUMNS, decode, sidecar_format, table_of_arrays
 
 __all__ = ["export_run", "main"]
 
@@ -41,10 +41,7 @@ def _line_tokens(run, line) -> pa.Table | None:
         if sidecar_format(path) >= 3:
             t = pq.ParquetFile(path).read(use_threads=False)
         else:
-            arrays = decode(path)
-            calls = arrays["call"]
-            t = token_table({int(c): {n: a[calls == c] for n, a in arrays.items() if n not in ("call", "pos")}
-                             for c in sorted(set(calls.tolist()))}, arrays["top_ids"].shape[1])
+            t = table_of_arrays(decode(path))
     except (OSError, ValueError) as e:
         raise RunError(f"{path}: unreadable token sidecar ({e}); python -m agent.rundir check {run.path}") from None
     n = t.num_rows

@@ -46,7 +46,7 @@ from ..redact import redact_token_texts
 from .sidecar_legacy import FORMAT2, decode_format2
 
 __all__ = ["encode", "decode", "FORMAT", "RELEASE_COLUMNS", "token_table", "read_parquet", "read_prompt_pieces",
-           "sidecar_format"]
+           "sidecar_format", "table_of_arrays", "write_table"]
 
 FORMAT = b"3"
 #: Optional per-token columns of the adaptive image release (agent/methods/release.py).
@@ -137,6 +137,15 @@ def token_table(tokens: dict[int, dict[str, np.ndarray]], k: int, precision: str
             cols[name] = nullable(_cat(tokens, calls, name, np.float32, np.nan))
     return pa.table(cols).replace_schema_metadata(
         {_META_FORMAT: FORMAT, _META_K: str(k).encode(), _META_PRECISION: precision.encode()})
+
+
+def table_of_arrays(arrays: dict[str, np.ndarray]) -> pa.Table:
+    """A decoded sidecar's arrays (:func:`decode`, any format) as a format-3 table (upgrade and export)."""
+    calls = arrays["call"]
+    tokens = {int(c): {n: a[calls == c] for n, a in arrays.items() if n not in ("call", "pos", "chosen")}
+              for c in np.unique(calls)}
+    k = arrays["top_ids"].shape[1] if "top_ids" in arrays and arrays["top_ids"].ndim == 2 else 20
+    return token_table(tokens, k)
 
 
 def _scrubbed(texts: list, scrub) -> list:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..cli import done, make_parser
 from .common import RunError, _tmp_name
-from .sidecar import decode, read_prompt_pieces, sidecar_format, token_table, write_table
+from .sidecar import decode, read_prompt_pieces, sidecar_format, table_of_arrays, write_table
 from .writer import RunDir
 
 __all__ = ["upgrade_run", "Upgrade"]
@@ -49,13 +49,8 @@ def _same(a: dict, b: dict) -> bool:
 def upgrade_file(path: Path) -> int:
     """Rewrite one sidecar as format 3; its new size in bytes."""
     arrays = decode(path)
-    calls = arrays["call"]
-    order = np.unique(calls)
-    tokens = {int(c): {name: a[calls == c] for name, a in arrays.items() if name not in ("call", "pos")}
-              for c in order}
-    k = arrays["top_ids"].shape[1] if "top_ids" in arrays and arrays["top_ids"].ndim == 2 else 20
     fingerprint, pieces = read_prompt_pieces(path)
-    data = write_table(token_table(tokens, k), (fingerprint, pieces) if pieces else None)
+    data = write_table(table_of_arrays(arrays), (fingerprint, pieces) if pieces else None)
     tmp = _tmp_name(path)
     tmp.write_bytes(data)
     try:
