@@ -15,7 +15,7 @@ import numpy as np
 
 from ..benchmarks import resolve_benchmark
 from ..cli import HelpFormatter, done, make_parser
-from .common import RunError, inside
+from .common import RunError, inside, token_key
 from .index import summary_of
 from .shards import shard_units
 from .sidecar import read_parquet, read_prompt_pieces
@@ -243,7 +243,11 @@ def check_run(path, *, deep: bool = True, repair: bool = False) -> CheckReport:
     good, torn_raw = _read_lines(rd, rep)
     latest = _count_units(rd, header, rep, good)
     if (rd.path / "inflight").is_dir():
-        rep.in_flight = sum(1 for d in (rd.path / "inflight").iterdir() if d.is_dir() and not d.name.startswith("."))
+        # a unit whose final line is written is not in flight (a kill between the line and the journal's
+        # removal leaves its journal; the rerun prunes it); a line that ended in error or timeout runs again
+        done = {token_key(s, t) for (s, t), ln in latest.items() if ln.get("status") not in ("error", "timeout")}
+        rep.in_flight = sum(1 for d in (rd.path / "inflight").iterdir()
+                            if d.is_dir() and not d.name.startswith(".") and d.name not in done)
     for d in (rd.path, rd.path / "tokens", rd.path / "images"):
         if d.is_dir():
             rep.temp_files += [str(p.relative_to(rd.path)) for p in d.iterdir() if ".tmp" in p.name]
