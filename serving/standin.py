@@ -70,7 +70,15 @@ class _Standin:
         from transformers import AutoTokenizer
 
         self.tok = AutoTokenizer.from_pretrained(server_args.tokenizer_path or server_args.model_path)
-        self.engine = _ModelEngine(server_args.model_path) if self.mode == "model" else _ScriptedEngine(self.tok)
+        self.engines = {}
+        if self.mode in ("model", "both"):
+            self.engines["model"] = _ModelEngine(server_args.model_path)
+        if self.mode in ("scripted", "both"):
+            self.engines["scripted"] = _ScriptedEngine(self.tok)
+        # a test switch (ours): with --mode both, each request is served by the engine the file
+        # MMCF_STANDIN_MODE_FILE names (scripted when absent), so one front end serves the suite's tests of both
+        # kinds (each SGLang front end costs ~40 s of CPU to start)
+        self.mode_file = os.environ.get("MMCF_STANDIN_MODE_FILE")
         self.aborted: set = set()
         self.queue: list = []  # generation requests in arrival order (served one at a time: no batching)
         self.abort_all = False
@@ -79,6 +87,18 @@ class _Standin:
         # cache reusing another request's state: the fault probes/fidelity.py exists to catch)
         self.leak_file = os.environ.get("MMCF_STANDIN_LEAK_FILE")
         self.seen: set = set()
+
+    def _mode(self) -> str:
+        if self.mode != "both":
+            return self.mode
+        try:
+            want = open(self.mode_file).read().strip() if self.mode_file else ""
+        except OSError:
+            want = ""
+        return want if want in self.engines else "scripted"
+
+    def _engine(self):
+        return self.engines[self._mode()]
 
     def _leak(self) -> float:
         if not self.leak_file:
@@ -139,7 +159,7 @@ class _Standin:
         name = type(r).__name__
         if name == "GetInternalStateReq":
             io.sock_send(self.to_tokenizer, io.GetInternalStateReqOutput(
-                internal_state={"standin_scheduler": True, "mode": self.mode, "last_gen_throughput": 0.0,
+                internal_state={"standin_scheduler": True, "mode": self._mode(), "last_gen_throughput": 0.0,
                                 "memory_usage": {}, "avg_spec_accept_length": None}))
         elif name == "GetLoadReqInput":
             io.sock_send(self.to_tokenizer, io.GetLoadReqOutput(dp_rank=0, num_reqs=0, num_waiting_reqs=0,
@@ -167,7 +187,7 @@ class _Standin:
             return self._finish_error(req, f"req.logprob_start_len={start} is higher than the number of input tokens "
                                            f"len(req.origin_input_ids)={len(ids)}. Please use a smaller logprob_start_len.")
         stops = set(sp.stop_token_ids or ()) | set(_eos_ids(self.tok))
-        gen = self.engine.start(ids, req.mm_inputs, sp, k, want_input=req.return_logprob and start < len(ids),
+        gen = self._engine().start(ids, req.mm_inputs, sp, k, want_input=req.return_logprob and start < len(ids),
                                 input_from=start)
         leak = self._leak() if gen.input_logprobs is not None else 0.0
         if leak:
@@ -286,7 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--served-model-name", default=None)
     ap.add_argument("--nccl-port", type=int, help="the NCCL / dist-init port SGLang reserves (the launcher gives each "
                                                   "server its own)")
-    ap.add_argument("--mode", choices=("model", "scripted"), default="model")
+    ap.add_argument("--mode", choices=("model", "scripted", "both"), default="model",
+                    help="both: either engine per request, as the file MMCF_STANDIN_MODE_FILE names (a test switch)")
     ap.add_argument("--context-length", type=int,
                     help="override the model's context length (the tiny model's is 32,768; a paper-shaped prompt with "
                          "photos, in the tiny tokenizer's ~3x tokens, is longer); sets "

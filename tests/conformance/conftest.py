@@ -64,7 +64,8 @@ def sglang():
 # ------------------------------------------------------------------ SGLang's real front end (serving/standin.py)
 class RealSGLang:
     """SGLang's own HTTP server, TokenizerManager and DetokenizerManager on 127.0.0.1, with our scheduler
-    stand-in (``python -m serving.standin``); ``mode`` is ``scripted`` (the agents' policy) or ``model``."""
+    stand-in (``python -m serving.standin``); ``mode`` is ``scripted`` (the agents' policy), ``model``, or ``both``
+    (either, as :meth:`use` chose)."""
 
     def __init__(self, site: Path, model_dir: Path, mode: str, log: Path):
         import socket
@@ -78,11 +79,13 @@ class RealSGLang:
         self.model_dir, self.log = model_dir, log
         # write a number here to make the stand-in leak cached state into repeated scorings (serving/standin.py)
         self.leak_file = log.with_suffix(".leak")
+        # with mode "both", the engine that serves the next requests: see use()
+        self.mode_file = log.with_suffix(".mode")
         env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{site}", "PYTHONWARNINGS": "ignore",
-               "MMCF_STANDIN_LEAK_FILE": str(self.leak_file)}
+               "MMCF_STANDIN_LEAK_FILE": str(self.leak_file), "MMCF_STANDIN_MODE_FILE": str(self.mode_file)}
         cmd = [sys.executable, "-m", "serving.standin", "--model-path", str(model_dir), "--port", str(self.port),
                "--mode", mode, "--served-model-name", "tiny-qwen35"]
-        if mode == "scripted":
+        if mode in ("scripted", "both"):
             cmd += ["--policy", "scripts.soak:agent_policy"]
         self.p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
                                   start_new_session=True)
@@ -97,6 +100,11 @@ class RealSGLang:
                 time.sleep(0.5)
         self.close()
         raise RuntimeError(f"SGLang's front end did not answer within 600 s; log:\n{self.tail()}")
+
+    def use(self, engine: str) -> "RealSGLang":
+        """Serve the next requests with ``engine`` (``scripted`` or ``model``; a server started in mode ``both``)."""
+        self.mode_file.write_text(engine)
+        return self
 
     def tail(self, n: int = 4000) -> str:
         try:
@@ -137,16 +145,21 @@ def _front_end(tmp_path_factory, tiny_model_dir, mode):
 
 
 @pytest.fixture(scope="session")
-def real_sglang(tmp_path_factory, tiny_model_dir):
+def _real_sglang_both(tmp_path_factory, tiny_model_dir):
+    """One SGLang front end for the session, its stand-in scheduler holding both engines (each start costs ~40 s
+    of CPU); the fixtures below choose which engine serves their test."""
+    srv = _front_end(tmp_path_factory, tiny_model_dir, "both")
+    yield srv
+    srv.close()
+
+
+@pytest.fixture
+def real_sglang(_real_sglang_both):
     """Scripted stand-in: the agents act (scripts/soak.py's policy), the reasoning split is exercised."""
-    srv = _front_end(tmp_path_factory, tiny_model_dir, "scripted")
-    yield srv
-    srv.close()
+    return _real_sglang_both.use("scripted")
 
 
-@pytest.fixture(scope="session")
-def real_sglang_model(tmp_path_factory, tiny_model_dir):
+@pytest.fixture
+def real_sglang_model(_real_sglang_both):
     """Model stand-in: every token and logprob from the embedded tiny Qwen3.5 (images change the distribution)."""
-    srv = _front_end(tmp_path_factory, tiny_model_dir, "model")
-    yield srv
-    srv.close()
+    return _real_sglang_both.use("model")
