@@ -84,3 +84,29 @@ def test_latest_line_per_unit_wins(run_dir):
         f.write(json.dumps(redo) + "\n")
     latest = RunDir(run_dir).latest()
     assert latest[(redo["sample_id"], redo["trial"])]["status"] == "no_answer" and len(latest) == 6
+
+
+def test_a_projecting_reader_keeps_what_it_asks_for_and_reads_whole_lines_on_access(run_dir, capsys):
+    """``load_run(path, project=f)``: each summary is cut to f's fields (plus the unit's key and position) as the
+    index is read, from the index or from results.jsonl alike; whole lines still read, changed lines still left out,
+    and the index file is never rewritten by such a reader."""
+    from agent.show.data import run_summary, view_fields
+
+    truth = _truth(run_dir)
+    full = load_run(run_dir)
+    run = load_run(run_dir, project=view_fields)
+    want = set(view_fields(full.index[0])) | {"sample_id", "trial", "_o", "_n", "_h"}
+    assert all(set(e) == want for e in run.index) and len(run.index) == len(truth)
+    assert run.full(run.index[3])["events"] == truth[3]["events"]
+    assert run_summary(run) == run_summary(full)  # the viewer's numbers from the projection
+    (run_dir / "results.index.jsonl").unlink()  # scanned from results.jsonl: projected the same, nothing written
+    assert load_run(run_dir, project=view_fields).index == run.index
+    assert not (run_dir / "results.index.jsonl").exists()
+    load_run(run_dir)  # a full reader rebuilds it
+    data = bytearray((run_dir / "results.jsonl").read_bytes())
+    at = data.index(b'"answer"', full.index[1]["_o"])
+    data[at + 1] = ord("A")  # damaged in place, same length
+    (run_dir / "results.jsonl").write_bytes(bytes(data))
+    got = load_run(run_dir, project=view_fields)
+    assert [e["sample_id"] for e in got.index] == [e["sample_id"] for e in run.index if e["_o"] != full.index[1]["_o"]]
+    assert "changed since they were written" in capsys.readouterr().err

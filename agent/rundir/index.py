@@ -9,7 +9,7 @@ import json
 import os
 import sys
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..http import dumps, dumps_record, loads
@@ -27,8 +27,13 @@ class RunIndex:
     # parsing them; the lines themselves are read one at a time when something needs them. The index is a
     # cache: the writer appends to it, and a reader checks it against results.jsonl and parses whatever it
     # does not cover (an older run, a crash between the two writes), rebuilding it when that is much.
-    def index(self, *, warn: bool = True, verify: bool = True) -> list[dict]:
+    def index(self, *, warn: bool = True, verify: bool = True, project: Projection | None = None) -> list[dict]:
         """Summaries of every parseable line of results.jsonl in file order (with private ``_o``/``_n``/``_h``).
+
+        ``project``: keep only what a reader needs of each summary (a function of the summary; the line's key and
+        position are always kept), applied as each entry is read, so a reader of thousands of lines holds a few
+        hundred bytes a line rather than its summary (~20 KB in memory for a 10-call line). A projecting reader
+        never rewrites the index (a cache, rebuilt by the next full reader).
 
         ``verify``: each entry's checksum (``_h``, CRC-32 of its line's bytes) is checked against the file, so
         a line damaged in place (same inode, same length: a disk error) is parsed again — and, if it no longer
@@ -38,7 +43,7 @@ class RunIndex:
             return []
         st = os.stat(self.results)
         size, ino = st.st_size, st.st_ino
-        entries = self._read_index(size, ino)
+        entries = self._read_index(size, ino, project)
         changed: list[dict] = []
         with open(self.results, "rb") as f:
             if entries and not _entries_fit(f, entries):
@@ -49,7 +54,7 @@ class RunIndex:
             for e in sorted(entries + changed, key=lambda x: x["_o"]) + [None]:
                 end = e["_o"] if e is not None else size
                 if end > pos:  # bytes no entry covers: parse the lines there
-                    got, n = _scan(f, pos, end, self.results, warn)
+                    got, n = _scan(f, pos, end, self.results, warn, project)
                     out += got
                     scanned += n
                 if e is not None:
@@ -62,7 +67,7 @@ class RunIndex:
                   f"in place), first {changed[0].get('sample_id')} trial {changed[0].get('trial')} at byte "
                   f"{changed[0]['_o']}: left out (their units rerun on resume); python -m agent.rundir check "
                   f"{self.path} lists them", file=sys.stderr)
-        if scanned > (1 << 20) or (not entries and out):  # the changed lines' entries are kept: still refused next time
+        if project is None and (scanned > (1 << 20) or (not entries and out)):  # changed lines' entries kept: refused next time
             self._write_index(sorted(out + changed, key=lambda x: x["_o"]), ino)
         return out
 
@@ -70,28 +75,27 @@ class RunIndex:
     def index_path(self) -> Path:
         return self.path / "results.index.jsonl"
 
-    def _read_index(self, size: int, ino: int) -> list[dict]:
+    def _read_index(self, size: int, ino: int, project: Projection | None = None) -> list[dict]:
+        out = []
         try:
-            raw = self.index_path.read_bytes()
+            with open(self.index_path, "rb") as f:  # entry by entry: the file is ~4 KB a 10-call line
+                try:
+                    head = json.loads(f.readline())
+                    if head.get("index") != 1 or head.get("ino") != ino:
+                        return []
+                except ValueError:
+                    return []
+                for raw_e in f:
+                    if not raw_e.strip():
+                        continue
+                    try:
+                        e = json.loads(raw_e)
+                    except ValueError:
+                        continue  # a torn index entry: its line is parsed from results.jsonl instead
+                    if isinstance(e, dict) and isinstance(e.get("_o"), int) and e["_o"] + e.get("_n", 0) <= size:
+                        out.append(_projected(e, project))
         except OSError:
             return []
-        lines = raw.split(b"\n")
-        try:
-            head = json.loads(lines[0])
-            if head.get("index") != 1 or head.get("ino") != ino:
-                return []
-        except ValueError:
-            return []
-        out = []
-        for raw_e in lines[1:]:
-            if not raw_e.strip():
-                continue
-            try:
-                e = json.loads(raw_e)
-            except ValueError:
-                continue  # a torn index entry: its line is parsed from results.jsonl instead
-            if isinstance(e, dict) and isinstance(e.get("_o"), int) and e["_o"] + e.get("_n", 0) <= size:
-                out.append(e)
         out.sort(key=lambda e: e["_o"])
         # overlapping entries mean the index is stale: start again
         if any(a["_o"] + a["_n"] > b["_o"] for a, b in zip(out, out[1:])):
@@ -117,6 +121,16 @@ class RunIndex:
 
 
 SUMMARY_DROP = ("events", "messages")
+#: a reader's projection of a line's summary (see :meth:`RunIndex.index`)
+Projection = Callable[[dict], dict]
+#: what every projected entry keeps: the unit's key and where its line is
+KEEP = ("sample_id", "trial", "_o", "_n", "_h")
+
+
+def _projected(e: dict, project: Projection | None) -> dict:
+    if project is None:
+        return e
+    return {**project(e), **{k: e[k] for k in KEEP if k in e}}
 
 
 def summary_of(line: dict) -> dict:
@@ -152,7 +166,7 @@ def _entries_intact(f, entries: list[dict]) -> tuple[list[dict], list[dict]]:
     return out, changed
 
 
-def _scan(f, start: int, end: int, path, warn: bool) -> tuple[list[dict], int]:
+def _scan(f, start: int, end: int, path, warn: bool, project: Projection | None = None) -> tuple[list[dict], int]:
     """Parse the lines in bytes [start, end) of results.jsonl: (their summaries, bytes scanned)."""
 
     f.seek(start)
@@ -173,7 +187,7 @@ def _scan(f, start: int, end: int, path, warn: bool) -> tuple[list[dict], int]:
                 print(f"warning: {path}: torn or malformed line at byte {o} ignored "
                       f"(its sample will be rerun on resume)", file=sys.stderr)
             continue
-        out.append({**summary_of(line), "_o": o, "_n": len(raw), "_h": zlib.crc32(raw)})
+        out.append(_projected({**summary_of(line), "_o": o, "_n": len(raw), "_h": zlib.crc32(raw)}, project))
     return out, pos - start
 
 

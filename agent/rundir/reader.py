@@ -124,9 +124,11 @@ class Run:
         return None if p is None else inside(self.path / "images", p.name, f"{self.path / 'images'}")
 
 
-def load_run(path) -> Run:
+def load_run(path, project=None) -> Run:
+    """The run at ``path``; ``project``: keep only that of each line's summary in ``run.index`` (a function of the
+    summary: see :meth:`agent.rundir.index.RunIndex.index`), for readers of thousands of lines."""
     rd = RunDir(path)
     header = rd.read_header()
-    run = Run(rd.path, header, list(rd.latest().values()))  # summaries; whole lines are read on access
+    run = Run(rd.path, header, list(rd.latest(project).values()))  # summaries; whole lines are read on access
     run.changed = list(rd.changed)  # lines left out: changed since they were written (warned by the index)
     return run

@@ -153,11 +153,11 @@ class RunDir(RunIndex):
                               f"(its sample will be rerun on resume)", file=sys.stderr)
         return out
 
-    def latest(self) -> dict[tuple[str, int], dict]:
+    def latest(self, project=None) -> dict[tuple[str, int], dict]:
         """The last line of each (sample, trial), as its summary (the line without ``events`` and ``messages``;
-        :meth:`Run.full` reads the whole line)."""
+        :meth:`Run.full` reads the whole line), or what ``project`` keeps of it (:meth:`RunIndex.index`)."""
         out = {}
-        for line in self.index():
+        for line in self.index(project=project):
             out[(line["sample_id"], int(line["trial"]))] = line
         return out
 

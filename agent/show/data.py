@@ -86,6 +86,26 @@ def _removal_outcomes(run: Run) -> dict:
     return out
 
 
+def view_fields(summary: dict) -> dict:
+    """What the HTML viewer keeps of a line's summary (``load_run(path, project=view_fields)``): its row in the list
+    and its counts for :func:`run_summary`, a few hundred bytes a trajectory, so the writer's memory does not grow
+    with the run's calls (the whole line is read again, one at a time, for its page)."""
+    n, prompt, completion = _call_counts(summary)
+    return {"status": summary.get("status"), "benchmark": summary.get("benchmark"),
+            "paper_category": summary.get("paper_category"), "n_calls": summary.get("n_calls"),
+            "n_tool_calls": summary.get("n_tool_calls"), "answer": short(summary.get("answer"), 80),
+            "gold": short(summary.get("gold"), 80), "counts": [n, prompt, completion]}
+
+
+def _call_counts(ln: dict) -> tuple[int, int, int]:
+    """(LLM calls, prompt tokens, completion tokens) of a line (its summary, or what :func:`view_fields` kept)."""
+    if "counts" in ln:
+        return tuple(ln["counts"])
+    calls = ln.get("calls") or []
+    return (len(calls), sum(int(c.get("prompt_tokens") or 0) for c in calls),
+            sum(int(c.get("completion_tokens") or 0) for c in calls))
+
+
 def run_summary(run: Run) -> dict:
     """The landing pane's numbers: statuses, accuracy per judge, calls and tokens, and which probes ran."""
 
@@ -104,7 +124,8 @@ def run_summary(run: Run) -> dict:
         n = len(grades)
         judges[label] = {"graded": n, "correct": sum(g == "CORRECT" for g in grades.values()),
                          "accuracy": round(100.0 * sum(g == "CORRECT" for g in grades.values()) / n, 1) if n else None}
-    calls = [c for ln in idx for c in ln.get("calls") or []]
+    counts = [_call_counts(ln) for ln in idx]
+    n_calls, prompt, completion = (sum(c[i] for c in counts) for i in range(3))
     probes = {}
     pd_ = run.path / "probes"
     for d in sorted(pd_.iterdir()) if pd_.is_dir() else []:
@@ -120,10 +141,9 @@ def run_summary(run: Run) -> dict:
             probes[d.name] = "present"
     if (run.header.get("image_release") or {}).get("policy"):
         probes["adaptive image release"] = "online (release_probe events in each trajectory)"
-    return {"trajectories": len(idx), "statuses": dict(statuses), "judges": judges, "llm_calls": len(calls),
-            "mean_calls": round(len(calls) / len(idx), 2) if idx else None,
-            "prompt_tokens": sum(int(c.get("prompt_tokens") or 0) for c in calls),
-            "completion_tokens": sum(int(c.get("completion_tokens") or 0) for c in calls),
+    return {"trajectories": len(idx), "statuses": dict(statuses), "judges": judges, "llm_calls": n_calls,
+            "mean_calls": round(n_calls / len(idx), 2) if idx else None,
+            "prompt_tokens": prompt, "completion_tokens": completion,
             "tool_calls": sum(int(ln.get("n_tool_calls") or 0) for ln in idx), "probes": probes,
             "method": run.header.get("label"), "trials": run.header.get("trials")}
 

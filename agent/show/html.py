@@ -31,7 +31,7 @@ __all__ = ["build_html", "files_dir", "LIST_CHUNK", "INDEX_ROWS", "AUTO_TOKENS",
 #: Images larger than this (pixels on the longer side) are embedded downscaled (JPEG, quality 85; ours): a 322 KB
 #: photo is ~430 KB of base64 in the page, its 768-pixel copy ~60 KB; the originals stay in RUN/images/.
 EMBED_PX = 768
-from .data import _grades, _grounding_labels, _probe_steps, _removal_outcomes, run_summary, short
+from .data import _grades, _grounding_labels, _probe_steps, _removal_outcomes, run_summary, short, view_fields
 
 #: The page's HTML, style and script; ``__TITLE__`` and the data placeholders are filled per page.
 PAGE_TEMPLATE = (Path(__file__).parent / "page.html").read_text(encoding="utf-8")
@@ -215,7 +215,7 @@ def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[
     all when at most :data:`AUTO_TOKENS` trajectories are written, else none (the page says so)."""
     if tokens not in ("auto", "all", "none"):
         raise ValueError(f"tokens must be auto, all or none, not {tokens!r}")
-    run = load_run(run_dir)
+    run = load_run(run_dir, project=view_fields)  # a few hundred bytes a trajectory; each line read for its page
     grades, judge = _grades(run)
     dH, mode = _probe_steps(run)
     tf_dir = run.path / "probes" / "entropy-teacher-forced" / "tokens"
