@@ -1,6 +1,6 @@
 """The viewer at two scales: page sizes and the writer's peak memory as the run grows.
 
-    python scripts/bench_viewer.py [--scales 100,1000] [--calls 10] [--tokens 300]
+    python scripts/bench_viewer.py [--scales 100,1000] [--calls 10] [--tokens 300] [--heap]
 
 Writes a paper-shaped run per scale (scripts/bench_data.py, through the toolkit's writer; a distinct photo-sized
 query image per trajectory), then ``python -m agent.show RUN --html`` on it as one process, and reports the
@@ -23,17 +23,27 @@ WRITE = ("import sys; sys.path[:0] = ['.', 'scripts']; from pathlib import Path;
          "calls=int(sys.argv[3]), tokens=int(sys.argv[4]), progress=False, distinct_images=True)")
 
 
-def measure(run: Path, out: Path) -> dict:
-    p = subprocess.Popen([sys.executable, "-m", "agent.show", str(run), "--html", str(out), "--tokens", "all"],
+# --heap: the same command under tracemalloc, its peak of live Python objects written to stderr at exit (the RSS
+# also holds what the allocators keep for reuse; ~3x slower)
+HEAP = ("import runpy, sys, tracemalloc; tracemalloc.start(); sys.argv = ['agent.show', *sys.argv[1:]]\n"
+        "try:\n    runpy.run_module('agent.show', run_name='__main__')\n"
+        "finally:\n    print(f'HEAP {tracemalloc.get_traced_memory()[1]}', file=sys.stderr)")
+
+
+def measure(run: Path, out: Path, heap: bool = False) -> dict:
+    cmd = ["-c", HEAP] if heap else ["-m", "agent.show"]
+    p = subprocess.Popen([sys.executable, *cmd, str(run), "--html", str(out), "--tokens", "all"],
                          cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, ru = os.wait4(p.pid, 0)
+    err = p.stderr.read().decode()
     if os.waitstatus_to_exitcode(status):
-        raise SystemExit(f"agent.show failed on {run}: {p.stderr.read().decode()[-2000:]}")
+        raise SystemExit(f"agent.show failed on {run}: {err[-2000:]}")
+    heap_bytes = [int(x.split()[1]) for x in err.splitlines() if x.startswith("HEAP ")]
     files = list((out.parent / f"{out.stem}_files").iterdir())
     pages = [f.stat().st_size for f in files if f.suffix == ".html"]
     return {"index": out.stat().st_size, "largest": max(pages), "total": out.stat().st_size + sum(f.stat().st_size
                                                                                                   for f in files),
-            "rss": ru.ru_maxrss / 1024}
+            "rss": ru.ru_maxrss / 1024, "heap": heap_bytes[-1] / 1e6 if heap_bytes else None}
 
 
 def main() -> int:
@@ -41,6 +51,7 @@ def main() -> int:
     ap.add_argument("--scales", default="100,1000")
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--tokens", type=int, default=300)
+    ap.add_argument("--heap", action="store_true", help="also measure the peak of live Python objects (tracemalloc)")
     a = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -48,13 +59,16 @@ def main() -> int:
             run = Path(tmp) / f"run{n}"
             subprocess.run([sys.executable, "-c", WRITE, str(run), str(n), str(a.calls), str(a.tokens)], cwd=REPO,
                            check=True)
-            rows.append((n, measure(run, Path(tmp) / f"view{n}" / "run.html")))
+            m = measure(run, Path(tmp) / f"view{n}" / "run.html")
+            if a.heap:
+                m["heap"] = measure(run, Path(tmp) / f"heap{n}" / "run.html", heap=True)["heap"]
+            rows.append((n, m))
     print(f"| trajectories ({a.calls} calls of ~{a.tokens} tokens) | index page | largest trajectory page | "
-          "all files | writer's peak RSS |")
-    print("|---|---|---|---|---|")
+          "all files | writer's peak RSS |" + (" peak of live Python objects |" if a.heap else ""))
+    print("|---|---|---|---|---|" + ("---|" if a.heap else ""))
     for n, m in rows:
         print(f"| {n:,} | {m['index'] / 1e3:.1f} KB | {m['largest'] / 1e3:.1f} KB | {m['total'] / 1e6:.1f} MB | "
-              f"{m['rss']:.0f} MB |")
+              f"{m['rss']:.0f} MB |" + (f" {m['heap']:.1f} MB |" if a.heap else ""))
     return 0
 
 

@@ -75,8 +75,12 @@ def test_probe_outputs_read_from_the_run_or_the_probe_dir(tmp_path, judged):
     assert not isinstance(e.value, frames.NoProbeOutput)
 
 
-def test_export_opens_in_pyarrow_pandas_and_duckdb_without_the_toolkit(tmp_path, judged, capsys):
-    duckdb = pytest.importorskip("duckdb")
+def test_export_opens_in_pyarrow_pandas_duckdb_polars_and_datasets_without_the_toolkit(tmp_path, judged, capsys,
+                                                                                       monkeypatch):
+    import datasets
+    import duckdb
+    import polars as pl
+
     out, _ = judged
     exp = tmp_path / "exp"
     assert export_main([str(out), str(exp)]) == 0
@@ -98,6 +102,19 @@ def test_export_opens_in_pyarrow_pandas_and_duckdb_without_the_toolkit(tmp_path,
     assert n == tok.num_rows and k == max(int((r >= 0).sum()) for r in arr["top_ids"])
     acc = con.execute(f"select avg(correct::int) from '{exp}/grades.parquet'").fetchone()[0]
     assert acc == pytest.approx(frames.grades(out).correct.mean())
+    # polars: the lists as lists of their types; Hugging Face datasets: each table by the card's configuration name
+    ptok = pl.read_parquet(exp / "tokens.parquet")
+    assert ptok.height == tok.num_rows and ptok.schema["top_ids"] == pl.List(pl.Int32)
+    assert ptok.schema["top_logprobs"] == pl.List(pl.Float32) and ptok.schema["logprob"] == pl.Float32
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for name, frame in (("results", res), ("tokens", ptok), ("grades", frames.grades(out))):
+        ds = datasets.load_dataset(str(exp), name, cache_dir=str(tmp_path / "hf"))["train"]
+        assert ds.num_rows == len(frame), name
+    row = datasets.load_dataset(str(exp), "tokens", cache_dir=str(tmp_path / "hf"))["train"][0]
+    want = tok.slice(0, 1).to_pylist()[0]  # the file's first row, as pyarrow reads it
+    assert row["top_ids"] == want["top_ids"] and len(row["top_ids"]) > 1
+    assert np.float32(row["logprob"]) == np.float32(want["logprob"]) and row["sample_id"] == want["sample_id"]
     card = (exp / "README.md").read_text()
     assert card.startswith("---\nconfigs:\n- config_name: results") and '"protocol": "paper"' in card
     assert json.dumps("scripted-demo") in card
