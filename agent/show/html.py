@@ -240,39 +240,41 @@ def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[
             "n_lines": len(run.index), "shown": len(lines), "tokens": with_tokens, "options": options,
             "index": out_path.name, "files": fdir.name, "chunks": -(-len(lines) // LIST_CHUNK), "per_page": INDEX_ROWS}
     title = html.escape(f"{h.get('label')} — {run.path.name}")
-    written, sizes, n_images, missing, chunk = set(), [], 0, [], []
+    # the list's rows (a few hundred bytes each) are made before the pages, and only counters outlive a
+    # trajectory: small objects kept across a trajectory's churn would pin the allocator's arenas, and the
+    # writer's memory would grow with the run although nothing else is held
+    rows = [_row(ln, grades) for ln in lines]
+    total, largest, n_images, missing = 0, 0, 0, []
     for i, ln in enumerate(lines):  # one trajectory's details and images in memory at a time
-        row = _row(ln, grades)
+        row = rows[i]
         images: dict = {}
         blob = json.dumps(_sample_detail(run, run.full(ln), images, missing, dH, tf_dir, with_tokens, grounding,
                                          removal), ensure_ascii=False, default=str, separators=(",", ":"))
-        near = {"prev": _row(lines[i - 1], grades)["file"] if i else None,
-                "next": _row(lines[i + 1], grades)["file"] if i + 1 < len(lines) else None}
+        near = {"prev": rows[i - 1]["file"] if i else None, "next": rows[i + 1]["file"] if i + 1 < len(rows) else None}
         page = _page({"__TITLE__": f"{html.escape(row['id'])} trial {row['trial']} — {title}",
                       "__META__": _js({**meta, "mode": "trajectory", "key": row["key"], **near}),
                       "__SAMPLES__": _js([row]),
                       "__DETAILS__": _js({row["key"]: base64.b64encode(gzip.compress(blob.encode(), 6)).decode()}),
                       "__IMAGES__": _js({k: v for k, v in images.items() if v})})
         (fdir / row["file"]).write_text(page, encoding="utf-8")
-        written.add(row["file"])
-        sizes.append(len(page.encode()))
+        size = len(page.encode())
+        total, largest = total + size, max(largest, size)
         n_images += sum(1 for v in images.values() if v)
-        chunk.append(row)
-        if len(chunk) == LIST_CHUNK or i == len(lines) - 1:
+        if (i + 1) % LIST_CHUNK == 0 or i == len(lines) - 1:
             name = f"list-{i // LIST_CHUNK}.js"
-            (fdir / name).write_text(redact(f"MMCF_LIST({_js(chunk)});\n"), encoding="utf-8")
-            written.add(name)
-            chunk = []
+            (fdir / name).write_text(redact(f"MMCF_LIST({_js(rows[i // LIST_CHUNK * LIST_CHUNK: i + 1])});\n"),
+                                     encoding="utf-8")
     index = _page({"__TITLE__": title, "__META__": _js({**meta, "mode": "index", "summary": run_summary(run)}),
                    "__SAMPLES__": "[]", "__DETAILS__": "{}", "__IMAGES__": "{}"})
     out_path.write_text(index, encoding="utf-8")
+    written = {r["file"] for r in rows} | {f"list-{j}.js" for j in range(meta["chunks"])}
     for stale in fdir.iterdir():  # pages of an earlier write of more trajectories
         if stale.name not in written and (stale.suffix == ".html" or re.fullmatch(r"list-\d+\.js", stale.name)):
             stale.unlink()
-    total = len(index.encode()) + sum(sizes) + sum((fdir / f"list-{j}.js").stat().st_size for j in range(meta["chunks"]))
+    total += len(index.encode()) + sum((fdir / f"list-{j}.js").stat().st_size for j in range(meta["chunks"]))
     return {"path": str(out_path), "files": str(fdir), "bytes": total, "samples": len(lines), "images": n_images,
             "missing_images": sorted(set(missing)), "tokens": with_tokens, "index_bytes": len(index.encode()),
-            "largest_page_bytes": max(sizes, default=0)}
+            "largest_page_bytes": largest}
 
 
 _PLACEHOLDER = re.compile(r"__(?:TITLE|META|SAMPLES|DETAILS|IMAGES)__")
