@@ -32,9 +32,8 @@ def main(argv=None) -> int:
                          f"{AUTO_TOKENS} trajectories are written; they dominate the page's size)")
     a = ap.parse_args(argv)
     try:
-        run = load_run(a.run_dir)
-        if a.html:
-            info = build_html(run.path, a.html, limit=a.limit, sample_ids=[a.sample_id] if a.sample_id else None,
+        if a.html:  # reads the run itself, keeping a few hundred bytes a trajectory of its index
+            info = build_html(a.run_dir, a.html, limit=a.limit, sample_ids=[a.sample_id] if a.sample_id else None,
                               tokens=a.tokens)
             print(f"{info['samples']} trajectories, {info['images']} images, {info['bytes'] / 1e6:.1f} MB: the index "
                   f"{info['index_bytes'] / 1e3:.0f} KB, one page per trajectory in {info['files']} (largest "
@@ -42,9 +41,10 @@ def main(argv=None) -> int:
                   + ("" if info["tokens"] else "; think tokens not embedded (--tokens all, or fewer trajectories "
                      "with --limit / a SAMPLE_ID, colours them)"))
             if info["missing_images"]:
-                print(f"warning: {len(info['missing_images'])} images are not stored in {run.path}/images", file=sys.stderr)
+                print(f"warning: {len(info['missing_images'])} images are not stored in {a.run_dir}/images", file=sys.stderr)
             done([info["path"]], f"open it in a browser (file://{Path(info['path']).resolve()})")
             return 0
+        run = load_run(a.run_dir)
         if not a.sample_id:
             df = sample_table(run)
             if df.empty:
