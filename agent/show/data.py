@@ -94,13 +94,13 @@ def view_fields(summary: dict) -> dict:
     return {"status": summary.get("status"), "benchmark": summary.get("benchmark"),
             "paper_category": summary.get("paper_category"), "n_calls": summary.get("n_calls"),
             "n_tool_calls": summary.get("n_tool_calls"), "answer": short(summary.get("answer"), 80),
-            "gold": short(summary.get("gold"), 80), "counts": [n, prompt, completion]}
+            "gold": short(summary.get("gold"), 80), "_counts": [n, prompt, completion]}
 
 
 def _call_counts(ln: dict) -> tuple[int, int, int]:
     """(LLM calls, prompt tokens, completion tokens) of a line (its summary, or what :func:`view_fields` kept)."""
-    if "counts" in ln:
-        return tuple(ln["counts"])
+    if "_counts" in ln:  # private, like the index's own _o/_n/_h: never a field of a result line
+        return tuple(ln["_counts"])
     calls = ln.get("calls") or []
     return (len(calls), sum(int(c.get("prompt_tokens") or 0) for c in calls),
             sum(int(c.get("completion_tokens") or 0) for c in calls))
