@@ -5,7 +5,7 @@
 #    and Debian's chromium for the viewer's browser test, where the system package manager can install it;
 # 2. the code's shape: ruff (pyflakes, import order, imports at the top, function size) and import-linter (the
 #    layers of docs/architecture.md);
-# 3. the suite on two workers (pytest-xdist), ending with the list of skipped tests and why (-rs).
+# 3. the suite on four workers (pytest-xdist), ending with the list of skipped tests and why (-rs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
@@ -28,6 +28,10 @@ fi
 .venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache
 export MMCF_TINY_MODEL_DIR=${MMCF_TINY_MODEL_DIR:-$PWD/.cache/tiny-qwen35}
 .venv/bin/python -c "import os; from agent.backends.tiny_model import ensure_tiny_model as e; e(os.environ['MMCF_TINY_MODEL_DIR'])"
-# two workers (CI has 2 cores; many tests wait on servers they started); a module's tests stay on one worker,
-# so each module- and session-scoped server starts once. MMCF_TEST_WORKERS=0 runs in one process.
-exec .venv/bin/python -m pytest -q -rs -n "${MMCF_TEST_WORKERS:-2}" --dist loadscope "$@"
+# the suite starts ~200 Python processes of the toolkit's commands: compile the code once rather than in each
+# (where PYTHONDONTWRITEBYTECODE is set, no process writes what it compiled)
+.venv/bin/python -m compileall -q -j 0 agent probes analysis serving figures scripts tests/fakes >/dev/null
+# four workers on CI's two cores: most tests wait on servers and commands they started. Tests that share an
+# expensive fixture stay on one worker and the slow ones go first (tests/conftest.py says how).
+# MMCF_TEST_WORKERS=0 runs in one process.
+exec .venv/bin/python -m pytest -q -rs -n "${MMCF_TEST_WORKERS:-4}" "$@"

@@ -5,9 +5,60 @@ import os
 from pathlib import Path
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("MMCF_SHARED_DIR", REPO.parent / "shared"))
+
+
+# ------------------------------------------------------------------ how the suite is spread over workers
+# Most tests wait on processes they started (servers, commands), so scripts/test.sh runs more workers than cores.
+# A test is its own unit of work, except where tests share an expensive fixture: the modules using the SGLang
+# oracle or SGLang's real front end (session fixtures, tests/conformance/conftest.py) form one unit so each starts
+# once per run, and a module with a module-scoped fixture is one unit. Units marked ``slow`` go out first, then the
+# larger units, so the longest work does not start last.
+ONE_UNIT = dict.fromkeys(
+    ["tests/conformance/test_sglang_frontend.py", "tests/conformance/test_sglang_launcher.py",
+     "tests/conformance/test_sglang_reasoning.py", "tests/conformance/test_sglang_requests.py"], "sglang")
+
+
+def unit_of(nodeid: str) -> str:
+    module = nodeid.split("::", 1)[0]
+    if module in ONE_UNIT:
+        return ONE_UNIT[module]
+    return module if _has_module_fixture(module) else nodeid
+
+
+_module_fixture: dict = {}
+
+
+def _has_module_fixture(module: str) -> bool:
+    if module not in _module_fixture:
+        path = REPO / module
+        _module_fixture[module] = path.is_file() and 'scope="module"' in path.read_text()
+    return _module_fixture[module]
+
+
+class UnitScheduling(LoadScopeScheduling):
+    """pytest-xdist's loadscope over :func:`unit_of`, in collection order (see pytest_collection_modifyitems)."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return unit_of(nodeid)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") not in ("load", "loadscope"):
+        return None  # another --dist asked for by name: pytest-xdist's own
+    config.option.loadscopereorder = False
+    return UnitScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    size: dict = {}
+    for item in items:
+        size[unit_of(item.nodeid)] = size.get(unit_of(item.nodeid), 0) + 1
+    slow = {unit_of(i.nodeid) for i in items if i.get_closest_marker("slow")}
+    items.sort(key=lambda i: (unit_of(i.nodeid) not in slow, -size[unit_of(i.nodeid)]))
 
 
 def have_local_extra() -> bool:

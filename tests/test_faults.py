@@ -81,6 +81,7 @@ def test_a_run_under_20_percent_faults_accounts_for_every_unit(tmp_path, method)
         assert ln["status"] != "error" or ln["error"]
 
 
+@pytest.mark.slow
 def test_kill_9_loop_then_resume_leaves_a_clean_run(tmp_path):
     # kills after progress (1-3 more lines each), not after a time: 5 kills land whatever the machine's load
     r = soak(tmp_path / "run", kills=5, trials=12, processes=2, fault_rate=0.1, latency=0.2, min_lines=1, max_lines=3, seed=1,

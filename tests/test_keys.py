@@ -420,6 +420,7 @@ def _echo_key_reply(key: str):
     return reply
 
 
+@pytest.mark.slow
 def test_a_key_the_server_echoes_is_in_no_file_of_the_run_and_never_printed(tmp_path):
     """S1: the runner, the judge, the annotator and the entropy probe against a loopback server that echoes the key
     in the content, the reasoning, a tool call's arguments and an error body; then every file under the run

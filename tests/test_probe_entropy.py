@@ -306,6 +306,7 @@ def test_wilcoxon_normal_approximation_equals_scipy():
     assert wilcoxon_p(with_zero) == float(wilcoxon(with_zero, zero_method="wilcox").pvalue)
 
 
+@pytest.mark.slow
 def test_no_argument_demo_runs_end_to_end(tmp_path, tiny_model_dir, monkeypatch, capsys):
     monkeypatch.setenv("MMCF_TINY_MODEL_DIR", str(tiny_model_dir))
     assert entropy_main(["--demo-dir", str(tmp_path / "demo"), "--demo-samples", "2", "--no-progress"]) == 0

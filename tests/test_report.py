@@ -99,6 +99,7 @@ def _reproduce_demo(tmp_path, *extra, env_extra=None):
     return out, r.stdout
 
 
+@pytest.mark.slow
 def test_reproduce_figure2_demo_draws_every_panel(tmp_path):
     """The default demo (the scripted fake): every panel has content, and the last lines list the files."""
     import pandas as pd
@@ -123,6 +124,7 @@ def test_reproduce_figure2_demo_draws_every_panel(tmp_path):
     assert "100.0" in t1  # the scripted model answers the demo's questions
 
 
+@pytest.mark.slow
 def test_reproduce_figure2_demo_on_the_tiny_model(tmp_path, tiny_model_dir):
     # one trajectory, one removal step: the stages' fixed cost (each loads torch and the model) is what remains
     out, stdout = _reproduce_demo(tmp_path, "--demo-model", "tiny", "--limit", "1", "--steps", "1",

@@ -158,6 +158,7 @@ def _runner_cmd(url, out, trials=3, processes=1):
             "--no-progress", "--processes", str(processes)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig,processes", [(signal.SIGKILL, 1), (signal.SIGINT, 1), (signal.SIGKILL, 2), (signal.SIGINT, 2)])
 def test_killed_runner_resumes_without_loss_or_duplicates(tmp_path, sig, processes):
     out = tmp_path / "run"

@@ -10,7 +10,8 @@ Runs in its own process (SGLang's modules come from ``.venv-sglang/site``, built
   ``SamplingParams(**body["sampling_params"]).verify(N)``; answers the effective sampling fields;
 - ``{"op": "reasoning", "text": T, "force_reasoning": bool}``: ``ReasoningParser("qwen3")`` non-streaming;
 - ``{"op": "server_args", "argv": [...]}``: SGLang's server argument parser (``ServerArgs.add_cli_args``);
-- ``{"op": "router_args", "argv": [...]}``: smg's, the gateway (``RouterArgs``).
+- ``{"op": "router_args", "argv": [...]}``: smg's, the gateway (``RouterArgs``);
+- ``{"op": "radix_deterministic"}``: the attention backends whose radix cache survives ``--deterministic``.
 
 Each answer is ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``.
 """
@@ -76,8 +77,14 @@ def _router_args(req):
             "prometheus_port": r.prometheus_port, "routing_key_override": r.routing_key_override}
 
 
+def _radix_deterministic(req):
+    from sglang.srt.arg_groups.choices import RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND
+
+    return {"backends": list(RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND)}
+
+
 OPS = {"chat": _chat, "generate": _generate, "reasoning": _reasoning, "server_args": _server_args,
-       "router_args": _router_args}
+       "router_args": _router_args, "radix_deterministic": _radix_deterministic}
 
 
 def main() -> None:

@@ -51,6 +51,7 @@ def nodes(tmp_path):
                 sh([STOP, "--run-dir", str(d)])
 
 
+@pytest.mark.slow
 def test_one_gateway_per_model_over_several_nodes(nodes):
     tmp, (a, ea), (b, eb), (c, ec) = nodes
     gw, port, prom = tmp / "gw", free_port(), free_port()
@@ -163,6 +164,7 @@ def _is_free(p: int) -> bool:
             return False
 
 
+@pytest.mark.slow
 def test_the_launchers_real_topology_then_a_run_through_the_gateway_over_it(sglang_front_end_built, tiny_model_dir,
                                                                             tmp_path):
     """One launch of the real topology on CPU (SGLang's front end with the scripted scheduler stand-in): two 9b

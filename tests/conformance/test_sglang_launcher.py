@@ -49,18 +49,12 @@ def test_gateway_command_lines_parse_under_smgs_parser(sglang, monkeypatch):
     assert proms == {29000, 29001}
 
 
-def test_the_radix_cache_rule_for_deterministic_inference_is_sglangs(sglang_front_end_built):
+def test_the_radix_cache_rule_for_deterministic_inference_is_sglangs(sglang):
     """serving/plan.py's list is SGLang's own; the launcher says when --deterministic turns the cache off."""
-    import os
-    import subprocess
-    import sys
-
     from serving.plan import RADIX_DETERMINISTIC_BACKENDS
 
-    out = subprocess.run([sys.executable, "-c", "from sglang.srt.arg_groups.choices import "
-                          "RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND as r; print(','.join(r))"],
-                         env={**os.environ, "PYTHONPATH": str(sglang_front_end_built)}, capture_output=True, text=True)
-    assert tuple(out.stdout.strip().split(",")) == RADIX_DETERMINISTIC_BACKENDS, out.stderr[-2000:]
+    out = sglang.ask("radix_deterministic")
+    assert out["ok"] and tuple(out["backends"]) == RADIX_DETERMINISTIC_BACKENDS, out
 
 
 @pytest.mark.parametrize("cap, extra, warned", [("9.0", "", False), ("10.0", "", True), ("10.0", "--attention-backend triton", False),

@@ -102,6 +102,7 @@ def test_a_trajectorys_calls_stay_on_one_worker(two_workers, tiny_model_dir, tmp
     assert len(a.bodies) + len(b.bodies) >= sum(ln["n_calls"] for ln in load_run(tmp_path / "run").lines)
 
 
+@pytest.mark.slow
 def test_a_worker_lost_mid_run_is_survived(two_workers, tiny_model_dir, tmp_path):
     gw, a, b = two_workers
     killed, lock = [], threading.Lock()
