@@ -8,10 +8,9 @@ Everything here is in nats and vectorised with numpy; nothing loops over tokens 
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 __all__ = ["grouped_tail_entropy", "entropy_bounds", "entropy_high", "entropy_histogram", "forking_threshold",
-           "forking_stats", "exact_entropy_from_logprobs", "tail_mass", "think_segment_entropy", "step_entropies"]
+           "forking_stats", "exact_entropy_from_logprobs", "tail_mass", "think_segment_entropy"]
 
 
 def tail_mass(top_logprobs) -> np.ndarray:
@@ -136,32 +135,6 @@ def think_segment_entropy(call, top_logprobs, think, exact=None) -> dict[str, np
             He = np.where((ne == n) & (n > 0), se / np.where(ne > 0, ne, 1), np.nan)
         out["H_exact"], out["gap"] = He, He - H
     return out
-
-
-def step_entropies(run):
-    """One row per (sample, trial, LLM call) of a run: step, state, images in context, H(τ_t).
-
-    ``run`` is :func:`agent.rundir.load_run`'s result. Columns: sample_id, trial, benchmark,
-    paper_category, step (the call index), state, n_images (all pixels in context), n_query_images,
-    n_think, H, H_exact, gap.
-    """
-
-    rows = []
-    for line in run.index:  # the line summaries (calls included); only the token columns are read
-        tok = run.tokens(line, ["call", "think", "top_logprobs", "exact_entropy"])
-        if not tok:
-            continue
-        e = think_segment_entropy(tok["call"], tok["top_logprobs"], tok["think"], tok.get("exact_entropy"))
-        by_call = {int(c): i for i, c in enumerate(e["call"])}
-        for c in line.get("calls", []):
-            i = by_call.get(c["index"])
-            rows.append({"sample_id": line["sample_id"], "trial": line["trial"], "benchmark": line["benchmark"],
-                         "paper_category": line.get("paper_category"), "step": c["index"], "state": c["state"],
-                         "n_images": c["n_images"], "n_query_images": c.get("n_query_images", 0), "n_think": int(e["n_think"][i]) if i is not None else 0,
-                         "H": float(e["H"][i]) if i is not None else np.nan,
-                         "H_exact": float(e["H_exact"][i]) if i is not None else np.nan,
-                         "gap": float(e["gap"][i]) if i is not None else np.nan})
-    return pd.DataFrame(rows)
 
 
 def entropy_bounds(top_logprobs, vocab: int) -> tuple[np.ndarray, np.ndarray]:

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from agent.rundir import RunError
 from agent.rundir.frames import grades, results, steps, tokens
 
-__all__ = ["results", "steps", "tokens", "grades", "entropy", "removal", "grounding", "NoProbeOutput"]
+from .entropy import think_segment_entropy
+
+__all__ = ["results", "steps", "tokens", "grades", "entropy", "removal", "grounding", "step_entropies", "NoProbeOutput"]
 
 ENTROPY_MODES = ("regenerate", "teacher-forced")
 
@@ -74,3 +77,29 @@ def grounding(out) -> pd.DataFrame:
     """One row per labelled step (``steps.parquet`` of ``python -m probes.grounding``): ``sample_id``,
     ``trial``, ``step``, ``category`` (Image Needed | Image-Derived | Text Only) and the two passes' labels."""
     return _read(_probe_dir(out, ("grounding",), "probes.grounding"), ("steps",))
+
+
+def step_entropies(run):
+    """One row per (sample, trial, LLM call) of a run: step, state, images in context, H(τ_t).
+
+    ``run`` is :func:`agent.rundir.load_run`'s result. Columns: sample_id, trial, benchmark,
+    paper_category, step (the call index), state, n_images (all pixels in context), n_query_images,
+    n_think, H, H_exact, gap.
+    """
+
+    rows = []
+    for line in run.index:  # the line summaries (calls included); only the token columns are read
+        tok = run.tokens(line, ["call", "think", "top_logprobs", "exact_entropy"])
+        if not tok:
+            continue
+        e = think_segment_entropy(tok["call"], tok["top_logprobs"], tok["think"], tok.get("exact_entropy"))
+        by_call = {int(c): i for i, c in enumerate(e["call"])}
+        for c in line.get("calls", []):
+            i = by_call.get(c["index"])
+            rows.append({"sample_id": line["sample_id"], "trial": line["trial"], "benchmark": line["benchmark"],
+                         "paper_category": line.get("paper_category"), "step": c["index"], "state": c["state"],
+                         "n_images": c["n_images"], "n_query_images": c.get("n_query_images", 0), "n_think": int(e["n_think"][i]) if i is not None else 0,
+                         "H": float(e["H"][i]) if i is not None else np.nan,
+                         "H_exact": float(e["H_exact"][i]) if i is not None else np.nan,
+                         "gap": float(e["gap"][i]) if i is not None else np.nan})
+    return pd.DataFrame(rows)

@@ -8,9 +8,8 @@
 # 3. the suite on four workers (pytest-xdist), ending with the list of skipped tests and why (-rs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup_env.sh
-bash scripts/sglang_conformance.sh
-if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+have_chromium() { command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; }
+install_chromium() {
   SUDO=""; [[ "$(id -u)" != 0 ]] && SUDO="sudo -n"
   if command -v apt-get >/dev/null 2>&1 && { [[ -z "$SUDO" ]] || sudo -n true 2>/dev/null; }; then
     echo "== installing Debian's chromium for tests/test_show.py (the browser test) =="
@@ -19,11 +18,12 @@ if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/
   else
     echo "note: no chromium and no way to install it here; the browser tests will skip" >&2
   fi
-fi
-if [[ -n "${CI:-}" ]] && ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
-  echo "error: CI must run the browser test, and chromium could not be installed" >&2
-  exit 1
-fi
+}
+# the installs that do not need each other run side by side (most of their time is waiting on disk and network)
+chromium_pid=""
+if ! have_chromium; then install_chromium & chromium_pid=$!; fi
+bash scripts/setup_env.sh
+bash scripts/sglang_conformance.sh & sglang_pid=$!
 .venv/bin/ruff check .
 .venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache
 export MMCF_TINY_MODEL_DIR=${MMCF_TINY_MODEL_DIR:-$PWD/.cache/tiny-qwen35}
@@ -31,6 +31,12 @@ export MMCF_TINY_MODEL_DIR=${MMCF_TINY_MODEL_DIR:-$PWD/.cache/tiny-qwen35}
 # the suite starts ~200 Python processes of the toolkit's commands: compile the code once rather than in each
 # (where PYTHONDONTWRITEBYTECODE is set, no process writes what it compiled)
 .venv/bin/python -m compileall -q -j 0 agent probes analysis serving figures scripts tests/fakes >/dev/null
+wait "$sglang_pid" || { echo "error: SGLang's conformance layer could not be built (above)" >&2; exit 1; }
+[[ -z "$chromium_pid" ]] || wait "$chromium_pid" || true
+if [[ -n "${CI:-}" ]] && ! have_chromium; then
+  echo "error: CI must run the browser test, and chromium could not be installed" >&2
+  exit 1
+fi
 # four workers on CI's two cores: most tests wait on servers and commands they started. Tests that share an
 # expensive fixture stay on one worker and the slow ones go first (tests/conftest.py says how).
 # MMCF_TEST_WORKERS=0 runs in one process.

@@ -253,7 +253,7 @@ async def test_step_entropies_recover_planted_entropy(tmp_path):
     import math
 
     from agent.backends.scripted import uniform_top
-    from analysis.entropy import step_entropies
+    from analysis.frames import step_entropies
 
     await run(cfg(tmp_path, limit=3), [], backends=[ScriptedBackend([react_policy] * 10, top_fn=uniform_top(8))])
     df = step_entropies(load_run(tmp_path / "run"))

@@ -6,7 +6,8 @@
 
 Stored grades are read back in the records layer (``agent/rundir/grades.py``).
 """
-from ..rundir.grades import accuracy_table, identical_trials, read_grades
+from ..rundir.accuracy import accuracy_table
+from ..rundir.grades import identical_trials, read_grades
 from .cli import main
 from .grading import DEFAULT_MODEL, GRADES, Grader, exact_grade, judge_key_env, judge_run, parse_grade
 

@@ -35,7 +35,8 @@ from ..http import is_host, public_url, redact, redact_bytes
 from ..preflight import server_facts
 from ..prompts import JUDGE, fill
 from ..rundir import RunDir, RunError, close_fragment, output_lock
-from ..rundir.grades import accuracy_table, identical_trials, read_grades
+from ..rundir.accuracy import accuracy_table
+from ..rundir.grades import identical_trials, read_grades
 from ..trajectory import responses_fingerprint  # re-exported
 
 __all__ = ["parse_grade", "exact_grade", "judge_run", "accuracy_table", "Grader", "GRADES", "identical_trials", "responses_fingerprint",
