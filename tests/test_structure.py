@@ -40,3 +40,23 @@ def test_the_architecture_page_names_every_package():
                 "analysis/figures/", "serving/plan.py"):
         assert sub in doc, sub
         assert (REPO / sub).exists(), sub
+
+
+def test_tests_sharing_an_expensive_fixture_run_on_one_worker(request):
+    """tests/conftest.py's unit_of keeps the tests of a module-scoped fixture, and every test of the SGLang oracle
+    or SGLang's real front end (session fixtures, each ~10-40 s of CPU to start), on one worker: checked over the
+    tests this session collected."""
+    from tests.conftest import unit_of
+
+    checked = 0
+    for item in request.session.items:
+        defs = [d for ds in item._fixtureinfo.name2fixturedefs.values() for d in ds]
+        if {"sglang", "_real_sglang_both"} & set(item.fixturenames):
+            assert unit_of(item.nodeid) == "sglang", item.nodeid
+            checked += 1
+        elif any(d.scope == "module" for d in defs):
+            assert unit_of(item.nodeid) == item.nodeid.split("::")[0], item.nodeid
+            checked += 1
+        else:
+            assert unit_of(item.nodeid) == item.nodeid
+    assert checked or len(request.session.items) < 100  # a whole-suite session has both kinds
