@@ -46,17 +46,22 @@ def test_tests_sharing_an_expensive_fixture_run_on_one_worker(request):
     """tests/conftest.py's unit_of keeps the tests of a module-scoped fixture, and every test of the SGLang oracle
     or SGLang's real front end (session fixtures, each ~10-40 s of CPU to start), on one worker: checked over the
     tests this session collected."""
-    from tests.conftest import unit_of
+    from tests.conftest import ONE_UNIT, unit_of
 
+    items = request.session.items
+    shared = {i.nodeid.split("::")[0] for i in items  # modules whose tests use a module-scoped fixture
+              if any(d.scope == "module" for ds in i._fixtureinfo.name2fixturedefs.values() for d in ds)}
     checked = 0
-    for item in request.session.items:
-        defs = [d for ds in item._fixtureinfo.name2fixturedefs.values() for d in ds]
+    for item in items:
+        module = item.nodeid.split("::")[0]
         if {"sglang", "_real_sglang_both"} & set(item.fixturenames):
             assert unit_of(item.nodeid) == "sglang", item.nodeid
             checked += 1
-        elif any(d.scope == "module" for d in defs):
-            assert unit_of(item.nodeid) == item.nodeid.split("::")[0], item.nodeid
+        elif module in ONE_UNIT:  # the other tests of those modules go with them
+            assert unit_of(item.nodeid) == ONE_UNIT[module], item.nodeid
+        elif module in shared:
+            assert unit_of(item.nodeid) == module, item.nodeid
             checked += 1
         else:
-            assert unit_of(item.nodeid) == item.nodeid
+            assert unit_of(item.nodeid) == item.nodeid, item.nodeid
     assert checked or len(request.session.items) < 100  # a whole-suite session has both kinds
