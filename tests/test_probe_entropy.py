@@ -217,9 +217,12 @@ async def test_the_probe_sends_each_image_from_the_caches_and_lets_go_of_it_when
     sent (the regenerate probe sends only the side without)."""
     from agent.backends import images as I
     from agent.backends import messages as M
+    from agent.rundir import load_run
 
     mode = "teacher-forced"
     await _run(tmp_path)
+    shas = {sha for ln in load_run(tmp_path / "run").index for sha in (ln.get("query_images") or {}).values()}
+    I.forget_images(shas)  # the probe starts with none cached (another test in this process may have read them)
     seen = []
 
     def cached(sha):
@@ -245,10 +248,6 @@ async def test_the_probe_sends_each_image_from_the_caches_and_lets_go_of_it_when
 
     sends = Sends([policy] * 50, top_fn=planted)
     res = await probe_run(tmp_path / "run", mode=mode, backend=sends, progress=False, concurrency=1)
-    from agent.rundir import load_run
-
-    run_ = load_run(tmp_path / "run")
-    shas = {sha for ln in run_.index for sha in (ln.get("query_images") or {}).values()}
     assert len(res["steps"]) == 9 and shas
     assert not any(cached(sha) for sha in shas)  # all trajectories done: none kept
     with_images = [s for s in seen if s]  # a trajectory's later with-images requests found its image cached
