@@ -284,3 +284,18 @@ def test_dry_run_runs_every_check_and_reports_each():
         assert r.returncode == 1
     else:  # this python has sglang
         assert "check ok        sglang imports" in r.stdout and r.returncode == 0
+
+
+def test_standin_launch_checks_that_sglangs_front_end_was_built(tmp_path):
+    """--standin needs SGLang's layer built by scripts/sglang_conformance.sh, whose stamp is written only after
+    its import check passed: absent, the launch stops before starting anything and says how to build it."""
+    site = tmp_path / "site"
+    site.mkdir()
+    args = [LAUNCH, "--standin", "scripted", "--dry-run", "--port", str(free_port()), "9b"]
+    r = sh(args, env={"MMCF_SGLANG_SITE": str(site)})
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert (f"check FAIL      SGLang's front end is built: SGLang's front end is not built at {site}: run bash "
+            "scripts/sglang_conformance.sh") in r.stdout
+    (site / ".mmcf-installed").write_text("built\n")
+    r = sh(args, env={"MMCF_SGLANG_SITE": str(site)})
+    assert r.returncode == 0 and f"check ok        SGLang's front end is built: {site}" in r.stdout, r.stdout + r.stderr
