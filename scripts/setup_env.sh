@@ -24,8 +24,8 @@ esac
 echo "[setup] installing $TORCH_PINS and mmcf-toolkit[local,dev] into $VENV (first run: a few minutes)"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 # shellcheck disable=SC2086
-"$VENV/bin/python" -m pip install -q --no-compile $TORCH_PINS
-"$VENV/bin/python" -m pip install -q --no-compile -e ".[local,dev]"
+# one resolve for both (the pins first: a bare torch requirement alone would take another build)
+"$VENV/bin/python" -m pip install -q --no-compile $TORCH_PINS -e ".[local,dev]"
 # byte code once, on all cores (pip compiles on one): where PYTHONDONTWRITEBYTECODE is set (as on this project's
 # machines) Python writes nothing it compiles, and every process would compile torch, transformers, pandas... again
 # (`import torch`: 1.9 CPU-s compiled, 3.7 from source). ~45 CPU-s, ~360 MB.

@@ -6,6 +6,9 @@
 # scheduler only).
 #
 #   bash scripts/sglang_conformance.sh          # builds .venv-sglang/site (a --target dir, ~450 MB, ~1-2 min)
+#   bash scripts/sglang_conformance.sh install  # only the files: needs no .venv (scripts/test.sh runs it beside
+#                                               # scripts/setup_env.sh), then
+#   bash scripts/sglang_conformance.sh check    # the import check with .venv's torch and transformers; stamps it built
 #
 # Everything goes in with --no-deps into one folder that the tests put on PYTHONPATH of a separate
 # process (tests/conformance/sglang_oracle.py), next to the project's .venv (its torch, transformers,
@@ -14,8 +17,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SITE=${SGLANG_SITE:-.venv-sglang/site}
-PY=${PYTHON:-.venv/bin/python}
-[ -x "$PY" ] || { echo "run bash scripts/setup_env.sh first (needs .venv)" >&2; exit 2; }
+PY=.venv/bin/python
+# the files need only a Python of .venv's version (scripts/setup_env.sh makes .venv from $PYTHON too)
+BASE_PY=${PYTHON:-python3}
+STEP=${1:-all}
+[[ "$STEP" =~ ^(all|install|check)$ ]] || { echo "usage: bash scripts/sglang_conformance.sh [install|check]" >&2; exit 2; }
 stamp="$SITE/.mmcf-installed"
 want=$(sha256sum "$0" | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
@@ -33,22 +39,34 @@ PKGS=(
   opentelemetry-api==1.45.2 setproctitle==1.3.8 einops==0.8.2 xgrammar==0.2.7 soundfile==0.13.1 cffi==2.1.1
   pycparser==3.12 jsonschema==4.26.0 referencing==0.37.0 rpds-py==2026.9.1 jsonschema-specifications==2025.9.1
 )
-# pydantic comes with the project's venv; bring it only where that venv lacks it (sniffio, which openai imports, is listed above)
-"$PY" -c "import pydantic" 2>/dev/null || PKGS+=(pydantic pydantic-core annotated-types typing-inspection)
-echo "[sglang-conformance] installing SGLang's pure-Python parts into $SITE (--no-deps)"
-rm -rf "$SITE"
-mkdir -p "$SITE"
-start=$(date +%s)
-"$PY" -m pip install -q --no-compile --no-deps --target "$SITE" "${PKGS[@]}" 2>&1 | grep -v "^WARNING: Location" || true
-# byte-compiled once here: every SGLang process the suite starts would otherwise compile these modules again
-# wherever PYTHONDONTWRITEBYTECODE is set
-"$PY" -m compileall -q -j 0 "$SITE" >/dev/null 2>&1 || true
-# one import of everything the tests use (SGLang's HTTP front end imports its request models and argument parser)
-PYTHONPATH="$SITE" PYTHONWARNINGS=ignore "$PY" -c "
+
+install() {
+  echo "[sglang-conformance] installing SGLang's pure-Python parts into $SITE (--no-deps)"
+  rm -rf "$SITE" "$SITE.files"
+  mkdir -p "$SITE"
+  PIP_ROOT_USER_ACTION=ignore "$BASE_PY" -m pip install -q --no-compile --no-deps --target "$SITE" "${PKGS[@]}" 2>&1 | grep -v "^WARNING: Location" || true
+  # byte-compiled once here: every SGLang process the suite starts would otherwise compile these modules again
+  # wherever PYTHONDONTWRITEBYTECODE is set
+  "$BASE_PY" -m compileall -q -j 0 "$SITE" >/dev/null 2>&1 || true
+  echo "$want" > "$SITE.files"
+}
+
+check() {
+  [ -x "$PY" ] || { echo "run bash scripts/setup_env.sh first (the check needs .venv)" >&2; exit 2; }
+  [ -f "$SITE.files" ] && [ "$(cat "$SITE.files")" = "$want" ] || { echo "run bash scripts/sglang_conformance.sh install first" >&2; exit 2; }
+  # pydantic comes with the project's venv; bring it only where that venv lacks it
+  "$PY" -c "import pydantic" 2>/dev/null || PIP_ROOT_USER_ACTION=ignore "$BASE_PY" -m pip install -q --no-deps --target "$SITE" \
+    pydantic pydantic-core annotated-types typing-inspection 2>&1 | grep -v "^WARNING: Location" || true
+  # one import of everything the tests use (SGLang's HTTP front end imports its request models and argument parser)
+  PYTHONPATH="$SITE" PYTHONWARNINGS=ignore "$PY" -c "
 import sglang.srt.entrypoints.http_server, sglang.srt.entrypoints.openai.protocol, sglang.srt.server_args
 import sglang.srt.managers.io_struct, sglang.srt.sampling.sampling_params, sglang.srt.parser.reasoning_parser
 import smg.router_args" >/dev/null 2>"$SITE.import-error" \
-  || { echo "[sglang-conformance] SGLang does not import from $SITE:" >&2; tail -20 "$SITE.import-error" >&2; exit 1; }
-rm -f "$SITE.import-error"
-echo "$want" > "$stamp"
-echo "[sglang-conformance] ready in $(( $(date +%s) - start )) s: $(du -sh "$SITE" | cut -f1)"
+    || { echo "[sglang-conformance] SGLang does not import from $SITE:" >&2; tail -20 "$SITE.import-error" >&2; exit 1; }
+  rm -f "$SITE.import-error"
+  echo "$want" > "$stamp"
+  echo "[sglang-conformance] ready: $(du -sh "$SITE" | cut -f1)"
+}
+
+if [[ "$STEP" != check ]]; then install; fi
+if [[ "$STEP" != install ]]; then check; fi
