@@ -79,7 +79,8 @@ class _ModelEngine:
         import torch
         from transformers import AutoModelForImageTextToText
 
-        torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+        if not os.environ.get("OMP_NUM_THREADS"):  # ours: two threads at most for a tiny model; the variable wins
+            torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
         self.torch = torch
         self.model = AutoModelForImageTextToText.from_pretrained(model_path, dtype=torch.float32).eval()
         self.image_token_id = int(getattr(self.model.config, "image_token_id", -1))
