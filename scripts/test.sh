@@ -39,9 +39,6 @@ if [[ -n "${CI:-}" ]] && ! have_chromium; then
   echo "error: CI must run the browser test, and chromium could not be installed" >&2
   exit 1
 fi
-# one thread per process (OpenMP, BLAS): four workers and the servers they start already fill the cores, and idle
-# OpenMP threads spin (the tiny-model stages of the Figure 2 demo: 58 -> 51 CPU-s)
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # four workers on CI's two cores: most tests wait on servers and commands they started. Tests that share an
 # expensive fixture stay on one worker and the slow ones go first (tests/conftest.py says how).
 # MMCF_TEST_WORKERS=0 runs in one process.
