@@ -17,7 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SITE=${SGLANG_SITE:-.venv-sglang/site}
-PY=.venv/bin/python
+PY=${VENV:-.venv}/bin/python  # the venv scripts/setup_env.sh made
 # the files need only a Python of .venv's version (scripts/setup_env.sh makes .venv from $PYTHON too)
 BASE_PY=${PYTHON:-python3}
 STEP=${1:-all}
