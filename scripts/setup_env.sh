@@ -25,8 +25,11 @@ echo "[setup] installing $TORCH_PINS and mmcf-toolkit[local,dev] into $VENV (fir
 # shellcheck disable=SC2086
 # one resolve for both (the pins first: a bare torch requirement alone would take another build)
 "$VENV/bin/python" -m pip install -q --no-compile $TORCH_PINS -e ".[local,dev]"
-# byte code once, on all cores (pip compiles on one): where PYTHONDONTWRITEBYTECODE is set (as on this project's
-# machines) Python writes nothing it compiles, and every process would compile torch, transformers, pandas... again
-# (`import torch`: 1.9 CPU-s compiled, 3.7 from source). ~50 CPU-s, ~270 MB; the packages' own tests left out.
-"$VENV/bin/python" -m compileall -q -j 0 -x '/tests/' "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null 2>&1 || true
+# byte code: Python writes what it compiles on first import, unless PYTHONDONTWRITEBYTECODE is set (as on this
+# project's machines); then every process would compile torch, transformers, pandas... again (`import torch`: 1.9 CPU-s
+# compiled, 3.7 from source), so the venv is compiled once here, on all cores (pip compiles on one): ~45 CPU-s,
+# ~270 MB, the packages' own tests left out.
+if [ -n "${PYTHONDONTWRITEBYTECODE:-}" ]; then
+  "$VENV/bin/python" -m compileall -q -j 0 -x '/tests/' "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null 2>&1 || true
+fi
 echo "$want" > "$stamp"

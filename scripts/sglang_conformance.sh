@@ -45,9 +45,9 @@ install() {
   rm -rf "$SITE" "$SITE.files"
   mkdir -p "$SITE"
   PIP_ROOT_USER_ACTION=ignore "$BASE_PY" -m pip install -q --no-compile --no-deps --target "$SITE" "${PKGS[@]}" 2>&1 | grep -v "^WARNING: Location" || true
-  # byte-compiled once here: every SGLang process the suite starts would otherwise compile these modules again
-  # wherever PYTHONDONTWRITEBYTECODE is set
-  "$BASE_PY" -m compileall -q -j 0 "$SITE" >/dev/null 2>&1 || true
+  # byte-compiled once here where PYTHONDONTWRITEBYTECODE is set: every SGLang process the suite starts would
+  # otherwise compile these modules again (elsewhere Python writes what it compiles on first import)
+  if [ -n "${PYTHONDONTWRITEBYTECODE:-}" ]; then "$BASE_PY" -m compileall -q -j 0 "$SITE" >/dev/null 2>&1 || true; fi
   echo "$want" > "$SITE.files"
 }
 
