@@ -96,6 +96,21 @@ async def test_bad_inputs_name_the_culprit(local_backends, tmp_path):
         LocalBackend(tmp_path / "no-such-model")
 
 
+async def test_placeholders_no_image_backs_are_refused_by_name(local_backends, red_image):
+    """A reply or page that wrote Qwen's vision placeholders into the text: a BackendError naming them (the runner
+    and the probes record it), not transformers' StopIteration or TypeError from inside generate()."""
+    b = local_backends["raw"]
+    text_only = [{"role": "user", "content": [{"type": "text", "text": "a page said <|video_pad|> here"}]}]
+    with pytest.raises(BackendError, match=r"1 <\|video_pad\|> placeholder"):
+        await b.generate(text_only, SamplingParams(max_tokens=2))
+    extra = msgs(red_image)
+    extra[0]["content"].append({"type": "text", "text": "and <|image_pad|><|image_pad|>"})
+    with pytest.raises(BackendError, match=r"2 <\|image_pad\|> placeholder\(s\) beyond its 1 image"):
+        await b.score(extra, Continuation(ids=[b.tokenizer.convert_tokens_to_ids("a")]))
+    out = await b.generate(msgs(red_image), SamplingParams(max_tokens=2, seed=1))  # one image, one placeholder: fine
+    assert len(out.tokens) == 2
+
+
 def _history(img):
     from agent.methods.common import Turn, with_turns
 

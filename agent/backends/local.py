@@ -218,9 +218,23 @@ class LocalBackend:
         if enable_thinking is not None:
             kw["enable_thinking"] = enable_thinking
         text = self.processor.apply_chat_template(hf_msgs, add_generation_prompt=True, tokenize=False, **kw)
+        self._check_placeholders(text, len(images))
         pil = [im.pil() for im in images]
         inputs = self.processor(text=[text], images=pil or None, return_tensors="pt")
         return text, inputs.to(self.device), images
+
+    def _check_placeholders(self, text: str, n_images: int) -> None:
+        """Refuse a prompt whose text holds image or video placeholders that no image backs (a reply or a page
+        that wrote ``<|image_pad|>``): the processor and the model's position code cannot place them (transformers
+        fails with StopIteration or TypeError). The chat template writes one ``<|image_pad|>`` per image."""
+        image_tok = getattr(self.processor, "image_token", None)
+        video_tok = getattr(self.processor, "video_token", None)
+        extra = {tok: text.count(tok) - want for tok, want in ((image_tok, n_images), (video_tok, 0)) if tok}
+        extra = {tok: n for tok, n in extra.items() if n > 0}
+        if extra:
+            found = ", ".join(f"{n} {tok}" for tok, n in extra.items())
+            raise BackendError(f"the prompt's text holds {found} placeholder(s) beyond its {n_images} image(s) "
+                               f"(written by a reply or a tool result): the model cannot place them; refused")
 
     def _starts_in_think(self, prompt_text: str) -> bool:
         tail = prompt_text.rstrip()
