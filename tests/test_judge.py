@@ -137,6 +137,23 @@ def test_accuracy_mean_std_over_trials_and_weighted_avg():
     assert s["overall"]["per_trial"] == pytest.approx([400 / 6, 300 / 6, 400 / 6])  # weighted by counts
 
 
+def test_the_fake_records_no_request_whose_body_never_came():
+    """A client killed between its headers and its body (the kill below, on a loaded machine): the fake, like a real
+    server, serves and records nothing of it (it recorded ``{}``, which the test below then read as a judge call)."""
+    import socket
+    from urllib.parse import urlparse
+
+    with FakeSGLang(reply=judge_reply) as srv:
+        u = urlparse(srv.url)
+        with socket.create_connection((u.hostname, u.port), timeout=60) as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 50\r\n\r\n")
+            s.shutdown(socket.SHUT_WR)  # gone before the body
+            while s.recv(4096):  # the server has handled it once it closes its side
+                pass
+        assert srv.bodies == []
+
+
 async def test_grades_land_as_they_come_and_a_torn_grades_file_is_read_past(tmp_path):
     """A kill loses no paid grade (each is appended when it comes), and a torn line or a cut multi-byte
     character in judge-llm.jsonl never crashes a later judge run: it is skipped and its unit graded again."""

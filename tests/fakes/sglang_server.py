@@ -253,12 +253,24 @@ class _Handler(JSONHandler):
                                     "model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"]})
         self._send(404, {"detail": "Not Found"})
 
-    def do_POST(self):
+    def _request(self) -> dict | None:
+        """The request's JSON body; None when there is none to serve (answered 400 if it is not JSON), or when the
+        client went away before all of it came (killed mid-request): nothing arrived to serve or to record."""
         n = int(self.headers.get("Content-Length") or 0)
+        data = self.rfile.read(n)
+        if len(data) < n:
+            self.close_connection = True
+            return None
         try:
-            req = loads(self.rfile.read(n) or b"{}")
+            return loads(data or b"{}")
         except ValueError:
-            return self._send(400, {"error": "bad json"})
+            self._send(400, {"error": "bad json"})
+            return None
+
+    def do_POST(self):
+        req = self._request()
+        if req is None:
+            return None
         with self.server.lock:
             self.server.bodies.append(req)
             self.server.routing_keys.append(self.headers.get("x-smg-routing-key"))
