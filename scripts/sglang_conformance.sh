@@ -5,7 +5,7 @@
 # toolkit against SGLang itself rather than against our reading of it (serving/standin.py stands in for the
 # scheduler only).
 #
-#   bash scripts/sglang_conformance.sh          # builds .venv-sglang/site (a --target dir, ~450 MB, ~1-2 min)
+#   bash scripts/sglang_conformance.sh          # builds .venv-sglang/site (a --target dir, ~350-450 MB, ~1-2 min)
 #   bash scripts/sglang_conformance.sh install  # only the files: needs no .venv (scripts/test.sh runs it beside
 #                                               # scripts/setup_env.sh), then
 #   bash scripts/sglang_conformance.sh check    # the import check with .venv's torch and transformers; stamps it built
