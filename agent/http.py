@@ -18,22 +18,10 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 import orjson
 
-from .redact import (  # noqa: F401 - the redaction helpers, where their users have always found them
-    KEY_VARS,
-    SECRET_ENV,
-    RedactingStream,
-    has_credentials,
-    is_host,
-    public_url,
-    redact,
-    redact_bytes,
-    register_key_var,
-    safe_argv,
-    secrets,
-)
+from .redact import public_url, redact, redact_obj
 
-__all__ = ["HTTPError", "RetryPolicy", "request_json", "loads", "dumps", "scrub", "redact", "redact_bytes", "dumps_record", "RedactingStream", "secrets",
-           "public_url", "safe_argv"]
+__all__ = ["HTTPError", "RetryPolicy", "request_json", "loads", "dumps", "scrub", "dumps_record", "make_client",
+           "ClientPool"]
 
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 
@@ -92,9 +80,9 @@ def dumps(obj, *, sort_keys: bool = False, int_keys: bool = False) -> bytes:
 
 
 def dumps_record(obj) -> bytes:
-    """:func:`dumps`, redacted (agent/redact.py): what a record file gets (a run line, its index entry, a probe's
-    step), so that no key a server echoed is written."""
-    return redact_bytes(dumps(obj))
+    """:func:`dumps` of ``obj`` with its strings redacted first (agent/redact.py): what a record file gets (a run
+    line, its index entry, a probe's step), so that no key in use that a server echoed is written."""
+    return dumps(redact_obj(obj))
 
 
 def _plain(o):

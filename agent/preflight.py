@@ -32,7 +32,8 @@ from .backends.images import ImageError, load_image
 from .backends.spread import Spread
 from .benchmarks import resolve_benchmark
 from .cli import add_backend_args, done, make_parser
-from .http import HTTPError, RetryPolicy, public_url, request_json
+from .http import HTTPError, RetryPolicy, request_json
+from .redact import public_url
 from .tools.live import MissingKeyError, require_live_tools
 
 __all__ = ["PreflightError", "model_identity", "local_identity", "same_model", "require_keys",

@@ -1,53 +1,197 @@
-"""What must never be written or printed: the values of the keys in use and a URL's credentials.
+"""What must never be written or printed: the credentials this process puts to use, in every form they travel.
 
-Standard library only (the serving scripts run it with a bare ``python3``). Every record line and text file the
-toolkit writes passes :func:`redact_bytes` (agent.http.dumps_record, agent.rundir's writes); every command's
-console passes :func:`redact` through :class:`RedactingStream` (installed by agent/cli.py's argument parser).
+Standard library only (the serving scripts run it with a bare ``python3``).
+
+A credential is registered where it is put to use, never guessed from an environment variable's name:
+
+- the value of a variable named by ``--api-key-env`` / ``--judge-api-key-env`` (:func:`register_key_var`, called by
+  the OpenAI-compatible backend that sends it);
+- the tool keys a run sends (``SERPER_API_KEY``, ``JINA_API_KEY``, the S3 secret: agent/tools/live.py);
+- the user name and password in an endpoint URL (``http://alice:pw@host``: :func:`register_url`, called by every
+  backend given such a URL), as httpx sends them: ``alice:pw`` and its base64 (``Authorization: Basic …``).
+
+Each is registered with the forms it travels in (the value, its base64; for a URL, the password as written and
+percent-decoded, ``user:password`` and its base64), so a server that echoes a header back is caught whatever it
+echoed. Purely numeric values and values shorter than :data:`MIN_CHARS` are never treated as secrets (they would
+rewrite numbers and words everywhere); the compound ``user:password`` forms always are.
+
+Records are redacted as typed values, before they are serialised (:func:`redact_obj`, used by every writer:
+agent.http.dumps_record, agent.rundir.common.write_json): what is written always parses, and nothing edits bytes
+after serialisation. Every command's console passes :func:`redact_console` through :class:`RedactingStream`
+(installed by agent/cli.py's argument parser).
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
-from urllib.parse import urlsplit, urlunsplit
+import sys
+from urllib.parse import unquote, urlsplit, urlunsplit
 
-#: Environment variables whose values are secrets: never written anywhere (redacted from error texts).
-SECRET_ENV = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.I)
+__all__ = ["REDACTED", "MIN_CHARS", "CREDENTIALS", "Credentials", "register_secret", "register_key_var", "register_url", "secrets", "redact",
+           "redact_obj", "redact_console", "redact_token_texts", "RedactingStream", "is_host", "public_url",
+           "safe_argv", "has_credentials", "exempt"]
+
+REDACTED = "[REDACTED]"
+#: A bare value shorter than this is never redacted on its own (it would match ordinary words and numbers).
+MIN_CHARS = 6
+
+
+class Credentials:
+    """The forms of every credential in use, and one compiled pattern that finds them (longest first)."""
+
+    def __init__(self):
+        self.forms: set[str] = set()
+        self.exempt: set[str] = set()
+        self._pattern: re.Pattern | None = None
+
+    def add(self, *forms: str) -> None:
+        new = {f for f in forms if f and f not in self.exempt} - self.forms
+        if new:
+            self.forms |= new
+            self._pattern = None
+
+    def drop(self, value: str) -> bool:
+        self.exempt.add(value)
+        if value in self.forms:
+            self.forms.discard(value)
+            self._pattern = None
+            return True
+        return False
+
+    def clear(self) -> None:
+        self.forms, self.exempt, self._pattern = set(), set(), None
+
+    @property
+    def pattern(self) -> re.Pattern | None:
+        if self._pattern is None and self.forms:
+            self._pattern = re.compile("|".join(re.escape(f) for f in sorted(self.forms, key=len, reverse=True)))
+        return self._pattern
+
+
+#: The credentials this process uses (``CREDENTIALS.clear()`` forgets them: a notebook between runs, the tests).
+CREDENTIALS = Credentials()
+
+
+def _is_secret_like(value: str) -> bool:
+    v = value.strip()
+    if len(v) < MIN_CHARS:
+        return False
+    try:  # a number (131072, 1e-3, 0.85) is never a credential: redacting it would rewrite every count
+        float(v)
+        return False
+    except ValueError:
+        return True
+
+
+def _b64_forms(value: str) -> set[str]:
+    raw = value.encode("utf-8", "surrogatepass")
+    std = base64.b64encode(raw).decode()
+    return {std, std.rstrip("="), base64.urlsafe_b64encode(raw).decode().rstrip("=")}
+
+
+def register_secret(value: str | None) -> None:
+    """Redact ``value`` (and its base64) from everything this process writes or prints from now on."""
+    if not value or not _is_secret_like(value):
+        return
+    forms = {value, *_b64_forms(value)}
+    escaped = json.dumps(value)[1:-1]
+    if escaped != value:  # as a JSON text shows it (the console prints JSON)
+        forms.add(escaped)
+    CREDENTIALS.add(*forms)
+
+
+def register_key_var(name: str | None) -> None:
+    """The value of environment variable ``name`` is a credential in use (``--api-key-env`` and the like)."""
+    if name:
+        register_secret(os.environ.get(name))
+
+
+def register_url(url: str | None) -> None:
+    """The user name and password of ``url`` (``http://alice:pw@host``) are credentials in use: registered as
+    httpx sends them (``alice:pw`` and its base64, the ``Authorization: Basic`` value) and as written."""
+    try:
+        p = urlsplit(url or "")
+        user, password = p.username, p.password
+    except ValueError:
+        return
+    if not (user or password):
+        return
+    for u, pw in {(user or "", password or ""), (unquote(user or ""), unquote(password or ""))}:
+        pair = f"{u}:{pw}"
+        CREDENTIALS.add(pair, *_b64_forms(pair))
+        register_secret(pw)
+
+
+def exempt(*values) -> None:
+    """Values the run records as what they are (the served model's name, a path): never treated as secrets, even
+    if a key variable happens to hold one. Says so when a registered value is dropped."""
+    for v in values:
+        if isinstance(v, str) and v and CREDENTIALS.drop(v):
+            print(f"warning: a key in use equals {v!r}, which the run records as a name or path: it is not "
+                  "redacted", file=sys.stderr)
+
+
+def secrets() -> list[str]:
+    """Every registered form, longest first."""
+    return sorted(CREDENTIALS.forms, key=len, reverse=True)
+
+
+def redact(text):
+    """``text`` with every registered credential replaced by ``[REDACTED]`` (anything else unchanged)."""
+    pat = CREDENTIALS.pattern
+    if pat is None or not isinstance(text, str) or not text:
+        return text
+    return pat.sub(REDACTED, text)
+
+
+def redact_obj(obj):
+    """``obj`` (dicts, lists, tuples, strings, numbers, arrays) with every string redacted (:func:`redact`), keys
+    included; the object itself when nothing needs it. What every writer applies before serialising."""
+    pat = CREDENTIALS.pattern
+    if pat is None:
+        return obj
+    return _walk(obj, pat)
+
+
+def _walk(o, pat: re.Pattern):
+    if isinstance(o, str):
+        return pat.sub(REDACTED, o) if pat.search(o) else o
+    if isinstance(o, dict):
+        return {(_walk(k, pat) if isinstance(k, str) else k): _walk(v, pat) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_walk(v, pat) for v in o]
+    return o
+
+
+#: What the console also hides: a URL's password wherever a URL is printed, and ``Authorization``-like values
+#: (a server's error text quoting a header). Console only: records are redacted from the registry alone.
+_URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^/\s:@\"']*):([^/\s@\"']+)@")
 _AUTH = re.compile(r"(?i)((?:proxy-)?authorization|x-api-key|api[_-]?key|access[_-]?token|bearer)"
                    r"(\\?[\"']?\s*[:=]?\s*\\?[\"']?\s*(?:bearer\s+|basic\s+)?)([A-Za-z0-9._~+/=-]{6,})")
 
 
-def secrets() -> list[str]:
-    """The values that must appear in nothing the toolkit writes or prints: those of every secret-looking
-    environment variable and of every variable named as holding a key (``--api-key-env`` and the like), longest
-    first (a key that contains another is replaced whole)."""
-    vals = {v for k, v in os.environ.items() if v and len(v) >= 6 and (SECRET_ENV.search(k) or k in KEY_VARS)}
-    return sorted(vals, key=len, reverse=True)
-
-
-_URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^/\s:@\"']*):([^/\s@\"']+)@")
-
-
-def redact(text):
-    """``text`` with the values of secret environment variables and ``Authorization``-like values replaced."""
+def redact_console(text):
+    """:func:`redact`, plus URL passwords and ``Authorization``-like values: what a console line may show."""
     if not isinstance(text, str) or not text:
         return text
-    for v in secrets():
-        if v in text:
-            text = text.replace(v, "[REDACTED]")
-    if "@" in text:  # a URL's password (http://user:pass@host), wherever a URL is printed
-        text = _URL_PASSWORD.sub(r"\1\2:[REDACTED]@", text)
-    return _AUTH.sub(lambda m: m.group(1) + m.group(2) + "[REDACTED]", text)
+    text = redact(text)
+    if "@" in text:
+        text = _URL_PASSWORD.sub(r"\1\2:" + REDACTED + "@", text)
+    return _AUTH.sub(lambda m: m.group(1) + m.group(2) + REDACTED, text)
 
 
 def redact_token_texts(texts: list) -> list:
-    """Per-token texts (a sidecar's ``text`` column) with every secret value the tokens spell together removed:
+    """Per-token texts (a sidecar's ``text`` column) with every credential the tokens spell together removed:
     the first token overlapping an occurrence reads ``[REDACTED]``, the others of it read empty. Compressed, the
     column's characters can sit side by side in the file, so the joined text must hold no secret either. The ids
     and logprobs are left as they are (what the probes score)."""
-    vals = secrets()
-    joined = "".join(t or "" for t in texts) if vals else ""
-    spans = [(m.start(), m.start() + len(v)) for v in vals for m in re.finditer(re.escape(v), joined)]
+    pat = CREDENTIALS.pattern
+    if pat is None:
+        return texts
+    joined = "".join(t or "" for t in texts)
+    spans = [(m.start(), m.end()) for m in pat.finditer(joined)]
     if not spans:
         return texts
     out, pos = list(texts), 0
@@ -55,30 +199,20 @@ def redact_token_texts(texts: list) -> list:
         n = len(t or "")
         hit = [a for a, b in spans if pos < b and a < pos + n]
         if hit:
-            out[i] = "[REDACTED]" if any(a >= pos for a in hit) else ""
+            out[i] = REDACTED if any(a >= pos for a in hit) else ""
         pos += n
     return out
 
 
-def redact_bytes(data: bytes) -> bytes:
-    """UTF-8 text or JSON bytes with every secret value replaced, as written and as JSON escapes it (a value
-    holding ``"``, ``\\`` or ``/``). The one redaction every record passes where it is written."""
-    for v in secrets():
-        for form in {v.encode(), json.dumps(v)[1:-1].encode(), json.dumps(v)[1:-1].replace("/", "\\/").encode()}:
-            if form in data:
-                data = data.replace(form, b"[REDACTED]")
-    return data
-
-
 class RedactingStream:
-    """A console stream (stdout, stderr) whose every write passes :func:`redact`: a key a server sent back is
-    never printed. Installed once per process by the commands' argument parser (agent/cli.py)."""
+    """A console stream (stdout, stderr) whose every write passes :func:`redact_console`: a key a server sent back
+    is never printed. Installed once per process by the commands' argument parser (agent/cli.py)."""
 
     def __init__(self, stream):
         self._stream = stream
 
     def write(self, s):
-        return self._stream.write(redact(s) if isinstance(s, str) else s)
+        return self._stream.write(redact_console(s) if isinstance(s, str) else s)
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
@@ -94,34 +228,24 @@ def is_host(url: str, host: str) -> bool:
     return p.scheme == "https" and (p.hostname or "").lower() == host.lower()
 
 
-#: Variables the user named as holding a key (``--api-key-env`` and friends): redacted whatever their name.
-KEY_VARS: set = set()
-
-
-def register_key_var(name: str | None) -> None:
-    """Redact this variable's value from everything the toolkit writes or prints, whatever its name."""
-    if name:
-        KEY_VARS.add(name)
-
-
 def public_url(url: str) -> str:
     """The URL without credentials (``http://user:pass@host`` -> ``http://host``): what records may hold."""
     if not isinstance(url, str) or "@" not in url:
         return url
     try:
         p = urlsplit(url)
+        port = p.port
     except ValueError:
         return url
     if not (p.username or p.password):
         return url
-    host = p.hostname or ""
-    netloc = host + (f":{p.port}" if p.port else "")
+    netloc = (p.hostname or "") + (f":{port}" if port else "")
     return urlunsplit((p.scheme, netloc, p.path, p.query, p.fragment))
 
 
 def safe_argv(argv) -> list[str]:
     """A command line fit for a record or a printed hint: URLs without credentials (also inside ``--flag=URL``),
-    secret values redacted."""
+    registered credentials redacted."""
     out = []
     for a in argv or []:
         a = str(a)

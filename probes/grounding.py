@@ -36,9 +36,9 @@ from agent.backends.messages import ImageUsers
 from agent.backends.openai_compat import OpenAIBackend
 from agent.backends.spread import Spread
 from agent.cli import DEFAULT_CONCURRENCY, JUDGE_ENDPOINT, add_judge_args, done, make_parser, positive_int
-from agent.http import is_host, redact
 from agent.judge import judge_key_env
 from agent.prompts import GROUNDING_PASS1, GROUNDING_PASS2, fill
+from agent.redact import is_host, redact_obj
 from agent.rundir import RunError, close_fragment, load_run, write_json
 from analysis.figures import fig2a_grounding, provenance_mark
 from analysis.selection import select_trajectories
@@ -262,7 +262,7 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
                 image_users.done(mine)
         if rec is not None:
             with open(path, "a") as f:
-                f.write(redact(json.dumps(rec, ensure_ascii=False)) + "\n")  # an annotator's echoed key: not kept
+                f.write(json.dumps(redact_obj(rec), ensure_ascii=False) + "\n")  # an annotator's echoed key: not kept
             done[(rec["sample_id"], rec["trial"])] = rec
         bar.update(1)
 

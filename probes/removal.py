@@ -43,14 +43,13 @@ from agent.backends.messages import ImageUsers, record_messages
 from agent.backends.spread import pin
 from agent.benchmarks import Sample
 from agent.cli import add_judge_args, done, make_parser, positive_int
-from agent.http import is_host
 from agent.judge import Grader
 from agent.methods import HARNESS_ERRORS, Budgets, Episode, MethodSpec
 from agent.methods.common import WEBWATCHER_OBSERVATION_IMAGES, Turn, tool_reply
 from agent.methods.react import react_messages, run_react
 from agent.prompts import CORRECTION, fill
+from agent.redact import is_host
 from agent.rundir import Run, RunDir, RunError, load_run, output_lock, write_json
-from agent.rundir.common import _atomic_write
 from agent.tools import make_toolbox
 from agent.trajectory import Trajectory
 from analysis.figures import fig2c_removal, provenance_mark
@@ -310,8 +309,8 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
     except BaseException:  # interrupted: the GPU time of the replays that were answered is recorded all the same
         out.mkdir(parents=True, exist_ok=True)
         cost = record_session(out / "probe.json", hardware, started, time.perf_counter() - t0, bar.n)
-        _atomic_write(out / "probe.json", json.dumps({"run_dir": str(run.path), "steps": steps, "model": ident,
-                                                      "cost": cost, "interrupted": True}, indent=2).encode())
+        write_json(out / "probe.json", {"run_dir": str(run.path), "steps": steps, "model": ident, "cost": cost,
+                                        "interrupted": True}, indent=2)
         raise
     finally:
         bar.close()

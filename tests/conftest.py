@@ -61,6 +61,16 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda i: (unit_of(i.nodeid) not in slow, -size[unit_of(i.nodeid)]))
 
 
+@pytest.fixture(autouse=True)
+def _no_credentials_carried_over():
+    """Each test starts with no credential registered (agent/redact.py keeps them per process)."""
+    from agent.redact import CREDENTIALS
+
+    CREDENTIALS.clear()
+    yield
+    CREDENTIALS.clear()
+
+
 def have_local_extra() -> bool:
     try:
         import torch  # noqa: F401

@@ -10,7 +10,8 @@ from http.server import ThreadingHTTPServer
 import httpx
 import pytest
 
-from agent.http import HTTPError, RetryPolicy, is_host, make_client, redact, register_key_var, request_json
+from agent.http import HTTPError, RetryPolicy, make_client, request_json
+from agent.redact import is_host, redact, redact_console, register_key_var
 from tests.fakes.http_base import JSONHandler
 
 #: the one client request_json is given (httpx: the live tools, the model backends, a judge)
@@ -353,10 +354,11 @@ def test_a_full_disk_is_one_clear_message_with_its_own_exit_status(tmp_path):
 
 async def test_a_key_echoed_in_a_200_tool_reply_is_never_cached_shown_or_recorded(tmp_path, monkeypatch):
     from agent.tools.cache import ToolCache
-    from agent.tools.live import ProviderResult
+    from agent.tools.live import LiveProvider, ProviderResult
     from agent.tools.toolbox import Toolbox
 
     monkeypatch.setenv("SERPER_API_KEY", "serper-PLANTED-7777")
+    await LiveProvider.from_env().aclose()  # the provider that sends the key registers it as a credential in use
 
     class Echoing:  # an API that puts the caller's key into a successful reply (seen in real error texts)
         async def search(self, q):
@@ -480,7 +482,7 @@ def test_a_urls_password_is_never_printed(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "alice:[REDACTED]@127.0.0.1:9" in r.stderr
     assert "s3cretpw" not in r.stdout + r.stderr
-    assert redact("see https://bob:hunter22@example.org/x") == "see https://bob:[REDACTED]@example.org/x"
+    assert redact_console("see https://bob:hunter22@example.org/x") == "see https://bob:[REDACTED]@example.org/x"
 
 
 def _png_header_only(width: int, height: int) -> bytes:
@@ -569,6 +571,7 @@ def test_token_texts_that_spell_a_key_are_redacted(monkeypatch):
     from agent.redact import redact_token_texts
 
     monkeypatch.setenv("MY_API_KEY", "sk-abc123xyz")
+    register_key_var("MY_API_KEY")
     texts = ["I", " saw", " sk", "-abc", "123", "xyz", " and", " sk-abc123xyz!", None]
     assert redact_token_texts(texts) == ["I", " saw", "[REDACTED]", "", "", "", " and", "[REDACTED]", None]
     assert redact_token_texts(["no", " key"]) == ["no", " key"]

@@ -141,3 +141,31 @@ async def test_the_journal_replays_what_it_recorded_and_nothing_that_differs(tmp
     assert sorted(p.name for p in (tmp_path / "inflight").iterdir()) == [Journal(tmp_path, "s1", 0).dir.name]
     Journal(tmp_path, "s1", 0).clear()
     assert not (tmp_path / "inflight").exists()
+
+
+async def test_a_reply_holding_a_key_in_use_is_replayed_and_the_calls_after_it_too(tmp_path, monkeypatch):
+    """The journal stores replies redacted: the request that follows a replayed reply carries ``[REDACTED]`` where
+    the original carried the key, and is still recognised as the recorded one (compared on the redacted form), so
+    a resume pays for no call twice (issue 55, item 7)."""
+    from agent.backends.base import SamplingParams
+    from agent.backends.scripted import ScriptedBackend
+    from agent.redact import register_key_var
+    from agent.run.journal import Journal, JournaledBackend
+
+    monkeypatch.setenv("MMCF_TEST_API_KEY", "zq-journal-5f4e3d2c1b")
+    register_key_var("MMCF_TEST_API_KEY")
+    sp = SamplingParams(seed=3)
+    replies = ["<think>\nhm\n</think>\n\nthe key is zq-journal-5f4e3d2c1b", "second", "third"]
+
+    async def unit(backend):
+        msgs = [{"role": "user", "content": "q"}]
+        for _ in range(3):
+            out = await backend.generate(msgs, sp)
+            msgs = [*msgs, {"role": "assistant", "content": out.text}, {"role": "user", "content": "go on"}]
+        return msgs
+
+    await unit(JournaledBackend(ScriptedBackend(list(replies), model="m"), Journal(tmp_path, "s1", 0)))
+    assert b"zq-journal-5f4e3d2c1b" not in b"".join(p.read_bytes() for p in (tmp_path / "inflight").rglob("*.json"))
+    again = JournaledBackend(ScriptedBackend(["asked again"] * 3, model="m"), Journal(tmp_path, "s1", 0))
+    await unit(again)
+    assert again.replayed == 3  # every call answered from the journal: none paid twice

@@ -19,17 +19,8 @@ import time
 
 import httpx
 
-from ..http import (
-    HTTPError,
-    RetryPolicy,
-    has_credentials,
-    make_client,
-    public_url,
-    redact,
-    register_key_var,
-    request_json,
-    scrub,
-)
+from ..http import HTTPError, RetryPolicy, make_client, request_json, scrub
+from ..redact import has_credentials, public_url, redact, register_key_var, register_secret, register_url
 from .base import (
     DEFAULT_TOP_LOGPROBS,
     BackendError,
@@ -89,7 +80,10 @@ class OpenAIBackend:
         self.wire = wire  # "release": only the fields the authors' release sends (--protocol release)
         self.base = base_url(endpoint)
         self.model = model or ""
-        register_key_var(api_key_env)  # its value is redacted from everything written, whatever its name
+        # the credentials this backend sends: redacted from everything written or printed (agent/redact.py)
+        register_key_var(api_key_env)
+        register_secret(api_key)
+        register_url(endpoint)
         if api_key_env and has_credentials(endpoint):
             raise BackendError(f"{public_url(endpoint)}: the URL carries credentials (user:password@) and "
                                f"--api-key-env {api_key_env} names a key: give one of them (httpx would send the URL's as "

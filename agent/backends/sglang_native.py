@@ -38,7 +38,8 @@ from operator import itemgetter
 import httpx
 import numpy as np
 
-from ..http import HTTPError, RetryPolicy, make_client, public_url, redact, request_json, scrub
+from ..http import HTTPError, RetryPolicy, make_client, request_json, scrub
+from ..redact import public_url, redact, register_url
 from .base import (
     DEFAULT_TOP_LOGPROBS,
     BackendError,
@@ -133,6 +134,7 @@ class SGLangBackend(PromptTokens):
             raise BackendError(f"endpoint {endpoint!r} is not an http(s) URL")
         self.url = endpoint.rstrip("/").removesuffix("/v1") + "/generate"
         self.public = public_url(self.url)  # what records and messages may name (no credentials)
+        register_url(endpoint)  # a password in the URL is sent (Basic auth): never written or printed
         name = str(model_dir).rstrip("/").split("/")[-1]  # "Qwen3.5-27B" for a path or a hub id
         if renderer is None:
             model_dir = resolve_model_dir(model_dir)  # a directory, or a hub id in the local HF cache

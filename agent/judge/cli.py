@@ -10,7 +10,7 @@ import sys
 
 from ..backends.base import BackendError
 from ..cli import DEFAULT_CONCURRENCY, add_judge_args, done, make_parser
-from ..http import is_host
+from ..redact import is_host
 from ..rundir import RunError
 from . import grading
 from .agreement import main as agree_main

@@ -31,10 +31,11 @@ from tqdm import tqdm
 from ..backends.base import BackendError, SamplingParams
 from ..backends.openai_compat import OpenAIBackend
 from ..cli import JUDGE_ENDPOINT, JUDGE_MODEL
-from ..http import is_host, public_url, redact, redact_bytes
+from ..http import dumps_record
 from ..preflight import server_facts
 from ..prompts import JUDGE, fill
-from ..rundir import RunDir, RunError, close_fragment, output_lock
+from ..redact import is_host, public_url, redact
+from ..rundir import RunDir, RunError, close_fragment, output_lock, write_json
 from ..rundir.accuracy import accuracy_table
 from ..rundir.grades import identical_trials, read_grades
 from ..trajectory import responses_fingerprint  # re-exported
@@ -281,7 +282,7 @@ async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_END
     async def grade(ln: dict) -> dict:
         rec = await grader.grade(ln)
         if not rec.get("failed"):  # each paid grade lands as soon as it comes: a kill loses none of them
-            out.write(redact_bytes(json.dumps(rec, ensure_ascii=False).encode("utf-8", "surrogatepass")) + b"\n")
+            out.write(dumps_record(rec) + b"\n")
             out.flush()
         bar.update(1)
         return rec
@@ -304,7 +305,7 @@ async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_END
     summary["lines_changed"] = list(rd.changed)  # left out of the grading, edited or damaged in place
     summary["failed_judge_calls"] = sum(1 for r in results if r.get("failed"))
     table = summary.pop("table")
-    (rd.path / f"judge-{name}-summary.json").write_text(redact(json.dumps(summary, indent=2)))
+    write_json(rd.path / f"judge-{name}-summary.json", summary, indent=2)  # redacted as it is serialised
     (rd.path / f"table1-{name}.md").write_text(redact(summary["markdown"]))
     table.to_csv(rd.path / f"table1-{name}.csv", index=False)
     return summary

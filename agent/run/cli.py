@@ -12,11 +12,11 @@ from ..backends.base import DEFAULT_TOP_LOGPROBS, BackendError
 from ..backends.images import set_image_cache_mb
 from ..benchmarks import resolve_benchmark
 from ..cli import DEFAULT_CONCURRENCY, add_backend_args, done, make_parser, positive_float, positive_int
-from ..http import safe_argv
 from ..methods import METHODS, PROTOCOLS, VARIANTS
 from ..methods.common import HISTORY_REASONING, WEBWATCHER_OBSERVATION_IMAGES
 from ..methods.release import DEFAULT_PATIENCE, DEFAULT_THRESHOLD
 from ..preflight import PreflightError
+from ..redact import safe_argv
 from ..rundir import RunError
 from ..rundir.ledger import format_projection, load_prices, project
 from ..rundir.shards import shard_units

@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 from ..backends import make_backend
 from ..backends.base import DEFAULT_TOP_LOGPROBS, BackendError, SamplingParams
 from ..benchmarks import load_selection
-from ..http import RetryPolicy, public_url, safe_argv
+from ..http import RetryPolicy
 from ..methods import Budgets, MethodSpec
 from ..methods.common import WEBWATCHER_OBSERVATION_IMAGES
 from ..methods.mmcontextfold_release import CALL_CAP, MAX_BRANCH_TURNS, MAX_ROUNDS
 from ..methods.release import SCORING_BACKENDS, ReleasePolicy
+from ..redact import public_url, safe_argv
 from ..rundir import RunDir, RunError, versions
 from ..trajectory import SCHEMA_VERSION
 

@@ -13,8 +13,8 @@ from tqdm import tqdm
 from ..backends import BackendError
 from ..backends.base import route
 from ..backends.spread import BackendPool
-from ..http import public_url
 from ..methods import new_trajectory, run_sample
+from ..redact import public_url
 from ..rundir import RunDir
 from ..tools import make_toolbox
 from .config import RunConfig, make_backends

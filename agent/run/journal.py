@@ -27,8 +27,9 @@ import numpy as np
 
 from ..backends.base import LogprobSemantics, ModelOutput, Usage
 from ..backends.tokens import TokenArrays
+from ..redact import redact_obj
 from ..rundir import token_key
-from ..rundir.common import _atomic_write
+from ..rundir.common import atomic_write, write_json
 from ..rundir.sidecar import decode, encode
 from ..trajectory import token_arrays
 
@@ -38,8 +39,12 @@ INFLIGHT = "inflight"
 
 
 def request_digest(messages: list[dict], sampling) -> str:
-    """What identifies a request: its messages and sampling, as JSON (images by the path or data they name)."""
-    blob = json.dumps([messages, sampling.to_dict() if sampling is not None else None], sort_keys=True, default=str)
+    """What identifies a request: its messages and sampling, as JSON (images by the path or data they name), with
+    every credential in use redacted. The journal stores replies redacted (a key a server echoed is never written),
+    so a replayed reply carries ``[REDACTED]`` where the original carried the key: compared on the redacted form,
+    the request that follows it is still the one recorded, and the replay goes on."""
+    blob = json.dumps(redact_obj([messages, sampling.to_dict() if sampling is not None else None]), sort_keys=True,
+                      default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -84,7 +89,7 @@ class Journal:
         self.dir.mkdir(parents=True, exist_ok=True)
         k = int(out.top_k_requested)
         arrays = token_arrays(out, k)
-        _atomic_write(self.dir / f"c{i + 1:04d}.parquet", encode({0: arrays}, k), binary=True)
+        atomic_write(self.dir / f"c{i + 1:04d}.parquet", encode({0: arrays}, k))
         u = out.usage
         e = {"digest": digest, "text": out.text, "reasoning": out.reasoning, "finish_reason": out.finish_reason,
              "usage": {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
@@ -93,7 +98,7 @@ class Journal:
              "semantics": {"kind": out.semantics.kind, "temperature": out.semantics.temperature},
              "backend": out.backend, "model": out.model, "latency_s": out.latency_s, "top_k": k,
              "prompt_pieces": _pieces_out(out.prompt_pieces)}
-        _atomic_write(self.dir / f"c{i + 1:04d}.json", json.dumps(e).encode())
+        write_json(self.dir / f"c{i + 1:04d}.json", e)
         del self.entries[i:]
         self.entries.append(e)
 

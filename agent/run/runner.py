@@ -14,7 +14,6 @@ from ..backends.local import set_renderer_hints
 from ..backends.scripted import ScriptedBackend
 from ..backends.tiny_model import ensure_tiny_model
 from ..benchmarks import incomplete_subset, load_selection, resolve_benchmark
-from ..http import public_url
 from ..preflight import (
     PreflightError,
     check_benchmark_images,
@@ -23,6 +22,7 @@ from ..preflight import (
     model_identity,
     server_differences,
 )
+from ..redact import exempt, public_url
 from ..rundir import RunDir, check_run
 from ..rundir.ledger import write_ledger
 from ..rundir.shards import shard_record, shard_units
@@ -148,6 +148,7 @@ async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends,
         print(f"--allow-missing-images: {len(skipped_images)} samples skipped for a missing or unreadable image "
               f"(first: {skipped_images[0][0]}: {skipped_images[0][1]})", file=sys.stderr)
     ident = await identify_backends(cfg, backends)
+    exempt(ident.get("served_model"), ident.get("weights"), cfg.model_dir)  # recorded as names: never "secrets"
     selection = {"limit": cfg.limit, "sample_ids": cfg.sample_ids, "n_samples": len(samples),
                  "skipped": [i for i, _ in skipped_images]}
     if cfg.selection:

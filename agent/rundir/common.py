@@ -12,8 +12,8 @@ import re
 import threading
 from pathlib import Path
 
-from ..http import redact_bytes
 from ..paths import inside as _inside
+from ..redact import redact_obj
 
 #: How the top-k logprobs are stored. float32 (default) keeps the server's values; float16 takes about two
 #: thirds of the bytes and moves the grouped entropy by up to ~1e-3 nats. The sampled token's logprob and the
@@ -59,10 +59,9 @@ def _tmp_name(path: Path) -> Path:
     return path.with_name(f"{path.name}.tmp{os.getpid()}-{threading.get_ident()}")
 
 
-def _atomic_write(path: Path, data: bytes, *, binary: bool = False) -> None:
-    """``data`` into ``path`` under a temporary name, renamed into place; text (not ``binary``) is redacted first."""
-    if not binary:
-        data = redact_bytes(data)
+def atomic_write(path: Path, data: bytes) -> None:
+    """``data`` into ``path`` under a temporary name, renamed into place (a reader sees the old file or the new,
+    never a part). The bytes are written as given: records are redacted before they are serialised."""
     tmp = _tmp_name(path)
     with open(tmp, "wb") as f:
         f.write(data)
@@ -72,8 +71,9 @@ def _atomic_write(path: Path, data: bytes, *, binary: bool = False) -> None:
 
 
 def write_json(path, obj, **kw) -> None:
-    """``obj`` as JSON text (``json.dumps(obj, **kw)``) into ``path``: redacted, under a temporary name, renamed."""
-    _atomic_write(Path(path), json.dumps(obj, **kw).encode())
+    """``obj`` as JSON text (``json.dumps(obj, **kw)``) into ``path``, its strings redacted first
+    (agent/redact.py), under a temporary name, renamed."""
+    atomic_write(Path(path), json.dumps(redact_obj(obj), **kw).encode())
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..http import dumps, dumps_record, loads
-from .common import RunError, _atomic_write
+from .common import RunError, atomic_write
 
 
 class RunIndex:
@@ -105,7 +105,7 @@ class RunIndex:
     def _write_index(self, entries: list[dict], ino: int) -> None:
         try:
             data = dumps({"index": 1, "ino": ino}) + b"\n" + b"".join(dumps(e) + b"\n" for e in entries)
-            _atomic_write(self.index_path, data)
+            atomic_write(self.index_path, data)
         except (OSError, RunError):
             pass  # a cache: a read-only run directory is read without it
 

@@ -31,7 +31,7 @@ from serving.endpoints import gpus_behind, gpus_held
 
 from ..backends.images import ImageError, load_image
 from ..tools.cache import ToolCache, cache_key
-from .common import _atomic_write
+from .common import write_json
 from .grades import read_grades
 from .reader import load_run
 
@@ -247,7 +247,7 @@ def compute_ledger(run_dir, *, prices: dict | None = None, serving_dir=None, gpu
 
 def write_ledger(run_dir, **kw) -> dict:
     led = compute_ledger(run_dir, **kw)
-    _atomic_write(Path(run_dir) / "ledger.json", json.dumps(led, indent=2).encode())
+    write_json(Path(run_dir) / "ledger.json", led, indent=2)
     return led
 
 

@@ -35,7 +35,7 @@ from ..cli import done, make_parser
 from ..preflight import same_model, server_differences
 from ..tools.cache import ToolCache
 from .check import check_run
-from .common import IDENTITY_KEYS, RunError, _atomic_write, inside, output_lock
+from .common import IDENTITY_KEYS, RunError, inside, output_lock, write_json
 from .ledger import compute_ledger
 from .reader import load_run
 from .writer import RunDir
@@ -263,8 +263,8 @@ def _merge_runs(out: Path, shard_dirs: list, progress) -> dict:
            "tool_cache": cache, "shards_without_tool_cache": no_cache,
            "shard_dirs": [str(p.resolve()) for p, _, _ in shards]}
     led = compute_ledger(out)  # the merged run's cost ledger (the shards' own stay in their directories)
-    _atomic_write(out / "ledger.json", json.dumps({**led, "run_dir": str(final)}, indent=2).encode())
-    _atomic_write(out / "merge.json", json.dumps(rep, indent=2).encode())  # the completion marker, written last
+    write_json(out / "ledger.json", {**led, "run_dir": str(final)}, indent=2)
+    write_json(out / "merge.json", rep, indent=2)  # the completion marker, written last
     if final.exists():  # an empty directory (checked above)
         final.rmdir()
     os.replace(out, final)  # one rename: OUT is either absent or whole, ledger included

@@ -22,9 +22,10 @@ from .common import (
     RESUME_HISTORY,
     TOKEN_PRECISIONS,
     RunError,
-    _atomic_write,
     _tmp_name,
+    atomic_write,
     token_key,
+    write_json,
 )
 from .index import RunIndex
 from .sidecar import encode as _encode_sidecar
@@ -76,15 +77,14 @@ class RunDir(RunIndex):
             for k in ("selection",):
                 if k in header:
                     old[k] = header[k]
-            _atomic_write(self.header_path, json.dumps(old, indent=2, sort_keys=True).encode())
+            write_json(self.header_path, old, indent=2, sort_keys=True)
             return old
-        _atomic_write(self.header_path, json.dumps(header, indent=2, sort_keys=True).encode())
+        write_json(self.header_path, header, indent=2, sort_keys=True)
         return header
 
     def note_skipped(self, skipped: list[tuple[str, str]]) -> None:
         """Record which samples a run left out (``--allow-missing-images``) and why."""
-        _atomic_write(self.path / "skipped_samples.json",
-                      json.dumps([{"sample_id": i, "reason": r} for i, r in skipped], indent=1).encode())
+        write_json(self.path / "skipped_samples.json", [{"sample_id": i, "reason": r} for i, r in skipped], indent=1)
 
     def lock(self, *, wait_s: float = 30.0, shared_only: bool = False) -> None:
         """Hold the run lock for this process's lifetime: one runner (and its --processes) per directory.
@@ -172,8 +172,8 @@ class RunDir(RunIndex):
         try:
             if traj.tokens:
                 prompt = (traj.tokenizer, traj.prompt_pieces) if getattr(traj, "prompt_pieces", None) else None
-                _atomic_write(self.path / "tokens" / f"{key}.parquet",
-                              _encode_sidecar(traj.tokens, traj.top_k, self.token_precision, prompt), binary=True)
+                atomic_write(self.path / "tokens" / f"{key}.parquet",
+                             _encode_sidecar(traj.tokens, traj.top_k, self.token_precision, prompt))
                 line["tokens_file"] = f"tokens/{key}.parquet"
             else:
                 line["tokens_file"] = None

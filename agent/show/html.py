@@ -21,7 +21,6 @@ from probes.entropy import read_step_tokens
 from ..backends.base import model_vocab_size
 from ..backends.scripted import ScriptedBackend
 from ..backends.tiny_model import default_tiny_dir
-from ..http import redact
 from ..rundir import Run, RunError, load_run, token_key
 
 __all__ = ["build_html", "files_dir", "LIST_CHUNK", "INDEX_ROWS", "AUTO_TOKENS", "EMBED_PX", "PAGE_TEMPLATE"]
@@ -201,7 +200,7 @@ def _row(ln: dict, grades: dict) -> dict:
 
 def _page(fill: dict) -> str:
     # one pass: a placeholder's name inside the data (a label, an answer) is never filled in again
-    return redact(_PLACEHOLDER.sub(lambda m: fill[m.group(0)], PAGE_TEMPLATE))
+    return _PLACEHOLDER.sub(lambda m: fill[m.group(0)], PAGE_TEMPLATE)
 
 
 def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[str] | None = None,
@@ -262,7 +261,7 @@ def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[
         n_images += sum(1 for v in images.values() if v)
         if (i + 1) % LIST_CHUNK == 0 or i == len(lines) - 1:
             name = f"list-{i // LIST_CHUNK}.js"
-            (fdir / name).write_text(redact(f"MMCF_LIST({_js(rows[i // LIST_CHUNK * LIST_CHUNK: i + 1])});\n"),
+            (fdir / name).write_text(f"MMCF_LIST({_js(rows[i // LIST_CHUNK * LIST_CHUNK: i + 1])});\n",
                                      encoding="utf-8")
     index = _page({"__TITLE__": title, "__META__": _js({**meta, "mode": "index", "summary": run_summary(run)}),
                    "__SAMPLES__": "[]", "__DETAILS__": "{}", "__IMAGES__": "{}"})

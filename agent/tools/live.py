@@ -20,6 +20,7 @@ import httpx
 
 from ..backends.images import ImageError, load_image
 from ..http import HTTPError, RetryPolicy, make_client, request_json
+from ..redact import register_key_var, register_secret
 from .formatting import FAILED_VISIT, format_lens, format_search, format_visit, looks_blocked
 from .registry import RegisteredImage
 
@@ -75,6 +76,8 @@ class LensURL:
                 import boto3  # noqa: PLC0415 - the optional s3 extra
             except ImportError as e:
                 raise RuntimeError("S3 upload for Lens needs boto3: pip install 'mmcf-toolkit[s3]'") from e
+            for var in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):  # what boto3 signs with: never written
+                register_key_var(var)
             s3 = boto3.client("s3", endpoint_url=self.s3_endpoint_url)
             ext = img.image.mime.split("/")[-1]
             key = f"{self.s3_prefix}{img.sha256}.{ext}"
@@ -109,6 +112,8 @@ class LiveProvider:
                  jina_base: str = "https://r.jina.ai", client: httpx.AsyncClient | None = None,
                  thumbnail_dir: str | os.PathLike | None = None):
         self.serper_key, self.jina_key = serper_key, jina_key
+        for key in (serper_key, jina_key):  # the keys this provider sends: never written or printed
+            register_secret(key)
         self.lens_url = lens_url or LensURL()
         self.visit_max_chars = visit_max_chars
         self.policy = policy

@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..http import redact
+from ..redact import redact_obj
 from .cache import MODES, ToolCache, cache_key
 from .live import ProviderResult
 from .registry import ImageRegistry
@@ -29,17 +29,6 @@ _REQUIRED = {"search": "query", "visit": "url", "lens_search": "image_id"}
 
 class CacheMiss(RuntimeError):
     """Replay mode found no cached result: the replay cannot be exact."""
-
-
-def _redacted(raw):
-    """``raw`` (a provider's JSON) with every secret value redacted in its strings."""
-    if isinstance(raw, str):
-        return redact(raw)
-    if isinstance(raw, dict):
-        return {k: _redacted(v) for k, v in raw.items()}
-    if isinstance(raw, list):
-        return [_redacted(v) for v in raw]
-    return raw
 
 
 @dataclass
@@ -118,7 +107,7 @@ class Toolbox:
         self.stats["paid_calls"] += res.paid_calls
         self.stats[f"{name}.paid"] += res.paid_calls
         # an API that echoes the key in a 200 body (seen in error texts): never cached, shown or recorded
-        raw, observation = _redacted(res.raw), redact(res.observation)
+        raw, observation = redact_obj(res.raw), redact_obj(res.observation)
         if self.cache is not None and self.mode != "off":
             self.cache.put(key, name, args, raw, observation, res.ok, res.transient)
         return ToolResult(name, args, observation, res.ok, False, res.paid_calls, img.sha256 if img else None, raw,

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from agent.http import dumps, loads
 from agent.rundir import read_parquet
-from agent.rundir.common import _atomic_write
+from agent.rundir.common import atomic_write
 
 _COLUMNS = ("pos", "dH", "kl", "w_ids", "w_lp", "o_ids", "o_lp")
 
@@ -87,7 +87,7 @@ class TokenStore:
             # (no column statistics: nothing filters these files by value; ~7 % of the write)
             pq.write_table(table, sink, compression="zstd", use_dictionary=["step"], write_statistics=False)
             self.d.mkdir(parents=True, exist_ok=True)
-            _atomic_write(self.path(key), sink.getvalue().to_pybytes(), binary=True)
+            atomic_write(self.path(key), sink.getvalue().to_pybytes())
         for partial in partials:
             partial.unlink(missing_ok=True)
 

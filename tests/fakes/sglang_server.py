@@ -408,7 +408,7 @@ class _Handler(JSONHandler):
             return {"text": "", "output_ids": [], "meta_info": meta}
         if callable(self.server.reply) and req.get("text") is None and req.get("input_ids") is not None:
             req = {**req, "text": tok.decode_all(req["input_ids"])}  # a policy reads the prompt as text either way
-        reply = req["_garbage"] if "_garbage" in req else (self.server.reply(req) if callable(self.server.reply)
+        reply = req["_garbage"] if "_garbage" in req else (self._policy(req) if callable(self.server.reply)
                                                            else self.server.reply)
         reply = reply or ""
         full_ids = tok.encode(reply) + ([tok.eos] if tok.eos is not None else [])
@@ -434,7 +434,7 @@ class _Handler(JSONHandler):
     # -------------------------------------------------------------- chat
     def _chat_cached(self, req: dict) -> bytes:
         """Replies depend only on (text, k, max_tokens, flags): encode each distinct one once."""
-        reply = self.server.reply(req) if callable(self.server.reply) else self.server.reply
+        reply = self._policy(req) if callable(self.server.reply) else self.server.reply
         n_prompt = self._chat_prompt_tokens(req)
         key = (reply, req.get("top_logprobs"), req.get("max_tokens"), bool(req.get("logprobs")),
                bool(req.get("return_meta_info")), self.server.model_name, n_prompt)
@@ -469,6 +469,11 @@ class _Handler(JSONHandler):
                                           chat_template=self.server.chat_template,
                                           **(req.get("chat_template_kwargs") or {}))
         return len(self._expand(tok.encode(text), images))
+
+    def _policy(self, req: dict):
+        """The reply policy's text for ``req``; it sees the request's ``Authorization`` header as
+        ``req["_authorization"]`` (a server that echoes what it was sent)."""
+        return self.server.reply({**req, "_authorization": self.headers.get("Authorization")})
 
     def _chat(self, req: dict) -> dict:
         n_prompt = req.get("_n_prompt", 17)
