@@ -16,6 +16,7 @@ import pytest
 
 from agent.run import main as run_main
 from agent.rundir import RunDir, check_run, load_run
+from agent.rundir.lines import seal
 from scripts.soak import agent_policy, soak
 from tests.conftest import REPO
 from tests.fakes.sglang_server import GARBAGE, FakeSGLang
@@ -105,7 +106,7 @@ def test_no_record_is_glued_onto_a_torn_fragment_and_repair_quarantines(tmp_path
     rd = RunDir(tmp_path / "r")
     rd.write_header({"method": "react", "benchmark": "x", "trials": 1})
     with open(rd.results, "wb") as f:  # a crash mid-write left a fragment without its newline
-        f.write(json.dumps(_unit_line("s0")).encode() + b"\n" + b'{"sample_id": "s1", "tri')
+        f.write(seal(_unit_line("s0")) + b"\n" + b'{"sample_id": "s1", "tri')
 
     class S:
         image_paths = []

@@ -8,6 +8,7 @@ import pytest
 
 from agent import run as runner
 from agent.rundir import RunDir, check_run, load_run
+from agent.rundir.lines import seal
 
 
 @pytest.fixture
@@ -23,7 +24,7 @@ def _truth(out):
 
 def test_the_writer_indexes_every_line(run_dir):
     idx = (run_dir / "results.index.jsonl").read_text().splitlines()
-    assert json.loads(idx[0])["index"] == 1 and len(idx) == 1 + 6
+    assert json.loads(idx[0])["index"] == 2 and len(idx) == 1 + 6
     run = load_run(run_dir)
     truth = _truth(run_dir)
     assert [(e["sample_id"], e["trial"]) for e in run.index] == [(t["sample_id"], t["trial"]) for t in truth]
@@ -43,8 +44,8 @@ def test_index_is_a_cache(run_dir, capsys):
     assert (run_dir / "results.index.jsonl").exists()
     # a line the index lacks (a crash between the two writes; an older run resumed): parsed from the file
     extra = dict(truth[0], trial=7)
-    with open(run_dir / "results.jsonl", "a") as f:
-        f.write(json.dumps(extra) + "\n")
+    with open(run_dir / "results.jsonl", "ab") as f:
+        f.write(seal(extra) + b"\n")
     got = load_run(run_dir).index
     assert [(e["sample_id"], e["trial"]) for e in got] == keys + [(extra["sample_id"], 7)]
     # a torn last line is reported and skipped
@@ -80,8 +81,8 @@ def test_an_unwritable_index_is_done_without(run_dir):
 def test_latest_line_per_unit_wins(run_dir):
     truth = _truth(run_dir)
     redo = dict(truth[1], status="no_answer", answer="")
-    with open(run_dir / "results.jsonl", "a") as f:
-        f.write(json.dumps(redo) + "\n")
+    with open(run_dir / "results.jsonl", "ab") as f:
+        f.write(seal(redo) + b"\n")
     latest = RunDir(run_dir).latest()
     assert latest[(redo["sample_id"], redo["trial"])]["status"] == "no_answer" and len(latest) == 6
 
@@ -110,3 +111,43 @@ def test_a_projecting_reader_keeps_what_it_asks_for_and_reads_whole_lines_on_acc
     got = load_run(run_dir, project=view_fields)
     assert [e["sample_id"] for e in got.index] == [e["sample_id"] for e in run.index if e["_o"] != full.index[1]["_o"]]
     assert "changed since they were written" in capsys.readouterr().err
+
+
+def _edit_answer(run_dir, new: bytes) -> str:
+    """Change the first line's answer in place, keeping it valid JSON of the same length (as ``sed -i`` would)."""
+    res = run_dir / "results.jsonl"
+    data = res.read_bytes()
+    first = json.loads(data[:data.index(b"\n")])
+    old = json.dumps(first["answer"]).encode()
+    assert old in data[:data.index(b"\n")] and len(new) == len(old)
+    res.write_bytes(data.replace(old, new, 1))
+    return first["sample_id"]
+
+
+@pytest.mark.parametrize("how", ["in place", "cp -r", "tar", "index deleted"])
+def test_an_edited_line_is_caught_wherever_the_run_is_copied(run_dir, tmp_path, how, capsys):
+    """The checksum travels in the line itself: an edit is reported by check and left out by every reader after
+    ``cp -r``, a tar round trip or a deleted index, not only in place (issue 55, item 3); a missing index on a run
+    that had lines is reported."""
+    import shutil
+    import subprocess
+
+    first = json.loads((run_dir / "results.jsonl").read_bytes().splitlines()[0])
+    victim = _edit_answer(run_dir, json.dumps("Z" * len(first["answer"])).encode())
+    where = run_dir
+    if how == "cp -r":
+        where = tmp_path / "copy"
+        shutil.copytree(run_dir, where)
+    elif how == "tar":
+        where = tmp_path / "untarred"
+        where.mkdir()
+        subprocess.run(f"tar -C {run_dir} -cf - . | tar -C {where} -xf -", shell=True, check=True)
+    elif how == "index deleted":
+        (run_dir / "results.index.jsonl").unlink()
+    rep = check_run(where)
+    assert not rep.intact and [u for _, u in rep.changed] == [f"{victim}/t0"]
+    assert victim not in {k[0] for k in RunDir(where).done_keys()}  # its unit reruns on resume
+    assert victim not in {e["sample_id"] for e in load_run(where).index}
+    assert "changed since they were written" in capsys.readouterr().err
+    if how == "index deleted":
+        assert rep.index.startswith("MISSING")

@@ -16,6 +16,7 @@ import pytest
 from agent.judge import main as judge_main
 from agent.run import main as run_main
 from agent.rundir import check_run, load_run
+from agent.rundir.lines import seal
 from agent.rundir.merge import main as merge_main
 from agent.rundir.shards import shard_units
 from probes.entropy import main as entropy_main
@@ -180,12 +181,13 @@ def test_the_slurm_example_runs_one_shard_per_array_task(tmp_path):
 
 
 def _point_tokens_file(run_dir: Path, name: str) -> None:
-    """A hostile edit: the first line's ``tokens_file`` set to ``name`` (the index dropped, so it is read again)."""
+    """A hostile edit: the first line's ``tokens_file`` set to ``name`` and sealed again, as a crafted run would be
+    (the index dropped, so it is read again)."""
     res = run_dir / "results.jsonl"
-    lines = res.read_text().splitlines()
+    lines = res.read_bytes().splitlines()
     first = json.loads(lines[0])
     first["tokens_file"] = name
-    res.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    res.write_bytes(b"\n".join([seal(first), *lines[1:]]) + b"\n")
     (run_dir / "results.index.jsonl").unlink(missing_ok=True)
 
 

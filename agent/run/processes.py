@@ -4,7 +4,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
-import json
 import multiprocessing as mp
 import os
 import signal
@@ -14,6 +13,7 @@ from collections import Counter
 
 from ..backends.local import renderer_hints
 from ..rundir import RunDir, RunError
+from ..rundir.lines import read_line
 from .config import RunConfig
 from .execute import UnitStats, progress_bar
 
@@ -72,13 +72,11 @@ def _written(rd: RunDir, offset0: int) -> tuple[Counter, UnitStats]:
     if rd.results.exists():
         with open(rd.results, "rb") as f:
             f.seek(offset0)
-            for raw in f.read().split(b"\n"):
-                try:
-                    ln = json.loads(raw)
-                    counts[ln["status"]] += 1
+            for raw in f:  # one line at a time; a torn or changed one is not counted
+                ln, state = read_line(raw)
+                if state == "ok":
+                    counts[ln.get("status")] += 1
                     stats.add(ln)
-                except (ValueError, KeyError, TypeError):
-                    continue
     return counts, stats
 
 

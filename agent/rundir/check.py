@@ -17,6 +17,7 @@ from ..benchmarks import resolve_benchmark
 from ..cli import HelpFormatter, done, make_parser
 from .common import RunError, inside, token_key
 from .index import summary_of
+from .lines import read_line
 from .shards import shard_units
 from .sidecar import read_parquet, read_prompt_pieces
 from .writer import RunDir
@@ -42,6 +43,7 @@ class CheckReport:
     missing_images: list = field(default_factory=list)   # (sample_id/trial, sha256)
     cache: str = "absent"                                # "ok", "absent", or the integrity problem
     judge_torn: dict = field(default_factory=dict)       # judge-*.jsonl -> torn lines (skipped by readers)
+    index: str = "ok"                                    # "ok", "none" (no lines), or what is wrong with it
     repaired: list = field(default_factory=list)
 
     @property
@@ -70,6 +72,7 @@ class CheckReport:
         if self.in_flight:
             out.append(f"  {self.in_flight} unit(s) in flight with recorded calls (RUN/inflight/): the rerun "
                        "continues each from its last completed call")
+        out.append(f"  index: {self.index}")
         out.append(f"  tool cache: {self.cache}")
         for name, n in self.judge_torn.items():
             out.append(f"  {name}: {n} torn line(s) (every reader skips them; the next agent.judge grades those "
@@ -103,35 +106,39 @@ def _expected_keys(rd: "RunDir", header: dict) -> set | None:
 
 
 def _read_lines(rd: RunDir, rep: CheckReport) -> tuple[list, list]:
-    """The summaries of the well-formed lines (with the images each needs) and the raw torn lines."""
+    """The summaries of the intact lines (with the images each needs) and the raw torn lines; lines changed since
+    they were written (their checksum does not match) are reported and left out."""
     good, torn_raw = [], []
-    rd.index(warn=False)  # the written checksums: which lines changed since (edited or damaged in place)
-    changed = {o: f"{sid}/t{t}" for sid, t, o in rd.changed}
-    if rd.results.exists():
-        with open(rd.results, "rb") as f:
-            offset = 0
-            for n, raw in enumerate(f, 1):
-                at, offset = offset, offset + len(raw)
-                if not raw.strip():
-                    continue
-                if at in changed:  # never counted as the unit's record: it reruns on resume
-                    rep.changed.append((n, changed[at]))
-                    continue
-                try:
-                    line = json.loads(raw)
-                    if not isinstance(line, dict) or "sample_id" not in line or "trial" not in line:
-                        raise ValueError("not a result line")
-                    # keep the summary and the images the line needs, not the line: memory stays bounded
-                    need = set((line.get("query_images") or {}).values())
-                    need |= {h for e in line.get("events") or [] if e.get("type") == "tool_call"
-                             for h in e.get("result_images") or []}
-                    need |= {p.get("sha256") for m in line.get("messages") or [] if isinstance(m.get("content"), list)
-                             for p in m["content"] if isinstance(p, dict) and p.get("type") == "image" and p.get("sha256")}
-                    good.append({**summary_of(line), "_need": need})
-                except ValueError:
-                    rep.torn.append((n, raw[:60].decode(errors="replace")))
-                    torn_raw.append(raw)
+    if not rd.results.exists():
+        return good, torn_raw
+    rd.index(warn=False, project=lambda e: {})  # where the index knew a sealed line that no longer parses: changed
+    # (not torn); a projecting reader never rewrites the index, so check writes nothing
+    changed_at = {o: (sid, t) for sid, t, o in rd.changed}
+    with open(rd.results, "rb") as f:
+        offset = 0
+        for n, raw in enumerate(f, 1):
+            at, offset = offset, offset + len(raw)
+            if not raw.strip():
+                continue
+            line, state = read_line(raw)
+            if at in changed_at:
+                line, state = {"sample_id": changed_at[at][0], "trial": changed_at[at][1]}, "changed"
+            if state == "torn":
+                rep.torn.append((n, raw[:60].decode(errors="replace")))
+                torn_raw.append(raw)
+            elif state == "changed":  # never counted as the unit's record: it reruns on resume
+                rep.changed.append((n, f"{line.get('sample_id')}/t{line.get('trial')}"))
+            else:  # keep the summary and the images the line needs, not the line: memory stays bounded
+                good.append({**summary_of(line), "_need": _images_needed(line)})
     return good, torn_raw
+
+
+def _images_needed(line: dict) -> set:
+    need = set((line.get("query_images") or {}).values())
+    need |= {h for e in line.get("events") or [] if e.get("type") == "tool_call" for h in e.get("result_images") or []}
+    need |= {p.get("sha256") for m in line.get("messages") or [] if isinstance(m.get("content"), list)
+             for p in m["content"] if isinstance(p, dict) and p.get("type") == "image" and p.get("sha256")}
+    return need
 
 
 def _count_units(rd: RunDir, header: dict, rep: CheckReport, good: list) -> dict:
@@ -240,6 +247,11 @@ def check_run(path, *, deep: bool = True, repair: bool = False) -> CheckReport:
     rd = RunDir(path)
     header = rd.read_header()
     rep = CheckReport(str(rd.path))
+    if not (rd.results.exists() and rd.results.stat().st_size):
+        rep.index = "none (no lines yet)"
+    elif not rd.index_path.exists():  # every writer keeps one: it was deleted, or left behind by a copy
+        rep.index = ("MISSING: results.index.jsonl was deleted or not copied with the run; every line was checked "
+                     "against its own checksum, and the next reader rebuilds the index")
     good, torn_raw = _read_lines(rd, rep)
     latest = _count_units(rd, header, rep, good)
     if (rd.path / "inflight").is_dir():

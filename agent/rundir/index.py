@@ -1,19 +1,20 @@
-"""The run index, ``results.index.jsonl``: one small entry per line of ``results.jsonl`` (its byte offset,
-length and CRC-32, and the line without its events and messages), so a run of thousands of ~150 KB lines is
-listed without parsing them. It is a cache that is never trusted blindly: a reader checks every entry's
-checksum against the file (a line damaged in place is parsed again, and skipped if it no longer parses) and
-parses whatever no entry covers; :class:`Lines` refuses a line that changed since it was indexed."""
+"""The run index, ``results.index.jsonl``: one small entry per line of ``results.jsonl`` (its byte offset and
+length, the checksum the line carries, and the line without its events and messages), so a run of thousands of
+~150 KB lines is listed without parsing them. It is a cache that is never trusted: a reader checks every entry's
+line against the checksum the line carries (agent/rundir/lines.py), parses whatever no intact entry covers, and
+leaves out every line changed since it was written; :class:`Lines` refuses a line that changed since it was
+indexed. Nothing in it depends on where the file lives: a copied run reads the same."""
 from __future__ import annotations
 
 import json
 import os
 import sys
-import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..http import dumps, dumps_record, loads
+from ..http import dumps, dumps_record
 from .common import RunError, atomic_write
+from .lines import SEAL_KEY, line_digest, read_line
 
 
 class RunIndex:
@@ -22,66 +23,66 @@ class RunIndex:
     #: ``(sample_id, trial, byte offset)`` of each line the last :meth:`index` found changed since it was written
     changed: list = []
 
-    # results.index.jsonl: one small entry per line of results.jsonl (its byte offset and length, and the
-    # line without its events and messages), so that a run of thousands of ~150 KB lines is listed without
-    # parsing them; the lines themselves are read one at a time when something needs them. The index is a
-    # cache: the writer appends to it, and a reader checks it against results.jsonl and parses whatever it
-    # does not cover (an older run, a crash between the two writes), rebuilding it when that is much.
+    # results.index.jsonl: one small entry per line of results.jsonl (its byte offset and length, its checksum and
+    # the line without its events and messages), so that a run of thousands of ~150 KB lines is listed without
+    # parsing them; the lines themselves are read one at a time when something needs them. The index is a cache:
+    # the writer appends to it, and a reader checks it against results.jsonl and parses whatever it does not cover
+    # (a crash between the two writes, a deleted index), rebuilding it when that is much.
     def index(self, *, warn: bool = True, verify: bool = True, project: Projection | None = None) -> list[dict]:
-        """Summaries of every parseable line of results.jsonl in file order (with private ``_o``/``_n``/``_h``).
+        """Summaries of every intact line of results.jsonl in file order (with private ``_o``/``_n``/``_h``).
 
         ``project``: keep only what a reader needs of each summary (a function of the summary; the line's key and
         position are always kept), applied as each entry is read, so a reader of thousands of lines holds a few
         hundred bytes a line rather than its summary (~20 KB in memory for a 10-call line). A projecting reader
         never rewrites the index (a cache, rebuilt by the next full reader).
 
-        ``verify``: each entry's checksum (``_h``, CRC-32 of its line's bytes) is checked against the file, so
-        a line damaged in place (same inode, same length: a disk error) is parsed again — and, if it no longer
-        parses, is a torn line like any other (its unit reruns on resume; nothing is graded or drawn from it).
-        One sequential read of results.jsonl (~1 s per GB)."""
+        ``verify``: each entry's line is checked against the checksum the line carries (agent/rundir/lines.py), so
+        a line changed since it was written (edited, damaged, in a copy of the run) is parsed again, found changed
+        and left out (its unit reruns on resume; nothing is graded or drawn from it). One sequential read of
+        results.jsonl."""
+        self.changed = []
         if not self.results.exists():
             return []
-        st = os.stat(self.results)
-        size, ino = st.st_size, st.st_ino
-        entries = self._read_index(size, ino, project)
-        changed: list[dict] = []
+        size = os.stat(self.results).st_size
+        entries = self._read_index(size, project)
         with open(self.results, "rb") as f:
             if entries and not _entries_fit(f, entries):
                 entries = []
+            suspect: dict = {}
             if verify and entries:
-                entries, changed = _entries_intact(f, entries)
-            out, pos, scanned = [], 0, 0
-            for e in sorted(entries + changed, key=lambda x: x["_o"]) + [None]:
+                entries, suspect = _entries_intact(f, entries)
+            out, pos, scanned, changed = [], 0, 0, []
+            for e in entries + [None]:
                 end = e["_o"] if e is not None else size
-                if end > pos:  # bytes no entry covers: parse the lines there
-                    got, n = _scan(f, pos, end, self.results, warn, project)
+                if end > pos:  # bytes no intact entry covers: parse the lines there
+                    got, n, bad = _scan(f, pos, end, self.results, warn, project, suspect)
                     out += got
+                    changed += bad
                     scanned += n
                 if e is not None:
-                    if e not in changed:
-                        out.append(e)
+                    out.append(e)
                     pos = e["_o"] + e["_n"]
-        self.changed = [(e.get("sample_id"), e.get("trial"), e["_o"]) for e in changed]
+        self.changed = changed
         if changed and warn:  # loud: a reader that used the line would report what was never recorded
-            print(f"WARNING: {self.results}: {len(changed)} line(s) changed since they were written (edited or damaged "
-                  f"in place), first {changed[0].get('sample_id')} trial {changed[0].get('trial')} at byte "
-                  f"{changed[0]['_o']}: left out (their units rerun on resume); python -m agent.rundir check "
-                  f"{self.path} lists them", file=sys.stderr)
-        if project is None and (scanned > (1 << 20) or (not entries and out)):  # changed lines' entries kept: refused next time
-            self._write_index(sorted(out + changed, key=lambda x: x["_o"]), ino)
+            sid, trial, at = changed[0]
+            print(f"WARNING: {self.results}: {len(changed)} line(s) changed since they were written (edited or damaged; "
+                  f"their checksums do not match), first {sid} trial {trial} at byte {at}: left out (their units "
+                  f"rerun on resume); python -m agent.rundir check {self.path} lists them", file=sys.stderr)
+        if project is None and (scanned > (1 << 20) or (not entries and out)):
+            self._write_index(out)
         return out
 
     @property
     def index_path(self) -> Path:
         return self.path / "results.index.jsonl"
 
-    def _read_index(self, size: int, ino: int, project: Projection | None = None) -> list[dict]:
+    def _read_index(self, size: int, project: Projection | None = None) -> list[dict]:
         out = []
         try:
             with open(self.index_path, "rb") as f:  # entry by entry: the file is ~4 KB a 10-call line
                 try:
                     head = json.loads(f.readline())
-                    if head.get("index") != 1 or head.get("ino") != ino:
+                    if head.get("index") != INDEX_FORMAT:
                         return []
                 except ValueError:
                     return []
@@ -92,7 +93,8 @@ class RunIndex:
                         e = json.loads(raw_e)
                     except ValueError:
                         continue  # a torn index entry: its line is parsed from results.jsonl instead
-                    if isinstance(e, dict) and isinstance(e.get("_o"), int) and e["_o"] + e.get("_n", 0) <= size:
+                    if (isinstance(e, dict) and isinstance(e.get("_o"), int) and isinstance(e.get("_n"), int)
+                            and e["_o"] + e["_n"] <= size):
                         out.append(_projected(e, project))
         except OSError:
             return []
@@ -102,25 +104,26 @@ class RunIndex:
             return []
         return out
 
-    def _write_index(self, entries: list[dict], ino: int) -> None:
+    def _write_index(self, entries: list[dict]) -> None:
         try:
-            data = dumps({"index": 1, "ino": ino}) + b"\n" + b"".join(dumps(e) + b"\n" for e in entries)
+            data = dumps({"index": INDEX_FORMAT}) + b"\n" + b"".join(dumps(e) + b"\n" for e in entries)
             atomic_write(self.index_path, data)
         except (OSError, RunError):
             pass  # a cache: a read-only run directory is read without it
 
-    def _append_index(self, line: dict, offset: int, length: int, crc: int | None = None) -> None:
+    def _append_index(self, line: dict, offset: int, length: int, digest: str) -> None:
         try:
-            ino = os.stat(self.results).st_ino
             with open(self.index_path, "ab") as f:
                 if f.tell() == 0:
-                    f.write(dumps({"index": 1, "ino": ino}) + b"\n")
-                f.write(dumps_record({**summary_of(line), "_o": offset, "_n": length, "_h": crc}) + b"\n")
+                    f.write(dumps({"index": INDEX_FORMAT}) + b"\n")
+                f.write(dumps_record({**summary_of(line), "_o": offset, "_n": length, "_h": digest}) + b"\n")
         except OSError:
             pass  # the reader parses what the index lacks
 
 
-SUMMARY_DROP = ("events", "messages")
+#: The index's format: entries hold the checksum their line carries (``_h``), nothing about where the file lives.
+INDEX_FORMAT = 2
+SUMMARY_DROP = ("events", "messages", SEAL_KEY)
 #: a reader's projection of a line's summary (see :meth:`RunIndex.index`)
 Projection = Callable[[dict], dict]
 #: what every projected entry keeps: the unit's key and where its line is
@@ -152,25 +155,26 @@ def _entries_fit(f, entries: list[dict]) -> bool:
     return True
 
 
-def _entries_intact(f, entries: list[dict]) -> tuple[list[dict], list[dict]]:
-    """``(intact, changed)``: the entries whose line bytes still have the checksum written with them, and those
-    whose bytes changed since (edited or damaged in place: never read as a record). Entries without a checksum,
-    from an older index, cannot be vouched for: their lines are parsed again."""
-    out, changed = [], []
+def _entries_intact(f, entries: list[dict]) -> tuple[list[dict], dict]:
+    """``(intact, suspect)``: the entries whose line still carries the checksum the entry was written with and
+    whose bytes still match it, and ``{offset: entry}`` of the others, whose lines are parsed again (a line that no
+    longer parses where a sealed one was written is a line changed in place, not a torn write)."""
+    out, suspect = [], {}
     for e in entries:
-        h = e.get("_h")
-        if h is None:
-            continue
         f.seek(e["_o"])
-        (out if zlib.crc32(f.read(e["_n"])) == h else changed).append(e)
-    return out, changed
+        if e.get("_h") is not None and line_digest(f.read(e["_n"])) == e["_h"]:
+            out.append(e)
+        else:
+            suspect[e["_o"]] = e
+    return out, suspect
 
 
-def _scan(f, start: int, end: int, path, warn: bool, project: Projection | None = None) -> tuple[list[dict], int]:
-    """Parse the lines in bytes [start, end) of results.jsonl: (their summaries, bytes scanned)."""
+def _scan(f, start: int, end: int, path, warn: bool, project: Projection | None = None, suspect: dict | None = None):
+    """Parse the lines in bytes [start, end) of results.jsonl: ``(summaries of the intact lines, bytes scanned,
+    [(sample_id, trial, offset)] of the lines changed since they were written)``."""
 
     f.seek(start)
-    out, pos = [], start
+    out, changed, pos = [], [], start
     while pos < end:
         raw = f.readline(max(1, end - pos))
         if not raw:
@@ -178,17 +182,18 @@ def _scan(f, start: int, end: int, path, warn: bool, project: Projection | None 
         o, pos = pos, pos + len(raw)
         if not raw.strip():
             continue
-        try:
-            line = loads(raw) if raw.endswith(b"\n") else None
-            if not isinstance(line, dict) or "sample_id" not in line or "trial" not in line:
-                raise ValueError
-        except ValueError:
+        line, state = read_line(raw)
+        if state == "torn" and o in (suspect or {}):  # a sealed line was written here: damaged in place
+            line, state = suspect[o], "changed"
+        if state == "torn":
             if warn:
                 print(f"warning: {path}: torn or malformed line at byte {o} ignored "
                       f"(its sample will be rerun on resume)", file=sys.stderr)
-            continue
-        out.append(_projected({**summary_of(line), "_o": o, "_n": len(raw), "_h": zlib.crc32(raw)}, project))
-    return out, pos - start
+        elif state == "changed":
+            changed.append((line.get("sample_id"), line.get("trial"), o))
+        else:
+            out.append(_projected({**summary_of(line), "_o": o, "_n": len(raw), "_h": line[SEAL_KEY]}, project))
+    return out, pos - start, changed
 
 
 class Lines(Sequence):
@@ -222,14 +227,11 @@ class Lines(Sequence):
 def _checked(raw: bytes, entry: dict, path) -> dict:
     """The line at an index entry, refused with the file and byte offset if it changed since it was indexed."""
 
-    if entry.get("_h") is not None and zlib.crc32(raw) != entry["_h"]:
-        raise RunError(f"{path}: the line at byte {entry['_o']} changed since the run was read (damaged on disk?); "
-                       f"python -m agent.rundir check {Path(path).parent} reports it")
-    try:
-        return loads(raw)
-    except ValueError as e:
-        raise RunError(f"{path}: the line at byte {entry['_o']} does not parse ({e}); python -m agent.rundir check "
-                       f"{Path(path).parent} reports it") from None
+    line, state = read_line(raw)
+    if state != "ok" or line[SEAL_KEY] != entry.get("_h"):
+        raise RunError(f"{path}: the line at byte {entry['_o']} changed since the run was read (its checksum does not "
+                       f"match); python -m agent.rundir check {Path(path).parent} reports it")
+    return line
 
 
 def _full(line: dict, entry: dict) -> dict:

@@ -9,12 +9,10 @@ import shutil
 import sys
 import time
 import uuid
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..backends.images import ImageError, load_image
-from ..http import dumps_record
 from ..preflight import same_model, server_differences
 from .common import (
     HEADER_DEFAULTS,
@@ -28,6 +26,7 @@ from .common import (
     write_json,
 )
 from .index import RunIndex
+from .lines import line_digest, read_line, seal
 from .sidecar import encode as _encode_sidecar
 
 #: The header fields every reader relies on, with the types they must have (None is allowed: older runs).
@@ -138,6 +137,8 @@ class RunDir(RunIndex):
 
     # ------------------------------------------------------------------ lines
     def read_lines(self, *, warn=True) -> list[dict]:
+        """Every intact line of results.jsonl in file order, superseded ones included (torn and changed lines are
+        left out, and named when ``warn``)."""
         if not self.results.exists():
             return []
         out = []
@@ -145,12 +146,13 @@ class RunDir(RunIndex):
             for n, raw in enumerate(f, 1):
                 if not raw.strip():
                     continue
-                try:
-                    out.append(json.loads(raw))
-                except json.JSONDecodeError:
-                    if warn:
-                        print(f"warning: {self.results}:{n}: torn or malformed line ignored "
-                              f"(its sample will be rerun on resume)", file=sys.stderr)
+                line, state = read_line(raw)
+                if state == "ok":
+                    out.append(line)
+                elif warn:
+                    why = "torn or malformed" if state == "torn" else "changed since it was written"
+                    print(f"warning: {self.results}:{n}: {why} line ignored (its sample will be rerun on resume)",
+                          file=sys.stderr)
         return out
 
     def latest(self, project=None) -> dict[tuple[str, int], dict]:
@@ -188,7 +190,7 @@ class RunDir(RunIndex):
         """Append one complete line (its sidecar and images already in place) and its index entry: one write
         under an exclusive lock."""
         try:
-            data = dumps_record(line) + b"\n"
+            data = seal(line) + b"\n"
             if b"\n" in data[:-1]:  # cannot happen with JSON, but a torn line must never be possible
                 raise RunError("internal: a result line contains a newline")
             with open(self.results, "ab") as f:  # one write under an exclusive lock: --processes share the file
@@ -207,7 +209,7 @@ class RunDir(RunIndex):
                     f.flush()
                     os.fsync(f.fileno())
                     body = data[1:] if start > size else data
-                    self._append_index(line, start, size + len(data) - start, zlib.crc32(body))
+                    self._append_index(line, start, size + len(data) - start, line_digest(body))
                 finally:
                     fcntl.flock(f.fileno(), fcntl.LOCK_UN)
         except OSError as e:  # disk full, permissions: a harness failure that names the file
