@@ -441,3 +441,26 @@ def test_a_server_that_changes_model_mid_run_is_caught_and_nothing_of_the_other_
     assert all(ln["n_calls"] == 0 and not ln.get("tokens_file") for ln in changed)  # nothing of theirs kept
     assert all(ln["status"] == "ok" for ln in lines if ln not in changed)
     assert "/models/Other-Model" in changed[0]["error"]
+
+
+def test_force_into_another_methods_run_moves_it_aside_and_starts_afresh(tmp_path, capsys):
+    """``--force`` never mixes configurations (issue 55, item 4): the other method's run is renamed aside (the
+    name printed), and the new run's header and every line belong to the new method alone."""
+    out = tmp_path / "x"
+    base = ["--backend", "scripted", "--limit", "2", "--out", str(out), "--no-progress"]
+    assert run_main(["--method", "react", *base]) == 0
+    capsys.readouterr()
+    assert run_main(["--method", "mmcontextfold", *base]) == 2  # refused: says what --force would do
+    assert "--force to move that run aside" in capsys.readouterr().err
+    assert run_main(["--method", "mmcontextfold", *base, "--force"]) == 0
+    err = capsys.readouterr().err
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("x.replaced-")]
+    assert len(aside) == 1 and str(aside[0]) in err and "0 already done, 2 to run" in err
+    run = load_run(out)
+    assert run.header["method"] == "mmcontextfold" and not run.header.get("resumed")
+    assert [ln["method"] for ln in run.lines] == ["mmcontextfold"] * 2
+    old = load_run(aside[0])
+    assert old.header["method"] == "react" and [ln["method"] for ln in old.lines] == ["react"] * 2
+    assert run_main(["--method", "mmcontextfold", *base, "--force"]) == 0  # the same run again: a plain resume
+    assert "2 already done, 0 to run" in capsys.readouterr().err
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith("x.replaced-")]) == 1

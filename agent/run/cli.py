@@ -132,7 +132,8 @@ def _control_args(ap: argparse.ArgumentParser) -> None:
                         "512; MMCF_IMAGE_CACHE_MB; 0: no cache)")
     g.add_argument("--request-timeout", type=positive_float, default=600.0, metavar="S",
                    help="seconds one model-server request may take before it is retried (default 600)")
-    g.add_argument("--force", action="store_true", help="write into a run dir whose header differs")
+    g.add_argument("--force", action="store_true", help="--out holds a different run (another method, benchmark, model, sampling…): move it aside to "
+                        "OUT.replaced-TIME (printed; never deleted) and start this run afresh")
     g.add_argument("--dry-run", action="store_true",
                    help="project what the planned units cost (tokens, GPU time, tool calls, money) and stop: from "
                         "--pilot's ledger, else from the paper's Table 4; nothing runs or is written (agent/rundir/ledger.py)")

@@ -51,23 +51,23 @@ class RunDir(RunIndex):
 
     # ------------------------------------------------------------------ header
     def write_header(self, header: dict, *, force: bool = False) -> dict:
-        """Write the header, or check that an existing one describes the same run."""
+        """Write the header, or check that an existing one describes the same run. A directory holding another run
+        is refused; with ``force`` it is moved aside (:meth:`move_aside`, the new name printed) and this run starts
+        afresh: no line of one configuration is ever counted as done for another."""
         self.path.mkdir(parents=True, exist_ok=True)
         (self.path / "tokens").mkdir(exist_ok=True)
         (self.path / "images").mkdir(exist_ok=True)
         if self.header_path.exists():
             old = self.read_header()
-
-            diff = [k for k in IDENTITY_KEYS if old.get(k, HEADER_DEFAULTS.get(k)) != header.get(k, HEADER_DEFAULTS.get(k))]
-            detail = [f"{k}: {old.get(k)!r} -> {header.get(k)!r}" for k in diff]
-            model_diff = same_model(old.get("model"), header.get("model")) if "model" in header else None
-            if model_diff:
-                detail.append(f"model: {model_diff}")
-            server_diff = server_differences(old.get("model"), header.get("model"))
-            if server_diff:  # one run, one server configuration: its lines are pooled in every table
-                detail.append(server_diff)
+            detail = _differences(old, header)
             if detail and not force:
-                raise RunError(f"{self.path} holds a different run ({'; '.join(detail)}); use another --out or --force")
+                raise RunError(f"{self.path} holds a different run ({'; '.join(detail)}); give another --out, or "
+                               "--force to move that run aside (renamed, never deleted) and start this one afresh")
+            if detail:
+                aside = self.move_aside()
+                print(f"--force: {self.path} held a different run ({'; '.join(detail)}); it was moved to {aside}, "
+                      "and this run starts afresh", file=sys.stderr)
+                return self.write_header(header)
             hist = old.setdefault("resumed", [])
             hist.append({"at": time.time(), "argv": header.get("argv")})
             if len(hist) > RESUME_HISTORY:  # bounded: the first five resumes, a count, and the latest ones
@@ -80,6 +80,23 @@ class RunDir(RunIndex):
             return old
         write_json(self.header_path, header, indent=2, sort_keys=True)
         return header
+
+    def move_aside(self) -> Path:
+        """Rename this directory to ``<name>.replaced-<UTC time>`` (never deleted) and start an empty one in its
+        place; the run lock, if held, moves to the new directory. Returns the new name of the old run."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        aside = self.path.with_name(f"{self.path.name}.replaced-{stamp}")
+        n = 1
+        while aside.exists():
+            n += 1
+            aside = self.path.with_name(f"{self.path.name}.replaced-{stamp}-{n}")
+        held = getattr(self, "_lock_fd", None) is not None
+        os.rename(self.path, aside)
+        self.unlock()
+        self.path.mkdir(parents=True)
+        if held:
+            self.lock(wait_s=0)
+        return aside
 
     def note_skipped(self, skipped: list[tuple[str, str]]) -> None:
         """Record which samples a run left out (``--allow-missing-images``) and why."""
@@ -231,4 +248,14 @@ class RunDir(RunIndex):
         return img.sha256
 
 
-#: What a line's summary leaves out (the bulk of a line: its event list and its message table).
+def _differences(old: dict, new: dict) -> list[str]:
+    """How the run recorded in ``old`` differs from the one ``new`` describes, in what makes them different runs."""
+    diff = [k for k in IDENTITY_KEYS if old.get(k, HEADER_DEFAULTS.get(k)) != new.get(k, HEADER_DEFAULTS.get(k))]
+    detail = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff]
+    model_diff = same_model(old.get("model"), new.get("model")) if "model" in new else None
+    if model_diff:
+        detail.append(f"model: {model_diff}")
+    server_diff = server_differences(old.get("model"), new.get("model"))
+    if server_diff:  # one run, one server configuration: its lines are pooled in every table
+        detail.append(server_diff)
+    return detail
