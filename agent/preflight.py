@@ -37,7 +37,7 @@ from .redact import public_url
 from .tools.live import MissingKeyError, require_live_tools
 
 __all__ = ["PreflightError", "model_identity", "local_identity", "same_model", "require_keys",
-           "check_benchmark_images", "PREFLIGHT_POLICY", "server_facts", "server_differences", "deterministic_cost",
+           "check_benchmark_images", "PREFLIGHT_POLICY", "server_facts", "server_differences", "unverified_facts", "deterministic_cost",
            "SERVER_FACTS", "NUMBER_FACTS"]
 
 #: A preflight request fails fast: one retry, 15 s.
@@ -133,11 +133,32 @@ async def server_facts(b, root: str) -> dict | None:
     return None
 
 
-def server_differences(recorded: dict | None, current: dict | None) -> str | None:
-    """How two model identities' servers differ in what changes the numbers (None: they do not, or one is unknown)."""
+def server_differences(recorded: dict | None, current: dict | None, *, unverified_ok: bool = False) -> str | None:
+    """How two model identities' servers differ in what changes the numbers; None when they do not. Where one side
+    recorded a fact the other cannot say (a server whose ``/server_info`` answers 404, or lacks the field), the two
+    cannot be told apart: that is a difference too (:func:`unverified_facts`), unless ``unverified_ok``."""
     a, b = (recorded or {}).get("server") or {}, (current or {}).get("server") or {}
     diff = [f"{k}: {a[k]!r} vs {b[k]!r}" for k in NUMBER_FACTS if k in a and k in b and a[k] != b[k]]
-    return "the servers differ in " + "; ".join(diff) if diff else None
+    if diff:
+        return "the servers differ in " + "; ".join(diff)
+    return None if unverified_ok else unverified_facts(recorded, current)
+
+
+def unverified_facts(recorded: dict | None, current: dict | None) -> str | None:
+    """Why two servers cannot be compared on what changes the numbers: one recorded its facts and the other gave
+    none, or one names a fact (``dtype``, ``quantization``…) the other does not; None when both say the same
+    facts or neither says any (a scripted or in-process backend, a server that never exposes them)."""
+    a, b = (recorded or {}).get("server") or {}, (current or {}).get("server") or {}
+    if not a and not b:
+        return None
+    if not a or not b:
+        which = "this server gives" if a else "the run recorded"
+        return (f"the servers cannot be compared: {which} none of the facts that change the numbers (its "
+                "/server_info did not answer)")
+    missing = [k for k in NUMBER_FACTS if (k in a) != (k in b)]
+    if missing:
+        return f"the servers cannot be compared: only one of them says {', '.join(missing)}"
+    return None
 
 
 def deterministic_cost(facts: dict | None) -> str | None:

@@ -436,3 +436,23 @@ def test_server_facts_are_recorded_and_runs_from_servers_that_compute_differentl
         asyncio.run(judge_run(tmp_path / d, judge="exact", progress=False))
     with pytest.raises(RunError, match="cannot be pooled: the servers differ in enable_deterministic_inference"):
         table1([tmp_path / "r", tmp_path / "det"])
+
+
+def test_a_server_that_cannot_say_its_facts_is_never_pooled_with_the_run_unless_allowed_and_recorded(tmp_path, capsys):
+    """A resume on a server whose /server_info answers 404, or lacks a fact the run recorded (dtype), cannot be
+    told apart from one that computes differently: refused, naming why and the flag; with
+    --allow-unverified-server it goes on, and header.json's resume entry says so (issue 55, item 5)."""
+    out = tmp_path / "r"
+    with FakeSGLang(reply=agent_policy) as srv:
+        assert run_main(_cli(srv.url, out, "--limit", "1")) == 0
+        capsys.readouterr()
+        for args, why in (({"dtype": None}, "only one of them says dtype"), (None, "this server gives none")):
+            srv.server_args = args
+            assert run_main(_cli(srv.url, out, "--limit", "2")) == 2
+            err = capsys.readouterr().err
+            assert why in err and "--allow-unverified-server" in err and "Traceback" not in err
+        assert len(load_run(out).index) == 1  # nothing ran
+        assert run_main(_cli(srv.url, out, "--limit", "2", "--allow-unverified-server")) == 0
+        assert "resumed with --allow-unverified-server" in capsys.readouterr().err
+    header = load_run(out).header
+    assert "this server gives none" in header["resumed"][-1]["unverified_server"] and len(load_run(out).index) == 2

@@ -132,6 +132,9 @@ def _control_args(ap: argparse.ArgumentParser) -> None:
                         "512; MMCF_IMAGE_CACHE_MB; 0: no cache)")
     g.add_argument("--request-timeout", type=positive_float, default=600.0, metavar="S",
                    help="seconds one model-server request may take before it is retried (default 600)")
+    g.add_argument("--allow-unverified-server", action="store_true",
+                   help="resume although the server cannot say the facts the run recorded (its /server_info answers "
+                        "404 or lacks a field such as dtype): recorded in header.json")
     g.add_argument("--force", action="store_true", help="--out holds a different run (another method, benchmark, model, sampling…): move it aside to "
                         "OUT.replaced-TIME (printed; never deleted) and start this run afresh")
     g.add_argument("--dry-run", action="store_true",
@@ -170,7 +173,7 @@ def config_from_args(a) -> RunConfig:
         allow_missing_images=a.allow_missing_images, max_image_mb=a.max_image_mb, request_timeout=a.request_timeout,
         tools=a.tools, world=a.world, tool_cache=a.tool_cache,
         cache_mode=a.cache_mode, live_fallback=a.live_fallback, timeout=a.timeout, retry_errors=a.retry_errors,
-        force=a.force, progress=a.progress, token_precision=a.token_precision, processes=a.processes, part=a.shard)
+        force=a.force, allow_unverified_server=a.allow_unverified_server, progress=a.progress, token_precision=a.token_precision, processes=a.processes, part=a.shard)
 
 
 def _dry_run(cfg: RunConfig, a) -> int:

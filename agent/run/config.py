@@ -77,6 +77,7 @@ class RunConfig:
     timeout: float | None = None
     retry_errors: bool = False
     force: bool = False
+    allow_unverified_server: bool = False
     progress: bool = True
     token_precision: str = "float32"
     processes: int | str = "auto"

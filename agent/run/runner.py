@@ -169,7 +169,8 @@ async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends,
             head["backend"] = {**head["backend"], "kind": "scripted", "embedded_tiny_model": False}
     if cfg.part is not None:
         head["shard"] = shard_record(all_units(cfg, samples), *cfg.part)
-    header = rd.write_header({**head, "selection": selection, "seed_source": seed_source}, force=cfg.force)
+    header = rd.write_header({**head, "selection": selection, "seed_source": seed_source}, force=cfg.force,
+                             allow_unverified=cfg.allow_unverified_server)
     if skipped_images:
         rd.note_skipped(skipped_images)
     if resuming:  # the cheap part of python -m agent.rundir check: torn lines, temp files, duplicates

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..backends.images import ImageError, load_image
-from ..preflight import same_model, server_differences
+from ..preflight import same_model, server_differences, unverified_facts
 from .common import (
     HEADER_DEFAULTS,
     IDENTITY_KEYS,
@@ -50,19 +50,25 @@ class RunDir(RunIndex):
         self.header_path = self.path / "header.json"
 
     # ------------------------------------------------------------------ header
-    def write_header(self, header: dict, *, force: bool = False) -> dict:
+    def write_header(self, header: dict, *, force: bool = False, allow_unverified: bool = False) -> dict:
         """Write the header, or check that an existing one describes the same run. A directory holding another run
         is refused; with ``force`` it is moved aside (:meth:`move_aside`, the new name printed) and this run starts
-        afresh: no line of one configuration is ever counted as done for another."""
+        afresh: no line of one configuration is ever counted as done for another. A server that cannot say the facts
+        the run recorded (:func:`agent.preflight.unverified_facts`) is a difference too, unless ``allow_unverified``:
+        then the resume goes on, and the header's ``resumed`` entry says so."""
         self.path.mkdir(parents=True, exist_ok=True)
         (self.path / "tokens").mkdir(exist_ok=True)
         (self.path / "images").mkdir(exist_ok=True)
         if self.header_path.exists():
             old = self.read_header()
-            detail = _differences(old, header)
+            detail = _differences(old, header, allow_unverified)
             if detail and not force:
+                unverified = unverified_facts(old.get("model"), header.get("model"))
+                hint = (" (if you know the server computes as when the run was recorded, --allow-unverified-server "
+                        "resumes and records that in header.json)") if unverified else ""
                 raise RunError(f"{self.path} holds a different run ({'; '.join(detail)}); give another --out, or "
-                               "--force to move that run aside (renamed, never deleted) and start this one afresh")
+                               "--force to move that run aside (renamed, never deleted) and start this one afresh"
+                               + hint)
             if detail:
                 aside = self.move_aside()
                 print(f"--force: {self.path} held a different run ({'; '.join(detail)}); it was moved to {aside}, "
@@ -70,6 +76,11 @@ class RunDir(RunIndex):
                 return self.write_header(header)
             hist = old.setdefault("resumed", [])
             hist.append({"at": time.time(), "argv": header.get("argv")})
+            unverified = unverified_facts(old.get("model"), header.get("model"))
+            if unverified:  # allowed (else refused above): the record says this resume could not be verified
+                hist[-1]["unverified_server"] = unverified
+                print(f"WARNING: {self.path}: {unverified}; resumed with --allow-unverified-server (recorded in "
+                      "header.json)", file=sys.stderr)
             if len(hist) > RESUME_HISTORY:  # bounded: the first five resumes, a count, and the latest ones
                 omitted = sum(h.get("omitted", 1) for h in hist[5:len(hist) - (RESUME_HISTORY - 6)])
                 old["resumed"] = hist[:5] + [{"omitted": omitted}] + hist[-(RESUME_HISTORY - 6):]
@@ -248,14 +259,14 @@ class RunDir(RunIndex):
         return img.sha256
 
 
-def _differences(old: dict, new: dict) -> list[str]:
+def _differences(old: dict, new: dict, unverified_ok: bool = False) -> list[str]:
     """How the run recorded in ``old`` differs from the one ``new`` describes, in what makes them different runs."""
     diff = [k for k in IDENTITY_KEYS if old.get(k, HEADER_DEFAULTS.get(k)) != new.get(k, HEADER_DEFAULTS.get(k))]
     detail = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff]
     model_diff = same_model(old.get("model"), new.get("model")) if "model" in new else None
     if model_diff:
         detail.append(f"model: {model_diff}")
-    server_diff = server_differences(old.get("model"), new.get("model"))
+    server_diff = server_differences(old.get("model"), new.get("model"), unverified_ok=unverified_ok)
     if server_diff:  # one run, one server configuration: its lines are pooled in every table
         detail.append(server_diff)
     return detail

@@ -242,10 +242,12 @@ class _Handler(JSONHandler):
             with self.server.lock:
                 return self._send(200, dict(self.server.injected))
         if self.path in ("/server_info", "/get_server_info"):
-            return self._send(200, {"model_path": self.server.model_name, "tp_size": 1, "version": "0.5.23",
-                                    "dtype": "auto", "attention_backend": "fa3", "disable_radix_cache": False,
-                                    "enable_deterministic_inference": self.server.deterministic,
-                                    **self.server.server_args})
+            if self.server.server_args is None:
+                return self._send(404, {"detail": "Not Found"})
+            info = {"model_path": self.server.model_name, "tp_size": 1, "version": "0.5.23", "dtype": "auto",
+                    "attention_backend": "fa3", "disable_radix_cache": False,
+                    "enable_deterministic_inference": self.server.deterministic, **self.server.server_args}
+            return self._send(200, {k: v for k, v in info.items() if v is not None})
         if self.path in ("/model_info", "/get_model_info"):  # 0.5.23 has both; the old one is deprecated
             return self._send(200, {"model_path": self.server.model_name, "tokenizer_path": self.server.model_name,
                                     "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
@@ -552,7 +554,8 @@ class FakeServer(ThreadingHTTPServer):
         self.no_logprobs = False  # True: a chat reply never carries logprobs, asked or not (some OpenRouter providers)
         self.routing_keys: list = []
         self.crash_when = None  # callable(server) -> bool, asked on each POST: True = die there (no reply, stop)  # each POST's x-smg-routing-key header (None: none sent)
-        self.server_args: dict = {}  # more /server_info fields (a dtype, a quantization, a radix cache turned off)
+        self.server_args: dict = {}  # more /server_info fields (a dtype, a quantization, a radix cache turned off);
+        # a field set to None is left out; server_args = None: /server_info answers 404 (a server that never says)
         self.cost_per_token = 0.0  # > 0: replies carry OpenRouter's usage.cost (this times the call's tokens)
         self.chat_template = chat_template  # the chat path's own template (a server started with --chat-template)
         self.seen: set = set()
