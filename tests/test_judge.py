@@ -254,3 +254,21 @@ async def test_a_judge_reply_cut_by_its_limit_is_asked_again_then_reported(tmp_p
     assert recs["demo_6"]["grade"] == "UNPARSED" and "cut by its token limit twice (2048, then 8192)" in recs["demo_6"]["reason"]
     assert recs["demo_2"]["reason"] == "llm"
     assert limits.count(8192) == 3 and recs["demo_1"]["usage"]["completion_tokens"] > 2048
+
+
+async def test_a_cut_reply_with_a_tentative_grade_in_its_reasoning_is_no_grade(tmp_path):
+    """A reply cut by the token limit with empty text and one tentative "Grade: B" in its reasoning was taken as a
+    grade; a cut reply is UNPARSED, whatever it holds, and asked again with more room (issue 55, item 10)."""
+    rd = await _make_run(tmp_path, trials=1)
+
+    def cut_reasoning(req):  # every reply: reasoning that never ends, one tentative grade early on
+        return "Let me see.\nGrade: B\nbut let me reconsider" + " z" * 5000  # one token a character: cut at 8192
+
+    with FakeSGLang(reply=cut_reasoning) as srv:
+        await judge_run(rd, endpoint=srv.url, model="judge", api_key_env=None, server="sglang", progress=False)
+        asked = [b["max_tokens"] for b in srv.bodies]
+    recs = [json.loads(x) for x in (rd / "judge-llm.jsonl").read_text().splitlines()]
+    answered = [r for r in recs if r["reason"] not in ("empty answer",) and not r["reason"].startswith("trajectory")]
+    assert answered and all(r["grade"] == "UNPARSED" and "cut by its token limit twice" in r["reason"]
+                            for r in answered)
+    assert asked.count(8192) == asked.count(2048) == len(answered)

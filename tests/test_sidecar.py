@@ -2,7 +2,6 @@
 lossless round trips, and files of formats 1 and 2 still read."""
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import numpy as np
@@ -57,7 +56,7 @@ def test_format3_round_trip_is_exact(tmp_path, seed):
     # a subset of columns reads only what it needs, and agrees
     sub = sidecar.decode(p, ["logprob", "call"])
     assert set(sub) == {"logprob", "call"} and np.array_equal(sub["logprob"], got["logprob"], equal_nan=True)
-    assert sidecar.sidecar_format(p) == 3
+    assert sidecar.schema_problems(sidecar.read_schema(p)) == []
     with pytest.raises(ValueError, match="no column"):
         sidecar.decode(p, ["release_kl"])
 
@@ -102,75 +101,3 @@ def test_float16_precision_rounds_the_alternatives_only(tmp_path):
     assert np.array_equal(got["logprob"], tok[1]["logprob"])  # the chosen logprob stays float32
 
 
-@pytest.mark.parametrize("name", ["sidecar-format2.parquet", "sidecar-format2-float16.parquet"])
-def test_format2_files_still_read(name):
-    """Sidecars written by runs before format 3 (fixtures written by that code): every array as it was encoded."""
-    exp = np.load(FIXTURES / "sidecar-format2-expected.npz")
-    p = FIXTURES / name
-    assert sidecar.sidecar_format(p) == 2
-    got = sidecar.decode(p)
-    for col in ("id", "think", "top_ids", "call"):
-        assert np.array_equal(got[col], exp[col]), col
-    assert got["text"].tolist() == exp["text"].tolist()
-    tol = 2e-3 if "float16" in name else 0  # format 2's float16 read the chosen logprob from the rounded list too
-    assert np.allclose(got["logprob"], exp["logprob"], rtol=tol, atol=0, equal_nan=True)
-    assert np.allclose(got["top_logprobs"], exp["top_logprobs"], rtol=tol, atol=0, equal_nan=True)
-    assert np.array_equal(sidecar.decode(p, ["id"])["id"], exp["id"])
-
-
-def test_format1_files_still_read(tmp_path):
-    """Sidecars written before format 2: raw columns, no metadata."""
-    n, k = 5, 3
-    t = pa.table({"call": np.ones(n, np.int16), "pos": np.arange(n, dtype=np.int32), "id": np.arange(n, dtype=np.int32),
-                  "logprob": np.full(n, -0.5, np.float32), "think": np.ones(n, bool),
-                  "top_ids": pa.FixedSizeListArray.from_arrays(pa.array(np.arange(n * k, dtype=np.int32)), k),
-                  "top_logprobs": pa.FixedSizeListArray.from_arrays(pa.array(np.full(n * k, -1.0, np.float32)), k),
-                  "exact_entropy": np.full(n, np.nan, np.float32)})
-    buf = io.BytesIO()
-    pq.write_table(t, buf)
-    p = tmp_path / "old.parquet"
-    p.write_bytes(buf.getvalue())
-    got = sidecar.decode(p)
-    assert got["top_ids"].shape == (n, k) and got["top_ids"][1, 0] == 3 and (got["top_logprobs"] == -1.0).all()
-    assert np.array_equal(sidecar.decode(p, ["id"])["id"], np.arange(n))
-
-
-def test_upgrade_rewrites_old_sidecars_as_plain_parquet(tmp_path, capsys):
-    """``python -m agent.rundir upgrade``: format 1 and 2 files become format 3 with the same arrays; a second pass
-    has nothing to do; a file that is not Parquet, or a directory that is not a run, is named and refused."""
-    from agent.rundir.upgrade import main as upgrade
-
-    run = tmp_path / "run"
-    (run / "tokens").mkdir(parents=True)
-    (run / "header.json").write_text("{}")
-    for name in ("sidecar-format2.parquet", "sidecar-format2-float16.parquet"):
-        (run / "tokens" / name).write_bytes((FIXTURES / name).read_bytes())
-    from agent.backends.pieces import pack_pieces
-    n, k = 4, 2                                 # a format-1 file (raw columns) carrying prompt pieces
-    t = pa.table({"call": np.ones(n, np.int16), "pos": np.arange(n, dtype=np.int32), "id": np.arange(n, dtype=np.int32),
-                  "logprob": np.full(n, -0.5, np.float32), "think": np.ones(n, bool),
-                  "top_ids": pa.FixedSizeListArray.from_arrays(pa.array(np.arange(n * k, dtype=np.int32)), k),
-                  "top_logprobs": pa.FixedSizeListArray.from_arrays(pa.array(np.full(n * k, -1.0, np.float32)), k)})
-    pieces = {b"d" * 16: np.array([5, 6, 7], np.int32)}
-    with pq.ParquetWriter(run / "tokens" / "old1.parquet", t.schema) as w:
-        w.write_table(t)
-        w.add_key_value_metadata({b"mmcf.tokenizer": b"tok-1", b"mmcf.prompt_pieces": pack_pieces(pieces)})
-    before = {p.name: sidecar.decode(p) for p in (run / "tokens").iterdir()}
-    assert upgrade([str(run)]) == 0
-    assert "3 sidecar(s) rewritten as plain Parquet" in capsys.readouterr().out
-    fp, got_pieces = sidecar.read_prompt_pieces(run / "tokens" / "old1.parquet")
-    assert fp == "tok-1" and got_pieces[b"d" * 16].tolist() == [5, 6, 7]
-    for p in (run / "tokens").iterdir():
-        assert sidecar.sidecar_format(p) == 3
-        got, old = sidecar.decode(p), before[p.name]
-        assert set(got) >= set(old) - {"chosen"}
-        for col in set(old) - {"chosen"}:
-            if got[col].dtype.kind == "f":
-                assert np.array_equal(got[col], old[col], equal_nan=True), col
-            else:
-                assert got[col].tolist() == old[col].tolist(), col
-        assert pq.read_table(p).column("id").to_pylist() == old["id"].tolist()   # now plain to any reader
-    assert upgrade([str(run)]) == 0 and "nothing to do" in capsys.readouterr().out
-    (run / "tokens" / "torn.parquet").write_bytes(b"PAR1 not really")
-    assert upgrade([str(run)]) == 2 and "torn.parquet: not a readable Parquet file" in capsys.readouterr().err
-    assert upgrade([str(tmp_path / "nope")]) == 2 and "not a run directory" in capsys.readouterr().err

@@ -18,6 +18,7 @@ visible in its replies, so each backend is *told* (``logprob_mode=``) and stamps
 from __future__ import annotations
 
 import contextvars
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -49,6 +50,9 @@ __all__ = [
     "ScoredTokens",
     "Backend",
     "DEFAULT_TOP_LOGPROBS",
+    "route",
+    "routing_key",
+    "routing_headers",
 ]
 
 #: The paper asks every backend for the top-20 alternatives of each token (B.1).
@@ -62,9 +66,18 @@ ROUTING_KEY: contextvars.ContextVar = contextvars.ContextVar("mmcf_routing_key",
 ROUTING_HEADER = "x-smg-routing-key"
 
 
+def routing_key(key) -> str:
+    """The header value for a trajectory's identity ``key`` (a ``(sample id, trial)`` tuple, or any value): a
+    digest, so that it is ASCII whatever the sample id (an HTTP header carries no ``样本_1``, no CR/LF) and stable,
+    and clear of smg's own rules on keys (one ending ``_t<n>`` or ``_r<n>`` has that suffix stripped, which would
+    put two trajectories under one key)."""
+    ident = "/".join(map(str, key)) if isinstance(key, tuple) else str(key)
+    return "mmcf-" + hashlib.sha256(ident.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
 def route(key) -> None:
-    """Send the current task's model requests under routing key ``key`` (a trajectory's identity)."""
-    ROUTING_KEY.set(None if key is None else "/".join(map(str, key)) if isinstance(key, tuple) else str(key))
+    """Send the current task's model requests under the routing key of ``key`` (a trajectory's identity)."""
+    ROUTING_KEY.set(None if key is None else routing_key(key))
 
 
 def routing_headers(headers: dict | None = None) -> dict:

@@ -3,6 +3,7 @@ its samples, the data problems found while loading it, and the checks on its ima
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,6 +24,8 @@ PAPER_CATEGORY = {
 
 
 _PAPER_CATEGORIES = ("Atomic factuality", "Dynamic information-seeking", "Visual deep research")
+#: What an id must not hold: C0 and C1 control characters (CR, LF, NUL, ESC…) and lone surrogates.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 @dataclass
@@ -210,6 +213,10 @@ def load_benchmark(path: str | Path, name: str | None = None, *, check_images: b
             sid = str(row.get("id", "")).strip()
             if not sid:
                 problems.append(Problem(n, "", "missing_id", "row has no id"))
+                continue
+            if _CONTROL.search(sid):  # a CR/LF or NUL in an id would break every line and header it goes into
+                problems.append(Problem(n, sid[:40], "bad_id", f"{f.name}:{n}: id {sid[:40]!r} holds control "
+                                        "characters; row skipped"))
                 continue
             if sid in seen:
                 problems.append(Problem(n, sid, "duplicate_id", f"id {sid!r} already seen earlier; this row is "

@@ -187,8 +187,9 @@ class Grader:
         return rec
 
     async def _ask(self, client, prompt: str) -> dict:
-        """One grade from the judge. A reply cut by its token limit before it states a grade is asked again with
-        ``JUDGE_RETRY_TOKENS``; cut again, it is UNPARSED with the reason said (never silently)."""
+        """One grade from the judge. A reply cut by its token limit is no grade, whatever it holds (a tentative
+        "Grade: B" in cut reasoning is not the judge's verdict): it is asked again with ``JUDGE_RETRY_TOKENS``; cut
+        again, it is UNPARSED with the reason said (never silently)."""
         msgs, usage = [{"role": "user", "content": prompt}], {}
         for attempt, sp in enumerate((self.sp, replace(self.sp, max_tokens=JUDGE_RETRY_TOKENS))):
             out = await client.generate(msgs, sp)
@@ -196,8 +197,8 @@ class Grader:
                 usage[k] = usage.get(k, 0) + (getattr(out.usage, k) or 0)
             if out.usage.cost is not None:  # the provider's bill, when it sends one (summed over asks)
                 usage["cost"] = usage.get("cost", 0.0) + out.usage.cost
-            g, ext = parse_grade(out.text or out.reasoning)
-            cut = g == "UNPARSED" and out.finish_reason == "length"
+            cut = out.finish_reason == "length"
+            g, ext = ("UNPARSED", None) if cut else parse_grade(out.text or out.reasoning)
             if not cut:
                 break
         if cut:

@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import sqlite3
+import stat
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -15,11 +16,12 @@ import numpy as np
 
 from ..benchmarks import resolve_benchmark
 from ..cli import HelpFormatter, done, make_parser
+from ..paths import open_regular
 from .common import RunError, inside, token_key
 from .index import summary_of
 from .lines import read_line
 from .shards import shard_units
-from .sidecar import read_parquet, read_prompt_pieces
+from .sidecar import decode, read_prompt_pieces
 from .writer import RunDir
 
 
@@ -44,12 +46,13 @@ class CheckReport:
     cache: str = "absent"                                # "ok", "absent", or the integrity problem
     judge_torn: dict = field(default_factory=dict)       # judge-*.jsonl -> torn lines (skipped by readers)
     index: str = "ok"                                    # "ok", "none" (no lines), or what is wrong with it
+    special: list = field(default_factory=list)          # FIFOs, devices, sockets where files should be (never read)
     repaired: list = field(default_factory=list)
 
     @property
     def intact(self) -> bool:
         return not (self.torn or self.changed or self.duplicates or self.sidecars or self.missing_images
-                    or self.cache not in ("ok", "absent"))
+                    or self.special or self.cache not in ("ok", "absent"))
 
     @property
     def complete(self) -> bool:
@@ -65,7 +68,8 @@ class CheckReport:
                             ("lines changed since they were written (left out by every reader)", self.changed),
                             ("sidecar problems", self.sidecars),
                             ("orphaned token files", self.orphans), ("temporary files", self.temp_files),
-                            ("missing images", self.missing_images)):
+                            ("missing images", self.missing_images),
+                            ("entries that are not regular files (never read: FIFOs, devices, sockets)", self.special)):
             if items:
                 shown = ", ".join(str(x) for x in items[:5])
                 out.append(f"  {len(items)} {name}: {shown}{' …' if len(items) > 5 else ''}")
@@ -109,12 +113,12 @@ def _read_lines(rd: RunDir, rep: CheckReport) -> tuple[list, list]:
     """The summaries of the intact lines (with the images each needs) and the raw torn lines; lines changed since
     they were written (their checksum does not match) are reported and left out."""
     good, torn_raw = [], []
-    if not rd.results.exists():
+    if not rd.results.exists() or "results.jsonl" in rep.special:
         return good, torn_raw
     rd.index(warn=False, project=lambda e: {})  # where the index knew a sealed line that no longer parses: changed
     # (not torn); a projecting reader never rewrites the index, so check writes nothing
     changed_at = {o: (sid, t) for sid, t, o in rd.changed}
-    with open(rd.results, "rb") as f:
+    with open_regular(rd.results, "rb", RunError) as f:
         offset = 0
         for n, raw in enumerate(f, 1):
             at, offset = offset, offset + len(raw)
@@ -184,10 +188,14 @@ def _check_sidecars(rd: RunDir, rep: CheckReport, good: list, latest: dict) -> N
             rep.sidecars.append((unit, f"results.jsonl names tokens_file {tf!r}, which leads outside the run "
                                        "directory (refused)"))
             continue
-        try:
-            call = read_parquet(path, ["call"]).column("call").to_numpy()
+        if not ln.get("tokens_sha256"):
+            rep.sidecars.append((unit, f"{tf}: the line keeps no checksum of its sidecar"))
+            continue
+        try:  # its bytes, its schema, its footer's top-k against the lists it holds
+            call = decode(path, ["call", "top_ids"], sha256=ln["tokens_sha256"])["call"]
         except Exception as e:  # noqa: BLE001 - any unreadable file is the finding
-            rep.sidecars.append((unit, f"{tf} unreadable ({type(e).__name__})"))
+            rep.sidecars.append((unit, f"{tf}: {e}" if isinstance(e, (OSError, ValueError))
+                                 else f"{tf} unreadable ({type(e).__name__})"))
             continue
         got = {int(c): int((call == c).sum()) for c in np.unique(call)}
         if {c: n for c, n in want.items() if n} != got:
@@ -204,6 +212,8 @@ def _check_sidecars(rd: RunDir, rep: CheckReport, good: list, latest: dict) -> N
 def _check_images_and_cache(rd: RunDir, header: dict, rep: CheckReport, latest: dict) -> None:
     stored = set()
     for p in sorted((rd.path / "images").glob("*")) if (rd.path / "images").is_dir() else []:
+        if f"images/{p.name}" in rep.special:
+            continue
         try:
             inside(rd.path / "images", p.name, "images")
             stored.add(p.name.split(".")[0])
@@ -212,7 +222,9 @@ def _check_images_and_cache(rd: RunDir, header: dict, rep: CheckReport, latest: 
     for key, ln in latest.items():
         rep.missing_images += [(f"{key[0]}/t{key[1]}", h[:12]) for h in sorted(ln["_need"] - stored)]
     cache = (header.get("tools") or {}).get("cache") or str(rd.path / "tools.sqlite")
-    if Path(cache).exists():
+    if f"{Path(cache).name}" in rep.special and Path(cache).parent == rd.path:
+        rep.cache = "not a regular file (never opened)"
+    elif Path(cache).exists():
         try:
             con = sqlite3.connect(f"file:{cache}?mode=ro", uri=True, timeout=30)
             res = con.execute("PRAGMA integrity_check").fetchall()
@@ -222,12 +234,30 @@ def _check_images_and_cache(rd: RunDir, header: dict, rep: CheckReport, latest: 
             rep.cache = f"unreadable ({e})"
 
 
+def _special_files(root: Path) -> list[str]:
+    """Everything under the run directory that is neither a directory nor a regular file (a symlink is followed:
+    one to a FIFO counts), by its name relative to the run. Nothing here is ever opened."""
+    out = []
+    for top, dirs, files in os.walk(root):
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(top, d))]:
+            p = os.path.join(top, name)
+            try:
+                mode = os.stat(p).st_mode
+            except OSError:  # a dangling symlink: what reads it names it
+                continue
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                out.append(os.path.relpath(p, root))
+    return sorted(out)
+
+
 def _torn_grades(rd: RunDir, rep: CheckReport) -> dict:
     """The judge's files too: torn grades are re-asked, never read. ``{file: [torn raw lines]}``."""
     judge_raw: dict = {}
     for jf in sorted(rd.path.glob("judge-*.jsonl")):
+        if jf.name in rep.special:
+            continue
         bad = []
-        with open(jf, "rb") as f:
+        with open_regular(jf, "rb", RunError) as f:
             for raw in f:
                 if not raw.strip():
                     continue
@@ -247,6 +277,7 @@ def check_run(path, *, deep: bool = True, repair: bool = False) -> CheckReport:
     rd = RunDir(path)
     header = rd.read_header()
     rep = CheckReport(str(rd.path))
+    rep.special = _special_files(rd.path)
     if not (rd.results.exists() and rd.results.stat().st_size):
         rep.index = "none (no lines yet)"
     elif not rd.index_path.exists():  # every writer keeps one: it was deleted, or left behind by a copy
@@ -321,7 +352,7 @@ def _repair(rd: "RunDir", rep: CheckReport, torn_raw: list) -> None:
 
 def main(argv=None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    ap = make_parser("python -m agent.rundir", "Run-directory tools: check a run, upgrade its sidecars, export it, merge shards.",
+    ap = make_parser("python -m agent.rundir", "Run-directory tools: check a run, export it, merge shards.",
                      ["python -m agent.rundir check runs/react-27b", "python -m agent.rundir check runs/react-27b --repair"])
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("check", help="is this run complete and intact? (exit 0 only when it is)",
@@ -334,8 +365,6 @@ def main(argv=None) -> int:
     c.add_argument("--repair", action="store_true",
                    help="move torn lines and orphaned files into RUN_DIR/quarantine/ (never deleted), remove temp files")
     c.add_argument("--json", action="store_true", help="print the report as JSON")
-    sub.add_parser("upgrade", help="rewrite a run's token sidecars of older formats as plain Parquet: "
-                                   "python -m agent.rundir upgrade RUN_DIR")
     sub.add_parser("export", help="a run as plain Parquet tables with a dataset card: "
                                   "python -m agent.rundir export RUN_DIR OUT")
     sub.add_parser("merge", help="merge the shards of a run (agent.run --shard I/N) into one run directory: "

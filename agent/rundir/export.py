@@ -25,7 +25,7 @@ from ..cli import done, make_parser
 from . import frames
 from .common import RunError
 from .reader import load_run
-from .sidecar import RELEASE_COLUMNS, decode, sidecar_format, table_of_arrays
+from .sidecar import RELEASE_COLUMNS
 
 __all__ = ["export_run", "main"]
 
@@ -33,17 +33,10 @@ _SPLIT = ["id", "logprob", "top_ids.list.element", "top_logprobs.list.element", 
 
 
 def _line_tokens(run, line) -> pa.Table | None:
-    """A line's sidecar as a format-3 table (older formats converted), keyed by sample_id and trial."""
-    path = run.tokens_path(line)
-    if path is None:
+    """A line's sidecar as stored, keyed by sample_id and trial."""
+    t = run.token_table(line)
+    if t is None:
         return None
-    try:
-        if sidecar_format(path) >= 3:
-            t = pq.ParquetFile(path).read(use_threads=False)
-        else:
-            t = table_of_arrays(decode(path))
-    except (OSError, ValueError) as e:
-        raise RunError(f"{path}: unreadable token sidecar ({e}); python -m agent.rundir check {run.path}") from None
     n = t.num_rows
     t = t.replace_schema_metadata(None)
     t = t.add_column(0, "trial", pa.array([int(line["trial"])] * n, pa.int32()))
@@ -51,9 +44,10 @@ def _line_tokens(run, line) -> pa.Table | None:
 
 
 def _write_tokens(run, path: Path) -> int:
-    """Every line's tokens into one file, a row group per line; the release columns when any line has them."""
+    """Every line's tokens into one file, a row group per line; the release columns when the run released images
+    adaptively (its header's policy)."""
     writer, schema, rows = None, None, 0
-    has_release = any(_has_release(run, ln) for ln in run.index)
+    has_release = bool((run.header.get("image_release") or {}).get("policy"))
     try:
         for line in run.index:
             t = _line_tokens(run, line)
@@ -73,11 +67,6 @@ def _write_tokens(run, path: Path) -> int:
         if writer is not None:
             writer.close()
     return rows
-
-
-def _has_release(run, line) -> bool:
-    p = run.tokens_path(line)
-    return p is not None and p.exists() and bool(set(pq.read_schema(p).names) & set(RELEASE_COLUMNS))
 
 
 def _card(run, counts: dict) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..paths import read_regular
 from ..trajectory import responses_fingerprint
 from .common import RunError
 
@@ -37,7 +38,7 @@ def read_grades(path) -> list[dict]:
     multi-byte character) is skipped, never a crash."""
     out = []
     try:
-        data = Path(path).read_bytes()
+        data = read_regular(path, RunError)
     except FileNotFoundError:
         return out
     for raw in data.split(b"\n"):

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..http import dumps, dumps_record
+from ..paths import open_regular
 from .common import RunError, atomic_write
 from .lines import SEAL_KEY, line_digest, read_line
 
@@ -45,7 +46,7 @@ class RunIndex:
             return []
         size = os.stat(self.results).st_size
         entries = self._read_index(size, project)
-        with open(self.results, "rb") as f:
+        with open_regular(self.results, "rb", RunError) as f:
             if entries and not _entries_fit(f, entries):
                 entries = []
             suspect: dict = {}
@@ -79,7 +80,7 @@ class RunIndex:
     def _read_index(self, size: int, project: Projection | None = None) -> list[dict]:
         out = []
         try:
-            with open(self.index_path, "rb") as f:  # entry by entry: the file is ~4 KB a 10-call line
+            with open_regular(self.index_path, "rb") as f:  # entry by entry: the file is ~4 KB a 10-call line
                 try:
                     head = json.loads(f.readline())
                     if head.get("index") != INDEX_FORMAT:
@@ -213,13 +214,13 @@ class Lines(Sequence):
         return self._read(self._index[i])
 
     def __iter__(self):
-        with open(self._results, "rb") as f:
+        with open_regular(self._results, "rb", RunError) as f:
             for e in self._index:
                 f.seek(e["_o"])
                 yield _full(_checked(f.read(e["_n"]), e, self._results), e)
 
     def _read(self, e: dict) -> dict:
-        with open(self._results, "rb") as f:
+        with open_regular(self._results, "rb", RunError) as f:
             f.seek(e["_o"])
             return _full(_checked(f.read(e["_n"]), e, self._results), e)
 

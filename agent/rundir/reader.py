@@ -9,7 +9,9 @@ import numpy as np
 from .common import RunError, inside
 from .index import Lines, summary_of
 from .sidecar import decode as _decode_sidecar
+from .sidecar import read_parquet as _read_sidecar_table
 from .sidecar import read_prompt_pieces as _read_prompt_pieces
+from .sidecar import schema_problems
 from .writer import RunDir
 
 
@@ -52,14 +54,29 @@ class Run:
                                                       f"trial {line.get('trial')}): tokens_file")
 
     def tokens(self, line: dict, columns: list[str] | None = None) -> dict[str, np.ndarray]:
-        """The line's per-token arrays (``columns`` to read only some: the sidecar is columnar)."""
+        """The line's per-token arrays (``columns`` to read only some: the sidecar is columnar), from the sidecar
+        whose bytes the line was written with (``tokens_sha256``)."""
         p = self.tokens_path(line)
         if p is None:
             return {}
         try:
-            return _decode_sidecar(p, columns)
+            return _decode_sidecar(p, columns, sha256=line.get("tokens_sha256"))
         except (OSError, ValueError) as e:
-            raise RunError(f"{p}: unreadable token sidecar ({e})") from None
+            raise RunError(f"{p}: unreadable token sidecar ({e}); python -m agent.rundir check {self.path}") from None
+
+    def token_table(self, line: dict):
+        """The line's sidecar as an Arrow table, as stored (checked as :meth:`tokens` is); None without one."""
+        p = self.tokens_path(line)
+        if p is None:
+            return None
+        try:
+            t = _read_sidecar_table(p, sha256=line.get("tokens_sha256"))
+            bad = schema_problems(t.schema)
+            if bad:
+                raise ValueError("; ".join(bad[:3]))
+            return t
+        except (OSError, ValueError) as e:
+            raise RunError(f"{p}: unreadable token sidecar ({e}); python -m agent.rundir check {self.path}") from None
 
     def prompt_pieces(self, line: dict) -> tuple[str | None, dict]:
         """(tokenizer fingerprint, {digest: ids}): the token ids of the line's prompts by message piece, as its

@@ -29,24 +29,28 @@ the ids of every distinct message piece of the line's prompts and the tokenizer'
 (agent/backends/pieces.py; read by :func:`read_prompt_pieces`; the probes send these ids again).
 
 ``decode`` returns numpy arrays with ``top_ids`` / ``top_logprobs`` as (n, k) matrices padded with -1 / NaN, ``id``
--1 and ``logprob`` NaN where null. Files of format 1 (raw fixed-size columns) and format 2 (a private encoding:
-agent/rundir/sidecar_legacy.py) still read.
+-1 and ``logprob`` NaN where null. Every read opens the file only when it is a regular file (agent/paths.py) and,
+given the checksum its result line keeps (``tokens_sha256``), only when its bytes are the ones the line was written
+with; a footer whose ``mmcf.top_k`` is absurd, or smaller than the lists it holds, is refused before anything is
+allocated. :func:`schema_problems` says how a file's columns differ from this format (``agent.rundir check``).
 """
 from __future__ import annotations
 
+import hashlib
 import io
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..backends.pieces import pack_pieces, unpack_pieces
 from ..http import scrub
+from ..paths import read_regular
 from ..redact import redact_token_texts
-from .sidecar_legacy import FORMAT2, decode_format2
 
-__all__ = ["encode", "decode", "FORMAT", "RELEASE_COLUMNS", "token_table", "read_parquet", "read_prompt_pieces",
-           "sidecar_format", "table_of_arrays", "write_table"]
+__all__ = ["encode", "decode", "FORMAT", "RELEASE_COLUMNS", "MAX_TOP_K", "token_table", "read_parquet",
+           "read_prompt_pieces", "read_schema", "schema_problems", "sidecar_bytes", "sha256_of", "write_table"]
 
 FORMAT = b"3"
 #: Optional per-token columns of the adaptive image release (agent/methods/release.py).
@@ -56,21 +60,43 @@ _META_K = b"mmcf.top_k"
 _META_PRECISION = b"mmcf.precision"
 _META_PIECES = b"mmcf.prompt_pieces"
 _META_TOKENIZER = b"mmcf.tokenizer"
+#: The most alternatives a sidecar may hold per token (ours: SGLang serves far fewer; the bound keeps a damaged or
+#: crafted footer from asking a reader to allocate terabytes).
+MAX_TOP_K = 1024
 #: Byte-stream split, then zstd (level 3): the numeric columns' bytes grouped by significance compress best
-#: (scripts/bench_sidecar.py; docs/performance.md). Not the chosen ``id``s: their low bytes side by side would spell
+#: (docs/performance.md). Not the chosen ``id``s: their low bytes side by side would spell
 #: the text wherever ids follow characters (a byte-level tokenizer), a secret a model echoed included.
 _SPLIT = ("logprob", "top_ids.list.element", "top_logprobs.list.element", "exact_entropy", *RELEASE_COLUMNS)
 _ZSTD_LEVEL = 3
 
 
-def read_parquet(path, columns: list[str] | None = None):
-    """Read a Parquet file single-threaded.
+def sha256_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
-    pyarrow's threaded reader (``pq.read_table``) intermittently aborts the interpreter at exit
-    ("terminate called without an active exception", apache/arrow#34314; seen here with 26.0.1).
-    """
 
-    return pq.ParquetFile(path).read(columns=columns, use_threads=False)
+def sidecar_bytes(path, sha256: str | None = None) -> bytes:
+    """The bytes of a sidecar, a regular file (agent/paths.py), refused (ValueError) when ``sha256`` is given and
+    they are not the bytes its line was written with (another line's sidecar put in its place, a damaged file)."""
+    data = read_regular(path)
+    if sha256 is not None and sha256_of(data) != sha256:
+        raise ValueError(f"its bytes are not the ones its line was written with (sha256 {sha256_of(data)[:12]}…, "
+                         f"the line says {sha256[:12]}…): replaced or damaged")
+    return data
+
+
+def _file(path, sha256: str | None = None) -> pq.ParquetFile:
+    return pq.ParquetFile(pa.BufferReader(sidecar_bytes(path, sha256)))
+
+
+def read_parquet(path, columns: list[str] | None = None, *, sha256: str | None = None) -> pa.Table:
+    """A sidecar as an Arrow table (``columns`` to read only some), single-threaded: pyarrow's threaded reader
+    (``pq.read_table``) intermittently aborts the interpreter at exit (apache/arrow#34314; seen with 26.0.1)."""
+    return _file(path, sha256).read(columns=columns, use_threads=False)
+
+
+def read_schema(path) -> pa.Schema:
+    """A sidecar's schema with its key-value metadata (its footer)."""
+    return _file(path).schema_arrow
 
 
 def _stack(tokens: dict, calls: list, name: str, k: int, dtype, fill) -> np.ndarray:
@@ -139,15 +165,6 @@ def token_table(tokens: dict[int, dict[str, np.ndarray]], k: int, precision: str
         {_META_FORMAT: FORMAT, _META_K: str(k).encode(), _META_PRECISION: precision.encode()})
 
 
-def table_of_arrays(arrays: dict[str, np.ndarray]) -> pa.Table:
-    """A decoded sidecar's arrays (:func:`decode`, any format) as a format-3 table (upgrade and export)."""
-    calls = arrays["call"]
-    tokens = {int(c): {n: a[calls == c] for n, a in arrays.items() if n not in ("call", "pos", "chosen")}
-              for c in np.unique(calls)}
-    k = arrays["top_ids"].shape[1] if "top_ids" in arrays and arrays["top_ids"].ndim == 2 else 20
-    return token_table(tokens, k)
-
-
 def _scrubbed(texts: list, scrub) -> list:
     """The texts, with lone surrogates replaced only when some text has one (one check for all)."""
     try:
@@ -186,7 +203,7 @@ def read_prompt_pieces(path) -> tuple[str | None, dict[bytes, np.ndarray]]:
     without them (an older run, a backend that sent text). Reads the file's footer only. A malformed record raises
     ValueError."""
 
-    meta = pq.read_metadata(path).metadata or {}
+    meta = _file(path).metadata.metadata or {}
     blob = meta.get(_META_PIECES)
     if blob is None:
         return None, {}
@@ -197,10 +214,46 @@ def read_prompt_pieces(path) -> tuple[str | None, dict[bytes, np.ndarray]]:
     return fingerprint, unpack_pieces(blob)
 
 
-def sidecar_format(path) -> int:
-    """1, 2 or 3: the format a sidecar was written in (from its footer)."""
-    meta = pq.read_schema(path).metadata or {}
-    return int(meta.get(_META_FORMAT, b"1"))
+#: Every format-3 column, its type, and whether every sidecar has it.
+COLUMNS = {"call": (pa.int16(), True), "pos": (pa.int32(), True), "id": (pa.int32(), True),
+           "text": (pa.string(), True), "logprob": (pa.float32(), True), "think": (pa.bool_(), True),
+           "top_ids": (pa.list_(pa.int32()), True), "top_logprobs": (pa.list_(pa.float32()), True),
+           "exact_entropy": (pa.float32(), True), **{c: (pa.float32(), False) for c in RELEASE_COLUMNS}}
+
+
+def schema_problems(schema: pa.Schema) -> list[str]:
+    """How a file's schema differs from a format-3 sidecar's (empty: it is one)."""
+    meta = schema.metadata or {}
+    out = [] if meta.get(_META_FORMAT) == FORMAT else [f"not a format-{FORMAT.decode()} sidecar "
+                                                         f"(mmcf.sidecar = {meta.get(_META_FORMAT)!r})"]
+    for name, (typ, required) in COLUMNS.items():
+        i = schema.get_field_index(name)
+        if i < 0:
+            if required:
+                out.append(f"no column {name!r}")
+        elif not schema.field(i).type.equals(typ):
+            out.append(f"column {name!r} is {schema.field(i).type}, not {typ}")
+    out += [f"unknown column {n!r}" for n in schema.names if n not in COLUMNS]
+    try:
+        top_k(meta)
+    except ValueError as e:
+        out.append(str(e))
+    return out
+
+
+def top_k(meta: dict, longest: int = 0) -> int:
+    """The footer's ``mmcf.top_k``, refused (ValueError) outside 1..:data:`MAX_TOP_K` or below ``longest`` (the most
+    alternatives any of the file's positions holds)."""
+    raw = meta.get(_META_K, b"20")
+    try:
+        k = int(raw)
+    except ValueError:
+        raise ValueError(f"mmcf.top_k is {raw[:20]!r}, not a number") from None
+    if not 0 < k <= MAX_TOP_K:
+        raise ValueError(f"mmcf.top_k is {k}: outside 1..{MAX_TOP_K}")
+    if longest > k:
+        raise ValueError(f"mmcf.top_k is {k} but a token holds {longest} alternatives")
+    return k
 
 
 def _padded(col, k: int, dtype, fill) -> np.ndarray:
@@ -218,23 +271,22 @@ def _padded(col, k: int, dtype, fill) -> np.ndarray:
     return out
 
 
-def decode(path, columns: list[str] | None = None) -> dict[str, np.ndarray]:
-    """The per-token arrays of a sidecar (``columns`` to read only some; format 1, 2 or 3)."""
-
-    pf = pq.ParquetFile(path)
+def decode(path, columns: list[str] | None = None, *, sha256: str | None = None) -> dict[str, np.ndarray]:
+    """The per-token arrays of a sidecar (``columns`` to read only some); ``sha256``: the checksum its line keeps,
+    checked first. A file that is not a format-3 sidecar raises ValueError naming what is wrong."""
+    pf = _file(path, sha256)
     schema = pf.schema_arrow  # built on each access: once
-    meta = schema.metadata or {}
-    names = schema.names
-    want = list(columns) if columns is not None else [c for c in names if c != "chosen"]
-    missing = [c for c in want if c not in names]
+    bad = schema_problems(schema)
+    if bad:
+        raise ValueError("; ".join(bad[:3]))
+    want = list(columns) if columns is not None else list(schema.names)
+    missing = [c for c in want if c not in schema.names]
     if missing:
         raise ValueError(f"no column(s) {missing} in this sidecar")
-    if meta.get(_META_FORMAT) == FORMAT2:
-        return decode_format2(pf, meta, want, _plain)
     t = pf.read(columns=want, use_threads=False)
-    if meta.get(_META_FORMAT) != FORMAT:  # format 1: the arrays as they are
-        return {name: _plain(t.column(name), name) for name in t.column_names}
-    k = int(meta.get(_META_K, b"20"))
+    lists = [t.column(c) for c in ("top_ids", "top_logprobs") if c in t.column_names]
+    longest = max((int(pc.max(c.combine_chunks().value_lengths()).as_py() or 0) for c in lists), default=0)
+    k = top_k(schema.metadata or {}, longest)
     out = {}
     for name in t.column_names:
         col = t.column(name)
@@ -244,17 +296,8 @@ def decode(path, columns: list[str] | None = None) -> dict[str, np.ndarray]:
             out[name] = col.fill_null(-1).to_numpy(zero_copy_only=False)
         elif col.type in (pa.float32(), pa.float64()):
             out[name] = col.fill_null(np.nan).to_numpy(zero_copy_only=False)
+        elif name == "text":
+            out[name] = np.array(col.to_pylist(), dtype=object)
         else:
-            out[name] = _plain(col, name)
+            out[name] = col.to_numpy(zero_copy_only=False)
     return out
-
-
-def _plain(col, name: str) -> np.ndarray:
-    if isinstance(col, pa.ChunkedArray):
-        col = col.combine_chunks()
-    if name in ("top_ids", "top_logprobs"):
-        arr = col.flatten().to_numpy(zero_copy_only=False).reshape(-1, col.type.list_size)
-        return arr.astype(np.float32) if arr.dtype == np.float16 else arr
-    if name == "text":
-        return np.array(col.to_pylist(), dtype=object)
-    return col.to_numpy(zero_copy_only=False)

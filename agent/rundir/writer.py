@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..backends.images import ImageError, load_image
+from ..paths import read_regular
 from ..preflight import same_model, server_differences, unverified_facts
 from .common import (
     HEADER_DEFAULTS,
@@ -28,6 +29,7 @@ from .common import (
 from .index import RunIndex
 from .lines import line_digest, read_line, seal
 from .sidecar import encode as _encode_sidecar
+from .sidecar import sha256_of
 
 #: The header fields every reader relies on, with the types they must have (None is allowed: older runs).
 _HEADER_TYPES = {"method": (str,), "variant": (str,), "benchmark": (str,), "label": (str,), "schema_version": (int,),
@@ -150,7 +152,7 @@ class RunDir(RunIndex):
 
     def read_header(self) -> dict:
         try:
-            header = json.loads(self.header_path.read_text())
+            header = json.loads(read_regular(self.header_path, RunError))
         except FileNotFoundError:
             raise RunError(f"{self.path}: no header.json — not a run directory") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -202,11 +204,11 @@ class RunDir(RunIndex):
         try:
             if traj.tokens:
                 prompt = (traj.tokenizer, traj.prompt_pieces) if getattr(traj, "prompt_pieces", None) else None
-                atomic_write(self.path / "tokens" / f"{key}.parquet",
-                             _encode_sidecar(traj.tokens, traj.top_k, self.token_precision, prompt))
-                line["tokens_file"] = f"tokens/{key}.parquet"
+                data = _encode_sidecar(traj.tokens, traj.top_k, self.token_precision, prompt)
+                atomic_write(self.path / "tokens" / f"{key}.parquet", data)
+                line["tokens_file"], line["tokens_sha256"] = f"tokens/{key}.parquet", sha256_of(data)
             else:
-                line["tokens_file"] = None
+                line["tokens_file"] = line["tokens_sha256"] = None
             for p in [*getattr(traj.sample, "image_paths", []), *getattr(traj, "image_files", {}).values()]:
                 self.store_image(p)
         except OSError as e:  # disk full, permissions: a harness failure that names the file

@@ -7,24 +7,18 @@ from collections import Counter
 
 import pandas as pd
 
-from ..rundir import Run
-from ..rundir.grades import read_grades
+from ..paths import open_regular, read_regular
+from ..rundir import Run, RunError
+from ..rundir.grades import JUDGES, latest_grades, read_grades
 
 
 # ---------------------------------------------------------------------------- shared data
 def _grades(run: Run) -> tuple[dict, str]:
     """{(sample, trial): grade} from the run's judge output (LLM judge first), and which judge."""
-    for name in ("llm", "exact"):
+    for name in JUDGES:
         p = run.path / f"judge-{name}.jsonl"
-        if p.exists():
-            out = {}
-            for raw in p.read_text().splitlines():
-                try:
-                    r = json.loads(raw)
-                    out[(r["sample_id"], r["trial"])] = r["grade"]
-                except (ValueError, KeyError):
-                    continue
-            return out, name
+        if p.exists():  # the one reader of stored grades: torn lines (a cut multi-byte character too) skipped
+            return {k: r.get("grade") for k, r in latest_grades(p).items()}, name
     return {}, ""
 
 
@@ -34,7 +28,7 @@ def _probe_steps(run: Run) -> tuple[dict, str | None]:
         p = run.path / "probes" / f"entropy-{mode}" / "steps.jsonl"
         if p.exists():
             out = {}
-            for raw in p.read_text().splitlines():
+            for raw in read_regular(p, RunError).splitlines():
                 try:
                     r = json.loads(raw)
                     out[(r["sample_id"], r["trial"], r["step"])] = r.get("dH")
@@ -50,7 +44,7 @@ def _grounding_labels(run: Run) -> dict:
     out: dict = {}
     if not p.exists():
         return out
-    for raw in p.read_bytes().splitlines():
+    for raw in read_regular(p, RunError).splitlines():
         try:
             r = json.loads(raw)
             out[(r["sample_id"], r["trial"])] = {
@@ -70,7 +64,7 @@ def _removal_outcomes(run: Run) -> dict:
     out: dict = {}
     if not p.exists():
         return out
-    with open(p, newline="") as f:
+    with open_regular(p, "r", RunError) as f:
         for r in csv.DictReader(f):
             try:
                 key = (r["sample_id"], int(r["trial"]))
@@ -132,11 +126,11 @@ def run_summary(run: Run) -> dict:
         if not d.is_dir():
             continue
         if d.name.startswith("entropy-") and (d / "steps.jsonl").exists():
-            probes[d.name] = f"{sum(1 for _ in (d / 'steps.jsonl').open('rb'))} steps probed"
+            probes[d.name] = f"{_count_lines(d / 'steps.jsonl')} steps probed"
         elif d.name == "grounding" and (d / "labels.jsonl").exists():
-            probes[d.name] = f"{sum(1 for _ in (d / 'labels.jsonl').open('rb'))} trajectories annotated"
+            probes[d.name] = f"{_count_lines(d / 'labels.jsonl')} trajectories annotated"
         elif d.name == "removal" and (d / "outcomes.csv").exists():
-            probes[d.name] = f"{max(0, sum(1 for _ in (d / 'outcomes.csv').open('rb')) - 1)} replays (trajectory x k)"
+            probes[d.name] = f"{max(0, _count_lines(d / 'outcomes.csv') - 1)} replays (trajectory x k)"
         else:
             probes[d.name] = "present"
     if (run.header.get("image_release") or {}).get("policy"):
@@ -163,3 +157,8 @@ def sample_table(run: Run):
 def short(text: str, n: int) -> str:
     text = " ".join(str(text or "").split())
     return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _count_lines(path) -> int:
+    with open_regular(path, "rb", RunError) as f:
+        return sum(1 for _ in f)

@@ -21,6 +21,7 @@ from probes.entropy import read_step_tokens
 from ..backends.base import model_vocab_size
 from ..backends.scripted import ScriptedBackend
 from ..backends.tiny_model import default_tiny_dir
+from ..paths import read_regular
 from ..rundir import Run, RunError, load_run, token_key
 
 __all__ = ["build_html", "files_dir", "LIST_CHUNK", "INDEX_ROWS", "AUTO_TOKENS", "EMBED_PX", "PAGE_TEMPLATE"]
@@ -41,14 +42,15 @@ def _image_uri(run: Run, sha: str, cache: dict, missing: list, max_px: int | Non
         return cache[sha]
     try:
         p = run.image_path(sha)
-    except RunError as e:  # a stored image that leads out of the run directory: never read, never embedded
+        data = None if p is None else read_regular(p)
+    except (RunError, OSError) as e:  # leads out of the run directory, or a FIFO: never read, never embedded
         print(f"warning: {e}", file=sys.stderr)
-        p = None
-    if p is None:
+        data = None
+    if data is None:
         missing.append(sha)
         cache[sha] = None
         return None
-    data, ext = p.read_bytes(), p.suffix.lstrip(".").replace("jpg", "jpeg")
+    ext = p.suffix.lstrip(".").replace("jpg", "jpeg")
     max_px = EMBED_PX if max_px is None else max_px
     if max_px:
         try:

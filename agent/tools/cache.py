@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..paths import require_regular
+
 __all__ = ["ToolCache", "CacheEntry", "CacheCorrupt", "cache_key", "normalise_args", "MODES"]
 
 MODES = ("readwrite", "replay", "off")
@@ -79,6 +81,7 @@ class ToolCache:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
+        require_regular(self.path, CacheCorrupt)  # a FIFO named tools.sqlite is named, never waited on
         try:
             with self._conn() as c:
                 c.execute("PRAGMA journal_mode=WAL")

@@ -25,16 +25,7 @@ from analysis.selection import select_trajectories
 from analysis.stats import summarise_by
 from probes.cli import RecordedPrompts, probe_model_check, record_session, serving_hardware
 
-from .step import (
-    _call_slices,
-    _forking,
-    _has_text,
-    _probe_step,
-    _serving_totals,
-    bounds_by_step,
-    bounds_calibration,
-    vocab_of,
-)
+from .step import _call_slices, _forking, _probe_step, _serving_totals, bounds_by_step, bounds_calibration, vocab_of
 from .store import TokenStore
 
 __all__ = ["probe_run", "MODES", "SUPPORTED_METHODS"]
@@ -111,7 +102,7 @@ class _Prober:
             raise RunError("no token sidecar (the run recorded no tokens)")
         # the token texts only for a backend that scores by text (the scripted fake): the model backends score ids
         want = self.columns if self.mode == "regenerate" else [c for c in self.columns if c != "text"] + (
-            ["text"] if getattr(self.backend, "scores_text", False) and _has_text(self.run, line) else [])
+            ["text"] if getattr(self.backend, "scores_text", False) else [])
         tok = self.run.tokens(line, want)
         # the prompt ids the run sent, lent to the backend while this trajectory is probed (probes/cli.py)
         return line, tok, self.recorded.lend(self.run, line)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import pyarrow.parquet as pq
 
 from agent.backends.base import BackendError, Continuation, TokenArrays, model_vocab_size, top_matrix
 from agent.backends.messages import image_shas, strip_query_images
@@ -55,15 +54,6 @@ def _alternatives(with_tokens, without_tokens, pos, known: set | None = None) ->
     known.update(texts)
     out["texts"] = texts
     return out
-
-
-def _has_text(run: Run, line: dict) -> bool:
-    """Whether the line's sidecar keeps token texts (format 2 does; older ones may not)."""
-
-    try:
-        return "text" in pq.ParquetFile(run.tokens_path(line)).schema_arrow.names
-    except (OSError, KeyError, TypeError, ValueError):
-        return False
 
 
 def _call_slices(call: np.ndarray) -> dict:

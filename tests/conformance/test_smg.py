@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent.backends.base import Continuation, route
+from agent.backends.base import Continuation, route, routing_key
 from agent.backends.sglang_native import SGLangBackend
 from agent.http import RetryPolicy
 from agent.run import main as run_main
@@ -97,7 +97,7 @@ def test_a_trajectorys_calls_stay_on_one_worker(two_workers, tiny_model_dir, tmp
                      str(tiny_model_dir), "--limit", "6", "--t-max", "4", "--out", str(tmp_path / "run"),
                      "--no-progress"]) == 0
     on_a, on_b = set(a.routing_keys) - {None}, set(b.routing_keys) - {None}
-    units = {f"{ln['sample_id']}/{ln['trial']}" for ln in load_run(tmp_path / "run").lines}
+    units = {routing_key((ln["sample_id"], ln["trial"])) for ln in load_run(tmp_path / "run").lines}
     assert on_a | on_b == units and not on_a & on_b  # every trajectory on exactly one worker
     assert len(a.bodies) + len(b.bodies) >= sum(ln["n_calls"] for ln in load_run(tmp_path / "run").lines)
 
@@ -122,4 +122,4 @@ def test_a_worker_lost_mid_run_is_survived(two_workers, tiny_model_dir, tmp_path
     assert len(lines) == 6 and {ln["status"] for ln in lines} <= {"ok", "no_answer"}
     # the lost worker's trajectories finished on the other one
     lost = set(killed[0].routing_keys) - {None}
-    assert lost and lost <= {f"{ln['sample_id']}/{ln['trial']}" for ln in lines if ln["status"] == "ok"}
+    assert lost and lost <= {routing_key((ln["sample_id"], ln["trial"])) for ln in lines if ln["status"] == "ok"}

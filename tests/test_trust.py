@@ -1,0 +1,148 @@
+"""Hostile and damaged run directories (issue 55): what is not a file is never waited on, what a sidecar claims is
+checked against its line before anything is allocated, and each is named in one line, never a traceback."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from agent.rundir import check_run, load_run
+from agent.rundir.lines import seal
+from agent.rundir.sidecar import sha256_of
+from tests.conftest import REPO
+
+#: a guard against a hang, never a verdict on speed: each command here takes seconds on an idle machine
+GUARD_S = 300
+
+
+def _cmd(*args):
+    try:
+        return subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True,
+                              timeout=GUARD_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"python -m {' '.join(args)}: no progress for {GUARD_S} s (waiting on a FIFO?)")
+
+
+@pytest.fixture(scope="module")
+def graded_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("trust") / "run"
+    assert _cmd("agent.run", "--method", "react", "--backend", "scripted", "--limit", "2", "--out", str(run),
+                "--no-progress").returncode == 0
+    assert _cmd("agent.judge", str(run), "--judge", "exact", "--no-progress").returncode == 0
+    return run
+
+
+def _copy(run, tmp_path):
+    dst = tmp_path / "run"
+    shutil.copytree(run, dst)
+    return dst
+
+
+@pytest.mark.parametrize("where", ["results.jsonl", "judge-exact.jsonl", "tokens/*", "images/*", "tools.sqlite"])
+def test_a_fifo_inside_a_run_is_named_and_never_waited_on(graded_run, tmp_path, where):
+    """check, the viewer (terminal and page) and export each end at once with the FIFO named (check lists it and
+    exits 1; a reader that needs it exits 2; one that can do without it goes on), never hang (issue 55, item 6)."""
+    run = _copy(graded_run, tmp_path)
+    victim = sorted(run.glob(where))[0]
+    victim.unlink()
+    os.mkfifo(victim)
+    name = str(victim.relative_to(run))
+    rep = _cmd("agent.rundir", "check", str(run))
+    assert rep.returncode == 1 and name in rep.stdout and "Traceback" not in rep.stderr, rep.stdout + rep.stderr
+    for args in (["agent.show", str(run)], ["agent.show", str(run), "--html", str(tmp_path / "p.html")],
+                 ["agent.rundir", "export", str(run), str(tmp_path / "export")]):
+        r = _cmd(*args)
+        assert "Traceback" not in r.stderr, (args, r.stderr[-2000:])
+        assert r.returncode == 0 or (r.returncode == 2 and "a FIFO, not a regular file" in r.stderr), (args, r.stderr)
+    shutil.rmtree(tmp_path / "export", ignore_errors=True)
+
+
+def _rewrite_sidecar(run, i: int, edit) -> str:
+    """Line ``i``'s sidecar rewritten by ``edit(table) -> table`` and the line sealed again with the new file's
+    checksum, as a crafted run would be: only what the sidecar claims is wrong. Returns the unit."""
+    res = run / "results.jsonl"
+    lines = res.read_bytes().splitlines()
+    line = json.loads(lines[i])
+    path = run / line["tokens_file"]
+    buf = io.BytesIO()
+    pq.write_table(edit(pq.read_table(path)), buf)
+    path.write_bytes(buf.getvalue())
+    line["tokens_sha256"] = sha256_of(buf.getvalue())
+    lines[i] = seal(line)
+    res.write_bytes(b"\n".join(lines) + b"\n")
+    (run / "results.index.jsonl").unlink()
+    return f"{line['sample_id']}/t{line['trial']}"
+
+
+def _top_k(t):
+    return t.replace_schema_metadata({**t.schema.metadata, b"mmcf.top_k": b"3000000000"})
+
+
+def _wrong_type(t):
+    return t.set_column(t.schema.get_field_index("top_logprobs"), "top_logprobs",
+                        t.column("top_logprobs").cast(pa.list_(pa.float64())))
+
+
+@pytest.mark.parametrize("edit,finding", [(_top_k, "mmcf.top_k is 3000000000: outside 1..1024"),
+                                          (_wrong_type, "column 'top_logprobs' is list<element: double>, not list<item: float>")])
+def test_a_sidecar_whose_footer_or_schema_lies_is_refused_by_check_and_every_reader(graded_run, tmp_path, edit,
+                                                                                     finding):
+    """A footer claiming 3e9 alternatives a token (a reader would allocate terabytes) or a column of the wrong
+    type: check names it (so merge refuses the run), and the viewer, the export and the token reader refuse it
+    in one line before allocating anything (issue 55, item 11)."""
+    from agent.rundir import RunError
+
+    run = _copy(graded_run, tmp_path)
+    unit = _rewrite_sidecar(run, 0, edit)
+    rep = check_run(run)
+    assert not rep.intact and [(u, p.split(": ", 1)[1]) for u, p in rep.sidecars] == [(unit, finding)]
+    loaded = load_run(run)
+    with pytest.raises(RunError, match="unreadable token sidecar"):
+        loaded.tokens(loaded.index[0])
+    r = _cmd("agent.rundir", "export", str(run), str(tmp_path / "export"))
+    assert r.returncode == 2 and finding in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+def test_a_swapped_sidecar_is_caught_by_the_checksum_its_line_keeps(graded_run, tmp_path):
+    run = _copy(graded_run, tmp_path)
+    a, b = [json.loads(x)["tokens_file"] for x in (run / "results.jsonl").read_bytes().splitlines()]
+    (run / a).rename(run / "swap")
+    (run / b).rename(run / a)
+    (run / "swap").rename(run / b)
+    rep = check_run(run)
+    assert len(rep.sidecars) == 2 and all("not the ones its line was written with" in p for _, p in rep.sidecars)
+
+
+def test_a_non_ascii_sample_id_runs_and_a_control_character_in_an_id_is_refused_naming_its_line(tmp_path):
+    """``样本_1`` failed every request of its unit (the routing-key header could not be encoded); an id holding CR/LF
+    was retried five times. Now the routing key is an ASCII digest of the unit and such an id is refused when the
+    manifest is read, naming the line (issue 55, item 8)."""
+    from PIL import Image
+
+    from agent.backends.base import routing_key
+    from tests.fakes.sglang_server import FakeSGLang
+
+    bench = tmp_path / "bench"
+    (bench / "imgs").mkdir(parents=True)
+    Image.new("RGB", (32, 32), "red").save(bench / "imgs" / "red.png")
+    rows = [{"id": "样本_1", "query": "What colour?", "query_images": ["red.png"], "answer": "red"},
+            {"id": "bad\r\nid", "query": "What colour?", "query_images": ["red.png"], "answer": "red"}]
+    (bench / "data_unified.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    run = tmp_path / "run"
+    with FakeSGLang(reply="<think>\nred\n</think>\n\n<answer>red</answer>") as srv:
+        r = _cmd("agent.run", "--method", "react", "--backend", "openai", "--endpoint", srv.url, "--benchmark",
+                 str(bench), "--out", str(run), "--no-progress")
+        keys = set(srv.routing_keys)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "line 2" in r.stderr and "control characters" in r.stderr
+    (line,) = load_run(run).lines
+    assert line["sample_id"] == "样本_1" and line["status"] == "ok"
+    assert keys == {routing_key(("样本_1", 0))} and all(k.isascii() for k in keys)
+    assert not routing_key(("s", 1)).endswith(("_t1", "_r1"))  # smg strips such suffixes (issue 58)
