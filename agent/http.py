@@ -20,8 +20,8 @@ import orjson
 
 from .redact import public_url, redact, redact_obj
 
-__all__ = ["HTTPError", "RetryPolicy", "request_json", "loads", "dumps", "scrub", "dumps_record", "make_client",
-           "ClientPool"]
+__all__ = ["HTTPError", "ServerDown", "RetryPolicy", "LIVENESS_TIMEOUT_S", "request_json", "loads", "dumps", "scrub",
+           "dumps_record", "make_client", "ClientPool"]
 
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 
@@ -35,6 +35,17 @@ class HTTPError(RuntimeError):
         super().__init__(redact(msg))
         self.status = status
         self.body = redact(body)
+
+
+class ServerDown(HTTPError):
+    """A server that stopped answering: a request got no reply (refused, reset, or no complete reply within its
+    deadline) and the server's liveness URL did not answer either. Nothing sent to it afterwards can succeed, so
+    the command ends (every finished output kept) rather than wait on each request in turn."""
+
+
+#: How long a liveness check waits: SGLang's ``/health`` answers 503 after 20 s without any output from its
+#: scheduler (``HEALTH_CHECK_TIMEOUT``, srt/entrypoints/http_server.py ``health_generate``); ours: 45 s.
+LIVENESS_TIMEOUT_S = 45.0
 
 
 @dataclass(frozen=True)
@@ -147,6 +158,7 @@ class ClientPool:
         self._clients: list[httpx.AsyncClient] = []
         self._busy: list[int] = []
         self._loop = None
+        self.down: str | None = None  # why the server is known to be down (request_json's liveness check)
 
     def _pick(self) -> int:
         loop = asyncio.get_running_loop()
@@ -236,6 +248,7 @@ async def request_json(
     parse: bool = True,
     on_retry: Callable[[int, str], None] | None = None,
     decode: Callable[[bytes], Any] | None = None,
+    liveness: str | None = None,
 ) -> Any:
     """Send a request and return its parsed JSON (or text when ``parse=False``; ``decode(body)`` instead of the
     generic parser where the caller knows the reply's shape: it raises ValueError on a body it cannot read).
@@ -244,10 +257,17 @@ async def request_json(
     ``policy.timeout_s`` bounds the **whole** request (a reply that drips in slowly included), not each read.
     Redirects are followed here, never by the client: at most :data:`MAX_REDIRECTS`, and a request that carries
     a key (``Authorization``, ``X-API-KEY``) never follows one to another origin (httpx strips only
-    ``Authorization`` there)."""
+    ``Authorization`` there).
+
+    ``liveness``: the server's health URL (a model server's; tools have none). When an attempt gets no reply at
+    all (refused, reset, no complete reply by the deadline), it is asked once (:data:`LIVENESS_TIMEOUT_S`): a
+    server that does not answer 200 there is down or hung, and :class:`ServerDown` is raised at once instead of
+    retrying; the client remembers it, so every other request to that server fails at once too."""
     last, last_status = "no attempt", None
     shown = public_url(url)
     for attempt in range(policy.retries + 1):
+        if liveness and getattr(client, "down", None):  # another request found the server down meanwhile
+            raise ServerDown(client.down)
         try:
             r = await asyncio.wait_for(_send_following(client, method, url, json_body, params, headers, policy, what),
                                        policy.timeout_s)
@@ -272,8 +292,33 @@ async def request_json(
                     raise HTTPError(f"{what}: {shown} answered HTTP {r.status_code}: {body}", r.status_code, body)
                 last, last_status = f"HTTP {r.status_code}: {body[:200]}", r.status_code
                 retry_after = r.headers.get("retry-after")
+        if liveness and last_status is None:  # no reply at all: is the server still there?
+            await _require_alive(client, liveness, headers, f"{what}: {shown} gave no reply ({last})")
         if attempt < policy.retries:
             if on_retry:
                 on_retry(attempt + 1, last)
             await asyncio.sleep(policy.delay(attempt, retry_after))
     raise HTTPError(f"{what}: {shown} failed after {policy.retries + 1} attempts; last error: {last}", last_status)
+
+
+async def _require_alive(client, url: str, headers: dict | None, why: str) -> None:
+    """Raise :class:`ServerDown` (and remember it on ``client``) unless ``url`` answers 200 within
+    :data:`LIVENESS_TIMEOUT_S`."""
+    if getattr(client, "down", None):
+        raise ServerDown(client.down)
+    try:
+        r = await asyncio.wait_for(client.request("GET", url, headers=headers, timeout=LIVENESS_TIMEOUT_S),
+                                   LIVENESS_TIMEOUT_S)
+        _unbound(r)
+        if r.status_code == 200:
+            return
+        state = f"answered HTTP {r.status_code}"
+    except (asyncio.TimeoutError, httpx.TimeoutException):
+        state = f"did not answer within {LIVENESS_TIMEOUT_S:g} s"
+    except httpx.TransportError as e:
+        state = f"could not be reached ({e.__class__.__name__})"
+    msg = redact(f"{why}, and its health check {public_url(url)} {state}: the server is down or hung. Everything "
+                 "finished so far is kept; restart the server (or point at another), then rerun the same command")
+    if isinstance(client, ClientPool):
+        client.down = msg
+    raise ServerDown(msg)

@@ -31,7 +31,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from agent.backends import make_backend
-from agent.backends.base import BackendError, SamplingParams
+from agent.backends.base import BackendError, ModelServerDown, SamplingParams
 from agent.backends.messages import ImageUsers
 from agent.backends.openai_compat import OpenAIBackend
 from agent.backends.spread import Spread
@@ -255,6 +255,8 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
             image_users.use(mine, (line.get("query_images") or {}).values())
             try:
                 rec = await ann.annotate(run, run.full(line))  # the whole line, read now
+            except ModelServerDown:  # the command ends here, every finished label kept
+                raise
             except BackendError as e:  # the annotator endpoint failed: not written, retried on the next run
                 failed.append(f"{line['sample_id']}/t{line['trial']}: {e}")
                 rec = None

@@ -146,3 +146,45 @@ def test_a_non_ascii_sample_id_runs_and_a_control_character_in_an_id_is_refused_
     assert line["sample_id"] == "样本_1" and line["status"] == "ok"
     assert keys == {routing_key(("样本_1", 0))} and all(k.isascii() for k in keys)
     assert not routing_key(("s", 1)).endswith(("_t1", "_r1"))  # smg strips such suffixes (issue 58)
+
+
+def test_a_hung_model_server_ends_the_run_within_its_request_timeout_keeping_what_finished(tmp_path):
+    """A server that stops answering (its scheduler hung: no reply, /health 503) ends the run one request timeout
+    after it hung, with one line and exit 6; the finished units are written, those in flight resume on the rerun
+    (issue 55, item 9: it waited the timeout once per request and retry before)."""
+    from tests.fakes.sglang_server import FakeSGLang
+
+    run = tmp_path / "run"
+    with FakeSGLang(reply="<think>\nhm\n</think>\n\n<answer>red</answer>") as srv:
+        base = ["agent.run", "--method", "react", "--backend", "openai", "--endpoint", srv.url, "--benchmark", "demo",
+                "--out", str(run), "--no-progress", "--request-timeout", "3"]
+        assert _cmd(*base, "--limit", "2").returncode == 0
+        srv.hung.set()
+        r = _cmd(*base, "--concurrency", "4")
+        assert r.returncode == 6, r.stderr[-2000:]
+        assert "health check" in r.stderr and "the server is down or hung" in r.stderr and "Traceback" not in r.stderr
+        n_posts = len(srv.bodies)
+        srv.hung.clear()
+        assert len(load_run(run).index) == 2  # the two finished units; nothing written for those in flight
+        assert n_posts <= 2 + 4  # each unit in flight asked once, none retried
+        assert _cmd(*base).returncode == 0  # the server is back: the rerun finishes the run
+    assert len(load_run(run).index) == 6
+
+
+def test_a_model_server_that_dies_mid_probe_ends_the_probe_at_once_keeping_every_finished_step(tmp_path,
+                                                                                           tiny_model_dir):
+    """The entropy probe (teacher-forced, SGLang's native API) against a server that dies part-way: it ends with one
+    line (exit 2) at the first request that gets no reply, every finished step kept, instead of retrying every
+    remaining step in turn (issue 55, item 9)."""
+    from tests.fakes.sglang_server import FakeSGLang, record_react_run
+
+    run = tmp_path / "run"
+    record_react_run(run, tiny_model_dir, limit=3)
+    with FakeSGLang(tokenizer_dir=str(tiny_model_dir), model_name=str(tiny_model_dir)) as srv:
+        srv.crash_when = lambda s: len(s.bodies) > 4
+        r = _cmd("probes.entropy", str(run), "--mode", "teacher-forced", "--backend", "sglang", "--endpoint", srv.url,
+                 "--model-dir", str(tiny_model_dir), "--skip-fidelity", "--include-unparsed", "--no-progress",
+                 "--concurrency", "1")
+    assert r.returncode == 2 and "the server is down or hung" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    steps = run / "probes" / "entropy-teacher-forced" / "steps.jsonl"
+    assert 1 <= len(steps.read_bytes().splitlines()) <= 2  # a step is two scoring requests: what finished is kept

@@ -26,6 +26,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
+from ..http import HTTPError, ServerDown
 from .tokens import (  # re-exported
     LOGPROB_FLOOR,
     TokenArrays,
@@ -39,6 +40,8 @@ from .tokens import (  # re-exported
 __all__ = [
     "LOGPROB_FLOOR", "TokenArrays", "top_matrix", "top_id_matrix",
     "BackendError",
+    "ModelServerDown",
+    "backend_error",
     "TopLogprob",
     "TopList",
     "TokenLogprob",
@@ -91,6 +94,16 @@ class BackendError(RuntimeError):
 
     Raised (never swallowed): the runner records it as the sample's error and moves on.
     """
+
+
+class ModelServerDown(BackendError):
+    """The model server stopped answering (agent.http.ServerDown): not one unit's error but the end of the
+    command. The runner and the probes stop at once, keep everything finished, and say so in one line."""
+
+
+def backend_error(e: HTTPError) -> BackendError:
+    """The backend's error for a request that failed for good: :class:`ModelServerDown` when the server is down."""
+    return ModelServerDown(str(e)) if isinstance(e, ServerDown) else BackendError(str(e))
 
 
 class BadReply(BackendError):

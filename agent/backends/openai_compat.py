@@ -31,6 +31,7 @@ from .base import (
     SamplingParams,
     ScoredTokens,
     Usage,
+    backend_error,
     retry_bad_replies,
     routing_headers,
 )
@@ -93,6 +94,10 @@ class OpenAIBackend:
             raise BackendError(f"{api_key_env} is not set in the environment (needed for {public_url(self.base)})")
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.server = server
+        # where to ask whether the server is still there when a request gets no reply (agent.http): SGLang's and
+        # vLLM's /health (SGLang's answers 503 when its scheduler produced nothing for 20 s), else the model list
+        root = self.base.removesuffix("/v1")
+        self.liveness = root + "/health" if server in ("sglang", "vllm") else self.base + "/models"
         self.logprob_mode = logprob_mode
         self.policy = policy
         self.extra_body = dict(extra_body or {})
@@ -156,9 +161,9 @@ class OpenAIBackend:
             try:
                 resp = await request_json(self._client, "POST", self.base + "/chat/completions", json_body=body,
                                           headers=routing_headers(self._headers), policy=self.policy,
-                                          what="chat completion")
+                                          what="chat completion", liveness=self.liveness)
             except HTTPError as e:
-                raise BackendError(str(e)) from e
+                raise backend_error(e) from e
             return self.parse(resp, sp)
 
         out = await retry_bad_replies(attempt, f"chat completion @ {public_url(self.base)}")

@@ -50,6 +50,7 @@ from .base import (
     SamplingParams,
     ScoredTokens,
     Usage,
+    backend_error,
     model_vocab_size,
     retry_bad_replies,
     routing_headers,
@@ -184,9 +185,10 @@ class SGLangBackend(PromptTokens):
     async def _post(self, payload: dict, what: str) -> dict:
         try:
             resp = await request_json(self._client, "POST", self.url, json_body=payload, policy=self.policy, what=what,
-                                      decode=decode_generate_reply, headers=routing_headers())
+                                      decode=decode_generate_reply, headers=routing_headers(),
+                                      liveness=self.url.removesuffix("/generate") + "/health")
         except HTTPError as e:
-            raise BackendError(str(e)) from e
+            raise backend_error(e) from e
         if isinstance(resp, dict) and not isinstance(resp.get("meta_info"), dict) and (
                 resp.get("object") == "error" or "error" in resp):
             # an SGLang error object sent with status 200: asked again like a 5xx (bounded), then named (F5)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ..backends.base import BackendError, SamplingParams
+from ..backends.base import BackendError, ModelServerDown, SamplingParams
 from ..backends.openai_compat import OpenAIBackend
 from ..cli import JUDGE_ENDPOINT, JUDGE_MODEL
 from ..http import dumps_record
@@ -181,6 +181,8 @@ class Grader:
             async with self.sem:
                 try:
                     rec.update(await self._ask(client, prompt))
+                except ModelServerDown:  # the command ends here, every finished grade kept
+                    raise
                 except BackendError as e:  # recorded and retried on the next run
                     rec.update(grade="UNPARSED", extracted=None, reply=None, reason=f"judge call failed: {e}",
                                failed=True)

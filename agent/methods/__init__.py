@@ -15,7 +15,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..backends.base import BackendError, SamplingParams
+from ..backends.base import BackendError, ModelServerDown, SamplingParams
 from ..backends.images import ImageError
 from ..tools.toolbox import TOOL_NAMES, CacheMiss
 from ..trajectory import Trajectory
@@ -127,6 +127,8 @@ async def run_sample(spec: MethodSpec, sample, trial: int, *, backend, toolbox,
             status, answer = await run_release_protocol(ep)
         else:
             status, answer = await run_mmcontextfold(ep, variant=spec.variant)
+    except ModelServerDown:  # not this unit's error: the command stops (the unit reruns on resume)
+        raise
     except HARNESS_ERRORS as e:
         _finish_extra(traj)
         msg = f"{type(e).__name__}: {e}"

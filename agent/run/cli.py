@@ -8,7 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..backends.base import DEFAULT_TOP_LOGPROBS, BackendError
+from ..backends.base import DEFAULT_TOP_LOGPROBS, BackendError, ModelServerDown
 from ..backends.images import set_image_cache_mb
 from ..benchmarks import resolve_benchmark
 from ..cli import DEFAULT_CONCURRENCY, add_backend_args, done, make_parser, positive_float, positive_int
@@ -23,7 +23,7 @@ from ..rundir.shards import shard_units
 from ..tools import MODES, MissingKeyError
 from . import __doc__ as RUN_DOC
 from .config import EMBEDDED_MAX_TOKENS, PROCESS_CONCURRENCY, SERVED_MAX_TOKENS, RunConfig, all_units, select_samples
-from .execute import EXIT_DISK_FULL, disk_full
+from .execute import EXIT_DISK_FULL, EXIT_SERVER_DOWN, disk_full
 from .runner import _TERMINATED, run
 
 __all__ = ["build_parser", "config_from_args", "main"]
@@ -222,7 +222,8 @@ def main(argv=None) -> int:
     """Exit status: 0 all units finished; 2 refused before any work (a preflight check, a bad argument);
     3 finished, but some units ended in ``error``/``timeout`` (rerun with ``--retry-errors``); 4 stopped
     after ``--max-consecutive-errors`` harness errors in a row; 5 the disk is full (finished units kept; free
-    space and rerun); 130 interrupted (rerun to resume)."""
+    space and rerun); 6 the model server stopped answering (finished units kept; rerun once it is back); 130
+    interrupted (rerun to resume)."""
 
     a = build_parser().parse_args(argv)
     if a.max_image_mb:
@@ -241,6 +242,9 @@ def main(argv=None) -> int:
         summary = asyncio.run(run(cfg, argv))
     except (KeyboardInterrupt, asyncio.CancelledError):
         return 143 if _TERMINATED["by"] else 130
+    except ModelServerDown as e:  # mid-run: the finished units are written, those in flight resume on the rerun
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_SERVER_DOWN
     except (ValueError, RunError, BackendError, OSError, MissingKeyError, PreflightError) as e:
         full = disk_full(e)
         if full is not None:

@@ -11,7 +11,7 @@ from collections import Counter
 from tqdm import tqdm
 
 from ..backends import BackendError
-from ..backends.base import route
+from ..backends.base import ModelServerDown, route
 from ..backends.spread import BackendPool
 from ..methods import new_trajectory, run_sample
 from ..redact import public_url
@@ -20,7 +20,7 @@ from ..tools import make_toolbox
 from .config import RunConfig, make_backends
 from .journal import Journal, JournaledBackend
 
-__all__ = ["execute", "UnitStats", "EXIT_DISK_FULL", "disk_full", "SHARED", "claimer", "progress_bar"]
+__all__ = ["execute", "UnitStats", "EXIT_DISK_FULL", "EXIT_SERVER_DOWN", "disk_full", "SHARED", "claimer", "progress_bar"]
 
 
 def retrieved(fut) -> None:
@@ -37,6 +37,7 @@ class _Workers:
         self.cfg, self.spec, self.rd, self.claim = cfg, spec, rd, claim
         self.backends, self.toolbox, self.served_model, self.bar = backends, toolbox, served_model, bar
         self.weights = None  # the weights the run records (set by execute for a native SGLang run)
+        self.down: str | None = None  # why the run stopped: the model server stopped answering
         self.pool = BackendPool(backends)  # each trajectory keeps the backend it is given
         self.counts: Counter = Counter()
         self.stats = UnitStats()
@@ -134,11 +135,14 @@ class _Workers:
             self._account(await self._unit(*job))
 
     async def run(self, n: int) -> tuple[bool, int, int]:
-        """Run ``n`` workers to the end; ``(interrupted, units abandoned, their calls)``."""
+        """Run ``n`` workers to the end; ``(interrupted, units abandoned, their calls)``. The model server found
+        down (:class:`ModelServerDown`) stops the run as an interrupt does (``self.down`` says why)."""
         tasks = [asyncio.create_task(self.worker()) for _ in range(n)]
         try:
             await asyncio.gather(*tasks)
-        except (asyncio.CancelledError, KeyboardInterrupt):
+        except (asyncio.CancelledError, KeyboardInterrupt, ModelServerDown) as e:
+            if isinstance(e, ModelServerDown):
+                self.down = str(e)
             # what is abandoned, counted before the cancellation unwinds it: units and the calls they had made
             lost_units, lost_calls = len(self.flying), sum(t.n_calls for t in self.flying)
             for t in tasks:
@@ -153,7 +157,8 @@ class _Workers:
 def _report(cfg: RunConfig, w: _Workers, summary: dict, interrupted: bool) -> None:
     if cfg.shard is not None:
         return
-    print(f"{'interrupted' if interrupted else 'done'}: {summary['ran']} written ({dict(w.counts)}), "
+    state = "stopped (the model server stopped answering)" if w.down else "interrupted" if interrupted else "done"
+    print(f"{state}: {summary['ran']} written ({dict(w.counts)}), "
           f"{w.n_calls} LLM calls in {summary['elapsed_s']:.1f}s; tools: {dict(w.toolbox.stats)}", file=sys.stderr)
     if w.resumed:
         print(f"resumed {w.resumed} unit(s) inside their trajectory: {w.replayed} recorded LLM calls replayed from "
@@ -163,7 +168,8 @@ def _report(cfg: RunConfig, w: _Workers, summary: dict, interrupted: bool) -> No
     if interrupted:
         print(f"{summary['abandoned_units']} units were in flight ({summary['abandoned_calls']} LLM calls made for "
               "them); each resumes from its last completed call on the rerun", file=sys.stderr)
-        print("rerun the same command to resume; finished samples are kept.", file=sys.stderr)
+        if not w.down:
+            print("rerun the same command to resume; finished samples are kept.", file=sys.stderr)
 
 
 async def execute(cfg: RunConfig, spec, rd: RunDir, header: dict, jobs: list, skipped: int, skipped_images: list,
@@ -202,6 +208,8 @@ async def execute(cfg: RunConfig, spec, rd: RunDir, header: dict, jobs: list, sk
     if interrupted:
         summary["abandoned_units"], summary["abandoned_calls"] = lost_units, lost_calls
     _report(cfg, w, summary, interrupted)
+    if w.down:
+        raise ModelServerDown(w.down)
     if interrupted:
         raise KeyboardInterrupt(summary)  # a worker process hands it to its parent (_child)
     return summary
@@ -244,6 +252,8 @@ class UnitStats:
 
 #: The exit status when the disk is full (ours): not a refusal (2), not failed units (3).
 EXIT_DISK_FULL = 5
+#: The exit status when the model server stopped answering mid-run (ours): rerun once it is back.
+EXIT_SERVER_DOWN = 6
 
 
 def disk_full(e: BaseException) -> str | None:

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from agent.backends.base import BackendError
+from agent.backends.base import BackendError, ModelServerDown
 from agent.backends.messages import ImageUsers
 from agent.backends.spread import pin
 from agent.http import dumps_record, loads
@@ -137,6 +137,8 @@ class _Prober:
                         raise RunError(f"no llm_call event for step {step}")
                     row = await _probe_step(self.run, line, ev, tok, self.backend, self.mode, H_all, slices,
                                             self.vocab, Hhi_all, known_texts, (self.image_users, my_images))
+                except ModelServerDown:  # the command ends here, every finished step kept
+                    raise
                 except (BackendError, RunError) as e:
                     self.failures.append(f"{line['sample_id']}/t{line['trial']} step {step}: {e}")
                     row = None

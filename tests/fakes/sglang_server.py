@@ -232,8 +232,8 @@ class _Handler(JSONHandler):
             return f
 
     def do_GET(self):
-        if self.path in ("/health", "/health_generate"):
-            return self._send(200, b"", "text/plain")
+        if self.path in ("/health", "/health_generate"):  # SGLang's: 503 once its scheduler produces nothing
+            return self._send(503 if self.server.hung.is_set() else 200, b"", "text/plain")
         if self.path == "/v1/models":
             return self._send(200, {"object": "list", "data": [{"id": self.server.model_name, "object": "model",
                                     "created": 1777365666, "owned_by": "sglang", "root": self.server.model_name,
@@ -286,6 +286,8 @@ class _Handler(JSONHandler):
             return self._send(400, {"object": "error", "message": "unexpected keyword argument "
                                     "'return_flat_raw_top_logprobs'", "type": "BadRequestError", "code": 400})
         fault = self._fault()
+        while self.server.hung.is_set() and not self.server.closing:  # a hung scheduler: no reply, ever
+            time.sleep(0.05)
         self.server.gate.wait(600)  # a test holds every reply here to stop a run mid-way, whatever the machine's speed
         if self.server.latency_s:
             time.sleep(self.server.latency_s)
@@ -565,6 +567,8 @@ class FakeServer(ThreadingHTTPServer):
         self.latency_s = latency_s
         self.gate = threading.Event()  # cleared: replies wait (see the handler); set by default
         self.gate.set()
+        self.hung = threading.Event()  # set: a hung scheduler (no POST is ever answered; /health says 503)
+        self.closing = False
         self.deterministic = deterministic
         self.faults: list = []
         self.fault_rate = fault_rate
@@ -595,6 +599,7 @@ class FakeSGLang:
         return self.server
 
     def __exit__(self, *exc):
+        self.server.closing = True  # a hung handler lets go
         self.server.shutdown()
         self.server.server_close()
 
