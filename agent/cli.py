@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
+import re
 import sys
 
 from .redact import RedactingStream
 
-__all__ = ["make_parser", "add_backend_args", "add_judge_args", "single_endpoint", "done", "DEFAULT_CONCURRENCY",
+__all__ = ["printable", "number_in", "temperature", "top_p", "top_logprobs", "port_number", "make_parser", "add_backend_args", "add_judge_args", "single_endpoint", "done", "DEFAULT_CONCURRENCY",
            "SERVERS", "BACKEND_CHOICES", "JUDGE_ENDPOINT", "JUDGE_MODEL", "positive_int", "positive_float"]
 
 #: Requests (samples, steps, grades) in flight, the same default for every command.
@@ -31,6 +33,16 @@ JUDGE_ENDPOINT = "https://openrouter.ai/api/v1"
 #: Gemini-3-Flash (paper B.6) as OpenRouter serves it (openrouter.ai/google/gemini-3-flash-preview, looked up
 #: 2026-12): the one constant behind every default, help text and the README.
 JUDGE_MODEL = "google/gemini-3-flash-preview"
+
+
+#: What a terminal must never receive from data: control characters other than newline and tab (an escape sequence
+#: in a model's reply would recolour, move or clear the user's terminal, or retitle its window).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` fit for a terminal: each control character but newline and tab shown as its escape (``\\x1b``)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group(0)):02x}", text)
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -45,7 +57,11 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 
 def _interrupted_hook(kind, value, tb) -> None:
     """An uncaught Ctrl-C: one line (what is kept and how to go on) instead of a traceback; anything else as
-    Python prints it. Python still ends the process as killed by SIGINT (status 130 in a shell)."""
+    Python prints it. Python still ends the process as killed by SIGINT (status 130 in a shell). A reader that
+    went away (``| head``: a broken pipe) is not an error: nothing is printed, not even at exit."""
+    if issubclass(kind, BrokenPipeError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit goes nowhere
+        return
     if issubclass(kind, KeyboardInterrupt):
         print("\ninterrupted (Ctrl-C): every output finished so far is kept; rerun the same command to go on",
               file=sys.stderr)
@@ -98,6 +114,28 @@ def positive_float(v: str) -> float:
     if not (0 < x < float("inf")):
         raise argparse.ArgumentTypeError(f"must be a number above 0, got {v}")
     return x
+
+
+def number_in(lo: float, hi: float, *, lo_open: bool = False, whole: bool = False):
+    """An argparse type: a finite number in [lo, hi] ((lo, hi] with ``lo_open``; a whole number with ``whole``):
+    ``--temperature nan``, ``--top-p 7``, ``--top-logprobs -1``, ``--port 99999`` are refused, naming the value."""
+    def parse(v: str):
+        try:
+            x = int(v) if whole else float(v)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{v!r} is not a {'whole ' if whole else ''}number") from None
+        if x != x or not (lo < x if lo_open else lo <= x) or not x <= hi:
+            raise argparse.ArgumentTypeError(f"must be in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {v}")
+        return x
+    parse.__name__ = "number"
+    return parse
+
+
+#: The command-line types of the sampling parameters (paper B.1's values are inside every range).
+temperature = number_in(0.0, 100.0)
+top_p = number_in(0.0, 1.0, lo_open=True)
+top_logprobs = number_in(0, 1024, whole=True)
+port_number = number_in(1, 65535, whole=True)
 
 
 def make_parser(prog: str, doc: str | None, examples: list[str]) -> argparse.ArgumentParser:

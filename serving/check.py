@@ -22,7 +22,7 @@ from pathlib import Path
 from PIL import Image, ImageDraw
 
 from agent.backends import BackendError, ImageError, ModelOutput, SamplingParams, make_backend
-from agent.cli import add_backend_args, make_parser, positive_float, single_endpoint
+from agent.cli import add_backend_args, make_parser, positive_float, single_endpoint, top_logprobs
 from agent.http import RetryPolicy
 from agent.preflight import PreflightError, model_identity
 from analysis.entropy import grouped_tail_entropy
@@ -153,7 +153,7 @@ def main(argv=None) -> int:
     ap.add_argument("--image", help="image file (default: a generated test image)")
     ap.add_argument("--prompt", default="Describe this image in one sentence.", help="the request's text")
     ap.add_argument("--max-tokens", type=int, default=48, help="tokens to generate")
-    ap.add_argument("--top-logprobs", type=int, default=20, help="alternatives per token")
+    ap.add_argument("--top-logprobs", type=top_logprobs, default=20, help="alternatives per token")
     ap.add_argument("--retries", type=int, default=2, help="retries on 429/5xx/connection errors")
     ap.add_argument("--timeout", type=positive_float, default=120.0, help="seconds per request")
     ap.add_argument("--json", action="store_true", help="print one JSON object")

@@ -36,7 +36,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from agent.cli import make_parser, positive_float
+from agent.cli import make_parser, port_number, positive_float
 
 from .endpoints import remember, write_endpoints
 from .plan import SGLANG_SITE, LaunchError, _quote, router_command
@@ -151,8 +151,8 @@ def _parser():
         "python -m serving.gateway /shared/serve/* --dry-run"])
     ap.add_argument("nodes", nargs="+", help="each node's launcher --run-dir (or its endpoints.json)")
     ap.add_argument("--run-dir", default=".gateway", help="logs, PID files, commands, endpoints.json (default: .gateway)")
-    ap.add_argument("--port", type=int, default=30100, help="first router's port; router j gets +j (default: 30100)")
-    ap.add_argument("--prometheus-port", type=int, default=29100,
+    ap.add_argument("--port", type=port_number, default=30100, help="first router's port; router j gets +j (default: 30100)")
+    ap.add_argument("--prometheus-port", type=port_number, default=29100,
                     help="first router's metrics port; router j gets +j (default: 29100: not the launcher's 29000)")
     ap.add_argument("--host", default="0.0.0.0", help="listen address (default: 0.0.0.0)")
     ap.add_argument("--advertise-host", metavar="HOST", help="the name clients reach this node by (endpoints.json)")

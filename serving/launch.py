@@ -33,7 +33,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from agent.cli import positive_float
+from agent.cli import port_number, positive_float
 
 from .endpoints import remember, state_file, write_endpoints
 from .plan import (
@@ -287,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tp", type=int, default=4, help="tensor-parallel size per server (default: 4)")
     ap.add_argument("--gpu-groups", default="", help='one comma-separated GPU list per server, e.g. "0,1,2,3 4,5,6,7" '
                                                      "(default: consecutive blocks of --tp)")
-    ap.add_argument("--port", type=int, default=30000, help="first port (default: 30000)")
+    ap.add_argument("--port", type=port_number, default=30000, help="first port (default: 30000)")
     ap.add_argument("--host", default="0.0.0.0", help="listen address (default: 0.0.0.0)")
     ap.add_argument("--advertise-host", metavar="HOST",
                     help="the name other nodes reach this one by, written into endpoints.json (several nodes behind "
@@ -300,10 +300,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--run-dir", default=os.environ.get("MMCF_SERVE_DIR", ".serve"),
                     help="logs, PID files, commands, endpoints.json (default: .serve)")
     ap.add_argument("--router", action="store_true", help="also start one smg gateway (cache_aware, sticky sessions) per model")
-    ap.add_argument("--router-port", type=int, default=30100, help="first router port (default: 30100)")
-    ap.add_argument("--prometheus-port", type=int, default=29000,
+    ap.add_argument("--router-port", type=port_number, default=30100, help="first router port (default: 30100)")
+    ap.add_argument("--prometheus-port", type=port_number, default=29000,
                     help="first router's metrics port; router j gets +j (default: 29000)")
-    ap.add_argument("--nccl-port", type=int, default=None,
+    ap.add_argument("--nccl-port", type=port_number, default=None,
                     help="first server's NCCL / dist-init port; server i gets +i (default: --port + 1000)")
     ap.add_argument("--standin", choices=("scripted", "model"),
                     help="no GPU: SGLang's real front end on the CPU with serving/standin.py as its scheduler and the "

@@ -9,6 +9,7 @@ from agent.backends.scripted import ScriptedBackend
 from agent.judge import Grader
 from agent.run import RunConfig, run
 from agent.rundir import RunDir, RunError, load_run
+from agent.rundir.lines import seal
 from agent.tools.demo_world import QUESTIONS
 from probes.removal import parse_steps, removal_probe
 
@@ -79,7 +80,8 @@ async def test_a_prefix_that_does_not_rebuild_is_an_error(tmp_path):
     line = json.loads(res.read_text())
     tool = next(e for e in line["events"] if e["type"] == "tool_call")
     tool["observation"] = "tampered " + tool["observation"]
-    res.write_text(json.dumps(line) + "\n")
+    res.write_bytes(seal(line) + b"\n")  # a crafted run: sealed again, so only the prefix tells
+    (rd / "results.index.jsonl").unlink()
     await removal_probe(rd, [3], backend=ScriptedBackend([sees_image_policy] * 50), grader=Grader("exact"), progress=False)
     rep = RunDir(rd / "probes" / "removal" / "k3").read_lines()[0]
     assert rep["status"] == "error" and "byte for byte" in rep["error"]

@@ -185,6 +185,15 @@ def test_another_tokenizer_or_an_unreadable_record_never_sends_wrong_ids(recorde
     at = data.index(blob)  # the record's compressed bytes damaged in place (the footer keeps its lengths)
     path.write_bytes(data[:at + len(blob) - 40] + bytes(40) + data[at + len(blob):])
     from agent.rundir import check_run
+    from agent.rundir.lines import seal
+    from agent.rundir.sidecar import sha256_of
+
+    # the line keeps the damaged file's checksum (a crafted run): only the prompt ids are wrong, not the file's bytes
+    res = broken / "results.jsonl"
+    lines = [json.loads(x) for x in res.read_bytes().splitlines()]
+    lines[0]["tokens_sha256"] = sha256_of(path.read_bytes())
+    res.write_bytes(b"".join(seal(ln) + b"\n" for ln in lines))
+    (broken / "results.index.jsonl").unlink()
 
     assert check_run(out).intact  # the run as recorded passes the deep check; the broken copy does not, naming why
     rep = check_run(broken)

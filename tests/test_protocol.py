@@ -350,6 +350,12 @@ async def test_a_200_error_object_on_native_generate_is_asked_again_then_named(t
     (["agent.ledger", "RUN", "--gpus-per-server", "-3"], "argument --gpus-per-server: must be at least 1, got -3"),
     (["probes.entropy", "RUN", "--limit", "0"], "argument --limit: must be at least 1, got 0"),
     (["serving.launch", "--timeout", "-1", "9b"], "argument --timeout: must be a number above 0, got -1"),
+    # issue 55 (low): sampling values no server can honour, and ports that do not exist
+    (["agent.run", "--method", "react", "--temperature", "nan"], "argument --temperature: must be in [0, 100], got nan"),
+    (["agent.run", "--method", "react", "--temperature", "-1"], "argument --temperature: must be in [0, 100], got -1"),
+    (["agent.run", "--method", "react", "--top-p", "7"], "argument --top-p: must be in (0, 1], got 7"),
+    (["agent.run", "--method", "react", "--top-logprobs", "-1"], "argument --top-logprobs: must be in [0, 1024], got -1"),
+    (["serving.launch", "--port", "99999", "9b"], "argument --port: must be in [1, 65535], got 99999"),
 ])
 def test_values_that_would_make_nonsense_are_refused_naming_the_flag(argv, message):
     import importlib

@@ -15,6 +15,7 @@ import pytest
 from agent import judge, show
 from agent import run as runner
 from agent.rundir import RunError, load_run, token_key
+from agent.rundir.lines import seal
 from agent.show import html as show_html
 from probes import entropy
 
@@ -304,7 +305,7 @@ def test_text_that_looks_like_html_renders_as_text_and_every_row_shows(demo_run,
     res = run_dir / "results.jsonl"
     lines = [json.loads(x) for x in res.read_text().splitlines()]
     lines[0]["answer"] = hostile
-    res.write_text("".join(json.dumps(ln) + "\n" for ln in lines))
+    res.write_bytes(b"".join(seal(ln) + b"\n" for ln in lines))  # a crafted run: sealed again
     (run_dir / "results.index.jsonl").unlink(missing_ok=True)
     html = tmp_path / "run.html"
     show.build_html(run_dir, html)

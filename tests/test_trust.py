@@ -188,3 +188,45 @@ def test_a_model_server_that_dies_mid_probe_ends_the_probe_at_once_keeping_every
     assert r.returncode == 2 and "the server is down or hung" in r.stderr and "Traceback" not in r.stderr, r.stderr
     steps = run / "probes" / "entropy-teacher-forced" / "steps.jsonl"
     assert 1 <= len(steps.read_bytes().splitlines()) <= 2  # a step is two scoring requests: what finished is kept
+
+
+# ------------------------------------------------------------------ issue 55, the low items: one line each
+def test_the_terminal_view_shows_control_characters_as_escapes_and_a_closed_pipe_is_quiet(graded_run, tmp_path):
+    run = _copy(graded_run, tmp_path)
+    res = run / "results.jsonl"
+    lines = [json.loads(x) for x in res.read_bytes().splitlines()]
+    lines[0]["answer"] = "\x1b]0;pwned\x07\x1b[31mred\x1b[0m"
+    res.write_bytes(b"".join(seal(ln) + b"\n" for ln in lines))
+    (run / "results.index.jsonl").unlink()
+    r = _cmd("agent.show", str(run), lines[0]["sample_id"])
+    assert r.returncode == 0 and "\x1b" not in r.stdout + r.stderr and "\\x1b[31mred" in r.stdout
+    piped = subprocess.run(f"{sys.executable} -m agent.show {run} {lines[0]['sample_id']} | head -1", shell=True,
+                           cwd=REPO, capture_output=True, text=True, timeout=GUARD_S)
+    assert piped.stdout.count("\n") == 1 and piped.stderr == "", piped.stderr
+
+
+def test_a_page_under_a_regular_file_and_a_refused_run_leave_one_line_and_nothing_behind(graded_run, tmp_path):
+    (tmp_path / "file").write_text("x")
+    r = _cmd("agent.show", str(graded_run), "--html", str(tmp_path / "file" / "page.html"))
+    assert r.returncode == 2 and "cannot write the page" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    out = tmp_path / "refused"
+    r = _cmd("agent.run", "--method", "react", "--backend", "openai", "--endpoint", "http://127.0.0.1:9",
+             "--limit", "1", "--out", str(out), "--no-progress")
+    assert r.returncode == 2 and "unreachable" in r.stderr and not out.exists(), r.stderr
+
+
+def test_absurd_usage_numbers_are_never_summed_into_a_bill():
+    """A provider cost of 1e308 a call is no cost (the ledger would sum it to infinity); a negative token count is a
+    reply with impossible values, asked again, then named."""
+    from agent.backends.base import BadReply, SamplingParams
+    from agent.backends.openai_compat import OpenAIBackend
+
+    b = OpenAIBackend("http://127.0.0.1:9", "m", server="openrouter")
+    reply = {"model": "m", "choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}],
+             "usage": {"prompt_tokens": 3, "completion_tokens": 1, "cost": 1e308}}
+    assert b.parse(reply, SamplingParams(top_logprobs=0)).usage.cost is None
+    reply["usage"]["cost"] = 0.002
+    assert b.parse(reply, SamplingParams(top_logprobs=0)).usage.cost == 0.002
+    reply["usage"]["prompt_tokens"] = -5
+    with pytest.raises(BadReply, match="usage.prompt_tokens is -5, not a token count"):
+        b.parse(reply, SamplingParams(top_logprobs=0))

@@ -41,6 +41,8 @@ __all__ = [
     "LOGPROB_FLOOR", "TokenArrays", "top_matrix", "top_id_matrix",
     "BackendError",
     "ModelServerDown",
+    "BadReply",
+    "reported_count",
     "backend_error",
     "TopLogprob",
     "TopList",
@@ -136,6 +138,16 @@ async def retry_bad_replies(attempt, what: str):
         except BadReply as e:
             last = e
     raise BadReply(f"{what}: {BAD_REPLY_ATTEMPTS} replies in a row refused; last: {last}") from None
+
+
+def reported_count(value, field: str, where: str, default: int = 0) -> int:
+    """A token count a server reported (``usage.prompt_tokens``, ``meta_info.cached_tokens``…): a whole number
+    >= 0, or ``default`` when it is absent; anything else (-5, 1.5, "many") is a :class:`BadReply` naming it."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != int(value):
+        raise BadReply(f"{where}: {field} is {value!r}, not a token count")
+    return int(value)
 
 
 @dataclass(slots=True)

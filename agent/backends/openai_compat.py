@@ -32,6 +32,7 @@ from .base import (
     ScoredTokens,
     Usage,
     backend_error,
+    reported_count,
     retry_bad_replies,
     routing_headers,
 )
@@ -50,9 +51,15 @@ def base_url(endpoint: str) -> str:
     return e if e.endswith("/v1") else e + "/v1"
 
 
+#: The most a provider's reported cost of one call may be (ours): no LLM call costs a thousand dollars; a larger
+#: number (1e308 was seen in a review) is a garbled field, and summed it would make every bill infinite.
+MAX_CALL_COST = 1000.0
+
+
 def _cost(x) -> float | None:
-    """A provider's reported cost of a call (a finite, non-negative number), else None."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not x >= 0 or x == float("inf"):
+    """A provider's reported cost of a call (a number in [0, :data:`MAX_CALL_COST`]), else None: the call counts
+    as unpriced, and the cost ledger says how many calls its provider did not bill."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x <= MAX_CALL_COST:
         return None
     return float(x)
 
@@ -218,10 +225,15 @@ class OpenAIBackend:
         else:
             mark_think(tokens, starts_in_think=False)
         u = resp.get("usage") or {}
-        cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens") or meta.get("cached_tokens") or 0
-        usage = Usage(prompt_tokens=int(u.get("prompt_tokens") or meta.get("prompt_tokens") or 0),
-                      completion_tokens=int(u.get("completion_tokens") or meta.get("completion_tokens") or len(tokens)),
-                      cached_tokens=int(cached), reasoning_tokens=u.get("reasoning_tokens"),
+        cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens") or meta.get("cached_tokens")
+
+        def count(name, value, default=0):
+            return reported_count(value, name, where, default)
+        usage = Usage(prompt_tokens=count("usage.prompt_tokens", u.get("prompt_tokens") or meta.get("prompt_tokens")),
+                      completion_tokens=count("usage.completion_tokens", u.get("completion_tokens")
+                                              or meta.get("completion_tokens"), len(tokens)),
+                      cached_tokens=count("cached_tokens", cached),
+                      reasoning_tokens=count("usage.reasoning_tokens", u.get("reasoning_tokens"), None),
                       cost=_cost(u.get("cost")), provider=resp.get("provider") if isinstance(resp.get("provider"), str) else None)
         return ModelOutput(
             text=content.strip(), reasoning=reasoning.strip(), tokens=tokens,

@@ -52,6 +52,7 @@ from .base import (
     Usage,
     backend_error,
     model_vocab_size,
+    reported_count,
     retry_bad_replies,
     routing_headers,
 )
@@ -250,9 +251,12 @@ class SGLangBackend(PromptTokens):
         reasoning, answer = split_think(text, starts)
         return ModelOutput(
             text=answer, reasoning=reasoning, tokens=tokens, finish_reason=finish_reason_of(meta.get("finish_reason")),
-            usage=Usage(prompt_tokens=int(meta.get("prompt_tokens") or 0),
-                        completion_tokens=int(meta.get("completion_tokens") or len(tokens)),
-                        cached_tokens=int(meta.get("cached_tokens") or 0), reasoning_tokens=meta.get("reasoning_tokens")),
+            usage=Usage(prompt_tokens=reported_count(meta.get("prompt_tokens"), "meta_info.prompt_tokens", self.public),
+                        completion_tokens=reported_count(meta.get("completion_tokens"), "meta_info.completion_tokens",
+                                                         self.public, len(tokens)),
+                        cached_tokens=reported_count(meta.get("cached_tokens"), "meta_info.cached_tokens", self.public),
+                        reasoning_tokens=reported_count(meta.get("reasoning_tokens"), "meta_info.reasoning_tokens",
+                                                        self.public, None)),
             semantics=LogprobSemantics.for_generation(self.logprob_mode, sp.temperature),
             backend=self.name, model=self.model, response=_without_logprobs(resp), top_k_requested=sp.top_logprobs,
         )

@@ -11,7 +11,17 @@ from pathlib import Path
 from ..backends.base import DEFAULT_TOP_LOGPROBS, BackendError, ModelServerDown
 from ..backends.images import set_image_cache_mb
 from ..benchmarks import resolve_benchmark
-from ..cli import DEFAULT_CONCURRENCY, add_backend_args, done, make_parser, positive_float, positive_int
+from ..cli import (
+    DEFAULT_CONCURRENCY,
+    add_backend_args,
+    done,
+    make_parser,
+    positive_float,
+    positive_int,
+    temperature,
+    top_logprobs,
+    top_p,
+)
 from ..methods import METHODS, PROTOCOLS, VARIANTS
 from ..methods.common import HISTORY_REASONING, WEBWATCHER_OBSERVATION_IMAGES
 from ..methods.release import DEFAULT_PATIENCE, DEFAULT_THRESHOLD
@@ -88,11 +98,11 @@ def _backend_args(ap: argparse.ArgumentParser) -> None:
 
 def _sampling_args(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("sampling (paper defaults)")
-    g.add_argument("--temperature", type=float, default=0.2, help="paper B.1")
-    g.add_argument("--top-p", type=float, default=0.95, help="paper B.1")
+    g.add_argument("--temperature", type=temperature, default=0.2, help="paper B.1")
+    g.add_argument("--top-p", type=top_p, default=0.95, help="paper B.1")
     g.add_argument("--max-tokens", type=int, help=f"per call (default {SERVED_MAX_TOKENS}, the paper's release; "
                                                   f"{EMBEDDED_MAX_TOKENS} on the tiny model)")
-    g.add_argument("--top-logprobs", type=int, default=None,
+    g.add_argument("--top-logprobs", type=top_logprobs, default=None,
                    help=f"alternatives per token (paper: {DEFAULT_TOP_LOGPROBS}; with --server openrouter 0 unless given: "
                         "no logprob fields are sent, as the release sends none)")
     g.add_argument("--seed", type=int, help="base seed, trial t uses seed + t (honoured by SGLang only with "

@@ -58,9 +58,14 @@ async def run(cfg: RunConfig, argv=None, *, backends: list | None = None, toolbo
     cfg = dataclasses.replace(cfg, processes=auto_processes(cfg, backends is not None))
     manifest = resolve_benchmark(cfg.benchmark, keep_duplicates=cfg.protocol == "release")  # the release runs every row
     rd = RunDir(cfg.out, cfg.token_precision)
+    fresh = not rd.path.exists()
     rd.lock(shared_only=cfg.shard is not None)
     try:
         return await _run_locked(cfg, argv, spec, manifest, rd, backends, toolbox)
+    except BaseException:
+        if fresh:  # refused before its header was written: nothing of this run is left behind, not even its lock
+            rd.discard_if_unused()
+        raise
     finally:
         if cfg.shard is None and rd.results.exists():  # the cost ledger (agent/rundir/ledger.py), after every invocation
             try:

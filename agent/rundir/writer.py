@@ -144,6 +144,19 @@ class RunDir(RunIndex):
             fcntl.flock(fd, fcntl.LOCK_SH)
         self._lock_fd = fd
 
+    def discard_if_unused(self) -> bool:
+        """Remove this directory when it holds nothing but the run lock (a run refused before its header was
+        written); whether it was removed."""
+        try:
+            if {p.name for p in self.path.iterdir()} - {".runner.lock"}:
+                return False
+            self.unlock()
+            (self.path / ".runner.lock").unlink(missing_ok=True)
+            self.path.rmdir()
+            return True
+        except OSError:
+            return False
+
     def unlock(self) -> None:
         fd = getattr(self, "_lock_fd", None)
         if fd is not None:

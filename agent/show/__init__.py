@@ -2,8 +2,8 @@
 
     python -m agent.show RUN_DIR                                  # the samples: status, answer, gold, grade
     python -m agent.show RUN_DIR demo_3 [--trial 0] [--reasoning] # one trajectory, call by call
-    python -m agent.show RUN_DIR --html run.html [--limit N]      # HTML (no server, no network): run.html, the
-                                                                  # index, and run_files/: a page per trajectory
+    python -m agent.show RUN_DIR --html [OUT.html] [--limit N]    # HTML (no server, no network): RUN_DIR/run.html
+                                                                  # (the index) and run_files/: a page per trajectory
 
 The terminal view prints each LLM call with its state and branch span, the images it saw (query and
 retrieved, by hash), its reasoning (first line, unless ``--reasoning``), its visible text, the parsed

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..cli import done, make_parser, positive_int
+from ..cli import done, make_parser, positive_int, printable
 from ..rundir import RunError, load_run
 from . import __doc__ as SHOW_DOC
 from .data import sample_table
@@ -18,23 +18,24 @@ def main(argv=None) -> int:
     ap = make_parser("python -m agent.show", SHOW_DOC, [
         "python -m agent.show runs/demo-react",
         "python -m agent.show runs/demo-react demo_3 --reasoning",
-        "python -m agent.show runs/demo-react --html runs/demo-react/run.html"])
+        "python -m agent.show runs/demo-react --html         # writes runs/demo-react/run.html"])
     ap.add_argument("run_dir", help="a run directory")
     ap.add_argument("sample_id", nargs="?", help="one trajectory (none: the list of samples)")
     ap.add_argument("--trial", type=int, default=0, help="which trial of the sample")
     ap.add_argument("--reasoning", action="store_true", help="show each call's whole reasoning (default: its first line)")
     ap.add_argument("--observation-chars", type=int, default=400, help="observations are cut at this length")
-    ap.add_argument("--html", metavar="OUT.html", help="write the run as HTML: OUT.html (the index: paging and "
-                                                        "search) and OUT_files/ (one page per trajectory)")
+    ap.add_argument("--html", metavar="OUT.html", nargs="?", const="",
+                    help="write the run as HTML: OUT.html (the index: paging and search) and OUT_files/ (one page per "
+                         "trajectory); without OUT.html, RUN_DIR/run.html")
     ap.add_argument("--limit", type=positive_int, help="HTML: the first N trajectories only")
     ap.add_argument("--tokens", choices=("auto", "all", "none"), default="auto",
                     help=f"HTML: embed each call's think tokens, coloured by H / ΔH / KL (auto: when at most "
                          f"{AUTO_TOKENS} trajectories are written; they dominate the page's size)")
     a = ap.parse_args(argv)
     try:
-        if a.html:  # reads the run itself, keeping a few hundred bytes a trajectory of its index
-            info = build_html(a.run_dir, a.html, limit=a.limit, sample_ids=[a.sample_id] if a.sample_id else None,
-                              tokens=a.tokens)
+        if a.html is not None:  # reads the run itself, keeping a few hundred bytes a trajectory of its index
+            info = build_html(a.run_dir, a.html or Path(a.run_dir) / "run.html", limit=a.limit,
+                              sample_ids=[a.sample_id] if a.sample_id else None, tokens=a.tokens)
             print(f"{info['samples']} trajectories, {info['images']} images, {info['bytes'] / 1e6:.1f} MB: the index "
                   f"{info['index_bytes'] / 1e3:.0f} KB, one page per trajectory in {info['files']} (largest "
                   f"{info['largest_page_bytes'] / 1e3:.0f} KB)"
@@ -52,17 +53,21 @@ def main(argv=None) -> int:
                 return 0
 
             with pd.option_context("display.max_rows", 500, "display.max_colwidth", 40, "display.width", 160):
-                print(df.to_string(index=False))
+                print(printable(df.to_string(index=False)))
             print(f"\n{len(df)} trajectories; judge: {df.attrs.get('judge') or 'none yet'}")
             done([], f"python -m agent.show {a.run_dir} {df.iloc[0]['sample_id']}   |   "
-                     f"python -m agent.show {a.run_dir} --html {a.run_dir}/run.html")
+                     f"python -m agent.show {a.run_dir} --html")
             return 0
         line = next((ln for ln in run.index if ln["sample_id"] == a.sample_id and int(ln["trial"]) == a.trial), None)
         if line is None:
             print(f"error: {run.path}: no trajectory {a.sample_id} trial {a.trial}", file=sys.stderr)
             return 2
-        print(render_text(run, run.full(line), reasoning=a.reasoning, observation_chars=a.observation_chars))
+        print(printable(render_text(run, run.full(line), reasoning=a.reasoning,
+                                    observation_chars=a.observation_chars)))
         return 0
     except RunError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # the page's place cannot be written (under a regular file, read-only, full)
+        print(f"error: {e.filename or a.html}: cannot write the page ({e.strerror or e})", file=sys.stderr)
         return 2
