@@ -68,6 +68,9 @@ def main(argv=None) -> int:
     except RunError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except OSError as e:  # the page's place cannot be written (under a regular file, read-only, full)
+    except OSError as e:
+        if isinstance(e, BrokenPipeError) or a.html is None:
+            raise
+        # the page's place cannot be written (under a regular file, read-only, full)
         print(f"error: {e.filename or a.html}: cannot write the page ({e.strerror or e})", file=sys.stderr)
         return 2
