@@ -38,6 +38,7 @@ from agent.backends.spread import Spread
 from agent.cli import DEFAULT_CONCURRENCY, JUDGE_ENDPOINT, add_judge_args, done, make_parser, positive_int
 from agent.judge import judge_key_env
 from agent.prompts import GROUNDING_PASS1, GROUNDING_PASS2, fill
+from agent.record import validate
 from agent.redact import is_host, redact_obj
 from agent.rundir import RunError, close_fragment, load_run, write_json
 from analysis.figures import fig2a_grounding, provenance_mark
@@ -263,6 +264,7 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
             finally:
                 image_users.done(mine)
         if rec is not None:
+            validate("grounding_label", rec, f"{path} ({rec['sample_id']} trial {rec['trial']})")
             with open(path, "a") as f:
                 f.write(json.dumps(redact_obj(rec), ensure_ascii=False) + "\n")  # an annotator's echoed key: not kept
             done[(rec["sample_id"], rec["trial"])] = rec

@@ -48,6 +48,7 @@ from agent.methods import HARNESS_ERRORS, Budgets, Episode, MethodSpec
 from agent.methods.common import WEBWATCHER_OBSERVATION_IMAGES, Turn, tool_reply
 from agent.methods.react import react_messages, run_react
 from agent.prompts import CORRECTION, fill
+from agent.record import validate
 from agent.redact import is_host
 from agent.rundir import Run, RunDir, RunError, load_run, output_lock, write_json
 from agent.tools import make_toolbox
@@ -271,6 +272,8 @@ async def _outcomes(grader: Grader, lines: list, dirs: dict) -> pd.DataFrame:
             elif key in replays:  # ended in error/timeout: a missing pair, never a wrong answer
                 rows.append({**base, "replay_correct": None, "replayed": True, "replay_status": replays[key]["status"],
                              "error": replays[key].get("error")})
+    for r in rows:
+        validate("removal_outcome", r, f"removal outcome {r['sample_id']}/t{r['trial']} k={r['k']}")
     return pd.DataFrame(rows)
 
 

@@ -34,6 +34,7 @@ from ..cli import JUDGE_ENDPOINT, JUDGE_MODEL
 from ..http import dumps_record
 from ..preflight import server_facts
 from ..prompts import JUDGE, fill
+from ..record import validate
 from ..redact import is_host, public_url, redact
 from ..rundir import RunDir, RunError, close_fragment, output_lock, write_json
 from ..rundir.accuracy import accuracy_table
@@ -224,6 +225,33 @@ def _previous(path: Path, key: str):
         return None
 
 
+def _graded_before(rd: RunDir, name: str, label: str, regrade: bool) -> dict:
+    """The grades this judge already stored, by (sample, trial, answer key). Grades of another judge in the file are
+    refused, or with ``regrade`` moved aside with everything made from them (under one suffix)."""
+    out_path = rd.path / f"judge-{name}.jsonl"
+    if out_path.exists():
+        labels = {r.get("judge") for r in read_grades(out_path)}
+        if labels - {label}:
+            if not regrade:
+                raise RunError(f"{out_path} was graded by {', '.join(sorted(map(str, labels - {label})))}; this judge is "
+                               f"{label}. One file, one judge: give this judge its own --judge-name NAME to keep both "
+                               "(then python -m agent.judge agree compares them), or pass --regrade to grade "
+                               "everything again with this one (the old grades, summary and table are kept beside "
+                               "them)")
+            suffix = f"replaced-{int(time.time())}"
+            for old in (out_path, rd.path / f"judge-{name}-summary.json", rd.path / f"table1-{name}.md",
+                        rd.path / f"table1-{name}.csv"):
+                if old.exists():
+                    old.rename(old.with_name(f"{old.name}.{suffix}"))
+    done = {}
+    for r in read_grades(out_path):
+        try:
+            done[(r["sample_id"], r["trial"], r["answer_key"])] = r
+        except KeyError:
+            continue
+    return done
+
+
 async def judge_run(run_dir, **kw) -> dict:
     """Grade every (sample, trial) of the run (resumable); returns the summary dict. ``name``: the judge's file
     (``judge-NAME.jsonl``; default ``llm`` / ``exact``): a second judge gets a name of its own. One judge per run
@@ -248,27 +276,7 @@ async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_END
         grader.name = name
     name, label = grader.name, grader.label
     out_path = rd.path / f"judge-{name}.jsonl"
-    done = {}
-    if out_path.exists():
-        labels = {r.get("judge") for r in read_grades(out_path)}
-        if labels - {label}:
-            if not regrade:
-                raise RunError(f"{out_path} was graded by {', '.join(sorted(map(str, labels - {label})))}; this judge is "
-                               f"{label}. One file, one judge: give this judge its own --judge-name NAME to keep both "
-                               "(then python -m agent.judge agree compares them), or pass --regrade to grade "
-                               "everything again with this one (the old grades, summary and table are kept beside "
-                               "them)")
-            # the old grades and everything made from them move aside together, under one suffix
-            suffix = f"replaced-{int(time.time())}"
-            for old in (out_path, rd.path / f"judge-{name}-summary.json", rd.path / f"table1-{name}.md",
-                        rd.path / f"table1-{name}.csv"):
-                if old.exists():
-                    old.rename(old.with_name(f"{old.name}.{suffix}"))
-    for r in read_grades(out_path):
-        try:
-            done[(r["sample_id"], r["trial"], r["answer_key"])] = r
-        except KeyError:
-            continue
+    done = _graded_before(rd, name, label, regrade)
     pending = [ln for ln in lines if (ln["sample_id"], ln["trial"], _answer_key(ln)) not in done]
     print(f"judge [{label}]: {len(lines)} trajectories, {len(lines) - len(pending)} already graded", file=sys.stderr)
     judge_server = None
@@ -285,6 +293,7 @@ async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_END
     async def grade(ln: dict) -> dict:
         rec = await grader.grade(ln)
         if not rec.get("failed"):  # each paid grade lands as soon as it comes: a kill loses none of them
+            validate("grade", rec, f"{out_path} ({rec['sample_id']} trial {rec['trial']})")
             out.write(dumps_record(rec) + b"\n")
             out.flush()
         bar.update(1)

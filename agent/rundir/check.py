@@ -17,6 +17,7 @@ import numpy as np
 from ..benchmarks import resolve_benchmark
 from ..cli import HelpFormatter, done, make_parser
 from ..paths import open_regular
+from ..record import SchemaError, validate
 from .common import RunError, inside, token_key
 from .index import summary_of
 from .lines import read_line
@@ -38,6 +39,7 @@ class CheckReport:
     superseded: int = 0                                  # error/timeout lines later retried (normal)
     torn: list = field(default_factory=list)             # (line number, first bytes)
     changed: list = field(default_factory=list)          # (line number, sample_id/trial): edited since written
+    invalid: list = field(default_factory=list)          # (line number or file, what does not match its schema)
     sidecars: list = field(default_factory=list)         # (sample_id/trial, problem)
     orphans: list = field(default_factory=list)          # token files no line names
     temp_files: list = field(default_factory=list)
@@ -51,7 +53,7 @@ class CheckReport:
 
     @property
     def intact(self) -> bool:
-        return not (self.torn or self.changed or self.duplicates or self.sidecars or self.missing_images
+        return not (self.torn or self.changed or self.invalid or self.duplicates or self.sidecars or self.missing_images
                     or self.special or self.cache not in ("ok", "absent"))
 
     @property
@@ -66,6 +68,7 @@ class CheckReport:
         for name, items in (("missing units", self.missing), ("duplicated units", self.duplicates),
                             ("torn or unparseable lines", self.torn),
                             ("lines changed since they were written (left out by every reader)", self.changed),
+                            ("records that do not match their schema (agent/record/)", self.invalid),
                             ("sidecar problems", self.sidecars),
                             ("orphaned token files", self.orphans), ("temporary files", self.temp_files),
                             ("missing images", self.missing_images),
@@ -133,6 +136,10 @@ def _read_lines(rd: RunDir, rep: CheckReport) -> tuple[list, list]:
             elif state == "changed":  # never counted as the unit's record: it reruns on resume
                 rep.changed.append((n, f"{line.get('sample_id')}/t{line.get('trial')}"))
             else:  # keep the summary and the images the line needs, not the line: memory stays bounded
+                try:
+                    validate("result", line, f"line {n}")
+                except SchemaError as e:
+                    rep.invalid.append((n, str(e)))
                 good.append({**summary_of(line), "_need": _images_needed(line)})
     return good, torn_raw
 
@@ -278,6 +285,10 @@ def check_run(path, *, deep: bool = True, repair: bool = False) -> CheckReport:
     header = rd.read_header()
     rep = CheckReport(str(rd.path))
     rep.special = _special_files(rd.path)
+    try:
+        validate("header", header, "header.json")
+    except SchemaError as e:
+        rep.invalid.append(("header.json", str(e)))
     if not (rd.results.exists() and rd.results.stat().st_size):
         rep.index = "none (no lines yet)"
     elif not rd.index_path.exists():  # every writer keeps one: it was deleted, or left behind by a copy
@@ -367,6 +378,8 @@ def main(argv=None) -> int:
     c.add_argument("--json", action="store_true", help="print the report as JSON")
     sub.add_parser("export", help="a run as plain Parquet tables with a dataset card: "
                                   "python -m agent.rundir export RUN_DIR OUT")
+    sub.add_parser("schema", help="write the run record's JSON Schemas, one per record kind: "
+                                  "python -m agent.rundir schema --out DIR")
     sub.add_parser("merge", help="merge the shards of a run (agent.run --shard I/N) into one run directory: "
                                  "python -m agent.rundir merge OUT SHARD_DIR... (--help: its own)")
     a = ap.parse_args(args)

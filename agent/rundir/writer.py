@@ -15,6 +15,7 @@ from pathlib import Path
 from ..backends.images import ImageError, load_image
 from ..paths import read_regular
 from ..preflight import same_model, server_differences, unverified_facts
+from ..record import validate
 from .common import (
     HEADER_DEFAULTS,
     IDENTITY_KEYS,
@@ -83,6 +84,7 @@ class RunDir(RunIndex):
                 hist[-1]["unverified_server"] = unverified
                 print(f"WARNING: {self.path}: {unverified}; resumed with --allow-unverified-server (recorded in "
                       "header.json)", file=sys.stderr)
+            validate("header", old, str(self.header_path))
             if len(hist) > RESUME_HISTORY:  # bounded: the first five resumes, a count, and the latest ones
                 omitted = sum(h.get("omitted", 1) for h in hist[5:len(hist) - (RESUME_HISTORY - 6)])
                 old["resumed"] = hist[:5] + [{"omitted": omitted}] + hist[-(RESUME_HISTORY - 6):]
@@ -91,6 +93,7 @@ class RunDir(RunIndex):
                     old[k] = header[k]
             write_json(self.header_path, old, indent=2, sort_keys=True)
             return old
+        validate("header", header, str(self.header_path))
         write_json(self.header_path, header, indent=2, sort_keys=True)
         return header
 
@@ -232,6 +235,7 @@ class RunDir(RunIndex):
     def append_line(self, line: dict) -> None:
         """Append one complete line (its sidecar and images already in place) and its index entry: one write
         under an exclusive lock."""
+        validate("result", line, f"{self.results} ({line.get('sample_id')} trial {line.get('trial')})")
         try:
             data = seal(line) + b"\n"
             if b"\n" in data[:-1]:  # cannot happen with JSON, but a torn line must never be possible

@@ -18,6 +18,7 @@ from agent.backends.base import BackendError, ModelServerDown
 from agent.backends.messages import ImageUsers
 from agent.backends.spread import pin
 from agent.http import dumps_record, loads
+from agent.record import validate
 from agent.rundir import RunError, close_fragment, load_run, output_lock, token_key, write_json
 from analysis.entropy import FORK_SHARE, entropy_high, grouped_tail_entropy
 from analysis.figures import fig2b_entropy, fig2b_forking, fig2b_kl, provenance_mark
@@ -148,6 +149,7 @@ class _Prober:
                         fh = self.store.append(key, step, t, fh)
                         kept_tokens[step] = t
                     # one whole line, flushed: an interrupt keeps every finished step, the rerun probes the rest
+                    validate("entropy_step", row, f"{line['sample_id']}/t{line['trial']} step {step}")
                     self.sink.write(dumps_record(row) + b"\n")
                     self.sink.flush()
                     self.kept += 1

@@ -1,0 +1,111 @@
+"""A run's header, ``header.json``: what ran (arguments, model identity, sampling, benchmark, versions), written
+before any line; its identity fields must match when the run is resumed (docs/trajectory.md)."""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, NonNegativeInt, PositiveInt
+
+from .base import Open, Record
+from .events import Sampling
+
+__all__ = ["RunHeader", "Budgets", "ModelIdentity", "BackendRecord", "ToolsRecord", "Selection", "ShardRecord",
+           "Resume"]
+
+
+class Budgets(Record):
+    """T_max and B_max (paper §4.1: 20 and 5)."""
+
+    t_max: PositiveInt
+    b_max: PositiveInt
+
+
+class ModelIdentity(Open):
+    """Which model answered, as the preflight read it from the server (agent.preflight.model_identity)."""
+
+    backend: str
+    served_model: str | None
+    weights: str | None
+    fingerprint: str | None
+    deterministic: bool | None = None
+    server: dict[str, Any] | None = Field(None, description="the server's facts (/server_info), docs/serving.md")
+
+
+class BackendRecord(Record):
+    kind: str
+    endpoints: list[str] = Field(description="without credentials")
+    model: str | None
+    model_dir: str | None
+    logprob_mode: Literal["raw", "scaled"]
+    server: str
+    embedded_tiny_model: bool
+    api_key_env: str | None = Field(description="the name of the key's variable, never its value")
+
+
+class ToolsRecord(Record):
+    provider: str
+    world: str | None
+    cache: str | None
+    cache_mode: str
+    live_fallback: bool
+
+
+class Selection(Record):
+    limit: PositiveInt | None
+    sample_ids: list[str] | None
+    n_samples: NonNegativeInt
+    skipped: list[str]
+    selection_file: dict[str, Any] | None = None
+
+
+class ShardRecord(Record):
+    index: NonNegativeInt
+    of: PositiveInt
+    units: NonNegativeInt
+    all_units: NonNegativeInt
+    units_sha256: str
+
+
+class Resume(Open):
+    """One resume of the run (``at``, ``argv``; ``unverified_server`` when it went on with a server that could
+    not say its facts), or ``omitted``: how many were left out of a long history."""
+
+    at: float | None = None
+    argv: list[str] | None = None
+    unverified_server: str | None = None
+    omitted: NonNegativeInt | None = None
+
+
+class RunHeader(Record):
+    schema_version: Literal[2]
+    created: float | None = None
+    argv: list[str] | None = None
+    method: str
+    variant: str
+    label: str
+    protocol: Literal["paper", "release"] = "paper"
+    remove_images_from_step: PositiveInt | None = None
+    budgets: Budgets
+    image_release: dict[str, Any] | None = None
+    history_reasoning: Literal["keep", "drop"]
+    observation_images: NonNegativeInt
+    model: ModelIdentity | None
+    sampling: Sampling
+    trials: PositiveInt | None
+    logprobs: Literal["requested", "absent"] | None = None
+    benchmark: str
+    benchmark_path: str | None
+    n_samples: NonNegativeInt | None = None
+    backend: BackendRecord
+    tools: ToolsRecord
+    token_precision: Literal["float32", "float16"] | None = None
+    processes: PositiveInt | Literal["auto"] | None = None
+    versions: dict[str, str]
+    manifest_problems: dict[str, NonNegativeInt] = {}
+    selection: Selection | None = None
+    seed_source: Literal["given", "drawn"] | None = None
+    shard: ShardRecord | None = None
+    merged_from: list[dict[str, Any]] | None = None
+    merged: dict[str, Any] | None = None
+    replay_of: str | None = Field(None, description="a removal replay's run directory: the run it replays")
+    resumed: list[Resume] = []

@@ -1,0 +1,32 @@
+"""``python -m agent.rundir schema --out DIR``: the run record's JSON Schemas, one file per record kind.
+
+    python -m agent.rundir schema --out schemas/
+    # schemas/header.schema.json, result.schema.json, grade.schema.json, token.schema.json,
+    # entropy_step.schema.json, grounding_label.schema.json, removal_outcome.schema.json, teacher_forced_token...
+
+Made from the record's models (agent/record/), so another tool can read and check a run without the toolkit: any
+JSON Schema (2020-12) validator takes ``header.json`` against ``header.schema.json``, each line of
+``results.jsonl`` against ``result.schema.json``, each line of ``judge-*.jsonl`` against ``grade.schema.json``.
+"""
+from __future__ import annotations
+
+import sys
+
+from ..cli import done, make_parser
+from ..record import SCHEMAS, write_schemas
+
+__all__ = ["main"]
+
+
+def main(argv=None) -> int:
+    ap = make_parser("python -m agent.rundir schema", __doc__, ["python -m agent.rundir schema --out schemas/"])
+    ap.add_argument("--out", required=True, metavar="DIR", help="the directory to write the schemas into")
+    a = ap.parse_args(argv)
+    try:
+        paths = write_schemas(a.out)
+    except OSError as e:
+        print(f"error: {e.filename or a.out}: cannot write the schemas ({e.strerror or e})", file=sys.stderr)
+        return 2
+    print(f"{len(paths)} schemas ({', '.join(SCHEMAS)}) in {a.out}")
+    done([str(p) for p in paths], "validate a run with any JSON Schema validator, e.g. python -m jsonschema")
+    return 0

@@ -1,0 +1,90 @@
+"""The run record's typed models (agent/record/) and their published JSON Schemas: every kind of record a real run
+writes validates against the schema files with a standard validator, and a record that does not is refused by
+the writer and reported by ``check``."""
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from agent.judge import main as judge_main
+from agent.record import SCHEMAS, SchemaError, validate
+from agent.run import main as run_main
+from agent.rundir import check_run
+from agent.rundir.lines import seal
+from agent.rundir.schema import main as schema_main
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Real runs of every agent on the scripted model (the adaptive image release and a removal replay included),
+    graded; and the schema files the command writes."""
+    root = tmp_path_factory.mktemp("record")
+    made = []
+    for name, args in (("react", ["--method", "react"]), ("mmcf", ["--method", "mmcontextfold"]),
+                       ("release", ["--method", "mmcontextfold", "--protocol", "release"]),
+                       ("agentfold", ["--method", "agentfold"]), ("contextfold", ["--method", "contextfold"]),
+                       ("direct", ["--method", "direct"]), ("adaptive", ["--method", "react", "--image-release",
+                                                                         "adaptive"])):
+        out = root / name
+        assert run_main([*args, "--backend", "scripted", "--limit", "3", "--out", str(out), "--no-progress"]) == 0
+        assert judge_main([str(out), "--judge", "exact", "--no-progress"]) in (0, 1)
+        made.append(out)
+    assert schema_main(["--out", str(root / "schemas")]) == 0
+    return made, root / "schemas"
+
+
+def _validator(schemas, kind):
+    schema = json.loads((schemas / f"{kind}.schema.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def test_the_schema_command_writes_one_schema_per_record_kind(runs):
+    _, schemas = runs
+    assert sorted(p.name for p in schemas.iterdir()) == sorted(f"{k}.schema.json" for k in SCHEMAS)
+
+
+def test_every_header_line_and_grade_of_real_runs_validates_with_a_standard_validator(runs):
+    made, schemas = runs
+    header, result, grade = (_validator(schemas, k) for k in ("header", "result", "grade"))
+    n = 0
+    for run in made:
+        header.validate(json.loads((run / "header.json").read_text()))
+        for raw in (run / "results.jsonl").read_bytes().splitlines():
+            result.validate(json.loads(raw))
+            n += 1
+        for raw in (run / "judge-exact.jsonl").read_bytes().splitlines():
+            grade.validate(json.loads(raw))
+    assert n == 3 * len(made)
+    kinds = {e["type"] for run in made for raw in (run / "results.jsonl").read_bytes().splitlines()
+             for e in json.loads(raw)["events"]}
+    assert {"llm_call", "tool_call", "branch_begin", "branch_end", "init_end", "release_probe",
+            "final_answer"} <= kinds  # every event kind was checked against its schema
+
+
+def test_a_record_that_does_not_match_its_model_is_refused_before_it_is_written(runs, tmp_path):
+    made, schemas = runs
+    line = json.loads((made[0] / "results.jsonl").read_bytes().splitlines()[0])
+    with pytest.raises(SchemaError, match="status"):
+        validate("result", {**line, "status": "fine"}, "test")
+    with pytest.raises(SchemaError, match="unknown_field"):
+        validate("result", {**line, "unknown_field": 1}, "test")
+    with pytest.raises(jsonschema.ValidationError):  # the published schema says the same
+        _validator(schemas, "result").validate({**line, "status": "fine"})
+
+
+def test_check_reports_a_sealed_line_that_does_not_match_the_schema(runs, tmp_path):
+    import shutil
+
+    made, _ = runs
+    run = tmp_path / "run"
+    shutil.copytree(made[0], run)
+    res = run / "results.jsonl"
+    lines = [json.loads(x) for x in res.read_bytes().splitlines()]
+    lines[1]["events"][0]["type"] = "telepathy"  # a crafted run: sealed again, so only the schema tells
+    res.write_bytes(b"".join(seal(ln) + b"\n" for ln in lines))
+    (run / "results.index.jsonl").unlink()
+    rep = check_run(run)
+    assert not rep.intact and [n for n, _ in rep.invalid] == [2] and "events.0" in rep.invalid[0][1]
