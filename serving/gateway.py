@@ -39,7 +39,7 @@ from pathlib import Path
 from agent.cli import make_parser, port_number, positive_float
 
 from .endpoints import remember, write_endpoints
-from .plan import SGLANG_SITE, LaunchError, _quote, router_command
+from .plan import SGLANG_SITE, LaunchError, command_line, router_command
 from .processes import kill_group, pid_record, port_free, start
 
 __all__ = ["read_nodes", "check_workers", "plan_gateways", "main"]
@@ -189,7 +189,7 @@ def _start_routers(a, plans: list[dict], run_dir: Path, host: str, entries: list
     try:
         for p in plans:
             name = f"router-{p['port']}"
-            (run_dir / f"{name}.cmd").write_text(_quote(p["cmd"]) + "\n")
+            (run_dir / f"{name}.cmd").write_text(command_line(p["cmd"]) + "\n")
             log = str(run_dir / f"{name}.log")
             env = {"PYTHONPATH": f"{SGLANG_SITE}{os.pathsep}{os.environ['PYTHONPATH']}" if os.environ.get("PYTHONPATH")
                    else str(SGLANG_SITE)} if SGLANG_SITE.is_dir() else {}
@@ -229,7 +229,7 @@ def main(argv=None) -> int:
         gpus = sorted({str(w.get("gpus")) for w in p["entries"]})
         print(f"{p['model']}: router http://{host}:{p['port']} over {len(p['workers'])} server(s) on "
               f"{len({w['node'] for w in p['entries']})} node(s) (GPUs per server: {', '.join(gpus)})")
-        print("  " + _quote(p["cmd"]))
+        print("  " + command_line(p["cmd"]))
     if a.dry_run:
         return 0
     run_dir = Path(a.run_dir).resolve()

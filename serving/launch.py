@@ -41,17 +41,17 @@ from .plan import (
     SGLANG_SITE,
     LaunchError,
     Server,
-    _client_url,
-    _gpu_count,
-    _gpu_mem_gb,
-    _is_local,
-    _quote,
-    _router_plan,
+    client_url,
+    command_line,
+    gpu_count,
+    gpu_mem_gb,
+    is_local,
     memory_estimate,
     plan,
     ports_of,
     radix_cache_warning,
     router_command,
+    router_plan,
     server_command,
 )
 from .processes import kill_group, pid_record, port_free, start, wait_ready
@@ -61,7 +61,7 @@ __all__ = ["MODELS", "Server", "plan", "server_command", "router_command", "memo
 
 
 def _describe(a, s: Server, gpu_gb, run_dir: Path) -> list[str]:
-    url = _client_url(a, s.port)
+    url = client_url(a, s.port)
     stop = f"bash serving/stop.sh --run-dir {shlex.quote(str(run_dir))}"
     return [f"{s.served} on GPUs {s.gpus} -> {url}",
             f"  clients: --backend sglang --endpoint {url} --model-dir {shlex.quote(s.weights)} --logprob-mode {a.logprobs}",
@@ -75,7 +75,7 @@ def preflight(a, servers: list[Server], routers, ports) -> list[tuple]:
     would stop, detail is its message) or ``unchecked`` (it needs the GPU node: no ``nvidia-smi`` here). A launch
     stops at the first FAIL, and at an unchecked item that has a refusal; ``--dry-run`` reports them all."""
     out: list[tuple] = []
-    n_gpus = None if a.standin else _gpu_count()
+    n_gpus = None if a.standin else gpu_count()
     on_node = a.standin or n_gpus is not None
 
     def add(ok: bool, what: str, fail: str, detail_ok: str = "", away: str | None = None):
@@ -107,7 +107,7 @@ def preflight(a, servers: list[Server], routers, ports) -> list[tuple]:
             away=f"no nvidia-smi on this machine (a launch refuses that): the plan needs GPU indices "
                  f"{need[0]}..{need[-1]} ({len(need)} GPUs) on the node; MMCF_GPU_COUNT overrides")
     for s in servers:
-        if _is_local(s.size):
+        if is_local(s.size):
             add((Path(s.weights) / "config.json").is_file(), f"weights for {s.size}",
                 f"weights for {s.size} not found: {s.weights}/config.json is missing "
                 f"(MODEL_DIR / QWEN35_{s.size.upper().replace('-', '_')}_PATH)", s.weights,
@@ -142,9 +142,9 @@ def _announce(a, servers: list[Server], routers, ports, gpu_gb, run_dir: Path) -
               f"scheduler is serving/standin.py ({a.standin} mode) on the CPU: the numbers are meaningless")
     if a.dry_run:
         for s in servers:
-            print(_quote(["env", *(f"{k}={v}" for k, v in s.env.items()), *s.cmd]))
+            print(command_line(["env", *(f"{k}={v}" for k, v in s.env.items()), *s.cmd]))
         for _, port, urls, prom in routers:
-            print(_quote(router_command(urls, port, a, prom)))
+            print(command_line(router_command(urls, port, a, prom)))
         for s in servers:
             print("\n".join(_describe(a, s, gpu_gb, run_dir)))
 
@@ -189,7 +189,7 @@ class _Launch:
 
     def start(self, name: str, cmd: list[str], env: dict, log: str, shown_env: dict | None = None):
         shown = cmd if shown_env is None else ["env", *(f"{k}={v}" for k, v in shown_env.items()), *cmd]
-        (self.run_dir / f"{name}.cmd").write_text(_quote(shown) + "\n")
+        (self.run_dir / f"{name}.cmd").write_text(command_line(shown) + "\n")
         p = start(cmd, env, log)
         (self.run_dir / f"{name}.pid").write_text(pid_record(p.pid))
         self.started.append((name, p))
@@ -211,7 +211,7 @@ class _Launch:
             except LaunchError as e:
                 return self.fail(str(e))
             print(f"ready: {url}  model={model}  logprobs={a.logprobs}  GPUs={s.gpus}", flush=True)
-            self.record({"url": _client_url(a, s.port), "model": model, "served_model": model, "weights": s.weights,
+            self.record({"url": client_url(a, s.port), "model": model, "served_model": model, "weights": s.weights,
                          "size": s.size, "logprob_mode": a.logprobs, "gpus": s.gpus, "deterministic": a.deterministic,
                          "pid": procs[s.name].pid, "log": s.log, "status": "running", "kind": "server",
                          "nccl_port": s.nccl_port, "standin": a.standin})
@@ -234,7 +234,7 @@ class _Launch:
                     time.sleep(0.5)
             print(f"ready: router http://127.0.0.1:{port} for {served} over {' '.join(urls)} (policy cache_aware)",
                   flush=True)
-            self.record({"url": _client_url(a, port), "model": served, "served_model": served, "router_of": urls,
+            self.record({"url": client_url(a, port), "model": served, "served_model": served, "router_of": urls,
                          "prometheus_port": prom, "size": next(s.size for s in servers if s.served == served),
                          "logprob_mode": a.logprobs, "gpus": "", "deterministic": a.deterministic, "pid": p.pid,
                          "log": log, "status": "running", "kind": "router"})
@@ -243,11 +243,11 @@ class _Launch:
 
 def launch(a) -> int:
     servers = plan(a)
-    gpu_gb = _gpu_mem_gb()
+    gpu_gb = gpu_mem_gb()
     run_dir = Path(a.run_dir).resolve()
     for s in servers:
         s.log = str(run_dir / f"{s.name}.log")
-    routers = _router_plan(a, servers)
+    routers = router_plan(a, servers)
     ports = ports_of(servers, routers)
     _announce(a, servers, routers, ports, gpu_gb, run_dir)
     rc = _refusals(a, servers, routers, ports)
@@ -266,7 +266,7 @@ def launch(a) -> int:
         print("\n".join(_describe(a, s, gpu_gb, run_dir)))
     for served, port, _, _ in routers:
         w = next(s.weights for s in servers if s.served == served)
-        print(f"router for {served}: clients: --backend sglang --endpoint {_client_url(a, port)} --model-dir "
+        print(f"router for {served}: clients: --backend sglang --endpoint {client_url(a, port)} --model-dir "
               f"{shlex.quote(w)} --logprob-mode {a.logprobs}")
     return 0
 

@@ -61,7 +61,7 @@ def weights_for(size: str, standin: str | None = None) -> str:
     return hub
 
 
-def _is_local(size: str) -> bool:
+def is_local(size: str) -> bool:
     return bool(os.environ.get(f"QWEN35_{size.upper().replace('-', '_')}_PATH") or os.environ.get("MODEL_DIR"))
 
 
@@ -148,7 +148,7 @@ def _groups(a) -> list[str]:
     return [",".join(str(j) for j in range(i * a.tp, (i + 1) * a.tp)) for i in range(len(a.models))]
 
 
-def _gpu_count() -> int | None:
+def gpu_count() -> int | None:
     if os.environ.get("MMCF_GPU_COUNT"):
         return int(os.environ["MMCF_GPU_COUNT"])
     if shutil.which("nvidia-smi"):
@@ -157,7 +157,7 @@ def _gpu_count() -> int | None:
     return None
 
 
-def _gpu_mem_gb() -> float | None:
+def gpu_mem_gb() -> float | None:
     if os.environ.get("MMCF_GPU_MEM_GB"):
         return float(os.environ["MMCF_GPU_MEM_GB"])
     if shutil.which("nvidia-smi"):
@@ -175,7 +175,7 @@ def plan(a) -> list[Server]:
         need = len(a.models) * a.tp
         raise LaunchError(f"{len(a.models)} model(s) ({' '.join(a.models)}) need {len(a.models)} GPU groups of {a.tp} "
                           f"GPUs ({need} GPUs in all) but --gpu-groups gives {len(groups)}: {a.gpu_groups!r}")
-    n = None if a.standin else _gpu_count()
+    n = None if a.standin else gpu_count()
     nccl = a.nccl_port if a.nccl_port is not None else a.port + 1000
     out = []
     for i, size in enumerate(a.models):
@@ -246,7 +246,7 @@ def memory_estimate(weights: str, size: str, tp: int, mem_fraction: float, gpu_g
     return "memory (estimate): " + "; ".join(parts) + (f" [config: {where}]" if where else "")
 
 
-def _router_plan(a, servers: list[Server]) -> list[tuple[str, int, list[str]]]:
+def router_plan(a, servers: list[Server]) -> list[tuple[str, int, list[str]]]:
     """One router per served model (a router over several models would send requests to any of them)."""
     if not a.router:
         return []
@@ -270,7 +270,7 @@ def ports_of(servers: list[Server], routers: list) -> list[tuple[str, int]]:
     return out
 
 
-def _client_url(a, port: int) -> str:
+def client_url(a, port: int) -> str:
     """The URL clients (and a gateway on another node) use: --advertise-host when given (a multi-node topology:
     serving/gateway.py reads it from endpoints.json), else the listen address (0.0.0.0: this node's loopback)."""
     if getattr(a, "advertise_host", None):
@@ -279,5 +279,5 @@ def _client_url(a, port: int) -> str:
     return f"http://{host}:{port}"
 
 
-def _quote(words: list[str]) -> str:
+def command_line(words: list[str]) -> str:
     return " ".join(w if all(c.isalnum() or c in "_@%+=:,./-" for c in w) and w else shlex.quote(w) for w in words)

@@ -27,7 +27,7 @@ import os
 import sys
 from array import array
 
-from .standin_engines import DEFAULT_REPLY, _eos_ids, _ModelEngine, _ScriptedEngine
+from .standin_engines import DEFAULT_REPLY, ModelEngine, ScriptedEngine, eos_ids
 
 __all__ = ["run_standin_scheduler", "main", "SGLANG_VERSION"]
 
@@ -72,9 +72,9 @@ class _Standin:
         self.tok = AutoTokenizer.from_pretrained(server_args.tokenizer_path or server_args.model_path)
         self.engines = {}
         if self.mode in ("model", "both"):
-            self.engines["model"] = _ModelEngine(server_args.model_path)
+            self.engines["model"] = ModelEngine(server_args.model_path)
         if self.mode in ("scripted", "both"):
-            self.engines["scripted"] = _ScriptedEngine(self.tok)
+            self.engines["scripted"] = ScriptedEngine(self.tok)
         # a test switch (ours): with --mode both, each request is served by the engine the file
         # MMCF_STANDIN_MODE_FILE names (scripted when absent), so one front end serves the suite's tests of both
         # kinds (each SGLang front end costs ~40 s of CPU to start)
@@ -186,7 +186,7 @@ class _Standin:
         if start > len(ids):
             return self._finish_error(req, f"req.logprob_start_len={start} is higher than the number of input tokens "
                                            f"len(req.origin_input_ids)={len(ids)}. Please use a smaller logprob_start_len.")
-        stops = set(sp.stop_token_ids or ()) | set(_eos_ids(self.tok))
+        stops = set(sp.stop_token_ids or ()) | set(eos_ids(self.tok))
         gen = self._engine().start(ids, req.mm_inputs, sp, k, want_input=req.return_logprob and start < len(ids),
                                 input_from=start)
         leak = self._leak() if gen.input_logprobs is not None else 0.0

@@ -8,7 +8,7 @@ import os
 import time
 
 
-def _eos_ids(tok) -> list[int]:
+def eos_ids(tok) -> list[int]:
     out = []
     for t in ("<|im_end|>", "<|endoftext|>"):
         i = tok.convert_tokens_to_ids(t)
@@ -27,7 +27,7 @@ class _Gen:
         return next(self._steps)
 
 
-class _ScriptedEngine:
+class ScriptedEngine:
     """Planted texts with planted distributions: the reply's tokens, each the top choice with logprob about -0.1
     and k-1 alternatives well below it (one distribution: the k probabilities sum to less than 1); scoring
     (max_new_tokens 0) gives each input token logprob -0.25."""
@@ -55,7 +55,7 @@ class _ScriptedEngine:
             reply = policy({"messages": prompt, "text": prompt})
         else:
             reply = os.environ.get("MMCF_STANDIN_REPLY", DEFAULT_REPLY)
-        eos = _eos_ids(self.tok)
+        eos = eos_ids(self.tok)
         out = self.tok(reply, add_special_tokens=False)["input_ids"] + eos[:1]
         steps = []
         for j, t in enumerate(out):
@@ -71,7 +71,7 @@ class _ScriptedEngine:
         return _Gen(steps, inp)
 
 
-class _ModelEngine:
+class ModelEngine:
     """The embedded tiny Qwen3.5 in transformers: one forward over the prompt (with the request's pixel values
     and image_grid_thw), then one token at a time with a KV cache; logprobs as SGLang reports them."""
 

@@ -160,11 +160,11 @@ def test_float32_arithmetic_on_float64_input_equals_converting_first(monkeypatch
 
 
 def test_call_slices_match_the_definition():
-    from probes.entropy.step import _call_slices
+    from probes.entropy.step import call_slices
 
     for call in (np.repeat([1, 2, 3, 5], [4, 1, 7, 2]).astype(np.int16), np.array([2, 2, 1, 1, 2], np.int16),
                  np.zeros(0, np.int16)):
-        got = _call_slices(call)
+        got = call_slices(call)
         assert sorted(got) == sorted(set(call.tolist()))
         for c, sel in got.items():
             assert np.array_equal(np.flatnonzero(call == c), np.arange(len(call))[sel])

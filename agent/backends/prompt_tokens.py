@@ -19,7 +19,7 @@ _IM_START = "<|im_start|>"
 _PIECE_CACHE = 4096
 
 
-def _piece_encoder(tok):
+def piece_encoder(tok):
     """A prompt piece's ids: the tokenizer's own Rust ``encode_batch_fast`` (tokenizers >= 0.21: the same ids
     without the character offsets; ~30 % less CPU than ``tok(piece)``, which also builds a BatchEncoding; ours,
     tested equal), or ``tok(piece)`` for a tokenizer without it."""
@@ -29,7 +29,7 @@ def _piece_encoder(tok):
     return lambda piece: tok(piece, add_special_tokens=False)["input_ids"]
 
 
-def _joined(pieces: list) -> np.ndarray:
+def joined_ids(pieces: list) -> np.ndarray:
     """The pieces' ids as one int32 array."""
     return np.concatenate([ids for _, ids in pieces]) if pieces else np.zeros(0, np.int32)
 
@@ -132,5 +132,5 @@ class PromptTokens:
         """The rendered prompt's token ids (:meth:`prompt_pieces` joined): one int32 array, never a list of Python
         ints: the request body's JSON writes it straight from the buffer (agent.http.dumps, orjson's numpy support;
         ours: ~0.1 ms a request instead of ~1 ms for a 36k-id prompt)."""
-        return _joined(self.prompt_pieces(prompt))
+        return joined_ids(self.prompt_pieces(prompt))
 

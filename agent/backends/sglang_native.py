@@ -60,7 +60,7 @@ from .hub import resolve_model_dir
 from .local import load_chat_renderer
 from .messages import record_messages, split_text_and_images
 from .pieces import PieceBook, tokenizer_fingerprint
-from .prompt_tokens import PromptTokens, _joined, _piece_encoder
+from .prompt_tokens import PromptTokens, joined_ids, piece_encoder
 from .think import THINK_OPEN, mark_think, split_think
 from .wire import (
     arrays_from_flat,
@@ -141,7 +141,7 @@ class SGLangBackend(PromptTokens):
         if renderer is None:
             model_dir = resolve_model_dir(model_dir)  # a directory, or a hub id in the local HF cache
         self.tok = renderer or load_chat_renderer(model_dir)
-        self._encode = _piece_encoder(self.tok)
+        self._encode = piece_encoder(self.tok)
         self.model = model or name
         self.model_dir = model_dir
         self.model_arg = model   # the served name the user asked for (None: whatever the server serves)
@@ -213,7 +213,7 @@ class SGLangBackend(PromptTokens):
         # token ids, as scoring sends them (SGLang 0.5.23's TokenizerManager expands each image placeholder in them
         # itself; tests/conformance): what the model is sent is exactly what the run records (ModelOutput.prompt_pieces)
         pieces = self.prompt_pieces(prompt)
-        payload = {"input_ids": _joined(pieces), "sampling_params": params, "return_logprob": True,
+        payload = {"input_ids": joined_ids(pieces), "sampling_params": params, "return_logprob": True,
                    "top_logprobs_num": sp.top_logprobs}
         if images:
             payload["image_data"] = [im.data_uri() for im in images]

@@ -34,7 +34,7 @@ from ..tools import MODES, MissingKeyError
 from . import __doc__ as RUN_DOC
 from .config import EMBEDDED_MAX_TOKENS, PROCESS_CONCURRENCY, SERVED_MAX_TOKENS, RunConfig, all_units, select_samples
 from .execute import EXIT_DISK_FULL, EXIT_SERVER_DOWN, disk_full
-from .runner import _TERMINATED, run
+from .runner import TERMINATED, run
 
 __all__ = ["build_parser", "config_from_args", "main"]
 
@@ -251,7 +251,7 @@ def main(argv=None) -> int:
             return _dry_run(cfg, a)
         summary = asyncio.run(run(cfg, argv))
     except (KeyboardInterrupt, asyncio.CancelledError):
-        return 143 if _TERMINATED["by"] else 130
+        return 143 if TERMINATED["by"] else 130
     except ModelServerDown as e:  # mid-run: the finished units are written, those in flight resume on the rerun
         print(f"error: {e}", file=sys.stderr)
         return EXIT_SERVER_DOWN

@@ -36,11 +36,11 @@ __all__ = ["run", "identify_backends"]
 
 
 #: Set when SIGTERM stopped the run (the exit status is then 143, else 130 for Ctrl-C).
-_TERMINATED = {"by": None}
+TERMINATED = {"by": None}
 
 
 def _on_sigterm(task) -> None:
-    _TERMINATED["by"] = "SIGTERM"
+    TERMINATED["by"] = "SIGTERM"
     task.cancel()
 
 

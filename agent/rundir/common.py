@@ -54,7 +54,7 @@ def token_key(sample_id: str, trial: int) -> str:
     return f"{safe}-{hashlib.sha1(str(sample_id).encode()).hexdigest()[:8]}__t{int(trial)}"
 
 
-def _tmp_name(path: Path) -> Path:
+def tmp_name(path: Path) -> Path:
     """A temporary sibling unique to this process and thread (appends may run in worker threads)."""
     return path.with_name(f"{path.name}.tmp{os.getpid()}-{threading.get_ident()}")
 
@@ -62,7 +62,7 @@ def _tmp_name(path: Path) -> Path:
 def atomic_write(path: Path, data: bytes) -> None:
     """``data`` into ``path`` under a temporary name, renamed into place (a reader sees the old file or the new,
     never a part). The bytes are written as given: records are redacted before they are serialised."""
-    tmp = _tmp_name(path)
+    tmp = tmp_name(path)
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()

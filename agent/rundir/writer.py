@@ -22,8 +22,8 @@ from .common import (
     RESUME_HISTORY,
     TOKEN_PRECISIONS,
     RunError,
-    _tmp_name,
     atomic_write,
+    tmp_name,
     token_key,
     write_json,
 )
@@ -272,7 +272,7 @@ class RunDir(RunIndex):
         dst = self.path / "images" / f"{img.sha256}.{ext}"
         if not dst.exists():
             dst.parent.mkdir(exist_ok=True)
-            tmp = _tmp_name(dst)
+            tmp = tmp_name(dst)
             shutil.copyfile(img.source, tmp)
             os.replace(tmp, dst)  # the same bytes under the same name: a concurrent writer does no harm
         return img.sha256

@@ -13,7 +13,7 @@ from ..rundir.grades import JUDGES, latest_grades, read_grades
 
 
 # ---------------------------------------------------------------------------- shared data
-def _grades(run: Run) -> tuple[dict, str]:
+def grades_of_run(run: Run) -> tuple[dict, str]:
     """{(sample, trial): grade} from the run's judge output (LLM judge first), and which judge."""
     for name in JUDGES:
         p = run.path / f"judge-{name}.jsonl"
@@ -22,7 +22,7 @@ def _grades(run: Run) -> tuple[dict, str]:
     return {}, ""
 
 
-def _probe_steps(run: Run) -> tuple[dict, str | None]:
+def probe_steps(run: Run) -> tuple[dict, str | None]:
     """{(sample, trial, step): ΔH} from the entropy probe, and its mode (teacher-forced preferred)."""
     for mode in ("teacher-forced", "regenerate"):
         p = run.path / "probes" / f"entropy-{mode}" / "steps.jsonl"
@@ -38,7 +38,7 @@ def _probe_steps(run: Run) -> tuple[dict, str | None]:
     return {}, None
 
 
-def _grounding_labels(run: Run) -> dict:
+def grounding_labels(run: Run) -> dict:
     """{(sample, trial): {step: {category, reasons}}} from the grounding annotator (probes/grounding/labels.jsonl)."""
     p = run.path / "probes" / "grounding" / "labels.jsonl"
     out: dict = {}
@@ -56,7 +56,7 @@ def _grounding_labels(run: Run) -> dict:
     return out
 
 
-def _removal_outcomes(run: Run) -> dict:
+def removal_outcomes(run: Run) -> dict:
     """{(sample, trial): [{k, replay_correct, replayed, status, error}]} from the step-k removal replays, with the
     original's grade under ``original``."""
 
@@ -145,7 +145,7 @@ def run_summary(run: Run) -> dict:
 def sample_table(run: Run):
     """One row per (sample, trial): status, calls, answer, gold, grade."""
 
-    grades, judge = _grades(run)
+    grades, judge = grades_of_run(run)
     rows = [{"sample_id": ln["sample_id"], "trial": ln["trial"], "benchmark": ln.get("benchmark"),
              "status": ln["status"], "calls": ln.get("n_calls"), "answer": ln.get("answer", ""), "gold": ln.get("gold", ""),
              "grade": grades.get((ln["sample_id"], ln["trial"]), "")} for ln in run.index]

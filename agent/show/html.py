@@ -31,7 +31,7 @@ __all__ = ["build_html", "files_dir", "LIST_CHUNK", "INDEX_ROWS", "AUTO_TOKENS",
 #: Images larger than this (pixels on the longer side) are embedded downscaled (JPEG, quality 85; ours): a 322 KB
 #: photo is ~430 KB of base64 in the page, its 768-pixel copy ~60 KB; the originals stay in RUN/images/.
 EMBED_PX = 768
-from .data import _grades, _grounding_labels, _probe_steps, _removal_outcomes, run_summary, short, view_fields
+from .data import grades_of_run, grounding_labels, probe_steps, removal_outcomes, run_summary, short, view_fields
 
 #: The page's HTML, style and script; ``__TITLE__`` and the data placeholders are filled per page.
 PAGE_TEMPLATE = (Path(__file__).parent / "page.html").read_text(encoding="utf-8")
@@ -217,8 +217,8 @@ def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[
     if tokens not in ("auto", "all", "none"):
         raise ValueError(f"tokens must be auto, all or none, not {tokens!r}")
     run = load_run(run_dir, project=view_fields)  # a few hundred bytes a trajectory; each line read for its page
-    grades, judge = _grades(run)
-    dH, mode = _probe_steps(run)
+    grades, judge = grades_of_run(run)
+    dH, mode = probe_steps(run)
     tf_dir = run.path / "probes" / "entropy-teacher-forced" / "tokens"
     tf_dir = tf_dir if tf_dir.is_dir() else None
     has_release = bool((run.header.get("image_release") or {}).get("policy"))
@@ -227,7 +227,7 @@ def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[
         lines = [ln for ln in lines if ln["sample_id"] in set(sample_ids)]
     lines = lines[: limit or None]
     with_tokens = tokens == "all" or (tokens == "auto" and len(lines) <= AUTO_TOKENS)
-    grounding, removal = _grounding_labels(run), _removal_outcomes(run)
+    grounding, removal = grounding_labels(run), removal_outcomes(run)
     out_path = Path(out_path)
     fdir = files_dir(out_path)
     fdir.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from ..rundir import Run
-from .data import _grades, short
+from .data import grades_of_run, short
 
 __all__ = ["render_text"]
 
@@ -47,7 +47,7 @@ def render_text(run: Run, line: dict, *, reasoning: bool = False, observation_ch
     """A readable rendering of one trajectory (plain text)."""
     h = run.header
     t_max = (h.get("budgets") or {}).get("t_max", "?")
-    grades, judge = _grades(run)
+    grades, judge = grades_of_run(run)
     out = [f"{line['sample_id']} / trial {line['trial']}  [{line.get('method')}{'/' + line['variant'] if line.get('variant') else ''}]"
            f"  model {line.get('model')}  status {line['status']}"
            + (f"  grade {grades.get((line['sample_id'], line['trial']))} ({judge})" if grades else ""),

@@ -12,13 +12,13 @@ from .style import (
     DOUBLE,
     TOOL_LABEL,
     TOOL_ORDER,
-    _legend_outside,
-    _plt,
-    _steps_axis,
-    _subpanels,
-    _title,
-    _wrap,
+    legend_outside,
+    pyplot,
     save,
+    set_title,
+    steps_axis,
+    subpanels,
+    wrap,
     write_csv,
 )
 
@@ -40,7 +40,7 @@ def fig1_tool_calls(calls, stem, *, max_step: int = 20, title: str | None = None
     Shares, not counts (the number of tool calls behind each bar is printed above it), over steps 1..max_step;
     the step axis ends at the last step that has data.
     """
-    plt, sns = _plt()
+    plt, sns = pyplot()
     shares, counts = tool_shares(calls, max_step)
     totals = counts.sum(axis=1)
     write_csv(shares, Path(stem).with_suffix(".csv"))  # the plotted numbers, beside the figure
@@ -57,12 +57,12 @@ def fig1_tool_calls(calls, stem, *, max_step: int = 20, title: str | None = None
     ax.set_ylabel("share of tool calls (%)")
     ax.set_ylim(0, 110)
     ax.set_yticks(range(0, 101, 20))
-    _steps_axis(ax, shares.index)  # the axis ends at the last step with a tool call
+    steps_axis(ax, shares.index)  # the axis ends at the last step with a tool call
     if shares.shape[1]:
-        _legend_outside(ax, ncol=3)
+        legend_outside(ax, ncol=3)
     else:
         ax.text(0.5, 0.5, "no tool calls in these trajectories", ha="center", va="center", transform=ax.transAxes)
-    _title(ax, title, "Figure 1: tool calls by type per step (numbers: tool calls at that step)", 110)
+    set_title(ax, title, "Figure 1: tool calls by type per step (numbers: tool calls at that step)", 110)
     save(fig, stem, mark)
     return fig
 
@@ -104,7 +104,7 @@ def fig4_context(samples, stem, *, bins=(1, 5, 9, 13, 17, 21), mark: str | None 
     The binned numbers are written beside the figure (``stem.csv``). One model's trajectories per call: the
     caller decides what to pool (analysis.report never pools different model mixes).
     """
-    plt, sns = _plt()
+    plt, sns = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(DOUBLE, 2.9), layout="constrained")
     methods = list(dict.fromkeys(samples["method"]))
     colors = dict(zip(methods, sns.color_palette("colorblind", n_colors=max(3, len(methods)))))
@@ -136,8 +136,8 @@ def fig4_context(samples, stem, *, bins=(1, 5, 9, 13, 17, 21), mark: str | None 
     b.set_ylabel("accuracy (%)")
     b.set_ylim(-3, 108)
     b.set_title("(b) accuracy vs trajectory length (95% Wilson band)")
-    _legend_outside(b, ncol=min(4, len(methods)))  # one legend: both panels draw the same methods
-    fig.suptitle(_wrap(title or "Figure 4", 120))
+    legend_outside(b, ncol=min(4, len(methods)))  # one legend: both panels draw the same methods
+    fig.suptitle(wrap(title or "Figure 4", 120))
     write_csv(tab, Path(stem).with_suffix(".csv"), index=False)
     save(fig, stem, mark)
     return fig
@@ -147,8 +147,8 @@ def fig_release(points, steps, stem, *, mark: str | None = None, subtitle: str |
     """The adaptive image release (ours): (a) accuracy against query-image steps kept — ReAct with the images
     kept, each fixed Removal@k, each adaptive policy (ε, M): the Pareto picture; (b) when the detector released
     the images, per paper category (one adaptive policy: ``hist_policy``, default the calibrated one)."""
-    plt, sns = _plt()
-    fig, (ax, bx) = _subpanels(plt, 1, 2, (DOUBLE, 3.8))
+    plt, sns = pyplot()
+    fig, (ax, bx) = subpanels(plt, 1, 2, (DOUBLE, 3.8))
     pal = sns.color_palette("colorblind", 8)
     ref = points[points["series"] == "ReAct (images kept)"]
     for r in ref.itertuples():
@@ -168,13 +168,13 @@ def fig_release(points, steps, stem, *, mark: str | None = None, subtitle: str |
         ax.plot(r.image_steps, r.accuracy, marker="D", ms=7, ls="none", color=pal[(i + 2) % len(pal)],
                 markeredgecolor="k", markeredgewidth=0.5,
                 label=f"adaptive {r.signal} ε={r.threshold:.3g}, M={int(r.patience)} (n={int(r.n)})")
-    ax.set_xlabel(_wrap("query-image steps kept per trajectory (query images in context, summed over its calls)", 60))
+    ax.set_xlabel(wrap("query-image steps kept per trajectory (query images in context, summed over its calls)", 60))
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(-3, 108)
     ax.set_yticks(range(0, 101, 20))
     ax.set_xlim(left=-0.2)
     ax.set_title("(a) accuracy vs. images kept in context")
-    _legend_outside(ax)
+    legend_outside(ax)
     if steps is None or not len(steps):
         bx.text(0.5, 0.5, "(b) no adaptive run", ha="center", va="center", transform=bx.transAxes)
         bx.set_axis_off()
@@ -199,9 +199,9 @@ def fig_release(points, steps, stem, *, mark: str | None = None, subtitle: str |
         bx.set_xlabel("release step (first step without the query images)")
         bx.set_ylabel("share of the category's trajectories (%)")
         bx.set_ylim(0, 103)
-        bx.set_title(_wrap(f"(b) release steps by category: {pol}", 50))
-        _legend_outside(bx)
+        bx.set_title(wrap(f"(b) release steps by category: {pol}", 50))
+        legend_outside(bx)
     if subtitle:
-        fig.suptitle(_wrap(subtitle, 120))
+        fig.suptitle(wrap(subtitle, 120))
     save(fig, stem, mark)
     return fig

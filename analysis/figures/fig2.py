@@ -14,14 +14,14 @@ from .style import (
     DELTA_H,
     DOUBLE,
     GROUNDING,
-    _legend_outside,
-    _panel,
-    _plt,
-    _steps_axis,
-    _subpanels,
-    _title,
-    _wrap,
+    legend_outside,
+    panel_axes,
+    pyplot,
     save,
+    set_title,
+    steps_axis,
+    subpanels,
+    wrap,
     write_text,
 )
 
@@ -58,7 +58,7 @@ def fig2a_grounding(steps, stem, *, max_step: int = 20, title: str | None = None
     n above each bar, 95% Wilson intervals on the Image Needed share (its top edge, left of centre) and the Text
     Only share (its bottom edge, right of centre: dodged so they never overlay), and the share of Image Needed
     steps within the first five steps in the title."""
-    sns, fig, ax, own = _panel(ax)
+    sns, fig, ax, own = panel_axes(ax)
     sh = grounding_shares(steps, max_step)
     x = sh["step"].to_numpy()
     bottom = np.zeros(len(sh))
@@ -88,9 +88,9 @@ def fig2a_grounding(steps, stem, *, max_step: int = 20, title: str | None = None
     ax.set_ylabel("share of steps (%)")
     ax.set_ylim(0, 110)
     ax.set_yticks(range(0, 101, 20))
-    _title(ax, head, default)
-    _steps_axis(ax, sh["step"])
-    _legend_outside(ax, ncol=2)
+    set_title(ax, head, default)
+    steps_axis(ax, sh["step"])
+    legend_outside(ax, ncol=2)
     if own and stem is not None:  # a panel drawn into a caller's axis is saved by the caller
         save(fig, stem, mark)
     return fig
@@ -126,7 +126,7 @@ def fig2b_entropy(summary, stem, *, title: str | None = None, ax=None, mark: str
     per ``series`` if given (the pooled one in black). With ``dH_low`` / ``dH_high`` (the probe's bounds) a
     hatched band shows where the true ΔH can lie given only the top-20 lists (ours); where the bounds coincide
     it is a dotted line, and the legend says so."""
-    sns, fig, ax, own = _panel(ax)
+    sns, fig, ax, own = panel_axes(ax)
     ax.axhline(0.0, color="0.5", lw=0.8)
     if {"dH_low", "dH_high"} <= set(summary.columns):
         # where the true ΔH can lie given only the top-20 and the vocabulary (analysis.entropy.entropy_bounds)
@@ -145,10 +145,10 @@ def fig2b_entropy(summary, stem, *, title: str | None = None, ax=None, mark: str
                  lambda name: f"{name}: mean, 95% bootstrap CI" if name else "mean ΔH, 95% bootstrap CI", sns)
     ax.set_xlabel("step t (LLM call index); n above each point")
     ax.set_ylabel(DELTA_H + " (nats)")
-    _title(ax, title, "Figure 2(b): entropy change from the query images")
-    _steps_axis(ax, summary["step"].unique() if len(summary) else [])
+    set_title(ax, title, "Figure 2(b): entropy change from the query images")
+    steps_axis(ax, summary["step"].unique() if len(summary) else [])
     ax.margins(y=0.18)
-    _legend_outside(ax)
+    legend_outside(ax)
     if own and stem is not None:
         save(fig, stem, mark)
     return fig
@@ -158,8 +158,8 @@ def fig2b_forking(forking, summary, stem, *, title: str | None = None, mark: str
     """Beside Figure 2(b) (ours, issue 25): (left) per step, the part of ΔH carried by the forking tokens — the
     run's top 20 % of think tokens by entropy, arXiv 2506.01939 — with its 95% bootstrap CI, the other tokens'
     part and ΔH itself; (right) the share of forking tokens with and without the query images."""
-    plt, sns = _plt()
-    fig, (a, b) = _subpanels(plt, 1, 2, (DOUBLE, 2.7))
+    plt, sns = pyplot()
+    fig, (a, b) = subpanels(plt, 1, 2, (DOUBLE, 2.7))
     s = forking.sort_values("step")
     a.axhline(0.0, color="0.5", lw=0.8)
     _series_plot(a, s.assign(mean=s["dH_fork"], n=s["n_steps"]), "mean", "fork_ci_low", "fork_ci_high",
@@ -172,10 +172,10 @@ def fig2b_forking(forking, summary, stem, *, title: str | None = None, mark: str
     a.set_xlabel("step t; n above each point")
     a.set_ylabel(DELTA_H + " (nats)")
     theta = float(s["threshold_nats"].iloc[0]) if len(s) else float("nan")
-    _title(a, None, f"Where ΔH lives: forking tokens (H ≥ {theta:.2f} nats) vs the rest", width=44)
-    _steps_axis(a, s["step"].unique())
+    set_title(a, None, f"Where ΔH lives: forking tokens (H ≥ {theta:.2f} nats) vs the rest", width=44)
+    steps_axis(a, s["step"].unique())
     a.margins(y=0.18)
-    _legend_outside(a, ncol=1)
+    legend_outside(a, ncol=1)
     colors = sns.color_palette("colorblind", n_colors=3)
     b.plot(s["step"].to_numpy(dtype=float), 100 * s["share_fork_with"].to_numpy(dtype=float), "o-", ms=3,
            color=colors[0], label="with the query images")
@@ -183,12 +183,12 @@ def fig2b_forking(forking, summary, stem, *, title: str | None = None, mark: str
            color=colors[1], label="without")
     b.set_xlabel("step t")
     b.set_ylabel("forking think tokens (%)")
-    _title(b, None, "Share of forking tokens per step", width=44)
-    _steps_axis(b, s["step"].unique())
+    set_title(b, None, "Share of forking tokens per step", width=44)
+    steps_axis(b, s["step"].unique())
     b.set_ylim(0, None)
-    _legend_outside(b, ncol=2)
+    legend_outside(b, ncol=2)
     if title:
-        fig.suptitle(_wrap(title, 100), fontsize=7)
+        fig.suptitle(wrap(title, 100), fontsize=7)
     if stem is not None:
         save(fig, stem, mark)
     return fig
@@ -196,7 +196,7 @@ def fig2b_forking(forking, summary, stem, *, title: str | None = None, mark: str
 
 def fig2b_kl(summary, stem, *, title: str | None = None, ax=None, mark: str | None = None):
     """The teacher-forced influence of the images per step: mean over think tokens of KL(with ‖ without)."""
-    sns, fig, ax, own = _panel(ax)
+    sns, fig, ax, own = panel_axes(ax)
     s = summary.assign(kl_mean=summary["kl_with_without"])
     if "kl_n" in s:
         s = s.assign(n=s["kl_n"])
@@ -207,9 +207,9 @@ def fig2b_kl(summary, stem, *, title: str | None = None, ax=None, mark: str | No
     top = np.nanmax(np.r_[s.get("kl_ci_high", s["kl_mean"]).to_numpy(dtype=float), s["kl_mean"].to_numpy(dtype=float)]) \
         if len(s) else 1.0
     ax.set_ylim(0, (top if np.isfinite(top) and top > 0 else 1.0) * 1.18)  # room for the n labels
-    _title(ax, title, "Image influence per step (teacher-forced)")
-    _steps_axis(ax, s["step"].unique() if len(s) else [])
-    _legend_outside(ax)
+    set_title(ax, title, "Image influence per step (teacher-forced)")
+    steps_axis(ax, s["step"].unique() if len(s) else [])
+    legend_outside(ax)
     if own and stem is not None:
         save(fig, stem, mark)
     return fig
@@ -247,7 +247,7 @@ def fig2c_removal(summary, stem, *, title: str | None = None, ax=None, mark: str
     legend entry (per point where it varies with k); the x tick labels carry, per k, the pooled n and the
     exact McNemar p of the pooled pairs (the per-category tests: :func:`removal_tests_table`).
     """
-    sns, fig, ax, own = _panel(ax)
+    sns, fig, ax, own = panel_axes(ax)
     cats = list(dict.fromkeys(summary["paper_category"]))
     cats = [c for c in cats if c != "All"] + (["All"] if "All" in cats else [])
     colors = dict(zip(cats, sns.color_palette("colorblind", n_colors=max(3, len(cats)))))
@@ -280,7 +280,7 @@ def fig2c_removal(summary, stem, *, title: str | None = None, ax=None, mark: str
                   if "All" in cats else "k (query images removed from step k on)")
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(-5, 105)  # markers at 0 % and 100 % drawn whole
-    _title(ax, title, "Figure 2(c): step-k image removal")
+    set_title(ax, title, "Figure 2(c): step-k image removal")
     if len(summary):
         ks = sorted(int(k) for k in summary["k"].unique())
         pooled = summary[summary["paper_category"] == "All"].set_index("k") if "All" in cats else None
@@ -288,7 +288,7 @@ def fig2c_removal(summary, stem, *, title: str | None = None, ax=None, mark: str
                   if pooled is not None and k in pooled.index else str(k) for k in ks]
         ax.set_xticks(ks, labels, fontsize=5.5 if pooled is not None else None)
         ax.set_xlim(min(ks) - 0.5, max(ks) + 0.5)
-    _legend_outside(ax, ncol=2)
+    legend_outside(ax, ncol=2)
     if own and stem is not None:
         save(fig, stem, mark)
         write_text(Path(stem).with_suffix(".md"), removal_tests_table(summary))
@@ -300,10 +300,10 @@ def fig2_combined(grounding_steps, entropy_summary, removal_summary, stem, *, ma
     """Figure 2 (a)(b)(c) side by side at the width of two columns (7 in), and the KL influence as a fourth
     panel (a 2 x 2 grid) when a teacher-forced probe ran (``kl_summary``: step, kl_with_without, kl_ci_low,
     kl_ci_high, kl_n, series); a missing panel (None) is drawn as an empty, labelled axis."""
-    plt, _ = _plt()
+    plt, _ = pyplot()
     has_kl = kl_summary is not None and "kl_with_without" in kl_summary and \
         np.isfinite(kl_summary["kl_with_without"].astype(float)).any()
-    fig, axes = _subpanels(plt, 2, 2, (DOUBLE, 6.2)) if has_kl else _subpanels(plt, 1, 3, (DOUBLE, 3.3))
+    fig, axes = subpanels(plt, 2, 2, (DOUBLE, 6.2)) if has_kl else subpanels(plt, 1, 3, (DOUBLE, 3.3))
     panels = [(axes[0], grounding_steps, fig2a_grounding, "(a) grounding of each step"),
               (axes[1], entropy_summary, fig2b_entropy, "(b) entropy change ΔH"),
               (axes[2], removal_summary, fig2c_removal, "(c) step-k image removal")]
@@ -316,8 +316,8 @@ def fig2_combined(grounding_steps, entropy_summary, removal_summary, stem, *, ma
         else:
             fn(data, None, ax=ax, title=name)
             if not has_kl:
-                ax.title.set_text(_wrap(ax.get_title().replace("\n", " "), 34))
+                ax.title.set_text(wrap(ax.get_title().replace("\n", " "), 34))
     if subtitle:
-        fig.suptitle(_wrap(subtitle, 120))
+        fig.suptitle(wrap(subtitle, 120))
     save(fig, stem, mark)
     return fig

@@ -29,7 +29,7 @@ DELTA_H = r"$\Delta H_t = H(\tau_t) - H(\tau_t^{\mathrm{IR}})$"
 COLUMN, DOUBLE = 3.3, 7.0
 
 
-def _plt():
+def pyplot():
     matplotlib.use("Agg")
 
     sns.set_theme(style="whitegrid", palette="colorblind", context="paper")
@@ -39,21 +39,21 @@ def _plt():
     return plt, sns
 
 
-def _wrap(title: str, width: int) -> str:
+def wrap(title: str, width: int) -> str:
     return "\n".join(textwrap.wrap(title, width)) if len(title) > width else title
 
 
-def _panel(ax, size=(COLUMN, 2.9)):
+def panel_axes(ax, size=(COLUMN, 2.9)):
     """(seaborn, figure, axis, own): a new figure unless the caller passes the axis to draw into (an axis of
-    its own subfigure, so that the panel's legend goes under the panel: :func:`_legend_outside`)."""
-    plt, sns = _plt()
+    its own subfigure, so that the panel's legend goes under the panel: :func:`legend_outside`)."""
+    plt, sns = pyplot()
     if ax is None:
         fig = plt.figure(figsize=size, layout="constrained")
         return sns, fig, fig.subplots(), True
     return sns, ax.figure, ax, False
 
 
-def _subpanels(plt, n_rows: int, n_cols: int, size):
+def subpanels(plt, n_rows: int, n_cols: int, size):
     """A constrained figure of ``n_rows x n_cols`` subfigures with one axis each: every panel keeps its own
     legend below it, sized by the layout (never over a neighbour or the data)."""
     fig = plt.figure(figsize=size, layout="constrained")
@@ -114,7 +114,7 @@ def save(fig, stem, mark: str | None = None) -> list[Path]:
     return paths
 
 
-def _legend_outside(ax, ncol: int | None = None, **kw):
+def legend_outside(ax, ncol: int | None = None, **kw):
     """Below the panel, centred, as its (sub)figure's "outside" legend: the constrained layout makes room for
     it under the tick labels and the x label, whatever their height."""
 
@@ -133,11 +133,11 @@ def _legend_outside(ax, ncol: int | None = None, **kw):
                      columnspacing=1.0, **kw)
 
 
-def _title(ax, title, default, width: int = 52):
-    ax.set_title(_wrap(title or default, width))
+def set_title(ax, title, default, width: int = 52):
+    ax.set_title(wrap(title or default, width))
 
 
-def _steps_axis(ax, steps, max_step=None):
+def steps_axis(ax, steps, max_step=None):
     steps = sorted(int(s) for s in steps)
     if not steps:
         return

@@ -26,7 +26,7 @@ from analysis.selection import select_trajectories
 from analysis.stats import summarise_by
 from probes.cli import RecordedPrompts, probe_model_check, record_session, serving_hardware
 
-from .step import _call_slices, _forking, _probe_step, _serving_totals, bounds_by_step, bounds_calibration, vocab_of
+from .step import bounds_by_step, bounds_calibration, call_slices, forking_rows, probe_step, serving_totals, vocab_of
 from .store import TokenStore
 
 __all__ = ["probe_run", "MODES", "SUPPORTED_METHODS"]
@@ -126,7 +126,7 @@ class _Prober:
         regen = self.mode == "regenerate"
         H_all = grouped_tail_entropy(tok["top_logprobs"]) if regen else None
         Hhi_all = entropy_high(tok["top_logprobs"], H_all, self.vocab) if regen and self.vocab else None
-        slices = _call_slices(tok["call"])
+        slices = call_slices(tok["call"])
         events = {e["index"]: e for e in line["events"] if e["type"] == "llm_call"}
         key, fh, kept_tokens = token_key(line["sample_id"], line["trial"]), None, {}
         known_texts, my_images = set(), set()  # alternatives' ids whose texts are kept; the images its steps send
@@ -136,7 +136,7 @@ class _Prober:
                 try:
                     if ev is None:
                         raise RunError(f"no llm_call event for step {step}")
-                    row = await _probe_step(self.run, line, ev, tok, self.backend, self.mode, H_all, slices,
+                    row = await probe_step(self.run, line, ev, tok, self.backend, self.mode, H_all, slices,
                                             self.vocab, Hhi_all, known_texts, (self.image_users, my_images))
                 except ModelServerDown:  # the command ends here, every finished step kept
                     raise
@@ -294,11 +294,11 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
     cost = record_session(out / "probe.json", hardware or serving_hardware(backend), started,
                           time.perf_counter() - t0, prober.kept)
     write_json(out / "probe.json", {
-        "run_dir": str(run.path), "mode": mode, "finished": time.time(), "serving": _serving_totals(rows),
+        "run_dir": str(run.path), "mode": mode, "finished": time.time(), "serving": serving_totals(rows),
         "cost": cost, "fidelity": fidelity or {"skipped": "not run (probe_run called directly)"}, "model": ident,
         "forced_model_mismatch": force, "include_unparsed": include_unparsed, "prompt_ids": prober.recorded.summary(),
         "failures": prober.failures}, indent=2)
-    fork_summary = _forking(rows, mode)
+    fork_summary = forking_rows(rows, mode)
     steps = _steps_frame(rows, lines, run, prober.failures)
     steps.to_parquet(out / "steps.parquet", index=False)
     steps.to_csv(out / "steps.csv", index=False)

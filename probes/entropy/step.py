@@ -56,7 +56,7 @@ def _alternatives(with_tokens, without_tokens, pos, known: set | None = None) ->
     return out
 
 
-def _call_slices(call: np.ndarray) -> dict:
+def call_slices(call: np.ndarray) -> dict:
     """{call index: slice of its rows} (a sidecar's rows are grouped by call, in order)."""
     if len(call) and np.all(call[1:] >= call[:-1]):
         start = np.r_[0, np.flatnonzero(call[1:] != call[:-1]) + 1]
@@ -65,7 +65,7 @@ def _call_slices(call: np.ndarray) -> dict:
     return {int(c): np.flatnonzero(call == c) for c in np.unique(call)}
 
 
-def _serving_totals(rows: list[dict]) -> dict:
+def serving_totals(rows: list[dict]) -> dict:
     """Over every step row: requests, prompt tokens, those the server's prefix cache served (SGLang's
     ``cached_tokens``), and the summed request time (``server_seconds``: request-seconds, batched requests
     overlapping; the GPU-seconds held are probe.json's ``cost``, :func:`probes.cli.record_session`)."""
@@ -147,10 +147,10 @@ async def _teacher_forced_side(row: dict, line: dict, ev: dict, tok: dict, sel, 
                       **_alternatives(a.tokens, b.tokens, inf["pos"], known_texts)}
 
 
-async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: str, H_all=None, slices=None,
+async def probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: str, H_all=None, slices=None,
                       vocab: int | None = None, Hhi_all=None, known_texts: set | None = None,
                       images: tuple | None = None) -> dict:
-    sel = (slices or _call_slices(tok["call"])).get(ev["index"], slice(0, 0))
+    sel = (slices or call_slices(tok["call"])).get(ev["index"], slice(0, 0))
     think = np.asarray(tok["think"][sel], dtype=bool)
     row = {"sample_id": line["sample_id"], "trial": line["trial"], "benchmark": line["benchmark"],
            "paper_category": line.get("paper_category"), "category": line.get("category"), "step": ev["index"],
@@ -176,7 +176,7 @@ async def _probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: 
     return row
 
 
-def _forking(rows: list[dict], mode: str):
+def forking_rows(rows: list[dict], mode: str):
     """Per step: the share of forking think tokens (the run's top 20 % by entropy with the images, arXiv
     2506.01939's high-entropy minority: one threshold for the whole run) with and without the query images, and
     the forking tokens' part of ΔH, ``dH_fork`` (ΔH = dH_fork + dH_rest, both per think token of the step;

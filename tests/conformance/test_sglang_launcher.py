@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving.launch import _router_plan, build_parser, plan, router_command
+from serving.launch import build_parser, plan, router_command, router_plan
 
 
 def _args(*argv):
@@ -35,7 +35,7 @@ def test_server_command_lines_parse_under_sglangs_parser(sglang, monkeypatch, ar
 def test_gateway_command_lines_parse_under_smgs_parser(sglang, monkeypatch):
     monkeypatch.delenv("MMCF_SGLANG_ROUTER_CMD", raising=False)
     a = _args("--router", "9b", "9b", "27b")
-    routers = _router_plan(a, plan(a))
+    routers = router_plan(a, plan(a))
     assert [m for m, _, _, _ in routers] == ["qwen3.5-9b", "qwen3.5-27b"]
     proms = set()
     for _, port, urls, prom in routers:
