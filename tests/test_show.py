@@ -317,3 +317,20 @@ def test_text_that_looks_like_html_renders_as_text_and_every_row_shows(demo_run,
     rows = re.findall(r'<tr class="sample-row[^"]*" data-key="([^"]+)"', page)
     assert len(rows) == len(lines)
     assert "&lt;!--&lt;script&gt;document.title='pwned'&lt;/script&gt; __SAMPLES__ &amp;amp;" in page
+
+
+def test_the_viewer_reads_past_a_judge_file_whose_last_line_a_kill_cut_mid_character(demo_run, tmp_path, capsys):
+    """A judge killed mid-write can leave a last line cut inside a multi-byte character: the terminal view and the
+    HTML pages read the intact grades through the one reader of stored grades (issue 56), never a
+    UnicodeDecodeError."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(demo_run, run_dir)
+    grades = run_dir / "judge-exact.jsonl"
+    intact = len(grades.read_bytes().splitlines())
+    with open(grades, "ab") as f:
+        f.write('{"sample_id": "demo_1", "trial": 0, "reason": "caf\u00e9'.encode()[:-1])  # cut inside "é"
+    assert show.main([str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("CORRECT") + out.count("INCORRECT") >= intact
+    assert show.main([str(run_dir), "--html", str(tmp_path / "p.html")]) == 0
+    assert (tmp_path / "p.html").exists()
