@@ -15,13 +15,17 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
 
 from agent.rundir import RunError
-from agent.rundir.frames import grades, results, steps, tokens
+from agent.rundir.frames import grades, results, steps, token_files, tokens
+from agent.rundir.sidecar import verify_file
 
-from .entropy import think_segment_entropy
+from .entropy import grouped_tail_entropy, think_segment_entropy
 
-__all__ = ["results", "steps", "tokens", "grades", "entropy", "removal", "grounding", "step_entropies", "NoProbeOutput"]
+__all__ = ["results", "steps", "tokens", "token_files", "grades", "entropy", "removal", "grounding", "step_entropies",
+           "think_entropy_by_step", "NoProbeOutput"]
 
 ENTROPY_MODES = ("regenerate", "teacher-forced")
 
@@ -103,3 +107,39 @@ def step_entropies(run):
                          "H_exact": float(e["H_exact"][i]) if i is not None else np.nan,
                          "gap": float(e["gap"][i]) if i is not None else np.nan})
     return pd.DataFrame(rows)
+
+
+def think_entropy_by_step(run, *, batch_rows: int = 1 << 16) -> pd.DataFrame:
+    """The mean grouped-tail entropy (nats, B.4) of the think tokens at each step over a whole run, in bounded
+    memory: a lazy scan (pyarrow.dataset) over the latest lines' sidecars, ``batch_rows`` tokens at a time, only
+    ``call``, ``think`` and ``top_logprobs`` read. Each sidecar is first checked against the checksum its line keeps
+    (streamed). Columns: ``step``, ``mean_H``, ``tokens``. The paper-scale recipe of docs/frames.md."""
+    files = token_files(run)
+    for path, sha in zip(files["path"], files["sha256"]):
+        try:
+            verify_file(path, sha)
+        except (OSError, ValueError) as e:
+            raise RunError(f"{path}: unreadable token sidecar ({e})") from None
+    sums: dict = {}
+    counts: dict = {}
+    if len(files):
+        scan = ds.dataset(list(files["path"]), format="parquet").scanner(
+            columns=["call", "top_logprobs"], filter=pc.field("think"), batch_size=batch_rows, use_threads=False)
+        for batch in scan.to_batches():
+            calls = batch.column("call").to_numpy(zero_copy_only=False)
+            lists = batch.column("top_logprobs")
+            lens = lists.value_lengths().fill_null(0).to_numpy(zero_copy_only=False)
+            k = int(lens.max(initial=0))
+            m = np.full((len(lens), max(k, 1)), np.nan, np.float32)
+            rows = np.repeat(np.arange(len(lens)), lens)
+            cols = np.arange(len(rows)) - np.repeat(np.cumsum(lens) - lens, lens)
+            m[rows, cols] = lists.flatten().to_numpy(zero_copy_only=False)
+            h = grouped_tail_entropy(m)
+            for c in np.unique(calls):
+                sel = calls == c
+                sums[int(c)] = sums.get(int(c), 0.0) + float(h[sel].sum(dtype=np.float64))
+                counts[int(c)] = counts.get(int(c), 0) + int(sel.sum())
+    steps_ = sorted(sums)
+    return pd.DataFrame({"step": steps_, "mean_H": [sums[s] / counts[s] for s in steps_],
+                         "tokens": [counts[s] for s in steps_]})
+

@@ -179,6 +179,7 @@ def write_run(root: Path, n_trajectories: int, pool: RowPool, *, calls: int = 10
     (agent/backends/pieces.py); None: no prompt ids recorded (a run through the chat path, or an older one)."""
     if text not in ("synthetic", "english"):
         raise ValueError(f"text must be 'synthetic' or 'english', not {text!r}")
+    from agent.backends.base import SamplingParams
     from agent.benchmarks import Sample
     from agent.rundir import RunDir
     from agent.tools.toolbox import ToolResult
@@ -187,11 +188,16 @@ def write_run(root: Path, n_trajectories: int, pool: RowPool, *, calls: int = 10
     root = Path(root)
     rd = RunDir(root, precision)
     ident = {"backend": "bench", "served_model": model, "weights": None, "fingerprint": None}
+    sampling = SamplingParams(max_tokens=4096).to_dict()
     rd.write_header({"schema_version": SCHEMA_VERSION, "method": "react", "variant": "", "label": "react",
-                     "benchmark": "bench", "budgets": {"t_max": 20, "b_max": 5}, "trials": 1,
-                     "sampling": {"temperature": 0.2, "top_p": 0.95, "top_logprobs": 20}, "model": ident,
-                     "backend": {"kind": "bench", "model": model}, "history_reasoning": "keep",
-                     "observation_images": 5}, force=True)
+                     "benchmark": "bench", "benchmark_path": None, "budgets": {"t_max": 20, "b_max": 5}, "trials": 1,
+                     "sampling": sampling, "model": ident,
+                     "backend": {"kind": "bench", "endpoints": [], "model": model, "model_dir": None,
+                                 "logprob_mode": "scaled", "server": "sglang", "embedded_tiny_model": False,
+                                 "api_key_env": None},
+                     "tools": {"provider": "offline", "world": None, "cache": None, "cache_mode": "readwrite",
+                               "live_fallback": False},
+                     "history_reasoning": "keep", "observation_images": 5, "versions": {}}, force=True)
     img = bench_image(root)
     rng = pool.rng
     words = pool.vocab
@@ -219,8 +225,7 @@ def write_run(root: Path, n_trajectories: int, pool: RowPool, *, calls: int = 10
             if prompts is not None:  # what the runner's SGLang backend tokenised and sent for this call
                 out.prompt_pieces = (prompts.fingerprint,
                                      prompts.prompt_pieces(prompts.render(msgs, {"enable_thinking": True})[0]))
-            ev = traj.llm_call(msgs, out, state="react", sampling={"temperature": 0.2, "top_p": 0.95,
-                                                                  "max_tokens": 4096, "top_logprobs": 20})
+            ev = traj.llm_call(msgs, out, state="react", sampling=sampling)
             ev["action"] = {"kind": "tool_call", "name": "search", "args": {"query": "q", "goal": "g"}}
             obs = english(observation_chars) if english is not None else \
                 "".join(words[j] for j in rng.integers(0, len(words), observation_chars // 4))[:observation_chars]

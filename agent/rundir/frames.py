@@ -12,14 +12,16 @@ supersedes the earlier one), as everywhere in the toolkit.
 """
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from .common import RunError
 from .grades import JUDGES, grades_of
 from .reader import Run, load_run
+from .sidecar import read_footer
 
-__all__ = ["results", "steps", "tokens", "grades", "RESULT_COLUMNS", "STEP_COLUMNS", "TOKEN_COLUMNS"]
+__all__ = ["results", "steps", "tokens", "token_files", "grades", "RESULT_COLUMNS", "STEP_COLUMNS", "TOKEN_COLUMNS",
+           "TOKEN_BYTES", "TOKENS_MAX_MB"]
 
 RESULT_COLUMNS = ("sample_id", "benchmark", "trial", "method", "label", "model", "paper_category", "status",
                   "answer", "gold", "correct", "judge", "n_calls", "n_tool_calls", "prompt_tokens",
@@ -109,25 +111,69 @@ def steps(run) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(STEP_COLUMNS))
 
 
-def tokens(run, columns: list[str] | None = None) -> pd.DataFrame:
-    """One row per generated token of every result line: ``sample_id``, ``trial``, then the sidecar's columns
-    (``columns`` to read only some): ``call``, ``pos``, ``id`` (-1: none), ``text``, ``logprob`` (NaN: none),
-    ``think``, ``top_ids`` / ``top_logprobs`` (each row an array of k, -1 / NaN padded), ``exact_entropy``."""
+#: What one token holds in a pandas frame, by column (measured on a paper-shaped run, ``scripts/bench_frames.py``;
+#: a list column is an object array of numpy arrays of k): what :func:`tokens` says it would hold before it reads.
+TOKEN_BYTES = {"call": 2, "pos": 4, "id": 4, "text": 60, "logprob": 4, "think": 1, "top_ids": 350, "top_logprobs": 350,
+               "exact_entropy": 4, "release_kl": 4, "release_dH": 4}
+_NULLABLE_INTS = {pa.int16(): pd.Int16Dtype(), pa.int32(): pd.Int32Dtype()}
+#: The most a :func:`tokens` call holds unless told otherwise (ours): above it, aggregate without holding the tokens
+#: (docs/frames.md, "Paper-scale: tokens without holding them").
+TOKENS_MAX_MB = 2048
+
+
+def token_files(run) -> pd.DataFrame:
+    """One row per latest line that recorded tokens: ``sample_id``, ``trial``, ``path`` (the sidecar, absolute,
+    checked to lie inside the run), ``sha256`` (the checksum its line keeps) and ``rows`` (its tokens, from the
+    file's footer). The sidecars are plain Parquet: a lazy scan over ``path`` (duckdb, polars, pyarrow.dataset)
+    aggregates a whole run in bounded memory (docs/frames.md)."""
     run = _run(run)
-    want = list(columns) if columns is not None else None
-    parts = []
+    rows = []
     for ln in run.index:
-        arrays = run.tokens(ln, None if want is None else list(dict.fromkeys(["call", *want])))
-        if not arrays:
+        p = run.tokens_path(ln)
+        if p is None:
             continue
-        n = len(arrays["call"])
-        cols = {"sample_id": np.full(n, ln["sample_id"], dtype=object), "trial": np.full(n, int(ln["trial"]))}
-        for name in (want or arrays):
-            a = arrays[name]
-            cols[name] = list(a) if a.ndim == 2 else a
-        parts.append(pd.DataFrame(cols))
+        try:
+            n = read_footer(p).num_rows
+        except (OSError, ValueError) as e:
+            raise RunError(f"{p}: unreadable token sidecar ({e}); python -m agent.rundir check {run.path}") from None
+        rows.append({"sample_id": ln["sample_id"], "trial": int(ln["trial"]), "path": str(p.resolve()),
+                     "sha256": ln.get("tokens_sha256"), "rows": n})
+    return pd.DataFrame(rows, columns=["sample_id", "trial", "path", "sha256", "rows"])
+
+
+def tokens(run, columns: list[str] | None = None, *, sample_ids=None, filters=None,
+           max_mb: float = TOKENS_MAX_MB) -> pd.DataFrame:
+    """One row per generated token of the latest lines: ``sample_id``, ``trial``, then the sidecar's columns
+    (``columns`` to read only some), each value as stored: ``call``, ``pos``, ``id`` (pandas Int32; NA: the server
+    gave none), ``text``, ``logprob`` (NaN: none), ``think``, ``top_ids`` / ``top_logprobs`` (each an array of the
+    alternatives the server sent, most likely first: up to k; None where none), ``exact_entropy``.
+
+    ``sample_ids``: those samples only; ``filters``: Parquet row filters in pyarrow's form (``[("think", "==",
+    True), ("call", "<=", 5)]``), applied as each file is read. Before reading, the frame's size is estimated from
+    the files' footers (:data:`TOKEN_BYTES` a token per column); above ``max_mb`` it is refused, saying how much it
+    would hold: ask for fewer columns or rows, or aggregate without holding them (docs/frames.md)."""
+    run = _run(run)
+    want = list(dict.fromkeys(columns)) if columns is not None else list(TOKEN_COLUMNS)
+    files = token_files(run)
+    if sample_ids is not None:
+        files = files[files["sample_id"].isin(set(map(str, sample_ids)))]
+    est = float(files["rows"].sum()) * (sum(TOKEN_BYTES.get(c, 8) for c in want) + 16) / 2**20
+    if est > max_mb:
+        raise RunError(f"{run.path}: frames.tokens would hold ~{est:,.0f} MB ({int(files['rows'].sum()):,} tokens x "
+                       f"{', '.join(want)}), over max_mb={max_mb:g}. Read fewer columns, sample_ids= or filters=, "
+                       "or aggregate without holding the tokens (docs/frames.md: paper-scale)")
+    parts = []
+    by_key = {(ln["sample_id"], int(ln["trial"])): ln for ln in run.index}
+    for sid, trial in zip(files["sample_id"], files["trial"]):
+        t = run.token_table(by_key[(sid, trial)], want, filters=filters)
+        if t is None or not t.num_rows:
+            continue
+        df = t.to_pandas(types_mapper=_NULLABLE_INTS.get)  # ids with nulls stay whole numbers (pandas Int32)
+        df.insert(0, "trial", trial)
+        df.insert(0, "sample_id", sid)
+        parts.append(df)
     if not parts:
-        return pd.DataFrame(columns=["sample_id", "trial", *(want or TOKEN_COLUMNS)])
+        return pd.DataFrame(columns=["sample_id", "trial", *want])
     return pd.concat(parts, ignore_index=True)
 
 

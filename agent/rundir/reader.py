@@ -9,9 +9,8 @@ import numpy as np
 from .common import RunError, inside
 from .index import Lines, summary_of
 from .sidecar import decode as _decode_sidecar
-from .sidecar import read_parquet as _read_sidecar_table
 from .sidecar import read_prompt_pieces as _read_prompt_pieces
-from .sidecar import schema_problems
+from .sidecar import read_sidecar
 from .writer import RunDir
 
 
@@ -64,17 +63,14 @@ class Run:
         except (OSError, ValueError) as e:
             raise RunError(f"{p}: unreadable token sidecar ({e}); python -m agent.rundir check {self.path}") from None
 
-    def token_table(self, line: dict):
-        """The line's sidecar as an Arrow table, as stored (checked as :meth:`tokens` is); None without one."""
+    def token_table(self, line: dict, columns: list[str] | None = None, *, filters=None):
+        """The line's sidecar as an Arrow table, as stored (checked as :meth:`tokens` is; ``columns`` and pyarrow
+        row ``filters`` to read only some); None without one."""
         p = self.tokens_path(line)
         if p is None:
             return None
         try:
-            t = _read_sidecar_table(p, sha256=line.get("tokens_sha256"))
-            bad = schema_problems(t.schema)
-            if bad:
-                raise ValueError("; ".join(bad[:3]))
-            return t
+            return read_sidecar(p, columns, sha256=line.get("tokens_sha256"), filters=filters)
         except (OSError, ValueError) as e:
             raise RunError(f"{p}: unreadable token sidecar ({e}); python -m agent.rundir check {self.path}") from None
 

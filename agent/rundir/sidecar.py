@@ -46,11 +46,11 @@ import pyarrow.parquet as pq
 
 from ..backends.pieces import pack_pieces, unpack_pieces
 from ..http import scrub
-from ..paths import read_regular
+from ..paths import open_regular, read_regular
 from ..redact import redact_token_texts
 
 __all__ = ["encode", "decode", "FORMAT", "RELEASE_COLUMNS", "MAX_TOP_K", "token_table", "read_parquet",
-           "read_prompt_pieces", "read_schema", "schema_problems", "sidecar_bytes", "sha256_of", "write_table"]
+           "read_prompt_pieces", "read_schema", "read_footer", "read_sidecar", "verify_file", "schema_problems", "sidecar_bytes", "sha256_of", "write_table"]
 
 FORMAT = b"3"
 #: Optional per-token columns of the adaptive image release (agent/methods/release.py).
@@ -84,14 +84,47 @@ def sidecar_bytes(path, sha256: str | None = None) -> bytes:
     return data
 
 
+def verify_file(path, sha256: str | None) -> None:
+    """Refuse (ValueError) a sidecar whose bytes are not the ones its line was written with, reading it in chunks
+    (a lazy scan's check: nothing held); a regular file only (agent/paths.py)."""
+    if sha256 is None:
+        return
+    h = hashlib.sha256()
+    with open_regular(path) as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    if h.hexdigest() != sha256:
+        raise ValueError(f"its bytes are not the ones its line was written with (sha256 {h.hexdigest()[:12]}…, "
+                         f"the line says {sha256[:12]}…): replaced or damaged")
+
+
 def _file(path, sha256: str | None = None) -> pq.ParquetFile:
     return pq.ParquetFile(pa.BufferReader(sidecar_bytes(path, sha256)))
 
 
 def read_parquet(path, columns: list[str] | None = None, *, sha256: str | None = None) -> pa.Table:
-    """A sidecar as an Arrow table (``columns`` to read only some), single-threaded: pyarrow's threaded reader
-    (``pq.read_table``) intermittently aborts the interpreter at exit (apache/arrow#34314; seen with 26.0.1)."""
+    """A Parquet file as an Arrow table (``columns`` to read only some), single-threaded: pyarrow's threaded reader
+    intermittently aborts the interpreter at exit (apache/arrow#34314; seen with 26.0.1)."""
     return _file(path, sha256).read(columns=columns, use_threads=False)
+
+
+def read_sidecar(path, columns: list[str] | None = None, *, sha256: str | None = None, filters=None) -> pa.Table:
+    """A run's token sidecar as an Arrow table, its bytes and its schema checked first (ValueError naming what is
+    wrong); ``columns`` and pyarrow's row ``filters`` to read only some."""
+    data = sidecar_bytes(path, sha256)
+    pf = pq.ParquetFile(pa.BufferReader(data))
+    bad = schema_problems(pf.schema_arrow)
+    if bad:
+        raise ValueError("; ".join(bad[:3]))
+    if filters is None:
+        return pf.read(columns=columns, use_threads=False)
+    return pq.read_table(pa.BufferReader(data), columns=columns, filters=filters, use_threads=False)
+
+
+def read_footer(path) -> pq.FileMetaData:
+    """A sidecar's footer (rows, row groups, key-value metadata), read from the end of the file only."""
+    with open_regular(path) as f:
+        return pq.read_metadata(f)
 
 
 def read_schema(path) -> pa.Schema:
