@@ -19,6 +19,7 @@ from agent.rundir import RunDir, check_run, load_run
 from agent.rundir.lines import seal
 from scripts.soak import agent_policy, soak
 from tests.conftest import REPO
+from tests.fakes import records
 from tests.fakes.sglang_server import GARBAGE, FakeSGLang
 
 #: Client timeouts far above what any normal reply of the loopback stand-in takes on a loaded 2-core machine,
@@ -96,15 +97,14 @@ def test_kill_9_loop_then_resume_leaves_a_clean_run(tmp_path):
 
 # ------------------------------------------------------------------ the record
 def _unit_line(sample="s1", trial=0, status="ok"):
-    return {"sample_id": sample, "trial": trial, "status": status, "calls": [], "events": [], "messages": [],
-            "tokens_file": None, "query_images": {}}
+    return records.line(sample, trial, status)
 
 
 def test_no_record_is_glued_onto_a_torn_fragment_and_repair_quarantines(tmp_path):
     from agent.trajectory import Trajectory
 
     rd = RunDir(tmp_path / "r")
-    rd.write_header({"method": "react", "benchmark": "x", "trials": 1})
+    rd.write_header(records.header())
     with open(rd.results, "wb") as f:  # a crash mid-write left a fragment without its newline
         f.write(seal(_unit_line("s0")) + b"\n" + b'{"sample_id": "s1", "tri')
 
@@ -290,7 +290,7 @@ def test_small_ones(tmp_path, capsys):
     from agent.rundir import RESUME_HISTORY
 
     rd = RunDir(tmp_path / "r")
-    h = {"method": "react", "benchmark": "x"}
+    h = records.header()
     for _ in range(RESUME_HISTORY + 20):
         rd.write_header(h)
     hist = rd.read_header()["resumed"]
@@ -313,7 +313,7 @@ def test_a_full_disk_names_the_file_and_keeps_what_was_written(tmp_path):
     from agent.trajectory import Trajectory
 
     rd = RunDir(tmp_path / "r")
-    rd.write_header({"method": "react"})
+    rd.write_header(records.header())
 
     class S:
         image_paths = []

@@ -46,12 +46,12 @@ def test_each_trial_samples_with_its_own_recorded_seed(tmp_path):
         assert RunDir(tmp_path / "g").read_header()["seed_source"] == "given"
 
 
-def test_a_seedless_legacy_run_on_a_deterministic_server_is_refused(tmp_path, capsys):
+def test_a_run_recorded_without_a_seed_on_a_deterministic_server_is_refused(tmp_path, capsys):
     with FakeSGLang(reply=agent_policy, deterministic=True) as srv:
         assert run_main(_cli(srv.url, tmp_path / "r", "--limit", "1", "--trials", "2")) == 0
         rd = RunDir(tmp_path / "r")
         h = rd.read_header()
-        h["sampling"]["seed"] = None  # what a run recorded before per-trial seeds looks like
+        h["sampling"]["seed"] = None  # a run recorded without a seed
         h.pop("seed_source")
         rd.header_path.write_text(json.dumps(h))
         n = len(srv.bodies)

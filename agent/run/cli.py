@@ -183,7 +183,7 @@ def config_from_args(a) -> RunConfig:
         allow_missing_images=a.allow_missing_images, max_image_mb=a.max_image_mb, request_timeout=a.request_timeout,
         tools=a.tools, world=a.world, tool_cache=a.tool_cache,
         cache_mode=a.cache_mode, live_fallback=a.live_fallback, timeout=a.timeout, retry_errors=a.retry_errors,
-        force=a.force, allow_unverified_server=a.allow_unverified_server, progress=a.progress, token_precision=a.token_precision, processes=a.processes, part=a.shard)
+        force=a.force, allow_unverified_server=a.allow_unverified_server, progress=a.progress, token_precision=a.token_precision, processes=a.processes, shard=a.shard)
 
 
 def _dry_run(cfg: RunConfig, a) -> int:
@@ -193,8 +193,8 @@ def _dry_run(cfg: RunConfig, a) -> int:
     manifest = resolve_benchmark(cfg.benchmark)
     samples = select_samples(manifest, cfg)
     units = all_units(cfg, samples)
-    if cfg.part is not None:
-        units = shard_units(units, *cfg.part)
+    if cfg.shard is not None:
+        units = shard_units(units, *cfg.shard)
     cache = cfg.tool_cache or str(Path(cfg.out) / "tools.sqlite")
     p = project(cfg.spec().method, len(units), samples, pilot=a.pilot, cache_path=cache, prices=load_prices(a.prices))
     print("\n".join(format_projection(p)))

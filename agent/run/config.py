@@ -85,8 +85,8 @@ class RunConfig:
     allow_missing_images: bool = False
     max_image_mb: float | None = None
     request_timeout: float = 600.0
-    part: tuple[int, int] | None = None    # --shard I/N: this run directory holds part I of N (agent/rundir/merge.py)
-    shard: tuple[int, int] | None = None   # internal: worker i of n in a --processes run
+    shard: tuple[int, int] | None = None   # --shard I/N: this run directory holds part I of N (agent/rundir/merge.py)
+    worker: tuple[int, int] | None = None  # internal: worker process i of n in a --processes run
     job_keys: list | None = None           # internal: the parent's job list ([sample id, trial], in order)
 
     @property
@@ -219,7 +219,7 @@ def auto_processes(cfg: RunConfig, injected: bool = False) -> int:
     one where the model runs in this process (local, scripted) or the caller passed its own backends."""
     if cfg.processes != "auto":
         return int(cfg.processes)
-    if injected or cfg.backend in ("local", "scripted") or cfg.shard is not None:
+    if injected or cfg.backend in ("local", "scripted") or cfg.worker is not None:
         return 1
     return max(1, min(os.cpu_count() or 1, -(-cfg.concurrency // PROCESS_CONCURRENCY)))
 
@@ -236,6 +236,6 @@ def trial_seeds(cfg: RunConfig, rd: RunDir) -> tuple[int | None, str]:
     if rd.header_path.exists():
         old = rd.read_header()
         seed = (old.get("sampling") or {}).get("seed")
-        return seed, old.get("seed_source") or ("legacy" if seed is None else "given")
+        return seed, old.get("seed_source") or "given"
 
     return secrets.randbelow(2**31 - 2**20), "drawn"

@@ -155,7 +155,7 @@ class _Workers:
 
 
 def _report(cfg: RunConfig, w: _Workers, summary: dict, interrupted: bool) -> None:
-    if cfg.shard is not None:
+    if cfg.worker is not None:
         return
     state = "stopped (the model server stopped answering)" if w.down else "interrupted" if interrupted else "done"
     print(f"{state}: {summary['ran']} written ({dict(w.counts)}), "

@@ -59,7 +59,7 @@ async def run(cfg: RunConfig, argv=None, *, backends: list | None = None, toolbo
     manifest = resolve_benchmark(cfg.benchmark, keep_duplicates=cfg.protocol == "release")  # the release runs every row
     rd = RunDir(cfg.out, cfg.token_precision)
     fresh = not rd.path.exists()
-    rd.lock(shared_only=cfg.shard is not None)
+    rd.lock(shared_only=cfg.worker is not None)
     try:
         return await _run_locked(cfg, argv, spec, manifest, rd, backends, toolbox)
     except BaseException:
@@ -67,7 +67,7 @@ async def run(cfg: RunConfig, argv=None, *, backends: list | None = None, toolbo
             rd.discard_if_unused()
         raise
     finally:
-        if cfg.shard is None and rd.results.exists():  # the cost ledger (agent/rundir/ledger.py), after every invocation
+        if cfg.worker is None and rd.results.exists():  # the cost ledger (agent/rundir/ledger.py), after every invocation
             try:
                 write_ledger(rd.path)
             except Exception as e:  # noqa: BLE001 - the ledger is a report: never what fails a run
@@ -105,17 +105,17 @@ async def identify_backends(cfg: RunConfig, backends: list | None) -> dict:
 
 async def _run_locked(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends, toolbox) -> dict:
     """Preflight and header, the units to run, then run them (in this process or in --processes workers)."""
-    if cfg.shard is None:
+    if cfg.worker is None:
         cfg, header, samples, skipped_images = await _preflight(cfg, argv, spec, manifest, rd, backends, toolbox)
     else:  # a --processes worker: the parent checked everything and wrote the header
         header, samples, skipped_images = rd.read_header(), select_samples(manifest, cfg), []
     jobs, skipped = _pending_jobs(cfg, spec, manifest, rd, samples)
-    if cfg.shard is None:  # the journals of units already written go; the others resume where they stopped
+    if cfg.worker is None:  # the journals of units already written go; the others resume where they stopped
         prune(rd.path, {(s.id, int(t)) for s, t in jobs})
     if not jobs:
         return {"run_dir": str(rd.path), "ran": 0, "skipped": skipped, "counts": {}, "llm_calls": 0,
                 "skipped_images": len(skipped_images), "first_error": None}
-    if cfg.processes > 1 and cfg.shard is None and backends is None:
+    if cfg.processes > 1 and cfg.worker is None and backends is None:
         return await run_processes(cfg, rd, [(s.id, t) for s, t in jobs], skipped, spec.label, child=_child)
     return await execute(cfg, spec, rd, header, jobs, skipped, skipped_images, backends, toolbox)
 
@@ -124,8 +124,8 @@ async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends,
     """Every check before any work (nothing is written and nothing runs until all pass: exit 2 otherwise), then the
     header. Returns ``(cfg with the run's seed, header, samples, skipped_images)``."""
 
-    if cfg.part is not None and cfg.seed is None and not rd.header_path.exists():
-        raise PreflightError(f"--shard {cfg.part[0]}/{cfg.part[1]} needs --seed S (the same in every shard): without "
+    if cfg.shard is not None and cfg.seed is None and not rd.header_path.exists():
+        raise PreflightError(f"--shard {cfg.shard[0]}/{cfg.shard[1]} needs --seed S (the same in every shard): without "
                              "it each shard would draw its own base seed, and the merged run would not be one run's "
                              "trials")
     seed, seed_source = trial_seeds(cfg, rd)
@@ -172,8 +172,8 @@ async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends,
 
         if all(isinstance(b, ScriptedBackend) for b in backends):
             head["backend"] = {**head["backend"], "kind": "scripted", "embedded_tiny_model": False}
-    if cfg.part is not None:
-        head["shard"] = shard_record(all_units(cfg, samples), *cfg.part)
+    if cfg.shard is not None:
+        head["shard"] = shard_record(all_units(cfg, samples), *cfg.shard)
     header = rd.write_header({**head, "selection": selection, "seed_source": seed_source}, force=cfg.force,
                              allow_unverified=cfg.allow_unverified_server)
     if skipped_images:
@@ -191,17 +191,17 @@ def _pending_jobs(cfg: RunConfig, spec, manifest, rd: RunDir, samples: list) -> 
     """The (sample, trial) units still to run (a --processes worker: the parent's list), and how many are done."""
     done = rd.done_keys(retry_errors=cfg.retry_errors)
     units = all_units(cfg, samples)
-    if cfg.part is not None:  # --shard I/N: this directory's part of the units (agent/rundir/merge.py)
+    if cfg.shard is not None:  # --shard I/N: this directory's part of the units (agent/rundir/merge.py)
 
-        mine = set(shard_units([(s.id, t) for s, t in units], *cfg.part))
+        mine = set(shard_units([(s.id, t) for s, t in units], *cfg.shard))
         units = [(s, t) for s, t in units if (s.id, t) in mine]
     jobs = [(s, t) for s, t in units if (s.id, t) not in done]
     skipped = len(units) - len(jobs)
-    if cfg.shard is not None:  # a --processes worker: the parent's list; jobs are claimed from a shared counter
+    if cfg.worker is not None:  # a --processes worker: the parent's list; jobs are claimed from a shared counter
         by_id = {s.id: s for s in samples}
         jobs = [(by_id[sid], int(t)) for sid, t in (cfg.job_keys or []) if sid in by_id]
     else:
-        part = f" (shard {cfg.part[0]}/{cfg.part[1]}: {len(units)} units)" if cfg.part is not None else ""
+        part = f" (shard {cfg.shard[0]}/{cfg.shard[1]}: {len(units)} units)" if cfg.shard is not None else ""
         print(f"{spec.label} on {manifest.name}: {len(samples)} samples x {cfg.trials} trials{part}; "
               f"{skipped} already done, {len(jobs)} to run -> {rd.path}", file=sys.stderr)
     return jobs, skipped
@@ -213,7 +213,7 @@ def _child(cfg_fields: dict, i: int, n: int, results, counter=None, hints=None) 
 
     set_renderer_hints(hints)  # the tokenizer class the parent's AutoTokenizer chose: no torch import here
     cfg = RunConfig(**cfg_fields)
-    cfg.shard, cfg.processes, cfg.progress = (i, n), 1, False
+    cfg.worker, cfg.processes, cfg.progress = (i, n), 1, False
     SHARED["counter"] = counter
     cfg.concurrency = max(1, -(-cfg.concurrency // n))
     parent = os.getppid()

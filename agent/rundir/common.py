@@ -26,8 +26,6 @@ RESUME_HISTORY = 50
 #: Header fields that must match when a run directory is resumed.
 IDENTITY_KEYS = ("method", "variant", "benchmark", "remove_images_from_step", "budgets", "sampling", "schema_version",
                  "history_reasoning", "observation_images", "shard", "protocol")
-#: A header written before a key existed holds its default (runs before --protocol followed the paper).
-HEADER_DEFAULTS = {"protocol": "paper"}
 
 
 class RunError(RuntimeError):

@@ -17,7 +17,6 @@ from ..paths import read_regular
 from ..preflight import same_model, server_differences, unverified_facts
 from ..record import validate
 from .common import (
-    HEADER_DEFAULTS,
     IDENTITY_KEYS,
     RESUME_HISTORY,
     TOKEN_PRECISIONS,
@@ -280,7 +279,7 @@ class RunDir(RunIndex):
 
 def _differences(old: dict, new: dict, unverified_ok: bool = False) -> list[str]:
     """How the run recorded in ``old`` differs from the one ``new`` describes, in what makes them different runs."""
-    diff = [k for k in IDENTITY_KEYS if old.get(k, HEADER_DEFAULTS.get(k)) != new.get(k, HEADER_DEFAULTS.get(k))]
+    diff = [k for k in IDENTITY_KEYS if old.get(k) != new.get(k)]
     detail = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff]
     model_diff = same_model(old.get("model"), new.get("model")) if "model" in new else None
     if model_diff:

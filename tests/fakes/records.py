@@ -1,0 +1,29 @@
+"""Valid records for tests that write a run directory by hand (the writer validates every record: agent/record/)."""
+from __future__ import annotations
+
+from agent.backends.base import SamplingParams
+
+
+def header(**over) -> dict:
+    """A complete run header of a scripted ReAct run on a benchmark ``x``; ``over`` replaces fields."""
+    return {"schema_version": 2, "method": "react", "variant": "", "label": "react", "protocol": "paper",
+            "benchmark": "x", "benchmark_path": None, "budgets": {"t_max": 20, "b_max": 5}, "trials": 1,
+            "history_reasoning": "keep", "observation_images": 5, "versions": {},
+            "model": {"backend": "scripted", "served_model": "scripted-demo", "weights": None, "fingerprint": None},
+            "sampling": SamplingParams().to_dict(),
+            "backend": {"kind": "scripted", "endpoints": [], "model": None, "model_dir": None,
+                        "logprob_mode": "scaled", "server": "sglang", "embedded_tiny_model": False,
+                        "api_key_env": None},
+            "tools": {"provider": "offline", "world": None, "cache": None, "cache_mode": "readwrite",
+                      "live_fallback": False}, **over}
+
+
+def line(sample_id: str = "s1", trial: int = 0, status: str = "ok", **over) -> dict:
+    """A complete result line of a unit that made no call; ``over`` replaces fields."""
+    return {"schema_version": 2, "sample_id": sample_id, "trial": trial, "method": "react", "variant": "",
+            "benchmark": "x", "category": None, "paper_category": "Uncategorised", "question": "q", "gold": "g",
+            "answer": "g" if status == "ok" else "", "status": status, "error": None, "query_images": {},
+            "n_calls": 0, "n_tool_calls": 0, "tool_calls": {}, "tool_usage": {}, "generated_tokens": 0,
+            "think_tokens": 0, "backend": "scripted", "model": "scripted-demo", "started": 0.0, "finished": 0.0,
+            "responses_sha": "0" * 64, "duration_s": 0.0, "calls": [], "events": [], "messages": [],
+            "tokens_file": None, **over}
