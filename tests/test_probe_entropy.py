@@ -5,6 +5,7 @@ import json
 import math
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from agent.backends.base import LogprobSemantics
@@ -148,19 +149,16 @@ async def test_teacher_forced_tokens_are_one_file_per_trajectory_and_survive_an_
     with pytest.raises(RuntimeError, match="stopped"):
         await probe_run(tmp_path / "run", mode="teacher-forced", backend=stops, progress=False, concurrency=1)
     tokens = tmp_path / "run" / "probes" / "entropy-teacher-forced" / "tokens"
-    assert len([p for p in tokens.glob("*.parquet")]) == 1 and len(list(tokens.glob("*.partial.bin"))) == 1
-    partial = next(tokens.glob("*.partial.bin"))
-    from probes.entropy import TokenStore
-
-    kept = TokenStore._read_partial(partial)
-    (only,) = kept.values()  # the one step finished there, whole
-    assert len(only["pos"]) > 0 and only["w_ids"].shape == (len(only["pos"]), 5) and only["texts"]
+    assert len([p for p in tokens.glob("*.parquet")]) == 1 and len(list(tokens.glob("*.partial"))) == 1
+    partial = next(tokens.glob("*.partial"))
+    (only,) = partial.glob("s*.parquet")  # the one step finished there, whole, as plain Parquet
+    kept = pq.read_table(only)
+    assert kept.num_rows > 0 and kept.column("w_ids").type.list_size == 5 and b"alt_texts" in kept.schema.metadata
     n = len(backend.calls)
     res = await probe_run(tmp_path / "run", mode="teacher-forced", backend=backend, progress=False)
     assert len(backend.calls) == n + 2 * 5 and len(res["steps"]) == 9
     assert "folded the token results of an interrupted probe" in capsys.readouterr().err
-    assert not list(tokens.glob("*.partial.*")) and len(list(tokens.glob("*.parquet"))) == 3
-    assert not list(tokens.glob("*__c*"))  # no per-step files
+    assert not list(tokens.glob("*.partial")) and len(list(tokens.glob("*.parquet"))) == 3
     for (sid, trial), g in res["steps"].groupby(["sample_id", "trial"]):
         from agent.rundir import token_key
 
@@ -174,40 +172,32 @@ async def test_teacher_forced_tokens_are_one_file_per_trajectory_and_survive_an_
             assert (np.diff(t["w_lp"], axis=1) <= 0).all() and all(int(i) in t["texts"] for i in t["w_ids"].ravel())
 
 
-def test_token_store_partial_records_survive_a_torn_write_and_fold_in_the_old_json_lines(tmp_path, capsys):
-    """The partial file's binary records read back bit for bit; a record cut short by an interrupt is dropped (its
-    step has no row yet, so it is probed again) without losing the records before it; a partial file in the
-    format of probes from before (JSON lines) is folded in too."""
-    from agent.http import dumps
-    from probes.entropy import PARTIAL, TokenStore, read_step_tokens
+def test_token_store_steps_are_plain_parquet_written_whole_and_folded_in_on_recovery(tmp_path):
+    """Each finished step is one Parquet file written whole (a kill mid-write leaves only a temporary file, never a
+    half step); a store that starts folds the partial directories in, every array and text as it was."""
+    from probes.entropy import TokenStore, read_step_tokens
 
     rng = np.random.default_rng(0)
 
     def step(n):
         return {"pos": np.arange(n, dtype=np.int32), "dH": rng.normal(size=n).astype(np.float32),
-                "kl": rng.random(n).astype(np.float32), "w_ids": rng.integers(0, 9, (n, 5)),
-                "w_lp": -rng.random((n, 5)).astype(np.float32), "o_ids": rng.integers(0, 9, (n, 5)),
+                "kl": rng.random(n).astype(np.float32), "w_ids": rng.integers(0, 9, (n, 5)).astype(np.int32),
+                "w_lp": -rng.random((n, 5)).astype(np.float32), "o_ids": rng.integers(0, 9, (n, 5)).astype(np.int32),
                 "o_lp": -rng.random((n, 5)).astype(np.float32), "texts": {i: f"t{i}" for i in range(9)}}
 
     store = TokenStore(tmp_path / "tokens")
-    a, b = step(7), step(3)
-    fh = store.append("k1", 1, a)
-    store.append("k1", 2, b, fh).close()
-    path = tmp_path / "tokens" / f"k1{PARTIAL}"
-    whole = path.read_bytes()
-    path.write_bytes(whole[:-5])  # the second record torn
-    got = TokenStore._read_partial(path)
-    assert list(got) == [1] and "torn record" in capsys.readouterr().err
-    for c in ("pos", "dH", "kl", "w_ids", "w_lp", "o_ids", "o_lp"):
-        assert got[1][c].dtype == a[c].dtype and np.array_equal(got[1][c], a[c])
-    assert got[1]["texts"] == a["texts"]
-    path.write_bytes(whole)
-    old = {"step": 5, **{c: v for c, v in step(4).items() if c != "texts"}, "texts": {"3": "t3"}}
-    (tmp_path / "tokens" / "k2.partial.jsonl").write_bytes(dumps(old) + b"\n")
-    assert store.recover() == 2 and not list((tmp_path / "tokens").glob("*.partial.*"))
+    a, b, c = step(7), step(3), step(4)
+    store.append("k1", 1, a)
+    store.append("k1", 2, b)
+    store.append("k2", 5, c)
+    (store.partial("k1") / "s0003.parquet.tmp99-1").write_bytes(b"PAR1 cut")  # a kill mid-write: never read
+    assert store.recover() == 2 and not list((tmp_path / "tokens").glob("*.partial"))
     k1, k2 = read_step_tokens(tmp_path / "tokens", "k1"), read_step_tokens(tmp_path / "tokens", "k2")
-    assert sorted(k1) == [1, 2] and np.array_equal(k1[2]["w_ids"], b["w_ids"]) and np.allclose(k1[1]["dH"], a["dH"])
-    assert sorted(k2) == [5] and np.allclose(k2[5]["kl"], old["kl"]) and k2[5]["texts"][3] == "t3"
+    assert sorted(k1) == [1, 2] and sorted(k2) == [5]
+    for got, want in ((k1[1], a), (k1[2], b), (k2[5], c)):
+        for col in ("pos", "dH", "kl", "w_ids", "w_lp", "o_ids", "o_lp"):
+            assert got[col].dtype == want[col].dtype and np.array_equal(got[col], want[col]), col
+        assert got["texts"] == want["texts"]
 
 
 async def test_the_probe_sends_each_image_from_the_caches_and_lets_go_of_it_when_its_trajectory_is_done(tmp_path):

@@ -158,6 +158,36 @@ def _runner_cmd(url, out, trials=3, processes=1):
             "--no-progress", "--processes", str(processes)]
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux /proc)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = open(f"/proc/{d}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(d))
+    return out
+
+
+def _running(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_gone(pids: list[int], guard_s: float) -> None:
+    """Until none of ``pids`` runs (a guard against a hang, not a measure of speed)."""
+    deadline = time.time() + guard_s
+    while any(_running(p) for p in pids):
+        if time.time() > deadline:
+            pytest.fail(f"orphaned workers {pids}: no progress for {guard_s:g} s (still running)")
+        time.sleep(0.1)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig,processes", [(signal.SIGKILL, 1), (signal.SIGINT, 1), (signal.SIGKILL, 2), (signal.SIGINT, 2)])
 def test_killed_runner_resumes_without_loss_or_duplicates(tmp_path, sig, processes):
@@ -175,8 +205,10 @@ def test_killed_runner_resumes_without_loss_or_duplicates(tmp_path, sig, process
             time.sleep(0.05)
         srv.gate.clear()  # no reply from now on: the run cannot finish before the signal, however fast it is
         time.sleep(0.5)   # (not an assertion's timing: lets the replies already sent land or not, either is fine)
+        workers = _children(p.pid)
         p.send_signal(sig)
-        p.wait(timeout=120)  # the runner itself; after a SIGKILL its orphaned workers wait for their replies
+        p.wait(timeout=120)  # the runner itself; after a SIGKILL its orphaned workers stop by themselves
+        _wait_gone(workers, 300)  # ...while no reply comes, so none of them writes a line after the kill
         srv.gate.set()    # the held requests answer the dead runner; the rerun's are answered as they come
         _, err = p.communicate(timeout=120)  # (the workers hold the pipes until they stop by themselves)
         before = res.read_bytes()

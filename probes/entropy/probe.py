@@ -128,7 +128,7 @@ class _Prober:
         Hhi_all = entropy_high(tok["top_logprobs"], H_all, self.vocab) if regen and self.vocab else None
         slices = call_slices(tok["call"])
         events = {e["index"]: e for e in line["events"] if e["type"] == "llm_call"}
-        key, fh, kept_tokens = token_key(line["sample_id"], line["trial"]), None, {}
+        key, kept_tokens = token_key(line["sample_id"], line["trial"]), {}
         known_texts, my_images = set(), set()  # alternatives' ids whose texts are kept; the images its steps send
         try:
             for step in steps:
@@ -146,7 +146,7 @@ class _Prober:
                 if row is not None:
                     t = row.pop("_tokens", None)
                     if t is not None:  # the step's tokens first (its partial file), then its row
-                        fh = self.store.append(key, step, t, fh)
+                        self.store.append(key, step, t)
                         kept_tokens[step] = t
                     # one whole line, flushed: an interrupt keeps every finished step, the rerun probes the rest
                     validate("entropy_step", row, f"{line['sample_id']}/t{line['trial']} step {step}")
@@ -156,8 +156,6 @@ class _Prober:
                 self.bar.update(1)
         finally:
             self.image_users.done(my_images)
-            if fh is not None:
-                fh.close()
         if kept_tokens:  # the trajectory is done: its tokens into one file (an interrupt leaves the partial one)
             self.store.commit(key, kept_tokens)
 
