@@ -168,8 +168,9 @@ def _walk(o, pat: re.Pattern):
 #: What the console also hides: a URL's password wherever a URL is printed, and ``Authorization``-like values
 #: (a server's error text quoting a header). Console only: records are redacted from the registry alone.
 _URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^/\s:@\"']*):([^/\s@\"']+)@")
-_AUTH = re.compile(r"(?i)((?:proxy-)?authorization|x-api-key|api[_-]?key|access[_-]?token|bearer)"
-                   r"(\\?[\"']?\s*[:=]?\s*\\?[\"']?\s*(?:bearer\s+|basic\s+)?)([A-Za-z0-9._~+/=-]{6,})")
+_AUTH = re.compile(r"(?i)((?:proxy-)?authorization|x-api-key|api[_-]?key|access[_-]?token)"
+                   r"(\\?[\"']?\s*[:=]\s*\\?[\"']?\s*(?:bearer\s+|basic\s+)?|\s+(?:bearer|basic)\s+)"
+                   r"([A-Za-z0-9._~+/=-]{6,})|\b((?-i:Bearer|Basic))(\s+)([A-Za-z0-9._~+/=-]{6,})")
 
 
 def redact_console(text):
@@ -179,7 +180,7 @@ def redact_console(text):
     text = redact(text)
     if "@" in text:
         text = _URL_PASSWORD.sub(r"\1\2:" + REDACTED + "@", text)
-    return _AUTH.sub(lambda m: m.group(1) + m.group(2) + REDACTED, text)
+    return _AUTH.sub(lambda m: (m.group(1) + m.group(2) if m.group(1) else m.group(4) + m.group(5)) + REDACTED, text)
 
 
 def redact_token_texts(texts: list) -> list:

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from .backends.base import ModelOutput, SamplingParams, TokenArrays, top_id_matrix, top_matrix
+from .backends.base import ModelOutput, SamplingParams, top_id_matrix, top_matrix
 from .backends.messages import query_image_flags, record_messages
 from .http import dumps
 
@@ -60,16 +60,9 @@ def token_arrays(out: ModelOutput, k: int) -> dict[str, np.ndarray]:
     ent = (np.asarray(out.exact_entropy, dtype=np.float32) if out.exact_entropy is not None and len(out.exact_entropy) == n
            else np.full(n, np.nan, dtype=np.float32))
     t = out.tokens
-    if isinstance(t, TokenArrays):  # the wire's arrays as they are: no object per token
-        return {"id": t.ids.astype(np.int32), "text": np.array(t.texts, dtype=object),
-                "logprob": t.logprobs.astype(np.float32), "think": t.think.copy(),
-                "top_ids": top_id_matrix(t, k), "top_logprobs": top_matrix(t, k, np.float32), "exact_entropy": ent}
-    return {"id": np.array([-1 if t.id is None else t.id for t in out.tokens], dtype=np.int32),
-            "text": np.array([t.text for t in out.tokens], dtype=object),
-            "logprob": np.array([t.logprob for t in out.tokens], dtype=np.float32),
-            "think": np.array([t.think for t in out.tokens], dtype=bool),
-            "top_ids": top_id_matrix(out.tokens, k), "top_logprobs": top_matrix(out.tokens, k, np.float32),
-            "exact_entropy": ent}
+    return {"id": t.ids.astype(np.int32), "text": np.array(t.texts, dtype=object),
+            "logprob": t.logprobs.astype(np.float32), "think": t.think.copy(),
+            "top_ids": top_id_matrix(t, k), "top_logprobs": top_matrix(t, k, np.float32), "exact_entropy": ent}
 
 
 class Trajectory:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agent.backends.base import TokenArrays
+from agent.backends.base import TokenArrays, top_id_matrix, top_matrix
 
 from .entropy import entropy_high, grouped_tail_entropy
 
@@ -136,10 +136,12 @@ def token_influence(with_tokens, without_tokens, think, vocab: int | None = None
     if len(with_tokens) != len(without_tokens) or len(with_tokens) != len(think):
         raise ValueError(f"token_influence: {len(with_tokens)} tokens with, {len(without_tokens)} without, "
                          f"{len(think)} think flags")
-    k = max(1, *(a.top_logprobs.shape[1] for a in (with_tokens, without_tokens) if isinstance(a, TokenArrays)),
-            *(len(t.top) for a in (with_tokens, without_tokens) if not isinstance(a, TokenArrays) for t in a))
-    w = TokenArrays.from_tokens(with_tokens, k)
-    o = TokenArrays.from_tokens(without_tokens, k)
+    k = max(1, with_tokens.top_logprobs.shape[1], without_tokens.top_logprobs.shape[1])
+    w = TokenArrays(with_tokens.ids, with_tokens.texts, with_tokens.logprobs, top_id_matrix(with_tokens, k),
+                    top_matrix(with_tokens, k), with_tokens.think, with_tokens.counts)
+    o = TokenArrays(without_tokens.ids, without_tokens.texts, without_tokens.logprobs,
+                    top_id_matrix(without_tokens, k), top_matrix(without_tokens, k), without_tokens.think,
+                    without_tokens.counts)
     hw = grouped_tail_entropy(w.top_logprobs)
     ho = grouped_tail_entropy(o.top_logprobs)
     pos = np.flatnonzero(think)

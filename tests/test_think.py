@@ -3,17 +3,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from agent.backends.base import TokenLogprob
+from agent.backends.base import TokenArrays
 from agent.backends.think import mark_think, mark_think_by_text, split_think
 from analysis.entropy import think_segment_entropy
 
 
 def toks(*texts):
-    return [TokenLogprob(i, t, -0.1, []) for i, t in enumerate(texts)]
+    return TokenArrays(range(len(texts)), texts, [-0.1] * len(texts), [[i] for i in range(len(texts))],
+                       [[-0.1]] * len(texts))
 
 
 def mask(tokens):
-    return [t.think for t in tokens]
+    return tokens.think.tolist()
 
 
 def test_prefilled_think_with_closing_tag():

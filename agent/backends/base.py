@@ -242,7 +242,7 @@ class ModelOutput:
 
     text: str
     reasoning: str
-    tokens: list[TokenLogprob]
+    tokens: TokenArrays
     finish_reason: str | None
     usage: Usage
     semantics: LogprobSemantics
@@ -264,14 +264,10 @@ class ModelOutput:
 
     def top_counts(self) -> list[int]:
         """How many alternatives came back per token (deduping chat servers can return < k)."""
-        if isinstance(self.tokens, TokenArrays):
-            return self.tokens.counts.tolist()
-        return [len(t.top) for t in self.tokens]
+        return self.tokens.counts.tolist()
 
     def think_mask(self) -> np.ndarray:
-        if isinstance(self.tokens, TokenArrays):
-            return self.tokens.think.copy()
-        return np.array([t.think for t in self.tokens], dtype=bool)
+        return self.tokens.think.copy()
 
     def top_logprob_matrix(self, k: int | None = None) -> np.ndarray:
         """(n_tokens, k) float array of top logprobs, NaN-padded where fewer came back."""
@@ -294,7 +290,7 @@ class Continuation:
 class ScoredTokens:
     """Teacher-forced log-probabilities of a continuation under a context (raw unless stated)."""
 
-    tokens: list[TokenLogprob]
+    tokens: TokenArrays
     semantics: LogprobSemantics
     backend: str
     model: str

@@ -31,8 +31,7 @@ from .base import (
     ModelOutput,
     SamplingParams,
     ScoredTokens,
-    TokenLogprob,
-    TopLogprob,
+    TokenArrays,
     Usage,
 )
 from .hub import resolve_model_dir
@@ -305,9 +304,12 @@ class LocalBackend:
     def _output(self, rec: list, messages, sp: SamplingParams, sem, prompt_text: str, inputs, images, stops,
                 t0: float) -> ModelOutput:
         """The generated tokens (``rec``: id, logprob, top ids, top logprobs, exact entropy) as a ModelOutput."""
-        tokens = [TokenLogprob(c, self.codec.text(c), lp, [TopLogprob(int(i), self.codec.text(int(i)), float(v)) for i, v in zip(ti, tv)])
-                  for c, lp, ti, tv, _ in rec]
         ids = [r[0] for r in rec]
+        k = max((len(r[2]) for r in rec), default=0)
+        tokens = TokenArrays(ids, [self.codec.text(c) for c in ids], [r[1] for r in rec],
+                             [list(r[2]) + [-1] * (k - len(r[2])) for r in rec],
+                             [list(r[3]) + [float("nan")] * (k - len(r[3])) for r in rec],
+                             counts=[len(r[2]) for r in rec], decode=self.codec.text)
         finish = "length"
         if ids and ids[-1] in self.eos_ids:
             finish = "stop"
@@ -318,7 +320,7 @@ class LocalBackend:
         starts = self._starts_in_think(prompt_text)
         mark_think(tokens, starts)
         reasoning, answer = split_think(raw_text, starts)
-        n_think = sum(t.think for t in tokens)
+        n_think = int(tokens.think.sum())
         prompt_len = int(inputs["input_ids"].shape[1])
         return ModelOutput(
             text=answer, reasoning=reasoning, tokens=tokens, finish_reason=finish,
@@ -357,7 +359,7 @@ class LocalBackend:
             base = self.hf_model.model(**full, use_cache=False)
             hidden = base.last_hidden_state[0, P - 1: P - 1 + len(ids)]
             lm_head = self.hf_model.get_output_embeddings()
-            tokens, exact = [], []
+            chosen_lps, top_ids, top_lps, exact = [], [], [], []
             for s in range(0, len(ids), self.score_chunk):
                 logits = lm_head(hidden[s: s + self.score_chunk]).float()
                 if temperature:
@@ -367,13 +369,13 @@ class LocalBackend:
                 ent = -(torch.where(p > 0, p * lp, torch.zeros_like(p))).sum(-1)
                 tv, ti = torch.topk(lp, min(k, lp.shape[-1]), dim=-1)
                 tgt = torch.tensor(ids[s: s + self.score_chunk], device=lp.device)
-                chosen = lp.gather(1, tgt[:, None])[:, 0]
-                for j in range(lp.shape[0]):
-                    tid = int(tgt[j])
-                    tokens.append(TokenLogprob(tid, self.codec.text(tid), float(chosen[j]),
-                                               [TopLogprob(int(a), self.codec.text(int(a)), float(b)) for a, b in zip(ti[j].tolist(), tv[j].tolist())]))
+                chosen_lps += lp.gather(1, tgt[:, None])[:, 0].tolist()
+                top_ids += ti.tolist()
+                top_lps += tv.tolist()
                 exact.extend(ent.tolist())
                 del logits, lp, p
+        tokens = TokenArrays(ids, [self.codec.text(t) for t in ids], chosen_lps, top_ids, top_lps,
+                             decode=self.codec.text)
         mark_think(tokens, self._starts_in_think(prompt_text))
         return ScoredTokens(tokens=tokens, semantics=sem, backend=self.name, model=self.model, exact_entropy=exact,
                             request={"messages": record_messages(messages), "continuation_ids": ids,

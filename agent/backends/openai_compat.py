@@ -30,6 +30,7 @@ from .base import (
     ModelOutput,
     SamplingParams,
     ScoredTokens,
+    TokenArrays,
     Usage,
     backend_error,
     reported_count,
@@ -203,13 +204,11 @@ class OpenAIBackend:
                                          where=f"{where} meta_info", k=sp.top_logprobs or None)
             chat = (choice.get("logprobs") or {}).get("content")
             if chat and len(chat) == len(tokens):  # fill texts the triples left null
-                for t, c in zip(tokens, chat):
-                    if not t.text:
-                        t.text = c.get("token", "")
+                tokens.texts = [t or c.get("token", "") for t, c in zip(tokens.texts, chat)]
         elif choice.get("logprobs") and choice["logprobs"].get("content") is not None:
             tokens = tokens_from_chat_logprobs(choice["logprobs"]["content"], where=f"{where} logprobs.content")
         elif sp.top_logprobs == 0 or self.server == "openrouter":
-            tokens = []  # OpenRouter: a provider without logprobs answers without them; the run line says so
+            tokens = TokenArrays.empty()  # OpenRouter: a provider without logprobs answers without them (said)
         else:
             raise BackendError(f"{where}: reply carries no logprobs (does this server support logprobs=true?)")
         # Which tokens are thinking: the generation starts inside <think> (the template pre-fills it) when the

@@ -29,8 +29,7 @@ from .base import (
     ModelOutput,
     SamplingParams,
     ScoredTokens,
-    TokenLogprob,
-    TopLogprob,
+    TokenArrays,
     Usage,
 )
 from .messages import query_image_flags, record_messages
@@ -82,25 +81,35 @@ class ScriptedBackend:
         self.semantics = semantics or LogprobSemantics("raw")
         self.calls: list[dict] = []
         self._vocab: dict[str, int] = {}
+        self._texts: dict[int, str] = {}
 
     def _id(self, text: str) -> int:
         # stable across processes (a probe scores ids a run recorded earlier): a hash of the piece (ours)
         i = self._vocab.get(text)
         if i is None:
             i = self._vocab[text] = zlib.crc32(text.encode("utf-8", "surrogatepass")) % (ALT_ID0 - 1) + 1
+            self._texts[i] = text
         return i
 
-    def _tokens(self, text: str, has_images: bool, messages=None) -> list[TokenLogprob]:
+    def _tokens(self, text: str, has_images: bool, messages=None) -> TokenArrays:
         return self._pieces(_TOKEN_RE.findall(text), has_images, messages)
 
-    def _pieces(self, pieces: list[str], has_images: bool, messages=None) -> list[TokenLogprob]:
-        out = []
+    def _text_of(self, i: int) -> str:
+        """An id's text: a piece this backend emitted, or an alternative's ``<altJ>``."""
+        return f"<alt{i - ALT_ID0}>" if i > ALT_ID0 else self._texts.get(i, "")
+
+    def _pieces(self, pieces: list[str], has_images: bool, messages=None) -> TokenArrays:
+        ids, lps, top_ids, top_lps = [], [], [], []
         for pos, piece in enumerate(pieces):
-            lps = list(self.top_fn(has_images, pos, messages) if self._top_ctx else self.top_fn(has_images, pos))
-            top = [TopLogprob(self._id(piece) if j == 0 else ALT_ID0 + j, piece if j == 0 else f"<alt{j}>", lp)
-                   for j, lp in enumerate(lps)]
-            out.append(TokenLogprob(self._id(piece), piece, lps[0], top))
-        return out
+            row = list(self.top_fn(has_images, pos, messages) if self._top_ctx else self.top_fn(has_images, pos))
+            ids.append(self._id(piece))
+            lps.append(row[0])
+            top_ids.append([ids[-1], *(ALT_ID0 + j for j in range(1, len(row)))])
+            top_lps.append(row)
+        k = max(map(len, top_lps), default=0)
+        return TokenArrays(ids, pieces, lps, [r + [-1] * (k - len(r)) for r in top_ids],
+                           [r + [float("nan")] * (k - len(r)) for r in top_lps], counts=[len(r) for r in top_lps],
+                           decode=self._text_of)
 
     async def generate(self, messages: list[dict], sampling: SamplingParams | None = None) -> ModelOutput:
         sp = sampling or SamplingParams()
@@ -115,7 +124,7 @@ class ScriptedBackend:
         self.calls.append({"kind": "generate", "messages": record_messages(messages), "has_images": has_images})
         return ModelOutput(text=answer, reasoning=reasoning, tokens=tokens, finish_reason="stop",
                            usage=Usage(prompt_tokens=sum(len(str(m.get("content"))) for m in messages) // 4,
-                                       completion_tokens=len(tokens), reasoning_tokens=sum(t.think for t in tokens)),
+                                       completion_tokens=len(tokens), reasoning_tokens=int(tokens.think.sum())),
                            semantics=self.semantics, backend=self.name, model=self.model,
                            request={"messages": record_messages(messages), "sampling": sp.to_dict()},
                            response={"text": text}, top_k_requested=self.k)

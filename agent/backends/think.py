@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import TokenArrays, TokenLogprob
+from .base import TokenArrays
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -63,30 +63,26 @@ def think_mask_of(texts: list[str], starts_in_think: bool) -> np.ndarray:
     return out
 
 
-def mark_think(tokens: list[TokenLogprob], starts_in_think: bool) -> list[TokenLogprob]:
+def mark_think(tokens: TokenArrays, starts_in_think: bool) -> TokenArrays:
     """Set the think flags in place (the rules above, at token level) and return the tokens."""
-    if isinstance(tokens, TokenArrays):
-        tokens.think = think_mask_of(tokens.texts, starts_in_think)
-        return tokens
-    mask = think_mask_of([t.text for t in tokens], starts_in_think)
-    for tok, m in zip(tokens, mask):
-        tok.think = bool(m)
+    tokens.think = think_mask_of(tokens.texts, starts_in_think)
     return tokens
 
 
-def mark_think_by_text(tokens: list[TokenLogprob], reasoning: str) -> list[TokenLogprob]:
+def mark_think_by_text(tokens: TokenArrays, reasoning: str) -> TokenArrays:
     """Mark the leading tokens whose text makes up ``reasoning`` as think.
 
     For chat servers that split reasoning from content but whose logprob list has no tag tokens.
     """
     target = len(reasoning.strip())
     seen = 0
-    for tok in tokens:
-        if seen < target:
-            tok.think = True
-            seen += len(tok.text.strip()) + (1 if tok.text[:1].isspace() else 0)
-        else:
-            tok.think = False
+    mask = np.zeros(len(tokens.texts), dtype=bool)
+    for i, text in enumerate(tokens.texts):
+        if seen >= target:
+            break
+        mask[i] = True
+        seen += len(text.strip()) + (1 if text[:1].isspace() else 0)
+    tokens.think = mask
     return tokens
 
 

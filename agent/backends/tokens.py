@@ -136,13 +136,25 @@ class TokenArrays(Sequence):
         return isinstance(other, Sequence) and len(other) == len(self) and list(self) == list(other)
 
     @classmethod
-    def from_tokens(cls, tokens: "list[TokenLogprob]", k: int) -> "TokenArrays":
-        """The arrays of a list of :class:`TokenLogprob` (the object path: scripted and chat backends)."""
-        if isinstance(tokens, TokenArrays):
-            return tokens
+    def empty(cls) -> "TokenArrays":
+        """No tokens (a reply that carries no logprobs)."""
+        return cls([], [], [], np.zeros((0, 0)), np.zeros((0, 0)))
+
+    @classmethod
+    def from_tokens(cls, tokens: "list[TokenLogprob]", k: int | None = None, decode=None) -> "TokenArrays":
+        """The arrays of per-token records (a wire's irregular reply, built token by token): the one representation
+        a backend returns. ``k``: the width of the top matrices (default: the longest list); ``decode``: an id's
+        text, for the alternatives (their texts are not kept as arrays)."""
+        k = max((len(t.top) for t in tokens), default=0) if k is None else k
+        tl = np.full((len(tokens), k), np.nan)
+        ti = np.full((len(tokens), k), -1, dtype=np.int64)
+        for i, t in enumerate(tokens):
+            top = list(t.top)[:k]
+            tl[i, :len(top)] = [a.logprob for a in top]
+            ti[i, :len(top)] = [-1 if a.id is None else a.id for a in top]
         return cls([-1 if t.id is None else t.id for t in tokens], [t.text for t in tokens],
-                   [t.logprob for t in tokens], top_id_matrix(tokens, k), top_matrix(tokens, k),
-                   [t.think for t in tokens], [len(t.top) for t in tokens])
+                   [t.logprob for t in tokens], ti, tl, [t.think for t in tokens],
+                   [min(len(t.top), k) for t in tokens], decode=decode)
 
 
 def _fit(a: np.ndarray, k: int, fill, dtype, copy: bool = True) -> np.ndarray:
@@ -155,28 +167,12 @@ def _fit(a: np.ndarray, k: int, fill, dtype, copy: bool = True) -> np.ndarray:
     return out
 
 
-def top_matrix(tokens: list[TokenLogprob], k: int, dtype=np.float64, copy: bool = True) -> np.ndarray:
+def top_matrix(tokens: TokenArrays, k: int, dtype=np.float64, copy: bool = True) -> np.ndarray:
     """(n, k) top logprobs, NaN-padded where fewer than k came back (``copy=False``: read-only use, the
     arrays' own matrix when it already has that shape and dtype)."""
-    if isinstance(tokens, TokenArrays):
-        return _fit(tokens.top_logprobs, k, np.nan, dtype, copy)
-    if tokens and all(isinstance(t.top, TopList) and len(t.top.logprobs) == k for t in tokens):
-        return np.array([t.top.logprobs for t in tokens], dtype=dtype)
-    out = np.full((len(tokens), k), np.nan, dtype=dtype)
-    for i, t in enumerate(tokens):
-        vals = t.top_logprobs()[:k]
-        out[i, : len(vals)] = vals
-    return out
+    return _fit(tokens.top_logprobs, k, np.nan, dtype, copy)
 
 
-def top_id_matrix(tokens: list[TokenLogprob], k: int) -> np.ndarray:
+def top_id_matrix(tokens: TokenArrays, k: int) -> np.ndarray:
     """(n, k) top token ids, -1 where absent or unknown (chat servers give no ids)."""
-    if isinstance(tokens, TokenArrays):
-        return _fit(tokens.top_ids, k, -1, np.int32)
-    if tokens and all(isinstance(t.top, TopList) and len(t.top.ids) == k and None not in t.top.ids for t in tokens):
-        return np.array([t.top.ids for t in tokens], dtype=np.int32)
-    out = np.full((len(tokens), k), -1, dtype=np.int32)
-    for i, t in enumerate(tokens):
-        for j, alt in enumerate(t.top[:k]):
-            out[i, j] = -1 if alt.id is None else alt.id
-    return out
+    return _fit(tokens.top_ids, k, -1, np.int32)

@@ -190,31 +190,22 @@ def _check_distribution(tl: np.ndarray, ti: np.ndarray, counts: np.ndarray, wher
                            f"{i}; refusing the reply")
 
 
-def _check_values(tokens, where, k, vocab, ids):
-    if isinstance(tokens, TokenArrays) and _plainly_valid(tokens, k, vocab, ids):
+def _check_values(tokens: TokenArrays, where, k, vocab, ids):
+    if _plainly_valid(tokens, k, vocab, ids):
         _check_distribution(tokens.top_logprobs, tokens.top_ids, tokens.counts, where, ids)
-        for a in (tokens.logprobs, tokens.top_logprobs):
-            if a.size and a.min() <= LOGPROB_FLOOR:  # rare: no write pass over every reply
-                a[a <= LOGPROB_FLOOR] = LOGPROB_FLOOR
-        return tokens
-    if isinstance(tokens, TokenArrays):
-        arrs = [("logprob", tokens.logprobs, None), ("top logprob", tokens.top_logprobs, tokens.counts)]
-        tid, tops, counts = tokens.ids, tokens.top_ids, tokens.counts
     else:
-        n = len(tokens)
-        kk = max((len(t.top) for t in tokens), default=0)
-        tl = np.full((n, kk), np.nan)
-        ti = np.full((n, kk), -1, dtype=np.int64)
-        for i, t in enumerate(tokens):
-            c = len(t.top)
-            if c:
-                tl[i, :c] = t.top.logprobs if hasattr(t.top, "logprobs") else [a.logprob for a in t.top]
-                ti[i, :c] = [-1 if a.id is None else a.id for a in t.top]
-        counts = np.array([len(t.top) for t in tokens], dtype=np.int64)
-        arrs = [("logprob", np.array([t.logprob for t in tokens], dtype=np.float64), None), ("top logprob", tl, counts)]
-        tid = np.array([-1 if t.id is None else t.id for t in tokens], dtype=np.int64)
-        tops = ti
-    for name, a, cnt in arrs:
+        _check_irregular(tokens, where, k, vocab, ids)
+    for a in (tokens.logprobs, tokens.top_logprobs):  # the known floor: -inf or float32's lowest is probability 0
+        low = a <= LOGPROB_FLOOR
+        if low.any():  # rare: no write pass over every reply
+            a[low] = LOGPROB_FLOOR
+    return tokens
+
+
+def _check_irregular(tokens: TokenArrays, where, k, vocab, ids) -> None:
+    """The checks that name what is wrong, for a reply that is not plainly valid."""
+    counts = tokens.counts
+    for name, a, cnt in (("logprob", tokens.logprobs, None), ("top logprob", tokens.top_logprobs, counts)):
         if a.ndim == 2 and cnt is not None:  # only the alternatives a row has (absent ones are NaN by design)
             valid = np.arange(a.shape[1])[None, :] < cnt[:, None]
         else:
@@ -225,7 +216,7 @@ def _check_values(tokens, where, k, vocab, ids):
             raise BadReply(f"{where}: {name} {float(a[tuple(pos)])!r} at position {tuple(int(x) for x in pos)}: a logprob must be "
                            "a finite number <= 0; refusing the reply")
     if ids:
-        for name, a in (("token id", tid), ("top token id", tops)):
+        for name, a in (("token id", tokens.ids), ("top token id", tokens.top_ids)):
             hi = min(vocab, MAX_TOKEN_ID) if vocab else MAX_TOKEN_ID
             out = (a < -1) | (a >= hi)
             if out.any():
@@ -234,20 +225,7 @@ def _check_values(tokens, where, k, vocab, ids):
         if k and len(counts) and int(counts.min()) < k:
             i = int(np.argmin(counts))
             raise BadReply(f"{where}: top list {i} has {int(counts[i])} alternatives, {k} were asked; refusing the reply")
-    _check_distribution(arrs[1][1], tops, counts, where, ids)
-    # the known floor: -inf or float32's lowest (and anything below it) is probability 0
-    if isinstance(tokens, TokenArrays):
-        for a in (tokens.logprobs, tokens.top_logprobs):
-            low = a <= LOGPROB_FLOOR
-            if low.any():  # rare: no write pass over every reply
-                a[low] = LOGPROB_FLOOR
-    else:
-        for t in tokens:
-            if t.logprob <= LOGPROB_FLOOR:
-                t.logprob = LOGPROB_FLOOR
-            if any(a.logprob <= LOGPROB_FLOOR for a in t.top):
-                t.top = [TopLogprob(a.id, a.text, max(a.logprob, LOGPROB_FLOOR)) for a in t.top]
-    return tokens
+    _check_distribution(tokens.top_logprobs, tokens.top_ids, counts, where, ids)
 
 
 def _num(x: Any, where: str) -> float:
@@ -347,22 +325,30 @@ def tokens_from_triples(token_lps: list, top_lps: list | None, *, decode: Callab
             top = [_triple(a, w, decode) for a in top_lps[i]]
             top.sort(key=lambda a: -a.logprob if not math.isnan(a.logprob) else math.inf)
         out.append(TokenLogprob(tok.id, tok.text, tok.logprob, top))
-    return check_values(out, where, k=k, vocab=vocab)
+    return check_values(TokenArrays.from_tokens(out, decode=decode), where, k=k, vocab=vocab)
 
 
-def tokens_from_chat_logprobs(content: list, where: str = "logprobs.content") -> list[TokenLogprob]:
+def tokens_from_chat_logprobs(content: list, where: str = "logprobs.content") -> TokenArrays:
+    """OpenAI chat ``logprobs.content`` as arrays: no ids on this path (-1), each top list sorted best first."""
     if not isinstance(content, list):
         raise BackendError(f"{where}: missing (did the server get logprobs=true?)")
-    out = []
+    texts, lps, tops = [], [], []
     for i, e in enumerate(content):
         if not isinstance(e, dict) or "logprob" not in e:
             raise BackendError(f"{where}[{i}]: malformed entry {str(e)[:80]}")
-        top = [TopLogprob(None, a.get("token", ""), _num(a.get("logprob"), f"{where}[{i}].top"))
-               for a in (e.get("top_logprobs") or [])]
-        top.sort(key=lambda a: -a.logprob)
-        out.append(TokenLogprob(None, e.get("token", ""), _num(e["logprob"], f"{where}[{i}]"), top))
+        top = sorted((_num(a.get("logprob"), f"{where}[{i}].top") for a in (e.get("top_logprobs") or [])),
+                     key=lambda x: -x)
+        texts.append(e.get("token", ""))
+        lps.append(_num(e["logprob"], f"{where}[{i}]"))
+        tops.append(top)
+    k = max(map(len, tops), default=0)
+    tl = np.full((len(tops), k), np.nan)
+    for i, top in enumerate(tops):
+        tl[i, :len(top)] = top
+    arrays = TokenArrays(np.full(len(texts), -1), texts, lps, np.full((len(tops), k), -1), tl,
+                         counts=[len(t) for t in tops])
     # no ids on this path, and SGLang's chat path dedupes alternatives by text (fewer than k: counted, not refused)
-    return check_values(out, where, ids=False)
+    return check_values(arrays, where, ids=False)
 
 
 def finish_reason_of(x: Any) -> str | None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.backends.base import TokenLogprob
+from agent.backends.base import TokenArrays
 from agent.backends.think import mark_think, split_think
 
 # (text, prompt pre-filled <think>)
@@ -42,7 +42,8 @@ def test_mark_think_tokens_are_sglangs_reasoning(sglang, text, forced, tiny_mode
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     ids = tok(text, add_special_tokens=False)["input_ids"]
-    tokens = mark_think([TokenLogprob(i, tok.decode([i]), -0.1, []) for i in ids], forced)
+    tokens = mark_think(TokenArrays(ids, [tok.decode([i]) for i in ids], [-0.1] * len(ids),
+                                    [[i] for i in ids], [[-0.1]] * len(ids)), forced)
     res = sglang.ask("reasoning", text=text, force_reasoning=forced)
     think = "".join(t.text for t in tokens if t.think)
     assert _norm(think) == _norm(res["reasoning"])
