@@ -82,6 +82,8 @@ class Parser(argparse.ArgumentParser):
             sys.excepthook = _interrupted_hook
         argv = list(sys.argv[1:] if args is None else args)
         known = {o for a in self._actions for o in a.option_strings}
+        argv = _renamed(argv, known)
+        args = argv
         if any(isinstance(a, argparse._SubParsersAction) for a in self._actions):
             argv = []  # the subcommand's own parser (a Parser too) checks its flags
         for tok in argv:
@@ -92,6 +94,25 @@ class Parser(argparse.ArgumentParser):
                 close = difflib.get_close_matches(flag, sorted(known), n=1)
                 self.error(f"unrecognized argument: {flag}" + (f" (did you mean {close[0]}?)" if close else ""))
         return super().parse_known_args(args, namespace)
+
+
+#: Flags renamed in this version, old -> new: the old name still works, with a notice, until the next one. The
+#: adaptive image release is now "unloading" (``release`` names the authors' released code, ``--protocol release``).
+RENAMED = {"--image-release": "--image-unload", "--release-signal": "--unload-signal",
+           "--release-threshold": "--unload-threshold", "--release-patience": "--unload-patience",
+           "--release-runs": "--unload-runs"}
+
+
+def _renamed(argv: list, known: set) -> list:
+    out = []
+    for tok in argv:
+        flag, eq, value = tok.partition("=")
+        new = RENAMED.get(flag)
+        if new in known:
+            print(f"notice: {flag} is now {new}; the old name works in this version only", file=sys.stderr)
+            tok = new + eq + value
+        out.append(tok)
+    return out
 
 
 def positive_int(v: str) -> int:

@@ -25,9 +25,9 @@ Event types (each has ``type``, ``id`` (sequence number), ``parent`` (the span i
 - ``branch_begin`` / ``branch_end``: ``branch``, ``description``, ``prompt``, ``assigned_images``,
   ``assigned_hashes`` / ``message`` (folded back to the main state), ``reason``, ``steps``.
 - ``init_end``: ``descriptions`` (image id -> text folded into the main state).
-- ``release_probe`` (``--image-release adaptive``, :mod:`agent.release`): ``call_index``, ``signal``,
+- ``unload_probe`` (``--image-unload adaptive``, :mod:`agent.methods.unload`): ``call_index``, ``signal``,
   ``influence``, ``kl``, ``dH``, ``H_with``, ``H_without``, ``n_think``, ``threshold``, ``below``, ``streak``,
-  ``decision`` (keep | release), ``release_step``, ``scoring_calls``, ``latency_s``. Not an LLM call of the
+  ``decision`` (keep | release), ``unload_step``, ``scoring_calls``, ``latency_s``. Not an LLM call of the
   agent: it does not count toward T_max.
 - ``final_answer``: ``answer``, ``call_index``, ``forced``.
 - ``error``: ``kind``, ``message``.
@@ -82,7 +82,7 @@ class Trajectory:
         self.top_k = 0
         self.query_hashes: list[str] = []
         self.image_files: dict[str, str] = {}   # sha256 -> path of every retrieved image shown (stored with the run)
-        self.extra: dict[str, Any] = {}          # line-level fields a method adds (e.g. image_release)
+        self.extra: dict[str, Any] = {}          # line-level fields a method adds (e.g. image_unload)
         # every distinct message piece of the prompts sent, by digest, and the fingerprint of the tokenizer that made
         # them (from a backend that sends token ids: stored in the token sidecar, agent/backends/pieces.py)
         self.prompt_pieces: dict[bytes, np.ndarray] = {}
@@ -169,8 +169,8 @@ class Trajectory:
     def init_end(self, descriptions: dict[str, str], parsed: dict[str, bool]) -> dict:
         return self._add("init_end", "init", descriptions=descriptions, parsed=parsed)
 
-    def release_probe(self, call_ev: dict, **fields) -> dict:
-        return self._add("release_probe", call_ev.get("parent"), call_index=call_ev["index"], **fields)
+    def unload_probe(self, call_ev: dict, **fields) -> dict:
+        return self._add("unload_probe", call_ev.get("parent"), call_index=call_ev["index"], **fields)
 
     def final_answer(self, call_ev: dict | None, answer: str, *, forced: bool = False) -> dict:
         return self._add("final_answer", None, answer=answer, call_index=call_ev["index"] if call_ev else None, forced=forced)
@@ -193,8 +193,8 @@ class Trajectory:
             for c in range(1, upto + 1):
                 sel = tokens["call"] == c
                 self.tokens[c] = {k: tokens[k][sel] for k in ("id", "text", "logprob", "think", "top_ids",
-                                                                "top_logprobs", "exact_entropy", "release_kl",
-                                                                "release_dH") if k in tokens}
+                                                                "top_logprobs", "exact_entropy", "unload_kl",
+                                                                "unload_dH") if k in tokens}
         self.backend, self.model = line.get("backend", ""), line.get("model", "")
 
     # ------------------------------------------------------------------ views

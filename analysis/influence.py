@@ -127,7 +127,7 @@ def token_influence(with_tokens, without_tokens, think, vocab: int | None = None
     grouped-tail entropy with minus without) and ``kl`` (:func:`kl_union_tail`, KL(with ‖ without)), their
     positions ``pos`` in the step, and the means over think tokens ``dH_mean``, ``kl_mean``, ``H_with``,
     ``H_without`` (NaN when the step has no think token). The entropy probe's teacher-forced mode and the
-    adaptive image release (``agent.release``) both use it, so their numbers are the same quantity. With
+    adaptive image unloading (``agent.methods.unload``) both use it, so their numbers are the same quantity. With
     ``vocab`` (the model's vocabulary size) also the upper entropy bounds of :func:`entropy_bounds`
     (``H_high_with`` / ``H_high_without`` and per token).
     """

@@ -28,8 +28,8 @@ import pandas as pd
 from agent.cli import done, make_parser
 from agent.rundir import RunError, load_run
 from analysis.pooling import refuse_mixed_servers
-from analysis.release import release_points, release_steps
 from analysis.stats import removal_summary, summarise_by
+from analysis.unload import unload_points, unload_steps
 from probes.entropy import bounds_by_step
 
 from . import figures, frames, tables
@@ -160,21 +160,21 @@ def _pooled_figure2(react_runs: list[str], out: Path, made: list, missing: list)
     made.append("fig2")
 
 
-def _release_figure(react, removal_runs, release_runs, out: Path, made: list, missing: list, judge):
-    """The adaptive-release figure (ours): needs the adaptive runs and at least one reference policy."""
+def _unload_figure(react, removal_runs, unload_runs, out: Path, made: list, missing: list, judge):
+    """The adaptive-unloading figure (ours): needs the adaptive runs and at least one reference policy."""
 
     plain = [rd for rd in react if not load_run(rd).header.get("variant")]
     refs = list(dict.fromkeys([*removal_runs, *plain]))  # ReAct (images kept) and Removal@k runs
-    pts = release_points(refs, release_runs, react_runs=plain, judge=judge)
+    pts = unload_points(refs, unload_runs, react_runs=plain, judge=judge)
     missing += pts.attrs.get("missing", [])
-    st = release_steps(release_runs)
-    heads = [load_run(rd).header for rd in [*refs, *release_runs, *plain]]
+    st = unload_steps(unload_runs)
+    heads = [load_run(rd).header for rd in [*refs, *unload_runs, *plain]]
     mark = figures.provenance_mark(heads)
-    figures.fig_release(pts, st, out / "fig_release", mark=mark,
-                        subtitle=f"Adaptive image release ({pts.attrs.get('model') or '?'}; judge: {pts.attrs.get('judge')})")
+    figures.fig_unload(pts, st, out / "fig_unload", mark=mark,
+                        subtitle=f"Adaptive image unloading ({pts.attrs.get('model') or '?'}; judge: {pts.attrs.get('judge')})")
     figures.write_csv(pts, out / "fig_release_points.csv", index=False)
     figures.write_csv(st, out / "fig_release_steps.csv", index=False)
-    made.append("fig_release")
+    made.append("fig_unload")
 
 
 def _figure4(judged, out: Path, made: list, missing: list) -> None:
@@ -221,7 +221,7 @@ def _slug(s: str) -> str:
 
 
 def make_report(*, react=(), runs=(), removal_runs=(), out="figures/out", judge: str | None = None,
-                release_runs=()) -> dict:
+                unload_runs=()) -> dict:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     made, missing = [], []
@@ -273,8 +273,8 @@ def make_report(*, react=(), runs=(), removal_runs=(), out="figures/out", judge:
             if "different judges" in str(e):
                 raise
             missing.append(str(e))
-    if release_runs:
-        _release_figure(react, removal_runs, list(release_runs), out, made, missing, judge)
+    if unload_runs:
+        _unload_figure(react, removal_runs, list(unload_runs), out, made, missing, judge)
     figures.write_text(out / "report.json", json.dumps({"made": made, "missing": missing}, indent=2))
     return {"made": made, "missing": missing, "out": out}
 
@@ -286,18 +286,18 @@ def main(argv=None) -> int:
     ap.add_argument("--react", nargs="*", default=[], help="probed ReAct runs (Figures 1 and 2; several are pooled)")
     ap.add_argument("--runs", nargs="*", default=[], help="judged runs (Tables 1, 4, 5; Figure 4)")
     ap.add_argument("--removal-runs", nargs="*", default=[], help="judged ReAct / ReAct-Removal@k runs (Table 3)")
-    ap.add_argument("--release-runs", nargs="*", default=[],
-                    help="judged adaptive-release runs (--image-release adaptive): the release figure, against the "
+    ap.add_argument("--unload-runs", nargs="*", default=[],
+                    help="judged adaptive-unloading runs (--image-unload adaptive): the unloading figure, against the "
                          "--removal-runs and the --react runs' removal replays")
     ap.add_argument("--judge", metavar="NAME", help="which judge's grades: llm, exact, or a second judge's --judge-name "
                                                    "(needed when runs were graded differently)")
     ap.add_argument("--out", default="figures/out", help="where figures (PNG, PDF, CSV) and tables (MD, CSV) go")
     a = ap.parse_args(argv)
-    if not (a.react or a.runs or a.removal_runs or a.release_runs):
-        ap.error("give --react and/or --runs and/or --removal-runs and/or --release-runs")
+    if not (a.react or a.runs or a.removal_runs or a.unload_runs):
+        ap.error("give --react and/or --runs and/or --removal-runs and/or --unload-runs")
     try:
         r = make_report(react=a.react, runs=a.runs, removal_runs=a.removal_runs, out=a.out, judge=a.judge,
-                        release_runs=a.release_runs)
+                        unload_runs=a.unload_runs)
     except (RunError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -187,7 +187,7 @@ def test_the_interval_is_scipys_bca_bootstrap():
 
 
 def test_fig2b_forking_and_the_release_figure(tmp_path):
-    from analysis.figures import fig2b_forking, fig_release
+    from analysis.figures import fig2b_forking, fig_unload
 
     st = pd.DataFrame({"step": [1, 2, 3, 4], "mean": [-0.3, -0.1, 0.0, 0.05], "ci_low": [-0.4, -0.2, -0.1, 0.0],
                        "ci_high": [-0.2, 0.0, 0.1, 0.1], "n": [20, 20, 18, 15]})
@@ -203,5 +203,5 @@ def test_fig2b_forking_and_the_release_figure(tmp_path):
         {"series": "adaptive", "image_steps": 2.5, "accuracy": 0.0, "n": 10, "k": np.nan, "signal": "kl",
          "threshold": 0.01, "patience": 2}])
     steps = pd.DataFrame({"policy": ["kl"] * 6, "calibrated": [True] * 6, "n_calls": [5, 6, 4, 5, 6, 7],
-                          "release_step": [2, 3, np.nan, 2, 4, 3], "paper_category": ["A", "A", "B", "B", "A", "B"]})
-    check_drawing(fig_release(points, steps, tmp_path / "rel"))
+                          "unload_step": [2, 3, np.nan, 2, 4, 3], "paper_category": ["A", "A", "B", "B", "A", "B"]})
+    check_drawing(fig_unload(points, steps, tmp_path / "rel"))

@@ -18,14 +18,14 @@ from agent.rundir.schema import main as schema_main
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Real runs of every agent on the scripted model (the adaptive image release and a removal replay included),
+    """Real runs of every agent on the scripted model (the adaptive image unloading and a removal replay included),
     graded; and the schema files the command writes."""
     root = tmp_path_factory.mktemp("record")
     made = []
     for name, args in (("react", ["--method", "react"]), ("mmcf", ["--method", "mmcontextfold"]),
                        ("release", ["--method", "mmcontextfold", "--protocol", "release"]),
                        ("agentfold", ["--method", "agentfold"]), ("contextfold", ["--method", "contextfold"]),
-                       ("direct", ["--method", "direct"]), ("adaptive", ["--method", "react", "--image-release",
+                       ("direct", ["--method", "direct"]), ("adaptive", ["--method", "react", "--image-unload",
                                                                          "adaptive"])):
         out = root / name
         assert run_main([*args, "--backend", "scripted", "--limit", "3", "--out", str(out), "--no-progress"]) == 0
@@ -60,7 +60,7 @@ def test_every_header_line_and_grade_of_real_runs_validates_with_a_standard_vali
     assert n == 3 * len(made)
     kinds = {e["type"] for run in made for raw in (run / "results.jsonl").read_bytes().splitlines()
              for e in json.loads(raw)["events"]}
-    assert {"llm_call", "tool_call", "branch_begin", "branch_end", "init_end", "release_probe",
+    assert {"llm_call", "tool_call", "branch_begin", "branch_end", "init_end", "unload_probe",
             "final_answer"} <= kinds  # every event kind was checked against its schema
 
 

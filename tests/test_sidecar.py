@@ -58,7 +58,7 @@ def test_format3_round_trip_is_exact(tmp_path, seed):
     assert set(sub) == {"logprob", "call"} and np.array_equal(sub["logprob"], got["logprob"], equal_nan=True)
     assert sidecar.schema_problems(sidecar.read_schema(p)) == []
     with pytest.raises(ValueError, match="no column"):
-        sidecar.decode(p, ["release_kl"])
+        sidecar.decode(p, ["unload_kl"])
 
 
 def test_plain_pyarrow_reads_every_value_as_itself(tmp_path):

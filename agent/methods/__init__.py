@@ -26,7 +26,7 @@ from .direct import run_direct
 from .mmcontextfold import VARIANTS, run_mmcontextfold
 from .mmcontextfold_release import run_release_protocol
 from .react import run_react
-from .release import ReleasePolicy, ReleaseTracker
+from .unload import UnloadPolicy, UnloadTracker
 
 __all__ = ["MethodSpec", "run_sample", "new_trajectory", "METHODS", "PROTOCOLS", "VARIANTS", "Budgets", "Episode"]
 
@@ -42,7 +42,7 @@ class MethodSpec:
     budgets: Budgets = Budgets()
     history_reasoning: str = "keep"
     observation_images: int = WEBWATCHER_OBSERVATION_IMAGES
-    release: ReleasePolicy | None = None   # --image-release adaptive (agent/methods/release.py)
+    unload: UnloadPolicy | None = None   # --image-unload adaptive (agent/methods/unload.py)
     protocol: str = "paper"                # "release": the authors' released MM-ContextFold (mmcontextfold_release.py)
 
     def __post_init__(self):
@@ -65,11 +65,11 @@ class MethodSpec:
             raise ValueError(f"--protocol must be one of {PROTOCOLS}")
         if self.protocol == "release" and (self.method != "mmcontextfold" or self.variant):
             raise ValueError("--protocol release applies to --method mmcontextfold (no --variant) only")
-        if self.release is not None:
+        if self.unload is not None:
             if self.method != "react":
-                raise ValueError("--image-release adaptive applies to --method react only")
+                raise ValueError("--image-unload adaptive applies to --method react only")
             if self.remove_images_from_step is not None:
-                raise ValueError("--image-release adaptive and --remove-images-from-step are two removal policies; "
+                raise ValueError("--image-unload adaptive and --remove-images-from-step are two removal policies; "
                                  "choose one")
 
     @property
@@ -78,16 +78,16 @@ class MethodSpec:
             return f"{self.method}@release"  # never pooled with the paper protocol's runs: another row, another label
         if self.remove_images_from_step is not None:
             return f"react-removal@{self.remove_images_from_step}"
-        if self.release is not None:
-            return f"react-{self.release.label}"
+        if self.unload is not None:
+            return f"react-{self.unload.label}"
         return self.method + (f"[{self.variant}]" if self.variant else "")
 
     @property
     def variant_label(self) -> str:
         if self.remove_images_from_step is not None:
             return f"removal@{self.remove_images_from_step}"
-        if self.release is not None:
-            return self.release.label
+        if self.unload is not None:
+            return self.unload.label
         return self.variant
 
     def allowed_tools(self) -> tuple:
@@ -115,10 +115,10 @@ async def run_sample(spec: MethodSpec, sample, trial: int, *, backend, toolbox,
         if spec.method == "direct":
             status, answer = await run_direct(ep)
         elif spec.method == "react":
-            tracker = ReleaseTracker(spec.release) if spec.release is not None else None
+            tracker = UnloadTracker(spec.unload) if spec.unload is not None else None
             if tracker is not None:  # the summary is on the line whatever happens (errors included)
-                traj.extra["image_release"] = tracker
-            status, answer = await run_react(ep, remove_from=spec.remove_images_from_step, release=tracker)
+                traj.extra["image_unload"] = tracker
+            status, answer = await run_react(ep, remove_from=spec.remove_images_from_step, unload=tracker)
         elif spec.method == "agentfold":
             status, answer = await run_agentfold(ep)
         elif spec.method == "contextfold":
@@ -145,6 +145,6 @@ async def run_sample(spec: MethodSpec, sample, trial: int, *, backend, toolbox,
 
 
 def _finish_extra(traj: Trajectory) -> None:
-    tr = traj.extra.get("image_release")
-    if isinstance(tr, ReleaseTracker):
-        traj.extra["image_release"] = tr.summary()
+    tr = traj.extra.get("image_unload")
+    if isinstance(tr, UnloadTracker):
+        traj.extra["image_unload"] = tr.summary()

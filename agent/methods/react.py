@@ -12,7 +12,7 @@ Removal@k: calls with index >= k get the same messages with the *query* image pa
 (:func:`react_messages` then ``strip_query_images``: the image parts that sit right after their ``<image_k>``
 identifier, never matched by content, so a retrieved copy of a query image in an observation stays, paper B.5); the ``<image_k>`` identifiers stay.
 
-ReAct-Adaptive (``--image-release adaptive``, ours; :mod:`agent.release`): the release step is decided
+ReAct-Adaptive (``--image-unload adaptive``, ours; :mod:`agent.methods.unload`): the unload step is decided
 online from the images' measured influence on each step's thinking instead of being fixed.
 
 Each step's reasoning stays in the history (``reasoning_content`` on the assistant turn; the chat
@@ -41,27 +41,27 @@ def react_messages(ep: Episode, turns: list[Turn], *, step: int, remove_from: in
 
 
 async def run_react(ep: Episode, *, remove_from: int | None = None, turns: list | None = None,
-                    correction: bool = False, release=None) -> tuple[str, str]:
+                    correction: bool = False, unload=None) -> tuple[str, str]:
     """Run the loop; returns (status, answer). ``turns`` lets a replay start from a recorded prefix.
 
-    ``release``: an :class:`agent.release.ReleaseTracker` (``--image-release adaptive``): every step that
+    ``unload``: an :class:`agent.methods.unload.UnloadTracker` (``--image-unload adaptive``): every step that
     saw the query images and does not end the episode is probed, and once the tracker decides, the images
-    are removed from the next step on (the Removal@k projection with k = its release step)."""
+    are removed from the next step on (the Removal@k projection with k = its unload step)."""
     turns = list(turns or [])
     while ep.remaining > 0:
         step = ep.used + 1
         forced = ep.remaining == 1
-        k = remove_from if release is None else release.release_step
+        k = remove_from if unload is None else unload.unload_step
         msgs = react_messages(ep, turns, step=step, remove_from=k, force=forced)
         out, ev = await ep.llm(msgs, state="react", correction=correction, forced=forced)
-        # the adaptive release probes every step that saw the query images and does not end the episode
-        probe = release is not None and release.images_at(step) and ev.get("n_query_images") and not forced
+        # the adaptive unloading probes every step that saw the query images and does not end the episode
+        probe = unload is not None and unload.images_at(step) and ev.get("n_query_images") and not forced
         try:
             act = parse_action(out.text, ("tool_call", "answer"))
         except ActionError as e:
             ep.reject(ev, e)
             if probe:
-                await release.observe(ep, ev, msgs, out)
+                await unload.observe(ep, ev, msgs, out)
             turns.append(Turn(out.text, out.reasoning, correction_text(e)))
             correction = True
             continue
@@ -73,7 +73,7 @@ async def run_react(ep: Episode, *, remove_from: int | None = None, turns: list 
         if forced:
             break
         if probe:
-            await release.observe(ep, ev, msgs, out)
+            await unload.observe(ep, ev, msgs, out)
         res = await ep.tool(ev, act.name, act.args)
         turns.append(Turn(out.text, out.reasoning, ep.observation(res)))
     return "no_answer", ""

@@ -13,7 +13,7 @@ from pydantic import Field, NonNegativeInt, PositiveInt
 from .base import Record
 
 __all__ = ["Usage", "Sampling", "ToolCallAction", "AnswerAction", "SubtaskAction", "DescribeAction", "Action",
-           "LlmCall", "ToolCall", "BranchBegin", "BranchEnd", "InitEnd", "ReleaseProbe", "FinalAnswer", "Error",
+           "LlmCall", "ToolCall", "BranchBegin", "BranchEnd", "InitEnd", "UnloadProbe", "FinalAnswer", "Error",
            "Event", "EVENT_TYPES"]
 
 
@@ -149,11 +149,11 @@ class InitEnd(_Event):
     parsed: dict[str, bool]
 
 
-class ReleaseProbe(_Event):
-    """The adaptive image release's probe of one step (agent/methods/release.py; ours): not an LLM call of the
+class UnloadProbe(_Event):
+    """The adaptive image unloading's probe of one step (agent/methods/unload.py; ours): not an LLM call of the
     agent, it does not count toward T_max."""
 
-    type: Literal["release_probe"]
+    type: Literal["unload_probe"]
     call_index: PositiveInt
     signal: str
     influence: float | None
@@ -165,8 +165,8 @@ class ReleaseProbe(_Event):
     threshold: float
     below: bool
     streak: NonNegativeInt
-    decision: Literal["keep", "release"]
-    release_step: int | None
+    decision: Literal["keep", "unload"]
+    unload_step: int | None
     scoring_calls: NonNegativeInt
     latency_s: float
 
@@ -184,9 +184,9 @@ class Error(_Event):
     message: str
 
 
-Event = Annotated[Union[LlmCall, ToolCall, BranchBegin, BranchEnd, InitEnd, ReleaseProbe, FinalAnswer, Error],
+Event = Annotated[Union[LlmCall, ToolCall, BranchBegin, BranchEnd, InitEnd, UnloadProbe, FinalAnswer, Error],
                   Field(discriminator="type")]
 
 #: Each event type's model, by its ``type``.
 EVENT_TYPES = {m.model_fields["type"].annotation.__args__[0]: m
-               for m in (LlmCall, ToolCall, BranchBegin, BranchEnd, InitEnd, ReleaseProbe, FinalAnswer, Error)}
+               for m in (LlmCall, ToolCall, BranchBegin, BranchEnd, InitEnd, UnloadProbe, FinalAnswer, Error)}

@@ -86,7 +86,7 @@ class RunHeader(Record):
     protocol: Literal["paper", "release"] = "paper"
     remove_images_from_step: PositiveInt | None = None
     budgets: Budgets
-    image_release: dict[str, Any] | None = None
+    image_unload: dict[str, Any] | None = None
     history_reasoning: Literal["keep", "drop"]
     observation_images: NonNegativeInt
     model: ModelIdentity | None

@@ -8,7 +8,7 @@ from pydantic import Field, NonNegativeInt, PositiveInt
 from .base import Open, Record
 from .events import Event
 
-__all__ = ["ResultLine", "CallSummary", "Message", "TextPart", "ImagePart", "ToolUsage", "ImageReleaseSummary",
+__all__ = ["ResultLine", "CallSummary", "Message", "TextPart", "ImagePart", "ToolUsage", "ImageUnloadSummary",
            "ReplayOf", "STATUSES", "SCHEMA_VERSION"]
 
 #: The record's version (2: reasoning kept in the history, retrieved images in observations, n_query_images).
@@ -68,8 +68,8 @@ class ToolUsage(Record):
     paid: NonNegativeInt
 
 
-class ImageReleaseSummary(Record):
-    """The adaptive image release's policy and what it did in this trajectory (agent/methods/release.py; ours)."""
+class ImageUnloadSummary(Record):
+    """The adaptive image unloading's policy and what it did in this trajectory (agent/methods/unload.py; ours)."""
 
     policy: Literal["adaptive"]
     signal: str
@@ -77,7 +77,7 @@ class ImageReleaseSummary(Record):
     patience: PositiveInt
     threshold_source: str
     detect_step: int | None
-    release_step: int | None
+    unload_step: int | None
     probes: NonNegativeInt
     scoring_calls: NonNegativeInt
     scored_tokens: NonNegativeInt
@@ -128,7 +128,7 @@ class ResultLine(Record):
     tokens_file: str | None = Field(None, description="the token sidecar, relative to the run directory")
     tokens_sha256: str | None = Field(None, description="the sidecar's sha256: its bytes as written")
     endpoint: str | None = Field(None, description="the server that answered (no credentials)")
-    image_release: ImageReleaseSummary | None = None
+    image_unload: ImageUnloadSummary | None = None
     replay_of: ReplayOf | None = None
     line_sha256: str | None = Field(None, description="the seal: sha256 of the line's bytes before it "
                                                        "(agent/rundir/lines.py); always the last field")

@@ -22,5 +22,5 @@ class TokenRecord(Record):
     top_ids: list[int] | None = Field(description="the top-k alternatives' ids, most likely first")
     top_logprobs: list[float] | None = Field(description="their log-probabilities")
     exact_entropy: float | None = Field(description="the full-vocabulary entropy, where the local backend computed it")
-    release_kl: float | None = Field(None, description="the adaptive image release's per-token KL (when probed)")
-    release_dH: float | None = Field(None, description="the adaptive image release's per-token ΔH (when probed)")
+    unload_kl: float | None = Field(None, description="the adaptive image unloading's per-token KL (when probed)")
+    unload_dH: float | None = Field(None, description="the adaptive image unloading's per-token ΔH (when probed)")

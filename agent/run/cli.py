@@ -24,7 +24,7 @@ from ..cli import (
 )
 from ..methods import METHODS, PROTOCOLS, VARIANTS
 from ..methods.common import HISTORY_REASONING, WEBWATCHER_OBSERVATION_IMAGES
-from ..methods.release import DEFAULT_PATIENCE, DEFAULT_THRESHOLD
+from ..methods.unload import DEFAULT_PATIENCE, DEFAULT_THRESHOLD
 from ..preflight import PreflightError
 from ..redact import safe_argv
 from ..rundir import RunError
@@ -60,18 +60,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _release_args(ap: argparse.ArgumentParser) -> None:
-    g = ap.add_argument_group("adaptive image release (ReAct only; ours, agent/methods/release.py)")
-    g.add_argument("--image-release", default="keep", choices=("keep", "adaptive"),
+    g = ap.add_argument_group("adaptive image unloading (ReAct only; ours, agent/methods/unload.py)")
+    g.add_argument("--image-unload", default="keep", choices=("keep", "adaptive"),
                    help="adaptive: probe each step's thinking without the query images (teacher-forced) and remove "
                         "them once their influence stays below the threshold (needs a scoring backend)")
-    g.add_argument("--release-signal", choices=("kl", "dH"),
+    g.add_argument("--unload-signal", choices=("kl", "dH"),
                    help="kl = mean KL(with || without) over think tokens; dH = how much the images lower the think "
                         "entropy, max(0, -ΔH_t) (default: kl, or the calibration file's)")
-    g.add_argument("--release-threshold", metavar="EPS|CALIBRATION.json",
-                   help=f"ε in nats, or the calibration.json of python -m probes.calibrate_release "
+    g.add_argument("--unload-threshold", metavar="EPS|CALIBRATION.json",
+                   help=f"ε in nats, or the calibration.json of python -m probes.calibrate_unload "
                         f"(default: {DEFAULT_THRESHOLD['kl']} for kl, {DEFAULT_THRESHOLD['dH']} for dH; ours, uncalibrated)")
-    g.add_argument("--release-patience", type=int, metavar="M",
-                   help=f"consecutive steps below ε before the release (default: {DEFAULT_PATIENCE}, or the "
+    g.add_argument("--unload-patience", type=int, metavar="M",
+                   help=f"consecutive steps below ε before unloading (default: {DEFAULT_PATIENCE}, or the "
                         "calibration file's)")
     ap.add_argument("--benchmark", default="demo", help="'demo' (offline) or a benchmark dir / data_unified.jsonl")
     ap.add_argument("--out", required=True, metavar="RUN_DIR", help="the run directory (created, or resumed)")
@@ -171,8 +171,8 @@ def _top_logprobs(a) -> int:
 def config_from_args(a) -> RunConfig:
     return RunConfig(
         method=a.method, out=a.out, benchmark=a.benchmark, variant=a.variant, protocol=a.protocol,
-        remove_images_from_step=a.remove_images_from_step, image_release=a.image_release,
-        release_signal=a.release_signal, release_threshold=a.release_threshold, release_patience=a.release_patience,
+        remove_images_from_step=a.remove_images_from_step, image_unload=a.image_unload,
+        unload_signal=a.unload_signal, unload_threshold=a.unload_threshold, unload_patience=a.unload_patience,
         trials=a.trials, concurrency=a.concurrency, limit=a.limit,
         sample_ids=[x for x in (a.sample_ids or "").split(",") if x] or None, selection=a.selection,
         backend=a.backend, endpoints=a.endpoint,

@@ -14,7 +14,7 @@ from ..http import RetryPolicy
 from ..methods import Budgets, MethodSpec
 from ..methods.common import WEBWATCHER_OBSERVATION_IMAGES
 from ..methods.mmcontextfold_release import CALL_CAP, MAX_BRANCH_TURNS, MAX_ROUNDS
-from ..methods.release import SCORING_BACKENDS, ReleasePolicy
+from ..methods.unload import SCORING_BACKENDS, UnloadPolicy
 from ..redact import public_url, safe_argv
 from ..rundir import RunDir, RunError, versions
 from ..trajectory import SCHEMA_VERSION
@@ -43,10 +43,10 @@ class RunConfig:
     protocol: str = "paper"                # paper | release (agent/methods/mmcontextfold_release.py)
     variant: str = ""
     remove_images_from_step: int | None = None
-    image_release: str = "keep"            # keep | adaptive (agent/methods/release.py)
-    release_signal: str | None = None
-    release_threshold: str | float | None = None
-    release_patience: int | None = None
+    image_unload: str = "keep"            # keep | adaptive (agent/methods/unload.py)
+    unload_signal: str | None = None
+    unload_threshold: str | float | None = None
+    unload_patience: int | None = None
     trials: int = 1
     concurrency: int = 8
     limit: int | None = None
@@ -98,31 +98,31 @@ class RunConfig:
             raise ValueError(f"--processes must be auto or an integer >= 1, not {self.processes!r}")
         if self.concurrency < 1 or self.trials < 1:
             raise ValueError("--processes, --concurrency and --trials must be >= 1")
-        release = None
-        if self.image_release not in ("keep", "adaptive"):
-            raise ValueError(f"--image-release must be keep or adaptive, not {self.image_release!r}")
-        if self.image_release == "adaptive":
+        unload = None
+        if self.image_unload not in ("keep", "adaptive"):
+            raise ValueError(f"--image-unload must be keep or adaptive, not {self.image_unload!r}")
+        if self.image_unload == "adaptive":
             if self.backend not in SCORING_BACKENDS:
-                raise ValueError(f"--image-release adaptive scores every step without the images (teacher-forced); "
+                raise ValueError(f"--image-unload adaptive scores every step without the images (teacher-forced); "
                                  f"--backend {self.backend} cannot score a fixed continuation. Use one that can: "
                                  f"{', '.join(SCORING_BACKENDS)} (sglang = SGLang's native /generate with --model-dir)")
-            release = ReleasePolicy.from_args(self.release_signal, self.release_threshold, self.release_patience)
-        elif any(v is not None for v in (self.release_signal, self.release_threshold, self.release_patience)):
-            raise ValueError("--release-signal / --release-threshold / --release-patience need --image-release adaptive")
+            unload = UnloadPolicy.from_args(self.unload_signal, self.unload_threshold, self.unload_patience)
+        elif any(v is not None for v in (self.unload_signal, self.unload_threshold, self.unload_patience)):
+            raise ValueError("--unload-signal / --unload-threshold / --unload-patience need --image-unload adaptive")
         if self.protocol == "release":
             self._check_release_protocol()
             return MethodSpec(self.method, budgets=Budgets(CALL_CAP, MAX_BRANCH_TURNS), protocol="release")
         if self.protocol != "paper":
             raise ValueError(f"--protocol must be paper or release, not {self.protocol!r}")
         return MethodSpec(self.method, self.variant, self.remove_images_from_step, Budgets(self.t_max, self.b_max),
-                          self.history_reasoning, self.observation_images, release)
+                          self.history_reasoning, self.observation_images, unload)
 
     def _check_release_protocol(self) -> None:
         """What --protocol release cannot combine with: it is the release's MM-ContextFold, over chat completions,
         with the release's sampling and budgets."""
-        if self.method != "mmcontextfold" or self.variant or self.image_release != "keep":
+        if self.method != "mmcontextfold" or self.variant or self.image_unload != "keep":
             raise ValueError("--protocol release is the authors' released MM-ContextFold: --method mmcontextfold, "
-                             "no --variant or --image-release")
+                             "no --variant or --image-unload")
         if self.backend == "sglang":
             raise ValueError("--protocol release sends chat completions, as the release does: use --backend openai "
                              "--server sglang for an SGLang server (its native /generate renders the prompt itself)")
@@ -166,7 +166,7 @@ def header_for(cfg: RunConfig, manifest, argv, model: dict | None = None) -> dic
         "argv": safe_argv(list(argv) if argv is not None else sys.argv),
         "method": spec.method, "variant": spec.variant_label, "label": spec.label, "protocol": spec.protocol,
         "remove_images_from_step": spec.remove_images_from_step, "budgets": spec.budgets.to_dict(),
-        "image_release": spec.release.to_dict() if spec.release is not None else None,
+        "image_unload": spec.unload.to_dict() if spec.unload is not None else None,
         "history_reasoning": spec.history_reasoning, "observation_images": spec.observation_images,
         "model": model,
         "sampling": cfg.sampling().to_dict() | {"seed": cfg.seed}, "trials": cfg.trials,

@@ -11,7 +11,7 @@ without a server call; from the first request the journal does not hold on, call
 recorded. Sampling seeds are per trial (agent/run/config.py), so on a deterministic server the finished line
 equals an uninterrupted run's. The unit's directory is removed once its line is written.
 
-What is not journaled (ours): the adaptive image release's scoring calls (``score``), which are made again on
+What is not journaled (ours): the adaptive image unloading's scoring calls (``score``), which are made again on
 resume; a request that differs from the recorded one (other code, another model) ends the replay there and the
 rest of the journal is discarded.
 """

@@ -38,7 +38,7 @@ from .common import (
 )
 from .index import Lines, summary_of
 from .reader import Run, load_run
-from .sidecar import RELEASE_COLUMNS, read_parquet  # noqa: F401  (re-exported: older imports keep working)
+from .sidecar import UNLOAD_COLUMNS, read_parquet  # noqa: F401  (re-exported: older imports keep working)
 from .writer import RunDir
 
 __all__ = ["RunDir", "Run", "load_run", "RunError", "IDENTITY_KEYS", "versions", "token_key", "read_parquet",

@@ -25,7 +25,7 @@ from ..cli import done, make_parser
 from . import frames
 from .common import RunError
 from .reader import load_run
-from .sidecar import RELEASE_COLUMNS
+from .sidecar import UNLOAD_COLUMNS
 
 __all__ = ["export_run", "main"]
 
@@ -47,15 +47,15 @@ def _write_tokens(run, path: Path) -> int:
     """Every line's tokens into one file, a row group per line; the release columns when the run released images
     adaptively (its header's policy)."""
     writer, schema, rows = None, None, 0
-    has_release = bool((run.header.get("image_release") or {}).get("policy"))
+    has_release = bool((run.header.get("image_unload") or {}).get("policy"))
     try:
         for line in run.index:
             t = _line_tokens(run, line)
             if t is None or not t.num_rows:
                 continue
             if schema is None:
-                schema = pa.schema([f for f in t.schema if f.name not in RELEASE_COLUMNS]
-                                   + ([pa.field(c, pa.float32()) for c in RELEASE_COLUMNS] if has_release else []))
+                schema = pa.schema([f for f in t.schema if f.name not in UNLOAD_COLUMNS]
+                                   + ([pa.field(c, pa.float32()) for c in UNLOAD_COLUMNS] if has_release else []))
                 writer = pq.ParquetWriter(path, schema, compression="zstd", compression_level=3,
                                           use_byte_stream_split=_SPLIT, use_dictionary=["sample_id", "text"])
             for f in schema:

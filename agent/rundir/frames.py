@@ -114,7 +114,7 @@ def steps(run) -> pd.DataFrame:
 #: What one token holds in a pandas frame, by column (measured on a paper-shaped run, ``scripts/bench_frames.py``;
 #: a list column is an object array of numpy arrays of k): what :func:`tokens` says it would hold before it reads.
 TOKEN_BYTES = {"call": 2, "pos": 4, "id": 4, "text": 60, "logprob": 4, "think": 1, "top_ids": 350, "top_logprobs": 350,
-               "exact_entropy": 4, "release_kl": 4, "release_dH": 4}
+               "exact_entropy": 4, "unload_kl": 4, "unload_dH": 4}
 _NULLABLE_INTS = {pa.int16(): pd.Int16Dtype(), pa.int32(): pd.Int32Dtype()}
 #: The most a :func:`tokens` call holds unless told otherwise (ours): above it, aggregate without holding the tokens
 #: (docs/frames.md, "Paper-scale: tokens without holding them").

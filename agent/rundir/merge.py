@@ -44,7 +44,7 @@ __all__ = ["merge_runs", "MERGE_KEYS", "main"]
 
 #: Header fields every shard must share (besides IDENTITY_KEYS and the model's identity).
 MERGE_KEYS = tuple(k for k in IDENTITY_KEYS if k != "shard") + (
-    "trials", "n_samples", "image_release", "token_precision", "label", "seed_source")
+    "trials", "n_samples", "image_unload", "token_precision", "label", "seed_source")
 
 
 def _tool_cache_of(path: Path, header: dict) -> Path | None:

@@ -18,7 +18,7 @@ column                  type                what
 ``top_ids``             list<int32>         the top-k alternatives' ids, most likely first (null: no ids)
 ``top_logprobs``        list<float32>       their log-probabilities (null: none)
 ``exact_entropy``       float32             the full-vocabulary entropy where the local backend computed it
-``release_kl/_dH``      float32             the adaptive image release's per-token KL / ΔH (when present)
+``unload_kl/_dH``      float32             the adaptive image unloading's per-token KL / ΔH (when present)
 ======================  ==================  ==========================================================
 
 A position with fewer than k alternatives has a shorter list. Compression is Parquet's own: zstd, with the
@@ -49,12 +49,12 @@ from ..http import scrub
 from ..paths import open_regular, read_regular
 from ..redact import redact_token_texts
 
-__all__ = ["encode", "decode", "FORMAT", "RELEASE_COLUMNS", "MAX_TOP_K", "token_table", "read_parquet",
+__all__ = ["encode", "decode", "FORMAT", "UNLOAD_COLUMNS", "MAX_TOP_K", "token_table", "read_parquet",
            "read_prompt_pieces", "read_schema", "read_footer", "read_sidecar", "verify_file", "schema_problems", "sidecar_bytes", "sha256_of", "write_table"]
 
 FORMAT = b"3"
-#: Optional per-token columns of the adaptive image release (agent/methods/release.py).
-RELEASE_COLUMNS = ("release_kl", "release_dH")
+#: Optional per-token columns of the adaptive image unloading (agent/methods/unload.py).
+UNLOAD_COLUMNS = ("unload_kl", "unload_dH")
 _META_FORMAT = b"mmcf.sidecar"
 _META_K = b"mmcf.top_k"
 _META_PRECISION = b"mmcf.precision"
@@ -66,7 +66,7 @@ MAX_TOP_K = 1024
 #: Byte-stream split, then zstd (level 3): the numeric columns' bytes grouped by significance compress best
 #: (docs/performance.md). Not the chosen ``id``s: their low bytes side by side would spell
 #: the text wherever ids follow characters (a byte-level tokenizer), a secret a model echoed included.
-_SPLIT = ("logprob", "top_ids.list.element", "top_logprobs.list.element", "exact_entropy", *RELEASE_COLUMNS)
+_SPLIT = ("logprob", "top_ids.list.element", "top_logprobs.list.element", "exact_entropy", *UNLOAD_COLUMNS)
 _ZSTD_LEVEL = 3
 
 
@@ -191,7 +191,7 @@ def token_table(tokens: dict[int, dict[str, np.ndarray]], k: int, precision: str
         "top_logprobs": _lists(top_lps, ~np.isnan(top_lps), pa.float32()),
         "exact_entropy": nullable(_cat(tokens, calls, "exact_entropy", np.float32, np.nan)),
     }
-    for name in RELEASE_COLUMNS:  # --image-release adaptive: per-token KL / ΔH of each probed step
+    for name in UNLOAD_COLUMNS:  # --image-unload adaptive: per-token KL / ΔH of each probed step
         if calls and any(name in tokens[c] for c in calls):
             cols[name] = nullable(_cat(tokens, calls, name, np.float32, np.nan))
     return pa.table(cols).replace_schema_metadata(
@@ -251,7 +251,7 @@ def read_prompt_pieces(path) -> tuple[str | None, dict[bytes, np.ndarray]]:
 COLUMNS = {"call": (pa.int16(), True), "pos": (pa.int32(), True), "id": (pa.int32(), True),
            "text": (pa.string(), True), "logprob": (pa.float32(), True), "think": (pa.bool_(), True),
            "top_ids": (pa.list_(pa.int32()), True), "top_logprobs": (pa.list_(pa.float32()), True),
-           "exact_entropy": (pa.float32(), True), **{c: (pa.float32(), False) for c in RELEASE_COLUMNS}}
+           "exact_entropy": (pa.float32(), True), **{c: (pa.float32(), False) for c in UNLOAD_COLUMNS}}
 
 
 def schema_problems(schema: pa.Schema) -> list[str]:

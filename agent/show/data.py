@@ -133,8 +133,8 @@ def run_summary(run: Run) -> dict:
             probes[d.name] = f"{max(0, _count_lines(d / 'outcomes.csv') - 1)} replays (trajectory x k)"
         else:
             probes[d.name] = "present"
-    if (run.header.get("image_release") or {}).get("policy"):
-        probes["adaptive image release"] = "online (release_probe events in each trajectory)"
+    if (run.header.get("image_unload") or {}).get("policy"):
+        probes["adaptive image unloading"] = "online (unload_probe events in each trajectory)"
     return {"trajectories": len(idx), "statuses": dict(statuses), "judges": judges, "llm_calls": n_calls,
             "mean_calls": round(n_calls / len(idx), 2) if idx else None,
             "prompt_tokens": prompt, "completion_tokens": completion,

@@ -74,8 +74,8 @@ def _call_tokens(run: Run, line: dict, tf_dir: Path | None) -> dict:
     if not line.get("tokens_file"):
         return {}
     try:
-        try:  # an adaptive-release run carries its online per-token KL / ΔH (agent/methods/release.py)
-            tok = run.tokens(line, ["call", "text", "think", "top_logprobs", "release_kl", "release_dH"])
+        try:  # an adaptive-unloading run carries its online per-token KL / ΔH (agent/methods/unload.py)
+            tok = run.tokens(line, ["call", "text", "think", "top_logprobs", "unload_kl", "unload_dH"])
         except RunError:
             tok = run.tokens(line, ["call", "text", "think", "top_logprobs"])
     except RunError:
@@ -101,9 +101,9 @@ def _call_tokens(run: Run, line: dict, tf_dir: Path | None) -> dict:
         if H_hi is not None:
             col["Hhi"] = np.rint(H_hi[idx][think] * 100).astype(int).tolist()
         t = probed.get(int(c))
-        if t is None and "release_kl" in tok and np.isfinite(tok["release_kl"][idx]).any():
-            col["dH"] = [None if not np.isfinite(v) else int(round(v * 100)) for v in tok["release_dH"][idx][think]]
-            col["kl"] = [None if not np.isfinite(v) else int(round(v * 1000)) for v in tok["release_kl"][idx][think]]
+        if t is None and "unload_kl" in tok and np.isfinite(tok["unload_kl"][idx]).any():
+            col["dH"] = [None if not np.isfinite(v) else int(round(v * 100)) for v in tok["unload_dH"][idx][think]]
+            col["kl"] = [None if not np.isfinite(v) else int(round(v * 1000)) for v in tok["unload_kl"][idx][think]]
         elif t is not None:
             pos = np.asarray(t["pos"])
             full = {"dH": np.full(len(idx), np.nan), "kl": np.full(len(idx), np.nan)}
@@ -221,7 +221,7 @@ def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[
     dH, mode = probe_steps(run)
     tf_dir = run.path / "probes" / "entropy-teacher-forced" / "tokens"
     tf_dir = tf_dir if tf_dir.is_dir() else None
-    has_release = bool((run.header.get("image_release") or {}).get("policy"))
+    has_release = bool((run.header.get("image_unload") or {}).get("policy"))
     lines = sorted(run.index, key=lambda ln: (ln["sample_id"], ln["trial"]))  # summaries; whole lines one at a time
     if sample_ids:
         lines = [ln for ln in lines if ln["sample_id"] in set(sample_ids)]

@@ -77,24 +77,24 @@ def render_text(run: Run, line: dict, *, reasoning: bool = False, observation_ch
         elif t == "init_end":
             for k, v in (ev.get("descriptions") or {}).items():
                 out.append(f"{pad}init {k}: {short(v, 200)}")
-        elif t == "release_probe":
+        elif t == "unload_probe":
             v = ev.get("influence")
-            out.append(f"{pad}  release probe ({ev.get('signal')}): influence "
+            out.append(f"{pad}  unload probe ({ev.get('signal')}): influence "
                        f"{'n/a' if v is None else f'{v:.4g}'} {'<' if ev.get('below') else '>='} ε={ev.get('threshold'):g}, "
                        f"streak {ev.get('streak')}"
-                       + (f" -> RELEASE: no query images from step {ev.get('release_step')} on"
-                          if ev.get("decision") == "release" else " -> keep"))
+                       + (f" -> UNLOAD: no query images from step {ev.get('unload_step')} on"
+                          if ev.get("decision") == "unload" else " -> keep"))
         elif t == "final_answer":
             out.append(f"{pad}ANSWER{' (forced)' if ev.get('forced') else ''}: {ev.get('answer')}")
         elif t == "error":
             out.append(f"{pad}ERROR {ev.get('kind')}: {ev.get('message')}")
     out.append(f"\n{line.get('n_calls')} LLM calls of {t_max}; tools {line.get('tool_calls')}; "
                f"{line.get('generated_tokens')} tokens generated ({line.get('think_tokens')} think)")
-    ir = line.get("image_release")
+    ir = line.get("image_unload")
     if ir:
-        out.append(f"adaptive image release ({ir.get('signal')} < {ir.get('threshold'):g} for {ir.get('patience')} steps; "
+        out.append(f"adaptive image unloading ({ir.get('signal')} < {ir.get('threshold'):g} for {ir.get('patience')} steps; "
                    f"{ir.get('threshold_source')}): " + (f"detected at step {ir['detect_step']}, images removed from step "
-                   f"{ir['release_step']} on" if ir.get("release_step") else "never released")
+                   f"{ir['unload_step']} on" if ir.get("unload_step") else "never unloaded")
                    + f"; {ir.get('probes')} probes, {ir.get('scoring_calls')} scoring calls, {ir.get('probe_seconds')} s "
                    "(not counted in T_max)")
     return "\n".join(out)

@@ -15,7 +15,7 @@ legends below the axes (never over data), titles wrapped to the panel and keepin
 :func:`provenance_mark`), so such a figure can never pass for a result. No function reads a run itself,
 so a notebook can feed them anything with the same columns.
 """
-from .context import context_bins, fig1_tool_calls, fig4_context, fig_release, tool_shares
+from .context import context_bins, fig1_tool_calls, fig4_context, fig_unload, tool_shares
 from .fig2 import (
                    fig2_combined,
                    fig2a_grounding,
@@ -30,5 +30,5 @@ from .fig2 import (
 from .style import COLUMN, DOUBLE, provenance_mark, save, write_csv, write_text, written
 
 __all__ = ["tool_shares", "fig1_tool_calls", "fig2a_grounding", "fig2b_entropy", "fig2b_forking", "fig2b_kl",
-           "fig2c_removal", "fig2_combined", "fig4_context", "fig_release", "save", "provenance_mark",
+           "fig2c_removal", "fig2_combined", "fig4_context", "fig_unload", "save", "provenance_mark",
            "image_needed_within", "grounding_shares", "removal_tests_table", "context_bins", "COLUMN", "DOUBLE", "write_csv", "write_text", "written"]

@@ -1,4 +1,4 @@
-"""Figure 1 (tool calls per step), Figure 4 (accuracy by context length) and the release figure (ours)."""
+"""Figure 1 (tool calls per step), Figure 4 (accuracy by context length) and the unloading figure (ours)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -143,9 +143,9 @@ def fig4_context(samples, stem, *, bins=(1, 5, 9, 13, 17, 21), mark: str | None 
     return fig
 
 
-def fig_release(points, steps, stem, *, mark: str | None = None, subtitle: str | None = None, hist_policy=None):
-    """The adaptive image release (ours): (a) accuracy against query-image steps kept — ReAct with the images
-    kept, each fixed Removal@k, each adaptive policy (ε, M): the Pareto picture; (b) when the detector released
+def fig_unload(points, steps, stem, *, mark: str | None = None, subtitle: str | None = None, hist_policy=None):
+    """The adaptive image unloading (ours): (a) accuracy against query-image steps kept — ReAct with the images
+    kept, each fixed Removal@k, each adaptive policy (ε, M): the Pareto picture; (b) when the detector unloaded
     the images, per paper category (one adaptive policy: ``hist_policy``, default the calibrated one)."""
     plt, sns = pyplot()
     fig, (ax, bx) = subpanels(plt, 1, 2, (DOUBLE, 3.8))
@@ -183,7 +183,7 @@ def fig_release(points, steps, stem, *, mark: str | None = None, subtitle: str |
                               else steps["policy"].iloc[0])
         d = steps[steps["policy"] == pol]
         never = int(np.nanmax(d["n_calls"].astype(float))) + 1 if len(d) else 1
-        d = d.assign(bin=d["release_step"].fillna(never).astype(int))
+        d = d.assign(bin=d["unload_step"].fillna(never).astype(int))
         cats = [c for c in dict.fromkeys(d["paper_category"]) if c is not None]
         bins = list(range(int(min(d["bin"].min(), 2)), never + 1))
         colors = dict(zip(cats, sns.color_palette("colorblind", n_colors=max(3, len(cats)))))
@@ -192,14 +192,14 @@ def fig_release(points, steps, stem, *, mark: str | None = None, subtitle: str |
             dc = d[d["paper_category"] == cat]
             share = [100.0 * float((dc["bin"] == b).mean()) for b in bins]
             xs = np.arange(len(bins)) + (j - (len(cats) - 1) / 2) * w
-            med = dc["release_step"].median()
+            med = dc["unload_step"].median()
             bx.bar(xs, share, width=w, color=colors[cat],
                    label=f"{cat} (n={len(dc)}; median {med:g})" if np.isfinite(med) else f"{cat} (n={len(dc)}; never)")
         bx.set_xticks(np.arange(len(bins)), [str(b) if b != never else "never" for b in bins])
-        bx.set_xlabel("release step (first step without the query images)")
+        bx.set_xlabel("unload step (first step without the query images)")
         bx.set_ylabel("share of the category's trajectories (%)")
         bx.set_ylim(0, 103)
-        bx.set_title(wrap(f"(b) release steps by category: {pol}", 50))
+        bx.set_title(wrap(f"(b) unload steps by category: {pol}", 50))
         legend_outside(bx)
     if subtitle:
         fig.suptitle(wrap(subtitle, 120))

@@ -121,7 +121,7 @@ async def _teacher_forced_side(row: dict, line: dict, ev: dict, tok: dict, sel, 
             raise BackendError(f"scoring returned {len(sc.tokens)} positions for {len(ids)} tokens")
         if sc.exact_entropy is not None:
             row[f"H_exact_{side}"] = _think_mean(np.asarray(sc.exact_entropy, dtype=np.float64), think)
-    # the same quantities the adaptive image release computes online (analysis.entropy.token_influence)
+    # the same quantities the adaptive image unloading computes online (analysis.entropy.token_influence)
     inf = token_influence(a.tokens, b.tokens, think, vocab=vocab)
     row["H_with"], row["H_without"] = inf["H_with"], inf["H_without"]
     if vocab:

@@ -1,11 +1,11 @@
-"""Calibrate the adaptive image release (ε and M) for a model from a ReAct run and its removal replays (ours).
+"""Calibrate the adaptive image unloading (ε and M) for a model from a ReAct run and its removal replays (ours).
 
-    python -m probes.calibrate_release RUN_DIR [--signal kl|dH] [--patience 1,2,3] [--out DIR]
+    python -m probes.calibrate_unload RUN_DIR [--signal kl|dH] [--patience 1,2,3] [--out DIR]
 
 RUN_DIR is a ReAct run with images kept throughout, on which both probes have run:
 ``python -m probes.entropy RUN_DIR --mode teacher-forced`` (each step's influence: mean KL(with ‖ without)
 over think tokens, and ΔH_t) and ``python -m probes.removal RUN_DIR --steps 1..5`` (the outcome when the
-query images go from step k on). The procedure (ours; the paper proposes adaptive release as future work, §5):
+query images go from step k on). The procedure (ours; the paper proposes adaptive unloading as future work, §5):
 
 1. **Label the steps.** Step t of a trajectory is *still needed* when removing the images from step t+1 on
    changed the trajectory's outcome (replay of k = t+1 graded differently from the original), *done* when
@@ -15,15 +15,15 @@ query images go from step k on). The procedure (ours; the paper proposes adaptiv
    J = TPR + TNR − 1 (influence ≥ ε on needed steps, < ε on done ones) over the midpoints between observed
    values; among equal J the smallest ε (the conservative one: it keeps the images longer).
 3. **M** = the patience that, with that ε, gives the best estimated accuracy (ties: fewer query-image steps
-   kept; an estimate that leaves trajectories uncovered ranks after every fully covered one). The estimate replays the policy on the recorded influences: a trajectory released at step r
-   takes the outcome of its k = r replay; one never released (or released after its last step) keeps its
-   original outcome; one released at an r that was not replayed is *uncovered* and left out (counted).
+   kept; an estimate that leaves trajectories uncovered ranks after every fully covered one). The estimate replays the policy on the recorded influences: a trajectory unloaded at step r
+   takes the outcome of its k = r replay; one never unloaded (or unloaded after its last step) keeps its
+   original outcome; one unloaded at an r that was not replayed is *uncovered* and left out (counted).
 
 Writes ``OUT/calibration.json`` (the choice, its J / TPR / TNR, the estimated accuracy and image steps,
 the model and judge it holds for), ``OUT/calibration.csv`` (every ε candidate × M: J, estimated accuracy,
-coverage, mean image steps kept, mean release step) and ``OUT/steps.csv`` (the labelled steps). OUT
-defaults to ``RUN_DIR/probes/calibrate_release``. Use the choice with
-``python -m agent.run --method react --image-release adaptive --release-threshold OUT/calibration.json``.
+coverage, mean image steps kept, mean unload step) and ``OUT/steps.csv`` (the labelled steps). OUT
+defaults to ``RUN_DIR/probes/calibrate_unload``. Use the choice with
+``python -m agent.run --method react --image-unload adaptive --unload-threshold OUT/calibration.json``.
 The calibration holds for the model, benchmark mix and judge it was made with; the header of every
 adaptive run records the file (and its hash) it took ε and M from.
 """
@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from agent.cli import done, make_parser
-from agent.methods.release import SIGNALS, influence_of
+from agent.methods.unload import SIGNALS, influence_of
 from agent.rundir import RunError, load_run, write_json
 
 __all__ = ["calibrate", "labelled_steps", "simulate", "main"]
@@ -123,7 +123,7 @@ def simulate(steps, outcomes, run, signal: str, threshold: float, patience: int)
     return {"threshold": threshold, "patience": patience, "n": n, "uncovered": uncovered,
             "est_accuracy": 100.0 * float(np.mean(correct)) if n else float("nan"),
             "mean_image_steps": float(np.mean(kept)) if n else float("nan"),
-            "released_share": float(np.mean(np.isfinite(rel))) if n else float("nan"),
+            "unloaded_share": float(np.mean(np.isfinite(rel))) if n else float("nan"),
             "mean_release_step": float(np.nanmean(rel)) if n and np.isfinite(rel).any() else float("nan")}
 
 
@@ -154,8 +154,8 @@ def calibrate(run_dir, *, signal: str = "kl", patience=(1, 2, 3), out_dir=None) 
     at = g[np.isclose(g["threshold"], best["threshold"])].sort_values(["uncovered", "est_accuracy", "mean_image_steps"],
                                                                      ascending=[True, False, True])
     chosen = at.iloc[0].to_dict()
-    full = simulate(steps, outcomes, run, signal, -1.0, 1)  # never releases: the full ReAct outcome
-    out = Path(out_dir) if out_dir else run.path / "probes" / "calibrate_release"
+    full = simulate(steps, outcomes, run, signal, -1.0, 1)  # never unloads: the full ReAct outcome
+    out = Path(out_dir) if out_dir else run.path / "probes" / "calibrate_unload"
     out.mkdir(parents=True, exist_ok=True)
     lab.to_csv(out / "steps.csv", index=False)
     g.to_csv(out / "calibration.csv", index=False)
@@ -168,7 +168,7 @@ def calibrate(run_dir, *, signal: str = "kl", patience=(1, 2, 3), out_dir=None) 
                    "est_accuracy": float(chosen["est_accuracy"]), "mean_image_steps": float(chosen["mean_image_steps"]),
                    "n": int(chosen["n"]), "uncovered": int(chosen["uncovered"])},
         "full_react": {"est_accuracy": full["est_accuracy"], "mean_image_steps": full["mean_image_steps"], "n": full["n"]},
-        "rule": "probes/calibrate_release.py (ours): max Youden J over influence midpoints (smallest ε on ties); "
+        "rule": "probes/calibrate_unload.py (ours): max Youden J over influence midpoints (smallest ε on ties); "
                 "M by estimated accuracy with that ε (ties: fewer image steps)",
         "mark": "scripted" if (run.header.get("backend") or {}).get("kind") == "scripted" else
                 "random weights" if (run.header.get("backend") or {}).get("embedded_tiny_model") else None,
@@ -180,13 +180,13 @@ def calibrate(run_dir, *, signal: str = "kl", patience=(1, 2, 3), out_dir=None) 
 
 
 def main(argv=None) -> int:
-    ap = make_parser("python -m probes.calibrate_release", __doc__, [
-        "python -m probes.calibrate_release runs/react-27b",
-        "python -m probes.calibrate_release runs/fig2-demo --signal dH --patience 1,2"])
+    ap = make_parser("python -m probes.calibrate_unload", __doc__, [
+        "python -m probes.calibrate_unload runs/react-27b",
+        "python -m probes.calibrate_unload runs/fig2-demo --signal dH --patience 1,2"])
     ap.add_argument("run_dir", help="a ReAct run with the teacher-forced entropy probe and the removal probe")
     ap.add_argument("--signal", choices=SIGNALS, default="kl", help="the influence the threshold applies to")
     ap.add_argument("--patience", default="1,2,3", help="the M values to consider (comma-separated)")
-    ap.add_argument("--out", help="output dir (default: RUN_DIR/probes/calibrate_release)")
+    ap.add_argument("--out", help="output dir (default: RUN_DIR/probes/calibrate_unload)")
     a = ap.parse_args(argv)
     try:
         pat = [int(x) for x in a.patience.split(",") if x.strip()]
@@ -201,17 +201,17 @@ def main(argv=None) -> int:
         print(f"NOTE: this run is from the {res['mark']} model: the calibration is a demonstration, not a result")
     print(f"{res['n_steps_labelled']} labelled steps ({res['n_needed']} where removing the images from the next step "
           f"changed the outcome, {res['n_done']} where it did not); judge: {res['judge']}")
-    print(f"chosen: --release-signal {res['signal']}  ε = {c['threshold']:.4g}  M = {c['patience']}   "
+    print(f"chosen: --unload-signal {res['signal']}  ε = {c['threshold']:.4g}  M = {c['patience']}   "
           f"(J = {c['J']:.3f}: TPR {c['tpr']:.2f}, TNR {c['tnr']:.2f})")
     print(f"estimated on the recorded trajectories: accuracy {c['est_accuracy']:.1f}% over {c['n']} "
           f"({c['uncovered']} uncovered), {c['mean_image_steps']:.2f} query-image steps kept per trajectory; "
           f"full ReAct {res['full_react']['est_accuracy']:.1f}%, {res['full_react']['mean_image_steps']:.2f}")
     if c["uncovered"]:
-        print(f"warning: the chosen policy releases {c['uncovered']} trajectories at a step the removal probe did not "
+        print(f"warning: the chosen policy unloads {c['uncovered']} trajectories at a step the removal probe did not "
               f"replay; rerun python -m probes.removal {a.run_dir} with more --steps for a complete estimate",
               file=sys.stderr)
     done([f"{res['out']}/calibration.json", f"{res['out']}/calibration.csv", f"{res['out']}/steps.csv"],
-         f"python -m agent.run --method react --image-release adaptive --release-threshold "
+         f"python -m agent.run --method react --image-unload adaptive --unload-threshold "
          f"{res['out']}/calibration.json --out RUN_DIR-adaptive (with the run's benchmark and backend flags)")
     return 0
 

@@ -1,10 +1,10 @@
-"""The data of the release figure (ours; ``--image-release adaptive``, agent/methods/release.py).
+"""The data of the unloading figure (ours; ``--image-unload adaptive``, agent/methods/unload.py).
 
-    from analysis.release import release_points, release_steps
-    pts = release_points(full_and_removal_runs, adaptive_runs, react_runs=probed_react_runs, judge="exact")
-    hist = release_steps(adaptive_runs)
+    from analysis.unload import unload_points, unload_steps
+    pts = unload_points(full_and_removal_runs, adaptive_runs, react_runs=probed_react_runs, judge="exact")
+    hist = unload_steps(adaptive_runs)
 
-``release_points``: one row per policy — ReAct with the images kept, each fixed ReAct-Removal@k (from
+``unload_points``: one row per policy — ReAct with the images kept, each fixed ReAct-Removal@k (from
 ``--remove-images-from-step`` runs, and from the removal probe's replays of a probed ReAct run), and each
 adaptive run (its ε and M) — with its accuracy (%), the number of trajectories, and what it kept: the query
 images in context summed over the calls (``image_steps``, per trajectory) and the working context (the
@@ -12,8 +12,8 @@ largest prompt, tokens). One judge and one model per figure: points graded by di
 by different models, are refused with the runs named (a Pareto picture across models would compare
 nothing).
 
-``release_steps``: one row per adaptive trajectory: its paper category, detection step and release step
-(NaN when the images were never released).
+``unload_steps``: one row per adaptive trajectory: its paper category, detection step and unload step
+(NaN when the images were never unloaded).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from agent.rundir import RunError, load_run
 
 from . import frames, tables
 
-__all__ = ["release_points", "release_steps"]
+__all__ = ["unload_points", "unload_steps"]
 
 
 def _kept(line: dict) -> tuple[int, int]:
@@ -37,8 +37,8 @@ def _kept(line: dict) -> tuple[int, int]:
 
 def _kind(run) -> tuple[str, dict]:
     h = run.header
-    if h.get("image_release"):
-        ir = h["image_release"]
+    if h.get("image_unload"):
+        ir = h["image_unload"]
         return "adaptive", {"threshold": ir.get("threshold"), "patience": ir.get("patience"), "signal": ir.get("signal"),
                             "label": f"adaptive {ir.get('signal')} ε={ir.get('threshold'):g}, M={ir.get('patience')}"}
     if h.get("remove_images_from_step") is not None:
@@ -46,11 +46,11 @@ def _kind(run) -> tuple[str, dict]:
         return "R@k (runs)", {"k": k, "label": f"R@{k}"}
     if h.get("method") == "react" and not h.get("variant"):
         return "ReAct (images kept)", {"label": "ReAct"}
-    raise RunError(f"{run.path}: the release figure compares ReAct, ReAct-Removal@k and adaptive ReAct runs; "
+    raise RunError(f"{run.path}: the unloading figure compares ReAct, ReAct-Removal@k and adaptive ReAct runs; "
                    f"this one is {h.get('label')}")
 
 
-def release_points(runs=(), adaptive=(), *, react_runs=(), judge: str | None = None):
+def unload_points(runs=(), adaptive=(), *, react_runs=(), judge: str | None = None):
     all_runs = list(dict.fromkeys([*map(str, runs), *map(str, adaptive)]))
     judged, missing, label = tables.judged_runs(all_runs, judge)
     rows = []
@@ -69,7 +69,7 @@ def release_points(runs=(), adaptive=(), *, react_runs=(), judge: str | None = N
         run = load_run(rd)
         pdir = run.path / "probes" / "removal"
         if not (pdir / "outcomes.csv").exists():
-            missing.append(f"release figure: no removal replays of {rd} (python -m probes.removal {rd})")
+            missing.append(f"unloading figure: no removal replays of {rd} (python -m probes.removal {rd})")
             continue
         probe = json.loads((pdir / "probe.json").read_text()) if (pdir / "probe.json").exists() else {}
         if label and probe.get("judge") and probe["judge"] != label:
@@ -98,7 +98,7 @@ def release_points(runs=(), adaptive=(), *, react_runs=(), judge: str | None = N
                          "image_steps": float(np.mean([x[0] for x in kept])) if kept else np.nan,
                          "working_context": float(np.mean([x[1] for x in kept])) if kept else np.nan, "run": str(kd)})
     if len(models) > 1:
-        raise RunError("the release figure compares policies of one model; these runs are of "
+        raise RunError("the unloading figure compares policies of one model; these runs are of "
                        + "; ".join(f"{m or '?'}: {', '.join(p)}" for m, p in models.items())
                        + " (make one report per model)")
     df = pd.DataFrame(rows)
@@ -106,24 +106,24 @@ def release_points(runs=(), adaptive=(), *, react_runs=(), judge: str | None = N
     return df
 
 
-def release_steps(adaptive=()):
+def unload_steps(adaptive=()):
     rows = []
     for rd in adaptive:
         run = load_run(rd)
-        ir = run.header.get("image_release")
+        ir = run.header.get("image_unload")
         if not ir:
-            raise RunError(f"{rd}: not an adaptive run (python -m agent.run --method react --image-release adaptive)")
+            raise RunError(f"{rd}: not an adaptive run (python -m agent.run --method react --image-unload adaptive)")
         name = f"ε={ir['threshold']:.3g}, M={ir['patience']} ({ir['signal']})"
         for ln in run.index:
-            s = ln.get("image_release") or {}
+            s = ln.get("image_unload") or {}
             rows.append({"run": str(run.path), "policy": name, "calibrated": str(ir.get("threshold_source", "")).startswith("calibrated"),
                          "sample_id": ln["sample_id"], "trial": ln["trial"], "paper_category": ln.get("paper_category"),
                          "status": ln["status"], "n_calls": ln.get("n_calls"),
-                         "detect_step": s.get("detect_step"), "release_step": s.get("release_step"),
+                         "detect_step": s.get("detect_step"), "unload_step": s.get("unload_step"),
                          "probes": s.get("probes"), "scoring_calls": s.get("scoring_calls"),
                          "probe_seconds": s.get("probe_seconds")})
     df = pd.DataFrame(rows)
-    for c in ("detect_step", "release_step"):
+    for c in ("detect_step", "unload_step"):
         if c in df:
             df[c] = pd.to_numeric(df[c], errors="coerce")
     return df
