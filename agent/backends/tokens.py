@@ -89,14 +89,16 @@ class TokenArrays(Sequence):
 
     ``ids`` (n,) int64 (-1: unknown), ``texts`` (list of n str), ``logprobs`` (n,) float64, ``top_ids`` (n, k)
     int64 (-1: absent), ``top_logprobs`` (n, k) float64 (NaN: absent; each row sorted best first), ``think``
-    (n,) bool (set by :func:`agent.backends.think.mark_think`), ``counts`` (n,) alternatives per token.
+    (n,) bool (set by :func:`agent.backends.think.mark_think`), ``counts`` (n,) alternatives per token,
+    ``top_texts`` the alternatives' texts where the wire gave texts but no ids (an OpenAI chat reply), else None.
     Indexing and iteration build :class:`TokenLogprob` objects on demand (for code that wants them);
     the record, the entropy math and the probes read the arrays directly.
     """
 
-    __slots__ = ("ids", "texts", "logprobs", "top_ids", "top_logprobs", "think", "counts", "_decode")
+    __slots__ = ("ids", "texts", "logprobs", "top_ids", "top_logprobs", "think", "counts", "_decode", "top_texts")
 
-    def __init__(self, ids, texts, logprobs, top_ids, top_logprobs, think=None, counts=None, decode=None):
+    def __init__(self, ids, texts, logprobs, top_ids, top_logprobs, think=None, counts=None, decode=None,
+                 top_texts=None):
         n = len(ids)
         self.ids = np.asarray(ids, dtype=np.int64)
         self.texts = list(texts)
@@ -107,6 +109,7 @@ class TokenArrays(Sequence):
         self.counts = (np.full(n, self.top_logprobs.shape[1], dtype=np.int64) if counts is None
                        else np.asarray(counts, dtype=np.int64))
         self._decode = decode
+        self.top_texts = top_texts
         if not (len(self.texts) == len(self.logprobs) == len(self.top_logprobs) == len(self.think) == n):
             raise ValueError("TokenArrays: columns of different lengths")
 
@@ -116,7 +119,8 @@ class TokenArrays(Sequence):
     def _token(self, i: int) -> TokenLogprob:
         c = int(self.counts[i])
         ids = [None if x < 0 else int(x) for x in self.top_ids[i, :c]]
-        top = TopList(ids, [float(x) for x in self.top_logprobs[i, :c]], None, self._decode)
+        top = TopList(ids, [float(x) for x in self.top_logprobs[i, :c]],
+                      None if self.top_texts is None else self.top_texts[i][:c], self._decode)
         tid = int(self.ids[i])
         return TokenLogprob(None if tid < 0 else tid, self.texts[i], float(self.logprobs[i]), top, bool(self.think[i]))
 

@@ -336,17 +336,17 @@ def tokens_from_chat_logprobs(content: list, where: str = "logprobs.content") ->
     for i, e in enumerate(content):
         if not isinstance(e, dict) or "logprob" not in e:
             raise BackendError(f"{where}[{i}]: malformed entry {str(e)[:80]}")
-        top = sorted((_num(a.get("logprob"), f"{where}[{i}].top") for a in (e.get("top_logprobs") or [])),
-                     key=lambda x: -x)
+        top = sorted(((_num(a.get("logprob"), f"{where}[{i}].top"), a.get("token", ""))
+                      for a in (e.get("top_logprobs") or [])), key=lambda x: -x[0])
         texts.append(e.get("token", ""))
         lps.append(_num(e["logprob"], f"{where}[{i}]"))
         tops.append(top)
     k = max(map(len, tops), default=0)
     tl = np.full((len(tops), k), np.nan)
     for i, top in enumerate(tops):
-        tl[i, :len(top)] = top
+        tl[i, :len(top)] = [lp for lp, _ in top]
     arrays = TokenArrays(np.full(len(texts), -1), texts, lps, np.full((len(tops), k), -1), tl,
-                         counts=[len(t) for t in tops])
+                         counts=[len(t) for t in tops], top_texts=[[t for _, t in top] for top in tops])
     # no ids on this path, and SGLang's chat path dedupes alternatives by text (fewer than k: counted, not refused)
     return check_values(arrays, where, ids=False)
 
