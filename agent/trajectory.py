@@ -47,7 +47,7 @@ import numpy as np
 
 from .backends.base import ModelOutput, SamplingParams, top_id_matrix, top_matrix
 from .backends.messages import query_image_flags, record_messages
-from .http import dumps
+from .jsonio import dumps
 
 __all__ = ["Trajectory", "SCHEMA_VERSION", "token_arrays"]
 

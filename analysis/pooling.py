@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from agent.preflight import server_differences
+from agent.identity import server_differences
 from agent.rundir import RunError
 
 __all__ = ["duplicates_note", "comparability_note", "refuse_mixed_protocols", "refuse_mixed_servers", "COMPARED"]

@@ -17,7 +17,8 @@ from agent.backends.pieces import lend_pieces
 from agent.backends.spread import Spread
 from agent.cli import add_backend_args as add
 from agent.cli import positive_int
-from agent.preflight import PreflightError, deterministic_cost, model_identity, same_model
+from agent.identity import deterministic_cost, same_model
+from agent.preflight import PreflightError, model_identity
 from agent.rundir import RunError
 from agent.tools.live import MissingKeyError
 from serving.endpoints import gpus_behind, gpus_held

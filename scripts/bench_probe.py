@@ -86,7 +86,7 @@ def fair_read(root: Path, url: str, tiny: str) -> dict:
     from agent.backends.base import Continuation
     from agent.backends.sglang_native import SGLangBackend
     from agent.backends.wire import decode_generate_reply
-    from agent.http import dumps
+    from agent.jsonio import dumps
     from agent.rundir import load_run
 
     run = load_run(root)

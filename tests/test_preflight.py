@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
+from agent.identity import same_model
 from agent.preflight import main as preflight_main
-from agent.preflight import same_model
 from tests.fakes.sglang_server import FakeSGLang
 
 

@@ -417,8 +417,8 @@ def test_server_facts_are_recorded_and_runs_from_servers_that_compute_differentl
     with the radix cache off is warned about."""
     import asyncio
 
+    from agent.identity import server_differences
     from agent.judge import judge_run
-    from agent.preflight import server_differences
     from agent.rundir import RunError
     from analysis.tables import table1
 

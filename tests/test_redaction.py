@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from agent.http import dumps_record
+from agent.jsonio import dumps_record
 from agent.redact import exempt, redact, redact_obj, register_key_var, register_secret, register_url, secrets
 from tests.conftest import REPO
 

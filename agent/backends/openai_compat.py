@@ -19,7 +19,8 @@ import time
 
 import httpx
 
-from ..http import HTTPError, RetryPolicy, make_client, request_json, scrub
+from ..http import HTTPError, RetryPolicy, make_client, request_json
+from ..jsonio import scrub
 from ..redact import has_credentials, public_url, redact, register_key_var, register_secret, register_url
 from .base import (
     DEFAULT_TOP_LOGPROBS,

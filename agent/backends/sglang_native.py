@@ -38,7 +38,8 @@ from operator import itemgetter
 import httpx
 import numpy as np
 
-from ..http import HTTPError, RetryPolicy, make_client, request_json, scrub
+from ..http import HTTPError, RetryPolicy, make_client, request_json
+from ..jsonio import scrub
 from ..redact import public_url, redact, register_url
 from .base import (
     DEFAULT_TOP_LOGPROBS,

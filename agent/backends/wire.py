@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 from pybase64 import b64decode
 
-from ..http import loads
+from ..jsonio import loads
 from .base import LOGPROB_FLOOR, BackendError, BadReply, TokenArrays, TokenLogprob, TopList, TopLogprob
 
 __all__ = ["decode_generate_reply", "tokens_from_triples", "arrays_from_triples", "flat_top_arrays", "arrays_from_flat", "tokens_from_chat_logprobs", "finish_reason_of",

@@ -31,7 +31,7 @@ from tqdm import tqdm
 from ..backends.base import BackendError, ModelServerDown, SamplingParams
 from ..backends.openai_compat import OpenAIBackend
 from ..cli import JUDGE_ENDPOINT, JUDGE_MODEL
-from ..http import dumps_record
+from ..jsonio import dumps_record
 from ..preflight import server_facts
 from ..prompts import JUDGE, fill
 from ..record import validate

@@ -14,14 +14,8 @@ from ..backends.local import set_renderer_hints
 from ..backends.scripted import ScriptedBackend
 from ..backends.tiny_model import ensure_tiny_model
 from ..benchmarks import incomplete_subset, load_selection, resolve_benchmark
-from ..preflight import (
-    PreflightError,
-    check_benchmark_images,
-    deterministic_cost,
-    local_identity,
-    model_identity,
-    server_differences,
-)
+from ..identity import deterministic_cost, local_identity, server_differences
+from ..preflight import PreflightError, check_benchmark_images, model_identity
 from ..redact import exempt, public_url
 from ..rundir import RunDir, check_run
 from ..rundir.ledger import write_ledger

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..http import dumps, dumps_record
+from ..jsonio import dumps, dumps_record
 from ..paths import open_regular
 from .common import RunError, atomic_write
 from .lines import SEAL_KEY, line_digest, read_line

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 
-from ..http import dumps_record, loads
+from ..jsonio import dumps_record, loads
 
 __all__ = ["SEAL_KEY", "seal", "read_line", "line_digest"]
 

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from ..cli import done, make_parser
-from ..preflight import same_model, server_differences
+from ..identity import same_model, server_differences
 from ..tools.cache import ToolCache
 from .check import check_run
 from .common import IDENTITY_KEYS, RunError, inside, output_lock, write_json

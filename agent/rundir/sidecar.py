@@ -45,7 +45,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..backends.pieces import pack_pieces, unpack_pieces
-from ..http import scrub
+from ..jsonio import scrub
 from ..paths import open_regular, read_regular
 from ..redact import redact_token_texts
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..backends.images import ImageError, load_image
+from ..identity import same_model, server_differences, unverified_facts
 from ..paths import read_regular
-from ..preflight import same_model, server_differences, unverified_facts
 from ..record import validate
 from .common import (
     IDENTITY_KEYS,

@@ -17,7 +17,7 @@ from tqdm import tqdm
 from agent.backends.base import BackendError, ModelServerDown
 from agent.backends.messages import ImageUsers
 from agent.backends.spread import pin
-from agent.http import dumps_record, loads
+from agent.jsonio import dumps_record, loads
 from agent.record import validate
 from agent.rundir import RunError, close_fragment, load_run, output_lock, token_key, write_json
 from analysis.entropy import FORK_SHARE, entropy_high, grouped_tail_entropy

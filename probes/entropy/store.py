@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from agent.http import dumps
+from agent.jsonio import dumps
 from agent.rundir import read_parquet
 from agent.rundir.common import atomic_write
 

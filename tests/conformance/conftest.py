@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.http import dumps
+from agent.jsonio import dumps
 
 REPO = Path(__file__).resolve().parents[2]
 SITE = Path(os.environ.get("MMCF_SGLANG_SITE", REPO / ".venv-sglang" / "site"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent.preflight import SERVER_FACTS
+from agent.identity import SERVER_FACTS
 from agent.run import main as run_main
 from agent.rundir import load_run
 from scripts.soak import agent_policy

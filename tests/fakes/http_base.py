@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from http.server import BaseHTTPRequestHandler
 
-from agent.http import dumps  # orjson when installed: a real server does not serialise in Python
+from agent.jsonio import dumps  # orjson when installed: a real server does not serialise in Python
 
 
 class JSONHandler(BaseHTTPRequestHandler):

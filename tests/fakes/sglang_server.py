@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # runnable as a script too
 
-from agent.http import dumps, loads  # noqa: E402
+from agent.jsonio import dumps, loads  # noqa: E402
 from tests.fakes.http_base import JSONHandler  # noqa: E402
 
 IMAGE_EXPANSION = 4  # tokens per image placeholder (unknown to the client, as on a real server)
