@@ -168,7 +168,7 @@ async def _send_following(client, method, url, json_body, params, headers, polic
 
 
 async def request_json(
-    client: httpx.AsyncClient,
+    client: "httpx.AsyncClient | ClientPool",
     method: str,
     url: str,
     *,

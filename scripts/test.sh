@@ -3,8 +3,8 @@
 #   bash scripts/test.sh [pytest args]
 # 1. the venv (scripts/setup_env.sh), SGLang's pure-Python layer for tests/conformance/ (scripts/sglang_conformance.sh)
 #    and Debian's chromium for the viewer's browser test, where the system package manager can install it;
-# 2. the code's shape: ruff (pyflakes, import order, imports at the top, function size) and import-linter (the
-#    layers of docs/architecture.md);
+# 2. the code's shape: ruff (pyflakes, import order, imports at the top, function size), import-linter (the
+#    layers of docs/architecture.md) and mypy (the record and the backends);
 # 3. the suite on four workers (pytest-xdist), ending with the list of skipped tests and why (-rs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +30,7 @@ bash scripts/sglang_conformance.sh install & sglang_pid=$!  # SGLang's files nee
 bash scripts/setup_env.sh
 .venv/bin/ruff check .
 .venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache
+.venv/bin/mypy --no-error-summary >/dev/null || .venv/bin/mypy   # the record and the backends (pyproject's [tool.mypy])
 export MMCF_TINY_MODEL_DIR=${MMCF_TINY_MODEL_DIR:-$PWD/.cache/tiny-qwen35}
 # the tiny model, loaded once here: with the toolkit's commands imported, this writes the byte code of most of what
 # the suite's processes import before they start (rather than each compiling it at once)

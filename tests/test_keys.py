@@ -528,7 +528,8 @@ def test_a_file_for_a_run_or_an_edited_header_is_one_clear_error_in_every_reader
                          "--no-progress"]) == 0
         h = json.loads((run / "header.json").read_text())
         (run / "header.json").write_text(json.dumps({**h, "budgets": "lots"} if "field" in damage else [h]))
-        expect = "'budgets' is str 'lots', expected dict" if "field" in damage else "the header is a list"
+        expect = ("not a valid header record (1 problem(s); first: budgets: Input should be a valid dictionary or "
+                  "instance of Budgets (got 'lots'))" if "field" in damage else "the header is a list")
     capsys.readouterr()
     for main, argv in ((run_main, ["--method", "react", "--backend", "scripted", "--limit", "1", "--out", str(run)]),
                        (show_main, [str(run)]), (judge_main, [str(run), "--judge", "exact"]),

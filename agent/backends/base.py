@@ -221,8 +221,9 @@ class SamplingParams:
 
     def server_params(self) -> dict[str, Any]:
         """The sampling set every server gets, in SGLang's names (``max_new_tokens``; ``stop`` when set)."""
-        out = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
-               "repetition_penalty": self.repetition_penalty, "max_new_tokens": self.max_tokens}
+        out: dict[str, Any] = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+                               "min_p": self.min_p, "repetition_penalty": self.repetition_penalty,
+                               "max_new_tokens": self.max_tokens}
         if self.stop:
             out["stop"] = list(self.stop)
         return out

@@ -4,6 +4,7 @@ the sha256 of their bytes, and kept in a bounded in-memory cache shared by every
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import io
 import mimetypes
@@ -175,7 +176,7 @@ def load_image(ref: str | os.PathLike, *, base_dir: str | os.PathLike | None = N
             if len(b64) * 3 // 4 > max_image_bytes():
                 raise ValueError(f"over the image size limit of {max_image_bytes() / 2**20:g} MB")
             data = base64.b64decode(b64, validate=False)
-        except (ValueError, base64.binascii.Error) as e:
+        except (ValueError, binascii.Error) as e:
             raise ImageError(f"malformed data URI image ({e})") from None
         mime, w, h = _validate(data, "data URI image")
         return ImageData(hashlib.sha256(data).hexdigest(), data, mime, "data-uri", w, h)

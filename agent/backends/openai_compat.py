@@ -233,7 +233,8 @@ class OpenAIBackend:
                       completion_tokens=count("usage.completion_tokens", u.get("completion_tokens")
                                               or meta.get("completion_tokens"), len(tokens)),
                       cached_tokens=count("cached_tokens", cached),
-                      reasoning_tokens=count("usage.reasoning_tokens", u.get("reasoning_tokens"), None),
+                      reasoning_tokens=None if u.get("reasoning_tokens") is None else
+                      count("usage.reasoning_tokens", u.get("reasoning_tokens")),
                       cost=_cost(u.get("cost")), provider=resp.get("provider") if isinstance(resp.get("provider"), str) else None)
         return ModelOutput(
             text=content.strip(), reasoning=reasoning.strip(), tokens=tokens,

@@ -130,8 +130,8 @@ def unpack_pieces(blob: bytes) -> dict[bytes, np.ndarray]:
     """:func:`pack_pieces` undone; a blob that does not hold what its header says raises ValueError naming why."""
 
     try:
-        version, n, total, body = blob.split(b":", 3)
-        n, total = int(n), int(total)
+        version, n_raw, total_raw, body = blob.split(b":", 3)
+        n, total = int(n_raw), int(total_raw)
     except ValueError:
         raise ValueError("prompt pieces: malformed header") from None
     if version != _PACK_VERSION:

@@ -6,10 +6,12 @@ A mixin of :class:`agent.backends.sglang_native.SGLangBackend`, which holds the 
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from .base import BackendError
-from .pieces import piece_digest
+from .pieces import PieceBook, piece_digest
 from .vision import UnknownProcessor, VisionGrid
 
 #: Where a rendered prompt is cut for :meth:`SGLangBackend.prompt_ids` (before each message's start token).
@@ -37,6 +39,13 @@ def joined_ids(pieces: list) -> np.ndarray:
 
 class PromptTokens:
     """The prompt's token ids by message piece, and the images' expanded token counts (see the module)."""
+
+    # set by the backend that mixes this in (agent/backends/sglang_native.py)
+    _image_tokens: dict
+    _piece_ids: dict
+    _encode: Callable
+    book: dict | PieceBook
+    piece_stats: dict
 
     def _processor(self):
         if self._proc is None:
@@ -89,7 +98,7 @@ class PromptTokens:
                     cache[im.sha256] = int(g[0]) * int(g[1]) * int(g[2]) // (merge * merge)
         return [cache[im.sha256] for im in images]
 
-    def expanded_prompt_len(self, prompt_ids: list[int], images: list) -> int:
+    def expanded_prompt_len(self, prompt_ids, images: list) -> int:
         """Prompt length in tokens after the server expands each image placeholder (Qwen-VL rule)."""
         per_image = self.image_tokens(images)
         return len(prompt_ids) + sum(per_image) - len(per_image)

@@ -117,7 +117,7 @@ class ScriptedBackend:
         if not self.script and self.policy is None:
             raise BackendError("scripted backend: the script ran out of responses")
         item = self.script.pop(0) if self.script else self.policy
-        text = item(messages) if callable(item) else item
+        text = str(item(messages) if callable(item) else item)
         has_images = has_query_images(messages)
         tokens = mark_think(self._tokens(text, has_images, messages), starts_in_think=False)
         reasoning, answer = split_think(text, starts_in_think=False)
@@ -145,7 +145,7 @@ class ScriptedBackend:
             else:
                 pieces = [inv[i] for i in continuation.ids]
         else:
-            pieces = _TOKEN_RE.findall(continuation.text)
+            pieces = _TOKEN_RE.findall(continuation.text or "")
         tokens = mark_think(self._pieces(pieces, has_images, messages), starts_in_think=False)
         self.calls.append({"kind": "score", "messages": record_messages(messages), "has_images": has_images})
         return ScoredTokens(tokens=tokens, semantics=LogprobSemantics("raw"), backend=self.name, model=self.model,

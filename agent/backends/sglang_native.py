@@ -140,7 +140,7 @@ class SGLangBackend(PromptTokens):
         register_url(endpoint)  # a password in the URL is sent (Basic auth): never written or printed
         name = str(model_dir).rstrip("/").split("/")[-1]  # "Qwen3.5-27B" for a path or a hub id
         if renderer is None:
-            model_dir = resolve_model_dir(model_dir)  # a directory, or a hub id in the local HF cache
+            model_dir = str(resolve_model_dir(model_dir))  # a directory, or a hub id in the local HF cache
         self.tok = renderer or load_chat_renderer(model_dir)
         self._encode = piece_encoder(self.tok)
         self.model = model or name
@@ -256,8 +256,8 @@ class SGLangBackend(PromptTokens):
                         completion_tokens=reported_count(meta.get("completion_tokens"), "meta_info.completion_tokens",
                                                          self.public, len(tokens)),
                         cached_tokens=reported_count(meta.get("cached_tokens"), "meta_info.cached_tokens", self.public),
-                        reasoning_tokens=reported_count(meta.get("reasoning_tokens"), "meta_info.reasoning_tokens",
-                                                        self.public, None)),
+                        reasoning_tokens=None if meta.get("reasoning_tokens") is None else reported_count(
+                            meta.get("reasoning_tokens"), "meta_info.reasoning_tokens", self.public)),
             semantics=LogprobSemantics.for_generation(self.logprob_mode, sp.temperature),
             backend=self.name, model=self.model, response=_without_logprobs(resp), top_k_requested=sp.top_logprobs,
         )

@@ -148,7 +148,7 @@ def _build_tokenizer(vocab_size: int):
     )
     tok.train_from_iterator([_CORPUS], trainer=trainer)
     model = json.loads(tok.to_str())["model"]
-    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ", 1)) for m in model["merges"]]
+    merges: list = [tuple(m) if isinstance(m, list) else tuple(m.split(" ", 1)) for m in model["merges"]]
     hf_tok = Qwen3_5Tokenizer(vocab=model["vocab"], merges=merges)
     from tokenizers import AddedToken
 

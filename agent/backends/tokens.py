@@ -35,14 +35,17 @@ class TopList(Sequence):
     __slots__ = ("ids", "logprobs", "texts", "_decode", "_items")
 
     def __init__(self, ids: list, logprobs: list[float], texts: list | None = None, decode=None):
-        self.ids, self.logprobs, self.texts, self._decode, self._items = ids, logprobs, texts, decode, None
+        self.ids, self.logprobs, self.texts, self._decode = ids, logprobs, texts, decode
+        self._items: list[TopLogprob] | None = None
 
     def _materialise(self) -> list[TopLogprob]:
         if self._items is None:
             texts = self.texts or [None] * len(self.logprobs)
             dec = self._decode
-            self._items = [TopLogprob(i, t if t is not None else (dec(i) if dec is not None and i is not None else ""), lp)
-                           for i, t, lp in zip(self.ids, texts, self.logprobs)]
+            items = [TopLogprob(i, t if t is not None else (dec(i) if dec is not None and i is not None else ""), lp)
+                     for i, t, lp in zip(self.ids, texts, self.logprobs)]
+            self._items = items
+            return items
         return self._items
 
     def __len__(self) -> int:

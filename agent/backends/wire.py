@@ -317,7 +317,7 @@ def tokens_from_triples(token_lps: list, top_lps: list | None, *, decode: Callab
     out = []
     for i, t in enumerate(token_lps):
         tok = _triple(t, where, decode)
-        top = []
+        top: list | TopList = []
         if fast is not None:
             top = fast[i]
         elif top_lps is not None and top_lps[i] is not None:

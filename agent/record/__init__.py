@@ -70,5 +70,6 @@ def validate(kind: str, obj, where: str) -> None:
     except ValidationError as e:
         err = e.errors()[0]
         at = ".".join(str(x) for x in err.get("loc", ())) or "(the record)"
+        got = f" (got {str(err['input'])[:60]!r})" if "input" in err and not isinstance(err["input"], dict) else ""
         raise SchemaError(f"{where}: not a valid {kind} record ({e.error_count()} problem(s); first: {at}: "
-                          f"{err.get('msg')})") from None
+                          f"{err.get('msg')}{got})") from None

@@ -188,5 +188,5 @@ Event = Annotated[Union[LlmCall, ToolCall, BranchBegin, BranchEnd, InitEnd, Unlo
                   Field(discriminator="type")]
 
 #: Each event type's model, by its ``type``.
-EVENT_TYPES = {m.model_fields["type"].annotation.__args__[0]: m
-               for m in (LlmCall, ToolCall, BranchBegin, BranchEnd, InitEnd, UnloadProbe, FinalAnswer, Error)}
+EVENT_TYPES = {"llm_call": LlmCall, "tool_call": ToolCall, "branch_begin": BranchBegin, "branch_end": BranchEnd,
+               "init_end": InitEnd, "unload_probe": UnloadProbe, "final_answer": FinalAnswer, "error": Error}

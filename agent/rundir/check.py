@@ -115,7 +115,8 @@ def _expected_keys(rd: "RunDir", header: dict) -> set | None:
 def _read_lines(rd: RunDir, rep: CheckReport) -> tuple[list, list]:
     """The summaries of the intact lines (with the images each needs) and the raw torn lines; lines changed since
     they were written (their checksum does not match) are reported and left out."""
-    good, torn_raw = [], []
+    good: list[dict] = []
+    torn_raw: list[bytes] = []
     if not rd.results.exists() or "results.jsonl" in rep.special:
         return good, torn_raw
     rd.index(warn=False, project=lambda e: {})  # where the index knew a sealed line that no longer parses: changed

@@ -46,14 +46,16 @@ def _line_tokens(run, line) -> pa.Table | None:
 def _write_tokens(run, path: Path) -> int:
     """Every line's tokens into one file, a row group per line; the release columns when the run released images
     adaptively (its header's policy)."""
-    writer, schema, rows = None, None, 0
+    writer: pq.ParquetWriter | None = None
+    schema: pa.Schema | None = None
+    rows = 0
     has_release = bool((run.header.get("image_unload") or {}).get("policy"))
     try:
         for line in run.index:
             t = _line_tokens(run, line)
             if t is None or not t.num_rows:
                 continue
-            if schema is None:
+            if writer is None or schema is None:
                 schema = pa.schema([f for f in t.schema if f.name not in UNLOAD_COLUMNS]
                                    + ([pa.field(c, pa.float32()) for c in UNLOAD_COLUMNS] if has_release else []))
                 writer = pq.ParquetWriter(path, schema, compression="zstd", compression_level=3,

@@ -36,7 +36,7 @@ def identical_trials(lines) -> str | None:
 def read_grades(path) -> list[dict]:
     """The records of a ``judge-*.jsonl``, read as bytes line by line: a torn line (a kill mid-write, a cut
     multi-byte character) is skipped, never a crash."""
-    out = []
+    out: list[dict] = []
     try:
         data = read_regular(path, RunError)
     except FileNotFoundError:

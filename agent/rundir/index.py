@@ -21,6 +21,9 @@ from .lines import SEAL_KEY, line_digest, read_line
 class RunIndex:
     """The index half of :class:`agent.rundir.RunDir` (``self.path``, ``self.results``)."""
 
+    path: Path
+    results: Path
+
     #: ``(sample_id, trial, byte offset)`` of each line the last :meth:`index` found changed since it was written
     changed: list = []
 
@@ -184,7 +187,7 @@ def _scan(f, start: int, end: int, path, warn: bool, project: Projection | None 
         if not raw.strip():
             continue
         line, state = read_line(raw)
-        if state == "torn" and o in (suspect or {}):  # a sealed line was written here: damaged in place
+        if state == "torn" and suspect and o in suspect:  # a sealed line was written here: damaged in place
             line, state = suspect[o], "changed"
         if state == "torn":
             if warn:

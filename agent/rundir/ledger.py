@@ -70,7 +70,7 @@ PAPER_TABLE4 = {"react": {"cumulative_tokens": 54_600, "working_context": 8_800}
 def load_prices(path=None) -> dict:
     """The default table with ``path``'s entries merged over it (a missing or malformed file is an error)."""
 
-    prices = copy.deepcopy(DEFAULT_PRICES)
+    prices: dict = copy.deepcopy(DEFAULT_PRICES)
     if not path:
         return prices
     try:

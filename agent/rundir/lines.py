@@ -45,16 +45,16 @@ def line_digest(raw: bytes) -> str | None:
     return digest.decode()
 
 
-def read_line(raw: bytes) -> tuple[dict | None, str]:
-    """``(line, "ok")`` for an intact result line; ``(None, "torn")`` for bytes that are no line (cut by a kill, no
+def read_line(raw: bytes) -> tuple[dict, str]:
+    """``(line, "ok")`` for an intact result line; ``({}, "torn")`` for bytes that are no line (cut by a kill, no
     newline, not a JSON object with ``sample_id`` and ``trial``); ``(line, "changed")`` for a line that parses but
     whose seal is missing or does not match (edited or damaged since it was written: never used as a record)."""
     if not raw.endswith(b"\n"):
-        return None, "torn"
+        return {}, "torn"
     try:
         line = loads(raw)
     except ValueError:
-        return None, "torn"
+        return {}, "torn"
     if not isinstance(line, dict) or "sample_id" not in line or "trial" not in line:
-        return None, "torn"
+        return {}, "torn"
     return line, ("ok" if line_digest(raw) is not None else "changed")

@@ -22,6 +22,7 @@ class Run:
         self.path = Path(path)
         self.changed: list = []  # (sample_id, trial, byte offset) of lines changed since written (left out)
         self.header = header
+        self._lines: list[dict] | None
         if lines is not None:  # built in memory (tests, notebooks)
             self.index = [summary_of(ln) | {"_line": ln} for ln in lines]
             self._lines = list(lines)
@@ -126,12 +127,13 @@ class Run:
         return out
 
     def image_path(self, sha256: str) -> Path | None:
-        d = getattr(self, "_images", None)
+        d: dict[str, Path] | None = getattr(self, "_images", None)
         if d is None or sha256 not in d:  # listed once (and again when an image is not found: it may be new)
-            d = self._images = {}
+            d = {}
             if (self.path / "images").is_dir():
-                for p in (self.path / "images").iterdir():
-                    d.setdefault(p.name.split(".")[0], p)
+                for f in (self.path / "images").iterdir():
+                    d.setdefault(f.name.split(".")[0], f)
+            self._images = d
         p = d.get(sha256)
         # a stored image that is a symlink leading out of the run directory is never read (nor embedded in a page)
         return None if p is None else inside(self.path / "images", p.name, f"{self.path / 'images'}")

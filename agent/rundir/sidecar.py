@@ -177,8 +177,10 @@ def token_table(tokens: dict[int, dict[str, np.ndarray]], k: int, precision: str
     top_lps = _stack(tokens, calls, "top_logprobs", k, np.float32, np.nan)
     if precision == "float16":
         top_lps = top_lps.astype(np.float16).astype(np.float32)
-    texts = [x for c in calls for x in (tokens[c].get("text") if tokens[c].get("text") is not None
-                                         else [None] * len(tokens[c]["id"]))]
+    texts: list = []
+    for c in calls:
+        t = tokens[c].get("text")
+        texts += list(t) if t is not None else [None] * len(tokens[c]["id"])
 
     def nullable(a):
         return pa.array(a, mask=np.isnan(a) if a.dtype.kind == "f" else a < 0)

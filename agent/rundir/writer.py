@@ -9,13 +9,13 @@ import shutil
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..backends.images import ImageError, load_image
 from ..identity import same_model, server_differences, unverified_facts
 from ..paths import read_regular
-from ..record import validate
+from ..record import SchemaError, validate
 from .common import (
     IDENTITY_KEYS,
     RESUME_HISTORY,
@@ -31,16 +31,12 @@ from .lines import line_digest, read_line, seal
 from .sidecar import encode as _encode_sidecar
 from .sidecar import sha256_of
 
-#: The header fields every reader relies on, with the types they must have (None is allowed: older runs).
-_HEADER_TYPES = {"method": (str,), "variant": (str,), "benchmark": (str,), "label": (str,), "schema_version": (int,),
-                 "sampling": (dict,), "budgets": (dict,), "model": (dict,), "backend": (dict,), "tools": (dict,),
-                 "shard": (dict,), "token_precision": (str,), "remove_images_from_step": (int,)}
-
 
 @dataclass
 class RunDir(RunIndex):
     path: Path
     token_precision: str = "float32"
+    _lock_fd: int | None = field(default=None, init=False, repr=False)  # the run lock, while held
 
     def __post_init__(self):
         if self.token_precision not in TOKEN_PRECISIONS:
@@ -105,7 +101,7 @@ class RunDir(RunIndex):
         while aside.exists():
             n += 1
             aside = self.path.with_name(f"{self.path.name}.replaced-{stamp}-{n}")
-        held = getattr(self, "_lock_fd", None) is not None
+        held = self._lock_fd is not None
         os.rename(self.path, aside)
         self.unlock()
         self.path.mkdir(parents=True)
@@ -160,7 +156,7 @@ class RunDir(RunIndex):
             return False
 
     def unlock(self) -> None:
-        fd = getattr(self, "_lock_fd", None)
+        fd = self._lock_fd
         if fd is not None:
             os.close(fd)
             self._lock_fd = None
@@ -174,10 +170,10 @@ class RunDir(RunIndex):
             raise RunError(f"{self.header_path}: unreadable header ({e})") from None
         if not isinstance(header, dict):
             raise RunError(f"{self.header_path}: the header is a {type(header).__name__}, not an object")
-        for key, kinds in _HEADER_TYPES.items():  # an edited header is named here, never a traceback later
-            if header.get(key) is not None and not isinstance(header[key], kinds):
-                raise RunError(f"{self.header_path}: {key!r} is {type(header[key]).__name__} "
-                               f"{str(header[key])[:60]!r}, expected {' or '.join(k.__name__ for k in kinds)}")
+        try:  # read through its model (agent/record/header.py): an edited header is named here, never a traceback
+            validate("header", header, str(self.header_path))
+        except SchemaError as e:
+            raise RunError(str(e)) from None
         return header
 
     # ------------------------------------------------------------------ lines
@@ -255,7 +251,7 @@ class RunDir(RunIndex):
                     f.flush()
                     os.fsync(f.fileno())
                     body = data[1:] if start > size else data
-                    self._append_index(line, start, size + len(data) - start, line_digest(body))
+                    self._append_index(line, start, size + len(data) - start, line_digest(body) or "")
                 finally:
                     fcntl.flock(f.fileno(), fcntl.LOCK_UN)
         except OSError as e:  # disk full, permissions: a harness failure that names the file
