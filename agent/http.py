@@ -15,6 +15,7 @@ from urllib.parse import urljoin, urlsplit
 
 import httpx
 
+from .errors import HarnessError
 from .jsonio import dumps, loads
 from .redact import public_url, redact
 
@@ -23,7 +24,7 @@ __all__ = ["HTTPError", "ServerDown", "RetryPolicy", "LIVENESS_TIMEOUT_S", "requ
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 
 
-class HTTPError(RuntimeError):
+class HTTPError(HarnessError, RuntimeError):
     """A request that failed for good (non-retryable status, retries exhausted, malformed body).
 
     Its message and body are redacted (:func:`redact`) and name the URL without credentials."""

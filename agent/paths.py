@@ -11,10 +11,12 @@ import os
 import stat
 from pathlib import Path
 
+from .errors import UsageError
+
 __all__ = ["PathEscape", "NotAFile", "inside", "open_regular", "read_regular", "require_regular"]
 
 
-class PathEscape(ValueError):
+class PathEscape(UsageError, ValueError):
     """A name read from a file that leads outside the directory it belongs to."""
 
 
@@ -32,7 +34,7 @@ def inside(root, name, where: str, error: type[Exception] = PathEscape) -> Path:
     return p
 
 
-class NotAFile(OSError):
+class NotAFile(UsageError, OSError):
     """Something other than a regular file (a FIFO, a device, a socket) where a file is read."""
 
 

@@ -31,6 +31,7 @@ from .backends.images import ImageError, load_image
 from .backends.spread import Spread
 from .benchmarks import resolve_benchmark
 from .cli import add_backend_args, done, make_parser
+from .errors import UsageError
 from .http import HTTPError, RetryPolicy, request_json
 from .identity import SERVER_FACTS, local_identity, same_model
 from .redact import public_url
@@ -43,7 +44,7 @@ __all__ = ["PreflightError", "model_identity", "require_keys", "check_benchmark_
 PREFLIGHT_POLICY = RetryPolicy(retries=1, backoff_s=0.5, timeout_s=15.0)
 
 
-class PreflightError(RuntimeError):
+class PreflightError(UsageError, RuntimeError):
     """A check before the work failed: nothing was done."""
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from agent.cli import done, make_parser
+from agent.errors import ToolkitError
 from agent.rundir import RunError, load_run
 from analysis.pooling import refuse_mixed_servers
 from analysis.stats import removal_summary, summarise_by
@@ -298,7 +299,7 @@ def main(argv=None) -> int:
     try:
         r = make_report(react=a.react, runs=a.runs, removal_runs=a.removal_runs, out=a.out, judge=a.judge,
                         unload_runs=a.unload_runs)
-    except (RunError, OSError, ValueError) as e:
+    except (ToolkitError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote to {r['out']}: {', '.join(r['made']) or 'nothing'}")

@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from agent.cli import done, make_parser
+from agent.errors import ToolkitError
 from agent.methods.unload import SIGNALS, influence_of
 from agent.rundir import RunError, load_run, write_json
 
@@ -193,7 +194,7 @@ def main(argv=None) -> int:
         if not pat or min(pat) < 1:
             raise ValueError("--patience: comma-separated integers >= 1")
         res = calibrate(a.run_dir, signal=a.signal, patience=pat, out_dir=a.out)
-    except (RunError, ValueError, OSError) as e:
+    except (ToolkitError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     c = res["chosen"]

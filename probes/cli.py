@@ -17,10 +17,9 @@ from agent.backends.pieces import lend_pieces
 from agent.backends.spread import Spread
 from agent.cli import add_backend_args as add
 from agent.cli import positive_int
+from agent.errors import ToolkitError
 from agent.identity import deterministic_cost, same_model
 from agent.preflight import PreflightError, model_identity
-from agent.rundir import RunError
-from agent.tools.live import MissingKeyError
 from serving.endpoints import gpus_behind, gpus_held
 
 __all__ = ["run_async", "add_backend_args", "backend_for", "probe_model_check", "probe_concurrency",
@@ -218,6 +217,6 @@ def run_async(coro, kept: str):
     except KeyboardInterrupt:
         print(f"interrupted; rerun to resume ({kept} are kept)", file=sys.stderr)
         return None, 130
-    except (RunError, BackendError, PreflightError, MissingKeyError, ValueError, OSError) as e:
+    except (ToolkitError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return None, 2

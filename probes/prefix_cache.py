@@ -45,7 +45,8 @@ from agent.backends.messages import split_text_and_images, strip_query_images
 from agent.backends.tiny_model import ensure_tiny_model
 from agent.backends.vision import UnknownProcessor, VisionGrid
 from agent.cli import done, make_parser, positive_int
-from agent.rundir import RunError, load_run
+from agent.errors import ToolkitError
+from agent.rundir import load_run
 from analysis.selection import select_trajectories
 from serving.plan import MAMBA_TRACK_INTERVAL
 
@@ -341,7 +342,7 @@ def main(argv=None) -> int:
 
     try:
         streams = probe_streams(a.run_dir, mode=a.mode, model_dir=a.model_dir, limit=a.limit)
-    except (RunError, OSError, ValueError) as e:
+    except (ToolkitError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if not streams:

@@ -12,8 +12,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+from agent.errors import UsageError
 
-class LaunchError(RuntimeError):
+
+class LaunchError(UsageError, RuntimeError):
     """A launch that cannot work as asked: said before anything starts."""
 
 

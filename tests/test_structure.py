@@ -78,3 +78,28 @@ def test_tests_sharing_an_expensive_fixture_run_on_one_worker(request):
         else:
             assert unit_of(item.nodeid) == item.nodeid, item.nodeid
     assert checked or len(request.session.items) < 100  # a whole-suite session has both kinds
+
+
+def test_every_error_the_toolkit_raises_has_one_root():
+    """Every exception class the packages define is a ToolkitError (a UsageError or a HarnessError), so a command
+    catches one root; the model's own mistakes (a malformed action, an unparsable label) are observations, not
+    toolkit errors, and are named here."""
+    import importlib
+    import inspect
+
+    from agent.errors import HarnessError, ToolkitError, UsageError
+
+    model_mistakes = {"agent.parsing.ActionError", "probes.grounding.LabelError"}
+    stray = []
+    for rel, _ in _sources():
+        if rel.startswith("scripts/") or rel.endswith("__main__.py"):
+            continue
+        mod = importlib.import_module(rel[:-3].replace("/", ".").removesuffix(".__init__"))
+        for name, cls in inspect.getmembers(mod, inspect.isclass):
+            if cls.__module__ != mod.__name__ or not issubclass(cls, BaseException):
+                continue
+            if f"{mod.__name__}.{name}" in model_mistakes or cls is ToolkitError:
+                continue
+            if not issubclass(cls, (UsageError, HarnessError)) or not issubclass(cls, ToolkitError):
+                stray.append(f"{mod.__name__}.{name}")
+    assert not stray, f"exceptions outside agent.errors' root: {stray}"

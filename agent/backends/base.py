@@ -26,6 +26,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
+from ..errors import HarnessError
 from ..http import HTTPError, ServerDown
 from .tokens import (  # re-exported
     LOGPROB_FLOOR,
@@ -91,7 +92,7 @@ def routing_headers(headers: dict | None = None) -> dict:
     return {**(headers or {}), ROUTING_HEADER: key} if key else dict(headers or {})
 
 
-class BackendError(RuntimeError):
+class BackendError(HarnessError, RuntimeError):
     """A harness-level failure talking to a model: bad endpoint, malformed reply, drifted ids.
 
     Raised (never swallowed): the runner records it as the sample's error and moves on.

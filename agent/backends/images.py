@@ -19,8 +19,10 @@ from urllib.parse import unquote, urlparse
 import httpx
 from PIL import Image, UnidentifiedImageError
 
+from ..errors import UsageError
 
-class ImageError(ValueError):
+
+class ImageError(UsageError, ValueError):
     """An image part that cannot be used: missing/unreadable file, not an image, bad data URI."""
 
 

@@ -21,13 +21,15 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import HarnessError
+
 __all__ = ["VisionGrid", "UnknownProcessor", "smart_resize"]
 
 #: Image processors whose resize rule is Qwen2-VL's smart_resize (transformers' class names).
 _QWEN_VL = ("Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast", "Qwen2VLImageProcessorPil")
 
 
-class UnknownProcessor(ValueError):
+class UnknownProcessor(HarnessError, ValueError):
     """The model's processor config is missing or not a Qwen-VL image processor this module can follow."""
 
 

@@ -8,10 +8,9 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from ..backends.base import BackendError
 from ..cli import DEFAULT_CONCURRENCY, add_judge_args, done, make_parser
+from ..errors import ToolkitError
 from ..redact import is_host
-from ..rundir import RunError
 from . import grading
 from .agreement import main as agree_main
 from .grading import judge_run
@@ -47,7 +46,7 @@ def main(argv=None) -> int:
         s = asyncio.run(judge_run(a.run_dir, judge=a.judge, endpoint=a.judge_endpoint, model=a.judge_model,
                                   api_key_env=a.judge_api_key_env, server=server, concurrency=a.concurrency,
                                   progress=a.progress, regrade=a.regrade, name=a.judge_name))
-    except (RunError, BackendError, OSError) as e:
+    except (ToolkitError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(s["markdown"])

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from ..backends.base import BackendError, ModelOutput, SamplingParams
 from ..backends.messages import strip_images
+from ..errors import HarnessError
 from ..parsing import Action, ActionError
 from ..prompts import CORRECTION, fill
 from ..tools.formatting import format_lens_branch
@@ -52,7 +53,7 @@ class Budgets:
         return {"t_max": self.t_max, "b_max": self.b_max}
 
 
-class BudgetExceeded(RuntimeError):
+class BudgetExceeded(HarnessError, RuntimeError):
     """A method tried to call the model past T_max (a bug in the method, never the model's fault)."""
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
+from ..errors import HarnessError
 from .events import EVENT_TYPES, Action, Event, LlmCall, Sampling, ToolCall, Usage
 from .grade import GRADES, Grade
 from .header import RunHeader
@@ -55,7 +56,7 @@ def write_schemas(out_dir) -> list[Path]:
     return paths
 
 
-class SchemaError(ValueError):
+class SchemaError(HarnessError, ValueError):
     """A record that does not match its model: named with where it is and the first field that is wrong."""
 
 

@@ -8,7 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..backends.base import DEFAULT_TOP_LOGPROBS, BackendError, ModelServerDown
+from ..backends.base import DEFAULT_TOP_LOGPROBS, ModelServerDown
 from ..backends.images import set_image_cache_mb
 from ..benchmarks import resolve_benchmark
 from ..cli import (
@@ -22,15 +22,14 @@ from ..cli import (
     top_logprobs,
     top_p,
 )
+from ..errors import ToolkitError
 from ..methods import METHODS, PROTOCOLS, VARIANTS
 from ..methods.common import HISTORY_REASONING, WEBWATCHER_OBSERVATION_IMAGES
 from ..methods.unload import DEFAULT_PATIENCE, DEFAULT_THRESHOLD
-from ..preflight import PreflightError
 from ..redact import safe_argv
-from ..rundir import RunError
 from ..rundir.ledger import format_projection, load_prices, project
 from ..rundir.shards import shard_units
-from ..tools import MODES, MissingKeyError
+from ..tools import MODES
 from . import __doc__ as RUN_DOC
 from .config import EMBEDDED_MAX_TOKENS, PROCESS_CONCURRENCY, SERVED_MAX_TOKENS, RunConfig, all_units, select_samples
 from .execute import EXIT_DISK_FULL, EXIT_SERVER_DOWN, disk_full
@@ -255,7 +254,7 @@ def main(argv=None) -> int:
     except ModelServerDown as e:  # mid-run: the finished units are written, those in flight resume on the rerun
         print(f"error: {e}", file=sys.stderr)
         return EXIT_SERVER_DOWN
-    except (ValueError, RunError, BackendError, OSError, MissingKeyError, PreflightError) as e:
+    except (ToolkitError, ValueError, OSError) as e:
         full = disk_full(e)
         if full is not None:
             inside = bool(full) and Path(a.out).resolve() in Path(full).resolve().parents

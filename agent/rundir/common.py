@@ -12,6 +12,7 @@ import re
 import threading
 from pathlib import Path
 
+from ..errors import UsageError
 from ..paths import inside as _inside
 from ..redact import redact_obj
 
@@ -28,7 +29,7 @@ IDENTITY_KEYS = ("method", "variant", "benchmark", "remove_images_from_step", "b
                  "history_reasoning", "observation_images", "shard", "protocol")
 
 
-class RunError(RuntimeError):
+class RunError(UsageError, RuntimeError):
     """A run directory that cannot be used as asked (foreign header, unreadable file)."""
 
 

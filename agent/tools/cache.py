@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import HarnessError
 from ..paths import require_regular
 
 __all__ = ["ToolCache", "CacheEntry", "CacheCorrupt", "cache_key", "normalise_args", "MODES"]
@@ -72,7 +73,7 @@ class CacheEntry:
     created: float
 
 
-class CacheCorrupt(OSError):
+class CacheCorrupt(HarnessError, OSError):
     """The tool cache file exists but is not a usable SQLite database (an OSError: commands exit 2 on it)."""
 
 

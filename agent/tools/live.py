@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 
 from ..backends.images import ImageError, load_image
+from ..errors import UsageError
 from ..http import HTTPError, RetryPolicy, make_client, request_json
 from ..redact import register_key_var, register_secret
 from .formatting import FAILED_VISIT, format_lens, format_search, format_visit, looks_blocked
@@ -36,7 +37,7 @@ JINA_HEADERS = {"X-Md-Link-Style": "discarded", "X-Retain-imgs": "none", "X-Retu
 LENS_IMAGES = 10
 
 
-class MissingKeyError(RuntimeError):
+class MissingKeyError(UsageError, RuntimeError):
     """A run needs an API key that is not in the environment."""
 
 

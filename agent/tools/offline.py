@@ -18,6 +18,7 @@ from pathlib import Path
 
 from PIL import Image
 
+from ..errors import UsageError
 from ..paths import inside
 from .formatting import FAILED_VISIT, format_lens, format_search, format_visit, looks_blocked
 from .live import ProviderResult
@@ -26,7 +27,7 @@ from .registry import RegisteredImage
 __all__ = ["OfflineProvider", "dhash", "WorldError"]
 
 
-class WorldError(ValueError):
+class WorldError(UsageError, ValueError):
     """A missing or malformed offline world."""
 
 

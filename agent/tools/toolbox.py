@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import HarnessError
 from ..redact import redact_obj
 from .cache import MODES, ToolCache, cache_key
 from .live import ProviderResult
@@ -27,7 +28,7 @@ TOOL_NAMES = ("search", "visit", "lens_search")
 _REQUIRED = {"search": "query", "visit": "url", "lens_search": "image_id"}
 
 
-class CacheMiss(RuntimeError):
+class CacheMiss(HarnessError, RuntimeError):
     """Replay mode found no cached result: the replay cannot be exact."""
 
 
