@@ -78,8 +78,7 @@ class ClientPool:
 
     httpcore's connection pool checks every one of its connections (a ``poll`` syscall and several
     attribute lookups each) whenever a request starts or ends, so one client with hundreds of connections
-    spends most of the runner's CPU there (measured: 13 of 18 s of a 64-in-flight run). Small pools keep
-    that cost flat. A request goes to the member with the fewest in flight; members are made as needed.
+    spends most of the runner's CPU there (docs/performance.md). Small pools keep that cost flat. A request goes to the member with the fewest in flight; members are made as needed.
     """
 
     per_client = 8

@@ -184,11 +184,9 @@ def probe_concurrency(args, backend) -> int:
 
 #: Trajectories (each with one request in flight) per model server when a probe talks to servers (ours). A
 #: probe request is one trajectory's step: a ~1-9k-token prompt, much of it a cached prefix, and up to ~1k
-#: generated tokens. At the default 8 the regenerate probe at paper scale takes ~50,870 x 18 s / 8 = 32 h per
-#: model (issue 24); SGLang batches hundreds of such requests on one TP=4 group (its --max-running-requests
-#: is sized by the KV pool, a few hundred sequences of this length on an 8-GPU H20/H200 node) and queues the
-#: rest, while the client needs ~21 ms of CPU per step (0.3 core at 14 steps/s). 128 per server keeps a
-#: group's batch full without holding more than ~128 trajectories' token arrays in the client (~0.3 GB).
+#: generated tokens. SGLang batches hundreds of such requests on one TP=4 group (its --max-running-requests is
+#: sized by the KV pool) and queues the rest, so 128 per server keeps a group's batch full while the client's CPU
+#: and memory stay small beside it (docs/performance.md: the probe's cost at this concurrency).
 PROBE_CONCURRENCY = 128
 
 

@@ -78,11 +78,10 @@ class _ByteLRU:
             self.bytes -= n
 
 
-#: The image caches' memory bound (MB, both together; MMCF_IMAGE_CACHE_MB, agent.run --image-cache-mb). Ours:
-#: every distinct image read stayed in memory twice (its bytes and its base64 data URI), +1.6 MB of RSS per
-#: 322 KB JPEG, never released: ~2.8 GB per runner process over the release's 1,727 samples (issue 24). A
-#: sample's images are read again at each of its calls, so a few hundred MB holds every image of the samples in
-#: flight; an evicted image is read and encoded again if it comes back (its hash is the same).
+#: The image caches' memory bound (MB, both together; MMCF_IMAGE_CACHE_MB, agent.run --image-cache-mb; ours): a
+#: read image is held as its bytes and its base64 data URI, so without a bound every image a process ever read
+#: would stay (docs/performance.md). A sample's images are read again at each of its calls, so a few hundred MB
+#: holds every image of the samples in flight; an evicted image is read and encoded again if it comes back.
 DEFAULT_IMAGE_CACHE_MB = 512
 
 

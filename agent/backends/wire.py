@@ -105,7 +105,7 @@ def flat_top_arrays(meta: dict, side: str, where: str):
 
 def _texts_of(texts: list, ids: np.ndarray, decode, decode_many) -> list:
     """The tokens' texts: the wire's where it sent them, else decoded from the ids by the tokenizer."""
-    if None not in texts:  # a C-level scan (a generator over the tokens cost ~0.1 ms a reply)
+    if None not in texts:  # a C-level scan, not a generator over the tokens
         return texts
     if decode_many is not None:
         return decode_many(ids.tolist())
@@ -282,8 +282,8 @@ def arrays_from_triples(token_lps: list, top_lps: list | None, *, decode: Callab
             k = len(top_lps[0])
             if k == 0 or any(r is None or len(r) != k for r in top_lps):
                 return None
-            # one flat list of the n*k triples, each column taken by C-level iteration (ours: 0.7 ms for 1,000 x
-            # top-20, was 1.2 ms with two comprehensions)
+            # one flat list of the n*k triples, each column taken by C-level iteration (no Python loop per
+            # alternative: docs/performance.md)
             flat = list(_chain(top_lps))
             tl = np.fromiter(map(_first, flat), np.float64, n * k).reshape(n, k)
             ti = np.fromiter(map(_second, flat), np.int64, n * k).reshape(n, k)
