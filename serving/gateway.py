@@ -159,6 +159,7 @@ def _parser():
     ap.add_argument("--timeout", type=positive_float, default=300, help="seconds to wait for each router (default: 300)")
     ap.add_argument("--skip-unhealthy", action="store_true", help="leave out servers that fail the check (said)")
     ap.add_argument("--dry-run", action="store_true", help="check and print the routers' commands; start nothing")
+    ap.add_argument("--router-command", metavar="CMD", help="replaces 'python -m smg.launch_router'")
     return ap
 
 

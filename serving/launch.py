@@ -18,9 +18,10 @@ router never mixes models: without --enable-igw it ignores the model name). Ever
 --run-dir: logs, PIDs, the exact commands and ``endpoints.json`` (per URL: the served model, weights,
 GPUs, logprob mode, deterministic or not, status). Stop with ``bash serving/stop.sh --run-dir DIR``.
 
-Test hooks: MMCF_SGLANG_SERVER_CMD / MMCF_SGLANG_ROUTER_CMD replace the server / router command (a
-stand-in), MMCF_GPU_COUNT and MMCF_GPU_MEM_GB stand in for nvidia-smi, MMCF_STATE_DIR for where launched
-run directories are remembered (default ~/.local/state/mmcf-toolkit).
+``--server-command`` / ``--router-command`` replace ``python -m sglang.launch_server`` / ``python -m
+smg.launch_router`` (a wrapper such as ``srun``, a stand-in); ``--gpus``, ``--gpu-mem-gb`` and
+``--gpu-compute-cap`` plan for a node's GPUs as nvidia-smi would report them (a node you are not on);
+MMCF_STATE_DIR says where launched run directories are remembered (default ~/.local/state/mmcf-toolkit).
 """
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ def preflight(a, servers: list[Server], routers, ports) -> list[tuple]:
     would stop, detail is its message) or ``unchecked`` (it needs the GPU node: no ``nvidia-smi`` here). A launch
     stops at the first FAIL, and at an unchecked item that has a refusal; ``--dry-run`` reports them all."""
     out: list[tuple] = []
-    n_gpus = None if a.standin else gpu_count()
+    n_gpus = None if a.standin else gpu_count(a)
     on_node = a.standin or n_gpus is not None
 
     def add(ok: bool, what: str, fail: str, detail_ok: str = "", away: str | None = None):
@@ -93,8 +94,8 @@ def preflight(a, servers: list[Server], routers, ports) -> list[tuple]:
         add((SGLANG_SITE / ".mmcf-installed").is_file(), "SGLang's front end is built",
             f"SGLang's front end is not built at {SGLANG_SITE}: run bash scripts/sglang_conformance.sh",
             str(SGLANG_SITE))
-    elif os.environ.get("MMCF_SGLANG_SERVER_CMD"):
-        out.append(("ok", "server command", "MMCF_SGLANG_SERVER_CMD (a stand-in)"))
+    elif a.server_command:
+        out.append(("ok", "server command", f"--server-command {a.server_command}"))
     else:
         add(not subprocess.run([a.python, "-c", "import sglang"], capture_output=True).returncode, "sglang imports",
             f"sglang is not installed for {a.python}: pip install -e '.[serve]' on the GPU node", a.python,
@@ -102,10 +103,10 @@ def preflight(a, servers: list[Server], routers, ports) -> list[tuple]:
     if not a.standin:
         need = sorted({int(g) for s in servers for g in s.gpus.split(",")})
         # plan() refused indices beyond the count already
-        add(n_gpus is not None, "GPUs", "nvidia-smi not found: no NVIDIA GPUs on this machine (MMCF_GPU_COUNT overrides)",
+        add(n_gpus is not None, "GPUs", "nvidia-smi not found: no NVIDIA GPUs on this machine (--gpus N plans for a node's GPUs)",
             f"{n_gpus} on this machine; the plan uses {len(need)}",
             away=f"no nvidia-smi on this machine (a launch refuses that): the plan needs GPU indices "
-                 f"{need[0]}..{need[-1]} ({len(need)} GPUs) on the node; MMCF_GPU_COUNT overrides")
+                 f"{need[0]}..{need[-1]} ({len(need)} GPUs) on the node; --gpus N plans for another node")
     for s in servers:
         if is_local(s.size):
             add((Path(s.weights) / "config.json").is_file(), f"weights for {s.size}",
@@ -118,7 +119,7 @@ def preflight(a, servers: list[Server], routers, ports) -> list[tuple]:
         add(port_free(port), f"port {port} ({what})",
             f"port {port} is already in use ({what}; choose other --port / --router-port / --prometheus-port / "
             "--nccl-port bases)")
-    if routers and not os.environ.get("MMCF_SGLANG_ROUTER_CMD"):
+    if routers and not a.router_command:
         renv = {**os.environ, "PYTHONPATH": str(SGLANG_SITE)} if a.standin else None
         add(not subprocess.run([a.python, "-c", "import smg.launch_router"], capture_output=True, env=renv).returncode,
             "smg imports", "smg (SGLang Model Gateway) is not installed: pip install -e '.[serve]'",
@@ -207,7 +208,7 @@ class _Launch:
         for s in servers:
             url = f"http://127.0.0.1:{s.port}"
             try:
-                model = wait_ready(url, procs[s.name], s.log, s.name, a.timeout)
+                model = wait_ready(url, procs[s.name], s.log, s.name, a.timeout, a.progress_every)
             except LaunchError as e:
                 return self.fail(str(e))
             print(f"ready: {url}  model={model}  logprobs={a.logprobs}  GPUs={s.gpus}", flush=True)
@@ -243,7 +244,7 @@ class _Launch:
 
 def launch(a) -> int:
     servers = plan(a)
-    gpu_gb = gpu_mem_gb()
+    gpu_gb = gpu_mem_gb(a)
     run_dir = Path(a.run_dir).resolve()
     for s in servers:
         s.log = str(run_dir / f"{s.name}.log")
@@ -305,6 +306,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="first router's metrics port; router j gets +j (default: 29000)")
     ap.add_argument("--nccl-port", type=port_number, default=None,
                     help="first server's NCCL / dist-init port; server i gets +i (default: --port + 1000)")
+    g = ap.add_argument_group("the node and the commands (defaults: this node's nvidia-smi; SGLang's and smg's own)")
+    g.add_argument("--gpus", type=int, metavar="N", help="plan for N GPUs (a node you are not on; default: nvidia-smi)")
+    g.add_argument("--gpu-mem-gb", type=positive_float, metavar="GB", help="one GPU's memory (default: nvidia-smi)")
+    g.add_argument("--gpu-compute-cap", metavar="X.Y", help="the GPUs' compute capability (default: nvidia-smi)")
+    g.add_argument("--server-command", metavar="CMD",
+                   help="replaces 'python -m sglang.launch_server' (a wrapper such as srun, or a stand-in)")
+    g.add_argument("--router-command", metavar="CMD", help="replaces 'python -m smg.launch_router'")
+    g.add_argument("--progress-every", type=positive_float, default=15, metavar="S",
+                   help="while a server loads, its elapsed time and last log line every S seconds")
     ap.add_argument("--standin", choices=("scripted", "model"),
                     help="no GPU: SGLang's real front end on the CPU with serving/standin.py as its scheduler and the "
                          "embedded tiny Qwen3.5 for every model (needs bash scripts/sglang_conformance.sh); routers are "

@@ -80,7 +80,7 @@ def server_command(size: str, port: int, a, nccl_port: int | None = None) -> lis
     if getattr(a, "standin", None):  # SGLang's own front end, our scheduler stand-in (serving/standin.py)
         return [a.python, "-m", "serving.standin", "--model-path", weights_for(size, a.standin), "--served-model-name",
                 MODELS[size][1], "--host", a.host, "--port", str(port), "--mode", a.standin, *nccl]
-    base = shlex.split(os.environ["MMCF_SGLANG_SERVER_CMD"]) if os.environ.get("MMCF_SGLANG_SERVER_CMD") else \
+    base = shlex.split(a.server_command) if getattr(a, "server_command", None) else \
         [a.python, "-m", "sglang.launch_server"]
     cmd = [*base, "--model-path", weights_for(size), "--served-model-name", MODELS[size][1], "--tp-size", str(a.tp),
            "--host", a.host, "--port", str(port), *nccl, "--reasoning-parser", "qwen3",
@@ -98,9 +98,9 @@ def server_command(size: str, port: int, a, nccl_port: int | None = None) -> lis
 RADIX_DETERMINISTIC_BACKENDS = ("ascend", "fa3", "fa4", "triton")
 
 
-def _compute_cap() -> str | None:
-    if os.environ.get("MMCF_GPU_COMPUTE_CAP"):
-        return os.environ["MMCF_GPU_COMPUTE_CAP"]
+def _compute_cap(a) -> str | None:
+    if getattr(a, "gpu_compute_cap", None):
+        return a.gpu_compute_cap
     if shutil.which("nvidia-smi"):
         out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
                              text=True).stdout.split()
@@ -117,7 +117,7 @@ def radix_cache_warning(a) -> str | None:
                    next((x.split("=", 1)[1] for x in extra if x.startswith("--attention-backend=")), None))
     why = "--attention-backend"
     if backend is None:
-        cap = _compute_cap()
+        cap = _compute_cap(a)
         if cap is None:
             return ("WARNING: --deterministic: SGLang keeps its radix cache only with the fa3, fa4, triton or ascend "
                     "attention backend; on Blackwell GPUs it picks flashinfer and turns the cache off (every request "
@@ -135,7 +135,7 @@ def router_command(worker_urls: list[str], port: int, a, prometheus_port: int | 
     with sticky sessions (``--routing-key-override``: a request's ``x-smg-routing-key`` header pins its
     conversation to one worker, so a trajectory keeps its prefix in one cache behind one URL). Its metrics port is
     always given, distinct per gateway: two gateways on one default could not both bind it."""
-    base = shlex.split(os.environ["MMCF_SGLANG_ROUTER_CMD"]) if os.environ.get("MMCF_SGLANG_ROUTER_CMD") else \
+    base = shlex.split(a.router_command) if getattr(a, "router_command", None) else \
         [a.python, "-m", "smg.launch_router"]
     prom = ["--prometheus-port", str(prometheus_port)] if prometheus_port else []
     return [*base, "--worker-urls", *worker_urls, "--policy", "cache_aware", "--routing-key-override",
@@ -148,18 +148,20 @@ def _groups(a) -> list[str]:
     return [",".join(str(j) for j in range(i * a.tp, (i + 1) * a.tp)) for i in range(len(a.models))]
 
 
-def gpu_count() -> int | None:
-    if os.environ.get("MMCF_GPU_COUNT"):
-        return int(os.environ["MMCF_GPU_COUNT"])
+def gpu_count(a) -> int | None:
+    """The node's GPUs: ``--gpus`` when given (planning a node you are not on), else nvidia-smi's count."""
+    if getattr(a, "gpus", None) is not None:
+        return int(a.gpus)
     if shutil.which("nvidia-smi"):
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
         return sum(line.startswith("GPU ") for line in out.splitlines())
     return None
 
 
-def gpu_mem_gb() -> float | None:
-    if os.environ.get("MMCF_GPU_MEM_GB"):
-        return float(os.environ["MMCF_GPU_MEM_GB"])
+def gpu_mem_gb(a) -> float | None:
+    """One GPU's memory: ``--gpu-mem-gb`` when given, else nvidia-smi's."""
+    if getattr(a, "gpu_mem_gb", None) is not None:
+        return float(a.gpu_mem_gb)
     if shutil.which("nvidia-smi"):
         out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True).stdout.split()
@@ -175,7 +177,7 @@ def plan(a) -> list[Server]:
         need = len(a.models) * a.tp
         raise LaunchError(f"{len(a.models)} model(s) ({' '.join(a.models)}) need {len(a.models)} GPU groups of {a.tp} "
                           f"GPUs ({need} GPUs in all) but --gpu-groups gives {len(groups)}: {a.gpu_groups!r}")
-    n = None if a.standin else gpu_count()
+    n = None if a.standin else gpu_count(a)
     nccl = a.nccl_port if a.nccl_port is not None else a.port + 1000
     out = []
     for i, size in enumerate(a.models):

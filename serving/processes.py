@@ -52,8 +52,7 @@ def last_line(log: str) -> str:
         return "(no log yet)"
 
 
-def wait_ready(url: str, proc: subprocess.Popen, log: str, name: str, timeout: float,
-                every: float = float(os.environ.get("MMCF_PROGRESS_EVERY_S", 15))) -> str:
+def wait_ready(url: str, proc: subprocess.Popen, log: str, name: str, timeout: float, every: float = 15) -> str:
     """Wait for /health_generate then /v1/models; show progress; returns the served model id."""
     t0 = time.time()
     next_note, last = t0 + every, ""

@@ -75,14 +75,13 @@ class _Standin:
             self.engines["model"] = ModelEngine(server_args.model_path)
         if self.mode in ("scripted", "both"):
             self.engines["scripted"] = ScriptedEngine(self.tok)
-        # a test switch (ours): with --mode both, each request is served by the engine the file
-        # MMCF_STANDIN_MODE_FILE names (scripted when absent), so one front end serves the suite's tests of both
-        # kinds (each SGLang front end costs ~40 s of CPU to start)
+        # --mode both: each request is served by the engine the --mode-file names (scripted while it is absent), so
+        # one front end serves requests of both kinds (an SGLang front end is slow to start)
         self.mode_file = os.environ.get("MMCF_STANDIN_MODE_FILE")
         self.aborted: set = set()
         self.queue: list = []  # generation requests in arrival order (served one at a time: no batching)
         self.abort_all = False
-        # a test switch (ours): while the file MMCF_STANDIN_LEAK_FILE exists, a scoring request whose prompt was
+        # --leak-file: while the file exists, a scoring request whose prompt was
         # scored since the last /flush_cache comes back with its logprobs shifted by the file's value (a prefix
         # cache reusing another request's state: the fault probes/fidelity.py exists to catch)
         self.leak_file = os.environ.get("MMCF_STANDIN_LEAK_FILE")
@@ -307,7 +306,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--nccl-port", type=int, help="the NCCL / dist-init port SGLang reserves (the launcher gives each "
                                                   "server its own)")
     ap.add_argument("--mode", choices=("model", "scripted", "both"), default="model",
-                    help="both: either engine per request, as the file MMCF_STANDIN_MODE_FILE names (a test switch)")
+                    help="both: either engine per request, as the file --mode-file names (scripted while it is absent)")
+    ap.add_argument("--mode-file", metavar="PATH", help="with --mode both: the file naming the engine of the next "
+                                                        "requests (model or scripted)")
+    ap.add_argument("--leak-file", metavar="PATH",
+                    help="while this file exists, a scoring request whose prompt was scored since the last "
+                         "/flush_cache comes back with its logprobs shifted by the file's number (a prefix cache "
+                         "leaking state: the fault probes/fidelity.py must catch)")
     ap.add_argument("--context-length", type=int,
                     help="override the model's context length (the tiny model's is 32,768; a paper-shaped prompt with "
                          "photos, in the tiny tokenizer's ~3x tokens, is longer); sets "
@@ -326,6 +331,9 @@ def main(argv=None) -> int:
         os.environ["MMCF_STANDIN_REPLY"] = a.reply
     if a.policy:
         os.environ["MMCF_STANDIN_POLICY"] = a.policy
+    for var, path in (("MMCF_STANDIN_MODE_FILE", a.mode_file), ("MMCF_STANDIN_LEAK_FILE", a.leak_file)):
+        if path:  # read by the scheduler process SGLang starts (its arguments are SGLang's, not ours)
+            os.environ[var] = path
     try:
         from sglang.srt.entrypoints.http_server import launch_server
         from sglang.srt.server_args import ServerArgs

@@ -111,8 +111,8 @@ def test_dry_run_tells_the_client_flags_log_stop_and_memory(tmp_path):
     (w / "config.json").write_text(json.dumps({"text_config": {
         "num_key_value_heads": 4, "head_dim": 256, "layer_types": ["linear_attention"] * 48 + ["full_attention"] * 16}}))
     (w / "model-00001.safetensors").write_bytes(b"\0" * 1000)
-    r = sh([LAUNCH, "--dry-run", "--run-dir", str(tmp_path / "s"), "27b"],
-           env={"MODEL_DIR": str(tmp_path / "models"), "MMCF_GPU_MEM_GB": "96"})
+    r = sh([LAUNCH, "--dry-run", "--run-dir", str(tmp_path / "s"), "--gpu-mem-gb", "96", "27b"],
+           env={"MODEL_DIR": str(tmp_path / "models")})
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert f"clients: --backend sglang --endpoint http://127.0.0.1:30000 --model-dir {w} --logprob-mode scaled" in out
@@ -126,22 +126,21 @@ def test_dry_run_tells_the_client_flags_log_stop_and_memory(tmp_path):
 def test_dry_run_refuses_more_models_than_gpu_groups_and_help_is_usage():
     r = sh([LAUNCH, "--dry-run", "--gpu-groups", "0,1,2,3 4,5,6,7", "9b", "27b", "35b-a3b"])
     assert r.returncode != 0 and "3 model(s) (9b 27b 35b-a3b) need 3 GPU groups of 4 GPUs (12 GPUs in all)" in r.stderr
-    r = sh([LAUNCH, "--dry-run", "9b", "27b", "35b-a3b"], env={"MMCF_GPU_COUNT": "8"})
+    r = sh([LAUNCH, "--dry-run", "--gpus", "8", "9b", "27b", "35b-a3b"])
     assert r.returncode != 0 and "GPU 8 requested" in r.stderr and "need 12 GPUs" in r.stderr
     r = sh([LAUNCH, "--help"])
     assert r.returncode == 0 and r.stdout.startswith("usage:") and "set -euo" not in r.stdout
     assert "examples:" in r.stdout
 
 
-def _standin_env(**kw):
-    return {"MMCF_SGLANG_SERVER_CMD": STANDIN, "MMCF_GPU_COUNT": "8", **kw}
+#: the launcher's flags for a node of 8 GPUs whose servers are the loopback stand-in
+STANDIN_NODE = ["--server-command", STANDIN, "--gpus", "8"]
 
 
 def test_launch_ready_check_and_stop(tmp_path):
     p = free_port()
     run_dir = tmp_path / "serve"
-    r = sh([LAUNCH, "--port", str(p), "--run-dir", str(run_dir), "--timeout", "60", "9b", "35b-a3b"],
-           env=_standin_env())
+    r = sh([LAUNCH, "--port", str(p), "--run-dir", str(run_dir), "--timeout", "60", *STANDIN_NODE, "9b", "35b-a3b"])
     try:
         assert r.returncode == 0, r.stdout + r.stderr
         assert f"ready: http://127.0.0.1:{p}  model=qwen3.5-9b" in r.stdout
@@ -159,7 +158,7 @@ def test_launch_ready_check_and_stop(tmp_path):
                               "--max-tokens", "8"], cwd=REPO, capture_output=True, text=True, timeout=60)
         assert json.loads(chk.stdout)["backend"].startswith("openai")
         # a second launch on the same ports fails early and starts nothing
-        r2 = sh([LAUNCH, "--port", str(p), "--run-dir", str(tmp_path / "other"), "9b"], env=_standin_env())
+        r2 = sh([LAUNCH, "--port", str(p), "--run-dir", str(tmp_path / "other"), *STANDIN_NODE, "9b"])
         assert r2.returncode != 0 and f"port {p} is already in use" in r2.stderr
         assert not (tmp_path / "other").exists()
     finally:
@@ -176,7 +175,7 @@ def test_router_front(tmp_path):
     p, rp = free_port(), free_port()
     run_dir = tmp_path / "serve"
     r = sh([LAUNCH, "--port", str(p), "--router", "--router-port", str(rp), "--run-dir", str(run_dir), "--timeout", "60",
-            "27b"], env=_standin_env(MMCF_SGLANG_ROUTER_CMD=STANDIN))
+            *STANDIN_NODE, "--router-command", STANDIN, "27b"])
     try:
         assert r.returncode == 0, r.stdout + r.stderr
         assert f"ready: router http://127.0.0.1:{rp} for qwen3.5-27b" in r.stdout
@@ -190,19 +189,19 @@ def test_router_front(tmp_path):
 
 
 @pytest.mark.parametrize("env,args,msg", [
-    ({"MMCF_GPU_COUNT": "4"}, [], "GPU 4 requested"),
-    ({"MMCF_GPU_COUNT": "8", "MODEL_DIR": "/nonexistent/models"}, [], "weights for 9b not found: /nonexistent/models/Qwen3.5-9B"),
-    ({"MMCF_GPU_COUNT": "8"}, ["--gpu-groups", "0,1,2 4,5,6,7"], "has 3 GPUs but --tp is 4"),
+    ({}, ["--gpus", "4"], "GPU 4 requested"),
+    ({"MODEL_DIR": "/nonexistent/models"}, ["--gpus", "8"], "weights for 9b not found: /nonexistent/models/Qwen3.5-9B"),
+    ({}, ["--gpus", "8", "--gpu-groups", "0,1,2 4,5,6,7"], "has 3 GPUs but --tp is 4"),
 ])
 def test_preflight_failures(tmp_path, env, args, msg):
-    r = sh([LAUNCH, "--run-dir", str(tmp_path / "s"), "--port", str(free_port()), *args],
-           env={"MMCF_SGLANG_SERVER_CMD": STANDIN, **env})
+    r = sh([LAUNCH, "--run-dir", str(tmp_path / "s"), "--port", str(free_port()), "--server-command", STANDIN, *args],
+           env=env)
     assert r.returncode != 0 and msg in r.stderr, r.stderr
     assert not (tmp_path / "s").exists()
 
 
 def test_sglang_missing_is_reported(tmp_path):
-    r = sh([LAUNCH, "--run-dir", str(tmp_path / "s")], env={"MMCF_GPU_COUNT": "8", "MMCF_SGLANG_SERVER_CMD": ""})
+    r = sh([LAUNCH, "--run-dir", str(tmp_path / "s"), "--gpus", "8"])
     assert r.returncode != 0 and "sglang is not installed" in r.stderr
 
 
@@ -210,13 +209,13 @@ def test_readiness_timeout_and_early_exit_clean_up(tmp_path):
     (tmp_path / "hang.py").write_text("import time\ntime.sleep(120)\n")
     (tmp_path / "crash.py").write_text("import sys\nprint('CUDA out of memory')\nsys.exit(3)\n")
     hang = f"{sys.executable} {tmp_path / 'hang.py'}"
-    r = sh([LAUNCH, "--run-dir", str(tmp_path / "a"), "--port", str(free_port()), "--timeout", "2", "9b"],
-           env={"MMCF_SGLANG_SERVER_CMD": hang, "MMCF_GPU_COUNT": "8"})
+    r = sh([LAUNCH, "--run-dir", str(tmp_path / "a"), "--port", str(free_port()), "--timeout", "2",
+            "--server-command", hang, "--gpus", "8", "9b"])
     assert r.returncode != 0 and "not ready after 2s" in r.stderr and "stopping the servers" in r.stderr
     assert not list((tmp_path / "a").glob("*.pid"))
     crash = f"{sys.executable} {tmp_path / 'crash.py'}"
-    r = sh([LAUNCH, "--run-dir", str(tmp_path / "b"), "--port", str(free_port()), "--timeout", "30", "9b"],
-           env={"MMCF_SGLANG_SERVER_CMD": crash, "MMCF_GPU_COUNT": "8"})
+    r = sh([LAUNCH, "--run-dir", str(tmp_path / "b"), "--port", str(free_port()), "--timeout", "30",
+            "--server-command", crash, "--gpus", "8", "9b"])
     assert r.returncode != 0 and "exited before it was ready" in r.stderr and "CUDA out of memory" in r.stderr
 
 
@@ -250,9 +249,10 @@ def test_progress_while_waiting_and_stop_finds_other_run_dirs(tmp_path):
                     "time.sleep(2.5)\nos.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n")
     p = free_port()
     run_dir = tmp_path / "elsewhere"
-    env = {"MMCF_SGLANG_SERVER_CMD": f"{sys.executable} {slow} {REPO / 'tests' / 'fakes' / 'sglang_server.py'}",
-           "MMCF_GPU_COUNT": "8", "MMCF_PROGRESS_EVERY_S": "0.5", "MMCF_STATE_DIR": str(tmp_path / "state")}
-    r = sh([LAUNCH, "--port", str(p), "--run-dir", str(run_dir), "--timeout", "60", "9b"], env=env)
+    env = {"MMCF_STATE_DIR": str(tmp_path / "state")}
+    r = sh([LAUNCH, "--port", str(p), "--run-dir", str(run_dir), "--timeout", "60", "--progress-every", "0.5",
+            "--server-command", f"{sys.executable} {slow} {REPO / 'tests' / 'fakes' / 'sglang_server.py'}",
+            "--gpus", "8", "9b"], env=env)
     try:
         assert r.returncode == 0, r.stdout + r.stderr
         assert "waiting for qwen3.5-9b" in r.stdout and "Loading safetensors checkpoint shards: 3/7" in r.stdout
@@ -277,8 +277,8 @@ def test_dry_run_runs_every_check_and_reports_each():
     assert f"check FAIL      port {port} (qwen3.5-9b-{port} http): port {port} is already in use" in r.stdout
     assert "check unchecked GPUs: no nvidia-smi on this machine" in r.stdout and "0..15 (16 GPUs)" in r.stdout
     assert "CUDA_VISIBLE_DEVICES=8,9,10,11,12,13,14,15" in r.stdout  # the plan is printed either way
-    # on a node (MMCF_GPU_COUNT stands in for nvidia-smi) without sglang for this python: a failed check
-    r = sh([LAUNCH, "--dry-run", "--port", str(free_port()), "9b", "27b"], env={**env, "MMCF_GPU_COUNT": "8"})
+    # on a node (--gpus stands in for nvidia-smi) without sglang for this python: a failed check
+    r = sh([LAUNCH, "--dry-run", "--port", str(free_port()), "--gpus", "8", "9b", "27b"], env=env)
     assert "check ok        GPUs: 8 on this machine; the plan uses 8" in r.stdout
     if "check FAIL      sglang imports" in r.stdout:
         assert r.returncode == 1

@@ -81,10 +81,10 @@ class RealSGLang:
         self.leak_file = log.with_suffix(".leak")
         # with mode "both", the engine that serves the next requests: see use()
         self.mode_file = log.with_suffix(".mode")
-        env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{site}", "PYTHONWARNINGS": "ignore",
-               "MMCF_STANDIN_LEAK_FILE": str(self.leak_file), "MMCF_STANDIN_MODE_FILE": str(self.mode_file)}
+        env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{site}", "PYTHONWARNINGS": "ignore"}
         cmd = [sys.executable, "-m", "serving.standin", "--model-path", str(model_dir), "--port", str(self.port),
-               "--mode", mode, "--served-model-name", "tiny-qwen35"]
+               "--mode", mode, "--served-model-name", "tiny-qwen35", "--leak-file", str(self.leak_file),
+               "--mode-file", str(self.mode_file)]
         if mode in ("scripted", "both"):
             cmd += ["--policy", "scripts.soak:agent_policy"]
         self.p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conformance.conftest import _need_front_end
 from tests.conftest import REPO
-from tests.test_serving_launch import LAUNCH, STOP, _standin_env, free_port, sh
+from tests.test_serving_launch import LAUNCH, STANDIN_NODE, STOP, free_port, sh
 
 
 def _gateway(*args, timeout=300):
@@ -24,8 +24,8 @@ def _gateway(*args, timeout=300):
 
 
 def _launch(run_dir, *args):
-    r = sh([LAUNCH, "--advertise-host", "127.0.0.1", "--run-dir", str(run_dir), "--timeout", "60", *map(str, args)],
-           env=_standin_env())
+    r = sh([LAUNCH, "--advertise-host", "127.0.0.1", "--run-dir", str(run_dir), "--timeout", "60", *STANDIN_NODE,
+            *map(str, args)])
     assert r.returncode == 0, r.stdout + r.stderr
     return json.loads((run_dir / "endpoints.json").read_text())
 

@@ -16,10 +16,8 @@ def _args(*argv):
 @pytest.mark.parametrize("argv", [(), ("--logprobs", "raw", "--deterministic", "35b-a3b"),
                                   ("--tp", "8", "--gpu-groups", "0,1,2,3,4,5,6,7", "27b")])
 def test_server_command_lines_parse_under_sglangs_parser(sglang, monkeypatch, argv):
-    monkeypatch.delenv("MMCF_SGLANG_SERVER_CMD", raising=False)
     monkeypatch.setenv("SGLANG_EXTRA_ARGS", "--log-level info")
-    monkeypatch.setenv("MMCF_GPU_COUNT", "8")
-    a = _args(*argv)
+    a = _args("--gpus", "8", *argv)
     for s in plan(a):
         assert s.cmd[:3] == ["python3", "-m", "sglang.launch_server"]
         res = sglang.ask("server_args", argv=s.cmd[3:])
@@ -33,7 +31,6 @@ def test_server_command_lines_parse_under_sglangs_parser(sglang, monkeypatch, ar
 
 
 def test_gateway_command_lines_parse_under_smgs_parser(sglang, monkeypatch):
-    monkeypatch.delenv("MMCF_SGLANG_ROUTER_CMD", raising=False)
     a = _args("--router", "9b", "9b", "27b")
     routers = router_plan(a, plan(a))
     assert [m for m, _, _, _ in routers] == ["qwen3.5-9b", "qwen3.5-27b"]
@@ -62,8 +59,7 @@ def test_the_radix_cache_rule_for_deterministic_inference_is_sglangs(sglang):
 def test_the_launcher_warns_when_deterministic_inference_turns_the_cache_off(monkeypatch, cap, extra, warned):
     from serving.plan import radix_cache_warning
 
-    monkeypatch.setenv("MMCF_GPU_COMPUTE_CAP", cap)
     monkeypatch.setenv("SGLANG_EXTRA_ARGS", extra)
-    msg = radix_cache_warning(_args("--deterministic"))
+    msg = radix_cache_warning(_args("--deterministic", "--gpu-compute-cap", cap))
     assert (msg is not None) == warned and (not warned or "turns the radix cache off" in msg)
     assert radix_cache_warning(_args()) is None
