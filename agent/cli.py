@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import logging
 import os
 import re
 import sys
 
 from .redact import RedactingStream
 
-__all__ = ["printable", "number_in", "temperature", "top_p", "top_logprobs", "port_number", "make_parser", "add_backend_args", "add_judge_args", "single_endpoint", "done", "DEFAULT_CONCURRENCY",
+__all__ = ["Parser", "setup_logging", "printable", "number_in", "temperature", "top_p", "top_logprobs", "port_number", "make_parser", "add_backend_args", "add_judge_args", "single_endpoint", "done", "DEFAULT_CONCURRENCY",
            "SERVERS", "BACKEND_CHOICES", "JUDGE_ENDPOINT", "JUDGE_MODEL", "positive_int", "positive_float"]
 
 #: Requests (samples, steps, grades) in flight, the same default for every command.
@@ -69,6 +70,36 @@ def _interrupted_hook(kind, value, tb) -> None:
     sys.__excepthook__(kind, value, tb)
 
 
+class _ConsoleHandler(logging.StreamHandler):
+    """Writes each message as its own line to whatever ``sys.stderr`` is when it is written (the redacting stream
+    the parser installs; a test's capture)."""
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
+#: The toolkit's loggers: what every command says on stderr goes through them (``logging``), as a line of its own.
+LOGGERS = ("agent", "probes", "analysis", "serving", "scripts", "__main__")  # (a single-file command runs as __main__)
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    """Send the toolkit's log records to stderr as plain lines (the message alone, as the commands always printed
+    them); other libraries' loggers are left as they are. Every command's parser calls it; a notebook may too."""
+    for name in LOGGERS:
+        lg = logging.getLogger(name)
+        if not any(isinstance(h, _ConsoleHandler) for h in lg.handlers):
+            h = _ConsoleHandler()
+            h.setFormatter(logging.Formatter("%(message)s"))
+            lg.addHandler(h)
+        lg.setLevel(level)
+        lg.propagate = False
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, except that an unknown flag is reported first, with the closest known one (argparse would say
     only "required: --method" for a mistyped ``--methd react``)."""
@@ -80,6 +111,7 @@ class Parser(argparse.ArgumentParser):
                 setattr(sys, name, RedactingStream(getattr(sys, name)))
         if sys.excepthook is sys.__excepthook__:  # and Ctrl-C ends it with one line, not a traceback
             sys.excepthook = _interrupted_hook
+        setup_logging()
         argv = list(sys.argv[1:] if args is None else args)
         known = {o for a in self._actions for o in a.option_strings}
         argv = _renamed(argv, known)

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 
 from .cli import done, make_parser, positive_int
@@ -20,6 +21,8 @@ from .rundir.ledger import (
     project,
     write_ledger,
 )
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_PRICES", "PAPER_TABLE4", "compute_ledger", "load_prices", "project", "write_ledger",
            "format_ledger", "format_projection", "main"]
@@ -39,10 +42,10 @@ def main(argv=None) -> int:
         leds = [write_ledger(d, prices=prices, serving_dir=a.serving_dir, gpus_per_server=a.gpus_per_server)
                 for d in a.run_dirs]
     except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        log.error(f"error: {e}")
         return 2
     except RunError as e:  # a run directory that cannot be read: named
-        print(f"error: {e}", file=sys.stderr)
+        log.error(f"error: {e}")
         return 2
     if a.json:
         print(json.dumps(leds, indent=2))

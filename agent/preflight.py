@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -36,6 +37,8 @@ from .http import HTTPError, RetryPolicy, request_json
 from .identity import SERVER_FACTS, local_identity, same_model
 from .redact import public_url
 from .tools.live import MissingKeyError, require_live_tools
+
+log = logging.getLogger(__name__)
 
 __all__ = ["PreflightError", "model_identity", "require_keys", "check_benchmark_images", "PREFLIGHT_POLICY",
            "server_facts"]
@@ -246,9 +249,9 @@ def main(argv=None) -> int:
             problems.append("the --endpoint servers serve different models: "
                             + "; ".join(f"{ep}: {describe(i)}" for ep, i in seen.items()))
     for p in problems:
-        print(f"error: {p}", file=sys.stderr)
+        log.error(f"error: {p}")
     if problems:
-        print(f"preflight: {len(problems)} problem(s); nothing was started", file=sys.stderr)
+        log.info(f"preflight: {len(problems)} problem(s); nothing was started")
         return 2
     checked = [x for x, on in (("live tool keys", a.tools == "live"), ("judge keys", bool(a.judge_api_key_env)),
                                (f"benchmark {a.benchmark}", bool(a.benchmark)), ("model server", bool(a.backend))) if on]

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import re
-import sys
 from urllib.parse import unquote, urlsplit, urlunsplit
+
+log = logging.getLogger(__name__)
 
 __all__ = ["REDACTED", "MIN_CHARS", "CREDENTIALS", "Credentials", "register_secret", "register_key_var", "register_url", "secrets", "redact",
            "redact_obj", "redact_console", "redact_token_texts", "RedactingStream", "is_host", "public_url",
@@ -129,8 +131,8 @@ def exempt(*values) -> None:
     if a key variable happens to hold one. Says so when a registered value is dropped."""
     for v in values:
         if isinstance(v, str) and v and CREDENTIALS.drop(v):
-            print(f"warning: a key in use equals {v!r}, which the run records as a name or path: it is not "
-                  "redacted", file=sys.stderr)
+            log.warning(f"warning: a key in use equals {v!r}, which the run records as a name or path: it is not "
+                        "redacted")
 
 
 def secrets() -> list[str]:

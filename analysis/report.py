@@ -19,6 +19,7 @@ PDF figures and Markdown + CSV tables. Exit status 2 when a table would mix judg
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sys
 from pathlib import Path
@@ -35,6 +36,8 @@ from probes.entropy import bounds_by_step
 
 from . import figures, frames, tables
 from .tables import method_label
+
+log = logging.getLogger(__name__)
 
 __all__ = ["make_report", "main"]
 
@@ -300,11 +303,11 @@ def main(argv=None) -> int:
         r = make_report(react=a.react, runs=a.runs, removal_runs=a.removal_runs, out=a.out, judge=a.judge,
                         unload_runs=a.unload_runs)
     except (ToolkitError, OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        log.error(f"error: {e}")
         return 2
     print(f"wrote to {r['out']}: {', '.join(r['made']) or 'nothing'}")
     for m in r["missing"]:
-        print(f"not made: {m}", file=sys.stderr)
+        log.info(f"not made: {m}")
     done([f"{r['out']}/{m}.*" for m in r["made"]] + [f"{r['out']}/report.json"],
          "open the PNGs; every figure's numbers are in the CSV beside it")
     return 0

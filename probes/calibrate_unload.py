@@ -30,6 +30,7 @@ adaptive run records the file (and its hash) it took ε and M from.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -40,6 +41,8 @@ from agent.cli import done, make_parser
 from agent.errors import ToolkitError
 from agent.methods.unload import SIGNALS, influence_of
 from agent.rundir import RunError, load_run, write_json
+
+log = logging.getLogger(__name__)
 
 __all__ = ["calibrate", "labelled_steps", "simulate", "main"]
 
@@ -195,7 +198,7 @@ def main(argv=None) -> int:
             raise ValueError("--patience: comma-separated integers >= 1")
         res = calibrate(a.run_dir, signal=a.signal, patience=pat, out_dir=a.out)
     except (ToolkitError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        log.error(f"error: {e}")
         return 2
     c = res["chosen"]
     if res["mark"]:
@@ -208,9 +211,8 @@ def main(argv=None) -> int:
           f"({c['uncovered']} uncovered), {c['mean_image_steps']:.2f} query-image steps kept per trajectory; "
           f"full ReAct {res['full_react']['est_accuracy']:.1f}%, {res['full_react']['mean_image_steps']:.2f}")
     if c["uncovered"]:
-        print(f"warning: the chosen policy unloads {c['uncovered']} trajectories at a step the removal probe did not "
-              f"replay; rerun python -m probes.removal {a.run_dir} with more --steps for a complete estimate",
-              file=sys.stderr)
+        log.warning(f"warning: the chosen policy unloads {c['uncovered']} trajectories at a step the removal probe did not "
+                    f"replay; rerun python -m probes.removal {a.run_dir} with more --steps for a complete estimate")
     done([f"{res['out']}/calibration.json", f"{res['out']}/calibration.csv", f"{res['out']}/steps.csv"],
          f"python -m agent.run --method react --image-unload adaptive --unload-threshold "
          f"{res['out']}/calibration.json --out RUN_DIR-adaptive (with the run's benchmark and backend flags)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
+import logging
 
 from agent.backends import make_backend
 from agent.backends.base import BackendError
@@ -21,6 +21,8 @@ from agent.errors import ToolkitError
 from agent.identity import deterministic_cost, same_model
 from agent.preflight import PreflightError, model_identity
 from serving.endpoints import gpus_behind, gpus_held
+
+log = logging.getLogger(__name__)
 
 __all__ = ["run_async", "add_backend_args", "backend_for", "probe_model_check", "probe_concurrency",
            "PROBE_CONCURRENCY", "serving_hardware", "record_session", "RecordedPrompts", "add_retokenize_arg"]
@@ -71,8 +73,8 @@ class RecordedPrompts:
         if pieces and not lent and not self._said:
             self._said = True
             mine = self._takers[0].fingerprint or "none"
-            print(f"{run.path}: the run's prompt ids were made by another tokenizer (sha256 {fingerprint[:12]}…) than "
-                  f"this --model-dir's ({mine[:12]}…); the probe tokenises the prompts itself", file=sys.stderr)
+            log.info(f"{run.path}: the run's prompt ids were made by another tokenizer (sha256 {fingerprint[:12]}…) than "
+                     f"this --model-dir's ({mine[:12]}…); the probe tokenises the prompts itself")
         return give_back
 
     def summary(self) -> dict:
@@ -195,7 +197,7 @@ async def probe_model_check(run, backend, *, force: bool = False) -> dict:
     ident = await model_identity(backend)
     cost = deterministic_cost(ident.get("server"))
     if cost:  # the serving check's word on what the probe will cost
-        print(f"WARNING: {cost}", file=sys.stderr)
+        log.warning(f"WARNING: {cost}")
     recorded = run.header.get("model")
     why = "the run header records no model identity (made by an older version?)" if not recorded else \
         same_model(recorded, ident)
@@ -203,7 +205,7 @@ async def probe_model_check(run, backend, *, force: bool = False) -> dict:
         if not force:
             raise PreflightError(f"{run.path}: {why}. A probe must query the model that made the run; "
                                  "pass --force to probe anyway (it is recorded in probe.json)")
-        print(f"warning: --force: {why}", file=sys.stderr)
+        log.warning(f"warning: --force: {why}")
         ident = {**ident, "forced_mismatch": why}
     return ident
 
@@ -213,8 +215,8 @@ def run_async(coro, kept: str):
     try:
         return asyncio.run(coro), 0
     except KeyboardInterrupt:
-        print(f"interrupted; rerun to resume ({kept} are kept)", file=sys.stderr)
+        log.info(f"interrupted; rerun to resume ({kept} are kept)")
         return None, 130
     except (ToolkitError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        log.error(f"error: {e}")
         return None, 2

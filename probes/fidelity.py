@@ -39,6 +39,7 @@ the reported size (0.3 nat) fails every one of them.
 """
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from pathlib import Path
@@ -53,6 +54,8 @@ from agent.cli import done, make_parser
 from agent.rundir import RunError, load_run, write_json
 from agent.trajectory import recorded_sampling
 from probes.cli import RecordedPrompts, add_backend_args, backend_for, run_async
+
+log = logging.getLogger(__name__)
 
 __all__ = ["fidelity_check", "check_servers", "chat_twin", "refusal", "TOLERANCES", "PATH_TOKENS", "main"]
 
@@ -97,7 +100,7 @@ def _sample_calls(run, samples: int) -> list:
         try:  # a damaged sidecar is the probe's to skip and count, not a reason to stop before it starts
             run.tokens(summary, ["call"])
         except RunError as e:
-            print(f"serving fidelity: {e}; checking another trajectory", file=sys.stderr)
+            log.info(f"serving fidelity: {e}; checking another trajectory")
             continue
         out.append((summary, call["index"]))
         if len(out) >= samples:
@@ -321,7 +324,7 @@ def main(argv=None) -> int:
                       f"{c['n_tokens']} tokens of {c['calls']} calls")
     out = Path(a.out) if a.out else Path(a.run_dir) / "probes" / "fidelity"
     if not rep["ok"]:
-        print(f"error: {refusal(rep)}", file=sys.stderr)
+        log.error(f"error: {refusal(rep)}")
         done([f"{out}/fidelity.json"], "fix the server, then rerun; or --force")
         return 0 if a.force else 2
     done([f"{out}/fidelity.json"], f"python -m probes.entropy {a.run_dir}")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import sys
@@ -44,6 +45,8 @@ from agent.rundir import RunError, close_fragment, load_run, write_json
 from analysis.figures import fig2a_grounding, provenance_mark
 from analysis.selection import select_trajectories
 from probes.cli import run_async
+
+log = logging.getLogger(__name__)
 
 __all__ = ["steps_of", "steps_text", "parse_labels", "LabelError", "annotate_run", "CATEGORIES", "main"]
 
@@ -242,7 +245,7 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
     lines, exclusions = select_trajectories(lines, include_unparsed=include_unparsed)  # the same rule as the entropy probe (analysis/selection.py)
     exclusions.to_csv(out / "exclusions.csv", index=False)
     pending = [ln for ln in lines if (ln["sample_id"], ln["trial"]) not in done]
-    print(f"grounding annotation: {len(lines)} trajectories, {len(pending)} to annotate -> {out}", file=sys.stderr)
+    log.info(f"grounding annotation: {len(lines)} trajectories, {len(pending)} to annotate -> {out}")
     ann = Annotator(backend, retries=retries, observation_chars=observation_chars, max_tokens=max_tokens)
     sem = asyncio.Semaphore(concurrency)
 

@@ -35,6 +35,7 @@ parameters per prompt token, attention's own FLOPs left out), at ``--gpu-tflops`
 """
 from __future__ import annotations
 
+import logging
 import sys
 from collections import deque
 
@@ -49,6 +50,8 @@ from agent.errors import ToolkitError
 from agent.rundir import load_run
 from analysis.selection import select_trajectories
 from serving.plan import MAMBA_TRACK_INTERVAL
+
+log = logging.getLogger(__name__)
 
 __all__ = ["RadixLRU", "prefix_keys", "simulate", "probe_streams", "gpu_cost", "main"]
 
@@ -343,10 +346,10 @@ def main(argv=None) -> int:
     try:
         streams = probe_streams(a.run_dir, mode=a.mode, model_dir=a.model_dir, limit=a.limit)
     except (ToolkitError, OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        log.error(f"error: {e}")
         return 2
     if not streams:
-        print(f"error: {a.run_dir}: no trajectory with an image-bearing step", file=sys.stderr)
+        log.error(f"error: {a.run_dir}: no trajectory with an image-bearing step")
         return 2
     n_req = sum(len(s) for s in streams)
     print(f"{len(streams)} trajectories, {n_req} {a.mode} requests, "

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -66,6 +67,8 @@ from probes.cli import (
     run_async,
     serving_hardware,
 )
+
+log = logging.getLogger(__name__)
 
 __all__ = ["replay_prefix_turns", "replay_one", "removal_probe", "parse_steps", "main"]
 
@@ -300,8 +303,7 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
     pending = {(ln["sample_id"], ln["trial"]): [k for k in steps if ln["n_calls"] >= k
                                              and (ln["sample_id"], ln["trial"]) not in done[k]] for ln in lines}
     n_jobs = sum(len(v) for v in pending.values())
-    print(f"removal replays: {len(lines)} trajectories x steps {steps}: {n_jobs} replays to run -> {out}",
-          file=sys.stderr)
+    log.info(f"removal replays: {len(lines)} trajectories x steps {steps}: {n_jobs} replays to run -> {out}")
     bar = tqdm(total=n_jobs, desc="removal", unit="replay", disable=not progress, file=sys.stderr, mininterval=1.0)
     started, t0 = time.time(), time.perf_counter()
     hardware = hardware or serving_hardware(backend)
@@ -379,9 +381,9 @@ def main(argv=None) -> int:
     print(res["summary"].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     if res["errors"]:
         ids = sorted({f"{e['sample_id']}/t{e['trial']} (k={e['k']})" for e in res["errors"]})
-        print(f"{len(res['errors'])} replays ended in error and are left out as missing pairs: {', '.join(ids[:10])}"
-              f"{' …' if len(ids) > 10 else ''}\n(first error: {res['errors'][0]['error']}); see {res['out']}/errors.csv. "
-              f"Rerun the same command to retry them.", file=sys.stderr)
+        log.info(f"{len(res['errors'])} replays ended in error and are left out as missing pairs: {', '.join(ids[:10])}"
+                 f"{' …' if len(ids) > 10 else ''}\n(first error: {res['errors'][0]['error']}); see {res['out']}/errors.csv. "
+                 f"Rerun the same command to retry them.")
         return 3
     done([f"{res['out']}/ (summary.csv, outcomes.csv, errors.csv, k<K>/ run dirs, fig2c_removal.png/.pdf)"],
          f"python -m probes.grounding {a.run_dir}   |   python -m analysis.report --react {a.run_dir}")

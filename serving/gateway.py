@@ -29,6 +29,7 @@ point ``--endpoint`` at the router (``agent.run``, the probes, ``scripts/slurm_a
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
 import sys
@@ -41,6 +42,8 @@ from agent.cli import make_parser, port_number, positive_float
 from .endpoints import remember, write_endpoints
 from .plan import SGLANG_SITE, LaunchError, command_line, router_command
 from .processes import kill_group, pid_record, port_free, start
+
+log = logging.getLogger(__name__)
 
 __all__ = ["read_nodes", "check_workers", "plan_gateways", "main"]
 
@@ -171,7 +174,7 @@ def _plans(a) -> list[dict]:
         raise LaunchError(f"{len(bad)} of {len(workers)} servers cannot be put behind a gateway:\n  "
                           + "\n  ".join(bad) + "\n(--skip-unhealthy leaves them out)")
     for b in bad:
-        print(f"gateway: left out: {b}", file=sys.stderr)
+        log.info(f"gateway: left out: {b}")
     workers = [w for w in workers if not w.get("_bad")]
     if not workers:
         raise LaunchError("no healthy server left")
@@ -210,7 +213,7 @@ def _start_routers(a, plans: list[dict], run_dir: Path, host: str, entries: list
     except LaunchError as e:
         for proc in started:
             kill_group(proc.pid)
-        print(f"gateway: {e}\ngateway: stopped the routers this command started", file=sys.stderr)
+        log.info(f"gateway: {e}\ngateway: stopped the routers this command started")
         return False
     return True
 
@@ -222,7 +225,7 @@ def main(argv=None) -> int:
     try:
         plans = _plans(a)
     except LaunchError as e:
-        print(f"gateway: {e}", file=sys.stderr)
+        log.info(f"gateway: {e}")
         return 2
     host = a.advertise_host or ("127.0.0.1" if a.host in ("0.0.0.0", "::") else a.host)
     for p in plans:

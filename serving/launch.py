@@ -26,6 +26,7 @@ MMCF_STATE_DIR says where launched run directories are remembered (default ~/.lo
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shlex
 import subprocess
@@ -34,7 +35,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from agent.cli import port_number, positive_float
+from agent.cli import port_number, positive_float, setup_logging
 
 from .endpoints import remember, state_file, write_endpoints
 from .plan import (
@@ -56,6 +57,8 @@ from .plan import (
     server_command,
 )
 from .processes import kill_group, pid_record, port_free, start, wait_ready
+
+log = logging.getLogger(__name__)
 
 __all__ = ["MODELS", "Server", "plan", "server_command", "router_command", "memory_estimate", "main", "state_file",
            "build_parser", "launch", "LaunchError"]
@@ -160,7 +163,7 @@ def _refusals(a, servers, routers, ports) -> int | None:
         for state, what, detail, *_ in checks:
             print(f"check {state:9s} {what}" + (f": {detail}" if detail else ""))
         if failed:
-            print(f"launch_qwen35: --dry-run: {len(failed)} check(s) would stop this launch here", file=sys.stderr)
+            log.info(f"launch_qwen35: --dry-run: {len(failed)} check(s) would stop this launch here")
             return 1
         return 0
     if failed:
@@ -177,8 +180,8 @@ class _Launch:
         self.entries: list[dict] = []
 
     def fail(self, msg: str) -> int:
-        print(f"launch_qwen35: {msg}", file=sys.stderr)
-        print("launch_qwen35: stopping the servers started by this launch", file=sys.stderr)
+        log.info(f"launch_qwen35: {msg}")
+        log.info("launch_qwen35: stopping the servers started by this launch")
         for name, p in self.started:
             kill_group(p.pid)
             (self.run_dir / f"{name}.pid").unlink(missing_ok=True)
@@ -325,19 +328,20 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     ap = build_parser()
     a = ap.parse_args(argv)
+    setup_logging()
     a.python = os.environ.get("PYTHON") or sys.executable
     bad = [m for m in a.models if m not in MODELS]
     if bad:
-        print(f"launch_qwen35: unknown model {bad[0]!r}; the models are: {', '.join(MODELS)}", file=sys.stderr)
+        log.info(f"launch_qwen35: unknown model {bad[0]!r}; the models are: {', '.join(MODELS)}")
         return 2
     a.models = a.models or ["9b", "27b"]
     if a.tp < 1:
-        print("launch_qwen35: --tp must be a positive integer", file=sys.stderr)
+        log.info("launch_qwen35: --tp must be a positive integer")
         return 2
     try:
         return launch(a)
     except LaunchError as e:
-        print(f"launch_qwen35: {e}", file=sys.stderr)
+        log.info(f"launch_qwen35: {e}")
         return 1
 
 

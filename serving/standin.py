@@ -23,11 +23,14 @@ model's numbers (docs/serving.md, "SGLang's real front end on CPU").
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from array import array
 
 from .standin_engines import DEFAULT_REPLY, ModelEngine, ScriptedEngine, eos_ids
+
+log = logging.getLogger(__name__)
 
 __all__ = ["run_standin_scheduler", "main", "SGLANG_VERSION"]
 
@@ -338,8 +341,8 @@ def main(argv=None) -> int:
         from sglang.srt.entrypoints.http_server import launch_server
         from sglang.srt.server_args import ServerArgs
     except ImportError as e:
-        print(f"error: SGLang's front end is not importable ({e}); build it with bash scripts/sglang_conformance.sh "
-              "--front-end and put .venv-sglang/site and .venv-sglang/front on PYTHONPATH", file=sys.stderr)
+        log.error(f"error: SGLang's front end is not importable ({e}); build it with bash scripts/sglang_conformance.sh "
+                  "--front-end and put .venv-sglang/site and .venv-sglang/front on PYTHONPATH")
         return 2
     extra = {}
     if a.context_length:

@@ -61,6 +61,14 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda i: (unit_of(i.nodeid) not in slow, -size[unit_of(i.nodeid)]))
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _console_logging():
+    """What the commands say on stderr, as every command's parser sets it up (library calls in tests say it too)."""
+    from agent.cli import setup_logging
+
+    setup_logging()
+
+
 @pytest.fixture(autouse=True)
 def _no_credentials_carried_over():
     """Each test starts with no credential registered (agent/redact.py keeps them per process)."""

@@ -31,7 +31,7 @@ something reads them.
 """
 from __future__ import annotations
 
-import sys
+import logging
 import time
 from operator import itemgetter
 
@@ -71,6 +71,8 @@ from .wire import (
     flat_top_arrays,
     tokens_from_triples,
 )
+
+log = logging.getLogger(__name__)
 
 __all__ = ["SGLangBackend"]
 
@@ -306,8 +308,8 @@ class SGLangBackend(PromptTokens):
                 # a server that refuses the flat format (a version without it, strict about fields): nested from now
                 # (said once: requests already in flight were built with the fields and come back here too)
                 if self.flat_logprobs:
-                    print(f"{self.public}: the server refused SGLang's flat top-logprob format ({str(e)[:200]}); "
-                          "scoring with the nested lists instead", file=sys.stderr)
+                    log.info(f"{self.public}: the server refused SGLang's flat top-logprob format ({str(e)[:200]}); "
+                             "scoring with the nested lists instead")
                 self.flat_logprobs = False
                 for key in FLAT_REQUEST:
                     payload.pop(key, None)

@@ -1,23 +1,24 @@
 """``python -m agent.benchmarks``: check a data directory, print its statistics, draw selections."""
 from __future__ import annotations
 
-import argparse
 import json
+import logging
 import os
-import sys
 from collections import Counter
 from pathlib import Path
 
-from ..cli import HelpFormatter
+from ..cli import HelpFormatter, Parser
 from .manifest import load_benchmark, load_dataset_dir
 from .subsets import incomplete_subset, paper_subset, random_per_benchmark
 
+log = logging.getLogger(__name__)
+
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m agent.benchmarks", description="benchmark manifests: stats and subsets",
-                                 formatter_class=HelpFormatter, epilog="examples:\n"
-                                 "  python -m agent.benchmarks stats DATA --json\n"
-                                 "  python -m agent.benchmarks subset DATA/browsecomp_vl --seed 0 --out bcvl.jsonl")
+    ap = Parser(prog="python -m agent.benchmarks", description="benchmark manifests: stats and subsets",
+                formatter_class=HelpFormatter, epilog="examples:\n"
+                "  python -m agent.benchmarks stats DATA --json\n"
+                "  python -m agent.benchmarks subset DATA/browsecomp_vl --seed 0 --out bcvl.jsonl")
     sub = ap.add_subparsers(dest="cmd", required=True)
     st = sub.add_parser("stats", help="per-benchmark counts, image histogram, category and data problems",
                         formatter_class=HelpFormatter, epilog="example: python -m agent.benchmarks stats DATA --strict")
@@ -72,7 +73,7 @@ def main(argv=None) -> int:
             print("\n".join(s.id for s in rows))
         return 0
     except (FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        log.error(f"error: {e}")
         return 2
 
 
@@ -98,9 +99,9 @@ def _stats(a) -> int:
                 print(f"    INCOMPLETE: {partial[k]}")
         print(f"total {rep['total']} samples")
     if partial:  # a run on it is refused; say so here too
-        print(f"error: {len(partial)} benchmark(s) incomplete: {', '.join(partial)}", file=sys.stderr)
+        log.error(f"error: {len(partial)} benchmark(s) incomplete: {', '.join(partial)}")
         return 1
     if a.strict and any(m.problems for m in ms.values()):
-        print("strict: data problems found", file=sys.stderr)
+        log.info("strict: data problems found")
         return 1
     return 0

@@ -22,7 +22,7 @@ Written beside the run: ``judge-agreement-A-vs-B.json`` and ``.md``.
 from __future__ import annotations
 
 import json
-import sys
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +32,8 @@ from analysis.stats import bootstrap_ci
 from ..cli import done, make_parser
 from ..rundir import RunError
 from ..rundir.grades import grades_of
+
+log = logging.getLogger(__name__)
 
 __all__ = ["cohen_kappa", "agreement", "main", "LABELS"]
 
@@ -140,14 +142,14 @@ def main(argv=None) -> int:
     if names is None:
         found = sorted(p.name[len("judge-"):-len(".jsonl")] for p in run.glob("judge-*.jsonl"))
         if len(found) != 2:
-            print(f"error: {run}: {len(found)} judges' grades found ({', '.join(found) or 'none'}); name two with "
-                  "--judges A B", file=sys.stderr)
+            log.error(f"error: {run}: {len(found)} judges' grades found ({', '.join(found) or 'none'}); name two with "
+                      "--judges A B")
             return 2
         names = found
     try:
         rep = agreement(run, *names, common_only=a.common_only, seed=a.seed)
     except RunError as e:
-        print(f"error: {e}", file=sys.stderr)
+        log.error(f"error: {e}")
         return 2
     stem = run / f"judge-agreement-{names[0]}-vs-{names[1]}"
     Path(f"{stem}.json").write_text(json.dumps(rep, indent=2))

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 
 from ..cli import DEFAULT_CONCURRENCY, add_judge_args, done, make_parser
@@ -14,6 +15,8 @@ from ..redact import is_host
 from . import grading
 from .agreement import main as agree_main
 from .grading import judge_run
+
+log = logging.getLogger(__name__)
 
 __all__ = ["main"]
 
@@ -47,15 +50,15 @@ def main(argv=None) -> int:
                                   api_key_env=a.judge_api_key_env, server=server, concurrency=a.concurrency,
                                   progress=a.progress, regrade=a.regrade, name=a.judge_name))
     except (ToolkitError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        log.error(f"error: {e}")
         return 2
     print(s["markdown"])
     if s["failed_judge_calls"]:
-        print(f"{s['failed_judge_calls']} judge calls failed; rerun to retry them", file=sys.stderr)
+        log.info(f"{s['failed_judge_calls']} judge calls failed; rerun to retry them")
         return 1
     if s.get("lines_changed"):  # graded without them (warned above): the table is not the whole run's
-        print(f"{len(s['lines_changed'])} line(s) of the run changed since they were written and were not graded; "
-              f"python -m agent.rundir check {a.run_dir} lists them", file=sys.stderr)
+        log.info(f"{len(s['lines_changed'])} line(s) of the run changed since they were written and were not graded; "
+                 f"python -m agent.rundir check {a.run_dir} lists them")
         return 1
     name = a.judge_name or ("exact" if a.judge == "exact" else "llm")
     done([f"{a.run_dir}/judge-{name}.jsonl, judge-{name}-summary.json, table1-{name}.md/.csv"],

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import os
 import re
 import sys
@@ -40,6 +41,8 @@ from ..rundir import RunDir, RunError, close_fragment, output_lock, write_json
 from ..rundir.accuracy import accuracy_table
 from ..rundir.grades import identical_trials, read_grades
 from ..trajectory import responses_fingerprint  # re-exported
+
+log = logging.getLogger(__name__)
 
 __all__ = ["parse_grade", "exact_grade", "judge_run", "accuracy_table", "Grader", "GRADES", "identical_trials", "responses_fingerprint",
            "DEFAULT_MODEL", "read_grades", "judge_key_env"]
@@ -278,7 +281,7 @@ async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_END
     out_path = rd.path / f"judge-{name}.jsonl"
     done = _graded_before(rd, name, label, regrade)
     pending = [ln for ln in lines if (ln["sample_id"], ln["trial"], _answer_key(ln)) not in done]
-    print(f"judge [{label}]: {len(lines)} trajectories, {len(lines) - len(pending)} already graded", file=sys.stderr)
+    log.info(f"judge [{label}]: {len(lines)} trajectories, {len(lines) - len(pending)} already graded")
     judge_server = None
     if grader.needs_client(pending):
         client = grader.client()  # fail early (missing key) before any work
@@ -309,7 +312,7 @@ async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_END
     current = [graded[(ln["sample_id"], ln["trial"], _answer_key(ln))] for ln in lines]
     refused = identical_trials(lines)
     if refused:
-        print(f"WARNING: {rd.path}: {refused}", file=sys.stderr)
+        log.warning(f"WARNING: {rd.path}: {refused}")
     summary = accuracy_table(current, label=label, run_label=header.get("label") or header.get("method", ""),
                              std_refused=refused)
     summary["judge"] = label

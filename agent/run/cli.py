@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import shlex
 import sys
@@ -34,6 +35,8 @@ from . import __doc__ as RUN_DOC
 from .config import EMBEDDED_MAX_TOKENS, PROCESS_CONCURRENCY, SERVED_MAX_TOKENS, RunConfig, all_units, select_samples
 from .execute import EXIT_DISK_FULL, EXIT_SERVER_DOWN, disk_full
 from .runner import TERMINATED, run
+
+log = logging.getLogger(__name__)
 
 __all__ = ["build_parser", "config_from_args", "main"]
 
@@ -239,7 +242,7 @@ def main(argv=None) -> int:
         os.environ["MMCF_MAX_IMAGE_MB"] = str(a.max_image_mb)  # read by every image load, children included
     if a.image_cache_mb is not None:
         if a.image_cache_mb < 0:
-            print("error: --image-cache-mb must be >= 0", file=sys.stderr)
+            log.error("error: --image-cache-mb must be >= 0")
             return 2
 
         set_image_cache_mb(a.image_cache_mb)  # and the environment, which worker processes inherit
@@ -252,40 +255,39 @@ def main(argv=None) -> int:
     except (KeyboardInterrupt, asyncio.CancelledError):
         return 143 if TERMINATED["by"] else 130
     except ModelServerDown as e:  # mid-run: the finished units are written, those in flight resume on the rerun
-        print(f"error: {e}", file=sys.stderr)
+        log.error(f"error: {e}")
         return EXIT_SERVER_DOWN
     except (ToolkitError, ValueError, OSError) as e:
         full = disk_full(e)
         if full is not None:
             inside = bool(full) and Path(a.out).resolve() in Path(full).resolve().parents
-            print(f"error: {full if inside else a.out}: the disk is full (No space left on device). Finished units are kept; free "
-                  f"space where {a.out} lives (df -h {a.out}), then rerun the same command to resume", file=sys.stderr)
+            log.error(f"error: {full if inside else a.out}: the disk is full (No space left on device). Finished units are kept; free "
+                      f"space where {a.out} lives (df -h {a.out}), then rerun the same command to resume")
             return EXIT_DISK_FULL
-        print(f"error: {e}", file=sys.stderr)
+        log.error(f"error: {e}")
         return 2
     bad = sum(summary.get("counts", {}).get(k, 0) for k in ("error", "timeout"))
     # printed: never the URL's credentials nor a key's value (safe_argv)
     retry = shlex.join(["python", "-m", "agent.run", *safe_argv(sys.argv[1:] if argv is None else argv)]
                        + ([] if a.retry_errors else ["--retry-errors"]))
     if summary.get("stopped_after_errors"):
-        print(f"stopped after {summary['stopped_after_errors']} harness errors in a row; first error: "
-              f"{summary.get('first_error')}\nfix the cause, then rerun: {retry}", file=sys.stderr)
+        log.info(f"stopped after {summary['stopped_after_errors']} harness errors in a row; first error: "
+                 f"{summary.get('first_error')}\nfix the cause, then rerun: {retry}")
         return 4
     if bad:
         if summary.get("served_model_changed"):
-            print(f"{summary['served_model_changed']} of them because the served model changed under the run",
-                  file=sys.stderr)
-        print(f"{bad} unit(s) ended in error or timeout; first error: {summary.get('first_error')}\n"
-              f"rerun them with: {retry}", file=sys.stderr)
+            log.info(f"{summary['served_model_changed']} of them because the served model changed under the run")
+        log.info(f"{bad} unit(s) ended in error or timeout; first error: {summary.get('first_error')}\n"
+                 f"rerun them with: {retry}")
         return 3
 
     counts = summary.get("counts", {})
     if cfg.embedded and counts and not counts.get("ok"):
         # random weights never close their reasoning nor write <answer>: say so, and what ends with answers
-        print("the embedded model's random weights never write an answer (every unit ended "
-              f"{', '.join(sorted(counts))}); the same run with answers, on the scripted fake model (seconds): "
-              f"python -m agent.run --method {cfg.method} --limit {cfg.limit or 2} --backend scripted "
-              f"--out {cfg.out}-scripted", file=sys.stderr)
+        log.info("the embedded model's random weights never write an answer (every unit ended "
+                 f"{', '.join(sorted(counts))}); the same run with answers, on the scripted fake model (seconds): "
+                 f"python -m agent.run --method {cfg.method} --limit {cfg.limit or 2} --backend scripted "
+                 f"--out {cfg.out}-scripted")
     judge = "--judge exact" if cfg.embedded or cfg.backend == "scripted" else "(LLM judge: $OPENROUTER_API_KEY)"
     done([f"{cfg.out}/ (results.jsonl, tokens/, images/, header.json)"],
          f"python -m agent.judge {cfg.out} {judge}   |   look at it: python -m agent.show {cfg.out}")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import sys
 import threading
 import time
@@ -19,6 +20,8 @@ from ..rundir import RunDir
 from ..tools import make_toolbox
 from .config import RunConfig, make_backends
 from .journal import Journal, JournaledBackend
+
+log = logging.getLogger(__name__)
 
 __all__ = ["execute", "UnitStats", "EXIT_DISK_FULL", "EXIT_SERVER_DOWN", "disk_full", "SHARED", "claimer", "progress_bar"]
 
@@ -158,18 +161,18 @@ def _report(cfg: RunConfig, w: _Workers, summary: dict, interrupted: bool) -> No
     if cfg.worker is not None:
         return
     state = "stopped (the model server stopped answering)" if w.down else "interrupted" if interrupted else "done"
-    print(f"{state}: {summary['ran']} written ({dict(w.counts)}), "
-          f"{w.n_calls} LLM calls in {summary['elapsed_s']:.1f}s; tools: {dict(w.toolbox.stats)}", file=sys.stderr)
+    log.info(f"{state}: {summary['ran']} written ({dict(w.counts)}), "
+             f"{w.n_calls} LLM calls in {summary['elapsed_s']:.1f}s; tools: {dict(w.toolbox.stats)}")
     if w.resumed:
-        print(f"resumed {w.resumed} unit(s) inside their trajectory: {w.replayed} recorded LLM calls replayed from "
-              f"{cfg.out}/inflight, not asked again", file=sys.stderr)
+        log.info(f"resumed {w.resumed} unit(s) inside their trajectory: {w.replayed} recorded LLM calls replayed from "
+                 f"{cfg.out}/inflight, not asked again")
     for x in w.stats.lines(cfg.sampling().max_tokens):
-        print(x, file=sys.stderr)
+        log.info(x)
     if interrupted:
-        print(f"{summary['abandoned_units']} units were in flight ({summary['abandoned_calls']} LLM calls made for "
-              "them); each resumes from its last completed call on the rerun", file=sys.stderr)
+        log.info(f"{summary['abandoned_units']} units were in flight ({summary['abandoned_calls']} LLM calls made for "
+                 "them); each resumes from its last completed call on the rerun")
         if not w.down:
-            print("rerun the same command to resume; finished samples are kept.", file=sys.stderr)
+            log.info("rerun the same command to resume; finished samples are kept.")
 
 
 async def execute(cfg: RunConfig, spec, rd: RunDir, header: dict, jobs: list, skipped: int, skipped_images: list,

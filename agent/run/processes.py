@@ -4,10 +4,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
+import logging
 import multiprocessing as mp
 import os
 import signal
-import sys
 import time
 from collections import Counter
 
@@ -16,6 +16,8 @@ from ..rundir import RunDir, RunError
 from ..rundir.lines import read_line
 from .config import RunConfig
 from .execute import UnitStats, progress_bar
+
+log = logging.getLogger(__name__)
 
 __all__ = ["run_processes"]
 
@@ -84,19 +86,19 @@ def _finish(cfg: RunConfig, rd: RunDir, summary: dict, stats: UnitStats, summari
     """Say how the run ended; raise KeyboardInterrupt (interrupted) or the workers' failure, else the summary."""
     errors, interrupted = summary["errors"], summary["interrupted"]
     state = "interrupted" if interrupted else "stopped" if errors else "done"
-    print(f"{state}: {summary['ran']} written ({summary['counts']}) by {cfg.processes} processes, "
-          f"{summary['llm_calls']} LLM calls in {summary['elapsed_s']:.1f}s", file=sys.stderr)
+    log.info(f"{state}: {summary['ran']} written ({summary['counts']}) by {cfg.processes} processes, "
+             f"{summary['llm_calls']} LLM calls in {summary['elapsed_s']:.1f}s")
     for x in stats.lines(cfg.sampling().max_tokens):
-        print(x, file=sys.stderr)
+        log.info(x)
     full = any("No space left on device" in x for x in errors)
     for e in errors if not full else []:
-        print(f"a runner process failed: {e}", file=sys.stderr)
+        log.info(f"a runner process failed: {e}")
     if interrupted:
         lost_units = sum(s.get("abandoned_units", 0) for s in summaries)
         lost_calls = sum(s.get("abandoned_calls", 0) for s in summaries)
-        print(f"{lost_units} units were in flight ({lost_calls} LLM calls made for them); each resumes from its last "
-              "completed call on the rerun", file=sys.stderr)
-        print("rerun the same command to resume; finished samples are kept.", file=sys.stderr)
+        log.info(f"{lost_units} units were in flight ({lost_calls} LLM calls made for them); each resumes from its last "
+                 "completed call on the rerun")
+        log.info("rerun the same command to resume; finished samples are kept.")
         raise KeyboardInterrupt
     if errors:
         if full:  # said once, with its own exit status

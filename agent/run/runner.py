@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 import signal
-import sys
 import threading
 import time
 from collections import Counter as _C
@@ -14,6 +14,7 @@ from ..backends.local import set_renderer_hints
 from ..backends.scripted import ScriptedBackend
 from ..backends.tiny_model import ensure_tiny_model
 from ..benchmarks import incomplete_subset, load_selection, resolve_benchmark
+from ..cli import setup_logging
 from ..identity import deterministic_cost, local_identity, server_differences
 from ..preflight import PreflightError, check_benchmark_images, model_identity
 from ..redact import exempt, public_url
@@ -25,6 +26,8 @@ from .config import RunConfig, all_units, auto_processes, header_for, make_backe
 from .execute import SHARED, execute
 from .journal import prune
 from .processes import run_processes
+
+log = logging.getLogger(__name__)
 
 __all__ = ["run", "identify_backends"]
 
@@ -65,8 +68,8 @@ async def run(cfg: RunConfig, argv=None, *, backends: list | None = None, toolbo
             try:
                 write_ledger(rd.path)
             except Exception as e:  # noqa: BLE001 - the ledger is a report: never what fails a run
-                print(f"warning: {rd.path}/ledger.json not written ({type(e).__name__}: {e}); "
-                      f"python -m agent.ledger {rd.path} writes it", file=sys.stderr)
+                log.warning(f"warning: {rd.path}/ledger.json not written ({type(e).__name__}: {e}); "
+                            f"python -m agent.ledger {rd.path} writes it")
         rd.unlock()
 
 
@@ -93,7 +96,7 @@ async def identify_backends(cfg: RunConfig, backends: list | None) -> dict:
             raise PreflightError(f"{public_url(cfg.endpoints[0])} and {public_url(e)}: {why}; one run, one configuration")
     cost = deterministic_cost(idents[0].get("server"))
     if cost:
-        print(f"WARNING: {cost}", file=sys.stderr)
+        log.warning(f"WARNING: {cost}")
     return idents[0]
 
 
@@ -127,11 +130,11 @@ async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends,
     samples = select_samples(manifest, cfg)
     # --- preflight: nothing is written and nothing runs until every check passes (exit 2 otherwise)
     if cfg.embedded and backends is None:
-        print("NOTE: embedded default: a tiny RANDOMLY INITIALISED Qwen3.5 and the offline demo world; "
-              "its answers and numbers are meaningless.", file=sys.stderr)
+        log.info("NOTE: embedded default: a tiny RANDOMLY INITIALISED Qwen3.5 and the offline demo world; "
+                 "its answers and numbers are meaningless.")
     if cfg.backend == "scripted" and backends is None:
-        print("NOTE: --backend scripted is a FAKE demo model (agent/backends/demo_model.py): its behaviour and "
-              "numbers are planted, not measured.", file=sys.stderr)
+        log.info("NOTE: --backend scripted is a FAKE demo model (agent/backends/demo_model.py): its behaviour and "
+                 "numbers are planted, not measured.")
     if cfg.tools == "live" and spec.method != "direct" and toolbox is None:
         require_live_tools(spec.allowed_tools())
     partial = incomplete_subset(manifest)
@@ -139,13 +142,13 @@ async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends,
         raise PreflightError(partial)
     if manifest.problems:
         kinds = _C(p.kind for p in manifest.problems)
-        print(f"{manifest.path}: {len(manifest.problems)} data problem(s) {dict(kinds)}; first: "
-              f"line {manifest.problems[0].line}: {manifest.problems[0].detail}. Rows with a refused path, broken "
-              f"JSON or non-UTF-8 bytes are skipped; python -m agent.benchmarks stats lists them all", file=sys.stderr)
+        log.info(f"{manifest.path}: {len(manifest.problems)} data problem(s) {dict(kinds)}; first: "
+                 f"line {manifest.problems[0].line}: {manifest.problems[0].detail}. Rows with a refused path, broken "
+                 f"JSON or non-UTF-8 bytes are skipped; python -m agent.benchmarks stats lists them all")
     samples, skipped_images = check_benchmark_images(manifest, samples, allow_missing=cfg.allow_missing_images)
     if skipped_images:
-        print(f"--allow-missing-images: {len(skipped_images)} samples skipped for a missing or unreadable image "
-              f"(first: {skipped_images[0][0]}: {skipped_images[0][1]})", file=sys.stderr)
+        log.info(f"--allow-missing-images: {len(skipped_images)} samples skipped for a missing or unreadable image "
+                 f"(first: {skipped_images[0][0]}: {skipped_images[0][1]})")
     ident = await identify_backends(cfg, backends)
     exempt(ident.get("served_model"), ident.get("weights"), cfg.model_dir)  # recorded as names: never "secrets"
     selection = {"limit": cfg.limit, "sample_ids": cfg.sample_ids, "n_samples": len(samples),
@@ -153,9 +156,8 @@ async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends,
     if cfg.selection:
         selection["selection_file"] = load_selection(cfg.selection, manifest.name)[1]
     if seed_source == "given" and ident.get("deterministic") is False:
-        print("WARNING: --seed has no effect on this server: it runs without --enable-deterministic-inference "
-              "(serving/launch_qwen35.sh --deterministic); recorded in header.json (model.deterministic)",
-              file=sys.stderr)
+        log.warning("WARNING: --seed has no effect on this server: it runs without --enable-deterministic-inference "
+                    "(serving/launch_qwen35.sh --deterministic); recorded in header.json (model.deterministic)")
     if cfg.seed is None and cfg.trials > 1 and ident.get("deterministic"):
         raise PreflightError(f"{rd.path} was recorded without seeds and the server runs deterministic inference: "
                              "every trial would sample with SGLang's default seed 42, so the trials would be one "
@@ -175,9 +177,9 @@ async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends,
     if resuming:  # the cheap part of python -m agent.rundir check: torn lines, temp files, duplicates
         rep = check_run(rd.path, deep=False)
         if rep.torn or rep.temp_files or rep.duplicates:
-            print("\n".join(rep.lines()[:1] + [x for x in rep.lines()[2:] if "tool cache" not in x]), file=sys.stderr)
-            print(f"(torn lines are ignored and their units rerun; python -m agent.rundir check {rd.path} --repair "
-                  "quarantines them)", file=sys.stderr)
+            log.info("\n".join(rep.lines()[:1] + [x for x in rep.lines()[2:] if "tool cache" not in x]))
+            log.info(f"(torn lines are ignored and their units rerun; python -m agent.rundir check {rd.path} --repair "
+                     "quarantines them)")
     return cfg, header, samples, skipped_images
 
 
@@ -196,8 +198,8 @@ def _pending_jobs(cfg: RunConfig, spec, manifest, rd: RunDir, samples: list) -> 
         jobs = [(by_id[sid], int(t)) for sid, t in (cfg.job_keys or []) if sid in by_id]
     else:
         part = f" (shard {cfg.shard[0]}/{cfg.shard[1]}: {len(units)} units)" if cfg.shard is not None else ""
-        print(f"{spec.label} on {manifest.name}: {len(samples)} samples x {cfg.trials} trials{part}; "
-              f"{skipped} already done, {len(jobs)} to run -> {rd.path}", file=sys.stderr)
+        log.info(f"{spec.label} on {manifest.name}: {len(samples)} samples x {cfg.trials} trials{part}; "
+                 f"{skipped} already done, {len(jobs)} to run -> {rd.path}")
     return jobs, skipped
 
 
@@ -205,6 +207,7 @@ def _child(cfg_fields: dict, i: int, n: int, results, counter=None, hints=None) 
     """One worker of a multi-process run (spawned); reports its summary through ``results``."""
 
 
+    setup_logging()  # what the worker says goes to stderr as the parent's does
     set_renderer_hints(hints)  # the tokenizer class the parent's AutoTokenizer chose: no torch import here
     cfg = RunConfig(**cfg_fields)
     cfg.worker, cfg.processes, cfg.progress = (i, n), 1, False

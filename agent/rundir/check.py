@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import sqlite3
 import stat
@@ -24,6 +25,8 @@ from .lines import read_line
 from .shards import shard_units
 from .sidecar import decode, read_prompt_pieces
 from .writer import RunDir
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -387,19 +390,18 @@ def main(argv=None) -> int:
     try:
         rep = check_run(a.run_dir, repair=a.repair)
     except RunError as e:
-        print(f"error: {e}", file=sys.stderr)
+        log.error(f"error: {e}")
         return 2
     except OSError as e:
         if e.errno != errno.ENOSPC:
             raise
-        print(f"error: {e.filename or a.run_dir}: the disk is full; --repair needs only room for the torn lines' "
-              "copy in quarantine/ (a few KB: lines are blanked in place, never copied); free that much and rerun",
-              file=sys.stderr)
+        log.error(f"error: {e.filename or a.run_dir}: the disk is full; --repair needs only room for the torn lines' "
+                  "copy in quarantine/ (a few KB: lines are blanked in place, never copied); free that much and rerun")
         return 5
     print(json.dumps(rep.to_dict(), indent=1, default=str) if a.json else "\n".join(rep.lines()))
     if not rep.intact:
-        print("damaged: python -m agent.rundir check RUN_DIR --repair quarantines torn lines and orphans; "
-              "rerun the run command to redo the units they held", file=sys.stderr)
+        log.info("damaged: python -m agent.rundir check RUN_DIR --repair quarantines torn lines and orphans; "
+                 "rerun the run command to redo the units they held")
     elif not a.json:
         done([f"{a.run_dir}/quarantine/"] if a.repair else [],
              f"python -m agent.show {a.run_dir}" if rep.complete else

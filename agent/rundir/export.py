@@ -14,8 +14,8 @@ name and renamed into place: an interrupted export leaves no partial OUT.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
-import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -26,6 +26,8 @@ from . import frames
 from .common import RunError
 from .reader import load_run
 from .sidecar import UNLOAD_COLUMNS
+
+log = logging.getLogger(__name__)
 
 __all__ = ["export_run", "main"]
 
@@ -142,7 +144,7 @@ def main(argv=None) -> int:
     try:
         counts = export_run(a.run_dir, a.out)
     except RunError as e:
-        print(f"error: {e}", file=sys.stderr)
+        log.error(f"error: {e}")
         return 2
     print(f"{a.run_dir} -> {a.out}: " + ", ".join(f"{k} {n:,} rows" for k, n in counts.items()))
     done([f"{a.out}/{k}.parquet" for k in counts] + [f"{a.out}/README.md"],

@@ -7,8 +7,8 @@ indexed. Nothing in it depends on where the file lives: a copied run reads the s
 from __future__ import annotations
 
 import json
+import logging
 import os
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -16,6 +16,8 @@ from ..jsonio import dumps, dumps_record
 from ..paths import open_regular
 from .common import RunError, atomic_write
 from .lines import SEAL_KEY, line_digest, read_line
+
+log = logging.getLogger(__name__)
 
 
 class RunIndex:
@@ -69,9 +71,9 @@ class RunIndex:
         self.changed = changed
         if changed and warn:  # loud: a reader that used the line would report what was never recorded
             sid, trial, at = changed[0]
-            print(f"WARNING: {self.results}: {len(changed)} line(s) changed since they were written (edited or damaged; "
-                  f"their checksums do not match), first {sid} trial {trial} at byte {at}: left out (their units "
-                  f"rerun on resume); python -m agent.rundir check {self.path} lists them", file=sys.stderr)
+            log.warning(f"WARNING: {self.results}: {len(changed)} line(s) changed since they were written (edited or damaged; "
+                        f"their checksums do not match), first {sid} trial {trial} at byte {at}: left out (their units "
+                        f"rerun on resume); python -m agent.rundir check {self.path} lists them")
         if project is None and (scanned > (1 << 20) or (not entries and out)):
             self._write_index(out)
         return out
@@ -191,8 +193,8 @@ def _scan(f, start: int, end: int, path, warn: bool, project: Projection | None 
             line, state = suspect[o], "changed"
         if state == "torn":
             if warn:
-                print(f"warning: {path}: torn or malformed line at byte {o} ignored "
-                      f"(its sample will be rerun on resume)", file=sys.stderr)
+                log.warning(f"warning: {path}: torn or malformed line at byte {o} ignored "
+                            f"(its sample will be rerun on resume)")
         elif state == "changed":
             changed.append((line.get("sample_id"), line.get("trial"), o))
         else:

@@ -24,10 +24,10 @@ merged: grade and probe the merged run.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import sqlite3
-import sys
 import time
 from pathlib import Path
 
@@ -39,6 +39,8 @@ from .common import IDENTITY_KEYS, RunError, inside, output_lock, write_json
 from .ledger import compute_ledger
 from .reader import load_run
 from .writer import RunDir
+
+log = logging.getLogger(__name__)
 
 __all__ = ["merge_runs", "MERGE_KEYS", "main"]
 
@@ -219,7 +221,7 @@ def _merge_runs(out: Path, shard_dirs: list, progress) -> dict:
     shards, first = _plan([Path(d) for d in shard_dirs])
     done = _finished(out, shards)
     if done is not None:  # a rerun after the merge finished (killed after its rename): nothing left to do
-        print(f"{out}: already merged from these {len(shards)} shards (merge.json)", file=sys.stderr)
+        log.info(f"{out}: already merged from these {len(shards)} shards (merge.json)")
         return done
     if out.exists() and any(out.iterdir()):
         raise RunError(f"{out} exists and is not empty: merge writes a new run directory")
@@ -254,8 +256,8 @@ def _merge_runs(out: Path, shard_dirs: list, progress) -> dict:
         caches = [c for _, c in found if c is not None]
         no_cache = [str(p) for p, c in found if c is None]
         if no_cache:  # the lines hold every observation; an exact replay of the merged run would miss these
-            print(f"warning: no tool cache found for {len(no_cache)} shard(s) ({', '.join(no_cache[:3])}): the "
-                  "merged cache lacks their entries (recorded in merge.json)", file=sys.stderr)
+            log.warning(f"warning: no tool cache found for {len(no_cache)} shard(s) ({', '.join(no_cache[:3])}): the "
+                        "merged cache lacks their entries (recorded in merge.json)")
         cache = _merge_caches(out / "tools.sqlite", caches) if caches else None
     finally:
         rd.unlock()
@@ -298,12 +300,12 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     def progress(done: int, total: int) -> None:  # a paper-scale merge writes thousands of lines
         if done == total or done % max(total // 10, 1) == 0:
-            print(f"merge: {done}/{total} units written", file=sys.stderr, flush=True)
+            log.info(f"merge: {done}/{total} units written")
 
     try:
         rep = merge_runs(a.out, a.shards, progress=progress)
     except RunError as e:
-        print(f"error: {e}", file=sys.stderr)
+        log.error(f"error: {e}")
         return 2
     c = rep["tool_cache"]
     print(f"merged {rep['shards']} shards: {rep['lines']} units, {rep['sidecars']} token sidecars, {rep['images']} "

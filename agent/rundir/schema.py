@@ -10,10 +10,12 @@ JSON Schema (2020-12) validator takes ``header.json`` against ``header.schema.js
 """
 from __future__ import annotations
 
-import sys
+import logging
 
 from ..cli import done, make_parser
 from ..record import SCHEMAS, write_schemas
+
+log = logging.getLogger(__name__)
 
 __all__ = ["main"]
 
@@ -25,7 +27,7 @@ def main(argv=None) -> int:
     try:
         paths = write_schemas(a.out)
     except OSError as e:
-        print(f"error: {e.filename or a.out}: cannot write the schemas ({e.strerror or e})", file=sys.stderr)
+        log.error(f"error: {e.filename or a.out}: cannot write the schemas ({e.strerror or e})")
         return 2
     print(f"{len(paths)} schemas ({', '.join(SCHEMAS)}) in {a.out}")
     done([str(p) for p in paths], "validate a run with any JSON Schema validator, e.g. python -m jsonschema")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import shutil
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -30,6 +30,8 @@ from .index import RunIndex
 from .lines import line_digest, read_line, seal
 from .sidecar import encode as _encode_sidecar
 from .sidecar import sha256_of
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -69,16 +71,16 @@ class RunDir(RunIndex):
                                + hint)
             if detail:
                 aside = self.move_aside()
-                print(f"--force: {self.path} held a different run ({'; '.join(detail)}); it was moved to {aside}, "
-                      "and this run starts afresh", file=sys.stderr)
+                log.info(f"--force: {self.path} held a different run ({'; '.join(detail)}); it was moved to {aside}, "
+                         "and this run starts afresh")
                 return self.write_header(header)
             hist = old.setdefault("resumed", [])
             hist.append({"at": time.time(), "argv": header.get("argv")})
             unverified = unverified_facts(old.get("model"), header.get("model"))
             if unverified:  # allowed (else refused above): the record says this resume could not be verified
                 hist[-1]["unverified_server"] = unverified
-                print(f"WARNING: {self.path}: {unverified}; resumed with --allow-unverified-server (recorded in "
-                      "header.json)", file=sys.stderr)
+                log.warning(f"WARNING: {self.path}: {unverified}; resumed with --allow-unverified-server (recorded in "
+                            "header.json)")
             validate("header", old, str(self.header_path))
             if len(hist) > RESUME_HISTORY:  # bounded: the first five resumes, a count, and the latest ones
                 omitted = sum(h.get("omitted", 1) for h in hist[5:len(hist) - (RESUME_HISTORY - 6)])
@@ -135,8 +137,8 @@ class RunDir(RunIndex):
                         os.close(fd)
                         raise RunError(f"{self.path}: another runner is writing to this run directory") from None
                     if not said:
-                        print(f"{self.path}: another runner holds this run directory; waiting up to {wait_s:g}s for "
-                              "it to finish…", file=sys.stderr, flush=True)
+                        log.info(f"{self.path}: another runner holds this run directory; waiting up to {wait_s:g}s for "
+                                 "it to finish…")
                         said = True
                     time.sleep(0.2)
             fcntl.flock(fd, fcntl.LOCK_SH)
@@ -192,8 +194,7 @@ class RunDir(RunIndex):
                     out.append(line)
                 elif warn:
                     why = "torn or malformed" if state == "torn" else "changed since it was written"
-                    print(f"warning: {self.results}:{n}: {why} line ignored (its sample will be rerun on resume)",
-                          file=sys.stderr)
+                    log.warning(f"warning: {self.results}:{n}: {why} line ignored (its sample will be rerun on resume)")
         return out
 
     def latest(self, project=None) -> dict[tuple[str, int], dict]:

@@ -1,7 +1,7 @@
 """``python -m agent.show``: the viewer's command line (the sample list, one trajectory, or the HTML pages)."""
 from __future__ import annotations
 
-import sys
+import logging
 from pathlib import Path
 
 import pandas as pd
@@ -12,6 +12,8 @@ from . import __doc__ as SHOW_DOC
 from .data import sample_table
 from .html import AUTO_TOKENS, build_html
 from .text import render_text
+
+log = logging.getLogger(__name__)
 
 
 def main(argv=None) -> int:
@@ -42,7 +44,7 @@ def main(argv=None) -> int:
                   + ("" if info["tokens"] else "; think tokens not embedded (--tokens all, or fewer trajectories "
                      "with --limit / a SAMPLE_ID, colours them)"))
             if info["missing_images"]:
-                print(f"warning: {len(info['missing_images'])} images are not stored in {a.run_dir}/images", file=sys.stderr)
+                log.warning(f"warning: {len(info['missing_images'])} images are not stored in {a.run_dir}/images")
             done([info["path"]], f"open it in a browser (file://{Path(info['path']).resolve()})")
             return 0
         run = load_run(a.run_dir)
@@ -60,17 +62,17 @@ def main(argv=None) -> int:
             return 0
         line = next((ln for ln in run.index if ln["sample_id"] == a.sample_id and int(ln["trial"]) == a.trial), None)
         if line is None:
-            print(f"error: {run.path}: no trajectory {a.sample_id} trial {a.trial}", file=sys.stderr)
+            log.error(f"error: {run.path}: no trajectory {a.sample_id} trial {a.trial}")
             return 2
         print(printable(render_text(run, run.full(line), reasoning=a.reasoning,
                                     observation_chars=a.observation_chars)))
         return 0
     except RunError as e:
-        print(f"error: {e}", file=sys.stderr)
+        log.error(f"error: {e}")
         return 2
     except OSError as e:
         if isinstance(e, BrokenPipeError) or a.html is None:
             raise
         # the page's place cannot be written (under a regular file, read-only, full)
-        print(f"error: {e.filename or a.html}: cannot write the page ({e.strerror or e})", file=sys.stderr)
+        log.error(f"error: {e.filename or a.html}: cannot write the page ({e.strerror or e})")
         return 2

@@ -7,8 +7,8 @@ import gzip
 import html
 import io
 import json
+import logging
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +33,8 @@ __all__ = ["build_html", "files_dir", "LIST_CHUNK", "INDEX_ROWS", "AUTO_TOKENS",
 EMBED_PX = 768
 from .data import grades_of_run, grounding_labels, probe_steps, removal_outcomes, run_summary, short, view_fields
 
+log = logging.getLogger(__name__)
+
 #: The page's HTML, style and script; ``__TITLE__`` and the data placeholders are filled per page.
 PAGE_TEMPLATE = (Path(__file__).parent / "page.html").read_text(encoding="utf-8")
 
@@ -44,7 +46,7 @@ def _image_uri(run: Run, sha: str, cache: dict, missing: list, max_px: int | Non
         p = run.image_path(sha)
         data = None if p is None else read_regular(p)
     except (RunError, OSError) as e:  # leads out of the run directory, or a FIFO: never read, never embedded
-        print(f"warning: {e}", file=sys.stderr)
+        log.warning(f"warning: {e}")
         data = None
     if data is None:
         missing.append(sha)

@@ -2,7 +2,7 @@
 """
 from __future__ import annotations
 
-import sys
+import logging
 from pathlib import Path
 
 from agent.backends import make_backend
@@ -23,6 +23,8 @@ from probes.fidelity import check_servers, refusal
 
 from . import __doc__ as PROBE_DOC
 from .probe import MODES, check_probeable, probe_run
+
+log = logging.getLogger(__name__)
 
 DEMO_BANNER = """\
 ==========================================================================================
@@ -88,7 +90,7 @@ async def _fidelity_first(args, backend) -> dict:
     if not rep["ok"]:
         if not args.force:
             raise PreflightError(refusal(rep))
-        print(f"warning: --force: {refusal(rep)}", file=sys.stderr)
+        log.warning(f"warning: --force: {refusal(rep)}")
     return {"ok": rep["ok"], "forced": rep.get("forced", False), "failed": rep["failed"],
             "report": str((out or Path(args.run_dir) / "probes" / "fidelity") / "fidelity.json")}
 

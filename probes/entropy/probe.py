@@ -6,6 +6,7 @@ One probe per output directory at a time (a second is refused: both would append
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import time
 from pathlib import Path
@@ -28,6 +29,8 @@ from probes.cli import RecordedPrompts, probe_model_check, record_session, servi
 
 from .step import bounds_by_step, bounds_calibration, call_slices, forking_rows, probe_step, serving_totals, vocab_of
 from .store import TokenStore
+
+log = logging.getLogger(__name__)
 
 __all__ = ["probe_run", "MODES", "SUPPORTED_METHODS"]
 
@@ -75,8 +78,8 @@ def _plan(run, out: Path, done: set, limit, include_unparsed: bool) -> tuple[lis
                  if c.get("n_query_images", 0) > 0 and (line["sample_id"], line["trial"], c["index"]) not in done]
         if steps:
             pending.append((line, steps))
-    print("trajectories entering the analysis (rule: analysis/selection.py):\n"
-          + exclusions.to_string(index=False), file=sys.stderr)
+    log.info("trajectories entering the analysis (rule: analysis/selection.py):\n"
+             + exclusions.to_string(index=False))
     return lines, pending
 
 
@@ -171,8 +174,7 @@ def _read_rows(steps_path: Path) -> list[dict]:
     rows = [r for r in rows if isinstance(r, dict) and {"sample_id", "trial", "step"} <= r.keys()]
     by_key = {(r["sample_id"], r["trial"], r["step"]): r for r in rows}
     if len(by_key) < len(rows):
-        print(f"{steps_path}: {len(rows) - len(by_key)} duplicate step row(s) ignored (the last of each is kept)",
-              file=sys.stderr)
+        log.info(f"{steps_path}: {len(rows) - len(by_key)} duplicate step row(s) ignored (the last of each is kept)")
     return list(by_key.values())
 
 
@@ -217,8 +219,8 @@ def _summary(steps: pd.DataFrame, out: Path) -> pd.DataFrame:
             cal.to_csv(out / "bounds_calibration.csv", index=False)
             bad = cal[cal["covered"] < 1.0]
             if len(bad):  # cannot happen for a correct bound: said loudly, never hidden
-                print(f"warning: the entropy bounds missed the exact value at {int(bad['n_missed'].sum())} step(s) "
-                      f"(bounds_calibration.csv); please report it", file=sys.stderr)
+                log.warning(f"warning: the entropy bounds missed the exact value at {int(bad['n_missed'].sum())} step(s) "
+                            f"(bounds_calibration.csv); please report it")
     return summary
 
 
@@ -238,8 +240,8 @@ async def _probe_pending(prober: _Prober, pending: list, steps_path: Path, n_don
     try:
         await asyncio.gather(*(prober.trajectory(line, steps) for line, steps in pending))
     except BaseException:
-        print(f"entropy probe stopped: {prober.kept} steps finished in this session are kept in {steps_path} "
-              f"({n_done + prober.kept} in all); the rerun probes the {n_steps - prober.kept} others", file=sys.stderr)
+        log.info(f"entropy probe stopped: {prober.kept} steps finished in this session are kept in {steps_path} "
+                 f"({n_done + prober.kept} in all); the rerun probes the {n_steps - prober.kept} others")
         raise
 
 
@@ -269,8 +271,8 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
     done = _done_steps(steps_path)
     lines, pending = _plan(run, out, done, limit, include_unparsed)
     n_steps = sum(len(st) for _, st in pending)
-    print(f"entropy probe ({mode}): {len(lines)} trajectories, {n_steps} image-bearing steps to probe, "
-          f"{len(done)} already done -> {out}", file=sys.stderr)
+    log.info(f"entropy probe ({mode}): {len(lines)} trajectories, {n_steps} image-bearing steps to probe, "
+             f"{len(done)} already done -> {out}")
     getattr(backend, "prepare", lambda m: None)(mode)  # what the requests will need, loaded once
     bar = tqdm(total=n_steps, desc=f"entropy/{mode}", unit="step", disable=not progress, file=sys.stderr,
                mininterval=1.0)
@@ -279,11 +281,11 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
         prober = _Prober(run, backend, mode, out, sink, bar, concurrency=concurrency, retokenize=retokenize)
         prober.failures += [f"{sid}/t{t}: its line changed since it was written (left out)" for sid, t, _ in run.changed]
         if not prober.vocab:
-            print("entropy bounds: the model's vocabulary size is unknown (no config.json): steps carry the grouped "
-                  "lower bound only, no upper bound or ΔH interval", file=sys.stderr)
+            log.info("entropy bounds: the model's vocabulary size is unknown (no config.json): steps carry the grouped "
+                     "lower bound only, no upper bound or ΔH interval")
         if prober.store.recover():  # an interrupted probe's finished steps, folded into their trajectories' files
-            print(f"{out / 'tokens'}: folded the token results of an interrupted probe into their trajectories' "
-                  "files", file=sys.stderr)
+            log.info(f"{out / 'tokens'}: folded the token results of an interrupted probe into their trajectories' "
+                     "files")
         try:
             await _probe_pending(prober, pending, steps_path, len(done), n_steps)
         finally:
@@ -306,5 +308,5 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
         fork_summary.to_csv(out / "forking.csv", index=False)
     _draw(summary, fork_summary, out, run, ident, mode)
     for f in prober.failures[:10]:
-        print(f"failed: {f}", file=sys.stderr)
+        log.info(f"failed: {f}")
     return {"steps": steps, "summary": summary, "out": out, "failures": prober.failures}
