@@ -11,8 +11,6 @@ The probe readers take a run directory (its default output under ``RUN/probes/``
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
@@ -20,6 +18,7 @@ import pyarrow.dataset as ds
 
 from agent.rundir import RunError
 from agent.rundir.frames import grades, results, steps, token_files, tokens
+from agent.rundir.probe_outputs import NoProbeOutput, probe_dir, read_table
 from agent.rundir.sidecar import verify_file
 
 from .entropy import grouped_tail_entropy, think_segment_entropy
@@ -30,43 +29,14 @@ __all__ = ["results", "steps", "tokens", "token_files", "grades", "entropy", "re
 ENTROPY_MODES = ("regenerate", "teacher-forced")
 
 
-class NoProbeOutput(RunError):
-    """The probe has not been run (or has not finished a step) there: a panel to list as missing, not an error."""
-
-
-def _probe_dir(path, names: tuple[str, ...], command: str) -> Path:
-    p = Path(path)
-    if (p / "header.json").is_file():  # a run directory: the probe's default output
-        for name in names:
-            if (p / "probes" / name).is_dir():
-                return p / "probes" / name
-        raise NoProbeOutput(f"{p}: no output of {command} (looked in {', '.join(str(p / 'probes' / n) for n in names)}); "
-                       f"run python -m {command} {p} first")
-    if not p.is_dir():
-        raise RunError(f"{p}: no such directory (a run directory or the --out of python -m {command})")
-    return p
-
-
-def _read(d: Path, stems: tuple[str, ...]) -> pd.DataFrame:
-    for stem in stems:
-        for ext in (".parquet", ".csv"):
-            f = d / f"{stem}{ext}"
-            if f.is_file():
-                try:
-                    return pd.read_parquet(f) if ext == ".parquet" else pd.read_csv(f)
-                except (OSError, ValueError) as e:
-                    raise RunError(f"{f}: unreadable ({e})") from None
-    raise NoProbeOutput(f"{d}: no {' or '.join(s + '.parquet/.csv' for s in stems)} (the probe has not finished a step)")
-
-
 def entropy(out, mode: str | None = None) -> pd.DataFrame:
     """One row per probed step (``steps.parquet`` of ``python -m probes.entropy``): ``sample_id``, ``trial``,
     ``step``, ``H_with`` / ``H_without`` (grouped-tail entropy of the step's thinking, nats), ``dH`` (with minus
     without) and its bounds ``dH_low`` / ``dH_high`` where recorded, ``kl_with_without`` (teacher-forced), the
     paper category; ``attrs["mode"]``: regenerate or teacher-forced. ``mode`` picks one when a run has both."""
     names = (f"entropy-{mode}",) if mode else tuple(f"entropy-{m}" for m in ENTROPY_MODES)
-    d = _probe_dir(out, names, "probes.entropy")
-    df = _read(d, ("steps",))
+    d = probe_dir(out, names, "probes.entropy")
+    df = read_table(d, ("steps",))
     df.attrs["mode"] = mode or next((m for m in ENTROPY_MODES if d.name.endswith(m)), None)
     return df
 
@@ -74,13 +44,13 @@ def entropy(out, mode: str | None = None) -> pd.DataFrame:
 def removal(out) -> pd.DataFrame:
     """One row per (trajectory, k) replay (``outcomes.csv`` of ``python -m probes.removal``): ``sample_id``,
     ``trial``, ``k``, ``paper_category``, the original and the replayed grade."""
-    return _read(_probe_dir(out, ("removal",), "probes.removal"), ("outcomes",))
+    return read_table(probe_dir(out, ("removal",), "probes.removal"), ("outcomes",))
 
 
 def grounding(out) -> pd.DataFrame:
     """One row per labelled step (``steps.parquet`` of ``python -m probes.grounding``): ``sample_id``,
     ``trial``, ``step``, ``category`` (Image Needed | Image-Derived | Text Only) and the two passes' labels."""
-    return _read(_probe_dir(out, ("grounding",), "probes.grounding"), ("steps",))
+    return read_table(probe_dir(out, ("grounding",), "probes.grounding"), ("steps",))
 
 
 def step_entropies(run):

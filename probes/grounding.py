@@ -42,6 +42,7 @@ from agent.prompts import GROUNDING_PASS1, GROUNDING_PASS2, fill
 from agent.record import validate
 from agent.redact import is_host, redact_obj
 from agent.rundir import RunError, close_fragment, load_run, write_json
+from agent.rundir.probe_outputs import read_rows
 from analysis.figures import fig2a_grounding, provenance_mark
 from analysis.selection import select_trajectories
 from probes.cli import run_async
@@ -196,16 +197,9 @@ class Annotator:
 
 def _done_labels(path: Path) -> dict:
     """The trajectories already annotated; a torn line is annotated again."""
-    done = {}
-    if path.exists():
-        close_fragment(path)  # an interrupted append left a fragment: new labels start on a line of their own
-        for raw in path.read_bytes().splitlines():  # bytes: a torn multi-byte character is one bad line, no more
-            try:
-                r = json.loads(raw)
-                done[(r["sample_id"], r["trial"])] = r
-            except (ValueError, KeyError, TypeError):
-                continue
-    return done
+    close_fragment(path)  # an interrupted append left a fragment: new labels start on a line of their own
+    rows, _ = read_rows(path, "grounding_label")
+    return {(r["sample_id"], r["trial"]): r for r in rows}
 
 
 def _steps_and_summary(recs: list[dict], failed: list) -> tuple[pd.DataFrame, dict]:

@@ -1,15 +1,13 @@
 """What the viewer reads of a run beside its lines: the grades, the probes' outputs, and the per-run summary."""
 from __future__ import annotations
 
-import csv
-import json
 from collections import Counter
 
 import pandas as pd
 
-from ..paths import open_regular, read_regular
-from ..rundir import Run, RunError
+from ..rundir import Run
 from ..rundir.grades import JUDGES, latest_grades, read_grades
+from ..rundir.probe_outputs import PROBE_OUTPUTS, NoProbeOutput, probe_dir, read_rows, read_table
 
 
 # ---------------------------------------------------------------------------- shared data
@@ -25,56 +23,36 @@ def grades_of_run(run: Run) -> tuple[dict, str]:
 def probe_steps(run: Run) -> tuple[dict, str | None]:
     """{(sample, trial, step): ΔH} from the entropy probe, and its mode (teacher-forced preferred)."""
     for mode in ("teacher-forced", "regenerate"):
-        p = run.path / "probes" / f"entropy-{mode}" / "steps.jsonl"
-        if p.exists():
-            out = {}
-            for raw in read_regular(p, RunError).splitlines():
-                try:
-                    r = json.loads(raw)
-                    out[(r["sample_id"], r["trial"], r["step"])] = r.get("dH")
-                except (ValueError, KeyError):
-                    continue
-            return out, mode
+        name = f"entropy-{mode}"
+        rows, _ = read_rows(run.path / "probes" / name / PROBE_OUTPUTS[name][0], "entropy_step")
+        if rows:
+            return {(r["sample_id"], r["trial"], r["step"]): r.get("dH") for r in rows}, mode
     return {}, None
 
 
 def grounding_labels(run: Run) -> dict:
-    """{(sample, trial): {step: {category, reasons}}} from the grounding annotator (probes/grounding/labels.jsonl)."""
-    p = run.path / "probes" / "grounding" / "labels.jsonl"
-    out: dict = {}
-    if not p.exists():
-        return out
-    for raw in read_regular(p, RunError).splitlines():
-        try:
-            r = json.loads(raw)
-            out[(r["sample_id"], r["trial"])] = {
-                int(st["step"]): {"category": st.get("category"),
-                                  "reasons": [st[k] for k in sorted(st) if k.startswith("reason") and st[k]]}
-                for st in r.get("steps") or []}
-        except (ValueError, KeyError, TypeError):  # a torn line: that trajectory shows no labels
-            continue
-    return out
+    """{(sample, trial): {step: {category, reasons}}} from the grounding annotator."""
+    rows, _ = read_rows(run.path / "probes" / "grounding" / PROBE_OUTPUTS["grounding"][0], "grounding_label")
+    return {(r["sample_id"], r["trial"]): {
+        int(st["step"]): {"category": st.get("category"),
+                          "reasons": [st[k] for k in sorted(st) if k.startswith("reason") and st[k]]}
+        for st in r.get("steps") or []} for r in rows}
 
 
 def removal_outcomes(run: Run) -> dict:
     """{(sample, trial): [{k, replay_correct, replayed, status, error}]} from the step-k removal replays, with the
     original's grade under ``original``."""
-
-    p = run.path / "probes" / "removal" / "outcomes.csv"
+    try:
+        table = read_table(probe_dir(run.path, ("removal",), "probes.removal"), ("outcomes",))
+    except NoProbeOutput:
+        return {}
     out: dict = {}
-    if not p.exists():
-        return out
-    with open_regular(p, "r", RunError) as f:
-        for r in csv.DictReader(f):
-            try:
-                key = (r["sample_id"], int(r["trial"]))
-                rc = r.get("replay_correct")
-                out.setdefault(key, []).append({
-                    "k": int(r["k"]), "correct": None if rc in ("", None) else rc == "True",
-                    "original": r.get("original_correct") == "True", "replayed": r.get("replayed") == "True",
-                    "status": r.get("replay_status") or "", "error": r.get("error") or ""})
-            except (KeyError, ValueError):
-                continue
+    for r in table.to_dict("records"):
+        rc = r.get("replay_correct")
+        out.setdefault((r["sample_id"], int(r["trial"])), []).append({
+            "k": int(r["k"]), "correct": None if pd.isna(rc) else bool(rc), "original": bool(r.get("original_correct")),
+            "replayed": bool(r.get("replayed")), "status": r.get("replay_status") or "",
+            "error": "" if pd.isna(r.get("error")) else r.get("error")})
     for v in out.values():
         v.sort(key=lambda x: x["k"])
     return out
@@ -125,12 +103,15 @@ def run_summary(run: Run) -> dict:
     for d in sorted(pd_.iterdir()) if pd_.is_dir() else []:
         if not d.is_dir():
             continue
-        if d.name.startswith("entropy-") and (d / "steps.jsonl").exists():
-            probes[d.name] = f"{_count_lines(d / 'steps.jsonl')} steps probed"
-        elif d.name == "grounding" and (d / "labels.jsonl").exists():
-            probes[d.name] = f"{_count_lines(d / 'labels.jsonl')} trajectories annotated"
-        elif d.name == "removal" and (d / "outcomes.csv").exists():
-            probes[d.name] = f"{max(0, _count_lines(d / 'outcomes.csv') - 1)} replays (trajectory x k)"
+        if d.name in PROBE_OUTPUTS:
+            rows, _ = read_rows(d / PROBE_OUTPUTS[d.name][0], PROBE_OUTPUTS[d.name][1])
+            what = "trajectories annotated" if d.name == "grounding" else "steps probed"
+            probes[d.name] = f"{len(rows)} {what}"
+        elif d.name == "removal":
+            try:
+                probes[d.name] = f"{len(read_table(d, ('outcomes',)))} replays (trajectory x k)"
+            except NoProbeOutput:
+                probes[d.name] = "present"
         else:
             probes[d.name] = "present"
     if (run.header.get("image_unload") or {}).get("policy"):
@@ -157,8 +138,3 @@ def sample_table(run: Run):
 def short(text: str, n: int) -> str:
     text = " ".join(str(text or "").split())
     return text if len(text) <= n else text[: n - 1] + "…"
-
-
-def _count_lines(path) -> int:
-    with open_regular(path, "rb", RunError) as f:
-        return sum(1 for _ in f)

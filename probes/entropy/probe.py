@@ -21,6 +21,7 @@ from agent.backends.spread import pin
 from agent.jsonio import dumps_record, loads
 from agent.record import validate
 from agent.rundir import RunError, close_fragment, load_run, output_lock, token_key, write_json
+from agent.rundir.probe_outputs import read_rows
 from analysis.entropy import FORK_SHARE, entropy_high, grouped_tail_entropy
 from analysis.figures import fig2b_entropy, fig2b_forking, fig2b_kl, provenance_mark
 from analysis.selection import select_trajectories
@@ -53,16 +54,9 @@ async def probe_run(run_dir, *, mode: str = "regenerate", out_dir=None, **kw) ->
 
 def _done_steps(steps_path: Path) -> set:
     """The (sample, trial, step) rows already written; a torn last line's step is probed again."""
-    done = set()
-    if steps_path.exists():
-        close_fragment(steps_path)  # an interrupted append left a fragment: new rows start on a line of their own
-        for raw in steps_path.read_bytes().splitlines():
-            try:
-                r = loads(raw)
-                done.add((r["sample_id"], r["trial"], r["step"]))
-            except (ValueError, KeyError, TypeError):
-                continue
-    return done
+    close_fragment(steps_path)  # an interrupted append left a fragment: new rows start on a line of their own
+    rows, _ = read_rows(steps_path, "entropy_step")
+    return {(r["sample_id"], r["trial"], r["step"]) for r in rows}
 
 
 def _plan(run, out: Path, done: set, limit, include_unparsed: bool) -> tuple[list, list]:

@@ -1,0 +1,84 @@
+"""The probes' outputs, read back: the one reader of what the probes write beside a run (records layer).
+
+    rows = read_rows(run / "probes" / "entropy-regenerate" / "steps.jsonl", "entropy_step")
+    d = probe_dir(run, ("removal",), "probes.removal")          # a run's default output, or a probe's --out
+    table = read_table(d, ("outcomes",))                          # its Parquet (or CSV) table
+
+A probe appends one JSON line per finished step or trajectory (``steps.jsonl``, ``labels.jsonl``), each a record
+of its model (agent/record/probes.py), and writes its tables when a session ends. :func:`read_rows` reads such a
+file the one way every reader does: line by line as bytes (a line a kill cut, even inside a multi-byte character,
+is one bad line, never a crash), each line a valid record of its kind or left out (and counted). The viewer, the
+frames of ``analysis.frames`` and the probes' own resume read through here; nobody reads a probe's file by name
+elsewhere.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from ..jsonio import loads
+from ..paths import read_regular
+from ..record import SchemaError, validate
+from .common import RunError
+
+__all__ = ["NoProbeOutput", "probe_dir", "read_rows", "read_table", "PROBE_OUTPUTS"]
+
+#: Each probe's output directory under ``RUN/probes/``, its row file and the record kind of a row.
+PROBE_OUTPUTS = {"entropy-regenerate": ("steps.jsonl", "entropy_step"),
+                 "entropy-teacher-forced": ("steps.jsonl", "entropy_step"),
+                 "grounding": ("labels.jsonl", "grounding_label")}
+
+
+class NoProbeOutput(RunError):
+    """The probe has not been run (or has not finished a step) there: a panel to list as missing, not an error."""
+
+
+def probe_dir(path, names: tuple[str, ...], command: str) -> Path:
+    """The probe's output directory: ``path/probes/<name>`` for a run directory (the first of ``names`` there), or
+    ``path`` itself (the probe's ``--out``). :class:`NoProbeOutput` when the run has none."""
+    p = Path(path)
+    if (p / "header.json").is_file():  # a run directory: the probe's default output
+        for name in names:
+            if (p / "probes" / name).is_dir():
+                return p / "probes" / name
+        raise NoProbeOutput(f"{p}: no output of {command} (looked in "
+                            f"{', '.join(str(p / 'probes' / n) for n in names)}); run python -m {command} {p} first")
+    if not p.is_dir():
+        raise RunError(f"{p}: no such directory (a run directory or the --out of python -m {command})")
+    return p
+
+
+def read_rows(path, kind: str) -> tuple[list[dict], int]:
+    """``(rows, left_out)``: the valid ``kind`` records of a probe's JSONL file in file order (none when it does not
+    exist), and how many lines were left out (torn, not JSON, or not a valid record)."""
+    path = Path(path)
+    try:
+        data = read_regular(path, RunError)
+    except FileNotFoundError:
+        return [], 0
+    rows, bad = [], 0
+    for raw in data.split(b"\n"):
+        if not raw.strip():
+            continue
+        try:
+            row = loads(raw)
+            validate(kind, row, str(path))
+        except (ValueError, SchemaError):  # UnicodeDecodeError is a ValueError
+            bad += 1
+            continue
+        rows.append(row)
+    return rows, bad
+
+
+def read_table(d: Path, stems: tuple[str, ...]) -> pd.DataFrame:
+    """The probe's table ``<stem>.parquet`` (else ``.csv``) in ``d``, the first of ``stems`` that exists."""
+    for stem in stems:
+        for ext in (".parquet", ".csv"):
+            f = d / f"{stem}{ext}"
+            if f.is_file():
+                try:
+                    return pd.read_parquet(f) if ext == ".parquet" else pd.read_csv(f)
+                except (OSError, ValueError) as e:
+                    raise RunError(f"{f}: unreadable ({e})") from None
+    raise NoProbeOutput(f"{d}: no {' or '.join(s + '.parquet/.csv' for s in stems)} (the probe has not finished a step)")
