@@ -1,38 +1,16 @@
-"""The trajectory record: an append-only list of typed events per (sample, trial).
+"""The trajectory record: an append-only list of events per (sample, trial), each event created whole.
 
     traj = Trajectory(sample, trial=0, method="react", variant="")
-    ev = traj.llm_call(messages, out, state="react")          # every LLM call, exactly as sent
-    traj.tool_call(ev, result)                                # every tool call
+    call = traj.llm_call(messages, out, state="react")        # every LLM call, exactly as sent (still open)
+    traj.settle(call, action={"kind": "tool_call", ...})      # its parsed action (or error=...) closes it
+    traj.tool_call(call, result)                              # every tool call
     traj.branch_begin(...); traj.branch_end(...)              # MM-ContextFold branches are spans
-    traj.final_answer(ev, "Paris"); line = traj.to_line("ok", "Paris")
+    traj.final_answer(call, "Paris"); line = traj.to_line("ok", "Paris")
 
-Event types (each has ``type``, ``id`` (sequence number), ``parent`` (the span it belongs to:
-``"init"``, a branch id such as ``"b2"``, or None for the top level) and ``t`` (unix time)):
-
-- ``llm_call``: ``index`` (1-based position among the trajectory's LLM calls: the paper's step t),
-  ``state`` (react | direct | init | main | branch), ``branch``, ``correction`` (this call answers a
-  correction re-prompt), ``forced`` (force-answer / branch-summarise constraint), ``message_ids``
-  (indices into the line's ``messages`` table: the exact messages sent, images as sha256),
-  ``image_hashes`` / ``n_images`` (pixels visible in that call: query and retrieved images),
-  ``n_query_images`` (how many of them are query images), ``text``, ``reasoning``,
-  ``finish_reason``, ``usage``, ``latency_s``, ``n_tokens``, ``think_tokens``, ``semantics``
-  (``raw`` or ``scaled(T=…)``), ``sampling``, ``backend``, ``model``, ``action`` or ``action_error``.
-  Its per-token arrays (ids, logprobs, top-k, think mask, exact entropy) are rows ``call == index``
-  of the line's token sidecar.
-- ``tool_call``: ``call_index`` (the LLM call that asked for it), ``name``, ``args``, ``observation``,
-  ``ok``, ``cache_hit``, ``paid_calls``, ``image_sha256`` (lens: the query image searched),
-  ``result_images`` (sha256 of the result images put into the observation, in order).
-- ``branch_begin`` / ``branch_end``: ``branch``, ``description``, ``prompt``, ``assigned_images``,
-  ``assigned_hashes`` / ``message`` (folded back to the main state), ``reason``, ``steps``.
-- ``init_end``: ``descriptions`` (image id -> text folded into the main state).
-- ``unload_probe`` (``--image-unload adaptive``, :mod:`agent.methods.unload`): ``call_index``, ``signal``,
-  ``influence``, ``kl``, ``dH``, ``H_with``, ``H_without``, ``n_think``, ``threshold``, ``below``, ``streak``,
-  ``decision`` (keep | release), ``unload_step``, ``scoring_calls``, ``latency_s``. Not an LLM call of the
-  agent: it does not count toward T_max.
-- ``final_answer``: ``answer``, ``call_index``, ``forced``.
-- ``error``: ``kind``, ``message``.
-
-The full schema of a run directory is in ``docs/trajectory.md``.
+An LLM call's event is appended once its action is known: when it is settled, or as it is when the next event
+is added or the trajectory is read (a call that ends the episode without a parsed action). Every adder returns a
+read-only view, so no event changes after it was appended. The event kinds and their fields are the models in
+:mod:`agent.record.events`; ``python -m agent.rundir schema`` publishes them as JSON Schema.
 """
 from __future__ import annotations
 
@@ -41,7 +19,8 @@ import hashlib
 import json
 import time
 from collections import Counter
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -49,7 +28,9 @@ from .backends.base import ModelOutput, SamplingParams, top_id_matrix, top_matri
 from .backends.messages import query_image_flags, record_messages
 from .jsonio import dumps
 
-__all__ = ["Trajectory", "SCHEMA_VERSION", "token_arrays"]
+__all__ = ["EventView", "Trajectory", "SCHEMA_VERSION", "token_arrays"]
+
+EventView = Mapping[str, Any]  # a recorded event, read-only
 
 SCHEMA_VERSION = 2  # 2: reasoning kept in the history, retrieved images in observations, n_query_images
 
@@ -71,7 +52,8 @@ class Trajectory:
         self.trial = int(trial)
         self.method = method
         self.variant = variant
-        self.events: list[dict] = []
+        self._events: list[dict] = []
+        self._open: dict | None = None       # the last LLM call, until its action is known
         self.messages: list[dict] = []
         self._msg_ids: dict[str, int] = {}
         self.tokens: dict[int, dict[str, np.ndarray]] = {}   # call index -> arrays
@@ -89,10 +71,30 @@ class Trajectory:
         self.tokenizer: str | None = None
 
     # ------------------------------------------------------------------ events
-    def _add(self, type_: str, parent: str | None, **fields) -> dict:
-        ev = {"type": type_, "id": len(self.events), "parent": parent, "t": round(time.time(), 3), **fields}
-        self.events.append(ev)
-        return ev
+    @property
+    def events(self) -> list[dict]:
+        """The events so far (an open LLM call is appended as it is)."""
+        self._close()
+        return self._events
+
+    def _close(self, **action) -> None:
+        if self._open is not None:
+            ev, self._open = self._open, None
+            self._events.append({"type": "llm_call", "id": len(self._events), **ev, **action})
+
+    def _add(self, type_: str, parent: str | None, **fields) -> EventView:
+        self._close()
+        ev = {"type": type_, "id": len(self._events), "parent": parent, "t": round(time.time(), 3), **fields}
+        self._events.append(ev)
+        return MappingProxyType(ev)
+
+    def settle(self, call: EventView, *, action: dict | None = None, error: str | None = None) -> None:
+        """Append the open LLM call ``call`` with what came of it: the ``action`` parsed from its reply and/or the
+        ``error`` that made it unusable. A call is settled at most once, before anything else is recorded."""
+        if self._open is None or self._open["index"] != call["index"]:
+            raise RuntimeError(f"LLM call {call['index']} is already recorded: settle a call before the next event")
+        self._close(**({"action": action} if action is not None else {}),
+                    **({"action_error": error} if error is not None else {}))
 
     def _message_ids(self, messages: list[dict]) -> list[int]:
         out = []
@@ -107,7 +109,8 @@ class Trajectory:
 
     def llm_call(self, messages: list[dict], out: ModelOutput, *, state: str, branch: str | None = None,
                  correction: bool = False, forced: bool = False, parent: str | None = None,
-                 sampling: dict | None = None) -> dict:
+                 sampling: dict | None = None) -> EventView:
+        self._close()
         self.n_calls += 1
         idx = self.n_calls
         mids = self._message_ids(messages)
@@ -125,8 +128,9 @@ class Trajectory:
             self._keep_pieces(*out.prompt_pieces)
         self.backend, self.model = out.backend, out.model
         u = out.usage
-        return self._add(
-            "llm_call", parent if parent is not None else branch, index=idx, state=state, branch=branch,
+        self._open = dict(
+            parent=parent if parent is not None else branch, t=round(time.time(), 3), index=idx, state=state,
+            branch=branch,
             correction=correction, forced=forced, message_ids=mids, image_hashes=hashes, n_images=len(hashes),
             n_query_images=n_query,
             text=out.text, reasoning=out.reasoning, finish_reason=out.finish_reason,
@@ -137,6 +141,7 @@ class Trajectory:
             semantics=out.semantics.label(), sampling=sampling or {},
             backend=out.backend, model=out.model, top_k=out.top_k_requested,
         )
+        return MappingProxyType(self._open)
 
     def _keep_pieces(self, fingerprint: str, pieces: list) -> None:
         """Keep each new piece of a call's prompt (references to the backend's arrays: no copy). A trajectory's calls
@@ -149,7 +154,7 @@ class Trajectory:
                 if d not in keep:
                     keep[d] = ids
 
-    def tool_call(self, call_ev: dict, res, shown_images: int | None = None) -> dict:
+    def tool_call(self, call_ev: EventView, res, shown_images: int | None = None) -> EventView:
         """``shown_images``: how many of the result images went into the observation (None: all)."""
         shown = list(res.images[:shown_images] if shown_images is not None else res.images)
         for sha, path in shown:
@@ -159,23 +164,23 @@ class Trajectory:
                          image_sha256=res.image_sha256, result_images=[sha for sha, _ in shown])
 
     def branch_begin(self, branch: str, *, description: str, prompt: str, assigned_images: list[str],
-                     assigned_hashes: list[str], main_call_index: int) -> dict:
+                     assigned_hashes: list[str], main_call_index: int) -> EventView:
         return self._add("branch_begin", branch, branch=branch, description=description, prompt=prompt,
                          assigned_images=assigned_images, assigned_hashes=assigned_hashes, main_call_index=main_call_index)
 
-    def branch_end(self, branch: str, *, message: str, reason: str, steps: int) -> dict:
+    def branch_end(self, branch: str, *, message: str, reason: str, steps: int) -> EventView:
         return self._add("branch_end", branch, branch=branch, message=message, reason=reason, steps=steps)
 
-    def init_end(self, descriptions: dict[str, str], parsed: dict[str, bool]) -> dict:
+    def init_end(self, descriptions: dict[str, str], parsed: dict[str, bool]) -> EventView:
         return self._add("init_end", "init", descriptions=descriptions, parsed=parsed)
 
-    def unload_probe(self, call_ev: dict, **fields) -> dict:
+    def unload_probe(self, call_ev: EventView, **fields) -> EventView:
         return self._add("unload_probe", call_ev.get("parent"), call_index=call_ev["index"], **fields)
 
-    def final_answer(self, call_ev: dict | None, answer: str, *, forced: bool = False) -> dict:
+    def final_answer(self, call_ev: EventView | None, answer: str, *, forced: bool = False) -> EventView:
         return self._add("final_answer", None, answer=answer, call_index=call_ev["index"] if call_ev else None, forced=forced)
 
-    def error(self, kind: str, message: str) -> dict:
+    def error(self, kind: str, message: str) -> EventView:
         return self._add("error", None, kind=kind, message=message)
 
     def seed_prefix(self, line: dict, tokens: dict[str, np.ndarray], upto: int) -> None:
@@ -183,7 +188,8 @@ class Trajectory:
 
         keep = [e for e in line["events"] if (e["type"] == "llm_call" and e["index"] <= upto)
                 or (e["type"] == "tool_call" and e["call_index"] <= upto)]
-        self.events = [dict(copy.deepcopy(e), id=i) for i, e in enumerate(keep)]
+        self._open = None
+        self._events = [dict(copy.deepcopy(e), id=i) for i, e in enumerate(keep)]
         self.messages = copy.deepcopy(line["messages"])
         self._msg_ids = {dumps(m, sort_keys=True): i for i, m in enumerate(self.messages)}
         self.n_calls = upto

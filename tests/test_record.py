@@ -88,3 +88,63 @@ def test_check_reports_a_sealed_line_that_does_not_match_the_schema(runs, tmp_pa
     (run / "results.index.jsonl").unlink()
     rep = check_run(run)
     assert not rep.intact and [n for n, _ in rep.invalid] == [2] and "events.0" in rep.invalid[0][1]
+
+
+class _Watched(list):
+    """A trajectory's event list that keeps a copy of each event as it was appended."""
+
+    def __init__(self):
+        super().__init__()
+        self.as_appended: list[dict] = []
+
+    def append(self, ev):
+        self.as_appended.append(json.loads(json.dumps(ev)))
+        super().append(ev)
+
+
+@pytest.mark.parametrize("method", [["--method", "react"], ["--method", "mmcontextfold"],
+                                    ["--method", "mmcontextfold", "--protocol", "release"],
+                                    ["--method", "agentfold"], ["--method", "contextfold"], ["--method", "direct"],
+                                    ["--method", "react", "--image-unload", "adaptive"]])
+def test_every_agent_creates_each_event_whole(method, tmp_path, monkeypatch):
+    """No event changes after it was appended: each call's action or action_error is part of it from the start."""
+    from agent import trajectory
+
+    watched: list[_Watched] = []
+    init = trajectory.Trajectory.__init__
+
+    def watching_init(self, *a, **kw):
+        init(self, *a, **kw)
+        self._events = _Watched()
+        watched.append(self._events)
+
+    monkeypatch.setattr(trajectory.Trajectory, "__init__", watching_init)
+    out = tmp_path / "run"
+    assert run_main([*method, "--backend", "scripted", "--limit", "3", "--out", str(out), "--no-progress"]) == 0
+    events = [e for w in watched for e in w]
+    assert events and any("action" in e for e in events)
+    for w in watched:
+        assert [json.loads(json.dumps(e)) for e in w] == w.as_appended
+
+
+def test_an_event_view_is_read_only_and_a_call_is_settled_once():
+    from agent.backends.base import LogprobSemantics, ModelOutput, TokenArrays, Usage
+    from agent.benchmarks.manifest import Sample
+    from agent.trajectory import Trajectory
+
+    traj = Trajectory(Sample(id="q", query="Which city?", query_images=[], answer="x", benchmark="b", line=1),
+                      trial=0, method="react")
+    out = ModelOutput("<answer>x</answer>", "", TokenArrays.empty(), "stop", Usage(), LogprobSemantics("raw"),
+                      "scripted", "m")
+    call = traj.llm_call([{"role": "user", "content": "q"}], out, state="react")
+    with pytest.raises(TypeError):
+        call["action"] = {"kind": "answer"}  # type: ignore[index]
+    traj.settle(call, action={"kind": "answer", "answer": "x"})
+    with pytest.raises(RuntimeError, match="already recorded"):
+        traj.settle(call, error="late")
+    second = traj.llm_call([{"role": "user", "content": "q2"}], out, state="react")
+    traj.final_answer(second, "x")  # the next event appends the open call as it is
+    with pytest.raises(RuntimeError, match="already recorded"):
+        traj.settle(second, action={"kind": "answer", "answer": "x"})
+    assert [(e["type"], e.get("action")) for e in traj.events] == [
+        ("llm_call", {"kind": "answer", "answer": "x"}), ("llm_call", None), ("final_answer", None)]

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from ..parsing import ActionError
 from ..prompts import AGENTFOLD_FINAL, AGENTFOLD_IMAGE_IDS, AGENTFOLD_SYSTEM, AGENTFOLD_USER, fill
+from ..trajectory import EventView
 from .common import Episode, chat, image_parts, with_suffix
 
 __all__ = ["run_agentfold", "Block", "fold", "render_memory", "MAX_RESAMPLES"]
@@ -116,7 +117,7 @@ def _parse(text: str, turn: int, final: bool):
     return "tool", t.group(1).strip(), fold_, (mot.group(1).strip() if mot else "")
 
 
-async def _run_tool(ep: Episode, ev: dict, raw: str) -> str:
+async def _run_tool(ep: Episode, ev: EventView, raw: str) -> str:
     """The first tool call's response text (invalid JSON / unknown tool: the error text, as in the release)."""
     try:
         obj = json.loads(raw)
@@ -170,14 +171,14 @@ async def run_agentfold(ep: Episode) -> tuple[str, str]:
         else:
             return "no_answer", ""  # 5 unusable outputs in one turn: the release drops the question
         if kind == "answer":
-            ev["action"] = {"kind": "answer", "answer": payload}
+            ep.traj.settle(ev, action={"kind": "answer", "answer": payload})
             ep.traj.final_answer(ev, payload, forced=final)
             return ("ok", payload) if payload else ("no_answer", "")
         action = {"kind": "tool_call", "raw": payload, "step": turn}
         if fold_ is not None:
             blocks, record = fold(blocks, fold_[0], fold_[1], fold_[2], latest=turn - 1)
             action["fold"] = record
-        ev["action"] = action
+        ep.traj.settle(ev, action=action)
         obs = await _run_tool(ep, ev, payload)
         step = (f"**Motivation:** {motivation}\n" if motivation else "") + f"**Tool call:** {payload}\n**Tool response:** {obs}"
         blocks = sorted([*blocks, Block(turn, turn, step)], key=lambda b: b.start)

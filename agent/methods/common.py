@@ -19,7 +19,7 @@ from ..tools.formatting import format_lens_branch
 from ..tools.live import LENS_IMAGES
 from ..tools.registry import ImageRegistry, RegisteredImage
 from ..tools.toolbox import TOOL_NAMES, ToolResult, lens_results
-from ..trajectory import Trajectory
+from ..trajectory import EventView, Trajectory
 
 __all__ = ["Budgets", "Episode", "BudgetExceeded", "ServedModelChanged", "Turn", "image_parts", "with_suffix", "with_note",
            "tool_reply", "correction_text",
@@ -197,7 +197,7 @@ class Episode:
         return self.budgets.t_max - self.traj.n_calls
 
     async def llm(self, messages: list[dict], *, state: str, branch: str | None = None, correction: bool = False,
-                  forced: bool = False, parent: str | None = None) -> tuple[ModelOutput, dict]:
+                  forced: bool = False, parent: str | None = None) -> tuple[ModelOutput, EventView]:
         if self.remaining <= 0:
             raise BudgetExceeded(f"{self.sample.id}: call {self.used + 1} exceeds T_max={self.budgets.t_max}")
         out = await self.backend.generate(messages, self.sampling)
@@ -208,17 +208,18 @@ class Episode:
                                 parent=parent, sampling=self.sampling.to_dict())
         return out, ev
 
-    @staticmethod
-    def accept(ev: dict, act: Action) -> None:
-        ev["action"] = {"kind": act.kind, **({"name": act.name, "args": act.args} if act.kind == "tool_call" else {}),
-                        **({"answer": act.answer} if act.kind == "answer" else {}),
-                        **({"subtask": act.subtask} if act.kind == "subtask" else {})}
+    def accept(self, ev: EventView, act: Action) -> None:
+        """Record call ``ev`` with the action parsed from its reply."""
+        self.traj.settle(ev, action={
+            "kind": act.kind, **({"name": act.name, "args": act.args} if act.kind == "tool_call" else {}),
+            **({"answer": act.answer} if act.kind == "answer" else {}),
+            **({"subtask": act.subtask} if act.kind == "subtask" else {})})
 
-    @staticmethod
-    def reject(ev: dict, err: Exception) -> None:
-        ev["action_error"] = str(err)
+    def reject(self, ev: EventView, err: Exception) -> None:
+        """Record call ``ev`` as unusable, with why."""
+        self.traj.settle(ev, error=str(err))
 
-    async def tool(self, ev: dict, name: str, args: dict, *, images: int | None = None,
+    async def tool(self, ev: EventView, name: str, args: dict, *, images: int | None = None,
                    branch_lens: bool = False, lens_label: str | None = None) -> ToolResult:
         """Run a tool; ``images``: how many result images its observation shows (recorded; default
         ``observation_images``). ``branch_lens``: a Lens result is shown as the release shows it inside an

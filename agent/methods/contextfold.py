@@ -35,6 +35,7 @@ from ..prompts import (
     fill,
 )
 from ..tools.toolbox import TOOL_NAMES
+from ..trajectory import EventView
 from .common import Episode, assistant_message, chat, image_parts, with_suffix
 
 __all__ = ["run_contextfold", "MAX_BRANCHES"]
@@ -56,7 +57,7 @@ def _reply(text: str, images: list) -> object:
     return [*parts, {"type": "text", "text": text}]
 
 
-async def _run_group(ep: Episode, ev: dict, group) -> tuple[str, list]:
+async def _run_group(ep: Episode, ev: EventView, group) -> tuple[str, list]:
     """Run the calls in order; the observations concatenated (and the result images shown)."""
     texts, images = [], []
     for call in group:
@@ -69,14 +70,14 @@ async def _run_group(ep: Episode, ev: dict, group) -> tuple[str, list]:
     return "\n\n".join(texts), images
 
 
-def _record(ev: dict, call) -> None:
+def _action(call) -> dict:
+    """The recorded action of a function call."""
     if call.name == "branch":
-        ev["action"] = {"kind": "subtask", "subtask": {"description": call.params.get("description", ""),
-                                                       "prompt": call.params.get("prompt", ""), "assigned_images": []}}
-    elif call.name == "finish":
-        ev["action"] = {"kind": "answer", "answer": call.params.get("answer", "").strip()}
-    else:
-        ev["action"] = {"kind": "tool_call", "name": call.name, "args": call.params}
+        return {"kind": "subtask", "subtask": {"description": call.params.get("description", ""),
+                                               "prompt": call.params.get("prompt", ""), "assigned_images": []}}
+    if call.name == "finish":
+        return {"kind": "answer", "answer": call.params.get("answer", "").strip()}
+    return {"kind": "tool_call", "name": call.name, "args": call.params}
 
 
 async def run_contextfold(ep: Episode) -> tuple[str, str]:
@@ -93,12 +94,11 @@ async def run_contextfold(ep: Episode) -> tuple[str, str]:
         calls = parse_function_calls(out.text)
         last = calls[-1] if calls else None
         if last is not None and last.name == "finish":
-            _record(ev, last)
             answer = last.params.get("answer", "").strip()
+            ep.traj.settle(ev, action=_action(last), error=None if answer else "finish with an empty answer")
             if answer:
                 ep.traj.final_answer(ev, answer, forced=final)
                 return "ok", answer
-            ep.reject(ev, ValueError("finish with an empty answer"))
             main.append(chat("user", EMPTY_ANSWER))
             correction = True
             continue
@@ -111,7 +111,7 @@ async def run_contextfold(ep: Episode) -> tuple[str, str]:
             correction = True
             continue
         if last.name == "branch":
-            _record(ev, last)
+            ep.traj.settle(ev, action=_action(last))
             missing = [k for k in ("description", "prompt") if not last.params.get(k)]
             if missing:
                 main.append(chat("user", f"[Error] branch needs {' and '.join(missing)}. {CONTEXTFOLD_NUDGE_MAIN}"))
@@ -125,17 +125,17 @@ async def run_contextfold(ep: Episode) -> tuple[str, str]:
             main.append(chat("user", message))
             continue
         if last.name == "return":
-            _record(ev, last)
+            ep.traj.settle(ev, action=_action(last))
             main.append(chat("user", f"[Error] return can only be called in a branch. {CONTEXTFOLD_NUDGE_MAIN}"))
             continue
         group = trailing_group(out.text, calls)
-        _record(ev, group[-1])
+        ep.traj.settle(ev, action=_action(group[-1]))
         text, images = await _run_group(ep, ev, group)
         main.append(chat("user", _reply(f"{text}\n\n{CONTEXTFOLD_NUDGE_MAIN}", images)))
     return "no_answer", ""
 
 
-async def _branch(ep: Episode, bid: str, params: dict, main: list[dict], main_ev: dict) -> str:
+async def _branch(ep: Episode, bid: str, params: dict, main: list[dict], main_ev: EventView) -> str:
     """Run a branch on a full copy of the main messages; returns the one message main receives."""
     ep.traj.branch_begin(bid, description=params["description"], prompt=params["prompt"], assigned_images=[],
                          assigned_hashes=[], main_call_index=main_ev["index"])
@@ -155,7 +155,7 @@ async def _branch(ep: Episode, bid: str, params: dict, main: list[dict], main_ev
         calls = parse_function_calls(out.text)
         last = calls[-1] if calls else None
         if last is not None and last.name == "return":
-            _record(ev, last)
+            ep.traj.settle(ev, action=_action(last))
             message = last.params.get("message", "").strip()
             ep.traj.branch_end(bid, message=message, reason="return", steps=steps)
             return f"Branch has finished its task, the returned message is:\n\n{message}"
@@ -165,7 +165,7 @@ async def _branch(ep: Episode, bid: str, params: dict, main: list[dict], main_ev
             ep.traj.branch_end(bid, message=out.text, reason=reason, steps=steps)
             return _fallback(out.text)
         if last is not None and last.name in ("branch", "finish"):
-            _record(ev, last)
+            ep.traj.settle(ev, action=_action(last))
             msgs.append(chat("user", f"You are in branch mode and cannot branch a task or finish. Use the `return` "
                                      f"function to report your findings to MAIN. {nudge}"))
             continue
@@ -174,7 +174,7 @@ async def _branch(ep: Episode, bid: str, params: dict, main: list[dict], main_ev
             msgs.append(chat("user", f"{NO_CALL} {nudge}"))
             continue
         group = trailing_group(out.text, calls)
-        _record(ev, group[-1])
+        ep.traj.settle(ev, action=_action(group[-1]))
         text, images = await _run_group(ep, ev, group)
         msgs.append(chat("user", _reply(f"{text}\n\n{nudge}", images)))
 

@@ -17,13 +17,13 @@ __all__ = ["run_direct"]
 async def run_direct(ep: Episode) -> tuple[str, str]:
     user = [*image_parts(ep.registry.images), {"type": "text", "text": fill(REACT_USER, question=ep.sample.question)}]
     out, ev = await ep.llm([chat("system", DIRECT_SYSTEM), chat("user", user)], state="direct")
+    error = None
     try:
         act = parse_action(out.text, ("answer",))
         answer, tagged = act.answer, True
     except ActionError as e:
-        ep.reject(ev, e)
-        answer, tagged = out.text.strip(), False
-    ev["action"] = {"kind": "answer", "answer": answer, "tagged": tagged}
+        answer, tagged, error = out.text.strip(), False, str(e)
+    ep.traj.settle(ev, action={"kind": "answer", "answer": answer, "tagged": tagged}, error=error)
     if not answer:
         return "no_answer", ""
     ep.traj.final_answer(ev, answer)

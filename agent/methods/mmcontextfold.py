@@ -41,6 +41,7 @@ from ..prompts import (
     branch_prompt,
     fill,
 )
+from ..trajectory import EventView
 from .common import Episode, Turn, assistant_message, chat, correction_text, image_parts, with_note
 
 __all__ = ["run_mmcontextfold", "VARIANTS"]
@@ -57,7 +58,7 @@ async def _init_cycle(ep: Episode) -> str:
         msgs = [chat("system", SYSTEM), chat("user", [{"type": "text", "text": INIT}, *image_parts([img], "high")])]
         out, ev = await ep.llm(msgs, state="init", parent="init")
         obj, text = parse_init_description(out.text or out.reasoning)
-        ev["action"] = {"kind": "describe", "image_id": img.image_id, "parsed": obj is not None}
+        ep.traj.settle(ev, action={"kind": "describe", "image_id": img.image_id, "parsed": obj is not None})
         descriptions[img.image_id], parsed[img.image_id] = _description(img.image_id, obj, text), obj is not None
     ep.traj.init_end(descriptions, parsed)
     missing = [r.image_id for r in ep.registry.images if r.image_id not in descriptions]
@@ -129,7 +130,7 @@ async def run_mmcontextfold(ep: Episode, *, variant: str = "") -> tuple[str, str
     return "no_answer", ""
 
 
-async def _branch(ep: Episode, bid: str, subtask: dict, inherited: list[dict], main_ev: dict, variant: str) -> str:
+async def _branch(ep: Episode, bid: str, subtask: dict, inherited: list[dict], main_ev: EventView, variant: str) -> str:
     # which pixels a branch may see (§4.3): the default and w/o Init load the assigned query images; w/o Image in
     # Branch and the caption variant see none at all (no Lens result images either)
     pixels = variant in ("", "no-init", "image-in-main")

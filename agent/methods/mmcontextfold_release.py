@@ -129,7 +129,7 @@ async def _init(ep: Episode) -> str:
             data = json.loads(m.group()) if m else None
         except json.JSONDecodeError:
             data = None
-        ev["action"] = {"kind": "describe", "image_id": img.image_id, "parsed": isinstance(data, dict)}
+        ep.traj.settle(ev, action={"kind": "describe", "image_id": img.image_id, "parsed": isinstance(data, dict)})
         parsed[img.image_id] = isinstance(data, dict)
         if isinstance(data, dict):
             blocks.append(f"{img.image_id}: [Query Image]\n  Content: {data.get('summary', '')}\n"
@@ -152,7 +152,7 @@ async def run_release_protocol(ep: Episode) -> tuple[str, str]:
             return "ok", answer
         subtask = extract_subtask(response)
         if subtask is None:
-            ev["action_error"] = "no <answer> and no <subtask> with a prompt"
+            ep.traj.settle(ev, error="no <answer> and no <subtask> with a prompt")
             response, ev = await chat.send(MAIN_CORRECTION, state="main", correction=True)
             continue
         if branches >= MAX_BRANCHES:
@@ -160,7 +160,7 @@ async def run_release_protocol(ep: Episode) -> tuple[str, str]:
             continue
         branches += 1
         description = subtask.get("description", "subtask")
-        ev["action"] = {"kind": "subtask", "subtask": subtask}
+        ep.traj.settle(ev, action={"kind": "subtask", "subtask": subtask})
         message = await _branch(ep, chat, f"b{branches}", subtask, ev)
         response, ev = await chat.send(fill(CONTINUE, description=description, return_message=message), state="main")
     response, ev = await chat.send(FORCE_ANSWER, state="main", forced=True)
@@ -208,7 +208,7 @@ async def _branch(ep: Episode, chat: _Chat, bid: str, subtask: dict, main_ev: di
                 continue
             message, reason = _strip_answer_tags(text), "return"
             break
-        ev["action"] = {"kind": "tool_call", "name": name, "args": params}
+        ep.traj.settle(ev, action={"kind": "tool_call", "name": name, "args": params})
         left = MAX_BRANCH_TURNS - 1 - turn
         warning = LAST_TURN if left <= 1 else (TWO_TURNS_LEFT if left == 2 else "")
         observation, images = await _tool(ep, ev, name, params, paths)

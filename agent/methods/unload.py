@@ -46,6 +46,7 @@ from analysis.influence import token_influence
 
 from ..backends.base import BackendError, Continuation
 from ..backends.messages import strip_query_images
+from ..trajectory import EventView
 
 __all__ = ["UnloadPolicy", "UnloadTracker", "SIGNALS", "SCORING_BACKENDS", "DEFAULT_THRESHOLD", "DEFAULT_PATIENCE",
            "influence_of"]
@@ -144,7 +145,7 @@ class UnloadTracker:
     def images_at(self, step: int) -> bool:
         return self.unload_step is None or step < self.unload_step
 
-    async def observe(self, ep, ev: dict, messages: list[dict], out) -> dict:
+    async def observe(self, ep, ev: EventView, messages: list[dict], out) -> EventView:
         """Probe step ``ev`` (generated from ``messages`` with the query images); record it; maybe unload."""
 
         t0 = time.monotonic()
