@@ -187,6 +187,7 @@ def call_rate(*, samples: int, concurrency: int, processes: int | str, calls: in
 
     from agent.backends.tiny_model import ensure_tiny_model
     from agent.run import RunConfig, run
+    from agent.rundir import RunDir
 
     tiny = str(ensure_tiny_model(quiet=True))
     bodies = render_bodies(tiny, calls, reply_tokens, seed)
@@ -206,7 +207,7 @@ def call_rate(*, samples: int, concurrency: int, processes: int | str, calls: in
             wall = time.perf_counter() - t0
             # the serving span: first sample started -> last sample finished (what the runner does once its
             # processes are up; the whole command above also holds their start-up)
-            stamps = [json.loads(x) for x in (tmp / "run" / "results.jsonl").read_bytes().splitlines() if x.strip()]
+            stamps = RunDir(tmp / "run").index()
             span = max(x["finished"] for x in stamps) - min(x["started"] for x in stamps)
             r1 = resource.getrusage(resource.RUSAGE_SELF)
             c1 = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -102,7 +102,7 @@ def soak(out: Path, *, kills: int = 20, trials: int = 40, processes: int = 2, co
         srv.server_close()
     from agent.rundir import RunDir
 
-    lines = RunDir(out).read_lines(warn=False)
+    lines = RunDir(out).index(warn=False)  # every intact line's summary, in file order
     keys = [(ln["sample_id"], ln["trial"]) for ln in lines]
     statuses: dict = {}
     latest = {}

@@ -114,7 +114,7 @@ def test_no_record_is_glued_onto_a_torn_fragment_and_repair_quarantines(tmp_path
     traj = Trajectory.__new__(Trajectory)
     traj.tokens, traj.sample, traj.image_files, traj.top_k = {}, S(), {}, 0
     rd.append(traj, _unit_line("s2"))
-    assert {ln["sample_id"] for ln in rd.read_lines(warn=False)} == {"s0", "s2"}  # s2 is intact
+    assert {ln["sample_id"] for ln in rd.index(warn=False)} == {"s0", "s2"}  # s2 is intact
     (rd.path / "tokens" / "stray.parquet").write_bytes(b"x")
     (rd.path / "tokens" / "a.parquet.tmp123-4").write_bytes(b"x")
     rep = check_run(rd.path)
@@ -147,7 +147,7 @@ async def test_superseded_lines_keep_their_tokens(tmp_path):
     await run(cfg, [], backends=[ScriptedBackend([flaky] * 10)])
     cfg.retry_errors = True
     await run(cfg, [], backends=[ScriptedBackend([react_policy] * 10)])
-    lines = RunDir(tmp_path / "r").read_lines()
+    lines = RunDir(tmp_path / "r").index()
     assert [ln["status"] for ln in lines] == ["error", "ok"]
     assert lines[0]["tokens_file"] != lines[1]["tokens_file"]
     assert (tmp_path / "r" / lines[0]["tokens_file"]).exists() and (tmp_path / "r" / lines[1]["tokens_file"]).exists()
@@ -277,7 +277,7 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path, processes):
         _, err = p.communicate(timeout=60)
     assert p.returncode == 143, err[-2000:]
     assert "rerun the same command to resume" in err and "Traceback" not in err
-    n = len(RunDir(tmp_path / "r").read_lines())
+    n = len(RunDir(tmp_path / "r").index())
     assert f"interrupted: {n} written" in err  # the summary counts what was written, workers included
     # and what was abandoned: the units in flight and the calls already spent on them
     import re

@@ -83,7 +83,7 @@ async def test_a_prefix_that_does_not_rebuild_is_an_error(tmp_path):
     res.write_bytes(seal(line) + b"\n")  # a crafted run: sealed again, so only the prefix tells
     (rd / "results.index.jsonl").unlink()
     await removal_probe(rd, [3], backend=ScriptedBackend([sees_image_policy] * 50), grader=Grader("exact"), progress=False)
-    rep = RunDir(rd / "probes" / "removal" / "k3").read_lines()[0]
+    rep = RunDir(rd / "probes" / "removal" / "k3").index()[0]
     assert rep["status"] == "error" and "byte for byte" in rep["error"]
 
 

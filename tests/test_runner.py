@@ -93,7 +93,7 @@ async def test_resume_skips_done_and_retry_errors_reruns_failures(tmp_path):
     assert out["counts"] == {"ok": 2}
     latest = RunDir(tmp_path / "run").latest()
     assert len(latest) == 6 and all(line["status"] == "ok" for line in latest.values())
-    assert len(RunDir(tmp_path / "run").read_lines()) == 8  # history kept, latest wins
+    assert len(RunDir(tmp_path / "run").index()) == 8  # history kept, latest wins
 
 
 async def test_header_mismatch_is_refused(tmp_path):
@@ -108,7 +108,7 @@ async def test_torn_last_line_is_ignored_and_rerun(tmp_path, capsys):
     lines = res.read_bytes().splitlines(keepends=True)
     res.write_bytes(lines[0] + lines[1][:57])  # a crash in the middle of the second line
     rd = RunDir(tmp_path / "run")
-    assert len(rd.read_lines()) == 1 and "torn or malformed" in capsys.readouterr().err
+    assert len(rd.index()) == 1 and "torn or malformed" in capsys.readouterr().err
     with open(res, "ab") as f:
         f.write(b"\n")
     out = await run(cfg(tmp_path, limit=2), [], backends=[ScriptedBackend([react_policy] * 10)])
@@ -126,7 +126,7 @@ async def test_timeout_keeps_partial_record(tmp_path):
     b = SlowBackend([react_policy] * 100)
     out = await run(cfg(tmp_path, limit=2, timeout=1.0), [], backends=[b])
     assert out["counts"] == {"timeout": 1, "ok": 1}
-    line = next(ln for ln in RunDir(tmp_path / "run").read_lines() if ln["status"] == "timeout")
+    line = next(ln for ln in load_run(tmp_path / "run").lines if ln["status"] == "timeout")
     assert line["sample_id"] == "demo_1" and "timeout" in line["error"] and line["events"][-1]["type"] == "error"
 
 
@@ -135,7 +135,7 @@ async def test_several_endpoints_share_the_load(tmp_path):
     c = cfg(tmp_path, trials=2, concurrency=4)
     c.endpoints = ["http://a:1", "http://b:2"]
     await run(c, [], backends=[a, b])
-    lines = RunDir(tmp_path / "run").read_lines()
+    lines = RunDir(tmp_path / "run").index()
     by_ep = {e: sum(ln["n_calls"] for ln in lines if ln["endpoint"] == e) for e in c.endpoints}
     assert by_ep["http://a:1"] >= 4 and by_ep["http://b:2"] >= 4
     # a trajectory stays on one endpoint: each backend made exactly the calls of the lines given to it
@@ -377,7 +377,7 @@ def test_errors_give_exit_3_with_the_retry_command_and_a_streak_stops_the_run(tm
         rc = run_main(_cli(srv.url, tmp_path / "b", "--concurrency", "1", "--max-consecutive-errors", "3"))
         err = capsys.readouterr().err
         assert rc == 4 and "3 harness errors in a row" in err
-        assert len(RunDir(tmp_path / "b").read_lines()) == 3
+        assert len(RunDir(tmp_path / "b").index()) == 3
 
 
 @pytest.mark.parametrize("deterministic", [False, True])

@@ -27,7 +27,7 @@ from .common import (
     write_json,
 )
 from .index import RunIndex
-from .lines import line_digest, read_line, seal
+from .lines import line_digest, seal
 from .sidecar import encode as _encode_sidecar
 from .sidecar import sha256_of
 
@@ -179,24 +179,6 @@ class RunDir(RunIndex):
         return header
 
     # ------------------------------------------------------------------ lines
-    def read_lines(self, *, warn=True) -> list[dict]:
-        """Every intact line of results.jsonl in file order, superseded ones included (torn and changed lines are
-        left out, and named when ``warn``)."""
-        if not self.results.exists():
-            return []
-        out = []
-        with open(self.results, "rb") as f:
-            for n, raw in enumerate(f, 1):
-                if not raw.strip():
-                    continue
-                line, state = read_line(raw)
-                if state == "ok":
-                    out.append(line)
-                elif warn:
-                    why = "torn or malformed" if state == "torn" else "changed since it was written"
-                    log.warning(f"warning: {self.results}:{n}: {why} line ignored (its sample will be rerun on resume)")
-        return out
-
     def latest(self, project=None) -> dict[tuple[str, int], dict]:
         """The last line of each (sample, trial), as its summary (the line without ``events`` and ``messages``;
         :meth:`Run.full` reads the whole line), or what ``project`` keeps of it (:meth:`RunIndex.index`)."""
