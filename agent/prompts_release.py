@@ -147,6 +147,15 @@ MAIN_CORRECTION = ("Could not parse your response. You must use exactly one of:\
                    "- `<answer>your answer</answer>` to provide the final answer\n\nTry again.")
 # pipelines/pipeline_mmcontextfold.py:496-502: every round after the fifth branch
 BRANCH_LIMIT = "Branch limit reached. Provide your best answer now.\n<answer>your answer</answer>"
+# pipelines/pipeline_mmcontextfold.py:463-466: the main state's next prompt after a failed call (null content, a
+# reply starting with "Error:", :155-163)
+AFTER_FAILED_CALL = "Please continue with your analysis."
+# pipelines/pipeline_mmcontextfold.py:209, :218-219: what a branch returns when a call of it failed
+BRANCH_NO_RETURN = "Branch completed without explicit return."
+# pipelines/pipeline_mmcontextfold.py:113-115: an init reply that is empty or failed
+PERCEPTION_FAILED = "{image_id}: [Query Image] (perception failed)"
+# pipelines/pipeline_mmcontextfold.py:531: the force-answer call failed too
+NO_ANSWER = "No answer (max rounds exceeded)"
 # pipelines/pipeline_mmcontextfold.py:240-246: a branch reply with no parsable <tool_call>
 BRANCH_CORRECTION = ("No valid tool call found. Please wrap your tool call in the correct format:\n"
                      '<tool_call>\n{"name": "tool_name", "parameters": {...}}\n</tool_call>\n\n'

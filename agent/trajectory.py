@@ -133,7 +133,7 @@ class Trajectory:
             branch=branch,
             correction=correction, forced=forced, message_ids=mids, image_hashes=hashes, n_images=len(hashes),
             n_query_images=n_query,
-            text=out.text, reasoning=out.reasoning, finish_reason=out.finish_reason,
+            text=None if out.content_null else out.text, reasoning=out.reasoning, finish_reason=out.finish_reason,
             usage={"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
                    "cached_tokens": u.cached_tokens, "reasoning_tokens": u.reasoning_tokens,
                    **({"cost": u.cost, "provider": u.provider} if u.cost is not None else {})},

@@ -153,7 +153,7 @@ class Annotator:
         for _ in range(self.retries + 1):
             out = await self.backend.generate([{"role": "user", "content": content}], self.sp)
             try:
-                labels = parse_labels(out.text or out.reasoning, n, keys)
+                labels = parse_labels(out.visible or out.reasoning, n, keys)
                 if check:
                     check(labels)
                 return labels, errors

@@ -234,7 +234,9 @@ class SamplingParams:
 class ModelOutput:
     """The full record of one generation.
 
-    ``text`` is the visible answer (after the think segment), ``reasoning`` the thinking text;
+    ``text`` is the visible answer (after the think segment) and ``reasoning`` the thinking text, as the server
+    sent them (a chat server's ``content`` and ``reasoning_content``, unstripped; ``content_null`` when it sent
+    null);
     ``tokens[i].think`` says which output tokens lie strictly inside ``<think>…</think>``.
     ``request`` is what was sent, with images replaced by their sha256; ``response`` the raw reply.
     ``prompt_pieces``: ``(tokenizer fingerprint, [(digest, int32 ids), ...])``, the prompt's token ids by message
@@ -256,6 +258,13 @@ class ModelOutput:
     exact_entropy: list[float] | None = None
     top_k_requested: int = DEFAULT_TOP_LOGPROBS
     prompt_pieces: Any = None
+    content_null: bool = False  # the server sent ``content: null`` (``text`` is then "")
+
+    @property
+    def visible(self) -> str:
+        """The visible answer as a prompt or a parser uses it: ``text`` without surrounding whitespace (ours; what
+        SGLang's reasoning parser sends, and the record keeps ``text`` as it arrived)."""
+        return self.text.strip()
 
     @property
     def full_text(self) -> str:

@@ -197,6 +197,7 @@ class OpenAIBackend:
         if not isinstance(msg, dict):
             raise BackendError(f"{where}: choices[0].message is {type(msg).__name__}, not an object: "
                                f"{redact(str(msg))[:200]}")
+        # as it arrived: unstripped, and null told apart from "" (the release treats them differently)
         content = scrub(_text_of_content(msg.get("content"), f"{where} choices[0].message.content"))
         reasoning = scrub(msg.get("reasoning_content") or msg.get("reasoning") or "")
         meta = choice.get("meta_info") or {}
@@ -237,7 +238,7 @@ class OpenAIBackend:
                       count("usage.reasoning_tokens", u.get("reasoning_tokens")),
                       cost=_cost(u.get("cost")), provider=resp.get("provider") if isinstance(resp.get("provider"), str) else None)
         return ModelOutput(
-            text=content.strip(), reasoning=reasoning.strip(), tokens=tokens,
+            text=content, reasoning=reasoning, tokens=tokens, content_null=msg.get("content") is None,
             finish_reason=finish_reason_of(choice.get("finish_reason")), usage=usage,
             semantics=LogprobSemantics.for_generation(self.logprob_mode, sp.temperature),
             backend=f"{self.name}:{self.server}", model=resp.get("model") or self.model, response=resp,

@@ -204,7 +204,7 @@ class Grader:
             if out.usage.cost is not None:  # the provider's bill, when it sends one (summed over asks)
                 usage["cost"] = usage.get("cost", 0.0) + out.usage.cost
             cut = out.finish_reason == "length"
-            g, ext = ("UNPARSED", None) if cut else parse_grade(out.text or out.reasoning)
+            g, ext = ("UNPARSED", None) if cut else parse_grade(out.visible or out.reasoning)
             if not cut:
                 break
         if cut:

@@ -86,11 +86,13 @@ class Turn:
     reply: object        # the user message that followed (text, or parts when it carries images)
 
 
-def assistant_message(text: str, reasoning: str, history_reasoning: str = "keep") -> dict:
-    """An assistant turn for the history; with ``keep`` the reasoning rides along as ``reasoning_content``."""
+def assistant_message(text: str | None, reasoning: str | None, history_reasoning: str = "keep") -> dict:
+    """An assistant turn for the history; with ``keep`` the reasoning rides along as ``reasoning_content``.
+    The texts are recorded as they arrived and cleaned here, as the next prompt is built (ours: surrounding
+    whitespace dropped and null as "", what SGLang's reasoning parser sends; docs/fidelity.md)."""
     if history_reasoning == "keep":
-        return {"role": "assistant", "content": text, "reasoning_content": reasoning or ""}
-    return chat("assistant", text)
+        return {"role": "assistant", "content": (text or "").strip(), "reasoning_content": (reasoning or "").strip()}
+    return chat("assistant", (text or "").strip())
 
 
 def with_turns(base: list[dict], turns: list[Turn], history_reasoning: str = "keep") -> list[dict]:

@@ -151,7 +151,7 @@ async def _branch(ep: Episode, bid: str, params: dict, main: list[dict], main_ev
         sent = with_suffix(msgs, CONTEXTFOLD_FORCED_RETURN) if forced else msgs
         out, ev = await ep.llm(sent, state="branch", branch=bid, forced=forced)
         msgs.append(assistant_message(out.text, out.reasoning, ep.history_reasoning))
-        last_text = out.text
+        last_text = out.visible
         calls = parse_function_calls(out.text)
         last = calls[-1] if calls else None
         if last is not None and last.name == "return":
@@ -162,8 +162,8 @@ async def _branch(ep: Episode, bid: str, params: dict, main: list[dict], main_ev
         if forced:
             ep.reject(ev, ValueError("the forced call did not return"))
             reason = "branch_budget" if steps >= ep.budgets.b_max else "global_budget"
-            ep.traj.branch_end(bid, message=out.text, reason=reason, steps=steps)
-            return _fallback(out.text)
+            ep.traj.branch_end(bid, message=out.visible, reason=reason, steps=steps)
+            return _fallback(out.visible)
         if last is not None and last.name in ("branch", "finish"):
             ep.traj.settle(ev, action=_action(last))
             msgs.append(chat("user", f"You are in branch mode and cannot branch a task or finish. Use the `return` "

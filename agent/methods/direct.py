@@ -22,7 +22,7 @@ async def run_direct(ep: Episode) -> tuple[str, str]:
         act = parse_action(out.text, ("answer",))
         answer, tagged = act.answer, True
     except ActionError as e:
-        answer, tagged, error = out.text.strip(), False, str(e)
+        answer, tagged, error = out.visible, False, str(e)
     ep.traj.settle(ev, action={"kind": "answer", "answer": answer, "tagged": tagged}, error=error)
     if not answer:
         return "no_answer", ""

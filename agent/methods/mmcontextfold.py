@@ -57,7 +57,7 @@ async def _init_cycle(ep: Episode) -> str:
         # the prompt first, then the image (release utils/search_backbone_model.py:83-106)
         msgs = [chat("system", SYSTEM), chat("user", [{"type": "text", "text": INIT}, *image_parts([img], "high")])]
         out, ev = await ep.llm(msgs, state="init", parent="init")
-        obj, text = parse_init_description(out.text or out.reasoning)
+        obj, text = parse_init_description(out.visible or out.reasoning)
         ep.traj.settle(ev, action={"kind": "describe", "image_id": img.image_id, "parsed": obj is not None})
         descriptions[img.image_id], parsed[img.image_id] = _description(img.image_id, obj, text), obj is not None
     ep.traj.init_end(descriptions, parsed)

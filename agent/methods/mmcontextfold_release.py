@@ -19,9 +19,11 @@ import json
 import re
 
 from ..prompts_release import (
+    AFTER_FAILED_CALL,
     BRANCH,
     BRANCH_CORRECTION,
     BRANCH_LIMIT,
+    BRANCH_NO_RETURN,
     CALL_IN_RETURN,
     CONTINUE,
     EMPTY_RETURN,
@@ -31,7 +33,9 @@ from ..prompts_release import (
     LAST_TURN,
     MAIN,
     MAIN_CORRECTION,
+    NO_ANSWER,
     NOT_PARSED,
+    PERCEPTION_FAILED,
     SYSTEM,
     TWO_TURNS_LEFT,
     UNKNOWN_TOOL,
@@ -40,6 +44,7 @@ from ..prompts_release import (
     invalid_image,
 )
 from ..tools.formatting import FAILED_VISIT, LENS_BRANCH_EMPTY, format_search
+from ..trajectory import EventView
 from .common import Episode
 
 __all__ = ["run_release_protocol", "MAX_ROUNDS", "MAX_BRANCHES", "MAX_BRANCH_TURNS", "CALL_CAP"]
@@ -79,11 +84,18 @@ def extract_tool_call(text: str) -> dict | None:
 
 # ------------------------------------------------------------------ messages as the release builds them
 def user(text: str, images=()) -> dict:
-    """A user turn: always a list, the text first, then each image with ``detail: high``, no identifier part
-    (``utils/search_backbone_model.py:83-106``)."""
-    return {"role": "user", "content": [{"type": "text", "text": text},
-                                        *({"type": "image_url", "image_url": {"url": str(p), "detail": "high"}}
-                                          for p in images)]}
+    """A user turn: always a list, the text first (when it is not blank), then each image with ``detail: high``, no
+    identifier part (``utils/search_backbone_model.py:83-106``)."""
+    parts = [{"type": "text", "text": text}] if text.strip() else []
+    parts += [{"type": "image_url", "image_url": {"url": str(p), "detail": "high"}} for p in images]
+    return {"role": "user", "content": parts or [{"type": "text", "text": ""}]}
+
+
+def failed(reply: str | None) -> bool:
+    """A call the release treats as failed: null content, or content starting with ``Error:`` (how its client
+    reports an API error, and so how it reads a model that writes one; ``pipelines/pipeline_mmcontextfold.py:155-163``).
+    An empty reply is not failed there."""
+    return reply is None or reply.startswith("Error:")
 
 
 class _Chat:
@@ -94,11 +106,14 @@ class _Chat:
         self.ep = ep
         self.history: list[dict] = [{"role": "system", "content": SYSTEM}]
 
-    async def send(self, text: str, images=(), **record) -> tuple[str, dict]:
+    async def send(self, text: str, images=(), **record) -> tuple[str | None, EventView]:
+        """The reply's content as it arrived (unstripped; None when null), appended as it is
+        (``utils/search_backbone_model.py:124-125``)."""
         self.history.append(user(text, images))
         out, ev = await self.ep.llm(list(self.history), **record)
-        self.history.append({"role": "assistant", "content": out.text})
-        return out.text, ev
+        reply = None if out.content_null else out.text
+        self.history.append({"role": "assistant", "content": reply})
+        return reply, ev
 
 
 def _resolve(ep: Episode, image_id: str):
@@ -123,8 +138,13 @@ async def _init(ep: Episode) -> str:
     for img in ep.registry.images:
         msgs = [{"role": "system", "content": INIT_SYSTEM}, user(INIT, [img.path])]
         out, ev = await ep.llm(msgs, state="init", parent="init")
-        text = out.text
-        m = re.search(r"\{.*\}", text or "", re.S)
+        text = None if out.content_null else out.text
+        if not text or failed(text):  # pipelines/pipeline_mmcontextfold.py:113-115
+            ep.traj.settle(ev, error="perception failed (the reply is empty, null or starts with 'Error:')")
+            parsed[img.image_id] = False
+            blocks.append(fill(PERCEPTION_FAILED, image_id=img.image_id))
+            continue
+        m = re.search(r"\{.*\}", text, re.S)
         try:
             data = json.loads(m.group()) if m else None
         except json.JSONDecodeError:
@@ -135,7 +155,7 @@ async def _init(ep: Episode) -> str:
             blocks.append(f"{img.image_id}: [Query Image]\n  Content: {data.get('summary', '')}\n"
                           f"  Source: {data.get('source_hint', '')}")
         else:
-            blocks.append(f"{img.image_id}: [Query Image] {(text or '')[:200]}")
+            blocks.append(f"{img.image_id}: [Query Image] {text[:200]}")
     ep.traj.init_end({r.image_id: b for r, b in zip(ep.registry.images, blocks)}, parsed)
     return "\n\n".join(blocks) if blocks else "No images provided."
 
@@ -146,6 +166,11 @@ async def run_release_protocol(ep: Episode) -> tuple[str, str]:
     response, ev = await chat.send(fill(MAIN, image_context=await _init(ep), question=question), state="main")
     branches = 0
     for _ in range(MAX_ROUNDS):
+        if failed(response):  # pipelines/pipeline_mmcontextfold.py:463-466: a round spent asking again
+            ep.traj.settle(ev, error="failed call (null content or 'Error:')")
+            response, ev = await chat.send(AFTER_FAILED_CALL, state="main", correction=True)
+            continue
+        assert response is not None
         answer = extract_answer(response)
         if answer:  # an <answer> wins over a <subtask> in the same reply
             ep.traj.final_answer(ev, answer)
@@ -164,7 +189,10 @@ async def run_release_protocol(ep: Episode) -> tuple[str, str]:
         message = await _branch(ep, chat, f"b{branches}", subtask, ev)
         response, ev = await chat.send(fill(CONTINUE, description=description, return_message=message), state="main")
     response, ev = await chat.send(FORCE_ANSWER, state="main", forced=True)
-    answer = extract_answer(response) or response[:500]  # pipelines/pipeline_mmcontextfold.py:529
+    if failed(response) or not response:  # pipelines/pipeline_mmcontextfold.py:525-531
+        answer = NO_ANSWER
+    else:
+        answer = extract_answer(response) or response[:500]
     ep.traj.final_answer(ev, answer, forced=True)
     return "ok", answer
 
@@ -186,6 +214,11 @@ async def _branch(ep: Episode, chat: _Chat, bid: str, subtask: dict, main_ev: di
                                    state="branch", branch=bid)
     message, reason, failures = None, "budget", 0
     for turn in range(MAX_BRANCH_TURNS):
+        if failed(response):  # pipelines/pipeline_mmcontextfold.py:209, :218-219
+            ep.traj.settle(ev, error="failed call (null content or 'Error:')")
+            message, reason = BRANCH_NO_RETURN, "failed_call"
+            break
+        assert response is not None
         call = extract_tool_call(response)
         if call is None:
             message, failures = _answer_in(response), failures + 1
@@ -213,8 +246,8 @@ async def _branch(ep: Episode, chat: _Chat, bid: str, subtask: dict, main_ev: di
         warning = LAST_TURN if left <= 1 else (TWO_TURNS_LEFT if left == 2 else "")
         observation, images = await _tool(ep, ev, name, params, paths)
         response, ev = await chat.send(observation + warning, images, state="branch", branch=bid)
-    else:
-        message = _after_last_turn(response)
+    else:  # pipelines/pipeline_mmcontextfold.py:315-327 (a failed or empty last reply keeps the default text)
+        message = BRANCH_NO_RETURN if failed(response) or not response else _after_last_turn(response)
     chat.history = saved
     ep.traj.branch_end(bid, message=message, reason=reason, steps=turn + 1)
     return message

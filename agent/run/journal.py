@@ -78,7 +78,7 @@ class Journal:
                              top_lps, t["think"], (~np.isnan(top_lps)).sum(axis=1))
         ent = t["exact_entropy"]
         sem = e["semantics"]
-        return ModelOutput(text=e["text"], reasoning=e["reasoning"], tokens=tokens, finish_reason=e["finish_reason"],
+        return ModelOutput(text=e["text"] or "", content_null=e["text"] is None, reasoning=e["reasoning"], tokens=tokens, finish_reason=e["finish_reason"],
                            usage=Usage(**e["usage"]), semantics=LogprobSemantics(sem["kind"], sem.get("temperature")),
                            backend=e["backend"], model=e["model"], latency_s=float(e["latency_s"]),
                            exact_entropy=ent.tolist() if np.isfinite(ent).any() else None, top_k_requested=k,
@@ -91,7 +91,7 @@ class Journal:
         arrays = token_arrays(out, k)
         atomic_write(self.dir / f"c{i + 1:04d}.parquet", encode({0: arrays}, k))
         u = out.usage
-        e = {"digest": digest, "text": out.text, "reasoning": out.reasoning, "finish_reason": out.finish_reason,
+        e = {"digest": digest, "text": None if out.content_null else out.text, "reasoning": out.reasoning, "finish_reason": out.finish_reason,
              "usage": {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
                        "cached_tokens": u.cached_tokens, "reasoning_tokens": u.reasoning_tokens, "cost": u.cost,
                        "provider": u.provider},
