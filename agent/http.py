@@ -48,12 +48,20 @@ LIVENESS_TIMEOUT_S = 45.0
 
 @dataclass(frozen=True)
 class RetryPolicy:
+    """``retries`` after the first attempt, with jittered exponential backoff (a server's ``Retry-After`` honoured);
+    ``pause_s``: a fixed pause instead; ``retry_any_status``: every 4xx/5xx is retried, not only
+    :data:`RETRY_STATUS` (the release's request loops, agent/tools/policy.py)."""
+
     retries: int = 4
     backoff_s: float = 1.0
     max_backoff_s: float = 30.0
     timeout_s: float = 600.0
+    pause_s: float | None = None
+    retry_any_status: bool = False
 
     def delay(self, attempt: int, retry_after: str | None = None) -> float:
+        if self.pause_s is not None:
+            return self.pause_s
         if retry_after:
             try:
                 return min(float(retry_after), self.max_backoff_s)
@@ -220,7 +228,7 @@ async def request_json(
                                                       f"{len(r.content)} bytes): {snippet!r}"), r.status_code, None
             else:
                 body = r.text[:500]
-                if r.status_code not in RETRY_STATUS:
+                if r.status_code not in RETRY_STATUS and not policy.retry_any_status:
                     raise HTTPError(f"{what}: {shown} answered HTTP {r.status_code}: {body}", r.status_code, body)
                 last, last_status = f"HTTP {r.status_code}: {body[:200]}", r.status_code
                 retry_after = r.headers.get("retry-after")

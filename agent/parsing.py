@@ -15,7 +15,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["Action", "ActionError", "parse_action", "parse_init_description"]
+__all__ = ["Action", "ActionError", "parse_action", "parse_init_description", "strip_answer_tags"]
 
 _TAG = {k: re.compile(rf"<{k}>(.*?)</{k}>", re.S) for k in ("tool_call", "answer", "subtask")}
 _OPEN = {k: re.compile(rf"<{k}>", re.S) for k in ("tool_call", "answer", "subtask")}
@@ -121,6 +121,13 @@ def parse_action(text: str, allowed=("tool_call", "answer")) -> Action:
         raise ActionError('"assigned_images" must be a list of image identifiers such as ["<image_0>"] ([] for none).')
     return Action("subtask", subtask={"description": desc.strip(), "prompt": prompt.strip(), "assigned_images": imgs},
                   raw=body)
+
+
+def strip_answer_tags(text: str) -> str:
+    """A branch's returned findings without ``<answer>`` tags: the first tagged span's content, else the text with
+    stray tags removed; stripped (release ``pipelines/pipeline_mmcontextfold.py:272-278``)."""
+    m = re.search(r"<answer>(.*?)</answer>", text, re.S)
+    return m.group(1).strip() if m else re.sub(r"</?answer>", "", text).strip()
 
 
 def parse_init_description(text: str) -> tuple[dict | None, str]:

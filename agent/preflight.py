@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from .backends import BackendError, make_backend
@@ -156,16 +157,24 @@ def require_keys(needs: dict[str, str]) -> None:
         raise PreflightError("missing API key(s) in the environment: " + "; ".join(missing))
 
 
-def check_benchmark_images(manifest, samples, *, allow_missing: bool = False):
+def check_benchmark_images(manifest, samples, *, allow_missing: bool = False, drop_missing: bool = False):
     """(usable samples, skipped [(sample id, reason)]): every query image must load as an image.
 
     Refuses (PreflightError) when any image is missing, unreadable or not an image, unless
     ``allow_missing``: then the samples with a bad image are left out, and the caller says how many.
+    ``drop_missing`` (``--protocol release``): an image whose file does not exist is dropped and the sample runs with
+    the rest, renumbered, as the release does (``pipelines/base_pipeline.py``, ``_prepare_images``); the names go to
+    ``sample.extra["dropped_images"]``. A file that exists but is no image is still refused (ours: the release would
+    send its bytes as an image).
     """
 
     bad: list[tuple[str, str]] = []
     keep = []
     for s in samples:
+        gone = [f for f, p in zip(s.query_images, s.image_paths) if drop_missing and not os.path.exists(p)]
+        if gone:
+            s = replace(s, query_images=[f for f in s.query_images if f not in gone],
+                        extra={**s.extra, "dropped_images": gone})
         why = None
         for p in s.image_paths:
             try:

@@ -53,6 +53,7 @@ from agent.record import validate
 from agent.redact import is_host
 from agent.rundir import Run, RunDir, RunError, load_run, output_lock, write_json
 from agent.tools import make_toolbox
+from agent.tools.policy import POLICY_NAMED
 from agent.trajectory import Trajectory
 from analysis.figures import fig2c_removal, provenance_mark
 from analysis.stats import removal_summary
@@ -191,7 +192,8 @@ def replay_toolbox(run: Run):
     tools_h = run.header.get("tools") or {}
     provider = tools_h.get("provider") or "offline"
     toolbox = make_toolbox(provider, world_dir=tools_h.get("world"),
-                           cache_path=tools_h.get("cache") or str(run.path / "tools.sqlite"), mode="readwrite")
+                           cache_path=tools_h.get("cache") or str(run.path / "tools.sqlite"), mode="readwrite",
+                           tools=POLICY_NAMED[tools_h.get("policy") or "default"])
     if provider == "live":
         toolbox.require()
     return toolbox

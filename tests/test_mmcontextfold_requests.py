@@ -89,6 +89,7 @@ async def test_a_branch_sends_its_prompt_then_its_images_and_lens_results_as_the
                          "result image with the query image <image_0> and use both visual and text information to "
                          "continue your task.\n")
     assert len(images(obs)) == 1 and obs[-1] == {"type": "text", "text": "\n</tool_response>"}
+    assert [i["detail"] for i in images(obs)] == ["high"]  # every image high detail (search_backbone_model.py:100)
     # search: the release's text_search block (utils/search_tools.py:23-43), wrapped as a tool response (ours)
     assert bodies[7][-1]["content"].startswith("<tool_response>\n## text_search Results\n\n**Query:** Rivermoor FC")
 
@@ -103,9 +104,12 @@ async def test_the_force_answer_is_a_user_turn_of_its_own_and_summarise_stays_in
     line, _ = await run_sample(MethodSpec("mmcontextfold", budgets=Budgets(t_max=20, b_max=5)), demo["demo_1"], 0,
                                backend=ScriptedBackend(script), toolbox=make_toolbox("offline"))
     assert line["n_calls"] == 20 and line["status"] == "no_answer"
-    # pipelines/pipeline_mmcontextfold.py:522-523: the force-answer prompt is sent as a new user message
+    # pipelines/pipeline_mmcontextfold.py:522-523: the force-answer prompt is a new user message after the model's
+    # last reply, which answered the last branch's continuation (never two user turns in a row)
     assert bodies[-1][-1] == {"role": "user", "content": FORCE_ANSWER}
-    assert bodies[-1][-2]["role"] == "user" and bodies[-1][-2]["content"].startswith("## Subtask [look] completed")
+    assert bodies[-1][-2]["role"] == "assistant" and bodies[-1][-2]["content"].startswith("<subtask>")
+    assert bodies[-1][-3]["role"] == "user" and bodies[-1][-3]["content"].startswith("## Subtask [look] completed")
+    assert all(not (a["role"] == b["role"] == "user") for body in bodies for a, b in zip(body, body[1:]))
     # the branch's last allowed call: the summarise note inside the observation's wrapper, as the release appends
     # its turn warnings to the observation (pipeline_mmcontextfold.py:284-296)
     last_branch = next(b for b in bodies if isinstance(b[-1]["content"], str) and BRANCH_SUMMARISE in b[-1]["content"])
@@ -138,3 +142,15 @@ def test_on_qwen35s_template_the_wrapper_keeps_a_branch_s_reasoning_in_view(tiny
     obs = "## text_search Results\n\n**Query:** q"
     assert "BRANCH-THOUGHT" in rendered(f"<tool_response>\n{obs}\n</tool_response>")
     assert "BRANCH-THOUGHT" not in rendered(obs)
+
+
+async def test_a_branch_return_loses_its_answer_tags_as_in_the_release(demo):
+    from tests.test_agents import ans, ret
+
+    script = [*cf_script(["<image_0>"])[:4], ret("<answer>Rivermoor FC</answer>"), ans("1998")]
+    rec, bodies = recording(script)
+    line, _ = await run_sample(MethodSpec("mmcontextfold"), demo["demo_6"], 0, backend=ScriptedBackend(rec),
+                               toolbox=make_toolbox("offline"))
+    # pipelines/pipeline_mmcontextfold.py:272-278: the tags go, the findings stay
+    assert line["status"] == "ok" and bodies[-1][-1]["content"].startswith("## Subtask [identify club] completed")
+    assert bodies[-1][-1]["content"].startswith("## Subtask [identify club] completed\nRivermoor FC\n\n")

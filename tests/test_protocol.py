@@ -399,6 +399,9 @@ def test_openrouter_asks_for_logprobs_only_when_told_and_the_entropy_probe_refus
                 "--api-key-env", "OPENROUTER_API_KEY", "--limit", "2", "--no-progress"]
         assert run_main([*args, "--out", str(tmp_path / "plain")]) == 0
         assert srv.bodies and not any({"logprobs", "top_logprobs"} & set(b) for b in srv.bodies)
+        # OpenRouter's documented defaults (top_k 0 = off, min_p 0, repetition_penalty 1) are left out, never sent
+        # out of range (our "off" is top_k -1)
+        assert not any({"top_k", "min_p", "repetition_penalty"} & set(b) for b in srv.bodies)
         srv.no_logprobs = True  # a provider that sends none even when asked
         assert run_main([*args, "--top-logprobs", "20", "--out", str(tmp_path / "asked")]) == 0
         assert srv.bodies[-1]["logprobs"] is True and srv.bodies[-1]["top_logprobs"] == 20

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from agent import prompts_release as R
 from agent.run import main as run_main
 from agent.rundir import load_run
 from tests.fakes.sglang_server import FakeSGLang
+from tests.fakes.web_apis import FakeWeb, thumbnail
 
 
 def texts(msg) -> list[str]:
@@ -151,3 +154,165 @@ def test_a_failed_force_answer_is_the_release_s_no_answer_text(tmp_path):
     # (:522-523) whose failure gives the fixed text (:525-531)
     assert [last_text(b) for b in bodies[2:]] == [R.AFTER_FAILED_CALL] * 15 + [R.FORCE_ANSWER]
     assert line["status"] == "ok" and line["answer"] == R.NO_ANSWER
+
+
+# ------------------------------------------------------------------ 4-9. the tools, request for request
+@pytest.fixture
+def web(monkeypatch):
+    with FakeWeb() as w:
+        for var, value in (("SERPER_API_KEY", "serper-test-key-1"), ("JINA_API_KEY", "jina-test-key-1"),
+                           ("MMCF_SERPER_BASE", w.url), ("MMCF_SERPER_SCRAPE_BASE", w.url + "/scrape"),
+                           ("MMCF_JINA_BASE", w.url), ("MMCF_LENS_URL_TEMPLATE", "https://img.example/{benchmark}/{filename}")):
+            monkeypatch.setenv(var, value)
+        yield w
+
+
+BRANCH_SCRIPT = [
+    tool("lens_search", image_id="<image_0>"),
+    tool("search", query=""),
+    tool("search", query="  kestrel observatory  "),
+    tool("search", query="  kestrel observatory  "),
+    tool("visit", url="wiki.example.org/Kestrel"),
+    tool("visit", url="https://blocked.example/page"),
+    tool("search", query="fail me"),
+    tool("return", message="founded 1911"),
+]
+
+
+def tools_policy():
+    branch = iter(BRANCH_SCRIPT)
+
+    def policy(req):
+        if is_init(req):
+            return '{"summary": "logo", "source_hint": "site"}'
+        last = last_text(req)
+        if last.startswith("## Subtask [look] completed"):
+            return "<answer>1911</answer>"
+        if last.startswith("**MODE: MAIN**"):
+            return subtask(description="look", prompt="Find it.", assigned_images=["<image_0>"])
+        return next(branch)
+    return policy
+
+
+@pytest.mark.slow  # the release pauses 3 s between search attempts (t2t_search_serper): 12 s of its five
+def test_the_release_s_tool_requests_and_observations_at_every_edge(tmp_path, web):
+    from PIL import Image
+
+    web.lens_items = [
+        {"link": "https://match1.example/", "thumbnailUrl": f"{web.url}/thumb/1.png"},                  # no title
+        {"title": "A JPEG", "link": "https://match2.example/", "thumbnailUrl": f"{web.url}/thumb/2.jpg"},
+        {"title": "Moved", "link": "https://match3.example/", "thumbnailUrl": f"{web.url}/moved/3.png"},
+        {"title": "Gone", "link": "https://match4.example/", "thumbnailUrl": f"{web.url}/thumb/4.png"},
+    ]
+    web.bad_thumbs = {4}
+    web.fail = {"/lens": 1, "/https://blocked.example/page": 3}
+    web.pages["wiki.example.org/Kestrel"] = "\n# Kestrel Observatory\n\nFounded in 1911.\n"
+    web.scrape["https://blocked.example/page"] = "The Kestrel page, scraped."
+    web.fail["/search"] = 0
+    bodies, line = run_release(tmp_path, _failing_last_search(web, tools_policy()), "demo_1", "--tools", "live")
+    lens_url = "https://img.example/demo/kestrel_logo.png"
+    where = {"search": {"location": "United States"}}
+    # utils/search_tools.py: every call is a request (no cache), the arguments as given, retries per service
+    assert [(m, p) for m, p, _ in web.log] == [
+        ("POST", "/lens"), ("POST", "/lens"),                       # i2i_search_serper: a 500, then again (5 tries)
+        ("GET", "/thumb/1.png"), ("GET", "/thumb/2.jpg"),           # img_download: each thumbnail once
+        ("GET", "/moved/3.png"), ("GET", "/thumb/3.png"),           # requests follows the redirect
+        ("GET", "/thumb/4.png"),                                    # a 404: skipped
+        ("POST", "/search"), ("POST", "/search"), ("POST", "/search"),  # "", then the same query twice
+        ("GET", "/wiki.example.org/Kestrel"),                       # call_visit_jina: no scheme needed
+        ("GET", "/https://blocked.example/page"), ("GET", "/https://blocked.example/page"),
+        ("GET", "/https://blocked.example/page"),                   # Jina: 3 tries
+        ("POST", "/scrape"),                                        # then call_visit_serper
+        *[("POST", "/search")] * 5,                                 # t2t_search_serper: 5 tries
+    ]
+    assert web.bodies[0] == ("/lens", {"url": lens_url, "num": 100, "location": "United States"})
+    assert [b for p, b in web.bodies if p == "/search"][:3] == [
+        {"q": "", **where["search"]}, {"q": "  kestrel observatory  ", **where["search"]},
+        {"q": "  kestrel observatory  ", **where["search"]}]
+    assert ("/scrape", {"url": "https://blocked.example/page", "includeMarkdown": True}) in web.bodies
+    jina = next(h for m, p, h in web.log if p == "/wiki.example.org/Kestrel")
+    assert jina["Authorization"] == "Bearer jina-test-key-1" and jina["X-Retain-imgs"] == "none"
+
+    branch = [b for b in bodies if any("**MODE: BRANCH**" in t for m in b["messages"] for t in texts(m))]
+    obs = [last_text(b) for b in branch[1:]]
+    # pipeline :383-400: the results whose thumbnail arrived; a missing title reads None (item.get("title") on a
+    # None value); the images after the text, every one a PNG (search_tools.py:218-220)
+    assert obs[0].startswith("Reverse image search results for <image_0>:\n\n<result#1>: **None**\n   URL: "
+                             "https://match1.example/\n\n<result#2>: **A JPEG**\n")
+    assert "<result#3>: **Moved**" in obs[0] and "Gone" not in obs[0]
+    images = [p["image_url"]["url"] for p in branch[1]["messages"][-1]["content"] if p["type"] == "image_url"]
+    assert len(images) == 3 and all(u.startswith("data:image/png;base64,") for u in images)
+    import base64
+    import io
+    jpeg = io.BytesIO()
+    with Image.open(io.BytesIO(thumbnail(2, "jpg"))) as im:
+        im.save(jpeg, format="PNG")
+    assert base64.b64decode(images[1].split(",", 1)[1]) == jpeg.getvalue()
+    # search_tools.py:90-99: an empty query is searched; every organic result listed (12, 0-based)
+    assert obs[1].startswith("## text_search Results\n\n**Query:** \n**Goal:** \n**Status:** Success\n"
+                             "**Count:** 12 results") and "\n\n11. [Result 12 for ]" in obs[1]
+    assert obs[2] == obs[3] and "**Query:**   kestrel observatory  \n" in obs[2]
+    assert obs[4] == "# Kestrel Observatory\n\nFounded in 1911."                   # stripped, as returned
+    assert json.loads(obs[5]) == {"text": "The Kestrel page, scraped.", "metadata": {"title": "t"}}  # the raw body
+    assert obs[6] == ("## text_search Results\n\n**Query:** fail me\n**Goal:** \n**Status:** Failed\n\n"
+                      "No results found. Try to fix the current query or use a different tool.")
+    assert line["answer"] == "1911"
+    assert load_run(tmp_path / "run").header["tools"]["policy"] == "release"
+
+
+def _failing_last_search(web, policy):
+    """The model's policy, arming five 500s for the search the branch makes last."""
+    def wrapped(req):
+        said = policy(req)
+        if said == BRANCH_SCRIPT[-2]:
+            web.fail["/search"] = 5
+        return said
+    return wrapped
+
+
+def test_the_default_protocol_keeps_its_own_tool_choices(tmp_path, web):
+    """Ours where the release has a defect (docs/fidelity.md): the same branch under the paper's protocol strips the
+    arguments, answers an empty query and a scheme-less URL without a request, a repeat from the cache, lists the
+    top 10, and says the API failed."""
+    web.fail = {"/https://blocked.example/page": 4}
+    web.scrape["https://blocked.example/page"] = "The Kestrel page, scraped."
+    script = iter([tool("search", query=""), tool("search", query="  kestrel observatory  "),
+                   tool("search", query="kestrel observatory"), tool("visit", url="wiki.example.org/Kestrel"),
+                   tool("visit", url="https://blocked.example/page"), "<answer>1911</answer>"])
+    bodies, line = run_release(tmp_path, lambda req: next(script), "demo_1", "--tools", "live",
+                               method=("--method", "react"))
+    assert [(m, p) for m, p, _ in web.log] == [("POST", "/search"), *[("GET", "/https://blocked.example/page")] * 4,
+                                               ("POST", "/scrape")]
+    assert web.bodies[0] == ("/search", {"q": "kestrel observatory", "location": "United States"})
+    obs = [texts(b["messages"][-1])[-1] for b in bodies[1:]]
+    assert "needs a non-empty string argument 'query'" in obs[0]
+    assert obs[1] == obs[2] and "**Count:** 10 results" in obs[1]            # the top 10; the repeat from the cache
+    assert "Failed to read page content." in obs[3]                          # no scheme: no request
+    assert "The Kestrel page, scraped." in obs[4] and '"metadata"' not in obs[4]  # the scrape's text
+
+
+# ------------------------------------------------------------------ 10. a missing query image
+def test_a_missing_query_image_is_dropped_and_the_sample_runs_with_the_rest(tmp_path, capsys):
+    import shutil
+
+    from agent.tools.demo_world import ensure_demo_world
+
+    bench = tmp_path / "bench"
+    shutil.copytree(ensure_demo_world() / "demo", bench)
+    first = json.loads(next(x for x in (bench / "data_unified.jsonl").read_text().splitlines() if '"demo_6"' in x))
+    (bench / "imgs" / first["query_images"][0]).unlink()
+
+    def policy(req):
+        return '{"summary": "a stadium", "source_hint": "site"}' if is_init(req) else "<answer>1998</answer>"
+
+    bodies, line = run_release(tmp_path, policy, "demo_6", "--benchmark", str(bench))
+    # pipelines/base_pipeline.py (_prepare_images): the image whose file is missing is left out, the rest renumbered
+    # from <image_0> (pipeline :80-83); one perception call, one block
+    assert len(bodies) == 2 and line["status"] == "ok"
+    assert last_text(bodies[1]) == R.fill(R.MAIN, question=line["question"], image_context=(
+        "<image_0>: [Query Image]\n  Content: a stadium\n  Source: site"))
+    assert line["dropped_images"] == [first["query_images"][0]] and list(line["query_images"]) == ["<image_0>"]
+    assert "run without a query image" in capsys.readouterr().err
+    # the paper's protocol refuses the same benchmark (ours: a question without its image is another question)
+    assert run_main(["--method", "mmcontextfold", "--backend", "scripted", "--benchmark", str(bench),
+                     "--sample-ids", "demo_6", "--out", str(tmp_path / "paper"), "--no-progress"]) == 2

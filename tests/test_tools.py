@@ -18,6 +18,7 @@ from agent.tools import (
     ToolCache,
 )
 from agent.tools.demo_world import QUESTIONS, build_demo_world
+from agent.tools.policy import DEFAULT_TOOLS
 from tests.fakes.web_apis import FakeWeb
 
 FAST = RetryPolicy(retries=2, backoff_s=0.01, timeout_s=5)
@@ -36,7 +37,7 @@ def web():
 
 def live(web, **kw):
     return LiveProvider(serper_key="sk-test-SECRET", jina_key="jina-SECRET", serper_base=web.url,
-                        scrape_base=web.url + "/scrape", jina_base=web.url, policy=FAST, **kw)
+                        scrape_base=web.url + "/scrape", jina_base=web.url, tools=DEFAULT_TOOLS.with_retries(FAST), **kw)
 
 
 async def test_live_search_sends_and_shows_what_the_release_does(web):

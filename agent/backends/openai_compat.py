@@ -139,10 +139,16 @@ class OpenAIBackend:
             "top_p": sp.top_p,
             "max_tokens": sp.max_tokens,
         }
-        if self.server in ("sglang", "vllm", "openrouter"):
+        if self.server in ("sglang", "vllm"):
             # the full sampling set, explicitly: an omitted field is filled from the server's defaults (SGLang's
             # chat path: the model's generation_config.json, top_k=20 for Qwen3.5), not the paper's sampling
             body.update(top_k=sp.top_k, min_p=sp.min_p, repetition_penalty=sp.repetition_penalty)
+        elif self.server == "openrouter":
+            # OpenRouter documents top_k >= 0 (0: off), min_p 0 and repetition_penalty 1 as its defaults: a neutral
+            # value is left out rather than sent out of range (our top_k -1 means "off")
+            body.update({k: v for k, v, off in (("top_k", sp.top_k, sp.top_k <= 0), ("min_p", sp.min_p, sp.min_p == 0),
+                                                ("repetition_penalty", sp.repetition_penalty,
+                                                 sp.repetition_penalty == 1.0)) if not off})
         if sp.top_logprobs > 0:  # 0 = plain completion (judges and annotators need no logprobs)
             body["logprobs"] = True
             body["top_logprobs"] = sp.top_logprobs

@@ -95,7 +95,10 @@ class MethodSpec:
 
 
 def new_trajectory(spec: MethodSpec, sample, trial: int) -> Trajectory:
-    return Trajectory(sample, trial, spec.method, spec.variant_label)
+    traj = Trajectory(sample, trial, spec.method, spec.variant_label)
+    if sample.extra.get("dropped_images"):  # --protocol release: ran without the images whose files are missing
+        traj.extra["dropped_images"] = list(sample.extra["dropped_images"])
+    return traj
 
 
 HARNESS_ERRORS = (BackendError, CacheMiss, ImageError, BudgetExceeded, OSError)

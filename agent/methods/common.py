@@ -113,7 +113,7 @@ def with_suffix(messages: list[dict], suffix: str) -> list[dict]:
     return out
 
 
-def tool_reply(observation: str, images: list | tuple = (), *, images_after: bool = False):
+def tool_reply(observation: str, images: list | tuple = (), *, images_after: bool = False, detail: str | None = None):
     """The user message carrying a tool's observation, with the tool's result images (retrieved, not query).
 
     Ours, after WebWatcher's loop (agent_eval.py: ``<tool_response>``, the result images, the text,
@@ -121,10 +121,13 @@ def tool_reply(observation: str, images: list | tuple = (), *, images_after: boo
     the message still counts as a tool response (not a new user query) for the chat template.
     ``images_after``: the release's branch Lens layout instead (``pipeline_mmcontextfold.py:305-308``): the text,
     which names the images ``<result#1>``…, then the images in that order, unlabelled, still inside the wrapper.
+    ``detail``: the OpenAI ``detail`` field of each image (MM-ContextFold sends ``"high"`` for every image, as the
+    release does, ``utils/search_backbone_model.py:100``).
     """
     if not images:
         return f"<tool_response>\n{observation}\n</tool_response>"
-    pixels = [{"type": "image_url", "image_url": {"url": str(path)}} for path in images]
+    pixels = [{"type": "image_url", "image_url": {"url": str(path), **({"detail": detail} if detail else {})}}
+              for path in images]
     if images_after:
         return [{"type": "text", "text": f"<tool_response>\n{observation}\n"}, *pixels,
                 {"type": "text", "text": "\n</tool_response>"}]
@@ -184,11 +187,12 @@ class Episode:
     def turns(self, base: list[dict], turns: list[Turn]) -> list[dict]:
         return with_turns(base, turns, self.history_reasoning)
 
-    def observation(self, res: ToolResult, images: int | None = None, *, images_after: bool = False):
+    def observation(self, res: ToolResult, images: int | None = None, *, images_after: bool = False,
+                    detail: str | None = None):
         """The user message carrying a tool result (with up to ``images`` result images, default
-        ``observation_images``; 0 for a context that must see no pixels at all)."""
+        ``observation_images``; 0 for a context that must see no pixels at all; ``detail`` as :func:`tool_reply`)."""
         n = self.observation_images if images is None else int(images)
-        return tool_reply(res.observation, [p for _, p in res.images[:n]], images_after=images_after)
+        return tool_reply(res.observation, [p for _, p in res.images[:n]], images_after=images_after, detail=detail)
 
     @property
     def used(self) -> int:
@@ -234,7 +238,8 @@ class Episode:
             res = await self.toolbox.call(name, args, self.registry)
         if branch_lens and name == "lens_search" and res.ok:
             found = lens_results(res.raw)[:LENS_IMAGES]
-            res = replace(res, observation=format_lens_branch(lens_label or str(args.get("image_id", "")), found),
+            res = replace(res, observation=format_lens_branch(lens_label or str(args.get("image_id", "")), found,
+                                                              self.toolbox.tools.missing_title),
                           images=[(r["sha256"], r["path"]) for r in found])
             images = len(found)
         self.traj.tool_call(ev, res, self.observation_images if images is None else int(images))

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 
-from ..parsing import ActionError, parse_action, parse_init_description
+from ..parsing import ActionError, parse_action, parse_init_description, strip_answer_tags
 from ..prompts import (
     BRANCH_SUMMARISE,
     CONTINUATION,
@@ -101,8 +101,12 @@ async def run_mmcontextfold(ep: Episode, *, variant: str = "") -> tuple[str, str
 
     while ep.remaining > 0:
         forced = ep.remaining == 1
-        # the force-answer prompt is a user turn of its own (release pipelines/pipeline_mmcontextfold.py:522-523)
-        msgs = [*main_messages(), chat("user", FORCE_ANSWER)] if forced else main_messages()
+        # the force-answer prompt is a user turn of its own after the model's last reply (release
+        # pipelines/pipeline_mmcontextfold.py:522-523); only a main state with no reply of its own yet gets it
+        # straight after its prompt
+        msgs = main_messages()
+        if forced and not (turns and turns[-1].reply == FORCE_ANSWER):
+            msgs.append(chat("user", FORCE_ANSWER))
         out, ev = await ep.llm(msgs, state="main", correction=correction, forced=forced)
         try:
             act = parse_action(out.text, ("answer",) if forced else ("subtask", "answer"))
@@ -115,14 +119,17 @@ async def run_mmcontextfold(ep: Episode, *, variant: str = "") -> tuple[str, str
             ep.reject(ev, e)
             if forced:
                 break
-            turns.append(Turn(out.text, out.reasoning, correction_text(e)))
-            correction = True
+            turns.append(Turn(out.text, out.reasoning, FORCE_ANSWER if ep.remaining == 1 else correction_text(e)))
+            correction = ep.remaining > 1
             continue
         ep.accept(ev, act)
         correction = False
         if act.kind == "answer":
             ep.traj.final_answer(ev, act.answer, forced=forced)
             return "ok", act.answer
+        if ep.remaining == 1:  # no call left for a branch: the force-answer follows this reply (as in the release)
+            turns.append(Turn(out.text, out.reasoning, FORCE_ANSWER))
+            continue
         n_branch += 1
         message = await _branch(ep, f"b{n_branch}", act.subtask, main_messages(out), ev, variant)
         turns.append(Turn(out.text, out.reasoning,
@@ -156,12 +163,12 @@ async def _branch(ep: Episode, bid: str, subtask: dict, inherited: list[dict], m
     steps = 0
     last_text = last_reasoning = ""
     while True:
-        if ep.remaining <= 1:  # the final call belongs to the main state's force-answer
+        if ep.remaining <= 2:  # the last two calls belong to the main state: its reply, then the force-answer
             message = last_text or last_reasoning or "Subtask not completed: the global call budget is exhausted."
             ep.traj.branch_end(bid, message=message, reason="global_budget", steps=steps)
             return message
         steps += 1
-        last = steps >= ep.budgets.b_max or ep.remaining <= 2
+        last = steps >= ep.budgets.b_max or ep.remaining <= 3
         msgs = ep.turns(base, turns)
         if last:  # inside the observation's wrapper: it still counts as a tool response for the template
             msgs = with_note(msgs, BRANCH_SUMMARISE)
@@ -186,8 +193,8 @@ async def _branch(ep: Episode, bid: str, subtask: dict, inherited: list[dict], m
             continue
         ep.accept(ev, act)
         correction = False
-        if act.name == "return":
-            message = act.args["message"].strip()
+        if act.name == "return":  # <answer> tags dropped from the findings, as the release does (:252-280)
+            message = strip_answer_tags(act.args["message"])
             ep.traj.branch_end(bid, message=message, reason="return", steps=steps)
             return message
         if last:
@@ -197,7 +204,7 @@ async def _branch(ep: Episode, bid: str, subtask: dict, inherited: list[dict], m
         # with pixels, Lens results come as the release shows them: named <result#i>, the images after the text
         res = await ep.tool(ev, act.name, act.args, images=result_images, branch_lens=pixels)
         turns.append(Turn(out.text, out.reasoning, ep.observation(res, result_images if not pixels else len(res.images),
-                                                                  images_after=pixels)))
+                                                                  images_after=pixels, detail="high")))
 
 
 def _visible_without_calls(text: str) -> str:

@@ -10,14 +10,17 @@ first 500 characters as the answer when no ``<answer>`` comes (``pipelines/pipel
 Its texts are in :mod:`agent.prompts_release`; what it sends is asserted, call by call, by
 ``tests/test_protocol_release.py``.
 
-Ours (docs/fidelity.md): a failed model call ends the unit ``error`` (to be rerun) where the release carries on
-with a placeholder; a tool call without its argument gets the release's failure text without a paid request.
+Its tools run under the release's tool policy (:data:`agent.tools.policy.RELEASE_TOOLS`: arguments as given, no
+cache, its retries, texts and thumbnails). Ours (docs/fidelity.md): a model call that fails at the HTTP level
+(the server down, retries spent) ends the unit ``error`` (to be rerun) where the release carries on with a
+placeholder; a reply whose content is null or starts with ``Error:`` is the release's failed call.
 """
 from __future__ import annotations
 
 import json
 import re
 
+from ..parsing import strip_answer_tags
 from ..prompts_release import (
     AFTER_FAILED_CALL,
     BRANCH,
@@ -43,7 +46,7 @@ from ..prompts_release import (
     images_note,
     invalid_image,
 )
-from ..tools.formatting import FAILED_VISIT, LENS_BRANCH_EMPTY, format_search
+from ..tools.formatting import LENS_BRANCH_EMPTY
 from ..trajectory import EventView
 from .common import Episode
 
@@ -239,7 +242,7 @@ async def _branch(ep: Episode, chat: _Chat, bid: str, subtask: dict, main_ev: di
                 response, ev = await chat.send(CALL_IN_RETURN if text else EMPTY_RETURN, state="branch", branch=bid,
                                                correction=True)
                 continue
-            message, reason = _strip_answer_tags(text), "return"
+            message, reason = strip_answer_tags(text), "return"
             break
         ep.traj.settle(ev, action={"kind": "tool_call", "name": name, "args": params})
         left = MAX_BRANCH_TURNS - 1 - turn
@@ -259,11 +262,6 @@ def _answer_in(response: str) -> str | None:
     if not found and "<answer>" in response:
         found = re.sub(r"</answer>.*", "", response.split("<answer>", 1)[1], flags=re.S).strip()
     return found or None
-
-
-def _strip_answer_tags(text: str) -> str:
-    m = re.search(r"<answer>(.*?)</answer>", text, re.S)
-    return m.group(1).strip() if m else re.sub(r"</?answer>", "", text).strip()
 
 
 def _after_last_turn(response: str) -> str:
@@ -290,13 +288,8 @@ async def _tool(ep: Episode, ev: dict, name: str, params: dict, paths: list) -> 
         res = await ep.tool(ev, "lens_search", {**params, "image_id": r.image_id}, branch_lens=True, lens_label=image_id)
         # any failure reads as no results there (utils/search_tools.py:_fail_result; :375 of the pipeline)
         return (res.observation if res.ok else LENS_BRANCH_EMPTY), [p for _, p in res.images]
-    if name in ("visit", "open_page"):
-        if not str(params.get("url", "")).strip():
-            return FAILED_VISIT, []
+    if name in ("visit", "open_page"):  # the arguments as given, an empty one included (the toolbox's policy)
         return (await ep.tool(ev, "visit", params)).observation, []
     if name == "search":
-        if not str(params.get("query", "")).strip():
-            return format_search("", []), []
-        res = await ep.tool(ev, "search", params)
-        return (res.observation if res.ok else format_search(str(params["query"]), [])), []
+        return (await ep.tool(ev, "search", params)).observation, []
     return fill(UNKNOWN_TOOL, name=name), []

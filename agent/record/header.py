@@ -48,6 +48,8 @@ class ToolsRecord(Record):
     cache: str | None
     cache_mode: str
     live_fallback: bool
+    policy: Literal["default", "release"] = Field("default", description="the protocol's tool policy "
+                                                  "(agent/tools/policy.py): arguments, cache, retries, failure texts")
 
 
 class Selection(Record):

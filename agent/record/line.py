@@ -130,5 +130,7 @@ class ResultLine(Record):
     endpoint: str | None = Field(None, description="the server that answered (no credentials)")
     image_unload: ImageUnloadSummary | None = None
     replay_of: ReplayOf | None = None
+    dropped_images: list[str] | None = Field(None, description="query images a --protocol release unit ran without: "
+                                             "their files are missing (the release's _prepare_images)")
     line_sha256: str | None = Field(None, description="the seal: sha256 of the line's bytes before it "
                                                        "(agent/rundir/lines.py); always the last field")

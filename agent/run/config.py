@@ -17,6 +17,7 @@ from ..methods.mmcontextfold_release import CALL_CAP, MAX_BRANCH_TURNS, MAX_ROUN
 from ..methods.unload import SCORING_BACKENDS, UnloadPolicy
 from ..redact import public_url, safe_argv
 from ..rundir import RunDir, RunError, versions
+from ..tools import TOOL_POLICIES
 from ..trajectory import SCHEMA_VERSION
 
 __all__ = ["EMBEDDED_MAX_TOKENS", "SERVED_MAX_TOKENS", "PROCESS_CONCURRENCY", "RunConfig", "make_backends", "header_for",
@@ -177,7 +178,7 @@ def header_for(cfg: RunConfig, manifest, argv, model: dict | None = None) -> dic
                     "logprob_mode": cfg.logprob_mode, "server": cfg.server, "embedded_tiny_model": cfg.embedded,
                     "api_key_env": cfg.api_key_env},
         "tools": {"provider": cfg.tools, "world": cfg.world, "cache": cfg.tool_cache, "cache_mode": cfg.cache_mode,
-                  "live_fallback": cfg.live_fallback},
+                  "live_fallback": cfg.live_fallback, "policy": TOOL_POLICIES[cfg.protocol].name},
         "token_precision": cfg.token_precision, "processes": cfg.processes, "versions": versions(),
         "manifest_problems": {p.kind: sum(q.kind == p.kind for q in manifest.problems) for p in manifest.problems},
     }

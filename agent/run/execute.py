@@ -17,7 +17,7 @@ from ..backends.spread import BackendPool
 from ..methods import new_trajectory, run_sample
 from ..redact import public_url
 from ..rundir import RunDir
-from ..tools import make_toolbox
+from ..tools import TOOL_POLICIES, make_toolbox
 from .config import RunConfig, make_backends
 from .journal import Journal, JournaledBackend
 
@@ -186,7 +186,7 @@ async def execute(cfg: RunConfig, spec, rd: RunDir, header: dict, jobs: list, sk
             b.model = (header.get("model") or {}).get("served_model") or b.model
     if toolbox is None:
         toolbox = make_toolbox(cfg.tools, world_dir=cfg.world, cache_path=cfg.tool_cache or str(rd.path / "tools.sqlite"),
-                               mode=cfg.cache_mode, live_fallback=cfg.live_fallback)
+                               mode=cfg.cache_mode, live_fallback=cfg.live_fallback, tools=TOOL_POLICIES[cfg.protocol])
     # the model every reply must name (OpenAI-compatible replies carry ``model``; SGLang's native replies do not)
     served_model = (header.get("model") or {}).get("served_model") if cfg.backend == "openai" and own_backends else None
     bar = progress_bar(len(jobs), cfg.progress, spec.label)

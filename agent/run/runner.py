@@ -145,7 +145,13 @@ async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends,
         log.info(f"{manifest.path}: {len(manifest.problems)} data problem(s) {dict(kinds)}; first: "
                  f"line {manifest.problems[0].line}: {manifest.problems[0].detail}. Rows with a refused path, broken "
                  f"JSON or non-UTF-8 bytes are skipped; python -m agent.benchmarks stats lists them all")
-    samples, skipped_images = check_benchmark_images(manifest, samples, allow_missing=cfg.allow_missing_images)
+    samples, skipped_images = check_benchmark_images(manifest, samples, allow_missing=cfg.allow_missing_images,
+                                                     drop_missing=cfg.protocol == "release")
+    dropped = [s for s in samples if s.extra.get("dropped_images")]
+    if dropped:
+        log.info(f"--protocol release: {len(dropped)} samples run without a query image whose file is missing, as the "
+                 f"release does (first: {dropped[0].id}: {', '.join(dropped[0].extra['dropped_images'])}); each "
+                 "line lists them (dropped_images)")
     if skipped_images:
         log.info(f"--allow-missing-images: {len(skipped_images)} samples skipped for a missing or unreadable image "
                  f"(first: {skipped_images[0][0]}: {skipped_images[0][1]})")

@@ -49,13 +49,19 @@ def format_lens(image_id: str, results: list[dict]) -> str:
 LENS_BRANCH_EMPTY = "lens_search returned no results. Try a different approach such as text search."
 
 
-def format_lens_branch(image_id: str, results: list[dict]) -> str:
+def format_lens_branch(image_id: str, results: list[dict], missing: str | None = "Result") -> str:
     """An MM-ContextFold branch's lens observation, as the release writes it (``pipelines/pipeline_mmcontextfold.py:383-400``, ``:305-308``):
     only the results whose thumbnail arrived (``results``: [{"title", "link"}], in the order of their images),
-    named ``<result#1>``…, then the instruction to compare each attached image with the query image."""
+    named ``<result#1>``…, then the instruction to compare each attached image with the query image.
+    ``missing``: what a result without a title shows (ours: "Result"); None shows the value as the release does
+    (a title or link Serper did not send reads ``None`` there)."""
     if not results:
         return LENS_BRANCH_EMPTY
-    rows = [f"<result#{i}>: **{r.get('title') or 'Result'}**\n   URL: {r.get('link', '')}" for i, r in enumerate(results, 1)]
+
+    def shown(r: dict, key: str, fallback: str) -> str:
+        return str(r.get(key)) if missing is None else (r.get(key) or fallback)
+    rows = [f"<result#{i}>: **{shown(r, 'title', str(missing))}**\n   URL: {shown(r, 'link', '')}"
+            for i, r in enumerate(results, 1)]
     return (f"Reverse image search results for {image_id}:\n\n" + "\n\n".join(rows)
             + f"\n\nThe result images are attached in the same order (<result#1> ~ <result#{len(rows)}>). "
             f"Compare each result image with the query image {image_id} and "

@@ -46,7 +46,8 @@ def dhash(img, size: int = 8) -> int:
 class OfflineProvider:
     kind = "offline"
 
-    def __init__(self, world_dir: str | Path, *, visit_max_chars: int | None = None, phash_max_distance: int = 10):
+    def __init__(self, world_dir: str | Path, *, visit_max_chars: int | None = None, phash_max_distance: int = 10,
+                 max_results: int | None = 10):
         root = Path(world_dir)
         root = root / "world" if (root / "world" / "pages.jsonl").exists() else root
         pages = root / "pages.jsonl"
@@ -54,6 +55,7 @@ class OfflineProvider:
             raise WorldError(f"{pages}: offline world not found (expected pages.jsonl)")
         self.visit_max_chars = visit_max_chars
         self.phash_max_distance = phash_max_distance
+        self.max_results = max_results  # search results listed (None: all, as the release lists them)
         self.db = sqlite3.connect(":memory:", check_same_thread=False)
         self.db.execute("CREATE VIRTUAL TABLE pages USING fts5(url UNINDEXED, title, text, tokenize='porter unicode61')")
         self.pages: dict[str, dict] = {}
@@ -88,13 +90,13 @@ class OfflineProvider:
         words = [w for w in re.findall(r"\w+", q.lower()) if len(w) > 1]
         return " OR ".join(f'"{w}"' for w in words)
 
-    async def search(self, query: str) -> ProviderResult:
-        fq = self._fts_query(query)
+    async def search(self, query) -> ProviderResult:
+        fq = self._fts_query(str(query))
         rows = []
         if fq:
             cur = self.db.execute(
                 "SELECT url, title, snippet(pages, 2, '', '', '…', 24) FROM pages WHERE pages MATCH ? "
-                "ORDER BY bm25(pages) LIMIT 10", (fq,))
+                "ORDER BY bm25(pages) LIMIT ?", (fq, -1 if self.max_results is None else self.max_results))
             rows = [{"title": t, "link": u, "snippet": s} for u, t, s in cur.fetchall()]
         return ProviderResult(format_search(query, rows), raw={"organic": rows})
 
@@ -114,7 +116,8 @@ class OfflineProvider:
                   for i, r in enumerate(rows[:30]) if self.page_images.get(r["link"])][:10]
         return ProviderResult(format_lens(img.image_id, rows[:10]), raw={"organic": rows[:10], "thumbnails": thumbs})
 
-    async def visit(self, url: str) -> ProviderResult:
+    async def visit(self, url) -> ProviderResult:
+        url = str(url)
         p = self.pages.get(url) or self.pages.get(url.rstrip("/")) or self.pages.get(url.rstrip("/") + "/")
         if p is None:
             return ProviderResult(FAILED_VISIT, raw={"status": 404, "blocked": "HTTP 404 (page not found)"}, ok=False)

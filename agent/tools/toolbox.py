@@ -20,6 +20,7 @@ from ..errors import HarnessError
 from ..redact import redact_obj
 from .cache import MODES, ToolCache, cache_key
 from .live import ProviderResult
+from .policy import DEFAULT_TOOLS, ToolPolicy
 from .registry import ImageRegistry
 
 __all__ = ["Toolbox", "ToolResult", "CacheMiss", "TOOL_NAMES", "result_images", "lens_results"]
@@ -67,6 +68,7 @@ class Toolbox:
     mode: str = "readwrite"
     live_fallback: bool = False  # replay mode: call the provider on a miss instead of failing
     stats: Counter = field(default_factory=Counter)
+    tools: ToolPolicy = DEFAULT_TOOLS  # the protocol's: arguments as given or cleaned, cache on or off
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -83,9 +85,13 @@ class Toolbox:
         if name not in TOOL_NAMES:
             return self._err(name, args, f"Unknown tool '{name}'. Available tools: {', '.join(TOOL_NAMES)}.")
         need = _REQUIRED[name]
-        val = args.get(need)
-        if not isinstance(val, str) or not val.strip():
-            return self._err(name, args, f"{name} needs a non-empty string argument '{need}'.")
+        if self.tools.clean_args:
+            val = args.get(need)
+            if not isinstance(val, str) or not val.strip():
+                return self._err(name, args, f"{name} needs a non-empty string argument '{need}'.")
+            val = val.strip()
+        else:  # as the model gave it, missing as "" (the release's params.get(name, ""))
+            val = args.get(need, "")
         img = None
         if name == "lens_search":
             img = registry.resolve(val) if registry else None
@@ -94,7 +100,8 @@ class Toolbox:
                 return self._err(name, args, f"Unknown image id '{val}'. Registered query images: {ids}.")
         key = cache_key(name, args, img.sha256 if img else None)
         self.stats[f"{name}.calls"] += 1
-        if self.cache is not None and self.mode != "off":
+        cached = self.cache is not None and self.mode != "off" and self.tools.cache
+        if cached:
             hit = self.cache.get(key)
             if hit is not None and (self.mode == "replay" or not hit.transient):
                 self.stats["cache.hits"] += 1
@@ -104,12 +111,12 @@ class Toolbox:
                 self.stats["cache.misses"] += 1
                 raise CacheMiss(f"replay mode: no cached result for {name}({args}) — the replay cannot be exact")
             self.stats["cache.misses"] += 1
-        res = await self._dedup(key, name, val, img)
+        res = await (self._dedup(key, name, val, img) if self.tools.cache else self._provide(name, val, img))
         self.stats["paid_calls"] += res.paid_calls
         self.stats[f"{name}.paid"] += res.paid_calls
         # an API that echoes the key in a 200 body (seen in error texts): never cached, shown or recorded
         raw, observation = redact_obj(res.raw), redact_obj(res.observation)
-        if self.cache is not None and self.mode != "off":
+        if cached:
             self.cache.put(key, name, args, raw, observation, res.ok, res.transient)
         return ToolResult(name, args, observation, res.ok, False, res.paid_calls, img.sha256 if img else None, raw,
                           result_images(raw))
@@ -123,12 +130,7 @@ class Toolbox:
         fut = asyncio.get_running_loop().create_future()
         self._inflight[key] = fut
         try:
-            if name == "search":
-                res = await self.provider.search(val.strip())
-            elif name == "visit":
-                res = await self.provider.visit(val.strip())
-            else:
-                res = await self.provider.lens(img)
+            res = await self._provide(name, val, img)
             fut.set_result(res)
             return res
         except BaseException as e:
@@ -137,6 +139,13 @@ class Toolbox:
             raise
         finally:
             self._inflight.pop(key, None)
+
+    async def _provide(self, name: str, val, img) -> ProviderResult:
+        if name == "search":
+            return await self.provider.search(val)
+        if name == "visit":
+            return await self.provider.visit(val)
+        return await self.provider.lens(img)
 
     def _err(self, name: str, args: dict, msg: str) -> ToolResult:
         self.stats["invalid_calls"] += 1

@@ -1,9 +1,12 @@
 """Loopback stand-ins for Serper (/search, /lens, scrape) and Jina Reader, with their response shapes.
 
-``server.faults`` is consumed one per request: "429", "500", or None. ``server.pages`` maps a URL to
-the markdown Jina returns for it (a block page is just a page whose text is a bot wall). ``server.bodies``
-lists each POST's path and JSON body; ``server.lens_results`` is how many results Lens returns, and
-``server.bad_thumbs`` the result numbers whose thumbnail answers 404.
+``server.faults`` is consumed one per request: "429", "500", or None; ``server.fail`` maps a path ("/search",
+"/lens", "/scrape", a Jina page "/https://…") to how many of its next requests answer 500. ``server.pages`` maps a URL to the markdown
+Jina returns for it (a block page is just a page whose text is a bot wall). ``server.bodies`` lists each POST's path
+and JSON body, ``server.log`` every request; ``server.lens_results`` is how many results Lens returns,
+``server.lens_items`` replaces them (a result without a title, a JPEG or redirected thumbnail), and
+``server.bad_thumbs`` the result numbers whose thumbnail answers 404. Thumbnails: ``/thumb/N.png`` (PNG),
+``/thumb/N.jpg`` (JPEG), ``/moved/N.png`` (a 302 to ``/thumb/N.png``).
 """
 from __future__ import annotations
 
@@ -25,6 +28,9 @@ class _H(JSONHandler):
             if self.command == "POST":
                 self.server.bodies.append((self.path, self._body))
             f = self.server.faults.pop(0) if self.server.faults else None
+            if f is None and self.server.fail.get(self.path):
+                self.server.fail[self.path] -= 1
+                f = "500"
         if f in ("429", "500", "403"):
             self._send(int(f), {"message": "fault"})
             return True
@@ -33,16 +39,17 @@ class _H(JSONHandler):
     def do_GET(self):  # Jina Reader: GET /https://site/page
         if self._pre():
             return
+        if self.path.startswith("/moved/"):
+            self.send_response(302)
+            self.send_header("Location", "/thumb/" + self.path[7:])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return None
         if self.path.startswith("/thumb/"):
-            import io
-
-            from PIL import Image
-
-            if int(self.path[7:].split(".")[0]) in self.server.bad_thumbs:
+            n, ext = self.path[7:].split(".")
+            if int(n) in self.server.bad_thumbs:
                 return self._send(404, "gone", "text/plain")
-            buf = io.BytesIO()
-            Image.new("RGB", (8, 8), (int(self.path[7:].split(".")[0]) * 20 % 255, 0, 0)).save(buf, "PNG")
-            return self._send(200, buf.getvalue(), "image/png")
+            return self._send(200, thumbnail(int(n), ext), "image/jpeg" if ext == "jpg" else "image/png")
         url = self.path.lstrip("/")
         if url in self.server.pages:
             return self._send(200, self.server.pages[url], "text/plain")
@@ -61,15 +68,26 @@ class _H(JSONHandler):
             return self._send(200, {"searchParameters": {"q": q, "type": "search", "engine": "google"}, "organic": org,
                                     "credits": 1})
         if self.path == "/lens":
-            return self._send(200, {"searchParameters": {"url": body.get("url"), "type": "lens"},
-                                    "organic": [{"title": f"Lens match {i}", "source": "example.org",
-                                                 "link": f"https://match{i}.example/", "imageUrl": "https://img/x.jpg",
-                                                 "thumbnailUrl": f"{self.server.url}/thumb/{i}.png"}
-                                                for i in range(1, self.server.lens_results + 1)]})
+            items = self.server.lens_items if self.server.lens_items is not None else [
+                {"title": f"Lens match {i}", "source": "example.org", "link": f"https://match{i}.example/",
+                 "imageUrl": "https://img/x.jpg", "thumbnailUrl": f"{self.server.url}/thumb/{i}.png"}
+                for i in range(1, self.server.lens_results + 1)]
+            return self._send(200, {"searchParameters": {"url": body.get("url"), "type": "lens"}, "organic": items})
         if self.path == "/scrape":
             url = body.get("url", "")
             return self._send(200, {"text": self.server.scrape.get(url, ""), "metadata": {"title": "t"}})
         self._send(404, {"message": "no route"})
+
+
+def thumbnail(n: int, ext: str = "png") -> bytes:
+    """Thumbnail ``n``: an 8x8 image in its own colour, PNG or JPEG bytes."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (n * 20 % 255, 0, 0)).save(buf, "JPEG" if ext == "jpg" else "PNG")
+    return buf.getvalue()
 
 
 class FakeWeb(ThreadingHTTPServer):
@@ -83,7 +101,9 @@ class FakeWeb(ThreadingHTTPServer):
         self.log: list = []
         self.bodies: list = []
         self.lens_results = 14
+        self.lens_items: list | None = None
         self.bad_thumbs: set = set()
+        self.fail: dict[str, int] = {}
         self.lock = threading.Lock()
         self._t = threading.Thread(target=self.serve_forever, daemon=True)
 
