@@ -7,13 +7,14 @@ written it is resolved here and must stay inside its directory. Every file of a 
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from pathlib import Path
 
 from .errors import UsageError
 
-__all__ = ["PathEscape", "NotAFile", "inside", "open_regular", "read_regular", "require_regular"]
+__all__ = ["PathEscape", "NotAFile", "inside", "open_regular", "read_regular", "require_regular", "file_sha256"]
 
 
 class PathEscape(UsageError, ValueError):
@@ -79,3 +80,12 @@ def require_regular(path, error: type[Exception] = NotAFile) -> Path:
     if not stat.S_ISREG(mode):
         raise _refusal(path, mode, error)
     return Path(path)
+
+
+def file_sha256(path, error: type[Exception] = NotAFile) -> str:
+    """The sha256 of a regular file's bytes, read in 1 MiB pieces."""
+    h = hashlib.sha256()
+    with open_regular(path, "rb", error) as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -10,6 +10,7 @@
 - ``--runs RUN ...``: judged runs, one per method x backbone x benchmark: Table 1 (accuracy: one row per
   method and backbone, one column per benchmark), Table 4 (per method, pooled over its runs), Table 5
   (MMSearch-Plus by number of images), Figure 4.
+  HLE-VL runs among them make Table 13 (D.1: means over trials) and enter no other table.
 - ``--removal-runs RUN ...``: judged ReAct and ReAct-Removal@k runs: Table 3.
 
 One judge per table (``--judge`` picks one when runs were graded differently). What cannot be made (a
@@ -28,7 +29,7 @@ import pandas as pd
 
 from agent.cli import done, make_parser
 from agent.errors import ToolkitError
-from agent.rundir import RunError, load_run
+from agent.rundir import RunDir, RunError, load_run
 from analysis.pooling import refuse_mixed_servers
 from analysis.stats import removal_summary, summarise_by
 from analysis.unload import unload_points, unload_steps
@@ -224,25 +225,19 @@ def _slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", s).strip("_")[:60]
 
 
-def make_report(*, react=(), runs=(), removal_runs=(), out="figures/out", judge: str | None = None,
-                unload_runs=()) -> dict:
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    made, missing = [], []
-    react = [react] if isinstance(react, (str, Path)) else list(react)
-    rr = [load_run(rd) for rd in react]
-    for rd, r in zip(react, rr):  # before any work: Figures 1 and 2 are the ReAct probes' (paper §3.2)
-        if r.header.get("method") != "react":
-            raise RunError(f"--react {rd}: this is a {method_label(r)} run; Figures 1 and 2 read probed ReAct runs "
-                           f"(paper §3.2). Pass it with --runs (Tables 1, 4, 5; Figure 4) instead")
-    if react:
-        calls = pd.concat([frames.steps(r) for r in rr], ignore_index=True).rename(columns={"call": "index"})
-        if len(calls):
-            who = ", ".join(dict.fromkeys(tables.model_label(r) for r in rr))
-            figures.fig1_tool_calls(calls, out / "fig1_tool_calls", mark=figures.provenance_mark([r.header for r in rr]),
-                                    title=f"Figure 1: tool calls by type per step ({who}; numbers: calls at that step)")
-            made.append("fig1_tool_calls")
-        _pooled_figure2(react, out, made, missing)
+def _run_tables(runs: list, out: Path, made: list, missing: list, judge: str | None) -> None:
+    """Tables 1, 4 (with the cost ledger), 5 and Figure 4 from the judged ``--runs``; HLE-VL runs among them make
+    Table 13 of their own (D.1) and enter no other table."""
+    apart = [rd for rd in runs if RunDir(rd).read_header().get("benchmark") in tables.SUPPLEMENTARY]
+    runs = [rd for rd in runs if rd not in apart]
+    if apart:  # HLE-VL: Table 13 of its own (D.1), never in Tables 1, 4, 5
+        try:
+            tables.write_table(tables.table13(apart, judge), out / "table13_hle_vl")
+            made.append("table13_hle_vl")
+        except RunError as e:
+            if "different judges" in str(e):
+                raise
+            missing.append(str(e))
     if runs:
         tables.write_table(tables.table4(runs), out / "table4_cost")
         made.append("table4_cost")
@@ -267,6 +262,28 @@ def make_report(*, react=(), runs=(), removal_runs=(), out="figures/out", judge:
                 made.append("table5_mmsearch_plus_images")
             judged, _, _ = tables.judged_runs(runs, judge)
             _figure4(judged, out, made, missing)
+
+
+def make_report(*, react=(), runs=(), removal_runs=(), out="figures/out", judge: str | None = None,
+                unload_runs=()) -> dict:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    made, missing = [], []
+    react = [react] if isinstance(react, (str, Path)) else list(react)
+    rr = [load_run(rd) for rd in react]
+    for rd, r in zip(react, rr):  # before any work: Figures 1 and 2 are the ReAct probes' (paper §3.2)
+        if r.header.get("method") != "react":
+            raise RunError(f"--react {rd}: this is a {method_label(r)} run; Figures 1 and 2 read probed ReAct runs "
+                           f"(paper §3.2). Pass it with --runs (Tables 1, 4, 5; Figure 4) instead")
+    if react:
+        calls = pd.concat([frames.steps(r) for r in rr], ignore_index=True).rename(columns={"call": "index"})
+        if len(calls):
+            who = ", ".join(dict.fromkeys(tables.model_label(r) for r in rr))
+            figures.fig1_tool_calls(calls, out / "fig1_tool_calls", mark=figures.provenance_mark([r.header for r in rr]),
+                                    title=f"Figure 1: tool calls by type per step ({who}; numbers: calls at that step)")
+            made.append("fig1_tool_calls")
+        _pooled_figure2(react, out, made, missing)
+    _run_tables(list(runs), out, made, missing, judge)
     if removal_runs:
         try:
             t3 = tables.table1(removal_runs, judge)

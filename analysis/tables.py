@@ -19,6 +19,8 @@
   prompt of any single call), tool calls, and each tool (Visual Search = lens_search).
 - **Table 5** (§4.4): MMSearch-Plus by number of query images in groups {1, 2, >=3}: accuracy and Visual
   Search / total tool calls per sample, per method, averaged over the backbones (runs) given.
+- **Table 13** (D.1): HLE-VL accuracy (%), the mean over trials ("means only"), one row per method, one column per
+  backbone; every run on the same manifest (its sha256, printed under the table). HLE-VL runs never enter Table 1.
 """
 from __future__ import annotations
 
@@ -41,8 +43,11 @@ from analysis import frames
 from analysis.figures import write_csv, write_text
 from analysis.pooling import comparability_note, duplicates_note, refuse_mixed_protocols, refuse_mixed_servers
 
-__all__ = ["grades_of", "judged_runs", "table1", "table4", "table5", "ledger_table", "write_table", "method_label", "model_label",
-           "JUDGES"]
+__all__ = ["grades_of", "judged_runs", "table1", "table4", "table5", "table13", "ledger_table", "write_table", "method_label",
+           "model_label", "JUDGES", "SUPPLEMENTARY"]
+
+#: Benchmarks reported apart from Table 1 (paper D.1: HLE-VL is Table 13, outside the seven of the main suite).
+SUPPLEMENTARY = {"hle_vl": "Table 13"}
 
 def judged_runs(run_dirs, judge: str | None = None) -> tuple[list[tuple], list[str], str]:
     """``([(run, grades)], missing, judge label)`` for a table, each run's grades as :func:`analysis.frames.grades`
@@ -129,6 +134,10 @@ def _table1_groups(runs) -> tuple[dict, dict, dict]:
     for run, g in runs:
         key = (method_label(run), model_label(run))
         benches = set(g["benchmark"])
+        apart = sorted(benches & set(SUPPLEMENTARY))
+        if apart:
+            raise RunError(f"{run.path}: {apart[0]} is the paper's {SUPPLEMENTARY[apart[0]]} (D.1), never part of "
+                           "Table 1's average: tabulate it with table13 (python -m analysis.report --runs puts it there)")
         have = groups.setdefault(key, [])
         clash = benches & {b for _, other in have for b in other["benchmark"]}
         refuse_mixed_protocols(key, [r for r, _ in have] + [run])
@@ -357,6 +366,47 @@ def table5(run_dirs, benchmark: str = "mmsearch_plus", judge: str | None = None)
     out = pd.DataFrame(rows)
     out.attrs["note"] = (f"{benchmark}: accuracy (%) and Visual Search / total tool calls per sample by number of "
                          f"query images, mean over trials, averaged over the backbones given. Judge: {label}.")
+    return out
+
+
+def table13(run_dirs, judge: str | None = None) -> "pd.DataFrame":
+    """Table 13 (D.1): HLE-VL accuracy (%), each entry the mean over the run's trials (the caption: "the mean over
+    three independent runs"; no std), one row per method, one column per backbone. Refused: a run on another
+    benchmark, or runs drawn from different HLE-VL files (their manifests' sha256 differ); the sha256 is printed
+    under the table, to be checked against WebWatcher's released file (which cannot be read here)."""
+    runs, missing, label = judged_runs(run_dirs, judge)
+    if not runs:
+        raise RunError("no judged HLE-VL run to tabulate: " + "; ".join(missing))
+    digests: dict = {}
+    rows: dict = {}
+    for run, g in runs:
+        benches = sorted(set(g["benchmark"]))
+        if benches != ["hle_vl"]:
+            raise RunError(f"{run.path}: Table 13 is HLE-VL only (paper D.1); this run is on {', '.join(benches)}")
+        digests.setdefault(run.header.get("benchmark_sha256"), []).append(str(run.path))
+        refuse_mixed_protocols((method_label(run), model_label(run)), [run])
+        m, _, per = _per_trial_acc(g)
+        row = rows.setdefault(method_label(run), {"method": method_label(run)})
+        if model_label(run) in row:
+            raise RunError(f"two HLE-VL runs of {method_label(run)} on {model_label(run)}: give one ({run.path})")
+        row[model_label(run)] = round(m, 1)
+        row.setdefault("_trials", set()).add(len(per))
+    if None in digests or len(digests) > 1:
+        detail = "; ".join(f"{d or 'not recorded'}: {', '.join(p)}" for d, p in digests.items())
+        raise RunError(f"Table 13 needs every run on one HLE-VL file; the manifests differ ({detail})")
+    models = list(dict.fromkeys(model_label(r) for r, _ in runs))
+    out = pd.DataFrame([{k: v for k, v in r.items() if k != "_trials"} for r in rows.values()])
+    out = out.assign(_m=out["method"].map(_method_rank)).sort_values("_m").drop(columns="_m").reset_index(drop=True)
+    out = out[["method", *models]]
+    trials = sorted({t for r in rows.values() for t in r["_trials"]})
+    digest = next(iter(digests))
+    out.attrs["note"] = (f"HLE-VL accuracy (%), the mean over {'/'.join(map(str, trials))} trial(s) per entry (Table 13 "
+                         f"reports means only). Judge: {label}. Manifest sha256: {digest} (check it against "
+                         "WebWatcher's released 330-question file; this toolkit cannot fetch it). Never pooled into "
+                         "Table 1.")
+    if missing:
+        out.attrs["note"] += "\n\nNot included (no such judge output): " + "; ".join(missing)
+    out.attrs["judge"], out.attrs["missing"], out.attrs["manifest_sha256"] = label, missing, digest
     return out
 
 

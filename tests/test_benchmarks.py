@@ -100,16 +100,31 @@ def test_an_answer_or_options_of_the_wrong_type_are_refused_naming_the_line(tmp_
 
 
 def _hle(tmp_path, n, *, bad=()):
-    """A WebWatcher-style HLE-VL file: question / image rows (mapped to query / query_images on load)."""
+    """An HLE-VL file laid out as WebWatcher's evaluation reads it (infer/scripts_eval/agent_eval.py: ``prompt``,
+    ``file_path`` naming the image; infer/evaluation/evaluate_hle_official.py: ``answers``), no ids."""
     d = tmp_path / "data" / "hle_vl"
     (d / "imgs").mkdir(parents=True)
     from PIL import Image
 
     Image.new("RGB", (8, 8), (9, 9, 9)).save(d / "imgs" / "a.png")
-    rows = [{"id": f"hle_{i}", "question": f"Q{i}?", "image": "missing.png" if i in bad else "a.png",
-             "answer": "42"} for i in range(n)]
+    rows = [{"prompt": f"Q{i}?", "file_path": "/mnt/eval/hle/images/" + ("missing.png" if i in bad else "a.png"),
+             "answers": ["42"]} for i in range(n)]
     (d / "data_unified.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return d
+
+
+def test_webwatcher_s_hle_vl_rows_map_to_the_unified_layout(tmp_path):
+    m = load_benchmark(_hle(tmp_path, 3))
+    s = m.samples[1]
+    assert (s.query, s.query_images, s.answer) == ("Q1?", ["a.png"], "42")  # the file name, in imgs/; answers[0]
+    assert s.id.startswith("hle_") and len({x.id for x in m.samples}) == 3 and not m.problems
+    # the id comes from the row's content: the same in a copy with the rows in another order
+    d2 = tmp_path / "copy"
+    (d2 / "data" / "hle_vl").mkdir(parents=True)
+    (d2 / "data" / "hle_vl" / "imgs").symlink_to(m.path.parent / "imgs")
+    lines = m.path.read_text().splitlines()
+    (d2 / "data" / "hle_vl" / "data_unified.jsonl").write_text("\n".join(reversed(lines)) + "\n")
+    assert {x.id for x in load_benchmark(d2 / "data" / "hle_vl").samples} == {x.id for x in m.samples}
 
 
 def test_hle_vl_must_be_the_whole_330_question_visual_subset(tmp_path, capsys):

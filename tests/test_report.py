@@ -372,3 +372,44 @@ def test_an_output_interrupted_while_written_keeps_the_old_file_and_leaves_no_pa
         write_csv(pd.DataFrame({"a": [2]}), tmp_path / "t.csv", index=False)
     assert (tmp_path / "t.csv").read_text() == "a\n1\n" and sorted(p.name for p in tmp_path.iterdir()) == [
         "fig2.pdf", "fig2.png", "t.csv"]
+
+
+async def test_hle_vl_runs_make_table_13_and_never_enter_table_1(tmp_path):
+    """Paper D.1: Table 13 reports HLE-VL means over trials for its own; the runs' manifest sha256 is printed under
+    it (WebWatcher's released file cannot be fetched here to pin the ids) and must be one file for all rows."""
+    import hashlib
+
+    from agent.rundir import RunError
+    from analysis import tables
+    from tests.test_benchmarks import _hle
+
+    bench = _hle(tmp_path, 330)
+    cfg = dict(limit=4, trials=2, progress=False, benchmark=str(bench))
+    for name, said in (("direct", "42"), ("react", "41")):
+        await run(RunConfig(method=name, out=str(tmp_path / name), **cfg), [],
+                  backends=[ScriptedBackend([f"<think>k</think><answer>{said}</answer>"] * 50)])
+        await judge_run(tmp_path / name, judge="exact", progress=False)
+    await run(RunConfig(method="direct", out=str(tmp_path / "demo"), limit=2, progress=False), [],
+              backends=[ScriptedBackend(["<think>k</think><answer>1911</answer>"] * 50)])
+    await judge_run(tmp_path / "demo", judge="exact", progress=False)
+    t = tables.table13([tmp_path / "direct", tmp_path / "react"])
+    assert t.to_dict("records") == [{"method": "direct", "scripted": 100.0}, {"method": "react", "scripted": 0.0}]
+    digest = hashlib.sha256((bench / "data_unified.jsonl").read_bytes()).hexdigest()
+    assert t.attrs["manifest_sha256"] == digest and digest in t.attrs["note"] and "means only" in t.attrs["note"]
+    with pytest.raises(RunError, match="Table 13"):  # never part of Table 1's average
+        tables.table1([tmp_path / "demo", tmp_path / "direct"])
+    with pytest.raises(RunError, match="HLE-VL only"):
+        tables.table13([tmp_path / "direct", tmp_path / "demo"])
+    other = _hle(tmp_path / "other", 330)
+    (other / "data_unified.jsonl").write_text((other / "data_unified.jsonl").read_text().replace("Q0?", "Q0 ?"))
+    await run(RunConfig(method="react", out=str(tmp_path / "react2"), limit=2, progress=False, benchmark=str(other)),
+              [], backends=[ScriptedBackend(["<think>k</think><answer>42</answer>"] * 50)])
+    await judge_run(tmp_path / "react2", judge="exact", progress=False)
+    with pytest.raises(RunError, match="one HLE-VL file"):
+        tables.table13([tmp_path / "direct", tmp_path / "react2"])
+    # the report routes HLE-VL runs to Table 13 and keeps them out of Tables 1 and 4
+    out = tmp_path / "figs"
+    assert report_main(["--runs", str(tmp_path / "demo"), str(tmp_path / "direct"), str(tmp_path / "react"),
+                        "--out", str(out)]) == 0
+    assert "| direct | 100.0 |" in (out / "table13_hle_vl.md").read_text()
+    assert "hle_vl" not in (out / "table1_accuracy.md").read_text() and "demo (n=2)" in (out / "table1_accuracy.md").read_text()

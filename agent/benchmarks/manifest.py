@@ -2,11 +2,12 @@
 its samples, the data problems found while loading it, and the checks on its images."""
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from ..backends.images import ImageError, load_image, max_image_bytes
 from ..tools.demo_world import ensure_demo_world
@@ -130,13 +131,25 @@ def _image_problem(path: Path) -> tuple[str, str] | None:
 
 
 def _from_hle(row: dict) -> dict:
-    """WebWatcher's HLE-VL rows use question/image(s) rather than query/query_images."""
+    """A WebWatcher HLE-VL row in the unified layout. WebWatcher's evaluation reads ``prompt`` (the question) and
+    ``file_path``, whose file name names the image in its image directory (``infer/scripts_eval/agent_eval.py``,
+    ``run_main``), and grades against ``answers[0]`` (``infer/evaluation/evaluate_hle_official.py``,
+    ``extract_answer``); ``question`` / ``image(s)`` / ``answer`` rows and unified rows load too. A row without an
+    ``id`` gets ``hle_`` + 12 hex of the sha256 of its question and image name (the same id in any copy of the
+    file, whatever its row order)."""
     row = dict(row)
-    if "query" not in row and "question" in row:
-        row["query"] = row.pop("question")
+    if "query" not in row:
+        row["query"] = row.pop("prompt", None) or row.pop("question", None)
     if "query_images" not in row:
         imgs = row.pop("images", None) or row.pop("image", None) or row.pop("image_path", None)
+        if not imgs and isinstance(row.get("file_path"), str):  # WebWatcher: the file name, in its image directory
+            imgs = PurePosixPath(row.pop("file_path")).name
         row["query_images"] = imgs if isinstance(imgs, list) else ([imgs] if imgs else [])
+    if "answer" not in row and isinstance(row.get("answers"), list) and row["answers"]:
+        row["answer"] = row.pop("answers")[0]
+    if not str(row.get("id", "")).strip() and isinstance(row.get("query"), str):
+        key = json.dumps([row["query"], row["query_images"]], ensure_ascii=False).encode()
+        row["id"] = "hle_" + hashlib.sha256(key).hexdigest()[:12]
     return row
 
 

@@ -97,6 +97,8 @@ class RunHeader(Record):
     logprobs: Literal["requested", "absent"] | None = None
     benchmark: str
     benchmark_path: str | None
+    benchmark_sha256: str | None = Field(None, description="sha256 of the manifest file's bytes: which rows the run "
+                                         "drew from (HLE-VL: check it against WebWatcher's released file)")
     n_samples: NonNegativeInt | None = None
     backend: BackendRecord
     tools: ToolsRecord

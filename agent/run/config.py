@@ -15,6 +15,7 @@ from ..methods import Budgets, MethodSpec
 from ..methods.common import WEBWATCHER_OBSERVATION_IMAGES
 from ..methods.mmcontextfold_release import CALL_CAP, MAX_BRANCH_TURNS, MAX_ROUNDS
 from ..methods.unload import SCORING_BACKENDS, UnloadPolicy
+from ..paths import file_sha256
 from ..redact import public_url, safe_argv
 from ..rundir import RunDir, RunError, versions
 from ..tools import TOOL_POLICIES
@@ -173,7 +174,8 @@ def header_for(cfg: RunConfig, manifest, argv, model: dict | None = None) -> dic
         "sampling": cfg.sampling().to_dict() | {"seed": cfg.seed}, "trials": cfg.trials,
         # "absent": no logprob fields were asked for (OpenRouter's default); the entropy probe refuses such a run
         "logprobs": "requested" if cfg.top_logprobs > 0 else "absent",
-        "benchmark": manifest.name, "benchmark_path": str(manifest.path), "n_samples": len(manifest.samples),
+        "benchmark": manifest.name, "benchmark_path": str(manifest.path),
+        "benchmark_sha256": file_sha256(manifest.path), "n_samples": len(manifest.samples),
         "backend": {"kind": cfg.backend, "endpoints": [public_url(e) for e in cfg.endpoints], "model": cfg.model, "model_dir": cfg.model_dir,
                     "logprob_mode": cfg.logprob_mode, "server": cfg.server, "embedded_tiny_model": cfg.embedded,
                     "api_key_env": cfg.api_key_env},
