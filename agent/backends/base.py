@@ -262,8 +262,8 @@ class ModelOutput:
 
     @property
     def visible(self) -> str:
-        """The visible answer as a prompt or a parser uses it: ``text`` without surrounding whitespace (ours; what
-        SGLang's reasoning parser sends, and the record keeps ``text`` as it arrived)."""
+        """The visible answer as a prompt or a parser uses it: ``text`` without surrounding whitespace (ours: Qwen3.5's
+        chat template trims it too when it renders the history; the record keeps ``text`` as it arrived)."""
         return self.text.strip()
 
     @property

@@ -87,16 +87,18 @@ def mark_think_by_text(tokens: TokenArrays, reasoning: str) -> TokenArrays:
 
 
 def split_think(text: str, starts_in_think: bool) -> tuple[str, str]:
-    """(reasoning, answer) of a raw output text, both stripped (the rules above)."""
+    """(reasoning, answer) of a raw output text, as SGLang's qwen3 reasoning parser splits it: the rules above, and
+    nothing stripped (``Qwen3Detector``, srt/parser/reasoning_parser.py ``_detect_and_parse_impl``; its chat
+    replies keep the "\n\n" after ``</think>`` too)."""
     if not (starts_in_think or THINK_OPEN in text):
-        return "", text.strip()
+        return "", text
     body = text
     while body.startswith(THINK_OPEN):
         body = body[len(THINK_OPEN):]
     if THINK_CLOSE in body:
         reasoning, answer = body.split(THINK_CLOSE, 1)
-        return reasoning.strip(), answer.strip()
+        return reasoning, answer
     i = body.find(TOOL_CALL_OPEN)
     if i != -1:
-        return body[:i].strip(), body[i:].strip()
-    return body.strip(), ""
+        return body[:i], body[i:]
+    return body, ""

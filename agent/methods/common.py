@@ -89,7 +89,8 @@ class Turn:
 def assistant_message(text: str | None, reasoning: str | None, history_reasoning: str = "keep") -> dict:
     """An assistant turn for the history; with ``keep`` the reasoning rides along as ``reasoning_content``.
     The texts are recorded as they arrived and cleaned here, as the next prompt is built (ours: surrounding
-    whitespace dropped and null as "", what SGLang's reasoning parser sends; docs/fidelity.md)."""
+    whitespace dropped, as Qwen3.5's chat template trims both when it renders them, so every template and
+    backend path sees the same; null as ""; docs/fidelity.md)."""
     if history_reasoning == "keep":
         return {"role": "assistant", "content": (text or "").strip(), "reasoning_content": (reasoning or "").strip()}
     return chat("assistant", (text or "").strip())

@@ -494,12 +494,9 @@ class _Handler(JSONHandler):
         from agent.backends.think import split_think
 
         thinking = (req.get("chat_template_kwargs") or {}).get("enable_thinking", True) is not False
-        reasoning, content = split_think(full, thinking)
-        if not self.server.strip_content and "</think>" in full:  # vLLM's qwen3 parser: what follows </think>, as is
-            content = full.split("</think>", 1)[1]
-        choice = {"index": 0, "message": {"role": "assistant", "content": None if null else (
-                                              content if not self.server.strip_content else content.strip()),
-                                          "reasoning_content": None if null else (reasoning.strip() or None),
+        reasoning, content = split_think(full, thinking)  # nothing stripped: SGLang 0.5.23 sends them as parsed
+        choice = {"index": 0, "message": {"role": "assistant", "content": None if null else content,
+                                          "reasoning_content": None if null else (reasoning or None),
                                           "tool_calls": None},
                   **({"finish_reason": "stop", "matched_stop": 151645} if len(out_ids) == len(all_ids)
                      else {"finish_reason": "length", "matched_stop": None})}
@@ -557,7 +554,6 @@ class FakeServer(ThreadingHTTPServer):
         self.flat = flat
         self.leak = leak      # > 0: a repeated scoring request's logprobs shifted by this (a cache-state leak)
         self.no_logprobs = False  # True: a chat reply never carries logprobs, asked or not (some OpenRouter providers)
-        self.strip_content = True  # False: content keeps its surrounding whitespace (vLLM's qwen3 parser sends "\n\n…")
         self.routing_keys: list = []
         self.crash_when = None  # callable(server) -> bool, asked on each POST: True = die there (no reply, stop)  # each POST's x-smg-routing-key header (None: none sent)
         self.server_args: dict = {}  # more /server_info fields (a dtype, a quantization, a radix cache turned off);
