@@ -189,6 +189,7 @@ temperature = number_in(0.0, 100.0)
 top_p = number_in(0.0, 1.0, lo_open=True)
 top_logprobs = number_in(0, 1024, whole=True)
 port_number = number_in(1, 65535, whole=True)
+fraction = number_in(0.0, 1.0, lo_open=True)
 
 
 def make_parser(prog: str, doc: str | None, examples: list[str]) -> argparse.ArgumentParser:

@@ -19,9 +19,12 @@ sha256, as SGLang's multimodal cache keys them) through one simulated radix cach
 It reports the share of prompt tokens served from cache, and that share as a percentage of the ideal (an
 unbounded cache on one server: every prefix ever seen stays). That is token-level reuse, the bound for a
 pure-attention model. Qwen3.5 is hybrid (Gated DeltaNet linear attention between full-attention layers): SGLang
-reuses a prefix only up to a stored linear-attention state, which a request's prefill leaves at the last multiple
-of ``mamba_track_interval`` in its prompt (:meth:`RadixLRU.hybrid_match`); the report adds the probes' order
-under that model (``--mamba-track-interval``: the launcher's 128 by default; SGLang's own is 256), said as such. Ours, and a model of the server, not the
+reuses a prefix only up to a stored linear-attention state, and a request's prefill stores one state, on the
+64-token checkpoint grid of its extend or at the branch point its match found (:meth:`RadixLRU.hybrid_match`, with
+SGLang's files); the report adds the probes' order under that model, said as such. What it does not model yet
+(issue 58): the match cap at a teacher-forced request's ``logprob_start_len``, prefill chunks (one extend per
+prompt), and the state pool's own LRU (3 slots per running request under ``extra_buffer``); the model has not been
+compared with SGLang's own cache classes. Ours, and a model of the server, not the
 server: the cache is prompt-only (generated tokens also enter SGLang's tree but are never a later prompt's
 prefix here, because the regenerated text differs from the recorded one; they do take room, so a real cache
 fills sooner), one request is in flight per trajectory and requests complete in the order they are sent
@@ -49,7 +52,6 @@ from agent.cli import done, make_parser, positive_int
 from agent.errors import ToolkitError
 from agent.rundir import load_run
 from analysis.selection import select_trajectories
-from serving.plan import MAMBA_TRACK_INTERVAL
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,11 @@ __all__ = ["RadixLRU", "prefix_keys", "simulate", "probe_streams", "gpu_cost", "
 ACTIVE_PARAMS = {"9b": 9e9, "27b": 27e9, "35b-a3b": 3e9}
 H20_TFLOPS = 148.0
 REMOVAL_STEPS = 5  # Figure 2(c)'s k = 1..5 (paper §3.2.3)
+
+#: SGLang's linear-attention checkpoint grid: ``mamba_checkpoint_grid`` = lcm(the cache chunk, 64, and the tree's
+#: page, 1 here) (srt/runtime_context.py); prompt states are tracked on it, ``--mamba-track-interval`` governs only
+#: decode snapshots, which the probes' regenerated outputs never reuse.
+STATE_GRID = 64
 
 _P = np.uint64(0x100000001B3)          # the polynomial's base (FNV's prime: odd, well mixed)
 _LEN = np.uint64(0x9E3779B97F4A7C15)   # mixes the prefix length into its key
@@ -88,7 +95,7 @@ class RadixLRU:
 
     def __init__(self, capacity: int | None, state_interval: int | None = None):
         self.capacity = capacity
-        self.interval = state_interval  # None: token-level reuse (a pure-attention model)
+        self.interval = state_interval  # the state grid; None: token-level reuse (a pure-attention model)
         self.states: set = set()        # the prefixes (keys) at which a recurrent state is stored
         self.owner: dict = {}
         self.groups: deque = deque()
@@ -96,10 +103,12 @@ class RadixLRU:
         self.clock = 0
 
     def access(self, keys: np.ndarray) -> int:
-        """The number of leading tokens (keys) already cached and reusable; then the whole prompt is cached."""
+        """The number of leading tokens (keys) already cached and reusable; then the whole prompt is cached. A match
+        stops one token short of the prompt, so that the last token is computed (SGLang's ``_compute_max_prefix_len``,
+        srt/managers/schedule_batch.py)."""
         ks = keys.tolist()
         owner = self.owner
-        lo, hi = 0, len(ks)
+        lo, hi = 0, max(len(ks) - 1, 0)
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if ks[mid - 1] in owner:
@@ -118,16 +127,24 @@ class RadixLRU:
         return lo
 
     def hybrid_match(self, ks: list, lo: int) -> int:
-        """SGLang 0.5.23's Mamba radix cache (``mem_cache/unified_cache/components/mamba.py``): a prefix is reusable
-        only up to a node holding the linear-attention state, and a request's prefill leaves that state at its last
-        track point, the largest multiple of ``mamba_track_interval`` in its prompt (``extra_buffer``, the strategy
-        on a server with the overlap scheduler; states at later track points stay on the request's own branch)."""
-        t = self.interval
-        p = lo // t * t
+        """SGLang 0.5.23's Mamba radix cache under ``extra_buffer``: the match ends at the deepest node holding a
+        linear-attention state within the KV hit ``lo`` (the Mamba component's match validator,
+        srt/mem_cache/unified_cache/components/mamba.py ``create_match_validator``). The request's prefill then stores
+        one state (``_mamba_radix_cache_v2_req_prepare_for_extend``, srt/managers/schedule_batch.py): at the
+        checkpoint grid's last multiple of its extend, counted from its reused prefix (an extend shorter than the
+        grid stores none), unless the KV hit reaches a grid point past that prefix, the branch point
+        (``finalize_match_result_in_tree_core``: ``mamba_branching_seqlen``), which then takes the state instead."""
+        g = self.interval
+        p = lo
         while p > 0 and not (ks[p - 1] in self.states and ks[p - 1] in self.owner):
-            p -= t
-        if len(ks) >= t:
-            self.states.add(ks[len(ks) // t * t - 1])
+            p -= 1
+        extend = len(ks) - p
+        if extend >= g:
+            track = p + extend // g * g
+            branch = lo // g * g
+            if p < branch < track and (branch - p) % g == 0:
+                track = branch
+            self.states.add(ks[track - 1])
         return p
 
     def _evict(self) -> None:
@@ -168,7 +185,7 @@ def simulate(streams: list[list[np.ndarray]], *, capacity: int | None, servers: 
              state_interval: int | None = None) -> dict:
     """Replay the requests (``streams``: per trajectory, its requests' prompt tokens in the order it sends them)
     through one :class:`RadixLRU` per server; returns prompt tokens, cached tokens and the cached share.
-    ``state_interval``: Qwen3.5's hybrid cache (``mamba_track_interval``, SGLang's default 256), else token-level.
+    ``state_interval``: Qwen3.5's hybrid cache (its state grid, :data:`STATE_GRID`), else token-level.
     ``keys``: the streams' :func:`prefix_keys` at this ``page``, when the caller replays them several times."""
     interval = None if state_interval is None else max(1, state_interval // page)
     caches = [RadixLRU(None if capacity is None else capacity // page, interval) for _ in range(servers)]
@@ -267,7 +284,7 @@ def report(streams, *, capacity: int, servers: int, concurrency: int, state_inte
                 streams, capacity=capacity, servers=n, concurrency=concurrency * n, how=how, pinned=pinned, keys=keys))
     rows.append({"order": "ideal (unbounded, one server)", "servers": 1, **ideal, "of_ideal": 1.0})
     if state_interval:
-        label = f"hybrid cache, track interval {state_interval}"
+        label = f"hybrid cache, state grid {state_interval}"
         row(f"per-trajectory (pinned), {label}", servers, simulate(
             streams, capacity=capacity, servers=servers, concurrency=concurrency * servers, keys=keys,
             state_interval=state_interval))
@@ -325,9 +342,9 @@ def main(argv=None) -> int:
     ap.add_argument("--servers", type=int, default=2, help="servers the probe spreads over")
     ap.add_argument("--concurrency", type=int, default=128, help="trajectories in flight per server (the probes' default)")
     ap.add_argument("--limit", type=positive_int, help="the first N trajectories")
-    ap.add_argument("--mamba-track-interval", type=int, default=MAMBA_TRACK_INTERVAL,
-                    help=f"Qwen3.5's hybrid cache: the servers' mamba_track_interval (the launcher's {MAMBA_TRACK_INTERVAL}; "
-                         "SGLang's own default 256; 0 = token-level only)")
+    ap.add_argument("--state-grid", type=int, default=STATE_GRID,
+                    help=f"Qwen3.5's hybrid cache: SGLang's linear-attention checkpoint grid (default {STATE_GRID}, "
+                         "its lcm of the cache chunk and the page; 0 = token-level only)")
     ap.add_argument("--gpu-cost", action="store_true",
                     help="add prefill GPU-seconds per Figure 2 panel and backbone (an estimate: see above)")
     ap.add_argument("--gpu-tflops", type=float, default=H20_TFLOPS, help="dense bf16 TFLOPS per GPU (default: H20's)")
@@ -335,12 +352,12 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill-rate", action="append", metavar="SIZE=RATE",
                     help="a backbone's measured prefill tokens per GPU-second (replaces the FLOPs model for it)")
     a = ap.parse_args(argv)
-    if a.servers < 1 or a.capacity_tokens < 1 or a.concurrency < 1 or a.mamba_track_interval < 0:
-        ap.error("--servers, --capacity-tokens and --concurrency must be positive, --mamba-track-interval >= 0")
+    if a.servers < 1 or a.capacity_tokens < 1 or a.concurrency < 1 or a.state_grid < 0:
+        ap.error("--servers, --capacity-tokens and --concurrency must be positive, --state-grid >= 0")
     if not (a.gpu_tflops > 0 and 0 < a.mfu <= 1):
         ap.error("--gpu-tflops must be positive and --mfu in (0, 1]")
-    if a.gpu_cost and not a.mamba_track_interval:
-        ap.error("--gpu-cost compares the token-level bound with the hybrid cache: it needs --mamba-track-interval > 0")
+    if a.gpu_cost and not a.state_grid:
+        ap.error("--gpu-cost compares the token-level bound with the hybrid cache: it needs --state-grid > 0")
     rates = _rates(a, ap)
 
     try:
@@ -355,12 +372,12 @@ def main(argv=None) -> int:
     print(f"{len(streams)} trajectories, {n_req} {a.mode} requests, "
           f"{sum(len(r) for s in streams for r in s):,} prompt tokens; cache {a.capacity_tokens:,} tokens per server")
     for r in report(streams, capacity=a.capacity_tokens, servers=a.servers, concurrency=a.concurrency,
-                    state_interval=a.mamba_track_interval or None):
+                    state_interval=a.state_grid or None):
         print(f"  {r['order']:58s} servers {r['servers']}: {100 * r['cached_share']:5.1f} % of prompt tokens cached "
               f"({100 * r['of_ideal']:5.1f} % of ideal)")
     if a.gpu_cost:
         _print_cost(gpu_cost(streams, capacity=a.capacity_tokens, servers=a.servers, concurrency=a.concurrency,
-                             state_interval=a.mamba_track_interval, rates=rates), a)
+                             state_interval=a.state_grid, rates=rates), a)
     done([], f"python -m probes.entropy {a.run_dir} --mode {a.mode}   (its probe.json: the server's own cached_tokens)")
     return 0
 
@@ -370,7 +387,7 @@ def _print_cost(rows, a) -> None:
     print(f"prefill GPU-seconds of uncached tokens (estimate; FLOPs model at {a.gpu_tflops:g} TFLOPS x MFU {a.mfu:g} "
           f"unless measured), probes' order, {a.servers} servers pinned:")
     print(f"  {'panel':42s} {'backbone':18s} {'no cache':>10s} {'token-level (bound)':>20s} "
-          f"{f'hybrid, interval {a.mamba_track_interval}':>22s}")
+          f"{f'hybrid, grid {a.state_grid}':>22s}")
     for r in rows:
         src = "measured" if r["backbone"] in measured else "FLOPs"
         print(f"  {r['panel']:42s} {r['backbone'] + ' (' + src + ')':18s} {r['no_cache_s']:10.1f} "

@@ -6,7 +6,8 @@ One server per MODEL on its own GPU group (default: consecutive blocks of --tp G
 "4,5,6,7" for the default 9b 27b), ports 30000, 30001, ... Weights: $QWEN35_9B_PATH / $QWEN35_27B_PATH /
 $QWEN35_35B_A3B_PATH, else $MODEL_DIR/Qwen3.5-9B (…), else the hub id Qwen/Qwen3.5-9B (…). Each server runs
 ``python -m sglang.launch_server --model-path W --served-model-name qwen3.5-SIZE --tp-size TP
---reasoning-parser qwen3 --mem-fraction-static F --context-length N`` with CUDA_VISIBLE_DEVICES set to its
+--reasoning-parser qwen3 --context-length N --mamba-radix-cache-strategy extra_buffer`` (``--mem-fraction-static F``
+only when given) with CUDA_VISIBLE_DEVICES set to its
 group (SGLANG_EXTRA_ARGS appended); no speculative decoding (it breaks logprobs).
 
 Before anything starts (and in --dry-run): the GPU groups must fit the models and --tp, the GPUs must
@@ -35,10 +36,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-from agent.cli import port_number, positive_float, setup_logging
+from agent.cli import fraction, port_number, positive_float, setup_logging
 
 from .endpoints import remember, state_file, write_endpoints
 from .plan import (
+    MAMBA_CACHE_STRATEGY,
+    MAX_MEM_FRACTION,
     MODELS,
     SGLANG_SITE,
     LaunchError,
@@ -140,6 +143,13 @@ def _announce(a, servers: list[Server], routers, ports, gpu_gb, run_dir: Path) -
     cost = radix_cache_warning(a)
     if cost:
         print(cost)
+    if a.mem_fraction and a.mem_fraction > MAX_MEM_FRACTION:
+        print(f"WARNING: --mem-fraction {a.mem_fraction} overrides SGLang's own choice, which for a vision-language "
+              f"model keeps >= 5 % more headroom for the image encoder; above {MAX_MEM_FRACTION} image-heavy prompts "
+              "risk running out of memory (leave it out to let SGLang decide)")
+    print("memory: " + (f"--mem-fraction-static {a.mem_fraction}" if a.mem_fraction else
+                        "SGLang's own --mem-fraction-static (it keeps headroom for the vision encoder)")
+          + f"; linear-attention states cached with --mamba-radix-cache-strategy {MAMBA_CACHE_STRATEGY}")
     print("ports: " + ", ".join(f"{what} {p}" for what, p in ports))
     if a.standin:
         print(f"stand-in: SGLang's own HTTP server / TokenizerManager / DetokenizerManager from {SGLANG_SITE}, the "
@@ -296,7 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--advertise-host", metavar="HOST",
                     help="the name other nodes reach this one by, written into endpoints.json (several nodes behind "
                          "one gateway: python -m serving.gateway; default: 127.0.0.1 when listening on 0.0.0.0)")
-    ap.add_argument("--mem-fraction", type=float, default=0.85, help="--mem-fraction-static (default: 0.85)")
+    ap.add_argument("--mem-fraction", type=fraction, default=None,
+                    help="--mem-fraction-static (default: none passed, SGLang decides; it keeps headroom for the "
+                         f"vision encoder; above {MAX_MEM_FRACTION} is warned about)")
     ap.add_argument("--context-length", type=int, default=131072, help="(default: 131072)")
     ap.add_argument("--deterministic", action="store_true",
                     help="--enable-deterministic-inference: seeds become reproducible (slower; default: off)")

@@ -65,12 +65,16 @@ def is_local(size: str) -> bool:
     return bool(os.environ.get(f"QWEN35_{size.upper().replace('-', '_')}_PATH") or os.environ.get("MODEL_DIR"))
 
 
-#: Where Qwen3.5's servers store the linear-attention state for prefix reuse (SGLang's --mamba-track-interval,
-#: 256 by default; at least the GDN chunk of 64). A prefix is reused only up to a stored state, so a finer grid
-#: reuses more of each probe step's prompt: on the scripted demo run, `python -m probes.prefix_cache RUN
-#: --mamba-track-interval N` gives 71.1 % of prompt tokens cached at 256 and 77.9 % at 128 (two servers, pinned);
-#: 64 adds nothing more and snapshots twice as often (docs/serving.md).
-MAMBA_TRACK_INTERVAL = 128
+#: How Qwen3.5's servers keep linear-attention states for prefix reuse: pinned, so a server flag elsewhere cannot
+#: change it silently. ``extra_buffer`` stores a state at the end of each prefill chunk and every
+#: ``--mamba-track-interval`` tokens of decode; SGLang's ``auto`` picks it only with the overlap scheduler and falls
+#: back to ``no_buffer`` (a state at the sequence's end only) under ``--disable-overlap-schedule``
+#: (srt/arg_groups/overrides.py, ``_mamba_radix_cache_resolution``).
+MAMBA_CACHE_STRATEGY = "extra_buffer"
+#: The highest ``--mem-fraction-static`` the launcher passes without a warning: SGLang's own choice for a VLM takes
+#: ≥ 5 % off its ~0.85 on a 96 GB card for the vision encoder (srt/arg_groups/memory_hook.py
+#: ``adjust_mem_fraction_for_vlm``), and image-heavy ReAct prompts are where that headroom is spent.
+MAX_MEM_FRACTION = 0.80
 
 
 def server_command(size: str, port: int, a, nccl_port: int | None = None) -> list[str]:
@@ -82,10 +86,10 @@ def server_command(size: str, port: int, a, nccl_port: int | None = None) -> lis
                 MODELS[size][1], "--host", a.host, "--port", str(port), "--mode", a.standin, *nccl]
     base = shlex.split(a.server_command) if getattr(a, "server_command", None) else \
         [a.python, "-m", "sglang.launch_server"]
+    memory = ["--mem-fraction-static", str(a.mem_fraction)] if a.mem_fraction else []  # else SGLang's own
     cmd = [*base, "--model-path", weights_for(size), "--served-model-name", MODELS[size][1], "--tp-size", str(a.tp),
-           "--host", a.host, "--port", str(port), *nccl, "--reasoning-parser", "qwen3",
-           "--mem-fraction-static", str(a.mem_fraction), "--context-length", str(a.context_length),
-           "--mamba-track-interval", str(MAMBA_TRACK_INTERVAL)]
+           "--host", a.host, "--port", str(port), *nccl, "--reasoning-parser", "qwen3", *memory,
+           "--context-length", str(a.context_length), "--mamba-radix-cache-strategy", MAMBA_CACHE_STRATEGY]
     if a.deterministic:
         cmd.append("--enable-deterministic-inference")
     return cmd + shlex.split(os.environ.get("SGLANG_EXTRA_ARGS", ""))
@@ -220,8 +224,53 @@ def _config_of(weights: str) -> tuple[dict | None, str | None]:
     return None, None
 
 
-def memory_estimate(weights: str, size: str, tp: int, mem_fraction: float, gpu_gb: float | None) -> str:
-    """One line: an *estimate* of weights and KV-cache memory per GPU (bf16), from the model's config.json."""
+#: The share of the memory left after the weights that SGLang 0.5.23 gives the linear-attention (Mamba) state pool,
+#: r / (1 + r) with ``--mamba-full-memory-ratio`` r, 0.9 when not given; the KV pool gets the rest
+#: (srt/mem_cache/kv_cache_configurator.py, the ratio-based sizing of ``max_mamba_cache_size``;
+#: srt/arg_groups/fields/schedule.py ``mamba_full_memory_ratio``).
+MAMBA_FULL_MEMORY_RATIO = 0.9
+#: State slots a running request holds under ``--mamba-radix-cache-strategy extra_buffer`` (its working state and
+#: the two ping-pong track buffers); the rest of the pool holds cached prefixes' states.
+SLOTS_PER_REQUEST = 3
+
+
+def sglang_mem_fraction(gpu_gb: float, tp: int, vision: dict | None) -> float:
+    """What SGLang 0.5.23 sets ``--mem-fraction-static`` to when it is not given, less the CUDA-graph reserve it
+    measures on the node: (GPU − reserve) / GPU with a 10 GiB floor on cards over 60 GiB, then × 0.95 × a factor
+    from the vision encoder's size for a VLM (srt/arg_groups/memory_hook.py, ``_handle_gpu_memory_settings`` and
+    ``adjust_mem_fraction_for_vlm``)."""
+    mb = gpu_gb * 1e9 / 2**20
+    chunk = 2048 if mb < 20 * 1024 else 4096 if mb < 60 * 1024 else 8192
+    reserved = 512 + max(chunk, 2048) * 1.5 + tp / 8 * 1024
+    if mb > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    frac = round((mb - reserved) / mb, 3)
+    return vlm_headroom(frac, vision) if vision else frac
+
+
+def vlm_headroom(frac: float, vision: dict) -> float:
+    """SGLang's reduction of the memory fraction for a vision encoder of this size: × 0.95 × a factor from its
+    layers × hidden size² against a ViT-L/14 (``adjust_mem_fraction_for_vlm``; it reads ``num_hidden_layers``, which
+    Qwen3.5's vision config does not have, so 24)."""
+    ratio = vision.get("num_hidden_layers", 24) * vision.get("hidden_size", 1024) ** 2 / (24 * 1024 ** 2)
+    return frac * 0.95 * max(0.8, min(1.05, 1.0 - 0.1 * (ratio - 1.0)))
+
+
+def _state_bytes(t: dict, tp: int) -> int:
+    """One request's linear-attention state on one GPU: per Gated DeltaNet layer a conv window over q, k and v
+    (kernel − 1 steps, bf16) and the recurrent state (value heads × key dim × value dim, float32 unless the config
+    says otherwise: SGLang's ``mamba_ssm_dtype``)."""
+    n_lin = sum(x == "linear_attention" for x in t.get("layer_types") or [])
+    nk, nv = int(t.get("linear_num_key_heads", 0)), int(t.get("linear_num_value_heads", 0))
+    dk, dv = int(t.get("linear_key_head_dim", 0)), int(t.get("linear_value_head_dim", 0))
+    conv = (2 * nk * dk + nv * dv) // tp * max(int(t.get("linear_conv_kernel_dim", 4)) - 1, 0) * 2
+    ssm = max(1, nv // tp) * dk * dv * (2 if t.get("mamba_ssm_dtype") in ("bfloat16", "float16") else 4)
+    return n_lin * (conv + ssm)
+
+
+def memory_estimate(weights: str, size: str, tp: int, mem_fraction: float | None, gpu_gb: float | None) -> str:
+    """One line: an *estimate* of weights, KV cache and linear-attention state memory per GPU (bf16), from the model's
+    config.json, split as SGLang splits it; ``mem_fraction`` None: SGLang's own choice (:func:`sglang_mem_fraction`)."""
     cfg, where = _config_of(weights)
     files = list(Path(weights).glob("*.safetensors")) if Path(weights).is_dir() else []
     if files:
@@ -231,20 +280,33 @@ def memory_estimate(weights: str, size: str, tp: int, mem_fraction: float, gpu_g
     parts = [f"weights {w_bytes / 1e9:.1f} GB ({w_src}) -> {w_bytes / tp / 1e9:.1f} GB per GPU at TP {tp}"]
     if cfg is None:
         parts.append("KV cache: config.json not found locally (download the weights for an estimate)")
-    else:
-        t = cfg.get("text_config") or cfg
-        layers = t.get("layer_types")
-        n_full = sum(x == "full_attention" for x in layers) if layers else int(t.get("num_hidden_layers", 0))
-        kv = int(t.get("num_key_value_heads") or t.get("num_attention_heads") or 0)
-        hd = int(t.get("head_dim") or (t.get("hidden_size", 0) // max(1, t.get("num_attention_heads", 1))))
-        per_gpu_heads = max(1, -(-kv // tp))  # KV heads split over TP (replicated when fewer than TP)
-        kv_tok = 2 * n_full * per_gpu_heads * hd * 2
-        parts.append(f"KV {kv_tok / 1024:.0f} KiB/token per GPU ({n_full} full-attention layers x {kv} KV heads x "
-                     f"head dim {hd}, bf16{'; linear-attention layers keep a fixed per-request state' if layers else ''})")
-        if gpu_gb:
-            left = gpu_gb * mem_fraction - w_bytes / tp / 1e9
-            parts.append(f"of {gpu_gb:.0f} GB x {mem_fraction} = {gpu_gb * mem_fraction:.1f} GB per GPU, ~{left:.1f} GB "
-                         f"remain for the KV cache (~{max(left, 0) * 1e9 / kv_tok / 1e6:.2f} M tokens)")
+        return "memory (estimate): " + "; ".join(parts)
+    t = cfg.get("text_config") or cfg
+    layers = t.get("layer_types")
+    n_full = sum(x == "full_attention" for x in layers) if layers else int(t.get("num_hidden_layers", 0))
+    kv = int(t.get("num_key_value_heads") or t.get("num_attention_heads") or 0)
+    hd = int(t.get("head_dim") or (t.get("hidden_size", 0) // max(1, t.get("num_attention_heads", 1))))
+    kv_tok = 2 * n_full * max(1, -(-kv // tp)) * hd * 2  # KV heads split over TP (replicated when fewer than TP)
+    parts.append(f"KV {kv_tok / 1024:.0f} KiB/token per GPU ({n_full} full-attention layers x {kv} KV heads x "
+                 f"head dim {hd}, bf16)")
+    if gpu_gb:
+        frac, said = (mem_fraction, "--mem-fraction") if mem_fraction else (
+            sglang_mem_fraction(gpu_gb, tp, cfg.get("vision_config")), "SGLang's own, ~, before its CUDA-graph reserve")
+        left = max(gpu_gb * frac - w_bytes / tp / 1e9, 0.0)
+        state = _state_bytes(t, tp) if layers else 0
+        r = MAMBA_FULL_MEMORY_RATIO if state else 0.0
+        kv_gb, state_gb = left / (1 + r), left * r / (1 + r)
+        parts.append(f"of {gpu_gb:.0f} GB x {frac:.3f} ({said}) = {gpu_gb * frac:.1f} GB per GPU, ~{left:.1f} GB "
+                     f"after the weights")
+        if state:
+            slots = int(state_gb * 1e9 // state)
+            parts.append(f"split as SGLang does (--mamba-full-memory-ratio {r}): KV ~{kv_gb:.1f} GB (~"
+                         f"{kv_gb * 1e9 / kv_tok / 1e6:.2f} M tokens), linear-attention states ~{state_gb:.1f} GB "
+                         f"({state / 2**20:.1f} MiB a request: ~{slots} slots, {SLOTS_PER_REQUEST} per running request "
+                         f"under extra_buffer, so ~{slots // SLOTS_PER_REQUEST} requests in flight before cached "
+                         "states are evicted)")
+        else:
+            parts.append(f"KV ~{kv_gb * 1e9 / kv_tok / 1e6:.2f} M tokens")
     return "memory (estimate): " + "; ".join(parts) + (f" [config: {where}]" if where else "")
 
 

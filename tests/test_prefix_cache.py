@@ -15,7 +15,8 @@ class Naive:
 
     def access(self, tokens):
         tokens = tuple(tokens)
-        m = max((n for n in range(len(tokens) + 1) if n == 0 or tokens[:n] in self.seen), default=0)
+        # the last token is always computed (SGLang: the match is at most the input length - 1)
+        m = max((n for n in range(len(tokens)) if n == 0 or tokens[:n] in self.seen), default=0)
         self.t += 1
         for n in range(1, len(tokens) + 1):
             self.seen[tokens[:n]] = self.t
@@ -80,7 +81,7 @@ def test_the_command_on_a_scripted_run(tmp_path, capsys):
     assert main([str(tmp_path / "r"), "--capacity-tokens", "4000", "--concurrency", "4"]) == 0
     out = capsys.readouterr().out
     assert "18 trajectories" in out and "per-trajectory (pinned)" in out and "servers 2" in out and "of ideal" in out
-    assert "per-trajectory (pinned), hybrid cache, track interval 128" in out  # the launcher's interval
+    assert "per-trajectory (pinned), hybrid cache, state grid 64" in out  # SGLang's checkpoint grid
     assert main([str(tmp_path / "r"), "--mode", "teacher-forced", "--servers", "1"]) == 0
     assert main([str(tmp_path / "nope")]) == 2
     # GPU-seconds per Figure 2 panel and backbone; a measured rate replaces the FLOPs model for its backbone
@@ -88,7 +89,7 @@ def test_the_command_on_a_scripted_run(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "2(b) entropy" in out and "2(c) removal" in out and "27b (measured)" in out and "9b (FLOPs)" in out
     for bad in (["--prefill-rate", "70b=5"], ["--prefill-rate", "9b=fast"], ["--mfu", "0"],
-                ["--mamba-track-interval", "0"]):
+                ["--state-grid", "0"]):
         try:
             main([str(tmp_path / "r"), "--gpu-cost", *bad])
         except SystemExit as e:
@@ -122,16 +123,19 @@ def test_gpu_cost_prices_the_uncached_tokens_of_each_panel():
 
 
 def test_the_hybrid_cache_reuses_a_prefix_only_up_to_a_stored_state():
-    """SGLang's Mamba radix cache: a prefill leaves the linear-attention state at the last multiple of the track
-    interval in its prompt; a later request reuses the longest cached prefix that ends at a stored state."""
+    """SGLang's Mamba radix cache under extra_buffer: a prefill stores one linear-attention state, at the grid's last
+    multiple of its extend counted from its reused prefix, or at the branch point its match found; a later request
+    reuses the longest cached prefix that ends at a stored state."""
     t = 4
     first = np.arange(10)                                # prompt of 10: state stored at 8
     second = np.concatenate([first, np.arange(100, 107)])  # extends it to 17: reuses 8 (not 10), stores 16
     third = np.concatenate([second, np.arange(200, 203)])  # 20: reuses 16
-    other = np.concatenate([np.arange(6), np.arange(300, 310)])  # shares 6 tokens: below 8, no state at 4 -> 0
+    other = np.concatenate([np.arange(6), np.arange(300, 310)])  # shares 6 tokens: no state below 8 -> 0;
+    # its KV hit reaches the grid point 4: the branch point, where it stores its state instead of at 16
+    again = np.concatenate([np.arange(6), np.arange(400, 410)])  # shares 6 again: reuses the branch state at 4
     hybrid, token = RadixLRU(None, t), RadixLRU(None)
-    got = [(hybrid.access(prefix_keys(x)), token.access(prefix_keys(x))) for x in (first, second, third, other)]
-    assert got == [(0, 0), (8, 10), (16, 17), (0, 6)]
+    got = [(hybrid.access(prefix_keys(x)), token.access(prefix_keys(x))) for x in (first, second, third, other, again)]
+    assert got == [(0, 0), (8, 10), (16, 17), (0, 6), (4, 6)]
     # a short prompt stores no state; the same prompt twice reuses up to its own state only
     c = RadixLRU(None, 8)
     assert [c.access(prefix_keys(np.arange(5))), c.access(prefix_keys(np.arange(5)))] == [0, 0]

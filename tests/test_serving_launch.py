@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -11,6 +12,7 @@ import urllib.request
 
 import pytest
 
+from serving.plan import sglang_mem_fraction
 from tests.conftest import REPO
 
 LAUNCH = str(REPO / "serving" / "launch_qwen35.sh")
@@ -62,9 +64,12 @@ def test_dry_run_default_is_two_models_on_two_gpu_groups():
         line = " ".join(cmd)
         assert cmd[1] == f"CUDA_VISIBLE_DEVICES={gpus}" and "-m sglang.launch_server" in line
         for flag in (f"--model-path {hub}", f"--served-model-name {name}", "--tp-size 4", f"--port {port}",
-                     "--reasoning-parser qwen3", "--mem-fraction-static 0.85", "--context-length 131072"):
+                     "--reasoning-parser qwen3", "--context-length 131072", "--mamba-radix-cache-strategy extra_buffer"):
             assert flag in line, flag
         assert "speculative" not in line and "SGLANG_RETURN_ORIGINAL_LOGPROB" not in line
+        # SGLang sets the memory fraction itself, with its headroom for the vision encoder (memory_hook.py)
+        assert "--mem-fraction-static" not in line
+    assert "SGLang's own --mem-fraction-static" in r.stdout and "WARNING: --mem-fraction" not in r.stdout
 
 
 @pytest.mark.parametrize("model,hub", [("9b", "Qwen3.5-9B"), ("27b", "Qwen3.5-27B"), ("35b-a3b", "Qwen3.5-35B-A3B")])
@@ -299,3 +304,25 @@ def test_standin_launch_checks_that_sglangs_front_end_was_built(tmp_path):
     (site / ".mmcf-installed").write_text("built\n")
     r = sh(args, env={"MMCF_SGLANG_SITE": str(site)})
     assert r.returncode == 0 and f"check ok        SGLang's front end is built: {site}" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_memory_fraction_above_0_80_is_warned_about_and_the_estimate_splits_kv_and_state_as_sglang(tiny_model_dir):
+    r = sh([LAUNCH, "--dry-run", "--mem-fraction", "0.85", "--gpus", "8", "--gpu-mem-gb", "96", "9b"],
+           env={"QWEN35_9B_PATH": str(tiny_model_dir)})
+    assert r.returncode in (0, 1), r.stderr
+    assert "--mem-fraction-static 0.85" in r.stdout and "WARNING: --mem-fraction 0.85 overrides SGLang's own" in r.stdout
+    line = next(x for x in r.stdout.splitlines() if "memory (estimate)" in x)
+    # kv_cache_configurator.py: the state pool gets r / (1 + r) of what the weights leave, r = 0.9
+    got = re.search(r"~([0-9.]+) GB after the weights.*KV ~([0-9.]+) GB.*states ~([0-9.]+) GB", line)
+    left, kv, state = map(float, got.groups())
+    assert abs(kv - left / 1.9) < 0.11 and abs(state - left * 0.9 / 1.9) < 0.11
+    assert "slots, 3 per running request under extra_buffer" in line
+    r = sh([LAUNCH, "--dry-run", "--gpus", "8", "--gpu-mem-gb", "96", "9b"], env={"QWEN35_9B_PATH": str(tiny_model_dir)})
+    est = next(x for x in r.stdout.splitlines() if "memory (estimate)" in x)
+    frac = float(re.search(r"x ([0-9.]+) \(SGLang's own", est).group(1))
+    vision = json.loads((tiny_model_dir / "config.json").read_text())["vision_config"]
+    assert frac == round(sglang_mem_fraction(96, 4, vision), 3)  # its formula, headroom for the encoder included
+    assert "--mem-fraction 0.85" not in r.stdout and "WARNING: --mem-fraction" not in r.stdout
+    for bad in ("0", "1.5", "x"):
+        r = sh([LAUNCH, "--dry-run", "--mem-fraction", bad, "9b"])
+        assert r.returncode == 2 and "--mem-fraction" in r.stderr and "Traceback" not in r.stderr

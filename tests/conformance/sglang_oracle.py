@@ -11,7 +11,9 @@ Runs in its own process (SGLang's modules come from ``.venv-sglang/site``, built
 - ``{"op": "reasoning", "text": T, "force_reasoning": bool}``: ``ReasoningParser("qwen3")`` non-streaming;
 - ``{"op": "server_args", "argv": [...]}``: SGLang's server argument parser (``ServerArgs.add_cli_args``);
 - ``{"op": "router_args", "argv": [...]}``: smg's, the gateway (``RouterArgs``);
-- ``{"op": "radix_deterministic"}``: the attention backends whose radix cache survives ``--deterministic``.
+- ``{"op": "radix_deterministic"}``: the attention backends whose radix cache survives ``--deterministic``;
+- ``{"op": "vlm_mem_fraction", "frac": F, "vision": {...}, "gpu_mem": MB}``: ``adjust_mem_fraction_for_vlm`` for a
+  model whose vision config holds those fields.
 
 Each answer is ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``.
 """
@@ -83,8 +85,17 @@ def _radix_deterministic(req):
     return {"backends": list(RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND)}
 
 
+def _vlm_mem_fraction(req):
+    from types import SimpleNamespace
+
+    from sglang.srt.arg_groups.memory_hook import adjust_mem_fraction_for_vlm
+
+    model = SimpleNamespace(hf_config=SimpleNamespace(vision_config=SimpleNamespace(**req["vision"])))
+    return {"frac": adjust_mem_fraction_for_vlm(req["frac"], model, False, req["gpu_mem"])}
+
+
 OPS = {"chat": _chat, "generate": _generate, "reasoning": _reasoning, "server_args": _server_args,
-       "router_args": _router_args, "radix_deterministic": _radix_deterministic}
+       "router_args": _router_args, "radix_deterministic": _radix_deterministic, "vlm_mem_fraction": _vlm_mem_fraction}
 
 
 def main() -> None:

@@ -24,9 +24,9 @@ def test_server_command_lines_parse_under_sglangs_parser(sglang, monkeypatch, ar
         assert res["ok"], res
         got = res["args"]
         assert got["tp_size"] == a.tp and got["reasoning_parser"] == "qwen3" and got["port"] == s.port
-        assert got["served_model_name"] == s.served and got["mem_fraction_static"] == 0.85
+        assert got["served_model_name"] == s.served and got["mem_fraction_static"] is None  # SGLang decides
         assert got["enable_deterministic_inference"] is a.deterministic and got["log_level"] == "info"
-        assert got["mamba_track_interval"] == 128  # the hybrid cache's finer state grid (serving/plan.py)
+        assert got["mamba_radix_cache_strategy"] == "extra_buffer"  # pinned (serving/plan.py)
         assert got["nccl_port"] == s.nccl_port == a.port + 1000 + plan(a).index(s)
 
 
@@ -63,3 +63,14 @@ def test_the_launcher_warns_when_deterministic_inference_turns_the_cache_off(mon
     msg = radix_cache_warning(_args("--deterministic", "--gpu-compute-cap", cap))
     assert (msg is not None) == warned and (not warned or "turns the radix cache off" in msg)
     assert radix_cache_warning(_args()) is None
+
+
+@pytest.mark.parametrize("vision", [{"depth": 2, "hidden_size": 32},                       # the embedded tiny model's
+                                    {"depth": 27, "hidden_size": 1152},                    # Qwen3.5's encoder
+                                    {"num_hidden_layers": 48, "hidden_size": 1664}])       # a large ViT
+def test_the_estimate_takes_sglangs_own_headroom_for_the_vision_encoder(sglang, vision):
+    from serving.plan import vlm_headroom
+
+    res = sglang.ask("vlm_mem_fraction", frac=0.855, vision=vision, gpu_mem=91_552)
+    assert res["ok"], res
+    assert abs(vlm_headroom(0.855, vision) - res["frac"]) < 1e-12
