@@ -22,9 +22,14 @@ __all__ = ["local_identity", "same_model", "server_differences", "unverified_fac
 SERVER_FACTS = ("version", "model_path", "served_model_name", "dtype", "quantization", "kv_cache_dtype",
                 "context_length", "tp_size", "attention_backend", "disable_radix_cache", "chunked_prefill_size",
                 "enable_deterministic_inference", "sampling_defaults", "mamba_radix_cache_strategy",
-                "mamba_track_interval", "mamba_max_states_per_path", "mem_fraction_static", "reasoning_parser")
-#: Of those, what changes the numbers themselves (ours): runs whose servers differ here are never pooled.
-NUMBER_FACTS = ("model_path", "dtype", "quantization", "kv_cache_dtype", "enable_deterministic_inference")
+                "mamba_track_interval", "mamba_max_states_per_path", "mem_fraction_static", "reasoning_parser",
+                "mamba_ssm_dtype", "linear_attn_backend", "launch_command")
+#: Of those, what changes the numbers themselves (ours): runs whose servers differ here are never pooled. The SSM
+#: state's dtype (float32 vs bf16 recurrent states) moves the linear-attention layers' outputs; ``tp_size`` and the
+#: attention / linear-attention backends move logprobs by ~1e-3 (a different reduction order), far below the
+#: effects the tables and probes measure, so they are recorded, not refused (docs/serving.md).
+NUMBER_FACTS = ("model_path", "dtype", "quantization", "kv_cache_dtype", "mamba_ssm_dtype",
+                "enable_deterministic_inference")
 
 
 def local_identity(model_dir, kind: str = "local") -> dict:

@@ -23,9 +23,13 @@ COMPARED = ("budgets", "sampling", "history_reasoning", "observation_images", "p
 
 def refuse_mixed_servers(what: str, runs) -> None:
     """Runs of one model pooled together (a table row, a figure's model) must come from servers that compute alike:
-    the same weights, dtype, quantization, KV-cache dtype and deterministic mode (``agent.preflight.NUMBER_FACTS``)."""
+    the same weights, dtype, quantization, KV-cache dtype, SSM-state dtype and deterministic mode
+    (``agent.identity.NUMBER_FACTS``), and the same logprob mode (the run header's ``backend.logprob_mode``)."""
     for r in runs[1:]:
         why = server_differences(runs[0].header.get("model"), r.header.get("model"))
+        modes = [(x.header.get("backend") or {}).get("logprob_mode") for x in (runs[0], r)]
+        if not why and None not in modes and modes[0] != modes[1]:
+            why = f"their logprob modes differ ({modes[0]} vs {modes[1]}: raw and scaled logprobs differ at T != 1)"
         if why:
             raise RunError(f"{what}: {runs[0].path} and {r.path} cannot be pooled: {why}")
 

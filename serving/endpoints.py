@@ -15,7 +15,8 @@ import json
 import os
 from pathlib import Path
 
-__all__ = ["gpus_behind", "gpus_held", "launched_endpoints", "state_file", "remember", "write_endpoints"]
+__all__ = ["gpus_behind", "gpus_held", "launched_endpoints", "launched_logprob_mode", "state_file", "remember",
+           "write_endpoints"]
 
 
 def state_file() -> Path:
@@ -75,9 +76,11 @@ def _count(gpus) -> int | None:
 
 
 def _by_url(serving_dir) -> dict:
-    by_url = {}
-    for e in launched_endpoints(serving_dir):
-        by_url.setdefault(_norm(e["url"]), e)
+    by_url: dict = {}
+    for e in launched_endpoints(serving_dir):  # a running entry over a stopped one left by an earlier launch
+        k = _norm(e["url"])
+        if k not in by_url or (by_url[k].get("status") == "stopped" and e.get("status") != "stopped"):
+            by_url[k] = e
     return by_url
 
 
@@ -104,3 +107,17 @@ def gpus_behind(url: str, serving_dir=None) -> int | None:
         counts = {_count((by_url.get(_norm(w)) or {}).get("gpus")) for w in e.get("router_of") or []}
         return counts.pop() if len(counts) == 1 else None  # unknown or unequal worker groups: no single number
     return _count(e.get("gpus"))
+
+
+def launched_logprob_mode(url: str, serving_dir=None) -> str | None:
+    """What the launcher started the server behind ``url`` with: ``raw`` (``SGLANG_RETURN_ORIGINAL_LOGPROB=1``) or
+    ``scaled``; a router's, when all its workers agree. None when the launcher did not start it (a server started
+    elsewhere: its mode cannot be told from ``/server_info``)."""
+    by_url = _by_url(serving_dir)
+    e = by_url.get(_norm(url))
+    if e is None:
+        return None
+    if e.get("kind") == "router":
+        modes = {(by_url.get(_norm(w)) or {}).get("logprob_mode") for w in e.get("router_of") or []}
+        return modes.pop() if len(modes) == 1 and None not in modes else None
+    return e.get("logprob_mode") if e.get("logprob_mode") in ("raw", "scaled") else None

@@ -465,3 +465,48 @@ def test_a_server_that_cannot_say_its_facts_is_never_pooled_with_the_run_unless_
         assert "resumed with --allow-unverified-server" in capsys.readouterr().err
     header = load_run(out).header
     assert "this server gives none" in header["resumed"][-1]["unverified_server"] and len(load_run(out).index) == 2
+
+
+def test_the_logprob_mode_is_recorded_with_its_source_and_runs_that_differ_in_it_are_never_pooled(
+        tmp_path, capsys, monkeypatch):
+    """Raw and scaled logprobs differ at T != 1 and /server_info cannot say which a server returns: the header
+    records the mode and where it came from (the launcher's endpoints.json, --logprob-mode, or SGLang's default);
+    a flag the launcher's record contradicts, a resume in the other mode and a table over both are refused (issue
+    58, item 4). The SSM-state dtype is a recorded fact that refuses pooling too."""
+    import asyncio
+
+    from agent.judge import judge_run
+    from agent.rundir import RunError
+    from analysis.tables import table1
+    from serving.endpoints import remember, write_endpoints
+
+    monkeypatch.setenv("MMCF_STATE_DIR", str(tmp_path / "state"))
+    with FakeSGLang(reply=agent_policy) as launched, FakeSGLang(reply=agent_policy) as elsewhere:
+        serve = tmp_path / "serve"
+        serve.mkdir()
+        write_endpoints(serve, [{"url": launched.url, "kind": "server", "status": "stopped", "logprob_mode": "scaled"},
+                                {"url": launched.url, "kind": "server", "status": "running", "logprob_mode": "raw"}])
+        remember(serve)
+        assert run_main(_cli(launched.url, tmp_path / "raw", "--limit", "1")) == 0
+        assert run_main(_cli(elsewhere.url, tmp_path / "scaled", "--limit", "1")) == 0
+        assert run_main(_cli(elsewhere.url, tmp_path / "flag", "--limit", "1", "--logprob-mode", "raw")) == 0
+        capsys.readouterr()
+        assert run_main(_cli(launched.url, tmp_path / "bad", "--limit", "1", "--logprob-mode", "scaled")) == 2
+        err = capsys.readouterr().err
+        assert "--logprob-mode scaled, but the launcher started" in err and "raw" in err and "Traceback" not in err
+        assert not (tmp_path / "bad" / "results.jsonl").exists()
+        assert run_main(_cli(elsewhere.url, tmp_path / "raw", "--limit", "2")) == 2  # resume in the other mode
+        assert "logprob mode: raw -> scaled" in capsys.readouterr().err
+        elsewhere.server_args = {"mamba_ssm_dtype": "bfloat16"}
+        assert run_main(_cli(elsewhere.url, tmp_path / "bf16", "--limit", "1")) == 0
+    backend = {d: load_run(tmp_path / d).header["backend"] for d in ("raw", "scaled", "flag", "bf16")}
+    assert (backend["raw"]["logprob_mode"], backend["raw"]["logprob_mode_source"]) == ("raw", "launcher")
+    assert (backend["scaled"]["logprob_mode"], backend["scaled"]["logprob_mode_source"]) == ("scaled", "default")
+    assert (backend["flag"]["logprob_mode"], backend["flag"]["logprob_mode_source"]) == ("raw", "flag")
+    assert load_run(tmp_path / "bf16").header["model"]["server"]["mamba_ssm_dtype"] == "bfloat16"
+    for d in ("raw", "scaled", "bf16"):
+        asyncio.run(judge_run(tmp_path / d, judge="exact", progress=False))
+    with pytest.raises(RunError, match=r"cannot be pooled: their logprob modes differ \(raw vs scaled"):
+        table1([tmp_path / "raw", tmp_path / "scaled"])
+    with pytest.raises(RunError, match="cannot be pooled: the servers differ in mamba_ssm_dtype"):
+        table1([tmp_path / "scaled", tmp_path / "bf16"])

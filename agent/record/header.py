@@ -37,6 +37,9 @@ class BackendRecord(Record):
     model: str | None
     model_dir: str | None
     logprob_mode: Literal["raw", "scaled"]
+    logprob_mode_source: Literal["launcher", "flag", "default"] | None = Field(
+        None, description="where the mode came from: the launcher's record of the endpoints, --logprob-mode, or "
+                          "SGLang's default (scaled) unverified")
     server: str
     embedded_tiny_model: bool
     api_key_env: str | None = Field(description="the name of the key's variable, never its value")

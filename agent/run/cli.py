@@ -96,6 +96,7 @@ def _release_args(ap: argparse.ArgumentParser) -> None:
 
 def _backend_args(ap: argparse.ArgumentParser) -> None:
     add_backend_args(ap, default="local", repeat_endpoint=True)
+    ap.set_defaults(logprob_mode=None)  # the launcher's record of the endpoints, else scaled (resolve_logprob_mode)
 
 
 def _sampling_args(ap: argparse.ArgumentParser) -> None:

@@ -5,7 +5,9 @@ import os
 import secrets
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from serving.endpoints import launched_logprob_mode
 
 from ..backends import make_backend
 from ..backends.base import DEFAULT_TOP_LOGPROBS, BackendError, SamplingParams
@@ -22,6 +24,7 @@ from ..tools import TOOL_POLICIES
 from ..trajectory import SCHEMA_VERSION
 
 __all__ = ["EMBEDDED_MAX_TOKENS", "SERVED_MAX_TOKENS", "PROCESS_CONCURRENCY", "RunConfig", "make_backends", "header_for",
+           "resolve_logprob_mode",
            "select_samples", "all_units", "auto_processes", "trial_seeds"]
 
 
@@ -58,7 +61,8 @@ class RunConfig:
     endpoints: list[str] = field(default_factory=list)
     model: str | None = None
     model_dir: str | None = None
-    logprob_mode: str = "scaled"
+    logprob_mode: str | None = None        # None: the launcher's record for the endpoints, else SGLang's default
+    logprob_mode_source: str | None = None  # launcher | flag | default (resolve_logprob_mode)
     server: str = "sglang"
     api_key_env: str | None = None
     temperature: float = 0.2
@@ -147,6 +151,30 @@ class RunConfig:
                               enable_thinking=self.thinking)
 
 
+def resolve_logprob_mode(cfg: RunConfig) -> RunConfig:
+    """Which distribution the servers' output logprobs describe (raw vs scaled differ at T != 1, and
+    ``/server_info`` cannot say): the launcher's record of the endpoints where it started them (serving/endpoints.py),
+    else ``--logprob-mode``, else SGLang's default (scaled); the source is recorded. Refused: endpoints launched with
+    different modes, or a ``--logprob-mode`` the launcher's record contradicts."""
+    if cfg.logprob_mode_source:
+        return cfg
+    launched = {e: launched_logprob_mode(e) for e in cfg.endpoints} if cfg.backend in ("sglang", "openai") else {}
+    known = {m for m in launched.values() if m}
+    if len(known) > 1:
+        raise ValueError("the endpoints were launched with different logprob modes ("
+                         + ", ".join(f"{public_url(e)}: {m}" for e, m in launched.items() if m) + "): one run, one mode")
+    if known:
+        mode = known.pop()
+        if cfg.logprob_mode and cfg.logprob_mode != mode:
+            raise ValueError(f"--logprob-mode {cfg.logprob_mode}, but the launcher started "
+                             f"{', '.join(public_url(e) for e, m in launched.items() if m)} with --logprobs {mode} "
+                             "(serving/launch_qwen35.sh): drop --logprob-mode, or relaunch")
+        return replace(cfg, logprob_mode=mode, logprob_mode_source="launcher")
+    if cfg.logprob_mode:
+        return replace(cfg, logprob_mode_source="flag")
+    return replace(cfg, logprob_mode="scaled", logprob_mode_source="default")
+
+
 def make_backends(cfg: RunConfig) -> list:
     if cfg.backend == "local":
         return [make_backend("local", model_dir=cfg.model_dir, logprob_mode=cfg.logprob_mode)]
@@ -177,7 +205,8 @@ def header_for(cfg: RunConfig, manifest, argv, model: dict | None = None) -> dic
         "benchmark": manifest.name, "benchmark_path": str(manifest.path),
         "benchmark_sha256": file_sha256(manifest.path), "n_samples": len(manifest.samples),
         "backend": {"kind": cfg.backend, "endpoints": [public_url(e) for e in cfg.endpoints], "model": cfg.model, "model_dir": cfg.model_dir,
-                    "logprob_mode": cfg.logprob_mode, "server": cfg.server, "embedded_tiny_model": cfg.embedded,
+                    "logprob_mode": cfg.logprob_mode, "logprob_mode_source": cfg.logprob_mode_source,
+                    "server": cfg.server, "embedded_tiny_model": cfg.embedded,
                     "api_key_env": cfg.api_key_env},
         "tools": {"provider": cfg.tools, "world": cfg.world, "cache": cfg.tool_cache, "cache_mode": cfg.cache_mode,
                   "live_fallback": cfg.live_fallback, "policy": TOOL_POLICIES[cfg.protocol].name},

@@ -22,7 +22,16 @@ from ..rundir import RunDir, check_run
 from ..rundir.ledger import write_ledger
 from ..rundir.shards import shard_record, shard_units
 from ..tools.live import require_live_tools
-from .config import RunConfig, all_units, auto_processes, header_for, make_backends, select_samples, trial_seeds
+from .config import (
+    RunConfig,
+    all_units,
+    auto_processes,
+    header_for,
+    make_backends,
+    resolve_logprob_mode,
+    select_samples,
+    trial_seeds,
+)
 from .execute import SHARED, execute
 from .journal import prune
 from .processes import run_processes
@@ -52,7 +61,7 @@ async def run(cfg: RunConfig, argv=None, *, backends: list | None = None, toolbo
     except (NotImplementedError, RuntimeError, ValueError):  # not the main thread: the caller handles signals
         pass
     spec = cfg.spec()
-    cfg = dataclasses.replace(cfg, processes=auto_processes(cfg, backends is not None))
+    cfg = dataclasses.replace(resolve_logprob_mode(cfg), processes=auto_processes(cfg, backends is not None))
     manifest = resolve_benchmark(cfg.benchmark, keep_duplicates=cfg.protocol == "release")  # the release runs every row
     rd = RunDir(cfg.out, cfg.token_precision)
     fresh = not rd.path.exists()

@@ -263,6 +263,9 @@ def _differences(old: dict, new: dict, unverified_ok: bool = False) -> list[str]
     model_diff = same_model(old.get("model"), new.get("model")) if "model" in new else None
     if model_diff:
         detail.append(f"model: {model_diff}")
+    modes = [(h.get("backend") or {}).get("logprob_mode") for h in (old, new)]
+    if None not in modes and modes[0] != modes[1]:  # raw and scaled logprobs differ at T != 1
+        detail.append(f"logprob mode: {modes[0]} -> {modes[1]}")
     server_diff = server_differences(old.get("model"), new.get("model"), unverified_ok=unverified_ok)
     if server_diff:  # one run, one server configuration: its lines are pooled in every table
         detail.append(server_diff)

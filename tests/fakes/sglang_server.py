@@ -245,7 +245,9 @@ class _Handler(JSONHandler):
             if self.server.server_args is None:
                 return self._send(404, {"detail": "Not Found"})
             info = {"model_path": self.server.model_name, "tp_size": 1, "version": "0.5.23", "dtype": "auto",
-                    "attention_backend": "fa3", "disable_radix_cache": False,
+                    "attention_backend": "fa3", "disable_radix_cache": False, "mamba_ssm_dtype": "float32",
+                    "linear_attn_backend": "triton", "mamba_radix_cache_strategy": "extra_buffer",
+                    "launch_command": f"python -m sglang.launch_server --model-path {self.server.model_name}",
                     "enable_deterministic_inference": self.server.deterministic, **self.server.server_args}
             return self._send(200, {k: v for k, v in info.items() if v is not None})
         if self.path in ("/model_info", "/get_model_info"):  # 0.5.23 has both; the old one is deprecated
