@@ -24,6 +24,15 @@ order) this scores the recorded continuation with its images:
   passes it).
   Run on every SGLang native backend unless ``--no-paths``; a probe run on one path and a figure drawn from
   the other then rest on the same context.
+- **mode**: which logprobs the server returns for what it generates, raw (log_softmax(z), under
+  ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``) or scaled (log_softmax(z / T), SGLang's default): an environment variable
+  that ``/server_info`` does not show. The server generates ``PATH_TOKENS`` tokens at the run's temperature,
+  then scores them teacher-forced (always raw: SGLang's prefill logprobs take no temperature). A raw teacher-forced
+  logprob l with its top-20 predicts the scaled one as l / T − logsumexp(top-20 / T) (the tail beyond the 20th
+  weighs exp(−Δ/T), nothing at T = 0.2); each generated logprob is read against both predictions, over the
+  tokens where they lie ``MODE_SEPARATION`` apart. The verdict must be the run header's ``backend.logprob_mode``,
+  or the run's entropies mean something other than their label. Undecided (not a failure) at T = 0 or 1, or
+  when no token separates the two.
 
 Per check: the largest and the mean |Δ logprob| of the scored tokens and the mean / smallest top-20 overlap
 (shared ids / 20). Refused (exit 2) beyond the tolerances below unless ``--force`` (recorded); the report is
@@ -57,7 +66,8 @@ from probes.cli import RecordedPrompts, add_backend_args, backend_for, run_async
 
 log = logging.getLogger(__name__)
 
-__all__ = ["fidelity_check", "check_servers", "chat_twin", "refusal", "TOLERANCES", "PATH_TOKENS", "main"]
+__all__ = ["fidelity_check", "check_servers", "chat_twin", "refusal", "mode_readings", "mode_verdict", "TOLERANCES",
+           "PATH_TOKENS", "MODE_TOLERANCE", "MODE_SEPARATION", "main"]
 
 #: check -> (mean |Δ logprob| at most, max |Δ| at most, mean top-20 overlap at least)
 TOLERANCES = {"warm": (0.02, 0.25, 0.95), "cold": (0.02, 0.25, 0.95), "local": (0.05, 1.0, 0.90),
@@ -66,6 +76,13 @@ TOLERANCES = {"warm": (0.02, 0.25, 0.95), "cold": (0.02, 0.25, 0.95), "local": (
 #: Greedy tokens generated on each path for the paths check (ours: enough to cover the first think tokens,
 #: cheap next to a probe).
 PATH_TOKENS = 16
+#: The mode check reads generated (decode) logprobs against teacher-forced (prefill) ones. SGLang's deterministic
+#: inference is close, not identical, between the two for Qwen3.5's hybrid layers at TP > 1 (the linear-attention
+#: layers run a chunked scan in prefill and a recurrent update in decode; sglang#34159, #27869, issue #20509), so
+#: the verdict's mean distance may be the server-vs-reference tolerance (ours), not the repeat one; and a token
+#: decides only where the raw and scaled readings lie twice the repeat check's max |Δ| apart.
+MODE_TOLERANCE = TOLERANCES["local"][0]
+MODE_SEPARATION = 2 * TOLERANCES["warm"][1]
 
 
 def _compare(a, b) -> dict:
@@ -142,6 +159,61 @@ async def _two_paths(native, chat, msgs: list[dict], ev: dict) -> tuple[dict, st
     return part, "; ".join(notes) or None
 
 
+def mode_readings(generated, forced, temperature: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per decisive token: |generated − raw reading| and |generated − scaled reading| (both (n,) arrays). The raw
+    reading is the teacher-forced logprob l; the scaled one l / T − logsumexp(top-k / T) over the teacher-forced
+    top list (with l itself where the token is not in it)."""
+    G, F = generated, forced
+    n = min(len(G), len(F))
+    keep = [i for i in range(n) if G.ids[i] == F.ids[i] and np.isfinite(G.logprobs[i]) and np.isfinite(F.logprobs[i])]
+    d_raw, d_scaled = [], []
+    for i in keep:
+        lp = float(F.logprobs[i])
+        row = F.top_logprobs[i, : int(F.counts[i])]
+        ids = F.top_ids[i, : int(F.counts[i])]
+        vals = row[np.isfinite(row)]
+        if F.ids[i] not in ids:
+            vals = np.append(vals, lp)
+        z = vals / temperature
+        scaled = lp / temperature - (z.max() + np.log(np.exp(z - z.max()).sum()))
+        if abs(scaled - lp) < MODE_SEPARATION:
+            continue
+        d_raw.append(abs(float(G.logprobs[i]) - lp))
+        d_scaled.append(abs(float(G.logprobs[i]) - scaled))
+    return np.asarray(d_raw), np.asarray(d_scaled)
+
+
+def mode_verdict(d_raw: np.ndarray, d_scaled: np.ndarray, temperature: float, recorded: str | None) -> dict:
+    """The mode check's result from :func:`mode_readings` pooled over calls: ``server`` raw / scaled / neither /
+    None (undecided), ``ok`` when it is the run's recorded mode or undecided."""
+    out = {"temperature": temperature, "n_tokens": int(len(d_raw)), "recorded": recorded,
+           "tolerance": {"mean_abs": MODE_TOLERANCE, "separation": MODE_SEPARATION}}
+    if temperature in (0.0, 1.0):
+        return {**out, "server": None, "ok": True, "skipped": f"the run sampled at T = {temperature:g}, where raw "
+                                                                  "and scaled logprobs are the same"}
+    if not len(d_raw):
+        return {**out, "server": None, "ok": True, "skipped": f"no generated token where raw and scaled differ by "
+                                                              f"{MODE_SEPARATION} nat (near-certain tokens)"}
+    m_raw, m_scaled = float(d_raw.mean()), float(d_scaled.mean())
+    server = ("raw" if m_raw <= MODE_TOLERANCE and m_raw < m_scaled else
+              "scaled" if m_scaled <= MODE_TOLERANCE and m_scaled < m_raw else "neither")
+    return {**out, "server": server, "mean_abs_raw": m_raw, "mean_abs_scaled": m_scaled, "ok": server == recorded}
+
+
+async def _mode_call(backend, msgs: list[dict], ev: dict) -> tuple[np.ndarray, np.ndarray, float]:
+    """Generate at the recorded call's sampling, score the same tokens teacher-forced: the mode readings."""
+    sp = recorded_sampling(ev)
+    sp = SamplingParams(**{**sp.to_dict(), "max_tokens": PATH_TOKENS, "top_logprobs": 20, "stop": None})
+    if sp.temperature in (0.0, 1.0):
+        return np.zeros(0), np.zeros(0), sp.temperature
+    out = await backend.generate(msgs, sp)
+    ids = [int(i) for i in out.tokens.ids]
+    if not ids or min(ids) < 0:  # a reply without token ids cannot be scored back
+        return np.zeros(0), np.zeros(0), sp.temperature
+    forced = await backend.score(msgs, Continuation(ids=ids), top_logprobs=20)
+    return (*mode_readings(out.tokens, forced.tokens, sp.temperature), sp.temperature)
+
+
 def _compare_texts(a: list, b: list) -> dict:
     """:func:`_compare` for tokens known by text only: |Δ logprob| of the chosen tokens, and the overlap of the
     top-20 alternatives' texts (SGLang's chat layer dedupes alternatives by text, so the native side's are too)."""
@@ -154,7 +226,8 @@ def _compare_texts(a: list, b: list) -> dict:
             "overlap_mean": float(np.mean(ov)), "overlap_min": float(np.min(ov))}
 
 
-async def _check_call(run, line, step, backend, reference, chat, flush, results, path_notes, summary) -> None:
+async def _check_call(run, line, step, backend, reference, chat, flush, results, path_notes, summary,
+                      modes=None) -> None:
     """The checks on one recorded call (its scored tokens appended to ``results``)."""
     ev = next(e for e in line["events"] if e["type"] == "llm_call" and e["index"] == step)
     try:
@@ -177,6 +250,8 @@ async def _check_call(run, line, step, backend, reference, chat, flush, results,
         results["cold"].append(_compare(first, await backend.score(msgs, cont, top_logprobs=20)))
     if reference is not None:
         results["local"].append(_compare(first, await reference.score(msgs, cont, top_logprobs=20)))
+    if modes is not None:
+        modes.append(await _mode_call(backend, msgs, ev))
     if chat is not None:
         part, note = await _two_paths(backend, chat, msgs, ev)
         results["paths"].append(part)
@@ -206,6 +281,7 @@ async def fidelity_check(run_dir, backend, *, samples: int = 8, reference=None, 
         raise RunError(f"{run.path}: no image-bearing call with recorded tokens to check")
     results: dict[str, list] = {"warm": [], "cold": [], "local": [], "paths": []}
     path_notes: list[str] = []
+    modes: list = []
     flush = getattr(backend, "flush_cache", None)
 
     # the prompt ids the run sent, as the probe that runs this check sends them (probes/cli.py; --retokenize: none)
@@ -217,10 +293,26 @@ async def fidelity_check(run_dir, backend, *, samples: int = 8, reference=None, 
         except RunError:  # an unreadable record: this check tokenises; the probe names it when it gets there
             give_back = None
         try:
-            await _check_call(run, line, step, backend, reference, chat, flush, results, path_notes, summary)
+            await _check_call(run, line, step, backend, reference, chat, flush, results, path_notes, summary, modes)
         finally:
             if give_back is not None:
                 give_back()
+    checks, failed = _verdicts(results, path_notes)
+    checks["mode"] = mode_verdict(np.concatenate([m[0] for m in modes]), np.concatenate([m[1] for m in modes]),
+                                  modes[0][2], (run.header.get("backend") or {}).get("logprob_mode"))
+    if not checks["mode"]["ok"]:
+        failed.append(_mode_failure(checks["mode"]))
+    report = {"run_dir": str(run.path), "finished": time.time(), "endpoint": getattr(backend, "public", None),
+              "calls": len(results["warm"]), "checks": checks, "ok": not failed, "failed": failed,
+              "forced": bool(failed and force)}
+    out = Path(out_dir) if out_dir else run.path / "probes" / "fidelity"
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "fidelity.json", report, indent=2)
+    return report
+
+
+def _verdicts(results: dict, path_notes: list[str]) -> tuple[dict, list[str]]:
+    """Each scoring check pooled over the calls and held to its tolerance; the failures, one line each."""
     checks, failed = {}, []
     for name, parts in results.items():
         if not parts:
@@ -242,13 +334,18 @@ async def fidelity_check(run_dir, backend, *, samples: int = 8, reference=None, 
                           f"(≤ {max_tol}), top-20 overlap {c['overlap_mean']:.3f} (≥ {ov_tol})"
                           + "".join(f"; {n}" for n in (path_notes if name == "paths" else [])[:3]))
         checks[name] = c
-    report = {"run_dir": str(run.path), "finished": time.time(), "endpoint": getattr(backend, "public", None),
-              "calls": len(results["warm"]), "checks": checks, "ok": not failed, "failed": failed,
-              "forced": bool(failed and force)}
-    out = Path(out_dir) if out_dir else run.path / "probes" / "fidelity"
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "fidelity.json", report, indent=2)
-    return report
+    return checks, failed
+
+
+def _mode_failure(m: dict) -> str:
+    seen = (f"mean |Δ| to the raw reading {m['mean_abs_raw']:.3f}, to the scaled {m['mean_abs_scaled']:.3f} "
+            f"over {m['n_tokens']} tokens at T = {m['temperature']:g}")
+    if m["server"] == "neither":
+        return (f"mode: the server's generated logprobs are neither raw nor scaled readings of its teacher-forced "
+                f"ones ({seen}; ≤ {MODE_TOLERANCE} expected)")
+    return (f"mode: the server returns {m['server']} logprobs but the run records {m['recorded']} ({seen}): "
+            f"the run's entropies are not what its header says; rerun with --logprob-mode {m['server']}, or "
+            f"relaunch the server with --logprobs {m['recorded']}")
 
 
 async def check_servers(run_dir, backend, *, samples: int = 8, out_dir=None, force: bool = False, reference=None,
@@ -277,10 +374,14 @@ async def check_servers(run_dir, backend, *, samples: int = 8, out_dir=None, for
 
 
 def refusal(report: dict) -> str:
+    failed = report["failed"]
+    scoring = [f for f in failed if not f.split(": ", 1)[-1].startswith("mode:") and not f.startswith("mode:")]
+    why = ("; ".join(failed))
+    if not scoring:  # the mode check alone: the message says what to do
+        return f"the server is not fit to be probed: {why}"
     return ("the server is not fit to be probed: scoring the same recorded tokens twice gave different "
-            "log-probabilities (" + "; ".join(report["failed"]) + "). A ΔH drawn from it would be noise. Look "
-            "for a prefix-cache or image-cache issue on the server (restart it, try --disable-radix-cache), or "
-            "pass --force to probe anyway (recorded)")
+            f"log-probabilities ({why}). A ΔH drawn from it would be noise. Look for a prefix-cache or image-cache "
+            "issue on the server (restart it, try --disable-radix-cache), or pass --force to probe anyway (recorded)")
 
 
 def main(argv=None) -> int:
@@ -318,6 +419,10 @@ def main(argv=None) -> int:
         for name, c in r["checks"].items():
             if "skipped" in c:
                 print(f"{name:5s}: skipped ({c['skipped']})")
+            elif name == "mode":
+                print(f"mode : {'ok  ' if c['ok'] else 'FAIL'} the server returns {c['server']} logprobs (the run "
+                      f"records {c['recorded']}): mean |Δ| to the raw reading {c['mean_abs_raw']:.4f}, to the scaled "
+                      f"{c['mean_abs_scaled']:.4f} over {c['n_tokens']} tokens at T = {c['temperature']:g}")
             else:
                 print(f"{name:5s}: {'ok  ' if c['ok'] else 'FAIL'} mean |Δlogprob| {c['mean_abs']:.4f}, max "
                       f"{c['max_abs']:.4f}, top-20 overlap {c['overlap_mean']:.3f} (min {c['overlap_min']:.3f}) over "

@@ -89,6 +89,10 @@ class _Standin:
         # cache reusing another request's state: the fault probes/fidelity.py exists to catch)
         self.leak_file = os.environ.get("MMCF_STANDIN_LEAK_FILE")
         self.seen: set = set()
+        # SGLang reads SGLANG_RETURN_ORIGINAL_LOGPROB once at start (srt/layers/sampler.py, get_bool_env_var);
+        # --original-logprob-file switches a running stand-in, so one front end serves a test both ways
+        self.original = os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "false").lower() in ("true", "1")
+        self.original_file = os.environ.get("MMCF_STANDIN_ORIGINAL_FILE")
 
     def _mode(self) -> str:
         if self.mode != "both":
@@ -101,6 +105,14 @@ class _Standin:
 
     def _engine(self):
         return self.engines[self._mode()]
+
+    def _original(self) -> bool:
+        if not self.original_file:
+            return self.original
+        try:
+            return open(self.original_file).read().strip() in ("1", "true")
+        except OSError:
+            return self.original
 
     def _leak(self) -> float:
         if not self.leak_file:
@@ -190,7 +202,7 @@ class _Standin:
                                            f"len(req.origin_input_ids)={len(ids)}. Please use a smaller logprob_start_len.")
         stops = set(sp.stop_token_ids or ()) | set(eos_ids(self.tok))
         gen = self._engine().start(ids, req.mm_inputs, sp, k, want_input=req.return_logprob and start < len(ids),
-                                input_from=start)
+                                   input_from=start, original_logprobs=self._original())
         leak = self._leak() if gen.input_logprobs is not None else 0.0
         if leak:
             key = (tuple(ids), start, len(getattr(req.mm_inputs, "mm_items", None) or ()) if req.mm_inputs else 0)
@@ -316,6 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="while this file exists, a scoring request whose prompt was scored since the last "
                          "/flush_cache comes back with its logprobs shifted by the file's number (a prefix cache "
                          "leaking state: the fault probes/fidelity.py must catch)")
+    ap.add_argument("--original-logprob-file", metavar="PATH",
+                    help="while this file holds 1, output logprobs are raw, as under SGLANG_RETURN_ORIGINAL_LOGPROB=1 "
+                         "(which the stand-in also honours at start); lets one front end serve a test both ways")
     ap.add_argument("--context-length", type=int,
                     help="override the model's context length (the tiny model's is 32,768; a paper-shaped prompt with "
                          "photos, in the tiny tokenizer's ~3x tokens, is longer); sets "
@@ -334,7 +349,8 @@ def main(argv=None) -> int:
         os.environ["MMCF_STANDIN_REPLY"] = a.reply
     if a.policy:
         os.environ["MMCF_STANDIN_POLICY"] = a.policy
-    for var, path in (("MMCF_STANDIN_MODE_FILE", a.mode_file), ("MMCF_STANDIN_LEAK_FILE", a.leak_file)):
+    for var, path in (("MMCF_STANDIN_MODE_FILE", a.mode_file), ("MMCF_STANDIN_LEAK_FILE", a.leak_file),
+                      ("MMCF_STANDIN_ORIGINAL_FILE", a.original_logprob_file)):
         if path:  # read by the scheduler process SGLang starts (its arguments are SGLang's, not ours)
             os.environ[var] = path
     try:

@@ -48,7 +48,7 @@ class ScriptedEngine:
         mod, _, fn = spec.partition(":")
         return getattr(importlib.import_module(mod), fn)
 
-    def start(self, ids, mm, sp, k, *, want_input, input_from):
+    def start(self, ids, mm, sp, k, *, want_input, input_from, original_logprobs=False):
         policy = self._policy()
         if policy is not None:  # the reply depends on the prompt (e.g. scripts/soak.py's agent policy)
             prompt = self.tok.decode(ids, skip_special_tokens=False)
@@ -114,7 +114,7 @@ class ModelEngine:
             out["image_grid_thw"] = torch.cat(grids, 0)
         return out
 
-    def start(self, ids, mm, sp, k, *, want_input, input_from):
+    def start(self, ids, mm, sp, k, *, want_input, input_from, original_logprobs=False):
         torch = self.torch
         x = torch.tensor([ids])
         mm_kw = self._mm(mm, x)
@@ -164,7 +164,9 @@ class ModelEngine:
                     mask[si[keep]] = True
                     probs = torch.where(mask, probs, torch.zeros_like(probs))
                 tid = int(torch.multinomial(probs / probs.sum(), 1, generator=gen)) if temp > 0 else int(torch.argmax(last))
-                src = scaled  # SGLang's default: logprobs of the temperature-scaled distribution
+                # SGLang's sampler (srt/layers/sampler.py): log_softmax(logits / T) by default, log_softmax(logits)
+                # under SGLANG_RETURN_ORIGINAL_LOGPROB or greedy sampling
+                src = raw if original_logprobs else scaled
                 if k:
                     v, i = torch.topk(src, k)
                     tv, ti = v.tolist(), i.tolist()

@@ -37,6 +37,8 @@ def test_a_consistent_server_passes_and_the_probe_records_it(recorded, tiny_mode
         assert paths["ok"] and paths["n_tokens"] > 0 and not paths["notes"] and paths["by"] == ["ids"]
         assert all(p["native"] == p["chat"] > 20 for p in paths["prompt_tokens"])
         assert srv.requests.count("/v1/chat/completions") == 3
+        # the fake's tokens are near-certain (the chosen one at ~-0.05): no token tells raw from scaled
+        assert rep["checks"]["mode"]["server"] is None and "near-certain" in rep["checks"]["mode"]["skipped"]
         out = recorded / "probes" / "tf-ok"
         assert entropy_main(_args(srv.url, tiny_model_dir, recorded) + ["--mode", "teacher-forced", "--force",
                                                                         "--out", str(out)]) == 0
@@ -59,8 +61,9 @@ def test_a_cache_leak_is_refused_before_probing_unless_forced(recorded, tiny_mod
         assert entropy_main(_args(srv.url, tiny_model_dir, recorded) + ["--mode", "teacher-forced", "--out", str(out)]) == 2
         assert "not fit to be probed" in capsys.readouterr().err
         checked = srv.requests.count("/generate") - n
-        # 3 calls x (warm, warm, cold, the native greedy generation of the paths check), then stop
-        assert checked == 3 * 4 and not (out / "steps.jsonl").exists()
+        # 3 calls x (warm, warm, cold, the mode check's generation and its scoring, the native greedy generation
+        # of the paths check), then stop
+        assert checked == 3 * 6 and not (out / "steps.jsonl").exists()
         # --force probes anyway and says so in probe.json; --skip-fidelity skips and says that
         assert entropy_main(_args(srv.url, tiny_model_dir, recorded) + ["--mode", "teacher-forced", "--out", str(out),
                                                                         "--force"]) == 0
@@ -115,3 +118,53 @@ def test_the_teacher_forced_probe_is_the_same_over_flat_and_nested_logprobs(reco
         got[name] = pd.read_csv(out / "steps.csv").sort_values(["sample_id", "trial", "step"]).reset_index(drop=True)
     cols = [c for c in ("H_with", "H_without", "dH", "kl_with_without", "H_high_with", "dH_low") if c in got["flat"]]
     assert len(got["flat"]) > 0 and "dH" in cols and got["flat"][cols].equals(got["nested"][cols])
+
+
+def _distribution_tokens(logits, chosen, temperature, mode):
+    """One token per row of ``logits``: the generated side as SGLang's sampler reports it in ``mode``, and the
+    teacher-forced side (raw, top-20)."""
+    import numpy as np
+
+    from agent.backends.tokens import TokenArrays
+
+    z = np.asarray(logits, np.float64)
+    raw = z - np.log(np.exp(z).sum(1, keepdims=True))
+    zt = z / temperature
+    scaled = zt - np.log(np.exp(zt).sum(1, keepdims=True))
+    rows = np.arange(len(z))
+    order = np.argsort(-raw, axis=1)[:, :20]
+
+    def arrays(lp):
+        return TokenArrays(chosen, [""] * len(z), lp[rows, chosen], order, np.take_along_axis(lp, order, 1))
+
+    return arrays(raw if mode == "raw" else scaled), arrays(raw)
+
+
+@pytest.mark.parametrize("served", ["raw", "scaled"])
+def test_the_mode_check_tells_raw_from_scaled_and_refuses_a_run_that_records_the_other(served):
+    """Generated logprobs read against the teacher-forced (raw) ones at the run's temperature: a server returning
+    raw logprobs and one returning scaled ones are told apart; a verdict other than the run's recorded mode fails,
+    naming both; at T = 1 (or 0) the check says it cannot tell (issue 58, item 4)."""
+    import numpy as np
+
+    from probes.fidelity import MODE_SEPARATION, mode_readings, mode_verdict
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 2.0, (24, 300))
+    chosen = rng.integers(0, 300, 24)  # sampled tokens, many of them far from certain
+    gen, forced = _distribution_tokens(logits, chosen, 0.2, served)
+    d_raw, d_scaled = mode_readings(gen, forced, 0.2)
+    assert len(d_raw) > 10
+    for recorded in ("raw", "scaled"):
+        v = mode_verdict(d_raw, d_scaled, 0.2, recorded)
+        assert v["server"] == served and v["ok"] == (recorded == served)
+    near = d_raw if served == "raw" else d_scaled
+    far = d_scaled if served == "raw" else d_raw
+    # the scaled reading from the top 20 alone: the tail beyond weighs exp(-gap / T), ~1e-3 nat here at most
+    assert near.max() < 0.01 and far.min() >= MODE_SEPARATION
+    # a prefill/decode difference of 0.01 nat ("close, not identical") keeps the verdict
+    v = mode_verdict(d_raw + 0.01, d_scaled + 0.01, 0.2, served)
+    assert v["server"] == served and v["ok"]
+    gen1, forced1 = _distribution_tokens(logits, chosen, 1.0, served)
+    v = mode_verdict(*mode_readings(gen1, forced1, 1.0), 1.0, "scaled")
+    assert v["ok"] and v["server"] is None and "T = 1" in v["skipped"]

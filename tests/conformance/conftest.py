@@ -81,10 +81,12 @@ class RealSGLang:
         self.leak_file = log.with_suffix(".leak")
         # with mode "both", the engine that serves the next requests: see use()
         self.mode_file = log.with_suffix(".mode")
+        # write 1 here to make the stand-in return raw logprobs (as SGLANG_RETURN_ORIGINAL_LOGPROB=1 does)
+        self.original_file = log.with_suffix(".original")
         env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{site}", "PYTHONWARNINGS": "ignore"}
         cmd = [sys.executable, "-m", "serving.standin", "--model-path", str(model_dir), "--port", str(self.port),
                "--mode", mode, "--served-model-name", "tiny-qwen35", "--leak-file", str(self.leak_file),
-               "--mode-file", str(self.mode_file)]
+               "--mode-file", str(self.mode_file), "--original-logprob-file", str(self.original_file)]
         if mode in ("scripted", "both"):
             cmd += ["--policy", "scripts.soak:agent_policy"]
         self.p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,

@@ -238,6 +238,15 @@ def test_the_fidelity_check_on_the_real_front_end_all_four_checks_and_an_injecte
     assert c["local"]["max_abs"] < 1e-3  # float32 on both sides: the reference agrees to rounding
     (p,) = c["paths"]["prompt_tokens"]
     assert p["native"] == p["chat"] > 50  # SGLang's chat layer expanded the image as our client did
+    # the mode check on the server itself: SGLang's default (scaled) is what the run recorded
+    assert c["mode"]["server"] == "scaled" == c["mode"]["recorded"] and c["mode"]["n_tokens"] > 0, c["mode"]
+    real_sglang_model.original_file.write_text("1")  # as SGLANG_RETURN_ORIGINAL_LOGPROB=1: raw output logprobs
+    try:
+        assert fidelity_main(args + ["--no-paths"]) == 2
+    finally:
+        real_sglang_model.original_file.unlink()
+    err = capsys.readouterr().err
+    assert "mode: the server returns raw logprobs but the run records scaled" in err and "--logprob-mode raw" in err
     real_sglang_model.leak_file.write_text("0.3")
     try:
         assert fidelity_main(args) == 2

@@ -389,7 +389,9 @@ class _Handler(JSONHandler):
             ids = prompt_ids[start:]
             if drift:
                 ids = ids[:-1] + [ids[-1] + 1]
-            entries = [[None if j == 0 else _f32(-0.25 - 0.01 * (j % 9) - 1e-4 * (j % 83)), t, tok.decode(t) if with_text else None] for j, t in enumerate(ids)]
+            # the scored token's logprob is its entry in the top list (:func:`_top` puts it first), as on a real server
+            entries = [[None if j == 0 else _f32(-0.05 - 0.01 * (j % 7) - 1e-4 * (j % 97)), t,
+                        tok.decode(t) if with_text else None] for j, t in enumerate(ids)]
             flat = bool(req.get("return_flat_raw_top_logprobs")) and k > 0 and self.server.flat == "yes"
             if flat and not with_text and len(ids) > 1:  # the arrays straight away (what the benches ask for)
                 val, idx = _tops_arrays(ids, k)
