@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -91,6 +92,33 @@ def test_our_generate_fields_and_flat_logprob_fields_arrive_intact(two_workers, 
     assert (via.tokens.top_ids == direct.tokens.top_ids).all() and (via.tokens.logprobs == direct.tokens.logprobs).all()
 
 
+def test_our_generate_body_arrives_intact_sampling_params_included(two_workers, tiny_model_dir):
+    """smg re-serialises a /generate body and drops the ``sampling_params`` keys it does not know (it does not pass
+    them through): the generation body, ``sampling_seed`` and ``skip_special_tokens`` included, must reach the
+    worker as the backend sent it (issue 58, smg traps)."""
+    from agent.backends.base import SamplingParams
+
+    gw, a, b = two_workers
+
+    async def generate(url):
+        be = SGLangBackend(url, str(tiny_model_dir), policy=RetryPolicy(retries=1, timeout_s=120))
+        try:
+            route(("s1", 0))
+            return await be.generate([{"role": "user", "content": "What colour is it?"}],
+                                     SamplingParams(max_tokens=8, seed=7, top_logprobs=5))
+        finally:
+            await be.aclose()
+
+    via = asyncio.run(generate(gw.url))
+    (sent,) = [w.bodies[-1] for w in (a, b) if w.bodies]
+    asyncio.run(generate(a.url))
+    ours = a.bodies[-1]
+    assert ours["sampling_params"]["sampling_seed"] == 7 and ours["sampling_params"]["skip_special_tokens"] is False
+    assert sent["sampling_params"] == ours["sampling_params"]  # no key dropped, none changed
+    assert {k: sent.get(k) for k in ours} == ours and "rid" not in ours  # a rid would override the routing key
+    assert via.tokens.ids.tolist() and via.usage.completion_tokens == len(via.tokens)
+
+
 def test_a_trajectorys_calls_stay_on_one_worker(two_workers, tiny_model_dir, tmp_path):
     gw, a, b = two_workers
     assert run_main(["--method", "react", "--backend", "sglang", "--endpoint", gw.url, "--model-dir",
@@ -99,6 +127,10 @@ def test_a_trajectorys_calls_stay_on_one_worker(two_workers, tiny_model_dir, tmp
     on_a, on_b = set(a.routing_keys) - {None}, set(b.routing_keys) - {None}
     units = {routing_key((ln["sample_id"], ln["trial"])) for ln in load_run(tmp_path / "run").lines}
     assert on_a | on_b == units and not on_a & on_b  # every trajectory on exactly one worker
+    # smg strips a trailing _t<n> / _r<n> from a key (two trajectories would share one), and a body's rid
+    # overrides the header: our keys are mmcf-<32 hex>, and no body carries a rid
+    assert all(re.fullmatch(r"mmcf-[0-9a-f]{32}", k) for k in units)
+    assert not any("rid" in body for w in (a, b) for body in w.bodies)
     assert len(a.bodies) + len(b.bodies) >= sum(ln["n_calls"] for ln in load_run(tmp_path / "run").lines)
 
 
