@@ -32,7 +32,9 @@ PKGS=(
   sniffio==1.3.1 psutil==7.2.2 pybase64==1.5.1 requests==2.34.2 urllib3==2.8.0 starlette==1.10.0 msgspec==0.23.0
   pyzmq==27.3.0 ipython==9.18.1 traitlets==5.16.1 aiohttp==3.14.5 multidict==7.2.1 attrs==26.1.0
   yarl==1.25.1 propcache==0.5.4 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 frozenlist==1.8.0
-  openai==3.57.0 dill==0.4.1 apache-tvm-ffi==0.1.15.post2 sentencepiece==0.2.3 compressed-tensors==0.20.1
+  # at SGLang's own pins where its METADATA pins them (tests/conformance/test_pins.py); openai 2.8 needs distro, jiter
+  openai==2.8.0 dill==0.4.1 apache-tvm-ffi==0.1.11 sentencepiece==0.2.1 compressed-tensors==0.18.0
+  distro==1.9.0 jiter==0.19.0
   loguru==0.7.3 gguf==0.19.0 partial-json-parser==0.2.1.1.post7
   # SGLang's real HTTP front end on CPU (serving/standin.py): FastAPI / uvicorn, the multimodal processor's needs
   fastapi==0.165.0 uvicorn==0.54.0 h11==0.16.0 click==8.5.1 uvloop==0.23.0 python-multipart==0.0.34

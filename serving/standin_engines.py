@@ -30,7 +30,8 @@ class _Gen:
 class ScriptedEngine:
     """Planted texts with planted distributions: the reply's tokens, each the top choice with logprob about -0.1
     and k-1 alternatives well below it (one distribution: the k probabilities sum to less than 1); scoring
-    (max_new_tokens 0) gives each input token logprob -0.25."""
+    (max_new_tokens 0) gives each input token its entry in the same planted list (the top one), as a real server's
+    scored token is its own entry in its top list."""
 
     def __init__(self, tok):
         self.tok = tok
@@ -64,7 +65,7 @@ class ScriptedEngine:
         inp = None
         if want_input:  # SGLang's layout: [None] first (the token at logprob_start_len), then one per token
             sl = ids[input_from:]
-            iv = [None] + [-0.25 - 0.01 * (j % 9) for j in range(1, len(sl))]
+            iv = [None] + [-0.1 - 0.01 * (j % 7) for j in range(1, len(sl))]
             tops = [self._top(t, k, j) for j, t in enumerate(sl)]
             inp = (iv, list(sl), [None] + [t[0] for t in tops[1:]] if k else [],
                    [None] + [t[1] for t in tops[1:]] if k else [])

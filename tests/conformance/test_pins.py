@@ -27,3 +27,19 @@ def test_the_local_extra_and_the_torch_pair_agree_with_the_sglang_the_toolkit_is
     assert _pins(extras["local"])["transformers"] == theirs["transformers"]
     x86 = re.search(r'x86_64\) TORCH_PINS=\$\{TORCH_PINS:-"([^"]+)"\}', (REPO / "scripts" / "setup_env.sh").read_text())
     assert _pins(x86.group(1).split())["torch"] == theirs["torch"]
+
+
+def test_the_conformance_layer_installs_sglangs_own_pins():
+    """Every package the conformance script installs that SGLang pins exactly (openai, apache-tvm-ffi,
+    compressed-tensors, sentencepiece, xgrammar, ...) is installed at SGLang's version, so the front end the tests
+    run is the one a node runs (issue 58)."""
+    _need_front_end()
+    script = (REPO / "scripts" / "sglang_conformance.sh").read_text()
+    block = script[script.index("PKGS=("):script.index(")\n", script.index("PKGS=("))]
+    ours = _pins(tok for line in block.splitlines() if not line.strip().startswith("#") for tok in line.split())
+    sglang = ours["sglang"]
+    meta = (SITE / f"sglang-{sglang}.dist-info" / "METADATA").read_text()
+    theirs = _pins(line.removeprefix("Requires-Dist:") for line in meta.splitlines() if line.startswith("Requires-Dist:"))
+    differ = {k: (v, theirs[k]) for k, v in ours.items() if k in theirs and theirs[k] != v}
+    assert not differ, f"the conformance script's pins differ from SGLang {sglang}'s (ours, theirs): {differ}"
+    assert {"openai", "apache-tvm-ffi", "compressed-tensors", "sentencepiece"} <= set(ours) & set(theirs)
