@@ -24,7 +24,9 @@ reuses a prefix only up to a stored linear-attention state, and a request's pref
 SGLang's files); the report adds the probes' order under that model, said as such. What it does not model yet
 (issue 58): the match cap at a teacher-forced request's ``logprob_start_len``, prefill chunks (one extend per
 prompt), and the state pool's own LRU (3 slots per running request under ``extra_buffer``); the model has not been
-compared with SGLang's own cache classes. Ours, and a model of the server, not the
+compared with SGLang's own cache classes (docs/performance.md says why). ``--observed`` sets a probe's recorded
+``cached_tokens`` beside the model's prediction, request by request (:func:`calibration`). Ours, and a model of the
+server, not the
 server: the cache is prompt-only (generated tokens also enter SGLang's tree but are never a later prompt's
 prefix here, because the regenerated text differs from the recorded one; they do take room, so a real cache
 fills sooner), one request is in flight per trajectory and requests complete in the order they are sent
@@ -41,6 +43,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections import deque
+from pathlib import Path
 
 import numpy as np
 
@@ -50,12 +53,13 @@ from agent.backends.tiny_model import ensure_tiny_model
 from agent.backends.vision import UnknownProcessor, VisionGrid
 from agent.cli import done, make_parser, positive_int
 from agent.errors import ToolkitError
-from agent.rundir import load_run
+from agent.rundir import RunError, load_run, write_json
+from agent.rundir.probe_outputs import probe_dir, read_rows
 from analysis.selection import select_trajectories
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RadixLRU", "prefix_keys", "simulate", "probe_streams", "gpu_cost", "main"]
+__all__ = ["RadixLRU", "prefix_keys", "simulate", "probe_streams", "probe_requests", "gpu_cost", "calibration", "main"]
 
 # Ours: the cost model behind --gpu-cost (docs/performance.md). Active parameters from the backbones' names
 # (35B-A3B: 3B active per token); the paper serves them on NVIDIA H20 (§4), 148 dense bf16 TFLOPS each.
@@ -182,17 +186,19 @@ def _order(streams: list[list[np.ndarray]], how: str, concurrency: int) -> list[
 
 def simulate(streams: list[list[np.ndarray]], *, capacity: int | None, servers: int = 1, concurrency: int = 128,
              how: str = "per-trajectory", pinned: bool = True, page: int = 1, keys=None,
-             state_interval: int | None = None) -> dict:
+             state_interval: int | None = None, per_request: bool = False) -> dict:
     """Replay the requests (``streams``: per trajectory, its requests' prompt tokens in the order it sends them)
     through one :class:`RadixLRU` per server; returns prompt tokens, cached tokens and the cached share.
     ``state_interval``: Qwen3.5's hybrid cache (its state grid, :data:`STATE_GRID`), else token-level.
-    ``keys``: the streams' :func:`prefix_keys` at this ``page``, when the caller replays them several times."""
+    ``keys``: the streams' :func:`prefix_keys` at this ``page``, when the caller replays them several times.
+    ``per_request``: also ``hits``, the cached tokens of each ``(trajectory, request)``."""
     interval = None if state_interval is None else max(1, state_interval // page)
     caches = [RadixLRU(None if capacity is None else capacity // page, interval) for _ in range(servers)]
     keys = keys if keys is not None else [[prefix_keys(r, page) for r in s] for s in streams]
     assigned, given = {}, [0] * servers
     rng = np.random.default_rng(0)  # unpinned: a server per request as a balancer without affinity picks one
     total = hit = 0
+    hits = {}
     for t, r in _order(streams, how, concurrency):
         if pinned:
             if t not in assigned:
@@ -201,9 +207,13 @@ def simulate(streams: list[list[np.ndarray]], *, capacity: int | None, servers: 
             srv = assigned[t]
         else:
             srv = int(rng.integers(servers))
-        hit += caches[srv].access(keys[t][r]) * page
+        h = caches[srv].access(keys[t][r]) * page
+        hit += h
         total += len(streams[t][r])
-    return {"prompt_tokens": total, "cached_tokens": hit, "cached_share": hit / total if total else float("nan")}
+        if per_request:
+            hits[(t, r)] = h
+    out = {"prompt_tokens": total, "cached_tokens": hit, "cached_share": hit / total if total else float("nan")}
+    return {**out, "hits": hits} if per_request else out
 
 
 def _image_tokens(img, grid=None) -> int:
@@ -216,6 +226,12 @@ def _image_tokens(img, grid=None) -> int:
 def probe_streams(run_dir, *, mode: str = "regenerate", model_dir=None, limit: int | None = None):
     """Per trajectory the token streams the entropy probe sends (its order: steps ascending; teacher-forced:
     with images, then without, per step), rendered with the model's chat template."""
+    return probe_requests(run_dir, mode=mode, model_dir=model_dir, limit=limit)[0]
+
+
+def probe_requests(run_dir, *, mode: str = "regenerate", model_dir=None, limit: int | None = None, keep=None):
+    """:func:`probe_streams` and, per stream, ``(sample_id, trial, steps)``; ``keep``: only these
+    ``(sample_id, trial)`` trajectories."""
 
     run = load_run(run_dir)
     md = model_dir or (run.header.get("backend") or {}).get("model_dir") or ensure_tiny_model(quiet=True)
@@ -244,8 +260,10 @@ def probe_streams(run_dir, *, mode: str = "regenerate", model_dir=None, limit: i
                 out.append(i)
         return np.asarray(out + list(continuation), dtype=np.int64)
 
-    streams = []
+    streams, names = [], []
     for summary in lines:
+        if keep is not None and (summary["sample_id"], summary["trial"]) not in keep:
+            continue
         line = run.full(summary)
         steps = [c["index"] for c in line.get("calls") or [] if c.get("n_query_images", 0) > 0]
         if not steps:
@@ -263,7 +281,8 @@ def probe_streams(run_dir, *, mode: str = "regenerate", model_dir=None, limit: i
             else:
                 reqs += [ids_of(msgs, cont.get(s, ())), ids_of(strip_query_images(msgs), cont.get(s, ()))]
         streams.append(reqs)
-    return streams
+        names.append((summary["sample_id"], summary["trial"], steps))
+    return streams, names
 
 
 def report(streams, *, capacity: int, servers: int, concurrency: int, state_interval: int | None = None) -> list[dict]:
@@ -315,6 +334,49 @@ def gpu_cost(streams, *, capacity: int, servers: int, concurrency: int, state_in
     return rows
 
 
+def calibration(run_dir, observed, *, model_dir=None, capacity: int, servers: int, concurrency: int,
+                state_interval: int) -> dict:
+    """The server's recorded ``cached_tokens`` beside the model's prediction, for the requests an entropy probe
+    (regenerate mode, whose rows carry the server's counts) sent: totals, and per request the prompt tokens (the
+    server's count against our rendering: the image expansion and template) and the cached tokens. Ours: the first
+    GPU run calibrates the model in one command."""
+    rows, bad = read_rows(Path(observed) / "steps.jsonl", "entropy_step")
+    rows = [r for r in rows if r.get("prompt_tokens") is not None and r.get("mode") == "regenerate"]
+    if not rows:
+        raise RunError(f"{observed}: no regenerate-mode step with the server's prompt_tokens and cached_tokens "
+                       "(python -m probes.entropy RUN --mode regenerate records them)")
+    seen = {(r["sample_id"], r["trial"], r["step"]): r for r in rows}
+    streams, names = probe_requests(run_dir, mode="regenerate", model_dir=model_dir,
+                                    keep={(r["sample_id"], r["trial"]) for r in rows})
+    pred = {name: simulate(streams, capacity=capacity, servers=servers, concurrency=concurrency * servers,
+                           state_interval=si, per_request=True) for name, si in
+            (("hybrid", state_interval or None), ("token_level", None))}
+    per = []
+    for t, (sid, trial, steps) in enumerate(names):
+        for r, step in enumerate(steps):
+            got = seen.get((sid, trial, step))
+            if got is not None:
+                per.append({"sample_id": sid, "trial": trial, "step": step,
+                            "prompt_tokens": got["prompt_tokens"], "predicted_prompt_tokens": len(streams[t][r]),
+                            "cached_tokens": got["cached_tokens"] or 0,
+                            "predicted_cached_hybrid": pred["hybrid"]["hits"][(t, r)],
+                            "predicted_cached_token_level": pred["token_level"]["hits"][(t, r)]})
+    if not per:
+        raise RunError(f"{observed}: its steps are not the run's image-bearing calls ({run_dir})")
+
+    def share(key_hit, key_total="prompt_tokens"):
+        total = sum(p[key_total] for p in per)
+        return sum(p[key_hit] for p in per) / total if total else float("nan")
+    return {"requests": len(per), "left_out_lines": bad, "servers": servers, "concurrency": concurrency,
+            "capacity_tokens": capacity, "state_grid": state_interval,
+            "observed_share": share("cached_tokens"), "predicted_hybrid_share": share("predicted_cached_hybrid"),
+            "predicted_token_level_share": share("predicted_cached_token_level"),
+            "prompt_tokens_differ": sum(p["prompt_tokens"] != p["predicted_prompt_tokens"] for p in per),
+            "mean_abs_cached_error_hybrid": float(np.mean([abs(p["cached_tokens"] - p["predicted_cached_hybrid"])
+                                                           for p in per])),
+            "per_request": per}
+
+
 def _rates(a, ap) -> dict:
     """Tokens per GPU-second per backbone: the FLOPs model, then any measured --prefill-rate."""
     rates = {k: a.gpu_tflops * 1e12 * a.mfu / (2 * p) for k, p in ACTIVE_PARAMS.items()}
@@ -351,6 +413,10 @@ def main(argv=None) -> int:
     ap.add_argument("--mfu", type=float, default=0.4, help="the share of --gpu-tflops a prefill reaches (default 0.4)")
     ap.add_argument("--prefill-rate", action="append", metavar="SIZE=RATE",
                     help="a backbone's measured prefill tokens per GPU-second (replaces the FLOPs model for it)")
+    ap.add_argument("--observed", metavar="PROBE_DIR", nargs="?", const="",
+                    help="set the server's recorded cached_tokens beside the model's prediction, request by request: "
+                         "an entropy probe's regenerate output (default RUN_DIR/probes/entropy-regenerate); pass the "
+                         "--servers and --concurrency it ran with; writes cache_calibration.json there")
     a = ap.parse_args(argv)
     if a.servers < 1 or a.capacity_tokens < 1 or a.concurrency < 1 or a.state_grid < 0:
         ap.error("--servers, --capacity-tokens and --concurrency must be positive, --state-grid >= 0")
@@ -359,6 +425,8 @@ def main(argv=None) -> int:
     if a.gpu_cost and not a.state_grid:
         ap.error("--gpu-cost compares the token-level bound with the hybrid cache: it needs --state-grid > 0")
     rates = _rates(a, ap)
+    if a.observed is not None:
+        return _calibrate(a)
 
     try:
         streams = probe_streams(a.run_dir, mode=a.mode, model_dir=a.model_dir, limit=a.limit)
@@ -379,6 +447,25 @@ def main(argv=None) -> int:
         _print_cost(gpu_cost(streams, capacity=a.capacity_tokens, servers=a.servers, concurrency=a.concurrency,
                              state_interval=a.state_grid, rates=rates), a)
     done([], f"python -m probes.entropy {a.run_dir} --mode {a.mode}   (its probe.json: the server's own cached_tokens)")
+    return 0
+
+
+def _calibrate(a) -> int:
+    try:
+        d = Path(a.observed) if a.observed else probe_dir(a.run_dir, ("entropy-regenerate",), "probes.entropy")
+        cal = calibration(a.run_dir, d, model_dir=a.model_dir, capacity=a.capacity_tokens, servers=a.servers,
+                          concurrency=a.concurrency, state_interval=a.state_grid)
+    except (ToolkitError, OSError, ValueError) as e:
+        log.error(f"error: {e}")
+        return 2
+    write_json(d / "cache_calibration.json", cal, indent=2)
+    print(f"{cal['requests']} regenerate requests of {d}: the server cached {100 * cal['observed_share']:.1f} % of "
+          f"their prompt tokens; the model predicts {100 * cal['predicted_hybrid_share']:.1f} % (hybrid, grid "
+          f"{a.state_grid}) and {100 * cal['predicted_token_level_share']:.1f} % (token-level bound), "
+          f"{a.servers} servers x {a.concurrency} in flight")
+    print(f"  per request: mean |cached - predicted| {cal['mean_abs_cached_error_hybrid']:.0f} tokens; prompt token "
+          f"counts differ from our rendering in {cal['prompt_tokens_differ']} of {cal['requests']} requests")
+    done([str(d / "cache_calibration.json")], "docs/performance.md, 'Prefix reuse on Qwen3.5's hybrid cache'")
     return 0
 
 

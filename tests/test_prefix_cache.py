@@ -151,3 +151,36 @@ def test_the_hybrid_cache_reuses_a_prefix_only_up_to_a_stored_state():
     tok = simulate(streams, capacity=None, concurrency=4)
     hyb = simulate(streams, capacity=None, concurrency=4, state_interval=64)
     assert 0 < hyb["cached_tokens"] < tok["cached_tokens"]
+
+
+def test_the_servers_cached_tokens_beside_the_models_prediction(tmp_path, tiny_model_dir, capsys):
+    """--observed: an entropy probe's regenerate rows carry the server's prompt_tokens and cached_tokens; the
+    command sets them beside the model's prediction for the same requests (issue 58: the first GPU run calibrates
+    the model in one step). The loopback server here caches as an unbounded token-level cache would."""
+    import json
+
+    from probes.entropy import main as entropy_main
+    from tests.fakes.sglang_server import FakeSGLang, record_react_run
+
+    run = tmp_path / "r"
+    record_react_run(run, tiny_model_dir, limit=3)
+    assert main([str(run), "--observed"]) == 2  # no probe yet: says which command makes one
+    assert "run python -m probes.entropy" in capsys.readouterr().err
+    with FakeSGLang(tokenizer_dir=str(tiny_model_dir), model_name=str(tiny_model_dir)) as srv:
+        srv.prompts = []
+        assert entropy_main([str(run), "--mode", "regenerate", "--backend", "sglang", "--endpoint", srv.url,
+                             "--model-dir", str(tiny_model_dir), "--skip-fidelity", "--force", "--concurrency", "1",
+                             "--include-unparsed", "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main([str(run), "--observed", "--servers", "1", "--concurrency", "1", "--model-dir", str(tiny_model_dir)]) == 0
+    out = capsys.readouterr().out
+    cal = json.loads((run / "probes" / "entropy-regenerate" / "cache_calibration.json").read_text())
+    rows = [json.loads(x) for x in (run / "probes" / "entropy-regenerate" / "steps.jsonl").read_text().splitlines()]
+    assert cal["requests"] == len(rows) > 1 and f"{cal['requests']} regenerate requests" in out
+    assert sum(p["cached_tokens"] for p in cal["per_request"]) == sum(r["cached_tokens"] for r in rows) > 0
+    assert 0 < cal["observed_share"] < 1 and 0 < cal["predicted_token_level_share"] < 1
+    assert cal["predicted_hybrid_share"] <= cal["predicted_token_level_share"]  # states only on the grid
+    for p in cal["per_request"]:
+        assert p["predicted_cached_token_level"] < p["predicted_prompt_tokens"] and p["cached_tokens"] < p["prompt_tokens"]
+    # the loopback server expands an image to 4 tokens, our rendering to its real grid: counted, not hidden
+    assert cal["prompt_tokens_differ"] == sum(p["prompt_tokens"] != p["predicted_prompt_tokens"] for p in cal["per_request"])

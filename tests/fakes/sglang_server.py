@@ -371,6 +371,18 @@ class _Handler(JSONHandler):
             self.server.seen.add(key)
         return hit
 
+    def _cached(self, ids: list) -> int:
+        seen = self.server.prompts
+        if seen is None:
+            return 0
+        with self.server.lock:
+            best = 0
+            for p in seen:
+                n = next((i for i, (a, b) in enumerate(zip(p, ids)) if a != b), min(len(p), len(ids)))
+                best = max(best, n)
+            seen.append(list(ids))
+        return min(best, max(len(ids) - 1, 0))
+
     def _generate(self, req: dict, drift: bool):
         tok = self.server.tok
         sp = req.get("sampling_params") or {}
@@ -379,7 +391,7 @@ class _Handler(JSONHandler):
         ids_in = list(req["input_ids"]) if req.get("input_ids") is not None else tok.encode(req.get("text", ""))
         prompt_ids = self._expand(ids_in, req.get("image_data") or [])
         meta = {"id": "16364db12c7841408db86b720b5d37b9", "prompt_tokens": len(prompt_ids), "weight_version": "default",
-                "total_retractions": 0, "cached_tokens": 0}
+                "total_retractions": 0, "cached_tokens": self._cached(prompt_ids)}
         if int(sp.get("max_new_tokens", 16)) == 0:
             start = int(req.get("logprob_start_len", -1))
             start = len(prompt_ids) - 1 if start < 0 else start
@@ -565,6 +577,9 @@ class FakeServer(ThreadingHTTPServer):
         self.cost_per_token = 0.0  # > 0: replies carry OpenRouter's usage.cost (this times the call's tokens)
         self.chat_template = chat_template  # the chat path's own template (a server started with --chat-template)
         self.seen: set = set()
+        # a list: generation requests report cached_tokens as an unbounded token-level prefix cache would (the
+        # longest prefix shared with an earlier prompt, at most len - 1, as SGLang caps a match); None: always 0
+        self.prompts: list | None = None
         self.model_name = model_name
         self.tok = _Tok(tokenizer_dir)
         self.reply = reply
