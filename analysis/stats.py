@@ -13,7 +13,6 @@ import math
 
 import numpy as np
 import pandas as pd
-from scipy.stats import binomtest, bootstrap, wilcoxon
 
 __all__ = ["bootstrap_ci", "wilson_ci", "wilcoxon_p", "mcnemar_p", "summarise_by", "removal_summary"]
 
@@ -27,6 +26,8 @@ def bootstrap_ci(values, *, level: float = 0.95, reps: int = 2000, seed: int = 0
         return float("nan"), float("nan")
     if np.ptp(x) == 0:  # BCa is undefined on a constant sample (every resample's mean is the same)
         return float(x[0]), float(x[0])
+    from scipy.stats import bootstrap  # SciPy loads on first use: ~0.6 s of every command's start otherwise
+
     res = bootstrap((x,), np.mean, n_resamples=reps, confidence_level=level, method="BCa",
                     rng=np.random.default_rng(seed), batch=max(1, (1 << 20) // len(x)))
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
@@ -62,6 +63,8 @@ def wilcoxon_p(diffs) -> float:
         return float("nan")
     if len(d) > 50 and not (d == 0).any():
         return _wilcoxon_normal_p(d)
+
+    from scipy.stats import wilcoxon  # on first use (see bootstrap_ci)
 
     return float(wilcoxon(d, zero_method="wilcox").pvalue)
 
@@ -99,6 +102,8 @@ def mcnemar_p(before, after) -> float:
     n10 = int((~b & a).sum())
     if n01 + n10 == 0:
         return 1.0
+    from scipy.stats import binomtest  # on first use (see bootstrap_ci)
+
     return float(binomtest(n01, n01 + n10, 0.5).pvalue)
 
 

@@ -8,10 +8,7 @@ import os
 import textwrap
 from pathlib import Path
 
-import matplotlib
-import matplotlib.pyplot as plt
 import numpy as np
-import seaborn as sns
 
 GROUNDING = ["Image Needed", "Image-Derived", "Text Only"]
 
@@ -30,6 +27,12 @@ COLUMN, DOUBLE = 3.3, 7.0
 
 
 def pyplot():
+    """(pyplot, seaborn), themed for the paper. Imported here, on the first figure, not with the module: matplotlib
+    and seaborn are ~0.4 s of every command's start otherwise, ``--help`` included (ours, issue 59)."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
     matplotlib.use("Agg")
 
     sns.set_theme(style="whitegrid", palette="colorblind", context="paper")
@@ -109,6 +112,8 @@ def save(fig, stem, mark: str | None = None) -> list[Path]:
         fig.savefig(tmp, dpi=200, bbox_inches="tight")
     with written(paths[1]) as tmp:
         fig.savefig(tmp, bbox_inches="tight")
+
+    import matplotlib.pyplot as plt  # loaded by the figure's pyplot() already: a lookup
 
     plt.close(fig)  # a report draws dozens of figures: release each once written
     return paths

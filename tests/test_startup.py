@@ -1,0 +1,47 @@
+"""Commands start fast: ``--help`` and argument errors load neither SciPy nor matplotlib/seaborn (each ~0.4-0.6 s
+of start-up, more on a loaded machine); they load with the first statistic or figure (issue 59). Asserted on
+what is imported, not on a time."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conformance.conftest import REPO
+
+COMMANDS = ["probes.entropy", "probes.removal", "probes.grounding", "probes.fidelity", "probes.prefix_cache",
+            "agent.judge", "analysis.report", "agent.show", "agent.run", "agent.rundir", "agent.benchmarks",
+            "serving.check"]
+HEAVY = ("scipy", "matplotlib", "seaborn", "torch", "transformers")
+
+PROBE = """
+import json, runpy, sys
+sys.argv = [sys.argv[1], "--help"]
+try:
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+except SystemExit:
+    pass
+print("\\n" + json.dumps(sorted({m.split(".")[0] for m in sys.modules} & set(%r))))
+""" % (HEAVY,)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_loads_no_statistics_or_plotting_package(command):
+    r = subprocess.run([sys.executable, "-c", PROBE, command], cwd=REPO, capture_output=True, text=True,
+                       timeout=600)  # a guard against a hang only
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "usage:" in r.stdout
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [], f"python -m {command} --help imports them"
+
+
+def test_a_statistic_and_a_figure_still_load_their_packages():
+    import numpy as np
+
+    from analysis.figures.style import pyplot
+    from analysis.stats import wilcoxon_p
+
+    assert 0 <= wilcoxon_p(np.array([0.3, -0.1, 0.4, 0.2, 0.5, 0.1])) <= 1 and "scipy.stats" in sys.modules
+    plt, sns = pyplot()
+    assert plt.get_backend().lower() == "agg" and sns is sys.modules["seaborn"]
