@@ -32,15 +32,17 @@ BEGIN, END = "<!-- bench -->", "<!-- /bench -->"
 
 def probe_rows(scales: list[int], against: list[str]) -> list[str]:
     m = bench_probe.measure(scales, 1000, against)
-    fair = m["fair"]
-    out = [f"| entropy probe, teacher-forced, client CPU per step (marginal {scales[0] * 10} -> {scales[-1] * 10} steps) "
-           "| ratio | |", "|---|---|---|"]
+    fl = m["floor"]
+    out = [f"| entropy probe, teacher-forced, default concurrency, client CPU per step (marginal {scales[0] * 10} -> "
+           f"{scales[-1] * 10} steps) | against the floor and a GPU step | peak RSS of the probe process |",
+           "|---|---|---|"]
     for s in bench_probe.summarise(m):
-        lo, hi = s["gpu_share"]
-        rss = ", ".join(f"{mb:.0f} MB at {n} steps" for n, mb in s["rss"].items())
-        out.append(f"| {s['code']}: {s['ms_per_step']:.1f} ms a step | {s['fair_ratio']:.1f}x the fair read "
-                   f"({fair['ms_per_step']:.1f} ms: two {fair['bytes'] / 1e6:.2f} MB replies decoded into arrays); "
-                   f"{lo:.1%} of a 0.2 s GPU step, {hi:.1%} of a 1.2 s one | peak RSS {rss} |")
+        gpu = ", ".join(f"{share:.1%} of a {s['gpu_step_s'][k]:.2f} s {k} step" for k, share in s["gpu_share"].items())
+        rss = "; ".join(f"{mb:.0f} MB at {n} steps, {f} in flight ({e} endpoint{'s' if e > 1 else ''})"
+                        for e, f, n, mb in s["rss"])
+        out.append(f"| {s['code']}: {s['ms_per_step']:.1f} ms a step | {s['floor_ratio']:.2f}x the floor "
+                   f"({fl['ms_per_step']:.1f} ms: two {fl['request_mb']:.2f} MB requests sent, two "
+                   f"{fl['reply_mb']:.2f} MB replies read and decoded into arrays, cold); {gpu} | {rss} |")
     today = next(s for s in bench_probe.summarise(m) if s["code"] == "today")
     for s in bench_probe.summarise(m):
         if s["code"] != "today":
@@ -61,11 +63,11 @@ def runner_rows(samples: int) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="smaller scales (10 and 30 trajectories; 256 samples)")
+    ap.add_argument("--quick", action="store_true", help="smaller scales (10 and 40 trajectories; 256 samples)")
     ap.add_argument("--against", default="", help="comma-separated git revisions for the paired probe comparison")
     ap.add_argument("--write", action="store_true", help="write the table into docs/performance.md")
     a = ap.parse_args(argv)
-    scales = [10, 30] if a.quick else [10, 100]
+    scales = [10, 40] if a.quick else [30, 300]
     rows = probe_rows(scales, [r for r in a.against.split(",") if r]) + runner_rows(256 if a.quick else 512)
     head = (f"Measured {datetime.date.today().isoformat()} with `python scripts/bench.py"
             f"{' --quick' if a.quick else ''}{' --against ' + a.against if a.against else ''} --write` on "

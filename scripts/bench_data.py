@@ -226,7 +226,7 @@ def write_run(root: Path, n_trajectories: int, pool: RowPool, *, calls: int = 10
                 out.prompt_pieces = (prompts.fingerprint,
                                      prompts.prompt_pieces(prompts.render(msgs, {"enable_thinking": True})[0]))
             ev = traj.llm_call(msgs, out, state="react", sampling=sampling)
-            ev["action"] = {"kind": "tool_call", "name": "search", "args": {"query": "q", "goal": "g"}}
+            traj.settle(ev, action={"kind": "tool_call", "name": "search", "args": {"query": "q", "goal": "g"}})
             obs = english(observation_chars) if english is not None else \
                 "".join(words[j] for j in rng.integers(0, len(words), observation_chars // 4))[:observation_chars]
             traj.tool_call(ev, ToolResult("search", {"query": "q", "goal": "g"}, obs, True, False))

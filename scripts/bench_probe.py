@@ -1,22 +1,24 @@
-"""The entropy probe's client cost on the HTTP path, against a fair read of the same bytes, at two scales.
+"""The entropy probe's client cost on the HTTP path, against the honest floor of the same bytes, at the defaults.
 
-    python scripts/bench_probe.py [--scales 10,100] [--reply-tokens 1000] [--against REV]
+    python scripts/bench_probe.py [--scales 30,300] [--reply-tokens 1000] [--against REV]
 
 What a user with a GPU node runs: ``python -m probes.entropy RUN --mode teacher-forced --backend sglang
---endpoint URL --model-dir DIR``. The server is the loopback SGLang stand-in (tests/fakes/sglang_server.py) in its
+--endpoint URL --model-dir DIR``, at its default concurrency (128 trajectories in flight per server: one endpoint
+128, two endpoints 256). The servers are the loopback SGLang stand-in (tests/fakes/sglang_server.py), each in its
 own process, replying to every ``/generate`` with a ~``--reply-tokens`` reply and top-20 alternatives per token in
 SGLang's native JSON; the run is paper-shaped (scripts/bench_data.py: 10 calls of ~1,000 tokens per trajectory, a
-distinct ~320 KB photo-sized query image each). Each scale's probe runs as one process: its CPU time and peak RSS
-come from the kernel (``os.wait4``). Printed:
+distinct ~320 KB photo-sized query image each). Each probe runs as one process; its CPU time comes from the kernel
+(``os.wait4``) and its peak memory from its own ``/proc/self/status`` VmHWM at exit (a child's ``ru_maxrss``
+starts from its parent's high-water mark under vfork, so the bench's own memory would be counted). Printed:
 
-- **client CPU per step** (marginal between the two scales, so start-up drops out) and its share of a stated GPU
-  step time (a teacher-forced probe step costs 0.2-1.2 s of server time on an H20 node);
-- **against a fair read**: the CPU that no client can skip per step, timed on one real reply: decoding the step's
-  two scoring replies (JSON, then the top-20 triples into arrays);
-- **peak memory** at each scale (it should not grow with the steps);
-- with ``--against REV``: the same command from commit REV's tree on the same run, in turn, and the paired ratio
-  (REV's tree runs with this venv: the packages it imports must be installed here, e.g. aiohttp and msgspec for
-  commits before the one HTTP client).
+- **client CPU per step** (marginal between the two scales, so start-up drops out);
+- **against the floor**: what no client can skip in a step, measured on the run's own steps: both scoring
+  requests serialised and sent, their replies read, and each reply decoded once, cold, into arrays (JSON, then
+  the top-20 triples);
+- **its share of a GPU step** per backbone by the FLOPs model of docs/performance.md (a teacher-forced step
+  prefills its two scored continuations, the prompts cached: 2 x ``--reply-tokens`` tokens);
+- **peak memory** at each scale and in-flight count;
+- with ``--against REV``: the same command from commit REV's tree on the same run, in turn, and the paired ratio.
 """
 from __future__ import annotations
 
@@ -36,8 +38,23 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-#: A teacher-forced probe step's server time on a GPU node (the brief: 0.2-1.2 s); the share is given for both ends.
-GPU_STEP_S = (0.2, 1.2)
+#: The FLOPs model of docs/performance.md (probes/prefix_cache.py): tokens a GPU-second per backbone at H20's
+#: 148 TFLOPS x 0.4 MFU, 2 x active parameters a token.
+ACTIVE_PARAMS = {"9B": 9e9, "27B": 27e9, "35B-A3B": 3e9}
+TOKENS_PER_GPU_S = {k: 148e12 * 0.4 / (2 * p) for k, p in ACTIVE_PARAMS.items()}
+
+#: Run a module as ``python -m``, writing its own peak RSS (VmHWM, kB) to $MMCF_BENCH_HWM at exit.
+HWM_WRAPPER = """
+import atexit, os, runpy, sys
+def _hwm(path=os.environ["MMCF_BENCH_HWM"]):
+    with open("/proc/self/status") as f:
+        kb = next(x for x in f if x.startswith("VmHWM")).split()[1]
+    with open(path, "w") as f:
+        f.write(kb)
+atexit.register(_hwm)
+sys.argv = sys.argv[1:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
 
 
 def free_port() -> int:
@@ -47,16 +64,17 @@ def free_port() -> int:
 
 
 def wait_up(url: str, proc, timeout: float = 600.0) -> None:
+    """Until the stand-in at ``url`` answers /health (a deadline, not a speed: a loaded machine takes long)."""
     t = time.time()
     while time.time() - t < timeout:
         if proc.poll() is not None:
-            raise SystemExit(f"the stand-in exited: {proc.stderr.read()[-2000:] if proc.stderr else ''}")
+            raise SystemExit(f"the stand-in at {url} exited: {proc.stderr.read()[-2000:] if proc.stderr else ''}")
         try:
-            urllib.request.urlopen(url + "/health", timeout=2)
+            urllib.request.urlopen(url + "/health", timeout=5)
             return
         except OSError:
             time.sleep(0.2)
-    raise SystemExit("the stand-in did not start")
+    raise SystemExit(f"the stand-in at {url} did not answer /health within {timeout:.0f} s")
 
 
 def tree_at(rev: str, where: Path) -> Path:
@@ -69,42 +87,55 @@ def tree_at(rev: str, where: Path) -> Path:
     return where
 
 
-def run_measured(cmd: list[str], env: dict, cwd: Path) -> tuple[int, str, float, float]:
-    """(exit code, stderr, CPU seconds user + system, peak RSS MB) of one process, from the kernel (os.wait4)."""
-    with tempfile.TemporaryFile() as err:
-        p = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=err, env=env)
+def run_measured(module_args: list[str], env: dict, cwd: Path) -> tuple[int, str, float, float]:
+    """(exit code, stderr, CPU seconds user + system, peak RSS MB) of ``python -m`` ``module_args``: CPU from the
+    kernel (os.wait4), the peak from the process's own VmHWM."""
+    with tempfile.TemporaryFile() as err, tempfile.NamedTemporaryFile(suffix=".hwm") as hwm:
+        p = subprocess.Popen([sys.executable, "-c", HWM_WRAPPER, *module_args], cwd=cwd, stdout=subprocess.DEVNULL,
+                             stderr=err, env={**env, "MMCF_BENCH_HWM": hwm.name})
         _, status, ru = os.wait4(p.pid, 0)
         err.seek(0)
+        kb = Path(hwm.name).read_text().strip()
         return os.waitstatus_to_exitcode(status), err.read().decode("utf-8", "replace"), \
-            ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024
+            ru.ru_utime + ru.ru_stime, int(kb) / 1024 if kb else float("nan")
 
 
-def fair_read(root: Path, url: str, tiny: str) -> dict:
-    """CPU ms a step cannot skip: its two scoring replies decoded (JSON, then the triples into arrays)."""
+def floor(root: Path, url: str, tiny: str, trajectories: int = 3) -> dict:
+    """CPU ms a step cannot skip, on the run's own teacher-forced steps (the first ``trajectories``): both scoring
+    requests serialised and sent, their replies read and each decoded once, cold, into arrays."""
     import httpx
 
     from agent.backends.base import Continuation
+    from agent.backends.messages import strip_query_images
     from agent.backends.sglang_native import SGLangBackend
     from agent.backends.wire import decode_generate_reply
     from agent.jsonio import dumps
     from agent.rundir import load_run
 
     run = load_run(root)
-    line = run.full(run.index[0])
-    ev = [e for e in line["events"] if e["type"] == "llm_call"][5]
-    tok = run.tokens(line, ["call", "id"])
-    ids = [int(i) for i in tok["id"][tok["call"] == ev["index"]]]
     b = SGLangBackend(url, tiny)
-    payload = b.score_payload(run.sendable_messages(line, ev), Continuation(ids=ids))[0]
+    work = []  # (payload, ids) of each step's two requests, built before the timing (the probe lends recorded ids)
+    for summary in run.index[:trajectories]:
+        line = run.full(summary)
+        tok = run.tokens(line, ["call", "id"])
+        for ev in (e for e in line["events"] if e["type"] == "llm_call"):
+            ids = [int(i) for i in tok["id"][tok["call"] == ev["index"]]]
+            msgs = run.sendable_messages(line, ev)
+            work.append([(b.score_payload(m, Continuation(ids=ids))[0], ids)
+                         for m in (msgs, strip_query_images(msgs))])
+    per_step, sent, got = [], 0, 0
     with httpx.Client(trust_env=False, timeout=600) as c:
-        body = c.post(url + "/generate", content=dumps(payload), headers={"Content-Type": "application/json"}).content
-
-    def once():
-        t = time.process_time()
-        b.parse_score(decode_generate_reply(body), ids, k=20)
-        return time.process_time() - t
-
-    return {"bytes": len(body), "ms_per_step": 2 * 1000 * statistics.median(once() for _ in range(20))}
+        for step in work:
+            t = time.process_time()
+            for payload, ids in step:
+                body = dumps(payload)
+                reply = c.post(url + "/generate", content=body, headers={"Content-Type": "application/json"}).content
+                b.parse_score(decode_generate_reply(reply), ids, k=20)
+                sent, got = sent + len(body), got + len(reply)
+            per_step.append(time.process_time() - t)
+    n = len(per_step)
+    return {"ms_per_step": 1000 * statistics.mean(per_step), "steps": n,
+            "request_mb": sent / 2 / n / 1e6, "reply_mb": got / 2 / n / 1e6}
 
 
 def tiny_reply(tiny: str, n_tokens: int) -> str:
@@ -123,8 +154,17 @@ def tiny_reply(tiny: str, n_tokens: int) -> str:
     return make(n)
 
 
-def measure(scales: list[int], reply_tokens: int, against: list[str], concurrency: int = 64) -> dict:
-    """Run the probe at each scale (and each --against tree, in turn); returns rows and the fair read."""
+def _stand_in(tiny: str, reply: str):
+    port = free_port()
+    p = subprocess.Popen([sys.executable, str(REPO / "tests" / "fakes" / "sglang_server.py"), "--port", str(port),
+                          "--tokenizer", tiny, "--model-name", tiny, "--reply", reply, "--keep-alive"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return f"http://127.0.0.1:{port}", p
+
+
+def measure(scales: list[int], reply_tokens: int, against: list[str], endpoints: tuple[int, ...] = (1, 2)) -> dict:
+    """The probe at each scale, at its default concurrency over each number of ``endpoints`` (and each --against
+    tree, in turn, on one endpoint); returns the rows and the floor."""
     import bench_data
 
     from agent.backends.base import model_vocab_size
@@ -133,14 +173,13 @@ def measure(scales: list[int], reply_tokens: int, against: list[str], concurrenc
     from agent.backends.tiny_model import ensure_tiny_model
 
     tiny = str(ensure_tiny_model(quiet=True))
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    srv = subprocess.Popen([sys.executable, str(REPO / "tests" / "fakes" / "sglang_server.py"), "--port", str(port),
-                            "--tokenizer", tiny, "--model-name", tiny, "--reply", tiny_reply(tiny, reply_tokens),
-                            "--keep-alive"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    rows, fair = [], None
+    reply = tiny_reply(tiny, reply_tokens)
+    servers = [_stand_in(tiny, reply) for _ in range(max(endpoints))]
+    urls = [u for u, _ in servers]
+    rows, fl = [], None
     try:
-        wait_up(url, srv)
+        for u, p in servers:
+            wait_up(u, p)
         with tempfile.TemporaryDirectory() as d:
             # recorded ids are scored: the model's ordinary tokens only
             bench_data.VOCAB = min([model_vocab_size(tiny), *load_chat_renderer(tiny).all_special_ids])
@@ -149,41 +188,49 @@ def measure(scales: list[int], reply_tokens: int, against: list[str], concurrenc
             for n in scales:
                 root = Path(d) / f"run{n}"
                 bench_data.write_run(root, n, pool, progress=False, distinct_images=True,
-                                     prompts=SGLangBackend(url, tiny))
-                for name, tree in trees.items():  # in turn on the same run: paired
-                    out = root / "probes" / f"tf-{name}"
-                    cmd = [sys.executable, "-m", "probes.entropy", str(root), "--backend", "sglang", "--endpoint", url,
-                           "--model-dir", tiny, "--force", "--no-progress", "--concurrency", str(concurrency),
-                           "--mode", "teacher-forced", "--out", str(out), "--skip-fidelity"]
-                    code, err, cpu, rss = run_measured(cmd, {**os.environ, "PYTHONPATH": str(tree)}, tree)
+                                     prompts=SGLangBackend(urls[0], tiny))
+                runs = [(name, tree, 1) for name, tree in trees.items()]  # in turn on the same run: paired
+                runs += [("today", REPO, e) for e in endpoints if e > 1]
+                for name, tree, e in runs:
+                    out = root / "probes" / f"tf-{name}-{e}"
+                    args = ["probes.entropy", str(root), "--backend", "sglang", "--model-dir", tiny, "--force",
+                            "--no-progress", "--mode", "teacher-forced", "--out", str(out), "--skip-fidelity"]
+                    args += [x for u in urls[:e] for x in ("--endpoint", u)]
+                    code, err, cpu, rss = run_measured(args, {**os.environ, "PYTHONPATH": str(tree)}, tree)
                     if code:
                         raise SystemExit(f"probe failed ({code}): {err[-3000:]}")
                     steps = sum(1 for _ in open(out / "steps.jsonl", "rb"))
-                    rows.append({"code": name, "trajectories": n, "steps": steps, "cpu_s": cpu, "peak_rss_mb": rss})
-                if fair is None:
-                    fair = fair_read(root, url, tiny)
+                    rows.append({"code": name, "endpoints": e, "in_flight": min(n, 128 * e), "trajectories": n,
+                                 "steps": steps, "cpu_s": cpu, "peak_rss_mb": rss})
+                if fl is None:
+                    fl = floor(root, urls[0], tiny)
     finally:
-        srv.terminate()
-        srv.wait(timeout=30)
-    return {"rows": rows, "fair": fair, "reply_tokens": reply_tokens}
+        for _, p in servers:
+            p.terminate()
+            p.wait(timeout=30)
+    return {"rows": rows, "floor": fl, "reply_tokens": reply_tokens}
 
 
 def summarise(m: dict) -> list[dict]:
-    """Per code version: marginal CPU per step, its ratio to the fair read and to a GPU step, peak RSS per scale."""
+    """Per code version (one endpoint): marginal CPU per step, its ratio to the floor, its share of a GPU step per
+    backbone; peak RSS per scale and in-flight count (every configuration)."""
     out = []
+    gpu_s = {k: 2 * m["reply_tokens"] / r for k, r in TOKENS_PER_GPU_S.items()}
     for code in dict.fromkeys(r["code"] for r in m["rows"]):
-        mine = [r for r in m["rows"] if r["code"] == code]
+        mine = [r for r in m["rows"] if r["code"] == code and r["endpoints"] == 1]
         a, b = mine[0], mine[-1]
         ms = 1000 * (b["cpu_s"] - a["cpu_s"]) / max(b["steps"] - a["steps"], 1)
-        out.append({"code": code, "ms_per_step": ms, "fair_ratio": ms / m["fair"]["ms_per_step"],
-                    "gpu_share": tuple(ms / 1000 / g for g in GPU_STEP_S),
-                    "rss": {r["steps"]: r["peak_rss_mb"] for r in mine}})
+        out.append({"code": code, "ms_per_step": ms, "floor_ratio": ms / m["floor"]["ms_per_step"],
+                    "gpu_step_s": gpu_s, "gpu_share": {k: ms / 1000 / g for k, g in gpu_s.items()},
+                    "rss": [(r["endpoints"], r["in_flight"], r["steps"], r["peak_rss_mb"])
+                            for r in m["rows"] if r["code"] == code]})
     return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--scales", default="10,100", help="trajectories per scale (x 10 steps each)")
+    ap.add_argument("--scales", default="30,300", help="trajectories per scale (x 10 steps each; the larger one "
+                                                        "fills 128 and 256 in flight)")
     ap.add_argument("--reply-tokens", type=int, default=1000)
     ap.add_argument("--against", default="", help="comma-separated git revisions run in turn on the same run")
     a = ap.parse_args(argv)
