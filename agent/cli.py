@@ -127,6 +127,11 @@ class Parser(argparse.ArgumentParser):
                 self.error(f"unrecognized argument: {flag}" + (f" (did you mean {close[0]}?)" if close else ""))
         return super().parse_known_args(args, namespace)
 
+    def error(self, message: str):
+        """The mistake and the way to the options, in two lines: not the whole usage first (a 34-line usage
+        buried the one line that named the right flag)."""
+        self.exit(2, f"{self.prog}: error: {message}\n  {self.prog} --help lists the options\n")
+
 
 #: Flags renamed in this version, old -> new: the old name still works, with a notice, until the next one. The
 #: adaptive image release is now "unloading" (``release`` names the authors' released code, ``--protocol release``).

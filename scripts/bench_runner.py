@@ -143,12 +143,17 @@ def stand_in(latency: float, bodies: list[bytes], model_path: str):
                           "--bodies", str(f), "--model-path", model_path])
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(400):
+        deadline = time.time() + 600  # a guard against a server that never comes up, not a speed
+        while True:
+            if p.poll() is not None:
+                raise SystemExit(f"the stand-in at {url} exited ({p.returncode}) before answering /v1/models")
             try:
-                urllib.request.urlopen(url + "/v1/models", timeout=1)
+                urllib.request.urlopen(url + "/v1/models", timeout=5)
                 break
             except OSError:
-                time.sleep(0.05)
+                if time.time() > deadline:
+                    raise SystemExit(f"the stand-in at {url} did not answer /v1/models within 600 s") from None
+                time.sleep(0.1)
         yield url
     finally:
         p.terminate()

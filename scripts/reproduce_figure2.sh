@@ -67,6 +67,9 @@ if [[ "$DEMO" == 1 ]]; then
   fi
 else
   [[ -n "$BENCHMARK" && ${#ENDPOINTS[@]} -gt 0 && -n "$MODEL_DIR" ]] || { echo "need --benchmark, --endpoint and --model-dir (or --demo)" >&2; exit 2; }
+  # the paper's runs use the live tools: say what this script needs (agent.run's own hint, --tools offline, is not
+  # one of this script's flags; its offline path is --demo)
+  [[ -n "${SERPER_API_KEY:-}" ]] || { echo "SERPER_API_KEY is not set: the runs search the web (Serper) and Google Lens through it; set it (and JINA_API_KEY for page reading), or try the whole pipeline offline with: bash scripts/reproduce_figure2.sh --demo" >&2; exit 2; }
   OUT=${OUT:-runs/fig2-$(basename "$MODEL_DIR")}
   N_SERVERS=$(( ${#ENDPOINTS[@]} / 2 ))
   RUN_ARGS=(--benchmark "$BENCHMARK" --backend sglang "${ENDPOINTS[@]}" --model-dir "$MODEL_DIR"

@@ -45,3 +45,23 @@ def test_a_statistic_and_a_figure_still_load_their_packages():
     assert 0 <= wilcoxon_p(np.array([0.3, -0.1, 0.4, 0.2, 0.5, 0.1])) <= 1 and "scipy.stats" in sys.modules
     plt, sns = pyplot()
     assert plt.get_backend().lower() == "agg" and sns is sys.modules["seaborn"]
+
+
+def test_a_mistyped_flag_gets_the_suggestion_and_the_way_to_help_not_the_whole_usage(capsys):
+    from agent.run import main as run_main
+
+    with pytest.raises(SystemExit) as e:
+        run_main(["--metod", "react"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert err.splitlines() == ["python -m agent.run: error: unrecognized argument: --metod (did you mean --method?)",
+                                "  python -m agent.run --help lists the options"]
+
+
+def test_reproduce_figure2_without_a_serper_key_names_its_own_offline_path():
+    env = {k: v for k, v in __import__("os").environ.items() if k != "SERPER_API_KEY"}
+    r = subprocess.run(["bash", "scripts/reproduce_figure2.sh", "--benchmark", "DATA/x", "--endpoint", "http://a",
+                        "--endpoint", "http://b", "--model-dir", "/m"], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=600)  # a guard against a hang only
+    assert r.returncode == 2 and "SERPER_API_KEY is not set" in r.stderr
+    assert "reproduce_figure2.sh --demo" in r.stderr and "--tools offline" not in r.stderr

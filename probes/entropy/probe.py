@@ -125,7 +125,7 @@ class _Prober:
         Hhi_all = entropy_high(tok["top_logprobs"], H_all, self.vocab) if regen and self.vocab else None
         slices = call_slices(tok["call"])
         events = {e["index"]: e for e in line["events"] if e["type"] == "llm_call"}
-        key, kept_tokens = token_key(line["sample_id"], line["trial"]), {}
+        key, kept_any = token_key(line["sample_id"], line["trial"]), False
         known_texts, my_images = set(), set()  # alternatives' ids whose texts are kept; the images its steps send
         try:
             for step in steps:
@@ -142,9 +142,9 @@ class _Prober:
                     row = None
                 if row is not None:
                     t = row.pop("_tokens", None)
-                    if t is not None:  # the step's tokens first (its partial file), then its row
+                    if t is not None:  # the step's tokens first (its partial file), then its row; not held here
                         self.store.append(key, step, t)
-                        kept_tokens[step] = t
+                        kept_any = True
                     # one whole line, flushed: an interrupt keeps every finished step, the rerun probes the rest
                     validate("entropy_step", row, f"{line['sample_id']}/t{line['trial']} step {step}")
                     self.sink.write(dumps_record(row) + b"\n")
@@ -153,8 +153,8 @@ class _Prober:
                 self.bar.update(1)
         finally:
             self.image_users.done(my_images)
-        if kept_tokens:  # the trajectory is done: its tokens into one file (an interrupt leaves the partial one)
-            self.store.commit(key, kept_tokens)
+        if kept_any:  # the trajectory is done: its partial files into one (an interrupt leaves the partial ones)
+            self.store.commit(key, {})
 
 
 def _read_rows(steps_path: Path) -> list[dict]:
