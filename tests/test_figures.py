@@ -112,7 +112,7 @@ def test_fig2a_dodges_its_intervals_and_lists_only_drawn_categories(tmp_path):
     assert len(xs) == 2 and (np.abs(xs[0] - xs[1]) > 0.3).all()  # the two intervals never on one x
 
 
-@pytest.mark.parametrize("width", [0.0, 0.4])
+@pytest.mark.parametrize("width", [0.0, 3e-6, 0.4])
 def test_fig2b_draws_its_bounds_as_a_band_or_a_line_never_an_invisible_entry(tmp_path, width):
     rng = np.random.default_rng(0)
     steps = pd.DataFrame({"step": np.repeat(np.arange(1, 7), 30), "dH": rng.normal(0.1, 0.3, 180)})
@@ -121,7 +121,10 @@ def test_fig2b_draws_its_bounds_as_a_band_or_a_line_never_an_invisible_entry(tmp
     fig = fig2b_entropy(s, tmp_path / "b")
     check_drawing(fig, step_axes=1)
     _, labels = fig.axes[0].get_legend_handles_labels()
-    assert any(("coincide" in lab) == (width == 0) for lab in labels if "bounds" in lab)
+    # a band too thin to see at the axis' scale (the tiny model's ~3e-6) is a line, and the legend says how thin
+    (lab,) = [lab for lab in labels if "bounds" in lab]
+    assert ("coincide at this scale" in lab) == (width < 0.1)
+    assert ("at most 6e-06 nats apart" in lab) == (width == 3e-6)
 
 
 def test_fig2b_kl_and_fig1_end_at_the_data(tmp_path):
@@ -153,14 +156,21 @@ def test_fig2c_bands_are_told_apart_and_markers_at_0_and_100_are_whole(tmp_path)
     fig = fig2c_removal(rs, tmp_path / "c")
     check_drawing(fig)
     ax = fig.axes[0]
+    # one filled band (all categories); each category's bounds as two thin lines in its colour and line style,
+    # so that three overlapping bands do not blend into one block (issue 60)
     bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
-    styles = {(tuple(np.round(b.get_facecolor()[0][:3], 3)), str(b.get_linestyle())) for b in bands}
-    assert len(bands) == 4 and len(styles) == 4  # every category's band its own colour and edge style
+    assert len(bands) == 1
+    cats = [c for c in rs["paper_category"].unique() if c != "All"]
+    thin = [ln for ln in ax.lines if ln.get_linewidth() == 0.6]
+    assert len(thin) == 2 * len(cats)
+    assert len({(ln.get_color() if isinstance(ln.get_color(), str) else tuple(np.round(ln.get_color(), 3)),
+                 ln.get_linestyle()) for ln in thin}) == len(cats)
     for ln in ax.lines:
         if np.isin(np.asarray(ln.get_ydata(), float), [0.0, 100.0]).any():
             assert not ln.get_clip_on()
     handles, labels = ax.get_legend_handles_labels()
-    assert "95% Wilson CI (removed)" in labels and "images kept (same pairs)" in labels
+    assert "95% Wilson CI (removed), filled: all categories" in labels and "images kept (same pairs)" in labels
+    assert "95% Wilson CI of a category: thin lines in its style" in labels
 
 
 def test_fig2_combined_and_fig4(tmp_path):

@@ -121,11 +121,17 @@ def _series_plot(ax, summary, value, lo_col, hi_col, label_fmt, sns):
                             fontsize=5, color="0.3")
 
 
+#: A band narrower than this share of the panel's drawn span (~3 pixels of a paper-sized panel) is not seen as a
+#: band: Figure 2(b) draws such bounds as a line (ours).
+VISIBLE_SHARE = 0.01
+
+
 def fig2b_entropy(summary, stem, *, title: str | None = None, ax=None, mark: str | None = None):
     """Figure 2(b): mean ΔH_t per step with its 95% bootstrap CI as a band (nats), n above each point; one line
     per ``series`` if given (the pooled one in black). With ``dH_low`` / ``dH_high`` (the probe's bounds) a
-    hatched band shows where the true ΔH can lie given only the top-20 lists (ours); where the bounds coincide
-    it is a dotted line, and the legend says so."""
+    hatched band shows where the true ΔH can lie given only the top-20 lists (ours); where the band would be too
+    thin to see at the axis' scale (under :data:`VISIBLE_SHARE` of the drawn data's span) it is a dotted line, and
+    the legend says how wide the bounds are."""
     sns, fig, ax, own = panel_axes(ax)
     ax.axhline(0.0, color="0.5", lw=0.8)
     if {"dH_low", "dH_high"} <= set(summary.columns):
@@ -135,12 +141,17 @@ def fig2b_entropy(summary, stem, *, title: str | None = None, ax=None, mark: str
         b = b.sort_values("step")
         b = b[np.isfinite(b["dH_low"].astype(float)) & np.isfinite(b["dH_high"].astype(float))]
         lo, hi = b["dH_low"].to_numpy(dtype=float), b["dH_high"].to_numpy(dtype=float)
-        if len(b) and np.nanmax(hi - lo) > 1e-9:
+        cols = [c for c in ("mean", "ci_low", "ci_high", "dH_low", "dH_high") if c in summary]
+        drawn = np.append(summary[cols].to_numpy(dtype=float).ravel(), 0.0)  # the zero line is drawn too
+        span = float(np.nanmax(drawn) - np.nanmin(drawn)) if np.isfinite(drawn).any() else 0.0
+        width = float(np.nanmax(hi - lo)) if len(b) else 0.0
+        if len(b) and width > VISIBLE_SHARE * span:
             ax.fill_between(b["step"].to_numpy(dtype=float), lo, hi, facecolor="none", edgecolor="0.45",
                             hatch="////", lw=0.6, label="bounds on the true ΔH (top-20 + vocabulary size)")
         elif len(b):  # a band of zero width would be an invisible legend entry: the bounds meet, drawn as a line
-            ax.plot(b["step"].to_numpy(dtype=float), lo, ls=(0, (1, 1.5)), color="0.35", lw=1.0,
-                    label="bounds on the true ΔH coincide (the estimate is exact)")
+            ax.plot(b["step"].to_numpy(dtype=float), (lo + hi) / 2, ls=(0, (1, 1.5)), color="0.35", lw=1.0,
+                    label="bounds on the true ΔH coincide at this scale" + (f" (at most {width:.1g} nats apart)"
+                                                                           if width > 0 else " (the estimate is exact)"))
     _series_plot(ax, summary, "mean", "ci_low", "ci_high",
                  lambda name: f"{name}: mean, 95% bootstrap CI" if name else "mean ΔH, 95% bootstrap CI", sns)
     ax.set_xlabel("step t (LLM call index); n above each point")
@@ -262,11 +273,15 @@ def fig2c_removal(summary, stem, *, title: str | None = None, ax=None, mark: str
         nlab = f"n={ns[0]}" if len(ns) == 1 else f"n={ns[0]}-{ns[-1]}"
         main = cat == "All"
         ls = "-" if main else styles[j % len(styles)]
-        last = j == len(cats) - 1  # the legend's "band" and "images kept" entries are this category's own artists
-        if "removed_ci_low" in g:  # each band its colour, edged in its line's style: overlapping bands stay apart
-            ax.fill_between(k, g["removed_ci_low"], g["removed_ci_high"], facecolor=colors[cat],
-                            alpha=0.12 if main else 0.08, edgecolor=colors[cat], linestyle=ls, lw=0.6,
-                            label="95% Wilson CI (removed)" if last else None)
+        last = j == len(cats) - 1  # the legend's "images kept" entry is this category's own artist
+        if "removed_ci_low" in g and (main or "All" not in cats):  # the pooled band filled, light
+            ax.fill_between(k, g["removed_ci_low"], g["removed_ci_high"], facecolor=colors[cat], alpha=0.10, lw=0,
+                            label="95% Wilson CI (removed), filled" + (": all categories" if main else ""))
+        elif "removed_ci_low" in g:  # a category's bounds as thin lines in its colour and style: filled bands
+            for side in ("removed_ci_low", "removed_ci_high"):  # of three categories blend into one block
+                ax.plot(k, g[side], ls=ls, color=colors[cat], lw=0.6, alpha=0.8, clip_on=False,
+                        label="95% Wilson CI of a category: thin lines in its style"
+                        if j == 0 and side == "removed_ci_low" else None)
         ax.plot(k, g["accuracy_removed"], marker="o", ls=ls, color=colors[cat], lw=1.6 if main else 1.0, ms=3,
                 label=f"{cat} ({nlab})", clip_on=False)
         dx = -width / 2 + 0.09 * j if len(cats) > 1 else 0.0
