@@ -143,3 +143,18 @@ def live_web(monkeypatch):
         monkeypatch.setenv("MMCF_JINA_BASE", web.url)
         monkeypatch.setenv("MMCF_LENS_URL_TEMPLATE", "https://images.example/{sha256}")
         yield web
+
+
+# ------------------------------------------------------------------ a guard that fires says what it is
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """A subprocess guard that fires (tests/guards.py) fails its test in one line saying what hung and for how
+    long, as a guard against a hang (never a verdict on speed), not with a TimeoutExpired traceback."""
+    import subprocess
+
+    try:
+        return (yield)
+    except subprocess.TimeoutExpired as e:
+        cmd = e.cmd if isinstance(e.cmd, str) else " ".join(map(str, e.cmd))
+        pytest.fail(f"no progress for {e.timeout:.0f} s: {cmd[:300]} (a guard against a hang, not a verdict on "
+                    "speed; tests/guards.py)", pytrace=False)

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from tests.conftest import REPO
+from tests.guards import HANG_GUARD_S
 
 CENSUS = [sys.executable, str(REPO / "scripts" / "cpu_census.py"), "--"]
 
@@ -15,7 +16,7 @@ def test_the_census_counts_the_command_and_the_processes_it_starts():
     code = ("import subprocess, sys\n"
             "subprocess.run([sys.executable, '-m', 'timeit', '-n', '1', '-r', '1', 'sum(range(3 * 10**7))'])\n"
             + busy.format(s=1.0))
-    r = subprocess.run([*CENSUS, sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([*CENSUS, sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert r.returncode == 0, r.stderr
     assert re.search(r"CPU-s\s+1 x  python -m timeit", r.stderr), r.stderr
     (own,) = re.findall(r"([\d.]+) CPU-s\s+1 x  python -c", r.stderr)
@@ -24,7 +25,7 @@ def test_the_census_counts_the_command_and_the_processes_it_starts():
 
 def test_the_census_passes_the_commands_exit_status_on():
     r = subprocess.run([*CENSUS, sys.executable, "-c", "raise SystemExit(3)"], capture_output=True, text=True,
-                       timeout=120)
+                       timeout=HANG_GUARD_S)
     assert r.returncode == 3 and "exit status 3" in r.stderr
-    r = subprocess.run([*CENSUS[:-1]], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([*CENSUS[:-1]], capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert r.returncode == 2 and "give the command after --" in r.stderr

@@ -21,6 +21,7 @@ from scripts.soak import agent_policy, soak
 from tests.conftest import REPO
 from tests.fakes import records
 from tests.fakes.sglang_server import GARBAGE, FakeSGLang
+from tests.guards import HANG_GUARD_S
 
 #: Client timeouts far above what any normal reply of the loopback stand-in takes on a loaded 2-core machine,
 #: and "slow" faults far above those: no assertion depends on how busy the CPU is (a 1 s timeout did, and a
@@ -274,7 +275,7 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path, processes):
         while time.time() < deadline and not (res.exists() and res.read_bytes().count(b"\n") >= 2):
             time.sleep(0.05)
         p.send_signal(signal.SIGTERM)
-        _, err = p.communicate(timeout=60)
+        _, err = p.communicate(timeout=HANG_GUARD_S)
     assert p.returncode == 143, err[-2000:]
     assert "rerun the same command to resume" in err and "Traceback" not in err
     n = len(RunDir(tmp_path / "r").index())
@@ -422,11 +423,11 @@ def test_ctrl_c_in_any_command_is_one_line_and_status_130_not_a_traceback():
 
     code = ("from agent.cli import make_parser\nmake_parser('python -m x', None, []).parse_args([])\n"
             "raise KeyboardInterrupt")
-    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert r.returncode in (130, -2) and "Traceback" not in r.stderr
     assert "interrupted (Ctrl-C): every output finished so far is kept" in r.stderr
     other = subprocess.run([sys.executable, "-c", code.replace("KeyboardInterrupt", "ValueError('boom')")], cwd=REPO,
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert other.returncode == 1 and "Traceback" in other.stderr and "boom" in other.stderr  # bugs stay visible
 
 

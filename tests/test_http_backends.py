@@ -10,6 +10,7 @@ from agent.backends.openai_compat import OpenAIBackend
 from agent.backends.sglang_native import SGLangBackend
 from agent.backends.wire import tokens_from_triples
 from agent.http import RetryPolicy
+from tests.guards import HANG_GUARD_S
 
 FAST = RetryPolicy(retries=2, backoff_s=0.01, timeout_s=10)
 
@@ -352,7 +353,7 @@ def test_the_http_backend_renders_without_importing_torch(tiny_model_dir):
     code = ("import sys; from agent.backends import make_backend; "
             f"b = make_backend('sglang', endpoint='http://127.0.0.1:9', model_dir={str(tiny_model_dir)!r}); "
             "print(type(b.tok).__name__, 'torch' in sys.modules)")
-    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert r.returncode == 0 and r.stdout.split() == ["Qwen3_5Tokenizer", "False"], r.stderr[-2000:]
     from transformers import AutoTokenizer
 

@@ -13,6 +13,7 @@ import pytest
 from agent.http import HTTPError, RetryPolicy, make_client, request_json
 from agent.redact import is_host, redact, redact_console, register_key_var
 from tests.fakes.http_base import JSONHandler
+from tests.guards import HANG_GUARD_S
 
 #: the one client request_json is given (httpx: the live tools, the model backends, a judge)
 CLIENTS = {"httpx": lambda: make_client(follow_redirects=False)}
@@ -344,7 +345,7 @@ def test_a_full_disk_is_one_clear_message_with_its_own_exit_status(tmp_path):
         size = (run / "results.jsonl").stat().st_size
         assert size > 2 * 49152  # the repair could not have copied the file
         c = subprocess.run([sys.executable, "-m", "agent.rundir", "check", str(run), "--repair"], cwd=REPO,
-                           capture_output=True, text=True, timeout=300)
+                           capture_output=True, text=True, timeout=HANG_GUARD_S)
         assert "Traceback" not in c.stderr and "torn line(s) moved to quarantine" in c.stdout, c.stdout + c.stderr
         assert (run / "results.jsonl").stat().st_size == size  # blanked in place: not a byte more
         assert not list(run.glob("results.jsonl.tmp*"))
@@ -400,7 +401,7 @@ asyncio.run(c.aclose())
 gc.collect()
 """
     try:
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_GUARD_S)
     finally:
         s.close()
     assert r.returncode == 0, r.stderr
@@ -454,7 +455,7 @@ def test_a_key_the_server_echoes_is_in_no_file_of_the_run_and_never_printed(tmp_
         console = ""
         for c in cmds:
             r = subprocess.run([sys.executable, "-m", *c], cwd=REPO, env=env, capture_output=True, text=True,
-                               timeout=300)
+                               timeout=HANG_GUARD_S)
             console += r.stdout + r.stderr
             assert r.returncode == 0, (c, r.stdout[-2000:], r.stderr[-2000:])
         assert any(key in json.dumps(b) for b in srv.bodies) or srv.injected["500_echo"] == 2  # it was echoed
@@ -476,7 +477,7 @@ def test_a_urls_password_is_never_printed(tmp_path):
         "weights": "/m", "size": "9b", "gpus": "0,1,2,3", "logprob_mode": "scaled", "deterministic": False,
         "pid": 1, "log": "x", "status": "running", "kind": "server"}]))
     r = subprocess.run([sys.executable, "-m", "serving.gateway", str(tmp_path), "--dry-run"], cwd=REPO,
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert r.returncode != 0 and "alice:[REDACTED]@127.0.0.1:9" in r.stderr
     assert "s3cretpw" not in r.stdout + r.stderr
     assert redact_console("see https://bob:hunter22@example.org/x") == "see https://bob:[REDACTED]@example.org/x"

@@ -14,6 +14,7 @@ import numpy as np
 
 from agent.rundir import check_run, load_run, token_key
 from tests.fakes.sglang_server import FakeSGLang
+from tests.guards import HANG_GUARD_S
 
 from .conftest import REPO
 
@@ -68,7 +69,7 @@ def test_a_killed_runner_resumes_each_trajectory_from_its_last_completed_call(tm
     rng = random.Random(7)
     with FakeSGLang(reply=policy, latency_s=0.02) as srv:
         ref = tmp_path / "ref"
-        assert subprocess.run(_cmd(srv.url, ref), cwd=REPO, capture_output=True, timeout=300).returncode == 0
+        assert subprocess.run(_cmd(srv.url, ref), cwd=REPO, capture_output=True, timeout=HANG_GUARD_S).returncode == 0
         want = _lines(ref)
         assert len(want) == 6 and all(v[0]["n_calls"] == STEPS + 1 for v in want.values())
 
@@ -83,11 +84,11 @@ def test_a_killed_runner_resumes_each_trajectory_from_its_last_completed_call(tm
             if p.poll() is not None:
                 break
             p.send_signal(signal.SIGKILL)
-            p.wait(timeout=60)
+            p.wait(timeout=HANG_GUARD_S)
             kills += 1
             left = check_run(out).in_flight  # units a kill interrupted, their completed calls recorded
         assert kills >= 3 and left >= 1, f"the run finished before three kills left a unit in flight ({kills} kills)"
-        r = subprocess.run(_cmd(srv.url, out), cwd=REPO, capture_output=True, text=True, timeout=300)
+        r = subprocess.run(_cmd(srv.url, out), cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
         assert r.returncode == 0, r.stderr[-2000:]
         assert "inside their trajectory" in r.stderr and "replayed" in r.stderr
         paid = _chat_posts(srv) - start

@@ -20,6 +20,7 @@ from agent.run import main as run_main
 from agent.rundir import RunDir, RunError, load_run
 from tests.conftest import REPO
 from tests.fakes.sglang_server import FakeSGLang
+from tests.guards import HANG_GUARD_S
 
 
 def react_policy(messages):
@@ -207,17 +208,17 @@ def test_killed_runner_resumes_without_loss_or_duplicates(tmp_path, sig, process
         time.sleep(0.5)   # (not an assertion's timing: lets the replies already sent land or not, either is fine)
         workers = _children(p.pid)
         p.send_signal(sig)
-        p.wait(timeout=120)  # the runner itself; after a SIGKILL its orphaned workers stop by themselves
+        p.wait(timeout=HANG_GUARD_S)  # the runner itself; after a SIGKILL its orphaned workers stop by themselves
         _wait_gone(workers, 300)  # ...while no reply comes, so none of them writes a line after the kill
         srv.gate.set()    # the held requests answer the dead runner; the rerun's are answered as they come
-        _, err = p.communicate(timeout=120)  # (the workers hold the pipes until they stop by themselves)
+        _, err = p.communicate(timeout=HANG_GUARD_S)  # (the workers hold the pipes until they stop by themselves)
         before = res.read_bytes()
         n_before = before.count(b"\n")
         assert 3 <= n_before < 18, "the run must be killed mid-way"
         if sig == signal.SIGINT:
             assert p.returncode == 130 and b"rerun the same command to resume" in err
         # orphaned worker processes of a killed parent stop by themselves; the rerun waits for them
-        r = subprocess.run(_runner_cmd(srv.url, out, processes=processes), cwd=REPO, capture_output=True, timeout=120)
+        r = subprocess.run(_runner_cmd(srv.url, out, processes=processes), cwd=REPO, capture_output=True, timeout=HANG_GUARD_S)
         assert r.returncode == 0, r.stderr.decode()[-2000:]
     after = res.read_bytes()
     assert after.startswith(before)  # append-only: nothing already written changed
@@ -415,7 +416,7 @@ def test_worker_processes_load_the_parents_tokenizer_class_without_torch(tiny_mo
     got = {}
     for name, h in (("hinted", hints), ("mismatch", bad)):
         r = subprocess.run([sys.executable, "-c", code, json.dumps(h), key], capture_output=True, text=True, cwd=REPO,
-                           timeout=120)
+                           timeout=HANG_GUARD_S)
         assert r.returncode == 0, r.stderr[-2000:]
         got[name] = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["hinted"] == {"torch": False, "fp": hints[key]["fingerprint"], "cls": type(parent).__name__}

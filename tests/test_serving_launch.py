@@ -14,6 +14,7 @@ import pytest
 
 from serving.plan import sglang_mem_fraction
 from tests.conftest import REPO
+from tests.guards import HANG_GUARD_S
 
 LAUNCH = str(REPO / "serving" / "launch_qwen35.sh")
 STOP = str(REPO / "serving" / "stop.sh")
@@ -160,7 +161,7 @@ def test_launch_ready_check_and_stop(tmp_path):
             assert "CUDA_VISIBLE_DEVICES=" in (run_dir / f"{name}.cmd").read_text()
         # the smoke test the README prescribes works against what was launched
         chk = subprocess.run([sys.executable, "-m", "serving.check", "--endpoint", f"http://127.0.0.1:{p}", "--json",
-                              "--max-tokens", "8"], cwd=REPO, capture_output=True, text=True, timeout=60)
+                              "--max-tokens", "8"], cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
         assert json.loads(chk.stdout)["backend"].startswith("openai")
         # a second launch on the same ports fails early and starts nothing
         r2 = sh([LAUNCH, "--port", str(p), "--run-dir", str(tmp_path / "other"), *STANDIN_NODE, "9b"])

@@ -18,6 +18,7 @@ from agent.rundir import RunError, load_run, token_key
 from agent.rundir.lines import seal
 from agent.show import html as show_html
 from probes import entropy
+from tests.guards import HANG_GUARD_S
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +149,7 @@ def test_page_renders_in_a_browser(demo_run, tmp_path):
     url = f"{html.resolve().as_uri()}#sample=demo_3__t0&open=2&show=messages,reasoning,tool&colour=dH"
 
     dom = subprocess.run(_headless(browser, tmp_path / "profile", "--dump-dom", url),
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert dom.returncode == 0, dom.stderr[-2000:]
     page = re.sub(r"<script.*?</script>", "", dom.stdout, flags=re.S)  # the rendered elements only
     assert 'data-ready="1"' in page, "the page's script did not finish"
@@ -194,7 +195,7 @@ def test_page_renders_in_a_browser(demo_run, tmp_path):
 
     # no sample picked: the landing pane summarises the run instead of "Select a sample"
     dom = subprocess.run(_headless(browser, tmp_path / "profile", "--dump-dom", html.resolve().as_uri()),
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=HANG_GUARD_S)
     land = re.sub(r"<script.*?</script>", "", dom.stdout, flags=re.S)
     m = re.search(r'<div id="landing">(.*?)</div>', land, re.S)
     assert m, land[-3000:]
@@ -209,7 +210,7 @@ def test_page_renders_in_a_browser(demo_run, tmp_path):
 
     shot = tmp_path / "show.png"
     r = subprocess.run(_headless(browser, tmp_path / "profile", f"--screenshot={shot}", url),
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert r.returncode == 0 and shot.exists() and shot.stat().st_size > 20_000, r.stderr[-2000:]
     print(f"screenshot: {shot}")
 
@@ -256,7 +257,7 @@ def test_the_index_pages_and_searches_in_a_browser(demo_run, tmp_path, monkeypat
 
     def rows(hash_):
         dom = subprocess.run(_headless(browser, tmp_path / "profile", "--dump-dom", f"{out.resolve().as_uri()}#{hash_}"),
-                             capture_output=True, text=True, timeout=120)
+                             capture_output=True, text=True, timeout=HANG_GUARD_S)
         assert dom.returncode == 0, dom.stderr[-2000:]
         page = re.sub(r"<script.*?</script>", "", dom.stdout, flags=re.S)
         assert 'data-ready="1"' in page
@@ -310,7 +311,7 @@ def test_text_that_looks_like_html_renders_as_text_and_every_row_shows(demo_run,
     html = tmp_path / "run.html"
     show.build_html(run_dir, html)
     dom = subprocess.run(_headless(_chromium(), tmp_path / "profile", "--dump-dom", html.resolve().as_uri()),
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert dom.returncode == 0, dom.stderr[-2000:]
     page = re.sub(r"<script.*?</script>", "", dom.stdout, flags=re.S)
     assert 'data-ready="1"' in page and "pwned" not in re.search(r"<title>(.*?)</title>", dom.stdout, re.S).group(1)

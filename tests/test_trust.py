@@ -17,9 +17,10 @@ from agent.rundir import check_run, load_run
 from agent.rundir.lines import seal
 from agent.rundir.sidecar import sha256_of
 from tests.conftest import REPO
+from tests.guards import HANG_GUARD_S
 
 #: a guard against a hang, never a verdict on speed: each command here takes seconds on an idle machine
-GUARD_S = 300
+GUARD_S = HANG_GUARD_S
 
 
 def _cmd(*args):

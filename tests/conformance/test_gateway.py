@@ -15,6 +15,7 @@ import pytest
 
 from tests.conformance.conftest import _need_front_end
 from tests.conftest import REPO
+from tests.guards import HANG_GUARD_S
 from tests.test_serving_launch import LAUNCH, STANDIN_NODE, STOP, free_port, sh
 
 
@@ -86,7 +87,7 @@ def test_one_gateway_per_model_over_several_nodes(nodes):
         assert gpus_held(routers["qwen3.5-27b"]["url"], serving_dir=gw) == 4
         # the smoke test through the gateway
         chk = subprocess.run([sys.executable, "-m", "serving.check", "--endpoint", routers["qwen3.5-27b"]["url"],
-                              "--json", "--max-tokens", "8"], cwd=REPO, capture_output=True, text=True, timeout=120)
+                              "--json", "--max-tokens", "8"], cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
         assert chk.returncode == 0, chk.stdout + chk.stderr
     finally:
         s = sh([STOP, "--run-dir", str(gw)])
