@@ -271,6 +271,7 @@ async def test_contextfold_error_observations(demo, toolbox):
     assert line["status"] == "ok" and line["n_calls"] == 5
 
 
+@pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.parametrize("method", ["agentfold", "contextfold"])
 def test_embedded_default_runs_each_baseline(tmp_path, tiny_model_dir, monkeypatch, method):

@@ -11,6 +11,7 @@ def run(capsys, *argv):
     return rc, json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_check_local_tiny_model(capsys, tiny_model_dir, red_image):
     rc, rep = run(capsys, "--model-dir", str(tiny_model_dir), "--image", str(red_image), "--max-tokens", "6")

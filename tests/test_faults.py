@@ -58,6 +58,7 @@ def test_no_model_output_aborts_a_run(tmp_path, kind):
     assert check_run(tmp_path / "r").intact
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["429", "500", "drop", "truncated", "slow"])
 def test_transport_faults_are_retried(tmp_path, kind):
     with FakeSGLang(reply=agent_policy, slow_s=SLOW_FAULT_S) as srv:
@@ -69,6 +70,7 @@ def test_transport_faults_are_retried(tmp_path, kind):
     assert posts == line["n_calls"] + 1  # every call, plus the one that was retried
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["react", "mmcontextfold"])
 def test_a_run_under_20_percent_faults_accounts_for_every_unit(tmp_path, method):
     with FakeSGLang(reply=agent_policy, fault_rate=0.2, seed=3, slow_s=SLOW_FAULT_S) as srv:

@@ -25,6 +25,7 @@ def _args(url, tiny, run):
     return [str(run), "--backend", "sglang", "--endpoint", url, "--model-dir", str(tiny), "--no-progress"]
 
 
+@pytest.mark.slow
 def test_a_consistent_server_passes_and_the_probe_records_it(recorded, tiny_model_dir, capsys):
     with FakeSGLang(reply=agent_policy, tokenizer_dir=str(tiny_model_dir), model_name=str(tiny_model_dir)) as srv:
         assert fidelity_main(_args(srv.url, tiny_model_dir, recorded)[:-1] + ["--samples", "3"]) == 0
@@ -46,6 +47,7 @@ def test_a_consistent_server_passes_and_the_probe_records_it(recorded, tiny_mode
     assert probe["fidelity"]["ok"] is True and probe["fidelity"]["failed"] == []
 
 
+@pytest.mark.slow
 def test_a_cache_leak_is_refused_before_probing_unless_forced(recorded, tiny_model_dir, capsys):
     with FakeSGLang(reply=agent_policy, tokenizer_dir=str(tiny_model_dir), model_name=str(tiny_model_dir),
                     leak=0.3) as srv:
@@ -75,6 +77,7 @@ def test_a_cache_leak_is_refused_before_probing_unless_forced(recorded, tiny_mod
     assert json.loads((out2 / "probe.json").read_text())["fidelity"] == {"skipped": "--skip-fidelity"}
 
 
+@pytest.mark.slow
 def test_a_server_of_another_model_is_refused_as_such_before_the_fidelity_check(recorded, tiny_model_dir, capsys):
     with FakeSGLang(reply=agent_policy, tokenizer_dir=str(tiny_model_dir), model_name="another-model") as srv:
         assert entropy_main(_args(srv.url, tiny_model_dir, recorded) + ["--mode", "teacher-forced", "--out",
@@ -83,6 +86,7 @@ def test_a_server_of_another_model_is_refused_as_such_before_the_fidelity_check(
     assert "serves the weights 'another-model'" in capsys.readouterr().err  # the model check, not fidelity
 
 
+@pytest.mark.slow
 def test_a_chat_path_that_renders_another_prompt_is_refused(recorded, tiny_model_dir, capsys):
     """The server's chat layer renders with its own template (as a server started with --chat-template would):
     the same messages become another prompt there, which the paths check names; --no-paths skips it."""
@@ -102,6 +106,7 @@ def test_a_chat_path_that_renders_another_prompt_is_refused(recorded, tiny_model
     assert "--no-paths" in rep["checks"]["paths"]["skipped"]
 
 
+@pytest.mark.slow
 def test_the_teacher_forced_probe_is_the_same_over_flat_and_nested_logprobs(recorded, tiny_model_dir):
     """The whole teacher-forced probe over SGLang's flat top-logprob arrays (the default) and over the nested lists
     (--nested-logprobs): the requests ask for what was chosen, and every step's numbers are equal."""

@@ -306,6 +306,7 @@ def test_a_line_damaged_in_place_is_seen_by_every_reader(tmp_path, capsys):
     assert victim in {ln["sample_id"] for ln in load_run(run).lines}
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_one_clear_message_with_its_own_exit_status(tmp_path):
     """A run that fills the disk, a rerun while it is still full, and a --repair at (almost) 100 %: one message
     naming the directory, exit 5, no traceback; the repair blanks torn lines in place (no copy of the file)."""

@@ -320,6 +320,7 @@ def test_no_argument_demo_runs_end_to_end(tmp_path, tiny_model_dir, monkeypatch,
     assert "serving fidelity: ok" in out
 
 
+@pytest.mark.slow
 async def test_probe_applies_the_shared_selection_rule_and_saves_table10(tmp_path):
     def first_unparsed_for_demo_2(messages):
         question = next(p["text"] for p in messages[1]["content"] if p.get("type") == "text" and "Question:" in p["text"])

@@ -133,6 +133,7 @@ def _probe(url, tiny, run_dir, out, *extra, fidelity=False):
                          *([] if fidelity else ["--skip-fidelity"]), *extra])
 
 
+@pytest.mark.slow
 def test_the_probe_sends_the_recorded_ids_and_tokenises_only_what_the_run_never_sent(recorded, tiny_model_dir):
     out, _ = recorded
     got, bodies = {}, {}
@@ -158,6 +159,7 @@ def test_the_probe_sends_the_recorded_ids_and_tokenises_only_what_the_run_never_
     assert re["pieces_tokenised"] > rec["pieces_tokenised"] and re["characters_tokenised"] > 2 * rec["characters_tokenised"]
 
 
+@pytest.mark.slow
 def test_another_tokenizer_or_an_unreadable_record_never_sends_wrong_ids(recorded, tiny_model_dir, tmp_path, capsys):
     out, _ = recorded
     # a model directory whose tokenizer files differ (one harmless key more): its fingerprint is another, so the run's

@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from agent.jsonio import dumps_record
 from agent.redact import exempt, redact, redact_obj, register_key_var, register_secret, register_url, secrets
 from tests.conftest import REPO
@@ -77,6 +79,7 @@ def test_secret_looking_variables_holding_numbers_and_names_leave_every_record_p
     assert "[REDACTED]" not in (run / "results.jsonl").read_text() + (run / "header.json").read_text()
 
 
+@pytest.mark.slow
 def test_an_endpoint_password_is_in_no_file_and_no_console_line_even_when_the_server_echoes_it(tmp_path):
     """``--endpoint http://alice:PW@host`` sends ``Authorization: Basic base64(alice:PW)``; a server that puts that
     header, the pair and the password into its replies and its error bodies gets none of them into any file of the

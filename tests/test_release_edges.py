@@ -269,6 +269,7 @@ def _failing_last_search(web, policy):
     return wrapped
 
 
+@pytest.mark.slow
 def test_the_default_protocol_keeps_its_own_tool_choices(tmp_path, web):
     """Ours where the release has a defect (docs/fidelity.md): the same branch under the paper's protocol strips the
     arguments, answers an empty query and a scheme-less URL without a request, a repeat from the cache, lists the

@@ -24,6 +24,7 @@ def annotator(messages):
     return "</think>" + json.dumps(arr)
 
 
+@pytest.mark.slow
 async def test_report_makes_every_figure_and_table(tmp_path):
     cfg = dict(limit=4, t_max=8, progress=False, trials=2)
     react = tmp_path / "react"
@@ -216,6 +217,7 @@ async def test_one_row_per_method_and_model_across_benchmarks(tmp_path):
     assert t.iloc[0]["Avg."] == "33.3 ± —"
 
 
+@pytest.mark.slow
 async def test_figure2b_overlays_and_pools_several_runs(tmp_path):
     import pandas as pd
 

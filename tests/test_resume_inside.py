@@ -11,6 +11,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from agent.rundir import check_run, load_run, token_key
 from tests.fakes.sglang_server import FakeSGLang
@@ -65,6 +66,7 @@ def _chat_posts(srv) -> int:
     return sum(p.startswith("/v1/chat/completions") for p in srv.requests)
 
 
+@pytest.mark.slow
 def test_a_killed_runner_resumes_each_trajectory_from_its_last_completed_call(tmp_path):
     rng = random.Random(7)
     with FakeSGLang(reply=policy, latency_s=0.02) as srv:

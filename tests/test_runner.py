@@ -400,6 +400,7 @@ def test_header_records_whether_the_server_is_deterministic(tmp_path, capsys, de
     assert warned is (not deterministic)
 
 
+@pytest.mark.slow
 def test_worker_processes_load_the_parents_tokenizer_class_without_torch(tiny_model_dir, tmp_path):
     """A --processes worker gets the class AutoTokenizer chose in the parent and its fingerprint: it loads the
     same tokenizer without importing torch, and falls back to the ordinary load when the fingerprint differs."""

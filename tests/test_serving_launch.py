@@ -249,6 +249,7 @@ def test_shellcheck_clean():
     assert r.returncode == 0, r.stdout
 
 
+@pytest.mark.slow
 def test_progress_while_waiting_and_stop_finds_other_run_dirs(tmp_path):
     slow = tmp_path / "slow.py"
     slow.write_text("import os, sys, time\nprint('Loading safetensors checkpoint shards: 3/7', flush=True)\n"

@@ -64,6 +64,7 @@ def test_the_shards_are_a_balanced_partition_of_the_units(runs):
     assert rep.intact and rep.complete and rep.expected == 3
 
 
+@pytest.mark.slow
 def test_the_merged_run_is_one_run(runs, capsys):
     one, mrg = runs / "one", runs / "mrg"
     assert _units(mrg) == _units(one)
@@ -161,6 +162,7 @@ def test_shard_arguments_are_checked_before_any_work(tmp_path, capsys):
     assert "holds a different run" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_slurm_example_runs_one_shard_per_array_task(tmp_path):
     """scripts/slurm_array.sh as Slurm would run it (SLURM_ARRAY_TASK_ID, SLURM_ARRAY_TASK_COUNT set), on the
     offline demo; the merge of its two tasks is the whole run."""

@@ -17,6 +17,7 @@ from tests.fakes.sglang_server import FakeSGLang
 from tests.test_probe_entropy import _run, planted, policy
 
 
+@pytest.mark.slow
 async def test_each_trajectory_keeps_one_server_and_both_get_work(tmp_path):
     await _run(tmp_path, trials=4)  # 3 samples x 4 trials, 3 image-bearing steps each
     a, b = (ScriptedBackend([policy] * 100, top_fn=planted) for _ in range(2))
@@ -82,6 +83,7 @@ class FakeRouterBackend:
         self.url = url + "/generate"
 
 
+@pytest.mark.slow
 def test_gpu_seconds_come_from_the_launchers_endpoints_and_add_up_over_sessions(tmp_path, monkeypatch):
     """probe.json's cost: the hardware held (wall time x servers x GPUs behind each, read from the launcher's
     endpoints.json: a TP=4 server, a router counted by its workers' group), summed over resumed sessions; GPUs

@@ -75,8 +75,8 @@ def test_tests_sharing_an_expensive_fixture_run_on_one_worker(request):
         elif module in shared:
             assert unit_of(item.nodeid) == module, item.nodeid
             checked += 1
-        else:
-            assert unit_of(item.nodeid) == item.nodeid, item.nodeid
+        else:  # a module whose module-scoped fixture no test of this session uses (-m deselected them) may group
+            assert unit_of(item.nodeid) in (item.nodeid, module), item.nodeid
     assert checked or len(request.session.items) < 100  # a whole-suite session has both kinds
 
 

@@ -46,6 +46,7 @@ def _copy(run, tmp_path):
     return dst
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["results.jsonl", "judge-exact.jsonl", "tokens/*", "images/*", "tools.sqlite"])
 def test_a_fifo_inside_a_run_is_named_and_never_waited_on(graded_run, tmp_path, where):
     """check, the viewer (terminal and page) and export each end at once with the FIFO named (check lists it and
@@ -149,6 +150,7 @@ def test_a_non_ascii_sample_id_runs_and_a_control_character_in_an_id_is_refused_
     assert not routing_key(("s", 1)).endswith(("_t1", "_r1"))  # smg strips such suffixes (issue 58)
 
 
+@pytest.mark.slow
 def test_a_hung_model_server_ends_the_run_within_its_request_timeout_keeping_what_finished(tmp_path):
     """A server that stops answering (its scheduler hung: no reply, /health 503) ends the run one request timeout
     after it hung, with one line and exit 6; the finished units are written, those in flight resume on the rerun
@@ -172,6 +174,7 @@ def test_a_hung_model_server_ends_the_run_within_its_request_timeout_keeping_wha
     assert len(load_run(run).index) == 6
 
 
+@pytest.mark.slow
 def test_a_model_server_that_dies_mid_probe_ends_the_probe_at_once_keeping_every_finished_step(tmp_path,
                                                                                            tiny_model_dir):
     """The entropy probe (teacher-forced, SGLang's native API) against a server that dies part-way: it ends with one

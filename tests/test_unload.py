@@ -61,6 +61,7 @@ def test_show_renders_the_release(tmp_path, capsys):
     assert "detected at step 2, images removed from step 3 on; 2 probes, 2 scoring calls" in text
 
 
+@pytest.mark.slow
 def test_probe_calls_do_not_consume_the_budget_and_match_the_entropy_probe(tmp_path):
     """The online influence is the teacher-forced probe's KL for the same step: one quantity, two places."""
     assert runner.main(["--method", "react", "--backend", "scripted", "--out", str(tmp_path / "plain"),
@@ -109,6 +110,7 @@ def test_defaults_are_recorded_as_uncalibrated():
     assert UnloadPolicy.from_args("dH").threshold == DEFAULT_THRESHOLD["dH"]
 
 
+@pytest.mark.slow
 def test_on_the_embedded_tiny_model(tmp_path, tiny_model_dir, monkeypatch):
     """The local backend scores in-process; its generation logprobs are scaled, so both sides are scored."""
     monkeypatch.setenv("MMCF_TINY_MODEL_DIR", str(tiny_model_dir))
@@ -122,6 +124,7 @@ def test_on_the_embedded_tiny_model(tmp_path, tiny_model_dir, monkeypatch):
         assert ln["n_calls"] <= 4
 
 
+@pytest.mark.slow
 def test_on_sglang_native(tmp_path, tiny_model_dir):
     """SGLang's native /generate: scoring by prompt logprobs (the loopback server's wire format)."""
     from tests.fakes.sglang_server import FakeSGLang
@@ -151,6 +154,7 @@ def calibrated(tmp_path_factory):
     return d
 
 
+@pytest.mark.slow
 def test_calibration_places_the_threshold_between_the_planted_levels(calibrated):
     cal = json.loads((calibrated / "react" / "probes" / "calibrate_unload" / "calibration.json").read_text())
     tf = pd.read_parquet(calibrated / "react" / "probes" / "entropy-teacher-forced" / "steps.parquet")
@@ -174,6 +178,7 @@ def test_calibration_refuses_without_its_inputs(tmp_path, capsys):
     assert "probes.entropy" in err and "--mode teacher-forced" in err and "probes.removal" in err
 
 
+@pytest.mark.slow
 def test_calibrated_run_and_the_release_figure(calibrated):
     from analysis.report import make_report
 

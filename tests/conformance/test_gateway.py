@@ -18,6 +18,9 @@ from tests.conftest import REPO
 from tests.guards import HANG_GUARD_S
 from tests.test_serving_launch import LAUNCH, STANDIN_NODE, STOP, free_port, sh
 
+#: every test here starts SGLang's real front end or smg's binary (tens of seconds of set-up)
+pytestmark = pytest.mark.slow
+
 
 def _gateway(*args, timeout=300):
     return subprocess.run([sys.executable, "-m", "serving.gateway", *map(str, args)], cwd=REPO, capture_output=True,

@@ -21,6 +21,10 @@ SAME = ("n_tokens", "think_tokens", "finish_reason", "text", "reasoning", "n_ima
         "semantics")
 
 
+#: every test here starts SGLang's real front end or smg's binary (tens of seconds of set-up)
+pytestmark = pytest.mark.slow
+
+
 def _run(url, out, backend, model_dir, method, *extra):
     be = ["--backend", "sglang", "--model-dir", str(model_dir)] if backend == "native" else \
         ["--backend", "openai", "--server", "sglang"]

@@ -32,6 +32,10 @@ SMG_FILLS = {"no_logs": False, "stream": False, "background": False, "return_ent
              "return_text_in_logprobs": False, "log_metrics": True, "model": "unknown", "return_bytes": False}
 
 
+#: every test here starts SGLang's real front end or smg's binary (tens of seconds of set-up)
+pytestmark = pytest.mark.slow
+
+
 class Gateway:
     """``python -m smg.launch_router`` as the launcher starts it (serving/plan.py), over ``workers``."""
 
