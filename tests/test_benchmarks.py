@@ -145,3 +145,14 @@ def test_hle_vl_must_be_the_whole_330_question_visual_subset(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "HLE-VL (paper D.1) is WebWatcher's 330-question visual subset" in err
     assert not (out / "header.json").exists() and not (out / "results.jsonl").exists()
+
+
+def test_stats_on_a_missing_or_empty_directory_names_the_expected_layout_and_where_to_read(tmp_path, capsys):
+    from agent.benchmarks.cli import main as bench_main
+
+    (tmp_path / "empty" / "mmsearch").mkdir(parents=True)
+    for d in ("nope", "empty"):
+        assert bench_main(["stats", str(tmp_path / d)]) == 2
+        err = capsys.readouterr().err
+        assert f"{tmp_path / d}/<benchmark>/data_unified.jsonl" in err and "The benchmark data" in err
+        assert "Traceback" not in err

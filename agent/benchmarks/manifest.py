@@ -277,14 +277,20 @@ def load_benchmark(path: str | Path, name: str | None = None, *, check_images: b
     return Manifest(bench, f, samples, problems)
 
 
+#: Where a user is told to look for the benchmark data and its layout.
+DATA_HELP = "README.md, section \"The benchmark data\" (the release's manifests, each benchmark's image source)"
+
+
 def load_dataset_dir(root: str | Path, *, check_images: bool = True) -> dict[str, Manifest]:
     root = Path(root)
+    expected = f"{root}/<benchmark>/data_unified.jsonl and {root}/<benchmark>/imgs/"
     if not root.is_dir():
-        raise FileNotFoundError(f"{root}: dataset directory not found")
+        raise FileNotFoundError(f"{root}: dataset directory not found (expected {expected}; see {DATA_HELP})")
     out = {d.name: load_benchmark(d, check_images=check_images)
            for d in sorted(root.iterdir()) if (d / "data_unified.jsonl").exists()}
     if not out:
-        raise FileNotFoundError(f"{root}: no <benchmark>/data_unified.jsonl found")
+        raise FileNotFoundError(f"{root}: no <benchmark>/data_unified.jsonl found (expected {expected}, e.g. "
+                                f"{root}/mmsearch/data_unified.jsonl; see {DATA_HELP})")
     return out
 
 
