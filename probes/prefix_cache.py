@@ -23,8 +23,9 @@ reuses a prefix only up to a stored linear-attention state, and a request's pref
 64-token checkpoint grid of its extend or at the branch point its match found (:meth:`RadixLRU.hybrid_match`, with
 SGLang's files); the report adds the probes' order under that model, said as such. What it does not model yet
 (issue 58): the match cap at a teacher-forced request's ``logprob_start_len``, prefill chunks (one extend per
-prompt), and the state pool's own LRU (3 slots per running request under ``extra_buffer``); the model has not been
-compared with SGLang's own cache classes (docs/performance.md says why). ``--observed`` sets a probe's recorded
+prompt), the state pool's own LRU (3 slots per running request under ``extra_buffer``) and decode-time states; the
+reused prefixes equal SGLang's own UnifiedRadixCache's on the probes' request sequences
+(tests/conformance/test_sglang_cache.py). ``--observed`` sets a probe's recorded
 ``cached_tokens`` beside the model's prediction, request by request (:func:`calibration`). Ours, and a model of the
 server, not the
 server: the cache is prompt-only (generated tokens also enter SGLang's tree but are never a later prompt's
@@ -120,7 +121,8 @@ class RadixLRU:
             else:
                 hi = mid - 1
         if self.interval:  # a hybrid model: reuse ends where a recurrent state is stored (see hybrid_match)
-            lo = self.hybrid_match(ks, lo)
+            lo, track = self.hybrid_match(ks, lo)
+            ks = ks[:track]  # what the request donates: its KV up to its tracked state, nothing past it
         self.clock += 1
         aid = self.clock
         self.size += len(ks) - sum(1 for k in ks if k in owner)
@@ -130,26 +132,31 @@ class RadixLRU:
         self._evict()
         return lo
 
-    def hybrid_match(self, ks: list, lo: int) -> int:
+    def hybrid_match(self, ks: list, lo: int) -> tuple[int, int]:
         """SGLang 0.5.23's Mamba radix cache under ``extra_buffer``: the match ends at the deepest node holding a
         linear-attention state within the KV hit ``lo`` (the Mamba component's match validator,
         srt/mem_cache/unified_cache/components/mamba.py ``create_match_validator``). The request's prefill then stores
         one state (``_mamba_radix_cache_v2_req_prepare_for_extend``, srt/managers/schedule_batch.py): at the
         checkpoint grid's last multiple of its extend, counted from its reused prefix (an extend shorter than the
         grid stores none), unless the KV hit reaches a grid point past that prefix, the branch point
-        (``finalize_match_result_in_tree_core``: ``mamba_branching_seqlen``), which then takes the state instead."""
+        (``finalize_match_result_in_tree_core``: ``mamba_branching_seqlen``), which then takes the state instead.
+        A finished request donates its KV only up to that state (``_select_finished_checkpoint``, same file as the
+        validator: the key is cut to ``mamba_last_track_seqlen``; none when no state was tracked). Returns (the
+        reused prefix, the donated length). Checked against SGLang's own UnifiedRadixCache and Mamba component on
+        CPU (tests/conformance/test_sglang_cache.py)."""
         g = self.interval
         p = lo
         while p > 0 and not (ks[p - 1] in self.states and ks[p - 1] in self.owner):
             p -= 1
         extend = len(ks) - p
+        track = 0
         if extend >= g:
             track = p + extend // g * g
             branch = lo // g * g
             if p < branch < track and (branch - p) % g == 0:
                 track = branch
             self.states.add(ks[track - 1])
-        return p
+        return p, track
 
     def _evict(self) -> None:
         if self.capacity is None:

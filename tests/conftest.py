@@ -19,6 +19,7 @@ SHARED = Path(os.environ.get("MMCF_SHARED_DIR", REPO.parent / "shared"))
 # larger units, so the longest work does not start last.
 ONE_UNIT = dict.fromkeys(
     ["tests/conformance/test_sglang_frontend.py", "tests/conformance/test_sglang_launcher.py",
+     "tests/conformance/test_sglang_cache.py",
      "tests/conformance/test_sglang_reasoning.py", "tests/conformance/test_sglang_requests.py"], "sglang")
 
 

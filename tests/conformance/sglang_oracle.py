@@ -13,7 +13,9 @@ Runs in its own process (SGLang's modules come from ``.venv-sglang/site``, built
 - ``{"op": "router_args", "argv": [...]}``: smg's, the gateway (``RouterArgs``);
 - ``{"op": "radix_deterministic"}``: the attention backends whose radix cache survives ``--deterministic``;
 - ``{"op": "vlm_mem_fraction", "frac": F, "vision": {...}, "gpu_mem": MB}``: ``adjust_mem_fraction_for_vlm`` for a
-  model whose vision config holds those fields.
+  model whose vision config holds those fields;
+- ``{"op": "hybrid_cache", "prompts": [[ids], ...], "grid": 64}``: the prompts replayed through SGLang's
+  UnifiedRadixCache with its Mamba component on CPU (:func:`_hybrid_cache`).
 
 Each answer is ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``.
 """
@@ -94,8 +96,56 @@ def _vlm_mem_fraction(req):
     return {"frac": adjust_mem_fraction_for_vlm(req["frac"], model, False, req["gpu_mem"])}
 
 
+def _hybrid_cache(req):
+    """Replay prompts (lists of token ids, in order) through SGLang's own UnifiedRadixCache with its Mamba component
+    (the Qwen3.5 layout: full attention + linear attention), built by SGLang's test kit on CPU; per prompt the
+    reused prefix SGLang's match gives (``device_prefix_len``) and its branch point. The match is SGLang's code;
+    where the prefill then stores its one state is the scheduler's rule as probes/prefix_cache.py reads it
+    (``_mamba_radix_cache_v2_req_prepare_for_extend``: the branch point first, else the grid's last multiple of the
+    extend from the reused prefix), applied here by inserting the state at that depth."""
+    from array import array
+
+    import sglang.test.kits.unified_radix_cache.fixtures as kit
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.test.kits.unified_radix_cache.config import CacheConfig
+
+    kit.get_device = lambda *a, **k: "cpu"  # the kit's only accelerator assumption; the tree and pools run on CPU
+    prompts, grid = req["prompts"], int(req.get("grid", 64))
+    total = 2 * sum(len(p) for p in prompts) + 16  # each prompt allocates its KV again (nothing is freed here)
+    cfg = CacheConfig(components=(ComponentType.FULL, ComponentType.MAMBA), kv_size=total, max_context_len=max(
+        len(p) for p in prompts) + 16, mamba_cache_size=len(prompts) + 8, max_num_reqs=len(prompts) + 8)
+    cache, allocator, pool = kit.build_fixture(cfg, mamba_cache_chunk_size=grid)
+
+    def insert(seq, i, with_state=True):
+        r = Req(rid=f"s{i}", origin_input_text="", origin_input_ids=array("q"),
+                sampling_params=SamplingParams(temperature=0, max_new_tokens=1))
+        pool.alloc([r])
+        cache.insert(InsertParams(key=RadixKey(array("q", seq)), value=allocator.alloc(len(seq)),
+                                  mamba_value=r.kv.mamba_pool_idx.unsqueeze(0)))
+
+    out = []
+    for i, p in enumerate(prompts):
+        m = kit.match_prefix(cache, p[: max(len(p) - 1, 0)])  # the last token is always computed
+        reused, branch = int(m.device_prefix_len), m.mamba_branching_seqlen
+        extend = len(p) - reused
+        track = None
+        if branch is not None and reused < int(branch) < len(p):
+            track = int(branch)
+        elif extend >= grid:
+            track = reused + extend // grid * grid
+        if track is not None:  # a finished request donates its KV only up to its tracked state (mamba.py
+            insert(p[:track], i, True)  # _select_finished_checkpoint: the key is cut to mamba_last_track_seqlen)
+        out.append({"reused": reused, "branch": None if branch is None else int(branch), "track": track})
+    return {"requests": out}
+
+
 OPS = {"chat": _chat, "generate": _generate, "reasoning": _reasoning, "server_args": _server_args,
-       "router_args": _router_args, "radix_deterministic": _radix_deterministic, "vlm_mem_fraction": _vlm_mem_fraction}
+       "router_args": _router_args, "radix_deterministic": _radix_deterministic, "vlm_mem_fraction": _vlm_mem_fraction,
+       "hybrid_cache": _hybrid_cache}
 
 
 def main() -> None:
