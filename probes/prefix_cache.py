@@ -21,9 +21,9 @@ unbounded cache on one server: every prefix ever seen stays). That is token-leve
 pure-attention model. Qwen3.5 is hybrid (Gated DeltaNet linear attention between full-attention layers): SGLang
 reuses a prefix only up to a stored linear-attention state, and a request's prefill stores one state, on the
 64-token checkpoint grid of its extend or at the branch point its match found (:meth:`RadixLRU.hybrid_match`, with
-SGLang's files); the report adds the probes' order under that model, said as such. What it does not model yet
-(issue 58): the match cap at a teacher-forced request's ``logprob_start_len``, prefill chunks (one extend per
-prompt), the state pool's own LRU (3 slots per running request under ``extra_buffer``) and decode-time states; the
+SGLang's files); a match stops one token short of the prompt and, for a teacher-forced scoring request, at its
+``logprob_start_len``. The report adds the probes' order under that model, said as such. What it does not model
+yet (issue 58): prefill chunks (one extend per prompt), the state pool's own LRU (3 slots per running request under ``extra_buffer``) and decode-time states; the
 reused prefixes equal SGLang's own UnifiedRadixCache's on the probes' request sequences
 (tests/conformance/test_sglang_cache.py). ``--observed`` sets a probe's recorded
 ``cached_tokens`` beside the model's prediction, request by request (:func:`calibration`). Ours, and a model of the
@@ -107,13 +107,13 @@ class RadixLRU:
         self.size = 0
         self.clock = 0
 
-    def access(self, keys: np.ndarray) -> int:
+    def access(self, keys: np.ndarray, cap: int | None = None) -> int:
         """The number of leading tokens (keys) already cached and reusable; then the whole prompt is cached. A match
-        stops one token short of the prompt, so that the last token is computed (SGLang's ``_compute_max_prefix_len``,
-        srt/managers/schedule_batch.py)."""
+        stops one token short of the prompt, so that the last token is computed, and at ``cap``, a scoring
+        request's ``logprob_start_len`` (SGLang's ``_compute_max_prefix_len``, srt/managers/schedule_batch.py)."""
         ks = keys.tolist()
         owner = self.owner
-        lo, hi = 0, max(len(ks) - 1, 0)
+        lo, hi = 0, max(len(ks) - 1, 0) if cap is None else max(min(len(ks) - 1, cap), 0)
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if ks[mid - 1] in owner:
@@ -193,12 +193,13 @@ def _order(streams: list[list[np.ndarray]], how: str, concurrency: int) -> list[
 
 def simulate(streams: list[list[np.ndarray]], *, capacity: int | None, servers: int = 1, concurrency: int = 128,
              how: str = "per-trajectory", pinned: bool = True, page: int = 1, keys=None,
-             state_interval: int | None = None, per_request: bool = False) -> dict:
+             state_interval: int | None = None, per_request: bool = False, caps=None) -> dict:
     """Replay the requests (``streams``: per trajectory, its requests' prompt tokens in the order it sends them)
     through one :class:`RadixLRU` per server; returns prompt tokens, cached tokens and the cached share.
     ``state_interval``: Qwen3.5's hybrid cache (its state grid, :data:`STATE_GRID`), else token-level.
     ``keys``: the streams' :func:`prefix_keys` at this ``page``, when the caller replays them several times.
-    ``per_request``: also ``hits``, the cached tokens of each ``(trajectory, request)``."""
+    ``per_request``: also ``hits``, the cached tokens of each ``(trajectory, request)``. ``caps``: per trajectory,
+    each request's match cap (a scoring request's ``logprob_start_len``; None: none), as :func:`probe_requests`."""
     interval = None if state_interval is None else max(1, state_interval // page)
     caches = [RadixLRU(None if capacity is None else capacity // page, interval) for _ in range(servers)]
     keys = keys if keys is not None else [[prefix_keys(r, page) for r in s] for s in streams]
@@ -214,7 +215,7 @@ def simulate(streams: list[list[np.ndarray]], *, capacity: int | None, servers: 
             srv = assigned[t]
         else:
             srv = int(rng.integers(servers))
-        h = caches[srv].access(keys[t][r]) * page
+        h = caches[srv].access(keys[t][r], None if caps is None or caps[t][r] is None else caps[t][r] // page) * page
         hit += h
         total += len(streams[t][r])
         if per_request:
@@ -236,9 +237,15 @@ def probe_streams(run_dir, *, mode: str = "regenerate", model_dir=None, limit: i
     return probe_requests(run_dir, mode=mode, model_dir=model_dir, limit=limit)[0]
 
 
+def _cap(ids: np.ndarray, continuation) -> int | None:
+    """A teacher-forced scoring request's ``logprob_start_len``: its expanded prompt's length - 1 (the probes'
+    ``SGLangBackend.score_payload``); None for a generation."""
+    return len(ids) - len(continuation) - 1 if len(continuation) else None
+
+
 def probe_requests(run_dir, *, mode: str = "regenerate", model_dir=None, limit: int | None = None, keep=None):
-    """:func:`probe_streams` and, per stream, ``(sample_id, trial, steps)``; ``keep``: only these
-    ``(sample_id, trial)`` trajectories."""
+    """:func:`probe_streams`, per stream ``(sample_id, trial, steps)``, and per stream each request's match cap
+    (:func:`_cap`); ``keep``: only these ``(sample_id, trial)`` trajectories."""
 
     run = load_run(run_dir)
     md = model_dir or (run.header.get("backend") or {}).get("model_dir") or ensure_tiny_model(quiet=True)
@@ -267,7 +274,7 @@ def probe_requests(run_dir, *, mode: str = "regenerate", model_dir=None, limit: 
                 out.append(i)
         return np.asarray(out + list(continuation), dtype=np.int64)
 
-    streams, names = [], []
+    streams, names, caps = [], [], []
     for summary in lines:
         if keep is not None and (summary["sample_id"], summary["trial"]) not in keep:
             continue
@@ -280,23 +287,28 @@ def probe_requests(run_dir, *, mode: str = "regenerate", model_dir=None, limit: 
         if mode == "teacher-forced" and line.get("tokens_file"):
             t = run.tokens(line, ["call", "id"])
             cont = {int(c): t["id"][t["call"] == c].tolist() for c in np.unique(t["call"])}
-        reqs = []
+        reqs, req_caps = [], []
         for s in steps:
             msgs = run.sendable_messages(line, events[s])
             if mode == "regenerate":
                 reqs.append(ids_of(strip_query_images(msgs)))
+                req_caps.append(None)
             else:
-                reqs += [ids_of(msgs, cont.get(s, ())), ids_of(strip_query_images(msgs), cont.get(s, ()))]
+                for m in (msgs, strip_query_images(msgs)):
+                    reqs.append(ids_of(m, cont.get(s, ())))
+                    req_caps.append(_cap(reqs[-1], cont.get(s, ())))
         streams.append(reqs)
+        caps.append(req_caps)
         names.append((summary["sample_id"], summary["trial"], steps))
-    return streams, names
+    return streams, names, caps
 
 
-def report(streams, *, capacity: int, servers: int, concurrency: int, state_interval: int | None = None) -> list[dict]:
+def report(streams, *, capacity: int, servers: int, concurrency: int, state_interval: int | None = None,
+           caps=None) -> list[dict]:
     """Each order at one server and at ``servers``, ``concurrency`` trajectories in flight per server: token-level
     (a pure-attention model's bound), then, with ``state_interval``, the probes' order under the hybrid cache."""
     keys = [[prefix_keys(r) for r in s] for s in streams]  # once, for every replay below
-    ideal = simulate(streams, capacity=None, servers=1, concurrency=concurrency, keys=keys)
+    ideal = simulate(streams, capacity=None, servers=1, concurrency=concurrency, keys=keys, caps=caps)
     rows = []
 
     def row(order, n, r):
@@ -307,30 +319,31 @@ def report(streams, *, capacity: int, servers: int, concurrency: int, state_inte
             if n == 1 and pinned:
                 continue  # one server: pinning changes nothing
             row(how + (" (pinned)" if pinned else ""), n, simulate(
-                streams, capacity=capacity, servers=n, concurrency=concurrency * n, how=how, pinned=pinned, keys=keys))
+                streams, capacity=capacity, servers=n, concurrency=concurrency * n, how=how, pinned=pinned, keys=keys,
+                caps=caps))
     rows.append({"order": "ideal (unbounded, one server)", "servers": 1, **ideal, "of_ideal": 1.0})
     if state_interval:
         label = f"hybrid cache, state grid {state_interval}"
         row(f"per-trajectory (pinned), {label}", servers, simulate(
             streams, capacity=capacity, servers=servers, concurrency=concurrency * servers, keys=keys,
-            state_interval=state_interval))
+            state_interval=state_interval, caps=caps))
         row(f"ideal, {label}", 1, simulate(streams, capacity=None, servers=1, concurrency=concurrency, keys=keys,
-                                           state_interval=state_interval))
+                                           state_interval=state_interval, caps=caps))
     return rows
 
 
 def gpu_cost(streams, *, capacity: int, servers: int, concurrency: int, state_interval: int, rates: dict,
-             removal_steps: int = REMOVAL_STEPS) -> list[dict]:
+             removal_steps: int = REMOVAL_STEPS, caps=None) -> list[dict]:
     """Prefill GPU-seconds of the tokens a cache does not serve, per panel and backbone, in the probes' order
     (pinned, ``servers``): Figure 2(b) sends every stream; Figure 2(c)'s replays open with the same requests
     for k = 1..``removal_steps`` (the history at step k, query images removed) and then continue live, which
     no recorded run predicts, so only their opening requests are counted. ``rates``: tokens per GPU-second
     per backbone."""
-    panels = {"2(b) entropy": streams, f"2(c) removal, k<={removal_steps}, opening requests":
-              [s[:removal_steps] for s in streams]}
+    panels = {"2(b) entropy": (streams, caps), f"2(c) removal, k<={removal_steps}, opening requests":
+              ([s[:removal_steps] for s in streams], None)}  # replays generate: no logprob_start_len
     rows = []
-    for panel, ss in panels.items():
-        kw = dict(capacity=capacity, servers=servers, concurrency=concurrency * servers)
+    for panel, (ss, cc) in panels.items():
+        kw = dict(capacity=capacity, servers=servers, concurrency=concurrency * servers, caps=cc)
         token = simulate(ss, **kw)
         hybrid = simulate(ss, **kw, state_interval=state_interval)
         for size, rate in rates.items():
@@ -353,7 +366,7 @@ def calibration(run_dir, observed, *, model_dir=None, capacity: int, servers: in
         raise RunError(f"{observed}: no regenerate-mode step with the server's prompt_tokens and cached_tokens "
                        "(python -m probes.entropy RUN --mode regenerate records them)")
     seen = {(r["sample_id"], r["trial"], r["step"]): r for r in rows}
-    streams, names = probe_requests(run_dir, mode="regenerate", model_dir=model_dir,
+    streams, names, _ = probe_requests(run_dir, mode="regenerate", model_dir=model_dir,
                                     keep={(r["sample_id"], r["trial"]) for r in rows})
     pred = {name: simulate(streams, capacity=capacity, servers=servers, concurrency=concurrency * servers,
                            state_interval=si, per_request=True) for name, si in
@@ -436,7 +449,7 @@ def main(argv=None) -> int:
         return _calibrate(a)
 
     try:
-        streams = probe_streams(a.run_dir, mode=a.mode, model_dir=a.model_dir, limit=a.limit)
+        streams, _, caps = probe_requests(a.run_dir, mode=a.mode, model_dir=a.model_dir, limit=a.limit)
     except (ToolkitError, OSError, ValueError) as e:
         log.error(f"error: {e}")
         return 2
@@ -447,12 +460,12 @@ def main(argv=None) -> int:
     print(f"{len(streams)} trajectories, {n_req} {a.mode} requests, "
           f"{sum(len(r) for s in streams for r in s):,} prompt tokens; cache {a.capacity_tokens:,} tokens per server")
     for r in report(streams, capacity=a.capacity_tokens, servers=a.servers, concurrency=a.concurrency,
-                    state_interval=a.state_grid or None):
+                    state_interval=a.state_grid or None, caps=caps):
         print(f"  {r['order']:58s} servers {r['servers']}: {100 * r['cached_share']:5.1f} % of prompt tokens cached "
               f"({100 * r['of_ideal']:5.1f} % of ideal)")
     if a.gpu_cost:
         _print_cost(gpu_cost(streams, capacity=a.capacity_tokens, servers=a.servers, concurrency=a.concurrency,
-                             state_interval=a.state_grid, rates=rates), a)
+                             state_interval=a.state_grid, rates=rates, caps=caps), a)
     done([], f"python -m probes.entropy {a.run_dir} --mode {a.mode}   (its probe.json: the server's own cached_tokens)")
     return 0
 

@@ -184,3 +184,17 @@ def test_the_servers_cached_tokens_beside_the_models_prediction(tmp_path, tiny_m
         assert p["predicted_cached_token_level"] < p["predicted_prompt_tokens"] and p["cached_tokens"] < p["prompt_tokens"]
     # the loopback server expands an image to 4 tokens, our rendering to its real grid: counted, not hidden
     assert cal["prompt_tokens_differ"] == sum(p["prompt_tokens"] != p["predicted_prompt_tokens"] for p in cal["per_request"])
+
+
+def test_a_scoring_requests_match_stops_at_its_logprob_start_len():
+    """SGLang caps a scoring request's match at its logprob_start_len (the scored continuation is always computed):
+    the same tokens scored twice reuse only the prompt before the continuation."""
+    seq = prefix_keys(np.arange(1, 201))
+    for interval in (None, 64):
+        c = RadixLRU(None, interval)
+        c.access(seq, cap=149)
+        assert c.access(seq) == (199 if interval is None else 192)  # uncapped: all but the last token
+        c = RadixLRU(None, interval)
+        c.access(seq, cap=149)
+        # hybrid: the only state is at 192, past the cap: nothing reusable (the prefill then stores one at 128)
+        assert c.access(seq, cap=149) == (149 if interval is None else 0)

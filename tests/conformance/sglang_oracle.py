@@ -115,6 +115,7 @@ def _hybrid_cache(req):
 
     kit.get_device = lambda *a, **k: "cpu"  # the kit's only accelerator assumption; the tree and pools run on CPU
     prompts, grid = req["prompts"], int(req.get("grid", 64))
+    caps = req.get("caps") or [None] * len(prompts)  # a scoring request's logprob_start_len
     total = 2 * sum(len(p) for p in prompts) + 16  # each prompt allocates its KV again (nothing is freed here)
     cfg = CacheConfig(components=(ComponentType.FULL, ComponentType.MAMBA), kv_size=total, max_context_len=max(
         len(p) for p in prompts) + 16, mamba_cache_size=len(prompts) + 8, max_num_reqs=len(prompts) + 8)
@@ -129,7 +130,8 @@ def _hybrid_cache(req):
 
     out = []
     for i, p in enumerate(prompts):
-        m = kit.match_prefix(cache, p[: max(len(p) - 1, 0)])  # the last token is always computed
+        limit = max(len(p) - 1, 0) if caps[i] is None else max(min(len(p) - 1, caps[i]), 0)
+        m = kit.match_prefix(cache, p[:limit])  # _compute_max_prefix_len: the last token, logprob_start_len
         reused, branch = int(m.device_prefix_len), m.mamba_branching_seqlen
         extend = len(p) - reused
         track = None

@@ -4,7 +4,8 @@ of every prompt, token for token, on the probes' own request sequences and on br
 
 What runs as SGLang's code: the radix tree, the Mamba component's match (which stored states a prompt can reuse,
 the branch point), and what a finished request donates. What is our reading in both: where a prefill tracks its one
-state (the scheduler's ``_mamba_radix_cache_v2_req_prepare_for_extend`` needs a model runner to run). Not covered:
+state (the scheduler's ``_mamba_radix_cache_v2_req_prepare_for_extend`` needs a model runner to run), and the match
+cap (``_compute_max_prefix_len``: the last token, a scoring request's ``logprob_start_len``). Not covered:
 decode-time states (a generation's tracked states past its prompt), prefill chunks, and eviction (the tree here is
 unbounded)."""
 from __future__ import annotations
@@ -12,16 +13,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from probes.prefix_cache import STATE_GRID, RadixLRU, prefix_keys, probe_streams
+from probes.prefix_cache import STATE_GRID, RadixLRU, prefix_keys, probe_requests
 
 
-def _ours(prompts: list[list[int]]) -> list[int]:
+def _ours(prompts: list[list[int]], caps=None) -> list[int]:
     cache = RadixLRU(None, STATE_GRID)
-    return [cache.access(prefix_keys(np.asarray(p, dtype=np.int64))) for p in prompts]
+    caps = caps or [None] * len(prompts)
+    return [cache.access(prefix_keys(np.asarray(p, dtype=np.int64)), c) for p, c in zip(prompts, caps)]
 
 
-def _theirs(sglang, prompts: list[list[int]]) -> list[int]:
-    ans = sglang.ask("hybrid_cache", prompts=prompts, grid=STATE_GRID)
+def _theirs(sglang, prompts: list[list[int]], caps=None) -> list[int]:
+    ans = sglang.ask("hybrid_cache", prompts=prompts, grid=STATE_GRID, caps=caps)
     assert ans["ok"], ans
     return [r["reused"] for r in ans["requests"]]
 
@@ -53,7 +55,8 @@ def test_the_hybrid_model_reuses_what_sglangs_cache_reuses_on_the_probes_request
     assert run_main(["--method", "react", "--backend", "scripted", "--benchmark", "demo", "--out", str(tmp_path / "r"),
                      "--no-progress"]) == 0
     for mode in ("teacher-forced", "regenerate"):
-        streams = probe_streams(tmp_path / "r", mode=mode)
+        streams, _, caps = probe_requests(tmp_path / "r", mode=mode)
         prompts = [[int(x) for x in r] for s in streams for r in s]  # the probes' order: trajectory by trajectory
-        assert len(prompts) > 5
-        assert _ours(prompts) == _theirs(sglang, prompts), mode
+        flat_caps = [c for cs in caps for c in cs]  # teacher-forced: each scoring request's logprob_start_len
+        assert len(prompts) > 5 and (mode == "regenerate") == all(c is None for c in flat_caps)
+        assert _ours(prompts, flat_caps) == _theirs(sglang, prompts, flat_caps), mode
