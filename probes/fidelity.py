@@ -49,6 +49,7 @@ the reported size (0.3 nat) fails every one of them.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
 from pathlib import Path
@@ -377,9 +378,9 @@ async def check_servers(run_dir, backend, *, samples: int = 8, out_dir=None, for
 
 
 def refusal(report: dict) -> str:
-    failed = report["failed"]
-    scoring = [f for f in failed if not f.split(": ", 1)[-1].startswith("mode:") and not f.startswith("mode:")]
-    why = ("; ".join(failed))
+    failed = report["failed"]  # "check: ..." on one server, "ENDPOINT: check: ..." over several
+    scoring = [f for f in failed if not re.match(r"^(\S+: )?mode: ", f)]
+    why = "; ".join(failed)
     if not scoring:  # the mode check alone: the message says what to do
         return f"the server is not fit to be probed: {why}"
     return ("the server is not fit to be probed: scoring the same recorded tokens twice gave different "

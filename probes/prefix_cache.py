@@ -367,7 +367,7 @@ def calibration(run_dir, observed, *, model_dir=None, capacity: int, servers: in
                        "(python -m probes.entropy RUN --mode regenerate records them)")
     seen = {(r["sample_id"], r["trial"], r["step"]): r for r in rows}
     streams, names, _ = probe_requests(run_dir, mode="regenerate", model_dir=model_dir,
-                                    keep={(r["sample_id"], r["trial"]) for r in rows})
+                                       keep={(r["sample_id"], r["trial"]) for r in rows})
     pred = {name: simulate(streams, capacity=capacity, servers=servers, concurrency=concurrency * servers,
                            state_interval=si, per_request=True) for name, si in
             (("hybrid", state_interval or None), ("token_level", None))}
@@ -384,13 +384,14 @@ def calibration(run_dir, observed, *, model_dir=None, capacity: int, servers: in
     if not per:
         raise RunError(f"{observed}: its steps are not the run's image-bearing calls ({run_dir})")
 
-    def share(key_hit, key_total="prompt_tokens"):
+    def share(key_hit, key_total):  # each side over its own prompt tokens: the server's count, or our rendering's
         total = sum(p[key_total] for p in per)
         return sum(p[key_hit] for p in per) / total if total else float("nan")
     return {"requests": len(per), "left_out_lines": bad, "servers": servers, "concurrency": concurrency,
             "capacity_tokens": capacity, "state_grid": state_interval,
-            "observed_share": share("cached_tokens"), "predicted_hybrid_share": share("predicted_cached_hybrid"),
-            "predicted_token_level_share": share("predicted_cached_token_level"),
+            "observed_share": share("cached_tokens", "prompt_tokens"),
+            "predicted_hybrid_share": share("predicted_cached_hybrid", "predicted_prompt_tokens"),
+            "predicted_token_level_share": share("predicted_cached_token_level", "predicted_prompt_tokens"),
             "prompt_tokens_differ": sum(p["prompt_tokens"] != p["predicted_prompt_tokens"] for p in per),
             "mean_abs_cached_error_hybrid": float(np.mean([abs(p["cached_tokens"] - p["predicted_cached_hybrid"])
                                                            for p in per])),

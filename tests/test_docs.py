@@ -33,11 +33,11 @@ def _pages() -> list[Path]:
     return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 
-def test_every_relative_link_and_anchor_resolves():
+def _broken(pages: list[Path], root: Path) -> list[str]:
+    """Every relative link or anchor of ``pages`` that does not resolve, as ``page:line: target (why)``."""
     broken = []
-    for page in _pages():
-        text = page.read_text()
-        masked = CODE.sub(lambda m: "\n" * m.group(0).count("\n"), text)  # links inside code blocks are examples
+    for page in pages:
+        masked = CODE.sub(lambda m: "\n" * m.group(0).count("\n"), page.read_text())  # code blocks are examples
         for lineno, line in enumerate(masked.splitlines(), 1):
             for m in LINK.finditer(line):
                 target = m.group(1) or m.group(2)
@@ -45,14 +45,25 @@ def test_every_relative_link_and_anchor_resolves():
                     continue  # http(s), mailto: not checked here (no network in tests)
                 path, _, anchor = target.partition("#")
                 dest = (page.parent / path).resolve() if path else page
+                where = f"{page.relative_to(root)}:{lineno}: {target}"
                 if not dest.exists():
-                    broken.append(f"{page.relative_to(REPO)}:{lineno}: {target} (no such file)")
+                    broken.append(f"{where} (no such file)")
                 elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
-                    broken.append(f"{page.relative_to(REPO)}:{lineno}: {target} (no such heading)")
+                    broken.append(f"{where} (no such heading)")
+    return broken
+
+
+def test_every_relative_link_and_anchor_resolves():
+    broken = _broken(_pages(), REPO)
     assert not broken, "broken links:\n" + "\n".join(broken)
 
 
 def test_the_checker_catches_a_broken_link_and_anchor(tmp_path):
-    (tmp_path / "a.md").write_text("# Title here\n")
-    assert _anchors(tmp_path / "a.md") == {"title-here"}
-    assert _slug("The `--tools` flag: live, offline") == "the---tools-flag-live-offline"
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("# The `--tools` flag: live, offline\n\n## Title here\n")
+    (tmp_path / "README.md").write_text(
+        "[ok](docs/a.md#title-here) [ok2](docs/a.md#the---tools-flag-live-offline) ![img](docs/a.md)\n"
+        "[gone](docs/b.md) [no heading](docs/a.md#nope) [web](https://example.com/x)\n"
+        "```\n[inside code](docs/none.md)\n```\n")
+    assert _broken([tmp_path / "README.md"], tmp_path) == [
+        "README.md:2: docs/b.md (no such file)", "README.md:2: docs/a.md#nope (no such heading)"]
