@@ -22,15 +22,16 @@ pure-attention model. Qwen3.5 is hybrid (Gated DeltaNet linear attention between
 reuses a prefix only up to a stored linear-attention state, and a request's prefill stores one state, on the
 64-token checkpoint grid of its extend or at the branch point its match found (:meth:`RadixLRU.hybrid_match`, with
 SGLang's files); a match stops one token short of the prompt and, for a teacher-forced scoring request, at its
-``logprob_start_len``. The report adds the probes' order under that model, said as such. What it does not model
-yet (issue 58): prefill chunks (one extend per prompt), the state pool's own LRU (3 slots per running request under ``extra_buffer``) and decode-time states; the
-reused prefixes equal SGLang's own UnifiedRadixCache's on the probes' request sequences
-(tests/conformance/test_sglang_cache.py). ``--observed`` sets a probe's recorded
-``cached_tokens`` beside the model's prediction, request by request (:func:`calibration`). Ours, and a model of the
-server, not the
-server: the cache is prompt-only (generated tokens also enter SGLang's tree but are never a later prompt's
-prefix here, because the regenerated text differs from the recorded one; they do take room, so a real cache
-fills sooner), one request is in flight per trajectory and requests complete in the order they are sent
+``logprob_start_len``. The states sit in their own pool (``--state-slots``, as the launcher's dry run prints it),
+each request in flight holding 3 slots, the tree's states evicted least recently used first. The report adds the
+probes' order under that model, said as such; its reused prefixes equal SGLang's own UnifiedRadixCache's on the
+probes' request sequences, with an unbounded and a small state pool (tests/conformance/test_sglang_cache.py).
+``--observed`` sets a probe's recorded ``cached_tokens`` beside the model's prediction, request by request
+(:func:`calibration`). Ours, and a model of the server, not the server: the cache is prompt-only (generated tokens,
+and the decode-time states a regenerate output leaves every 256 tokens, also enter SGLang's tree but are never a
+later prompt's prefix here, because the regenerated text differs from the recorded one; they do take room, so a
+real cache fills sooner), a prompt is one extend (a prompt past SGLang's prefill chunk stores a state per chunk:
+more states, the same reuse within a trajectory), one request is in flight per trajectory and requests complete in the order they are sent
 (round-robin over the trajectories in flight), and an image's token count is Qwen's 28-pixel grid of its
 stored size (the processor may resize; counts, not sharing, change).
 
@@ -57,6 +58,7 @@ from agent.errors import ToolkitError
 from agent.rundir import RunError, load_run, write_json
 from agent.rundir.probe_outputs import probe_dir, read_rows
 from analysis.selection import select_trajectories
+from serving.plan import SLOTS_PER_REQUEST
 
 log = logging.getLogger(__name__)
 
@@ -96,12 +98,20 @@ class RadixLRU:
     RadixCache policy), held as the set of cached prefixes: a prefix is cached only with all its own prefixes,
     so the longest match is a binary search. Each node is owned by the last request that touched it; eviction
     takes the oldest request's nodes deepest first, which are always leaves (a deeper node touched later would
-    have touched them too)."""
+    have touched them too).
 
-    def __init__(self, capacity: int | None, state_interval: int | None = None):
+    A hybrid model's states (``state_interval``) sit in their own pool of ``state_slots`` slots, of which each of
+    the ``running`` requests holds :data:`SLOTS_PER_REQUEST`; what is left holds the tree's states, least recently
+    used evicted first (:meth:`_evict_states`)."""
+
+    def __init__(self, capacity: int | None, state_interval: int | None = None, state_slots: int | None = None,
+                 running: int = 1):
         self.capacity = capacity
         self.interval = state_interval  # the state grid; None: token-level reuse (a pure-attention model)
-        self.states: set = set()        # the prefixes (keys) at which a recurrent state is stored
+        self.states: dict = {}          # key -> (its path's keys, its index): where a state is stored, LRU first
+        self.kids: dict = {}            # key -> how many cached keys extend it by one token
+        self.bounds: set = set()        # keys where a tree node ends: an insert's end, a fork, a match's split
+        self.state_room = None if state_slots is None else state_slots - SLOTS_PER_REQUEST * running
         self.owner: dict = {}
         self.groups: deque = deque()
         self.size = 0
@@ -120,17 +130,64 @@ class RadixLRU:
                 lo = mid
             else:
                 hi = mid - 1
+        track = len(ks)
+        if self.interval and lo:
+            self.bounds.add(ks[lo - 1])  # the match splits the node it ends in (unified_tree_core.py _split_node)
         if self.interval:  # a hybrid model: reuse ends where a recurrent state is stored (see hybrid_match)
             lo, track = self.hybrid_match(ks, lo)
-            ks = ks[:track]  # what the request donates: its KV up to its tracked state, nothing past it
+            if lo:  # the match refreshes the state it reuses (mamba.py refresh_lru, MATCH_END) and locks it
+                self.states[ks[lo - 1]] = self.states.pop(ks[lo - 1])
+            self._evict_states(ks[lo - 1] if lo else None)
+        ks = ks[:track]  # a hybrid model's request donates its KV up to its tracked state, nothing past it
         self.clock += 1
         aid = self.clock
-        self.size += len(ks) - sum(1 for k in ks if k in owner)
+        kids, prev = self.kids, None
         for k in ks:
+            if k not in owner:
+                self.size += 1
+                if prev is not None:
+                    kids[prev] = kids.get(prev, 0) + 1
+                    if kids[prev] > 1:
+                        self.bounds.add(prev)
             owner[k] = aid
+            prev = k
+        if self.interval and track:  # the tracked state enters the tree (or is refreshed there) most recent
+            self.bounds.add(ks[track - 1])
+            self.states.pop(ks[track - 1], None)
+            self.states[ks[track - 1]] = (ks, track - 1)
         self.groups.append([aid, ks, len(ks)])
         self._evict()
         return lo
+
+    def _evict_states(self, locked) -> None:
+        """Free the state pool's slots a new request takes (its working state and track buffers): SGLang evicts the
+        least recently used states (``evict_for_alloc(mamba_num=...)`` at ``HybridReqToTokenPool.alloc``; the walk is
+        ``MambaComponent._evict_device_next_node``, srt/mem_cache/unified_cache/components/mamba.py). An inner node
+        loses its state only, its KV stays; a leaf node goes whole, its KV back to where the node begins
+        (``_cascade_evict``). Checked against SGLang's own classes at a small pool
+        (tests/conformance/test_sglang_cache.py)."""
+        if self.state_room is None:
+            return
+        states, kids, owner = self.states, self.kids, self.owner
+        for s in list(states):
+            if len(states) <= max(self.state_room, 0):
+                return
+            if s == locked:
+                continue
+            path, j = states.pop(s)
+            if kids.get(s, 0) or s not in owner:
+                continue  # an inner node: its KV stays
+            while j >= 0:  # a leaf: its node's KV, back to where the node begins
+                k = path[j]
+                if k not in owner or (k != s and (k in self.bounds or kids.get(k, 0))):
+                    break
+                del owner[k]
+                kids.pop(k, None)
+                self.bounds.discard(k)
+                self.size -= 1
+                if j:
+                    kids[path[j - 1]] -= 1
+                j -= 1
 
     def hybrid_match(self, ks: list, lo: int) -> tuple[int, int]:
         """SGLang 0.5.23's Mamba radix cache under ``extra_buffer``: the match ends at the deepest node holding a
@@ -155,7 +212,6 @@ class RadixLRU:
             branch = lo // g * g
             if p < branch < track and (branch - p) % g == 0:
                 track = branch
-            self.states.add(ks[track - 1])
         return p, track
 
     def _evict(self) -> None:
@@ -170,6 +226,11 @@ class RadixLRU:
                 if self.owner.get(k) == aid:
                     del self.owner[k]
                     self.size -= 1
+                    self.states.pop(k, None)  # a leaf's state goes with its KV
+                    self.kids.pop(k, None)
+                    self.bounds.discard(k)
+                    if g[2] and ks[g[2] - 1] in self.kids:
+                        self.kids[ks[g[2] - 1]] -= 1
             if g[2] == 0:
                 self.groups.popleft()
 
@@ -193,15 +254,20 @@ def _order(streams: list[list[np.ndarray]], how: str, concurrency: int) -> list[
 
 def simulate(streams: list[list[np.ndarray]], *, capacity: int | None, servers: int = 1, concurrency: int = 128,
              how: str = "per-trajectory", pinned: bool = True, page: int = 1, keys=None,
-             state_interval: int | None = None, per_request: bool = False, caps=None) -> dict:
+             state_interval: int | None = None, per_request: bool = False, caps=None,
+             state_slots: int | None = None) -> dict:
     """Replay the requests (``streams``: per trajectory, its requests' prompt tokens in the order it sends them)
     through one :class:`RadixLRU` per server; returns prompt tokens, cached tokens and the cached share.
     ``state_interval``: Qwen3.5's hybrid cache (its state grid, :data:`STATE_GRID`), else token-level.
     ``keys``: the streams' :func:`prefix_keys` at this ``page``, when the caller replays them several times.
     ``per_request``: also ``hits``, the cached tokens of each ``(trajectory, request)``. ``caps``: per trajectory,
-    each request's match cap (a scoring request's ``logprob_start_len``; None: none), as :func:`probe_requests`."""
+    each request's match cap (a scoring request's ``logprob_start_len``; None: none), as :func:`probe_requests`.
+    ``state_slots``: each server's linear-attention state pool (None: unbounded), of which each of its requests in
+    flight (``concurrency`` over ``servers``, at most its share of the trajectories) holds its own."""
     interval = None if state_interval is None else max(1, state_interval // page)
-    caches = [RadixLRU(None if capacity is None else capacity // page, interval) for _ in range(servers)]
+    running = max(1, min(-(-concurrency // servers), -(-len(streams) // servers)))
+    caches = [RadixLRU(None if capacity is None else capacity // page, interval, state_slots, running)
+              for _ in range(servers)]
     keys = keys if keys is not None else [[prefix_keys(r, page) for r in s] for s in streams]
     assigned, given = {}, [0] * servers
     rng = np.random.default_rng(0)  # unpinned: a server per request as a balancer without affinity picks one
@@ -304,7 +370,7 @@ def probe_requests(run_dir, *, mode: str = "regenerate", model_dir=None, limit: 
 
 
 def report(streams, *, capacity: int, servers: int, concurrency: int, state_interval: int | None = None,
-           caps=None) -> list[dict]:
+           caps=None, state_slots: int | None = None) -> list[dict]:
     """Each order at one server and at ``servers``, ``concurrency`` trajectories in flight per server: token-level
     (a pure-attention model's bound), then, with ``state_interval``, the probes' order under the hybrid cache."""
     keys = [[prefix_keys(r) for r in s] for s in streams]  # once, for every replay below
@@ -324,16 +390,17 @@ def report(streams, *, capacity: int, servers: int, concurrency: int, state_inte
     rows.append({"order": "ideal (unbounded, one server)", "servers": 1, **ideal, "of_ideal": 1.0})
     if state_interval:
         label = f"hybrid cache, state grid {state_interval}"
-        row(f"per-trajectory (pinned), {label}", servers, simulate(
+        pool = "" if state_slots is None else f", {state_slots} state slots"
+        row(f"per-trajectory (pinned), {label}{pool}", servers, simulate(
             streams, capacity=capacity, servers=servers, concurrency=concurrency * servers, keys=keys,
-            state_interval=state_interval, caps=caps))
+            state_interval=state_interval, caps=caps, state_slots=state_slots))
         row(f"ideal, {label}", 1, simulate(streams, capacity=None, servers=1, concurrency=concurrency, keys=keys,
                                            state_interval=state_interval, caps=caps))
     return rows
 
 
 def gpu_cost(streams, *, capacity: int, servers: int, concurrency: int, state_interval: int, rates: dict,
-             removal_steps: int = REMOVAL_STEPS, caps=None) -> list[dict]:
+             removal_steps: int = REMOVAL_STEPS, caps=None, state_slots: int | None = None) -> list[dict]:
     """Prefill GPU-seconds of the tokens a cache does not serve, per panel and backbone, in the probes' order
     (pinned, ``servers``): Figure 2(b) sends every stream; Figure 2(c)'s replays open with the same requests
     for k = 1..``removal_steps`` (the history at step k, query images removed) and then continue live, which
@@ -345,7 +412,7 @@ def gpu_cost(streams, *, capacity: int, servers: int, concurrency: int, state_in
     for panel, (ss, cc) in panels.items():
         kw = dict(capacity=capacity, servers=servers, concurrency=concurrency * servers, caps=cc)
         token = simulate(ss, **kw)
-        hybrid = simulate(ss, **kw, state_interval=state_interval)
+        hybrid = simulate(ss, **kw, state_interval=state_interval, state_slots=state_slots)
         for size, rate in rates.items():
             rows.append({"panel": panel, "backbone": size, "prompt_tokens": token["prompt_tokens"],
                          "token_level_s": (token["prompt_tokens"] - token["cached_tokens"]) / rate,
@@ -355,7 +422,7 @@ def gpu_cost(streams, *, capacity: int, servers: int, concurrency: int, state_in
 
 
 def calibration(run_dir, observed, *, model_dir=None, capacity: int, servers: int, concurrency: int,
-                state_interval: int) -> dict:
+                state_interval: int, state_slots: int | None = None) -> dict:
     """The server's recorded ``cached_tokens`` beside the model's prediction, for the requests an entropy probe
     (regenerate mode, whose rows carry the server's counts) sent: totals, and per request the prompt tokens (the
     server's count against our rendering: the image expansion and template) and the cached tokens. Ours: the first
@@ -369,7 +436,7 @@ def calibration(run_dir, observed, *, model_dir=None, capacity: int, servers: in
     streams, names, _ = probe_requests(run_dir, mode="regenerate", model_dir=model_dir,
                                        keep={(r["sample_id"], r["trial"]) for r in rows})
     pred = {name: simulate(streams, capacity=capacity, servers=servers, concurrency=concurrency * servers,
-                           state_interval=si, per_request=True) for name, si in
+                           state_interval=si, per_request=True, state_slots=state_slots) for name, si in
             (("hybrid", state_interval or None), ("token_level", None))}
     per = []
     for t, (sid, trial, steps) in enumerate(names):
@@ -388,7 +455,7 @@ def calibration(run_dir, observed, *, model_dir=None, capacity: int, servers: in
         total = sum(p[key_total] for p in per)
         return sum(p[key_hit] for p in per) / total if total else float("nan")
     return {"requests": len(per), "left_out_lines": bad, "servers": servers, "concurrency": concurrency,
-            "capacity_tokens": capacity, "state_grid": state_interval,
+            "capacity_tokens": capacity, "state_grid": state_interval, "state_slots": state_slots,
             "observed_share": share("cached_tokens", "prompt_tokens"),
             "predicted_hybrid_share": share("predicted_cached_hybrid", "predicted_prompt_tokens"),
             "predicted_token_level_share": share("predicted_cached_token_level", "predicted_prompt_tokens"),
@@ -428,6 +495,9 @@ def main(argv=None) -> int:
     ap.add_argument("--state-grid", type=int, default=STATE_GRID,
                     help=f"Qwen3.5's hybrid cache: SGLang's linear-attention checkpoint grid (default {STATE_GRID}, "
                          "its lcm of the cache chunk and the page; 0 = token-level only)")
+    ap.add_argument("--state-slots", type=positive_int, metavar="N",
+                    help="each server's linear-attention state pool in slots, as the launcher's dry run prints it "
+                         f"(each request in flight holds {SLOTS_PER_REQUEST}; default: unbounded)")
     ap.add_argument("--gpu-cost", action="store_true",
                     help="add prefill GPU-seconds per Figure 2 panel and backbone (an estimate: see above)")
     ap.add_argument("--gpu-tflops", type=float, default=H20_TFLOPS, help="dense bf16 TFLOPS per GPU (default: H20's)")
@@ -461,12 +531,12 @@ def main(argv=None) -> int:
     print(f"{len(streams)} trajectories, {n_req} {a.mode} requests, "
           f"{sum(len(r) for s in streams for r in s):,} prompt tokens; cache {a.capacity_tokens:,} tokens per server")
     for r in report(streams, capacity=a.capacity_tokens, servers=a.servers, concurrency=a.concurrency,
-                    state_interval=a.state_grid or None, caps=caps):
-        print(f"  {r['order']:58s} servers {r['servers']}: {100 * r['cached_share']:5.1f} % of prompt tokens cached "
+                    state_interval=a.state_grid or None, caps=caps, state_slots=a.state_slots):
+        print(f"  {r['order']:72s} servers {r['servers']}: {100 * r['cached_share']:5.1f} % of prompt tokens cached "
               f"({100 * r['of_ideal']:5.1f} % of ideal)")
     if a.gpu_cost:
         _print_cost(gpu_cost(streams, capacity=a.capacity_tokens, servers=a.servers, concurrency=a.concurrency,
-                             state_interval=a.state_grid, rates=rates, caps=caps), a)
+                             state_interval=a.state_grid, rates=rates, caps=caps, state_slots=a.state_slots), a)
     done([], f"python -m probes.entropy {a.run_dir} --mode {a.mode}   (its probe.json: the server's own cached_tokens)")
     return 0
 
@@ -475,7 +545,7 @@ def _calibrate(a) -> int:
     try:
         d = Path(a.observed) if a.observed else probe_dir(a.run_dir, ("entropy-regenerate",), "probes.entropy")
         cal = calibration(a.run_dir, d, model_dir=a.model_dir, capacity=a.capacity_tokens, servers=a.servers,
-                          concurrency=a.concurrency, state_interval=a.state_grid)
+                          concurrency=a.concurrency, state_interval=a.state_grid, state_slots=a.state_slots)
     except (ToolkitError, OSError, ValueError) as e:
         log.error(f"error: {e}")
         return 2

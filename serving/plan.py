@@ -229,9 +229,19 @@ def _config_of(weights: str) -> tuple[dict | None, str | None]:
 #: (srt/mem_cache/kv_cache_configurator.py, the ratio-based sizing of ``max_mamba_cache_size``;
 #: srt/arg_groups/fields/schedule.py ``mamba_full_memory_ratio``).
 MAMBA_FULL_MEMORY_RATIO = 0.9
-#: State slots a running request holds under ``--mamba-radix-cache-strategy extra_buffer`` (its working state and
-#: the two ping-pong track buffers); the rest of the pool holds cached prefixes' states.
+#: State slots a running request holds under ``--mamba-radix-cache-strategy extra_buffer``: its working state and two
+#: ping-pong track buffers (``HybridReqToTokenPool.alloc``, srt/mem_cache/memory_pool.py; two with the overlap
+#: scheduler, srt/mem_cache/allocation_sizing.py ``get_mamba_tracking_slots``); the rest holds the tree's states.
 SLOTS_PER_REQUEST = 3
+#: The tree's states a trajectory in flight keeps recent: the one its step reused (the match refreshes it) and the
+#: one its step tracked; with fewer, the pool's LRU evicts a trajectory's state before its next step
+#: (probes/prefix_cache.py, checked against SGLang's own eviction: tests/conformance/test_sglang_cache.py).
+TREE_STATES_PER_TRAJECTORY = 2
+#: A regenerate request whose output crosses a multiple of 256 tokens (``mamba_track_grid``, srt/runtime_context.py)
+#: also leaves the decode-time state it tracked there, most recent of the three (the prompt's state is checkpointed
+#: after prefill, ``checkpoint_kv_cache``; the decode state at finish, ``release_kv_cache``,
+#: srt/managers/scheduler_components/batch_result_processor.py): our reading, not in the cache model.
+TREE_STATES_PER_REGENERATE = 3
 
 
 def sglang_mem_fraction(gpu_gb: float, tp: int, vision: dict | None) -> float:
@@ -302,9 +312,12 @@ def memory_estimate(weights: str, size: str, tp: int, mem_fraction: float | None
             slots = int(state_gb * 1e9 // state)
             parts.append(f"split as SGLang does (--mamba-full-memory-ratio {r}): KV ~{kv_gb:.1f} GB (~"
                          f"{kv_gb * 1e9 / kv_tok / 1e6:.2f} M tokens), linear-attention states ~{state_gb:.1f} GB "
-                         f"({state / 2**20:.1f} MiB a request: ~{slots} slots, {SLOTS_PER_REQUEST} per running request "
-                         f"under extra_buffer, so ~{slots // SLOTS_PER_REQUEST} requests in flight before cached "
-                         "states are evicted)")
+                         f"({state / 2**20:.1f} MiB a request: ~{slots} slots; a trajectory in flight holds "
+                         f"{SLOTS_PER_REQUEST} while it runs and keeps {TREE_STATES_PER_TRAJECTORY} in the tree, so "
+                         f"~{slots // (SLOTS_PER_REQUEST + TREE_STATES_PER_TRAJECTORY)} trajectories in flight per "
+                         f"server before their states are evicted between steps; "
+                         f"~{slots // (SLOTS_PER_REQUEST + TREE_STATES_PER_REGENERATE)} for the regenerate probe, whose "
+                         "outputs add a decode-time state)")
         else:
             parts.append(f"KV ~{kv_gb * 1e9 / kv_tok / 1e6:.2f} M tokens")
     return "memory (estimate): " + "; ".join(parts) + (f" [config: {where}]" if where else "")

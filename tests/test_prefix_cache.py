@@ -82,6 +82,8 @@ def test_the_command_on_a_scripted_run(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "18 trajectories" in out and "per-trajectory (pinned)" in out and "servers 2" in out and "of ideal" in out
     assert "per-trajectory (pinned), hybrid cache, state grid 64" in out  # SGLang's checkpoint grid
+    assert main([str(tmp_path / "r"), "--concurrency", "4", "--state-slots", "40"]) == 0
+    assert "hybrid cache, state grid 64, 40 state slots" in capsys.readouterr().out
     assert main([str(tmp_path / "r"), "--mode", "teacher-forced", "--servers", "1"]) == 0
     assert main([str(tmp_path / "nope")]) == 2
     # GPU-seconds per Figure 2 panel and backbone; a measured rate replaces the FLOPs model for its backbone
@@ -151,6 +153,26 @@ def test_the_hybrid_cache_reuses_a_prefix_only_up_to_a_stored_state():
     tok = simulate(streams, capacity=None, concurrency=4)
     hyb = simulate(streams, capacity=None, concurrency=4, state_interval=64)
     assert 0 < hyb["cached_tokens"] < tok["cached_tokens"]
+
+
+def test_a_state_pool_too_small_for_the_trajectories_in_flight_evicts_their_states():
+    """Each request in flight holds 3 state slots; the tree keeps what is left, least recently used evicted first.
+    A trajectory in flight keeps two states recent (the one its step reused, refreshed by the match, and the one
+    it tracked): with room for two per trajectory the probes' order loses nothing; with less, a trajectory's state
+    is gone before its next step and the reuse drops."""
+    rng = np.random.default_rng(1)
+    streams = []
+    for _ in range(16):
+        steps = [rng.integers(0, 1000, 200)]
+        for _ in range(5):
+            steps.append(np.concatenate([steps[-1], rng.integers(0, 1000, 130)]))
+        streams.append(steps)
+    kw = dict(capacity=None, servers=1, concurrency=8, state_interval=64)
+    free = simulate(streams, **kw)["cached_tokens"]
+    assert simulate(streams, **kw, state_slots=8 * 3 + 16)["cached_tokens"] == free  # two each
+    one_each = simulate(streams, **kw, state_slots=8 * 3 + 8)["cached_tokens"]
+    assert 0 < one_each < free
+    assert simulate(streams, **kw, state_slots=8 * 3 + 4)["cached_tokens"] < one_each
 
 
 def test_the_servers_cached_tokens_beside_the_models_prediction(tmp_path, tiny_model_dir, capsys):

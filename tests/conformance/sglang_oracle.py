@@ -14,8 +14,9 @@ Runs in its own process (SGLang's modules come from ``.venv-sglang/site``, built
 - ``{"op": "radix_deterministic"}``: the attention backends whose radix cache survives ``--deterministic``;
 - ``{"op": "vlm_mem_fraction", "frac": F, "vision": {...}, "gpu_mem": MB}``: ``adjust_mem_fraction_for_vlm`` for a
   model whose vision config holds those fields;
-- ``{"op": "hybrid_cache", "prompts": [[ids], ...], "grid": 64}``: the prompts replayed through SGLang's
-  UnifiedRadixCache with its Mamba component on CPU (:func:`_hybrid_cache`).
+- ``{"op": "hybrid_cache", "prompts": [[ids], ...], "grid": 64, "caps": [...], "state_slots": S}``: the prompts
+  replayed through SGLang's UnifiedRadixCache with its Mamba component on CPU, one request running at a time, with a
+  state pool of S slots when given (:func:`_hybrid_cache`).
 
 Each answer is ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``.
 """
@@ -102,12 +103,16 @@ def _hybrid_cache(req):
     reused prefix SGLang's match gives (``device_prefix_len``) and its branch point. The match is SGLang's code;
     where the prefill then stores its one state is the scheduler's rule as probes/prefix_cache.py reads it
     (``_mamba_radix_cache_v2_req_prepare_for_extend``: the branch point first, else the grid's last multiple of the
-    extend from the reused prefix), applied here by inserting the state at that depth."""
+    extend from the reused prefix), applied here by inserting the state at that depth. ``state_slots``: the Mamba
+    state pool's size under ``extra_buffer``; each request takes its working slot and two ping-pong track slots at
+    allocation (``HybridReqToTokenPool.alloc``), SGLang's own eviction frees what the pool lacks
+    (``evict_for_alloc(mamba_num=...)``, its LRU over the tree's states) while the matched node is locked, and the
+    finished request hands its tracked slot to the tree and frees the rest (``free_mamba_cache``)."""
     from array import array
 
     import sglang.test.kits.unified_radix_cache.fixtures as kit
     from sglang.srt.managers.schedule_batch import Req
-    from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams
     from sglang.srt.mem_cache.radix_cache import RadixKey
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
     from sglang.srt.sampling.sampling_params import SamplingParams
@@ -117,31 +122,42 @@ def _hybrid_cache(req):
     prompts, grid = req["prompts"], int(req.get("grid", 64))
     caps = req.get("caps") or [None] * len(prompts)  # a scoring request's logprob_start_len
     total = 2 * sum(len(p) for p in prompts) + 16  # each prompt allocates its KV again (nothing is freed here)
+    slots = req.get("state_slots") or 3 * len(prompts) + 8  # unbounded: never short
     cfg = CacheConfig(components=(ComponentType.FULL, ComponentType.MAMBA), kv_size=total, max_context_len=max(
-        len(p) for p in prompts) + 16, mamba_cache_size=len(prompts) + 8, max_num_reqs=len(prompts) + 8)
+        len(p) for p in prompts) + 16, mamba_cache_size=slots, max_num_reqs=len(prompts) + 8,
+        enable_mamba_extra_buffer=True)
     cache, allocator, pool = kit.build_fixture(cfg, mamba_cache_chunk_size=grid)
-
-    def insert(seq, i, with_state=True):
-        r = Req(rid=f"s{i}", origin_input_text="", origin_input_ids=array("q"),
-                sampling_params=SamplingParams(temperature=0, max_new_tokens=1))
-        pool.alloc([r])
-        cache.insert(InsertParams(key=RadixKey(array("q", seq)), value=allocator.alloc(len(seq)),
-                                  mamba_value=r.kv.mamba_pool_idx.unsqueeze(0)))
+    need = 1 + pool.mamba_initial_tracking_slots  # a running request's working state and its track buffers
 
     out = []
     for i, p in enumerate(prompts):
         limit = max(len(p) - 1, 0) if caps[i] is None else max(min(len(p) - 1, caps[i]), 0)
         m = kit.match_prefix(cache, p[:limit])  # _compute_max_prefix_len: the last token, logprob_start_len
         reused, branch = int(m.device_prefix_len), m.mamba_branching_seqlen
+        r = Req(rid=f"s{i}", origin_input_text="", origin_input_ids=array("q"),
+                sampling_params=SamplingParams(temperature=0, max_new_tokens=1))
+        lock = cache.inc_lock_ref(m.last_device_node)  # the running request holds its matched node
+        short = need - pool.mamba_allocator.available_size()
+        if short > 0:
+            cache.evict_for_alloc(EvictParams(num_tokens=0, mamba_num=short))
+        pool.alloc([r])
+        cache.dec_lock_ref(m.last_device_node, lock.to_dec_params())
         extend = len(p) - reused
         track = None
         if branch is not None and reused < int(branch) < len(p):
             track = int(branch)
         elif extend >= grid:
             track = reused + extend // grid * grid
+        keep = None
         if track is not None:  # a finished request donates its KV only up to its tracked state (mamba.py
-            insert(p[:track], i, True)  # _select_finished_checkpoint: the key is cut to mamba_last_track_seqlen)
-        out.append({"reused": reused, "branch": None if branch is None else int(branch), "track": track})
+            seq = p[:track]    # _select_finished_checkpoint: the key is cut to mamba_last_track_seqlen)
+            res = cache.insert(InsertParams(key=RadixKey(array("q", seq)), value=allocator.alloc(len(seq)),
+                                            mamba_value=r.kv.mamba_ping_pong_track_buffer[0:1]))
+            keep = None if res.mamba_exist else 0  # the tree took the tracked slot unless it held that state
+        pool.free_mamba_cache(r, mamba_ping_pong_track_buffer_to_keep=keep)
+        pool.free(r)
+        out.append({"reused": reused, "branch": None if branch is None else int(branch), "track": track,
+                    "states": slots - pool.mamba_allocator.available_size()})
     return {"requests": out}
 
 

@@ -5,9 +5,10 @@ of every prompt, token for token, on the probes' own request sequences and on br
 What runs as SGLang's code: the radix tree, the Mamba component's match (which stored states a prompt can reuse,
 the branch point), and what a finished request donates. What is our reading in both: where a prefill tracks its one
 state (the scheduler's ``_mamba_radix_cache_v2_req_prepare_for_extend`` needs a model runner to run), and the match
-cap (``_compute_max_prefix_len``: the last token, a scoring request's ``logprob_start_len``). Not covered:
-decode-time states (a generation's tracked states past its prompt), prefill chunks, and eviction (the tree here is
-unbounded)."""
+cap (``_compute_max_prefix_len``: the last token, a scoring request's ``logprob_start_len``). The state pool's
+eviction runs as SGLang's code too (``evict_for_alloc`` at a small ``mamba_cache_size``), one request running at a
+time. Not covered: decode-time states (a generation's tracked states past its prompt), prefill chunks, the locks of
+other requests in flight, and KV eviction (the KV pool here is unbounded)."""
 from __future__ import annotations
 
 import numpy as np
@@ -16,14 +17,14 @@ import pytest
 from probes.prefix_cache import STATE_GRID, RadixLRU, prefix_keys, probe_requests
 
 
-def _ours(prompts: list[list[int]], caps=None) -> list[int]:
-    cache = RadixLRU(None, STATE_GRID)
+def _ours(prompts: list[list[int]], caps=None, slots=None) -> list[int]:
+    cache = RadixLRU(None, STATE_GRID, slots, running=1)
     caps = caps or [None] * len(prompts)
     return [cache.access(prefix_keys(np.asarray(p, dtype=np.int64)), c) for p, c in zip(prompts, caps)]
 
 
-def _theirs(sglang, prompts: list[list[int]], caps=None) -> list[int]:
-    ans = sglang.ask("hybrid_cache", prompts=prompts, grid=STATE_GRID, caps=caps)
+def _theirs(sglang, prompts: list[list[int]], caps=None, slots=None) -> list[int]:
+    ans = sglang.ask("hybrid_cache", prompts=prompts, grid=STATE_GRID, caps=caps, state_slots=slots)
     assert ans["ok"], ans
     return [r["reused"] for r in ans["requests"]]
 
@@ -49,6 +50,20 @@ def test_the_hybrid_model_reuses_what_sglangs_cache_reuses_on_branching_families
     assert _ours(prompts) == _theirs(sglang, prompts)
 
 
+def test_the_state_pools_lru_evicts_what_sglangs_evicts(sglang):
+    """Small pools (4-8 slots, 3 of them the running request's): inner states tombstoned, leaves evicted with
+    their node's KV; across 16 families every reused prefix equal, and the small pools do cost reuse."""
+    lost = 0
+    for seed in range(16):
+        prompts = _families(seed)
+        unbounded = _ours(prompts)
+        for slots in (8, 6, 5, 4):
+            ours = _ours(prompts, slots=slots)
+            assert ours == _theirs(sglang, prompts, slots=slots), (seed, slots)
+            lost += sum(unbounded) - sum(ours)
+    assert lost > 0  # the pool's eviction was exercised, not only its bookkeeping
+
+
 def test_the_hybrid_model_reuses_what_sglangs_cache_reuses_on_the_probes_requests(sglang, tmp_path):
     from agent.run import main as run_main
 
@@ -60,3 +75,4 @@ def test_the_hybrid_model_reuses_what_sglangs_cache_reuses_on_the_probes_request
         flat_caps = [c for cs in caps for c in cs]  # teacher-forced: each scoring request's logprob_start_len
         assert len(prompts) > 5 and (mode == "regenerate") == all(c is None for c in flat_caps)
         assert _ours(prompts, flat_caps) == _theirs(sglang, prompts, flat_caps), mode
+        assert _ours(prompts, flat_caps, 5) == _theirs(sglang, prompts, flat_caps, 5), mode
