@@ -126,16 +126,31 @@ def test_reproduce_figure2_demo_draws_every_panel(tmp_path):
 
 
 @pytest.mark.slow
-def test_reproduce_figure2_demo_on_the_tiny_model(tmp_path, tiny_model_dir):
-    # one trajectory, one removal step: the stages' fixed cost (each loads torch and the model) is what remains
-    out, stdout = _reproduce_demo(tmp_path, "--demo-model", "tiny", "--limit", "1", "--steps", "1",
-                                  env_extra={"MMCF_TINY_MODEL_DIR": str(tiny_model_dir)})
-    assert "RANDOMLY INITIALISED" in stdout
-    figs = out / "figures"
-    for f in ("fig1_tool_calls", "fig2", "fig2b_entropy", "fig2c_removal", "fig4_context"):
-        assert (figs / f"{f}.png").exists(), f
-    assert (out / "probes" / "grounding" / "summary.json").exists()  # ran; the random model's labels are invalid
-    assert (out / "judge-exact.jsonl").exists() and (figs / "table1_accuracy.md").exists()
+def test_the_tiny_demo_stages_only_the_tiny_chain_runs(tmp_path, tiny_model_dir, monkeypatch, caplog):
+    """``reproduce_figure2.sh --demo --demo-model tiny`` runs the scripted chain's stages on the embedded model. The
+    scripted chain (above) proves every panel is drawn, test_no_argument_demo_runs_end_to_end the run and the entropy
+    probe on the tiny model; what only the tiny chain runs is the grounding annotator and the removal replays on the
+    local model: here in one process (one model load, not one per stage), with the script's own arguments."""
+    import shlex
+
+    from agent.run import main as run_main
+    from probes.grounding import main as grounding_main
+    from probes.removal import main as removal_main
+    from tests.conftest import REPO
+
+    monkeypatch.setenv("MMCF_TINY_MODEL_DIR", str(tiny_model_dir))
+    script = (REPO / "scripts" / "reproduce_figure2.sh").read_text()
+    tiny = script[script.index('if [[ "$DEMO_MODEL" == tiny ]]'):script.index("  else")]
+    run_args = shlex.split(re.search(r"RUN_ARGS=\(([^)]*)\)", tiny).group(1))
+    grounding_args = shlex.split(re.search(r"GROUNDING_ARGS=\(([^)]*)\)", tiny).group(1))
+    assert "--judge-backend" in grounding_args and "--benchmark" in run_args
+    out = tmp_path / "tiny"
+    assert run_main(["--method", "react", "--out", str(out), *run_args, "--limit", "1", "--no-progress"]) == 0
+    assert "RANDOMLY INITIALISED" in caplog.text
+    g = grounding_main([str(out), *grounding_args, "--no-progress"])  # the random model's labels
+    assert g == 0 and (out / "probes" / "grounding" / "summary.json").exists()  # are invalid: ran, said so
+    assert removal_main([str(out), "--steps", "1", "--judge", "exact", "--no-progress"]) == 0
+    assert list((out / "probes" / "removal").glob("*"))
 
 
 def _by_question(messages):
