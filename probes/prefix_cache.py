@@ -31,9 +31,9 @@ probes' request sequences, with an unbounded and a small state pool (tests/confo
 and the decode-time states a regenerate output leaves every 256 tokens, also enter SGLang's tree but are never a
 later prompt's prefix here, because the regenerated text differs from the recorded one; they do take room, so a
 real cache fills sooner), a prompt is one extend (a prompt past SGLang's prefill chunk stores a state per chunk:
-more states, the same reuse within a trajectory), one request is in flight per trajectory and requests complete in the order they are sent
-(round-robin over the trajectories in flight), and an image's token count is Qwen's 28-pixel grid of its
-stored size (the processor may resize; counts, not sharing, change).
+more states, the same reuse within a trajectory), one request is in flight per trajectory and requests complete in
+the order they are sent (round-robin over the trajectories in flight), and an image's token count is Qwen's
+28-pixel grid of its stored size (the processor may resize; counts, not sharing, change).
 
 ``--gpu-cost`` adds the prefill GPU-seconds of the uncached tokens per Figure 2 panel and backbone
 (:func:`gpu_cost`), token-level bound beside the hybrid cache: an estimate from a FLOPs model (2 x active
