@@ -29,6 +29,18 @@ class Naive:
         return m
 
 
+def _trajectories(n: int, steps: int, grow: int, seed: int = 1, first: int = 200) -> list[list[np.ndarray]]:
+    """``n`` probe-like streams: each step's prompt extends the previous one by ``grow`` tokens (a trajectory)."""
+    rng = np.random.default_rng(seed)
+    streams = []
+    for _ in range(n):
+        s = [rng.integers(0, 1000, first)]
+        for _ in range(steps - 1):
+            s.append(np.concatenate([s[-1], rng.integers(0, 1000, grow)]))
+        streams.append(s)
+    return streams
+
+
 def test_the_radix_cache_matches_a_brute_force_one():
     rng = np.random.default_rng(1)
     for capacity in (5, 12, 40):
@@ -104,13 +116,7 @@ def test_the_command_on_a_scripted_run(tmp_path, capsys):
 def test_gpu_cost_prices_the_uncached_tokens_of_each_panel():
     """Seconds = uncached prompt tokens / rate; the hybrid cache pays at least the token-level bound; Figure
     2(c)'s opening requests are the first five of each stream."""
-    rng = np.random.default_rng(1)
-    streams = []
-    for _ in range(6):
-        steps = [rng.integers(0, 1000, 200)]
-        for _ in range(7):
-            steps.append(np.concatenate([steps[-1], rng.integers(0, 1000, 70)]))
-        streams.append(steps)
+    streams = _trajectories(6, 8, 70)
     rows = gpu_cost(streams, capacity=10**6, servers=2, concurrency=4, state_interval=64, rates={"9b": 100.0, "27b": 50.0})
     by = {(r["panel"].split()[0], r["backbone"]): r for r in rows}
     total = sum(len(r) for s in streams for r in s)
@@ -143,13 +149,7 @@ def test_the_hybrid_cache_reuses_a_prefix_only_up_to_a_stored_state():
     assert [c.access(prefix_keys(np.arange(5))), c.access(prefix_keys(np.arange(5)))] == [0, 0]
     assert [c.access(prefix_keys(np.arange(20))), c.access(prefix_keys(np.arange(20)))] == [0, 16]
     # never more than token-level reuse, on a probe-like stream
-    rng = np.random.default_rng(0)
-    streams = []
-    for _ in range(20):
-        steps = [rng.integers(0, 1000, 300)]  # each step's prompt extends the previous one (a trajectory)
-        for _ in range(4):
-            steps.append(np.concatenate([steps[-1], rng.integers(0, 1000, 90)]))
-        streams.append(steps)
+    streams = _trajectories(20, 5, 90, seed=0, first=300)
     tok = simulate(streams, capacity=None, concurrency=4)
     hyb = simulate(streams, capacity=None, concurrency=4, state_interval=64)
     assert 0 < hyb["cached_tokens"] < tok["cached_tokens"]
@@ -160,13 +160,7 @@ def test_a_state_pool_too_small_for_the_trajectories_in_flight_evicts_their_stat
     A trajectory in flight keeps two states recent (the one its step reused, refreshed by the match, and the one
     it tracked): with room for two per trajectory the probes' order loses nothing; with less, a trajectory's state
     is gone before its next step and the reuse drops."""
-    rng = np.random.default_rng(1)
-    streams = []
-    for _ in range(16):
-        steps = [rng.integers(0, 1000, 200)]
-        for _ in range(5):
-            steps.append(np.concatenate([steps[-1], rng.integers(0, 1000, 130)]))
-        streams.append(steps)
+    streams = _trajectories(16, 6, 130)
     kw = dict(capacity=None, servers=1, concurrency=8, state_interval=64)
     free = simulate(streams, **kw)["cached_tokens"]
     assert simulate(streams, **kw, state_slots=8 * 3 + 16)["cached_tokens"] == free  # two each
