@@ -16,7 +16,7 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 
 from .errors import HarnessError
-from .jsonio import dumps, loads
+from .jsonio import PartsString, dumps_parts, loads
 from .redact import public_url, redact
 
 __all__ = ["HTTPError", "ServerDown", "RetryPolicy", "LIVENESS_TIMEOUT_S", "request_json", "make_client", "ClientPool"]
@@ -150,15 +150,36 @@ def _unbound(r: httpx.Response) -> httpx.Response:
     return r
 
 
+async def _written(pieces: list):
+    """A body's pieces as sent: bytes as they are, each :class:`PartsString` part by part."""
+    for p in pieces:
+        if isinstance(p, PartsString):
+            for part in p.parts():
+                yield part
+        else:
+            yield p
+
+
+def _content(pieces: list):
+    """What httpx sends for a body of these pieces: its bytes, or (a value written from parts inside) a fresh stream
+    of them, its length given so that no chunked encoding is used (SGLang and smg read it as a plain body)."""
+    if len(pieces) == 1:
+        return pieces[0], {}
+    n = sum(p.nbytes() if isinstance(p, PartsString) else len(p) for p in pieces)
+    return _written(pieces), {"Content-Length": str(n)}
+
+
 async def _send_following(client, method, url, json_body, params, headers, policy, what):
     hdrs = dict(headers or {})
     origin = _origin(url)  # keys stay with the origin the caller named, across every hop
-    body = dumps(json_body) if json_body is not None else None
+    body = dumps_parts(json_body) if json_body is not None else None
     if body is not None:
         hdrs = {"Content-Type": "application/json", **hdrs}
     for _ in range(MAX_REDIRECTS + 1):
         if body is not None:
-            r = await client.request(method, url, content=body, params=params, headers=hdrs, timeout=policy.timeout_s)
+            content, length = _content(body)  # each hop sends the body again: a stream is made anew
+            r = await client.request(method, url, content=content, params=params, headers={**hdrs, **length},
+                                     timeout=policy.timeout_s)
         else:
             r = await client.request(method, url, params=params, headers=hdrs, timeout=policy.timeout_s)
         _unbound(r)

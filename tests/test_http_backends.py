@@ -405,3 +405,36 @@ async def test_a_read_reply_and_its_request_body_are_freed_without_the_cyclic_co
         gc.garbage.clear()
         gc.enable()
     assert cyclic == []
+
+
+async def test_an_image_request_body_is_written_from_the_image_as_it_is_sent(native, fake_sglang, tmp_path):
+    """The data URI of a photo-sized image is never built whole on the client (neither cached nor inside a whole
+    body): the body goes out in pieces with its length given (no chunked encoding), and the server reads exactly the
+    bytes a whole serialisation would have been."""
+    import numpy as np
+    from PIL import Image
+
+    from agent.backends import images as I
+    from agent.jsonio import dumps
+
+    p = tmp_path / "photo.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (300, 300, 3), dtype=np.uint8)).save(p)
+    I.forget_images([I.load_image(str(p)).sha256])
+    uris = I.image_cache_stats()["uri_bytes"]
+    sent: list = []
+    real = httpx.AsyncClient.request
+
+    async def spy(self, method, url, **kw):  # what httpx is handed: a stream and its length, not a whole body
+        sent.append((kw.get("content"), dict(kw.get("headers") or {})))
+        return await real(self, method, url, **kw)
+    httpx.AsyncClient.request = spy
+    try:
+        await native.generate(msgs(p), SamplingParams(max_tokens=8))
+    finally:
+        httpx.AsyncClient.request = real
+    content, headers = sent[-1]
+    assert not isinstance(content, (bytes, str)) and "Transfer-Encoding" not in headers
+    assert I.image_cache_stats()["uri_bytes"] == uris  # no data URI was built to send it
+    body = fake_sglang.bodies[-1]
+    assert body["image_data"] == [I.load_image(str(p)).data_uri()]
+    assert int(headers["Content-Length"]) == len(dumps(body)) > 300 * 300

@@ -219,7 +219,7 @@ class SGLangBackend(PromptTokens):
         payload = {"input_ids": joined_ids(pieces), "sampling_params": params, "return_logprob": True,
                    "top_logprobs_num": sp.top_logprobs}
         if images:
-            payload["image_data"] = [im.data_uri() for im in images]
+            payload["image_data"] = [im.sent_data_uri() for im in images]  # written as sent (agent/http.py)
         return payload, prompt, images, pieces
 
     async def generate(self, messages: list[dict], sampling: SamplingParams | None = None) -> ModelOutput:
@@ -288,7 +288,7 @@ class SGLangBackend(PromptTokens):
         # test_sglang_frontend.py), so nothing is re-tokenised and "\n" after the <think>\n pre-fill cannot merge.
         # logprob_start_len indexes the *expanded* prompt: the processor's image_grid_thw says how long it is.
         start = self.expanded_prompt_len(prompt_ids, images) - 1
-        return ({"input_ids": input_ids, "image_data": [im.data_uri() for im in images],
+        return ({"input_ids": input_ids, "image_data": [im.sent_data_uri() for im in images],
                  "logprob_start_len": max(start, 0), **common}, ids, prompt, images)
 
     async def score(self, messages: list[dict], continuation: Continuation, *, top_logprobs: int = DEFAULT_TOP_LOGPROBS,
