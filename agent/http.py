@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import random
 import ssl
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 from urllib.parse import urljoin, urlsplit
@@ -44,6 +45,11 @@ class ServerDown(HTTPError):
 #: How long a liveness check waits: SGLang's ``/health`` answers 503 after 20 s without any output from its
 #: scheduler (``HEALTH_CHECK_TIMEOUT``, srt/entrypoints/http_server.py ``health_generate``); ours: 45 s.
 LIVENESS_TIMEOUT_S = 45.0
+#: How often a model server's liveness is asked while a request to it has no reply yet (ours): a hung scheduler
+#: (SGLang's ``/health`` 503 after 20 s without output) ends the command within about this plus
+#: :data:`LIVENESS_TIMEOUT_S`, not at the request's own timeout (600 s by default); a busy server answers 200 at once,
+#: and one check a period serves every request in flight to it (:meth:`ClientPool.watch`).
+LIVENESS_EVERY_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,7 @@ class RetryPolicy:
     timeout_s: float = 600.0
     pause_s: float | None = None
     retry_any_status: bool = False
+    liveness_every_s: float = LIVENESS_EVERY_S
 
     def delay(self, attempt: int, retry_after: str | None = None) -> float:
         if self.pause_s is not None:
@@ -99,6 +106,20 @@ class ClientPool:
         self._busy: list[int] = []
         self._loop = None
         self.down: str | None = None  # why the server is known to be down (request_json's liveness check)
+        self._alive_at = 0.0          # when its liveness URL last answered 200
+        self._checking: asyncio.Future | None = None
+
+    async def watch(self, url: str, headers: dict | None, why: str, every_s: float) -> None:
+        """Raise :class:`ServerDown` if the server is down: its liveness URL asked at most once per ``every_s``
+        for all the requests waiting on it (the others wait on that one check)."""
+        if self.down:
+            raise ServerDown(self.down)
+        if time.monotonic() - self._alive_at < every_s:
+            return
+        if self._checking is None or self._checking.done():
+            self._checking = asyncio.ensure_future(_require_alive(self, url, headers, why))
+        await asyncio.shield(self._checking)
+        self._alive_at = time.monotonic()
 
     def _pick(self) -> int:
         loop = asyncio.get_running_loop()
@@ -230,8 +251,10 @@ async def request_json(
         if liveness and getattr(client, "down", None):  # another request found the server down meanwhile
             raise ServerDown(client.down)
         try:
-            r = await asyncio.wait_for(_send_following(client, method, url, json_body, params, headers, policy, what),
-                                       policy.timeout_s)
+            sent = _send_following(client, method, url, json_body, params, headers, policy, what)
+            if liveness and isinstance(client, ClientPool):
+                sent = _watched(sent, client, liveness, headers, policy, f"{what}: {shown} gave no reply yet")
+            r = await asyncio.wait_for(sent, policy.timeout_s)
         except asyncio.TimeoutError:
             last, retry_after, last_status = f"no complete reply within {policy.timeout_s:g} s", None, None
         except (httpx.TimeoutException, httpx.TransportError) as e:
@@ -260,6 +283,20 @@ async def request_json(
                 on_retry(attempt + 1, last)
             await asyncio.sleep(policy.delay(attempt, retry_after))
     raise HTTPError(f"{what}: {shown} failed after {policy.retries + 1} attempts; last error: {last}", last_status)
+
+
+async def _watched(sent, client: "ClientPool", liveness: str, headers: dict | None, policy: RetryPolicy, why: str):
+    """``sent`` awaited, the server's liveness asked every ``policy.liveness_every_s`` while it has no reply."""
+    task = asyncio.ensure_future(sent)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=policy.liveness_every_s)
+            if done:
+                return task.result()
+            await client.watch(liveness, headers, why, policy.liveness_every_s)
+    finally:
+        if not task.done():
+            task.cancel()
 
 
 async def _require_alive(client, url: str, headers: dict | None, why: str) -> None:

@@ -1,4 +1,5 @@
 """OpenAI-compatible and SGLang-native backends against a loopback server speaking SGLang's format."""
+import asyncio
 import json
 
 import httpx
@@ -438,3 +439,27 @@ async def test_an_image_request_body_is_written_from_the_image_as_it_is_sent(nat
     body = fake_sglang.bodies[-1]
     assert body["image_data"] == [I.load_image(str(p)).data_uri()]
     assert int(headers["Content-Length"]) == len(dumps(body)) > 300 * 300
+
+
+async def test_a_hung_server_is_found_by_its_health_while_a_request_waits_not_at_the_request_timeout(tiny_model_dir):
+    """A hung scheduler (no reply, /health 503) ends a request at the next liveness check, well before its own
+    600 s timeout; a slow server whose /health answers keeps its requests waiting until they are answered."""
+    import time
+
+    from agent.backends.base import ModelServerDown
+    from agent.http import RetryPolicy
+    from tests.fakes.sglang_server import FakeSGLang
+
+    watch = RetryPolicy(retries=0, timeout_s=600, liveness_every_s=0.5)
+    with FakeSGLang(tokenizer_dir=str(tiny_model_dir), model_name=str(tiny_model_dir), latency_s=1.5) as srv:
+        slow = SGLangBackend(srv.url, str(tiny_model_dir), policy=watch)
+        outs = await asyncio.gather(*[slow.generate([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=4))
+                                      for _ in range(6)])
+        assert len(outs) == 6  # three watch periods each, answered: a slow server is not a dead one
+        srv.hung.set()
+        hung = SGLangBackend(srv.url, str(tiny_model_dir), policy=watch)
+        t0 = time.monotonic()
+        with pytest.raises(ModelServerDown, match="down or hung"):
+            await asyncio.gather(*[hung.generate([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=4))
+                                   for _ in range(4)])
+        assert time.monotonic() - t0 < 300  # a guard against the old wait (600 s), not a verdict on speed
