@@ -1,6 +1,7 @@
 """The entropy probe's client cost on the HTTP path, against the honest floor of the same bytes, at the defaults.
 
     python scripts/bench_probe.py [--scales 30,300] [--reply-tokens 1000] [--against REV]
+    python scripts/bench_probe.py --fault dead|hung [--trajectories 300]
 
 What a user with a GPU node runs: ``python -m probes.entropy RUN --mode teacher-forced --backend sglang
 --endpoint URL --model-dir DIR``, at its default concurrency (128 trajectories in flight per server: one endpoint
@@ -19,12 +20,16 @@ starts from its parent's high-water mark under vfork, so the bench's own memory 
   prefills its two scored continuations, the prompts cached: 2 x ``--reply-tokens`` tokens);
 - **peak memory** at each scale and in-flight count;
 - with ``--against REV``: the same command from commit REV's tree on the same run, in turn, and the paired ratio.
+
+``--fault``: the probe at 128 in flight, its server killed (``dead``) or stopped with SIGSTOP (``hung``: no reply and
+no health answer) after 500 steps; prints how long the probe took to end after it, its exit code and the steps kept.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -211,6 +216,47 @@ def measure(scales: list[int], reply_tokens: int, against: list[str], endpoints:
     return {"rows": rows, "floor": fl, "reply_tokens": reply_tokens}
 
 
+def fault(how: str, trajectories: int = 300, reply_tokens: int = 1000, after_steps: int = 500) -> dict:
+    """The probe against a server that dies (SIGKILL) or hangs (SIGSTOP) after ``after_steps`` steps."""
+    import bench_data
+
+    from agent.backends.base import model_vocab_size
+    from agent.backends.local import load_chat_renderer
+    from agent.backends.sglang_native import SGLangBackend
+    from agent.backends.tiny_model import ensure_tiny_model
+
+    tiny = str(ensure_tiny_model(quiet=True))
+    url, server = _stand_in(tiny, tiny_reply(tiny, reply_tokens))
+    try:
+        wait_up(url, server)
+        with tempfile.TemporaryDirectory() as d:
+            root, out = Path(d) / "run", Path(d) / "probe"
+            bench_data.VOCAB = min([model_vocab_size(tiny), *load_chat_renderer(tiny).all_special_ids])
+            bench_data.write_run(root, trajectories, bench_data.RowPool(seed=0, n_rows=1 << 16), progress=False,
+                                 distinct_images=True, prompts=SGLangBackend(url, tiny))
+            probe = subprocess.Popen([sys.executable, "-m", "probes.entropy", str(root), "--backend", "sglang",
+                                      "--model-dir", tiny, "--force", "--no-progress", "--mode", "teacher-forced", "--out",
+                                      str(out), "--skip-fidelity", "--endpoint", url], cwd=REPO,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            steps = out / "steps.jsonl"
+
+            def written():
+                return sum(1 for _ in open(steps, "rb")) if steps.exists() else 0
+            while written() < after_steps and probe.poll() is None:
+                time.sleep(0.5)
+            if probe.poll() is not None:
+                raise SystemExit(f"the probe ended before the fault ({probe.returncode}): {probe.stderr.read()[-2000:]}")
+            at, t0 = written(), time.monotonic()
+            os.kill(server.pid, signal.SIGKILL if how == "dead" else signal.SIGSTOP)
+            _, err = probe.communicate(timeout=1800)
+            return {"fault": how, "in_flight": min(trajectories, 128), "steps_at_fault": at,
+                    "ended_after_s": round(time.monotonic() - t0, 1), "exit": probe.returncode,
+                    "steps_kept": written(), "last_line": (err.strip().splitlines() or [""])[-1][:300]}
+    finally:
+        server.kill()
+        server.wait(timeout=30)
+
+
 def summarise(m: dict) -> list[dict]:
     """Per code version (one endpoint): marginal CPU per step, its ratio to the floor, its share of a GPU step per
     backbone; peak RSS per scale and in-flight count (every configuration)."""
@@ -233,7 +279,12 @@ def main(argv=None) -> int:
                                                         "fills 128 and 256 in flight)")
     ap.add_argument("--reply-tokens", type=int, default=1000)
     ap.add_argument("--against", default="", help="comma-separated git revisions run in turn on the same run")
+    ap.add_argument("--fault", choices=("dead", "hung"), help="instead: the probe's server killed or stopped mid-probe")
+    ap.add_argument("--trajectories", type=int, default=300, help="with --fault: the run's trajectories")
     a = ap.parse_args(argv)
+    if a.fault:
+        print(json.dumps(fault(a.fault, a.trajectories, a.reply_tokens), indent=2))
+        return 0
     m = measure([int(x) for x in a.scales.split(",")], a.reply_tokens, [r for r in a.against.split(",") if r])
     print(json.dumps({"measured": m, "summary": summarise(m)}, indent=2))
     return 0
