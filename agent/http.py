@@ -125,6 +125,7 @@ class ClientPool:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # a client belongs to the event loop it was used in: a new loop, new members
             self._clients, self._busy, self._loop = [], [], loop
+            self._checking = None  # a liveness check belongs to its loop too
         if self._clients:
             i = min(range(len(self._clients)), key=self._busy.__getitem__)
             if self._busy[i] < self.per_client:
