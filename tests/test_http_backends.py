@@ -441,6 +441,7 @@ async def test_an_image_request_body_is_written_from_the_image_as_it_is_sent(nat
     assert int(headers["Content-Length"]) == len(dumps(body)) > 300 * 300
 
 
+@pytest.mark.slow
 async def test_a_hung_server_is_found_by_its_health_while_a_request_waits_not_at_the_request_timeout(tiny_model_dir):
     """A hung scheduler (no reply, /health 503) ends a request at the next liveness check, well before its own
     600 s timeout; a slow server whose /health answers keeps its requests waiting until they are answered."""
