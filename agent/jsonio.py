@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 
 import orjson
@@ -20,17 +21,19 @@ from .redact import redact_obj
 __all__ = ["loads", "dumps", "dumps_parts", "dumps_record", "scrub", "PartsString"]
 
 
-class PartsString:
+class PartsString(ABC):
     """A JSON string value written from parts, so that a request body need not hold it whole (an image's base64 data
     URI: ~0.5 MB a photo, in every request in flight). :func:`dumps_parts` leaves it for the sender (agent.http
-    writes it part by part into the socket); :func:`dumps` writes it whole. ``parts()``: its characters as ASCII
-    bytes with nothing to escape; ``nbytes()``: their total length."""
+    writes it part by part into the socket); :func:`dumps` writes it whole. An interface: its one implementation is
+    agent.backends.images.SentDataURI."""
 
+    @abstractmethod
     def nbytes(self) -> int:
-        raise NotImplementedError
+        """The total length of :meth:`parts`."""
 
+    @abstractmethod
     def parts(self) -> Iterator[bytes]:
-        raise NotImplementedError
+        """Its characters as ASCII bytes with nothing to escape, in order."""
 
     def __str__(self) -> str:
         return b"".join(self.parts()).decode("ascii")
