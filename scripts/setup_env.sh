@@ -21,10 +21,18 @@ case "$(uname -m)" in
   aarch64|arm64) TORCH_PINS=${TORCH_PINS:-"torch==2.9.1 torchvision==0.24.1"} ;;
   *) TORCH_PINS=${TORCH_PINS:-"torch torchvision"} ;;
 esac
-echo "[setup] installing $TORCH_PINS and mmcf-toolkit[local,dev] into $VENV (first run: a few minutes)"
+echo "[setup] installing $TORCH_PINS and mmcf-toolkit[local,dev] into $VENV (first run: about a minute)"
+# uv installs (one small wheel, into the venv): it unpacks torch's ~5 GB CUDA build in parallel and links it from its
+# cache, 24 s for everything on a fresh machine against pip's 97 s (docs/performance.md); pip where uv cannot be had
+if "$VENV/bin/python" -m pip install -q uv >/dev/null 2>&1 && [ -x "$VENV/bin/uv" ]; then
+  INSTALL=("$VENV/bin/uv" pip install -q --python "$VENV/bin/python")
+else
+  echo "[setup] uv could not be installed; using pip (slower)"
+  INSTALL=("$VENV/bin/python" -m pip install -q --no-compile)
+fi
 # shellcheck disable=SC2086
 # one resolve for both (the pins first: a bare torch requirement alone would take another build)
-"$VENV/bin/python" -m pip install -q --no-compile $TORCH_PINS -e ".[local,dev]"
+"${INSTALL[@]}" $TORCH_PINS -e ".[local,dev]"
 # byte code: Python writes what it compiles on first import, unless PYTHONDONTWRITEBYTECODE is set (as on this
 # project's machines); then every process would compile torch, transformers, pandas... again (`import torch`: 1.9 CPU-s
 # compiled, 3.7 from source), so the venv is compiled once here, on all cores (pip compiles on one): ~45 CPU-s,

@@ -6,8 +6,7 @@
 # scheduler only).
 #
 #   bash scripts/sglang_conformance.sh          # builds .venv-sglang/site (a --target dir, ~350-450 MB, ~1-2 min)
-#   bash scripts/sglang_conformance.sh install  # only the files: needs no .venv (scripts/test.sh runs it beside
-#                                               # scripts/setup_env.sh), then
+#   bash scripts/sglang_conformance.sh install  # only the files (with .venv's uv when there, else pip), then
 #   bash scripts/sglang_conformance.sh check    # the import check with .venv's torch and transformers; stamps it built
 #
 # Everything goes in with --no-deps into one folder that the tests put on PYTHONPATH of a separate
@@ -46,7 +45,12 @@ install() {
   echo "[sglang-conformance] installing SGLang's pure-Python parts into $SITE (--no-deps)"
   rm -rf "$SITE" "$SITE.files"
   mkdir -p "$SITE"
-  PIP_ROOT_USER_ACTION=ignore "$BASE_PY" -m pip install -q --no-compile --no-deps --target "$SITE" "${PKGS[@]}" 2>&1 | grep -v "^WARNING: Location" || true
+  # with .venv's uv where scripts/setup_env.sh installed it (2 s against pip's 12 s), else pip
+  if [ -x "${VENV:-.venv}/bin/uv" ]; then
+    "${VENV:-.venv}/bin/uv" pip install -q --no-deps --target "$SITE" --python "$BASE_PY" "${PKGS[@]}"
+  else
+    PIP_ROOT_USER_ACTION=ignore "$BASE_PY" -m pip install -q --no-compile --no-deps --target "$SITE" "${PKGS[@]}" 2>&1 | grep -v "^WARNING: Location" || true
+  fi
   # byte-compiled once here where PYTHONDONTWRITEBYTECODE is set: every SGLang process the suite starts would
   # otherwise compile these modules again (elsewhere Python writes what it compiles on first import)
   if [ -n "${PYTHONDONTWRITEBYTECODE:-}" ]; then "$BASE_PY" -m compileall -q -j 0 "$SITE" >/dev/null 2>&1 || true; fi

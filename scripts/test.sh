@@ -23,11 +23,12 @@ install_chromium() {
     echo "note: no chromium and no way to install it here; the browser tests will skip" >&2
   fi
 }
-# the installs that do not need each other run side by side (most of their time is waiting on disk and network)
+# chromium installs beside the rest (most of its time is waiting on disk and network); SGLang's files after the
+# venv, with the uv that scripts/setup_env.sh installs there
 chromium_pid=""
 if ! have_chromium; then install_chromium & chromium_pid=$!; fi
-bash scripts/sglang_conformance.sh install & sglang_pid=$!  # SGLang's files need no venv
 bash scripts/setup_env.sh
+bash scripts/sglang_conformance.sh install & sglang_pid=$!
 .venv/bin/ruff check .
 .venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache
 .venv/bin/mypy --no-error-summary >/dev/null || .venv/bin/mypy   # the record and the backends (pyproject's [tool.mypy])
