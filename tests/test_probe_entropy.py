@@ -5,7 +5,7 @@ import json
 import math
 
 import numpy as np
-import pyarrow.parquet as pq
+import pyarrow as pa
 import pytest
 
 from agent.backends.base import LogprobSemantics
@@ -149,16 +149,16 @@ async def test_teacher_forced_tokens_are_one_file_per_trajectory_and_survive_an_
     with pytest.raises(RuntimeError, match="stopped"):
         await probe_run(tmp_path / "run", mode="teacher-forced", backend=stops, progress=False, concurrency=1)
     tokens = tmp_path / "run" / "probes" / "entropy-teacher-forced" / "tokens"
-    assert len([p for p in tokens.glob("*.parquet")]) == 1 and len(list(tokens.glob("*.partial"))) == 1
-    partial = next(tokens.glob("*.partial"))
-    (only,) = partial.glob("s*.parquet")  # the one step finished there, whole, as plain Parquet
-    kept = pq.read_table(only)
+    assert len([p for p in tokens.glob("*.parquet")]) == 1 and len(list(tokens.glob("*.partial.arrows"))) == 1
+    partial = next(tokens.glob("*.partial.arrows"))
+    with pa.ipc.open_stream(partial.read_bytes()) as r:  # the one step finished there, one whole Arrow stream
+        kept = r.read_all()
     assert kept.num_rows > 0 and kept.column("w_ids").type.list_size == 5 and b"alt_texts" in kept.schema.metadata
     n = len(backend.calls)
     res = await probe_run(tmp_path / "run", mode="teacher-forced", backend=backend, progress=False)
     assert len(backend.calls) == n + 2 * 5 and len(res["steps"]) == 9
     assert "folded the token results of an interrupted probe" in capsys.readouterr().err
-    assert not list(tokens.glob("*.partial")) and len(list(tokens.glob("*.parquet"))) == 3
+    assert not list(tokens.glob("*.partial.arrows")) and len(list(tokens.glob("*.parquet"))) == 3
     for (sid, trial), g in res["steps"].groupby(["sample_id", "trial"]):
         from agent.rundir import token_key
 
@@ -172,9 +172,10 @@ async def test_teacher_forced_tokens_are_one_file_per_trajectory_and_survive_an_
             assert (np.diff(t["w_lp"], axis=1) <= 0).all() and all(int(i) in t["texts"] for i in t["w_ids"].ravel())
 
 
-def test_token_store_steps_are_plain_parquet_written_whole_and_folded_in_on_recovery(tmp_path):
-    """Each finished step is one Parquet file written whole (a kill mid-write leaves only a temporary file, never a
-    half step); a store that starts folds the partial directories in, every array and text as it was."""
+def test_token_store_steps_are_appended_whole_and_folded_in_on_recovery(tmp_path):
+    """Each finished step is one whole Arrow stream appended to its trajectory's partial file (a kill mid-append
+    leaves a torn last stream, never read as a step); a store that starts folds the partial files in, every array
+    and text as it was, each step once (its latest tokens where a rerun appended it again)."""
     from probes.entropy import TokenStore, read_step_tokens
 
     rng = np.random.default_rng(0)
@@ -190,11 +191,20 @@ def test_token_store_steps_are_plain_parquet_written_whole_and_folded_in_on_reco
     store.append("k1", 1, a)
     store.append("k1", 2, b)
     store.append("k2", 5, c)
-    (store.partial("k1") / "s0003.parquet.tmp99-1").write_bytes(b"PAR1 cut")  # a kill mid-write: never read
-    assert store.recover() == 2 and not list((tmp_path / "tokens").glob("*.partial"))
+    store.append("k1", 3, step(5))
+    with open(store.partial("k1"), "r+b") as f:  # a kill in the middle of step 3's append
+        f.truncate(f.seek(0, 2) - 40)
+    assert store.recover() == 2 and not list((tmp_path / "tokens").glob("*.partial.arrows"))
     k1, k2 = read_step_tokens(tmp_path / "tokens", "k1"), read_step_tokens(tmp_path / "tokens", "k2")
     assert sorted(k1) == [1, 2] and sorted(k2) == [5]
-    for got, want in ((k1[1], a), (k1[2], b), (k2[5], c)):
+    # a later session appends step 2 again (its row was lost) and step 4: folded into the file kept, step 2 replaced
+    b2, d = step(6), step(2)
+    store.append("k1", 2, b2)
+    store.append("k1", 4, d)
+    store.commit("k1")
+    k1 = read_step_tokens(tmp_path / "tokens", "k1")
+    assert sorted(k1) == [1, 2, 4] and len(k1[2]["pos"]) == 6
+    for got, want in ((k1[1], a), (k1[2], b2), (k1[4], d), (k2[5], c)):
         for col in ("pos", "dH", "kl", "w_ids", "w_lp", "o_ids", "o_lp"):
             assert got[col].dtype == want[col].dtype and np.array_equal(got[col], want[col]), col
         assert got["texts"] == want["texts"]

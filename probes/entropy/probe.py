@@ -153,8 +153,8 @@ class _Prober:
                 self.bar.update(1)
         finally:
             self.image_users.done(my_images)
-        if kept_any:  # the trajectory is done: its partial files into one (an interrupt leaves the partial ones)
-            self.store.commit(key, {})
+        if kept_any:  # the trajectory is done: its partial file folded into its Parquet file (an interrupt leaves it)
+            self.store.commit(key)
 
 
 def _read_rows(steps_path: Path) -> list[dict]:

@@ -1,20 +1,23 @@
 """The teacher-forced entropy probe's per-token results: one Parquet file per probed trajectory, for the viewer.
 
-    tokens/<key>.parquet             step, pos, dH, kl, and the top-5 alternatives under both contexts (w_/o_ ids
-                                     and logprobs; their texts in the schema metadata ``alt_texts``)
-    tokens/<key>.partial/s0001.parquet   while the trajectory is probed: each finished step's tokens, one file each,
-                                     written whole (temporary name, renamed), before the step's row reaches
-                                     steps.jsonl; folded into ``<key>.parquet`` when the trajectory is done
+    tokens/<key>.parquet          step, pos, dH, kl, and the top-5 alternatives under both contexts (w_/o_ ids
+                                  and logprobs; their texts in the schema metadata ``alt_texts``)
+    tokens/<key>.partial.arrows   while the trajectory is probed: each finished step's tokens appended as one
+                                  whole Arrow IPC stream (its schema with the step's texts, one batch, the end
+                                  marker), flushed before the step's row reaches steps.jsonl; folded into
+                                  ``<key>.parquet`` when the trajectory is done
 
-The run's own journal follows the same pattern (agent/run/journal.py: one file per finished call). A probe that
-starts folds in the partial directories an interrupted one left (:meth:`TokenStore.recover`), so every step with a
-row has its tokens and nothing is scored twice. Every file is plain Parquet (one row per think token: the
-:class:`agent.record.TeacherForcedToken` model); :func:`read_step_tokens` is the one reader.
+A step's append is one write of its whole stream (ours: an uncompressed Arrow stream costs a tenth of a Parquet file
+written and renamed per step, docs/performance.md), flushed like the step's row in steps.jsonl: both survive a
+killed probe. A kill mid-write leaves a torn last stream, which the reader stops before; that step has no row yet
+and is probed again. A probe that starts folds in the partial files an interrupted one left
+(:meth:`TokenStore.recover`), so every step with a row has its tokens and nothing is scored twice. The folded file
+is plain Parquet (one row per think token: the :class:`agent.record.TeacherForcedToken` model);
+:func:`read_step_tokens` is the one reader.
 """
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -29,13 +32,15 @@ __all__ = ["TokenStore", "read_step_tokens", "ALTERNATIVES", "PARTIAL"]
 
 #: Alternatives kept per think token and context for the viewer's hover (teacher-forced probe; ours).
 ALTERNATIVES = 5
-#: The suffix of a trajectory's directory of finished steps while it is probed.
-PARTIAL = ".partial"
+#: The suffix of a trajectory's file of finished steps while it is probed.
+PARTIAL = ".partial.arrows"
 _LISTS = (("w_ids", np.int32), ("w_lp", np.float32), ("o_ids", np.int32), ("o_lp", np.float32))
+_TEXTS = b"alt_texts"
 
 
-def _table_bytes(steps: dict[int, dict], compression: str = "zstd") -> bytes:
-    """Steps' token results (``{step: {pos, dH, kl, w_ids, w_lp, o_ids, o_lp, texts}}``) as one Parquet file."""
+def _table(steps: dict[int, dict]) -> pa.Table:
+    """Steps' token results (``{step: {pos, dH, kl, w_ids, w_lp, o_ids, o_lp, texts}}``) as one table, in step
+    order, the alternatives' texts (once per id) in its schema metadata."""
     order = sorted(steps)
     cols = {"step": np.concatenate([np.full(len(steps[s]["pos"]), s, np.int32) for s in order]),
             "pos": np.concatenate([np.asarray(steps[s]["pos"], np.int32) for s in order]),
@@ -49,25 +54,65 @@ def _table_bytes(steps: dict[int, dict], compression: str = "zstd") -> bytes:
         for s in order:
             texts.update(steps[s].get("texts") or {})
     table = pa.table(cols)
-    if texts:  # the alternatives' texts, once per id, in the file's metadata
-        table = table.replace_schema_metadata({"alt_texts": dumps(texts, int_keys=True)})
+    return table.replace_schema_metadata({_TEXTS: dumps(texts, int_keys=True)}) if texts else table
+
+
+def _texts_of(table: pa.Table) -> dict[int, str]:
+    meta = (table.schema.metadata or {}).get(_TEXTS)
+    return {int(k): v for k, v in json.loads(meta).items()} if meta else {}
+
+
+def _parquet_bytes(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     # only the step column dictionary-encoded, no statistics: nothing filters these files by value (ours)
-    pq.write_table(table, sink, compression=compression, use_dictionary=["step"], write_statistics=False)
+    pq.write_table(table, sink, compression="zstd", use_dictionary=["step"], write_statistics=False)
     return sink.getvalue().to_pybytes()
 
 
-def _steps_of(path: Path) -> dict[int, dict]:
-    """``{step: {pos, dH, kl, w_*, o_*, texts}}`` of one file of this store."""
-    t = read_parquet(path)
-    step = t.column("step").to_numpy()
-    cols = {c: t.column(c).to_numpy() for c in ("pos", "dH", "kl")}
+def _stream_bytes(table: pa.Table) -> bytes:
+    """``table`` as one whole Arrow IPC stream: schema (with its metadata), its batches, the end marker."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _streams(path: Path) -> list[pa.Table]:
+    """The whole streams of a partial file, in order; a torn last one (a kill mid-append) is left out."""
+    data = path.read_bytes()
+    buf, out = pa.BufferReader(pa.py_buffer(data)), []
+    while buf.tell() < len(data):
+        try:
+            out.append(pa.ipc.open_stream(buf).read_all())
+        except (OSError, pa.ArrowInvalid):
+            break
+    return out
+
+
+def _steps_of(table: pa.Table) -> dict[int, dict]:
+    """``{step: {pos, dH, kl, w_*, o_*, texts}}`` of one table of this store."""
+    step = table.column("step").to_numpy()
+    cols = {c: table.column(c).to_numpy() for c in ("pos", "dH", "kl")}
     for c, _ in _LISTS:
-        if c in t.column_names:
-            cols[c] = np.asarray(t.column(c).combine_chunks().flatten()).reshape(-1, ALTERNATIVES)
-    meta = (t.schema.metadata or {}).get(b"alt_texts")
-    texts = {int(k): v for k, v in json.loads(meta).items()} if meta else {}
+        if c in table.column_names:
+            cols[c] = np.asarray(table.column(c).combine_chunks().flatten()).reshape(-1, ALTERNATIVES)
+    texts = _texts_of(table)
     return {int(s): {**{c: v[step == s] for c, v in cols.items()}, "texts": texts} for s in np.unique(step)}
+
+
+def _merge(tables: list[pa.Table]) -> pa.Table:
+    """One table of these, in step order; a step in more than one keeps its last."""
+    steps = np.concatenate([np.unique(t.column("step").to_numpy()) for t in tables])
+    if all(t.schema.equals(tables[0].schema, check_metadata=False) for t in tables) and np.all(np.diff(steps) > 0):
+        texts: dict = {}  # each step once, in order (a probe's own appends): the tables as they are
+        for t in tables:
+            texts.update(_texts_of(t))
+        out = pa.concat_tables([t.replace_schema_metadata(None) for t in tables])
+        return out.replace_schema_metadata({_TEXTS: dumps(texts, int_keys=True)}) if texts else out
+    merged: dict[int, dict] = {}
+    for t in tables:
+        merged.update(_steps_of(t))
+    return _table(merged)
 
 
 class TokenStore:
@@ -84,31 +129,27 @@ class TokenStore:
         return self.d / f"{key}{PARTIAL}"
 
     def append(self, key: str, step: int, tok: dict) -> None:
-        """One finished step's tokens, whole, into the trajectory's partial directory (uncompressed: it is read once,
-        when the trajectory is done)."""
-        d = self.partial(key)
-        d.mkdir(parents=True, exist_ok=True)
-        atomic_write(d / f"s{int(step):04d}.parquet", _table_bytes({step: tok}, compression="none"))
+        """One finished step's tokens, as one whole stream appended to the trajectory's partial file."""
+        self.d.mkdir(parents=True, exist_ok=True)
+        data = _stream_bytes(_table({step: tok}))
+        with open(self.partial(key), "ab") as f:
+            f.write(data)
 
-    def commit(self, key: str, steps: dict[int, dict]) -> None:
-        """The trajectory's steps into its file, with those an earlier session kept there and in its partial
-        directory (a recovery), then the partial directory removed."""
-        merged = _steps_of(self.path(key)) if self.path(key).exists() else {}
+    def commit(self, key: str) -> None:
+        """The trajectory's finished steps into its file, with those an earlier session kept there (a rerun over
+        steps already folded: a step's latest tokens win), then the partial file removed."""
         part = self.partial(key)
-        for p in sorted(part.glob("s*.parquet")) if part.is_dir() else []:
-            merged.update(_steps_of(p))
-        merged.update(steps)
-        if merged:
-            self.d.mkdir(parents=True, exist_ok=True)
-            atomic_write(self.path(key), _table_bytes(merged))
-        shutil.rmtree(part, ignore_errors=True)
+        fresh = _streams(part) if part.exists() else []
+        if fresh:
+            tables = ([read_parquet(self.path(key))] if self.path(key).exists() else []) + fresh
+            atomic_write(self.path(key), _parquet_bytes(_merge(tables)))
+        part.unlink(missing_ok=True)
 
     def recover(self) -> int:
-        """Fold the partial directories an interrupted probe left into their trajectories' files; how many."""
-        keys = sorted(p.name[: -len(PARTIAL)] for p in self.d.glob(f"*{PARTIAL}") if p.is_dir()) \
-            if self.d.is_dir() else []
+        """Fold the partial files an interrupted probe left into their trajectories' files; how many."""
+        keys = sorted(p.name[: -len(PARTIAL)] for p in self.d.glob(f"*{PARTIAL}")) if self.d.is_dir() else []
         for key in keys:
-            self.commit(key, {})
+            self.commit(key)
         return len(keys)
 
 
@@ -116,4 +157,4 @@ def read_step_tokens(tokens_dir: Path, key: str) -> dict[int, dict]:
     """``{step: {pos, dH, kl, w_ids, w_lp, o_ids, o_lp, texts}}`` of one trajectory from a teacher-forced probe's
     ``tokens/`` (empty when it was not probed)."""
     p = TokenStore(Path(tokens_dir)).path(key)
-    return _steps_of(p) if p.exists() else {}
+    return _steps_of(read_parquet(p)) if p.exists() else {}
