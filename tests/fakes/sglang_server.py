@@ -24,6 +24,7 @@ in-process (``FakeSGLang``) and as a command (the launcher's tests, ``scripts/so
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import struct
 import sys
@@ -657,6 +658,9 @@ def main() -> None:
                      latency_s=args.latency, deterministic=args.deterministic, fault_rate=args.fault_rate,
                      fault_kinds=args.fault_kinds.split(",") if args.fault_kinds else None, seed=args.fault_seed,
                      slow_s=args.slow_s, keep_alive=args.keep_alive)
+    # as its own process nobody reads what it received: keep none of it (the bodies hold every image sent; a
+    # benchmark's ~13,000 requests grew it past 10 GB)
+    srv.bodies, srv.routing_keys, srv.requests = (collections.deque(maxlen=0) for _ in range(3))
     print(f"fake sglang serving {args.model_name} on {srv.url}", flush=True)
     srv.serve_forever()
 
