@@ -3,8 +3,8 @@
 #   bash scripts/test.sh [pytest args]
 # 1. the venv (scripts/setup_env.sh), SGLang's pure-Python layer for tests/conformance/ (scripts/sglang_conformance.sh)
 #    and Debian's chromium for the viewer's browser test, where the system package manager can install it;
-# 2. the code's shape: ruff (pyflakes, import order, imports at the top, function size), import-linter (the
-#    layers of docs/architecture.md) and mypy (the record and the backends);
+# 2. the code's shape, beside the tiny model's warm-up: ruff (pyflakes, import order, imports at the top, function
+#    size), import-linter (the layers of docs/architecture.md) and mypy (the record and the backends);
 # 3. the suite on four workers (pytest-xdist), ending with the list of skipped tests and why (-rs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,9 +29,16 @@ chromium_pid=""
 if ! have_chromium; then install_chromium & chromium_pid=$!; fi
 bash scripts/setup_env.sh
 bash scripts/sglang_conformance.sh install & sglang_pid=$!
-.venv/bin/ruff check .
-.venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache
-.venv/bin/mypy --no-error-summary >/dev/null || .venv/bin/mypy   # the record and the backends (pyproject's [tool.mypy])
+# the code's shape, beside the warm-up below (they share no files; on a busy machine two processes of ours get
+# more of the cores than one): its output is shown when it ends
+shape_checks() {
+  .venv/bin/ruff check . \
+    && { .venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache; } \
+    && { .venv/bin/mypy --no-error-summary >/dev/null || .venv/bin/mypy; }  # the record and the backends ([tool.mypy])
+}
+shape_log=$(mktemp)
+trap 'rm -f "$shape_log"' EXIT
+shape_checks > "$shape_log" 2>&1 & shape_pid=$!
 export MMCF_TINY_MODEL_DIR=${MMCF_TINY_MODEL_DIR:-$PWD/.cache/tiny-qwen35}
 # the tiny model, loaded once here: with the toolkit's commands imported, this writes the byte code of most of what
 # the suite's processes import before they start (rather than each compiling it at once)
@@ -41,6 +48,9 @@ import agent.run, agent.judge, agent.show, probes.entropy, probes.removal, probe
 wait "$sglang_pid" || { echo "error: SGLang's conformance layer could not be installed (above)" >&2; exit 1; }
 # SGLang's import check (after the line above: it imports torch and transformers too)
 bash scripts/sglang_conformance.sh check
+shape_ok=0; wait "$shape_pid" || shape_ok=$?
+cat "$shape_log"; rm -f "$shape_log"
+[[ "$shape_ok" == 0 ]] || { echo "error: the code's shape checks failed (above)" >&2; exit 1; }
 [[ -z "$chromium_pid" ]] || wait "$chromium_pid" || true
 if [[ -n "${CI:-}" ]] && ! have_chromium; then
   echo "error: CI must run the browser test, and chromium could not be installed" >&2
