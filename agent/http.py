@@ -136,11 +136,14 @@ class ClientPool:
 
     async def request(self, method: str, url: str, **kw) -> httpx.Response:
         i = self._pick()
-        self._busy[i] += 1
+        # this request's member and count: aclose() or a new event loop gives the pool new lists while a request
+        # may still be in flight (a run stopped by a signal closes its pool, then its requests are cancelled)
+        client, busy = self._clients[i], self._busy
+        busy[i] += 1
         try:
-            return await self._clients[i].request(method, url, **kw)
+            return await client.request(method, url, **kw)
         finally:
-            self._busy[i] -= 1
+            busy[i] -= 1
 
     async def get(self, url: str, **kw) -> httpx.Response:
         return await self.request("GET", url, **kw)

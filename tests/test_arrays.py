@@ -180,3 +180,29 @@ def test_client_pool_spreads_requests(monkeypatch):
     rs, n = asyncio.run(go())
     assert all(r.json() == {"ok": True} for r in rs) and len(seen) == 20
     assert n == 3  # 20 in flight, at most 8 per member
+
+
+def test_closing_the_client_pool_under_requests_in_flight_ends_them_cleanly():
+    """A run stopped by a signal closes its pool, then its requests in flight are cancelled: each ends with the
+    cancellation, never an error of the pool's own bookkeeping (an IndexError once)."""
+    import httpx
+
+    from agent.http import ClientPool
+
+    started = asyncio.Event()
+
+    async def handler(request):
+        started.set()
+        await asyncio.sleep(3600)  # never answers: cancelled below
+
+    pool = ClientPool({"transport": httpx.MockTransport(handler)})
+
+    async def go():
+        tasks = [asyncio.ensure_future(pool.post(f"http://x/{i}")) for i in range(12)]
+        await started.wait()
+        await pool.aclose()
+        for t in tasks:
+            t.cancel()
+        return await asyncio.gather(*tasks, return_exceptions=True)
+    ends = asyncio.run(go())
+    assert all(isinstance(e, asyncio.CancelledError) for e in ends), ends
