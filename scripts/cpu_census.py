@@ -1,12 +1,15 @@
 """Where a command's CPU goes: every process it starts, grouped by what it runs (Linux only).
 
     python scripts/cpu_census.py -- .venv/bin/python -m pytest -q -n 4      # the test suite (docs/performance.md)
+    python scripts/cpu_census.py --by-test -- .venv/bin/python -m pytest -q -n 4   # which tests start what
 
 Runs the command with a marker in its environment and samples ``/proc`` every 0.3 s; a process is the command's
 when its environment carries the marker (servers started in their own session and reparented still do; a process
 given a fresh environment does not and is left out, as are processes that live less than one sample). Prints the
 CPU seconds (user + system) per kind of process: a ``python -m`` module, a pytest-xdist worker, a
-multiprocessing child, SGLang's detokenizer, chromium, or the first words of the command line.
+multiprocessing child, SGLang's detokenizer, chromium, or the first words of the command line. ``--by-test``
+groups by the test that started the process instead (pytest's ``PYTEST_CURRENT_TEST``, which a process started
+during a test inherits; pytest's own processes, whose work happens in-process, are "(no test)").
 """
 from __future__ import annotations
 
@@ -22,6 +25,11 @@ import uuid
 HZ = os.sysconf("SC_CLK_TCK")
 
 
+def _test_of(environ: bytes) -> str:
+    m = re.search(rb"(?:^|\0)PYTEST_CURRENT_TEST=([^\0]*)", environ)
+    return m.group(1).decode(errors="replace").rsplit(" (", 1)[0] if m else "(no test)"
+
+
 def _sample(marker: bytes, seen: dict) -> None:
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -32,10 +40,11 @@ def _sample(marker: bytes, seen: dict) -> None:
             key = (pid, fields[19])  # pid and start time: a reused pid is another process
             if key not in seen:
                 with open(f"/proc/{pid}/environ", "rb") as f:
-                    if marker not in f.read():
-                        seen[key] = None
-                        continue
-                seen[key] = ["", 0.0]
+                    environ = f.read()
+                if marker not in environ:
+                    seen[key] = None
+                    continue
+                seen[key] = ["", 0.0, _test_of(environ)]
             if seen[key] is None:
                 continue
             seen[key][1] = (int(fields[11]) + int(fields[12])) / HZ
@@ -64,6 +73,8 @@ def kind(cmd: str) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--top", type=int, default=25, help="kinds to list (default 25)")
+    ap.add_argument("--by-test", action="store_true",
+                    help="group by the test that started each process (pytest), not by kind of process")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
     args = ap.parse_args(argv)
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -82,7 +93,7 @@ def main(argv=None) -> int:
     by: dict = collections.defaultdict(list)
     for v in seen.values():
         if v is not None:
-            by[kind(v[0])].append(v[1])
+            by[v[2] if args.by_test else kind(v[0])].append(v[1])
     total = sum(sum(v) for v in by.values())
     print(f"\n{len([v for v in seen.values() if v])} processes, {total:.0f} CPU-s in {wall:.0f} s "
           f"(exit status {p.returncode})", file=sys.stderr)

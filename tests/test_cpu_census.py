@@ -1,6 +1,7 @@
 """scripts/cpu_census.py: a command's CPU by kind of process (docs/performance.md, the test suite on two cores)."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -29,3 +30,15 @@ def test_the_census_passes_the_commands_exit_status_on():
     assert r.returncode == 3 and "exit status 3" in r.stderr
     r = subprocess.run([*CENSUS[:-1]], capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert r.returncode == 2 and "give the command after --" in r.stderr
+
+
+def test_the_census_groups_processes_by_the_test_that_started_them():
+    code = ("import os, subprocess, sys\n"
+            "env = dict(os.environ, PYTEST_CURRENT_TEST='tests/test_x.py::test_y (call)')\n"
+            "subprocess.run([sys.executable, '-m', 'timeit', '-n', '1', '-r', '1', 'sum(range(3 * 10**7))'], env=env)\n")
+    outside = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}  # as a command run outside pytest
+    r = subprocess.run([*CENSUS[:-1], "--by-test", "--", sys.executable, "-c", code], capture_output=True, text=True,
+                       env=outside, timeout=HANG_GUARD_S)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"CPU-s\s+1 x  tests/test_x.py::test_y$", r.stderr, re.M), r.stderr
+    assert re.search(r"CPU-s\s+1 x  \(no test\)$", r.stderr, re.M), r.stderr
