@@ -58,5 +58,8 @@ if [[ -n "${CI:-}" ]] && ! have_chromium; then
 fi
 # four workers on CI's two cores: most tests wait on servers and commands they started. Tests that share an
 # expensive fixture stay on one worker and the slow ones go first (tests/conftest.py says how).
-# MMCF_TEST_WORKERS=0 runs in one process.
+# MMCF_TEST_WORKERS=0 runs in one process. Each process's OpenMP pool (torch's) gets one thread unless the caller
+# says otherwise: with four workers on two cores, threads of a second pool spin while they wait for work, and the
+# suite spent 14 % more CPU so (docs/performance.md).
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 exec .venv/bin/python -m pytest -q -rs -n "${MMCF_TEST_WORKERS:-4}" "$@"
