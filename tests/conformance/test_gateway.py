@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -150,24 +149,6 @@ async def _score_both_ways(url, tiny_model_dir) -> list[str]:
     return out
 
 
-def _free_base(n: int) -> int:
-    """The first of ``n`` consecutive free ports (checked; the launcher checks again and refuses if taken)."""
-    for _ in range(50):
-        base = free_port()
-        if base + n < 65000 and all(_is_free(base + i) for i in range(n)):
-            return base
-    raise RuntimeError("no free port range")
-
-
-def _is_free(p: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", p))
-            return True
-        except OSError:
-            return False
-
-
 @pytest.mark.slow
 def test_the_launchers_real_topology_then_a_run_through_the_gateway_over_it(sglang_front_end_built, tiny_model_dir,
                                                                             tmp_path):
@@ -184,7 +165,10 @@ def test_the_launchers_real_topology_then_a_run_through_the_gateway_over_it(sgla
     from serving.check import main as check_main
     from serving.processes import alive
 
-    port, rport, prom, nccl = _free_base(1), _free_base(1), _free_base(1), _free_base(1)
+    ports: list[int] = []
+    while len(ports) < 4:  # four distinct ports: the server's, the router's, its metrics', the NCCL one
+        ports += [p for p in [free_port()] if p not in ports]
+    port, rport, prom, nccl = ports
     serve, gw = tmp_path / "serve", tmp_path / "gw"
     env = {"PYTHON": sys.executable, "MMCF_TINY_MODEL_DIR": str(tiny_model_dir)}
     r = sh([LAUNCH, "--standin", "scripted", "--router", "--host", "127.0.0.1", "--advertise-host", "127.0.0.1",
