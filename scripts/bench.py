@@ -47,6 +47,17 @@ def probe_rows(scales: list[int], against: list[str]) -> list[str]:
     for s in bench_probe.summarise(m):
         if s["code"] != "today":
             out.append(f"| today / {s['code']}, paired | {today['ms_per_step'] / s['ms_per_step']:.3f} | |")
+    p, lo, hi = m["parts"], fl["samples_ms"][0], fl["samples_ms"][-1]
+    out += ["", "| what a step's CPU is made of, back to back on the same steps | ms a step | x the floor |",
+            "|---|---:|---:|",
+            f"| the floor (synchronous httpx, one request at a time; {len(fl['samples_ms'])} samples across the bench: "
+            f"{lo:.1f}-{hi:.1f} ms, median {fl['ms_per_step']:.1f}) | {p['floor']:.1f} | 1.00 |",
+            f"| the same exchange through httpx's asynchronous client, one request at a time | {p['async_floor']:.1f} "
+            f"| {p['async_floor'] / p['floor']:.2f} |",
+            f"| the probe's own work beyond the exchange (requests built, entropies, bounds, KL, alternatives, token "
+            f"store, row) | {p['own_work']:.1f} | {p['own_work'] / p['floor']:.2f} |",
+            f"| the two together: the least an asynchronous httpx probe can cost | {p['async_floor'] + p['own_work']:.1f}"
+            f" | {(p['async_floor'] + p['own_work']) / p['floor']:.2f} |"]
     return out
 
 

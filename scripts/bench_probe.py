@@ -16,6 +16,10 @@ starts from its parent's high-water mark under vfork, so the bench's own memory 
 - **against the floor**: what no client can skip in a step, measured on the run's own steps: both scoring
   requests serialised and sent, their replies read, and each reply decoded once, cold, into arrays (JSON, then
   the top-20 triples);
+- **what a step is made of**, back to back on the run's first 60 steps at the end: the floor, the same exchange
+  through httpx's asynchronous client one request at a time (that client's own cost), and the probe's own work
+  beyond the exchange (``probe_step`` with both replies served from memory); the floor is also sampled before each
+  probe run, and the ratio above takes the median (the machine's speed moves within a run);
 - **its share of a GPU step** per backbone by the FLOPs model of docs/performance.md (a teacher-forced step
   prefills its two scored continuations, the prompts cached: 2 x ``--reply-tokens`` tokens);
 - **peak memory** at each scale and in-flight count;
@@ -105,21 +109,21 @@ def run_measured(module_args: list[str], env: dict, cwd: Path) -> tuple[int, str
             ru.ru_utime + ru.ru_stime, int(kb) / 1024 if kb else float("nan")
 
 
-def floor(root: Path, url: str, tiny: str, trajectories: int = 3) -> dict:
-    """CPU ms a step cannot skip, on the run's own teacher-forced steps (the first ``trajectories``): both scoring
-    requests serialised and sent, their replies read and each decoded once, cold, into arrays."""
-    import httpx
+#: The floor's steps: the first trajectories of the run (10 steps each), sampled before every probe run and after.
+FLOOR_TRAJECTORIES = 6
 
+
+def step_requests(root: Path, url: str, tiny: str, trajectories: int) -> list:
+    """The run's first ``trajectories`` teacher-forced steps as the probe sends them: per step, both scoring
+    requests ``[(payload, ids), (payload, ids)]`` (built here, before any timing)."""
     from agent.backends.base import Continuation
     from agent.backends.messages import strip_query_images
     from agent.backends.sglang_native import SGLangBackend
-    from agent.backends.wire import decode_generate_reply
-    from agent.jsonio import dumps
     from agent.rundir import load_run
 
     run = load_run(root)
     b = SGLangBackend(url, tiny)
-    work = []  # (payload, ids) of each step's two requests, built before the timing (the probe lends recorded ids)
+    work = []
     for summary in run.index[:trajectories]:
         line = run.full(summary)
         tok = run.tokens(line, ["call", "id"])
@@ -128,6 +132,20 @@ def floor(root: Path, url: str, tiny: str, trajectories: int = 3) -> dict:
             msgs = run.sendable_messages(line, ev)
             work.append([(b.score_payload(m, Continuation(ids=ids))[0], ids)
                          for m in (msgs, strip_query_images(msgs))])
+    return work
+
+
+def floor(work: list, url: str, tiny: str) -> dict:
+    """CPU ms a step cannot skip, on the run's own teacher-forced steps (``work``: :func:`step_requests`): both
+    scoring requests serialised and sent, their replies read and each decoded once, cold, into arrays; through a
+    synchronous httpx client, one request at a time (the cheapest way httpx has)."""
+    import httpx
+
+    from agent.backends.sglang_native import SGLangBackend
+    from agent.backends.wire import decode_generate_reply
+    from agent.jsonio import dumps
+
+    b = SGLangBackend(url, tiny)
     per_step, sent, got = [], 0, 0
     with httpx.Client(trust_env=False, timeout=600) as c:
         for step in work:
@@ -141,6 +159,93 @@ def floor(root: Path, url: str, tiny: str, trajectories: int = 3) -> dict:
     n = len(per_step)
     return {"ms_per_step": 1000 * statistics.mean(per_step), "steps": n,
             "request_mb": sent / 2 / n / 1e6, "reply_mb": got / 2 / n / 1e6}
+
+
+def async_floor(work: list, url: str, tiny: str) -> float:
+    """:func:`floor` through httpx's asynchronous client (the client the probe must use to keep 128 requests in
+    flight), still one request at a time: CPU ms a step. Its excess over the floor is that client's own cost."""
+    import asyncio
+
+    import httpx
+
+    from agent.backends.sglang_native import SGLangBackend
+    from agent.backends.wire import decode_generate_reply
+    from agent.jsonio import dumps
+
+    b = SGLangBackend(url, tiny)
+
+    async def go() -> float:
+        async with httpx.AsyncClient(trust_env=False, timeout=600) as c:
+            t = time.process_time()
+            for step in work:
+                for payload, ids in step:
+                    r = await c.post(url + "/generate", content=dumps(payload),
+                                     headers={"Content-Type": "application/json"})
+                    b.parse_score(decode_generate_reply(r.content), ids, k=20)
+            return time.process_time() - t
+    return 1000 * asyncio.run(go()) / len(work)
+
+
+def own_work(root: Path, url: str, tiny: str, trajectories: int) -> float:
+    """The probe's own CPU ms a step beyond the exchange: each step of the run's first ``trajectories`` probed as
+    the probe does (``probes.entropy.step.probe_step``: both requests built, the recorded prompt ids lent; the
+    entropies, bounds, KL and alternatives; the token store; the row checked and serialised) with both scoring
+    replies served from memory, already decoded (a first, untimed pass gets them from the server)."""
+    import asyncio
+    from collections import deque
+
+    from agent.backends.sglang_native import SGLangBackend
+    from agent.jsonio import dumps_record
+    from agent.record import validate
+    from agent.rundir import load_run, token_key
+    from probes.cli import RecordedPrompts
+    from probes.entropy.step import call_slices, probe_step, vocab_of
+    from probes.entropy.store import TokenStore
+
+    class Replay(SGLangBackend):
+        """Scores from the server once (``replies`` filled), then from ``replies`` (the request still built)."""
+        record = True
+
+        async def score(self, messages, continuation, *, top_logprobs=20, **kw):
+            if self.record:
+                self.replies.append(await super().score(messages, continuation, top_logprobs=top_logprobs, **kw))
+                return self.replies[-1]
+            self.score_payload(messages, continuation, top_logprobs=top_logprobs)
+            if not self.replies:
+                raise SystemExit("bench: the timed pass asked for more replies than the recording pass got")
+            return self.replies.popleft()
+
+    run, b = load_run(root), Replay(url, tiny)
+    b.replies = deque()
+    vocab, recorded = vocab_of(b), RecordedPrompts(b)
+
+    async def one_pass(store: TokenStore) -> int:
+        n = 0
+        for summary in run.index[:trajectories]:
+            line = run.full(summary)
+            tok = run.tokens(line, ["call", "think", "id"])
+            give_back, slices, known = recorded.lend(run, line), call_slices(tok["call"]), set()
+            key = token_key(line["sample_id"], line["trial"])
+            try:
+                for ev in (e for e in line["events"] if e["type"] == "llm_call"):
+                    row = await probe_step(run, line, ev, tok, b, "teacher-forced", None, slices, vocab, None, known)
+                    store.append(key, ev["index"], row.pop("_tokens"))
+                    validate("entropy_step", row, key)
+                    dumps_record(row)
+                    n += 1
+            finally:
+                give_back()
+            store.commit(key)
+        return n
+
+    with tempfile.TemporaryDirectory() as d:
+        asyncio.run(one_pass(TokenStore(Path(d) / "record")))
+        b.record = False
+        t = time.process_time()
+        n = asyncio.run(one_pass(TokenStore(Path(d) / "tokens")))
+        if b.replies:
+            raise SystemExit(f"bench: {len(b.replies)} recorded replies were not replayed")
+        return 1000 * (time.process_time() - t) / n
 
 
 def tiny_reply(tiny: str, n_tokens: int) -> str:
@@ -181,7 +286,7 @@ def measure(scales: list[int], reply_tokens: int, against: list[str], endpoints:
     reply = tiny_reply(tiny, reply_tokens)
     servers = [_stand_in(tiny, reply) for _ in range(max(endpoints))]
     urls = [u for u, _ in servers]
-    rows, fl = [], None
+    rows, samples, parts, work = [], [], {}, None
     try:
         for u, p in servers:
             wait_up(u, p)
@@ -196,7 +301,9 @@ def measure(scales: list[int], reply_tokens: int, against: list[str], endpoints:
                                      prompts=SGLangBackend(urls[0], tiny))
                 runs = [(name, tree, 1) for name, tree in trees.items()]  # in turn on the same run: paired
                 runs += [("today", REPO, e) for e in endpoints if e > 1]
+                work = work or step_requests(root, urls[0], tiny, FLOOR_TRAJECTORIES)
                 for name, tree, e in runs:
+                    samples.append(floor(work, urls[0], tiny))  # before each probe: the machine's speed drifts
                     out = root / "probes" / f"tf-{name}-{e}"
                     args = ["probes.entropy", str(root), "--backend", "sglang", "--model-dir", tiny, "--force",
                             "--no-progress", "--mode", "teacher-forced", "--out", str(out), "--skip-fidelity"]
@@ -207,13 +314,17 @@ def measure(scales: list[int], reply_tokens: int, against: list[str], endpoints:
                     steps = sum(1 for _ in open(out / "steps.jsonl", "rb"))
                     rows.append({"code": name, "endpoints": e, "in_flight": min(n, 128 * e), "trajectories": n,
                                  "steps": steps, "cpu_s": cpu, "peak_rss_mb": rss})
-                if fl is None:
-                    fl = floor(root, urls[0], tiny)
+            # the parts of a step, back to back on the same steps: what the ratio is made of
+            samples.append(floor(work, urls[0], tiny))
+            parts = {"floor": samples[-1]["ms_per_step"], "async_floor": async_floor(work, urls[0], tiny),
+                     "own_work": own_work(root, urls[0], tiny, FLOOR_TRAJECTORIES)}
     finally:
         for _, p in servers:
             p.terminate()
             p.wait(timeout=30)
-    return {"rows": rows, "floor": fl, "reply_tokens": reply_tokens}
+    ms = sorted(x["ms_per_step"] for x in samples)
+    fl = {**samples[-1], "ms_per_step": statistics.median(ms), "samples_ms": ms}
+    return {"rows": rows, "floor": fl, "parts": parts, "reply_tokens": reply_tokens}
 
 
 def fault(how: str, trajectories: int = 300, reply_tokens: int = 1000, after_steps: int = 500) -> dict:
