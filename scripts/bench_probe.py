@@ -286,7 +286,7 @@ def measure(scales: list[int], reply_tokens: int, against: list[str], endpoints:
     reply = tiny_reply(tiny, reply_tokens)
     servers = [_stand_in(tiny, reply) for _ in range(max(endpoints))]
     urls = [u for u, _ in servers]
-    rows, samples, parts, work = [], [], {}, None
+    rows, samples, parts, work, work_root = [], [], {}, None, None
     try:
         for u, p in servers:
             wait_up(u, p)
@@ -301,7 +301,8 @@ def measure(scales: list[int], reply_tokens: int, against: list[str], endpoints:
                                      prompts=SGLangBackend(urls[0], tiny))
                 runs = [(name, tree, 1) for name, tree in trees.items()]  # in turn on the same run: paired
                 runs += [("today", REPO, e) for e in endpoints if e > 1]
-                work = work or step_requests(root, urls[0], tiny, FLOOR_TRAJECTORIES)
+                if work is None:  # the floor's steps: the first run's, for every sample and part
+                    work, work_root = step_requests(root, urls[0], tiny, FLOOR_TRAJECTORIES), root
                 for name, tree, e in runs:
                     samples.append(floor(work, urls[0], tiny))  # before each probe: the machine's speed drifts
                     out = root / "probes" / f"tf-{name}-{e}"
@@ -317,7 +318,7 @@ def measure(scales: list[int], reply_tokens: int, against: list[str], endpoints:
             # the parts of a step, back to back on the same steps: what the ratio is made of
             samples.append(floor(work, urls[0], tiny))
             parts = {"floor": samples[-1]["ms_per_step"], "async_floor": async_floor(work, urls[0], tiny),
-                     "own_work": own_work(root, urls[0], tiny, FLOOR_TRAJECTORIES)}
+                     "own_work": own_work(work_root, urls[0], tiny, FLOOR_TRAJECTORIES)}
     finally:
         for _, p in servers:
             p.terminate()
