@@ -3,8 +3,10 @@
     python scripts/bench.py [--quick] [--against REV] [--write]
 
 1. The entropy probe (teacher-forced, the probe with the most client work a step) at two scales: client CPU per step
-   against a fair read of the same bytes and as a share of a GPU step's server time, and peak memory at each
-   scale (scripts/bench_probe.py). ``--against REV``: the same command from commit REV, in turn on the same run.
+   against the floor of the same steps (both requests sent, both replies read and decoded) and as a share of a GPU
+   step's server time, what a step is made of (the floor, httpx's asynchronous client, the probe's own work), and
+   peak memory at each scale (scripts/bench_probe.py). ``--against REV``: the same command from commit REV, in turn
+   on the same run.
 2. The runner's call rate against the ideal at 64 and 256 samples in flight (scripts/bench_runner.py).
 
 ``--write`` replaces the part of docs/performance.md between its ``<!-- bench -->`` markers with the table, the
