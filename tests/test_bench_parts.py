@@ -17,7 +17,7 @@ import bench_probe  # noqa: E402
 
 
 @pytest.fixture
-def scored_run(tmp_path, tiny_model_dir):
+def scored_run(tmp_path, tiny_model_dir, monkeypatch):
     from agent.backends.base import model_vocab_size
     from agent.backends.local import load_chat_renderer
     from agent.backends.sglang_native import SGLangBackend
@@ -25,7 +25,8 @@ def scored_run(tmp_path, tiny_model_dir):
 
     tiny = str(tiny_model_dir)
     with FakeSGLang(tokenizer_dir=tiny, model_name=tiny, reply=bench_probe.tiny_reply(tiny, 120)) as srv:
-        bench_data.VOCAB = min([model_vocab_size(tiny), *load_chat_renderer(tiny).all_special_ids])
+        # recorded ids are scored: the model's ordinary tokens only (as scripts/bench_probe.py sets it)
+        monkeypatch.setattr(bench_data, "VOCAB", min([model_vocab_size(tiny), *load_chat_renderer(tiny).all_special_ids]))
         bench_data.write_run(tmp_path / "run", 2, bench_data.RowPool(seed=0, n_rows=1 << 12), calls=3, tokens=120,
                              progress=False, prompts=SGLangBackend(srv.url, tiny))
         yield tmp_path / "run", srv.url, tiny
