@@ -30,6 +30,7 @@ import pandas as pd
 from agent.cli import done, make_parser
 from agent.errors import ToolkitError
 from agent.rundir import RunDir, RunError, load_run
+from agent.rundir.grades import BrokenGrades
 from analysis.pooling import refuse_mixed_servers
 from analysis.stats import removal_summary, summarise_by
 from analysis.unload import unload_points, unload_steps
@@ -234,6 +235,8 @@ def _run_tables(runs: list, out: Path, made: list, missing: list, judge: str | N
         try:
             tables.write_table(tables.table13(apart, judge), out / "table13_hle_vl")
             made.append("table13_hle_vl")
+        except BrokenGrades:  # a grade that cannot be counted stops the report (never a table without it)
+            raise
         except RunError as e:
             if "different judges" in str(e):
                 raise
@@ -247,6 +250,8 @@ def _run_tables(runs: list, out: Path, made: list, missing: list, judge: str | N
         print("cost ledger (table4_ledger.md):\n" + led.to_string(index=False))
         try:
             t1 = tables.table1(runs, judge)
+        except BrokenGrades:  # a grade that cannot be counted stops the report (never a table without it)
+            raise
         except RunError as e:
             if "different judges" in str(e):
                 raise
@@ -290,6 +295,8 @@ def make_report(*, react=(), runs=(), removal_runs=(), out="figures/out", judge:
             missing += t3.attrs.get("missing", [])
             tables.write_table(t3, out / "table3_removal")
             made.append("table3_removal")
+        except BrokenGrades:  # a grade that cannot be counted stops the report (never a table without it)
+            raise
         except RunError as e:
             if "different judges" in str(e):
                 raise

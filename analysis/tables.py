@@ -37,7 +37,7 @@ import json as _json
 import pandas as pd
 
 from agent.rundir import RunError, load_run
-from agent.rundir.grades import JUDGES, grades_of, identical_trials
+from agent.rundir.grades import JUDGES, BrokenGrades, grades_of, identical_trials
 from agent.rundir.ledger import compute_ledger
 from analysis import frames
 from analysis.figures import write_csv, write_text
@@ -57,6 +57,8 @@ def judged_runs(run_dirs, judge: str | None = None) -> tuple[list[tuple], list[s
         try:
             run = load_run(rd)
             g = frames.grades(run, judge)
+        except BrokenGrades:  # refused, never listed as a missing run
+            raise
         except RunError as e:
             missing.append(str(e))
             continue

@@ -93,17 +93,18 @@ async def test_what_cannot_be_compared_is_refused(graded, tmp_path):
         agreement(run, "exact", "nay")
     rep = agreement(run, "exact", "nay", common_only=True)
     assert rep["all"]["units"] == 11 and rep["left_out"] == {"exact": 1, "nay": 0}
-    # a grade of an older answer (the answer changed since): stale, refused
+    # a grade edited since it was written (its seal no longer matches): refused, naming the file and line
     recs = [json.loads(x) for x in lines[1:]]
     recs[0]["answer_key"] = "0" * 16
     (run / "judge-nay.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
-    with pytest.raises(RunError, match="stale"):
+    with pytest.raises(RunError, match=r"judge-nay.jsonl: line\(s\) 1, 2, .* changed since written"):
         agreement(run, "exact", "nay", common_only=True)
     # the same judge under two names is nothing to compare
     shutil.copy(run / "judge-exact.jsonl", run / "judge-exact2.jsonl")
     with pytest.raises(RunError, match="same judge"):
         agreement(run, "exact", "exact2")
     # a judge file's own refusal: the old behaviour names the way to keep both
+    (run / "judge-nay.jsonl").write_text("\n".join(lines[1:]) + "\n")
     with pytest.raises(RunError, match="--judge-name"):
         await judge_run(run, judge="llm", backend=ScriptedBackend(["Grade: A"] * 50, model="other"), name="nay",
                         progress=False)

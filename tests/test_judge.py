@@ -214,10 +214,12 @@ async def test_rundir_check_covers_the_judge_files(tmp_path):
     with open(rd / "judge-exact.jsonl", "ab") as f:
         f.write(b'{"sample_id": "demo_1", "gra' + "é".encode()[:1] + b"\n")
     rep = check_run(rd)
-    assert rep.judge_torn == {"judge-exact.jsonl": 1} and any("judge-exact.jsonl: 1 torn" in x for x in rep.lines())
+    assert list(rep.grades) == ["judge-exact.jsonl"] and not rep.intact
+    assert any("judge-exact.jsonl: line(s) 7 torn" in x for x in rep.lines())
     rep = check_run(rd, repair=True)
-    assert "judge-exact.jsonl: 1 torn line(s) blanked" in rep.repaired
-    assert check_run(rd).judge_torn == {} and len(read_grades(rd / "judge-exact.jsonl")) == 6
+    assert any(r.startswith("judge-exact.jsonl: the grades that cannot be counted moved to quarantine/") for r in rep.repaired)
+    assert check_run(rd).grades == {} and len(read_grades(rd / "judge-exact.jsonl")) == 6
+    assert b"gra" in (rd / "quarantine" / "judge-exact.jsonl").read_bytes()
 
 
 def test_a_second_judge_on_the_same_run_is_refused_while_the_first_runs(tmp_path, capsys):

@@ -32,14 +32,14 @@ from tqdm import tqdm
 from ..backends.base import BackendError, ModelServerDown, SamplingParams
 from ..backends.openai_compat import OpenAIBackend
 from ..cli import JUDGE_ENDPOINT, JUDGE_MODEL
-from ..jsonio import dumps_record
 from ..preflight import server_facts
 from ..prompts import JUDGE, fill
 from ..record import validate
 from ..redact import is_host, public_url, redact
 from ..rundir import RunDir, RunError, close_fragment, output_lock, write_json
 from ..rundir.accuracy import accuracy_table
-from ..rundir.grades import identical_trials, read_grades
+from ..rundir.grades import grade_file, identical_trials, read_grades
+from ..rundir.lines import SEAL_KEY, SOURCE_KEY, seal, set_aside
 from ..trajectory import responses_fingerprint  # re-exported
 
 log = logging.getLogger(__name__)
@@ -170,6 +170,7 @@ class Grader:
 
     async def grade(self, ln: dict) -> dict:
         rec = {"sample_id": ln["sample_id"], "trial": ln["trial"], "answer_key": _answer_key(ln),
+               SOURCE_KEY: ln.get("_h") or ln.get(SEAL_KEY),
                "benchmark": ln["benchmark"], "category": ln.get("category"), "paper_category": ln.get("paper_category"),
                "method": ln["method"], "variant": ln.get("variant", ""), "answer": ln.get("answer", ""),
                "gold": ln.get("gold"), "judge": self.label}
@@ -228,9 +229,10 @@ def _previous(path: Path, key: str):
         return None
 
 
-def _graded_before(rd: RunDir, name: str, label: str, regrade: bool) -> dict:
-    """The grades this judge already stored, by (sample, trial, answer key). Grades of another judge in the file are
-    refused, or with ``regrade`` moved aside with everything made from them (under one suffix)."""
+def _graded_before(rd: RunDir, name: str, label: str, regrade: bool, sources: dict) -> dict:
+    """The grades this judge already stored, by (sample, trial, source line's seal). Grades of another judge in the
+    file are refused, or with ``regrade`` moved aside with everything made from them (under one suffix). Lines
+    changed since written or torn are set aside into ``quarantine/`` (named) and their units graded again."""
     out_path = rd.path / f"judge-{name}.jsonl"
     if out_path.exists():
         labels = {r.get("judge") for r in read_grades(out_path)}
@@ -246,13 +248,12 @@ def _graded_before(rd: RunDir, name: str, label: str, regrade: bool) -> dict:
                         rd.path / f"table1-{name}.csv"):
                 if old.exists():
                     old.rename(old.with_name(f"{old.name}.{suffix}"))
-    done = {}
-    for r in read_grades(out_path):
-        try:
-            done[(r["sample_id"], r["trial"], r["answer_key"])] = r
-        except KeyError:
-            continue
-    return done
+    gf = grade_file(out_path, sources)
+    problem = gf.sealed.problem()
+    if problem:
+        q = set_aside(gf.sealed)
+        log.warning(f"warning: {problem}: set aside in {q}; those units are graded again")
+    return {(r["sample_id"], r["trial"], r[SOURCE_KEY]): r for r in gf.current.values()}
 
 
 async def judge_run(run_dir, **kw) -> dict:
@@ -279,8 +280,9 @@ async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_END
         grader.name = name
     name, label = grader.name, grader.label
     out_path = rd.path / f"judge-{name}.jsonl"
-    done = _graded_before(rd, name, label, regrade)
-    pending = [ln for ln in lines if (ln["sample_id"], ln["trial"], _answer_key(ln)) not in done]
+    sources = {(ln["sample_id"], ln["trial"]): ln["_h"] for ln in lines}
+    done = _graded_before(rd, name, label, regrade, sources)
+    pending = [ln for ln in lines if (ln["sample_id"], ln["trial"], ln["_h"]) not in done]
     log.info(f"judge [{label}]: {len(lines)} trajectories, {len(lines) - len(pending)} already graded")
     judge_server = None
     if grader.needs_client(pending):
@@ -297,7 +299,7 @@ async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_END
         rec = await grader.grade(ln)
         if not rec.get("failed"):  # each paid grade lands as soon as it comes: a kill loses none of them
             validate("grade", rec, f"{out_path} ({rec['sample_id']} trial {rec['trial']})")
-            out.write(dumps_record(rec) + b"\n")
+            out.write(seal(rec) + b"\n")
             out.flush()
         bar.update(1)
         return rec
@@ -308,8 +310,8 @@ async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_END
         out.close()
         bar.close()
         await grader.aclose()
-    graded = {(r["sample_id"], r["trial"], r["answer_key"]): r for r in [*done.values(), *results]}
-    current = [graded[(ln["sample_id"], ln["trial"], _answer_key(ln))] for ln in lines]
+    graded = {(r["sample_id"], r["trial"], r[SOURCE_KEY]): r for r in [*done.values(), *results]}
+    current = [graded[(ln["sample_id"], ln["trial"], ln["_h"])] for ln in lines]
     refused = identical_trials(lines)
     if refused:
         log.warning(f"WARNING: {rd.path}: {refused}")

@@ -5,7 +5,7 @@ from typing import Any, Literal
 
 from pydantic import Field, NonNegativeInt
 
-from .base import Record
+from .base import Derived
 
 __all__ = ["Grade", "GRADES"]
 
@@ -13,7 +13,7 @@ __all__ = ["Grade", "GRADES"]
 GRADES = ("CORRECT", "INCORRECT", "NOT_ATTEMPTED", "UNPARSED")
 
 
-class Grade(Record):
+class Grade(Derived):
     sample_id: str
     trial: NonNegativeInt
     answer_key: str = Field(description="a digest of the status, answer and gold graded: a changed answer is regraded")

@@ -13,12 +13,12 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, NonNegativeInt, PositiveInt
 
-from .base import Record
+from .base import Derived, Record
 
 __all__ = ["EntropyStep", "GroundingStep", "GroundingLabel", "RemovalOutcome", "TeacherForcedToken"]
 
 
-class EntropyStep(Record):
+class EntropyStep(Derived):
     """The think-segment entropy of one step with the query images present and removed (nats; grouped tail over
     the top-20, B.4), and its bounds."""
 
@@ -67,7 +67,7 @@ class GroundingStep(Record):
     reason_2: str
 
 
-class GroundingLabel(Record):
+class GroundingLabel(Derived):
     """A trajectory's steps labelled by the two passes of E.6 (ok), or why it could not be (invalid)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -84,7 +84,7 @@ class GroundingLabel(Record):
     pass_: Literal[1, 2] | None = Field(None, alias="pass", description="which pass failed")
 
 
-class RemovalOutcome(Record):
+class RemovalOutcome(Derived):
     sample_id: str
     trial: NonNegativeInt
     k: PositiveInt

@@ -21,7 +21,8 @@ from ..paths import open_regular
 from ..record import SchemaError, validate
 from .common import RunError, inside, token_key
 from .index import summary_of
-from .lines import read_line
+from .grades import grade_file
+from .lines import SEAL_KEY, read_line, set_aside
 from .shards import shard_units
 from .sidecar import decode, read_prompt_pieces
 from .writer import RunDir
@@ -49,7 +50,7 @@ class CheckReport:
     in_flight: int = 0                                   # units with recorded calls in RUN/inflight/ (resumable)
     missing_images: list = field(default_factory=list)   # (sample_id/trial, sha256)
     cache: str = "absent"                                # "ok", "absent", or the integrity problem
-    judge_torn: dict = field(default_factory=dict)       # judge-*.jsonl -> torn lines (skipped by readers)
+    grades: dict = field(default_factory=dict)           # judge-*.jsonl -> the grades that cannot be counted
     index: str = "ok"                                    # "ok", "none" (no lines), or what is wrong with it
     special: list = field(default_factory=list)          # FIFOs, devices, sockets where files should be (never read)
     repaired: list = field(default_factory=list)
@@ -57,7 +58,7 @@ class CheckReport:
     @property
     def intact(self) -> bool:
         return not (self.torn or self.changed or self.invalid or self.duplicates or self.sidecars or self.missing_images
-                    or self.special or self.cache not in ("ok", "absent"))
+                    or self.special or self.grades or self.cache not in ("ok", "absent"))
 
     @property
     def complete(self) -> bool:
@@ -84,9 +85,9 @@ class CheckReport:
                        "continues each from its last completed call")
         out.append(f"  index: {self.index}")
         out.append(f"  tool cache: {self.cache}")
-        for name, n in self.judge_torn.items():
-            out.append(f"  {name}: {n} torn line(s) (every reader skips them; the next agent.judge grades those "
-                       "units again; --repair blanks them)")
+        for problem in self.grades.values():
+            out.append(f"  grades: {problem}; never counted in a table (python -m agent.judge grades those units "
+                       "again; --repair moves them to quarantine/)")
         out += [f"  repaired: {r}" for r in self.repaired]
         return out
 
@@ -144,7 +145,7 @@ def _read_lines(rd: RunDir, rep: CheckReport) -> tuple[list, list]:
                     validate("result", line, f"line {n}")
                 except SchemaError as e:
                     rep.invalid.append((n, str(e)))
-                good.append({**summary_of(line), "_need": _images_needed(line)})
+                good.append({**summary_of(line), "_need": _images_needed(line), "_h": line[SEAL_KEY]})
     return good, torn_raw
 
 
@@ -261,25 +262,18 @@ def _special_files(root: Path) -> list[str]:
     return sorted(out)
 
 
-def _torn_grades(rd: RunDir, rep: CheckReport) -> dict:
-    """The judge's files too: torn grades are re-asked, never read. ``{file: [torn raw lines]}``."""
-    judge_raw: dict = {}
+def _check_grades(rd: RunDir, rep: CheckReport, latest: dict) -> dict:
+    """The judge's files too, each grade against its seal and the line it grades: ``{file: GradeFile}`` of those
+    holding grades that cannot be counted (changed, torn, or of a line the run does not hold)."""
+    sources = {k: ln["_h"] for k, ln in latest.items() if "_h" in ln}
+    bad = {}
     for jf in sorted(rd.path.glob("judge-*.jsonl")):
         if jf.name in rep.special:
             continue
-        bad = []
-        with open_regular(jf, "rb", RunError) as f:
-            for raw in f:
-                if not raw.strip():
-                    continue
-                try:
-                    if not isinstance(json.loads(raw.decode("utf-8")), dict):
-                        raise ValueError
-                except (UnicodeDecodeError, ValueError):
-                    bad.append(raw)
-        if bad:
-            rep.judge_torn[jf.name], judge_raw[jf] = len(bad), bad
-    return judge_raw
+        gf = grade_file(jf, sources)
+        if gf.problem():
+            rep.grades[jf.name], bad[jf] = gf.problem(), gf
+    return bad
 
 
 def check_run(path, *, deep: bool = True, repair: bool = False) -> CheckReport:
@@ -312,13 +306,14 @@ def check_run(path, *, deep: bool = True, repair: bool = False) -> CheckReport:
     if deep:
         _check_sidecars(rd, rep, good, latest)
         _check_images_and_cache(rd, header, rep, latest)
-    judge_raw = _torn_grades(rd, rep)
+    bad_grades = _check_grades(rd, rep, latest)
     if repair:
         _repair(rd, rep, torn_raw)
-        for jf, bad in judge_raw.items():
-            _blank_lines(jf, set(bad))
-            rep.repaired.append(f"{jf.name}: {len(bad)} torn line(s) blanked")
-        rep.judge_torn = {}
+        for jf, gf in bad_grades.items():
+            q = set_aside(gf.sealed, gf.foreign)
+            rep.repaired.append(f"{jf.name}: the grades that cannot be counted moved to {q.relative_to(rd.path)} "
+                                "(python -m agent.judge grades those units again)")
+        rep.grades = {}
     return rep
 
 

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from ..cli import done, make_parser
 from . import frames
 from .common import RunError
+from .grades import BrokenGrades
 from .reader import load_run
 from .sidecar import UNLOAD_COLUMNS
 
@@ -122,6 +123,8 @@ def export_run(run_dir, out) -> dict:
             counts["tokens"] = (n_tok, "generated token")
         try:
             g = frames.grades(run)
+        except BrokenGrades:
+            raise
         except RunError:
             g = None
         if g is not None:

@@ -1,18 +1,22 @@
 """Stored grades: the judges' ``judge-<name>.jsonl`` files of a run, read back.
 
-Records only (no model call): what ``agent.judge`` wrote, read as bytes line by line (a torn line is skipped),
-and the latest grade per (sample, trial). Accuracy over them, as Table 1 lays it out: accuracy.py.
+Records only (no model call): what ``agent.judge`` wrote, read as bytes line by line. Each grade is sealed with its
+own checksum and names the seal of the result line it grades (``source_sha256``): a grade edited since it was
+written, torn, or of a line the run does not hold is never counted (:class:`BrokenGrades` for every table).
+Accuracy over them, as Table 1 lays it out: accuracy.py.
 """
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..paths import read_regular
 from ..trajectory import responses_fingerprint
 from .common import RunError
+from .lines import SOURCE_KEY, SealedRows, read_sealed
+from .writer import RunDir
 
-__all__ = ["JUDGES", "read_grades", "latest_grades", "grades_of", "identical_trials"]
+__all__ = ["JUDGES", "BrokenGrades", "GradeFile", "grade_file", "sources_of", "read_grades", "latest_grades",
+           "grades_of", "identical_trials"]
 
 JUDGES = ("llm", "exact")
 
@@ -33,47 +37,86 @@ def identical_trials(lines) -> str | None:
             "they are one trial repeated and a std over them is refused")
 
 
+class BrokenGrades(RunError):
+    """A judge file holding grades that cannot be trusted as they are (edited since written, torn, or of a result
+    line the run does not hold): never counted in a table; ``python -m agent.judge RUN`` sets them aside and
+    grades those lines again."""
+
+
 def read_grades(path) -> list[dict]:
-    """The records of a ``judge-*.jsonl``, read as bytes line by line: a torn line (a kill mid-write, a cut
-    multi-byte character) is skipped, never a crash."""
-    out: list[dict] = []
-    try:
-        data = read_regular(path, RunError)
-    except FileNotFoundError:
-        return out
-    for raw in data.split(b"\n"):
-        if not raw.strip():
-            continue
-        try:
-            r = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            continue
-        if isinstance(r, dict):
-            out.append(r)
+    """The intact grades of a ``judge-*.jsonl`` in file order (each one whose seal matches its bytes): a changed or
+    torn line is left out here; :func:`grade_file` says which."""
+    return read_sealed(path).rows
+
+
+@dataclass
+class GradeFile:
+    """A judge file read against the run it grades: ``current`` {(sample, trial): the latest intact grade of the line
+    the run holds now}, ``sealed`` (the file's lines as :func:`read_sealed` read them) and ``foreign`` (line numbers of
+    intact grades whose source is not the run's line, although no later grade of that unit is: a grade copied from
+    another line, or of a line since replaced and not graded again)."""
+
+    sealed: SealedRows
+    current: dict = field(default_factory=dict)
+    foreign: list = field(default_factory=list)
+
+    def broken_keys(self) -> set:
+        """The (sample, trial) of every unit whose grade cannot be counted: changed, or of another line."""
+        foreign = {(r["sample_id"], r["trial"]) for r in self.sealed.rows if r["_lineno"] in self.foreign}
+        return (set(self.sealed.changed_keys) | foreign) - set(self.current)
+
+    def problem(self) -> str | None:
+        """One sentence naming the file and every line that cannot be counted, or None."""
+        p = self.sealed.problem()
+        if self.foreign:
+            what = (f"line(s) {', '.join(map(str, self.foreign[:8]))} grade(s) result line(s) the run does not hold "
+                    "(the grade's source_sha256 is not the line's seal)")
+            p = f"{p}; {what}" if p else f"{self.sealed.path}: {what}"
+        return p
+
+
+def grade_file(path, sources: dict) -> GradeFile:
+    """The grades of ``path`` against ``sources`` {(sample, trial): the seal of the run's line}."""
+    out = GradeFile(read_sealed(path))
+    last: dict = {}
+    for r in out.sealed.rows:
+        last[(r["sample_id"], r["trial"])] = r
+        if r.get(SOURCE_KEY) is not None and r[SOURCE_KEY] == sources.get((r["sample_id"], r["trial"])):
+            out.current[(r["sample_id"], r["trial"])] = r
+    out.foreign = sorted(r["_lineno"] for k, r in last.items() if k not in out.current and k in sources)
     return out
 
 
-def latest_grades(path: Path) -> dict:
-    recs = {}
-    for r in read_grades(path):  # torn lines (a kill mid-write, a cut multi-byte character) skipped
-        if "sample_id" in r and "trial" in r:
-            recs[(r["sample_id"], r["trial"])] = r
-    return recs
+def sources_of(run_dir) -> dict:
+    """{(sample, trial): the seal of the run's latest line}: what grades and probe rows must name."""
+    return {k: ln["_h"] for k, ln in RunDir(run_dir).latest(lambda s: {}).items()}
 
+
+def latest_grades(path: Path, sources: dict | None = None) -> dict:
+    """{(sample, trial): latest intact grade}; with ``sources``, only grades of the run's current lines."""
+    if sources is not None:
+        return grade_file(path, sources).current
+    return {(r["sample_id"], r["trial"]): r for r in read_grades(path)}
 
 
 def grades_of(run_dir, judge: str | None = None) -> tuple[list[dict], str]:
     """The latest grade per (sample, trial) of a run, and the judge's label.
 
     ``judge=None`` takes the LLM judge's output when there is one, else exact match. A file holding the
-    grades of more than one judge is refused (a table must never mix judges).
+    grades of more than one judge is refused (a table must never mix judges), and so is one holding grades that
+    cannot be counted (:class:`BrokenGrades`: changed, torn, or of a line the run does not hold).
     """
     run_dir = Path(run_dir)
     names = [judge] if judge else list(JUDGES)
     for name in names:
         p = run_dir / f"judge-{name}.jsonl"
         if p.exists():
-            recs = latest_grades(p)
+            gf = grade_file(p, sources_of(run_dir))
+            problem = gf.problem()
+            if problem:
+                raise BrokenGrades(f"{problem}: these grades are not counted in any table. python -m agent.judge "
+                                   f"{run_dir} sets them aside and grades those lines again")
+            recs = gf.current
             labels = sorted({r.get("judge", name) for r in recs.values()})
             if len(labels) > 1:
                 raise RunError(f"{p} holds grades of {len(labels)} judges ({'; '.join(labels)}); regrade with one "

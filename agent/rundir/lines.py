@@ -8,17 +8,28 @@ line's last field, so whatever copies a run (``cp -r``, rsync, tar, a merge) cop
 edited line is caught wherever the file lives, with or without the index beside it. A line that parses but whose
 seal is missing or does not match its bytes has been **changed** since it was written: every reader leaves it out
 and reports it (its unit reruns on resume). A line that does not parse is **torn** (a kill mid-write).
+
+The grades and the probes' rows are sealed the same way (``seal``) and read back by :func:`read_sealed`, each row
+also naming the seal of the result line it was computed from (``source_sha256``): a grade or a row edited since it
+was written, or computed from a line the run no longer holds, is never counted (docs/reliability.md).
 """
 from __future__ import annotations
 
 import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..jsonio import dumps_record, loads
+from ..paths import read_regular
+from .common import RunError
 
-__all__ = ["SEAL_KEY", "seal", "read_line", "line_digest"]
+__all__ = ["SEAL_KEY", "SOURCE_KEY", "seal", "read_line", "line_digest", "SealedRows", "read_sealed", "set_aside"]
 
 #: The last field of every result line: the SHA-256 (hex) of the line's bytes before it (the line without it).
 SEAL_KEY = "line_sha256"
+#: The field of a grade or a probe's row naming the seal of the result line it was computed from.
+SOURCE_KEY = "source_sha256"
 _PREFIX = b',"' + SEAL_KEY.encode() + b'":"'
 _TAIL = len(_PREFIX) + 64 + 2  # the prefix, the digest, '"}'
 
@@ -58,3 +69,84 @@ def read_line(raw: bytes) -> tuple[dict, str]:
     if not isinstance(line, dict) or "sample_id" not in line or "trial" not in line:
         return {}, "torn"
     return line, ("ok" if line_digest(raw) is not None else "changed")
+
+
+@dataclass
+class SealedRows:
+    """A sealed JSONL file read back: the intact ``rows`` (each with its 1-based line number as ``_lineno``) and the
+    line numbers of those ``changed`` since written (no seal, or a seal their bytes do not match) and ``torn`` (cut by
+    a kill or a full disk: no record at all)."""
+
+    path: Path
+    rows: list = field(default_factory=list)
+    changed: list = field(default_factory=list)
+    torn: list = field(default_factory=list)
+    changed_keys: list = field(default_factory=list)  # (sample_id, trial) of each changed line
+
+    def problem(self) -> str | None:
+        """One sentence naming the file and the lines that cannot be used as they are, or None."""
+        parts = []
+        if self.changed:
+            parts.append(f"line(s) {_some(self.changed)} changed since written (their seal does not match)")
+        if self.torn:
+            parts.append(f"line(s) {_some(self.torn)} torn (cut mid-write)")
+        return f"{self.path}: {'; '.join(parts)}" if parts else None
+
+
+def _some(numbers: list, n: int = 8) -> str:
+    head = ", ".join(map(str, numbers[:n]))
+    return head + (f" and {len(numbers) - n} more" if len(numbers) > n else "")
+
+
+def read_sealed(path) -> SealedRows:
+    """Every line of a sealed JSONL file (grades, a probe's rows), read as bytes: intact, changed or torn; an
+    absent file holds no rows."""
+    path = Path(path)
+    out = SealedRows(path)
+    try:
+        data = read_regular(path, RunError)
+    except FileNotFoundError:
+        return out
+    for n, raw in enumerate(data.split(b"\n"), 1):
+        if not raw.strip():
+            continue
+        row, state = read_line(raw + b"\n")
+        if state == "ok":
+            row["_lineno"] = n
+            out.rows.append(row)
+        elif state == "changed":
+            out.changed.append(n)
+            out.changed_keys.append((row["sample_id"], row["trial"]))
+        else:
+            out.torn.append(n)
+    if data and not data.endswith(b"\n") and out.rows and out.rows[-1]["_lineno"] == data.count(b"\n") + 1:
+        out.torn.append(out.rows.pop()["_lineno"])  # a last line without its newline: cut, however it parses
+    return out
+
+
+def set_aside(rows: SealedRows, also=()) -> Path | None:
+    """Move the changed and torn lines of a sealed file (and the line numbers ``also``) into ``quarantine/<name>``
+    beside it (appended, as they were), leaving the file with the other lines only; the quarantine file, or None
+    when there was nothing to move. What a resume does before it redoes those rows."""
+    bad = set(rows.changed) | set(rows.torn) | set(also)
+    if not bad:
+        return None
+    data = read_regular(rows.path, RunError)
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    keep = b"".join(ln + b"\n" for n, ln in enumerate(lines, 1) if n not in bad and ln.strip())
+    moved = b"".join(ln + b"\n" for n, ln in enumerate(lines, 1) if n in bad)
+    q = rows.path.parent / "quarantine" / rows.path.name
+    q.parent.mkdir(exist_ok=True)
+    with open(q, "ab") as f:
+        f.write(moved)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp = rows.path.with_name(f".{rows.path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(keep)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, rows.path)
+    return q

@@ -1,22 +1,33 @@
 """What the viewer reads of a run beside its lines: the grades, the probes' outputs, and the per-run summary."""
 from __future__ import annotations
 
+import logging
 from collections import Counter
 
 import pandas as pd
 
 from ..rundir import Run
-from ..rundir.grades import JUDGES, latest_grades, read_grades
+from ..rundir.grades import JUDGES, grade_file
 from ..rundir.probe_outputs import PROBE_OUTPUTS, NoProbeOutput, probe_dir, read_rows, read_table
+
+log = logging.getLogger(__name__)
+#: What the viewer shows for a grade that cannot be counted.
+SEAL_BROKEN = "SEAL BROKEN"
 
 
 # ---------------------------------------------------------------------------- shared data
 def grades_of_run(run: Run) -> tuple[dict, str]:
-    """{(sample, trial): grade} from the run's judge output (LLM judge first), and which judge."""
+    """{(sample, trial): grade} from the run's judge output (LLM judge first), and which judge. A unit whose grade
+    cannot be counted (changed since written, or of another line) shows ``SEAL BROKEN``, and the file is warned of."""
     for name in JUDGES:
         p = run.path / f"judge-{name}.jsonl"
-        if p.exists():  # the one reader of stored grades: torn lines (a cut multi-byte character too) skipped
-            return {k: r.get("grade") for k, r in latest_grades(p).items()}, name
+        if p.exists():
+            gf = grade_file(p, {(e["sample_id"], e["trial"]): e["_h"] for e in run.index if "_h" in e})
+            if gf.problem():
+                log.warning(f"warning: {gf.problem()}: shown as SEAL BROKEN; python -m agent.judge {run.path} grades "
+                            "those lines again")
+            grades = {k: r.get("grade") for k, r in gf.current.items()}
+            return grades | dict.fromkeys(gf.broken_keys(), SEAL_BROKEN), name
     return {}, ""
 
 
@@ -85,12 +96,12 @@ def run_summary(run: Run) -> dict:
     statuses = Counter(ln["status"] for ln in idx)
 
     judges = {}
+    sources = {(e["sample_id"], e["trial"]): e["_h"] for e in idx if "_h" in e}
     for name in ("llm", "exact"):
-        grades, label = {}, name
-        for r in read_grades(run.path / f"judge-{name}.jsonl"):  # torn lines skipped
-            if "sample_id" in r and "trial" in r and "grade" in r:
-                grades[(r["sample_id"], r["trial"])] = r["grade"]  # the latest grade of each
-                label = r.get("judge") or label
+        p = run.path / f"judge-{name}.jsonl"
+        current = grade_file(p, sources).current  # only intact grades of the lines the run holds count
+        grades = {k: r["grade"] for k, r in current.items()}
+        label = next((r.get("judge") for r in current.values() if r.get("judge")), name)
         if not grades:
             continue
         n = len(grades)
