@@ -231,8 +231,9 @@ def _previous(path: Path, key: str):
 
 def _graded_before(rd: RunDir, name: str, label: str, regrade: bool, sources: dict) -> dict:
     """The grades this judge already stored, by (sample, trial, source line's seal). Grades of another judge in the
-    file are refused, or with ``regrade`` moved aside with everything made from them (under one suffix). Lines
-    changed since written or torn are set aside into ``quarantine/`` (named) and their units graded again."""
+    file are refused, or with ``regrade`` moved aside with everything made from them (under one suffix). Grades that
+    cannot be counted (changed since written, torn, or of another line) are set aside into ``quarantine/`` (named)
+    and their units graded again."""
     out_path = rd.path / f"judge-{name}.jsonl"
     if out_path.exists():
         labels = {r.get("judge") for r in read_grades(out_path)}
@@ -249,9 +250,9 @@ def _graded_before(rd: RunDir, name: str, label: str, regrade: bool, sources: di
                 if old.exists():
                     old.rename(old.with_name(f"{old.name}.{suffix}"))
     gf = grade_file(out_path, sources)
-    problem = gf.sealed.problem()
+    problem = gf.problem()
     if problem:
-        q = set_aside(gf.sealed)
+        q = set_aside(gf.sealed, gf.foreign)
         log.warning(f"warning: {problem}: set aside in {q}; those units are graded again")
     return {(r["sample_id"], r["trial"], r[SOURCE_KEY]): r for r in gf.current.values()}
 

@@ -53,8 +53,8 @@ def read_grades(path) -> list[dict]:
 class GradeFile:
     """A judge file read against the run it grades: ``current`` {(sample, trial): the latest intact grade of the line
     the run holds now}, ``sealed`` (the file's lines as :func:`read_sealed` read them) and ``foreign`` (line numbers of
-    intact grades whose source is not the run's line, although no later grade of that unit is: a grade copied from
-    another line, or of a line since replaced and not graded again)."""
+    intact grades whose source is not the run's line, and that no grade of the run's line follows: a grade copied
+    from another line, of a unit the run does not hold, or of a line since replaced and not graded again)."""
 
     sealed: SealedRows
     current: dict = field(default_factory=dict)
@@ -78,12 +78,15 @@ class GradeFile:
 def grade_file(path, sources: dict) -> GradeFile:
     """The grades of ``path`` against ``sources`` {(sample, trial): the seal of the run's line}."""
     out = GradeFile(read_sealed(path))
-    last: dict = {}
-    for r in out.sealed.rows:
-        last[(r["sample_id"], r["trial"])] = r
-        if r.get(SOURCE_KEY) is not None and r[SOURCE_KEY] == sources.get((r["sample_id"], r["trial"])):
-            out.current[(r["sample_id"], r["trial"])] = r
-    out.foreign = sorted(r["_lineno"] for k, r in last.items() if k not in out.current and k in sources)
+    last: dict = {}  # unit -> the position of its last grade of the run's line
+    for i, r in enumerate(out.sealed.rows):
+        k = (r["sample_id"], r["trial"])
+        if r.get(SOURCE_KEY) is not None and r[SOURCE_KEY] == sources.get(k):
+            out.current[k], last[k] = r, i
+    # a grade of another line after the unit's last grade of its own (a replaced line's grades before it are history)
+    out.foreign = [r["_lineno"] for i, r in enumerate(out.sealed.rows)
+                   if i > last.get((r["sample_id"], r["trial"]), -1) and r.get(SOURCE_KEY) != sources.get(
+                       (r["sample_id"], r["trial"]))]
     return out
 
 
