@@ -18,7 +18,7 @@ import pyarrow.dataset as ds
 
 from agent.rundir import RunError
 from agent.rundir.frames import grades, results, steps, token_files, tokens
-from agent.rundir.probe_outputs import NoProbeOutput, probe_dir, read_table
+from agent.rundir.probe_outputs import NoProbeOutput, check_sources, probe_dir, read_table
 from agent.rundir.sidecar import verify_file
 
 from .entropy import grouped_tail_entropy, think_segment_entropy
@@ -36,21 +36,25 @@ def entropy(out, mode: str | None = None) -> pd.DataFrame:
     paper category; ``attrs["mode"]``: regenerate or teacher-forced. ``mode`` picks one when a run has both."""
     names = (f"entropy-{mode}",) if mode else tuple(f"entropy-{m}" for m in ENTROPY_MODES)
     d = probe_dir(out, names, "probes.entropy")
-    df = read_table(d, ("steps",))
+    df = check_sources(read_table(d, ("steps",)), out, f"{d}/steps", "probes.entropy")
     df.attrs["mode"] = mode or next((m for m in ENTROPY_MODES if d.name.endswith(m)), None)
     return df
 
 
 def removal(out) -> pd.DataFrame:
     """One row per (trajectory, k) replay (``outcomes.csv`` of ``python -m probes.removal``): ``sample_id``,
-    ``trial``, ``k``, ``paper_category``, the original and the replayed grade."""
-    return read_table(probe_dir(out, ("removal",), "probes.removal"), ("outcomes",))
+    ``trial``, ``k``, ``paper_category``, the original and the replayed grade. Refused when a row was computed from a
+    line the run no longer holds."""
+    d = probe_dir(out, ("removal",), "probes.removal")
+    return check_sources(read_table(d, ("outcomes",)), out, f"{d}/outcomes", "probes.removal")
 
 
 def grounding(out) -> pd.DataFrame:
     """One row per labelled step (``steps.parquet`` of ``python -m probes.grounding``): ``sample_id``,
-    ``trial``, ``step``, ``category`` (Image Needed | Image-Derived | Text Only) and the two passes' labels."""
-    return read_table(probe_dir(out, ("grounding",), "probes.grounding"), ("steps",))
+    ``trial``, ``step``, ``category`` (Image Needed | Image-Derived | Text Only) and the two passes' labels. Refused
+    when a row was computed from a line the run no longer holds."""
+    d = probe_dir(out, ("grounding",), "probes.grounding")
+    return check_sources(read_table(d, ("steps",)), out, f"{d}/steps", "probes.grounding")
 
 
 def step_entropies(run):

@@ -40,9 +40,10 @@ from agent.cli import DEFAULT_CONCURRENCY, JUDGE_ENDPOINT, add_judge_args, done,
 from agent.judge import judge_key_env
 from agent.prompts import GROUNDING_PASS1, GROUNDING_PASS2, fill
 from agent.record import validate
-from agent.redact import is_host, redact_obj
+from agent.redact import is_host
 from agent.rundir import RunError, close_fragment, load_run, write_json
-from agent.rundir.probe_outputs import read_rows
+from agent.rundir.lines import SOURCE_KEY, seal
+from agent.rundir.probe_outputs import resume_rows
 from analysis.figures import fig2a_grounding, provenance_mark
 from analysis.selection import select_trajectories
 from probes.cli import run_async
@@ -195,17 +196,18 @@ class Annotator:
         return {**rec, "status": "ok", "retried": len(err1) + len(err2), "errors": err1 + err2, "steps": rows}
 
 
-def _done_labels(path: Path) -> dict:
-    """The trajectories already annotated; a torn line is annotated again."""
+def _done_labels(path: Path, sources: dict) -> dict:
+    """The trajectories of the run's lines already annotated; a torn or changed label is set aside and its
+    trajectory annotated again, as is one rerun since."""
     close_fragment(path)  # an interrupted append left a fragment: new labels start on a line of their own
-    rows, _ = read_rows(path, "grounding_label")
-    return {(r["sample_id"], r["trial"]): r for r in rows}
+    return {(r["sample_id"], r["trial"]): r for r in resume_rows(path, "grounding_label", sources)}
 
 
 def _steps_and_summary(recs: list[dict], failed: list) -> tuple[pd.DataFrame, dict]:
     """One row per labelled step, and the summary: counts, invalid annotations, the shares per step."""
     rows = [{"sample_id": r["sample_id"], "trial": r["trial"], "benchmark": r["benchmark"],
-             "paper_category": r.get("paper_category"), **s} for r in recs if r["status"] == "ok" for s in r["steps"]]
+             "paper_category": r.get("paper_category"), SOURCE_KEY: r.get(SOURCE_KEY), **s}
+            for r in recs if r["status"] == "ok" for s in r["steps"]]
     steps = pd.DataFrame(rows)
     invalid = [{"sample_id": r["sample_id"], "trial": r["trial"], "errors": r["errors"]} for r in recs
                if r["status"] != "ok"]
@@ -231,7 +233,7 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
     out = Path(out_dir) if out_dir else run.path / "probes" / "grounding"
     out.mkdir(parents=True, exist_ok=True)
     path = out / "labels.jsonl"
-    done = _done_labels(path)
+    done = _done_labels(path, {(e["sample_id"], e["trial"]): e["_h"] for e in run.index})
     if run.header.get("method") != "react":
         raise RunError(f"{run.path}: the grounding annotator reads ReAct runs (paper §3.2.1); this run is "
                        f"{run.header.get('label') or run.header.get('method')}")
@@ -253,6 +255,7 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
             image_users.use(mine, (line.get("query_images") or {}).values())
             try:
                 rec = await ann.annotate(run, run.full(line))  # the whole line, read now
+                rec[SOURCE_KEY] = line["_h"]  # the line it was computed from
             except ModelServerDown:  # the command ends here, every finished label kept
                 raise
             except BackendError as e:  # the annotator endpoint failed: not written, retried on the next run
@@ -262,8 +265,8 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
                 image_users.done(mine)
         if rec is not None:
             validate("grounding_label", rec, f"{path} ({rec['sample_id']} trial {rec['trial']})")
-            with open(path, "a") as f:
-                f.write(json.dumps(redact_obj(rec), ensure_ascii=False) + "\n")  # an annotator's echoed key: not kept
+            with open(path, "ab") as f:
+                f.write(seal(rec) + b"\n")  # sealed and redacted (an annotator's echoed key: not kept)
             done[(rec["sample_id"], rec["trial"])] = rec
         bar.update(1)
 

@@ -267,7 +267,8 @@ async def _outcomes(grader: Grader, lines: list, dirs: dict) -> pd.DataFrame:
         for key, orig in originals.items():
             o = orig_grades[key]["grade"] == "CORRECT"
             base = {"sample_id": key[0], "trial": key[1], "k": k, "benchmark": orig["benchmark"],
-                    "paper_category": orig.get("paper_category"), "original_correct": o}
+                    "paper_category": orig.get("paper_category"), "original_correct": o,
+                    "source_sha256": orig["_h"], "replay_sha256": replays[key]["_h"] if key in replays else None}
             if orig["n_calls"] < k:  # ended before step k: keeps its original outcome
                 rows.append({**base, "replay_correct": o, "replayed": False, "replay_status": orig["status"],
                              "error": None})

@@ -189,15 +189,15 @@ def async_floor(work: list, url: str, tiny: str) -> float:
 def own_work(root: Path, url: str, tiny: str, trajectories: int) -> float:
     """The probe's own CPU ms a step beyond the exchange: each step of the run's first ``trajectories`` probed as
     the probe does (``probes.entropy.step.probe_step``: both requests built, the recorded prompt ids lent; the
-    entropies, bounds, KL and alternatives; the token store; the row checked and serialised) with both scoring
+    entropies, bounds, KL and alternatives; the token store; the row checked and sealed) with both scoring
     replies served from memory, already decoded (a first, untimed pass gets them from the server)."""
     import asyncio
     from collections import deque
 
     from agent.backends.sglang_native import SGLangBackend
-    from agent.jsonio import dumps_record
     from agent.record import validate
     from agent.rundir import load_run, token_key
+    from agent.rundir.lines import SEAL_KEY, SOURCE_KEY, seal
     from probes.cli import RecordedPrompts
     from probes.entropy.step import call_slices, probe_step, vocab_of
     from probes.entropy.store import TokenStore
@@ -230,8 +230,9 @@ def own_work(root: Path, url: str, tiny: str, trajectories: int) -> float:
                 for ev in (e for e in line["events"] if e["type"] == "llm_call"):
                     row = await probe_step(run, line, ev, tok, b, "teacher-forced", None, slices, vocab, None, known)
                     store.append(key, ev["index"], row.pop("_tokens"))
+                    row[SOURCE_KEY] = line[SEAL_KEY]
                     validate("entropy_step", row, key)
-                    dumps_record(row)
+                    seal(row)
                     n += 1
             finally:
                 give_back()

@@ -5,6 +5,7 @@ import json
 import math
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pytest
 
@@ -12,6 +13,8 @@ from agent.backends.base import LogprobSemantics
 from agent.backends.scripted import ScriptedBackend
 from agent.run import RunConfig, run
 from agent.rundir import RunError
+from agent.rundir.lines import line_digest, seal
+from analysis import frames
 from analysis.influence import kl_union_tail
 from analysis.stats import bootstrap_ci, mcnemar_p, wilcoxon_p
 from probes.entropy import main as entropy_main
@@ -92,8 +95,8 @@ async def test_probe_skips_steps_without_images_and_resumes(tmp_path):
 
 
 async def test_probe_resumes_after_a_torn_append(tmp_path):
-    """An interrupted append leaves a fragment at the end of steps.jsonl: the rerun probes that step again on a
-    line of its own, and every step is in the result once."""
+    """An interrupted append leaves a fragment at the end of steps.jsonl: the rerun sets it aside (quarantine/),
+    probes that step again, and every step is in the result once."""
     backend = await _run(tmp_path)
     res = await probe_run(tmp_path / "run", backend=backend, progress=False)
     path = res["out"] / "steps.jsonl"
@@ -104,8 +107,37 @@ async def test_probe_resumes_after_a_torn_append(tmp_path):
     res2 = await probe_run(tmp_path / "run", backend=backend, progress=False)
     assert len(backend.calls) == n + 1  # only the torn step again
     assert len(res2["steps"]) == 9 and not res2["steps"].duplicated(["sample_id", "trial", "step"]).any()
-    assert (b"\n" + torn + b"\n") in path.read_bytes()  # the fragment stays on a line of its own
-    assert sum(1 for x in path.read_bytes().splitlines() if x.endswith(b"}")) == 9
+    assert (path.parent / "quarantine" / "steps.jsonl").read_bytes() == torn + b"\n"  # the fragment, kept aside
+    assert all(line_digest(x) for x in path.read_bytes().splitlines()) and len(path.read_bytes().splitlines()) == 9
+
+
+async def test_an_edited_or_foreign_row_is_set_aside_and_probed_again(tmp_path, caplog):
+    """Probe rows are sealed to the line they were computed from (issue 68): a row whose ΔH was edited after it was
+    written, and a row naming another line's seal, are both left out of the result, set aside into quarantine/
+    with a warning naming the file, and probed again; a table whose rows name a line the run does not hold is
+    refused by analysis.frames."""
+    backend = await _run(tmp_path)
+    res = await probe_run(tmp_path / "run", backend=backend, progress=False)
+    path = res["out"] / "steps.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    edited = lines[0].replace(b'"dH":', b'"dH":9', 1)  # the sed a reader must not believe
+    assert edited != lines[0]
+    foreign = json.loads(lines[1])
+    foreign["source_sha256"] = "0" * 64  # sealed well, but computed from a line this run does not hold
+    path.write_bytes(edited + seal(foreign) + b"\n" + b"".join(lines[2:]))
+    n = len(backend.calls)
+    res2 = await probe_run(tmp_path / "run", backend=backend, progress=False)
+    assert len(backend.calls) == n + 2  # only those two steps again
+    assert len(res2["steps"]) == 9 and np.allclose(res2["steps"].H_with, H_WITH)
+    assert (path.parent / "quarantine" / "steps.jsonl").read_bytes() == edited
+    assert any("changed since written" in r.message and str(path) in r.message for r in caplog.records)
+    assert len(frames.entropy(tmp_path / "run")) == 9
+    table = res2["out"] / "steps.parquet"
+    df = pd.read_parquet(table)
+    df.loc[0, "source_sha256"] = "0" * 64
+    df.to_parquet(table, index=False)
+    with pytest.raises(RunError, match="1 of 9 row.*python -m probes.entropy"):
+        frames.entropy(tmp_path / "run")
 
 
 async def test_an_interrupted_probe_keeps_every_finished_step(tmp_path, capsys):

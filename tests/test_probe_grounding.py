@@ -77,8 +77,8 @@ async def test_annotate_run(tmp_path, mode):
 
 
 async def test_annotation_resumes_after_a_torn_multibyte_append(tmp_path):
-    """labels.jsonl cut inside a multi-byte character: the rerun annotates that trajectory again on a line of
-    its own and keeps the other one."""
+    """labels.jsonl cut inside a multi-byte character: the rerun sets the fragment aside (quarantine/), annotates
+    that trajectory again and keeps the other one."""
     rd = await _run(tmp_path)
     with FakeSGLang(reply=annotator("good")) as srv:
         backend = OpenAIBackend(srv.url, "annotator", server="other")
@@ -92,7 +92,8 @@ async def test_annotation_resumes_after_a_torn_multibyte_append(tmp_path):
         await backend.aclose()
         assert len(srv.bodies) == n + 2  # the torn trajectory only: its two passes
     assert res2["summary"]["annotated"] == 2
-    assert path.read_bytes().splitlines()[1].endswith(b"caf\xc3")  # the fragment, alone on its line
+    assert len(path.read_bytes().splitlines()) == 2 and b"caf\xc3" not in path.read_bytes()
+    assert (res["out"] / "quarantine" / "labels.jsonl").read_bytes().endswith(b"caf\xc3\n")  # the fragment, aside
 
 
 @pytest.mark.parametrize("reply,msg", [

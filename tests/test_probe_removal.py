@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 
 from agent.backends.scripted import ScriptedBackend
@@ -11,6 +12,7 @@ from agent.run import RunConfig, run
 from agent.rundir import RunDir, RunError, load_run
 from agent.rundir.lines import seal
 from agent.tools.demo_world import QUESTIONS
+from analysis import frames
 from probes.removal import parse_steps, removal_probe
 
 GOLD = {q[1]: q[3] for q in QUESTIONS}
@@ -63,6 +65,19 @@ async def test_removal_replays_accuracy_vs_k(tmp_path):
         assert [ln["messages"][i] for i in ev[1]["message_ids"]] == strip
     # only the live part was generated: calls 2..4 for k=2 etc., never the prefix
     assert sum(c["kind"] == "generate" for c in backend.calls) == 4 * (4 + 3 + 1)
+    # each outcome names the seal of the line it replays, and of its replay's line (issue 68)
+    seals = {(e["sample_id"], e["trial"]): e["_h"] for e in load_run(rd).index}
+    k2 = {(e["sample_id"], e["trial"]): e["_h"] for e in load_run(out / "k2").index}
+    o = res["outcomes"]
+    assert all(seals[(r.sample_id, r.trial)] == r.source_sha256 for r in o.itertuples())
+    assert all(k2[(r.sample_id, r.trial)] == r.replay_sha256 for r in o[o.k == 2].itertuples())
+    assert o[o.k == 5].replay_sha256.isna().all()  # ended before step 5: nothing replayed
+    assert len(frames.removal(rd)) == len(o)
+    table = pd.read_csv(out / "outcomes.csv")
+    table.loc[0, "source_sha256"] = "0" * 64  # an outcome of a line the run does not hold
+    table.to_csv(out / "outcomes.csv", index=False)
+    with pytest.raises(RunError, match="1 of 16 row.*python -m probes.removal"):
+        frames.removal(rd)
 
 
 async def test_removal_is_resumable(tmp_path):

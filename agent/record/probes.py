@@ -95,6 +95,8 @@ class RemovalOutcome(Derived):
     replayed: bool = Field(description="false: the original ended before step k and keeps its outcome")
     replay_status: str
     error: str | None
+    replay_sha256: str | None = Field(None, description="the line_sha256 of the replay's result line (none when "
+                                                        "the original ended before step k)")
 
 
 class TeacherForcedToken(Record):

@@ -20,8 +20,8 @@ from ..cli import HelpFormatter, done, make_parser
 from ..paths import open_regular
 from ..record import SchemaError, validate
 from .common import RunError, inside, token_key
-from .index import summary_of
 from .grades import grade_file
+from .index import summary_of
 from .lines import SEAL_KEY, read_line, set_aside
 from .shards import shard_units
 from .sidecar import decode, read_prompt_pieces
@@ -311,8 +311,9 @@ def check_run(path, *, deep: bool = True, repair: bool = False) -> CheckReport:
         _repair(rd, rep, torn_raw)
         for jf, gf in bad_grades.items():
             q = set_aside(gf.sealed, gf.foreign)
-            rep.repaired.append(f"{jf.name}: the grades that cannot be counted moved to {q.relative_to(rd.path)} "
-                                "(python -m agent.judge grades those units again)")
+            if q is not None:  # bad_grades holds only files with a problem, so something moved
+                rep.repaired.append(f"{jf.name}: the grades that cannot be counted moved to {q.relative_to(rd.path)} "
+                                    "(python -m agent.judge grades those units again)")
         rep.grades = {}
     return rep
 

@@ -7,22 +7,26 @@
 A probe appends one JSON line per finished step or trajectory (``steps.jsonl``, ``labels.jsonl``), each a record
 of its model (agent/record/probes.py), and writes its tables when a session ends. :func:`read_rows` reads such a
 file the one way every reader does: line by line as bytes (a line a kill cut, even inside a multi-byte character,
-is one bad line, never a crash), each line a valid record of its kind or left out (and counted). The viewer, the
+is one bad line, never a crash), each line a valid record of its kind, sealed as a result line is and naming the seal
+of the line it was computed from (``source_sha256``), or left out (and counted). The viewer, the
 frames of ``analysis.frames`` and the probes' own resume read through here; nobody reads a probe's file by name
 elsewhere.
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pandas as pd
 
-from ..jsonio import loads
-from ..paths import read_regular
 from ..record import SchemaError, validate
 from .common import RunError
+from .grades import sources_of
+from .lines import SOURCE_KEY, read_sealed, set_aside
 
-__all__ = ["NoProbeOutput", "probe_dir", "read_rows", "read_table", "PROBE_OUTPUTS"]
+log = logging.getLogger(__name__)
+
+__all__ = ["NoProbeOutput", "probe_dir", "read_rows", "resume_rows", "check_sources", "read_table", "PROBE_OUTPUTS"]
 
 #: Each probe's output directory under ``RUN/probes/``, its row file and the record kind of a row.
 PROBE_OUTPUTS = {"entropy-regenerate": ("steps.jsonl", "entropy_step"),
@@ -49,26 +53,50 @@ def probe_dir(path, names: tuple[str, ...], command: str) -> Path:
     return p
 
 
-def read_rows(path, kind: str) -> tuple[list[dict], int]:
+def read_rows(path, kind: str, sources: dict | None = None) -> tuple[list[dict], int]:
     """``(rows, left_out)``: the valid ``kind`` records of a probe's JSONL file in file order (none when it does not
-    exist), and how many lines were left out (torn, not JSON, or not a valid record)."""
-    path = Path(path)
-    try:
-        data = read_regular(path, RunError)
-    except FileNotFoundError:
-        return [], 0
-    rows, bad = [], 0
-    for raw in data.split(b"\n"):
-        if not raw.strip():
-            continue
+    exist), and how many lines were left out: torn, changed since written (their seal does not match), not a valid
+    record, or (with ``sources``, {(sample, trial): the seal of the run's line}) computed from a line the run does
+    not hold now."""
+    sealed = read_sealed(path)
+    rows, bad = [], len(sealed.changed) + len(sealed.torn)
+    for row in sealed.rows:
+        row.pop("_lineno")
         try:
-            row = loads(raw)
             validate(kind, row, str(path))
-        except (ValueError, SchemaError):  # UnicodeDecodeError is a ValueError
+        except SchemaError:
+            bad += 1
+            continue
+        if sources is not None and row.get(SOURCE_KEY) != sources.get((row["sample_id"], row["trial"])):
             bad += 1
             continue
         rows.append(row)
     return rows, bad
+
+
+def resume_rows(path, kind: str, sources: dict) -> list[dict]:
+    """The rows a probe resumes from: those changed since written or torn are set aside into ``quarantine/`` beside
+    the file (warned, naming it) and redone, like rows computed from a line the run no longer holds."""
+    sealed = read_sealed(path)
+    problem = sealed.problem()
+    if problem:
+        log.warning(f"warning: {problem}: set aside in {set_aside(sealed)}; those rows are computed again")
+    return read_rows(path, kind, sources)[0]
+
+
+def check_sources(df: pd.DataFrame, out, what: str, command: str) -> pd.DataFrame:
+    """A probe's table read through a run directory: refused when any row was computed from a line the run does not
+    hold now (changed or replaced since the probe ran), naming how many and the rerun that computes them again."""
+    p = Path(out)
+    if not (p / "header.json").is_file() or SOURCE_KEY not in df:
+        return df
+    sources = {f"{k[0]}\x00{k[1]}": h for k, h in sources_of(p).items()}
+    keys = df["sample_id"].astype(str) + "\x00" + df["trial"].astype(str)
+    stale = (keys.map(sources) != df[SOURCE_KEY]).to_numpy()
+    if stale.any():
+        raise RunError(f"{what}: {int(stale.sum())} of {len(df)} row(s) were computed from result lines {p} no longer "
+                       f"holds (changed or rerun since); python -m {command} {p} computes them again")
+    return df
 
 
 def read_table(d: Path, stems: tuple[str, ...]) -> pd.DataFrame:

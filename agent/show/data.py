@@ -8,6 +8,7 @@ import pandas as pd
 
 from ..rundir import Run
 from ..rundir.grades import JUDGES, grade_file
+from ..rundir.lines import SOURCE_KEY
 from ..rundir.probe_outputs import PROBE_OUTPUTS, NoProbeOutput, probe_dir, read_rows, read_table
 
 log = logging.getLogger(__name__)
@@ -31,11 +32,16 @@ def grades_of_run(run: Run) -> tuple[dict, str]:
     return {}, ""
 
 
+def _sources(run: Run) -> dict:
+    """{(sample, trial): the seal of the run's line}: a probe's row counts only when computed from it."""
+    return {(e["sample_id"], e["trial"]): e["_h"] for e in run.index if "_h" in e}
+
+
 def probe_steps(run: Run) -> tuple[dict, str | None]:
     """{(sample, trial, step): ΔH} from the entropy probe, and its mode (teacher-forced preferred)."""
     for mode in ("teacher-forced", "regenerate"):
         name = f"entropy-{mode}"
-        rows, _ = read_rows(run.path / "probes" / name / PROBE_OUTPUTS[name][0], "entropy_step")
+        rows, _ = read_rows(run.path / "probes" / name / PROBE_OUTPUTS[name][0], "entropy_step", _sources(run))
         if rows:
             return {(r["sample_id"], r["trial"], r["step"]): r.get("dH") for r in rows}, mode
     return {}, None
@@ -43,7 +49,8 @@ def probe_steps(run: Run) -> tuple[dict, str | None]:
 
 def grounding_labels(run: Run) -> dict:
     """{(sample, trial): {step: {category, reasons}}} from the grounding annotator."""
-    rows, _ = read_rows(run.path / "probes" / "grounding" / PROBE_OUTPUTS["grounding"][0], "grounding_label")
+    rows, _ = read_rows(run.path / "probes" / "grounding" / PROBE_OUTPUTS["grounding"][0], "grounding_label",
+                        _sources(run))
     return {(r["sample_id"], r["trial"]): {
         int(st["step"]): {"category": st.get("category"),
                           "reasons": [st[k] for k in sorted(st) if k.startswith("reason") and st[k]]}
@@ -58,9 +65,13 @@ def removal_outcomes(run: Run) -> dict:
     except NoProbeOutput:
         return {}
     out: dict = {}
+    sources = _sources(run)
     for r in table.to_dict("records"):
+        key = (r["sample_id"], int(r["trial"]))
+        if SOURCE_KEY in r and r[SOURCE_KEY] != sources.get(key):
+            continue  # computed from a line the run no longer holds
         rc = r.get("replay_correct")
-        out.setdefault((r["sample_id"], int(r["trial"])), []).append({
+        out.setdefault(key, []).append({
             "k": int(r["k"]), "correct": None if pd.isna(rc) else bool(rc), "original": bool(r.get("original_correct")),
             "replayed": bool(r.get("replayed")), "status": r.get("replay_status") or "",
             "error": "" if pd.isna(r.get("error")) else r.get("error")})
@@ -115,7 +126,7 @@ def run_summary(run: Run) -> dict:
         if not d.is_dir():
             continue
         if d.name in PROBE_OUTPUTS:
-            rows, _ = read_rows(d / PROBE_OUTPUTS[d.name][0], PROBE_OUTPUTS[d.name][1])
+            rows, _ = read_rows(d / PROBE_OUTPUTS[d.name][0], PROBE_OUTPUTS[d.name][1], sources)
             what = "trajectories annotated" if d.name == "grounding" else "steps probed"
             probes[d.name] = f"{len(rows)} {what}"
         elif d.name == "removal":

@@ -18,10 +18,10 @@ from tqdm import tqdm
 from agent.backends.base import BackendError, ModelServerDown
 from agent.backends.messages import ImageUsers
 from agent.backends.spread import pin
-from agent.jsonio import dumps_record, loads
 from agent.record import validate
 from agent.rundir import RunError, close_fragment, load_run, output_lock, token_key, write_json
-from agent.rundir.probe_outputs import read_rows
+from agent.rundir.lines import SEAL_KEY, SOURCE_KEY, seal
+from agent.rundir.probe_outputs import read_rows, resume_rows
 from analysis.entropy import FORK_SHARE, entropy_high, grouped_tail_entropy
 from analysis.figures import fig2b_entropy, fig2b_forking, fig2b_kl, provenance_mark
 from analysis.selection import select_trajectories
@@ -52,11 +52,11 @@ async def probe_run(run_dir, *, mode: str = "regenerate", out_dir=None, **kw) ->
         return await _probe_run(run_dir, mode=mode, out_dir=out, **kw)
 
 
-def _done_steps(steps_path: Path) -> set:
-    """The (sample, trial, step) rows already written; a torn last line's step is probed again."""
+def _done_steps(steps_path: Path, sources: dict) -> set:
+    """The (sample, trial, step) rows already written of the run's lines; a torn or changed row is set aside and
+    its step probed again, as is a step of a line rerun since."""
     close_fragment(steps_path)  # an interrupted append left a fragment: new rows start on a line of their own
-    rows, _ = read_rows(steps_path, "entropy_step")
-    return {(r["sample_id"], r["trial"], r["step"]) for r in rows}
+    return {(r["sample_id"], r["trial"], r["step"]) for r in resume_rows(steps_path, "entropy_step", sources)}
 
 
 def _plan(run, out: Path, done: set, limit, include_unparsed: bool) -> tuple[list, list]:
@@ -146,8 +146,9 @@ class _Prober:
                         self.store.append(key, step, t)
                         kept_any = True
                     # one whole line, flushed: an interrupt keeps every finished step, the rerun probes the rest
+                    row[SOURCE_KEY] = line[SEAL_KEY]  # the line (and so the sidecar) it was computed from
                     validate("entropy_step", row, f"{line['sample_id']}/t{line['trial']} step {step}")
-                    self.sink.write(dumps_record(row) + b"\n")
+                    self.sink.write(seal(row) + b"\n")
                     self.sink.flush()
                     self.kept += 1
                 self.bar.update(1)
@@ -157,23 +158,18 @@ class _Prober:
             self.store.commit(key)
 
 
-def _read_rows(steps_path: Path) -> list[dict]:
-    """One row per step from ``steps.jsonl`` (torn lines skipped; of duplicates the last counts, said so)."""
-    rows = []
-    for raw in (steps_path.read_bytes().splitlines() if steps_path.exists() else []):
-        try:
-            rows.append(loads(raw))
-        except ValueError:  # a torn line (an interrupted append): skipped here, probed again on the next run
-            continue
-    rows = [r for r in rows if isinstance(r, dict) and {"sample_id", "trial", "step"} <= r.keys()]
+def _read_rows(steps_path: Path, sources: dict) -> list[dict]:
+    """One row per step of the run's lines from ``steps.jsonl`` (torn and changed lines left out; of duplicates the
+    last counts, said so)."""
+    rows, _ = read_rows(steps_path, "entropy_step", sources)
     by_key = {(r["sample_id"], r["trial"], r["step"]): r for r in rows}
     if len(by_key) < len(rows):
-        log.info(f"{steps_path}: {len(rows) - len(by_key)} duplicate step row(s) ignored (the last of each is kept)")
+        log.warning(f"{steps_path}: {len(rows) - len(by_key)} duplicate step row(s) ignored (the last of each is kept)")
     return list(by_key.values())
 
 
 def _steps_frame(rows: list[dict], lines: list, run, failures: list) -> pd.DataFrame:
-    steps = pd.DataFrame([{k: v for k, v in r.items() if k != "fork"} for r in rows])
+    steps = pd.DataFrame([{k: v for k, v in r.items() if k not in ("fork", SEAL_KEY)} for r in rows])
     for c in NUMERIC:
         if c in steps:
             steps[c] = pd.to_numeric(steps[c], errors="coerce").astype(float)
@@ -262,7 +258,8 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
     out = Path(out_dir) if out_dir else run.path / "probes" / f"entropy-{mode}"
     out.mkdir(parents=True, exist_ok=True)
     steps_path = out / "steps.jsonl"
-    done = _done_steps(steps_path)
+    sources = {(e["sample_id"], e["trial"]): e["_h"] for e in run.index}
+    done = _done_steps(steps_path, sources)
     lines, pending = _plan(run, out, done, limit, include_unparsed)
     n_steps = sum(len(st) for _, st in pending)
     log.info(f"entropy probe ({mode}): {len(lines)} trajectories, {n_steps} image-bearing steps to probe, "
@@ -284,7 +281,7 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
             await _probe_pending(prober, pending, steps_path, len(done), n_steps)
         finally:
             bar.close()
-    rows = _read_rows(steps_path)
+    rows = _read_rows(steps_path, sources)
     cost = record_session(out / "probe.json", hardware or serving_hardware(backend), started,
                           time.perf_counter() - t0, prober.kept)
     write_json(out / "probe.json", {
