@@ -12,7 +12,16 @@ base its callers catch (ValueError, OSError), so nothing that caught it before m
 """
 from __future__ import annotations
 
-__all__ = ["ToolkitError", "UsageError", "HarnessError"]
+import asyncio
+import contextlib
+import errno
+from pathlib import Path
+
+__all__ = ["ToolkitError", "UsageError", "HarnessError", "EXIT_DISK_FULL", "disk_full", "disk_full_message",
+           "writing", "gather_all"]
+
+#: The exit status of every command when the disk is full (ours): not a refusal (2), not failed units (3).
+EXIT_DISK_FULL = 5
 
 
 class ToolkitError(Exception):
@@ -25,3 +34,48 @@ class UsageError(ToolkitError):
 
 class HarnessError(ToolkitError):
     """What the toolkit depends on failed (a server, a record, a cache)."""
+
+
+def disk_full(e: BaseException | None) -> str | None:
+    """None unless ``e`` (or what caused it) is "no space left on device"; then the file it names ('' if none)."""
+    while e is not None:
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return e.filename or ""
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def disk_full_message(e: BaseException, out, kept: str) -> str | None:
+    """The one line a command prints when ``e`` is a full disk (None otherwise): the file it was writing (the one
+    the error names when it lies in ``out``, else ``out``, the command's output), what is kept and how to resume."""
+    full = disk_full(e)
+    if full is None:
+        return None
+    out = Path(out)
+    inside = bool(full) and (out.resolve() == Path(full).resolve() or out.resolve() in Path(full).resolve().parents)
+    return (f"error: {full if inside else out}: the disk is full (No space left on device). {kept} are kept; free "
+            f"space where {out} lives (df -h {out}), then rerun the same command to resume")
+
+
+@contextlib.contextmanager
+def writing(path):
+    """An OSError raised inside names ``path`` (a failed ``write()`` names no file): what a full disk reports."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None:
+            raise OSError(e.errno, e.strerror, str(path)) from e
+        raise
+
+
+async def gather_all(aws) -> list:
+    """``asyncio.gather`` of ``aws``, but the first failure cancels and awaits the others before it is raised: one
+    error is the command's message, never a task failing later against a closed file or client at shutdown."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise

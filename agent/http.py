@@ -255,10 +255,13 @@ async def request_json(
         if liveness and getattr(client, "down", None):  # another request found the server down meanwhile
             raise ServerDown(client.down)
         try:
-            sent = _send_following(client, method, url, json_body, params, headers, policy, what)
+            def send():  # made where it is awaited: a request cancelled before it starts leaves no coroutine
+                return _send_following(client, method, url, json_body, params, headers, policy, what)
             if liveness and isinstance(client, ClientPool):
-                sent = _watched(sent, client, liveness, headers, policy, f"{what}: {shown} gave no reply yet")
-            r = await asyncio.wait_for(sent, policy.timeout_s)
+                r = await asyncio.wait_for(_watched(send, client, liveness, headers, policy,
+                                                    f"{what}: {shown} gave no reply yet"), policy.timeout_s)
+            else:
+                r = await asyncio.wait_for(send(), policy.timeout_s)
         except asyncio.TimeoutError:
             last, retry_after, last_status = f"no complete reply within {policy.timeout_s:g} s", None, None
         except (httpx.TimeoutException, httpx.TransportError) as e:
@@ -289,9 +292,9 @@ async def request_json(
     raise HTTPError(f"{what}: {shown} failed after {policy.retries + 1} attempts; last error: {last}", last_status)
 
 
-async def _watched(sent, client: "ClientPool", liveness: str, headers: dict | None, policy: RetryPolicy, why: str):
-    """``sent`` awaited, the server's liveness asked every ``policy.liveness_every_s`` while it has no reply."""
-    task = asyncio.ensure_future(sent)
+async def _watched(send, client: "ClientPool", liveness: str, headers: dict | None, policy: RetryPolicy, why: str):
+    """``send()`` awaited, the server's liveness asked every ``policy.liveness_every_s`` while it has no reply."""
+    task = asyncio.ensure_future(send())
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=policy.liveness_every_s)

@@ -17,7 +17,7 @@ from agent.backends.pieces import lend_pieces
 from agent.backends.spread import Spread
 from agent.cli import add_backend_args as add
 from agent.cli import positive_int
-from agent.errors import ToolkitError
+from agent.errors import EXIT_DISK_FULL, ToolkitError, disk_full_message
 from agent.identity import deterministic_cost, same_model
 from agent.preflight import PreflightError, model_identity
 from serving.endpoints import gpus_behind, gpus_held
@@ -210,13 +210,18 @@ async def probe_model_check(run, backend, *, force: bool = False) -> dict:
     return ident
 
 
-def run_async(coro, kept: str):
-    """``(result, 0)``; ``(None, 130)`` on Ctrl-C (saying what is kept); ``(None, 2)`` on a clear error."""
+def run_async(coro, kept: str, out=None):
+    """``(result, 0)``; ``(None, 130)`` on Ctrl-C (saying what is kept); ``(None, 2)`` on a clear error;
+    ``(None, EXIT_DISK_FULL)`` when the disk where the command writes (``out``) is full, in one line."""
     try:
         return asyncio.run(coro), 0
     except KeyboardInterrupt:
         log.info(f"interrupted; rerun to resume ({kept} are kept)")
         return None, 130
     except (ToolkitError, ValueError, OSError) as e:
+        full = disk_full_message(e, out or ".", kept[0].upper() + kept[1:])
+        if full:
+            log.error(full)
+            return None, EXIT_DISK_FULL
         log.error(f"error: {e}")
         return None, 2

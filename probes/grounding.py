@@ -37,6 +37,7 @@ from agent.backends.messages import ImageUsers
 from agent.backends.openai_compat import OpenAIBackend
 from agent.backends.spread import Spread
 from agent.cli import DEFAULT_CONCURRENCY, JUDGE_ENDPOINT, add_judge_args, done, make_parser, positive_int
+from agent.errors import gather_all, writing
 from agent.judge import judge_key_env
 from agent.prompts import GROUNDING_PASS1, GROUNDING_PASS2, fill
 from agent.record import validate
@@ -265,14 +266,14 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
                 image_users.done(mine)
         if rec is not None:
             validate("grounding_label", rec, f"{path} ({rec['sample_id']} trial {rec['trial']})")
-            with open(path, "ab") as f:
+            with writing(path), open(path, "ab") as f:
                 f.write(seal(rec) + b"\n")  # sealed and redacted (an annotator's echoed key: not kept)
             done[(rec["sample_id"], rec["trial"])] = rec
         bar.update(1)
 
     try:
         work = [one(ln) for ln in pending]
-        await asyncio.gather(*work)
+        await gather_all(work)
     finally:
         bar.close()
     keep = {(ln["sample_id"], ln["trial"]) for ln in lines}
@@ -345,7 +346,7 @@ def main(argv=None) -> int:
         finally:
             await backend.aclose()
 
-    res, code = run_async(go(), "annotated trajectories")
+    res, code = run_async(go(), "annotated trajectories", a.out or Path(a.run_dir) / "probes" / "grounding")
     if code:
         return code
     s = res["summary"]

@@ -44,6 +44,7 @@ from agent.backends.messages import ImageUsers, record_messages
 from agent.backends.spread import pin
 from agent.benchmarks import Sample
 from agent.cli import add_judge_args, done, make_parser, positive_int
+from agent.errors import gather_all
 from agent.judge import Grader
 from agent.methods import HARNESS_ERRORS, Budgets, Episode, MethodSpec
 from agent.methods.common import WEBWATCHER_OBSERVATION_IMAGES, Turn, tool_reply
@@ -251,7 +252,7 @@ async def _replay_all(run, lines: list, pending: dict, dirs: dict, *, backend, t
                 give_back()
                 image_users.done(mine)
 
-    await asyncio.gather(*(trajectory_group(ln) for ln in lines))
+    await gather_all(trajectory_group(ln) for ln in lines)
     return recorded.summary()
 
 
@@ -377,7 +378,7 @@ def main(argv=None) -> int:
         finally:
             await backend.aclose()
 
-    res, code = run_async(go(), "finished replays")
+    res, code = run_async(go(), "finished replays", a.out or Path(a.run_dir) / "probes" / "removal")
     if code:
         return code
     print(f"judge: {res['judge']}")

@@ -10,7 +10,7 @@ import logging
 import sys
 
 from ..cli import DEFAULT_CONCURRENCY, add_judge_args, done, make_parser
-from ..errors import ToolkitError
+from ..errors import EXIT_DISK_FULL, ToolkitError, disk_full_message
 from ..redact import is_host
 from . import grading
 from .agreement import main as agree_main
@@ -50,8 +50,9 @@ def main(argv=None) -> int:
                                   api_key_env=a.judge_api_key_env, server=server, concurrency=a.concurrency,
                                   progress=a.progress, regrade=a.regrade, name=a.judge_name))
     except (ToolkitError, OSError) as e:
-        log.error(f"error: {e}")
-        return 2
+        full = disk_full_message(e, a.run_dir, "Grades written")
+        log.error(full or f"error: {e}")
+        return EXIT_DISK_FULL if full else 2
     print(s["markdown"])
     if s["failed_judge_calls"]:
         log.info(f"{s['failed_judge_calls']} judge calls failed; rerun to retry them")

@@ -32,6 +32,7 @@ from tqdm import tqdm
 from ..backends.base import BackendError, ModelServerDown, SamplingParams
 from ..backends.openai_compat import OpenAIBackend
 from ..cli import JUDGE_ENDPOINT, JUDGE_MODEL
+from ..errors import gather_all, writing
 from ..preflight import server_facts
 from ..prompts import JUDGE, fill
 from ..record import validate
@@ -300,15 +301,17 @@ async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_END
         rec = await grader.grade(ln)
         if not rec.get("failed"):  # each paid grade lands as soon as it comes: a kill loses none of them
             validate("grade", rec, f"{out_path} ({rec['sample_id']} trial {rec['trial']})")
-            out.write(seal(rec) + b"\n")
-            out.flush()
+            with writing(out_path):
+                out.write(seal(rec) + b"\n")
+                out.flush()
         bar.update(1)
         return rec
 
     try:
-        results = await asyncio.gather(*(grade(ln) for ln in pending))
+        results = await gather_all(grade(ln) for ln in pending)
     finally:
-        out.close()
+        with writing(out_path):  # what a full disk left in its buffer fails again here
+            out.close()
         bar.close()
         await grader.aclose()
     graded = {(r["sample_id"], r["trial"], r[SOURCE_KEY]): r for r in [*done.values(), *results]}

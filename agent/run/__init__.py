@@ -24,9 +24,9 @@ from .config import (
                      make_backends,
                      trial_seeds,
 )
-from .execute import EXIT_DISK_FULL, UnitStats, disk_full
+from .execute import UnitStats
 from .runner import identify_backends, run
 
 __all__ = ["RunConfig", "run", "main", "EMBEDDED_MAX_TOKENS", "SERVED_MAX_TOKENS", "trial_seeds", "PROCESS_CONCURRENCY",
            "auto_processes", "header_for", "make_backends", "identify_backends", "build_parser", "config_from_args",
-           "EXIT_DISK_FULL", "UnitStats", "disk_full"]
+           "UnitStats"]

@@ -23,7 +23,7 @@ from ..cli import (
     top_logprobs,
     top_p,
 )
-from ..errors import ToolkitError
+from ..errors import EXIT_DISK_FULL, ToolkitError, disk_full_message
 from ..methods import METHODS, PROTOCOLS, VARIANTS
 from ..methods.common import HISTORY_REASONING, WEBWATCHER_OBSERVATION_IMAGES
 from ..methods.unload import DEFAULT_PATIENCE, DEFAULT_THRESHOLD
@@ -33,7 +33,7 @@ from ..rundir.shards import shard_units
 from ..tools import MODES
 from . import __doc__ as RUN_DOC
 from .config import EMBEDDED_MAX_TOKENS, PROCESS_CONCURRENCY, SERVED_MAX_TOKENS, RunConfig, all_units, select_samples
-from .execute import EXIT_DISK_FULL, EXIT_SERVER_DOWN, disk_full
+from .execute import EXIT_SERVER_DOWN
 from .runner import TERMINATED, run
 
 log = logging.getLogger(__name__)
@@ -259,11 +259,9 @@ def main(argv=None) -> int:
         log.error(f"error: {e}")
         return EXIT_SERVER_DOWN
     except (ToolkitError, ValueError, OSError) as e:
-        full = disk_full(e)
-        if full is not None:
-            inside = bool(full) and Path(a.out).resolve() in Path(full).resolve().parents
-            log.error(f"error: {full if inside else a.out}: the disk is full (No space left on device). Finished units are kept; free "
-                      f"space where {a.out} lives (df -h {a.out}), then rerun the same command to resume")
+        full = disk_full_message(e, a.out, "Finished units")
+        if full:
+            log.error(full)
             return EXIT_DISK_FULL
         log.error(f"error: {e}")
         return 2

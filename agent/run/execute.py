@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import sys
 import threading
@@ -23,7 +22,7 @@ from .journal import Journal, JournaledBackend
 
 log = logging.getLogger(__name__)
 
-__all__ = ["execute", "UnitStats", "EXIT_DISK_FULL", "EXIT_SERVER_DOWN", "disk_full", "SHARED", "claimer", "progress_bar"]
+__all__ = ["execute", "UnitStats", "EXIT_SERVER_DOWN", "SHARED", "claimer", "progress_bar"]
 
 
 def retrieved(fut) -> None:
@@ -143,16 +142,20 @@ class _Workers:
         tasks = [asyncio.create_task(self.worker()) for _ in range(n)]
         try:
             await asyncio.gather(*tasks)
-        except (asyncio.CancelledError, KeyboardInterrupt, ModelServerDown) as e:
-            if isinstance(e, ModelServerDown):
-                self.down = str(e)
+        except BaseException as e:
             # what is abandoned, counted before the cancellation unwinds it: units and the calls they had made
             lost_units, lost_calls = len(self.flying), sum(t.n_calls for t in self.flying)
+            # every other worker stops here, before the clients close under it (a full disk, a damaged record: the
+            # one error is the command's message, never a worker's traceback at shutdown)
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             if self.writes:  # lines being written when the interrupt came: let them land (and be counted)
                 await asyncio.wait(list(self.writes))
+            if not isinstance(e, (asyncio.CancelledError, KeyboardInterrupt, ModelServerDown)):
+                raise
+            if isinstance(e, ModelServerDown):
+                self.down = str(e)
             return True, lost_units, lost_calls
         return False, 0, 0
 
@@ -253,20 +256,8 @@ class UnitStats:
         return out
 
 
-#: The exit status when the disk is full (ours): not a refusal (2), not failed units (3).
-EXIT_DISK_FULL = 5
 #: The exit status when the model server stopped answering mid-run (ours): rerun once it is back.
 EXIT_SERVER_DOWN = 6
-
-
-def disk_full(e: BaseException) -> str | None:
-    """None unless ``e`` (or what caused it) is "no space left on device"; then the file it names ('' if none)."""
-
-    while e is not None:
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-            return e.filename or ""
-        e = e.__cause__ or e.__context__
-    return None
 
 
 #: A --processes worker's shared job counter (set in the child before it runs).

@@ -189,12 +189,13 @@ async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends,
                              allow_unverified=cfg.allow_unverified_server)
     if skipped_images:
         rd.note_skipped(skipped_images)
-    if resuming:  # the cheap part of python -m agent.rundir check: torn lines, temp files, duplicates
-        rep = check_run(rd.path, deep=False)
-        if rep.torn or rep.temp_files or rep.duplicates:
+    if resuming:  # the cheap part of python -m agent.rundir check; a torn line (a kill, a full disk) is set aside
+        rd.sweep_temporaries()  # what a killed writer left half-written (the run lock is ours)
+        rep = check_run(rd.path, deep=False, heal_torn=True)
+        for x in rep.repaired:
+            log.warning(f"warning: {rd.path}: {x}; their units run again")
+        if rep.temp_files or rep.duplicates:
             log.info("\n".join(rep.lines()[:1] + [x for x in rep.lines()[2:] if "tool cache" not in x]))
-            log.info(f"(torn lines are ignored and their units rerun; python -m agent.rundir check {rd.path} --repair "
-                     "quarantines them)")
     return cfg, header, samples, skipped_images
 
 

@@ -276,9 +276,11 @@ def _check_grades(rd: RunDir, rep: CheckReport, latest: dict) -> dict:
     return bad
 
 
-def check_run(path, *, deep: bool = True, repair: bool = False) -> CheckReport:
+def check_run(path, *, deep: bool = True, repair: bool = False, heal_torn: bool = False) -> CheckReport:
     """Is this run complete and intact? ``deep=False`` is the cheap part (lines, temp files) the runner
-    runs on resume; ``repair`` quarantines torn lines and orphans (never deletes them) and removes temp files."""
+    runs on resume; ``repair`` quarantines torn lines and orphans (never deletes them) and removes temp files.
+    ``heal_torn``: the caller holds the run lock (the runner resuming) and torn lines go to quarantine/ (their units
+    run again)."""
     rd = RunDir(path)
     header = rd.read_header()
     rep = CheckReport(str(rd.path))
@@ -307,6 +309,8 @@ def check_run(path, *, deep: bool = True, repair: bool = False) -> CheckReport:
         _check_sidecars(rd, rep, good, latest)
         _check_images_and_cache(rd, header, rep, latest)
     bad_grades = _check_grades(rd, rep, latest)
+    if heal_torn and not repair:
+        _quarantine_torn(rd, rep, torn_raw)
     if repair:
         _repair(rd, rep, torn_raw)
         for jf, gf in bad_grades.items():
@@ -316,6 +320,23 @@ def check_run(path, *, deep: bool = True, repair: bool = False) -> CheckReport:
                                     "(python -m agent.judge grades those units again)")
         rep.grades = {}
     return rep
+
+
+def _quarantine_torn(rd: "RunDir", rep: CheckReport, torn_raw: list) -> None:
+    """The torn lines copied into quarantine/ and blanked in place (the run lock is the caller's)."""
+    if not torn_raw:
+        return
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    q = rd.path / "quarantine"
+    q.mkdir(exist_ok=True)
+    with open(q / f"torn-lines-{stamp}.jsonl", "ab") as f:  # appended: two heals in one second keep both
+        f.write(b"".join(r if r.endswith(b"\n") else r + b"\n" for r in torn_raw))
+    # blanked in place (spaces, same length; readers skip blank lines): no copy of the file, so a repair needs no
+    # free space the size of results.jsonl (a full disk is when it is needed most)
+    _blank_lines(rd.results, set(torn_raw))
+    rd.index_path.unlink(missing_ok=True)  # its entries no longer match the blanked lines
+    rep.repaired.append(f"{len(torn_raw)} torn line(s) moved to quarantine/torn-lines-{stamp}.jsonl")
+    rep.torn = []
 
 
 def _blank_lines(path: Path, lines: set) -> None:
@@ -335,17 +356,8 @@ def _blank_lines(path: Path, lines: set) -> None:
 def _repair(rd: "RunDir", rep: CheckReport, torn_raw: list) -> None:
     rd.lock(wait_s=0.5)  # no runner may append while results.jsonl is rewritten
     try:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
         q = rd.path / "quarantine"
-        if torn_raw:
-            q.mkdir(exist_ok=True)
-            (q / f"torn-lines-{stamp}.jsonl").write_bytes(b"".join(r if r.endswith(b"\n") else r + b"\n" for r in torn_raw))
-            # blanked in place (spaces, same length; readers skip blank lines): no copy of the file, so a repair
-            # needs no free space the size of results.jsonl (a full disk is when it is needed most)
-            _blank_lines(rd.results, set(torn_raw))
-            rd.index_path.unlink(missing_ok=True)  # its entries no longer match the blanked lines
-            rep.repaired.append(f"{len(torn_raw)} torn line(s) moved to quarantine/torn-lines-{stamp}.jsonl")
-            rep.torn = []
+        _quarantine_torn(rd, rep, torn_raw)
         if rep.orphans:
             (q / "tokens").mkdir(parents=True, exist_ok=True)
             for o in rep.orphans:

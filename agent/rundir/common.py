@@ -32,6 +32,8 @@ IDENTITY_KEYS = ("method", "variant", "benchmark", "remove_images_from_step", "b
 class RunError(UsageError, RuntimeError):
     """A run directory that cannot be used as asked (foreign header, unreadable file)."""
 
+    line_written = False  # a failed append whose result line landed all the same (only its index entry failed)
+
 
 def inside(root, name, where: str) -> Path:
     """``root / name`` checked to stay inside ``root`` (agent/paths.py), or a :class:`RunError` naming ``where``."""
@@ -62,11 +64,38 @@ def atomic_write(path: Path, data: bytes) -> None:
     """``data`` into ``path`` under a temporary name, renamed into place (a reader sees the old file or the new,
     never a part). The bytes are written as given: records are redacted before they are serialised."""
     tmp = tmp_name(path)
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, an interrupt: no temporary left behind (one a kill leaves is swept on resume)
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+_TMP = re.compile(r"\.tmp(\d+)-\d+$")
+
+
+def stale_temporaries(d: Path) -> list[Path]:
+    """The temporaries of :func:`tmp_name` in directory ``d`` whose writer process is gone (killed mid-write)."""
+    out = []
+    for p in d.iterdir() if d.is_dir() else ():
+        m = _TMP.search(p.name)
+        if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
+            out.append(p)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def write_json(path, obj, **kw) -> None:

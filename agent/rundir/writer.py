@@ -22,6 +22,7 @@ from .common import (
     TOKEN_PRECISIONS,
     RunError,
     atomic_write,
+    stale_temporaries,
     tmp_name,
     token_key,
     write_json,
@@ -111,6 +112,14 @@ class RunDir(RunIndex):
             self.lock(wait_s=0)
         return aside
 
+    def sweep_temporaries(self) -> int:
+        """Remove the temporaries a killed writer left in the run's own folders (its pid is gone); how many. Run by
+        the runner before it resumes, holding the run lock."""
+        stale = [p for d in (self.path, self.path / "tokens", self.path / "images") for p in stale_temporaries(d)]
+        for p in stale:
+            p.unlink(missing_ok=True)
+        return len(stale)
+
     def note_skipped(self, skipped: list[tuple[str, str]]) -> None:
         """Record which samples a run left out (``--allow-missing-images``) and why."""
         write_json(self.path / "skipped_samples.json", [{"sample_id": i, "reason": r} for i, r in skipped], indent=1)
@@ -195,25 +204,31 @@ class RunDir(RunIndex):
         # one sidecar per attempt: a later line for the same (sample, trial) (--retry-errors) never overwrites
         # the tokens of the line it supersedes
         key = f"{token_key(line['sample_id'], line['trial'])}__{uuid.uuid4().hex[:8]}"
+        sidecar = self.path / "tokens" / f"{key}.parquet"
         try:
             if traj.tokens:
                 prompt = (traj.tokenizer, traj.prompt_pieces) if getattr(traj, "prompt_pieces", None) else None
                 data = _encode_sidecar(traj.tokens, traj.top_k, self.token_precision, prompt)
-                atomic_write(self.path / "tokens" / f"{key}.parquet", data)
+                atomic_write(sidecar, data)
                 line["tokens_file"], line["tokens_sha256"] = f"tokens/{key}.parquet", sha256_of(data)
             else:
                 line["tokens_file"] = line["tokens_sha256"] = None
             for p in [*getattr(traj.sample, "image_paths", []), *getattr(traj, "image_files", {}).values()]:
                 self.store_image(p)
-        except OSError as e:  # disk full, permissions: a harness failure that names the file
-            raise RunError(f"{getattr(e, 'filename', None) or self.path}: cannot write the run record "
-                           f"({e.strerror or e}); finished lines are kept, rerun to resume") from e
-        self.append_line(line)
+            self.append_line(line)
+        except BaseException as e:
+            if not (isinstance(e, RunError) and e.line_written):  # no line names it (a torn one is set aside): no orphan
+                sidecar.unlink(missing_ok=True)
+            if isinstance(e, OSError):  # disk full, permissions: a harness failure that names the file
+                raise RunError(f"{getattr(e, 'filename', None) or self.path}: cannot write the run record "
+                               f"({e.strerror or e}); finished lines are kept, rerun to resume") from e
+            raise
 
     def append_line(self, line: dict) -> None:
         """Append one complete line (its sidecar and images already in place) and its index entry: one write
         under an exclusive lock."""
         validate("result", line, f"{self.results} ({line.get('sample_id')} trial {line.get('trial')})")
+        end = None  # the file's size once the line is in it
         try:
             data = seal(line) + b"\n"
             if b"\n" in data[:-1]:  # cannot happen with JSON, but a torn line must never be possible
@@ -230,6 +245,7 @@ class RunDir(RunIndex):
                             if r.read(1) != b"\n":
                                 data = b"\n" + data
                                 start += 1
+                    end = size + len(data)
                     f.write(data)
                     f.flush()
                     os.fsync(f.fileno())
@@ -238,8 +254,10 @@ class RunDir(RunIndex):
                 finally:
                     fcntl.flock(f.fileno(), fcntl.LOCK_UN)
         except OSError as e:  # disk full, permissions: a harness failure that names the file
-            raise RunError(f"{getattr(e, 'filename', None) or self.path}: cannot write the run record "
-                           f"({e.strerror or e}); finished lines are kept, rerun to resume") from e
+            err = RunError(f"{getattr(e, 'filename', None) or self.path}: cannot write the run record "
+                           f"({e.strerror or e}); finished lines are kept, rerun to resume")
+            err.line_written = end is not None and self.results.stat().st_size >= end  # only its index entry failed
+            raise err from e
 
     def store_image(self, path) -> str | None:
         try:
@@ -251,8 +269,12 @@ class RunDir(RunIndex):
         if not dst.exists():
             dst.parent.mkdir(exist_ok=True)
             tmp = tmp_name(dst)
-            shutil.copyfile(img.source, tmp)
-            os.replace(tmp, dst)  # the same bytes under the same name: a concurrent writer does no harm
+            try:
+                shutil.copyfile(img.source, tmp)
+                os.replace(tmp, dst)  # the same bytes under the same name: a concurrent writer does no harm
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
         return img.sha256
 
 

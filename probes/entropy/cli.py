@@ -140,7 +140,7 @@ def main(argv=None) -> int:
         finally:
             await backend.aclose()
 
-    res, code = run_async(go(), "finished steps")
+    res, code = run_async(go(), "finished steps", args.out or Path(args.run_dir) / "probes" / f"entropy-{args.mode}")
     if code:
         return code
     _print_summary(res["summary"])

@@ -18,6 +18,7 @@ from tqdm import tqdm
 from agent.backends.base import BackendError, ModelServerDown
 from agent.backends.messages import ImageUsers
 from agent.backends.spread import pin
+from agent.errors import gather_all, writing
 from agent.record import validate
 from agent.rundir import RunError, close_fragment, load_run, output_lock, token_key, write_json
 from agent.rundir.lines import SEAL_KEY, SOURCE_KEY, seal
@@ -148,8 +149,9 @@ class _Prober:
                     # one whole line, flushed: an interrupt keeps every finished step, the rerun probes the rest
                     row[SOURCE_KEY] = line[SEAL_KEY]  # the line (and so the sidecar) it was computed from
                     validate("entropy_step", row, f"{line['sample_id']}/t{line['trial']} step {step}")
-                    self.sink.write(seal(row) + b"\n")
-                    self.sink.flush()
+                    with writing(self.sink.name):
+                        self.sink.write(seal(row) + b"\n")
+                        self.sink.flush()
                     self.kept += 1
                 self.bar.update(1)
         finally:
@@ -228,7 +230,7 @@ def _draw(summary, fork_summary, out: Path, run, ident, mode: str) -> None:
 
 async def _probe_pending(prober: _Prober, pending: list, steps_path: Path, n_done: int, n_steps: int) -> None:
     try:
-        await asyncio.gather(*(prober.trajectory(line, steps) for line, steps in pending))
+        await gather_all(prober.trajectory(line, steps) for line, steps in pending)
     except BaseException:
         log.info(f"entropy probe stopped: {prober.kept} steps finished in this session are kept in {steps_path} "
                  f"({n_done + prober.kept} in all); the rerun probes the {n_steps - prober.kept} others")
@@ -268,7 +270,7 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
     bar = tqdm(total=n_steps, desc=f"entropy/{mode}", unit="step", disable=not progress, file=sys.stderr,
                mininterval=1.0)
     started, t0 = time.time(), time.perf_counter()
-    with open(steps_path, "ab") as sink:
+    with writing(steps_path), open(steps_path, "ab") as sink:  # closing it may fail too (a full disk)
         prober = _Prober(run, backend, mode, out, sink, bar, concurrency=concurrency, retokenize=retokenize)
         prober.failures += [f"{sid}/t{t}: its line changed since it was written (left out)" for sid, t, _ in run.changed]
         if not prober.vocab:

@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from agent.errors import writing
 from agent.jsonio import dumps
 from agent.rundir import read_parquet
 from agent.rundir.common import atomic_write
@@ -132,7 +133,7 @@ class TokenStore:
         """One finished step's tokens, as one whole stream appended to the trajectory's partial file."""
         self.d.mkdir(parents=True, exist_ok=True)
         data = _stream_bytes(_table({step: tok}))
-        with open(self.partial(key), "ab") as f:
+        with writing(self.partial(key)), open(self.partial(key), "ab") as f:
             f.write(data)
 
     def commit(self, key: str) -> None:
