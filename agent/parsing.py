@@ -15,7 +15,12 @@ import json
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["Action", "ActionError", "parse_action", "parse_init_description", "strip_answer_tags"]
+__all__ = ["Action", "ActionError", "parse_action", "parse_init_description", "strip_answer_tags", "load_json",
+           "MAX_NESTING"]
+
+#: How deep a model's JSON may nest (ours): far beyond any tool call, annotation or subtask, and within what every
+#: reader and writer of the record handles (orjson writes at most 255 levels; Python's parser recurses).
+MAX_NESTING = 64
 
 _TAG = {k: re.compile(rf"<{k}>(.*?)</{k}>", re.S) for k in ("tool_call", "answer", "subtask")}
 _OPEN = {k: re.compile(rf"<{k}>", re.S) for k in ("tool_call", "answer", "subtask")}
@@ -35,15 +40,42 @@ class Action:
     raw: str = ""
 
 
+def load_json(s: str, *, trailing_ok: bool = False):
+    """The JSON value a model wrote (``trailing_ok``: the first value, text after it ignored). Every failure is a
+    :class:`json.JSONDecodeError`, nesting deeper than :data:`MAX_NESTING` included (a model's output is never an
+    internal error: 50,000 nested brackets overflow Python's parser)."""
+    try:
+        obj = json.JSONDecoder().raw_decode(s)[0] if trailing_ok else json.loads(s)
+    except RecursionError:
+        obj = None
+    else:
+        if _depth(obj) <= MAX_NESTING:
+            return obj
+    raise json.JSONDecodeError(f"nested deeper than {MAX_NESTING} levels", s, 0)
+
+
+def _depth(obj) -> int:
+    """How deep a parsed JSON value nests (without recursion)."""
+    deepest, todo = 0, [(obj, 1)]
+    while todo:
+        x, d = todo.pop()
+        if isinstance(x, (dict, list)):
+            deepest = max(deepest, d)
+            if d > MAX_NESTING:
+                break
+            todo.extend((v, d + 1) for v in (x.values() if isinstance(x, dict) else x))
+    return deepest
+
+
 def _json_obj(body: str, what: str) -> dict:
     s = body.strip()
     s = re.sub(r"^```(?:json)?\s*|\s*```$", "", s)
     try:
-        obj = json.loads(s)
+        obj = load_json(s)
     except json.JSONDecodeError as e:
         # a common slip: trailing text after the object
         try:
-            obj, _ = json.JSONDecoder().raw_decode(s)
+            obj = load_json(s, trailing_ok=True)
         except json.JSONDecodeError:
             raise ActionError(f"the content of <{what}> is not valid JSON ({e.msg} at char {e.pos}).") from None
     if not isinstance(obj, dict):
@@ -99,7 +131,7 @@ def parse_action(text: str, allowed=("tool_call", "answer")) -> Action:
         args = obj["arguments"] if "arguments" in obj else obj["parameters"]
         if isinstance(args, str):  # some models double-encode the arguments
             try:
-                args = json.loads(args)
+                args = load_json(args)
             except json.JSONDecodeError:
                 raise ActionError("the tool call's arguments are a string that is not JSON.") from None
         if not isinstance(name, str) or not name.strip():
@@ -135,7 +167,7 @@ def parse_init_description(text: str) -> tuple[dict | None, str]:
     m = re.search(r"\{.*\}", text or "", re.S)
     if m:
         try:
-            obj = json.loads(m.group(0))
+            obj = load_json(m.group(0))
             if isinstance(obj, dict) and ("summary" in obj or "source_hint" in obj):
                 return obj, json.dumps({"summary": obj.get("summary", ""), "source_hint": obj.get("source_hint", "")},
                                        ensure_ascii=False)

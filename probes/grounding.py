@@ -39,6 +39,7 @@ from agent.backends.spread import Spread
 from agent.cli import DEFAULT_CONCURRENCY, JUDGE_ENDPOINT, add_judge_args, done, make_parser, positive_int
 from agent.errors import gather_all, writing
 from agent.judge import judge_key_env
+from agent.parsing import load_json
 from agent.prompts import GROUNDING_PASS1, GROUNDING_PASS2, fill
 from agent.record import validate
 from agent.redact import is_host
@@ -109,7 +110,7 @@ def parse_labels(reply: str, n_steps: int, keys: tuple[str, ...]) -> list[dict]:
     if start < 0 or end <= start:
         raise LabelError("no JSON array in the reply")
     try:
-        arr = json.loads(text[start:end + 1])
+        arr = load_json(text[start:end + 1])
     except json.JSONDecodeError as e:
         raise LabelError(f"the JSON array does not parse ({e.msg})") from None
     if not isinstance(arr, list) or not all(isinstance(x, dict) for x in arr):

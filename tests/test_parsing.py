@@ -74,3 +74,39 @@ def test_init_description():
     assert obj["summary"] == "a red logo" and text == '{"summary": "a red logo", "source_hint": "website"}'
     obj, text = parse_init_description("A red logo with a bird.")
     assert obj is None and text == "A red logo with a bird."
+
+
+DEEP = "[" * 50_000 + "]" * 50_000  # a model's runaway brackets: 50,000 levels overflow Python's JSON parser
+
+
+@pytest.mark.parametrize("body", [
+    '{"name": "search", "arguments": {"query": ' + DEEP + '}}',
+    '{"name": "search", "arguments": ' + '{"a": ' * 65 + '1' + '}' * 65 + '}',  # parses, but deeper than 64
+])
+def test_deeply_nested_json_is_a_malformed_action(body):
+    """Issue 68: a model's output nested beyond MAX_NESTING is a parse failure (a correction for the model), never an
+    internal RecursionError."""
+    with pytest.raises(ActionError, match="nested deeper than 64 levels"):
+        parse_action(f"<tool_call>{body}</tool_call>")
+    assert parse_init_description("{" + '"summary": ' + DEEP + "}")[0] is None
+
+
+@pytest.mark.parametrize("method", ["react", "agentfold", "mmcontextfold"])
+@pytest.mark.parametrize("retry", [False, True])
+async def test_a_unit_with_runaway_nesting_ends_as_a_parse_failure_not_an_error(tmp_path, method, retry):
+    """The unit goes on through the correction re-prompt (paper B.3) and ends as any malformed output does, with
+    ``--retry-errors`` too; nothing is a harness error."""
+    from agent.backends.scripted import ScriptedBackend
+    from agent.run import RunConfig, run
+    from agent.rundir import load_run
+
+    bad = '<think>\nx\n</think>\n\n<tool_call>\n{"name": "search", "arguments": {"query": ' + DEEP + '}}\n</tool_call>'
+    if method == "mmcontextfold":
+        bad = '<think>\nx\n</think>\n\n<subtask>\n{"description": "d", "prompt": ' + DEEP + ', "assigned_images": []}\n</subtask>'
+    cfg = RunConfig(method=method, out=str(tmp_path / "run"), limit=1, t_max=3, progress=False, retry_errors=retry)
+    for _ in range(2 if retry else 1):
+        await run(cfg, [], backends=[ScriptedBackend([bad] * 40 + ["<answer>x</answer>"] * 10)])
+    (line,) = load_run(tmp_path / "run").lines
+    assert line["status"] != "error", line.get("error")
+    # told to the model: a correction (ReAct, MM-ContextFold) or the tool's error reply (AgentFold, as released)
+    assert "nested deeper than 64 levels" in str([line["events"], line["messages"]])

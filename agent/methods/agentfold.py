@@ -23,11 +23,10 @@ Adaptations (paper C.1; ours where the paper is silent, following ../shared/base
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 
-from ..parsing import ActionError
+from ..parsing import ActionError, load_json
 from ..prompts import AGENTFOLD_FINAL, AGENTFOLD_IMAGE_IDS, AGENTFOLD_SYSTEM, AGENTFOLD_USER, fill
 from ..trajectory import EventView
 from .common import Episode, chat, image_parts, with_suffix
@@ -106,7 +105,7 @@ def _parse(text: str, turn: int, final: bool):
         if not c:
             raise ActionError("no <compress> block: fold the previous steps.")
         try:
-            obj = json.loads(c.group(1).strip())
+            obj = load_json(c.group(1).strip())
             rng, txt = obj["compress_range"], obj["compress_text"]
             if not isinstance(rng, list) or not rng or not isinstance(txt, str):
                 raise ValueError("compress_range must be a non-empty list and compress_text a string")
@@ -120,7 +119,7 @@ def _parse(text: str, turn: int, final: bool):
 async def _run_tool(ep: Episode, ev: EventView, raw: str) -> str:
     """The first tool call's response text (invalid JSON / unknown tool: the error text, as in the release)."""
     try:
-        obj = json.loads(raw)
+        obj = load_json(raw)
         # a missing "arguments" is an error text like any exception in the release's execute_tool, never {}
         name, args = obj["name"], obj["arguments"] if "arguments" in obj else obj["parameters"]
         if not isinstance(args, dict):
