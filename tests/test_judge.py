@@ -11,6 +11,7 @@ from agent.backends.scripted import ScriptedBackend
 from agent.judge import accuracy_table, exact_grade, judge_run, parse_grade, read_grades
 from agent.judge import main as judge_main
 from agent.prompts import JUDGE
+from agent.rundir.grades import latest_grades
 from agent.run import RunConfig, run
 from tests.fakes.sglang_server import FakeSGLang
 
@@ -103,6 +104,34 @@ async def test_llm_judge_against_an_openai_compatible_server(tmp_path):
     assert (rd / "table1-llm.csv").exists() and (rd / "judge-llm-summary.json").exists()
     # a self-hosted judge: the facts of the server that graded (SGLang's /server_info)
     assert json.loads((rd / "judge-llm-summary.json").read_text())["judge_server"]["version"] == "0.5.23"
+
+
+async def test_unparsed_grades_are_said_and_asked_again_with_retry_unparsed(tmp_path, capsys):
+    """Issue 68: an UNPARSED grade is named in the command's output with the flag that asks again; a plain rerun
+    asks nothing, ``--retry-unparsed`` asks the judge again for those answers only and the new grade counts."""
+    rd = await _make_run(tmp_path)
+    replies = {"garble": "</think>I am not sure how to grade this."}
+
+    def judge(req):  # garbles until told otherwise
+        pred = re.search(r"Predicted answer: (.*)", req["messages"][0]["content"]).group(1)
+        return replies.get(pred) or judge_reply(req)
+
+    with FakeSGLang(reply=judge) as srv:
+        args = [str(rd), "--judge-endpoint", srv.url, "--judge-model", "judge", "--no-progress"]
+        assert await asyncio.to_thread(judge_main, args) == 0
+        err = capsys.readouterr().err
+        assert "2 answer(s) graded UNPARSED" in err and f"python -m agent.judge {rd} --retry-unparsed" in err
+        n = len(srv.bodies)
+        assert await asyncio.to_thread(judge_main, args) == 0 and len(srv.bodies) == n  # a rerun: nothing asked
+        replies["garble"] = "</think>Extracted: garble\nGrade: B"
+        capsys.readouterr()
+        assert await asyncio.to_thread(judge_main, [*args, "--retry-unparsed"]) == 0
+        assert len(srv.bodies) == n + 2  # the two UNPARSED answers, nothing else
+    err = capsys.readouterr().err
+    assert "2 UNPARSED asked again" in err and "graded UNPARSED" not in err
+    grades = latest_grades(rd / "judge-llm.jsonl")
+    assert grades[("demo_3", 0)]["grade"] == grades[("demo_3", 1)]["grade"] == "INCORRECT"
+    assert json.loads((rd / "judge-llm-summary.json").read_text())["unparsed"] == 0
 
 
 def test_exact_judge_is_labelled(tmp_path, capsys):

@@ -42,18 +42,25 @@ def main(argv=None) -> int:
                          "llm, or exact); then: python -m agent.judge agree RUN")
     ap.add_argument("--regrade", action="store_true",
                     help="grades from another judge exist: grade everything again with this one (old file kept)")
+    ap.add_argument("--retry-unparsed", action="store_true",
+                    help="ask the judge again for the answers whose grade is UNPARSED (its reply stated no grade); "
+                         "the new grade is appended and counts")
     ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     a = ap.parse_args(args)
     server = "openrouter" if is_host(a.judge_endpoint, "openrouter.ai") else "other"
     try:
         s = asyncio.run(judge_run(a.run_dir, judge=a.judge, endpoint=a.judge_endpoint, model=a.judge_model,
                                   api_key_env=a.judge_api_key_env, server=server, concurrency=a.concurrency,
-                                  progress=a.progress, regrade=a.regrade, name=a.judge_name))
+                                  progress=a.progress, regrade=a.regrade, name=a.judge_name,
+                                  retry_unparsed=a.retry_unparsed))
     except (ToolkitError, OSError) as e:
         full = disk_full_message(e, a.run_dir, "Grades written")
         log.error(full or f"error: {e}")
         return EXIT_DISK_FULL if full else 2
     print(s["markdown"])
+    if s["unparsed"] and a.judge != "exact":
+        log.info(f"{s['unparsed']} answer(s) graded UNPARSED (the judge's reply stated no grade; counted as not "
+                 f"correct): python -m agent.judge {a.run_dir} --retry-unparsed asks the judge again")
     if s["failed_judge_calls"]:
         log.info(f"{s['failed_judge_calls']} judge calls failed; rerun to retry them")
         return 1

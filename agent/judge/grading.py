@@ -269,7 +269,8 @@ async def judge_run(run_dir, **kw) -> dict:
 
 async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_ENDPOINT, model: str = DEFAULT_MODEL,
                      api_key_env: str | None = None, server: str = "openrouter", concurrency: int = 8,
-                     backend=None, progress: bool = True, regrade: bool = False, name: str | None = None) -> dict:
+                     backend=None, progress: bool = True, regrade: bool = False, name: str | None = None,
+                     retry_unparsed: bool = False) -> dict:
     rd = RunDir(run_dir)
     header = rd.read_header()
     lines = list(rd.latest().values())
@@ -284,8 +285,12 @@ async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_END
     out_path = rd.path / f"judge-{name}.jsonl"
     sources = {(ln["sample_id"], ln["trial"]): ln["_h"] for ln in lines}
     done = _graded_before(rd, name, label, regrade, sources)
-    pending = [ln for ln in lines if (ln["sample_id"], ln["trial"], ln["_h"]) not in done]
-    log.info(f"judge [{label}]: {len(lines)} trajectories, {len(lines) - len(pending)} already graded")
+    # an UNPARSED grade is kept as it came (the judge's reply, stored); --retry-unparsed asks the judge again and
+    # the new grade, appended, is the unit's (the offline judge's UNPARSED, no gold, would come out the same)
+    again = {k for k, r in done.items() if retry_unparsed and judge != "exact" and r.get("grade") == "UNPARSED"}
+    pending = [ln for ln in lines if (key := (ln["sample_id"], ln["trial"], ln["_h"])) not in done or key in again]
+    log.info(f"judge [{label}]: {len(lines)} trajectories, {len(lines) - len(pending)} already graded"
+             + (f"; {len(again)} UNPARSED asked again" if again else ""))
     judge_server = None
     if grader.needs_client(pending):
         client = grader.client()  # fail early (missing key) before any work
