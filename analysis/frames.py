@@ -12,16 +12,18 @@ The probe readers take a run directory (its default output under ``RUN/probes/``
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
+from agent.lazy import lazy_module
 from agent.rundir import RunError
 from agent.rundir.frames import grades, results, steps, token_files, tokens
 from agent.rundir.probe_outputs import NoProbeOutput, check_sources, probe_dir, read_table
 from agent.rundir.sidecar import verify_file
 
 from .entropy import grouped_tail_entropy, think_segment_entropy
+
+pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
+ds = lazy_module("pyarrow.dataset")  # which loads pandas
 
 __all__ = ["results", "steps", "tokens", "token_files", "grades", "entropy", "removal", "grounding", "step_entropies",
            "think_entropy_by_step", "NoProbeOutput"]

@@ -25,10 +25,9 @@ import re
 import sys
 from pathlib import Path
 
-import pandas as pd
-
 from agent.cli import done, make_parser
 from agent.errors import ToolkitError
+from agent.lazy import lazy_module
 from agent.rundir import RunDir, RunError, load_run
 from agent.rundir.grades import BrokenGrades
 from analysis.pooling import refuse_mixed_servers
@@ -38,6 +37,8 @@ from probes.entropy import bounds_by_step
 
 from . import figures, frames, tables
 from .tables import method_label
+
+pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-import pandas as pd
+from agent.lazy import lazy_module
+
+pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
 
 __all__ = ["REASONS", "exclusion_reason", "select_trajectories"]
 

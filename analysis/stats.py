@@ -12,7 +12,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pandas as pd
+
+from agent.lazy import lazy_module
+
+pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
 
 __all__ = ["bootstrap_ci", "wilson_ci", "wilcoxon_p", "mcnemar_p", "summarise_by", "removal_summary"]
 

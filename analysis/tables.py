@@ -24,24 +24,20 @@
 """
 from __future__ import annotations
 
+import json as _json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    import pandas as pd
-
-import json as _json
-
-import pandas as pd
-
+from agent.lazy import lazy_module
 from agent.rundir import RunError, load_run
 from agent.rundir.grades import JUDGES, BrokenGrades, grades_of, identical_trials
 from agent.rundir.ledger import compute_ledger
 from analysis import frames
 from analysis.figures import write_csv, write_text
 from analysis.pooling import comparability_note, duplicates_note, refuse_mixed_protocols, refuse_mixed_servers
+
+pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
 
 __all__ = ["grades_of", "judged_runs", "table1", "table4", "table5", "table13", "ledger_table", "write_table", "method_label",
            "model_label", "JUDGES", "SUPPLEMENTARY"]

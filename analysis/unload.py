@@ -20,11 +20,13 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pandas as pd
 
+from agent.lazy import lazy_module
 from agent.rundir import RunError, load_run
 
 from . import frames, tables
+
+pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
 
 __all__ = ["unload_points", "unload_steps"]
 

@@ -35,12 +35,14 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from agent.cli import done, make_parser
 from agent.errors import ToolkitError
+from agent.lazy import lazy_module
 from agent.methods.unload import SIGNALS, influence_of
 from agent.rundir import RunError, load_run, write_json
+
+pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,6 @@ import re
 import sys
 from pathlib import Path
 
-import pandas as pd
 from tqdm import tqdm
 
 from agent.backends import make_backend
@@ -39,6 +38,7 @@ from agent.backends.spread import Spread
 from agent.cli import DEFAULT_CONCURRENCY, JUDGE_ENDPOINT, add_judge_args, done, make_parser, positive_int
 from agent.errors import gather_all, writing
 from agent.judge import judge_key_env
+from agent.lazy import lazy_module
 from agent.parsing import load_json
 from agent.prompts import GROUNDING_PASS1, GROUNDING_PASS2, fill
 from agent.record import validate
@@ -49,6 +49,8 @@ from agent.rundir.probe_outputs import resume_rows
 from analysis.figures import fig2a_grounding, provenance_mark
 from analysis.selection import select_trajectories
 from probes.cli import run_async
+
+pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
 
 log = logging.getLogger(__name__)
 

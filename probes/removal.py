@@ -36,7 +36,6 @@ import time
 from pathlib import Path
 from pathlib import Path as _P
 
-import pandas as pd
 from tqdm import tqdm
 
 from agent.backends.base import SamplingParams
@@ -46,6 +45,7 @@ from agent.benchmarks import Sample
 from agent.cli import add_judge_args, done, make_parser, positive_int
 from agent.errors import gather_all
 from agent.judge import Grader
+from agent.lazy import lazy_module
 from agent.methods import HARNESS_ERRORS, Budgets, Episode, MethodSpec
 from agent.methods.common import WEBWATCHER_OBSERVATION_IMAGES, Turn, tool_reply
 from agent.methods.react import react_messages, run_react
@@ -69,6 +69,8 @@ from probes.cli import (
     run_async,
     serving_hardware,
 )
+
+pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from agent.backends.scripted import ScriptedBackend
 from agent.judge import accuracy_table, exact_grade, judge_run, parse_grade, read_grades
 from agent.judge import main as judge_main
 from agent.prompts import JUDGE
-from agent.rundir.grades import latest_grades
 from agent.run import RunConfig, run
+from agent.rundir.grades import latest_grades
 from tests.fakes.sglang_server import FakeSGLang
 
 

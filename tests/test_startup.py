@@ -1,6 +1,6 @@
 """Commands start fast: ``--help`` and argument errors load neither SciPy nor matplotlib/seaborn (each ~0.4-0.6 s
-of start-up, more on a loaded machine); they load with the first statistic or figure (issue 59). Asserted on
-what is imported, not on a time."""
+of start-up, more on a loaded machine) nor pandas (~0.3 s; agent/lazy.py); they load with the first statistic, figure
+or table (issues 59, 68). Asserted on what is imported, not on a time."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ from tests.conformance.conftest import REPO
 COMMANDS = ["probes.entropy", "probes.removal", "probes.grounding", "probes.fidelity", "probes.prefix_cache",
             "agent.judge", "analysis.report", "agent.show", "agent.run", "agent.rundir", "agent.benchmarks",
             "serving.check"]
-HEAVY = ("scipy", "matplotlib", "seaborn", "torch", "transformers")
+HEAVY = ("scipy", "matplotlib", "seaborn", "torch", "transformers", "pandas")
 
 PROBE = """
 import json, runpy, sys
@@ -28,7 +28,7 @@ print("\\n" + json.dumps(sorted({m.split(".")[0] for m in sys.modules} & set(%r)
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_help_loads_no_statistics_or_plotting_package(command):
+def test_help_loads_no_statistics_table_or_plotting_package(command):
     r = subprocess.run([sys.executable, "-c", PROBE, command], cwd=REPO, capture_output=True, text=True,
                        timeout=600)  # a guard against a hang only
     assert r.returncode == 0, r.stderr[-2000:]

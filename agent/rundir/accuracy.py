@@ -6,10 +6,17 @@ std over trials (paper B.6: ddof = 1).
 """
 from __future__ import annotations
 
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING
 
+import numpy as np
+
+from ..lazy import lazy_module
 from .common import RunError
+
+if TYPE_CHECKING:  # the types mypy checks against
+    import pandas as pd
+else:
+    pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
 
 __all__ = ["accuracy_table", "fmt_mean_std"]
 

@@ -12,13 +12,20 @@ supersedes the earlier one), as everywhere in the toolkit.
 """
 from __future__ import annotations
 
-import pandas as pd
+from typing import TYPE_CHECKING
+
 import pyarrow as pa
 
+from ..lazy import lazy_module
 from .common import RunError
 from .grades import JUDGES, grades_of
 from .reader import Run, load_run
 from .sidecar import read_footer
+
+if TYPE_CHECKING:  # the types mypy checks against
+    import pandas as pd
+else:
+    pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
 
 __all__ = ["results", "steps", "tokens", "token_files", "grades", "RESULT_COLUMNS", "STEP_COLUMNS", "TOKEN_COLUMNS",
            "TOKEN_BYTES", "TOKENS_MAX_MB"]
@@ -115,7 +122,13 @@ def steps(run) -> pd.DataFrame:
 #: a list column is an object array of numpy arrays of k): what :func:`tokens` says it would hold before it reads.
 TOKEN_BYTES = {"call": 2, "pos": 4, "id": 4, "text": 60, "logprob": 4, "think": 1, "top_ids": 350, "top_logprobs": 350,
                "exact_entropy": 4, "unload_kl": 4, "unload_dH": 4}
-_NULLABLE_INTS = {pa.int16(): pd.Int16Dtype(), pa.int32(): pd.Int32Dtype()}
+
+
+def _nullable_int(t: "pa.DataType"):
+    """pandas' nullable integer for an Arrow integer column (ids with nulls stay whole numbers), else the default."""
+    return {pa.int16(): pd.Int16Dtype(), pa.int32(): pd.Int32Dtype()}.get(t)
+
+
 #: The most a :func:`tokens` call holds unless told otherwise (ours): above it, aggregate without holding the tokens
 #: (docs/frames.md, "Paper-scale: tokens without holding them").
 TOKENS_MAX_MB = 2048
@@ -168,7 +181,7 @@ def tokens(run, columns: list[str] | None = None, *, sample_ids=None, filters=No
         t = run.token_table(by_key[(sid, trial)], want, filters=filters)
         if t is None or not t.num_rows:
             continue
-        df = t.to_pandas(types_mapper=_NULLABLE_INTS.get)  # ids with nulls stay whole numbers (pandas Int32)
+        df = t.to_pandas(types_mapper=_nullable_int)  # ids with nulls stay whole numbers (pandas Int32)
         df.insert(0, "trial", trial)
         df.insert(0, "sample_id", sid)
         parts.append(df)

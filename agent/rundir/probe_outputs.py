@@ -16,13 +16,18 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-
+from ..lazy import lazy_module
 from ..record import SchemaError, validate
 from .common import RunError
 from .grades import sources_of
 from .lines import SOURCE_KEY, read_sealed, set_aside
+
+if TYPE_CHECKING:  # the types mypy checks against
+    import pandas as pd
+else:
+    pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
 
 log = logging.getLogger(__name__)
 

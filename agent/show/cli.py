@@ -4,14 +4,15 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import pandas as pd
-
 from ..cli import done, make_parser, positive_int, printable
+from ..lazy import lazy_module
 from ..rundir import RunError, load_run
 from . import __doc__ as SHOW_DOC
 from .data import sample_table
 from .html import AUTO_TOKENS, build_html
 from .text import render_text
+
+pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
 
 log = logging.getLogger(__name__)
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
-import pandas as pd
-
+from ..lazy import lazy_module
 from ..rundir import Run
 from ..rundir.grades import JUDGES, grade_file
 from ..rundir.lines import SOURCE_KEY
 from ..rundir.probe_outputs import PROBE_OUTPUTS, NoProbeOutput, probe_dir, read_rows, read_table
+
+pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
 
 log = logging.getLogger(__name__)
 #: What the viewer shows for a grade that cannot be counted.

@@ -4,8 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
+from agent.lazy import lazy_module
 from analysis.stats import bootstrap_ci, wilson_ci
 
 from .style import (
@@ -21,6 +21,8 @@ from .style import (
     wrap,
     write_csv,
 )
+
+pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
 
 
 def tool_shares(calls, max_step: int = 20):

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
+from agent.lazy import lazy_module
 from analysis.stats import wilson_ci
 
 from .style import (
@@ -24,6 +24,8 @@ from .style import (
     wrap,
     write_text,
 )
+
+pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
 
 
 def image_needed_within(steps, first: int = 5) -> float:

@@ -12,13 +12,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 from tqdm import tqdm
 
 from agent.backends.base import BackendError, ModelServerDown
 from agent.backends.messages import ImageUsers
 from agent.backends.spread import pin
 from agent.errors import gather_all, writing
+from agent.lazy import lazy_module
 from agent.record import validate
 from agent.rundir import RunError, close_fragment, load_run, output_lock, token_key, write_json
 from agent.rundir.lines import SEAL_KEY, SOURCE_KEY, seal
@@ -31,6 +31,8 @@ from probes.cli import RecordedPrompts, probe_model_check, record_session, servi
 
 from .step import bounds_by_step, bounds_calibration, call_slices, forking_rows, probe_step, serving_totals, vocab_of
 from .store import TokenStore
+
+pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
 
 log = logging.getLogger(__name__)
 

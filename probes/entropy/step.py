@@ -4,10 +4,10 @@ its bounds, and (teacher-forced) KL(with ‖ without) per token; plus the forkin
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 from agent.backends.base import BackendError, Continuation, model_vocab_size, top_id_matrix, top_matrix
 from agent.backends.messages import image_shas, strip_query_images
+from agent.lazy import lazy_module
 from agent.rundir import Run, RunError
 from agent.trajectory import recorded_sampling
 from analysis.entropy import entropy_high, entropy_histogram, forking_stats, forking_threshold, grouped_tail_entropy
@@ -15,6 +15,8 @@ from analysis.influence import token_influence
 from analysis.stats import summarise_by
 
 from .store import ALTERNATIVES
+
+pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
 
 
 def _think_mean(values: np.ndarray, think: np.ndarray) -> float:
