@@ -235,6 +235,7 @@ async def request_json(
     on_retry: Callable[[int, str], None] | None = None,
     decode: Callable[[bytes], Any] | None = None,
     liveness: str | None = None,
+    text_charset: str | None = None,
 ) -> Any:
     """Send a request and return its parsed JSON (or text when ``parse=False``; ``decode(body)`` instead of the
     generic parser where the caller knows the reply's shape: it raises ValueError on a body it cannot read).
@@ -248,7 +249,10 @@ async def request_json(
     ``liveness``: the server's health URL (a model server's; tools have none). When an attempt gets no reply at
     all (refused, reset, no complete reply by the deadline), it is asked once (:data:`LIVENESS_TIMEOUT_S`): a
     server that does not answer 200 there is down or hung, and :class:`ServerDown` is raised at once instead of
-    retrying; the client remembers it, so every other request to that server fails at once too."""
+    retrying; the client remembers it, so every other request to that server fails at once too.
+
+    ``text_charset`` (``parse=False``): how a reply whose content type holds "text" and names no charset is decoded
+    (None: UTF-8, httpx's default; the release's HTTP library, requests, reads ISO-8859-1 there)."""
     last, last_status = "no attempt", None
     shown = public_url(url)
     for attempt in range(policy.retries + 1):
@@ -270,7 +274,7 @@ async def request_json(
         else:
             if r.status_code < 400:
                 if not parse:
-                    return r.text
+                    return _text_of(r, text_charset)
                 try:
                     return (decode or loads)(r.content)
                 except ValueError:  # json.JSONDecodeError and orjson.JSONDecodeError are ValueErrors
@@ -290,6 +294,15 @@ async def request_json(
                 on_retry(attempt + 1, last)
             await asyncio.sleep(policy.delay(attempt, retry_after))
     raise HTTPError(f"{what}: {shown} failed after {policy.retries + 1} attempts; last error: {last}", last_status)
+
+
+def _text_of(r: "httpx.Response", text_charset: str | None) -> str:
+    """The reply's text: in the charset it names, else UTF-8, or ``text_charset`` for a text type that names none
+    (as requests' ``get_encoding_from_headers`` does with ISO-8859-1)."""
+    ctype = r.headers.get("content-type", "")
+    if text_charset and "text" in ctype and "charset" not in ctype.lower():
+        return r.content.decode(text_charset, errors="replace")
+    return r.text
 
 
 async def _watched(send, client: "ClientPool", liveness: str, headers: dict | None, policy: RetryPolicy, why: str):

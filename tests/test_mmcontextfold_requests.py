@@ -122,6 +122,10 @@ def test_options_are_bullets_after_a_blank_line_and_options_heading():
                options=["Paris", "Rome", 3])
     # pipelines/base_pipeline.py:118-122
     assert s.question == "Which city?\n\nOptions:\n- Paris\n- Rome\n- 3"
+    # lower-case options stay as written, no letters added (one question text for both protocols)
+    low = Sample(id="q", query="Which city?", query_images=[], answer="paris", benchmark="x", line=1,
+                 options=["paris", "a. rome"])
+    assert low.question == "Which city?\n\nOptions:\n- paris\n- a. rome"
 
 
 @pytest.mark.model

@@ -316,3 +316,194 @@ def test_a_missing_query_image_is_dropped_and_the_sample_runs_with_the_rest(tmp_
     # the paper's protocol refuses the same benchmark (ours: a question without its image is another question)
     assert run_main(["--method", "mmcontextfold", "--backend", "scripted", "--benchmark", str(bench),
                      "--sample-ids", "demo_6", "--out", str(tmp_path / "paper"), "--no-progress"]) == 2
+
+
+# ------------------------------------------------------------------ 11. image ids, null fields, encodings, file types
+PAPER = ("--method", "mmcontextfold")
+
+
+def _branch_policy(assigned, branch_reply, main_first=None):
+    """Init answers, the main state opens one branch with ``assigned`` images, the branch replies from
+    ``branch_reply`` in turn (then returns), the continuation answers."""
+    replies = iter(branch_reply)
+
+    def policy(req):
+        if is_init(req):
+            return '{"summary": "a crest", "source_hint": "site"}'
+        text = " ".join(t for m in req["messages"] for t in texts(m))
+        last = last_text(req)
+        if "completed" in last or "Subtask [look]" in last:
+            return "<answer>1998</answer>"
+        if "MODE: BRANCH" in text or "STATE: BRANCH" in text or "Subtask:" in last:
+            return next(replies, tool("return", message="found it"))
+        return main_first or subtask(description="look", prompt="Find the club.", assigned_images=assigned)
+    return policy
+
+
+def _images_in(body) -> list[str]:
+    return [p["image_url"]["url"] for m in body["messages"] if isinstance(m["content"], list)
+            for p in m["content"] if p.get("type") == "image_url"]
+
+
+def _branch_bodies(bodies):
+    return [b for b in bodies if any("**MODE: BRANCH**" in t for m in b["messages"] for t in texts(m))]
+
+
+def test_an_image_id_is_looked_up_exactly_as_written_under_the_release(tmp_path):
+    """``<image_01>`` (pipeline_mmcontextfold.py:85-99: ``self.images.get(id)``, then ``<image_{digits}>`` with the
+    digits as written) loads nothing into the branch, adds no images note, and a Lens call on it gets the release's
+    "Invalid image_id" reply (:357-368) without a Lens request."""
+    bodies, line = run_release(tmp_path, _branch_policy(["<image_01>"], [tool("lens_search", image_id="<image_01>")]),
+                               "demo_6")
+    first, second = _branch_bodies(bodies)[:2]
+    assert _images_in(first) == _images_in(bodies[2])  # the main history's images only: none
+    assert "## Assigned Images" not in last_text(first)
+    assert last_text(second) == R.invalid_image("<image_01>", ["<image_0>", "<image_1>"])
+    assert not [e for e in line["events"] if e["type"] == "tool_call"]
+
+
+def test_the_default_protocol_resolves_a_spelling_of_an_image_id_and_pays_one_lens_call_for_both(tmp_path):
+    """Ours (docs/fidelity.md): ``<image_01>`` is ``<image_1>`` (a model's spelling of the id it was shown); the
+    tool cache keys a Lens call by the image's content hash, so both spellings are one call."""
+    from agent.tools.cache import cache_key
+
+    bodies, line = run_release(tmp_path, _branch_policy(["<image_01>"], [
+        "<think>x</think>" + tool("lens_search", image_id="<image_01>"),
+        "<think>x</think>" + tool("lens_search", image_id="<image_1>")]), "demo_6", method=PAPER)
+    calls = [e for e in line["events"] if e["type"] == "tool_call" and e["name"] == "lens_search"]
+    assert len(calls) == 2 and calls[0]["cache_hit"] is False and calls[1]["cache_hit"] is True
+    assert cache_key("lens_search", {"image_id": "<image_01>"}, "h") == cache_key("lens_search", {"image_id": "<image_1>"}, "h")
+    branch = [e for e in line["events"] if e["type"] == "branch_begin"][0]
+    assert branch["assigned_images"] == ["<image_1>"]
+
+
+@pytest.mark.parametrize("assigned,crash", [
+    (None, "'NoneType' object is not iterable"),
+    (5, "'int' object is not iterable"),
+    ([["<image_0>"]], "unhashable type: 'list'"),
+    ([0], "'int' object has no attribute 'strip'"),
+])
+def test_assigned_images_the_release_cannot_iterate_end_the_sample_with_its_error_answer(tmp_path, assigned, crash):
+    """The release's ``for img_id in assigned_images`` (pipeline :184-191) raises; its ``run()`` catches it and the
+    sample's answer is ``Error: <the exception>``. The same calls before it (init, the main call), the same answer,
+    recorded as the release's crash."""
+    bodies, line = run_release(tmp_path, _branch_policy(assigned, []), "demo_6")
+    assert len(bodies) == 3  # two perception calls, the main call: the branch never starts
+    assert line["status"] == "ok" and line["answer"] == f"Error: {crash}"
+    err = next(e for e in line["events"] if e["type"] == "error")
+    assert err["kind"] == "ReleaseCrash" and crash in err["message"]
+
+
+def test_the_default_protocol_asks_again_for_a_null_assigned_images(tmp_path):
+    """Ours (paper B.3): a subtask whose ``assigned_images`` is not a list is a malformed output: the correction
+    re-prompt, and the run goes on."""
+    bad = subtask(description="look", prompt="Find the club.", assigned_images=None)
+    asked = []
+
+    def policy(req):
+        if "STATE: MAIN" not in json.dumps(req["messages"]):  # an init call (E.4)
+            return '{"summary": "s", "source_hint": "h"}'
+        asked.append(1)
+        return bad if len(asked) == 1 else "<answer>1998</answer>"
+
+    bodies, line = run_release(tmp_path, policy, "demo_6", method=PAPER)
+    main = [e for e in line["events"] if e["type"] == "llm_call" and e["state"] == "main"]
+    assert '"assigned_images" must be a list' in main[0]["action_error"] and line["answer"] == "1998"
+
+
+def test_runaway_nesting_ends_the_release_s_sample_with_its_recursion_error_answer(tmp_path):
+    """The release's parsers catch JSONDecodeError only: 50,000 nested brackets raise RecursionError out of
+    ``extract_subtask`` and the sample's answer is that error's text."""
+    deep = "<subtask>\n{\"description\": \"d\", \"prompt\": " + "[" * 50_000 + "]" * 50_000 + "}\n</subtask>"
+    bodies, line = run_release(tmp_path, _branch_policy([], [], main_first=deep), "demo_6")
+    assert len(bodies) == 3
+    assert line["answer"].startswith("Error: maximum recursion depth exceeded")
+
+
+def test_a_branch_given_every_image_in_reverse_order_loads_them_so(tmp_path):
+    """pipeline :184-203: the images in the order assigned, the note naming them so, in both protocols."""
+    for method in (RELEASE, PAPER):
+        out = tmp_path / method[-1]
+        out.mkdir()
+        bodies, line = run_release(out, _branch_policy(["<image_1>", "<image_0>"], []), "demo_6", method=method)
+        begin = next(e for e in line["events"] if e["type"] == "branch_begin")
+        assert begin["assigned_images"] == ["<image_1>", "<image_0>"]
+        if method == RELEASE:
+            first = _branch_bodies(bodies)[0]
+            assert "loaded in this conversation: <image_1>, <image_0>" in last_text(first)
+            uris = _images_in(first)[-2:]
+            crest, stadium = (load_run(out / "run").lines[0]["query_images"][k] for k in ("<image_0>", "<image_1>"))
+            assert [__import__("hashlib").sha256(__import__("base64").b64decode(u.split(",", 1)[1])).hexdigest()
+                    for u in uris] == [stadium, crest]
+
+
+def test_nested_answer_tags_give_the_release_s_answer(tmp_path):
+    """``<answer>(.*?)</answer>`` (prompts_mmcontextfold.py:194): the first closing tag ends it."""
+    said = "<answer><answer>1998</answer></answer>"
+    bodies, line = run_release(tmp_path, lambda req: '{"summary": "s", "source_hint": "h"}' if is_init(req) else said,
+                               "demo_6")
+    assert line["answer"] == "<answer>1998"
+
+
+def test_a_png_named_jpg_is_declared_by_its_name_under_the_release_and_by_its_bytes_by_default(tmp_path):
+    """utils/search_backbone_model.py (get_image_mime_type): ``mimetypes.guess_type`` of the file's name, JPEG when
+    that is no image type; ours reads the type from the bytes."""
+    import shutil
+
+    from agent.tools.demo_world import ensure_demo_world
+
+    bench = tmp_path / "bench"
+    shutil.copytree(ensure_demo_world() / "demo", bench)
+    rows = [json.loads(x) for x in (bench / "data_unified.jsonl").read_text().splitlines()]
+    row = next(r for r in rows if r["id"] == "demo_1")
+    (bench / "imgs" / row["query_images"][0]).rename(bench / "imgs" / "d.jpg")
+    row["query_images"] = ["d.jpg"]
+    (bench / "data_unified.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    answer = lambda req: '{"summary": "s", "source_hint": "h"}' if is_init(req) else "<answer>1911</answer>"  # noqa: E731
+    for method, want in ((RELEASE, "data:image/jpeg;base64,"), (PAPER, "data:image/png;base64,")):
+        out = tmp_path / method[-1]
+        out.mkdir()
+        bodies, _ = run_release(out, answer, "demo_1", "--benchmark", str(bench), method=method)
+        assert _images_in(bodies[0]) and all(u.startswith(want) for u in _images_in(bodies[0]))
+
+
+@pytest.mark.parametrize("protocol", ["release", "paper"])
+def test_a_null_search_title_and_a_page_without_a_charset(tmp_path, web, protocol):
+    """search_tools.py:93: ``f"[{page['title']}]"`` shows a null title as ``None`` (ours: nothing); a page served as
+    ``text/plain`` with no charset is read as ISO-8859-1 by the release's requests (ours: UTF-8)."""
+    web.search_items = [{"title": None, "link": "https://a.example/", "snippet": "s"}]
+    web.pages["https://m.example/"] = "München"
+    script = iter([tool("search", query="q"), tool("visit", url="https://m.example/"), tool("return", message="ok")])
+    method = RELEASE if protocol == "release" else PAPER
+    bodies, line = run_release(tmp_path, _branch_policy([], [next(script) for _ in range(3)]), "demo_1",
+                               "--tools", "live", method=method)
+    obs = [e["observation"] for e in line["events"] if e["type"] == "tool_call"]
+    if protocol == "release":
+        assert "0. [None](https://a.example/)" in obs[0] and obs[1] == "MÃ¼nchen"
+    else:
+        assert "0. [](https://a.example/)" in obs[0] and "München" in obs[1]
+
+
+def test_a_search_row_without_a_title_is_the_release_s_tool_error(tmp_path, web):
+    """``page['title']`` on a row without one raises KeyError, caught by ``_execute_tool``: "Tool error: 'title'"."""
+    web.search_items = [{"link": "https://a.example/"}]
+    bodies, line = run_release(tmp_path, _branch_policy([], [tool("search", query="q")]), "demo_1", "--tools", "live")
+    assert [e["observation"] for e in line["events"] if e["type"] == "tool_call"] == ["Tool error: 'title'"]
+
+
+@pytest.mark.parametrize("protocol", ["release", "paper"])
+def test_open_page_is_visit_in_the_release_and_an_unknown_tool_by_default_and_the_token_field(tmp_path, protocol):
+    """pipeline :420 ``tool_name in ("visit", "open_page")``; ours offers the tools E.3 names, so ``open_page`` is
+    an unknown tool. The token cap: the release sends ``max_completion_tokens`` (search_backbone_model.py:118), ours
+    ``max_tokens`` (the field SGLang and vLLM have always read; docs/fidelity.md)."""
+    method = RELEASE if protocol == "release" else PAPER
+    bodies, line = run_release(tmp_path, _branch_policy([], [tool("open_page", url="https://kestrel.example/")]),
+                               "demo_1", method=method)
+    obs = [e["observation"] for e in line["events"] if e["type"] == "tool_call"]
+    names = [e["name"] for e in line["events"] if e["type"] == "tool_call"]
+    if protocol == "release":
+        assert names == ["visit"] and "Unknown tool" not in obs[0]
+        assert all("max_completion_tokens" in b and "max_tokens" not in b for b in bodies)
+    else:
+        assert "Unknown tool" in json.dumps(line["events"]) or "Unknown tool" in json.dumps(line["messages"])
+        assert all("max_tokens" in b and "max_completion_tokens" not in b for b in bodies)

@@ -9,6 +9,7 @@ its query image 20 times.
 from __future__ import annotations
 
 import copy
+import mimetypes
 import os
 import re
 from typing import Any, Iterator
@@ -212,8 +213,10 @@ def strip_images(messages: list[dict], hashes=None) -> list[dict]:
     return out
 
 
-def to_openai_messages(messages: list[dict], base_dir=None) -> list[dict]:
-    """Messages for an OpenAI-compatible server: local images become (cached) data URIs."""
+def to_openai_messages(messages: list[dict], base_dir=None, *, type_by_name: bool = False) -> list[dict]:
+    """Messages for an OpenAI-compatible server: local images become (cached) data URIs, their type read from the
+    bytes (ours: what the image is), or with ``type_by_name`` from the file's name as the release declares it
+    (:func:`declared_type`)."""
     out = []
     for m in messages:
         c = m.get("content")
@@ -225,6 +228,8 @@ def to_openai_messages(messages: list[dict], base_dir=None) -> list[dict]:
             if is_image_part(p):
                 ref = image_ref(p)
                 url = ref if ref.startswith(("http://", "https://", "data:")) else _image_of(p, base_dir).data_uri()
+                if type_by_name and not ref.startswith(("http://", "https://", "data:")):
+                    url = f"data:{declared_type(ref)};base64," + url.split(",", 1)[1]
                 if ref.startswith("data:"):
                     load_image(ref)  # validate early, with a clear error
                 iu = p.get("image_url")
@@ -234,6 +239,13 @@ def to_openai_messages(messages: list[dict], base_dir=None) -> list[dict]:
                 parts.append(p)
         out.append({**m, "content": parts})
     return out
+
+
+def declared_type(name: str) -> str:
+    """The type the release declares for an image file: guessed from its name, ``image/jpeg`` when that guess is no
+    image type (``utils/search_backbone_model.py`` ``get_image_mime_type``: a PNG named ``d.jpg`` is sent as JPEG)."""
+    guess, _ = mimetypes.guess_type(str(name))
+    return guess if guess and guess.startswith("image/") else "image/jpeg"
 
 
 def split_text_and_images(messages: list[dict], base_dir=None, fetch_urls: bool = False) -> tuple[list[dict], list[ImageData]]:

@@ -127,7 +127,8 @@ class OpenAIBackend:
 
     def _payload(self, messages: list[dict], sp: SamplingParams) -> dict:
         if self.wire == "release":  # utils/search_backbone_model.py:116-122: these five fields and nothing else
-            body = {"model": self.model, "messages": to_openai_messages(messages), "max_completion_tokens": sp.max_tokens,
+            body = {"model": self.model, "messages": to_openai_messages(messages, type_by_name=True),
+                    "max_completion_tokens": sp.max_tokens,
                     "temperature": sp.temperature, "top_p": sp.top_p}
             if sp.top_logprobs > 0:  # only when the user asked for them (--top-logprobs)
                 body.update(logprobs=True, top_logprobs=sp.top_logprobs)

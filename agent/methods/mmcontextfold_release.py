@@ -50,7 +50,7 @@ from ..tools.formatting import LENS_BRANCH_EMPTY
 from ..trajectory import EventView
 from .common import Episode
 
-__all__ = ["run_release_protocol", "MAX_ROUNDS", "MAX_BRANCHES", "MAX_BRANCH_TURNS", "CALL_CAP"]
+__all__ = ["run_release_protocol", "ReleaseCrash", "MAX_ROUNDS", "MAX_BRANCHES", "MAX_BRANCH_TURNS", "CALL_CAP"]
 
 MAX_ROUNDS = 15          # pipelines/base_pipeline.py:26
 MAX_BRANCHES = 5         # pipelines/pipeline_mmcontextfold.py:39
@@ -59,12 +59,35 @@ MAX_BRANCH_TURNS = 10    # pipelines/pipeline_mmcontextfold.py:40
 CALL_CAP = 1024
 
 
+class ReleaseCrash(ValueError):
+    """What a model's output makes the release's own code raise. Its ``MMContextFoldAgent.run`` catches every
+    exception and the sample's answer is ``f"Error: {e}"`` (``pipelines/pipeline_mmcontextfold.py``, the handler
+    at the end of ``run``); the same text is the answer here, the exception an ``error`` event of the record."""
+
+
+def _loads(text: str):
+    """``json.loads`` as the release calls it: a value nested past Python's parser raises its RecursionError,
+    which none of the release's parsers catch."""
+    try:
+        return json.loads(text)
+    except RecursionError as e:
+        raise ReleaseCrash(str(e)) from None
+
+
+def _iterated(value) -> list:
+    """What ``for img_id in value`` walks in the release (``pipeline_mmcontextfold.py:184-191``): a list, a
+    string's characters, a mapping's keys; anything else is the TypeError that ends the sample."""
+    if isinstance(value, (list, str, dict)):
+        return list(value)
+    raise ReleaseCrash(f"'{type(value).__name__}' object is not iterable")
+
+
 # ------------------------------------------------------------------ the release's parsers (prompts_mmcontextfold.py:176-215)
 def extract_subtask(text: str) -> dict | None:
     """The first ``<subtask>`` JSON object with a non-empty ``prompt``; other fields are optional."""
     m = re.search(r"<subtask>\s*(.*?)\s*</subtask>", text or "", re.S)
     try:
-        data = json.loads(m.group(1)) if m else None
+        data = _loads(m.group(1)) if m else None
     except json.JSONDecodeError:
         return None
     return data if isinstance(data, dict) and data.get("prompt") else None
@@ -79,7 +102,7 @@ def extract_tool_call(text: str) -> dict | None:
     """The *last* ``<tool_call>`` block, parsed (the release runs the last of several)."""
     found = list(re.finditer(r"<tool_call>\s*(.*?)\s*</tool_call>", text or "", re.S))
     try:
-        data = json.loads(found[-1].group(1)) if found else None
+        data = _loads(found[-1].group(1)) if found else None
     except json.JSONDecodeError:
         return None
     return data if isinstance(data, dict) else None
@@ -119,19 +142,24 @@ class _Chat:
         return reply, ev
 
 
-def _resolve(ep: Episode, image_id: str):
-    """The release's lenient id lookup (``pipelines/pipeline_mmcontextfold.py:85-99``): the id itself, else
-    its digits after an ``image``/``img`` prefix."""
-    r = ep.registry.resolve(image_id)
+def _resolve(ep: Episode, image_id):
+    """The release's id lookup (``pipelines/pipeline_mmcontextfold.py:85-99``): the id exactly as written, else
+    ``<image_DIGITS>`` with the digits as written after an ``image``/``img`` prefix (``<image_01>`` is no image).
+    An id that is no string fails as the release's dict lookup and ``.strip()`` do."""
+    if isinstance(image_id, (list, dict)):
+        raise ReleaseCrash(f"unhashable type: '{type(image_id).__name__}'")
+    if not isinstance(image_id, str):
+        raise ReleaseCrash(f"'{type(image_id).__name__}' object has no attribute 'strip'")
+    r = ep.registry.exact(image_id)
     if r is not None:
         return r
-    cleaned = str(image_id).strip().strip("<>").strip()
+    cleaned = image_id.strip().strip("<>").strip()
     for prefix in ("image_", "image", "img_", "img", "image #", "image#"):
         if cleaned.lower().startswith(prefix):
             cleaned = cleaned[len(prefix):]
             break
     digits = re.search(r"(\d+)", cleaned)
-    return ep.registry.resolve(f"<image_{digits.group(1)}>") if digits else None
+    return ep.registry.exact(f"<image_{digits.group(1)}>") if digits else None
 
 
 # ------------------------------------------------------------------ the protocol
@@ -149,7 +177,7 @@ async def _init(ep: Episode) -> str:
             continue
         m = re.search(r"\{.*\}", text, re.S)
         try:
-            data = json.loads(m.group()) if m else None
+            data = _loads(m.group()) if m else None
         except json.JSONDecodeError:
             data = None
         ep.traj.settle(ev, action={"kind": "describe", "image_id": img.image_id, "parsed": isinstance(data, dict)})
@@ -164,6 +192,18 @@ async def _init(ep: Episode) -> str:
 
 
 async def run_release_protocol(ep: Episode) -> tuple[str, str]:
+    """The release's run of one sample: ``(status, answer)``; an exception the model's output makes the release's
+    code raise ends it with the release's answer for it (:class:`ReleaseCrash`)."""
+    try:
+        return await _run(ep)
+    except ReleaseCrash as e:
+        ep.traj.error("ReleaseCrash", f"the release's code raised here; its answer is the exception: {e}")
+        answer = f"Error: {e}"
+        ep.traj.final_answer(None, answer)
+        return "ok", answer
+
+
+async def _run(ep: Episode) -> tuple[str, str]:
     chat = _Chat(ep)
     question = ep.sample.question
     response, ev = await chat.send(fill(MAIN, image_context=await _init(ep), question=question), state="main")
@@ -186,8 +226,12 @@ async def run_release_protocol(ep: Episode) -> tuple[str, str]:
         if branches >= MAX_BRANCHES:
             response, ev = await chat.send(BRANCH_LIMIT, state="main")
             continue
-        branches += 1
         description = subtask.get("description", "subtask")
+        if not isinstance(description, str):  # the branch's name: description.replace(' ', '_') (:508)
+            raise ReleaseCrash(f"'{type(description).__name__}' object has no attribute 'replace'")
+        if isinstance(subtask["prompt"], (int, float)):  # logged as subtask['prompt'][:100] (:512)
+            raise ReleaseCrash(f"'{type(subtask['prompt']).__name__}' object is not subscriptable")
+        branches += 1
         ep.traj.settle(ev, action={"kind": "subtask", "subtask": subtask})
         message = await _branch(ep, chat, f"b{branches}", subtask, ev)
         response, ev = await chat.send(fill(CONTINUE, description=description, return_message=message), state="main")
@@ -204,7 +248,7 @@ async def _branch(ep: Episode, chat: _Chat, bid: str, subtask: dict, main_ev: di
     """``pipelines/pipeline_mmcontextfold.py:160-330``: the branch continues the main conversation, then is cut off."""
     saved = list(chat.history)
     loaded = []
-    for x in subtask.get("assigned_images", []) or []:
+    for x in _iterated(subtask.get("assigned_images", [])):
         r = _resolve(ep, x)
         if r is not None:
             loaded.append((str(x), r))
@@ -277,7 +321,7 @@ def _after_last_turn(response: str) -> str:
 async def _tool(ep: Episode, ev: dict, name: str, params: dict, paths: list) -> tuple[str, list]:
     """The observation text and result images of one tool call, as the release produces them (``:340-430``)."""
     if name == "lens_search":
-        image_id = str(params.get("image_id", ""))
+        image_id = params.get("image_id", "")
         r = _resolve(ep, image_id)
         if r is None:
             digits = re.search(r"(\d+)", image_id)  # else an index into the branch's own images (:350-357)

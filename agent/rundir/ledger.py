@@ -268,7 +268,8 @@ def _per_unit(led: dict) -> dict:
 
 def cached_query_lens(cache_path, samples) -> tuple[int, int]:
     """(query images whose first Lens search is already in the tool cache, query images): the exact keys the
-    agents' ``lens_search(image_id="<image_i>")`` on each sample's query images would look up."""
+    agents' ``lens_search(image_id="<image_i>")`` on each sample's query images would look up (the image's hash, or
+    in an older cache the identifier's spelling)."""
 
     cache = ToolCache(cache_path)
     hit = n = 0
@@ -280,7 +281,9 @@ def cached_query_lens(cache_path, samples) -> tuple[int, int]:
                     sha = load_image(p).sha256
                 except ImageError:
                     continue
-                hit += cache.get(cache_key("lens_search", {"image_id": f"<image_{i}>"}, sha)) is not None
+                args = {"image_id": f"<image_{i}>"}
+                hit += any(cache.get(cache_key("lens_search", args, sha, by_spelling=old)) is not None
+                           for old in (False, True))
     finally:
         cache.close()
     return hit, n

@@ -2,7 +2,7 @@
 
     cache = ToolCache("runs/tools.sqlite")           # every tool call goes through a Toolbox + cache
 
-Keyed by tool + normalised arguments (+ the image's sha256 for lens); stores the raw API response,
+Keyed by tool + normalised arguments (for lens: the image's sha256 in place of its identifier); stores the raw API response,
 the formatted observation, whether the call succeeded, whether a failure was transient, and a
 timestamp. WAL mode and a busy timeout make it safe for many async workers and several processes at
 once; ``INSERT OR IGNORE`` means the first writer wins and nothing is duplicated.
@@ -57,9 +57,14 @@ def normalise_args(tool: str, args: dict) -> dict:
     return out
 
 
-def cache_key(tool: str, args: dict, image_sha256: str | None = None) -> str:
-    payload = json.dumps({"tool": tool, "args": normalise_args(tool, args), "image": image_sha256},
-                         sort_keys=True, ensure_ascii=False)
+def cache_key(tool: str, args: dict, image_sha256: str | None = None, *, by_spelling: bool = False) -> str:
+    """The call's key: the tool, its normalised arguments and, for Lens, the image's content hash in place of the
+    identifier the model wrote (``<image_1>`` and ``<image_01>`` are one call). ``by_spelling``: the key the cache
+    gave Lens calls before, the identifier's spelling included (still read, never written)."""
+    args = normalise_args(tool, args)
+    if tool == "lens_search" and image_sha256 and not by_spelling:
+        args.pop("image_id", None)
+    payload = json.dumps({"tool": tool, "args": args, "image": image_sha256}, sort_keys=True, ensure_ascii=False)
     # surrogatepass: whatever a model put into the arguments has a key (valid text hashes as before)
     return hashlib.sha256(payload.encode("utf-8", "surrogatepass")).hexdigest()
 

@@ -23,12 +23,22 @@ def _tool_block(tool: str, query: str, success: bool, count: int = 0, results: s
     return head + f"**Count:** {count} results\n\n### Results:\n{results}"
 
 
-def format_search(query: str, results: list[dict]) -> str:
+def format_search(query: str, results: list[dict], python_values: bool = False) -> str:
     """results: [{"title", "link", "snippet"}], the top 10, as the release lists them: 0-based, each snippet
-    indented under its link, blank lines between (``utils/search_tools.py:90-99``)."""
+    indented under its link, blank lines between (``utils/search_tools.py:90-99``). A null title or link shows as
+    nothing (ours); ``python_values``: as the release's f-string shows it (``None``), and a row without one fails the
+    whole call as the release's ``page['title']`` does (its KeyError, caught by ``_execute_tool``:
+    ``pipelines/pipeline_mmcontextfold.py`` "Tool error: ...")."""
     if not results:
         return _tool_block("text_search", query, False)
-    rows = [f"{i}. [{r.get('title') or ''}]({r.get('link', '')})" + (f"\n  {r['snippet']}" if r.get("snippet") else "")
+    if python_values:
+        missing = next((k for r in results for k in ("title", "link") if k not in r), None)
+        if missing:
+            return f"Tool error: '{missing}'"
+
+    def shown(r: dict, key: str) -> str:
+        return str(r[key]) if python_values else (r.get(key) or "")
+    rows = [f"{i}. [{shown(r, 'title')}]({shown(r, 'link')})" + (f"\n  {r['snippet']}" if r.get("snippet") else "")
             for i, r in enumerate(results)]
     return _tool_block("text_search", query, True, len(rows), "\n\n".join(rows))
 

@@ -161,9 +161,12 @@ class LiveProvider:
                       else format_search(query, []))  # utils/search_tools.py: _fail_result
             return ProviderResult(failed, raw={"error": _public(e)}, ok=False, transient=True, paid_calls=1)
         organic = (data.get("organic") if isinstance(data, dict) else None) or []
-        rows = [{"title": r.get("title", ""), "link": r.get("link", ""), "snippet": r.get("snippet", "")}
-                for r in organic[:pol.max_results]]
-        return ProviderResult(format_search(query, rows), raw=data, paid_calls=1)
+        if pol.python_values:  # each row as it came: the release formats Serper's own values
+            rows = [r if isinstance(r, dict) else {} for r in organic[:pol.max_results]]
+        else:
+            rows = [{"title": r.get("title", ""), "link": r.get("link", ""), "snippet": r.get("snippet", "")}
+                    for r in organic[:pol.max_results]]
+        return ProviderResult(format_search(query, rows, pol.python_values), raw=data, paid_calls=1)
 
     async def _serper_json(self, path: str, body: dict, retry, what: str):
         """A Serper reply's JSON. Under the release's policy a body that does not parse is a failure at once (its
@@ -280,7 +283,8 @@ class LiveProvider:
         why = "no reader answered"
         try:
             text = (await request_json(self._client, "GET", f"{self.jina_base}/{url}", headers=self._jina_headers(),
-                                       policy=self.tools.jina, what="jina reader", parse=False)).strip()
+                                       policy=self.tools.jina, what="jina reader", parse=False,
+                                       text_charset=self.tools.text_charset)).strip()
             why = release_blocked(text)
             if why is None:
                 return ProviderResult(text, raw={"reader": "jina", "content": text}, paid_calls=1)
@@ -289,7 +293,7 @@ class LiveProvider:
         try:
             body = (await request_json(self._client, "POST", self.scrape_base, json_body={"url": url, "includeMarkdown": True},
                                        headers=self._serper_headers(), policy=self.tools.scrape, what="serper scrape",
-                                       parse=False)).strip()
+                                       parse=False, text_charset=self.tools.text_charset)).strip()
             why = release_blocked(body, RELEASE_SCRAPE_MARKERS)
             if why is None:
                 return ProviderResult(body, raw={"reader": "serper-scrape", "content": body}, paid_calls=2)

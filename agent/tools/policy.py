@@ -44,6 +44,10 @@ class ToolPolicy:
     release_markers: bool            # block pages by the release's markers (else ours, agent/tools/formatting.py)
     thumbnails_png: bool             # Lens thumbnails re-encoded to PNG (the release) or kept as received
     missing_title: str | None        # a Lens result without a title in a branch: this text, or None shown as "None"
+    python_values: bool              # search rows as the release's f-strings show them: a null title reads "None", a
+    #                                  missing title or link fails the call with its KeyError ("Tool error: 'title'")
+    text_charset: str | None         # a page served as text/* naming no charset: this one (the release's requests
+    #                                  library: ISO-8859-1), or None for UTF-8
 
     def with_retries(self, policy: RetryPolicy) -> "ToolPolicy":
         """The same policy with every service's retries replaced (tests: no pauses)."""
@@ -54,7 +58,8 @@ _OURS = RetryPolicy(retries=3, timeout_s=45)
 DEFAULT_TOOLS = ToolPolicy(
     name="default", clean_args=True, cache=True, max_results=10,
     search=_OURS, lens=_OURS, jina=_OURS, scrape=_OURS, thumbnail=RetryPolicy(retries=0, timeout_s=15),
-    say_api_failure=True, scrape_as_body=False, release_markers=False, thumbnails_png=False, missing_title="Result")
+    say_api_failure=True, scrape_as_body=False, release_markers=False, thumbnails_png=False, missing_title="Result",
+    python_values=False, text_charset=None)
 
 RELEASE_TOOLS = ToolPolicy(
     name="release", clean_args=False, cache=False, max_results=None,
@@ -66,7 +71,9 @@ RELEASE_TOOLS = ToolPolicy(
     jina=RetryPolicy(retries=2, pause_s=0.5, retry_any_status=True, timeout_s=50),
     scrape=RetryPolicy(retries=9, pause_s=0.5, retry_any_status=True, timeout_s=50),
     thumbnail=RetryPolicy(retries=0, timeout_s=10),
-    say_api_failure=False, scrape_as_body=True, release_markers=True, thumbnails_png=True, missing_title=None)
+    say_api_failure=False, scrape_as_body=True, release_markers=True, thumbnails_png=True, missing_title=None,
+    # utils/search_tools.py:93 f"{idx}. [{page['title']}]({page['link']})"; requests' Response.text
+    python_values=True, text_charset="ISO-8859-1")
 
 TOOL_POLICIES = {"paper": DEFAULT_TOOLS, "release": RELEASE_TOOLS}  # by --protocol
 POLICY_NAMED = {p.name: p for p in (DEFAULT_TOOLS, RELEASE_TOOLS)}    # by the run header's tools.policy

@@ -50,5 +50,9 @@ class ImageRegistry:
         k = int(m.group(1))
         return self.images[k] if 0 <= k < len(self.images) else None
 
+    def exact(self, image_id: str) -> RegisteredImage | None:
+        """The image whose identifier is ``image_id`` exactly as written (the release's ``self.images.get(id)``)."""
+        return next((r for r in self.images if r.image_id == image_id), None)
+
     def by_sha(self) -> dict[str, RegisteredImage]:
         return {r.sha256: r for r in self.images}

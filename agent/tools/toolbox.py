@@ -103,6 +103,8 @@ class Toolbox:
         cached = self.cache is not None and self.mode != "off" and self.tools.cache
         if cached:
             hit = self.cache.get(key)
+            if hit is None and img is not None:  # a cache written when Lens calls were keyed by the id's spelling
+                hit = self.cache.get(cache_key(name, args, img.sha256, by_spelling=True))
             if hit is not None and (self.mode == "replay" or not hit.transient):
                 self.stats["cache.hits"] += 1
                 return ToolResult(name, args, hit.observation, hit.ok, True, 0, img.sha256 if img else None, hit.raw,

@@ -4,7 +4,8 @@
 "/lens", "/scrape", a Jina page "/https://…") to how many of its next requests answer 500. ``server.pages`` maps a URL to the markdown
 Jina returns for it (a block page is just a page whose text is a bot wall). ``server.bodies`` lists each POST's path
 and JSON body, ``server.log`` every request; ``server.lens_results`` is how many results Lens returns,
-``server.lens_items`` replaces them (a result without a title, a JPEG or redirected thumbnail), and
+``server.lens_items`` replaces them (a result without a title, a JPEG or redirected thumbnail), ``server.search_items``
+the organic search results, and
 ``server.bad_thumbs`` the result numbers whose thumbnail answers 404. Thumbnails: ``/thumb/N.png`` (PNG),
 ``/thumb/N.jpg`` (JPEG), ``/moved/N.png`` (a 302 to ``/thumb/N.png``).
 """
@@ -52,7 +53,7 @@ class _H(JSONHandler):
             return self._send(200, thumbnail(int(n), ext), "image/jpeg" if ext == "jpg" else "image/png")
         url = self.path.lstrip("/")
         if url in self.server.pages:
-            return self._send(200, self.server.pages[url], "text/plain")
+            return self._send(200, self.server.pages[url], "text/plain")  # UTF-8 bytes, no charset named
         self._send(404, "not found", "text/plain")
 
     def do_POST(self):
@@ -63,8 +64,9 @@ class _H(JSONHandler):
             q = body.get("q", "")
             if "nothing" in q:
                 return self._send(200, {"searchParameters": {"q": q, "type": "search"}, "organic": []})
-            org = [{"title": f"Result {i} for {q}", "link": f"https://site{i}.example/{i}", "snippet": f"snippet {i}",
-                    "position": i} for i in range(1, 13)]
+            org = self.server.search_items if self.server.search_items is not None else [
+                {"title": f"Result {i} for {q}", "link": f"https://site{i}.example/{i}", "snippet": f"snippet {i}",
+                 "position": i} for i in range(1, 13)]
             return self._send(200, {"searchParameters": {"q": q, "type": "search", "engine": "google"}, "organic": org,
                                     "credits": 1})
         if self.path == "/lens":
@@ -102,6 +104,7 @@ class FakeWeb(ThreadingHTTPServer):
         self.bodies: list = []
         self.lens_results = 14
         self.lens_items: list | None = None
+        self.search_items: list | None = None
         self.bad_thumbs: set = set()
         self.fail: dict[str, int] = {}
         self.lock = threading.Lock()
