@@ -27,6 +27,7 @@ MMCF_STATE_DIR says where launched run directories are remembered (default ~/.lo
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shlex
@@ -43,11 +44,13 @@ from .plan import (
     MAMBA_CACHE_STRATEGY,
     MAX_MEM_FRACTION,
     MODELS,
+    REPO,
     SGLANG_SITE,
     LaunchError,
     Server,
     client_url,
     command_line,
+    extra_args,
     gpu_count,
     gpu_mem_gb,
     is_local,
@@ -125,6 +128,8 @@ def preflight(a, servers: list[Server], routers, ports) -> list[tuple]:
         add(port_free(port), f"port {port} ({what})",
             f"port {port} is already in use ({what}; choose other --port / --router-port / --prometheus-port / "
             "--nccl-port bases)")
+    if not a.standin and not a.server_command:
+        _check_server_args(a, servers, add)
     if routers and not a.router_command:
         renv = {**os.environ, "PYTHONPATH": str(SGLANG_SITE)} if a.standin else None
         add(not subprocess.run([a.python, "-c", "import smg.launch_router"], capture_output=True, env=renv).returncode,
@@ -161,6 +166,34 @@ def _announce(a, servers: list[Server], routers, ports, gpu_gb, run_dir: Path) -
             print(command_line(router_command(urls, port, a, prom)))
         for s in servers:
             print("\n".join(_describe(a, s, gpu_gb, run_dir)))
+
+
+def _check_server_args(a, servers: list[Server], add) -> None:
+    """With ``SGLANG_EXTRA_ARGS`` set, each server's command read by SGLang's own parser (serving/server_args.py; ~8
+    CPU-s to import) on the Python that will run it, or with the conformance layer's SGLang
+    (scripts/sglang_conformance.sh) where that Python has none."""
+    extra = extra_args()
+    base = [s.cmd[s.cmd.index("sglang.launch_server") + 1:len(s.cmd) - len(extra)] for s in servers
+            if "sglang.launch_server" in s.cmd]
+    if not base:
+        return
+    if not extra:  # the launcher's own arguments are read by SGLang's parser in its tests (tests/test_serving_launch.py)
+        out_ok = "no SGLANG_EXTRA_ARGS: the launcher's own arguments, which SGLang's parser reads in its tests"
+        add(True, "SGLang reads the server arguments", "", out_ok)
+        return
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *([str(SGLANG_SITE)] if SGLANG_SITE.is_dir() else []),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([a.python, "-m", "serving.server_args"], input=json.dumps({"servers": base, "extra": extra}),
+                       capture_output=True, text=True, env=env, cwd=REPO)
+    if r.returncode:
+        last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        add(False, "SGLang reads the server arguments", f"SGLang's parser could not run on {a.python}: {last}",
+            away=f"SGLang's parser could not run here ({last}); checked again on the GPU node")
+        return
+    found = json.loads(r.stdout.strip().splitlines()[-1])
+    add(not found, "SGLang reads the server arguments", "; ".join(found),
+        f"{len(base)} command(s) as SGLang's own parser reads them" + (f", with SGLANG_EXTRA_ARGS={' '.join(extra)!r}"
+                                                                      if extra else ""))
 
 
 def _refusals(a, servers, routers, ports) -> int | None:

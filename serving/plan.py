@@ -71,6 +71,11 @@ def is_local(size: str) -> bool:
 #: back to ``no_buffer`` (a state at the sequence's end only) under ``--disable-overlap-schedule``
 #: (srt/arg_groups/overrides.py, ``_mamba_radix_cache_resolution``).
 MAMBA_CACHE_STRATEGY = "extra_buffer"
+#: The linear-attention recurrent state's precision, given explicitly: SGLang's default comes from the model's config
+#: (``text_config.mamba_ssm_dtype``), then float32, and ``SGLANG_MAMBA_SSM_DTYPE`` overrides both
+#: (srt/configs/mamba_utils.py ``mamba2_state_dtype``); pinned so the state's numbers and the memory estimate
+#: (``_state_bytes``) do not move with a config or an SGLang release. Ours: float32, the state's full precision.
+MAMBA_SSM_DTYPE = "float32"
 #: The highest ``--mem-fraction-static`` the launcher passes without a warning: SGLang's own choice for a VLM takes
 #: ≥ 5 % off its ~0.85 on a 96 GB card for the vision encoder (srt/arg_groups/memory_hook.py
 #: ``adjust_mem_fraction_for_vlm``), and image-heavy ReAct prompts are where that headroom is spent.
@@ -89,10 +94,17 @@ def server_command(size: str, port: int, a, nccl_port: int | None = None) -> lis
     memory = ["--mem-fraction-static", str(a.mem_fraction)] if a.mem_fraction else []  # else SGLang's own
     cmd = [*base, "--model-path", weights_for(size), "--served-model-name", MODELS[size][1], "--tp-size", str(a.tp),
            "--host", a.host, "--port", str(port), *nccl, "--reasoning-parser", "qwen3", *memory,
-           "--context-length", str(a.context_length), "--mamba-radix-cache-strategy", MAMBA_CACHE_STRATEGY]
+           "--context-length", str(a.context_length), "--mamba-radix-cache-strategy", MAMBA_CACHE_STRATEGY,
+           "--mamba-ssm-dtype", MAMBA_SSM_DTYPE]
     if a.deterministic:
         cmd.append("--enable-deterministic-inference")
-    return cmd + shlex.split(os.environ.get("SGLANG_EXTRA_ARGS", ""))
+    return cmd + extra_args()
+
+
+def extra_args() -> list[str]:
+    """``SGLANG_EXTRA_ARGS``, split as a shell would (appended to every server's command; checked against SGLang's
+    parser before anything starts: serving/server_args.py)."""
+    return shlex.split(os.environ.get("SGLANG_EXTRA_ARGS", ""))
 
 
 #: The attention backends with which SGLang 0.5.23 keeps the radix cache under --enable-deterministic-inference
@@ -116,7 +128,7 @@ def radix_cache_warning(a) -> str | None:
     """What --deterministic costs with the attention backend the servers will use: None when the cache stays."""
     if not a.deterministic:
         return None
-    extra = shlex.split(os.environ.get("SGLANG_EXTRA_ARGS", ""))
+    extra = extra_args()
     backend = next((extra[i + 1] for i, x in enumerate(extra[:-1]) if x == "--attention-backend"),
                    next((x.split("=", 1)[1] for x in extra if x.startswith("--attention-backend=")), None))
     why = "--attention-backend"
@@ -268,13 +280,13 @@ def vlm_headroom(frac: float, vision: dict) -> float:
 
 def _state_bytes(t: dict, tp: int) -> int:
     """One request's linear-attention state on one GPU: per Gated DeltaNet layer a conv window over q, k and v
-    (kernel − 1 steps, bf16) and the recurrent state (value heads × key dim × value dim, float32 unless the config
-    says otherwise: SGLang's ``mamba_ssm_dtype``)."""
+    (kernel − 1 steps, bf16) and the recurrent state (value heads × key dim × value dim, in the pinned
+    ``--mamba-ssm-dtype``: :data:`MAMBA_SSM_DTYPE`)."""
     n_lin = sum(x == "linear_attention" for x in t.get("layer_types") or [])
     nk, nv = int(t.get("linear_num_key_heads", 0)), int(t.get("linear_num_value_heads", 0))
     dk, dv = int(t.get("linear_key_head_dim", 0)), int(t.get("linear_value_head_dim", 0))
     conv = (2 * nk * dk + nv * dv) // tp * max(int(t.get("linear_conv_kernel_dim", 4)) - 1, 0) * 2
-    ssm = max(1, nv // tp) * dk * dv * (2 if t.get("mamba_ssm_dtype") in ("bfloat16", "float16") else 4)
+    ssm = max(1, nv // tp) * dk * dv * (2 if MAMBA_SSM_DTYPE in ("bfloat16", "float16") else 4)
     return n_lin * (conv + ssm)
 
 

@@ -329,3 +329,54 @@ def test_a_memory_fraction_above_0_80_is_warned_about_and_the_estimate_splits_kv
     for bad in ("0", "1.5", "x"):
         r = sh([LAUNCH, "--dry-run", "--mem-fraction", bad, "9b"])
         assert r.returncode == 2 and "--mem-fraction" in r.stderr and "Traceback" not in r.stderr
+
+
+def _sglang_site():
+    from serving.plan import SGLANG_SITE
+
+    if not (SGLANG_SITE / ".mmcf-installed").is_file():
+        pytest.skip("SGLang's conformance layer is not built (bash scripts/sglang_conformance.sh)")
+    return SGLANG_SITE
+
+
+@pytest.mark.slow
+def test_sglangs_own_parser_reads_the_launchers_commands_and_refuses_what_contradicts_them():
+    """Issue 70: the launcher's arguments parse under SGLang 0.5.23's own parser (ServerArgs.add_cli_args) with
+    --mamba-ssm-dtype given; SGLANG_EXTRA_ARGS that SGLang refuses, that sets again what the launcher sets, or that
+    turns the radix cache off under the pinned extra_buffer strategy is named, one line each."""
+    site = _sglang_site()
+    from argparse import Namespace
+
+    from serving.plan import server_command
+
+    a = Namespace(standin=None, server_command=None, python="python", mem_fraction=None, tp=4, host="127.0.0.1",
+                  context_length=131072, deterministic=True)
+    cmd = server_command("9b", 30000, a, 31000)
+    args = cmd[cmd.index("sglang.launch_server") + 1:]
+    assert args[args.index("--mamba-ssm-dtype") + 1] == "float32"
+    cases = {"": [], "--disable-radix-cache": ["--disable-radix-cache contradicts --mamba-radix-cache-strategy "
+                                                 "extra_buffer"],
+             "--tp-size 2": ["sets --tp-size 2, which the launcher sets to 4"],
+             "--disable-radix-cachee": ["SGLang refuses it: unrecognized arguments: --disable-radix-cachee"],
+             "--attention-backend triton": []}
+    code = ("import json, sys; from serving.server_args import _Parser, problems\n"
+            "from sglang.srt.server_args import ServerArgs\n"
+            "p = _Parser(add_help=False); ServerArgs.add_cli_args(p)\n"
+            "args, cases = json.load(sys.stdin)\n"
+            "print(json.dumps({k: problems(args, k.split(), p) for k in cases}))")
+    r = subprocess.run([sys.executable, "-c", code], input=json.dumps([args, list(cases)]), capture_output=True,
+                       text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{site}"},
+                       timeout=HANG_GUARD_S)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    for extra, want in cases.items():
+        assert len(got[extra]) == len(want) and all(w in g for w, g in zip(want, got[extra])), (extra, got[extra])
+
+
+@pytest.mark.slow
+def test_the_dry_run_refuses_sglang_extra_args_that_turn_the_radix_cache_off_in_one_line():
+    _sglang_site()
+    r = sh([LAUNCH, "--dry-run", "--gpus", "8", "9b"], env={"SGLANG_EXTRA_ARGS": "--disable-radix-cache"})
+    assert r.returncode == 1
+    fails = [ln for ln in r.stdout.splitlines() if ln.startswith("check FAIL") and "SGLang reads" in ln]
+    assert len(fails) == 1 and "--disable-radix-cache contradicts" in fails[0]
