@@ -20,6 +20,8 @@ import argparse
 import json
 import sys
 
+from agent.errors import UsageError
+
 __all__ = ["PINNED", "problems", "main"]
 
 #: What the launcher sets on every server (serving/plan.py ``server_command``), by SGLang's option name.
@@ -28,8 +30,8 @@ PINNED = ("model_path", "served_model_name", "tp_size", "host", "port", "nccl_po
           "enable_deterministic_inference")
 
 
-class _Refused(Exception):
-    pass
+class _Refused(UsageError):
+    """SGLang's parser refused an argument (its message); reported as a check's FAIL line, never raised further."""
 
 
 class _Parser(argparse.ArgumentParser):
