@@ -3,10 +3,16 @@
 Retries (with exponential backoff and ``Retry-After``) on 429, 5xx, timeouts and connection
 errors, at most ``retries`` times; any other 4xx and a malformed JSON body raise at once with a
 message naming the endpoint. Secrets in headers never appear in messages.
+
+Two clients move the bytes, one per kind of server, both answering ``request(method, url, content=, params=,
+headers=, timeout=)`` with a :class:`Reply` and raising :class:`NoReply` when none came: the tools' httpx
+(:class:`ClientPool`, made by :func:`make_client`) and the model servers' aiohttp (agent/model_http.py, with the
+liveness check of :class:`Liveness`).
 """
 from __future__ import annotations
 
 import asyncio
+import codecs
 import random
 import ssl
 import time
@@ -20,7 +26,8 @@ from .errors import HarnessError
 from .jsonio import PartsString, dumps_parts, loads
 from .redact import public_url, redact
 
-__all__ = ["HTTPError", "ServerDown", "RetryPolicy", "LIVENESS_TIMEOUT_S", "request_json", "make_client", "ClientPool"]
+__all__ = ["HTTPError", "ServerDown", "NoReply", "Reply", "Liveness", "RetryPolicy", "LIVENESS_TIMEOUT_S", "request_json",
+           "require_alive", "make_client", "ClientPool"]
 
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 
@@ -40,6 +47,43 @@ class ServerDown(HTTPError):
     """A server that stopped answering: a request got no reply (refused, reset, or no complete reply within its
     deadline) and the server's liveness URL did not answer either. Nothing sent to it afterwards can succeed, so
     the command ends (every finished output kept) rather than wait on each request in turn."""
+
+
+class NoReply(HarnessError):
+    """An attempt that got no reply (refused, reset, cut short, past its deadline): what a client raises, whatever
+    its library calls it; :func:`request_json` retries it and asks the server's liveness. Its message names the
+    library's exception (``ConnectError: ...``, ``ClientConnectorError: ...``)."""
+
+    def __init__(self, msg: str, timed_out: bool = False):
+        super().__init__(redact(msg))
+        self.timed_out = timed_out
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A whole reply, as either client read it: its status, headers (case-insensitive lookup), body and URL."""
+
+    status_code: int
+    headers: Any
+    content: bytes
+    url: str
+
+    @property
+    def text(self) -> str:
+        """The body decoded in the charset its content type names, else UTF-8 (undecodable bytes replaced)."""
+        return self.content.decode(_charset(self.headers.get("content-type", "")) or "utf-8", errors="replace")
+
+
+def _charset(ctype: str) -> str | None:
+    for part in ctype.split(";")[1:]:
+        k, _, v = part.strip().partition("=")
+        if k.lower() == "charset" and v.strip('"\' '):
+            name = v.strip('"\' ')
+            try:
+                return codecs.lookup(name).name
+            except LookupError:
+                return None
+    return None
 
 
 #: How long a liveness check waits: SGLang's ``/health`` answers 503 after 20 s without any output from its
@@ -79,7 +123,8 @@ class RetryPolicy:
 
 
 def make_client(**kw) -> "ClientPool":
-    """An HTTP client for many concurrent requests to one server: a :class:`ClientPool` of AsyncClients.
+    """The tools' HTTP client for many concurrent requests to one server: a :class:`ClientPool` of httpx
+    AsyncClients (model servers: agent/model_http.py).
 
     httpx keeps only 20 idle connections by default: with 64 samples in flight the other 44 would be
     closed after every reply and reopened for the next request; so each member keeps all of its own alive.
@@ -88,12 +133,40 @@ def make_client(**kw) -> "ClientPool":
     return ClientPool(kw)
 
 
+class Liveness:
+    """Whether a model server is known to be down, for every request to it: its liveness URL asked at most once a
+    period for all the requests waiting on it (:meth:`watch`), and the verdict kept (``down``) so that every other
+    request fails at once. Per event loop, as the client's connections are."""
+
+    def __init__(self):
+        self.down: str | None = None  # why the server is known to be down (request_json's liveness check)
+        self._alive_at = 0.0          # when its liveness URL last answered 200
+        self._checking: asyncio.Future | None = None
+
+    def new_loop(self) -> None:
+        """The client moved to a new event loop: a check in flight belongs to the old one."""
+        self._checking = None
+
+    async def watch(self, url: str, headers: dict | None, why: str, every_s: float) -> None:
+        """Raise :class:`ServerDown` if the server is down: its liveness URL asked at most once per ``every_s``
+        for all the requests waiting on it (the others wait on that one check)."""
+        if self.down:
+            raise ServerDown(self.down)
+        if time.monotonic() - self._alive_at < every_s:
+            return
+        if self._checking is None or self._checking.done():
+            self._checking = asyncio.ensure_future(require_alive(self, url, headers, why))
+        await asyncio.shield(self._checking)
+        self._alive_at = time.monotonic()
+
+
 class ClientPool:
-    """AsyncClients sharing the load, each with at most :attr:`per_client` requests in flight (ours).
+    """httpx AsyncClients sharing the load, each with at most :attr:`per_client` requests in flight (ours).
 
     httpcore's connection pool checks every one of its connections (a ``poll`` syscall and several
     attribute lookups each) whenever a request starts or ends, so one client with hundreds of connections
-    spends most of the runner's CPU there (docs/performance.md). Small pools keep that cost flat. A request goes to the member with the fewest in flight; members are made as needed.
+    spends most of the runner's CPU there (docs/performance.md). Small pools keep that cost flat. A request goes to
+    the member with the fewest in flight; members are made as needed.
     """
 
     per_client = 8
@@ -105,27 +178,11 @@ class ClientPool:
         self._clients: list[httpx.AsyncClient] = []
         self._busy: list[int] = []
         self._loop = None
-        self.down: str | None = None  # why the server is known to be down (request_json's liveness check)
-        self._alive_at = 0.0          # when its liveness URL last answered 200
-        self._checking: asyncio.Future | None = None
-
-    async def watch(self, url: str, headers: dict | None, why: str, every_s: float) -> None:
-        """Raise :class:`ServerDown` if the server is down: its liveness URL asked at most once per ``every_s``
-        for all the requests waiting on it (the others wait on that one check)."""
-        if self.down:
-            raise ServerDown(self.down)
-        if time.monotonic() - self._alive_at < every_s:
-            return
-        if self._checking is None or self._checking.done():
-            self._checking = asyncio.ensure_future(_require_alive(self, url, headers, why))
-        await asyncio.shield(self._checking)
-        self._alive_at = time.monotonic()
 
     def _pick(self) -> int:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # a client belongs to the event loop it was used in: a new loop, new members
             self._clients, self._busy, self._loop = [], [], loop
-            self._checking = None  # a liveness check belongs to its loop too
         if self._clients:
             i = min(range(len(self._clients)), key=self._busy.__getitem__)
             if self._busy[i] < self.per_client:
@@ -134,21 +191,31 @@ class ClientPool:
         self._busy.append(0)
         return len(self._clients) - 1
 
-    async def request(self, method: str, url: str, **kw) -> httpx.Response:
+    async def request(self, method: str, url: str, *, content=None, params: dict | None = None,
+                      headers: dict | None = None, timeout: float | None = None) -> Reply:
+        """The whole reply to one request (redirects are request_json's); :class:`NoReply` when none came."""
         i = self._pick()
         # this request's member and count: aclose() or a new event loop gives the pool new lists while a request
         # may still be in flight (a run stopped by a signal closes its pool, then its requests are cancelled)
         client, busy = self._clients[i], self._busy
         busy[i] += 1
         try:
-            return await client.request(method, url, **kw)
+            r = await client.request(method, url, content=content, params=params, headers=headers,
+                                     timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
+        except (httpx.TimeoutException, httpx.TransportError) as e:
+            raise NoReply(f"{e.__class__.__name__}: {e}" if str(e) else e.__class__.__name__,
+                          isinstance(e, httpx.TimeoutException)) from None
         finally:
             busy[i] -= 1
+        # httpx binds each read response's stream back to the response (a reference cycle, encode/httpx#3733): the
+        # reply and the request body (images included) would stay in memory until a full collection
+        r.stream = httpx.ByteStream(r.content)
+        return Reply(r.status_code, r.headers, r.content, str(r.url))
 
-    async def get(self, url: str, **kw) -> httpx.Response:
+    async def get(self, url: str, **kw) -> Reply:
         return await self.request("GET", url, **kw)
 
-    async def post(self, url: str, **kw) -> httpx.Response:
+    async def post(self, url: str, **kw) -> Reply:
         return await self.request("POST", url, **kw)
 
     async def aclose(self) -> None:
@@ -167,14 +234,6 @@ def _origin(u: str) -> tuple:
     return (p.scheme, (p.hostname or "").lower(), p.port or (443 if p.scheme == "https" else 80))
 
 
-def _unbound(r: httpx.Response) -> httpx.Response:
-    """The response with its stream no longer bound back to it. httpx wraps every read response's stream in an
-    object that points back at the response (a reference cycle, encode/httpx#3733): the reply and the request body
-    (images included) then stay in memory until a full collection. Once the body is read nothing needs that stream."""
-    r.stream = httpx.ByteStream(r.content)
-    return r
-
-
 async def _written(pieces: list):
     """A body's pieces as sent: bytes as they are, each :class:`PartsString` part by part."""
     for p in pieces:
@@ -186,7 +245,7 @@ async def _written(pieces: list):
 
 
 def _content(pieces: list):
-    """What httpx sends for a body of these pieces: its bytes, or (a value written from parts inside) a fresh stream
+    """What a client sends for a body of these pieces: its bytes, or (a value written from parts inside) a fresh stream
     of them, its length given so that no chunked encoding is used (SGLang and smg read it as a plain body)."""
     if len(pieces) == 1:
         return pieces[0], {}
@@ -207,11 +266,10 @@ async def _send_following(client, method, url, json_body, params, headers, polic
                                      timeout=policy.timeout_s)
         else:
             r = await client.request(method, url, params=params, headers=hdrs, timeout=policy.timeout_s)
-        _unbound(r)
         loc = r.headers.get("location") if r.status_code in (301, 302, 303, 307, 308) else None
         if not loc:
             return r
-        nxt = urljoin(str(r.request.url) if r.request else url, loc)
+        nxt = urljoin(r.url or url, loc)
         if _origin(nxt) != origin and any(k.lower() in _KEY_HEADERS for k in hdrs):
             raise HTTPError(f"{what}: {public_url(url)} redirected to another origin ({public_url(nxt)}); a request "
                             "carrying a key is never sent there", r.status_code)
@@ -222,7 +280,7 @@ async def _send_following(client, method, url, json_body, params, headers, polic
 
 
 async def request_json(
-    client: "httpx.AsyncClient | ClientPool",
+    client: "ClientPool | Liveness",
     method: str,
     url: str,
     *,
@@ -246,6 +304,7 @@ async def request_json(
     a key (``Authorization``, ``X-API-KEY``) never follows one to another origin (httpx strips only
     ``Authorization`` there).
 
+    ``client``: a :class:`ClientPool` (tools) or agent.model_http.ModelClient (model servers).
     ``liveness``: the server's health URL (a model server's; tools have none). When an attempt gets no reply at
     all (refused, reset, no complete reply by the deadline), it is asked once (:data:`LIVENESS_TIMEOUT_S`): a
     server that does not answer 200 there is down or hung, and :class:`ServerDown` is raised at once instead of
@@ -261,16 +320,15 @@ async def request_json(
         try:
             def send():  # made where it is awaited: a request cancelled before it starts leaves no coroutine
                 return _send_following(client, method, url, json_body, params, headers, policy, what)
-            if liveness and isinstance(client, ClientPool):
+            if liveness and isinstance(client, Liveness):
                 r = await asyncio.wait_for(_watched(send, client, liveness, headers, policy,
                                                     f"{what}: {shown} gave no reply yet"), policy.timeout_s)
             else:
                 r = await asyncio.wait_for(send(), policy.timeout_s)
         except asyncio.TimeoutError:
             last, retry_after, last_status = f"no complete reply within {policy.timeout_s:g} s", None, None
-        except (httpx.TimeoutException, httpx.TransportError) as e:
-            last = f"{e.__class__.__name__}: {e}" if str(e) else e.__class__.__name__
-            retry_after, last_status = None, None
+        except NoReply as e:
+            last, retry_after, last_status = str(e), None, None
         else:
             if r.status_code < 400:
                 if not parse:
@@ -288,7 +346,7 @@ async def request_json(
                 last, last_status = f"HTTP {r.status_code}: {body[:200]}", r.status_code
                 retry_after = r.headers.get("retry-after")
         if liveness and last_status is None:  # no reply at all: is the server still there?
-            await _require_alive(client, liveness, headers, f"{what}: {shown} gave no reply ({last})")
+            await require_alive(client, liveness, headers, f"{what}: {shown} gave no reply ({last})")
         if attempt < policy.retries:
             if on_retry:
                 on_retry(attempt + 1, last)
@@ -296,7 +354,7 @@ async def request_json(
     raise HTTPError(f"{what}: {shown} failed after {policy.retries + 1} attempts; last error: {last}", last_status)
 
 
-def _text_of(r: "httpx.Response", text_charset: str | None) -> str:
+def _text_of(r: Reply, text_charset: str | None) -> str:
     """The reply's text: in the charset it names, else UTF-8, or ``text_charset`` for a text type that names none
     (as requests' ``get_encoding_from_headers`` does with ISO-8859-1)."""
     ctype = r.headers.get("content-type", "")
@@ -305,7 +363,7 @@ def _text_of(r: "httpx.Response", text_charset: str | None) -> str:
     return r.text
 
 
-async def _watched(send, client: "ClientPool", liveness: str, headers: dict | None, policy: RetryPolicy, why: str):
+async def _watched(send, client: Liveness, liveness: str, headers: dict | None, policy: RetryPolicy, why: str):
     """``send()`` awaited, the server's liveness asked every ``policy.liveness_every_s`` while it has no reply."""
     task = asyncio.ensure_future(send())
     try:
@@ -317,26 +375,28 @@ async def _watched(send, client: "ClientPool", liveness: str, headers: dict | No
     finally:
         if not task.done():
             task.cancel()
+        elif not task.cancelled():
+            task.exception()  # ended as this wait was cancelled (the client's deadline is the same): seen, not logged
 
 
-async def _require_alive(client, url: str, headers: dict | None, why: str) -> None:
-    """Raise :class:`ServerDown` (and remember it on ``client``) unless ``url`` answers 200 within
-    :data:`LIVENESS_TIMEOUT_S`."""
+async def require_alive(client, url: str, headers: dict | None, why: str) -> None:
+    """Raise :class:`ServerDown` (and remember it on a :class:`Liveness` ``client``) unless ``url`` answers 200
+    within :data:`LIVENESS_TIMEOUT_S`."""
     if getattr(client, "down", None):
         raise ServerDown(client.down)
     try:
         r = await asyncio.wait_for(client.request("GET", url, headers=headers, timeout=LIVENESS_TIMEOUT_S),
                                    LIVENESS_TIMEOUT_S)
-        _unbound(r)
         if r.status_code == 200:
             return
         state = f"answered HTTP {r.status_code}"
-    except (asyncio.TimeoutError, httpx.TimeoutException):
+    except asyncio.TimeoutError:
         state = f"did not answer within {LIVENESS_TIMEOUT_S:g} s"
-    except httpx.TransportError as e:
-        state = f"could not be reached ({e.__class__.__name__})"
+    except NoReply as e:
+        state = f"did not answer within {LIVENESS_TIMEOUT_S:g} s" if e.timed_out else \
+            f"could not be reached ({str(e).split(':')[0]})"
     msg = redact(f"{why}, and its health check {public_url(url)} {state}: the server is down or hung. Everything "
                  "finished so far is kept; restart the server (or point at another), then rerun the same command")
-    if isinstance(client, ClientPool):
+    if isinstance(client, Liveness):
         client.down = msg
     raise ServerDown(msg)

@@ -11,6 +11,7 @@ from agent.backends.openai_compat import OpenAIBackend
 from agent.backends.sglang_native import SGLangBackend
 from agent.backends.wire import tokens_from_triples
 from agent.http import RetryPolicy
+from agent.model_http import ModelClient
 from tests.guards import HANG_GUARD_S
 
 FAST = RetryPolicy(retries=2, backoff_s=0.01, timeout_s=10)
@@ -22,8 +23,10 @@ def msgs(img):
 
 
 @pytest.fixture
-def native(fake_sglang, tiny_model_dir):
-    return SGLangBackend(fake_sglang.url, str(tiny_model_dir), policy=FAST)
+async def native(fake_sglang, tiny_model_dir):
+    b = SGLangBackend(fake_sglang.url, str(tiny_model_dir), policy=FAST)
+    yield b
+    await b.aclose()
 
 
 async def test_native_generate_parses_triples_and_think(native, fake_sglang, red_image):
@@ -246,7 +249,7 @@ def test_real_sglang_stream_event_parses(shared_dir):
 
 def test_real_chat_body_without_logprobs_is_a_clear_error(shared_dir):
     body = json.loads((shared_dir / "data/sglang_responses/chat_completion_reasoning_qwen3.json").read_text())
-    b = OpenAIBackend("http://127.0.0.1:1", model="m", client=httpx.AsyncClient())
+    b = OpenAIBackend("http://127.0.0.1:1", model="m")
     with pytest.raises(BackendError, match="no logprobs"):
         b.parse(body, SamplingParams())
 
@@ -388,23 +391,32 @@ def test_prompt_ids_per_message_equal_the_whole_prompts_ids(tiny_model_dir, red_
     assert len(b._piece_ids) >= 6  # the pieces were remembered and reused
 
 
-async def test_a_read_reply_and_its_request_body_are_freed_without_the_cyclic_collector(native, red_image):
-    """httpx binds each response's stream back to the response (encode/httpx#3733); unbroken, every reply and its
-    request body (the images) would wait for a full collection: memory would grow with the steps in flight."""
+async def test_a_read_reply_and_its_request_body_are_freed_without_the_cyclic_collector(native, red_image, fake_sglang):
+    """Neither client leaves a reply or a request in a reference cycle (httpx binds each response's stream back to
+    the response, encode/httpx#3733; the tools' pool breaks it): unbroken, every reply and its request body (the
+    images) would wait for a full collection, and memory would grow with the steps in flight."""
     import gc
 
+    import aiohttp
+
+    from agent.http import Reply, make_client, request_json
+
+    tools = make_client()
     gc.collect()
     gc.disable()
     try:
         for _ in range(3):
             await native.generate(msgs(red_image), SamplingParams(max_tokens=16))
+            await request_json(tools, "POST", fake_sglang.url + "/generate", json_body={"text": "x"}, policy=FAST)
         gc.set_debug(gc.DEBUG_SAVEALL)
         gc.collect()
-        cyclic = [o for o in gc.garbage if isinstance(o, (httpx.Response, httpx.Request))]
+        kinds = (httpx.Response, httpx.Request, aiohttp.ClientResponse, aiohttp.ClientRequest, Reply)
+        cyclic = [type(o).__name__ for o in gc.garbage if isinstance(o, kinds)]
     finally:
         gc.set_debug(0)
         gc.garbage.clear()
         gc.enable()
+        await tools.aclose()
     assert cyclic == []
 
 
@@ -423,19 +435,21 @@ async def test_an_image_request_body_is_written_from_the_image_as_it_is_sent(nat
     I.forget_images([I.load_image(str(p)).sha256])
     uris = I.image_cache_stats()["uri_bytes"]
     sent: list = []
-    real = httpx.AsyncClient.request
+    real = ModelClient.request
 
-    async def spy(self, method, url, **kw):  # what httpx is handed: a stream and its length, not a whole body
+    async def spy(self, method, url, **kw):  # what the client is handed: a stream and its length, not a whole body
         sent.append((kw.get("content"), dict(kw.get("headers") or {})))
         return await real(self, method, url, **kw)
-    httpx.AsyncClient.request = spy
+    ModelClient.request = spy
     try:
         await native.generate(msgs(p), SamplingParams(max_tokens=8))
     finally:
-        httpx.AsyncClient.request = real
+        ModelClient.request = real
     content, headers = sent[-1]
     assert not isinstance(content, (bytes, str)) and "Transfer-Encoding" not in headers
     assert I.image_cache_stats()["uri_bytes"] == uris  # no data URI was built to send it
+    length, chunked = fake_sglang.framing[-1]  # as the server read it: a plain body of the length given
+    assert chunked is None and int(length) == int(headers["Content-Length"])
     body = fake_sglang.bodies[-1]
     assert body["image_data"] == [I.load_image(str(p)).data_uri()]
     assert int(headers["Content-Length"]) == len(dumps(body)) > 300 * 300

@@ -7,16 +7,18 @@ import threading
 import time
 from http.server import ThreadingHTTPServer
 
-import httpx
 import pytest
 
 from agent.http import HTTPError, RetryPolicy, make_client, request_json
+from agent.model_http import ModelClient
 from agent.redact import is_host, redact, redact_console, register_key_var
 from tests.fakes.http_base import JSONHandler
 from tests.guards import HANG_GUARD_S
 
-#: the one client request_json is given (httpx: the live tools, the model backends, a judge)
-CLIENTS = {"httpx": lambda: make_client(follow_redirects=False)}
+#: the clients request_json is given: httpx for the live tools, aiohttp for the model servers (the backends, a judge)
+CLIENTS = {"httpx": lambda: make_client(follow_redirects=False), "aiohttp": ModelClient}
+#: what each client's library calls a refused connection (named in the error)
+REFUSED = {"httpx": "ConnectError", "aiohttp": "ClientConnectorError"}
 
 
 class _Server:
@@ -127,7 +129,7 @@ async def test_a_refused_connection_and_a_cut_reply_are_retried_then_named(kind)
         port = sk.getsockname()[1]
     client = CLIENTS[kind]()
     try:
-        with pytest.raises(HTTPError, match=rf"127.0.0.1:{port}/x failed after 2 attempts; last error: ConnectError"):
+        with pytest.raises(HTTPError, match=rf"127.0.0.1:{port}/x failed after 2 attempts; last error: {REFUSED[kind]}"):
             await request_json(client, "GET", f"http://127.0.0.1:{port}/x", policy=RetryPolicy(retries=1, backoff_s=0.01))
 
         class Cut(JSONHandler):  # promises 100 bytes, sends 9 and closes: the first time only
@@ -202,7 +204,7 @@ def test_200_replies_of_the_wrong_shape_are_named(body, expect):
     from agent.backends.base import BackendError, BadReply, SamplingParams
     from agent.backends.openai_compat import OpenAIBackend
 
-    b = OpenAIBackend("http://127.0.0.1:9", model="m", client=httpx.AsyncClient())
+    b = OpenAIBackend("http://127.0.0.1:9", model="m")
     with pytest.raises(BackendError) as e:
         b.parse(body, SamplingParams(top_logprobs=0))
     if expect == "BadReply":
@@ -215,7 +217,7 @@ def test_content_parts_are_joined():
     from agent.backends.base import SamplingParams
     from agent.backends.openai_compat import OpenAIBackend
 
-    b = OpenAIBackend("http://127.0.0.1:9", model="m", client=httpx.AsyncClient())
+    b = OpenAIBackend("http://127.0.0.1:9", model="m")
     out = b.parse({"choices": [{"message": {"content": [{"type": "text", "text": "<answer>"},
                                                          {"type": "text", "text": "1911</answer>"}]},
                                 "finish_reason": "stop"}]}, SamplingParams(top_logprobs=0))
@@ -379,8 +381,9 @@ async def test_a_key_echoed_in_a_200_tool_reply_is_never_cached_shown_or_recorde
     assert again.cache_hit and "serper-PLANTED-7777" not in again.observation
 
 
-def test_the_model_client_serves_one_backend_across_event_loops_and_leaves_nothing_open():
-    """A backend used by two ``asyncio.run`` (a preflight, then the work) gets new connections in the second loop
+@pytest.mark.parametrize("kind", ["make_client(follow_redirects=False)", "ModelClient()"])
+def test_the_model_client_serves_one_backend_across_event_loops_and_leaves_nothing_open(kind):
+    """A client used by two ``asyncio.run`` (a preflight, then the work) gets new connections in the second loop
     (a connection belongs to the loop it was opened in), and nothing warns about what was left open."""
     import subprocess
     import sys
@@ -394,7 +397,8 @@ def test_the_model_client_serves_one_backend_across_event_loops_and_leaves_nothi
 import asyncio, gc, sys
 sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parents[1])!r})
 from agent.http import RetryPolicy, make_client, request_json
-c = make_client(follow_redirects=False)
+from agent.model_http import ModelClient
+c = {kind}
 async def one():
     return await request_json(c, "GET", {s.url + "/x"!r}, policy=RetryPolicy(retries=0, timeout_s=30))
 print(asyncio.run(one()), asyncio.run(one()))
@@ -402,7 +406,8 @@ asyncio.run(c.aclose())
 gc.collect()
 """
     try:
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_GUARD_S)
+        r = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True,
+                       timeout=HANG_GUARD_S)
     finally:
         s.close()
     assert r.returncode == 0, r.stderr

@@ -17,10 +17,9 @@ from __future__ import annotations
 import os
 import time
 
-import httpx
-
-from ..http import HTTPError, RetryPolicy, make_client, request_json
+from ..http import HTTPError, RetryPolicy, request_json
 from ..jsonio import scrub
+from ..model_http import ModelClient
 from ..redact import has_credentials, public_url, redact, register_key_var, register_secret, register_url
 from .base import (
     DEFAULT_TOP_LOGPROBS,
@@ -82,7 +81,7 @@ class OpenAIBackend:
     def __init__(self, endpoint: str, model: str | None = None, *, api_key: str | None = None,
                  api_key_env: str | None = None, server: str = "sglang", logprob_mode: str = "scaled",
                  policy: RetryPolicy = RetryPolicy(), extra_body: dict | None = None,
-                 client: httpx.AsyncClient | None = None, wire: str = "full"):
+                 client: ModelClient | None = None, wire: str = "full"):
         if logprob_mode not in ("raw", "scaled"):
             raise ValueError(f"logprob_mode must be 'raw' or 'scaled', got {logprob_mode!r}")
         if wire not in ("full", "release"):
@@ -96,7 +95,7 @@ class OpenAIBackend:
         register_url(endpoint)
         if api_key_env and has_credentials(endpoint):
             raise BackendError(f"{public_url(endpoint)}: the URL carries credentials (user:password@) and "
-                               f"--api-key-env {api_key_env} names a key: give one of them (httpx would send the URL's as "
+                               f"--api-key-env {api_key_env} names a key: give one of them (the client would send the URL's as "
                                "Basic auth in place of the key)")
         key = api_key or (os.environ.get(api_key_env) if api_key_env else None)
         if api_key_env and not key:
@@ -110,7 +109,7 @@ class OpenAIBackend:
         self.logprob_mode = logprob_mode
         self.policy = policy
         self.extra_body = dict(extra_body or {})
-        self._client = client or make_client(follow_redirects=False)
+        self._client = client or ModelClient()
 
     async def resolve_model(self) -> str:
         if not self.model:

@@ -35,11 +35,11 @@ import logging
 import time
 from operator import itemgetter
 
-import httpx
 import numpy as np
 
-from ..http import HTTPError, RetryPolicy, make_client, request_json
+from ..http import HTTPError, RetryPolicy, request_json
 from ..jsonio import scrub
+from ..model_http import ModelClient
 from ..redact import public_url, redact, register_url
 from .base import (
     DEFAULT_TOP_LOGPROBS,
@@ -131,7 +131,7 @@ class SGLangBackend(PromptTokens):
     name = "sglang"
 
     def __init__(self, endpoint: str, model_dir: str, *, model: str | None = None, logprob_mode: str = "scaled",
-                 policy: RetryPolicy = RetryPolicy(), client: httpx.AsyncClient | None = None, renderer=None,
+                 policy: RetryPolicy = RetryPolicy(), client: ModelClient | None = None, renderer=None,
                  flat_logprobs: bool = True):
         if logprob_mode not in ("raw", "scaled"):
             raise ValueError(f"logprob_mode must be 'raw' or 'scaled', got {logprob_mode!r}")
@@ -152,7 +152,7 @@ class SGLangBackend(PromptTokens):
         self.vocab = model_vocab_size(model_dir)  # token ids at or above it are refused (check_values)
         self.logprob_mode = logprob_mode
         self.policy = policy
-        self._client = client or make_client(follow_redirects=False)
+        self._client = client or ModelClient()
         self._decode_cache: dict[int, str] = {}
         self._proc = None
         self._grid = False                             # image_tokens: the processor's resize rule (None: unknown)

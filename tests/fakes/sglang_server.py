@@ -262,6 +262,8 @@ class _Handler(JSONHandler):
         """The request's JSON body; None when there is none to serve (answered 400 if it is not JSON), or when the
         client went away before all of it came (killed mid-request): nothing arrived to serve or to record."""
         n = int(self.headers.get("Content-Length") or 0)
+        with self.server.lock:
+            self.server.framing.append((self.headers.get("Content-Length"), self.headers.get("Transfer-Encoding")))
         data = self.rfile.read(n)
         if len(data) < n:
             self.close_connection = True
@@ -599,6 +601,7 @@ class FakeServer(ThreadingHTTPServer):
         self.chat_cache: dict = {}
         self.requests: list[str] = []
         self.bodies: list[dict] = []
+        self.framing: list[tuple] = []  # each POST's (Content-Length, Transfer-Encoding) headers
         self.connections = 0
         self.lock = threading.Lock()
 
@@ -660,7 +663,7 @@ def main() -> None:
                      slow_s=args.slow_s, keep_alive=args.keep_alive)
     # as its own process nobody reads what it received: keep none of it (the bodies hold every image sent; a
     # benchmark's ~13,000 requests grew it past 10 GB)
-    srv.bodies, srv.routing_keys, srv.requests = (collections.deque(maxlen=0) for _ in range(3))
+    srv.bodies, srv.routing_keys, srv.requests, srv.framing = (collections.deque(maxlen=0) for _ in range(4))
     print(f"fake sglang serving {args.model_name} on {srv.url}", flush=True)
     srv.serve_forever()
 

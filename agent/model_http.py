@@ -1,0 +1,81 @@
+"""The HTTP client for model servers (SGLang, vLLM, smg, an OpenAI-compatible API): aiohttp.
+
+    client = ModelClient()
+    reply = await client.request("POST", url, content=body, headers=h, timeout=600)   # -> agent.http.Reply
+    await client.aclose()
+
+Model servers get their own client because their exchanges are the toolkit's largest and most frequent: a probe
+step sends two ~0.35 MB scoring requests and reads two ~0.25 MB replies, 128 or 256 of them in flight. Measured
+against the plainest exchange of the same bytes (the standard library's ``http.client``, one request at a time:
+docs/performance.md), aiohttp costs ~1.1x that floor where httpx's asynchronous client costs ~2x, and aiohttp's
+connection pool takes a connection in constant time where httpcore checks every pooled connection on each request
+(why the tools' :class:`agent.http.ClientPool` splits httpx into small clients). The tools keep httpx (agent.http):
+few, small requests, where its redirect and cookie handling is what they need.
+
+Everything a request must keep is done by :func:`agent.http.request_json`, the same for both clients: bounded
+retries, the whole-request deadline, redirects followed by hand (keys never cross origins), the liveness check
+that ends a command when a server is down, redaction. This module only moves bytes: a request body given in pieces
+is written piece by piece with its length (no chunked encoding), the whole reply is read, and a request that gets
+no reply raises :class:`agent.http.NoReply`.
+"""
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from .http import HTTPError, Liveness, NoReply, Reply
+
+__all__ = ["ModelClient"]
+
+#: Connections kept per client (ours): one per request in flight at the defaults (128 per server, 256 over two),
+#: with room for a user's higher --concurrency; aiohttp's own default (100) would queue the rest.
+MAX_CONNECTIONS = 1024
+#: How long an idle connection is kept (ours): a probe's requests to one server follow one another closely.
+KEEPALIVE_S = 60.0
+
+
+class ModelClient(Liveness):
+    """One aiohttp session (and its connection pool) per event loop, made on first use. ``trust_env``: proxies
+    from the environment (``HTTP_PROXY``, ``NO_PROXY``), as httpx reads them; a URL's ``user:password`` is sent as
+    Basic auth, as httpx sends it (agent/redact.py registers both forms)."""
+
+    def __init__(self, *, trust_env: bool = True):
+        super().__init__()
+        self.trust_env = trust_env
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def _current(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        if self._session is not None and self._loop is loop:
+            return self._session
+        old, self._session, self._loop = self._session, None, loop
+        self.new_loop()
+        if old is not None:  # made in a loop that has ended: its connections are gone with it, the session closed here
+            await old.close()
+        connector = aiohttp.TCPConnector(limit=MAX_CONNECTIONS, keepalive_timeout=KEEPALIVE_S)
+        self._session = aiohttp.ClientSession(connector=connector, trust_env=self.trust_env, auto_decompress=True)
+        return self._session
+
+    async def request(self, method: str, url: str, *, content=None, params: dict | None = None,
+                      headers: dict | None = None, timeout: float | None = None) -> Reply:
+        """The whole reply to one request (no redirect followed); :class:`NoReply` when none came (refused, reset,
+        cut short, or not complete within ``timeout`` seconds)."""
+        session = await self._current()
+        try:
+            async with session.request(method, url, data=content, params=params, headers=headers,
+                                       allow_redirects=False,
+                                       timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+                body = await r.read()
+                return Reply(r.status, r.headers, body, str(r.url))
+        except aiohttp.InvalidURL as e:
+            raise HTTPError(f"{method} {e}: not a URL a request can be sent to") from None
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:  # (aiohttp's timeouts are TimeoutErrors)
+            raise NoReply(f"{e.__class__.__name__}: {e}" if str(e) else e.__class__.__name__,
+                          isinstance(e, asyncio.TimeoutError)) from None
+
+    async def aclose(self) -> None:
+        if self._session is not None:  # (a session whose loop has ended has nothing left to close but itself)
+            await self._session.close()
+        self._session = None
