@@ -58,7 +58,7 @@ from agent.errors import ToolkitError
 from agent.rundir import RunError, load_run, write_json
 from agent.rundir.probe_outputs import probe_dir, read_rows
 from analysis.selection import select_trajectories
-from serving.plan import SLOTS_PER_REQUEST
+from serving.plan import ADMITTED_SLOTS_PER_REQUEST, SLOTS_PER_REQUEST
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +101,9 @@ class RadixLRU:
     have touched them too).
 
     A hybrid model's states (``state_interval``) sit in their own pool of ``state_slots`` slots, of which each of
-    the ``running`` requests holds :data:`SLOTS_PER_REQUEST`; what is left holds the tree's states, least recently
-    used evicted first (:meth:`_evict_states`)."""
+    the ``running`` requests holds :data:`SLOTS_PER_REQUEST` (at most ``state_slots`` /
+    :data:`ADMITTED_SLOTS_PER_REQUEST` of them run: SGLang's cap); what is left holds the tree's states, least
+    recently used evicted first (:meth:`_evict_states`)."""
 
     def __init__(self, capacity: int | None, state_interval: int | None = None, state_slots: int | None = None,
                  running: int = 1):
@@ -111,6 +112,8 @@ class RadixLRU:
         self.states: dict = {}          # key -> (its path's keys, its index): where a state is stored, LRU first
         self.kids: dict = {}            # key -> how many cached keys extend it by one token
         self.bounds: set = set()        # keys where a tree node ends: an insert's end, a fork, a match's split
+        if state_slots is not None:  # SGLang runs at most slots / 5 requests at once; the rest wait, holding none
+            running = max(1, min(running, state_slots // ADMITTED_SLOTS_PER_REQUEST))
         self.state_room = None if state_slots is None else state_slots - SLOTS_PER_REQUEST * running
         self.owner: dict = {}
         self.groups: deque = deque()

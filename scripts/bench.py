@@ -4,7 +4,7 @@
 
 1. The entropy probe (teacher-forced, the probe with the most client work a step) at two scales: client CPU per step
    against the floor of the same steps (both requests sent, both replies read and decoded) and as a share of a GPU
-   step's server time, what a step is made of (the floor, httpx's asynchronous client, the probe's own work), and
+   step's server time, what a step is made of (the floor, each asynchronous client, the probe's own work), and
    peak memory at each scale (scripts/bench_probe.py). ``--against REV``: the same command from commit REV, in turn
    on the same run.
 2. The runner's call rate against the ideal at 64 and 256 samples in flight (scripts/bench_runner.py).
@@ -34,32 +34,37 @@ BEGIN, END = "<!-- bench -->", "<!-- /bench -->"
 
 def probe_rows(scales: list[int], against: list[str]) -> list[str]:
     m = bench_probe.measure(scales, 1000, against)
-    fl = m["floor"]
-    out = [f"| entropy probe, teacher-forced, default concurrency, client CPU per step (marginal {scales[0] * 10} -> "
-           f"{scales[-1] * 10} steps) | against the floor and a GPU step | peak RSS of the probe process |",
-           "|---|---|---|"]
-    for s in bench_probe.summarise(m):
+    fl, summary = m["floor"], bench_probe.summarise(m)
+    out = [f"The floor: {fl['ms_per_step']:.1f} ms a step (two {fl['request_mb']:.2f} MB requests sent, two "
+           f"{fl['reply_mb']:.2f} MB replies read and decoded into arrays, cold, through `http.client` one request at "
+           f"a time; the median of {len(fl['samples_ms'])} samples across the bench, "
+           f"{fl['samples_ms'][0]:.1f}-{fl['samples_ms'][-1]:.1f} ms).", "",
+           f"| entropy probe, teacher-forced, client CPU per step (marginal {scales[0] * 10} -> {scales[-1] * 10} "
+           "steps) | x the floor | share of a GPU step | peak RSS of the probe process |", "|---|---:|---|---|"]
+    for s in summary:
         gpu = ", ".join(f"{share:.1%} of a {s['gpu_step_s'][k]:.2f} s {k} step" for k, share in s["gpu_share"].items())
-        rss = "; ".join(f"{mb:.0f} MB at {n} steps, {f} in flight ({e} endpoint{'s' if e > 1 else ''})"
-                        for e, f, n, mb in s["rss"])
-        out.append(f"| {s['code']}: {s['ms_per_step']:.1f} ms a step | {s['floor_ratio']:.2f}x the floor "
-                   f"({fl['ms_per_step']:.1f} ms: two {fl['request_mb']:.2f} MB requests sent, two "
-                   f"{fl['reply_mb']:.2f} MB replies read and decoded into arrays, cold); {gpu} | {rss} |")
-    today = next(s for s in bench_probe.summarise(m) if s["code"] == "today")
-    for s in bench_probe.summarise(m):
+        rss = "; ".join(f"{mb:.0f} MB at {n} steps, {f} in flight" for f, n, mb in s["rss"])
+        e = s["endpoints"]
+        out.append(f"| {s['code']}, {s['in_flight']} in flight ({e} endpoint{'s' if e > 1 else ''}): "
+                   f"{s['ms_per_step']:.1f} ms a step | {s['floor_ratio']:.2f} | {gpu} | {rss} |")
+    today = next(s for s in summary if s["code"] == "today" and s["endpoints"] == 1)
+    for s in summary:
         if s["code"] != "today":
-            out.append(f"| today / {s['code']}, paired | {today['ms_per_step'] / s['ms_per_step']:.3f} | |")
-    p, lo, hi = m["parts"], fl["samples_ms"][0], fl["samples_ms"][-1]
-    out += ["", "| what a step's CPU is made of, back to back on the same steps | ms a step | x the floor |",
-            "|---|---:|---:|",
-            f"| the floor (synchronous httpx, one request at a time; {len(fl['samples_ms'])} samples across the bench: "
-            f"{lo:.1f}-{hi:.1f} ms, median {fl['ms_per_step']:.1f}) | {p['floor']:.1f} | 1.00 |",
-            f"| the same exchange through httpx's asynchronous client, one request at a time | {p['async_floor']:.1f} "
-            f"| {p['async_floor'] / p['floor']:.2f} |",
-            f"| the probe's own work beyond the exchange (requests built, entropies, bounds, KL, alternatives, token "
+            out.append(f"| today / {s['code']}, paired, {s['in_flight']} in flight | "
+                       f"{today['ms_per_step'] / s['ms_per_step']:.3f} | | |")
+    p = m["parts"]
+    names = {"httpx": "httpx's `AsyncClient` alone", "aiohttp": "aiohttp's `ClientSession` alone",
+             "toolkit": "the toolkit's exchange (`request_json` over `ModelClient`: retries, deadline, liveness "
+                        "watch, the body written in pieces)"}
+    out += ["", "| what a step's CPU is made of, back to back on the same steps, one request at a time | ms a step "
+            "| x the floor |", "|---|---:|---:|",
+            f"| the floor (`http.client`) | {p['floor']:.1f} | 1.00 |"]
+    out += [f"| the same exchange through {names[k]} | {p[k]:.1f} | {p[k] / p['floor']:.2f} |"
+            for k in bench_probe.EXCHANGES]
+    out += [f"| the probe's own work beyond the exchange (requests built, entropies, bounds, KL, alternatives, token "
             f"store, row) | {p['own_work']:.1f} | {p['own_work'] / p['floor']:.2f} |",
-            f"| the two together: the least an asynchronous httpx probe can cost | {p['async_floor'] + p['own_work']:.1f}"
-            f" | {(p['async_floor'] + p['own_work']) / p['floor']:.2f} |"]
+            f"| the toolkit's exchange and the probe's own work together | {p['toolkit'] + p['own_work']:.1f} | "
+            f"{(p['toolkit'] + p['own_work']) / p['floor']:.2f} |"]
     return out
 
 

@@ -17,7 +17,8 @@ starts from its parent's high-water mark under vfork, so the bench's own memory 
   requests serialised and sent, their replies read, and each reply decoded once, cold, into arrays (JSON, then
   the top-20 triples);
 - **what a step is made of**, back to back on the run's first 60 steps at the end: the floor, the same exchange
-  through httpx's asynchronous client one request at a time (that client's own cost), and the probe's own work
+  through httpx's and aiohttp's asynchronous clients and through the toolkit's own (``request_json`` over the model
+  servers' client), one request at a time (each one's own cost), and the probe's own work
   beyond the exchange (``probe_step`` with both replies served from memory); the floor is also sampled before each
   probe run, and the ratio above takes the median (the machine's speed moves within a run);
 - **its share of a GPU step** per backbone by the FLOPs model of docs/performance.md (a teacher-forced step
@@ -137,52 +138,87 @@ def step_requests(root: Path, url: str, tiny: str, trajectories: int) -> list:
 
 def floor(work: list, url: str, tiny: str) -> dict:
     """CPU ms a step cannot skip, on the run's own teacher-forced steps (``work``: :func:`step_requests`): both
-    scoring requests serialised and sent, their replies read and each decoded once, cold, into arrays; through a
-    synchronous httpx client, one request at a time (the cheapest way httpx has)."""
-    import httpx
+    scoring requests serialised and sent, their replies read and each decoded once, cold, into arrays; through the
+    plainest correct exchange, the standard library's ``http.client``, one request at a time on one kept-alive
+    connection (no pool, no event loop: what no client can go below)."""
+    import http.client
+    from urllib.parse import urlsplit
 
     from agent.backends.sglang_native import SGLangBackend
     from agent.backends.wire import decode_generate_reply
     from agent.jsonio import dumps
 
-    b = SGLangBackend(url, tiny)
+    b, where = SGLangBackend(url, tiny), urlsplit(url)
     per_step, sent, got = [], 0, 0
-    with httpx.Client(trust_env=False, timeout=600) as c:
+    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=600)
+    try:
         for step in work:
             t = time.process_time()
             for payload, ids in step:
                 body = dumps(payload)
-                reply = c.post(url + "/generate", content=body, headers={"Content-Type": "application/json"}).content
+                conn.request("POST", "/generate", body=body, headers={"Content-Type": "application/json"})
+                r = conn.getresponse()
+                reply = r.read()
+                if r.status != 200:
+                    raise SystemExit(f"bench: the stand-in answered {r.status} to a scoring request: {reply[:300]!r}")
                 b.parse_score(decode_generate_reply(reply), ids, k=20)
                 sent, got = sent + len(body), got + len(reply)
             per_step.append(time.process_time() - t)
+    finally:
+        conn.close()
     n = len(per_step)
     return {"ms_per_step": 1000 * statistics.mean(per_step), "steps": n,
             "request_mb": sent / 2 / n / 1e6, "reply_mb": got / 2 / n / 1e6}
 
 
-def async_floor(work: list, url: str, tiny: str) -> float:
-    """:func:`floor` through httpx's asynchronous client (the client the probe must use to keep 128 requests in
-    flight), still one request at a time: CPU ms a step. Its excess over the floor is that client's own cost."""
-    import asyncio
+#: The asynchronous exchanges :func:`client_exchange` measures: each library on its own, and the toolkit's exchange
+#: (agent.http.request_json over the model servers' client: retries, deadline, liveness watch, pieces written).
+EXCHANGES = ("httpx", "aiohttp", "toolkit")
 
-    import httpx
+
+def client_exchange(work: list, url: str, tiny: str, kind: str) -> float:
+    """:func:`floor`'s exchange through an asynchronous client (what a probe with 128 requests in flight must use),
+    still one request at a time: CPU ms a step; its excess over the floor is that client's own cost. ``kind``: one
+    of :data:`EXCHANGES`."""
+    import asyncio
 
     from agent.backends.sglang_native import SGLangBackend
     from agent.backends.wire import decode_generate_reply
     from agent.jsonio import dumps
 
     b = SGLangBackend(url, tiny)
+    hdrs = {"Content-Type": "application/json"}
 
     async def go() -> float:
-        async with httpx.AsyncClient(trust_env=False, timeout=600) as c:
+        if kind == "httpx":
+            import httpx
+            c = httpx.AsyncClient(trust_env=False, timeout=600)
+
+            async def one(payload):
+                return (await c.post(url + "/generate", content=dumps(payload), headers=hdrs)).content
+        elif kind == "aiohttp":
+            import aiohttp
+            c = aiohttp.ClientSession()
+
+            async def one(payload):
+                async with c.post(url + "/generate", data=dumps(payload), headers=hdrs) as r:
+                    return await r.read()
+        else:
+            from agent.http import request_json
+            from agent.model_http import ModelClient
+            c = ModelClient()
+
+            async def one(payload):  # the reply decoded below, as the others: request_json's own parse left out
+                return await request_json(c, "POST", url + "/generate", json_body=payload, decode=bytes,
+                                          liveness=url + "/health")
+        try:
             t = time.process_time()
             for step in work:
                 for payload, ids in step:
-                    r = await c.post(url + "/generate", content=dumps(payload),
-                                     headers={"Content-Type": "application/json"})
-                    b.parse_score(decode_generate_reply(r.content), ids, k=20)
+                    b.parse_score(decode_generate_reply(await one(payload)), ids, k=20)
             return time.process_time() - t
+        finally:
+            await (c.aclose() if hasattr(c, "aclose") else c.close())
     return 1000 * asyncio.run(go()) / len(work)
 
 
@@ -318,7 +354,8 @@ def measure(scales: list[int], reply_tokens: int, against: list[str], endpoints:
                                  "steps": steps, "cpu_s": cpu, "peak_rss_mb": rss})
             # the parts of a step, back to back on the same steps: what the ratio is made of
             samples.append(floor(work, urls[0], tiny))
-            parts = {"floor": samples[-1]["ms_per_step"], "async_floor": async_floor(work, urls[0], tiny),
+            parts = {"floor": samples[-1]["ms_per_step"],
+                     **{k: client_exchange(work, urls[0], tiny, k) for k in EXCHANGES},
                      "own_work": own_work(work_root, urls[0], tiny, FLOOR_TRAJECTORIES)}
     finally:
         for _, p in servers:
@@ -371,18 +408,18 @@ def fault(how: str, trajectories: int = 300, reply_tokens: int = 1000, after_ste
 
 
 def summarise(m: dict) -> list[dict]:
-    """Per code version (one endpoint): marginal CPU per step, its ratio to the floor, its share of a GPU step per
-    backbone; peak RSS per scale and in-flight count (every configuration)."""
+    """Per code version and number of endpoints: marginal CPU per step between the two scales, its ratio to the
+    floor, its share of a GPU step per backbone, the in-flight count at the larger scale; peak RSS per scale."""
     out = []
     gpu_s = {k: 2 * m["reply_tokens"] / r for k, r in TOKENS_PER_GPU_S.items()}
-    for code in dict.fromkeys(r["code"] for r in m["rows"]):
-        mine = [r for r in m["rows"] if r["code"] == code and r["endpoints"] == 1]
+    for code, e in dict.fromkeys((r["code"], r["endpoints"]) for r in m["rows"]):
+        mine = [r for r in m["rows"] if r["code"] == code and r["endpoints"] == e]
         a, b = mine[0], mine[-1]
         ms = 1000 * (b["cpu_s"] - a["cpu_s"]) / max(b["steps"] - a["steps"], 1)
-        out.append({"code": code, "ms_per_step": ms, "floor_ratio": ms / m["floor"]["ms_per_step"],
-                    "gpu_step_s": gpu_s, "gpu_share": {k: ms / 1000 / g for k, g in gpu_s.items()},
-                    "rss": [(r["endpoints"], r["in_flight"], r["steps"], r["peak_rss_mb"])
-                            for r in m["rows"] if r["code"] == code]})
+        out.append({"code": code, "endpoints": e, "in_flight": b["in_flight"], "ms_per_step": ms,
+                    "floor_ratio": ms / m["floor"]["ms_per_step"], "gpu_step_s": gpu_s,
+                    "gpu_share": {k: ms / 1000 / g for k, g in gpu_s.items()},
+                    "rss": [(r["in_flight"], r["steps"], r["peak_rss_mb"]) for r in mine]})
     return out
 
 

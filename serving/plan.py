@@ -245,6 +245,13 @@ MAMBA_FULL_MEMORY_RATIO = 0.9
 #: ping-pong track buffers (``HybridReqToTokenPool.alloc``, srt/mem_cache/memory_pool.py; two with the overlap
 #: scheduler, srt/mem_cache/allocation_sizing.py ``get_mamba_tracking_slots``); the rest holds the tree's states.
 SLOTS_PER_REQUEST = 3
+#: The slots SGLang's scheduler reserves for each running request when it caps ``max_running_requests`` at the
+#: pool's slots / this (``KVCacheConfigurator._calculate_mamba_ratio``: 3, plus the two tracking slots of
+#: ``extra_buffer`` with the overlap schedule; ``resolve_max_num_reqs``, srt/mem_cache/kv_cache_configurator.py; the
+#: 5 of SGLang PR #27220): the 3 a request holds (:data:`SLOTS_PER_REQUEST`) and room for 2 of the tree's states.
+#: Requests past the cap wait in SGLang's queue holding none. Both read off SGLang's own code in
+#: tests/conformance/test_sglang_cache.py.
+ADMITTED_SLOTS_PER_REQUEST = 5
 #: The tree's states a trajectory in flight keeps recent: the one its step reused (the match refreshes it) and the
 #: one its step tracked; with fewer, the pool's LRU evicts a trajectory's state before its next step
 #: (probes/prefix_cache.py, checked against SGLang's own eviction: tests/conformance/test_sglang_cache.py).
@@ -324,7 +331,9 @@ def memory_estimate(weights: str, size: str, tp: int, mem_fraction: float | None
             slots = int(state_gb * 1e9 // state)
             parts.append(f"split as SGLang does (--mamba-full-memory-ratio {r}): KV ~{kv_gb:.1f} GB (~"
                          f"{kv_gb * 1e9 / kv_tok / 1e6:.2f} M tokens), linear-attention states ~{state_gb:.1f} GB "
-                         f"({state / 2**20:.1f} MiB a request: ~{slots} slots; a trajectory in flight holds "
+                         f"({state / 2**20:.1f} MiB a request: ~{slots} slots; SGLang runs at most "
+                         f"~{slots // ADMITTED_SLOTS_PER_REQUEST} requests at once (its cap: slots / "
+                         f"{ADMITTED_SLOTS_PER_REQUEST}), the rest wait in its queue; a trajectory in flight holds "
                          f"{SLOTS_PER_REQUEST} while it runs and keeps {TREE_STATES_PER_TRAJECTORY} in the tree, so "
                          f"~{slots // (SLOTS_PER_REQUEST + TREE_STATES_PER_TRAJECTORY)} trajectories in flight per "
                          f"server before their states are evicted between steps; "

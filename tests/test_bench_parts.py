@@ -1,5 +1,5 @@
-"""The probe bench's parts of a step (scripts/bench_probe.py): the floor, the same exchange through httpx's
-asynchronous client, and the probe's own work with its replies served from memory, each on a real bench run
+"""The probe bench's parts of a step (scripts/bench_probe.py): the floor, the same exchange through each asynchronous
+client, and the probe's own work with its replies served from memory, each on a real bench run
 scored by the loopback SGLang stand-in."""
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ def test_the_parts_of_a_step_are_measured_on_the_runs_own_steps(scored_run):
     assert with_imgs[1] == without[1]  # the same recorded ids scored under both contexts
     fl = bench_probe.floor(work, url, tiny)
     assert fl["steps"] == 6 and fl["request_mb"] > 0 and fl["reply_mb"] > 0 and fl["ms_per_step"] > 0
-    assert 0 < bench_probe.async_floor(work, url, tiny) < math.inf
+    for kind in bench_probe.EXCHANGES:
+        assert 0 < bench_probe.client_exchange(work, url, tiny, kind) < math.inf
     assert 0 < bench_probe.own_work(root, url, tiny, 2) < math.inf
 
 

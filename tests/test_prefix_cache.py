@@ -156,17 +156,20 @@ def test_the_hybrid_cache_reuses_a_prefix_only_up_to_a_stored_state():
 
 
 def test_a_state_pool_too_small_for_the_trajectories_in_flight_evicts_their_states():
-    """Each request in flight holds 3 state slots; the tree keeps what is left, least recently used evicted first.
-    A trajectory in flight keeps two states recent (the one its step reused, refreshed by the match, and the one
-    it tracked): with room for two per trajectory the probes' order loses nothing; with less, a trajectory's state
-    is gone before its next step and the reuse drops."""
+    """Each running request holds 3 state slots and SGLang runs at most slots / 5 requests at once (the rest wait,
+    holding none); the tree keeps what is left, least recently used evicted first. A trajectory in flight keeps two
+    states recent (the one its step reused, refreshed by the match, and the one it tracked): with room for two per
+    trajectory the probes' order loses nothing; with less, a trajectory's state is gone before its next step and
+    the reuse drops."""
+    assert RadixLRU(None, 64, 40, running=8).state_room == 40 - 3 * 8  # 8 run: the cap is 40 / 5
+    assert RadixLRU(None, 64, 24, running=8).state_room == 24 - 3 * 4  # 4 run, 4 wait in SGLang's queue
     streams = _trajectories(16, 6, 130)
     kw = dict(capacity=None, servers=1, concurrency=8, state_interval=64)
     free = simulate(streams, **kw)["cached_tokens"]
-    assert simulate(streams, **kw, state_slots=8 * 3 + 16)["cached_tokens"] == free  # two each
-    one_each = simulate(streams, **kw, state_slots=8 * 3 + 8)["cached_tokens"]
-    assert 0 < one_each < free
-    assert simulate(streams, **kw, state_slots=8 * 3 + 4)["cached_tokens"] < one_each
+    assert simulate(streams, **kw, state_slots=8 * 5)["cached_tokens"] == free  # two each
+    less = simulate(streams, **kw, state_slots=24)["cached_tokens"]  # 12 for the 8 trajectories' states
+    assert 0 < less < free
+    assert simulate(streams, **kw, state_slots=15)["cached_tokens"] < less  # 3 run: 6 for 8 trajectories
 
 
 def test_the_servers_cached_tokens_beside_the_models_prediction(tmp_path, tiny_model_dir, capsys):

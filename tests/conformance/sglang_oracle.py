@@ -16,7 +16,10 @@ Runs in its own process (SGLang's modules come from ``.venv-sglang/site``, built
   model whose vision config holds those fields;
 - ``{"op": "hybrid_cache", "prompts": [[ids], ...], "grid": 64, "caps": [...], "state_slots": S}``: the prompts
   replayed through SGLang's UnifiedRadixCache with its Mamba component on CPU, one request running at a time, with a
-  state pool of S slots when given (:func:`_hybrid_cache`).
+  state pool of S slots when given (:func:`_hybrid_cache`);
+- ``{"op": "mamba_slots", "strategy": "extra_buffer", "overlap": true}``: the linear-attention state slots one running
+  request holds (counted off SGLang's own HybridReqToTokenPool as it allocates one) and those SGLang's scheduler
+  reserves for each when it caps ``max_running_requests`` (:func:`_mamba_slots`).
 
 Each answer is ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``.
 """
@@ -161,9 +164,42 @@ def _hybrid_cache(req):
     return {"requests": out}
 
 
+def _mamba_slots(req):
+    """``held``: the pool's free slots before and after ``HybridReqToTokenPool.alloc`` of one request (its working
+    state and its ping-pong track buffers; the pool as the kit builds it, with the overlap schedule on, as the
+    launcher runs it); ``admitted``: ``KVCacheConfigurator._calculate_mamba_ratio`` under the
+    strategy and overlap schedule given, the divisor of ``resolve_max_num_reqs``'s cap (the radix cache on)."""
+    from array import array
+
+    import sglang.test.kits.unified_radix_cache.fixtures as kit
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+    from sglang.srt.runtime_context import get_context
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.test.kits.unified_radix_cache.config import CacheConfig
+
+    strategy, overlap = req.get("strategy", "extra_buffer"), bool(req.get("overlap", True))
+    fields = {"mamba_radix_cache_strategy": strategy, "disable_overlap_schedule": not overlap}
+    scope = get_context().override_server_args(**fields)
+    scope.install()
+    try:
+        admitted = KVCacheConfigurator._calculate_mamba_ratio(None)  # reads only the published config
+    finally:
+        scope.restore()
+    kit.get_device = lambda *a, **k: "cpu"
+    cfg = CacheConfig(components=(ComponentType.FULL, ComponentType.MAMBA), kv_size=256, max_context_len=128,
+                      mamba_cache_size=16, max_num_reqs=4, enable_mamba_extra_buffer=strategy != "no_buffer")
+    _, _, pool = kit.build_fixture(cfg, mamba_cache_chunk_size=64)
+    free = pool.mamba_allocator.available_size()
+    pool.alloc([Req(rid="r", origin_input_text="", origin_input_ids=array("q"),
+                    sampling_params=SamplingParams(temperature=0, max_new_tokens=1))])
+    return {"held": free - pool.mamba_allocator.available_size(), "admitted": int(admitted)}
+
+
 OPS = {"chat": _chat, "generate": _generate, "reasoning": _reasoning, "server_args": _server_args,
        "router_args": _router_args, "radix_deterministic": _radix_deterministic, "vlm_mem_fraction": _vlm_mem_fraction,
-       "hybrid_cache": _hybrid_cache}
+       "hybrid_cache": _hybrid_cache, "mamba_slots": _mamba_slots}
 
 
 def main() -> None:

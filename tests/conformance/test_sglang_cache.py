@@ -76,3 +76,18 @@ def test_the_hybrid_model_reuses_what_sglangs_cache_reuses_on_the_probes_request
         assert len(prompts) > 5 and (mode == "regenerate") == all(c is None for c in flat_caps)
         assert _ours(prompts, flat_caps) == _theirs(sglang, prompts, flat_caps), mode
         assert _ours(prompts, flat_caps, 5) == _theirs(sglang, prompts, flat_caps, 5), mode
+
+
+def test_the_state_slots_a_request_holds_and_those_sglang_reserves_for_it_are_sglangs(sglang):
+    """SGLang 0.5.23 under the launcher's ``--mamba-radix-cache-strategy extra_buffer`` (overlap schedule on): each
+    running request holds 3 state slots (its working state and two ping-pong track buffers: what the cache model
+    charges), while the scheduler caps ``max_running_requests`` at the pool's slots / 5 (SGLang PR #27220's 5: the
+    3 held and 2 kept for the tree), which serving/plan.py prints as the server's cap."""
+    from serving.plan import ADMITTED_SLOTS_PER_REQUEST, SLOTS_PER_REQUEST
+
+    ans = sglang.ask("mamba_slots", strategy="extra_buffer", overlap=True)
+    assert ans["ok"], ans
+    assert (ans["held"], ans["admitted"]) == (SLOTS_PER_REQUEST, ADMITTED_SLOTS_PER_REQUEST) == (3, 5)
+    # the same rule moves with the strategy, so the constants are SGLang's, not a coincidence of one setting
+    plain = sglang.ask("mamba_slots", strategy="no_buffer", overlap=True)
+    assert plain["ok"] and (plain["held"], plain["admitted"]) == (1, 3), plain
