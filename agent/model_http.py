@@ -21,6 +21,8 @@ no reply raises :class:`agent.http.NoReply`.
 from __future__ import annotations
 
 import asyncio
+import urllib.request
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -37,14 +39,29 @@ KEEPALIVE_S = 60.0
 
 class ModelClient(Liveness):
     """One aiohttp session (and its connection pool) per event loop, made on first use. ``trust_env``: proxies
-    from the environment (``HTTP_PROXY``, ``NO_PROXY``), as httpx reads them; a URL's ``user:password`` is sent as
-    Basic auth, as httpx sends it (agent/redact.py registers both forms)."""
+    from the environment (``HTTP_PROXY``, ``NO_PROXY``), as httpx reads them, looked up once per origin (ours:
+    aiohttp's own ``trust_env`` reads ~/.netrc in a thread on every request, ~40 % of its CPU a request, and would
+    send that file's credentials); a URL's ``user:password`` is sent as Basic auth, as httpx sends it
+    (agent/redact.py registers both forms)."""
 
     def __init__(self, *, trust_env: bool = True):
         super().__init__()
         self.trust_env = trust_env
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._proxies: dict[tuple, str | None] = {}
+
+    def _proxy(self, url: str) -> str | None:
+        """The environment's proxy for ``url``'s origin (None: none, or ``NO_PROXY`` names it)."""
+        where = urlsplit(url)
+        key = (where.scheme, where.netloc)
+        if key not in self._proxies:
+            found = urllib.request.getproxies_environment() if self.trust_env else {}
+            proxy = found.get(where.scheme) or found.get("all")
+            if proxy and urllib.request.proxy_bypass_environment(where.hostname or "", found):
+                proxy = None
+            self._proxies[key] = proxy
+        return self._proxies[key]
 
     async def _current(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
@@ -55,7 +72,7 @@ class ModelClient(Liveness):
         if old is not None:  # made in a loop that has ended: its connections are gone with it, the session closed here
             await old.close()
         connector = aiohttp.TCPConnector(limit=MAX_CONNECTIONS, keepalive_timeout=KEEPALIVE_S)
-        self._session = aiohttp.ClientSession(connector=connector, trust_env=self.trust_env, auto_decompress=True)
+        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=True)
         return self._session
 
     async def request(self, method: str, url: str, *, content=None, params: dict | None = None,
@@ -65,7 +82,7 @@ class ModelClient(Liveness):
         session = await self._current()
         try:
             async with session.request(method, url, data=content, params=params, headers=headers,
-                                       allow_redirects=False,
+                                       allow_redirects=False, proxy=self._proxy(url),
                                        timeout=aiohttp.ClientTimeout(total=timeout)) as r:
                 body = await r.read()
                 return Reply(r.status, r.headers, body, str(r.url))

@@ -280,6 +280,7 @@ def own_work(root: Path, url: str, tiny: str, trajectories: int) -> float:
         b.record = False
         t = time.process_time()
         n = asyncio.run(one_pass(TokenStore(Path(d) / "tokens")))
+        asyncio.run(b.aclose())
         if b.replies:
             raise SystemExit(f"bench: {len(b.replies)} recorded replies were not replayed")
         return 1000 * (time.process_time() - t) / n

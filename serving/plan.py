@@ -147,15 +147,18 @@ def radix_cache_warning(a) -> str | None:
 
 
 def router_command(worker_urls: list[str], port: int, a, prometheus_port: int | None = None) -> list[str]:
-    """One gateway's command line: smg (SGLang Model Gateway 1.13.0, ``smg/router_args.py``), cache-aware routing
-    with sticky sessions (``--routing-key-override``: a request's ``x-smg-routing-key`` header pins its
-    conversation to one worker, so a trajectory keeps its prefix in one cache behind one URL). Its metrics port is
-    always given, distinct per gateway: two gateways on one default could not both bind it."""
+    """One gateway's command line: smg (SGLang Model Gateway 1.13.0, ``smg/router_args.py``). Over several workers,
+    cache-aware routing with sticky sessions (``--routing-key-override``: a request's ``x-smg-routing-key`` header
+    pins its conversation to one worker, so a trajectory keeps its prefix in one cache behind one URL); over one,
+    ``passthrough`` (nothing to balance: no load monitoring, no tree of prefixes to keep; smg forces it itself for a
+    single backend, smg/serve.py). Its metrics port is always given, distinct per gateway: two gateways on one
+    default could not both bind it."""
     base = shlex.split(a.router_command) if getattr(a, "router_command", None) else \
         [a.python, "-m", "smg.launch_router"]
     prom = ["--prometheus-port", str(prometheus_port)] if prometheus_port else []
-    return [*base, "--worker-urls", *worker_urls, "--policy", "cache_aware", "--routing-key-override",
-            "--host", a.host, "--port", str(port), *prom]
+    policy = ["--policy", "passthrough"] if len(worker_urls) == 1 else ["--policy", "cache_aware",
+                                                                        "--routing-key-override"]
+    return [*base, "--worker-urls", *worker_urls, *policy, "--host", a.host, "--port", str(port), *prom]
 
 
 def _groups(a) -> list[str]:

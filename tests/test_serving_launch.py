@@ -186,7 +186,7 @@ def test_router_front(tmp_path):
         assert r.returncode == 0, r.stdout + r.stderr
         assert f"ready: router http://127.0.0.1:{rp} for qwen3.5-27b" in r.stdout
         cmd = (run_dir / f"router-{rp}.cmd").read_text()
-        assert f"--worker-urls http://127.0.0.1:{p} --policy cache_aware" in cmd
+        assert f"--worker-urls http://127.0.0.1:{p} --policy passthrough --host" in cmd  # one worker: no balancing
         router = [e for e in json.loads((run_dir / "endpoints.json").read_text()) if e["kind"] == "router"]
         assert router[0]["served_model"] == "qwen3.5-27b" and router[0]["router_of"] == [f"http://127.0.0.1:{p}"]
     finally:

@@ -39,9 +39,13 @@ def test_gateway_command_lines_parse_under_smgs_parser(sglang, monkeypatch):
         cmd = router_command(urls, port, a, prom)
         res = sglang.ask("router_args", argv=cmd[3:])
         assert res["ok"], res
-        assert res["worker_urls"] == urls and res["policy"] == "cache_aware" and res["port"] == port
-        assert res["routing_key_override"] is True  # sticky sessions: a trajectory's routing key pins one worker
+        assert res["worker_urls"] == urls and res["port"] == port
+        if len(urls) > 1:  # sticky sessions: a trajectory's routing key pins one worker
+            assert res["policy"] == "cache_aware" and res["routing_key_override"] is True
+        else:  # one worker: nothing to balance, a hop only
+            assert res["policy"] == "passthrough" and res["routing_key_override"] is False
         proms.add(res["prometheus_port"])
+    assert [len(urls) for _, _, urls, _ in routers] == [2, 1]  # both policies were read by smg's parser
     # each gateway its own metrics port (one default for both: the second could not bind it)
     assert proms == {29000, 29001}
 

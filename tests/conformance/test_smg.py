@@ -41,7 +41,8 @@ class Gateway:
 
     def __init__(self, workers: list[str], log):
         self.port = free_port()
-        cmd = router_command(workers, self.port, SimpleNamespace(python=sys.executable, host="127.0.0.1"), free_port())
+        self.cmd = cmd = router_command(workers, self.port, SimpleNamespace(python=sys.executable, host="127.0.0.1"),
+                                        free_port())
         self.p = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{SITE}"},
                                   stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
         self.url = f"http://127.0.0.1:{self.port}"
@@ -71,6 +72,31 @@ def two_workers(tiny_model_dir, tmp_path):
             yield gw, a, b
         finally:
             gw.close()
+
+
+def test_a_model_with_one_worker_is_served_through_smgs_passthrough_policy(tiny_model_dir, tmp_path):
+    """One worker: the launcher asks smg for ``passthrough`` (no cache-aware tree, no sticky keys to keep), and the
+    real gateway serves the scoring request through it, the body as the backend sent it."""
+    _need_front_end()
+    kw = {"tokenizer_dir": str(tiny_model_dir), "reply": agent_policy, "model_name": "tiny-qwen35"}
+    with FakeSGLang(**kw) as w:
+        gw = Gateway([w.url], tmp_path / "smg.log")
+        try:
+            assert "--policy passthrough" in " ".join(gw.cmd) and "--routing-key-override" not in gw.cmd
+
+            async def score(url):
+                be = SGLangBackend(url, str(tiny_model_dir), policy=RetryPolicy(retries=1, timeout_s=120))
+                try:
+                    cont = Continuation(ids=be.tok("Red.", add_special_tokens=False)["input_ids"])
+                    return await be.score([{"role": "user", "content": "What colour is it?"}], cont)
+                finally:
+                    await be.aclose()
+            via = asyncio.run(score(gw.url))
+            sent = w.bodies[-1]
+            direct = asyncio.run(score(w.url))
+        finally:
+            gw.close()
+    assert sent["input_ids"] == w.bodies[-1]["input_ids"] and (via.tokens.logprobs == direct.tokens.logprobs).all()
 
 
 def test_our_generate_fields_and_flat_logprob_fields_arrive_intact(two_workers, tiny_model_dir):
