@@ -34,6 +34,9 @@ def test_one_row_per_line_per_call_and_per_stored_token(judged):
     res, st, tok = frames.results(out), frames.steps(out), frames.tokens(out)
     assert len(res) == len(run.index) == 12 and not res.duplicated(["sample_id", "trial"]).any()
     assert len(st) == sum(len(ln["calls"]) for ln in run.index) == res["n_calls"].sum()
+    # a path reads only the steps' values of each summary; a loaded run gives the same frame from its full summaries
+    pd.testing.assert_frame_equal(st, frames.steps(run))
+    assert st.prompt_tokens.dtype.kind == "i" and st.state.notna().all() and set(st.action) >= {"answer"}
     stored = sum(len(run.tokens(ln, ["call"])["call"]) for ln in run.index)
     assert len(tok) == stored and stored > 0
     # the result's token counts are its calls' sums; the tokens' think flags agree with the steps'

@@ -12,8 +12,10 @@ supersedes the earlier one), as everywhere in the toolkit.
 """
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
 
 from ..lazy import lazy_module
@@ -110,12 +112,29 @@ def steps(run) -> pd.DataFrame:
     line's event index), ``state`` (main | branch), ``branch``, ``forced``, ``n_images`` / ``n_query_images``
     (in the call's context), ``prompt_tokens``, ``completion_tokens``, ``cached_tokens``, ``think_tokens``,
     ``n_tokens`` (generated tokens recorded), ``latency_s``, ``finish_reason``, ``action`` (tool_call |
-    answer | malformed ...), ``tool``, ``cost``."""
-    run = _run(run)
-    rows = [{"sample_id": ln["sample_id"], "trial": int(ln["trial"]), "benchmark": ln.get("benchmark"),
-             "call": c.get("index"), **{k: c.get(k) for k in STEP_COLUMNS[4:]}}
-            for ln in run.index for c in ln.get("calls") or []]
-    return pd.DataFrame(rows, columns=list(STEP_COLUMNS))
+    answer | malformed ...), ``tool``, ``cost``.
+
+    Given a path, each line's summary is cut to these values as the index is read (a tuple a call, ours: the
+    summaries of a 10,000-line run are ~200 MB, its steps ~20 MB; scripts/bench_frames.py)."""
+    lines = run.index if isinstance(run, Run) else load_run(run, project=_step_values).index
+    per = [ln["_steps"] if "_steps" in ln else _step_values(ln)["_steps"] for ln in lines]
+    n = [len(calls) for calls in per]
+    cols = {"sample_id": np.repeat(np.array([ln["sample_id"] for ln in lines], dtype=object), n),
+            "trial": np.repeat(np.array([int(ln["trial"]) for ln in lines], dtype=np.int64), n)}
+    for j, name in enumerate(STEP_COLUMNS[2:]):  # column by column: one column's values held at a time
+        cols[name] = pd.Series([call[j] for calls in per for call in calls])
+    return pd.DataFrame(cols, columns=list(STEP_COLUMNS))
+
+
+_CALL_KEYS = ("index", *STEP_COLUMNS[4:])
+
+
+def _step_values(summary: dict) -> dict:
+    """What :func:`steps` keeps of a line's summary: per call, its values in ``STEP_COLUMNS`` order (after the key),
+    each string interned (a run's few states, actions, tools and finish reasons held once, not once a call)."""
+    b = summary.get("benchmark")
+    return {"_steps": [tuple(sys.intern(v) if type(v) is str else v for v in (b, *map(c.get, _CALL_KEYS)))
+                       for c in summary.get("calls") or []]}
 
 
 #: What one token holds in a pandas frame, by column (measured on a paper-shaped run, ``scripts/bench_frames.py``;
