@@ -58,16 +58,20 @@ from agent.errors import ToolkitError
 from agent.rundir import RunError, load_run, write_json
 from agent.rundir.probe_outputs import probe_dir, read_rows
 from analysis.selection import select_trajectories
-from serving.plan import ADMITTED_SLOTS_PER_REQUEST, SLOTS_PER_REQUEST
+from serving.plan import (
+    ACTIVE_PARAMS,
+    ADMITTED_SLOTS_PER_REQUEST,
+    DEFAULT_MFU,
+    H20_TFLOPS,
+    SLOTS_PER_REQUEST,
+    prefill_rate,
+)
 
 log = logging.getLogger(__name__)
 
 __all__ = ["RadixLRU", "prefix_keys", "simulate", "probe_streams", "probe_requests", "gpu_cost", "calibration", "main"]
 
-# Ours: the cost model behind --gpu-cost (docs/performance.md). Active parameters from the backbones' names
-# (35B-A3B: 3B active per token); the paper serves them on NVIDIA H20 (§4), 148 dense bf16 TFLOPS each.
-ACTIVE_PARAMS = {"9b": 9e9, "27b": 27e9, "35b-a3b": 3e9}
-H20_TFLOPS = 148.0
+# The cost model behind --gpu-cost (docs/performance.md) is the launcher's FLOPs model (serving/plan.py).
 REMOVAL_STEPS = 5  # Figure 2(c)'s k = 1..5 (paper §3.2.3)
 
 #: SGLang's linear-attention checkpoint grid: ``mamba_checkpoint_grid`` = lcm(the cache chunk, 64, and the tree's
@@ -470,7 +474,7 @@ def calibration(run_dir, observed, *, model_dir=None, capacity: int, servers: in
 
 def _rates(a, ap) -> dict:
     """Tokens per GPU-second per backbone: the FLOPs model, then any measured --prefill-rate."""
-    rates = {k: a.gpu_tflops * 1e12 * a.mfu / (2 * p) for k, p in ACTIVE_PARAMS.items()}
+    rates = {k: prefill_rate(k, a.gpu_tflops, a.mfu) for k in ACTIVE_PARAMS}
     for item in a.prefill_rate or []:
         size, _, v = item.partition("=")
         try:
@@ -504,7 +508,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu-cost", action="store_true",
                     help="add prefill GPU-seconds per Figure 2 panel and backbone (an estimate: see above)")
     ap.add_argument("--gpu-tflops", type=float, default=H20_TFLOPS, help="dense bf16 TFLOPS per GPU (default: H20's)")
-    ap.add_argument("--mfu", type=float, default=0.4, help="the share of --gpu-tflops a prefill reaches (default 0.4)")
+    ap.add_argument("--mfu", type=float, default=DEFAULT_MFU,
+                    help=f"the share of --gpu-tflops a prefill reaches (default {DEFAULT_MFU:g})")
     ap.add_argument("--prefill-rate", action="append", metavar="SIZE=RATE",
                     help="a backbone's measured prefill tokens per GPU-second (replaces the FLOPs model for it)")
     ap.add_argument("--observed", metavar="PROBE_DIR", nargs="?", const="",

@@ -54,6 +54,7 @@ from .plan import (
     gpu_count,
     gpu_mem_gb,
     is_local,
+    layout_lines,
     memory_estimate,
     plan,
     ports_of,
@@ -78,6 +79,19 @@ def _describe(a, s: Server, gpu_gb, run_dir: Path) -> list[str]:
             f"  (or --backend openai --endpoint {url} --model {s.served}); smoke test: python -m serving.check --endpoint {url}",
             f"  log: {s.log}", f"  stop: {stop}",
             f"  {memory_estimate(s.weights, s.size, a.tp, a.mem_fraction, gpu_gb)}"]
+
+
+def _spread(a, servers: list[Server], routers) -> list[str]:
+    """Without a router, a client spreads one model's servers itself: one --endpoint each."""
+    if routers:
+        return []
+    by: dict[str, list[Server]] = {}
+    for s in servers:
+        by.setdefault(s.served, []).append(s)
+    return [f"{m}'s {len(g)} servers: clients: --backend sglang "
+            + " ".join(f"--endpoint {client_url(a, s.port)}" for s in g)
+            + f" --model-dir {shlex.quote(g[0].weights)} --logprob-mode {a.logprobs}"
+            for m, g in by.items() if len(g) > 1]
 
 
 def preflight(a, servers: list[Server], routers, ports) -> list[tuple]:
@@ -156,6 +170,8 @@ def _announce(a, servers: list[Server], routers, ports, gpu_gb, run_dir: Path) -
                         "SGLang's own --mem-fraction-static (it keeps headroom for the vision encoder)")
           + f"; linear-attention states cached with --mamba-radix-cache-strategy {MAMBA_CACHE_STRATEGY}")
     print("ports: " + ", ".join(f"{what} {p}" for what, p in ports))
+    for line in layout_lines(a, servers, gpu_gb):
+        print(line)
     if a.standin:
         print(f"stand-in: SGLang's own HTTP server / TokenizerManager / DetokenizerManager from {SGLANG_SITE}, the "
               f"scheduler is serving/standin.py ({a.standin} mode) on the CPU: the numbers are meaningless")
@@ -166,6 +182,8 @@ def _announce(a, servers: list[Server], routers, ports, gpu_gb, run_dir: Path) -
             print(command_line(router_command(urls, port, a, prom)))
         for s in servers:
             print("\n".join(_describe(a, s, gpu_gb, run_dir)))
+        for line in _spread(a, servers, routers):
+            print(line)
 
 
 def _check_server_args(a, servers: list[Server], add) -> None:
@@ -311,6 +329,8 @@ def launch(a) -> int:
     print(f"\nendpoints written to {run_dir / 'endpoints.json'}")
     for s in servers:
         print("\n".join(_describe(a, s, gpu_gb, run_dir)))
+    for line in _spread(a, servers, routers):
+        print(line)
     for served, port, _, _ in routers:
         w = next(s.weights for s in servers if s.served == served)
         print(f"router for {served}: clients: --backend sglang --endpoint {client_url(a, port)} --model-dir "
@@ -332,6 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="what output logprobs describe: scaled = log_softmax(logits/T) (SGLang's default); raw sets "
                          "SGLANG_RETURN_ORIGINAL_LOGPROB=1 (default: scaled)")
     ap.add_argument("--tp", type=int, default=4, help="tensor-parallel size per server (default: 4)")
+    ap.add_argument("--replicas", type=int, default=1, metavar="N",
+                    help="servers per MODEL, each on its own group of --tp GPUs (two TP=2 servers of the 9b on four "
+                         "GPUs: --tp 2 --replicas 2 9b; default: 1)")
     ap.add_argument("--gpu-groups", default="", help='one comma-separated GPU list per server, e.g. "0,1,2,3 4,5,6,7" '
                                                      "(default: consecutive blocks of --tp)")
     ap.add_argument("--port", type=port_number, default=30000, help="first port (default: 30000)")
@@ -357,6 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = ap.add_argument_group("the node and the commands (defaults: this node's nvidia-smi; SGLang's and smg's own)")
     g.add_argument("--gpus", type=int, metavar="N", help="plan for N GPUs (a node you are not on; default: nvidia-smi)")
     g.add_argument("--gpu-mem-gb", type=positive_float, metavar="GB", help="one GPU's memory (default: nvidia-smi)")
+    g.add_argument("--gpu-tflops", type=positive_float, metavar="T",
+                   help="one GPU's dense bf16 TFLOPS for the printed throughput estimate (default: 148, the paper's H20)")
     g.add_argument("--gpu-compute-cap", metavar="X.Y", help="the GPUs' compute capability (default: nvidia-smi)")
     g.add_argument("--server-command", metavar="CMD",
                    help="replaces 'python -m sglang.launch_server' (a wrapper such as srun, or a stand-in)")
@@ -379,10 +404,10 @@ def main(argv=None) -> int:
     if bad:
         log.info(f"launch_qwen35: unknown model {bad[0]!r}; the models are: {', '.join(MODELS)}")
         return 2
-    a.models = a.models or ["9b", "27b"]
-    if a.tp < 1:
-        log.info("launch_qwen35: --tp must be a positive integer")
+    if a.tp < 1 or a.replicas < 1:
+        log.info(f"launch_qwen35: --{'tp' if a.tp < 1 else 'replicas'} must be a positive integer")
         return 2
+    a.models = [m for m in a.models or ["9b", "27b"] for _ in range(a.replicas)]
     try:
         return launch(a)
     except LaunchError as e:

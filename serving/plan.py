@@ -300,15 +300,45 @@ def _state_bytes(t: dict, tp: int) -> int:
     return n_lin * (conv + ssm)
 
 
+def _weights_bytes(weights: str, size: str) -> tuple[int, str]:
+    files = list(Path(weights).glob("*.safetensors")) if Path(weights).is_dir() else []
+    if files:
+        return sum(f.stat().st_size for f in files), "safetensors files"
+    return int(MODELS[size][2] * 2), "2 bytes x nominal parameters"
+
+
+def _pools(t: dict, w_bytes: int, tp: int, gpu_gb: float, frac: float) -> tuple[float, float, float, int, int]:
+    """Per GPU, split as SGLang splits it: (GB left after the weights, KV GB, state GB, one request's state bytes,
+    state slots)."""
+    left = max(gpu_gb * frac - w_bytes / tp / 1e9, 0.0)
+    state = _state_bytes(t, tp) if t.get("layer_types") else 0
+    r = MAMBA_FULL_MEMORY_RATIO if state else 0.0
+    state_gb = left * r / (1 + r)
+    return left, left - state_gb, state_gb, state, int(state_gb * 1e9 // state) if state else 0
+
+
+def _fraction(gpu_gb: float, tp: int, cfg: dict, mem_fraction: float | None) -> tuple[float, str]:
+    if mem_fraction:
+        return mem_fraction, "--mem-fraction"
+    return sglang_mem_fraction(gpu_gb, tp, cfg.get("vision_config")), "SGLang's own, ~, before its CUDA-graph reserve"
+
+
+def running_cap(weights: str, size: str, tp: int, mem_fraction: float | None, gpu_gb: float | None) -> int | None:
+    """The requests one server runs at once by SGLang's cap (state slots / :data:`ADMITTED_SLOTS_PER_REQUEST`);
+    None without a local config.json, the GPU's memory, or linear-attention layers."""
+    cfg, _ = _config_of(weights)
+    if cfg is None or not gpu_gb:
+        return None
+    slots = _pools(cfg.get("text_config") or cfg, _weights_bytes(weights, size)[0], tp, gpu_gb,
+                   _fraction(gpu_gb, tp, cfg, mem_fraction)[0])[4]
+    return slots // ADMITTED_SLOTS_PER_REQUEST if slots else None
+
+
 def memory_estimate(weights: str, size: str, tp: int, mem_fraction: float | None, gpu_gb: float | None) -> str:
     """One line: an *estimate* of weights, KV cache and linear-attention state memory per GPU (bf16), from the model's
     config.json, split as SGLang splits it; ``mem_fraction`` None: SGLang's own choice (:func:`sglang_mem_fraction`)."""
     cfg, where = _config_of(weights)
-    files = list(Path(weights).glob("*.safetensors")) if Path(weights).is_dir() else []
-    if files:
-        w_bytes, w_src = sum(f.stat().st_size for f in files), "safetensors files"
-    else:
-        w_bytes, w_src = MODELS[size][2] * 2, "2 bytes x nominal parameters"
+    w_bytes, w_src = _weights_bytes(weights, size)
     parts = [f"weights {w_bytes / 1e9:.1f} GB ({w_src}) -> {w_bytes / tp / 1e9:.1f} GB per GPU at TP {tp}"]
     if cfg is None:
         parts.append("KV cache: config.json not found locally (download the weights for an estimate)")
@@ -322,17 +352,12 @@ def memory_estimate(weights: str, size: str, tp: int, mem_fraction: float | None
     parts.append(f"KV {kv_tok / 1024:.0f} KiB/token per GPU ({n_full} full-attention layers x {kv} KV heads x "
                  f"head dim {hd}, bf16)")
     if gpu_gb:
-        frac, said = (mem_fraction, "--mem-fraction") if mem_fraction else (
-            sglang_mem_fraction(gpu_gb, tp, cfg.get("vision_config")), "SGLang's own, ~, before its CUDA-graph reserve")
-        left = max(gpu_gb * frac - w_bytes / tp / 1e9, 0.0)
-        state = _state_bytes(t, tp) if layers else 0
-        r = MAMBA_FULL_MEMORY_RATIO if state else 0.0
-        kv_gb, state_gb = left / (1 + r), left * r / (1 + r)
+        frac, said = _fraction(gpu_gb, tp, cfg, mem_fraction)
+        left, kv_gb, state_gb, state, slots = _pools(t, w_bytes, tp, gpu_gb, frac)
         parts.append(f"of {gpu_gb:.0f} GB x {frac:.3f} ({said}) = {gpu_gb * frac:.1f} GB per GPU, ~{left:.1f} GB "
                      f"after the weights")
         if state:
-            slots = int(state_gb * 1e9 // state)
-            parts.append(f"split as SGLang does (--mamba-full-memory-ratio {r}): KV ~{kv_gb:.1f} GB (~"
+            parts.append(f"split as SGLang does (--mamba-full-memory-ratio {MAMBA_FULL_MEMORY_RATIO}): KV ~{kv_gb:.1f} GB (~"
                          f"{kv_gb * 1e9 / kv_tok / 1e6:.2f} M tokens), linear-attention states ~{state_gb:.1f} GB "
                          f"({state / 2**20:.1f} MiB a request: ~{slots} slots; SGLang runs at most "
                          f"~{slots // ADMITTED_SLOTS_PER_REQUEST} requests at once (its cap: slots / "
@@ -345,6 +370,50 @@ def memory_estimate(weights: str, size: str, tp: int, mem_fraction: float | None
         else:
             parts.append(f"KV ~{kv_gb * 1e9 / kv_tok / 1e6:.2f} M tokens")
     return "memory (estimate): " + "; ".join(parts) + (f" [config: {where}]" if where else "")
+
+
+# ------------------------------------------------------------------ throughput by the FLOPs model
+#: Ours (docs/serving.md, "Layouts"; the cost model of probes/prefix_cache.py): a prompt token costs 2 x the
+#: backbone's active parameters in FLOPs (attention's own FLOPs left out; 35B-A3B: 3B active a token), at the
+#: paper's GPU (NVIDIA H20, §4: 148 dense bf16 TFLOPS) and a 40 % share of it.
+ACTIVE_PARAMS = {"9b": 9e9, "27b": 27e9, "35b-a3b": 3e9}
+H20_TFLOPS = 148.0
+DEFAULT_MFU = 0.4
+
+
+def prefill_rate(size: str, tflops: float = H20_TFLOPS, mfu: float = DEFAULT_MFU) -> float:
+    """Prompt tokens a GPU-second by the FLOPs model."""
+    return tflops * 1e12 * mfu / (2 * ACTIVE_PARAMS[size])
+
+
+def layout_lines(a, servers: list[Server], gpu_gb: float | None) -> list[str]:
+    """Per model: its servers, GPUs and expected prefill throughput (an estimate), the requests its servers run at
+    once where the config is local, and, where the same GPUs hold the model as twice the servers at half the TP,
+    that layout's command (the FLOPs model gives both layouts the same throughput: it says so)."""
+    tflops = getattr(a, "gpu_tflops", None) or H20_TFLOPS
+    by: dict[str, list[Server]] = {}
+    for s in servers:
+        by.setdefault(s.size, []).append(s)
+    out = []
+    for size, group in by.items():
+        gpus = len(group) * a.tp
+        rate = prefill_rate(size, tflops) * gpus
+        cap = running_cap(group[0].weights, size, a.tp, a.mem_fraction, gpu_gb)
+        caps = f"; SGLang runs ~{cap} requests at once a server, ~{cap * len(group)} for the model" if cap else ""
+        out.append(f"layout {group[0].served}: {len(group)} server(s) x TP {a.tp} on GPUs "
+                   f"{' | '.join(s.gpus for s in group)}: prefill ~{rate / 1e3:.1f}k prompt tokens/s for the model "
+                   f"(estimate: FLOPs model, 2 x {ACTIVE_PARAMS[size] / 1e9:g}B active parameters a token at "
+                   f"{tflops:g} TFLOPS x {DEFAULT_MFU:g} a GPU){caps}")
+        half = a.tp // 2
+        w_gb = _weights_bytes(group[0].weights, size)[0] / 1e9
+        if a.tp >= 2 and a.tp % 2 == 0 and gpu_gb and w_gb / half <= gpu_gb / 2 and not getattr(a, "standin", None):
+            out.append(f"  or {2 * len(group)} servers x TP {half} on the same GPUs ({w_gb / half:.1f} GB of weights a "
+                       f"GPU): --tp {half} --replicas {2 * getattr(a, 'replicas', 1)}; the FLOPs model gives it the "
+                       "same throughput (a GPU's FLOPs do not depend on the layout); what it changes ("
+                       + (f"all-reduces over {half} GPUs instead of {a.tp}" if half > 1 else "no all-reduce")
+                       + f", {2 * len(group)} schedulers, each cache half the size) only the node measures "
+                       "(docs/serving.md, \"Layouts\")")
+    return out
 
 
 def router_plan(a, servers: list[Server]) -> list[tuple[str, int, list[str]]]:

@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from serving.plan import sglang_mem_fraction
+from serving.plan import prefill_rate, running_cap, sglang_mem_fraction
 from tests.conftest import REPO
 from tests.guards import HANG_GUARD_S
 
@@ -101,6 +101,48 @@ def test_dry_run_other_layouts_and_router():
     assert r.returncode != 0 and "invalid choice: 'both'" in r.stderr
     r = sh([LAUNCH, "--dry-run", "70b"])
     assert r.returncode != 0 and "unknown model '70b'; the models are: 9b, 27b, 35b-a3b" in r.stderr
+
+
+#: Qwen3.5-9B's text config as far as the memory estimate reads it (24 Gated DeltaNet + 8 full-attention layers)
+QWEN35_9B_TEXT = {"num_key_value_heads": 4, "head_dim": 256, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+                  "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+                  "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 8}
+
+
+def test_two_tp2_servers_a_model_are_offered_priced_and_started(tmp_path):
+    r = sh([LAUNCH, "--dry-run", "--gpus", "8", "--gpu-mem-gb", "96", "9b", "27b"])
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith(("layout", "  or "))]
+    nine = f"{prefill_rate('9b') * 4 / 1e3:.1f}k"
+    assert lines[0].startswith(f"layout qwen3.5-9b: 1 server(s) x TP 4 on GPUs 0,1,2,3: prefill ~{nine} prompt tokens/s")
+    assert "2 servers x TP 2 on the same GPUs (9.0 GB of weights a GPU): --tp 2 --replicas 2" in lines[1]
+    assert "the same throughput" in lines[1] and lines[2].startswith("layout qwen3.5-27b")
+    # the offered layout, planned with a local config: the same FLOPs, each server's own cap on running requests
+    w = tmp_path / "models" / "Qwen3.5-9B"
+    w.mkdir(parents=True)
+    (w / "config.json").write_text(json.dumps({"text_config": QWEN35_9B_TEXT}))
+    env = {"MODEL_DIR": str(tmp_path / "models")}
+    r = sh([LAUNCH, "--dry-run", "--gpus", "8", "--gpu-mem-gb", "96", "--tp", "2", "--replicas", "2", "9b"], env=env)
+    assert [c[1] for c in commands(r.stdout)] == ["CUDA_VISIBLE_DEVICES=0,1", "CUDA_VISIBLE_DEVICES=2,3"]
+    cap = running_cap(str(w), "9b", 2, None, 96)
+    assert cap and cap > 0
+    assert (f"layout qwen3.5-9b: 2 server(s) x TP 2 on GPUs 0,1 | 2,3: prefill ~{nine} prompt tokens/s for the model"
+            in r.stdout) and f"SGLang runs ~{cap} requests at once a server, ~{2 * cap} for the model" in r.stdout
+    assert ("qwen3.5-9b's 2 servers: clients: --backend sglang --endpoint http://127.0.0.1:30000 --endpoint "
+            "http://127.0.0.1:30001") in r.stdout
+    r = sh([LAUNCH, "--dry-run", "--replicas", "0", "9b"])
+    assert r.returncode == 2 and "--replicas must be a positive integer" in r.stderr
+    # and started: two servers of one model, each on its own pair of GPUs
+    p, run_dir = free_port(), tmp_path / "serve"
+    r = sh([LAUNCH, "--port", str(p), "--run-dir", str(run_dir), "--timeout", "60", *STANDIN_NODE, "--tp", "2",
+            "--replicas", "2", "9b"])
+    try:
+        assert r.returncode == 0, r.stdout + r.stderr
+        eps = json.loads((run_dir / "endpoints.json").read_text())
+        assert [(e["served_model"], e["gpus"]) for e in eps] == [("qwen3.5-9b", "0,1"), ("qwen3.5-9b", "2,3")]
+        assert f"--endpoint http://127.0.0.1:{p} --endpoint http://127.0.0.1:{p + 1}" in r.stdout
+    finally:
+        s = sh([STOP, "--run-dir", str(run_dir)])
+    assert s.stdout.count("stopped") == 2
 
 
 def test_a_router_never_mixes_models():
