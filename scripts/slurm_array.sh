@@ -7,7 +7,9 @@
 #
 # Each task is one client (a CPU job: the GPUs sit behind the gateway), writing its own run directory with its
 # own tool cache (SQLite's WAL mode does not work over a network filesystem, so shards never share one). A task
-# that is preempted or fails is resubmitted as it was (sbatch --array=3 ...): the runner resumes its shard.
+# that is preempted, cancelled or fails is resubmitted alone with the array's size given (an array of one task
+# counts 1): SHARDS=8 sbatch --array=3 scripts/slurm_array.sh; the runner resumes its shard. tests/test_slurm.py
+# runs all of this under a real one-node Slurm.
 #
 # Edit the variables below, or set them in the environment. Outside Slurm the same script runs one shard with
 # SLURM_ARRAY_TASK_ID / SLURM_ARRAY_TASK_COUNT set by hand (the test suite does exactly that).
@@ -22,6 +24,11 @@ set -euo pipefail
 # Slurm sets SLURM_ARRAY_TASK_COUNT for --array=0-(N-1); SHARDS overrides it (e.g. with a %limit on the array)
 N="${SHARDS:-${SLURM_ARRAY_TASK_COUNT:?set SHARDS=N}}"
 I="$SLURM_ARRAY_TASK_ID"
+if (( I >= N )); then
+  echo "slurm_array.sh: task $I of an array of $N; one task of a larger array is resubmitted with the array's size:" \
+       "SHARDS=<the array's size> sbatch --array=$I scripts/slurm_array.sh" >&2
+  exit 2
+fi
 
 METHOD="${METHOD:-react}"
 BENCHMARK="${BENCHMARK:-demo}"                        # e.g. data/mmsearch (a benchmark dir or data_unified.jsonl)

@@ -2,7 +2,7 @@
 # Everything the suite needs, then the checks and every test, on the CPU (no GPU, no network):
 #   bash scripts/test.sh [pytest args]
 # 1. the venv (scripts/setup_env.sh), SGLang's pure-Python layer for tests/conformance/ (scripts/sglang_conformance.sh)
-#    and Debian's chromium for the viewer's browser test, where the system package manager can install it;
+#    and Debian's chromium (the viewer's browser test) and Slurm (tests/test_slurm.py), where apt-get can;
 # 2. the code's shape, beside the tiny model's warm-up: ruff (pyflakes, import order, imports at the top, function
 #    size), import-linter (the layers of docs/architecture.md) and mypy (the record and the backends);
 # 3. the suite on four workers (pytest-xdist), ending with the list of skipped tests and why (-rs).
@@ -13,20 +13,26 @@ cd "$(dirname "$0")/.."
 # (`import torch`: 1.9 CPU-s compiled, 3.7 from source). Only what is imported gets compiled (~40 % of the venv).
 unset PYTHONDONTWRITEBYTECODE
 have_chromium() { command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; }
-install_chromium() {
+have_slurm() { command -v sbatch >/dev/null 2>&1 && { command -v slurmctld || [[ -x /usr/sbin/slurmctld ]]; } >/dev/null 2>&1; }
+# Debian's chromium (the viewer's browser test, tests/test_show.py) and a one-node Slurm (slurmctld, slurmd, the
+# clients and munge: tests/test_slurm.py starts and stops its own daemons; the packages' own services are not used)
+install_debian() {
   SUDO=""; [[ "$(id -u)" != 0 ]] && SUDO="sudo -n"
   if command -v apt-get >/dev/null 2>&1 && { [[ -z "$SUDO" ]] || sudo -n true 2>/dev/null; }; then
-    echo "== installing Debian's chromium for tests/test_show.py (the browser test) =="
-    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends chromium \
-      || echo "warning: chromium could not be installed; the browser tests will skip" >&2
+    echo "== installing Debian's $* for the browser and Slurm tests =="
+    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$@" \
+      || echo "warning: $* could not be installed; the tests that need them will skip" >&2
   else
-    echo "note: no chromium and no way to install it here; the browser tests will skip" >&2
+    echo "note: no way to install $* here; the tests that need them will skip" >&2
   fi
 }
-# chromium installs beside the rest (most of its time is waiting on disk and network); SGLang's files after the
+# they install beside the rest (most of their time is waiting on disk and network); SGLang's files after the
 # venv, with the uv that scripts/setup_env.sh installs there
-chromium_pid=""
-if ! have_chromium; then install_chromium & chromium_pid=$!; fi
+debian=()
+have_chromium || debian+=(chromium)
+have_slurm || debian+=(slurmctld slurmd slurm-client munge)
+debian_pid=""
+if (( ${#debian[@]} )); then install_debian "${debian[@]}" & debian_pid=$!; fi
 bash scripts/setup_env.sh
 bash scripts/sglang_conformance.sh install & sglang_pid=$!
 # the code's shape, beside the warm-up below (they share no files; on a busy machine two processes of ours get
@@ -51,9 +57,13 @@ bash scripts/sglang_conformance.sh check
 shape_ok=0; wait "$shape_pid" || shape_ok=$?
 cat "$shape_log"; rm -f "$shape_log"
 [[ "$shape_ok" == 0 ]] || { echo "error: the code's shape checks failed (above)" >&2; exit 1; }
-[[ -z "$chromium_pid" ]] || wait "$chromium_pid" || true
+[[ -z "$debian_pid" ]] || wait "$debian_pid" || true
 if [[ -n "${CI:-}" ]] && ! have_chromium; then
   echo "error: CI must run the browser test, and chromium could not be installed" >&2
+  exit 1
+fi
+if [[ -n "${CI:-}" ]] && ! have_slurm; then
+  echo "error: CI must run the Slurm tier (tests/test_slurm.py), and Slurm could not be installed" >&2
   exit 1
 fi
 # four workers on CI's two cores: most tests wait on servers and commands they started. Tests that share an

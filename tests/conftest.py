@@ -159,3 +159,14 @@ def pytest_runtest_call(item):
         cmd = e.cmd if isinstance(e.cmd, str) else " ".join(map(str, e.cmd))
         pytest.fail(f"no progress for {e.timeout:.0f} s: {cmd[:300]} (a guard against a hang, not a verdict on "
                     "speed; tests/guards.py)", pytrace=False)
+
+
+# ------------------------------------------------------------------ what the Slurm tier did, shown in every run
+def pytest_terminal_summary(terminalreporter):
+    """tests/test_slurm.py records its commands and the tasks' states (``record_property("slurm", ...)``); a passing
+    test's output is hidden, so the summary shows them (each worker's reports carry their properties)."""
+    for rep in terminalreporter.stats.get("passed", []):
+        for key, text in getattr(rep, "user_properties", []):
+            if key == "slurm" and rep.when == "call":
+                terminalreporter.write_sep("-", "Slurm: one-node cluster, scripts/slurm_array.sh")
+                terminalreporter.write_line(text)

@@ -183,6 +183,16 @@ def test_the_slurm_example_runs_one_shard_per_array_task(tmp_path):
     assert rep.intact and rep.complete and len(load_run(out).index) == 4
 
 
+def test_one_task_resubmitted_without_the_arrays_size_is_refused_saying_how(tmp_path):
+    """``sbatch --array=3`` alone counts an array of 1: the script says to give SHARDS (tests/test_slurm.py runs
+    the resubmission under a real Slurm)."""
+    env = {**os.environ, "BACKEND": "scripted", "OUT": str(tmp_path / "r"), "SLURM_ARRAY_TASK_ID": "3",
+           "SLURM_ARRAY_TASK_COUNT": "1", "PYTHON": sys.executable}
+    r = subprocess.run(["bash", str(REPO / "scripts" / "slurm_array.sh")], env=env, capture_output=True, text=True)
+    assert r.returncode == 2 and "task 3 of an array of 1" in r.stderr and "SHARDS=" in r.stderr
+    assert not (tmp_path / "r.shard-3").exists()
+
+
 def _point_tokens_file(run_dir: Path, name: str) -> None:
     """A hostile edit: the first line's ``tokens_file`` set to ``name`` and sealed again, as a crafted run would be
     (the index dropped, so it is read again)."""

@@ -294,6 +294,12 @@ class _Handler(JSONHandler):
         while self.server.hung.is_set() and not self.server.closing:  # a hung scheduler: no reply, ever
             time.sleep(0.05)
         self.server.gate.wait(600)  # a test holds every reply here to stop a run mid-way, whatever the machine's speed
+        key = self.headers.get("x-smg-routing-key")
+        if key in self.server.held_keys:  # one trajectory's requests held, the rest answered (a run stopped mid-way)
+            with self.server.lock:
+                self.server.holding.add(key)
+            while key in self.server.held_keys and not self.server.closing:
+                time.sleep(0.05)
         if self.server.latency_s:
             time.sleep(self.server.latency_s)
         if fault == "429":
@@ -590,6 +596,8 @@ class FakeServer(ThreadingHTTPServer):
         self.gate = threading.Event()  # cleared: replies wait (see the handler); set by default
         self.gate.set()
         self.hung = threading.Event()  # set: a hung scheduler (no POST is ever answered; /health says 503)
+        self.held_keys: set = set()  # routing keys whose requests wait until the key is removed
+        self.holding: set = set()    # the held keys a request has arrived under
         self.closing = False
         self.deterministic = deterministic
         self.faults: list = []
