@@ -274,6 +274,17 @@ class _Handler(JSONHandler):
             self._send(400, {"error": "bad json"})
             return None
 
+    def _wait_if_held(self) -> None:
+        while self.server.hung.is_set() and not self.server.closing:  # a hung scheduler: no reply, ever
+            time.sleep(0.05)
+        self.server.gate.wait(600)  # a test holds every reply here to stop a run mid-way, whatever the machine's speed
+        key = self.headers.get("x-smg-routing-key")
+        if key in self.server.held_keys:  # one trajectory's requests held, the rest answered (a run stopped mid-way)
+            with self.server.lock:
+                self.server.holding.add(key)
+            while key in self.server.held_keys and not self.server.closing:
+                time.sleep(0.05)
+
     def do_POST(self):
         req = self._request()
         if req is None:
@@ -291,15 +302,7 @@ class _Handler(JSONHandler):
             return self._send(400, {"object": "error", "message": "unexpected keyword argument "
                                     "'return_flat_raw_top_logprobs'", "type": "BadRequestError", "code": 400})
         fault = self._fault()
-        while self.server.hung.is_set() and not self.server.closing:  # a hung scheduler: no reply, ever
-            time.sleep(0.05)
-        self.server.gate.wait(600)  # a test holds every reply here to stop a run mid-way, whatever the machine's speed
-        key = self.headers.get("x-smg-routing-key")
-        if key in self.server.held_keys:  # one trajectory's requests held, the rest answered (a run stopped mid-way)
-            with self.server.lock:
-                self.server.holding.add(key)
-            while key in self.server.held_keys and not self.server.closing:
-                time.sleep(0.05)
+        self._wait_if_held()
         if self.server.latency_s:
             time.sleep(self.server.latency_s)
         if fault == "429":
