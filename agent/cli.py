@@ -29,7 +29,7 @@ __all__ = ["Parser", "setup_logging", "printable", "number_in", "temperature", "
 #: Requests (samples, steps, grades) in flight, the same default for every command.
 DEFAULT_CONCURRENCY = 8
 SERVERS = ("sglang", "vllm", "openrouter", "other")
-BACKEND_CHOICES = ("local", "sglang", "openai", "scripted")
+BACKEND_CHOICES = ("local", "sglang", "vllm", "openai", "scripted")
 JUDGE_ENDPOINT = "https://openrouter.ai/api/v1"
 #: Gemini-3-Flash (paper B.6) as OpenRouter serves it (openrouter.ai/google/gemini-3-flash-preview, looked up
 #: 2026-12): the one constant behind every default, help text and the README.
@@ -211,7 +211,7 @@ def add_backend_args(ap, *, default: str | None = "local", from_run: bool = Fals
                                         else "model backend"))
     g.add_argument("--backend", choices=BACKEND_CHOICES, default=None if from_run else default,
                    help="local = in-process transformers (no --model-dir: the embedded tiny random Qwen3.5); "
-                        "sglang = SGLang native /generate (needed for scoring); openai = an OpenAI-compatible chat "
+                        "sglang = SGLang native /generate (needed for scoring); vllm = vLLM's chat API, and its /v1/completions for scoring without images; openai = an OpenAI-compatible chat "
                         "server; scripted = a FAKE demo model (agent/backends/demo_model.py)"
                         + (" (default: the run's)" if from_run else ""))
     g.add_argument("--endpoint", action="append", default=[], metavar="URL",

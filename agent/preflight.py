@@ -74,7 +74,7 @@ async def model_identity(backend) -> dict:
         return local_identity(backend.model_dir)
     if kind == "scripted":
         return {"backend": "scripted", "served_model": backend.model, "weights": None, "fingerprint": None}
-    if kind == "openai":
+    if kind in ("openai", "vllm"):
         return await _openai_identity(backend)
     if kind == "sglang":
         return await _sglang_identity(backend)
@@ -126,7 +126,7 @@ async def _openai_identity(b) -> dict:
             facts = {"version": (await _get(b, b.base.removesuffix("/v1") + "/version", "server version")).get("version")}
         except (PreflightError, AttributeError):
             facts = None
-    return {"backend": f"openai:{b.server}", "served_model": b.model, "weights": None, "fingerprint": None,
+    return {"backend": "vllm" if b.name == "vllm" else f"openai:{b.server}", "served_model": b.model, "weights": None, "fingerprint": None,
             "deterministic": None if facts is None else facts.get("enable_deterministic_inference"), "server": facts}
 
 

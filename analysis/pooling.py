@@ -15,17 +15,36 @@ import json
 from agent.identity import server_differences
 from agent.rundir import RunError
 
-__all__ = ["duplicates_note", "comparability_note", "refuse_mixed_protocols", "refuse_mixed_servers", "COMPARED"]
+__all__ = ["duplicates_note", "comparability_note", "refuse_mixed_protocols", "refuse_mixed_servers", "serving_engine", "COMPARED"]
 
 #: Header fields that must agree for numbers to be compared side by side (flagged, not refused).
 COMPARED = ("budgets", "sampling", "history_reasoning", "observation_images", "protocol")
 
 
+def serving_engine(header: dict) -> str | None:
+    """The engine that computed a run's numbers: sglang, vllm, transformers (the local backend), scripted; None for
+    a chat API whose server the run did not name."""
+    b = header.get("backend") or {}
+    kind, server = b.get("kind"), b.get("server")
+    if kind in ("sglang", "vllm"):
+        return kind
+    if kind == "local":
+        return "transformers"
+    if kind == "scripted":
+        return "scripted"
+    return server if kind == "openai" and server in ("sglang", "vllm") else None
+
+
 def refuse_mixed_servers(what: str, runs) -> None:
     """Runs of one model pooled together (a table row, a figure's model) must come from servers that compute alike:
-    the same weights, dtype, quantization, KV-cache dtype, SSM-state dtype and deterministic mode
-    (``agent.identity.NUMBER_FACTS``), and the same logprob mode (the run header's ``backend.logprob_mode``)."""
+    the same engine (SGLang and vLLM run other kernels, batch and cache differently; ours), the same weights, dtype,
+    quantization, KV-cache dtype, SSM-state dtype and deterministic mode (``agent.identity.NUMBER_FACTS``), and the
+    same logprob mode (the run header's ``backend.logprob_mode``)."""
     for r in runs[1:]:
+        engines = [serving_engine(x.header) for x in (runs[0], r)]
+        if None not in engines and engines[0] != engines[1]:
+            raise RunError(f"{what}: {runs[0].path} and {r.path} cannot be pooled: served by different engines "
+                           f"({engines[0]} vs {engines[1]}); one pooled row, one engine")
         why = server_differences(runs[0].header.get("model"), r.header.get("model"))
         modes = [(x.header.get("backend") or {}).get("logprob_mode") for x in (runs[0], r)]
         if not why and None not in modes and modes[0] != modes[1]:

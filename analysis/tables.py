@@ -35,7 +35,13 @@ from agent.rundir.grades import JUDGES, BrokenGrades, grades_of, identical_trial
 from agent.rundir.ledger import compute_ledger
 from analysis import frames
 from analysis.figures import write_csv, write_text
-from analysis.pooling import comparability_note, duplicates_note, refuse_mixed_protocols, refuse_mixed_servers
+from analysis.pooling import (
+    comparability_note,
+    duplicates_note,
+    refuse_mixed_protocols,
+    refuse_mixed_servers,
+    serving_engine,
+)
 
 pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
 
@@ -129,8 +135,14 @@ def _table1_groups(runs) -> tuple[dict, dict, dict]:
     """Runs grouped by (method, model) (one run per method, model and benchmark), their grades as frames, and each
     benchmark column's evaluated set: every sample any row graded on it, in any trial."""
     groups: dict = {}
+    engines: dict = {}  # backbone -> (engine, the run that set it): its methods are ranked against each other
     for run, g in runs:
         key = (method_label(run), model_label(run))
+        eng = serving_engine(run.header)
+        first = engines.setdefault(key[1], (eng, run.path))
+        if None not in (eng, first[0]) and eng != first[0]:
+            raise RunError(f"Table 1, {key[1]}: {first[1]} was served by {first[0]} and {run.path} by {eng}; the "
+                           "methods of one backbone are ranked against each other, so they come from one engine")
         benches = set(g["benchmark"])
         apart = sorted(benches & set(SUPPLEMENTARY))
         if apart:

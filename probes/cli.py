@@ -158,7 +158,7 @@ def backend_for(args, run_header: dict):
                             logprob_mode=mode)
     if kind == "scripted":
         return make_backend("scripted")
-    if kind in ("sglang", "openai"):
+    if kind in ("sglang", "vllm", "openai"):
         endpoints = list(args.endpoint or []) or ([e for e in b.get("endpoints") or [] if e] if not args.backend else [])
         endpoints = list(dict.fromkeys(endpoints))
         if endpoints:

@@ -34,6 +34,12 @@ order) this scores the recorded continuation with its images:
   or the run's entropies mean something other than their label. Undecided (not a failure) at T = 0 or 1, or
   when no token separates the two.
 
+On **vLLM** (``--backend vllm``) only what it can score runs (ours: its completions API takes no images,
+agent/backends/vllm.py): on each sampled call's text, the server generates ``PATH_TOKENS`` tokens at the run's
+temperature and scores them twice: **warm** as above, and **mode** (its output logprobs against the scored raw
+ones: raw under vLLM's default ``--logprobs-mode raw_logprobs``, which a run through vLLM records; a server started
+with ``processed_logprobs`` reads as scaled or neither, and fails).
+
 Per check: the largest and the mean |Δ logprob| of the scored tokens and the mean / smallest top-20 overlap
 (shared ids / 20). Refused (exit 2) beyond the tolerances below unless ``--force`` (recorded); the report is
 written as ``fidelity.json`` (default: ``RUN_DIR/probes/fidelity/``). ``python -m probes.entropy`` runs it first
@@ -227,10 +233,34 @@ def _compare_texts(a: list, b: list) -> dict:
             "overlap_mean": float(np.mean(ov)), "overlap_min": float(np.min(ov))}
 
 
+def text_only(msgs: list[dict]) -> list[dict]:
+    """The messages without their image parts (what vLLM can score: its completions API takes no images)."""
+    return [{**m, "content": [p for p in m["content"] if p.get("type") == "text"]}
+            if isinstance(m.get("content"), list) else m for m in msgs]
+
+
+async def _vllm_call(backend, msgs: list[dict], ev: dict, results: dict, modes: list) -> None:
+    """The checks vLLM allows on one recorded call, on its text (ours: vLLM scores no images, agent/backends/
+    vllm.py): it generates at the call's sampling, then scores those tokens twice (warm) and reads its output
+    logprobs against the scored ones (mode: raw under --logprobs-mode raw_logprobs)."""
+    sp = recorded_sampling(ev)
+    sp = SamplingParams(**{**sp.to_dict(), "max_tokens": PATH_TOKENS, "top_logprobs": 20, "stop": None})
+    out = await backend.generate(text_only(msgs), sp)
+    ids = [int(i) for i in out.tokens.ids]
+    if not ids or min(ids) < 0:
+        return
+    first = await backend.score(text_only(msgs), Continuation(ids=ids), top_logprobs=20)
+    results["warm"].append(_compare(first, await backend.score(text_only(msgs), Continuation(ids=ids), top_logprobs=20)))
+    if sp.temperature not in (0.0, 1.0):
+        modes.append((*mode_readings(out.tokens, first.tokens, sp.temperature), sp.temperature))
+
+
 async def _check_call(run, line, step, backend, reference, chat, flush, results, path_notes, summary,
                       modes=None) -> None:
     """The checks on one recorded call (its scored tokens appended to ``results``)."""
     ev = next(e for e in line["events"] if e["type"] == "llm_call" and e["index"] == step)
+    if getattr(backend, "name", "") == "vllm":
+        return await _vllm_call(backend, run.sendable_messages(line, ev), ev, results, modes if modes is not None else [])
     try:
         tok = run.tokens(line, ["call", "id", "text"])
     except RunError:  # an older sidecar without token texts

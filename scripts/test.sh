@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything the suite needs, then the checks and every test, on the CPU (no GPU, no network):
 #   bash scripts/test.sh [pytest args]
-# 1. the venv (scripts/setup_env.sh), SGLang's pure-Python layer for tests/conformance/ (scripts/sglang_conformance.sh)
+# 1. the venv (scripts/setup_env.sh), SGLang's pure-Python layer for tests/conformance/ (scripts/sglang_conformance.sh),
+#    vLLM's request models (scripts/vllm_conformance.sh)
 #    and Debian's chromium (the viewer's browser test) and Slurm (tests/test_slurm.py), where apt-get can;
 # 2. the code's shape, beside the tiny model's warm-up: ruff (pyflakes, import order, imports at the top, function
 #    size), import-linter (the layers of docs/architecture.md) and mypy (the record and the backends);
@@ -54,6 +55,8 @@ import agent.run, agent.judge, agent.show, probes.entropy, probes.removal, probe
 wait "$sglang_pid" || { echo "error: SGLang's conformance layer could not be installed (above)" >&2; exit 1; }
 # SGLang's import check (after the line above: it imports torch and transformers too)
 bash scripts/sglang_conformance.sh check
+# vLLM's request and response models (tests/test_vllm.py): its wheel's Python files, beside the SGLang layer
+bash scripts/vllm_conformance.sh
 shape_ok=0; wait "$shape_pid" || shape_ok=$?
 cat "$shape_log"; rm -f "$shape_log"
 [[ "$shape_ok" == 0 ]] || { echo "error: the code's shape checks failed (above)" >&2; exit 1; }

@@ -4,6 +4,7 @@
     b = make_backend("local")                                   # the embedded tiny Qwen3.5
     b = make_backend("sglang", endpoint="http://h:30000", model_dir="/models/Qwen3.5-27B")
     b = make_backend("openai", endpoint="http://h:30000", model="qwen3.5-27b")
+    b = make_backend("vllm", endpoint="http://h:8000", model_dir="/models/Qwen3.5-27B", logprob_mode="raw")
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from .local import LocalBackend
 from .openai_compat import OpenAIBackend
 from .sglang_native import SGLangBackend
 from .tiny_model import ensure_tiny_model
+from .vllm import VLLMBackend
 
 __all__ = [
     "Backend", "BackendError", "Continuation", "ImageError", "LogprobSemantics", "ModelOutput", "SamplingParams",
@@ -33,7 +35,7 @@ __all__ = [
 ]
 
 #: ``scripted`` is a fake (agent/backends/demo_model.py): for demos and tests, never for numbers.
-BACKENDS = ("local", "sglang", "openai", "scripted")
+BACKENDS = ("local", "sglang", "vllm", "openai", "scripted")
 
 
 def make_backend(kind: str = "local", *, endpoint: str | None = None, model: str | None = None,
@@ -54,4 +56,8 @@ def make_backend(kind: str = "local", *, endpoint: str | None = None, model: str
             raise BackendError("--backend sglang needs --endpoint URL and --model-dir DIR (for the chat template)")
 
         return SGLangBackend(endpoint, model_dir, model=model, logprob_mode=logprob_mode, **kw)
+    if kind == "vllm":
+        if not endpoint or not model_dir:
+            raise BackendError("--backend vllm needs --endpoint URL and --model-dir DIR (for the chat template)")
+        return VLLMBackend(endpoint, model_dir, model=model, logprob_mode=logprob_mode, api_key_env=api_key_env, **kw)
     raise BackendError(f"unknown backend {kind!r}; choose one of {', '.join(BACKENDS)}")

@@ -179,7 +179,7 @@ def config_from_args(a) -> RunConfig:
         trials=a.trials, concurrency=a.concurrency, limit=a.limit,
         sample_ids=[x for x in (a.sample_ids or "").split(",") if x] or None, selection=a.selection,
         backend=a.backend, endpoints=a.endpoint,
-        model=a.model, model_dir=a.model_dir, logprob_mode=a.logprob_mode, server=a.server, api_key_env=a.api_key_env,
+        model=a.model, model_dir=a.model_dir, logprob_mode=a.logprob_mode, server="vllm" if a.backend == "vllm" else a.server, api_key_env=a.api_key_env,
         temperature=a.temperature, top_p=a.top_p, max_tokens=a.max_tokens, top_logprobs=_top_logprobs(a), seed=a.seed,
         thinking=a.thinking, t_max=a.t_max, b_max=a.b_max, history_reasoning=a.history_reasoning,
         observation_images=a.observation_images, max_consecutive_errors=a.max_consecutive_errors,

@@ -158,7 +158,7 @@ def resolve_logprob_mode(cfg: RunConfig) -> RunConfig:
     different modes, or a ``--logprob-mode`` the launcher's record contradicts."""
     if cfg.logprob_mode_source:
         return cfg
-    launched = {e: launched_logprob_mode(e) for e in cfg.endpoints} if cfg.backend in ("sglang", "openai") else {}
+    launched = {e: launched_logprob_mode(e) for e in cfg.endpoints} if cfg.backend in ("sglang", "vllm", "openai") else {}
     known = {m for m in launched.values() if m}
     if len(known) > 1:
         raise ValueError("the endpoints were launched with different logprob modes ("
@@ -172,7 +172,8 @@ def resolve_logprob_mode(cfg: RunConfig) -> RunConfig:
         return replace(cfg, logprob_mode=mode, logprob_mode_source="launcher")
     if cfg.logprob_mode:
         return replace(cfg, logprob_mode_source="flag")
-    return replace(cfg, logprob_mode="scaled", logprob_mode_source="default")
+    # vLLM's output logprobs are raw under its default --logprobs-mode (agent/backends/vllm.py); SGLang's scaled
+    return replace(cfg, logprob_mode="raw" if cfg.backend == "vllm" else "scaled", logprob_mode_source="default")
 
 
 def make_backends(cfg: RunConfig) -> list:

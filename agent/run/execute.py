@@ -191,7 +191,7 @@ async def execute(cfg: RunConfig, spec, rd: RunDir, header: dict, jobs: list, sk
         toolbox = make_toolbox(cfg.tools, world_dir=cfg.world, cache_path=cfg.tool_cache or str(rd.path / "tools.sqlite"),
                                mode=cfg.cache_mode, live_fallback=cfg.live_fallback, tools=TOOL_POLICIES[cfg.protocol])
     # the model every reply must name (OpenAI-compatible replies carry ``model``; SGLang's native replies do not)
-    served_model = (header.get("model") or {}).get("served_model") if cfg.backend == "openai" and own_backends else None
+    served_model = (header.get("model") or {}).get("served_model") if cfg.backend in ("openai", "vllm") and own_backends else None
     bar = progress_bar(len(jobs), cfg.progress, spec.label)
     w = _Workers(cfg, spec, rd, claimer(jobs, SHARED.get("counter")), backends, toolbox, served_model, bar)
     if cfg.backend == "sglang":

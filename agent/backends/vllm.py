@@ -1,0 +1,215 @@
+"""vLLM's OpenAI-compatible server: generation over ``/v1/chat/completions``, teacher-forced scoring over
+``/v1/completions`` with the prompt's token ids.
+
+    b = VLLMBackend("http://localhost:8000", model_dir="/models/Qwen3.5-27B")
+    out = await b.generate(messages)                          # the chat API (images as data URIs), top-20 logprobs
+    sc  = await b.score(messages, Continuation(ids=...))      # prompt_logprobs=20 over prompt + continuation
+
+Scoring renders the prompt here with the model's own chat template (as :class:`SGLangBackend` does), sends
+``prompt = prompt_ids + continuation_ids`` with ``max_tokens: 1`` and ``prompt_logprobs: k``, and takes the last
+len(continuation) positions of ``choices[0].prompt_logprobs`` (vLLM 0.33.0 ``CompletionResponseChoice``: one entry
+a prompt position, ``null`` at the first; each a map of token id to ``{logprob, rank, decoded_token}`` holding the
+position's own token and the top k, so k or k + 1 entries). The position's own token must be in its map (its id
+is the continuation's: nothing is re-tokenised); the alternatives are those of rank <= k.
+
+What vLLM's prompt logprobs are (vllm/v1/worker/gpu_model_runner.py, the prompt-logprob pass): log_softmax of the
+logits, no temperature, under every ``--logprobs-mode`` but the two logit modes, which return logits (positive
+values: refused here as impossible logprobs). Its output logprobs under the default ``raw_logprobs`` are raw too, so
+a run through vLLM records ``--logprob-mode raw``; ``processed_logprobs`` are after temperature *and* top-k / top-p
+filtering, not the toolkit's "scaled", and are refused (:func:`check_logprobs_mode`).
+
+Not here: images in a scored prompt. vLLM's completions API takes text or token ids and no images (0.33.0
+``CompletionRequest.prompt``), and its chat API renders the final assistant message through the template, which
+for Qwen3.5 closes the think block, so it cannot put the scored thinking where the model generated it. A scored
+prompt with images is refused naming this (docs/serving.md, "vLLM"). A request with ``prompt_logprobs`` skips
+vLLM's prefix cache (sampling_params.py, ``skip_reading_prefix_cache``): every scoring request pays its whole prefill.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..http import HTTPError, RetryPolicy, request_json
+from ..model_http import ModelClient
+from ..redact import public_url, redact
+from .base import (
+    DEFAULT_TOP_LOGPROBS,
+    BackendError,
+    BadReply,
+    Continuation,
+    LogprobSemantics,
+    ScoredTokens,
+    backend_error,
+    model_vocab_size,
+    retry_bad_replies,
+    routing_headers,
+)
+from .hub import resolve_model_dir
+from .local import load_chat_renderer
+from .messages import record_messages, split_text_and_images
+from .openai_compat import OpenAIBackend
+from .pieces import PieceBook, tokenizer_fingerprint
+from .prompt_tokens import PromptTokens, piece_encoder
+from .think import THINK_OPEN, mark_think
+from .wire import tokens_from_triples
+
+__all__ = ["VLLMBackend", "check_logprobs_mode", "LOGPROBS_MODE"]
+
+#: The ``--logprobs-mode`` the launcher starts vLLM with (its default, said explicitly): output logprobs are
+#: log_softmax(logits) before temperature, the toolkit's "raw"; prompt logprobs are the same in this mode.
+LOGPROBS_MODE = "raw_logprobs"
+
+
+def check_logprobs_mode(mode: str | None) -> None:
+    """Refuse a vLLM ``--logprobs-mode`` whose numbers the toolkit cannot label: the logit modes return logits,
+    ``processed_logprobs`` are temperature-scaled and top-k / top-p filtered (neither raw nor our "scaled")."""
+    if mode not in (None, LOGPROBS_MODE):
+        raise BackendError(f"vLLM --logprobs-mode {mode}: its logprobs are not log_softmax(logits) (the logit modes "
+                           "return logits; processed_logprobs are scaled and top-p filtered); serve with "
+                           f"--logprobs-mode {LOGPROBS_MODE} (serving/launch_qwen35.sh --engine vllm does)")
+
+
+class VLLMBackend(PromptTokens, OpenAIBackend):
+    name = "vllm"
+
+    def __init__(self, endpoint: str, model_dir: str, *, model: str | None = None, logprob_mode: str = "raw",
+                 policy: RetryPolicy = RetryPolicy(), client: ModelClient | None = None, api_key_env: str | None = None,
+                 renderer=None):
+        if logprob_mode != "raw":
+            raise BackendError(f"--logprob-mode {logprob_mode}: vLLM's logprobs are raw (log_softmax of the logits, "
+                               f"--logprobs-mode {LOGPROBS_MODE}); run with --logprob-mode raw")
+        super().__init__(endpoint, model, server="vllm", logprob_mode="raw", policy=policy, client=client,
+                         api_key_env=api_key_env)
+        if renderer is None:
+            model_dir = str(resolve_model_dir(model_dir))
+        self.tok = renderer or load_chat_renderer(model_dir)
+        self._encode = piece_encoder(self.tok)
+        self.model_dir = model_dir
+        self.vocab = model_vocab_size(model_dir)
+        self._decode_cache: dict[int, str] = {}
+        self._proc = None
+        self._grid = False
+        self._piece_ids: dict[str, tuple] = {}
+        self.book = PieceBook()
+        self.fingerprint = tokenizer_fingerprint(model_dir)
+        self.piece_stats = {"tokenised": 0, "tokenised_chars": 0, "recorded": 0}
+        self._image_tokens: dict[str, int] = {}
+
+    def _decode(self, tid: int) -> str:
+        s = self._decode_cache.get(tid)
+        if s is None:
+            s = self._decode_cache[tid] = self.tok.decode([tid], skip_special_tokens=False)
+        return s
+
+    def _decode_many(self, ids: list[int]) -> list[str]:
+        return [self._decode(i) for i in ids]
+
+    def _payload(self, messages: list[dict], sp) -> dict:
+        body = super()._payload(messages, sp)
+        if sp.top_logprobs > 0:  # the generated tokens' ids (choices[0].token_ids): recorded, and scored back
+            body["return_token_ids"] = True
+        return body
+
+    def parse(self, resp: dict, sp):
+        out = super().parse(resp, sp)
+        got = (resp.get("choices") or [{}])[0].get("token_ids")
+        if isinstance(got, list) and len(got) == len(out.tokens) and all(
+                type(i) is int and 0 <= i < (self.vocab or 1 << 31) for i in got):
+            out.tokens.ids = np.asarray(got, dtype=np.int64)
+        return out
+
+    def score_payload(self, messages: list[dict], continuation: Continuation, *, top_logprobs: int = DEFAULT_TOP_LOGPROBS,
+                      enable_thinking: bool | None = True) -> tuple[dict, list[int], str]:
+        """(the /v1/completions body, the continuation ids, the prompt) for teacher-forced scoring."""
+        hf, images = split_text_and_images(messages)
+        if images:
+            raise BackendError(f"{public_url(self.base)}: teacher-forced scoring with images is not available on vLLM "
+                               "(its /v1/completions takes text or token ids, no images; its chat API closes the think "
+                               "block of a final assistant message); score on SGLang (--backend sglang), or on vLLM "
+                               "run probes.entropy --mode regenerate (docs/serving.md, \"vLLM\")")
+        kw = {"enable_thinking": enable_thinking} if enable_thinking is not None else {}
+        prompt = self.tok.apply_chat_template(hf, add_generation_prompt=True, tokenize=False, **kw)
+        ids = list(continuation.ids) if continuation.ids else self.tok(continuation.text, add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise BackendError("empty continuation: nothing to score")
+        prompt_ids = self.prompt_ids(prompt)
+        # scoring samples nothing that is kept: one greedy token, the neutral set spelled out (no server default)
+        body = {"model": self.model, "prompt": np.concatenate([prompt_ids, np.asarray(ids, dtype=np.int32)]),
+                "max_tokens": 1, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
+                "repetition_penalty": 1.0, "prompt_logprobs": int(top_logprobs), "add_special_tokens": False}
+        return body, ids, prompt
+
+    async def score(self, messages: list[dict], continuation: Continuation, *, top_logprobs: int = DEFAULT_TOP_LOGPROBS,
+                    enable_thinking: bool | None = True, temperature: float | None = None) -> ScoredTokens:
+        if temperature:
+            raise BackendError("vLLM's prompt logprobs are raw (log_softmax of the logits); scaled scoring is not available")
+        await self.resolve_model()
+        body, ids, prompt = self.score_payload(messages, continuation, top_logprobs=top_logprobs,
+                                               enable_thinking=enable_thinking)
+        url = self.base + "/completions"
+        box: dict = {}
+        t0 = time.perf_counter()
+
+        async def attempt():
+            try:
+                box["resp"] = resp = await request_json(self._client, "POST", url, json_body=body,
+                                                        headers=routing_headers(self._headers), policy=self.policy,
+                                                        what="score", liveness=self.liveness)
+            except HTTPError as e:
+                raise backend_error(e) from e
+            return self.parse_score(resp, ids, k=int(top_logprobs) or None)
+
+        tokens = await retry_bad_replies(attempt, f"score @ {public_url(url)}")
+        mark_think(tokens, prompt.rstrip().endswith(THINK_OPEN))
+        resp = box["resp"]
+        kept = {**resp, "choices": [{k: v for k, v in c.items() if k != "prompt_logprobs"} for c in resp["choices"]]}
+        return ScoredTokens(tokens=tokens, semantics=LogprobSemantics("raw"), backend=self.name, model=self.model,
+                            request={"endpoint": public_url(url), "messages": record_messages(messages),
+                                     "continuation_ids": ids, "image_sha256": [], "by": "ids",
+                                     "prompt_logprobs": int(top_logprobs), "latency_s": time.perf_counter() - t0},
+                            response=kept, top_k_requested=int(top_logprobs))
+
+    def parse_score(self, resp: dict, ids: list[int], k: int | None = None):
+        """The continuation's tokens from a /v1/completions reply (see the module); ``k``: alternatives asked."""
+        where = f"{public_url(self.base)}/completions choices[0].prompt_logprobs"
+        if isinstance(resp, dict) and (resp.get("object") == "error" or ("error" in resp and "choices" not in resp)):
+            raise BadReply(f"{where}: the server answered 200 with an error object: {redact(str(resp))[:300]}")
+        try:
+            entries = resp["choices"][0]["prompt_logprobs"]
+        except (KeyError, IndexError, TypeError):
+            raise BackendError(f"{where}: the reply has no prompt logprobs: {redact(str(resp))[:300]}") from None
+        n = len(ids)
+        if not isinstance(entries, list) or len(entries) < n + 1:
+            got = len(entries) if isinstance(entries, list) else "no"
+            raise BackendError(f"{where}: {got} prompt positions for a {n}-token continuation after a prompt")
+        sent = resp["choices"][0].get("prompt_token_ids")
+        if isinstance(sent, list) and sent[-n:] != list(ids):
+            raise BackendError(f"{where}: the server's prompt does not end with the continuation's ids; refusing to "
+                               "report logprobs of different tokens")
+        chosen, tops = [], []
+        for j, (tid, d) in enumerate(zip(ids, entries[-n:])):
+            if not isinstance(d, dict) or str(tid) not in d or not isinstance(d[str(tid)], dict):
+                raise BackendError(f"{where}[{len(entries) - n + j}]: no logprob for the continuation's token {tid} "
+                                   "(the server scored other tokens); refusing the reply")
+            chosen.append([d[str(tid)].get("logprob"), int(tid), None])
+            alts = sorted(((v.get("rank") or 0, v.get("logprob"), key) for key, v in d.items() if isinstance(v, dict)),
+                          key=lambda r: r[0])
+            try:
+                tops.append([[lp, int(key), None] for rank, lp, key in alts if k is None or 1 <= rank <= k])
+            except ValueError:
+                raise BackendError(f"{where}[{len(entries) - n + j}]: a token id that is not a number") from None
+        return tokens_from_triples(chosen, tops, decode=self._decode, decode_many=self._decode_many, where=where,
+                                   k=k, vocab=self.vocab)
+
+    async def served_weights(self, policy: RetryPolicy | None = None) -> str | None:
+        """vLLM's ``/v1/models`` names the served model's ``root`` (its path or hub id)."""
+        try:
+            data = await request_json(self._client, "GET", self.base + "/models", headers=self._headers,
+                                      policy=policy or self.policy, what="list models")
+        except HTTPError as e:
+            raise BackendError(str(e)) from e
+        for m in (data or {}).get("data") or []:
+            if isinstance(m, dict) and m.get("id") == self.model:
+                return m.get("root")
+        return None

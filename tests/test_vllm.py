@@ -1,0 +1,170 @@
+"""vLLM as a second engine (agent/backends/vllm.py): teacher-forced scoring over /v1/completions with token ids,
+generation over its chat API, against a stand-in that reads and writes vLLM 0.33.0's own request and response models
+(tests/fakes/vllm_server.py, the tiny model's real logprobs); the fidelity check's mode reading; engines not mixed."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from agent.backends import Continuation, make_backend
+from agent.backends.base import BackendError
+from agent.backends.vllm import check_logprobs_mode
+from agent.rundir import RunError
+from analysis.pooling import refuse_mixed_servers
+from tests.conftest import REPO
+from tests.guards import HANG_GUARD_S
+from tests.test_serving_launch import free_port
+
+SITE = REPO / ".venv-vllm" / "site"
+pytestmark = pytest.mark.skipif(not (SITE / ".mmcf-installed").is_file(),
+                                reason="vLLM's conformance layer is not built: bash scripts/vllm_conformance.sh "
+                                       "(scripts/test.sh builds it)")
+PYPATH = os.pathsep.join([str(REPO), str(SITE), str(REPO / ".venv-sglang" / "site")])
+MSGS = [{"role": "user", "content": "In which year was the bridge in the photo opened?"}]
+
+
+def _standin(tiny_model_dir, *extra):
+    port = free_port()
+    p = subprocess.Popen([sys.executable, str(REPO / "tests" / "fakes" / "vllm_server.py"), "--port", str(port),
+                          "--model-dir", str(tiny_model_dir), *extra], env={**os.environ, "PYTHONPATH": PYPATH},
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    end = time.monotonic() + HANG_GUARD_S
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
+            return p, f"http://127.0.0.1:{port}"
+        except OSError:
+            if p.poll() is not None or time.monotonic() > end:
+                p.kill()
+                raise AssertionError(f"the vLLM stand-in did not start: {p.stderr.read().decode()[-3000:]}")
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def vllm(tiny_model_dir):
+    p, url = _standin(tiny_model_dir)
+    yield url
+    p.kill()
+    p.wait()
+
+
+def test_scoring_over_completions_is_the_models_own_raw_logprobs_and_vllm_reads_the_request_as_meant(vllm, tiny_model_dir):
+    v = make_backend("vllm", endpoint=vllm, model_dir=str(tiny_model_dir), logprob_mode="raw")
+    local = make_backend("local", model_dir=str(tiny_model_dir), logprob_mode="raw")
+    cont = Continuation(text="The bridge looks like steel, so maybe the 1930s.")
+
+    async def both():
+        try:
+            return await v.score(MSGS, cont), await local.score(MSGS, cont)
+        finally:
+            await v.aclose()
+    got, ref = asyncio.run(both())
+    assert got.semantics.kind == "raw" and len(got.tokens) == len(ref.tokens) > 5
+    assert np.array_equal(got.tokens.ids, ref.tokens.ids) and got.tokens.think.all() == ref.tokens.think.all()
+    np.testing.assert_allclose(got.tokens.logprobs, ref.tokens.logprobs, atol=1e-4)
+    np.testing.assert_allclose(got.top_logprob_matrix(20), ref.top_logprob_matrix(20), atol=1e-4)
+    assert np.array_equal(got.tokens.top_ids[:, :20], ref.tokens.top_ids[:, :20])
+    # the body, read by vLLM's own CompletionRequest into its SamplingParams: what the engine would be asked
+    body, ids, _ = v.score_payload(MSGS, cont)
+    body = {**body, "prompt": [int(i) for i in body["prompt"]]}
+    code = ("import json, sys; from vllm.entrypoints.openai.completion.protocol import CompletionRequest\n"
+            "r = CompletionRequest.model_validate(json.loads(sys.stdin.read()))\n"
+            "sp = r.to_sampling_params(max_tokens=r.max_tokens, default_sampling_params={})\n"
+            "print(json.dumps({k: getattr(sp, k) for k in ('prompt_logprobs', 'temperature', 'top_p', 'top_k', "
+            "'max_tokens', 'skip_reading_prefix_cache')}))")
+    r = subprocess.run([sys.executable, "-c", code], input=json.dumps(body), capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": PYPATH, "PYTHONWARNINGS": "ignore"}, timeout=HANG_GUARD_S)
+    assert r.returncode == 0, r.stderr[-2000:]
+    sp = json.loads(r.stdout.strip().splitlines()[-1])
+    assert sp["prompt_logprobs"] == 20 and sp["temperature"] == 0.0 and sp["max_tokens"] == 1
+    assert sp["skip_reading_prefix_cache"] is True  # vLLM reuses no cached prefix for a scoring request
+    assert body["prompt"][-len(ids):] == ids
+
+
+def test_what_vllm_cannot_score_is_refused_naming_why(vllm, tiny_model_dir, red_image):
+    v = make_backend("vllm", endpoint=vllm, model_dir=str(tiny_model_dir), logprob_mode="raw")
+    with_image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": str(red_image)}},
+                                               {"type": "text", "text": "What is this?"}]}]
+    with pytest.raises(BackendError, match="no images"):
+        asyncio.run(v.score(with_image, Continuation(text="Red.")))
+    with pytest.raises(BackendError, match="scaled scoring is not available"):
+        asyncio.run(v.score(MSGS, Continuation(text="Red."), temperature=0.2))
+    with pytest.raises(BackendError, match="--logprob-mode raw"):
+        make_backend("vllm", endpoint=vllm, model_dir=str(tiny_model_dir), logprob_mode="scaled")
+    for mode in ("processed_logprobs", "raw_logits", "processed_logits"):
+        with pytest.raises(BackendError, match="raw_logprobs"):
+            check_logprobs_mode(mode)
+    check_logprobs_mode("raw_logprobs")
+    # a reply whose positions do not hold the continuation's tokens (a fault of ours: another prompt scored)
+    reply = {"choices": [{"index": 0, "text": "", "prompt_logprobs": [None, {"5": {"logprob": -1.0, "rank": 1}},
+                                                                      {"6": {"logprob": -2.0, "rank": 1}}]}]}
+    with pytest.raises(BackendError, match="no logprob for the continuation's token 7"):
+        v.parse_score(reply, [7], k=1)
+
+
+def _cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
+
+
+@pytest.mark.slow
+def test_a_react_run_its_entropy_probe_and_an_mmcontextfold_run_complete_on_vllm(vllm, tiny_model_dir, tmp_path):
+    model = ["--backend", "vllm", "--endpoint", vllm, "--model-dir", str(tiny_model_dir)]
+    react, fold = tmp_path / "react", tmp_path / "fold"
+    r = _cli("agent.run", "--method", "react", "--benchmark", "demo", "--limit", "2", *model, "--out", str(react),
+             "--no-progress")
+    assert r.returncode == 0, r.stderr[-3000:]
+    h = json.loads((react / "header.json").read_text())
+    assert h["backend"]["kind"] == "vllm" and h["backend"]["server"] == "vllm" and h["backend"]["logprob_mode"] == "raw"
+    assert h["model"]["backend"] == "vllm" and h["model"]["server"] == {"version": "0.33.0"}
+    r = _cli("probes.entropy", str(react), "--no-progress")
+    assert r.returncode == 0, r.stderr[-3000:]
+    fid = json.loads((react / "probes" / "fidelity" / "fidelity.json").read_text())
+    assert fid["ok"] and fid["checks"]["mode"]["server"] == "raw" and fid["checks"]["warm"]["calls"] == 2
+    assert (react / "probes" / "entropy-regenerate" / "steps.parquet").is_file()
+    r = _cli("probes.entropy", str(react), "--mode", "teacher-forced", "--no-progress")
+    assert r.returncode == 2 and "vLLM scores no images" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("agent.run", "--method", "mmcontextfold", "--benchmark", "demo", "--limit", "2", *model, "--out", str(fold),
+             "--no-progress")
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [json.loads(x) for x in (fold / "results.jsonl").read_text().splitlines()]
+    assert len(lines) == 2 and all(ln["status"] == "ok" for ln in lines)
+
+
+@pytest.mark.slow
+def test_a_vllm_server_with_processed_logprobs_fails_the_fidelity_mode_check(tiny_model_dir, tmp_path):
+    raw, raw_url = _standin(tiny_model_dir)
+    try:
+        run = tmp_path / "react"
+        r = _cli("agent.run", "--method", "react", "--benchmark", "demo", "--limit", "1", "--backend", "vllm",
+                 "--endpoint", raw_url, "--model-dir", str(tiny_model_dir), "--out", str(run), "--no-progress")
+        assert r.returncode == 0, r.stderr[-3000:]
+    finally:
+        raw.kill()
+        raw.wait()
+    scaled, url = _standin(tiny_model_dir, "--logprobs-mode", "processed_logprobs")
+    try:
+        r = _cli("probes.fidelity", str(run), "--backend", "vllm", "--endpoint", url, "--model-dir", str(tiny_model_dir))
+    finally:
+        scaled.kill()
+        scaled.wait()
+    assert r.returncode == 2, r.stdout + r.stderr
+    mode = json.loads((run / "probes" / "fidelity" / "fidelity.json").read_text())["checks"]["mode"]
+    assert mode["server"] == "scaled" and mode["recorded"] == "raw" and not mode["ok"]
+
+
+def test_runs_of_two_engines_are_not_pooled():
+    def run(kind, server, path):
+        return SimpleNamespace(path=path, header={"backend": {"kind": kind, "server": server, "logprob_mode": "raw"},
+                                                  "model": {"served_model": "qwen3.5-9b"}})
+    refuse_mixed_servers("Table 1", [run("vllm", "vllm", "a"), run("openai", "vllm", "b")])  # one engine, two APIs
+    with pytest.raises(RunError, match="different engines \\(sglang vs vllm\\)"):
+        refuse_mixed_servers("Table 1", [run("sglang", "sglang", "a"), run("vllm", "vllm", "b")])
