@@ -44,6 +44,7 @@ from .plan import (
     MAMBA_CACHE_STRATEGY,
     MAX_MEM_FRACTION,
     MODELS,
+    VLLM_VERSION,
     REPO,
     SGLANG_SITE,
     LaunchError,
@@ -74,6 +75,10 @@ __all__ = ["MODELS", "Server", "plan", "server_command", "router_command", "memo
 def _describe(a, s: Server, gpu_gb, run_dir: Path) -> list[str]:
     url = client_url(a, s.port)
     stop = f"bash serving/stop.sh --run-dir {shlex.quote(str(run_dir))}"
+    if a.engine == "vllm":
+        return [f"{s.served} on GPUs {s.gpus} -> {url}",
+                f"  clients: --backend vllm --endpoint {url} --model-dir {shlex.quote(s.weights)} (its logprobs: raw)",
+                f"  log: {s.log}", f"  stop: {stop}"]
     return [f"{s.served} on GPUs {s.gpus} -> {url}",
             f"  clients: --backend sglang --endpoint {url} --model-dir {shlex.quote(s.weights)} --logprob-mode {a.logprobs}",
             f"  (or --backend openai --endpoint {url} --model {s.served}); smoke test: python -m serving.check --endpoint {url}",
@@ -88,9 +93,10 @@ def _spread(a, servers: list[Server], routers) -> list[str]:
     by: dict[str, list[Server]] = {}
     for s in servers:
         by.setdefault(s.served, []).append(s)
-    return [f"{m}'s {len(g)} servers: clients: --backend sglang "
+    return [f"{m}'s {len(g)} servers: clients: --backend {a.engine} "
             + " ".join(f"--endpoint {client_url(a, s.port)}" for s in g)
-            + f" --model-dir {shlex.quote(g[0].weights)} --logprob-mode {a.logprobs}"
+            + f" --model-dir {shlex.quote(g[0].weights)}"
+            + (f" --logprob-mode {a.logprobs}" if a.engine == "sglang" else "")
             for m, g in by.items() if len(g) > 1]
 
 
@@ -120,9 +126,11 @@ def preflight(a, servers: list[Server], routers, ports) -> list[tuple]:
     elif a.server_command:
         out.append(("ok", "server command", f"--server-command {a.server_command}"))
     else:
-        add(not subprocess.run([a.python, "-c", "import sglang"], capture_output=True).returncode, "sglang imports",
-            f"sglang is not installed for {a.python}: pip install -e '.[serve]' on the GPU node", a.python,
-            away=f"not for {a.python} here; checked again on the GPU node")
+        eng = a.engine
+        add(not subprocess.run([a.python, "-c", f"import {eng}"], capture_output=True).returncode, f"{eng} imports",
+            f"{eng} is not installed for {a.python}: " + ("pip install -e '.[serve]'" if eng == "sglang" else
+                                                          f"pip install vllm=={VLLM_VERSION}") + " on the GPU node",
+            a.python, away=f"not for {a.python} here; checked again on the GPU node")
     if not a.standin:
         need = sorted({int(g) for s in servers for g in s.gpus.split(",")})
         # plan() refused indices beyond the count already
@@ -137,12 +145,12 @@ def preflight(a, servers: list[Server], routers, ports) -> list[tuple]:
                 f"(MODEL_DIR / QWEN35_{s.size.upper().replace('-', '_')}_PATH)", s.weights,
                 away=f"{s.weights}/config.json is not on this machine; checked again on the GPU node")
         else:
-            out.append(("unchecked", f"weights for {s.size}", f"{s.weights}: a hub id, fetched by SGLang on the node"))
+            out.append(("unchecked", f"weights for {s.size}", f"{s.weights}: a hub id, fetched by {a.engine} on the node"))
     for what, port in ports:
         add(port_free(port), f"port {port} ({what})",
             f"port {port} is already in use ({what}; choose other --port / --router-port / --prometheus-port / "
             "--nccl-port bases)")
-    if not a.standin and not a.server_command:
+    if not a.standin and not a.server_command and a.engine == "sglang":
         _check_server_args(a, servers, add)
     if routers and not a.router_command:
         renv = {**os.environ, "PYTHONPATH": str(SGLANG_SITE)} if a.standin else None
@@ -154,7 +162,8 @@ def preflight(a, servers: list[Server], routers, ports) -> list[tuple]:
 
 def _announce(a, servers: list[Server], routers, ports, gpu_gb, run_dir: Path) -> None:
     """What this launch is: logprob semantics, determinism, ports; with --dry-run the exact commands too."""
-    sem = ("raw log_softmax(logits): SGLANG_RETURN_ORIGINAL_LOGPROB=1" if a.logprobs == "raw"
+    sem = ("raw log_softmax(logits): vLLM's --logprobs-mode raw_logprobs" if a.engine == "vllm" else
+           "raw log_softmax(logits): SGLANG_RETURN_ORIGINAL_LOGPROB=1" if a.logprobs == "raw"
            else "log_softmax(logits / T), SGLang's default")
     print(f"logprob semantics: {a.logprobs} ({sem}); clients: --logprob-mode {a.logprobs}")
     print("deterministic inference: " + ("on (--enable-deterministic-inference: seeds are honoured)" if a.deterministic
@@ -166,9 +175,14 @@ def _announce(a, servers: list[Server], routers, ports, gpu_gb, run_dir: Path) -
         print(f"WARNING: --mem-fraction {a.mem_fraction} overrides SGLang's own choice, which for a vision-language "
               f"model keeps >= 5 % more headroom for the image encoder; above {MAX_MEM_FRACTION} image-heavy prompts "
               "risk running out of memory (leave it out to let SGLang decide)")
-    print("memory: " + (f"--mem-fraction-static {a.mem_fraction}" if a.mem_fraction else
-                        "SGLang's own --mem-fraction-static (it keeps headroom for the vision encoder)")
-          + f"; linear-attention states cached with --mamba-radix-cache-strategy {MAMBA_CACHE_STRATEGY}")
+    if a.engine == "vllm":
+        print("memory: " + (f"--gpu-memory-utilization {a.mem_fraction}" if a.mem_fraction else
+                            "vLLM's own --gpu-memory-utilization (0.9)") + f"; engine: vLLM {VLLM_VERSION} "
+              "(scoring without images only, a scoring request skips its prefix cache: docs/serving.md, \"vLLM\")")
+    else:
+        print("memory: " + (f"--mem-fraction-static {a.mem_fraction}" if a.mem_fraction else
+                            "SGLang's own --mem-fraction-static (it keeps headroom for the vision encoder)")
+              + f"; linear-attention states cached with --mamba-radix-cache-strategy {MAMBA_CACHE_STRATEGY}")
     print("ports: " + ", ".join(f"{what} {p}" for what, p in ports))
     for line in layout_lines(a, servers, gpu_gb):
         print(line)
@@ -272,14 +286,15 @@ class _Launch:
         for s in servers:
             url = f"http://127.0.0.1:{s.port}"
             try:
-                model = wait_ready(url, procs[s.name], s.log, s.name, a.timeout, a.progress_every)
+                model = wait_ready(url, procs[s.name], s.log, s.name, a.timeout, a.progress_every,
+                                   health="/health" if a.engine == "vllm" else "/health_generate")
             except LaunchError as e:
                 return self.fail(str(e))
             print(f"ready: {url}  model={model}  logprobs={a.logprobs}  GPUs={s.gpus}", flush=True)
             self.record({"url": client_url(a, s.port), "model": model, "served_model": model, "weights": s.weights,
                          "size": s.size, "logprob_mode": a.logprobs, "gpus": s.gpus, "deterministic": a.deterministic,
                          "pid": procs[s.name].pid, "log": s.log, "status": "running", "kind": "server",
-                         "nccl_port": s.nccl_port, "standin": a.standin})
+                         "nccl_port": s.nccl_port, "standin": a.standin, "engine": a.engine})
         return None
 
     def routers(self, servers: list[Server], routers) -> int | None:
@@ -348,9 +363,12 @@ def build_parser() -> argparse.ArgumentParser:
                "then: bash serving/stop.sh --run-dir .serve")
     ap.add_argument("models", nargs="*", metavar="MODEL", help=f"one of {', '.join(MODELS)} (default: 9b 27b)")
     ap.add_argument("--dry-run", action="store_true", help="print the exact commands, client flags and memory estimate; start nothing")
-    ap.add_argument("--logprobs", "--logprob-mode", dest="logprobs", default="scaled", choices=("scaled", "raw"),
+    ap.add_argument("--engine", choices=("sglang", "vllm"), default="sglang",
+                    help="the serving engine (default: sglang, the paper's; vllm: vllm serve with the same model, TP "
+                         "and context, its logprobs raw; scoring without images only: docs/serving.md)")
+    ap.add_argument("--logprobs", "--logprob-mode", dest="logprobs", default=None, choices=("scaled", "raw"),
                     help="what output logprobs describe: scaled = log_softmax(logits/T) (SGLang's default); raw sets "
-                         "SGLANG_RETURN_ORIGINAL_LOGPROB=1 (default: scaled)")
+                         "SGLANG_RETURN_ORIGINAL_LOGPROB=1 (default: scaled; vLLM's are raw)")
     ap.add_argument("--tp", type=int, default=4, help="tensor-parallel size per server (default: 4)")
     ap.add_argument("--replicas", type=int, default=1, metavar="N",
                     help="servers per MODEL, each on its own group of --tp GPUs (two TP=2 servers of the 9b on four "
@@ -404,6 +422,14 @@ def main(argv=None) -> int:
     if bad:
         log.info(f"launch_qwen35: unknown model {bad[0]!r}; the models are: {', '.join(MODELS)}")
         return 2
+    if a.engine == "vllm":
+        bad = [f for f, on in (("--logprobs scaled", a.logprobs == "scaled"), ("--standin", a.standin),
+                               ("--router", a.router), ("--deterministic", a.deterministic)) if on]
+        if bad:
+            log.info(f"launch_qwen35: {bad[0]} is not offered with --engine vllm (its logprobs are raw; the stand-in "
+                     "and the gateway are SGLang's; give clients one --endpoint per server)")
+            return 2
+    a.logprobs = a.logprobs or ("raw" if a.engine == "vllm" else "scaled")
     if a.tp < 1 or a.replicas < 1:
         log.info(f"launch_qwen35: --{'tp' if a.tp < 1 else 'replicas'} must be a positive integer")
         return 2

@@ -86,6 +86,8 @@ def server_command(size: str, port: int, a, nccl_port: int | None = None) -> lis
     """The server's command line; every port it binds is given (``--nccl-port`` too: left to SGLang, servers
     started together can race for the same free port)."""
     nccl = ["--nccl-port", str(nccl_port)] if nccl_port else []
+    if getattr(a, "engine", "sglang") == "vllm":
+        return vllm_command(size, port, a)
     if getattr(a, "standin", None):  # SGLang's own front end, our scheduler stand-in (serving/standin.py)
         return [a.python, "-m", "serving.standin", "--model-path", weights_for(size, a.standin), "--served-model-name",
                 MODELS[size][1], "--host", a.host, "--port", str(port), "--mode", a.standin, *nccl]
@@ -99,6 +101,23 @@ def server_command(size: str, port: int, a, nccl_port: int | None = None) -> lis
     if a.deterministic:
         cmd.append("--enable-deterministic-inference")
     return cmd + extra_args()
+
+
+#: The vLLM version the toolkit is tested against (scripts/vllm_conformance.sh; tests/test_vllm.py).
+VLLM_VERSION = "0.33.0"
+
+
+def vllm_command(size: str, port: int, a) -> list[str]:
+    """One vLLM server (``vllm serve``, vLLM 0.33.0's flags, vllm/engine/arg_utils.py): the same model, TP, context
+    and reasoning parser as the SGLang server; output logprobs raw and said so (``--logprobs-mode raw_logprobs``, its
+    default: agent/backends/vllm.py), top-20 allowed (``--max-logprobs 20``, its default), the recurrent state in
+    float32 as on SGLang (``--mamba-ssm-cache-dtype``); ``--mem-fraction`` becomes ``--gpu-memory-utilization``."""
+    base = shlex.split(a.server_command) if getattr(a, "server_command", None) else [a.python, "-m", "vllm.entrypoints.cli.main", "serve"]
+    memory = ["--gpu-memory-utilization", str(a.mem_fraction)] if a.mem_fraction else []
+    return [*base, weights_for(size), "--served-model-name", MODELS[size][1], "--tensor-parallel-size", str(a.tp),
+            "--host", a.host, "--port", str(port), "--max-model-len", str(a.context_length), "--reasoning-parser",
+            "qwen3", "--max-logprobs", "20", "--logprobs-mode", "raw_logprobs", "--mamba-ssm-cache-dtype",
+            MAMBA_SSM_DTYPE, *memory]
 
 
 def extra_args() -> list[str]:
@@ -213,12 +232,13 @@ def plan(a) -> list[Server]:
         env = {"CUDA_VISIBLE_DEVICES": groups[i]}
         if a.standin:  # SGLang's code from the conformance layer, the toolkit's stand-in from this checkout
             env = {"PYTHONPATH": os.pathsep.join([str(REPO), str(SGLANG_SITE)])}
-        if a.logprobs == "raw":
+        vllm = getattr(a, "engine", "sglang") == "vllm"
+        if a.logprobs == "raw" and not vllm:
             env["SGLANG_RETURN_ORIGINAL_LOGPROB"] = "1"
         name = f"{MODELS[size][1]}-{port}"
         out.append(Server(size, port, "cpu (stand-in)" if a.standin else groups[i], weights_for(size, a.standin), MODELS[size][1],
                           server_command(size, port, a, nccl + i), env, name=name,
-                          log=str(Path(a.run_dir) / f"{name}.log"), nccl_port=nccl + i))
+                          log=str(Path(a.run_dir) / f"{name}.log"), nccl_port=0 if vllm else nccl + i))
     return out
 
 
@@ -398,7 +418,8 @@ def layout_lines(a, servers: list[Server], gpu_gb: float | None) -> list[str]:
     for size, group in by.items():
         gpus = len(group) * a.tp
         rate = prefill_rate(size, tflops) * gpus
-        cap = running_cap(group[0].weights, size, a.tp, a.mem_fraction, gpu_gb)
+        cap = running_cap(group[0].weights, size, a.tp, a.mem_fraction, gpu_gb) \
+            if getattr(a, "engine", "sglang") == "sglang" else None  # SGLang's cap; vLLM's scheduler has its own
         caps = f"; SGLang runs ~{cap} requests at once a server, ~{cap * len(group)} for the model" if cap else ""
         out.append(f"layout {group[0].served}: {len(group)} server(s) x TP {a.tp} on GPUs "
                    f"{' | '.join(s.gpus for s in group)}: prefill ~{rate / 1e3:.1f}k prompt tokens/s for the model "

@@ -52,8 +52,10 @@ def last_line(log: str) -> str:
         return "(no log yet)"
 
 
-def wait_ready(url: str, proc: subprocess.Popen, log: str, name: str, timeout: float, every: float = 15) -> str:
-    """Wait for /health_generate then /v1/models; show progress; returns the served model id."""
+def wait_ready(url: str, proc: subprocess.Popen, log: str, name: str, timeout: float, every: float = 15,
+               health: str = "/health_generate") -> str:
+    """Wait for ``health`` (SGLang's /health_generate: a generation went through; vLLM's /health) then /v1/models;
+    show progress; returns the served model id."""
     t0 = time.time()
     next_note, last = t0 + every, ""
     while time.time() - t0 < timeout:
@@ -61,7 +63,7 @@ def wait_ready(url: str, proc: subprocess.Popen, log: str, name: str, timeout: f
             tail = open(log, errors="replace").read()[-2000:] if os.path.exists(log) else ""
             raise LaunchError(f"{name}: the server exited before it was ready; last log lines ({log}):\n{tail}")
         try:
-            urllib.request.urlopen(url + "/health_generate", timeout=10).read()
+            urllib.request.urlopen(url + health, timeout=10).read()
             models = json.load(urllib.request.urlopen(url + "/v1/models", timeout=10))
             return models["data"][0]["id"]
         except Exception as e:  # noqa: BLE001 - not up yet
@@ -70,7 +72,7 @@ def wait_ready(url: str, proc: subprocess.Popen, log: str, name: str, timeout: f
             print(f"  waiting for {name}: {time.time() - t0:.0f} s; last log line: {last_line(log)}", flush=True)
             next_note = time.time() + every
         time.sleep(2 if timeout > 30 else 0.2)
-    raise LaunchError(f"{name}: not ready after {timeout:g}s ({url}/health_generate: {last}); see {log}")
+    raise LaunchError(f"{name}: not ready after {timeout:g}s ({url}{health}: {last}); see {log}")
 
 
 def start(cmd: list[str], env: dict, log: str) -> subprocess.Popen:

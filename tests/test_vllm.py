@@ -168,3 +168,40 @@ def test_runs_of_two_engines_are_not_pooled():
     refuse_mixed_servers("Table 1", [run("vllm", "vllm", "a"), run("openai", "vllm", "b")])  # one engine, two APIs
     with pytest.raises(RunError, match="different engines \\(sglang vs vllm\\)"):
         refuse_mixed_servers("Table 1", [run("sglang", "sglang", "a"), run("vllm", "vllm", "b")])
+
+
+@pytest.mark.slow
+def test_the_launcher_plans_and_starts_vllm_servers_and_clients_read_its_record(tiny_model_dir, tmp_path):
+    from tests.test_serving_launch import LAUNCH, STOP, commands, sh
+
+    r = sh([LAUNCH, "--dry-run", "--engine", "vllm", "--gpus", "8", "9b"])
+    (cmd,) = commands(r.stdout)
+    line = " ".join(cmd)
+    assert "-m vllm.entrypoints.cli.main serve Qwen/Qwen3.5-9B --served-model-name qwen3.5-9b --tensor-parallel-size 4" in line
+    assert "--logprobs-mode raw_logprobs --mamba-ssm-cache-dtype float32" in line and "--max-logprobs 20" in line
+    assert "SGLANG_RETURN_ORIGINAL_LOGPROB" not in line and "--nccl-port" not in line
+    assert "clients: --backend vllm --endpoint http://127.0.0.1:30000 --model-dir Qwen/Qwen3.5-9B" in r.stdout
+    for flag in (["--logprobs", "scaled"], ["--router"], ["--deterministic"], ["--standin", "scripted"]):
+        r = sh([LAUNCH, "--dry-run", "--engine", "vllm", *flag, "9b"])
+        assert r.returncode == 2 and f"{flag[0]}" in r.stderr and "not offered with --engine vllm" in r.stderr
+    # started for real: the stand-in as `vllm serve`, then a run that reads the launcher's record of its mode
+    port, run_dir = free_port(), tmp_path / "serve"
+    env = {"PYTHONPATH": PYPATH, "QWEN35_9B_PATH": str(tiny_model_dir), "MMCF_STATE_DIR": str(tmp_path / "state")}
+    r = sh([LAUNCH, "--engine", "vllm", "--port", str(port), "--run-dir", str(run_dir), "--timeout", "600",
+            "--gpus", "8", "--server-command", f"{sys.executable} {REPO / 'tests' / 'fakes' / 'vllm_server.py'}", "9b"],
+           env=env, timeout=HANG_GUARD_S)
+    try:
+        assert r.returncode == 0, r.stdout + r.stderr
+        (ep,) = json.loads((run_dir / "endpoints.json").read_text())
+        assert ep["engine"] == "vllm" and ep["logprob_mode"] == "raw" and ep["served_model"] == "qwen3.5-9b"
+        run = tmp_path / "run"
+        r = subprocess.run([sys.executable, "-m", "agent.run", "--method", "react", "--benchmark", "demo", "--limit",
+                            "1", "--backend", "vllm", "--endpoint", f"http://127.0.0.1:{port}", "--model-dir",
+                            str(tiny_model_dir), "--out", str(run), "--no-progress"], cwd=REPO, capture_output=True,
+                           text=True, env={**os.environ, "MMCF_STATE_DIR": str(tmp_path / "state")}, timeout=HANG_GUARD_S)
+        assert r.returncode == 0, r.stderr[-3000:]
+        b = json.loads((run / "header.json").read_text())["backend"]
+        assert b["logprob_mode"] == "raw" and b["logprob_mode_source"] == "launcher"
+    finally:
+        s = sh([STOP, "--run-dir", str(run_dir)])
+    assert s.stdout.count("stopped") == 1

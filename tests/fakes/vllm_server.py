@@ -1,6 +1,7 @@
 """A loopback vLLM stand-in speaking vLLM's own request and response models, with the tiny Qwen3.5's real logprobs.
 
     PYTHONPATH=.:.venv-vllm/site:.venv-sglang/site python tests/fakes/vllm_server.py --port P --model-dir DIR
+    bash serving/launch_qwen35.sh --engine vllm --server-command "python tests/fakes/vllm_server.py" ...  # as vllm serve
 
 Every request body is read by vLLM 0.33.0's ``CompletionRequest`` / ``ChatCompletionRequest`` and turned into
 vLLM's ``SamplingParams`` (a field vLLM refuses is its 400, in its words); every reply is built as vLLM's
@@ -188,12 +189,15 @@ class Server(ThreadingHTTPServer):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description="loopback vLLM stand-in for tests")
+    ap.add_argument("model", nargs="?", help="the weights, as vllm serve takes them (or --model-dir)")
     ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--model-dir", required=True)
+    ap.add_argument("--model-dir")
     ap.add_argument("--served-model-name", default="qwen3.5-tiny")
     ap.add_argument("--logprobs-mode", default="raw_logprobs", choices=("raw_logprobs", "processed_logprobs"))
     a, _ = ap.parse_known_args()
-    srv = Server(a.port, a.model_dir, a.served_model_name, a.logprobs_mode)
+    if not (a.model_dir or a.model):
+        ap.error("the weights: MODEL or --model-dir")
+    srv = Server(a.port, a.model_dir or a.model, a.served_model_name, a.logprobs_mode)
     print(f"vllm stand-in serving {a.served_model_name} on http://127.0.0.1:{a.port}", flush=True)
     srv.serve_forever()
 
