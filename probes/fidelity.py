@@ -34,10 +34,11 @@ order) this scores the recorded continuation with its images:
   or the run's entropies mean something other than their label. Undecided (not a failure) at T = 0 or 1, or
   when no token separates the two.
 
-On **vLLM** (``--backend vllm``) only what it can score runs (ours: its completions API takes no images,
-agent/backends/vllm.py): on each sampled call's text, the server generates ``PATH_TOKENS`` tokens at the run's
-temperature and scores them twice: **warm** as above, and **mode** (its output logprobs against the scored raw
-ones: raw under vLLM's default ``--logprobs-mode raw_logprobs``, which a run through vLLM records; a server started
+On **vLLM** (``--backend vllm``): **warm** scores each sampled call's recorded continuation with its images
+twice (vLLM's chat route, agent/backends/vllm.py); **cold** and **paths** are SGLang's (skipped); **mode** runs on
+the call's text, scored by token ids over ``/v1/completions`` (ours: no re-tokenisation can blur it): the server
+generates ``PATH_TOKENS`` tokens at the run's temperature, scores them (also a warm pair), and its output logprobs
+must read as raw (vLLM's default ``--logprobs-mode raw_logprobs``, which a run through vLLM records; a server started
 with ``processed_logprobs`` reads as scaled or neither, and fails).
 
 Per check: the largest and the mean |Δ logprob| of the scored tokens and the mean / smallest top-20 overlap
@@ -234,15 +235,16 @@ def _compare_texts(a: list, b: list) -> dict:
 
 
 def text_only(msgs: list[dict]) -> list[dict]:
-    """The messages without their image parts (what vLLM can score: its completions API takes no images)."""
+    """The messages without their image parts (vLLM scores them by token ids, over /v1/completions)."""
     return [{**m, "content": [p for p in m["content"] if p.get("type") == "text"]}
             if isinstance(m.get("content"), list) else m for m in msgs]
 
 
 async def _vllm_call(backend, msgs: list[dict], ev: dict, results: dict, modes: list) -> None:
-    """The checks vLLM allows on one recorded call, on its text (ours: vLLM scores no images, agent/backends/
-    vllm.py): it generates at the call's sampling, then scores those tokens twice (warm) and reads its output
-    logprobs against the scored ones (mode: raw under --logprobs-mode raw_logprobs)."""
+    """The mode reading on one recorded call's text (ours: scored by token ids, so no re-tokenisation of the chat
+    route can blur it; agent/backends/vllm.py): the server generates at the call's sampling, scores those tokens
+    twice (a warm pair) and its output logprobs are read against the scored ones (raw under --logprobs-mode
+    raw_logprobs)."""
     sp = recorded_sampling(ev)
     sp = SamplingParams(**{**sp.to_dict(), "max_tokens": PATH_TOKENS, "top_logprobs": 20, "stop": None})
     out = await backend.generate(text_only(msgs), sp)
@@ -259,8 +261,9 @@ async def _check_call(run, line, step, backend, reference, chat, flush, results,
                       modes=None) -> None:
     """The checks on one recorded call (its scored tokens appended to ``results``)."""
     ev = next(e for e in line["events"] if e["type"] == "llm_call" and e["index"] == step)
-    if getattr(backend, "name", "") == "vllm":
-        return await _vllm_call(backend, run.sendable_messages(line, ev), ev, results, modes if modes is not None else [])
+    if getattr(backend, "name", "") == "vllm":  # the mode on the call's text (exact ids), then the checks with images
+        await _vllm_call(backend, run.sendable_messages(line, ev), ev, results, modes if modes is not None else [])
+        modes = None
     try:
         tok = run.tokens(line, ["call", "id", "text"])
     except RunError:  # an older sidecar without token texts

@@ -111,13 +111,15 @@ def vllm_command(size: str, port: int, a) -> list[str]:
     """One vLLM server (``vllm serve``, vLLM 0.33.0's flags, vllm/engine/arg_utils.py): the same model, TP, context
     and reasoning parser as the SGLang server; output logprobs raw and said so (``--logprobs-mode raw_logprobs``, its
     default: agent/backends/vllm.py), top-20 allowed (``--max-logprobs 20``, its default), the recurrent state in
-    float32 as on SGLang (``--mamba-ssm-cache-dtype``); ``--mem-fraction`` becomes ``--gpu-memory-utilization``."""
+    float32 as on SGLang (``--mamba-ssm-cache-dtype``); request templates trusted (``--trust-request-chat-template``:
+    scoring a prompt with images sends the model's template with the continuation, agent/backends/vllm.py);
+    ``--mem-fraction`` becomes ``--gpu-memory-utilization``."""
     base = shlex.split(a.server_command) if getattr(a, "server_command", None) else [a.python, "-m", "vllm.entrypoints.cli.main", "serve"]
     memory = ["--gpu-memory-utilization", str(a.mem_fraction)] if a.mem_fraction else []
     return [*base, weights_for(size), "--served-model-name", MODELS[size][1], "--tensor-parallel-size", str(a.tp),
             "--host", a.host, "--port", str(port), "--max-model-len", str(a.context_length), "--reasoning-parser",
             "qwen3", "--max-logprobs", "20", "--logprobs-mode", "raw_logprobs", "--mamba-ssm-cache-dtype",
-            MAMBA_SSM_DTYPE, *memory]
+            MAMBA_SSM_DTYPE, "--trust-request-chat-template", *memory]
 
 
 def extra_args() -> list[str]:

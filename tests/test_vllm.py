@@ -32,10 +32,11 @@ PYPATH = os.pathsep.join([str(REPO), str(SITE), str(REPO / ".venv-sglang" / "sit
 MSGS = [{"role": "user", "content": "In which year was the bridge in the photo opened?"}]
 
 
-def _standin(tiny_model_dir, *extra):
+def _standin(tiny_model_dir, *extra, trust: bool = True):
     port = free_port()
     p = subprocess.Popen([sys.executable, str(REPO / "tests" / "fakes" / "vllm_server.py"), "--port", str(port),
-                          "--model-dir", str(tiny_model_dir), *extra], env={**os.environ, "PYTHONPATH": PYPATH},
+                          "--model-dir", str(tiny_model_dir), *(["--trust-request-chat-template"] if trust else []),
+                          *extra], env={**os.environ, "PYTHONPATH": PYPATH},
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     end = time.monotonic() + HANG_GUARD_S
     while True:
@@ -90,14 +91,60 @@ def test_scoring_over_completions_is_the_models_own_raw_logprobs_and_vllm_reads_
     assert body["prompt"][-len(ids):] == ids
 
 
+async def _closing(backend, work):
+    try:
+        return await work
+    finally:
+        await backend.aclose()
+
+
+def _post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    return json.load(urllib.request.urlopen(req, timeout=HANG_GUARD_S))
+
+
+def test_a_prompt_with_images_is_scored_over_the_chat_route_at_the_same_positions(vllm, tiny_model_dir, red_image):
+    """The chat route (the model's template sent with the continuation appended) scores the same tokens at the same
+    positions as the token-id route: the stand-in renders images as their placeholder tokens on both."""
+    v = make_backend("vllm", endpoint=vllm, model_dir=str(tiny_model_dir), logprob_mode="raw")
+    msgs = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": str(red_image)}},
+                                         {"type": "text", "text": "What colour is this?"}]}]
+    cont = Continuation(text="It looks red to me.")
+
+    async def scored():
+        try:
+            return await v.score(msgs, cont)
+        finally:
+            await v.aclose()
+    got = asyncio.run(scored())
+    assert got.request["by"] == "text" and got.request["image_sha256"] and got.tokens.think.all()
+    body, ids = v.chat_score_payload(msgs, cont)
+    assert body["chat_template"].endswith("{{- mmcf_continuation }}{%- endif %}") and body["return_token_ids"]
+    # the same prompt by token ids: the local render (images as their placeholders) plus the continuation
+    from agent.backends.messages import split_text_and_images
+
+    hf, _ = split_text_and_images(msgs)
+    prompt = v.tok.apply_chat_template(hf, add_generation_prompt=True, tokenize=False, enable_thinking=True)
+    full = [int(i) for i in v.prompt_ids(prompt)] + ids
+    ref = _post(vllm + "/v1/completions", {"model": v.model, "prompt": full, "max_tokens": 1, "temperature": 0,
+                                           "prompt_logprobs": 20})
+    lps = [e[str(t)]["logprob"] for e, t in zip(ref["choices"][0]["prompt_logprobs"][-len(ids):], ids)]
+    np.testing.assert_allclose(got.tokens.logprobs, lps, atol=1e-5)
+    assert list(got.tokens.ids) == ids
+
+
 def test_what_vllm_cannot_score_is_refused_naming_why(vllm, tiny_model_dir, red_image):
     v = make_backend("vllm", endpoint=vllm, model_dir=str(tiny_model_dir), logprob_mode="raw")
     with_image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": str(red_image)}},
                                                {"type": "text", "text": "What is this?"}]}]
-    with pytest.raises(BackendError, match="no images"):
-        asyncio.run(v.score(with_image, Continuation(text="Red.")))
+    # a sampled split the tokenizer would not make ("a", "s", "k" for "ask"): the chat route tokenises the text again
+    split = [v.tok("a", add_special_tokens=False)["input_ids"][0], v.tok("s", add_special_tokens=False)["input_ids"][0],
+             v.tok("k", add_special_tokens=False)["input_ids"][0]]
+    assert v.tok("ask", add_special_tokens=False)["input_ids"] != split
+    with pytest.raises(BackendError, match="splits the continuation's text otherwise"):
+        asyncio.run(_closing(v, v.score(with_image, Continuation(ids=split))))
     with pytest.raises(BackendError, match="scaled scoring is not available"):
-        asyncio.run(v.score(MSGS, Continuation(text="Red."), temperature=0.2))
+        asyncio.run(_closing(v, v.score(MSGS, Continuation(text="Red."), temperature=0.2)))
     with pytest.raises(BackendError, match="--logprob-mode raw"):
         make_backend("vllm", endpoint=vllm, model_dir=str(tiny_model_dir), logprob_mode="scaled")
     for mode in ("processed_logprobs", "raw_logits", "processed_logits"):
@@ -128,10 +175,14 @@ def test_a_react_run_its_entropy_probe_and_an_mmcontextfold_run_complete_on_vllm
     r = _cli("probes.entropy", str(react), "--no-progress")
     assert r.returncode == 0, r.stderr[-3000:]
     fid = json.loads((react / "probes" / "fidelity" / "fidelity.json").read_text())
-    assert fid["ok"] and fid["checks"]["mode"]["server"] == "raw" and fid["checks"]["warm"]["calls"] == 2
+    assert fid["ok"] and fid["checks"]["mode"]["server"] == "raw" and fid["checks"]["warm"]["calls"] == 4
     assert (react / "probes" / "entropy-regenerate" / "steps.parquet").is_file()
     r = _cli("probes.entropy", str(react), "--mode", "teacher-forced", "--no-progress")
-    assert r.returncode == 2 and "vLLM scores no images" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 0, r.stderr[-3000:]
+    probe = json.loads((react / "probes" / "entropy-teacher-forced" / "probe.json").read_text())
+    assert probe["fidelity"]["ok"] and (react / "probes" / "entropy-teacher-forced" / "steps.parquet").is_file()
+    fid = json.loads((react / "probes" / "fidelity" / "fidelity.json").read_text())
+    assert fid["checks"]["warm"]["calls"] == 4  # two on the calls' text, two with their images
     r = _cli("agent.run", "--method", "mmcontextfold", "--benchmark", "demo", "--limit", "2", *model, "--out", str(fold),
              "--no-progress")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -140,16 +191,11 @@ def test_a_react_run_its_entropy_probe_and_an_mmcontextfold_run_complete_on_vllm
 
 
 @pytest.mark.slow
-def test_a_vllm_server_with_processed_logprobs_fails_the_fidelity_mode_check(tiny_model_dir, tmp_path):
-    raw, raw_url = _standin(tiny_model_dir)
-    try:
-        run = tmp_path / "react"
-        r = _cli("agent.run", "--method", "react", "--benchmark", "demo", "--limit", "1", "--backend", "vllm",
-                 "--endpoint", raw_url, "--model-dir", str(tiny_model_dir), "--out", str(run), "--no-progress")
-        assert r.returncode == 0, r.stderr[-3000:]
-    finally:
-        raw.kill()
-        raw.wait()
+def test_a_vllm_server_with_processed_logprobs_fails_the_fidelity_mode_check(vllm, tiny_model_dir, tmp_path):
+    run = tmp_path / "react"
+    r = _cli("agent.run", "--method", "react", "--benchmark", "demo", "--limit", "1", "--backend", "vllm",
+             "--endpoint", vllm, "--model-dir", str(tiny_model_dir), "--out", str(run), "--no-progress")
+    assert r.returncode == 0, r.stderr[-3000:]
     scaled, url = _standin(tiny_model_dir, "--logprobs-mode", "processed_logprobs")
     try:
         r = _cli("probes.fidelity", str(run), "--backend", "vllm", "--endpoint", url, "--model-dir", str(tiny_model_dir))
@@ -159,6 +205,19 @@ def test_a_vllm_server_with_processed_logprobs_fails_the_fidelity_mode_check(tin
     assert r.returncode == 2, r.stdout + r.stderr
     mode = json.loads((run / "probes" / "fidelity" / "fidelity.json").read_text())["checks"]["mode"]
     assert mode["server"] == "scaled" and mode["recorded"] == "raw" and not mode["ok"]
+
+
+def test_a_server_that_refuses_request_templates_is_named(tiny_model_dir, red_image):
+    p, url = _standin(tiny_model_dir, trust=False)
+    try:
+        v = make_backend("vllm", endpoint=url, model_dir=str(tiny_model_dir), logprob_mode="raw")
+        msgs = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": str(red_image)}},
+                                             {"type": "text", "text": "What is this?"}]}]
+        with pytest.raises(BackendError, match="--trust-request-chat-template"):
+            asyncio.run(_closing(v, v.score(msgs, Continuation(text="Red."))))
+    finally:
+        p.kill()
+        p.wait()
 
 
 def test_runs_of_two_engines_are_not_pooled():

@@ -18,11 +18,17 @@ values: refused here as impossible logprobs). Its output logprobs under the defa
 a run through vLLM records ``--logprob-mode raw``; ``processed_logprobs`` are after temperature *and* top-k / top-p
 filtering, not the toolkit's "scaled", and are refused (:func:`check_logprobs_mode`).
 
-Not here: images in a scored prompt. vLLM's completions API takes text or token ids and no images (0.33.0
-``CompletionRequest.prompt``), and its chat API renders the final assistant message through the template, which
-for Qwen3.5 closes the think block, so it cannot put the scored thinking where the model generated it. A scored
-prompt with images is refused naming this (docs/serving.md, "vLLM"). A request with ``prompt_logprobs`` skips
-vLLM's prefix cache (sampling_params.py, ``skip_reading_prefix_cache``): every scoring request pays its whole prefill.
+**With images** the completions API cannot serve (0.33.0 ``CompletionRequest.prompt``: text or token ids, no
+images), and the chat API renders a final assistant message through the template, which for Qwen3.5 closes the
+think block. So a scored prompt with images goes to ``/v1/chat/completions`` with the model's own chat template
+sent in the request plus one line at its end that writes ``mmcf_continuation`` (a template variable passed in
+``chat_template_kwargs``) after the generation prompt: the server renders exactly the toolkit's prompt followed by
+the continuation's text, expands the images itself, and returns ``prompt_logprobs`` over the whole prompt and its
+``prompt_token_ids`` (``return_token_ids``). The last len(continuation) ids must be the continuation's: a sampled
+sequence that the tokenizer would split otherwise (rare; the text is tokenised again on this route) is refused,
+never scored as other tokens. The server must trust request templates (``--trust-request-chat-template``, which
+``serving/launch_qwen35.sh --engine vllm`` passes). A request with ``prompt_logprobs`` skips vLLM's prefix cache
+(sampling_params.py, ``skip_reading_prefix_cache``): every scoring request pays its whole prefill.
 """
 from __future__ import annotations
 
@@ -47,14 +53,17 @@ from .base import (
 )
 from .hub import resolve_model_dir
 from .local import load_chat_renderer
-from .messages import record_messages, split_text_and_images
+from .messages import record_messages, split_text_and_images, to_openai_messages
 from .openai_compat import OpenAIBackend
 from .pieces import PieceBook, tokenizer_fingerprint
 from .prompt_tokens import PromptTokens, piece_encoder
 from .think import THINK_OPEN, mark_think
 from .wire import tokens_from_triples
 
-__all__ = ["VLLMBackend", "check_logprobs_mode", "LOGPROBS_MODE"]
+__all__ = ["VLLMBackend", "check_logprobs_mode", "LOGPROBS_MODE", "SCORING_HOOK"]
+
+#: What the chat route appends to the model's template (ours): the continuation, as text, after the prompt.
+SCORING_HOOK = "{%- if mmcf_continuation is defined %}{{- mmcf_continuation }}{%- endif %}"
 
 #: The ``--logprobs-mode`` the launcher starts vLLM with (its default, said explicitly): output logprobs are
 #: log_softmax(logits) before temperature, the toolkit's "raw"; prompt logprobs are the same in this mode.
@@ -124,10 +133,7 @@ class VLLMBackend(PromptTokens, OpenAIBackend):
         """(the /v1/completions body, the continuation ids, the prompt) for teacher-forced scoring."""
         hf, images = split_text_and_images(messages)
         if images:
-            raise BackendError(f"{public_url(self.base)}: teacher-forced scoring with images is not available on vLLM "
-                               "(its /v1/completions takes text or token ids, no images; its chat API closes the think "
-                               "block of a final assistant message); score on SGLang (--backend sglang), or on vLLM "
-                               "run probes.entropy --mode regenerate (docs/serving.md, \"vLLM\")")
+            raise BackendError("a prompt with images is scored over the chat route (chat_score_payload)")
         kw = {"enable_thinking": enable_thinking} if enable_thinking is not None else {}
         prompt = self.tok.apply_chat_template(hf, add_generation_prompt=True, tokenize=False, **kw)
         ids = list(continuation.ids) if continuation.ids else self.tok(continuation.text, add_special_tokens=False)["input_ids"]
@@ -140,14 +146,37 @@ class VLLMBackend(PromptTokens, OpenAIBackend):
                 "repetition_penalty": 1.0, "prompt_logprobs": int(top_logprobs), "add_special_tokens": False}
         return body, ids, prompt
 
+    def chat_score_payload(self, messages: list[dict], continuation: Continuation, *,
+                           top_logprobs: int = DEFAULT_TOP_LOGPROBS, enable_thinking: bool | None = True) -> tuple[dict, list[int]]:
+        """(the /v1/chat/completions body, the continuation ids) for scoring a prompt with images (see the module)."""
+        ids = list(continuation.ids) if continuation.ids else self.tok(continuation.text, add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise BackendError("empty continuation: nothing to score")
+        kw = {"enable_thinking": enable_thinking} if enable_thinking is not None else {}
+        body = {"model": self.model, "messages": to_openai_messages(messages),
+                "chat_template": self.tok.chat_template + SCORING_HOOK,
+                "chat_template_kwargs": {**kw, "mmcf_continuation": self.tok.decode(ids, skip_special_tokens=False)},
+                "add_generation_prompt": True, "max_tokens": 1, "temperature": 0.0, "top_p": 1.0, "top_k": -1,
+                "min_p": 0.0, "repetition_penalty": 1.0, "prompt_logprobs": int(top_logprobs), "return_token_ids": True}
+        return body, ids
+
     async def score(self, messages: list[dict], continuation: Continuation, *, top_logprobs: int = DEFAULT_TOP_LOGPROBS,
                     enable_thinking: bool | None = True, temperature: float | None = None) -> ScoredTokens:
         if temperature:
             raise BackendError("vLLM's prompt logprobs are raw (log_softmax of the logits); scaled scoring is not available")
         await self.resolve_model()
-        body, ids, prompt = self.score_payload(messages, continuation, top_logprobs=top_logprobs,
-                                               enable_thinking=enable_thinking)
-        url = self.base + "/completions"
+        hf, images = split_text_and_images(messages)
+        if images:
+            body, ids = self.chat_score_payload(messages, continuation, top_logprobs=top_logprobs,
+                                                enable_thinking=enable_thinking)
+            url = self.base + "/chat/completions"
+            # the prompt the server renders from the same template (here only to tell whether it opens the think block)
+            prompt = self.tok.apply_chat_template(hf, add_generation_prompt=True, tokenize=False,
+                                                  **({"enable_thinking": enable_thinking} if enable_thinking is not None else {}))
+        else:
+            body, ids, prompt = self.score_payload(messages, continuation, top_logprobs=top_logprobs,
+                                                   enable_thinking=enable_thinking)
+            url = self.base + "/completions"
         box: dict = {}
         t0 = time.perf_counter()
 
@@ -157,36 +186,47 @@ class VLLMBackend(PromptTokens, OpenAIBackend):
                                                         headers=routing_headers(self._headers), policy=self.policy,
                                                         what="score", liveness=self.liveness)
             except HTTPError as e:
+                if "trust-request-chat-template" in str(e):
+                    raise BackendError(f"{public_url(url)}: this vLLM server refuses request chat templates, which "
+                                       "scoring a prompt with images sends: start it with --trust-request-chat-template "
+                                       "(serving/launch_qwen35.sh --engine vllm does)") from None
                 raise backend_error(e) from e
             return self.parse_score(resp, ids, k=int(top_logprobs) or None)
 
         tokens = await retry_bad_replies(attempt, f"score @ {public_url(url)}")
         mark_think(tokens, prompt.rstrip().endswith(THINK_OPEN))
         resp = box["resp"]
-        kept = {**resp, "choices": [{k: v for k, v in c.items() if k != "prompt_logprobs"} for c in resp["choices"]]}
+        kept = {**{k: v for k, v in resp.items() if k not in ("prompt_logprobs", "prompt_token_ids")},
+                "choices": [{k: v for k, v in c.items() if k not in ("prompt_logprobs", "prompt_token_ids")}
+                            for c in resp.get("choices") or []]}
         return ScoredTokens(tokens=tokens, semantics=LogprobSemantics("raw"), backend=self.name, model=self.model,
                             request={"endpoint": public_url(url), "messages": record_messages(messages),
-                                     "continuation_ids": ids, "image_sha256": [], "by": "ids",
+                                     "continuation_ids": ids, "image_sha256": [im.sha256 for im in images],
+                                     "by": "text" if images else "ids",
                                      "prompt_logprobs": int(top_logprobs), "latency_s": time.perf_counter() - t0},
                             response=kept, top_k_requested=int(top_logprobs))
 
     def parse_score(self, resp: dict, ids: list[int], k: int | None = None):
         """The continuation's tokens from a /v1/completions reply (see the module); ``k``: alternatives asked."""
-        where = f"{public_url(self.base)}/completions choices[0].prompt_logprobs"
+        chat = isinstance(resp, dict) and resp.get("object") == "chat.completion"  # prompt_logprobs at the top
+        where = f"{public_url(self.base)}/{'chat/completions prompt_logprobs' if chat else 'completions choices[0].prompt_logprobs'}"
         if isinstance(resp, dict) and (resp.get("object") == "error" or ("error" in resp and "choices" not in resp)):
             raise BadReply(f"{where}: the server answered 200 with an error object: {redact(str(resp))[:300]}")
         try:
-            entries = resp["choices"][0]["prompt_logprobs"]
+            holder = resp if chat else resp["choices"][0]
+            entries = holder["prompt_logprobs"]
         except (KeyError, IndexError, TypeError):
             raise BackendError(f"{where}: the reply has no prompt logprobs: {redact(str(resp))[:300]}") from None
         n = len(ids)
         if not isinstance(entries, list) or len(entries) < n + 1:
             got = len(entries) if isinstance(entries, list) else "no"
             raise BackendError(f"{where}: {got} prompt positions for a {n}-token continuation after a prompt")
-        sent = resp["choices"][0].get("prompt_token_ids")
+        sent = holder.get("prompt_token_ids")
+        if chat and not isinstance(sent, list):
+            raise BackendError(f"{where}: no prompt_token_ids (return_token_ids): the scored tokens cannot be checked")
         if isinstance(sent, list) and sent[-n:] != list(ids):
-            raise BackendError(f"{where}: the server's prompt does not end with the continuation's ids; refusing to "
-                               "report logprobs of different tokens")
+            raise BackendError(f"{where}: the server's prompt does not end with the continuation's ids (its tokenizer "
+                               "splits the continuation's text otherwise); refusing to report logprobs of other tokens")
         chosen, tops = [], []
         for j, (tid, d) in enumerate(zip(ids, entries[-n:])):
             if not isinstance(d, dict) or str(tid) not in d or not isinstance(d[str(tid)], dict):

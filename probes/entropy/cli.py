@@ -127,12 +127,6 @@ def main(argv=None) -> int:
         run = load_run(args.run_dir)
         check_probeable(run)
         backend = backend_for(args, run.header)
-        if args.mode == "teacher-forced" and any(getattr(b, "name", "") == "vllm"
-                                                 for b in getattr(backend, "backends", None) or [backend]):
-            await backend.aclose()
-            raise PreflightError("--mode teacher-forced scores each step with its query images, and vLLM scores no "
-                                 "images (its /v1/completions takes none; agent/backends/vllm.py): on vLLM run the "
-                                 "paper's --mode regenerate, or score on SGLang (--backend sglang)")
         try:
             hw = serving_hardware(backend, gpus_per_server=args.gpus_per_server, serving_dir=args.serving_dir)
             # the model first: a server of another model would fail the fidelity check for the wrong reason

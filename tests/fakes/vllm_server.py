@@ -42,7 +42,8 @@ from scripts.soak import agent_policy
 class Engine:
     """The tiny model on the CPU, one forward pass at a time."""
 
-    def __init__(self, model_dir: str, logprobs_mode: str = "raw_logprobs"):
+    def __init__(self, model_dir: str, logprobs_mode: str = "raw_logprobs", trust_templates: bool = False):
+        self.trust_templates = trust_templates
         self.processed = logprobs_mode == "processed_logprobs"  # output logprobs only: prompt logprobs stay raw
         self.tok = AutoTokenizer.from_pretrained(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -100,8 +101,41 @@ def _text_messages(req: ChatCompletionRequest) -> tuple[list[dict], int]:
     return msgs, images
 
 
+def _template_messages(req: ChatCompletionRequest) -> list[dict]:
+    """The messages as vLLM hands them to a chat template: image parts as ``{"type": "image"}``."""
+    out = []
+    for m in req.messages:
+        m = dict(m)
+        if isinstance(m.get("content"), list):
+            m["content"] = [dict(p) if dict(p).get("type") == "text" else {"type": "image"} for p in m["content"]]
+        out.append(m)
+    return out
+
+
+def chat_scoring(engine: Engine, req: ChatCompletionRequest, sp, name: str) -> ChatCompletionResponse:
+    """A chat request with prompt_logprobs: the prompt rendered with the request's template (vLLM refuses one unless
+    started with --trust-request-chat-template) and its variables, then logprobs over every position."""
+    if req.chat_template is not None and not engine.trust_templates:
+        raise ValueError("Chat template is passed with request, but --trust-request-chat-template is not set. "
+                         "Refused request with untrusted chat template.")
+    kw = dict(req.chat_template_kwargs or {})
+    text = engine.tok.apply_chat_template(_template_messages(req), chat_template=req.chat_template,
+                                          add_generation_prompt=req.add_generation_prompt, tokenize=False, **kw)
+    ids = engine.tok(text, add_special_tokens=False)["input_ids"]
+    lp = engine.logprobs(ids)
+    prompt_lps = [None] + [engine.position(lp[i - 1], ids[i], sp.prompt_logprobs)[0] for i in range(1, len(ids))]
+    nxt = int(lp[-1].argmax())
+    choice = ChatCompletionResponseChoice(index=0, message=ChatMessage(role="assistant", content=engine.tok.decode([nxt])),
+                                          finish_reason="length")
+    return ChatCompletionResponse(model=name, choices=[choice], prompt_logprobs=prompt_lps,
+                                  prompt_token_ids=ids if req.return_token_ids else None,
+                                  usage=UsageInfo(prompt_tokens=len(ids), completion_tokens=1, total_tokens=len(ids) + 1))
+
+
 def chat(engine: Engine, req: ChatCompletionRequest, name: str) -> ChatCompletionResponse:
     sp = req.to_sampling_params(max_tokens=req.max_tokens or 4096, default_sampling_params={})
+    if sp.prompt_logprobs is not None:
+        return chat_scoring(engine, req, sp, name)
     msgs, _ = _text_messages(req)
     prompt = engine.tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False,
                                             **(req.chat_template_kwargs or {}))
@@ -179,9 +213,10 @@ class Handler(BaseHTTPRequestHandler):
 class Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, port: int, model_dir: str, name: str, logprobs_mode: str = "raw_logprobs"):
+    def __init__(self, port: int, model_dir: str, name: str, logprobs_mode: str = "raw_logprobs",
+                 trust_templates: bool = False):
         super().__init__(("127.0.0.1", port), Handler)
-        self.engine = Engine(model_dir, logprobs_mode)
+        self.engine = Engine(model_dir, logprobs_mode, trust_templates)
         self.model_dir, self.name = model_dir, name
         self.lock = threading.Lock()
         self.bodies: list = []
@@ -194,10 +229,11 @@ def main() -> None:
     ap.add_argument("--model-dir")
     ap.add_argument("--served-model-name", default="qwen3.5-tiny")
     ap.add_argument("--logprobs-mode", default="raw_logprobs", choices=("raw_logprobs", "processed_logprobs"))
+    ap.add_argument("--trust-request-chat-template", action="store_true")
     a, _ = ap.parse_known_args()
     if not (a.model_dir or a.model):
         ap.error("the weights: MODEL or --model-dir")
-    srv = Server(a.port, a.model_dir or a.model, a.served_model_name, a.logprobs_mode)
+    srv = Server(a.port, a.model_dir or a.model, a.served_model_name, a.logprobs_mode, a.trust_request_chat_template)
     print(f"vllm stand-in serving {a.served_model_name} on http://127.0.0.1:{a.port}", flush=True)
     srv.serve_forever()
 
