@@ -374,9 +374,17 @@ async def _watched(send, client: Liveness, liveness: str, headers: dict | None, 
             await client.watch(liveness, headers, why, policy.liveness_every_s)
     finally:
         if not task.done():
+            # the client's own deadline is the same as the caller's: the request may still end with its NoReply
+            # after the cancel lands; that ending is seen here, never logged as an exception nobody retrieved
+            task.add_done_callback(_seen)
             task.cancel()
         elif not task.cancelled():
             task.exception()  # ended as this wait was cancelled (the client's deadline is the same): seen, not logged
+
+
+def _seen(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 async def require_alive(client, url: str, headers: dict | None, why: str) -> None:
