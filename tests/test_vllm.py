@@ -74,21 +74,12 @@ def test_scoring_over_completions_is_the_models_own_raw_logprobs_and_vllm_reads_
     np.testing.assert_allclose(got.tokens.logprobs, ref.tokens.logprobs, atol=1e-4)
     np.testing.assert_allclose(got.top_logprob_matrix(20), ref.top_logprob_matrix(20), atol=1e-4)
     assert np.array_equal(got.tokens.top_ids[:, :20], ref.tokens.top_ids[:, :20])
-    # the body, read by vLLM's own CompletionRequest into its SamplingParams: what the engine would be asked
-    body, ids, _ = v.score_payload(MSGS, cont)
-    body = {**body, "prompt": [int(i) for i in body["prompt"]]}
-    code = ("import json, sys; from vllm.entrypoints.openai.completion.protocol import CompletionRequest\n"
-            "r = CompletionRequest.model_validate(json.loads(sys.stdin.read()))\n"
-            "sp = r.to_sampling_params(max_tokens=r.max_tokens, default_sampling_params={})\n"
-            "print(json.dumps({k: getattr(sp, k) for k in ('prompt_logprobs', 'temperature', 'top_p', 'top_k', "
-            "'max_tokens', 'skip_reading_prefix_cache')}))")
-    r = subprocess.run([sys.executable, "-c", code], input=json.dumps(body), capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": PYPATH, "PYTHONWARNINGS": "ignore"}, timeout=HANG_GUARD_S)
-    assert r.returncode == 0, r.stderr[-2000:]
-    sp = json.loads(r.stdout.strip().splitlines()[-1])
-    assert sp["prompt_logprobs"] == 20 and sp["temperature"] == 0.0 and sp["max_tokens"] == 1
+    # the body as vLLM's own CompletionRequest read it into its SamplingParams (the stand-in keeps the last)
+    sp = json.load(urllib.request.urlopen(vllm + "/_last_sampling", timeout=HANG_GUARD_S))
+    assert sp["prompt_logprobs"] == 20 and sp["temperature"] == 0.0 and sp["max_tokens"] == 1 and sp["top_p"] == 1.0
     assert sp["skip_reading_prefix_cache"] is True  # vLLM reuses no cached prefix for a scoring request
-    assert body["prompt"][-len(ids):] == ids
+    body, ids, _ = v.score_payload(MSGS, cont)
+    assert [int(i) for i in body["prompt"][-len(ids):]] == ids
 
 
 async def _closing(backend, work):
@@ -207,17 +198,20 @@ def test_a_vllm_server_with_processed_logprobs_fails_the_fidelity_mode_check(vll
     assert mode["server"] == "scaled" and mode["recorded"] == "raw" and not mode["ok"]
 
 
-def test_a_server_that_refuses_request_templates_is_named(tiny_model_dir, red_image):
+@pytest.mark.slow
+def test_a_server_that_refuses_request_templates_is_named_before_a_probe_scores(vllm, tiny_model_dir, tmp_path):
+    run = tmp_path / "react"
+    r = _cli("agent.run", "--method", "react", "--benchmark", "demo", "--limit", "1", "--backend", "vllm",
+             "--endpoint", vllm, "--model-dir", str(tiny_model_dir), "--out", str(run), "--no-progress")
+    assert r.returncode == 0, r.stderr[-3000:]
     p, url = _standin(tiny_model_dir, trust=False)
     try:
-        v = make_backend("vllm", endpoint=url, model_dir=str(tiny_model_dir), logprob_mode="raw")
-        msgs = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": str(red_image)}},
-                                             {"type": "text", "text": "What is this?"}]}]
-        with pytest.raises(BackendError, match="--trust-request-chat-template"):
-            asyncio.run(_closing(v, v.score(msgs, Continuation(text="Red."))))
+        r = _cli("probes.entropy", str(run), "--mode", "teacher-forced", "--endpoint", url, "--no-progress")
     finally:
         p.kill()
         p.wait()
+    assert r.returncode != 0 and "--trust-request-chat-template" in r.stderr and "Traceback" not in r.stderr
+    assert not (run / "probes" / "entropy-teacher-forced" / "steps.parquet").exists()
 
 
 def test_runs_of_two_engines_are_not_pooled():

@@ -69,8 +69,20 @@ class Engine:
         return out, pairs
 
 
+#: What vLLM's SamplingParams held for the last request, by field (GET /_last_sampling: the tests read it)
+LAST_SAMPLING: dict = {}
+SAMPLING_FIELDS = ("prompt_logprobs", "logprobs", "temperature", "top_p", "top_k", "min_p", "max_tokens",
+                   "skip_reading_prefix_cache")
+
+
+def _seen(sp) -> None:
+    LAST_SAMPLING.clear()
+    LAST_SAMPLING.update({k: getattr(sp, k) for k in SAMPLING_FIELDS})
+
+
 def completion(engine: Engine, req: CompletionRequest, name: str) -> CompletionResponse:
     sp = req.to_sampling_params(max_tokens=req.max_tokens or 16, default_sampling_params={})
+    _seen(sp)
     ids = list(req.prompt)
     lp = engine.logprobs(ids)
     k = sp.prompt_logprobs or 0
@@ -134,6 +146,7 @@ def chat_scoring(engine: Engine, req: ChatCompletionRequest, sp, name: str) -> C
 
 def chat(engine: Engine, req: ChatCompletionRequest, name: str) -> ChatCompletionResponse:
     sp = req.to_sampling_params(max_tokens=req.max_tokens or 4096, default_sampling_params={})
+    _seen(sp)
     if sp.prompt_logprobs is not None:
         return chat_scoring(engine, req, sp, name)
     msgs, _ = _text_messages(req)
@@ -182,6 +195,8 @@ class Handler(BaseHTTPRequestHandler):
         s = self.server
         if self.path == "/health":
             return self._send(200, b"")
+        if self.path == "/_last_sampling":
+            return self._send(200, json.dumps(LAST_SAMPLING).encode())
         if self.path == "/version":
             return self._send(200, json.dumps({"version": "0.33.0"}).encode())
         if self.path == "/v1/models":
