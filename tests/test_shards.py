@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 BASE = ["--method", "react", "--backend", "scripted", "--limit", "5", "--trials", "2", "--seed", "7", "--no-progress"]
 
 
-def _units(run_dir) -> dict:
+def unit_outcomes(run_dir) -> dict:
     """Each unit's outcome, as the tables and probes read it (timings, sidecar names and cache-hit flags aside:
     in one run, trial 1 finds trial 0's tool results in the cache; in two shards it may not)."""
     r = load_run(run_dir)
@@ -50,10 +50,10 @@ def runs(tmp_path_factory):
 
 
 def test_the_shards_are_a_balanced_partition_of_the_units(runs):
-    parts = [set(_units(runs / f"sh{i}")) for i in range(3)]
+    parts = [set(unit_outcomes(runs / f"sh{i}")) for i in range(3)]
     assert sorted(len(p) for p in parts) == [3, 3, 4]  # 10 units over 3 shards
     assert not (parts[0] & parts[1]) and not (parts[1] & parts[2]) and not (parts[0] & parts[2])
-    assert set().union(*parts) == set(_units(runs / "one"))
+    assert set().union(*parts) == set(unit_outcomes(runs / "one"))
     # a pure function of the ordered unit list
     units = [(f"s{j}", t) for t in range(2) for j in range(5)]
     assert shard_units(units, 1, 3) == [units[1], units[4], units[7]]
@@ -67,7 +67,7 @@ def test_the_shards_are_a_balanced_partition_of_the_units(runs):
 @pytest.mark.slow
 def test_the_merged_run_is_one_run(runs, capsys):
     one, mrg = runs / "one", runs / "mrg"
-    assert _units(mrg) == _units(one)
+    assert unit_outcomes(mrg) == unit_outcomes(one)
     rep = check_run(mrg)
     assert rep.intact and rep.complete and rep.expected == 10 and rep.present == 10 and not rep.orphans, rep.lines()
     h = json.loads((mrg / "header.json").read_text())
@@ -137,7 +137,7 @@ def test_merge_refuses_what_is_not_one_complete_run(runs, tmp_path, capsys):
     (tmp_path / ".ok.merging" / "results.jsonl").write_text('{"torn')
     assert merge_main([str(tmp_path / "ok"), sh[0], sh[1], str(part)]) == 0
     assert not (tmp_path / ".ok.merging").exists() and "merge: 10/10 units written" in capsys.readouterr().err
-    assert _units(tmp_path / "ok") == _units(runs / "one")
+    assert unit_outcomes(tmp_path / "ok") == unit_outcomes(runs / "one")
     # a shard whose tool cache is gone still merges (its lines hold the observations), and says so
     nocache = tmp_path / "nocache"
     shutil.copytree(sh[2], nocache)

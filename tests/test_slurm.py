@@ -15,23 +15,12 @@ from scripts.soak import agent_policy
 from tests.conftest import REPO
 from tests.fakes.sglang_server import FakeSGLang
 from tests.slurm_cluster import Cluster, unavailable
+from tests.test_shards import unit_outcomes
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(unavailable() is not None, reason=unavailable() or "")]
 
 SAMPLES = [f"demo_{i}" for i in range(1, 7)]  # the demo benchmark, in manifest order
 TRIALS, SHARDS = 2, 4
-
-
-def _units(run_dir) -> dict:
-    """Each unit's outcome as the tables read it: status, answer, its calls and its tool calls."""
-    r = load_run(run_dir)
-    out = {}
-    for s in r.index:
-        ln = r.full(s)
-        calls = [(e.get("index"), e.get("n_tokens"), e.get("finish_reason")) for e in ln["events"] if e["type"] == "llm_call"]
-        tools = [(e.get("tool"), e.get("observation")) for e in ln["events"] if e["type"] == "tool_call"]
-        out[(ln["sample_id"], int(ln["trial"]))] = (ln["status"], ln.get("answer"), calls, tools)
-    return out
 
 
 def test_an_array_job_with_a_task_cancelled_and_resubmitted_merges_into_the_unsharded_run(tmp_path, tiny_model_dir,
@@ -96,5 +85,5 @@ def test_an_array_job_with_a_task_cancelled_and_resubmitted_merges_into_the_unsh
     assert rep.intact and rep.complete and rep.present == rep.expected == len(units) and not rep.orphans, rep.lines()
     merged = load_run(out)
     assert sorted((ln["sample_id"], int(ln["trial"])) for ln in merged.index) == sorted(units)  # each unit once
-    assert _units(out) == _units(one)
+    assert unit_outcomes(out) == unit_outcomes(one)
     record_property("slurm", "\n".join(said))

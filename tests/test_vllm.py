@@ -181,12 +181,16 @@ def test_a_react_run_its_entropy_probe_and_an_mmcontextfold_run_complete_on_vllm
     assert len(lines) == 2 and all(ln["status"] == "ok" for ln in lines)
 
 
+def _react_run(url: str, tiny_model_dir, out):
+    r = _cli("agent.run", "--method", "react", "--benchmark", "demo", "--limit", "1", "--backend", "vllm",
+             "--endpoint", url, "--model-dir", str(tiny_model_dir), "--out", str(out), "--no-progress")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
 @pytest.mark.slow
 def test_a_vllm_server_with_processed_logprobs_fails_the_fidelity_mode_check(vllm, tiny_model_dir, tmp_path):
-    run = tmp_path / "react"
-    r = _cli("agent.run", "--method", "react", "--benchmark", "demo", "--limit", "1", "--backend", "vllm",
-             "--endpoint", vllm, "--model-dir", str(tiny_model_dir), "--out", str(run), "--no-progress")
-    assert r.returncode == 0, r.stderr[-3000:]
+    run = _react_run(vllm, tiny_model_dir, tmp_path / "react")
     scaled, url = _standin(tiny_model_dir, "--logprobs-mode", "processed_logprobs")
     try:
         r = _cli("probes.fidelity", str(run), "--backend", "vllm", "--endpoint", url, "--model-dir", str(tiny_model_dir))
@@ -200,10 +204,7 @@ def test_a_vllm_server_with_processed_logprobs_fails_the_fidelity_mode_check(vll
 
 @pytest.mark.slow
 def test_a_server_that_refuses_request_templates_is_named_before_a_probe_scores(vllm, tiny_model_dir, tmp_path):
-    run = tmp_path / "react"
-    r = _cli("agent.run", "--method", "react", "--benchmark", "demo", "--limit", "1", "--backend", "vllm",
-             "--endpoint", vllm, "--model-dir", str(tiny_model_dir), "--out", str(run), "--no-progress")
-    assert r.returncode == 0, r.stderr[-3000:]
+    run = _react_run(vllm, tiny_model_dir, tmp_path / "react")
     p, url = _standin(tiny_model_dir, trust=False)
     try:
         r = _cli("probes.entropy", str(run), "--mode", "teacher-forced", "--endpoint", url, "--no-progress")

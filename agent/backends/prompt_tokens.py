@@ -1,8 +1,9 @@
-"""The prompt of SGLang's native ``/generate`` as token ids: tokenised by message piece (each piece once, or taken
-from what a run recorded), and the number of tokens each image placeholder becomes on the server.
+"""A prompt as token ids, for the backends that send ids (SGLang's native ``/generate``, vLLM's completions):
+tokenised by message piece (each piece once, or taken from what a run recorded), the number of tokens each image
+placeholder becomes on the server, and token ids decoded back to their texts.
 
-A mixin of :class:`agent.backends.sglang_native.SGLangBackend`, which holds the state it uses (``model_dir``,
-``book``, ``piece_stats`` and the caches made in its ``__init__``).
+A mixin of :class:`agent.backends.sglang_native.SGLangBackend` and :class:`agent.backends.vllm.VLLMBackend`;
+:meth:`PromptTokens.setup_prompt_tokens` makes the state it uses.
 """
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from typing import Callable
 
 import numpy as np
 
-from .base import BackendError
-from .pieces import PieceBook, piece_digest
+from .base import BackendError, model_vocab_size
+from .pieces import PieceBook, piece_digest, tokenizer_fingerprint
 from .vision import UnknownProcessor, VisionGrid
 
 #: Where a rendered prompt is cut for :meth:`SGLangBackend.prompt_ids` (before each message's start token).
@@ -46,6 +47,36 @@ class PromptTokens:
     _encode: Callable
     book: dict | PieceBook
     piece_stats: dict
+
+    def setup_prompt_tokens(self, tok, model_dir: str) -> None:
+        """The tokenizer ``tok`` of ``model_dir`` and the caches the methods below keep."""
+        self.tok = tok
+        self._encode = piece_encoder(tok)
+        self.model_dir = model_dir
+        self.vocab = model_vocab_size(model_dir)  # token ids at or above it are refused (check_values)
+        self._decode_cache: dict[int, str] = {}
+        self._proc = None
+        self._grid = False                             # image_tokens: the processor's resize rule (None: unknown)
+        self._piece_ids = {}                           # prompt_pieces: (digest, int32 ids) per message piece
+        # pieces a run recorded, lent by a probe while their trajectory is in flight (agent/backends/pieces.py), and
+        # the fingerprint of this tokenizer (pieces made by another one are never lent)
+        self.book = PieceBook()
+        self.fingerprint = tokenizer_fingerprint(model_dir)
+        self.piece_stats = {"tokenised": 0, "tokenised_chars": 0, "recorded": 0}
+        self._image_tokens = {}                        # image_tokens: expanded length per image sha256
+
+    def _decode(self, tid: int) -> str:
+        s = self._decode_cache.get(tid)
+        if s is None:
+            s = self._decode_cache[tid] = self.tok.decode([tid], skip_special_tokens=False)
+        return s
+
+    def _decode_many(self, ids: list[int]) -> list[str]:
+        c = self._decode_cache
+        try:  # every id seen before (the usual case after a few replies): one C-level pass
+            return list(map(c.__getitem__, ids))
+        except KeyError:
+            return [c[i] if i in c else self._decode(i) for i in ids]
 
     def _processor(self):
         if self._proc is None:

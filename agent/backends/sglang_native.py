@@ -52,7 +52,6 @@ from .base import (
     ScoredTokens,
     Usage,
     backend_error,
-    model_vocab_size,
     reported_count,
     retry_bad_replies,
     routing_headers,
@@ -60,8 +59,7 @@ from .base import (
 from .hub import resolve_model_dir
 from .local import load_chat_renderer
 from .messages import record_messages, split_text_and_images
-from .pieces import PieceBook, tokenizer_fingerprint
-from .prompt_tokens import PromptTokens, joined_ids, piece_encoder
+from .prompt_tokens import PromptTokens, joined_ids
 from .think import THINK_OPEN, mark_think, split_think
 from .wire import (
     arrays_from_flat,
@@ -143,43 +141,17 @@ class SGLangBackend(PromptTokens):
         name = str(model_dir).rstrip("/").split("/")[-1]  # "Qwen3.5-27B" for a path or a hub id
         if renderer is None:
             model_dir = str(resolve_model_dir(model_dir))  # a directory, or a hub id in the local HF cache
-        self.tok = renderer or load_chat_renderer(model_dir)
-        self._encode = piece_encoder(self.tok)
+        self.setup_prompt_tokens(renderer or load_chat_renderer(model_dir), model_dir)
         self.model = model or name
-        self.model_dir = model_dir
         self.model_arg = model   # the served name the user asked for (None: whatever the server serves)
         self.model_dir_name = name
-        self.vocab = model_vocab_size(model_dir)  # token ids at or above it are refused (check_values)
         self.logprob_mode = logprob_mode
         self.policy = policy
         self._client = client or ModelClient()
-        self._decode_cache: dict[int, str] = {}
-        self._proc = None
-        self._grid = False                             # image_tokens: the processor's resize rule (None: unknown)
-        self._piece_ids: dict[str, tuple] = {}       # prompt_pieces: (digest, int32 ids) per message piece
-        # pieces a run recorded, lent by a probe while their trajectory is in flight (agent/backends/pieces.py), and
-        # the fingerprint of this tokenizer (pieces made by another one are never lent)
-        self.book = PieceBook()
-        self.fingerprint = tokenizer_fingerprint(model_dir)
-        self.piece_stats = {"tokenised": 0, "tokenised_chars": 0, "recorded": 0}
         # scoring asks for SGLang's flat base64 top-logprob arrays (ours; wire.flat_top_arrays): ~0.25 MB instead of
         # ~0.65 MB of nested triples a 1,000-token reply, and no Python object per alternative. A server that
         # ignores the request answers with the nested lists, which parse as before; one that refuses it turns it off.
         self.flat_logprobs = bool(flat_logprobs)
-        self._image_tokens: dict[str, int] = {}      # image_tokens: expanded length per image sha256
-
-    def _decode(self, tid: int) -> str:
-        s = self._decode_cache.get(tid)
-        if s is None:
-            s = self._decode_cache[tid] = self.tok.decode([tid], skip_special_tokens=False)
-        return s
-
-    def _decode_many(self, ids: list[int]) -> list[str]:
-        c = self._decode_cache
-        try:  # every id seen before (the usual case after a few replies): one C-level pass
-            return list(map(c.__getitem__, ids))
-        except KeyError:
-            return [c[i] if i in c else self._decode(i) for i in ids]
 
     def render(self, messages: list[dict], template_kwargs: dict | None = None) -> tuple[str, list]:
         hf, images = split_text_and_images(messages)

@@ -47,7 +47,6 @@ from .base import (
     LogprobSemantics,
     ScoredTokens,
     backend_error,
-    model_vocab_size,
     retry_bad_replies,
     routing_headers,
 )
@@ -55,8 +54,7 @@ from .hub import resolve_model_dir
 from .local import load_chat_renderer
 from .messages import record_messages, split_text_and_images, to_openai_messages
 from .openai_compat import OpenAIBackend
-from .pieces import PieceBook, tokenizer_fingerprint
-from .prompt_tokens import PromptTokens, piece_encoder
+from .prompt_tokens import PromptTokens
 from .think import THINK_OPEN, mark_think
 from .wire import tokens_from_triples
 
@@ -92,27 +90,7 @@ class VLLMBackend(PromptTokens, OpenAIBackend):
                          api_key_env=api_key_env)
         if renderer is None:
             model_dir = str(resolve_model_dir(model_dir))
-        self.tok = renderer or load_chat_renderer(model_dir)
-        self._encode = piece_encoder(self.tok)
-        self.model_dir = model_dir
-        self.vocab = model_vocab_size(model_dir)
-        self._decode_cache: dict[int, str] = {}
-        self._proc = None
-        self._grid = False
-        self._piece_ids: dict[str, tuple] = {}
-        self.book = PieceBook()
-        self.fingerprint = tokenizer_fingerprint(model_dir)
-        self.piece_stats = {"tokenised": 0, "tokenised_chars": 0, "recorded": 0}
-        self._image_tokens: dict[str, int] = {}
-
-    def _decode(self, tid: int) -> str:
-        s = self._decode_cache.get(tid)
-        if s is None:
-            s = self._decode_cache[tid] = self.tok.decode([tid], skip_special_tokens=False)
-        return s
-
-    def _decode_many(self, ids: list[int]) -> list[str]:
-        return [self._decode(i) for i in ids]
+        self.setup_prompt_tokens(renderer or load_chat_renderer(model_dir), model_dir)
 
     def _payload(self, messages: list[dict], sp) -> dict:
         body = super()._payload(messages, sp)
