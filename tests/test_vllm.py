@@ -189,30 +189,22 @@ def _react_run(url: str, tiny_model_dir, out):
 
 
 @pytest.mark.slow
-def test_a_vllm_server_with_processed_logprobs_fails_the_fidelity_mode_check(vllm, tiny_model_dir, tmp_path):
+def test_servers_started_with_processed_logprobs_or_without_trusted_templates_are_refused(vllm, tiny_model_dir,
+                                                                                        tmp_path):
     run = _react_run(vllm, tiny_model_dir, tmp_path / "react")
-    scaled, url = _standin(tiny_model_dir, "--logprobs-mode", "processed_logprobs")
+    p, url = _standin(tiny_model_dir, "--logprobs-mode", "processed_logprobs")
     try:
         r = _cli("probes.fidelity", str(run), "--backend", "vllm", "--endpoint", url, "--model-dir", str(tiny_model_dir))
-    finally:
-        scaled.kill()
-        scaled.wait()
-    assert r.returncode == 2, r.stdout + r.stderr
-    mode = json.loads((run / "probes" / "fidelity" / "fidelity.json").read_text())["checks"]["mode"]
-    assert mode["server"] == "scaled" and mode["recorded"] == "raw" and not mode["ok"]
-
-
-@pytest.mark.slow
-def test_a_server_that_refuses_request_templates_is_named_before_a_probe_scores(vllm, tiny_model_dir, tmp_path):
-    run = _react_run(vllm, tiny_model_dir, tmp_path / "react")
-    p, url = _standin(tiny_model_dir, trust=False)
-    try:
+        assert r.returncode == 2, r.stdout + r.stderr
+        mode = json.loads((run / "probes" / "fidelity" / "fidelity.json").read_text())["checks"]["mode"]
+        assert mode["server"] == "scaled" and mode["recorded"] == "raw" and not mode["ok"]
+        _post(url + "/_restart_as", {"logprobs_mode": "raw_logprobs", "trust_request_chat_template": False})
         r = _cli("probes.entropy", str(run), "--mode", "teacher-forced", "--endpoint", url, "--no-progress")
+        assert r.returncode != 0 and "--trust-request-chat-template" in r.stderr and "Traceback" not in r.stderr
+        assert not (run / "probes" / "entropy-teacher-forced" / "steps.parquet").exists()
     finally:
         p.kill()
         p.wait()
-    assert r.returncode != 0 and "--trust-request-chat-template" in r.stderr and "Traceback" not in r.stderr
-    assert not (run / "probes" / "entropy-teacher-forced" / "steps.parquet").exists()
 
 
 def test_runs_of_two_engines_are_not_pooled():

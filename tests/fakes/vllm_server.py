@@ -11,7 +11,8 @@ prompt position (the target token and the top k, ranks counted over the vocabula
 gathers them); a chat reply's text is the scripted agent's (scripts/soak.py ``agent_policy``) and its logprobs the
 model's own for those tokens, raw, as under vLLM's default ``--logprobs-mode raw_logprobs``. Images in a chat
 request are counted, not seen: the model reads the text around them. Its numbers are meaningless; its shapes,
-fields and semantics are vLLM's.
+fields and semantics are vLLM's. ``POST /_restart_as {"logprobs_mode": ..., "trust_request_chat_template": ...}``
+stands for a restart with other flags (a model load saved).
 """
 from __future__ import annotations
 
@@ -209,6 +210,10 @@ class Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
         with s.lock:
             s.bodies.append((self.path, body))
+        if self.path == "/_restart_as":  # the tests' control: the same process as if started with other flags
+            s.engine.processed = body.get("logprobs_mode") == "processed_logprobs"
+            s.engine.trust_templates = bool(body.get("trust_request_chat_template"))
+            return self._send(200, b"{}")
         kinds = {"/v1/completions": (CompletionRequest, completion), "/v1/chat/completions": (ChatCompletionRequest, chat)}
         if self.path not in kinds:
             return self._send(404, b'{"error": "not found"}')
