@@ -178,7 +178,7 @@ def _announce(a, servers: list[Server], routers, ports, gpu_gb, run_dir: Path) -
     if a.engine == "vllm":
         print("memory: " + (f"--gpu-memory-utilization {a.mem_fraction}" if a.mem_fraction else
                             "vLLM's own --gpu-memory-utilization (0.9)") + f"; engine: vLLM {VLLM_VERSION} "
-              "(scoring without images only, a scoring request skips its prefix cache: docs/serving.md, \"vLLM\")")
+              "(its logprobs raw, a scoring request skips its prefix cache, a prompt with images is scored through its chat API: docs/serving.md, \"vLLM\")")
     else:
         print("memory: " + (f"--mem-fraction-static {a.mem_fraction}" if a.mem_fraction else
                             "SGLang's own --mem-fraction-static (it keeps headroom for the vision encoder)")
@@ -365,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dry-run", action="store_true", help="print the exact commands, client flags and memory estimate; start nothing")
     ap.add_argument("--engine", choices=("sglang", "vllm"), default="sglang",
                     help="the serving engine (default: sglang, the paper's; vllm: vllm serve with the same model, TP "
-                         "and context, its logprobs raw; scoring without images only: docs/serving.md)")
+                         "and context, its logprobs raw: docs/serving.md, \"vLLM\")")
     ap.add_argument("--logprobs", "--logprob-mode", dest="logprobs", default=None, choices=("scaled", "raw"),
                     help="what output logprobs describe: scaled = log_softmax(logits/T) (SGLang's default); raw sets "
                          "SGLANG_RETURN_ORIGINAL_LOGPROB=1 (default: scaled; vLLM's are raw)")
