@@ -201,7 +201,9 @@ def test_servers_started_with_processed_logprobs_or_without_trusted_templates_ar
         _post(url + "/_restart_as", {"logprobs_mode": "raw_logprobs", "trust_request_chat_template": False})
         r = _cli("probes.entropy", str(run), "--mode", "teacher-forced", "--endpoint", url, "--no-progress")
         assert r.returncode != 0 and "--trust-request-chat-template" in r.stderr and "Traceback" not in r.stderr
-        assert not (run / "probes" / "entropy-teacher-forced" / "steps.parquet").exists()
+        out = run / "probes" / "entropy-teacher-forced"
+        assert not (out / "steps.parquet").exists()
+        assert not (out / "steps.jsonl").exists() or not (out / "steps.jsonl").read_bytes().strip()  # no step scored
     finally:
         p.kill()
         p.wait()
