@@ -42,7 +42,7 @@ from .tools.live import MissingKeyError, require_live_tools
 log = logging.getLogger(__name__)
 
 __all__ = ["PreflightError", "model_identity", "require_keys", "check_benchmark_images", "PREFLIGHT_POLICY",
-           "server_facts"]
+           "server_facts", "context_limit", "check_output_room"]
 
 #: A preflight request fails fast: one retry, 15 s.
 PREFLIGHT_POLICY = RetryPolicy(retries=1, backoff_s=0.5, timeout_s=15.0)
@@ -116,18 +116,62 @@ async def server_facts(b, root: str) -> dict | None:
 
 async def _openai_identity(b) -> dict:
     url = b.base + "/models"
-    ids = _ids(await _get(b, url, "list models"), url)
+    data = await _get(b, url, "list models")
+    ids = _ids(data, url)
     if b.model and b.model not in ids:
         raise PreflightError(f"{public_url(b.base)} does not serve {b.model!r}; it serves {', '.join(ids[:10])}")
     b.model = b.model or ids[0]
+    if b.server == "vllm":
+        return await _vllm_identity(b, next(m for m in data["data"] if m.get("id") == b.model))
     facts = await server_facts(b, b.base.removesuffix("/v1")) if b.server == "sglang" else None
-    if b.server == "vllm":  # what vLLM exposes: its version
-        try:
-            facts = {"version": (await _get(b, b.base.removesuffix("/v1") + "/version", "server version")).get("version")}
-        except (PreflightError, AttributeError):
-            facts = None
-    return {"backend": "vllm" if b.name == "vllm" else f"openai:{b.server}", "served_model": b.model, "weights": None, "fingerprint": None,
+    return {"backend": f"openai:{b.server}", "served_model": b.model, "weights": None, "fingerprint": None,
             "deterministic": None if facts is None else facts.get("enable_deterministic_inference"), "server": facts}
+
+
+async def _vllm_identity(b, listed: dict) -> dict:
+    """What vLLM says of itself: its ``/v1/models`` entry names the served weights (``root``: the path or hub id it
+    loaded) and the context (``max_model_len``), ``/version`` its version. The weights are recorded, so that a
+    resume or a probe against other weights under the same name is refused (:func:`agent.identity.same_model`)."""
+    weights = listed.get("root") if isinstance(listed.get("root"), str) else None
+    facts: dict = {"model_path": weights}
+    if isinstance(listed.get("max_model_len"), int):
+        facts["max_model_len"] = listed["max_model_len"]
+    try:
+        facts["version"] = (await _get(b, b.base.removesuffix("/v1") + "/version", "server version")).get("version")
+    except (PreflightError, AttributeError):
+        pass
+    _same_weights(b, weights, public_url(b.base))
+    return {"backend": "vllm", "served_model": b.model, "weights": weights, "fingerprint": None, "deterministic": None,
+            "server": facts}
+
+
+def _same_weights(b, weights, where: str) -> None:
+    """A server whose weights are not those of ``--model-dir`` would be sent prompts rendered with another model's
+    chat template, and its records would name the wrong model."""
+    name = getattr(b, "model_dir_name", None)
+    if name and weights and Path(str(weights).rstrip("/")).name.lower() != name.lower():
+        raise PreflightError(
+            f"{where} serves the weights {weights!r} but --model-dir is {getattr(b, 'model_dir', name)!s}: the prompts "
+            "would be rendered with another model's chat template and the records would name the wrong model")
+
+
+def context_limit(ident: dict | None) -> int | None:
+    """The longest sequence (prompt and output) the server takes: vLLM's ``max_model_len``, SGLang's
+    ``context_length``; None when it does not say."""
+    facts = (ident or {}).get("server") or {}
+    n = facts.get("max_model_len", facts.get("context_length"))
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
+def check_output_room(ident: dict | None, max_tokens: int | None, flag: str = "--max-tokens") -> None:
+    """Refuse, before any work, an output length the server cannot give a single call: every request would be
+    refused (vLLM: HTTP 400, "max_tokens ... cannot be greater than max_model_len"). A call whose prompt leaves less
+    room is fitted by the server itself and ends by length, which the record says."""
+    limit = context_limit(ident)
+    if limit is not None and max_tokens is not None and max_tokens >= limit:
+        raise PreflightError(f"{flag} {max_tokens} leaves no room for a prompt: the server takes at most {limit} tokens "
+                             f"in all (its max_model_len / context length); give {flag} below {limit} (the paper's "
+                             "8192 needs a server started with a longer context: --context-length)")
 
 
 async def _sglang_identity(b) -> dict:
@@ -141,10 +185,7 @@ async def _sglang_identity(b) -> dict:
         raise PreflightError(f"{public_url(root)} does not serve {b.model_arg!r}; it serves {', '.join(ids[:10])}")
     served = b.model_arg or ids[0]
     b.model = served  # records name the model the server really serves
-    if b.model_dir_name and weights and Path(str(weights).rstrip("/")).name.lower() != b.model_dir_name.lower():
-        raise PreflightError(
-            f"{public_url(root)} serves the weights {weights!r} but --model-dir is {b.model_dir!s}: the prompts would be "
-            "rendered with another model's chat template and the records would name the wrong model")
+    _same_weights(b, weights, public_url(root))
     facts = await server_facts(b, root)
     return {"backend": "sglang", "served_model": served, "weights": weights, "fingerprint": None,
             "deterministic": None if facts is None else facts.get("enable_deterministic_inference"), "server": facts}
@@ -220,7 +261,9 @@ def main(argv=None) -> int:
                     help="an API key a judge or annotator stage needs (repeatable)")
     add_backend_args(ap, default=None, repeat_endpoint=True,
                      title="the model server to check (default: none; several --endpoint must serve one model)")
+    ap.set_defaults(logprob_mode=None)  # the backend's own: scaled for SGLang, raw for vLLM (agent/backends/vllm.py)
     a = ap.parse_args(argv)
+    a.logprob_mode = a.logprob_mode or ("raw" if a.backend == "vllm" else "scaled")
     problems = []
     if a.tools == "live":
         try:

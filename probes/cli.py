@@ -15,11 +15,12 @@ from agent.backends import make_backend
 from agent.backends.base import BackendError
 from agent.backends.pieces import lend_pieces
 from agent.backends.spread import Spread
+from agent.backends.tiny_model import is_tiny_model
 from agent.cli import add_backend_args as add
 from agent.cli import positive_int
 from agent.errors import EXIT_DISK_FULL, ToolkitError, disk_full_message
-from agent.identity import deterministic_cost, same_model
-from agent.preflight import PreflightError, model_identity
+from agent.identity import deterministic_cost, same_model, server_differences
+from agent.preflight import PreflightError, check_output_room, model_identity
 from serving.endpoints import gpus_behind, gpus_held
 
 log = logging.getLogger(__name__)
@@ -199,8 +200,12 @@ async def probe_model_check(run, backend, *, force: bool = False) -> dict:
     if cost:  # the serving check's word on what the probe will cost
         log.warning(f"WARNING: {cost}")
     recorded = run.header.get("model")
+    # a regenerated step asks for the run's output length: one the server cannot give any call is refused here
+    check_output_room(ident, (run.header.get("sampling") or {}).get("max_tokens"), flag="the run's max_tokens")
+    # the same model, computing the same way: other weights under the same name (a redeployed checkpoint) differ
+    # in the server's model_path, as a resume would find (agent/rundir/writer.py)
     why = "the run header records no model identity (made by an older version?)" if not recorded else \
-        same_model(recorded, ident)
+        same_model(recorded, ident) or server_differences(recorded, ident, unverified_ok=True)
     if why:
         if not force:
             raise PreflightError(f"{run.path}: {why}. A probe must query the model that made the run; "
@@ -208,6 +213,20 @@ async def probe_model_check(run, backend, *, force: bool = False) -> dict:
         log.warning(f"warning: --force: {why}")
         ident = {**ident, "forced_mismatch": why}
     return ident
+
+
+def keeps_unparsed(asked: bool, header: dict) -> bool:
+    """``--include-unparsed``, or a run of the embedded tiny model, in process or served (random weights: no first
+    call of it parses, so the paper's rule, analysis/selection.py, would keep nothing to probe); said when taken,
+    and recorded by the probe as ``include_unparsed``."""
+    if asked:
+        return True
+    b, m = header.get("backend") or {}, header.get("model") or {}
+    if b.get("embedded_tiny_model") or is_tiny_model(b.get("model_dir")) or is_tiny_model(m.get("weights")):
+        log.info("NOTE: the run is the embedded tiny model's (random weights: none of its first calls parses): its "
+                 "trajectories are kept as --include-unparsed keeps them (recorded); its numbers are meaningless")
+        return True
+    return False
 
 
 def run_async(coro, kept: str, out=None):

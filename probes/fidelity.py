@@ -35,7 +35,8 @@ order) this scores the recorded continuation with its images:
   when no token separates the two.
 
 On **vLLM** (``--backend vllm``): **warm** scores each sampled call's recorded continuation with its images
-twice (vLLM's chat route, agent/backends/vllm.py); **cold** and **paths** are SGLang's (skipped); **mode** runs on
+twice (vLLM's token-in route with the images, agent/backends/vllm.py); **cold** and **paths** are SGLang's
+(skipped); **local** as above (``--reference-model-dir``: the engine against in-process transformers); **mode** runs on
 the call's text, scored by token ids over ``/v1/completions`` (ours: no re-tokenisation can blur it): the server
 generates ``PATH_TOKENS`` tokens at the run's temperature, scores them (also a warm pair), and its output logprobs
 must read as raw (vLLM's default ``--logprobs-mode raw_logprobs``, which a run through vLLM records; a server started
@@ -241,8 +242,8 @@ def text_only(msgs: list[dict]) -> list[dict]:
 
 
 async def _vllm_call(backend, msgs: list[dict], ev: dict, results: dict, modes: list) -> None:
-    """The mode reading on one recorded call's text (ours: scored by token ids, so no re-tokenisation of the chat
-    route can blur it; agent/backends/vllm.py): the server generates at the call's sampling, scores those tokens
+    """The mode reading on one recorded call's text (ours: scored by token ids over /v1/completions, the route
+    every vLLM server serves; agent/backends/vllm.py): the server generates at the call's sampling, scores those tokens
     twice (a warm pair) and its output logprobs are read against the scored ones (raw under --logprobs-mode
     raw_logprobs)."""
     sp = recorded_sampling(ev)

@@ -48,7 +48,7 @@ from agent.rundir.lines import SOURCE_KEY, seal
 from agent.rundir.probe_outputs import resume_rows
 from analysis.figures import fig2a_grounding, provenance_mark
 from analysis.selection import select_trajectories
-from probes.cli import run_async
+from probes.cli import keeps_unparsed, run_async
 
 pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
 
@@ -242,6 +242,7 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
         raise RunError(f"{run.path}: the grounding annotator reads ReAct runs (paper §3.2.1); this run is "
                        f"{run.header.get('label') or run.header.get('method')}")
     lines = sorted(run.index, key=lambda ln: (ln["sample_id"], ln["trial"]))[: limit or None]  # summaries
+    include_unparsed = keeps_unparsed(include_unparsed, run.header)
     lines, exclusions = select_trajectories(lines, include_unparsed=include_unparsed)  # the same rule as the entropy probe (analysis/selection.py)
     exclusions.to_csv(out / "exclusions.csv", index=False)
     pending = [ln for ln in lines if (ln["sample_id"], ln["trial"]) not in done]

@@ -2,11 +2,12 @@
 # Everything the suite needs, then the checks and every test, on the CPU (no GPU, no network):
 #   bash scripts/test.sh [pytest args]
 # 1. the venv (scripts/setup_env.sh), SGLang's pure-Python layer for tests/conformance/ (scripts/sglang_conformance.sh),
-#    vLLM's request models (scripts/vllm_conformance.sh)
+#    vLLM's request models (scripts/vllm_conformance.sh), a real vLLM engine (vLLM's CPU build in .venv-vllm-engine,
+#    scripts/vllm_engine.sh: the real_engine tier, tests/test_real_engine.py)
 #    and Debian's chromium (the viewer's browser test) and Slurm (tests/test_slurm.py), where apt-get can;
 # 2. the code's shape, beside the tiny model's warm-up: ruff (pyflakes, import order, imports at the top, function
 #    size), import-linter (the layers of docs/architecture.md) and mypy (the record and the backends);
-# 3. the suite on four workers (pytest-xdist), ending with the list of skipped tests and why (-rs).
+# 3. the suite on four workers (pytest-xdist), ending with the failed tests and the skipped ones and why (-rfEs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # byte code written once and read by all: the suite starts ~200 Python processes, and where PYTHONDONTWRITEBYTECODE
@@ -36,6 +37,8 @@ debian_pid=""
 if (( ${#debian[@]} )); then install_debian "${debian[@]}" & debian_pid=$!; fi
 bash scripts/setup_env.sh
 bash scripts/sglang_conformance.sh install & sglang_pid=$!
+engine_log=$(mktemp)
+bash scripts/vllm_engine.sh > "$engine_log" 2>&1 & engine_pid=$!
 # the code's shape, beside the warm-up below (they share no files; on a busy machine two processes of ours get
 # more of the cores than one): its output is shown when it ends
 shape_checks() {
@@ -44,7 +47,7 @@ shape_checks() {
     && { .venv/bin/mypy --no-error-summary >/dev/null || .venv/bin/mypy; }  # the record and the backends ([tool.mypy])
 }
 shape_log=$(mktemp)
-trap 'rm -f "$shape_log"' EXIT
+trap 'rm -f "$shape_log" "$engine_log"' EXIT
 shape_checks > "$shape_log" 2>&1 & shape_pid=$!
 export MMCF_TINY_MODEL_DIR=${MMCF_TINY_MODEL_DIR:-$PWD/.cache/tiny-qwen35}
 # the tiny model, loaded once here: with the toolkit's commands imported, this writes the byte code of most of what
@@ -61,6 +64,13 @@ shape_ok=0; wait "$shape_pid" || shape_ok=$?
 cat "$shape_log"; rm -f "$shape_log"
 [[ "$shape_ok" == 0 ]] || { echo "error: the code's shape checks failed (above)" >&2; exit 1; }
 [[ -z "$debian_pid" ]] || wait "$debian_pid" || true
+engine_ok=0; wait "$engine_pid" || engine_ok=$?
+cat "$engine_log"
+if [[ "$engine_ok" != 0 ]]; then
+  # 3: this machine cannot run vLLM's CPU build (not x86_64 with AVX2); anything else is a failed install
+  [[ -n "${CI:-}" ]] && { echo "error: CI must run the real-engine tier, and vLLM's CPU build could not be installed (above)" >&2; exit 1; }
+  echo "warning: no real vLLM engine here (above): the real_engine tier will skip" >&2
+fi
 if [[ -n "${CI:-}" ]] && ! have_chromium; then
   echo "error: CI must run the browser test, and chromium could not be installed" >&2
   exit 1
@@ -75,4 +85,4 @@ fi
 # says otherwise: with four workers on two cores, threads of a second pool spin while they wait for work, and the
 # suite spent 14 % more CPU so (docs/performance.md).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-exec .venv/bin/python -m pytest -q -rs -n "${MMCF_TEST_WORKERS:-4}" "$@"
+exec .venv/bin/python -m pytest -q -rfEs -n "${MMCF_TEST_WORKERS:-4}" "$@"

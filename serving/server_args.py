@@ -10,9 +10,10 @@ Printed: one line per problem, each a reason the server would refuse to start or
 - an argument SGLang does not know, or a value it refuses (its parser's own message);
 - ``SGLANG_EXTRA_ARGS`` giving again an option the launcher sets (the last one wins in SGLang's parser, so the
   plan, the memory estimate and the launch record would describe another server);
-- ``--disable-radix-cache`` with the launcher's ``--mamba-radix-cache-strategy extra_buffer``: with the cache off no
-  linear-attention state is cached, and SGLang refuses an explicit buffer strategy then
-  (sglang/srt/arg_groups/model_hook.py ``handle_mamba_radix_cache``: "needs mamba state"; SGLang PR #19169).
+- ``--disable-radix-cache`` with the launcher's ``--mamba-radix-cache-strategy extra_buffer``: SGLang 0.5.23 starts,
+  with no radix cache and the pinned strategy dropped (``mamba_extra_buffer_of`` is false once the cache is off,
+  sglang/srt/arg_groups/model_override_base.py, so ``handle_mamba_radix_cache``, model_hook.py, neither uses nor
+  refuses it): no prefix is reused, and every probe request pays its whole prompt.
 """
 from __future__ import annotations
 
@@ -62,10 +63,10 @@ def problems(args: list[str], extra: list[str], parser: argparse.ArgumentParser)
                        "another server)")
     strategy = getattr(full, "mamba_radix_cache_strategy", None)
     if getattr(full, "disable_radix_cache", False) and strategy in ("extra_buffer", "extra_buffer_lazy"):
-        out.append(f"SGLANG_EXTRA_ARGS: --disable-radix-cache contradicts --mamba-radix-cache-strategy {strategy}, "
-                   "which the launcher pins for Qwen3.5's linear-attention states: SGLang refuses to start "
-                   "(arg_groups/model_hook.py handle_mamba_radix_cache: an explicit buffer strategy \"needs mamba "
-                   "state\"); leave the radix cache on (the probes reuse every prefix through it)")
+        out.append(f"SGLANG_EXTRA_ARGS: --disable-radix-cache drops --mamba-radix-cache-strategy {strategy}, which "
+                   "the launcher pins for Qwen3.5's linear-attention states: SGLang would start with no prefix cache "
+                   "at all (arg_groups/model_override_base.py mamba_extra_buffer_of: no buffer once the cache is "
+                   "off), and every probe request would pay its whole prompt; leave the radix cache on")
     return out
 
 

@@ -64,6 +64,20 @@ async def test_native_score_takes_last_n_entries_and_verifies_ids(native, fake_s
     assert body["sampling_params"]["max_new_tokens"] == 0 and body["logprob_start_len"] >= 0
 
 
+async def test_a_score_whose_images_did_not_arrive_whole_is_refused(native, fake_sglang, red_image, tiny_model_dir):
+    """SGLang #39831: a server that reduces each image to one token (while it still reports image support) scores
+    text that never saw the images; its own prompt count gives it away against the processor's expansion."""
+    from agent.backends.local import load_chat_renderer
+
+    ids = load_chat_renderer(str(tiny_model_dir))("It is red.", add_special_tokens=False)["input_ids"]
+    for short in ("all", 1):  # every image one token (the server refuses the start), or one token short
+        fake_sglang.image_shortfall = short
+        with pytest.raises(BackendError, match="the images did not arrive as the model sees them"):
+            await native.score(msgs(red_image), Continuation(ids=ids))
+    fake_sglang.image_shortfall = None
+    assert [t.id for t in (await native.score(msgs(red_image), Continuation(ids=ids))).tokens] == ids
+
+
 async def test_native_score_over_a_kept_alive_connection(tiny_model_dir, red_image):
     """The benches' fake speaks HTTP/1.1 with persistent connections, as SGLang's server does: consecutive
     scorings reuse one connection (the default fake closes it after every reply) and score the same."""

@@ -396,7 +396,7 @@ def test_sglangs_own_parser_reads_the_launchers_commands_and_refuses_what_contra
     cmd = server_command("9b", 30000, a, 31000)
     args = cmd[cmd.index("sglang.launch_server") + 1:]
     assert args[args.index("--mamba-ssm-dtype") + 1] == "float32"
-    cases = {"": [], "--disable-radix-cache": ["--disable-radix-cache contradicts --mamba-radix-cache-strategy "
+    cases = {"": [], "--disable-radix-cache": ["--disable-radix-cache drops --mamba-radix-cache-strategy "
                                                  "extra_buffer"],
              "--tp-size 2": ["sets --tp-size 2, which the launcher sets to 4"],
              "--disable-radix-cachee": ["SGLang refuses it: unrecognized arguments: --disable-radix-cachee"],
@@ -404,13 +404,17 @@ def test_sglangs_own_parser_reads_the_launchers_commands_and_refuses_what_contra
     code = ("import json, sys; from serving.server_args import _Parser, problems\n"
             "from sglang.srt.server_args import ServerArgs\n"
             "p = _Parser(add_help=False); ServerArgs.add_cli_args(p)\n"
+            "from types import SimpleNamespace as N\n"
+            "from sglang.srt.arg_groups.model_override_base import mamba_extra_buffer_of as buffered\n"
             "args, cases = json.load(sys.stdin)\n"
-            "print(json.dumps({k: problems(args, k.split(), p) for k in cases}))")
+            "off = N(disable_radix_cache=True, mamba_radix_cache_strategy='extra_buffer')\n"
+            "print(json.dumps({**{k: problems(args, k.split(), p) for k in cases}, 'dropped': not buffered(off)}))")
     r = subprocess.run([sys.executable, "-c", code], input=json.dumps([args, list(cases)]), capture_output=True,
                        text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{site}"},
                        timeout=HANG_GUARD_S)
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["dropped"] is True  # SGLang's own rule: the cache off, no extra buffer, the strategy moot
     for extra, want in cases.items():
         assert len(got[extra]) == len(want) and all(w in g for w, g in zip(want, got[extra])), (extra, got[extra])
 
@@ -421,4 +425,4 @@ def test_the_dry_run_refuses_sglang_extra_args_that_turn_the_radix_cache_off_in_
     r = sh([LAUNCH, "--dry-run", "--gpus", "8", "9b"], env={"SGLANG_EXTRA_ARGS": "--disable-radix-cache"})
     assert r.returncode == 1
     fails = [ln for ln in r.stdout.splitlines() if ln.startswith("check FAIL") and "SGLang reads" in ln]
-    assert len(fails) == 1 and "--disable-radix-cache contradicts" in fails[0]
+    assert len(fails) == 1 and "--disable-radix-cache drops" in fails[0] and "no prefix cache" in fails[0]

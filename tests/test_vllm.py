@@ -1,6 +1,8 @@
-"""vLLM as a second engine (agent/backends/vllm.py): teacher-forced scoring over /v1/completions with token ids,
-generation over its chat API, against a stand-in that reads and writes vLLM 0.33.0's own request and response models
-(tests/fakes/vllm_server.py, the tiny model's real logprobs); the fidelity check's mode reading; engines not mixed."""
+"""vLLM as a second engine (agent/backends/vllm.py) against a stand-in that reads and writes vLLM 0.33.0's own request
+and response models (tests/fakes/vllm_server.py, the tiny model's real logprobs): the request shapes vLLM reads, and
+the faults a real engine cannot be made to show cheaply (another logprobs mode, no token-in route, images reduced,
+other weights under the same name, ids that do not spell the reply). The whole chain on a real vLLM engine is
+tests/test_real_engine.py."""
 from __future__ import annotations
 
 import asyncio
@@ -16,7 +18,7 @@ import numpy as np
 import pytest
 
 from agent.backends import Continuation, make_backend
-from agent.backends.base import BackendError
+from agent.backends.base import BackendError, BadReply, SamplingParams
 from agent.backends.vllm import check_logprobs_mode
 from agent.rundir import RunError
 from analysis.pooling import refuse_mixed_servers
@@ -32,10 +34,10 @@ PYPATH = os.pathsep.join([str(REPO), str(SITE), str(REPO / ".venv-sglang" / "sit
 MSGS = [{"role": "user", "content": "In which year was the bridge in the photo opened?"}]
 
 
-def _standin(tiny_model_dir, *extra, trust: bool = True):
+def _standin(tiny_model_dir, *extra):
     port = free_port()
     p = subprocess.Popen([sys.executable, str(REPO / "tests" / "fakes" / "vllm_server.py"), "--port", str(port),
-                          "--model-dir", str(tiny_model_dir), *(["--trust-request-chat-template"] if trust else []),
+                          "--model-dir", str(tiny_model_dir), "--enable-scale-out",
                           *extra], env={**os.environ, "PYTHONPATH": PYPATH},
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     end = time.monotonic() + HANG_GUARD_S
@@ -78,8 +80,8 @@ def test_scoring_over_completions_is_the_models_own_raw_logprobs_and_vllm_reads_
     sp = json.load(urllib.request.urlopen(vllm + "/_last_sampling", timeout=HANG_GUARD_S))
     assert sp["prompt_logprobs"] == 20 and sp["temperature"] == 0.0 and sp["max_tokens"] == 1 and sp["top_p"] == 1.0
     assert sp["skip_reading_prefix_cache"] is True  # vLLM reuses no cached prefix for a scoring request
-    body, ids, _ = v.score_payload(MSGS, cont)
-    assert [int(i) for i in body["prompt"][-len(ids):]] == ids
+    body, ids, _, images, expected = v.score_payload(MSGS, cont)
+    assert [int(i) for i in body["prompt"][-len(ids):]] == ids and not images and expected == len(body["prompt"])
 
 
 async def _closing(backend, work):
@@ -94,46 +96,49 @@ def _post(url: str, body: dict) -> dict:
     return json.load(urllib.request.urlopen(req, timeout=HANG_GUARD_S))
 
 
-def test_a_prompt_with_images_is_scored_over_the_chat_route_at_the_same_positions(vllm, tiny_model_dir, red_image):
-    """The chat route (the model's template sent with the continuation appended) scores the same tokens at the same
-    positions as the token-id route: the stand-in renders images as their placeholder tokens on both."""
-    v = make_backend("vllm", endpoint=vllm, model_dir=str(tiny_model_dir), logprob_mode="raw")
-    msgs = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": str(red_image)}},
+def _image_msgs(red_image):
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": str(red_image)}},
                                          {"type": "text", "text": "What colour is this?"}]}]
-    cont = Continuation(text="It looks red to me.")
 
-    async def scored():
-        try:
-            return await v.score(msgs, cont)
-        finally:
-            await v.aclose()
-    got = asyncio.run(scored())
-    assert got.request["by"] == "text" and got.request["image_sha256"] and got.tokens.think.all()
-    body, ids = v.chat_score_payload(msgs, cont)
-    assert body["chat_template"].endswith("{{- mmcf_continuation }}{%- endif %}") and body["return_token_ids"]
-    # the same prompt by token ids: the local render (images as their placeholders) plus the continuation
-    from agent.backends.messages import split_text_and_images
 
-    hf, _ = split_text_and_images(msgs)
-    prompt = v.tok.apply_chat_template(hf, add_generation_prompt=True, tokenize=False, enable_thinking=True)
-    full = [int(i) for i in v.prompt_ids(prompt)] + ids
-    ref = _post(vllm + "/v1/completions", {"model": v.model, "prompt": full, "max_tokens": 1, "temperature": 0,
-                                           "prompt_logprobs": 20})
-    lps = [e[str(t)]["logprob"] for e, t in zip(ref["choices"][0]["prompt_logprobs"][-len(ids):], ids)]
+def test_a_prompt_with_images_is_scored_by_ids_over_the_token_in_route(vllm, tiny_model_dir, red_image):
+    """vLLM's token-in route as its own GenerateRequest reads it: the prompt's and the continuation's ids as sent
+    (a split the tokenizer would not make is scored as it is), the images as content_parts, prompt_logprobs in its
+    SamplingParams; the same logprobs as /v1/completions gives the expanded ids."""
+    v = make_backend("vllm", endpoint=vllm, model_dir=str(tiny_model_dir), logprob_mode="raw")
+    split = [v.tok(c, add_special_tokens=False)["input_ids"][0] for c in ("a", "s", "k")]
+    assert v.tok("ask", add_special_tokens=False)["input_ids"] != split
+    cont = Continuation(ids=split + v.tok(" It looks red.", add_special_tokens=False)["input_ids"])
+    got = asyncio.run(_closing(v, v.score(_image_msgs(red_image), cont)))
+    assert got.request["by"] == "ids" and got.request["image_sha256"] and got.tokens.think.all()
+    assert got.request["endpoint"].endswith("/inference/v1/generate") and list(got.tokens.ids) == cont.ids
+    sp = json.load(urllib.request.urlopen(vllm + "/_last_sampling", timeout=HANG_GUARD_S))
+    assert sp["prompt_logprobs"] == 20 and sp["temperature"] == 0.0 and sp["max_tokens"] == 1
+    body, ids, _, images, expected = v.score_payload(_image_msgs(red_image), cont)
+    assert len(images) == 1 and body["content_parts"][0]["type"] == "image_url" and body["return_token_ids"]
+    ref = _post(vllm + "/inference/v1/generate", {**body, "token_ids": [int(i) for i in body["token_ids"]],
+                                                   "content_parts": [{"type": "image_url", "url": images[0].data_uri()}]})
+    expanded = ref["prompt_token_ids"]
+    assert len(expanded) == expected == got.request["prompt_tokens"] and expanded[-len(ids):] == ids
+    plain = _post(vllm + "/v1/completions", {"model": v.model, "prompt": expanded, "max_tokens": 1, "temperature": 0,
+                                             "prompt_logprobs": 20})
+    lps = [e[str(t)]["logprob"] for e, t in zip(plain["choices"][0]["prompt_logprobs"][-len(ids):], ids)]
     np.testing.assert_allclose(got.tokens.logprobs, lps, atol=1e-5)
-    assert list(got.tokens.ids) == ids
 
 
 def test_what_vllm_cannot_score_is_refused_naming_why(vllm, tiny_model_dir, red_image):
     v = make_backend("vllm", endpoint=vllm, model_dir=str(tiny_model_dir), logprob_mode="raw")
-    with_image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": str(red_image)}},
-                                               {"type": "text", "text": "What is this?"}]}]
-    # a sampled split the tokenizer would not make ("a", "s", "k" for "ask"): the chat route tokenises the text again
-    split = [v.tok("a", add_special_tokens=False)["input_ids"][0], v.tok("s", add_special_tokens=False)["input_ids"][0],
-             v.tok("k", add_special_tokens=False)["input_ids"][0]]
-    assert v.tok("ask", add_special_tokens=False)["input_ids"] != split
-    with pytest.raises(BackendError, match="splits the continuation's text otherwise"):
-        asyncio.run(_closing(v, v.score(with_image, Continuation(ids=split))))
+    cont = Continuation(text="It looks red.")
+    try:  # images reduced to one token each while the server still takes them (SGLang #39831's fault)
+        _post(vllm + "/_restart_as", {"collapse_images": True})
+        with pytest.raises(BackendError, match="the images did not arrive as the model sees them"):
+            asyncio.run(_closing(v, v.score(_image_msgs(red_image), cont)))
+        _post(vllm + "/_restart_as", {"enable_scale_out": False})  # started without its token-in route
+        with pytest.raises(BackendError, match="start it with --enable-scale-out"):
+            asyncio.run(_closing(make_backend("vllm", endpoint=vllm, model_dir=str(tiny_model_dir), logprob_mode="raw"),
+                                 v.score(_image_msgs(red_image), cont)))
+    finally:
+        _post(vllm + "/_restart_as", {})
     with pytest.raises(BackendError, match="scaled scoring is not available"):
         asyncio.run(_closing(v, v.score(MSGS, Continuation(text="Red."), temperature=0.2)))
     with pytest.raises(BackendError, match="--logprob-mode raw"):
@@ -147,38 +152,31 @@ def test_what_vllm_cannot_score_is_refused_naming_why(vllm, tiny_model_dir, red_
                                                                       {"6": {"logprob": -2.0, "rank": 1}}]}]}
     with pytest.raises(BackendError, match="no logprob for the continuation's token 7"):
         v.parse_score(reply, [7], k=1)
+    reply["choices"][0]["prompt_logprobs"][2] = {"6": {"logprob": -2.0, "rank": "first"}}
+    with pytest.raises(BadReply, match="not a number"):  # asked again, then the unit ends naming the field
+        v.parse_score(reply, [6], k=1)
+
+
+def test_generated_ids_that_do_not_spell_the_reply_or_are_missing_are_refused(vllm, tiny_model_dir):
+    v = make_backend("vllm", endpoint=vllm, model_dir=str(tiny_model_dir), logprob_mode="raw")
+    sp = SamplingParams(max_tokens=8, top_logprobs=2)
+    asyncio.run(_closing(v, v.resolve_model()))
+    body = v._payload(MSGS, sp)
+    assert body["return_token_ids"] is True
+    reply = _post(vllm + "/v1/chat/completions", {**body, "messages": body["messages"]})
+    assert list(v.parse(reply, sp).tokens.ids) == reply["choices"][0]["token_ids"]
+    wrong = json.loads(json.dumps(reply))
+    ids = wrong["choices"][0]["token_ids"]
+    ids[0] = next(i for i in range(v.vocab) if v._decode(i) not in (v._decode(ids[0]),) and "\ufffd" not in v._decode(i))
+    with pytest.raises(BackendError, match="do not spell the reply"):
+        v.parse(wrong, sp)
+    del wrong["choices"][0]["token_ids"]
+    with pytest.raises(BackendError, match="return_token_ids"):
+        v.parse(wrong, sp)
 
 
 def _cli(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
-
-
-@pytest.mark.slow
-def test_a_react_run_its_entropy_probe_and_an_mmcontextfold_run_complete_on_vllm(vllm, tiny_model_dir, tmp_path):
-    model = ["--backend", "vllm", "--endpoint", vllm, "--model-dir", str(tiny_model_dir)]
-    react, fold = tmp_path / "react", tmp_path / "fold"
-    r = _cli("agent.run", "--method", "react", "--benchmark", "demo", "--limit", "2", *model, "--out", str(react),
-             "--no-progress")
-    assert r.returncode == 0, r.stderr[-3000:]
-    h = json.loads((react / "header.json").read_text())
-    assert h["backend"]["kind"] == "vllm" and h["backend"]["server"] == "vllm" and h["backend"]["logprob_mode"] == "raw"
-    assert h["model"]["backend"] == "vllm" and h["model"]["server"] == {"version": "0.33.0"}
-    r = _cli("probes.entropy", str(react), "--no-progress")
-    assert r.returncode == 0, r.stderr[-3000:]
-    fid = json.loads((react / "probes" / "fidelity" / "fidelity.json").read_text())
-    assert fid["ok"] and fid["checks"]["mode"]["server"] == "raw" and fid["checks"]["warm"]["calls"] == 4
-    assert (react / "probes" / "entropy-regenerate" / "steps.parquet").is_file()
-    r = _cli("probes.entropy", str(react), "--mode", "teacher-forced", "--no-progress")
-    assert r.returncode == 0, r.stderr[-3000:]
-    probe = json.loads((react / "probes" / "entropy-teacher-forced" / "probe.json").read_text())
-    assert probe["fidelity"]["ok"] and (react / "probes" / "entropy-teacher-forced" / "steps.parquet").is_file()
-    fid = json.loads((react / "probes" / "fidelity" / "fidelity.json").read_text())
-    assert fid["checks"]["warm"]["calls"] == 4  # two on the calls' text, two with their images
-    r = _cli("agent.run", "--method", "mmcontextfold", "--benchmark", "demo", "--limit", "2", *model, "--out", str(fold),
-             "--no-progress")
-    assert r.returncode == 0, r.stderr[-3000:]
-    lines = [json.loads(x) for x in (fold / "results.jsonl").read_text().splitlines()]
-    assert len(lines) == 2 and all(ln["status"] == "ok" for ln in lines)
 
 
 def _react_run(url: str, tiny_model_dir, out):
@@ -189,21 +187,25 @@ def _react_run(url: str, tiny_model_dir, out):
 
 
 @pytest.mark.slow
-def test_servers_started_with_processed_logprobs_or_without_trusted_templates_are_refused(vllm, tiny_model_dir,
-                                                                                        tmp_path):
+def test_a_server_with_other_logprobs_or_other_weights_under_the_same_name_is_refused(vllm, tiny_model_dir, tmp_path):
     run = _react_run(vllm, tiny_model_dir, tmp_path / "react")
+    assert json.loads((run / "header.json").read_text())["model"]["weights"] == str(tiny_model_dir)
     p, url = _standin(tiny_model_dir, "--logprobs-mode", "processed_logprobs")
     try:
         r = _cli("probes.fidelity", str(run), "--backend", "vllm", "--endpoint", url, "--model-dir", str(tiny_model_dir))
         assert r.returncode == 2, r.stdout + r.stderr
         mode = json.loads((run / "probes" / "fidelity" / "fidelity.json").read_text())["checks"]["mode"]
         assert mode["server"] == "scaled" and mode["recorded"] == "raw" and not mode["ok"]
-        _post(url + "/_restart_as", {"logprobs_mode": "raw_logprobs", "trust_request_chat_template": False})
-        r = _cli("probes.entropy", str(run), "--mode", "teacher-forced", "--endpoint", url, "--no-progress")
-        assert r.returncode != 0 and "--trust-request-chat-template" in r.stderr and "Traceback" not in r.stderr
-        out = run / "probes" / "entropy-teacher-forced"
-        assert not (out / "steps.parquet").exists()
-        assert not (out / "steps.jsonl").exists() or not (out / "steps.jsonl").read_bytes().strip()  # no step scored
+        # the same served name, other weights (a redeployed checkpoint): a resume and a probe are refused
+        _post(url + "/_restart_as", {"logprobs_mode": "raw_logprobs", "root": "/checkpoints/step-900/tiny-qwen35"})
+        more = subprocess.run([sys.executable, "-m", "agent.run", "--method", "react", "--benchmark", "demo",
+                               "--limit", "2", "--backend", "vllm", "--endpoint", url, "--model-dir",
+                               str(tiny_model_dir), "--out", str(run), "--no-progress"], cwd=REPO, capture_output=True,
+                              text=True, timeout=HANG_GUARD_S)
+        assert more.returncode == 2 and "step-900" in more.stderr and "Traceback" not in more.stderr
+        assert len((run / "results.jsonl").read_text().splitlines()) == 1  # nothing added
+        r = _cli("probes.entropy", str(run), "--endpoint", url, "--skip-fidelity", "--no-progress")
+        assert r.returncode == 2 and "step-900" in r.stderr
     finally:
         p.kill()
         p.wait()
@@ -225,8 +227,10 @@ def test_the_launcher_plans_and_starts_vllm_servers_and_clients_read_its_record(
     r = sh([LAUNCH, "--dry-run", "--engine", "vllm", "--gpus", "8", "9b"])
     (cmd,) = commands(r.stdout)
     line = " ".join(cmd)
-    assert "-m vllm.entrypoints.cli.main serve Qwen/Qwen3.5-9B --served-model-name qwen3.5-9b --tensor-parallel-size 4" in line
+    assert ("-m vllm.entrypoints.openai.api_server --model Qwen/Qwen3.5-9B --served-model-name qwen3.5-9b "
+            "--tensor-parallel-size 4") in line
     assert "--logprobs-mode raw_logprobs --mamba-ssm-cache-dtype float32" in line and "--max-logprobs 20" in line
+    assert "--enable-scale-out" in line and "--enable-prompt-tokens-details" in line and "--dtype" not in line
     assert "SGLANG_RETURN_ORIGINAL_LOGPROB" not in line and "--nccl-port" not in line
     assert "clients: --backend vllm --endpoint http://127.0.0.1:30000 --model-dir Qwen/Qwen3.5-9B" in r.stdout
     for flag in (["--logprobs", "scaled"], ["--router"], ["--deterministic"], ["--standin", "scripted"]):

@@ -78,6 +78,17 @@ _TRAILING_SPECIALS = ("<|im_end|>", "<|endoftext|>")
 _second = itemgetter(1)
 
 
+def check_expansion(meta: dict, expected: int, where: str) -> None:
+    """A scored prompt with images must be as long as the model's processor expands it (each placeholder becomes
+    ``prod(image_grid_thw) / merge_size²`` tokens): SGLang #39831 reduced images to one token while the server still
+    reported image support; a shorter prompt scores text that never saw the images, refused."""
+    got = meta.get("prompt_tokens")
+    if not isinstance(got, int) or isinstance(got, bool) or got != expected:
+        raise BackendError(f"{where} meta_info.prompt_tokens: the server's prompt is {got} tokens where the model's "
+                           f"processor expands this prompt and its images to {expected}: the images did not arrive as "
+                           "the model sees them (reduced or dropped); refusing the score")
+
+
 def _without_logprobs(resp: dict) -> dict:
     """The reply as kept beside the parsed tokens: its meta fields without the logprob lists (those live on as
     arrays): the lists would hold ~100k small objects per reply alive, twice, for as long as the reply is kept."""
@@ -275,6 +286,12 @@ class SGLangBackend(PromptTokens):
             try:
                 box["resp"] = resp = await self._post(payload, "score")
             except BackendError as e:
+                if images and "logprob_start_len" in str(e) and "higher than the number of input tokens" in str(e):
+                    # the server's prompt is shorter than the processor's expansion puts the continuation after
+                    raise BackendError(f"score: {self.public}: the server's prompt is shorter than the model's processor "
+                                       "expands this prompt and its images to: the images did not arrive as the model "
+                                       f"sees them (reduced or dropped; the server said: {str(e)[-160:]}); refusing "
+                                       "the score") from None
                 if not (payload.get("return_flat_raw_top_logprobs") and _refuses_flat(e)):
                     raise
                 # a server that refuses the flat format (a version without it, strict about fields): nested from now
@@ -287,6 +304,8 @@ class SGLangBackend(PromptTokens):
                     payload.pop(key, None)
                 box["resp"] = resp = await self._post(payload, "score")
             box["wire"] = "flat" if "input_top_logprobs_shape" in resp["meta_info"] else "nested"
+            if images:
+                check_expansion(resp["meta_info"], payload["logprob_start_len"] + 1 + len(ids), self.public)
             return self.parse_score(resp, ids, k=int(top_logprobs) or None)
 
         tokens = await retry_bad_replies(attempt, f"score @ {self.public}")

@@ -17,10 +17,11 @@ import os
 import shutil
 from pathlib import Path
 
-__all__ = ["build", "ensure_tiny_model", "default_tiny_dir", "CHAT_TEMPLATE", "SPECIAL_TOKENS", "BUILD_VERSION"]
+__all__ = ["build", "ensure_tiny_model", "default_tiny_dir", "is_tiny_model", "CHAT_TEMPLATE", "SPECIAL_TOKENS",
+           "BUILD_VERSION"]
 
 #: Bump when anything below changes, so cached builds are rebuilt.
-BUILD_VERSION = "tiny-qwen35-v2"  # v2: Qwen3.5 rendering rules (reasoning kept after the last query)
+BUILD_VERSION = "tiny-qwen35-v3"  # v3: linear-attention head dims 128 (a real engine's kernels serve it)
 
 #: Qwen's chat special tokens (same strings as the real Qwen3.5 tokenizer).
 SPECIAL_TOKENS = [
@@ -180,7 +181,9 @@ def build(out_dir: str | os.PathLike, *, seed: int = 0, bpe_vocab: int = 1024) -
         text_config=dict(
             vocab_size=vocab, hidden_size=hidden, intermediate_size=128, num_hidden_layers=4,
             num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-            linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+            # the real Qwen3.5's linear-attention head dims: vLLM's CPU Gated-DeltaNet kernel takes multiples of 32
+            # and then only the sizes it was built for (16 and 32 are refused; chunk_gated_delta_rule_cpu, vLLM 0.32)
+            linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=2, linear_num_value_heads=4,
             linear_conv_kernel_dim=4, max_position_embeddings=32768,
             layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
             rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.5,
@@ -236,6 +239,16 @@ def ensure_tiny_model(path: str | os.PathLike | None = None, *, seed: int = 0, q
         shutil.rmtree(p)
     os.replace(tmp, p)
     return p
+
+
+def is_tiny_model(path: str | os.PathLike | None) -> bool:
+    """Whether ``path`` holds a build of the embedded tiny model (its ``mmcf_build.json``), whoever serves it."""
+    if path is None:
+        return False
+    try:
+        return str(json.loads((Path(path) / "mmcf_build.json").read_text()).get("build", "")).startswith("tiny-qwen35")
+    except (OSError, ValueError, TypeError, AttributeError):
+        return False
 
 
 def _is_current(meta: Path, seed: int) -> bool:

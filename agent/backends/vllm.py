@@ -18,17 +18,22 @@ values: refused here as impossible logprobs). Its output logprobs under the defa
 a run through vLLM records ``--logprob-mode raw``; ``processed_logprobs`` are after temperature *and* top-k / top-p
 filtering, not the toolkit's "scaled", and are refused (:func:`check_logprobs_mode`).
 
-**With images** the completions API cannot serve (0.33.0 ``CompletionRequest.prompt``: text or token ids, no
-images), and the chat API renders a final assistant message through the template, which for Qwen3.5 closes the
-think block. So a scored prompt with images goes to ``/v1/chat/completions`` with the model's own chat template
-sent in the request plus one line at its end that writes ``mmcf_continuation`` (a template variable passed in
-``chat_template_kwargs``) after the generation prompt: the server renders exactly the toolkit's prompt followed by
-the continuation's text, expands the images itself, and returns ``prompt_logprobs`` over the whole prompt and its
-``prompt_token_ids`` (``return_token_ids``). The last len(continuation) ids must be the continuation's: a sampled
-sequence that the tokenizer would split otherwise (rare; the text is tokenised again on this route) is refused,
-never scored as other tokens. The server must trust request templates (``--trust-request-chat-template``, which
-``serving/launch_qwen35.sh --engine vllm`` passes). A request with ``prompt_logprobs`` skips vLLM's prefix cache
+**With images** the completions API cannot serve (``CompletionRequest.prompt``: text or token ids, no images), so a
+scored prompt with images goes to vLLM's token-in route, ``POST /inference/v1/generate`` (vllm/entrypoints/scale_out/
+token_in_token_out, vLLM 0.32.0 and 0.33.0; served with ``--enable-scale-out``): the same ``prompt_ids +
+continuation_ids`` as ``token_ids``, the images as ``content_parts`` in order, ``sampling_params`` as vLLM's own
+``SamplingParams`` fields. The server's processor expands each image placeholder in the ids itself and returns
+``prompt_logprobs`` over the expanded prompt and its ``prompt_token_ids`` (``return_token_ids``). Nothing is tokenised
+again: the last len(continuation) ids must be the continuation's, and the expanded prompt must be exactly as long as
+the processor's resize rule says (each placeholder becomes ``prod(image_grid_thw) / merge_size²`` tokens,
+:meth:`PromptTokens.expanded_prompt_len`): a shorter prompt means images that did not arrive whole (SGLang #39831:
+images silently reduced to one token), refused. A request with ``prompt_logprobs`` skips vLLM's prefix cache
 (sampling_params.py, ``skip_reading_prefix_cache``): every scoring request pays its whole prefill.
+
+Generation asks for the generated tokens' ids (``return_token_ids``): a reply without them, or whose ids do not
+spell the tokens its logprobs name (each id decoded alone is the entry's ``token``, as vLLM writes it,
+vllm/tokenizers/detokenizer_utils.py ``convert_ids_list_to_tokens``; a token inside a multi-byte character is
+written with its neighbours' bytes and not compared alone), is refused, never recorded.
 """
 from __future__ import annotations
 
@@ -52,16 +57,16 @@ from .base import (
 )
 from .hub import resolve_model_dir
 from .local import load_chat_renderer
-from .messages import record_messages, split_text_and_images, to_openai_messages
+from .messages import record_messages, split_text_and_images
 from .openai_compat import OpenAIBackend
 from .prompt_tokens import PromptTokens
 from .think import THINK_OPEN, mark_think
 from .wire import tokens_from_triples
 
-__all__ = ["VLLMBackend", "check_logprobs_mode", "LOGPROBS_MODE", "SCORING_HOOK"]
+__all__ = ["VLLMBackend", "check_logprobs_mode", "LOGPROBS_MODE", "TOKEN_ROUTE"]
 
-#: What the chat route appends to the model's template (ours): the continuation, as text, after the prompt.
-SCORING_HOOK = "{%- if mmcf_continuation is defined %}{{- mmcf_continuation }}{%- endif %}"
+#: vLLM's token-in route (served with ``--enable-scale-out``): token ids and images in, prompt logprobs out.
+TOKEN_ROUTE = "/inference/v1/generate"
 
 #: The ``--logprobs-mode`` the launcher starts vLLM with (its default, said explicitly): output logprobs are
 #: log_softmax(logits) before temperature, the toolkit's "raw"; prompt logprobs are the same in this mode.
@@ -88,6 +93,7 @@ class VLLMBackend(PromptTokens, OpenAIBackend):
                                f"--logprobs-mode {LOGPROBS_MODE}); run with --logprob-mode raw")
         super().__init__(endpoint, model, server="vllm", logprob_mode="raw", policy=policy, client=client,
                          api_key_env=api_key_env)
+        self.model_dir_name = str(model_dir).rstrip("/").split("/")[-1]  # what the served weights' name must be
         if renderer is None:
             model_dir = str(resolve_model_dir(model_dir))
         self.setup_prompt_tokens(renderer or load_chat_renderer(model_dir), model_dir)
@@ -100,61 +106,67 @@ class VLLMBackend(PromptTokens, OpenAIBackend):
 
     def parse(self, resp: dict, sp):
         out = super().parse(resp, sp)
-        got = (resp.get("choices") or [{}])[0].get("token_ids")
-        if isinstance(got, list) and len(got) == len(out.tokens) and all(
-                type(i) is int and 0 <= i < (self.vocab or 1 << 31) for i in got):
-            out.tokens.ids = np.asarray(got, dtype=np.int64)
+        if sp.top_logprobs > 0:
+            out.tokens.ids = self._generated_ids(resp, out.tokens.texts)
         return out
 
+    def _generated_ids(self, resp: dict, texts: list) -> np.ndarray:
+        """The generated tokens' ids (``choices[0].token_ids``), each of which must decode to the text its logprob
+        entry names; otherwise the reply is refused (the record would name tokens the model did not write)."""
+        where = f"{public_url(self.base)}/chat/completions choices[0].token_ids"
+        got = (resp.get("choices") or [{}])[0].get("token_ids")
+        if not isinstance(got, list):
+            raise BackendError(f"{where}: missing (the request asks for them with return_token_ids; vLLM >= 0.10 "
+                               "answers it): the generated tokens cannot be recorded by id, nor scored back")
+        if len(got) != len(texts) or not all(type(i) is int and 0 <= i < (self.vocab or 1 << 31) for i in got):
+            raise BadReply(f"{where}: {len(got)} ids for {len(texts)} tokens with logprobs, or an id outside the "
+                           f"vocabulary of {self.vocab}; refusing the reply")
+        # a token that is part of a character (its own decoding ends in U+FFFD) is written by vLLM with the bytes
+        # before it (vllm/v1/engine/logprobs.py, _correct_decoded_token): only the others are compared one by one
+        wrong = next((j for j, (i, t) in enumerate(zip(got, texts))
+                      if self._decode(i) != t and "\ufffd" not in self._decode(i)), None)
+        if wrong is not None:
+            raise BackendError(f"{where}[{wrong}]: id {got[wrong]} is {self._decode(got[wrong])!r} in {self.model_dir}'s "
+                               f"tokenizer but the server's logprobs name {texts[wrong]!r}: the ids do not spell the reply "
+                               "(another tokenizer?); refusing to record them")
+        return np.asarray(got, dtype=np.int64)
+
+    def _continuation_ids(self, continuation: Continuation) -> list[int]:
+        ids = list(continuation.ids) if continuation.ids else self.tok(continuation.text, add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise BackendError("empty continuation: nothing to score")
+        return ids
+
     def score_payload(self, messages: list[dict], continuation: Continuation, *, top_logprobs: int = DEFAULT_TOP_LOGPROBS,
-                      enable_thinking: bool | None = True) -> tuple[dict, list[int], str]:
-        """(the /v1/completions body, the continuation ids, the prompt) for teacher-forced scoring."""
+                      enable_thinking: bool | None = True) -> tuple[dict, list[int], str, list, int]:
+        """(the request body, the continuation ids, the prompt, the images, the expanded prompt's length) for
+        teacher-forced scoring: ``/v1/completions`` without images, :data:`TOKEN_ROUTE` with them (see the module)."""
         hf, images = split_text_and_images(messages)
-        if images:
-            raise BackendError("a prompt with images is scored over the chat route (chat_score_payload)")
         kw = {"enable_thinking": enable_thinking} if enable_thinking is not None else {}
         prompt = self.tok.apply_chat_template(hf, add_generation_prompt=True, tokenize=False, **kw)
-        ids = list(continuation.ids) if continuation.ids else self.tok(continuation.text, add_special_tokens=False)["input_ids"]
-        if not ids:
-            raise BackendError("empty continuation: nothing to score")
+        ids = self._continuation_ids(continuation)
         prompt_ids = self.prompt_ids(prompt)
+        token_ids = np.concatenate([prompt_ids, np.asarray(ids, dtype=np.int32)])
         # scoring samples nothing that is kept: one greedy token, the neutral set spelled out (no server default)
-        body = {"model": self.model, "prompt": np.concatenate([prompt_ids, np.asarray(ids, dtype=np.int32)]),
-                "max_tokens": 1, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
-                "repetition_penalty": 1.0, "prompt_logprobs": int(top_logprobs), "add_special_tokens": False}
-        return body, ids, prompt
-
-    def chat_score_payload(self, messages: list[dict], continuation: Continuation, *,
-                           top_logprobs: int = DEFAULT_TOP_LOGPROBS, enable_thinking: bool | None = True) -> tuple[dict, list[int]]:
-        """(the /v1/chat/completions body, the continuation ids) for scoring a prompt with images (see the module)."""
-        ids = list(continuation.ids) if continuation.ids else self.tok(continuation.text, add_special_tokens=False)["input_ids"]
-        if not ids:
-            raise BackendError("empty continuation: nothing to score")
-        kw = {"enable_thinking": enable_thinking} if enable_thinking is not None else {}
-        body = {"model": self.model, "messages": to_openai_messages(messages),
-                "chat_template": self.tok.chat_template + SCORING_HOOK,
-                "chat_template_kwargs": {**kw, "mmcf_continuation": self.tok.decode(ids, skip_special_tokens=False)},
-                "add_generation_prompt": True, "max_tokens": 1, "temperature": 0.0, "top_p": 1.0, "top_k": -1,
-                "min_p": 0.0, "repetition_penalty": 1.0, "prompt_logprobs": int(top_logprobs), "return_token_ids": True}
-        return body, ids
+        sampling = {"max_tokens": 1, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
+                    "repetition_penalty": 1.0, "prompt_logprobs": int(top_logprobs)}
+        expected = self.expanded_prompt_len(prompt_ids, images) + len(ids)
+        if not images:
+            body = {"model": self.model, "prompt": token_ids, **sampling, "add_special_tokens": False}
+        else:
+            body = {"model": self.model, "token_ids": token_ids, "return_token_ids": True,
+                    "content_parts": [{"type": "image_url", "url": im.sent_data_uri()} for im in images],
+                    "sampling_params": sampling}
+        return body, ids, prompt, images, expected
 
     async def score(self, messages: list[dict], continuation: Continuation, *, top_logprobs: int = DEFAULT_TOP_LOGPROBS,
                     enable_thinking: bool | None = True, temperature: float | None = None) -> ScoredTokens:
         if temperature:
             raise BackendError("vLLM's prompt logprobs are raw (log_softmax of the logits); scaled scoring is not available")
         await self.resolve_model()
-        hf, images = split_text_and_images(messages)
-        if images:
-            body, ids = self.chat_score_payload(messages, continuation, top_logprobs=top_logprobs,
-                                                enable_thinking=enable_thinking)
-            url = self.base + "/chat/completions"
-            # the prompt the server renders from the same template (here only to tell whether it opens the think block)
-            prompt = self.tok.apply_chat_template(hf, add_generation_prompt=True, tokenize=False,
-                                                  **({"enable_thinking": enable_thinking} if enable_thinking is not None else {}))
-        else:
-            body, ids, prompt = self.score_payload(messages, continuation, top_logprobs=top_logprobs,
-                                                   enable_thinking=enable_thinking)
-            url = self.base + "/completions"
+        body, ids, prompt, images, expected = self.score_payload(messages, continuation, top_logprobs=top_logprobs,
+                                                                 enable_thinking=enable_thinking)
+        url = self.base.removesuffix("/v1") + TOKEN_ROUTE if images else self.base + "/completions"
         box: dict = {}
         t0 = time.perf_counter()
 
@@ -164,34 +176,36 @@ class VLLMBackend(PromptTokens, OpenAIBackend):
                                                         headers=routing_headers(self._headers), policy=self.policy,
                                                         what="score", liveness=self.liveness)
             except HTTPError as e:
-                if "trust-request-chat-template" in str(e):
-                    raise BackendError(f"{public_url(url)}: this vLLM server refuses request chat templates, which "
-                                       "scoring a prompt with images sends: start it with --trust-request-chat-template "
+                if images and ("enable-scale-out" in str(e) or getattr(e, "status", None) == 404):
+                    raise BackendError(f"{public_url(url)}: this vLLM server does not serve its token-in route, which "
+                                       "scoring a prompt with images uses: start it with --enable-scale-out "
                                        "(serving/launch_qwen35.sh --engine vllm does)") from None
                 raise backend_error(e) from e
-            return self.parse_score(resp, ids, k=int(top_logprobs) or None)
+            return self.parse_score(resp, ids, k=int(top_logprobs) or None, expected_len=expected)
 
         tokens = await retry_bad_replies(attempt, f"score @ {public_url(url)}")
         mark_think(tokens, prompt.rstrip().endswith(THINK_OPEN))
         resp = box["resp"]
-        kept = {**{k: v for k, v in resp.items() if k not in ("prompt_logprobs", "prompt_token_ids")},
-                "choices": [{k: v for k, v in c.items() if k not in ("prompt_logprobs", "prompt_token_ids")}
-                            for c in resp.get("choices") or []]}
+        heavy = ("prompt_logprobs", "prompt_token_ids")
+        kept = {**{k: v for k, v in resp.items() if k not in heavy},
+                "choices": [{k: v for k, v in c.items() if k not in heavy} for c in resp.get("choices") or []]}
         return ScoredTokens(tokens=tokens, semantics=LogprobSemantics("raw"), backend=self.name, model=self.model,
                             request={"endpoint": public_url(url), "messages": record_messages(messages),
                                      "continuation_ids": ids, "image_sha256": [im.sha256 for im in images],
-                                     "by": "text" if images else "ids",
+                                     "by": "ids", "prompt_tokens": expected,
                                      "prompt_logprobs": int(top_logprobs), "latency_s": time.perf_counter() - t0},
                             response=kept, top_k_requested=int(top_logprobs))
 
-    def parse_score(self, resp: dict, ids: list[int], k: int | None = None):
-        """The continuation's tokens from a /v1/completions reply (see the module); ``k``: alternatives asked."""
-        chat = isinstance(resp, dict) and resp.get("object") == "chat.completion"  # prompt_logprobs at the top
-        where = f"{public_url(self.base)}/{'chat/completions prompt_logprobs' if chat else 'completions choices[0].prompt_logprobs'}"
+    def parse_score(self, resp: dict, ids: list[int], k: int | None = None, expected_len: int | None = None):
+        """The continuation's tokens from a scoring reply (see the module): ``/v1/completions`` keeps them in
+        ``choices[0]``, the token-in route at the top. ``k``: alternatives asked; ``expected_len``: the whole
+        prompt's length after the images' expansion, which the server's own count must equal."""
+        token_route = isinstance(resp, dict) and "choices" in resp and "prompt_logprobs" in resp
+        where = f"{public_url(self.base)}{TOKEN_ROUTE + ' prompt_logprobs' if token_route else '/completions choices[0].prompt_logprobs'}"
         if isinstance(resp, dict) and (resp.get("object") == "error" or ("error" in resp and "choices" not in resp)):
             raise BadReply(f"{where}: the server answered 200 with an error object: {redact(str(resp))[:300]}")
         try:
-            holder = resp if chat else resp["choices"][0]
+            holder = resp if token_route else resp["choices"][0]
             entries = holder["prompt_logprobs"]
         except (KeyError, IndexError, TypeError):
             raise BackendError(f"{where}: the reply has no prompt logprobs: {redact(str(resp))[:300]}") from None
@@ -200,11 +214,15 @@ class VLLMBackend(PromptTokens, OpenAIBackend):
             got = len(entries) if isinstance(entries, list) else "no"
             raise BackendError(f"{where}: {got} prompt positions for a {n}-token continuation after a prompt")
         sent = holder.get("prompt_token_ids")
-        if chat and not isinstance(sent, list):
+        if token_route and not isinstance(sent, list):
             raise BackendError(f"{where}: no prompt_token_ids (return_token_ids): the scored tokens cannot be checked")
         if isinstance(sent, list) and sent[-n:] != list(ids):
-            raise BackendError(f"{where}: the server's prompt does not end with the continuation's ids (its tokenizer "
-                               "splits the continuation's text otherwise); refusing to report logprobs of other tokens")
+            raise BackendError(f"{where}: the server's prompt does not end with the continuation's ids; refusing to "
+                               "report logprobs of other tokens")
+        if expected_len is not None and len(entries) != expected_len:
+            raise BackendError(f"{where}: the server's prompt is {len(entries)} tokens where the model's processor "
+                               f"expands this prompt and its images to {expected_len}: the images did not arrive as the "
+                               "model sees them (reduced or dropped); refusing the score")
         chosen, tops = [], []
         for j, (tid, d) in enumerate(zip(ids, entries[-n:])):
             if not isinstance(d, dict) or str(tid) not in d or not isinstance(d[str(tid)], dict):
@@ -212,11 +230,11 @@ class VLLMBackend(PromptTokens, OpenAIBackend):
                                    "(the server scored other tokens); refusing the reply")
             chosen.append([d[str(tid)].get("logprob"), int(tid), None])
             alts = sorted(((v.get("rank") or 0, v.get("logprob"), key) for key, v in d.items() if isinstance(v, dict)),
-                          key=lambda r: r[0])
+                          key=lambda r: r[0] if isinstance(r[0], (int, float)) else 0)
             try:
                 tops.append([[lp, int(key), None] for rank, lp, key in alts if k is None or 1 <= rank <= k])
-            except ValueError:
-                raise BackendError(f"{where}[{len(entries) - n + j}]: a token id that is not a number") from None
+            except (ValueError, TypeError):
+                raise BadReply(f"{where}[{len(entries) - n + j}]: a token id or rank that is not a number") from None
         return tokens_from_triples(chosen, tops, decode=self._decode, decode_many=self._decode_many, where=where,
                                    k=k, vocab=self.vocab)
 

@@ -11,6 +11,7 @@ from serving.endpoints import launched_logprob_mode
 
 from ..backends import make_backend
 from ..backends.base import DEFAULT_TOP_LOGPROBS, BackendError, SamplingParams
+from ..backends.tiny_model import is_tiny_model
 from ..benchmarks import load_selection
 from ..http import RetryPolicy
 from ..methods import Budgets, MethodSpec
@@ -99,6 +100,12 @@ class RunConfig:
     def embedded(self) -> bool:
         return self.backend == "local" and not self.model_dir
 
+    @property
+    def tiny_weights(self) -> bool:
+        """The model is the embedded tiny one, in process or served (a real engine on a CPU serves it): it never
+        writes an answer, so its calls get the embedded default length."""
+        return self.embedded or is_tiny_model(self.model_dir)
+
     def spec(self) -> MethodSpec:
         if self.processes != "auto" and (not isinstance(self.processes, int) or self.processes < 1):
             raise ValueError(f"--processes must be auto or an integer >= 1, not {self.processes!r}")
@@ -145,7 +152,7 @@ class RunConfig:
         if self.protocol == "release":  # utils/search_backbone_model.py:116-122: T 0, top-p 1, 8192; no seed
             return SamplingParams(temperature=0.0, top_p=1.0, max_tokens=RELEASE_MAX_TOKENS,
                                   top_logprobs=self.top_logprobs, seed=None, enable_thinking=None)
-        mt = self.max_tokens or (EMBEDDED_MAX_TOKENS if self.embedded else SERVED_MAX_TOKENS)
+        mt = self.max_tokens or (EMBEDDED_MAX_TOKENS if self.tiny_weights else SERVED_MAX_TOKENS)
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, max_tokens=mt,
                               top_logprobs=self.top_logprobs, seed=None if self.seed is None else self.seed + trial,
                               enable_thinking=self.thinking)

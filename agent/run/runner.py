@@ -16,7 +16,7 @@ from ..backends.tiny_model import ensure_tiny_model
 from ..benchmarks import incomplete_subset, load_selection, resolve_benchmark
 from ..cli import setup_logging
 from ..identity import deterministic_cost, local_identity, server_differences
-from ..preflight import PreflightError, check_benchmark_images, model_identity
+from ..preflight import PreflightError, check_benchmark_images, check_output_room, model_identity
 from ..redact import exempt, public_url
 from ..rundir import RunDir, check_run
 from ..rundir.ledger import write_ledger
@@ -166,6 +166,7 @@ async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends,
                  f"(first: {skipped_images[0][0]}: {skipped_images[0][1]})")
     ident = await identify_backends(cfg, backends)
     exempt(ident.get("served_model"), ident.get("weights"), cfg.model_dir)  # recorded as names: never "secrets"
+    check_output_room(ident, cfg.sampling().max_tokens)
     selection = {"limit": cfg.limit, "sample_ids": cfg.sample_ids, "n_samples": len(samples),
                  "skipped": [i for i, _ in skipped_images]}
     if cfg.selection:

@@ -14,6 +14,7 @@ from probes.cli import (
     add_backend_args,
     add_retokenize_arg,
     backend_for,
+    keeps_unparsed,
     probe_concurrency,
     probe_model_check,
     run_async,
@@ -135,7 +136,7 @@ def main(argv=None) -> int:
             return await probe_run(args.run_dir, mode=args.mode, backend=backend, out_dir=args.out, hardware=hw,
                                    fidelity=fidelity,
                                    concurrency=probe_concurrency(args, backend), limit=args.limit, progress=not args.no_progress,
-                                   force=args.force, include_unparsed=args.include_unparsed,
+                                   force=args.force, include_unparsed=keeps_unparsed(args.include_unparsed, run.header),
                                    retokenize=args.retokenize)
         finally:
             await backend.aclose()

@@ -366,7 +366,9 @@ class _Handler(JSONHandler):
         out, k = [], 0
         for i in ids:
             if i == self.server.tok.image_pad and k < len(images):
-                out.extend([i] * self.server.tok.image_tokens(images[k]))
+                n = self.server.tok.image_tokens(images[k])
+                short = self.server.image_shortfall
+                out.extend([i] * (n if short is None else 1 if short == "all" else n - short))
                 k += 1
             else:
                 out.append(i)
@@ -581,6 +583,8 @@ class FakeServer(ThreadingHTTPServer):
         # (a server that rejects the fields with a 400)
         self.flat = flat
         self.leak = leak      # > 0: a repeated scoring request's logprobs shifted by this (a cache-state leak)
+        # images that do not arrive whole (SGLang #39831): "all" makes each one token, an int drops that many tokens
+        self.image_shortfall: str | int | None = None
         self.no_logprobs = False  # True: a chat reply never carries logprobs, asked or not (some OpenRouter providers)
         self.routing_keys: list = []
         self.crash_when = None  # callable(server) -> bool, asked on each POST: True = die there (no reply, stop)  # each POST's x-smg-routing-key header (None: none sent)

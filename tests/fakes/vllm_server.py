@@ -3,27 +3,34 @@
     PYTHONPATH=.:.venv-vllm/site:.venv-sglang/site python tests/fakes/vllm_server.py --port P --model-dir DIR
     bash serving/launch_qwen35.sh --engine vllm --server-command "python tests/fakes/vllm_server.py" ...  # as vllm serve
 
-Every request body is read by vLLM 0.33.0's ``CompletionRequest`` / ``ChatCompletionRequest`` and turned into
-vLLM's ``SamplingParams`` (a field vLLM refuses is its 400, in its words); every reply is built as vLLM's
-``CompletionResponse`` / ``ChatCompletionResponse`` with ``Logprob`` entries and serialised by them. What vLLM's
+Every request body is read by vLLM 0.33.0's ``CompletionRequest`` / ``ChatCompletionRequest`` / ``GenerateRequest``
+(its token-in route, ``/inference/v1/generate``) and turned into vLLM's ``SamplingParams`` (a field vLLM refuses is
+its 400, in its words); every reply is built as vLLM's ``CompletionResponse`` / ``ChatCompletionResponse`` /
+``GenerateTokensResponse`` with ``Logprob`` entries and serialised by them. What vLLM's
 engine would compute is the tiny model's, on the CPU: prompt logprobs are log_softmax of its logits at each
 prompt position (the target token and the top k, ranks counted over the vocabulary, as vLLM's prompt-logprob pass
 gathers them); a chat reply's text is the scripted agent's (scripts/soak.py ``agent_policy``) and its logprobs the
-model's own for those tokens, raw, as under vLLM's default ``--logprobs-mode raw_logprobs``. Images in a chat
-request are counted, not seen: the model reads the text around them. Its numbers are meaningless; its shapes,
-fields and semantics are vLLM's. ``POST /_restart_as {"logprobs_mode": ..., "trust_request_chat_template": ...}``
-stands for a restart with other flags (a model load saved).
+model's own for those tokens, raw, as under vLLM's default ``--logprobs-mode raw_logprobs``. Images are counted,
+not seen: on the token-in route each placeholder is expanded to as many tokens as the model's processor gives the
+image (transformers' own), and the model reads them as tokens. Its numbers are meaningless; its shapes, fields and
+semantics are vLLM's. A real vLLM engine runs in tests/test_real_engine.py; this stand-in is for the faults it
+cannot be made to show cheaply. ``POST /_restart_as {"logprobs_mode": ..., "enable_scale_out": ...,
+"collapse_images": ..., "root": ...}`` stands for a restart with other flags or weights (a model load saved);
+``collapse_images`` expands every image to one token (SGLang #39831's fault).
 """
 from __future__ import annotations
 
 import argparse
+import base64
+import io
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
+from PIL import Image
 from pydantic import ValidationError
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoProcessor, AutoTokenizer
 from vllm.entrypoints.openai.chat_completion.protocol import (
     ChatCompletionLogProb,
     ChatCompletionLogProbs,
@@ -34,6 +41,11 @@ from vllm.entrypoints.openai.chat_completion.protocol import (
     ChatMessage,
 )
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest, CompletionResponse, CompletionResponseChoice
+from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
+    GenerateRequest,
+    GenerateTokensChoice,
+    GenerateTokensResponse,
+)
 from vllm.entrypoints.serve.engine.protocol import UsageInfo
 from vllm.logprobs import Logprob
 
@@ -43,13 +55,28 @@ from scripts.soak import agent_policy
 class Engine:
     """The tiny model on the CPU, one forward pass at a time."""
 
-    def __init__(self, model_dir: str, logprobs_mode: str = "raw_logprobs", trust_templates: bool = False):
-        self.trust_templates = trust_templates
+    def __init__(self, model_dir: str, logprobs_mode: str = "raw_logprobs", scale_out: bool = False):
+        self.scale_out = scale_out
+        self.collapse_images = False
         self.processed = logprobs_mode == "processed_logprobs"  # output logprobs only: prompt logprobs stay raw
         self.tok = AutoTokenizer.from_pretrained(model_dir)
+        self.proc = AutoProcessor.from_pretrained(model_dir)
+        self.image_pad = self.tok.convert_tokens_to_ids("<|image_pad|>")
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         self.lock = threading.Lock()
         self.vocab = self.model.get_output_embeddings().weight.shape[0]
+
+    def expand(self, ids: list[int], uris: list[str]) -> list[int]:
+        """Each image placeholder as the processor expands it (prod(image_grid_thw) / merge²; one token when
+        ``collapse_images``)."""
+        ims = [Image.open(io.BytesIO(base64.b64decode(u.split(",", 1)[1]))).convert("RGB") for u in uris]
+        thw = self.proc.image_processor(images=ims)["image_grid_thw"].tolist() if ims else []
+        merge = int(self.proc.image_processor.merge_size)
+        counts = iter([1 if self.collapse_images else t * h * w // (merge * merge) for t, h, w in thw])
+        out: list[int] = []
+        for i in ids:
+            out.extend([i] * next(counts) if i == self.image_pad else [i])
+        return out
 
     def logprobs(self, ids: list[int], temperature: float | None = None) -> torch.Tensor:
         """log_softmax of the logits at every position of ``ids`` (row i predicts token i + 1); with
@@ -114,42 +141,28 @@ def _text_messages(req: ChatCompletionRequest) -> tuple[list[dict], int]:
     return msgs, images
 
 
-def _template_messages(req: ChatCompletionRequest) -> list[dict]:
-    """The messages as vLLM hands them to a chat template: image parts as ``{"type": "image"}``."""
-    out = []
-    for m in req.messages:
-        m = dict(m)
-        if isinstance(m.get("content"), list):
-            m["content"] = [dict(p) if dict(p).get("type") == "text" else {"type": "image"} for p in m["content"]]
-        out.append(m)
-    return out
-
-
-def chat_scoring(engine: Engine, req: ChatCompletionRequest, sp, name: str) -> ChatCompletionResponse:
-    """A chat request with prompt_logprobs: the prompt rendered with the request's template (vLLM refuses one unless
-    started with --trust-request-chat-template) and its variables, then logprobs over every position."""
-    if req.chat_template is not None and not engine.trust_templates:
-        raise ValueError("Chat template is passed with request, but --trust-request-chat-template is not set. "
-                         "Refused request with untrusted chat template.")
-    kw = dict(req.chat_template_kwargs or {})
-    text = engine.tok.apply_chat_template(_template_messages(req), chat_template=req.chat_template,
-                                          add_generation_prompt=req.add_generation_prompt, tokenize=False, **kw)
-    ids = engine.tok(text, add_special_tokens=False)["input_ids"]
+def generate_tokens(engine: Engine, req: GenerateRequest, name: str) -> GenerateTokensResponse:
+    """vLLM's token-in route: the ids as given, each image placeholder expanded for its ``content_parts`` image, then
+    prompt logprobs over every position of the expanded prompt (``prompt_logprobs`` at the top, as vLLM's
+    ``GenerateResponseBase``), its ``prompt_token_ids`` when asked."""
+    sp = req.sampling_params
+    _seen(sp)
+    uris = [p["url"] for p in req.content_parts or [] if p.get("type") == "image_url"]
+    ids = engine.expand(list(req.token_ids), uris)
     lp = engine.logprobs(ids)
-    prompt_lps = [None] + [engine.position(lp[i - 1], ids[i], sp.prompt_logprobs)[0] for i in range(1, len(ids))]
+    k = sp.prompt_logprobs or 0
+    prompt_lps: list = [None] + [engine.position(lp[i - 1], ids[i], k)[0] for i in range(1, len(ids))]
     nxt = int(lp[-1].argmax())
-    choice = ChatCompletionResponseChoice(index=0, message=ChatMessage(role="assistant", content=engine.tok.decode([nxt])),
-                                          finish_reason="length")
-    return ChatCompletionResponse(model=name, choices=[choice], prompt_logprobs=prompt_lps,
-                                  prompt_token_ids=ids if req.return_token_ids else None,
-                                  usage=UsageInfo(prompt_tokens=len(ids), completion_tokens=1, total_tokens=len(ids) + 1))
+    return GenerateTokensResponse(
+        model=name, choices=[GenerateTokensChoice(index=0, finish_reason="length", token_ids=[nxt])],
+        prompt_logprobs=prompt_lps if sp.prompt_logprobs is not None else None,
+        prompt_token_ids=ids if req.return_token_ids else None,
+        usage=UsageInfo(prompt_tokens=len(ids), completion_tokens=1, total_tokens=len(ids) + 1))
 
 
 def chat(engine: Engine, req: ChatCompletionRequest, name: str) -> ChatCompletionResponse:
     sp = req.to_sampling_params(max_tokens=req.max_tokens or 4096, default_sampling_params={})
     _seen(sp)
-    if sp.prompt_logprobs is not None:
-        return chat_scoring(engine, req, sp, name)
     msgs, _ = _text_messages(req)
     prompt = engine.tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False,
                                             **(req.chat_template_kwargs or {}))
@@ -202,7 +215,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, json.dumps({"version": "0.33.0"}).encode())
         if self.path == "/v1/models":
             return self._send(200, json.dumps({"object": "list", "data": [
-                {"id": s.name, "object": "model", "root": s.model_dir, "max_model_len": 32768}]}).encode())
+                {"id": s.name, "object": "model", "root": s.root, "max_model_len": s.max_model_len}]}).encode())
         return self._send(404, b'{"error": "not found"}')
 
     def do_POST(self):
@@ -212,11 +225,18 @@ class Handler(BaseHTTPRequestHandler):
             s.bodies.append((self.path, body))
         if self.path == "/_restart_as":  # the tests' control: the same process as if started with other flags
             s.engine.processed = body.get("logprobs_mode") == "processed_logprobs"
-            s.engine.trust_templates = bool(body.get("trust_request_chat_template"))
+            s.engine.scale_out = bool(body.get("enable_scale_out", True))
+            s.engine.collapse_images = bool(body.get("collapse_images"))
+            s.root = body.get("root") or s.model_dir
             return self._send(200, b"{}")
-        kinds = {"/v1/completions": (CompletionRequest, completion), "/v1/chat/completions": (ChatCompletionRequest, chat)}
+        kinds = {"/v1/completions": (CompletionRequest, completion), "/v1/chat/completions": (ChatCompletionRequest, chat),
+                 "/inference/v1/generate": (GenerateRequest, generate_tokens)}
         if self.path not in kinds:
             return self._send(404, b'{"error": "not found"}')
+        if self.path.startswith("/inference") and not s.engine.scale_out:  # vLLM's words (scale_out/factories.py)
+            return self._send(403, json.dumps({"error": {
+                "message": "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them.",
+                "type": "PermissionDeniedError", "code": 403}}).encode())
         model, answer = kinds[self.path]
         try:
             req = model.model_validate(body)
@@ -234,26 +254,28 @@ class Server(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, port: int, model_dir: str, name: str, logprobs_mode: str = "raw_logprobs",
-                 trust_templates: bool = False):
+                 scale_out: bool = False, max_model_len: int = 32768):
         super().__init__(("127.0.0.1", port), Handler)
-        self.engine = Engine(model_dir, logprobs_mode, trust_templates)
-        self.model_dir, self.name = model_dir, name
+        self.engine = Engine(model_dir, logprobs_mode, scale_out)
+        self.model_dir, self.name, self.root, self.max_model_len = model_dir, name, model_dir, max_model_len
         self.lock = threading.Lock()
         self.bodies: list = []
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description="loopback vLLM stand-in for tests")
-    ap.add_argument("model", nargs="?", help="the weights, as vllm serve takes them (or --model-dir)")
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--model-dir")
     ap.add_argument("--served-model-name", default="qwen3.5-tiny")
     ap.add_argument("--logprobs-mode", default="raw_logprobs", choices=("raw_logprobs", "processed_logprobs"))
-    ap.add_argument("--trust-request-chat-template", action="store_true")
+    ap.add_argument("--enable-scale-out", action="store_true")
+    ap.add_argument("--max-model-len", type=int, default=32768)
+    ap.add_argument("--model")
     a, _ = ap.parse_known_args()
-    if not (a.model_dir or a.model):
-        ap.error("the weights: MODEL or --model-dir")
-    srv = Server(a.port, a.model_dir or a.model, a.served_model_name, a.logprobs_mode, a.trust_request_chat_template)
+    weights = a.model_dir or a.model
+    if not weights:
+        ap.error("the weights: --model or --model-dir")
+    srv = Server(a.port, weights, a.served_model_name, a.logprobs_mode, a.enable_scale_out, a.max_model_len)
     print(f"vllm stand-in serving {a.served_model_name} on http://127.0.0.1:{a.port}", flush=True)
     srv.serve_forever()
 
