@@ -15,10 +15,11 @@ import asyncio
 import codecs
 import random
 import ssl
+import string
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import quote, urljoin, urlsplit
 
 import httpx
 
@@ -27,7 +28,7 @@ from .jsonio import PartsString, dumps_parts, loads
 from .redact import public_url, redact
 
 __all__ = ["HTTPError", "ServerDown", "NoReply", "Reply", "Liveness", "RetryPolicy", "LIVENESS_TIMEOUT_S", "request_json",
-           "require_alive", "make_client", "ClientPool"]
+           "require_alive", "make_client", "ClientPool", "requote_uri", "reply_cap", "ReplyTooLarge", "REPLY_BYTES_PER_ENTRY"]
 
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 
@@ -109,6 +110,9 @@ class RetryPolicy:
     pause_s: float | None = None
     retry_any_status: bool = False
     liveness_every_s: float = LIVENESS_EVERY_S
+    #: ``timeout_s`` bounds each read (and the connect), not the whole transfer: the semantics of the requests
+    #: library the authors' release uses (a reply that arrives slowly but steadily is kept); ours bounds the whole
+    per_read: bool = False
 
     def delay(self, attempt: int, retry_after: str | None = None) -> float:
         if self.pause_s is not None:
@@ -120,6 +124,32 @@ class RetryPolicy:
                 pass
         base = min(self.backoff_s * (2 ** attempt), self.max_backoff_s)
         return base * (0.5 + random.random() / 2)
+
+
+#: The characters requests leaves as they are when it re-quotes a URL (requests/utils.py ``requote_uri``).
+_URI_SAFE = "!#$%&'()*+,/:;=?@[]~"
+_UNRESERVED = frozenset(string.ascii_letters + string.digits + "-._~")
+
+
+def requote_uri(uri: str) -> str:
+    """A URL as the requests library puts it on the wire (requests/utils.py ``requote_uri`` and
+    ``unquote_unreserved``, which the authors' release sends every URL through): percent-escapes of unreserved
+    characters decoded (``%7E`` -> ``~``), then everything outside the reserved and unreserved sets quoted
+    (spaces, ``|``, ``^``, non-ASCII as UTF-8). A malformed escape quotes the whole URL, ``%`` included, as requests
+    does then. httpx sends a URL as given; ``--protocol release`` sends it re-quoted (tests hold this equal to
+    requests' own function)."""
+    parts = uri.split("%")
+    for i in range(1, len(parts)):
+        h = parts[i][:2]
+        if len(h) == 2 and h.isalnum():
+            try:
+                c = chr(int(h, 16))
+            except ValueError:
+                return quote(uri, safe=_URI_SAFE.replace("%", ""))
+            parts[i] = c + parts[i][2:] if c in _UNRESERVED else "%" + parts[i]
+        else:
+            parts[i] = "%" + parts[i]
+    return quote("".join(parts), safe=_URI_SAFE)
 
 
 def make_client(**kw) -> "ClientPool":
@@ -253,19 +283,38 @@ def _content(pieces: list):
     return _written(pieces), {"Content-Length": str(n)}
 
 
-async def _send_following(client, method, url, json_body, params, headers, policy, what):
+#: What one logprob entry may take in a reply, as JSON at its most verbose (a token's text escaped, its bytes as a
+#: list, its rank and logprob): a generous bound (ours: ~60-120 bytes seen on SGLang and vLLM).
+REPLY_BYTES_PER_ENTRY = 512
+#: What a reply may take beyond its logprob entries (its text, usage, meta).
+REPLY_BYTES_BASE = 4 << 20
+
+
+def reply_cap(positions: int, k: int) -> int:
+    """The most bytes a model server's reply can hold for ``positions`` tokens with logprobs and ``k``
+    alternatives each (:data:`REPLY_BYTES_PER_ENTRY` apiece, plus :data:`REPLY_BYTES_BASE`): a longer body is no
+    reply to the request, refused as it arrives rather than read whole."""
+    return REPLY_BYTES_BASE + max(int(positions), 0) * (max(int(k), 0) + 1) * REPLY_BYTES_PER_ENTRY
+
+
+class ReplyTooLarge(HTTPError):
+    """A reply longer than its request can be answered with (:func:`reply_cap`): refused, never read whole."""
+
+
+async def _send_following(client, method, url, json_body, params, headers, policy, what, max_bytes=None):
     hdrs = dict(headers or {})
     origin = _origin(url)  # keys stay with the origin the caller named, across every hop
     body = dumps_parts(json_body) if json_body is not None else None
     if body is not None:
         hdrs = {"Content-Type": "application/json", **hdrs}
+    cap = {"max_bytes": max_bytes} if max_bytes else {}  # a model server's client only (agent/model_http.py)
     for _ in range(MAX_REDIRECTS + 1):
         if body is not None:
             content, length = _content(body)  # each hop sends the body again: a stream is made anew
             r = await client.request(method, url, content=content, params=params, headers={**hdrs, **length},
-                                     timeout=policy.timeout_s)
+                                     timeout=policy.timeout_s, **cap)
         else:
-            r = await client.request(method, url, params=params, headers=hdrs, timeout=policy.timeout_s)
+            r = await client.request(method, url, params=params, headers=hdrs, timeout=policy.timeout_s, **cap)
         loc = r.headers.get("location") if r.status_code in (301, 302, 303, 307, 308) else None
         if not loc:
             return r
@@ -294,6 +343,7 @@ async def request_json(
     decode: Callable[[bytes], Any] | None = None,
     liveness: str | None = None,
     text_charset: str | None = None,
+    max_bytes: int | None = None,
 ) -> Any:
     """Send a request and return its parsed JSON (or text when ``parse=False``; ``decode(body)`` instead of the
     generic parser where the caller knows the reply's shape: it raises ValueError on a body it cannot read).
@@ -311,7 +361,9 @@ async def request_json(
     retrying; the client remembers it, so every other request to that server fails at once too.
 
     ``text_charset`` (``parse=False``): how a reply whose content type holds "text" and names no charset is decoded
-    (None: UTF-8, httpx's default; the release's HTTP library, requests, reads ISO-8859-1 there)."""
+    (None: UTF-8, httpx's default; the release's HTTP library, requests, reads ISO-8859-1 there).
+    ``max_bytes``: the longest reply the request can have (:func:`reply_cap`; model servers' client): a longer one
+    is refused as it arrives (:class:`ReplyTooLarge`), not read whole, and not asked again."""
     last, last_status = "no attempt", None
     shown = public_url(url)
     for attempt in range(policy.retries + 1):
@@ -319,10 +371,12 @@ async def request_json(
             raise ServerDown(client.down)
         try:
             def send():  # made where it is awaited: a request cancelled before it starts leaves no coroutine
-                return _send_following(client, method, url, json_body, params, headers, policy, what)
+                return _send_following(client, method, url, json_body, params, headers, policy, what, max_bytes)
             if liveness and isinstance(client, Liveness):
                 r = await asyncio.wait_for(_watched(send, client, liveness, headers, policy,
                                                     f"{what}: {shown} gave no reply yet"), policy.timeout_s)
+            elif policy.per_read:  # the client bounds each read by timeout_s (httpx: each operation)
+                r = await send()
             else:
                 r = await asyncio.wait_for(send(), policy.timeout_s)
         except asyncio.TimeoutError:

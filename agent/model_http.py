@@ -26,7 +26,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from .http import HTTPError, Liveness, NoReply, Reply
+from .http import HTTPError, Liveness, NoReply, Reply, ReplyTooLarge
+from .redact import public_url
 
 __all__ = ["ModelClient"]
 
@@ -76,15 +77,19 @@ class ModelClient(Liveness):
         return self._session
 
     async def request(self, method: str, url: str, *, content=None, params: dict | None = None,
-                      headers: dict | None = None, timeout: float | None = None) -> Reply:
+                      headers: dict | None = None, timeout: float | None = None, max_bytes: int | None = None) -> Reply:
         """The whole reply to one request (no redirect followed); :class:`NoReply` when none came (refused, reset,
-        cut short, or not complete within ``timeout`` seconds)."""
+        cut short, or not complete within ``timeout`` seconds); :class:`ReplyTooLarge` as soon as it is longer than
+        ``max_bytes`` (its Content-Length, else the bytes read so far)."""
         session = await self._current()
         try:
             async with session.request(method, url, data=content, params=params, headers=headers,
                                        allow_redirects=False, proxy=self._proxy(url),
                                        timeout=aiohttp.ClientTimeout(total=timeout)) as r:
-                body = await r.read()
+                if max_bytes is None:
+                    body = await r.read()
+                else:
+                    body = await _read_capped(r, max_bytes, f"{method} {public_url(url)}")
                 return Reply(r.status, r.headers, body, str(r.url))
         except aiohttp.InvalidURL as e:
             raise HTTPError(f"{method} {e}: not a URL a request can be sent to") from None
@@ -96,3 +101,21 @@ class ModelClient(Liveness):
         if self._session is not None:  # (a session whose loop has ended has nothing left to close but itself)
             await self._session.close()
         self._session = None
+
+
+async def _read_capped(r, max_bytes: int, what: str) -> bytes:
+    """A reply's body, refused (:class:`ReplyTooLarge`) once it is longer than ``max_bytes``: by its declared length
+    before a byte is read, else as its chunks arrive."""
+    def too_large(n: int) -> ReplyTooLarge:
+        return ReplyTooLarge(f"{what}: the reply is {n:,}+ bytes, more than the {max_bytes:,} its request can be "
+                             "answered with (its tokens x their alternatives); refused before it was read whole",
+                             r.status)
+    if r.content_length is not None and r.content_length > max_bytes:
+        raise too_large(r.content_length)
+    parts, n = [], 0
+    async for chunk in r.content.iter_chunked(1 << 20):
+        n += len(chunk)
+        if n > max_bytes:
+            raise too_large(n)
+        parts.append(chunk)
+    return b"".join(parts)

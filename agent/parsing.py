@@ -157,7 +157,8 @@ def parse_action(text: str, allowed=("tool_call", "answer")) -> Action:
 
 def strip_answer_tags(text: str) -> str:
     """A branch's returned findings without ``<answer>`` tags: the first tagged span's content, else the text with
-    stray tags removed; stripped (release ``pipelines/pipeline_mmcontextfold.py:272-278``)."""
+    stray tags removed; stripped (ours: the release keeps a stray ``</answer>`` when no ``<answer>`` comes before it,
+    ``pipelines/pipeline_mmcontextfold.py:254-259``; --protocol release does too)."""
     m = re.search(r"<answer>(.*?)</answer>", text, re.S)
     return m.group(1).strip() if m else re.sub(r"</?answer>", "", text).strip()
 

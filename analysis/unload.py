@@ -79,7 +79,7 @@ def unload_points(runs=(), adaptive=(), *, react_runs=(), judge: str | None = No
                            "one judge per figure (rerun python -m probes.removal with the same judge)")
         label = label or probe.get("judge", "")
         models.setdefault(tables.model_label(run), []).append(str(run.path))
-        o = frames.removal(pdir)
+        o = frames.removal(run.path)  # as sealed, of lines the run holds now
         # complete pairs only: a failed replay is missing, never a wrong answer; unreplayed = ended before k
         o = o[(o["replayed"].astype(bool) & o["replay_status"].isin(["ok", "no_answer"]) & o["error"].isna())
               | ~o["replayed"].astype(bool)]

@@ -41,6 +41,7 @@ from agent.errors import ToolkitError
 from agent.lazy import lazy_module
 from agent.methods.unload import SIGNALS, influence_of
 from agent.rundir import RunError, load_run, write_json
+from agent.rundir.probe_outputs import check_sources, read_table
 
 pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
 
@@ -59,8 +60,9 @@ def _read_inputs(run_dir: Path):
         missing.append(f"the removal replays ({rem}): python -m probes.removal {run_dir} --steps 1..5")
     if missing:
         raise RunError("calibration needs " + "; and ".join(missing))
-    steps = pd.read_parquet(ent)
-    outcomes = pd.read_csv(rem)
+    # read as the probes sealed them, and only of lines the run holds now (agent/rundir/probe_outputs.py)
+    steps = check_sources(read_table(ent.parent, ("steps",)), run_dir, f"{ent.parent}/steps", "probes.entropy")
+    outcomes = check_sources(read_table(rem.parent, ("outcomes",)), run_dir, f"{rem.parent}/outcomes", "probes.removal")
     probe = json.loads((run_dir / "probes" / "removal" / "probe.json").read_text()) \
         if (run_dir / "probes" / "removal" / "probe.json").exists() else {}
     return steps, outcomes, probe

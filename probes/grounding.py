@@ -43,9 +43,9 @@ from agent.parsing import load_json
 from agent.prompts import GROUNDING_PASS1, GROUNDING_PASS2, fill
 from agent.record import validate
 from agent.redact import is_host
-from agent.rundir import RunError, close_fragment, load_run, write_json
+from agent.rundir import RunError, close_fragment, load_run, output_lock
 from agent.rundir.lines import SOURCE_KEY, seal
-from agent.rundir.probe_outputs import resume_rows
+from agent.rundir.probe_outputs import resume_rows, sweep_outputs, write_outputs
 from analysis.figures import fig2a_grounding, provenance_mark
 from analysis.selection import select_trajectories
 from probes.cli import keeps_unparsed, run_async
@@ -230,12 +230,19 @@ def _steps_and_summary(recs: list[dict], failed: list) -> tuple[pd.DataFrame, di
     return steps, summary
 
 
-async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, concurrency: int = 8,
-                       limit: int | None = None, observation_chars: int = 1500, max_tokens: int = 8192,
-                       progress: bool = True, include_unparsed: bool = False) -> dict:
+async def annotate_run(run_dir, *, out_dir=None, **kw) -> dict:
+    """The grounding annotation of a ReAct run; one annotator per output directory at a time (a second is refused
+    before it asks anything)."""
+    out = Path(out_dir) if out_dir else Path(run_dir) / "probes" / "grounding"
+    with output_lock(out, "grounding annotator"):
+        return await _annotate_run(run_dir, out=out, **kw)
+
+
+async def _annotate_run(run_dir, *, out: Path, backend, retries: int = 2, concurrency: int = 8,
+                        limit: int | None = None, observation_chars: int = 1500, max_tokens: int = 8192,
+                        progress: bool = True, include_unparsed: bool = False) -> dict:
     run = load_run(run_dir)
-    out = Path(out_dir) if out_dir else run.path / "probes" / "grounding"
-    out.mkdir(parents=True, exist_ok=True)
+    sweep_outputs(out)
     path = out / "labels.jsonl"
     done = _done_labels(path, {(e["sample_id"], e["trial"]): e["_h"] for e in run.index})
     if run.header.get("method") != "react":
@@ -282,15 +289,15 @@ async def annotate_run(run_dir, *, backend, out_dir=None, retries: int = 2, conc
         bar.close()
     keep = {(ln["sample_id"], ln["trial"]) for ln in lines}
     steps, summary = _steps_and_summary([r for k, r in done.items() if k in keep], failed)
+    tables = {"steps.csv": steps, "steps.parquet": steps} if not steps.empty else {}
+    write_outputs(out, {**tables, "summary.json": summary}, rows="labels.jsonl",
+                  files=[f for f in (out / "exclusions.csv",) if f.is_file()])
     if not steps.empty:
-        steps.to_csv(out / "steps.csv", index=False)
-        steps.to_parquet(out / "steps.parquet", index=False)
         model = (run.header.get("model") or {}).get("served_model") or ""
         mark = provenance_mark([run.header]) or ("SCRIPTED FAKE ANNOTATOR: planted labels"
                                                  if getattr(backend, "name", "") == "scripted" else None)
         fig2a_grounding(steps, out / "fig2a_grounding", mark=mark,
                         title=f"Figure 2(a): grounding of each step ({model}; annotator {getattr(backend, 'model', '')})")
-    write_json(out / "summary.json", summary, indent=2)
     return {"steps": steps, "summary": summary, "out": out}
 
 

@@ -53,6 +53,7 @@ from agent.prompts import CORRECTION, fill
 from agent.record import validate
 from agent.redact import is_host
 from agent.rundir import Run, RunDir, RunError, load_run, output_lock, write_json
+from agent.rundir.probe_outputs import sweep_outputs, write_outputs
 from agent.tools import make_toolbox
 from agent.tools.policy import POLICY_NAMED
 from agent.trajectory import Trajectory
@@ -207,6 +208,7 @@ async def removal_probe(run_dir, steps: list[int], *, out_dir=None, **kw) -> dic
 
     out = _P(out_dir) if out_dir else _P(run_dir) / "probes" / "removal"
     with output_lock(out, "removal probe"):
+        sweep_outputs(out)
         return await _removal_probe(run_dir, steps, out_dir=out, **kw)
 
 
@@ -332,11 +334,10 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
     await grader.aclose()
     if outcomes.empty:
         raise RunError(f"{run.path}: no replay outcome to report")
-    outcomes.to_csv(out / "outcomes.csv", index=False)
     errors = outcomes[outcomes["error"].notna() | outcomes["replay_status"].isin(["error", "timeout"])]
-    errors[["sample_id", "trial", "k", "replay_status", "error"]].to_csv(out / "errors.csv", index=False)
     summary = removal_summary(outcomes)
-    summary.to_csv(out / "summary.csv", index=False)
+    write_outputs(out, {"outcomes.csv": outcomes, "errors.csv": errors[["sample_id", "trial", "k", "replay_status",
+                                                                        "error"]], "summary.csv": summary})
     write_json(out / "probe.json", {"run_dir": str(run.path), "steps": steps, "model": ident, "cost": cost,
                                                 "forced_model_mismatch": force, "judge": grader.label,
                                                 "prompt_ids": prompt_ids, "n_error": int(len(errors))}, indent=2)

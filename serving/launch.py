@@ -38,6 +38,7 @@ import urllib.request
 from pathlib import Path
 
 from agent.cli import fraction, port_number, positive_float, setup_logging
+from agent.redact import redact
 
 from .endpoints import remember, state_file, write_endpoints
 from .plan import (
@@ -239,9 +240,9 @@ def _check_server_args(a, servers: list[Server], add) -> None:
         add(False, "SGLang reads the server arguments", f"SGLang's parser could not run on {a.python}: {last}",
             away=f"SGLang's parser could not run here ({last}); checked again on the GPU node")
         return
-    found = json.loads(r.stdout.strip().splitlines()[-1])
+    found = [redact(x) for x in json.loads(r.stdout.strip().splitlines()[-1])]  # SGLang's words, keys redacted
     add(not found, "SGLang reads the server arguments", "; ".join(found),
-        f"{len(base)} command(s) as SGLang's own parser reads them" + (f", with SGLANG_EXTRA_ARGS={' '.join(extra)!r}"
+        f"{len(base)} command(s) as SGLang's own parser reads them" + (f", with SGLANG_EXTRA_ARGS={command_line(extra)!r}"
                                                                       if extra else ""))
 
 

@@ -11,6 +11,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.redact import redact, register_secret
+
 from .processes import LaunchError
 
 #: size -> (hub id, served model name, nominal parameter count): the paper's three local backbones (B.1).
@@ -159,10 +161,25 @@ def vllm_command(size: str, port: int, a) -> list[str]:
     return cmd + memory
 
 
+#: SGLang's server options whose value is a credential: registered as secrets (agent/redact.py), so the launcher
+#: never prints or writes them (``--dry-run``, ``<server>.cmd``), while the server gets them as given.
+KEY_OPTIONS = ("--api-key", "--admin-api-key")
+
+
 def extra_args() -> list[str]:
     """``SGLANG_EXTRA_ARGS``, split as a shell would (appended to every server's command; checked against SGLang's
-    parser before anything starts: serving/server_args.py)."""
-    return shlex.split(os.environ.get("SGLANG_EXTRA_ARGS", ""))
+    parser before anything starts: serving/server_args.py); a key among them is registered as a secret."""
+    try:
+        words = shlex.split(os.environ.get("SGLANG_EXTRA_ARGS", ""))
+    except ValueError as e:
+        raise LaunchError(f"SGLANG_EXTRA_ARGS cannot be split as a shell would ({e}): check its quotes") from None
+    for i, w in enumerate(words):
+        for opt in KEY_OPTIONS:
+            if w == opt and i + 1 < len(words):
+                register_secret(words[i + 1])
+            elif w.startswith(opt + "="):
+                register_secret(w.split("=", 1)[1])
+    return words
 
 
 #: The attention backends with which SGLang 0.5.23 keeps the radix cache under --enable-deterministic-inference
@@ -524,4 +541,6 @@ def client_url(a, port: int) -> str:
 
 
 def command_line(words: list[str]) -> str:
+    """A command as a shell would read it, the credentials in use redacted (what is printed and written)."""
+    words = [redact(w) for w in words]
     return " ".join(w if all(c.isalnum() or c in "_@%+=:,./-" for c in w) and w else shlex.quote(w) for w in words)

@@ -170,3 +170,16 @@ def pytest_terminal_summary(terminalreporter):
             if key == "slurm" and rep.when == "call":
                 terminalreporter.write_sep("-", "Slurm: one-node cluster, scripts/slurm_array.sh")
                 terminalreporter.write_line(text)
+
+
+@pytest.fixture
+def web(monkeypatch):
+    """Loopback Serper / Lens / Jina (tests/fakes/web_apis.py), the live tools pointed at it."""
+    from tests.fakes.web_apis import FakeWeb
+
+    with FakeWeb() as w:
+        for var, value in (("SERPER_API_KEY", "serper-test-key-1"), ("JINA_API_KEY", "jina-test-key-1"),
+                           ("MMCF_SERPER_BASE", w.url), ("MMCF_SERPER_SCRAPE_BASE", w.url + "/scrape"),
+                           ("MMCF_JINA_BASE", w.url), ("MMCF_LENS_URL_TEMPLATE", "https://img.example/{benchmark}/{filename}")):
+            monkeypatch.setenv(var, value)
+        yield w

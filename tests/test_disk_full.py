@@ -65,7 +65,7 @@ def _one_line(r, names: str) -> None:
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith(f"error: {names}: the disk is full"), r.stderr[-3000:]
     assert "rerun the same command to resume" in errors[0]
-    assert "Traceback" not in r.stderr and "never awaited" not in r.stderr, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and "never awaited" not in r.stderr and "Unclosed" not in r.stderr, r.stderr[-3000:]
 
 
 def _runner(server, tiny_model_dir, out, *extra):
@@ -89,7 +89,12 @@ def test_the_judge_and_the_probe_on_a_full_disk_name_their_file_and_resume(disk,
     disk.size(64)
     assert _runner(server, tiny_model_dir, run, "--limit", "6", "--trials", "8").returncode == 0
     disk.fill(leave_kb=16)
+    assert check_run(run).cache in ("ok", "absent")  # an intact tool cache reads as intact on a full disk
     _one_line(_cmd("agent.judge", str(run), "--judge", "exact", "--no-progress"), str(run / "judge-exact.jsonl"))
+    # an LLM judge (its HTTP client open) ends as cleanly: its client closed, nothing said after its one line
+    llm = _cmd("agent.judge", str(run), "--judge-endpoint", server.url, "--judge-model", "judge", "--judge-name",
+               "served", "--no-progress")
+    _one_line(llm, str(run / "judge-served.jsonl"))
     probe = ("probes.entropy", str(run), "--mode", "teacher-forced", "--backend", "sglang", "--endpoint", server.url,
              "--model-dir", str(tiny_model_dir), "--skip-fidelity", "--no-progress")
     out = run / "probes" / "entropy-teacher-forced"

@@ -13,6 +13,7 @@ from agent.judge import main as judge_main
 from agent.run import main as run_main
 from agent.rundir import RunError, load_run
 from agent.rundir.export import main as export_main
+from agent.rundir.probe_outputs import write_outputs
 from analysis import frames
 
 
@@ -65,14 +66,18 @@ def test_probe_outputs_read_from_the_run_or_the_probe_dir(tmp_path, judged):
     (d / "header.json").write_text("{}")
     want = pd.DataFrame({"sample_id": ["a", "a"], "trial": [0, 0], "step": [1, 2], "dH": [-0.5, 0.1]})
     want.to_parquet(d / "probes" / "entropy-teacher-forced" / "steps.parquet")
+    with pytest.raises(RunError, match="not sealed by its probe"):  # a table no probe sealed is never read
+        frames.entropy(d)
+    write_outputs(d / "probes" / "entropy-teacher-forced", {"steps.parquet": want})  # as the probe writes it
     got = frames.entropy(d)
     assert got.attrs["mode"] == "teacher-forced" and got.equals(want)
     assert frames.entropy(d / "probes" / "entropy-teacher-forced", mode="teacher-forced").equals(want)
     (d / "probes" / "removal").mkdir()
-    (d / "probes" / "removal" / "outcomes.csv").write_text("sample_id,trial,k\na,0,1\n")
+    write_outputs(d / "probes" / "removal", {"outcomes.csv": pd.DataFrame({"sample_id": ["a"], "trial": [0], "k": [1]})})
     assert frames.removal(d).k.tolist() == [1]
     (d / "probes" / "grounding").mkdir()
     (d / "probes" / "grounding" / "steps.parquet").write_bytes(b"not parquet")
+    write_outputs(d / "probes" / "grounding", {}, files=[d / "probes" / "grounding" / "steps.parquet"])
     with pytest.raises(RunError, match="unreadable") as e:  # a damaged output is an error, not a missing panel
         frames.grounding(d)
     assert not isinstance(e.value, frames.NoProbeOutput)

@@ -14,6 +14,7 @@ from agent.backends.scripted import ScriptedBackend
 from agent.run import RunConfig, run
 from agent.rundir import RunError
 from agent.rundir.lines import line_digest, seal
+from agent.rundir.probe_outputs import write_outputs
 from analysis import frames
 from analysis.influence import kl_union_tail
 from analysis.stats import bootstrap_ci, mcnemar_p, wilcoxon_p
@@ -136,6 +137,9 @@ async def test_an_edited_or_foreign_row_is_set_aside_and_probed_again(tmp_path, 
     df = pd.read_parquet(table)
     df.loc[0, "source_sha256"] = "0" * 64
     df.to_parquet(table, index=False)
+    with pytest.raises(RunError, match="steps.parquet: changed since its probe wrote it"):  # edited: its seal
+        frames.entropy(tmp_path / "run")
+    write_outputs(res2["out"], {"steps.parquet": df}, rows="steps.jsonl")  # sealed from a line since replaced
     with pytest.raises(RunError, match="1 of 9 row.*python -m probes.entropy"):
         frames.entropy(tmp_path / "run")
 
@@ -208,6 +212,8 @@ def test_token_store_steps_are_appended_whole_and_folded_in_on_recovery(tmp_path
     """Each finished step is one whole Arrow stream appended to its trajectory's partial file (a kill mid-append
     leaves a torn last stream, never read as a step); a store that starts folds the partial files in, every array
     and text as it was, each step once (its latest tokens where a rerun appended it again)."""
+    from agent.rundir import RunError
+    from agent.rundir.probe_outputs import write_outputs
     from probes.entropy import TokenStore, read_step_tokens
 
     rng = np.random.default_rng(0)
@@ -227,6 +233,10 @@ def test_token_store_steps_are_appended_whole_and_folded_in_on_recovery(tmp_path
     with open(store.partial("k1"), "r+b") as f:  # a kill in the middle of step 3's append
         f.truncate(f.seek(0, 2) - 40)
     assert store.recover() == 2 and not list((tmp_path / "tokens").glob("*.partial.arrows"))
+
+    def sealed():  # what a probe's session does when it ends: its files sealed, then read only as sealed
+        write_outputs(tmp_path, {}, files=sorted((tmp_path / "tokens").glob("*.parquet")))
+    sealed()
     k1, k2 = read_step_tokens(tmp_path / "tokens", "k1"), read_step_tokens(tmp_path / "tokens", "k2")
     assert sorted(k1) == [1, 2] and sorted(k2) == [5]
     # a later session appends step 2 again (its row was lost) and step 4: folded into the file kept, step 2 replaced
@@ -234,6 +244,9 @@ def test_token_store_steps_are_appended_whole_and_folded_in_on_recovery(tmp_path
     store.append("k1", 2, b2)
     store.append("k1", 4, d)
     store.commit("k1")
+    with pytest.raises(RunError, match="changed since its probe wrote it"):  # folded after the seals: refused
+        read_step_tokens(tmp_path / "tokens", "k1")
+    sealed()
     k1 = read_step_tokens(tmp_path / "tokens", "k1")
     assert sorted(k1) == [1, 2, 4] and len(k1[2]["pos"]) == 6
     for got, want in ((k1[1], a), (k1[2], b2), (k1[4], d), (k2[5], c)):

@@ -11,6 +11,7 @@ from agent.judge import Grader
 from agent.run import RunConfig, run
 from agent.rundir import RunDir, RunError, load_run
 from agent.rundir.lines import seal
+from agent.rundir.probe_outputs import write_outputs
 from agent.tools.demo_world import QUESTIONS
 from analysis import frames
 from probes.removal import parse_steps, removal_probe
@@ -76,6 +77,9 @@ async def test_removal_replays_accuracy_vs_k(tmp_path):
     table = pd.read_csv(out / "outcomes.csv")
     table.loc[0, "source_sha256"] = "0" * 64  # an outcome of a line the run does not hold
     table.to_csv(out / "outcomes.csv", index=False)
+    with pytest.raises(RunError, match="outcomes.csv: changed since its probe wrote it"):  # edited: its seal
+        frames.removal(rd)
+    write_outputs(out, {"outcomes.csv": table})  # as sealed by a probe that read a line since replaced
     with pytest.raises(RunError, match="1 of 16 row.*python -m probes.removal"):
         frames.removal(rd)
 

@@ -174,8 +174,10 @@ def test_the_entropy_probe_runs_in_both_modes_with_images(engine, react):
         image_steps = [e for e in first["events"] if e["type"] == "llm_call" and e["n_query_images"]]
         assert len(rows) == len(image_steps) and all(r["n_query_images"] >= 1 for r in rows)
         for r in rows:  # an entropy for each side that thought (a regenerated reply may not), raw as vLLM gives them
-            assert r["semantics"] == "raw" and r["n_think"] > 0 and np.isfinite(r["H_with"])
-            assert np.isfinite(r["H_without"]) if r["n_think_without"] else r["H_without"] is None
+            assert r["semantics"] == "raw"
+            for side, n in (("H_with", "n_think"), ("H_without", "n_think_without")):
+                assert np.isfinite(r[side]) if r[n] else r[side] is None, (side, r)
+        assert any(r["n_think"] and r["n_think_without"] for r in rows)  # ΔH is defined somewhere
         probe = json.loads((out / "probe.json").read_text())
         assert probe["fidelity"]["ok"] and probe["include_unparsed"]
 

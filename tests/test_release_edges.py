@@ -14,7 +14,7 @@ from agent import prompts_release as R
 from agent.run import main as run_main
 from agent.rundir import load_run
 from tests.fakes.sglang_server import FakeSGLang
-from tests.fakes.web_apis import FakeWeb, thumbnail
+from tests.fakes.web_apis import thumbnail
 
 
 def texts(msg) -> list[str]:
@@ -156,16 +156,6 @@ def test_a_failed_force_answer_is_the_release_s_no_answer_text(tmp_path):
 
 
 # ------------------------------------------------------------------ 4-9. the tools, request for request
-@pytest.fixture
-def web(monkeypatch):
-    with FakeWeb() as w:
-        for var, value in (("SERPER_API_KEY", "serper-test-key-1"), ("JINA_API_KEY", "jina-test-key-1"),
-                           ("MMCF_SERPER_BASE", w.url), ("MMCF_SERPER_SCRAPE_BASE", w.url + "/scrape"),
-                           ("MMCF_JINA_BASE", w.url), ("MMCF_LENS_URL_TEMPLATE", "https://img.example/{benchmark}/{filename}")):
-            monkeypatch.setenv(var, value)
-        yield w
-
-
 BRANCH_SCRIPT = [
     tool("lens_search", image_id="<image_0>"),
     tool("search", query=""),
@@ -322,7 +312,7 @@ def test_a_missing_query_image_is_dropped_and_the_sample_runs_with_the_rest(tmp_
 PAPER = ("--method", "mmcontextfold")
 
 
-def _branch_policy(assigned, branch_reply, main_first=None):
+def branch_policy(assigned, branch_reply, main_first=None):
     """Init answers, the main state opens one branch with ``assigned`` images, the branch replies from
     ``branch_reply`` in turn (then returns), the continuation answers."""
     replies = iter(branch_reply)
@@ -353,7 +343,7 @@ def test_an_image_id_is_looked_up_exactly_as_written_under_the_release(tmp_path)
     """``<image_01>`` (pipeline_mmcontextfold.py:85-99: ``self.images.get(id)``, then ``<image_{digits}>`` with the
     digits as written) loads nothing into the branch, adds no images note, and a Lens call on it gets the release's
     "Invalid image_id" reply (:357-368) without a Lens request."""
-    bodies, line = run_release(tmp_path, _branch_policy(["<image_01>"], [tool("lens_search", image_id="<image_01>")]),
+    bodies, line = run_release(tmp_path, branch_policy(["<image_01>"], [tool("lens_search", image_id="<image_01>")]),
                                "demo_6")
     first, second = _branch_bodies(bodies)[:2]
     assert _images_in(first) == _images_in(bodies[2])  # the main history's images only: none
@@ -367,7 +357,7 @@ def test_the_default_protocol_resolves_a_spelling_of_an_image_id_and_pays_one_le
     tool cache keys a Lens call by the image's content hash, so both spellings are one call."""
     from agent.tools.cache import cache_key
 
-    bodies, line = run_release(tmp_path, _branch_policy(["<image_01>"], [
+    bodies, line = run_release(tmp_path, branch_policy(["<image_01>"], [
         "<think>x</think>" + tool("lens_search", image_id="<image_01>"),
         "<think>x</think>" + tool("lens_search", image_id="<image_1>")]), "demo_6", method=PAPER)
     calls = [e for e in line["events"] if e["type"] == "tool_call" and e["name"] == "lens_search"]
@@ -387,7 +377,7 @@ def test_assigned_images_the_release_cannot_iterate_end_the_sample_with_its_erro
     """The release's ``for img_id in assigned_images`` (pipeline :184-191) raises; its ``run()`` catches it and the
     sample's answer is ``Error: <the exception>``. The same calls before it (init, the main call), the same answer,
     recorded as the release's crash."""
-    bodies, line = run_release(tmp_path, _branch_policy(assigned, []), "demo_6")
+    bodies, line = run_release(tmp_path, branch_policy(assigned, []), "demo_6")
     assert len(bodies) == 3  # two perception calls, the main call: the branch never starts
     assert line["status"] == "ok" and line["answer"] == f"Error: {crash}"
     err = next(e for e in line["events"] if e["type"] == "error")
@@ -415,7 +405,7 @@ def test_runaway_nesting_ends_the_release_s_sample_with_its_recursion_error_answ
     """The release's parsers catch JSONDecodeError only: 50,000 nested brackets raise RecursionError out of
     ``extract_subtask`` and the sample's answer is that error's text."""
     deep = "<subtask>\n{\"description\": \"d\", \"prompt\": " + "[" * 50_000 + "]" * 50_000 + "}\n</subtask>"
-    bodies, line = run_release(tmp_path, _branch_policy([], [], main_first=deep), "demo_6")
+    bodies, line = run_release(tmp_path, branch_policy([], [], main_first=deep), "demo_6")
     assert len(bodies) == 3
     assert line["answer"].startswith("Error: maximum recursion depth exceeded")
 
@@ -425,7 +415,7 @@ def test_a_branch_given_every_image_in_reverse_order_loads_them_so(tmp_path):
     for method in (RELEASE, PAPER):
         out = tmp_path / method[-1]
         out.mkdir()
-        bodies, line = run_release(out, _branch_policy(["<image_1>", "<image_0>"], []), "demo_6", method=method)
+        bodies, line = run_release(out, branch_policy(["<image_1>", "<image_0>"], []), "demo_6", method=method)
         begin = next(e for e in line["events"] if e["type"] == "branch_begin")
         assert begin["assigned_images"] == ["<image_1>", "<image_0>"]
         if method == RELEASE:
@@ -475,7 +465,7 @@ def test_a_null_search_title_and_a_page_without_a_charset(tmp_path, web, protoco
     web.pages["https://m.example/"] = "München"
     script = iter([tool("search", query="q"), tool("visit", url="https://m.example/"), tool("return", message="ok")])
     method = RELEASE if protocol == "release" else PAPER
-    bodies, line = run_release(tmp_path, _branch_policy([], [next(script) for _ in range(3)]), "demo_1",
+    bodies, line = run_release(tmp_path, branch_policy([], [next(script) for _ in range(3)]), "demo_1",
                                "--tools", "live", method=method)
     obs = [e["observation"] for e in line["events"] if e["type"] == "tool_call"]
     if protocol == "release":
@@ -487,7 +477,7 @@ def test_a_null_search_title_and_a_page_without_a_charset(tmp_path, web, protoco
 def test_a_search_row_without_a_title_is_the_release_s_tool_error(tmp_path, web):
     """``page['title']`` on a row without one raises KeyError, caught by ``_execute_tool``: "Tool error: 'title'"."""
     web.search_items = [{"link": "https://a.example/"}]
-    bodies, line = run_release(tmp_path, _branch_policy([], [tool("search", query="q")]), "demo_1", "--tools", "live")
+    bodies, line = run_release(tmp_path, branch_policy([], [tool("search", query="q")]), "demo_1", "--tools", "live")
     assert [e["observation"] for e in line["events"] if e["type"] == "tool_call"] == ["Tool error: 'title'"]
 
 
@@ -497,7 +487,7 @@ def test_open_page_is_visit_in_the_release_and_an_unknown_tool_by_default_and_th
     an unknown tool. The token cap: the release sends ``max_completion_tokens`` (search_backbone_model.py:118), ours
     ``max_tokens`` (the field SGLang and vLLM have always read; docs/fidelity.md)."""
     method = RELEASE if protocol == "release" else PAPER
-    bodies, line = run_release(tmp_path, _branch_policy([], [tool("open_page", url="https://kestrel.example/")]),
+    bodies, line = run_release(tmp_path, branch_policy([], [tool("open_page", url="https://kestrel.example/")]),
                                "demo_1", method=method)
     obs = [e["observation"] for e in line["events"] if e["type"] == "tool_call"]
     names = [e["name"] for e in line["events"] if e["type"] == "tool_call"]

@@ -238,3 +238,81 @@ def test_absurd_usage_numbers_are_never_summed_into_a_bill():
     reply["usage"]["prompt_tokens"] = -5
     with pytest.raises(BadReply, match="usage.prompt_tokens is -5, not a token count"):
         b.parse(reply, SamplingParams(top_logprobs=0))
+
+
+# ------------------------------------------------------------------ issue 80's smaller leaks
+@pytest.mark.parametrize("bad", [["x", 4, None], [-1.0, -5, None], [-1.0, 10 ** 11, None], [-1.0, "abc", None],
+                                 [-1.0, float("nan"), None]])
+def test_a_malformed_alternative_is_refused_before_anything_decodes_it(bad):
+    """A non-numeric logprob, an id below 0 or beyond the vocabulary, an id that is no integer: the reply is refused
+    naming the field (asked again within the bounded retries), never a tokenizer's traceback."""
+    from agent.backends.base import BadReply
+    from agent.backends.wire import tokens_from_triples
+
+    decoded = []
+    with pytest.raises(BadReply, match="refusing the reply|is not a number"):
+        tokens_from_triples([[-0.5, 3, None]], [[[-0.5, 3, None], bad]], where="meta_info.input", k=2, vocab=628,
+                            decode=lambda i: decoded.append(i) or f"t{i}").texts
+    assert all(0 <= i < 628 for i in decoded)
+
+
+def test_a_reply_longer_than_its_request_can_be_is_refused_as_it_arrives():
+    """A model server answering with a body far beyond what the request can hold (tokens x alternatives) is refused
+    by its declared length, or as its chunks arrive, never read whole."""
+    import asyncio
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from agent.http import ReplyTooLarge, RetryPolicy, reply_cap, request_json
+    from agent.model_http import ModelClient
+
+    sent = {"bytes": 0}
+
+    class Huge(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            if self.path == "/declared":
+                self.send_header("Content-Length", str(200 << 20))
+            self.end_headers()
+            try:
+                for _ in range(200):  # 200 MB in 1 MB pieces, unless the client hangs up
+                    self.wfile.write(b" " * (1 << 20))
+                    sent["bytes"] += 1 << 20
+            except OSError:
+                pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Huge)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    cap = reply_cap(100, 20)
+
+    async def ask(path):
+        c = ModelClient()
+        try:
+            return await request_json(c, "POST", url + path, json_body={}, policy=RetryPolicy(retries=2),
+                                      max_bytes=cap)
+        finally:
+            await c.aclose()
+    try:
+        for path in ("/declared", "/chunked"):
+            with pytest.raises(ReplyTooLarge, match="more than the .* its request can be answered with"):
+                asyncio.run(ask(path))
+    finally:
+        srv.shutdown()
+    assert cap < 10 << 20 and sent["bytes"] < 100 << 20  # the client stopped reading long before the 200 MB
+
+
+def test_keys_in_sglang_extra_args_are_never_printed_or_written_and_bad_quoting_is_one_line(tmp_path):
+    from tests.test_serving_launch import LAUNCH, sh
+
+    key = "sk-launch-PLANTED-0123456789"
+    r = sh([LAUNCH, "--dry-run", "--gpus", "8", "9b"], env={"SGLANG_EXTRA_ARGS": f"--api-key {key} --bogus-flag 1"})
+    assert key not in r.stdout + r.stderr and "--api-key" in r.stdout
+    r = sh([LAUNCH, "--dry-run", "--gpus", "8", "9b"], env={"SGLANG_EXTRA_ARGS": "--api-key 'unbalanced"})
+    assert r.returncode == 1 and "SGLANG_EXTRA_ARGS cannot be split as a shell would" in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -208,6 +208,7 @@ class LocalBackend:
         self.score_chunk = int(score_chunk)
         self.seed = seed
         self._lock = threading.Lock()
+        self._stop = threading.Event()  # the running call's cancellation (set by _in_thread)
         self._calls = 0
 
     # ---------------------------------------------------------------- prompt encoding
@@ -284,8 +285,12 @@ class LocalBackend:
         stops = [s for s in (sp.stop or []) if s]
         codec = self.codec
 
+        cancelled = self._stop
+
         class StopOnStrings(StoppingCriteria):
             def __call__(self, input_ids, scores, **kw):
+                if cancelled.is_set():  # the caller was cancelled: end here (the reply is never used)
+                    return torch.ones(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
                 if not stops or not rec:
                     return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
                 tail = "".join(codec.text(r[0]) for r in rec[-16:])
@@ -333,11 +338,25 @@ class LocalBackend:
 
     async def generate(self, messages: list[dict], sampling: SamplingParams | None = None) -> ModelOutput:
         sp = sampling or SamplingParams()
-        return await asyncio.to_thread(self._locked, self._generate_sync, messages, sp)
+        return await self._in_thread(self._generate_sync, messages, sp)
 
-    def _locked(self, fn, *a, **kw):
+    async def _in_thread(self, fn, *a):
+        """``fn(*a)`` on a worker thread, one model call at a time. A call cancelled (Ctrl-C, SIGTERM) never starts
+        its work if it has not, and a generation under way ends at its next token: a stopped run exits at once,
+        not after the model calls queued behind the lock (the interpreter waits for its worker threads)."""
+        stop = threading.Event()
+        try:
+            return await asyncio.to_thread(self._locked, stop, fn, *a)
+        except asyncio.CancelledError:
+            stop.set()
+            raise
+
+    def _locked(self, stop: threading.Event, fn, *a):
         with self._lock:
-            return fn(*a, **kw)
+            if stop.is_set():
+                raise BackendError("the call was cancelled before it started")
+            self._stop = stop
+            return fn(*a)
 
     # ---------------------------------------------------------------- teacher-forced scoring
     def _score_sync(self, messages: list[dict], cont: Continuation, k: int, enable_thinking: bool | None,
@@ -385,8 +404,8 @@ class LocalBackend:
     async def score(self, messages: list[dict], continuation: Continuation, *, top_logprobs: int = DEFAULT_TOP_LOGPROBS,
                     enable_thinking: bool | None = True, temperature: float | None = None) -> ScoredTokens:
         """Teacher-forced logprobs (raw; or of log_softmax(logits/T) when ``temperature`` is given)."""
-        return await asyncio.to_thread(self._locked, self._score_sync, messages, continuation, int(top_logprobs),
-                                       enable_thinking, temperature)
+        return await self._in_thread(self._score_sync, messages, continuation, int(top_logprobs), enable_thinking,
+                                     temperature)
 
     async def aclose(self) -> None:
         return None

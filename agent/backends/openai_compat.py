@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import time
 
-from ..http import HTTPError, RetryPolicy, request_json
+from ..http import HTTPError, RetryPolicy, reply_cap, request_json
 from ..jsonio import scrub
 from ..model_http import ModelClient
 from ..redact import has_credentials, public_url, redact, register_key_var, register_secret, register_url
@@ -174,9 +174,11 @@ class OpenAIBackend:
 
         async def attempt():
             try:
+                # SGLang sends its triples beside the OpenAI logprobs: each token's entries twice
+                cap = reply_cap(2 * (sp.max_tokens or 0), sp.top_logprobs) if sp.max_tokens else None
                 resp = await request_json(self._client, "POST", self.base + "/chat/completions", json_body=body,
                                           headers=routing_headers(self._headers), policy=self.policy,
-                                          what="chat completion", liveness=self.liveness)
+                                          what="chat completion", liveness=self.liveness, max_bytes=cap)
             except HTTPError as e:
                 raise backend_error(e) from e
             return self.parse(resp, sp)

@@ -37,7 +37,7 @@ from operator import itemgetter
 
 import numpy as np
 
-from ..http import HTTPError, RetryPolicy, request_json
+from ..http import HTTPError, RetryPolicy, reply_cap, request_json
 from ..jsonio import scrub
 from ..model_http import ModelClient
 from ..redact import public_url, redact, register_url
@@ -169,11 +169,13 @@ class SGLangBackend(PromptTokens):
         text = self.tok.apply_chat_template(hf, add_generation_prompt=True, tokenize=False, **(template_kwargs or {}))
         return text, images
 
-    async def _post(self, payload: dict, what: str) -> dict:
+    async def _post(self, payload: dict, what: str, positions: int) -> dict:
+        """One ``/generate`` request whose reply holds logprobs for ``positions`` tokens (its size is capped by them)."""
         try:
             resp = await request_json(self._client, "POST", self.url, json_body=payload, policy=self.policy, what=what,
                                       decode=decode_generate_reply, headers=routing_headers(),
-                                      liveness=self.url.removesuffix("/generate") + "/health")
+                                      liveness=self.url.removesuffix("/generate") + "/health",
+                                      max_bytes=reply_cap(positions, int(payload.get("top_logprobs_num") or 0)))
         except HTTPError as e:
             raise backend_error(e) from e
         if isinstance(resp, dict) and not isinstance(resp.get("meta_info"), dict) and (
@@ -211,7 +213,7 @@ class SGLangBackend(PromptTokens):
         t0 = time.perf_counter()
 
         async def attempt():
-            return self.parse_generate(await self._post(payload, "generate"), sp, prompt)
+            return self.parse_generate(await self._post(payload, "generate", sp.max_tokens or 0), sp, prompt)
 
         out = await retry_bad_replies(attempt, f"generate @ {self.public}")
         out.latency_s = time.perf_counter() - t0
@@ -284,7 +286,7 @@ class SGLangBackend(PromptTokens):
 
         async def attempt():
             try:
-                box["resp"] = resp = await self._post(payload, "score")
+                box["resp"] = resp = await self._post(payload, "score", len(ids) + 1)
             except BackendError as e:
                 if images and "logprob_start_len" in str(e) and "higher than the number of input tokens" in str(e):
                     # the server's prompt is shorter than the processor's expansion puts the continuation after
@@ -302,7 +304,7 @@ class SGLangBackend(PromptTokens):
                 self.flat_logprobs = False
                 for key in FLAT_REQUEST:
                     payload.pop(key, None)
-                box["resp"] = resp = await self._post(payload, "score")
+                box["resp"] = resp = await self._post(payload, "score", len(ids) + 1)
             box["wire"] = "flat" if "input_top_logprobs_shape" in resp["meta_info"] else "nested"
             if images:
                 check_expansion(resp["meta_info"], payload["logprob_start_len"] + 1 + len(ids), self.public)

@@ -41,7 +41,7 @@ import time
 
 import numpy as np
 
-from ..http import HTTPError, RetryPolicy, request_json
+from ..http import HTTPError, RetryPolicy, reply_cap, request_json
 from ..model_http import ModelClient
 from ..redact import public_url, redact
 from .base import (
@@ -174,7 +174,8 @@ class VLLMBackend(PromptTokens, OpenAIBackend):
             try:
                 box["resp"] = resp = await request_json(self._client, "POST", url, json_body=body,
                                                         headers=routing_headers(self._headers), policy=self.policy,
-                                                        what="score", liveness=self.liveness)
+                                                        what="score", liveness=self.liveness,
+                                                        max_bytes=reply_cap(expected, int(top_logprobs)))
             except HTTPError as e:
                 if images and ("enable-scale-out" in str(e) or getattr(e, "status", None) == 404):
                     raise BackendError(f"{public_url(url)}: this vLLM server does not serve its token-in route, which "

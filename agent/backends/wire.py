@@ -131,7 +131,7 @@ def arrays_from_flat(token_lps: list, val: np.ndarray, idx: np.ndarray, *, decod
             texts = [t[2] if len(t) > 2 else None for t in token_lps]
     except (TypeError, ValueError, IndexError, OverflowError, BackendError):
         bad = next((t for t in token_lps if not isinstance(t, (list, tuple)) or len(t) < 2), token_lps[:1])
-        raise BackendError(f"expected [logprob, token_id, text], got {str(bad)[:80]}") from None
+        raise BadReply(f"expected [logprob, token_id, text], got {str(bad)[:80]}") from None
     if val.shape[1] > 1 and (np.diff(val, axis=1) > 0).any():
         order = np.argsort(-val, axis=1, kind="stable")
         val, idx = np.take_along_axis(val, order, 1), np.take_along_axis(idx, order, 1)
@@ -234,19 +234,27 @@ def _num(x: Any, where: str) -> float:
     try:
         v = float(x)
     except (TypeError, ValueError):
-        raise BackendError(f"{where}: logprob {x!r} is not a number") from None
+        raise BadReply(f"{where}: logprob {x!r} is not a number") from None
     return v
 
 
-def _triple(t: Any, where: str, decode: Callable[[int], str] | None) -> TopLogprob:
+def _triple(t: Any, where: str, decode: Callable[[int], str] | None, vocab: int | None = None) -> TopLogprob:
+    """One ``[logprob, token_id, text]``; an id that is no integer or lies outside the vocabulary is refused before
+    anything decodes it (a malformed reply is asked again, :class:`BadReply`)."""
     if not isinstance(t, (list, tuple)) or len(t) < 2:
-        raise BackendError(f"{where}: expected [logprob, token_id, text], got {str(t)[:80]}")
-    tid = None if t[1] is None else int(t[1])
+        raise BadReply(f"{where}: expected [logprob, token_id, text], got {str(t)[:80]}")
+    try:
+        tid = None if t[1] is None else int(t[1])
+    except (TypeError, ValueError, OverflowError):
+        raise BadReply(f"{where}: token id {str(t[1])[:40]!r} is not an integer; refusing the reply") from None
+    if tid is not None and (tid < 0 or (vocab is not None and tid >= vocab)):
+        raise BadReply(f"{where}: token id {tid} outside the vocabulary (0..{'?' if vocab is None else vocab - 1}); "
+                       "refusing the reply")
     text = t[2] if len(t) > 2 and t[2] is not None else (decode(tid) if decode and tid is not None else "")
     return TopLogprob(tid, text, _num(t[0], where))
 
 
-def _fast_tops(rows: list, decode: Callable[[int], str] | None) -> list[TopList] | None:
+def _fast_tops(rows: list, decode: Callable[[int], str] | None, vocab: int | None = None) -> list[TopList] | None:
     """All positions' top lists in one pass when every row is well-formed, sorted and of equal length.
 
     Returns None for anything else (ragged rows, null rows, NaN, unsorted): the checked path handles it.
@@ -258,7 +266,9 @@ def _fast_tops(rows: list, decode: Callable[[int], str] | None) -> list[TopList]
         lps = [float(t[0]) for r in rows for t in r]
         ids = [int(t[1]) for r in rows for t in r]
         texts = [t[2] for r in rows for t in r]
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if min(ids) < 0 or (vocab is not None and max(ids) >= vocab):  # the checked path names it, decoding nothing
         return None
     a = np.asarray(lps).reshape(len(rows), k)
     if not (np.diff(a, axis=1) <= 0).all():  # unsorted or NaN
@@ -269,7 +279,7 @@ def _fast_tops(rows: list, decode: Callable[[int], str] | None) -> list[TopList]
 
 
 def arrays_from_triples(token_lps: list, top_lps: list | None, *, decode: Callable[[int], str] | None = None,
-                        decode_many: Callable[[list], list] | None = None) -> TokenArrays | None:
+                        decode_many: Callable[[list], list] | None = None, vocab: int | None = None) -> TokenArrays | None:
     """The common case straight into arrays: every triple ``[logprob, id, text|null]`` well-formed, every top
     list of one length k and sorted best first, no NaN. None for anything else (the checked path then says
     exactly what is wrong). No Python object per token or alternative survives this function."""
@@ -294,6 +304,9 @@ def arrays_from_triples(token_lps: list, top_lps: list | None, *, decode: Callab
         return None
     if np.isnan(lps).any() or np.isnan(tl).any() or (ids < 0).any() or (tl.shape[1] > 1 and (np.diff(tl, axis=1) > 0).any()):
         return None
+    if vocab is not None and len(ids) and (int(ids.max()) >= vocab or (ti.size and (int(ti.max()) >= vocab
+                                                                                  or int(ti.min()) < 0))):
+        return None  # an id outside the vocabulary: the checked path names it before anything decodes it
     texts = _texts_of(texts, ids, decode, decode_many)
     return TokenArrays(ids, texts, lps, ti, tl, decode=decode)
 
@@ -310,19 +323,19 @@ def tokens_from_triples(token_lps: list, top_lps: list | None, *, decode: Callab
         raise BackendError(f"{where}: token logprobs missing or not a list (did the server get return_logprob?)")
     if top_lps is not None and len(top_lps) != len(token_lps):
         raise BackendError(f"{where}: {len(token_lps)} token logprobs but {len(top_lps)} top-logprob lists")
-    fast_arrays = arrays_from_triples(token_lps, top_lps, decode=decode, decode_many=decode_many)
+    fast_arrays = arrays_from_triples(token_lps, top_lps, decode=decode, decode_many=decode_many, vocab=vocab)
     if fast_arrays is not None:
         return check_values(fast_arrays, where, k=k, vocab=vocab)
-    fast = _fast_tops(top_lps, decode) if top_lps else None
+    fast = _fast_tops(top_lps, decode, vocab) if top_lps else None
     out = []
     for i, t in enumerate(token_lps):
-        tok = _triple(t, where, decode)
+        tok = _triple(t, where, decode, vocab)
         top: list | TopList = []
         if fast is not None:
             top = fast[i]
         elif top_lps is not None and top_lps[i] is not None:
             w = f"{where}.top[{i}]"
-            top = [_triple(a, w, decode) for a in top_lps[i]]
+            top = [_triple(a, w, decode, vocab) for a in top_lps[i]]
             top.sort(key=lambda a: -a.logprob if not math.isnan(a.logprob) else math.inf)
         out.append(TokenLogprob(tok.id, tok.text, tok.logprob, top))
     return check_values(TokenArrays.from_tokens(out, decode=decode), where, k=k, vocab=vocab)

@@ -315,10 +315,12 @@ async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_END
     try:
         results = await gather_all(grade(ln) for ln in pending)
     finally:
-        with writing(out_path):  # what a full disk left in its buffer fails again here
-            out.close()
         bar.close()
-        await grader.aclose()
+        try:
+            with writing(out_path):  # what a full disk left in its buffer fails again here
+                out.close()
+        finally:  # the judge's client closed whatever closing the file raised (no "Unclosed client session")
+            await grader.aclose()
     graded = {(r["sample_id"], r["trial"], r[SOURCE_KEY]): r for r in [*done.values(), *results]}
     current = [graded[(ln["sample_id"], ln["trial"], ln["_h"])] for ln in lines]
     refused = identical_trials(lines)

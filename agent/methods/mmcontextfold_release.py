@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import re
 
-from ..parsing import strip_answer_tags
 from ..prompts_release import (
     AFTER_FAILED_CALL,
     BRANCH,
@@ -47,6 +46,7 @@ from ..prompts_release import (
     invalid_image,
 )
 from ..tools.formatting import LENS_BRANCH_EMPTY
+from ..tools.toolbox import ToolResult
 from ..trajectory import EventView
 from .common import Episode
 
@@ -98,14 +98,41 @@ def extract_answer(text: str) -> str | None:
     return m.group(1).strip() if m else None
 
 
-def extract_tool_call(text: str) -> dict | None:
-    """The *last* ``<tool_call>`` block, parsed (the release runs the last of several)."""
+def extract_tool_call(text: str):
+    """The *last* ``<tool_call>`` block, parsed, whatever JSON it holds (the release runs the last of several, and
+    returns ``json.loads``' value as it is: an array, a number or a string too; ``null`` reads as no call)."""
     found = list(re.finditer(r"<tool_call>\s*(.*?)\s*</tool_call>", text or "", re.S))
     try:
-        data = _loads(found[-1].group(1)) if found else None
+        return _loads(found[-1].group(1)) if found else None
     except json.JSONDecodeError:
         return None
-    return data if isinstance(data, dict) else None
+
+
+def _get(value, key: str, default=None):
+    """``value.get(key, default)`` as the release calls it on a model's JSON: anything but an object is the
+    AttributeError that ends the sample (:class:`ReleaseCrash`)."""
+    if not isinstance(value, dict):
+        raise ReleaseCrash(f"'{type(value).__name__}' object has no attribute 'get'")
+    return value.get(key, default)
+
+
+def return_text(params) -> str:
+    """A ``return``'s message as the release reads it (``pipelines/pipeline_mmcontextfold.py:234``):
+    ``(params.get("message") or "").strip()``: parameters that are no object, or a message that is a number or a
+    list, are the AttributeError that ends the sample."""
+    message = _get(params, "message") or ""
+    if not isinstance(message, str):
+        raise ReleaseCrash(f"'{type(message).__name__}' object has no attribute 'strip'")
+    return message.strip()
+
+
+def without_answer_tags(msg: str) -> str:
+    """A return message with an ``<answer>`` in it: the first answer's text, else the text without answer tags
+    (``:254-259``); a stray ``</answer>`` alone stays, as it does there."""
+    if "<answer>" in msg:
+        m = re.search(r"<answer>(.*?)</answer>", msg, re.S)
+        return m.group(1).strip() if m else re.sub(r"</?answer>", "", msg).strip()
+    return msg
 
 
 # ------------------------------------------------------------------ messages as the release builds them
@@ -278,17 +305,17 @@ async def _branch(ep: Episode, chat: _Chat, bid: str, subtask: dict, main_ev: di
             response, ev = await chat.send(BRANCH_CORRECTION, state="branch", branch=bid, correction=True)
             continue
         failures = 0
-        name, params = call.get("name", ""), call.get("parameters", {})
-        params = params if isinstance(params, dict) else {}
+        name, params = _get(call, "name", ""), call.get("parameters", {})
         if name in ("return", "finish"):
-            text = str(params.get("message") or "").strip()
+            text = return_text(params)
             if not text or "<tool_call>" in text:
                 response, ev = await chat.send(CALL_IN_RETURN if text else EMPTY_RETURN, state="branch", branch=bid,
                                                correction=True)
                 continue
-            message, reason = strip_answer_tags(text), "return"
+            message, reason = without_answer_tags(text), "return"
             break
-        ep.traj.settle(ev, action={"kind": "tool_call", "name": name, "args": params})
+        # the record's args are an object; parameters that are none are in the reply's text, as it arrived
+        ep.traj.settle(ev, action={"kind": "tool_call", "name": name, "args": params if isinstance(params, dict) else {}})
         left = MAX_BRANCH_TURNS - 1 - turn
         warning = LAST_TURN if left <= 1 else (TWO_TURNS_LEFT if left == 2 else "")
         observation, images = await _tool(ep, ev, name, params, paths)
@@ -311,17 +338,17 @@ def _answer_in(response: str) -> str | None:
 def _after_last_turn(response: str) -> str:
     """After the tenth turn, the last reply's return message, else its text without tool calls (``:315-327``)."""
     call = extract_tool_call(response)
-    params = call.get("parameters", {}) if call else {}
-    if call and call.get("name") in ("return", "finish") and isinstance(params, dict) and \
-            str(params.get("message") or "").strip():
-        return str(params["message"]).strip()
+    if call and _get(call, "name") in ("return", "finish"):
+        text = return_text(call.get("parameters", {}))
+        if text:
+            return text
     return re.sub(r"<tool_call>.*?</tool_call>", "", response, flags=re.S).strip() or response[:1000]
 
 
-async def _tool(ep: Episode, ev: dict, name: str, params: dict, paths: list) -> tuple[str, list]:
+async def _tool(ep: Episode, ev: dict, name: str, params, paths: list) -> tuple[str, list]:
     """The observation text and result images of one tool call, as the release produces them (``:340-430``)."""
     if name == "lens_search":
-        image_id = params.get("image_id", "")
+        image_id = _get(params, "image_id", "")  # outside any try there (_execute_lens_search): ends the sample
         r = _resolve(ep, image_id)
         if r is None:
             digits = re.search(r"(\d+)", image_id)  # else an index into the branch's own images (:350-357)
@@ -330,8 +357,18 @@ async def _tool(ep: Episode, ev: dict, name: str, params: dict, paths: list) -> 
         if r is None:
             return invalid_image(image_id, ep.registry.ids), []
         res = await ep.tool(ev, "lens_search", {**params, "image_id": r.image_id}, branch_lens=True, lens_label=image_id)
-        # any failure reads as no results there (utils/search_tools.py:_fail_result; :375 of the pipeline)
-        return (res.observation if res.ok else LENS_BRANCH_EMPTY), [p for _, p in res.images]
+        if res.ok:
+            return res.observation, [p for _, p in res.images]
+        # a failure reads as no results there (utils/search_tools.py:_fail_result; :375 of the pipeline), an
+        # exception of its code on a result row as "lens_search error: ..." (:371-374)
+        raw = res.raw if isinstance(res.raw, dict) else {}
+        return raw.get("release_error") or LENS_BRANCH_EMPTY, []
+    if name in ("search", "visit", "open_page") and not isinstance(params, dict):
+        # params.get(...) inside _execute_tool's try (:410-433): its Tool error, and no request
+        res = ToolResult("visit" if name == "open_page" else name, {},
+                         f"Tool error: '{type(params).__name__}' object has no attribute 'get'", False, False)
+        ep.traj.tool_call(ev, res, 0)
+        return res.observation, []
     if name in ("visit", "open_page"):  # the arguments as given, an empty one included (the toolbox's policy)
         return (await ep.tool(ev, "visit", params)).observation, []
     if name == "search":

@@ -49,7 +49,8 @@ class _Workers:
         self.streak = {"n": 0, "last": ""}
         self.stop = asyncio.Event()
         self.writes: set = set()
-        self.flying: set = set()  # the units whose trajectories are being made (what an interrupt abandons)
+        self.flying: set = set()  # the units whose trajectories are being made
+        self.abandoned: list[int] = []  # per unit an interrupt stopped: the calls its journal keeps (RUN/inflight/)
         self._lock = threading.Lock()
         self.t0 = time.perf_counter()
 
@@ -75,6 +76,9 @@ class _Workers:
         except asyncio.TimeoutError:
             traj.error("Timeout", f"sample exceeded --timeout {cfg.timeout:g}s")
             line = traj.to_line("timeout", "", error=f"sample exceeded --timeout {cfg.timeout:g}s")
+        except BaseException:  # stopped mid-trajectory (an interrupt, the server down): its journal keeps its calls
+            self.abandoned.append(traj.n_calls)
+            raise
         finally:
             self.pool.release(i)
             self.flying.discard(traj)
@@ -143,13 +147,13 @@ class _Workers:
         try:
             await asyncio.gather(*tasks)
         except BaseException as e:
-            # what is abandoned, counted before the cancellation unwinds it: units and the calls they had made
-            lost_units, lost_calls = len(self.flying), sum(t.n_calls for t in self.flying)
             # every other worker stops here, before the clients close under it (a full disk, a damaged record: the
             # one error is the command's message, never a worker's traceback at shutdown)
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            # what is abandoned, counted as each unit unwound (an interrupt cancels the workers before this runs)
+            lost_units, lost_calls = len(self.abandoned), sum(self.abandoned)
             if self.writes:  # lines being written when the interrupt came: let them land (and be counted)
                 await asyncio.wait(list(self.writes))
             if not isinstance(e, (asyncio.CancelledError, KeyboardInterrupt, ModelServerDown)):
@@ -158,6 +162,14 @@ class _Workers:
                 self.down = str(e)
             return True, lost_units, lost_calls
         return False, 0, 0
+
+
+def in_flight_note(units: int, calls: int, out) -> str:
+    """What an interrupt left of the units it stopped: their completed calls, kept, and where."""
+    if not units:
+        return "no unit was in flight"
+    return (f"{units} unit(s) were in flight: the {calls} LLM call(s) they had completed are kept in {out}/inflight/ "
+            "and the rerun replays them, continuing each unit from its last completed call")
 
 
 def _report(cfg: RunConfig, w: _Workers, summary: dict, interrupted: bool) -> None:
@@ -172,8 +184,7 @@ def _report(cfg: RunConfig, w: _Workers, summary: dict, interrupted: bool) -> No
     for x in w.stats.lines(cfg.sampling().max_tokens):
         log.info(x)
     if interrupted:
-        log.info(f"{summary['abandoned_units']} units were in flight ({summary['abandoned_calls']} LLM calls made for "
-                 "them); each resumes from its last completed call on the rerun")
+        log.info(in_flight_note(summary["abandoned_units"], summary["abandoned_calls"], cfg.out))
         if not w.down:
             log.info("rerun the same command to resume; finished samples are kept.")
 

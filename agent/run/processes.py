@@ -15,7 +15,7 @@ from ..backends.local import renderer_hints
 from ..rundir import RunDir, RunError
 from ..rundir.lines import read_line
 from .config import RunConfig
-from .execute import UnitStats, progress_bar
+from .execute import UnitStats, in_flight_note, progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +96,7 @@ def _finish(cfg: RunConfig, rd: RunDir, summary: dict, stats: UnitStats, summari
     if interrupted:
         lost_units = sum(s.get("abandoned_units", 0) for s in summaries)
         lost_calls = sum(s.get("abandoned_calls", 0) for s in summaries)
-        log.info(f"{lost_units} units were in flight ({lost_calls} LLM calls made for them); each resumes from its last "
-                 "completed call on the rerun")
+        log.info(in_flight_note(lost_units, lost_calls, cfg.out))
         log.info("rerun the same command to resume; finished samples are kept.")
         raise KeyboardInterrupt
     if errors:

@@ -22,7 +22,8 @@ from ..record import SchemaError, validate
 from .common import RunError, inside, token_key
 from .grades import grade_file
 from .index import summary_of
-from .lines import SEAL_KEY, read_line, set_aside
+from .lines import SEAL_KEY, read_line, read_sealed, set_aside
+from .probe_outputs import PROBE_COMMANDS, seal_problems
 from .shards import shard_units
 from .sidecar import decode, read_prompt_pieces
 from .writer import RunDir
@@ -53,12 +54,14 @@ class CheckReport:
     grades: dict = field(default_factory=dict)           # judge-*.jsonl -> the grades that cannot be counted
     index: str = "ok"                                    # "ok", "none" (no lines), or what is wrong with it
     special: list = field(default_factory=list)          # FIFOs, devices, sockets where files should be (never read)
+    probes: list = field(default_factory=list)           # what in RUN/probes/ is not as its probe wrote it
+    replay_of: str | None = None                         # a removal probe's replay directory: the run it replays
     repaired: list = field(default_factory=list)
 
     @property
     def intact(self) -> bool:
         return not (self.torn or self.changed or self.invalid or self.duplicates or self.sidecars or self.missing_images
-                    or self.special or self.grades or self.cache not in ("ok", "absent"))
+                    or self.special or self.grades or self.probes or self.cache not in ("ok", "absent"))
 
     @property
     def complete(self) -> bool:
@@ -85,6 +88,8 @@ class CheckReport:
                        "continues each from its last completed call")
         out.append(f"  index: {self.index}")
         out.append(f"  tool cache: {self.cache}")
+        for problem in self.probes:
+            out.append(f"  probe output: {problem}")
         for problem in self.grades.values():
             out.append(f"  grades: {problem}; never counted in a table (python -m agent.judge grades those units "
                        "again; --repair moves them to quarantine/)")
@@ -96,7 +101,10 @@ class CheckReport:
 
 
 def _expected_keys(rd: "RunDir", header: dict) -> set | None:
-    """The (sample, trial) units the run was asked for, from the manifest and the recorded selection."""
+    """The (sample, trial) units the run was asked for, from the manifest and the recorded selection (None for a
+    removal probe's replay directory: the probe chose its units, python -m probes.removal says which)."""
+    if header.get("replay_of") or header.get("remove_images_from_step") is not None:
+        return None
     sel = header.get("selection") or {}
     try:
         m = resolve_benchmark(header.get("benchmark_path") or header.get("benchmark", ""))
@@ -231,19 +239,45 @@ def _check_images_and_cache(rd: RunDir, header: dict, rep: CheckReport, latest: 
             stored.add(p.name.split(".")[0])
         except RunError:  # a symlink leading out of the run directory: never read, so counted as missing
             rep.sidecars.append(("images", f"images/{p.name} leads outside the run directory (refused)"))
+    replayed = _replayed_run(rd, header)
+    if replayed is not None and (replayed / "images").is_dir():  # a replay's images are the run's it replays
+        stored |= {p.name.split(".")[0] for p in (replayed / "images").iterdir() if p.is_file()}
     for key, ln in latest.items():
         rep.missing_images += [(f"{key[0]}/t{key[1]}", h[:12]) for h in sorted(ln["_need"] - stored)]
     cache = (header.get("tools") or {}).get("cache") or str(rd.path / "tools.sqlite")
     if f"{Path(cache).name}" in rep.special and Path(cache).parent == rd.path:
         rep.cache = "not a regular file (never opened)"
     elif Path(cache).exists():
+        rep.cache = _cache_integrity(cache)
+
+
+def _cache_integrity(cache: str) -> str:
+    """The tool cache's integrity, read only. A WAL database's reader makes its ``-shm`` file, which a full disk
+    refuses ("disk I/O error"): then it is read again as immutable (no file made), which says whether its pages
+    hold together without touching the disk."""
+    last = None
+    for mode in ("ro", "ro&immutable=1"):
         try:
-            con = sqlite3.connect(f"file:{cache}?mode=ro", uri=True, timeout=30)
-            res = con.execute("PRAGMA integrity_check").fetchall()
-            con.close()
-            rep.cache = "ok" if res == [("ok",)] else "; ".join(r[0] for r in res[:5])
+            con = sqlite3.connect(f"file:{cache}?mode={mode}", uri=True, timeout=30)
+            try:
+                res = con.execute("PRAGMA integrity_check").fetchall()
+            finally:
+                con.close()
+            return "ok" if res == [("ok",)] else "; ".join(r[0] for r in res[:5])
+        except sqlite3.OperationalError as e:
+            last = e
         except sqlite3.Error as e:
-            rep.cache = f"unreadable ({e})"
+            return f"unreadable ({e})"
+    return f"unreadable ({last})"
+
+
+def _replayed_run(rd: RunDir, header: dict) -> Path | None:
+    """The run a removal probe's replay directory replays: the one it lies in (``RUN/probes/removal/k<k>``, a
+    copied or moved run included), else the path its header records; None for any other run."""
+    if not header.get("replay_of"):
+        return None
+    here = rd.path.parent.parent.parent
+    return here if (here / "header.json").is_file() else Path(header["replay_of"])
 
 
 def _special_files(root: Path) -> list[str]:
@@ -276,6 +310,23 @@ def _check_grades(rd: RunDir, rep: CheckReport, latest: dict) -> dict:
     return bad
 
 
+def _check_probes(rd: RunDir) -> list[str]:
+    """Every probe's output under RUN/probes/ against its seals (agent/rundir/probe_outputs.py), and the result
+    lines of the removal probe's replay directories against theirs."""
+    out: list[str] = []
+    root = rd.path / "probes"
+    for name in PROBE_COMMANDS:
+        d = root / name
+        if not d.is_dir() or not any(d.iterdir()):
+            continue
+        out += seal_problems(d)
+        for k in sorted(d.glob("k*/results.jsonl")) if name == "removal" else []:
+            problem = read_sealed(k).problem()
+            if problem:
+                out.append(f"{problem}; python -m probes.removal {rd.path} replays those again")
+    return out
+
+
 def check_run(path, *, deep: bool = True, repair: bool = False, heal_torn: bool = False) -> CheckReport:
     """Is this run complete and intact? ``deep=False`` is the cheap part (lines, temp files) the runner
     runs on resume; ``repair`` quarantines torn lines and orphans (never deletes them) and removes temp files.
@@ -283,7 +334,7 @@ def check_run(path, *, deep: bool = True, repair: bool = False, heal_torn: bool 
     run again)."""
     rd = RunDir(path)
     header = rd.read_header()
-    rep = CheckReport(str(rd.path))
+    rep = CheckReport(str(rd.path), replay_of=header.get("replay_of"))
     rep.special = _special_files(rd.path)
     try:
         validate("header", header, "header.json")
@@ -309,6 +360,8 @@ def check_run(path, *, deep: bool = True, repair: bool = False, heal_torn: bool 
         _check_sidecars(rd, rep, good, latest)
         _check_images_and_cache(rd, header, rep, latest)
     bad_grades = _check_grades(rd, rep, latest)
+    if deep:
+        rep.probes = _check_probes(rd)
     if heal_torn and not repair:
         _quarantine_torn(rd, rep, torn_raw)
     if repair:
@@ -413,5 +466,6 @@ def main(argv=None) -> int:
     elif not a.json:
         done([f"{a.run_dir}/quarantine/"] if a.repair else [],
              f"python -m agent.show {a.run_dir}" if rep.complete else
+             f"python -m probes.removal {rep.replay_of} continues the replays" if rep.replay_of else
              "rerun the run's command (python -m agent.run ... with the same --out) to finish the missing units")
     return 0 if rep.intact and rep.complete else 1

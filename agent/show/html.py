@@ -69,18 +69,23 @@ def _image_uri(run: Run, sha: str, cache: dict, missing: list, max_px: int | Non
     return cache[sha]
 
 
-def _call_tokens(run: Run, line: dict, tf_dir: Path | None) -> dict:
+def _call_tokens(run: Run, line: dict, tf_dir: Path | None, warnings: list) -> dict:
     """Per call, its think tokens as columns: text, H (centinats), and where the teacher-forced probe ran on
-    this run ΔH (centinats) and KL (millinats). Integers compress well; the colour scale needs no more."""
+    this run ΔH (centinats) and KL (millinats). Integers compress well; the colour scale needs no more. What cannot
+    be shown (a damaged sidecar, a per-token probe file not as sealed) is said in ``warnings``, never hidden."""
 
     if not line.get("tokens_file"):
         return {}
     try:
         try:  # an adaptive-unloading run carries its online per-token KL / ΔH (agent/methods/unload.py)
             tok = run.tokens(line, ["call", "text", "think", "top_logprobs", "unload_kl", "unload_dH"])
-        except RunError:
+        except RunError as e:
+            if "no column" not in str(e) and "unload_" not in str(e):
+                raise
             tok = run.tokens(line, ["call", "text", "think", "top_logprobs"])
-    except RunError:
+    except RunError as e:
+        warnings.append(f"no tokens shown: {e}")
+        log.warning(f"warning: {line['sample_id']}#{line['trial']}: no tokens shown: {e}")
         return {}
     if "text" not in tok:  # a record from before token texts were kept
         return {}
@@ -92,9 +97,12 @@ def _call_tokens(run: Run, line: dict, tf_dir: Path | None) -> dict:
         H_hi = entropy_bounds(tok["top_logprobs"], vocab)[1]
     out = {}
     probed = {}
-    if tf_dir is not None:  # the teacher-forced probe's per-token ΔH / KL of this trajectory (one file)
-
-        probed = read_step_tokens(tf_dir, token_key(line["sample_id"], line["trial"]))
+    if tf_dir is not None:  # the teacher-forced probe's per-token ΔH / KL of this trajectory (one file), as sealed
+        try:
+            probed = read_step_tokens(tf_dir, token_key(line["sample_id"], line["trial"]))
+        except RunError as e:
+            warnings.append(f"no per-token ΔH / KL shown: {e}")
+            log.warning(f"warning: {line['sample_id']}#{line['trial']}: no per-token ΔH / KL shown: {e}")
     for c in np.unique(tok["call"]):
         idx = np.flatnonzero(tok["call"] == c)
         think = tok["think"][idx].astype(bool)
@@ -172,7 +180,9 @@ def _sample_detail(run: Run, line: dict, images: dict, missing: list, dH: dict, 
         if ev["type"] == "llm_call":
             e["dH"] = dH.get((line["sample_id"], line["trial"], ev["index"]))
         events.append(e)
-    return {"events": events, "messages": msgs, "tokens": _call_tokens(run, line, tf_dir) if with_tokens else {},
+    warnings: list = []
+    return {"events": events, "messages": msgs, "tokens": _call_tokens(run, line, tf_dir, warnings) if with_tokens else {},
+            "warnings": warnings,
             "question": line.get("question"), "gold": line.get("gold"), "answer": line.get("answer"),
             "query_images": line.get("query_images"), "error": line.get("error"), "status": line["status"],
             "grounding": (grounding or {}).get((line["sample_id"], line["trial"])) or {},

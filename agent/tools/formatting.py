@@ -31,10 +31,13 @@ def format_search(query: str, results: list[dict], python_values: bool = False) 
     ``pipelines/pipeline_mmcontextfold.py`` "Tool error: ...")."""
     if not results:
         return _tool_block("text_search", query, False)
-    if python_values:
-        missing = next((k for r in results for k in ("title", "link") if k not in r), None)
-        if missing:
-            return f"Tool error: '{missing}'"
+    if python_values:  # the first row the release's loop fails on, as it fails (:90-93: .get, then ['title'], ['link'])
+        for r in results:
+            if not isinstance(r, dict):
+                return f"Tool error: '{type(r).__name__}' object has no attribute 'get'"
+            missing = next((k for k in ("title", "link") if k not in r), None)
+            if missing:
+                return f"Tool error: '{missing}'"
 
     def shown(r: dict, key: str) -> str:
         return str(r[key]) if python_values else (r.get(key) or "")

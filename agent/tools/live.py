@@ -24,7 +24,7 @@ from PIL import Image
 
 from ..backends.images import ImageError, load_image
 from ..errors import UsageError
-from ..http import HTTPError, make_client, request_json
+from ..http import HTTPError, make_client, request_json, requote_uri
 from ..redact import register_key_var, register_secret
 from .formatting import FAILED_VISIT, format_lens, format_search, format_visit, looks_blocked
 from .policy import DEFAULT_TOOLS, RELEASE_SCRAPE_MARKERS, ToolPolicy, release_blocked
@@ -161,11 +161,11 @@ class LiveProvider:
                       else format_search(query, []))  # utils/search_tools.py: _fail_result
             return ProviderResult(failed, raw={"error": _public(e)}, ok=False, transient=True, paid_calls=1)
         organic = (data.get("organic") if isinstance(data, dict) else None) or []
-        if pol.python_values:  # each row as it came: the release formats Serper's own values
-            rows = [r if isinstance(r, dict) else {} for r in organic[:pol.max_results]]
-        else:
+        if pol.python_values:  # each row as it came (a null one too): the release formats Serper's own values
+            rows = list(organic[:pol.max_results])
+        else:  # ours: a row that is no object (null) is not a result, and is left out
             rows = [{"title": r.get("title", ""), "link": r.get("link", ""), "snippet": r.get("snippet", "")}
-                    for r in organic[:pol.max_results]]
+                    for r in organic if isinstance(r, dict)][:pol.max_results]
         return ProviderResult(format_search(query, rows, pol.python_values), raw=data, paid_calls=1)
 
     async def _serper_json(self, path: str, body: dict, retry, what: str):
@@ -194,10 +194,17 @@ class LiveProvider:
             return ProviderResult(f"lens_search failed: {_public(e)}.", raw={"error": _public(e)}, ok=False,
                                   transient=True, paid_calls=1)
         data = data if isinstance(data, dict) else {}
-        items = data.get("organic") or data.get("visual_matches") or data.get("visualMatches") or []
-        rows = [{"title": r.get("title", ""), "link": r.get("link", ""), "source": r.get("source", "")} for r in items[:10]]
+        items = next((data[f] for f in self.tools.lens_fields if data.get(f)), None) or []
+        if not self.tools.python_values:  # ours: a row that is no object (null) is not a result, and is left out
+            items = [r for r in items if isinstance(r, dict)]
+        rows = [{"title": r.get("title", ""), "link": r.get("link", ""), "source": r.get("source", "")}
+                for r in items if isinstance(r, dict)][:10]
         if self.thumbnail_dir:
-            data = {**data, "saved_thumbnails": await self._save_thumbnails(items)}
+            try:
+                data = {**data, "saved_thumbnails": await self._save_thumbnails(items)}
+            except _ReleaseRowError as e:  # the release's AttributeError, caught around its lens search (:371-374)
+                text = f"lens_search error: {e}"
+                return ProviderResult(text, raw={**data, "release_error": text}, ok=False, paid_calls=1)
         return ProviderResult(format_lens(img.image_id, rows), raw=data, paid_calls=1)
 
     async def _save_thumbnails(self, items: list) -> list:
@@ -210,6 +217,8 @@ class LiveProvider:
         for rank, r in enumerate(items[:3 * LENS_IMAGES]):
             if len(saved) >= LENS_IMAGES:
                 break
+            if not isinstance(r, dict):  # the release's data.get(...) outside its try (img_download, :211)
+                raise _ReleaseRowError(f"'{type(r).__name__}' object has no attribute 'get'")
             url = r.get("thumbnailUrl")
             if not url:
                 continue
@@ -231,8 +240,8 @@ class LiveProvider:
         """A thumbnail's bytes, checked to be an image: as received, or re-encoded to PNG as the release saves it
         (``img.save(path, format='PNG')``, sent as ``image/png``); None when it cannot be had."""
         try:
-            data = await request_json(self._client, "GET", url, policy=self.tools.thumbnail, what="lens thumbnail",
-                                      decode=bytes)
+            data = await request_json(self._client, "GET", self._wire(url), policy=self.tools.thumbnail,
+                                      what="lens thumbnail", decode=bytes)
             if not self.tools.thumbnails_png:
                 return data
             with Image.open(io.BytesIO(data)) as im:
@@ -282,9 +291,9 @@ class LiveProvider:
         request, falls through; the scrape's whole JSON body is what the model reads."""
         why = "no reader answered"
         try:
-            text = (await request_json(self._client, "GET", f"{self.jina_base}/{url}", headers=self._jina_headers(),
-                                       policy=self.tools.jina, what="jina reader", parse=False,
-                                       text_charset=self.tools.text_charset)).strip()
+            text = (await request_json(self._client, "GET", self._wire(f"{self.jina_base}/{url}"),
+                                       headers=self._jina_headers(), policy=self.tools.jina, what="jina reader",
+                                       parse=False, text_charset=self.tools.text_charset)).strip()
             why = release_blocked(text)
             if why is None:
                 return ProviderResult(text, raw={"reader": "jina", "content": text}, paid_calls=1)
@@ -301,12 +310,20 @@ class LiveProvider:
             why = _public(e)
         return ProviderResult(FAILED_VISIT, raw={"blocked": why}, ok=False, paid_calls=2)
 
+    def _wire(self, url: str) -> str:
+        """A URL as it goes on the wire: re-quoted as requests sends it under the release's policy, else as given."""
+        return requote_uri(url) if self.tools.requote_urls else url
+
     def _jina_headers(self) -> dict:
         headers = {"Authorization": f"Bearer {self.jina_key}"} if self.jina_key else {}
         return {**headers, **JINA_HEADERS}
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+class _ReleaseRowError(Exception):
+    """A result row the release's own code fails on (its exception's text is what the model reads)."""
 
 
 def _public(e: Exception) -> str:

@@ -11,7 +11,9 @@ Two policies, one per protocol (docs/fidelity.md has a row for each difference):
 - :data:`RELEASE_TOOLS` (``--protocol release``): what the authors' release does (iLearn-Lab/MM26-MMContextFold
   @16fa474, ``utils/search_tools.py``): arguments as given, no cache, its attempts and pauses with every non-2xx
   retried, every organic result, "No results found" for an API failure, the scrape body as returned, its
-  case-sensitive block markers, thumbnails re-encoded to PNG, a missing title shown as ``None``.
+  case-sensitive block markers, thumbnails re-encoded to PNG, a missing title shown as ``None``, timeouts per read,
+  URLs re-quoted as requests sends them, Lens results under ``organic`` only, a null result row failing the call
+  with the release's own error text.
 """
 from __future__ import annotations
 
@@ -48,6 +50,8 @@ class ToolPolicy:
     #                                  missing title or link fails the call with its KeyError ("Tool error: 'title'")
     text_charset: str | None         # a page served as text/* naming no charset: this one (the release's requests
     #                                  library: ISO-8859-1), or None for UTF-8
+    requote_urls: bool = False       # URLs put on the wire as requests re-quotes them (agent/http.py requote_uri)
+    lens_fields: tuple = ("organic", "visual_matches", "visualMatches")  # where Lens results are read, first found
 
     def with_retries(self, policy: RetryPolicy) -> "ToolPolicy":
         """The same policy with every service's retries replaced (tests: no pauses)."""
@@ -66,14 +70,17 @@ RELEASE_TOOLS = ToolPolicy(
     # utils/search_tools.py: t2t_search_serper (5 attempts, 3 s apart, 60 s), i2i_search_serper (5, no pause, 100 s),
     # call_visit_jina (3, 0.5 s, 50 s), call_visit_serper (10, 0.5 s, 50 s), img_download (one, 10 s); every
     # request error, a non-2xx status included (raise_for_status / the status check), is retried
-    search=RetryPolicy(retries=4, pause_s=3.0, retry_any_status=True, timeout_s=60),
-    lens=RetryPolicy(retries=4, pause_s=0.0, retry_any_status=True, timeout_s=100),
-    jina=RetryPolicy(retries=2, pause_s=0.5, retry_any_status=True, timeout_s=50),
-    scrape=RetryPolicy(retries=9, pause_s=0.5, retry_any_status=True, timeout_s=50),
-    thumbnail=RetryPolicy(retries=0, timeout_s=10),
+    # requests' timeout bounds the connect and each read, not the whole transfer (per_read)
+    search=RetryPolicy(retries=4, pause_s=3.0, retry_any_status=True, timeout_s=60, per_read=True),
+    lens=RetryPolicy(retries=4, pause_s=0.0, retry_any_status=True, timeout_s=100, per_read=True),
+    jina=RetryPolicy(retries=2, pause_s=0.5, retry_any_status=True, timeout_s=50, per_read=True),
+    scrape=RetryPolicy(retries=9, pause_s=0.5, retry_any_status=True, timeout_s=50, per_read=True),
+    thumbnail=RetryPolicy(retries=0, timeout_s=10, per_read=True),
     say_api_failure=False, scrape_as_body=True, release_markers=True, thumbnails_png=True, missing_title=None,
     # utils/search_tools.py:93 f"{idx}. [{page['title']}]({page['link']})"; requests' Response.text
-    python_values=True, text_charset="ISO-8859-1")
+    python_values=True, text_charset="ISO-8859-1",
+    # requests re-quotes every URL it sends; i2i_search_serper reads Lens results under "organic" only (:150-157)
+    requote_urls=True, lens_fields=("organic",))
 
 TOOL_POLICIES = {"paper": DEFAULT_TOOLS, "release": RELEASE_TOOLS}  # by --protocol
 POLICY_NAMED = {p.name: p for p in (DEFAULT_TOOLS, RELEASE_TOOLS)}    # by the run header's tools.policy

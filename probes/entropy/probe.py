@@ -22,7 +22,7 @@ from agent.lazy import lazy_module
 from agent.record import validate
 from agent.rundir import RunError, close_fragment, load_run, output_lock, token_key, write_json
 from agent.rundir.lines import SEAL_KEY, SOURCE_KEY, seal
-from agent.rundir.probe_outputs import read_rows, resume_rows
+from agent.rundir.probe_outputs import read_rows, resume_rows, sweep_outputs, write_outputs
 from analysis.entropy import FORK_SHARE, entropy_high, grouped_tail_entropy
 from analysis.figures import fig2b_entropy, fig2b_forking, fig2b_kl, provenance_mark
 from analysis.selection import select_trajectories
@@ -52,6 +52,7 @@ async def probe_run(run_dir, *, mode: str = "regenerate", out_dir=None, **kw) ->
     One probe per output directory at a time (a second is refused: both would append the same steps)."""
     out = Path(out_dir) if out_dir else Path(run_dir) / "probes" / f"entropy-{mode}"
     with output_lock(out, "entropy probe"):
+        sweep_outputs(out)
         return await _probe_run(run_dir, mode=mode, out_dir=out, **kw)
 
 
@@ -295,12 +296,12 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
         "failures": prober.failures}, indent=2)
     fork_summary = forking_rows(rows, mode)
     steps = _steps_frame(rows, lines, run, prober.failures)
-    steps.to_parquet(out / "steps.parquet", index=False)
-    steps.to_csv(out / "steps.csv", index=False)
     summary = _summary(steps, out)
-    summary.to_csv(out / "summary.csv", index=False)
+    tables = {"steps.parquet": steps, "steps.csv": steps, "summary.csv": summary}
     if fork_summary is not None:
-        fork_summary.to_csv(out / "forking.csv", index=False)
+        tables["forking.csv"] = fork_summary
+    written = [out / "exclusions.csv", out / "bounds_calibration.csv", *sorted((out / "tokens").glob("*.parquet"))]
+    write_outputs(out, tables, rows="steps.jsonl", files=[f for f in written if f.is_file()])
     _draw(summary, fork_summary, out, run, ident, mode)
     for f in prober.failures[:10]:
         log.info(f"failed: {f}")

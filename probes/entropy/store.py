@@ -28,6 +28,7 @@ from agent.errors import writing
 from agent.jsonio import dumps
 from agent.rundir import read_parquet
 from agent.rundir.common import atomic_write
+from agent.rundir.probe_outputs import verify_output
 
 __all__ = ["TokenStore", "read_step_tokens", "ALTERNATIVES", "PARTIAL"]
 
@@ -156,6 +157,10 @@ class TokenStore:
 
 def read_step_tokens(tokens_dir: Path, key: str) -> dict[int, dict]:
     """``{step: {pos, dH, kl, w_ids, w_lp, o_ids, o_lp, texts}}`` of one trajectory from a teacher-forced probe's
-    ``tokens/`` (empty when it was not probed)."""
+    ``tokens/`` (empty when it was not probed), read only as its probe sealed it (RunError otherwise:
+    agent/rundir/probe_outputs.py ``verify_output``)."""
     p = TokenStore(Path(tokens_dir)).path(key)
-    return _steps_of(read_parquet(p)) if p.exists() else {}
+    if not p.exists():
+        return {}
+    verify_output(p)
+    return _steps_of(read_parquet(p))

@@ -6,7 +6,8 @@ Jina returns for it (a block page is just a page whose text is a bot wall). ``se
 and JSON body, ``server.log`` every request; ``server.lens_results`` is how many results Lens returns,
 ``server.lens_items`` replaces them (a result without a title, a JPEG or redirected thumbnail), ``server.search_items``
 the organic search results, and
-``server.bad_thumbs`` the result numbers whose thumbnail answers 404. Thumbnails: ``/thumb/N.png`` (PNG),
+``server.bad_thumbs`` the result numbers whose thumbnail answers 404, ``server.lens_field`` where Lens puts its
+results. Thumbnails: ``/thumb/N.png`` (PNG),
 ``/thumb/N.jpg`` (JPEG), ``/moved/N.png`` (a 302 to ``/thumb/N.png``).
 """
 from __future__ import annotations
@@ -74,7 +75,8 @@ class _H(JSONHandler):
                 {"title": f"Lens match {i}", "source": "example.org", "link": f"https://match{i}.example/",
                  "imageUrl": "https://img/x.jpg", "thumbnailUrl": f"{self.server.url}/thumb/{i}.png"}
                 for i in range(1, self.server.lens_results + 1)]
-            return self._send(200, {"searchParameters": {"url": body.get("url"), "type": "lens"}, "organic": items})
+            return self._send(200, {"searchParameters": {"url": body.get("url"), "type": "lens"},
+                                    self.server.lens_field: items})
         if self.path == "/scrape":
             url = body.get("url", "")
             return self._send(200, {"text": self.server.scrape.get(url, ""), "metadata": {"title": "t"}})
@@ -104,6 +106,7 @@ class FakeWeb(ThreadingHTTPServer):
         self.bodies: list = []
         self.lens_results = 14
         self.lens_items: list | None = None
+        self.lens_field = "organic"  # where Lens puts its results ("visual_matches": a reply with no organic)
         self.search_items: list | None = None
         self.bad_thumbs: set = set()
         self.fail: dict[str, int] = {}
