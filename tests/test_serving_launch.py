@@ -42,7 +42,7 @@ def free_port() -> int:
     raise RuntimeError("no free port base with its derived ports free")
 
 
-def sh(args, env=None, timeout=120):
+def sh(args, env=None, timeout=HANG_GUARD_S):
     e = {**os.environ, "PYTHON": sys.executable, **(env or {})}
     for k in ("MODEL_DIR", "QWEN35_9B_PATH", "QWEN35_27B_PATH", "QWEN35_35B_A3B_PATH", "SGLANG_EXTRA_ARGS"):
         if k not in (env or {}):

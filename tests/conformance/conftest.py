@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent.jsonio import dumps
+from tests.guards import HANG_GUARD_S
 
 REPO = Path(__file__).resolve().parents[2]
 SITE = Path(os.environ.get("MMCF_SGLANG_SITE", REPO / ".venv-sglang" / "site"))
@@ -26,7 +27,7 @@ class Oracle:
         self.p = subprocess.Popen([sys.executable, str(Path(__file__).with_name("sglang_oracle.py"))], env=env,
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self.lock = threading.Lock()
-        first = self._read(timeout=180)
+        first = self._read(timeout=HANG_GUARD_S)
         if not first.get("ready"):
             raise RuntimeError(f"the SGLang oracle did not start: {first}")
         self.version = first["sglang"]
@@ -45,7 +46,7 @@ class Oracle:
             # the bytes our client would send (agent.http.dumps: numpy id arrays are written as JSON lists)
             self.p.stdin.write(dumps({"op": op, **kw}).decode() + "\n")
             self.p.stdin.flush()
-            return self._read(timeout=120)
+            return self._read(timeout=HANG_GUARD_S)
 
     def close(self):
         self.p.kill()

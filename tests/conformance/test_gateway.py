@@ -21,7 +21,7 @@ from tests.test_serving_launch import LAUNCH, STANDIN_NODE, STOP, free_port, sh
 pytestmark = pytest.mark.slow
 
 
-def _gateway(*args, timeout=300):
+def _gateway(*args, timeout=HANG_GUARD_S):
     return subprocess.run([sys.executable, "-m", "serving.gateway", *map(str, args)], cwd=REPO, capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO)})
 
@@ -35,7 +35,7 @@ def _launch(run_dir, *args):
 
 def _post(url, body):
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
+    with urllib.request.urlopen(req, timeout=HANG_GUARD_S) as r:
         return json.loads(r.read())
 
 
@@ -74,7 +74,7 @@ def test_one_gateway_per_model_over_several_nodes(nodes):
         assert "smg.launch_router --worker-urls" in cmd and "--policy cache_aware --routing-key-override" in cmd
         # the real router serves each model and answers through a worker of that model only
         for model, e in routers.items():
-            got = json.load(urllib.request.urlopen(e["url"] + "/v1/models", timeout=30))
+            got = json.load(urllib.request.urlopen(e["url"] + "/v1/models", timeout=HANG_GUARD_S))
             assert [m["id"] for m in got["data"]] == [model]
             out = _post(e["url"] + "/generate", {"text": "hello", "sampling_params": {"max_new_tokens": 4}})
             assert out["meta_info"]["completion_tokens"] >= 1

@@ -14,6 +14,7 @@ from agent.run import main as run_main
 from agent.rundir import load_run
 from scripts.soak import agent_policy
 from tests.fakes.sglang_server import FakeSGLang
+from tests.guards import HANG_GUARD_S
 
 #: What must be equal call by call, real front end vs fake (the chat path's prompt_tokens excepted: the fake does
 #: not render the chat template there, see tests/fakes/sglang_server.py).
@@ -213,7 +214,7 @@ def test_probes_and_the_smoke_check_against_the_real_front_end(real_sglang_model
 def test_a_request_the_stand_in_cannot_serve_comes_back_as_sglangs_error_not_a_hang(real_sglang_model):
     import httpx
 
-    r = httpx.post(real_sglang_model.url + "/generate", timeout=120, json={
+    r = httpx.post(real_sglang_model.url + "/generate", timeout=HANG_GUARD_S, json={
         "text": "hello", "sampling_params": {"max_new_tokens": 0}, "return_logprob": True, "logprob_start_len": 999})
     assert r.status_code == 400 and "logprob_start_len=999 is higher than the number of input tokens" in r.text
 
