@@ -137,7 +137,9 @@ class Parser(argparse.ArgumentParser):
 #: adaptive image release is now "unloading" (``release`` names the authors' released code, ``--protocol release``).
 RENAMED = {"--image-release": "--image-unload", "--release-signal": "--unload-signal",
            "--release-threshold": "--unload-threshold", "--release-patience": "--unload-patience",
-           "--release-runs": "--unload-runs"}
+           "--release-runs": "--unload-runs",
+           # one spelling per idea (issue 82): the launcher's directory, the logprob mode
+           "--run-dir": "--serve-dir", "--serving-dir": "--serve-dir", "--logprobs": "--logprob-mode"}
 
 
 def _renamed(argv: list, known: set) -> list:

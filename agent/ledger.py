@@ -1,6 +1,6 @@
 """``python -m agent.ledger RUN_DIR ...``: write and print what runs cost (the arithmetic: agent/rundir/ledger.py).
 
-    python -m agent.ledger RUN_DIR [RUN_DIR ...] [--prices prices.json] [--serving-dir DIR] [--gpus-per-server N]
+    python -m agent.ledger RUN_DIR [RUN_DIR ...] [--prices prices.json] [--serve-dir DIR] [--gpus-per-server N]
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def main(argv=None) -> int:
         "python -m agent.ledger runs/react-27b", "python -m agent.ledger runs/* --prices prices.json"])
     ap.add_argument("run_dirs", nargs="+", help="run directories of python -m agent.run")
     ap.add_argument("--prices", help="a price table (JSON, DEFAULT_PRICES' layout) merged over the defaults")
-    ap.add_argument("--serving-dir", help="the launcher's --run-dir whose endpoints.json names the GPUs")
+    ap.add_argument("--serve-dir", dest="serving_dir", help="the launcher's --serve-dir whose endpoints.json names the GPUs")
     ap.add_argument("--gpus-per-server", type=positive_int, help="GPUs behind each endpoint (instead of endpoints.json)")
     ap.add_argument("--json", action="store_true", help="print the ledgers as JSON")
     a = ap.parse_args(argv)

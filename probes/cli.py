@@ -39,8 +39,8 @@ def add_backend_args(ap) -> None:
     ap.add_argument("--nested-logprobs", action="store_true",
                     help="score with SGLang's nested [logprob, id, text] lists instead of its flat base64 arrays "
                          "(the same numbers; the flat ones cost the client ~a tenth of the decode)")
-    ap.add_argument("--serving-dir", default=None,
-                    help="the launcher's --run-dir whose endpoints.json describes the endpoints (default: the ones "
+    ap.add_argument("--serve-dir", dest="serving_dir", default=None,
+                    help="the launcher's --serve-dir whose endpoints.json describes the endpoints (default: the ones "
                          "python -m serving.launch remembered on this machine)")
 
 

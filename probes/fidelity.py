@@ -383,7 +383,7 @@ def _mode_failure(m: dict) -> str:
                 f"ones ({seen}; ≤ {MODE_TOLERANCE} expected)")
     return (f"mode: the server returns {m['server']} logprobs but the run records {m['recorded']} ({seen}): "
             f"the run's entropies are not what its header says; rerun with --logprob-mode {m['server']}, or "
-            f"relaunch the server with --logprobs {m['recorded']}")
+            f"relaunch the server with --logprob-mode {m['recorded']}")
 
 
 async def check_servers(run_dir, backend, *, samples: int = 8, out_dir=None, force: bool = False, reference=None,

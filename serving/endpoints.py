@@ -1,9 +1,9 @@
 """What the launcher recorded about an endpoint: the GPUs behind a URL, for what a probe or a run costs.
 
     gpus_behind("http://gpu-node:30000")        # 4 (a TP=4 server), or a router's worker group size; None: unknown
-    gpus_behind(url, serving_dir="/shared/.serve")  # read that launcher --run-dir's endpoints.json
+    gpus_behind(url, serving_dir="/shared/.serve")  # read that launcher --serve-dir's endpoints.json
 
-``python -m serving.launch`` writes ``endpoints.json`` in its ``--run-dir`` (per URL: ``gpus`` "0,1,2,3",
+``python -m serving.launch`` writes ``endpoints.json`` in its ``--serve-dir`` (per URL: ``gpus`` "0,1,2,3",
 ``kind`` server / router, ``router_of`` the workers) and remembers the directory (serving/launch.py's
 ``state_file``). A URL is looked up there, in the given ``serving_dir`` first; a router counts the GPUs of one
 of its workers (a request runs on one worker group). Nothing found: None, and callers say "unknown"

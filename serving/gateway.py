@@ -1,13 +1,13 @@
 """One smg gateway (SGLang Model Gateway) per model over the servers of many nodes (ours; issue 26).
 
     # on every GPU node: servers only, under the name other nodes reach it by
-    bash serving/launch_qwen35.sh --advertise-host "$(hostname -f)" --run-dir /shared/serve/$(hostname -s) 9b 27b
+    bash serving/launch_qwen35.sh --advertise-host "$(hostname -f)" --serve-dir /shared/serve/$(hostname -s) 9b 27b
     # on the gateway node (any node, or a CPU box): one router per model over all of them
-    python -m serving.gateway /shared/serve/* [--run-dir .gateway] [--port 30100] [--prometheus-port 29100]
+    python -m serving.gateway /shared/serve/* [--serve-dir .gateway] [--port 30100] [--prometheus-port 29100]
     # stop the routers (the nodes' servers are stopped on each node with serving/stop.sh)
-    bash serving/stop.sh --run-dir .gateway
+    bash serving/stop.sh --serve-dir .gateway
 
-Reads each node's ``endpoints.json`` (a launcher ``--run-dir``, or the file), takes its running servers, and,
+Reads each node's ``endpoints.json`` (a launcher ``--serve-dir``, or the file), takes its running servers, and,
 before starting anything:
 
 - checks every server: ``/health`` answers and ``/v1/models`` serves the model its node recorded (an
@@ -21,7 +21,7 @@ before starting anything:
 Then it starts ``python -m smg.launch_router --worker-urls … --policy cache_aware --routing-key-override --host H
 --port P --prometheus-port Q`` per model (smg 1.13.0's real CLI; the gateway health-checks its workers itself and
 keeps each routing key on one worker),
-waits until each serves its model, and writes ``endpoints.json`` in ``--run-dir``: one ``router`` entry per
+waits until each serves its model, and writes ``endpoints.json`` in ``--serve-dir``: one ``router`` entry per
 model (``router_of`` its workers) and the workers' own entries (``"remote": true``, with their node and
 GPUs), so a run or probe through a gateway knows the GPUs behind a request (serving/endpoints.py). Clients
 point ``--endpoint`` at the router (``agent.run``, the probes, ``scripts/slurm_array.sh``'s ``GATEWAY``).
@@ -61,7 +61,7 @@ def read_nodes(paths: list[str]) -> list[dict]:
         try:
             entries = json.loads(f.read_text())
         except FileNotFoundError:
-            raise LaunchError(f"{f}: no such file (give a launcher --run-dir or its endpoints.json)") from None
+            raise LaunchError(f"{f}: no such file (give a launcher --serve-dir or its endpoints.json)") from None
         except (OSError, ValueError) as e:
             raise LaunchError(f"{f}: unreadable endpoints file ({e})") from None
         if not isinstance(entries, list):
@@ -152,8 +152,8 @@ def _parser():
     ap = make_parser("python -m serving.gateway", __doc__, [
         "python -m serving.gateway /shared/serve/node1 /shared/serve/node2 --port 30100",
         "python -m serving.gateway /shared/serve/* --dry-run"])
-    ap.add_argument("nodes", nargs="+", help="each node's launcher --run-dir (or its endpoints.json)")
-    ap.add_argument("--run-dir", default=".gateway", help="logs, PID files, commands, endpoints.json (default: .gateway)")
+    ap.add_argument("nodes", nargs="+", help="each node's launcher --serve-dir (or its endpoints.json)")
+    ap.add_argument("--serve-dir", dest="run_dir", default=".gateway", help="logs, PID files, commands, endpoints.json (default: .gateway)")
     ap.add_argument("--port", type=port_number, default=30100, help="first router's port; router j gets +j (default: 30100)")
     ap.add_argument("--prometheus-port", type=port_number, default=29100,
                     help="first router's metrics port; router j gets +j (default: 29100: not the launcher's 29000)")
@@ -244,7 +244,7 @@ def main(argv=None) -> int:
     if not _start_routers(a, plans, run_dir, host, entries):
         return 1
     write_endpoints(run_dir, entries)
-    print(f"\nendpoints written to {run_dir / 'endpoints.json'}; stop: bash serving/stop.sh --run-dir "
+    print(f"\nendpoints written to {run_dir / 'endpoints.json'}; stop: bash serving/stop.sh --serve-dir "
           f"{shlex.quote(str(run_dir))}")
     for p in plans:
         w = p["entries"][0].get("weights") or "MODEL_DIR"

@@ -16,8 +16,8 @@ exist, ports must be free, weights must have a config.json, sglang must import. 
 *estimate* of weights + KV-cache memory per GPU read from the model's config.json. While a server loads,
 the elapsed time and its last log line are shown. ``--router`` starts one smg gateway per model (a
 router never mixes models: without --enable-igw it ignores the model name). Everything is recorded in
---run-dir: logs, PIDs, the exact commands and ``endpoints.json`` (per URL: the served model, weights,
-GPUs, logprob mode, deterministic or not, status). Stop with ``bash serving/stop.sh --run-dir DIR``.
+--serve-dir: logs, PIDs, the exact commands and ``endpoints.json`` (per URL: the served model, weights,
+GPUs, logprob mode, deterministic or not, status). Stop with ``bash serving/stop.sh --serve-dir DIR``.
 
 ``--server-command`` / ``--router-command`` replace ``python -m sglang.launch_server`` / ``python -m
 smg.launch_router`` (a wrapper such as ``srun``, a stand-in); ``--gpus``, ``--gpu-mem-gb`` and
@@ -37,7 +37,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from agent.cli import fraction, port_number, positive_float, setup_logging
+from agent.cli import Parser, fraction, port_number, positive_float, setup_logging
 from agent.redact import redact
 
 from .endpoints import remember, state_file, write_endpoints
@@ -79,7 +79,7 @@ __all__ = ["MODELS", "Server", "plan", "server_command", "router_command", "memo
 
 def _describe(a, s: Server, gpu_gb, run_dir: Path) -> list[str]:
     url = client_url(a, s.port)
-    stop = f"bash serving/stop.sh --run-dir {shlex.quote(str(run_dir))}"
+    stop = f"bash serving/stop.sh --serve-dir {shlex.quote(str(run_dir))}"
     if a.engine == "vllm":
         return [f"{s.served} on " + ("the CPU" if s.gpus == "cpu" else f"GPUs {s.gpus}") + f" -> {url}",
                 f"  clients: --backend vllm --endpoint {url} --model-dir {shlex.quote(s.weights)} (its logprobs: raw)",
@@ -373,19 +373,19 @@ def launch(a) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = Parser(
         prog="bash serving/launch_qwen35.sh", description="SGLang servers for the Qwen3.5 backbones (paper B.1), "
         "one per MODEL, each on its own group of --tp GPUs.",
         formatter_class=lambda prog: argparse.RawDescriptionHelpFormatter(prog, max_help_position=32),
         epilog="examples:\n  MODEL_DIR=/models bash serving/launch_qwen35.sh            # 9b on GPUs 0-3, 27b on 4-7\n"
                "  bash serving/launch_qwen35.sh --dry-run --tp 8 --gpu-groups 0,1,2,3,4,5,6,7 27b\n"
-               "then: bash serving/stop.sh --run-dir .serve")
+               "then: bash serving/stop.sh --serve-dir .serve")
     ap.add_argument("models", nargs="*", metavar="MODEL", help=f"one of {', '.join(MODELS)} (default: 9b 27b)")
     ap.add_argument("--dry-run", action="store_true", help="print the exact commands, client flags and memory estimate; start nothing")
     ap.add_argument("--engine", choices=("sglang", "vllm"), default="sglang",
                     help="the serving engine (default: sglang, the paper's; vllm: vllm serve with the same model, TP "
                          "and context, its logprobs raw: docs/serving.md, \"vLLM\")")
-    ap.add_argument("--logprobs", "--logprob-mode", dest="logprobs", default=None, choices=("scaled", "raw"),
+    ap.add_argument("--logprob-mode", dest="logprobs", default=None, choices=("scaled", "raw"),
                     help="what output logprobs describe: scaled = log_softmax(logits/T) (SGLang's default); raw sets "
                          "SGLANG_RETURN_ORIGINAL_LOGPROB=1 (default: scaled; vLLM's are raw)")
     ap.add_argument("--tp", type=int, default=None, help="tensor-parallel size per server (default: 4; 1 with --device cpu)")
@@ -410,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--deterministic", action="store_true",
                     help="--enable-deterministic-inference: seeds become reproducible (slower; default: off)")
     ap.add_argument("--timeout", type=positive_float, default=1800, help="readiness wait per server, seconds (default: 1800)")
-    ap.add_argument("--run-dir", default=os.environ.get("MMCF_SERVE_DIR", ".serve"),
+    ap.add_argument("--serve-dir", dest="run_dir", default=os.environ.get("MMCF_SERVE_DIR", ".serve"),
                     help="logs, PID files, commands, endpoints.json (default: .serve)")
     ap.add_argument("--router", action="store_true", help="also start one smg gateway (cache_aware, sticky sessions) per model")
     ap.add_argument("--router-port", type=port_number, default=30100, help="first router port (default: 30100)")
@@ -446,7 +446,7 @@ def main(argv=None) -> int:
         log.info(f"launch_qwen35: unknown model {bad[0]!r}; the models are: {', '.join(MODELS)}")
         return 2
     if a.engine == "vllm":
-        bad = [f for f, on in (("--logprobs scaled", a.logprobs == "scaled"), ("--standin", a.standin),
+        bad = [f for f, on in (("--logprob-mode scaled", a.logprobs == "scaled"), ("--standin", a.standin),
                                ("--router", a.router), ("--deterministic", a.deterministic)) if on]
         if bad:
             log.info(f"launch_qwen35: {bad[0]} is not offered with --engine vllm (its logprobs are raw; the stand-in "

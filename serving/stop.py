@@ -1,6 +1,6 @@
 """Stop the servers (and routers) that serving/launch_qwen35.sh started, and nothing else.
 
-    bash serving/stop.sh [--run-dir DIR] [--timeout S]          # = python -m serving.stop
+    bash serving/stop.sh [--serve-dir DIR] [--timeout S]          # = python -m serving.stop
 
 Reads DIR/*.pid (default .serve, or $MMCF_SERVE_DIR); a PID is signalled only if that process is still the
 one the launcher started (the same start time as recorded beside the PID; for old PID files, a command line
@@ -112,9 +112,9 @@ def stop_dir(run_dir: Path, timeout: float = 30.0) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = make_parser("bash serving/stop.sh", __doc__, ["bash serving/stop.sh", "bash serving/stop.sh --run-dir .serve-27b --timeout 60"])
-    ap.add_argument("--run-dir", default=os.environ.get("MMCF_SERVE_DIR", ".serve"),
-                    help="the launcher's --run-dir ($MMCF_SERVE_DIR or .serve)")
+    ap = make_parser("bash serving/stop.sh", __doc__, ["bash serving/stop.sh", "bash serving/stop.sh --serve-dir .serve-27b --timeout 60"])
+    ap.add_argument("--serve-dir", dest="run_dir", default=os.environ.get("MMCF_SERVE_DIR", ".serve"),
+                    help="the launcher's --serve-dir ($MMCF_SERVE_DIR or .serve)")
     ap.add_argument("--timeout", type=positive_float, default=30, help="seconds between SIGTERM and SIGKILL")
     a = ap.parse_args(argv)
     run_dir = Path(a.run_dir).resolve()
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
                 if Path(d) != run_dir and Path(d).is_dir() and _live(Path(d)):
                     others.append(d)
         for d in others:
-            print(f"  servers are running from {d}: bash serving/stop.sh --run-dir {d}")
+            print(f"  servers are running from {d}: bash serving/stop.sh --serve-dir {d}")
         return 0
     for line in stop_dir(run_dir, a.timeout):
         print(line)

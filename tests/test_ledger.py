@@ -57,7 +57,7 @@ def test_the_ledger_equals_hand_counts(tmp_path, live_web, capsys):
         web_requests = len(live_web.log)
     capsys.readouterr()
     (tmp_path / "prices.json").write_text(json.dumps(PRICES))
-    assert ledger_main([str(run), "--serving-dir", str(serve), "--prices", str(tmp_path / "prices.json")]) == 0
+    assert ledger_main([str(run), "--serve-dir", str(serve), "--prices", str(tmp_path / "prices.json")]) == 0
     printed = capsys.readouterr().out
     led = json.loads((run / "ledger.json").read_text())
     h = _hand(run)

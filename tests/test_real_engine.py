@@ -51,7 +51,7 @@ def engine(tiny_model_dir, tmp_path_factory):
     """vLLM's CPU build serving the tiny model, started and stopped by the launcher."""
     port, run_dir = free_port(), tmp_path_factory.mktemp("serve")
     env = {"QWEN35_9B_PATH": str(tiny_model_dir), "MMCF_STATE_DIR": str(run_dir / "state")}
-    r = sh([LAUNCH, "--engine", "vllm", "--device", "cpu", "--port", str(port), "--run-dir", str(run_dir),
+    r = sh([LAUNCH, "--engine", "vllm", "--device", "cpu", "--port", str(port), "--serve-dir", str(run_dir),
             "--timeout", str(HANG_GUARD_S), "9b"], env=env, timeout=HANG_GUARD_S)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -59,7 +59,7 @@ def engine(tiny_model_dir, tmp_path_factory):
         yield {"url": url, "run_dir": run_dir, "launch": r, "model": ["--backend", "vllm", "--endpoint", url,
                                                                        "--model-dir", str(tiny_model_dir)]}
     finally:
-        s = sh([STOP, "--run-dir", str(run_dir)])
+        s = sh([STOP, "--serve-dir", str(run_dir)])
         assert s.returncode == 0, s.stdout + s.stderr
 
 

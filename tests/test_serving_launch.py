@@ -75,7 +75,7 @@ def test_dry_run_default_is_two_models_on_two_gpu_groups():
 
 @pytest.mark.parametrize("model,hub", [("9b", "Qwen3.5-9B"), ("27b", "Qwen3.5-27B"), ("35b-a3b", "Qwen3.5-35B-A3B")])
 def test_dry_run_each_model(model, hub):
-    r = sh([LAUNCH, "--dry-run", "--logprobs", "raw", "--port", "31000", model],
+    r = sh([LAUNCH, "--dry-run", "--logprob-mode", "raw", "--port", "31000", model],
            env={"MODEL_DIR": "/models", "SGLANG_EXTRA_ARGS": "--disable-cuda-graph --log-level info"})
     assert r.returncode == 0, r.stderr
     (cmd,) = commands(r.stdout)
@@ -97,7 +97,7 @@ def test_dry_run_other_layouts_and_router():
     assert len(router) == 1  # replicas of one model share one gateway, with sticky sessions (the routing key)
     assert "--worker-urls http://127.0.0.1:30000 http://127.0.0.1:30001 --policy cache_aware --routing-key-override" \
         in router[0]
-    r = sh([LAUNCH, "--dry-run", "--logprobs", "both"])
+    r = sh([LAUNCH, "--dry-run", "--logprob-mode", "both"])
     assert r.returncode != 0 and "invalid choice: 'both'" in r.stderr
     r = sh([LAUNCH, "--dry-run", "70b"])
     assert r.returncode != 0 and "unknown model '70b'; the models are: 9b, 27b, 35b-a3b" in r.stderr
@@ -133,7 +133,7 @@ def test_two_tp2_servers_a_model_are_offered_priced_and_started(tmp_path):
     assert r.returncode == 2 and "--replicas must be a positive integer" in r.stderr
     # and started: two servers of one model, each on its own pair of GPUs
     p, run_dir = free_port(), tmp_path / "serve"
-    r = sh([LAUNCH, "--port", str(p), "--run-dir", str(run_dir), "--timeout", "60", *STANDIN_NODE, "--tp", "2",
+    r = sh([LAUNCH, "--port", str(p), "--serve-dir", str(run_dir), "--timeout", "60", *STANDIN_NODE, "--tp", "2",
             "--replicas", "2", "9b"])
     try:
         assert r.returncode == 0, r.stdout + r.stderr
@@ -141,7 +141,7 @@ def test_two_tp2_servers_a_model_are_offered_priced_and_started(tmp_path):
         assert [(e["served_model"], e["gpus"]) for e in eps] == [("qwen3.5-9b", "0,1"), ("qwen3.5-9b", "2,3")]
         assert f"--endpoint http://127.0.0.1:{p} --endpoint http://127.0.0.1:{p + 1}" in r.stdout
     finally:
-        s = sh([STOP, "--run-dir", str(run_dir)])
+        s = sh([STOP, "--serve-dir", str(run_dir)])
     assert s.stdout.count("stopped") == 2
 
 
@@ -159,13 +159,13 @@ def test_dry_run_tells_the_client_flags_log_stop_and_memory(tmp_path):
     (w / "config.json").write_text(json.dumps({"text_config": {
         "num_key_value_heads": 4, "head_dim": 256, "layer_types": ["linear_attention"] * 48 + ["full_attention"] * 16}}))
     (w / "model-00001.safetensors").write_bytes(b"\0" * 1000)
-    r = sh([LAUNCH, "--dry-run", "--run-dir", str(tmp_path / "s"), "--gpu-mem-gb", "96", "27b"],
+    r = sh([LAUNCH, "--dry-run", "--serve-dir", str(tmp_path / "s"), "--gpu-mem-gb", "96", "27b"],
            env={"MODEL_DIR": str(tmp_path / "models")})
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert f"clients: --backend sglang --endpoint http://127.0.0.1:30000 --model-dir {w} --logprob-mode scaled" in out
     assert f"log: {tmp_path / 's'}/qwen3.5-27b-30000.log" in out
-    assert f"stop: bash serving/stop.sh --run-dir {tmp_path / 's'}" in out
+    assert f"stop: bash serving/stop.sh --serve-dir {tmp_path / 's'}" in out
     # 2 (K, V) x 16 full-attention layers x ceil(4 KV heads / TP 4) x head dim 256 x 2 bytes = 16 KiB per token per GPU
     assert "memory (estimate):" in out and "KV 16 KiB/token per GPU" in out and "96 GB x 0.85" in out
     assert not (tmp_path / "s").exists()  # a dry run writes nothing
@@ -188,7 +188,7 @@ STANDIN_NODE = ["--server-command", STANDIN, "--gpus", "8"]
 def test_launch_ready_check_and_stop(tmp_path):
     p = free_port()
     run_dir = tmp_path / "serve"
-    r = sh([LAUNCH, "--port", str(p), "--run-dir", str(run_dir), "--timeout", "60", *STANDIN_NODE, "9b", "35b-a3b"])
+    r = sh([LAUNCH, "--port", str(p), "--serve-dir", str(run_dir), "--timeout", "60", *STANDIN_NODE, "9b", "35b-a3b"])
     try:
         assert r.returncode == 0, r.stdout + r.stderr
         assert f"ready: http://127.0.0.1:{p}  model=qwen3.5-9b" in r.stdout
@@ -206,11 +206,11 @@ def test_launch_ready_check_and_stop(tmp_path):
                               "--max-tokens", "8"], cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
         assert json.loads(chk.stdout)["backend"].startswith("openai")
         # a second launch on the same ports fails early and starts nothing
-        r2 = sh([LAUNCH, "--port", str(p), "--run-dir", str(tmp_path / "other"), *STANDIN_NODE, "9b"])
+        r2 = sh([LAUNCH, "--port", str(p), "--serve-dir", str(tmp_path / "other"), *STANDIN_NODE, "9b"])
         assert r2.returncode != 0 and f"port {p} is already in use" in r2.stderr
         assert not (tmp_path / "other").exists()
     finally:
-        s = sh([STOP, "--run-dir", str(run_dir)])
+        s = sh([STOP, "--serve-dir", str(run_dir)])
     assert s.returncode == 0 and s.stdout.count("stopped") == 2
     assert not list(run_dir.glob("*.pid"))
     assert all(e["status"] == "stopped" for e in json.loads((run_dir / "endpoints.json").read_text()))
@@ -222,7 +222,7 @@ def test_launch_ready_check_and_stop(tmp_path):
 def test_router_front(tmp_path):
     p, rp = free_port(), free_port()
     run_dir = tmp_path / "serve"
-    r = sh([LAUNCH, "--port", str(p), "--router", "--router-port", str(rp), "--run-dir", str(run_dir), "--timeout", "60",
+    r = sh([LAUNCH, "--port", str(p), "--router", "--router-port", str(rp), "--serve-dir", str(run_dir), "--timeout", "60",
             *STANDIN_NODE, "--router-command", STANDIN, "27b"])
     try:
         assert r.returncode == 0, r.stdout + r.stderr
@@ -232,7 +232,7 @@ def test_router_front(tmp_path):
         router = [e for e in json.loads((run_dir / "endpoints.json").read_text()) if e["kind"] == "router"]
         assert router[0]["served_model"] == "qwen3.5-27b" and router[0]["router_of"] == [f"http://127.0.0.1:{p}"]
     finally:
-        s = sh([STOP, "--run-dir", str(run_dir)])
+        s = sh([STOP, "--serve-dir", str(run_dir)])
     assert s.stdout.count("stopped") == 2
 
 
@@ -242,14 +242,14 @@ def test_router_front(tmp_path):
     ({}, ["--gpus", "8", "--gpu-groups", "0,1,2 4,5,6,7"], "has 3 GPUs but --tp is 4"),
 ])
 def test_preflight_failures(tmp_path, env, args, msg):
-    r = sh([LAUNCH, "--run-dir", str(tmp_path / "s"), "--port", str(free_port()), "--server-command", STANDIN, *args],
+    r = sh([LAUNCH, "--serve-dir", str(tmp_path / "s"), "--port", str(free_port()), "--server-command", STANDIN, *args],
            env=env)
     assert r.returncode != 0 and msg in r.stderr, r.stderr
     assert not (tmp_path / "s").exists()
 
 
 def test_sglang_missing_is_reported(tmp_path):
-    r = sh([LAUNCH, "--run-dir", str(tmp_path / "s"), "--gpus", "8"])
+    r = sh([LAUNCH, "--serve-dir", str(tmp_path / "s"), "--gpus", "8"])
     assert r.returncode != 0 and "sglang is not installed" in r.stderr
 
 
@@ -257,12 +257,12 @@ def test_readiness_timeout_and_early_exit_clean_up(tmp_path):
     (tmp_path / "hang.py").write_text("import time\ntime.sleep(120)\n")
     (tmp_path / "crash.py").write_text("import sys\nprint('CUDA out of memory')\nsys.exit(3)\n")
     hang = f"{sys.executable} {tmp_path / 'hang.py'}"
-    r = sh([LAUNCH, "--run-dir", str(tmp_path / "a"), "--port", str(free_port()), "--timeout", "2",
+    r = sh([LAUNCH, "--serve-dir", str(tmp_path / "a"), "--port", str(free_port()), "--timeout", "2",
             "--server-command", hang, "--gpus", "8", "9b"])
     assert r.returncode != 0 and "not ready after 2s" in r.stderr and "stopping the servers" in r.stderr
     assert not list((tmp_path / "a").glob("*.pid"))
     crash = f"{sys.executable} {tmp_path / 'crash.py'}"
-    r = sh([LAUNCH, "--run-dir", str(tmp_path / "b"), "--port", str(free_port()), "--timeout", "30",
+    r = sh([LAUNCH, "--serve-dir", str(tmp_path / "b"), "--port", str(free_port()), "--timeout", "30",
             "--server-command", crash, "--gpus", "8", "9b"])
     assert r.returncode != 0 and "exited before it was ready" in r.stderr and "CUDA out of memory" in r.stderr
 
@@ -273,9 +273,9 @@ def test_stop_leaves_foreign_processes_alone(tmp_path):
         run_dir = tmp_path / "serve"
         run_dir.mkdir()
         (run_dir / "qwen3.5-9b-30000.pid").write_text(str(other.pid))
-        r = sh([STOP, "--run-dir", str(run_dir)])
+        r = sh([STOP, "--serve-dir", str(run_dir)])
         assert "another program; left alone" in r.stdout and other.poll() is None
-        r = sh([STOP, "--run-dir", str(run_dir)])
+        r = sh([STOP, "--serve-dir", str(run_dir)])
         assert "no servers recorded" in r.stdout
     finally:
         other.kill()
@@ -299,17 +299,17 @@ def test_progress_while_waiting_and_stop_finds_other_run_dirs(tmp_path):
     p = free_port()
     run_dir = tmp_path / "elsewhere"
     env = {"MMCF_STATE_DIR": str(tmp_path / "state")}
-    r = sh([LAUNCH, "--port", str(p), "--run-dir", str(run_dir), "--timeout", "60", "--progress-every", "0.5",
+    r = sh([LAUNCH, "--port", str(p), "--serve-dir", str(run_dir), "--timeout", "60", "--progress-every", "0.5",
             "--server-command", f"{sys.executable} {slow} {REPO / 'tests' / 'fakes' / 'sglang_server.py'}",
             "--gpus", "8", "9b"], env=env)
     try:
         assert r.returncode == 0, r.stdout + r.stderr
         assert "waiting for qwen3.5-9b" in r.stdout and "Loading safetensors checkpoint shards: 3/7" in r.stdout
-        # stop.sh without --run-dir: nothing in the default dir, so it names the directory that has servers
+        # stop.sh without --serve-dir: nothing in the default dir, so it names the directory that has servers
         s = subprocess.run(["bash", STOP], cwd=tmp_path, env={**os.environ, **env}, capture_output=True, text=True)
-        assert f"bash serving/stop.sh --run-dir {run_dir}" in s.stdout
+        assert f"bash serving/stop.sh --serve-dir {run_dir}" in s.stdout
     finally:
-        s = sh([STOP, "--run-dir", str(run_dir)], env=env)
+        s = sh([STOP, "--serve-dir", str(run_dir)], env=env)
     assert "stopped" in s.stdout
 
 
@@ -426,3 +426,14 @@ def test_the_dry_run_refuses_sglang_extra_args_that_turn_the_radix_cache_off_in_
     assert r.returncode == 1
     fails = [ln for ln in r.stdout.splitlines() if ln.startswith("check FAIL") and "SGLang reads" in ln]
     assert len(fails) == 1 and "--disable-radix-cache drops" in fails[0] and "no prefix cache" in fails[0]
+
+
+def test_the_old_spellings_still_work_with_a_one_line_notice(tmp_path):
+    """One spelling per idea (issue 82): the launcher's directory is --serve-dir everywhere (was --run-dir, and the
+    probes' --serving-dir), the logprob mode --logprob-mode (was the launcher's --logprobs)."""
+    r = sh([LAUNCH, "--dry-run", "--gpus", "8", "--logprobs", "raw", "--run-dir", str(tmp_path / "s"), "9b"])
+    assert "logprob semantics: raw" in r.stdout and "Traceback" not in r.stderr  # parsed (its checks aside)
+    notices = [x for x in r.stderr.splitlines() if x.startswith("notice:")]
+    assert notices == ["notice: --logprobs is now --logprob-mode; the old name works in this version only",
+                       "notice: --run-dir is now --serve-dir; the old name works in this version only"]
+

@@ -110,10 +110,10 @@ def test_gpu_seconds_come_from_the_launchers_endpoints_and_add_up_over_sessions(
         assert run_main(["--method", "react", "--backend", "openai", "--endpoint", s1.url, "--endpoint", s2.url,
                          "--benchmark", "demo", "--limit", "2", "--t-max", "3", "--out", str(tmp_path / "r"),
                          "--no-progress"]) == 0
-        assert entropy_main([str(tmp_path / "r"), "--no-progress", "--limit", "1", "--serving-dir", str(serve)]) == 0
+        assert entropy_main([str(tmp_path / "r"), "--no-progress", "--limit", "1", "--serve-dir", str(serve)]) == 0
         probe = tmp_path / "r" / "probes" / "entropy-regenerate" / "probe.json"
         c1 = json.loads(probe.read_text())["cost"]
-        assert entropy_main([str(tmp_path / "r"), "--no-progress", "--serving-dir", str(serve)]) == 0  # resumes
+        assert entropy_main([str(tmp_path / "r"), "--no-progress", "--serve-dir", str(serve)]) == 0  # resumes
         c2 = json.loads(probe.read_text())["cost"]
         # the chat path cannot score: the fidelity check is skipped, and the probe says so
         assert json.loads(probe.read_text())["fidelity"] == {"skipped": "the backend cannot score recorded tokens (openai)"}

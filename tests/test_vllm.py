@@ -233,13 +233,13 @@ def test_the_launcher_plans_and_starts_vllm_servers_and_clients_read_its_record(
     assert "--enable-scale-out" in line and "--enable-prompt-tokens-details" in line and "--dtype" not in line
     assert "SGLANG_RETURN_ORIGINAL_LOGPROB" not in line and "--nccl-port" not in line
     assert "clients: --backend vllm --endpoint http://127.0.0.1:30000 --model-dir Qwen/Qwen3.5-9B" in r.stdout
-    for flag in (["--logprobs", "scaled"], ["--router"], ["--deterministic"], ["--standin", "scripted"]):
+    for flag in (["--logprob-mode", "scaled"], ["--router"], ["--deterministic"], ["--standin", "scripted"]):
         r = sh([LAUNCH, "--dry-run", "--engine", "vllm", *flag, "9b"])
         assert r.returncode == 2 and f"{flag[0]}" in r.stderr and "not offered with --engine vllm" in r.stderr
     # started for real: the stand-in as `vllm serve`, then a run that reads the launcher's record of its mode
     port, run_dir = free_port(), tmp_path / "serve"
     env = {"PYTHONPATH": PYPATH, "QWEN35_9B_PATH": str(tiny_model_dir), "MMCF_STATE_DIR": str(tmp_path / "state")}
-    r = sh([LAUNCH, "--engine", "vllm", "--port", str(port), "--run-dir", str(run_dir), "--timeout", "600",
+    r = sh([LAUNCH, "--engine", "vllm", "--port", str(port), "--serve-dir", str(run_dir), "--timeout", "600",
             "--gpus", "8", "--server-command", f"{sys.executable} {REPO / 'tests' / 'fakes' / 'vllm_server.py'}", "9b"],
            env=env, timeout=HANG_GUARD_S)
     try:
@@ -255,5 +255,5 @@ def test_the_launcher_plans_and_starts_vllm_servers_and_clients_read_its_record(
         b = json.loads((run / "header.json").read_text())["backend"]
         assert b["logprob_mode"] == "raw" and b["logprob_mode_source"] == "launcher"
     finally:
-        s = sh([STOP, "--run-dir", str(run_dir)])
+        s = sh([STOP, "--serve-dir", str(run_dir)])
     assert s.stdout.count("stopped") == 1

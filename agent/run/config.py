@@ -174,7 +174,7 @@ def resolve_logprob_mode(cfg: RunConfig) -> RunConfig:
         mode = known.pop()
         if cfg.logprob_mode and cfg.logprob_mode != mode:
             raise ValueError(f"--logprob-mode {cfg.logprob_mode}, but the launcher started "
-                             f"{', '.join(public_url(e) for e, m in launched.items() if m)} with --logprobs {mode} "
+                             f"{', '.join(public_url(e) for e, m in launched.items() if m)} with --logprob-mode {mode} "
                              "(serving/launch_qwen35.sh): drop --logprob-mode, or relaunch")
         return replace(cfg, logprob_mode=mode, logprob_mode_source="launcher")
     if cfg.logprob_mode:

@@ -1,7 +1,7 @@
 """What a run cost: tokens and GPU-seconds per model, paid and cached tool calls per tool API, the judges' tokens,
 and money from a price table (ours; issue 26).
 
-    python -m agent.ledger RUN_DIR [RUN_DIR ...] [--prices prices.json] [--serving-dir DIR] [--gpus-per-server N]
+    python -m agent.ledger RUN_DIR [RUN_DIR ...] [--prices prices.json] [--serve-dir DIR] [--gpus-per-server N]
 
 Written as ``RUN_DIR/ledger.json`` (by the runner after every invocation, by ``agent.rundir merge``, and by this
 command, which also prints it); ``python -m analysis.report`` prints it beside Table 4; ``python -m agent.run

@@ -27,7 +27,7 @@ def _gateway(*args, timeout=HANG_GUARD_S):
 
 
 def _launch(run_dir, *args):
-    r = sh([LAUNCH, "--advertise-host", "127.0.0.1", "--run-dir", str(run_dir), "--timeout", "60", *STANDIN_NODE,
+    r = sh([LAUNCH, "--advertise-host", "127.0.0.1", "--serve-dir", str(run_dir), "--timeout", "60", *STANDIN_NODE,
             *map(str, args)])
     assert r.returncode == 0, r.stdout + r.stderr
     return json.loads((run_dir / "endpoints.json").read_text())
@@ -46,12 +46,12 @@ def nodes(tmp_path):
     try:
         ea = _launch(a, "--port", free_port(), "9b", "27b")   # node A: one 9b, one 27b
         eb = _launch(b, "--port", free_port(), "9b")          # node B: another 9b
-        ec = _launch(c, "--port", free_port(), "--logprobs", "raw", "9b")  # node C: a 9b launched otherwise
+        ec = _launch(c, "--port", free_port(), "--logprob-mode", "raw", "9b")  # node C: a 9b launched otherwise
         yield tmp_path, (a, ea), (b, eb), (c, ec)
     finally:
         for d in (a, b, c):
             if d.exists():
-                sh([STOP, "--run-dir", str(d)])
+                sh([STOP, "--serve-dir", str(d)])
 
 
 @pytest.mark.slow
@@ -60,7 +60,7 @@ def test_one_gateway_per_model_over_several_nodes(nodes):
     gw, port, prom = tmp / "gw", free_port(), free_port()
     while prom in (port, port + 1) or prom + 1 in (port, port + 1):
         prom = free_port()
-    r = _gateway(a, b, "--run-dir", gw, "--port", port, "--prometheus-port", prom)
+    r = _gateway(a, b, "--serve-dir", gw, "--port", port, "--prometheus-port", prom)
     try:
         assert r.returncode == 0, r.stdout + r.stderr
         eps = json.loads((gw / "endpoints.json").read_text())
@@ -92,7 +92,7 @@ def test_one_gateway_per_model_over_several_nodes(nodes):
                               "--json", "--max-tokens", "8"], cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
         assert chk.returncode == 0, chk.stdout + chk.stderr
     finally:
-        s = sh([STOP, "--run-dir", str(gw)])
+        s = sh([STOP, "--serve-dir", str(gw)])
     assert s.stdout.count("stopped") == 2  # the routers; the nodes' servers are the nodes' to stop
     for e in ea + eb:
         urllib.request.urlopen(e["url"] + "/health", timeout=10).read()
@@ -102,7 +102,7 @@ def test_the_gateway_refuses_what_would_mix_numbers_or_lose_a_server(nodes):
     tmp, (a, ea), (b, eb), (c, ec) = nodes
     port = free_port()
     # servers of one model launched with different logprob semantics
-    r = _gateway(a, c, "--run-dir", tmp / "g1", "--port", port, "--dry-run")
+    r = _gateway(a, c, "--serve-dir", tmp / "g1", "--port", port, "--dry-run")
     assert r.returncode == 2 and "differ in logprob_mode" in r.stderr, r.stderr
     # one node's record given twice under two names claims the same URLs
     (tmp / "copy").mkdir()
@@ -110,7 +110,7 @@ def test_the_gateway_refuses_what_would_mix_numbers_or_lose_a_server(nodes):
     r = _gateway(a, b, tmp / "copy", "--dry-run")
     assert r.returncode == 2 and "recorded by two nodes" in r.stderr and "--advertise-host" in r.stderr
     # a node that went away: refused, naming it; --skip-unhealthy leaves it out and says so
-    assert sh([STOP, "--run-dir", str(b)]).returncode == 0
+    assert sh([STOP, "--serve-dir", str(b)]).returncode == 0
     (b / "endpoints.json").write_text(json.dumps([{**e, "status": "running"} for e in eb]))  # a stale record
     r = _gateway(a, b, "--dry-run")
     assert r.returncode == 2 and "not answering" in r.stderr and str(b / "endpoints.json") in r.stderr
@@ -173,7 +173,7 @@ def test_the_launchers_real_topology_then_a_run_through_the_gateway_over_it(sgla
     env = {"PYTHON": sys.executable, "MMCF_TINY_MODEL_DIR": str(tiny_model_dir)}
     r = sh([LAUNCH, "--standin", "scripted", "--router", "--host", "127.0.0.1", "--advertise-host", "127.0.0.1",
             "--port", str(port), "--router-port", str(rport), "--prometheus-port", str(prom), "--nccl-port", str(nccl),
-            "--run-dir", str(serve), "--timeout", "600", "9b"], env=env, timeout=900)
+            "--serve-dir", str(serve), "--timeout", "600", "9b"], env=env, timeout=900)
     try:
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         ports_line = next(ln for ln in r.stdout.splitlines() if ln.startswith("ports: "))
@@ -191,7 +191,7 @@ def test_the_launchers_real_topology_then_a_run_through_the_gateway_over_it(sgla
         nines = [e for e in servers if e["served_model"] == "qwen3.5-9b"]
         (tmp_path / "nodeA").mkdir()  # the 9b server as a node's record
         (tmp_path / "nodeA" / "endpoints.json").write_text(json.dumps(nines))
-        g = _gateway(tmp_path / "nodeA", "--run-dir", gw, "--port", free_port(), "--prometheus-port", free_port())
+        g = _gateway(tmp_path / "nodeA", "--serve-dir", gw, "--port", free_port(), "--prometheus-port", free_port())
         assert g.returncode == 0, g.stdout + g.stderr
         (router,) = [e for e in json.loads((gw / "endpoints.json").read_text()) if e["kind"] == "router"]
         assert sorted(router["router_of"]) == sorted(e["url"] for e in nines)
@@ -217,8 +217,8 @@ def test_the_launchers_real_topology_then_a_run_through_the_gateway_over_it(sgla
         # (tests/conformance/test_smg.py), and the scores are the same as asked for nested lists
         assert asyncio.run(_score_both_ways(router["url"], tiny_model_dir)) == ["flat", "nested"]
     finally:
-        sh([STOP, "--run-dir", str(gw)])
-        s = sh([STOP, "--run-dir", str(serve)])
+        sh([STOP, "--serve-dir", str(gw)])
+        s = sh([STOP, "--serve-dir", str(serve)])
     assert s.returncode == 0 and s.stdout.count(": stopped (pid") == 2, s.stdout
     assert not any(alive(p) for p in pids)
     assert {e["status"] for e in json.loads((serve / "endpoints.json").read_text())} == {"stopped"}

@@ -13,7 +13,7 @@ def _args(*argv):
     return a
 
 
-@pytest.mark.parametrize("argv", [(), ("--logprobs", "raw", "--deterministic", "35b-a3b"),
+@pytest.mark.parametrize("argv", [(), ("--logprob-mode", "raw", "--deterministic", "35b-a3b"),
                                   ("--tp", "8", "--gpu-groups", "0,1,2,3,4,5,6,7", "27b")])
 def test_server_command_lines_parse_under_sglangs_parser(sglang, monkeypatch, argv):
     monkeypatch.setenv("SGLANG_EXTRA_ARGS", "--log-level info")
