@@ -156,3 +156,27 @@ def test_stats_on_a_missing_or_empty_directory_names_the_expected_layout_and_whe
         err = capsys.readouterr().err
         assert f"{tmp_path / d}/<benchmark>/data_unified.jsonl" in err and "The benchmark data" in err
         assert "Traceback" not in err
+
+
+def test_a_manifest_with_rows_that_cannot_run_is_refused_unless_the_user_opts_in(tmp_path, capsys):
+    """A row left out changes the paper's denominators, as a missing image does (issue 82): refused before any work,
+    naming the row and the opt-in; with --skip-bad-rows the others run and the header records what was left out."""
+    from agent.run import main as run_main
+    from agent.rundir import load_run
+
+    from PIL import Image
+
+    d = tmp_path / "data" / "mini"
+    (d / "imgs").mkdir(parents=True)
+    Image.new("RGB", (8, 8), (9, 9, 9)).save(d / "imgs" / "a.png")
+    rows = [json.dumps({"id": f"q{i}", "query": f"Q{i}?", "query_images": ["a.png"], "answer": "42"}) for i in range(3)]
+    # the last row cut short by a kill
+    (d / "data_unified.jsonl").write_text("\n".join(rows) + '\n{"id": "q3", "query": "Q3?", "query_ima\n')
+    base = ["--method", "direct", "--backend", "scripted", "--benchmark", str(d), "--no-progress"]
+    assert run_main([*base, "--out", str(tmp_path / "r1")]) == 2
+    err = capsys.readouterr().err
+    assert "1 row(s) cannot be run {'torn_line': 1}" in err and "--skip-bad-rows" in err
+    assert not (tmp_path / "r1" / "results.jsonl").exists()
+    assert run_main([*base, "--skip-bad-rows", "--out", str(tmp_path / "r2")]) == 0
+    run = load_run(tmp_path / "r2")
+    assert len(run.index) == 3 and run.header["manifest_problems"] == {"torn_line": 1}

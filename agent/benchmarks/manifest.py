@@ -13,7 +13,7 @@ from ..backends.images import ImageError, load_image, max_image_bytes
 from ..tools.demo_world import ensure_demo_world
 
 __all__ = ["Sample", "Problem", "Manifest", "load_benchmark", "load_dataset_dir", "PAPER_CATEGORY",
-           "resolve_benchmark"]
+           "resolve_benchmark", "ROW_SKIPPING"]
 
 #: Paper §4.1: the three benchmark categories (plus the HLE-VL extra and the offline demo).
 PAPER_CATEGORY = {
@@ -66,6 +66,17 @@ class Problem:
     id: str
     kind: str
     detail: str
+
+    @property
+    def skips_a_row(self) -> bool:
+        """The row is not run (the others are notes on a row that is: an empty gold answer, a category spelled as a
+        JSON list)."""
+        return self.kind in ROW_SKIPPING
+
+
+#: The problems whose row is left out of the manifest's samples: a run over it has another denominator.
+ROW_SKIPPING = frozenset({"non_utf8", "torn_line", "missing_id", "bad_id", "duplicate_id", "missing_query",
+                          "no_query_images", "path_outside_imgs", "bad_field"})
 
 
 @dataclass

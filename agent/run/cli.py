@@ -139,6 +139,9 @@ def _control_args(ap: argparse.ArgumentParser) -> None:
                    help="stop the run after N harness errors in a row (0 = never)")
     g.add_argument("--allow-missing-images", action="store_true",
                    help="run the samples whose images load, skip (and list) the others")
+    g.add_argument("--skip-bad-rows", action="store_true",
+                   help="run the manifest's rows that can be run when some cannot (broken JSON, no id, no image "
+                        "listed...); without it such a manifest is refused (the rows are recorded in header.json)")
     g.add_argument("--max-image-mb", type=float, help="image size limit in MB (default 20; MMCF_MAX_IMAGE_MB)")
     g.add_argument("--image-cache-mb", type=float,
                    help="memory for read and encoded images, per process, least recently used out first (default "
@@ -183,7 +186,7 @@ def config_from_args(a) -> RunConfig:
         temperature=a.temperature, top_p=a.top_p, max_tokens=a.max_tokens, top_logprobs=_top_logprobs(a), seed=a.seed,
         thinking=a.thinking, t_max=a.t_max, b_max=a.b_max, history_reasoning=a.history_reasoning,
         observation_images=a.observation_images, max_consecutive_errors=a.max_consecutive_errors,
-        allow_missing_images=a.allow_missing_images, max_image_mb=a.max_image_mb, request_timeout=a.request_timeout,
+        allow_missing_images=a.allow_missing_images, skip_bad_rows=a.skip_bad_rows, max_image_mb=a.max_image_mb, request_timeout=a.request_timeout,
         tools=a.tools, world=a.world, tool_cache=a.tool_cache,
         cache_mode=a.cache_mode, live_fallback=a.live_fallback, timeout=a.timeout, retry_errors=a.retry_errors,
         force=a.force, allow_unverified_server=a.allow_unverified_server, progress=a.progress, token_precision=a.token_precision, processes=a.processes, shard=a.shard)

@@ -90,6 +90,7 @@ class RunConfig:
     processes: int | str = "auto"
     max_consecutive_errors: int = 10
     allow_missing_images: bool = False
+    skip_bad_rows: bool = False            # --skip-bad-rows: run the manifest's rows that parse (header: manifest_problems)
     max_image_mb: float | None = None
     request_timeout: float = 600.0
     shard: tuple[int, int] | None = None   # --shard I/N: this run directory holds part I of N (agent/rundir/merge.py)

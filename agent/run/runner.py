@@ -149,11 +149,19 @@ async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends,
     partial = incomplete_subset(manifest)
     if partial:
         raise PreflightError(partial)
+    skipping = [p for p in manifest.problems if p.skips_a_row]
+    if skipping and not cfg.skip_bad_rows:  # the paper's denominators: a row left out is refused, as a missing image is
+        kinds = _C(p.kind for p in skipping)
+        raise PreflightError(f"{manifest.path}: {len(skipping)} row(s) cannot be run {dict(kinds)}; first: line "
+                             f"{skipping[0].line}: {skipping[0].detail}. A run over the others has another "
+                             "denominator: fix them (python -m agent.benchmarks stats lists them all), or pass "
+                             "--skip-bad-rows to run the others (recorded in header.json, manifest_problems)")
     if manifest.problems:
         kinds = _C(p.kind for p in manifest.problems)
         log.info(f"{manifest.path}: {len(manifest.problems)} data problem(s) {dict(kinds)}; first: "
-                 f"line {manifest.problems[0].line}: {manifest.problems[0].detail}. Rows with a refused path, broken "
-                 f"JSON or non-UTF-8 bytes are skipped; python -m agent.benchmarks stats lists them all")
+                 f"line {manifest.problems[0].line}: {manifest.problems[0].detail}"
+                 + (f"; {len(skipping)} row(s) skipped (--skip-bad-rows)" if skipping else "")
+                 + "; python -m agent.benchmarks stats lists them all")
     samples, skipped_images = check_benchmark_images(manifest, samples, allow_missing=cfg.allow_missing_images,
                                                      drop_missing=cfg.protocol == "release")
     dropped = [s for s in samples if s.extra.get("dropped_images")]

@@ -5,7 +5,7 @@ import logging
 from collections import Counter
 
 from ..lazy import lazy_module
-from ..rundir import Run
+from ..rundir import Run, RunError
 from ..rundir.grades import JUDGES, grade_file
 from ..rundir.lines import SOURCE_KEY
 from ..rundir.probe_outputs import PROBE_OUTPUTS, NoProbeOutput, probe_dir, read_rows, read_table
@@ -132,9 +132,14 @@ def run_summary(run: Run) -> dict:
             probes[d.name] = f"{len(rows)} {what}"
         elif d.name == "removal":
             try:
-                probes[d.name] = f"{len(read_table(d, ('outcomes',)))} replays (trajectory x k)"
+                o = read_table(d, ("outcomes",))
+                ran = int(o["replayed"].astype(bool).sum()) if "replayed" in o else len(o)
+                probes[d.name] = (f"{ran} replays" + (f" ({len(o) - ran} of the {len(o)} (trajectory, k) pairs ended "
+                                                      "before step k: nothing to replay)" if ran < len(o) else ""))
             except NoProbeOutput:
                 probes[d.name] = "present"
+            except RunError as e:  # not as sealed: said, never counted
+                probes[d.name] = f"not shown: {e}"
         else:
             probes[d.name] = "present"
     if (run.header.get("image_unload") or {}).get("policy"):
