@@ -161,10 +161,10 @@ def test_stats_on_a_missing_or_empty_directory_names_the_expected_layout_and_whe
 def test_a_manifest_with_rows_that_cannot_run_is_refused_unless_the_user_opts_in(tmp_path, capsys):
     """A row left out changes the paper's denominators, as a missing image does (issue 82): refused before any work,
     naming the row and the opt-in; with --skip-bad-rows the others run and the header records what was left out."""
+    from PIL import Image
+
     from agent.run import main as run_main
     from agent.rundir import load_run
-
-    from PIL import Image
 
     d = tmp_path / "data" / "mini"
     (d / "imgs").mkdir(parents=True)
