@@ -106,7 +106,10 @@ def test_fig2a_dodges_its_intervals_and_lists_only_drawn_categories(tmp_path):
     check_drawing(fig, step_axes=1)
     ax = fig.axes[0]
     _, labels = ax.get_legend_handles_labels()
-    assert "Image-Derived" not in labels and {"Image Needed", "Text Only", "95% Wilson CI"} <= set(labels)
+    assert "Image-Derived" not in labels and {"Image Needed", "Text Only"} <= set(labels)
+    # each whisker's share named in the legend (issue 82: two whiskers a bar, one legend entry was ambiguous)
+    assert {"95% Wilson CI of the Image Needed share (black, left)",
+            "95% Wilson CI of the Text Only share (grey, right)"} <= set(labels)
     bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
     xs = [np.asarray(c.lines[2][0].get_segments())[:, 0, 0] for c in bars]
     assert len(xs) == 2 and (np.abs(xs[0] - xs[1]) > 0.3).all()  # the two intervals never on one x
@@ -156,21 +159,29 @@ def test_fig2c_bands_are_told_apart_and_markers_at_0_and_100_are_whole(tmp_path)
     fig = fig2c_removal(rs, tmp_path / "c")
     check_drawing(fig)
     ax = fig.axes[0]
-    # one filled band (all categories); each category's bounds as two thin lines in its colour and line style,
-    # so that three overlapping bands do not blend into one block (issue 60)
+    # one filled band (all categories); each category's interval a bar right of each k in its colour, and the
+    # original trajectories' markers left of each k, one column per category (issue 82: thin CI lines read as more
+    # series, and the kept markers piled up at 100 %)
     bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
     assert len(bands) == 1
     cats = [c for c in rs["paper_category"].unique() if c != "All"]
-    thin = [ln for ln in ax.lines if ln.get_linewidth() == 0.6]
-    assert len(thin) == 2 * len(cats)
-    assert len({(ln.get_color() if isinstance(ln.get_color(), str) else tuple(np.round(ln.get_color(), 3)),
-                 ln.get_linestyle()) for ln in thin}) == len(cats)
+    bars = [c for c in ax.collections if isinstance(c, LineCollection)]
+    assert len(bars) == len(cats)
+    for c in bars:
+        xs = np.concatenate([np.asarray(seg, float)[:, 0] for seg in c.get_segments()])
+        assert (np.mod(xs, 1) > 0).all() and (np.mod(xs, 1) < 0.5).all()  # right of their k
+    kept = [ln for ln in ax.lines if ln.get_marker() == "D"]
+    assert len(kept) == len(cats) + 1  # each category, and All
+    lefts = [np.asarray(ln.get_xdata(), float) for ln in kept]
+    assert all((np.mod(x, 1) > 0.5).all() for x in lefts)  # left of their k
+    assert len({round(float(x[0]), 3) for x in lefts}) == len(kept)  # one column each: equal values stay apart
     for ln in ax.lines:
         if np.isin(np.asarray(ln.get_ydata(), float), [0.0, 100.0]).any():
             assert not ln.get_clip_on()
     handles, labels = ax.get_legend_handles_labels()
-    assert "95% Wilson CI (removed), filled: all categories" in labels and "images kept (same pairs)" in labels
-    assert "95% Wilson CI of a category: thin lines in its style" in labels
+    assert "95% Wilson CI (removed), filled: all categories" in labels
+    assert "images kept (same pairs): hollow, left of k" in labels
+    assert "95% Wilson CI of each category: bars right of k" in labels
 
 
 def test_fig2_combined_and_fig4(tmp_path):

@@ -23,7 +23,7 @@ import httpx
 from PIL import Image
 
 from ..backends.images import ImageError, load_image
-from ..errors import UsageError
+from ..errors import HarnessError, UsageError
 from ..http import HTTPError, make_client, request_json, requote_uri
 from ..redact import register_key_var, register_secret
 from .formatting import FAILED_VISIT, format_lens, format_search, format_visit, looks_blocked
@@ -322,7 +322,7 @@ class LiveProvider:
         await self._client.aclose()
 
 
-class _ReleaseRowError(Exception):
+class _ReleaseRowError(HarnessError):
     """A result row the release's own code fails on (its exception's text is what the model reads)."""
 
 

@@ -101,8 +101,8 @@ def fig4_context(samples, stem, *, bins=(1, 5, 9, 13, 17, 21), mark: str | None 
 
     ``samples``: one row per trajectory with ``method``, ``n_calls`` (trajectory length in LLM calls),
     ``max_prompt_tokens`` (working context: the largest prompt of any single call) and ``correct`` (bool).
-    (a) every trajectory (light points) and the mean per length bin at the bin's mean length, with its 95%
-    bootstrap CI as a band; (b) the accuracy per bin with its 95% Wilson band and the n behind each point.
+    (a) every trajectory (light points) and the mean per length bin drawn across the lengths the bin covers, with its
+    95% bootstrap CI shaded over the same span; (b) the accuracy per bin with its 95% Wilson band and the n behind each point.
     The binned numbers are written beside the figure (``stem.csv``). One model's trajectories per call: the
     caller decides what to pool (analysis.report never pools different model mixes).
     """
@@ -114,25 +114,32 @@ def fig4_context(samples, stem, *, bins=(1, 5, 9, 13, 17, 21), mark: str | None 
     labels = tab.attrs["labels"]
     rng = np.random.default_rng(0)
     off = 0.08 * (len(methods) - 1)
+    right = min(bins[-1] - 1, int(samples["n_calls"].max()))  # the axis ends at the longest trajectory
     for j, (m, g) in enumerate(samples.groupby("method", sort=False)):
         jitter = rng.uniform(-0.25, 0.25, len(g))
         a.scatter(g["n_calls"] + jitter, g["max_prompt_tokens"], s=3, alpha=0.25, color=colors[m], linewidths=0)
         t = tab[tab["method"] == m]
-        a.fill_between(t["mean_length"], t["wc_ci_low"].fillna(t["working_context"]),
-                       t["wc_ci_high"].fillna(t["working_context"]), color=colors[m], alpha=0.15, lw=0)
-        a.plot(t["mean_length"], t["working_context"], "o-", ms=3, lw=1.1, color=colors[m], label=m)
+        # each bin's mean over the lengths it covers (a point at the bin's mean length would sit where no
+        # trajectory need be), its 95% bootstrap CI shaded over the same span
+        for i, (lo, hi, y, clo, chi) in enumerate(zip(t["bin_index"].map(lambda i: bins[i]),
+                                                      t["bin_index"].map(lambda i: bins[i + 1]), t["working_context"],
+                                                      t["wc_ci_low"], t["wc_ci_high"])):
+            span = [lo - 0.45, min(hi - 1, right) + 0.45]  # across the bin's lengths, within the axis
+            a.fill_between(span, clo if np.isfinite(clo) else y, chi if np.isfinite(chi) else y, color=colors[m],
+                           alpha=0.15, lw=0)
+            a.plot(span, [y, y], "-", lw=1.4, color=colors[m], label=m if i == 0 else None)
         x = t["bin_index"].to_numpy(dtype=float) + (-off / 2 + 0.08 * j if len(methods) > 1 else 0)
         b.fill_between(x, t["acc_ci_low"], t["acc_ci_high"], color=colors[m], alpha=0.12, lw=0)
         b.plot(x, t["accuracy"], "o-", ms=3, lw=1.1, color=colors[m], label=m)
         for xi, y, c in zip(x, t["accuracy"], t["n"]):
             b.annotate(f"{c}", (xi, y), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=5,
                        color=colors[m])
-    right = min(bins[-1] - 1, int(samples["n_calls"].max()))  # the axis ends at the longest trajectory
     a.set_xticks(range(bins[0], right + 1, max(1, (right - bins[0]) // 10)))
     a.set_xlim(bins[0] - 0.6, right + 0.6)
-    a.set_xlabel("trajectory length (LLM calls)")
+    a.set_xlabel("trajectory length (LLM calls); dots: trajectories")
     a.set_ylabel("working context (max prompt tokens)")
-    a.set_title("(a) working context vs trajectory length")
+    a.set_title(f"(a) working context: mean per length bin ({', '.join(labels[:3])}, ...), 95% CI shaded",
+                fontsize=7)
     b.set_xticks(range(len(labels)), labels)
     b.set_xlabel("trajectory length (LLM calls); n above each point")
     b.set_ylabel("accuracy (%)")

@@ -75,10 +75,12 @@ def fig2a_grounding(steps, stem, *, max_step: int = 20, title: str | None = None
     # dodged (left: Image Needed, right: Text Only): where Image-Derived is empty the two edges meet and the
     # intervals would overlay each other
     ax.errorbar(x - 0.17, need, yerr=err(need - sh["Image Needed ci_low"], sh["Image Needed ci_high"] - need),
-                fmt="none", ecolor="k", elinewidth=0.7, capsize=1.5, clip_on=False)
+                fmt="none", ecolor="k", elinewidth=0.7, capsize=1.5, clip_on=False,
+                label="95% Wilson CI of the Image Needed share (black, left)")
     edge = 100 - text  # the Text Only segment's lower edge; its share's interval mirrored onto it
     ax.errorbar(x + 0.17, edge, yerr=err(sh["Text Only ci_high"] - text, text - sh["Text Only ci_low"]), fmt="none",
-                ecolor="0.35", elinewidth=0.7, capsize=1.5, clip_on=False, label="95% Wilson CI")
+                ecolor="0.45", elinewidth=0.7, capsize=1.5, clip_on=False,
+                label="95% Wilson CI of the Text Only share (grey, right)")
     for xi, n in zip(x, sh["n"]):
         ax.text(xi, 101.5, f"{n}", ha="center", va="bottom", fontsize=5, color="0.35")
     within = image_needed_within(steps)
@@ -255,8 +257,9 @@ def removal_tests_table(summary) -> str:
 def fig2c_removal(summary, stem, *, title: str | None = None, ax=None, mark: str | None = None):
     """Figure 2(c): accuracy (%) when the query images are removed from step k on, per paper category.
 
-    Lines: the replays, with a 95% Wilson band in the category's colour and line style; hollow markers (dodged per category, so equal values stay
-    apart): the original trajectories' accuracy on the same complete pairs. Every category's n is in its
+    Lines: the replays; the pooled 95% Wilson band filled, each category's interval a bar right of each k in its
+    colour; hollow diamonds left of each k, one column per category (equal values stay apart): the original
+    trajectories' accuracy on the same complete pairs. Every category's n is in its
     legend entry (per point where it varies with k); the x tick labels carry, per k, the pooled n and the
     exact McNemar p of the pooled pairs (the per-category tests: :func:`removal_tests_table`).
     """
@@ -266,7 +269,6 @@ def fig2c_removal(summary, stem, *, title: str | None = None, ax=None, mark: str
     colors = dict(zip(cats, sns.color_palette("colorblind", n_colors=max(3, len(cats)))))
     if "All" in colors:
         colors["All"] = (0.15, 0.15, 0.15)
-    width = 0.09 * (len(cats) - 1)
     styles = ["-", "--", "-.", ":"]
     for j, cat in enumerate(cats):
         g = summary[summary["paper_category"] == cat].sort_values("k")
@@ -279,16 +281,18 @@ def fig2c_removal(summary, stem, *, title: str | None = None, ax=None, mark: str
         if "removed_ci_low" in g and (main or "All" not in cats):  # the pooled band filled, light
             ax.fill_between(k, g["removed_ci_low"], g["removed_ci_high"], facecolor=colors[cat], alpha=0.10, lw=0,
                             label="95% Wilson CI (removed), filled" + (": all categories" if main else ""))
-        elif "removed_ci_low" in g:  # a category's bounds as thin lines in its colour and style: filled bands
-            for side in ("removed_ci_low", "removed_ci_high"):  # of three categories blend into one block
-                ax.plot(k, g[side], ls=ls, color=colors[cat], lw=0.6, alpha=0.8, clip_on=False,
-                        label="95% Wilson CI of a category: thin lines in its style"
-                        if j == 0 and side == "removed_ci_low" else None)
+        elif "removed_ci_low" in g:  # a category's interval as a bar right of each k, in its colour (lines or
+            y = g["accuracy_removed"].to_numpy(dtype=float)  # bands of three categories read as more series)
+            ax.errorbar(k + 0.07 + 0.07 * j, y, yerr=[np.clip(y - g["removed_ci_low"], 0, None),
+                                                      np.clip(g["removed_ci_high"] - y, 0, None)],
+                        fmt="none", ecolor=colors[cat], elinewidth=0.7, capsize=1.2, alpha=0.9, clip_on=False,
+                        label="95% Wilson CI of each category: bars right of k" if j == 0 else None)
         ax.plot(k, g["accuracy_removed"], marker="o", ls=ls, color=colors[cat], lw=1.6 if main else 1.0, ms=3,
                 label=f"{cat} ({nlab})", clip_on=False)
-        dx = -width / 2 + 0.09 * j if len(cats) > 1 else 0.0
-        ax.plot(k + dx, g["accuracy_original"], "o", mfc="none", mec=colors[cat], ms=3.2, mew=0.8, clip_on=False,
-                ls="none", label="images kept (same pairs)" if last else None)
+        # the original trajectories left of k, one column per category: equal values (100 %) stay apart
+        dx = -0.07 - 0.07 * (len(cats) - 1 - j) if len(cats) > 1 else -0.07
+        ax.plot(k + dx, g["accuracy_original"], "D", mfc="none", mec=colors[cat], ms=2.6, mew=0.7, clip_on=False,
+                ls="none", label="images kept (same pairs): hollow, left of k" if last else None)
         if len(ns) > 1:
             for xi, y, n in zip(k, g["accuracy_removed"], g["n"]):
                 ax.annotate(f"{int(n)}", (xi, y), textcoords="offset points", xytext=(0, -8), ha="center",
