@@ -171,3 +171,50 @@ def test_what_a_killed_probe_left_is_swept_and_a_replay_dir_is_checked_as_one(pr
     assert not list(out.rglob(f"*.tmp{dead}-*"))
     k1 = _cmd("agent.rundir", "check", str(run / "probes" / "removal" / "k1"))
     assert k1.returncode == 0 and "missing units" not in k1.stdout and "agent.run" not in k1.stderr, k1.stdout
+
+
+@pytest.mark.parametrize("probe", ["entropy-regenerate", "entropy-teacher-forced", "removal"])
+def test_a_probe_killed_again_and_again_finishes_with_nothing_lost_doubled_or_left_behind(tmp_path, tiny_model_dir,
+                                                                                        probe):
+    """kill -9 while it works, three times, then to the end: every step once, the outputs sealed, no temporary left
+    (issue 80). A slow loopback SGLang keeps each probe at work long enough to be killed mid-way."""
+    import signal
+    import time
+
+    from scripts.soak import agent_policy
+    from tests.fakes.sglang_server import FakeSGLang, record_react_run
+
+    run = tmp_path / "run"
+    record_react_run(run, tiny_model_dir, limit=3)
+    args = {"entropy-regenerate": ["probes.entropy", str(run), "--skip-fidelity"],
+            "entropy-teacher-forced": ["probes.entropy", str(run), "--mode", "teacher-forced", "--skip-fidelity"],
+            "removal": ["probes.removal", str(run), "--steps", "1..2", "--judge", "exact"]}[probe]
+    rows = run / "probes" / probe / ("steps.jsonl" if probe != "removal" else "k1/results.jsonl")
+    with FakeSGLang(reply=agent_policy, tokenizer_dir=str(tiny_model_dir), model_name=str(tiny_model_dir),
+                    latency_s=0.05) as srv:
+        cmd = [sys.executable, "-m", *args, "--backend", "sglang", "--endpoint", srv.url, "--model-dir",
+               str(tiny_model_dir), "--include-unparsed", "--concurrency", "1", "--no-progress"]
+        if probe == "removal":
+            cmd.remove("--include-unparsed")
+        for kill in range(3):
+            p = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            seen = len(rows.read_bytes().splitlines()) if rows.exists() else 0
+            end = time.monotonic() + HANG_GUARD_S
+            while p.poll() is None and time.monotonic() < end:  # a new row since the last kill: kill it now
+                if rows.exists() and len(rows.read_bytes().splitlines()) > seen:
+                    break
+                time.sleep(0.02)
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = run / "probes" / probe
+    assert not [x for x in out.rglob("*") if ".tmp" in x.name]
+    r = _cmd("agent.rundir", "check", str(run))
+    assert r.returncode == 0 and "probe output" not in r.stdout, r.stdout[-2000:]
+    if probe != "removal":
+        keys = [(j["sample_id"], j["trial"], j["step"]) for j in map(json.loads, rows.read_bytes().splitlines())]
+        assert len(keys) == len(set(keys)) == len(frames.entropy(run, probe.split("-", 1)[1]))
+    else:
+        o = frames.removal(run)
+        assert len(o) == len(o.drop_duplicates(["sample_id", "trial", "k"]))
