@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["grouped_tail_entropy", "entropy_bounds", "entropy_high", "entropy_histogram", "forking_threshold",
-           "forking_stats", "exact_entropy_from_logprobs", "tail_mass", "think_segment_entropy"]
+           "forking_stats", "exact_entropy_from_logprobs", "tail_mass", "think_segment_entropy", "AGGREGATIONS",
+           "EDGE_TOKENS", "TRIM", "top20_exact_entropy", "aggregate_entropies"]
 
 
 def tail_mass(top_logprobs) -> np.ndarray:
@@ -271,3 +272,45 @@ def forking_stats(h: dict | None, j: int) -> tuple[int, int, float, float]:
     return int(n.sum()), int(n[top].sum()), float(np.asarray(h["sum"])[top].sum()), d
 
 
+
+
+#: The aggregations of a step's per-token entropies the robustness analysis compares (ours, issue 85): the paper's
+#: mean over the think tokens (B.4), and what a careful reader would try instead. ``first`` / ``last``: the
+#: first / last :data:`EDGE_TOKENS` think tokens; ``top20_exact``: each token's entropy over its top-20 alone,
+#: renormalised (no tail bin); ``whole``: the grouped-tail mean over every generated token, not only the thinking.
+AGGREGATIONS = ("mean", "median", "trimmed", "first", "last", "max", "top20_exact", "whole")
+#: How many think tokens the ``first`` / ``last`` aggregations keep (ours).
+EDGE_TOKENS = 32
+#: The share cut from each end by the ``trimmed`` mean (ours; scipy.stats.trim_mean's proportiontocut).
+TRIM = 0.1
+
+
+def top20_exact_entropy(top_logprobs) -> np.ndarray:
+    """Each position's entropy over its top-k alone, renormalised to sum to 1 (no tail bin), in nats."""
+    lp = np.asarray(top_logprobs, dtype=np.float64)
+    p = np.exp(np.nan_to_num(lp, nan=-np.inf, neginf=-np.inf))
+    s = p.sum(axis=-1, keepdims=True)
+    q = np.divide(p, s, out=np.zeros_like(p), where=s > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(q > 0, -q * np.log(q), 0.0)
+    return terms.sum(axis=-1)
+
+
+def aggregate_entropies(H, think, top_logprobs=None) -> dict[str, float]:
+    """One side of a step, every :data:`AGGREGATIONS` of its per-token grouped-tail entropies ``H`` (all generated
+    tokens, in order) over the think tokens (``think``, a boolean mask); NaN where it is undefined (no think token;
+    ``top20_exact`` without the top-k)."""
+    from scipy.stats import trim_mean  # noqa: PLC0415 - SciPy loads on first use (analysis/stats.py)
+
+    H = np.asarray(H, dtype=np.float64)
+    t = np.asarray(think, dtype=bool)
+    h = H[t]
+    nan = float("nan")
+    if not len(h):
+        return {a: (float(H.mean()) if a == "whole" and len(H) else nan) for a in AGGREGATIONS}
+    out = {"mean": float(h.mean()), "median": float(np.median(h)), "trimmed": float(trim_mean(h, TRIM)),
+           "first": float(h[:EDGE_TOKENS].mean()), "last": float(h[-EDGE_TOKENS:].mean()), "max": float(h.max()),
+           "whole": float(H.mean())}
+    out["top20_exact"] = float(top20_exact_entropy(np.asarray(top_logprobs)[t]).mean()) if top_logprobs is not None \
+        else nan
+    return out

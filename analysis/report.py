@@ -35,7 +35,7 @@ from analysis.stats import removal_summary, summarise_by
 from analysis.unload import unload_points, unload_steps
 from probes.entropy import bounds_by_step
 
-from . import figures, frames, tables
+from . import figures, frames, robustness, tables
 from .tables import method_label
 
 pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
@@ -171,6 +171,55 @@ def _pooled_figure2(react_runs: list[str], out: Path, made: list, missing: list)
     figures.fig2_combined(gs, es, rs, out / "fig2", mark=mark, subtitle=f"Figure 2 ({who}{pool})",
                           kl_summary=ks)
     made.append("fig2")
+    if entropy:
+        _robustness(pd.concat(entropy, ignore_index=True), out, made, missing, mark,
+                    f"ΔH per step under each aggregation ({who}, {mode}{pool})")
+
+
+def _robustness(steps, out: Path, made: list, missing: list, mark, title: str) -> None:
+    """Beyond the paper (issue 85): Figure 2(b)'s ΔH under every aggregation, with a verdict per step; the numbers
+    in a CSV, the verdicts in a Markdown table, one figure panel."""
+    try:
+        rob = robustness.robustness(steps)
+    except RunError as e:
+        missing.append(f"robustness: {e}")
+        return
+    ver = robustness.verdicts(rob)
+    figures.write_csv(rob, out / "robustness.csv", index=False)
+    lines = ["# Is ΔH robust to how it is aggregated? (beyond the paper)", "",
+             "Per step, all categories pooled: does the sign of ΔH (and its significance: bootstrap CI excludes 0, "
+             f"Wilcoxon p < {robustness.SIGNIFICANCE}) under the paper's mean over the think tokens hold under every "
+             "aggregation? Numbers per aggregation and category: robustness.csv.", "",
+             "| step | n | holds | verdict |", "|---|---|---|---|"]
+    lines += [f"| {v.step} | {v.n} | {'yes' if v.holds else 'NO'} | {v.verdict} |" for v in ver.itertuples()]
+    lines += ["", "Aggregations: " + "; ".join(f"`{k}`: {v}" for k, v in robustness.AGGREGATION_LABELS.items())]
+    figures.write_text(out / "robustness.md", "\n".join(lines) + "\n")
+    figures.fig2b_robustness(rob, out / "fig2b_robustness", labels=robustness.AGGREGATION_LABELS, title=title,
+                             mark=mark)
+    made += ["robustness", "fig2b_robustness"]
+
+
+def _predictors(react: list, out: Path, made: list, missing: list, judge: str | None) -> None:
+    """Beyond the paper (issue 85): which signal predicts a correct answer (AUROC, bootstrap CI), per model and
+    benchmark of the probed ReAct runs; a run that is not judged is listed, not faked."""
+    judged = [rd for rd in react if any(Path(rd).glob("judge-*.jsonl"))]
+    for rd in sorted(set(react) - set(judged)):
+        missing.append(f"predictors: {rd} is not judged (python -m agent.judge {rd})")
+    if not judged:
+        return
+    p = robustness.predictors(judged, judge)
+    figures.write_csv(p, out / "predictors.csv", index=False)
+    lines = ["# What predicts a correct answer? (beyond the paper)", "",
+             "AUROC for the judge's CORRECT over trajectories, 95% bootstrap CI (0.5: no signal). Agreement: the "
+             "share of the sample's other trials with the same answer; think entropy: its negative (lower predicts "
+             "correct); ΔH: the trajectory's mean over its probed steps, as measured.", "",
+             "| model | benchmark | predictor | n | AUROC | 95% CI | note |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r.model} | {r.benchmark} | {r.predictor} | {r.n} | "
+              + ("" if r.auroc != r.auroc else f"{r.auroc:.3f}") + " | "
+              + ("" if r.ci_low != r.ci_low else f"[{r.ci_low:.3f}, {r.ci_high:.3f}]") + f" | {r.note} |"
+              for r in p.itertuples()]
+    figures.write_text(out / "predictors.md", "\n".join(lines) + "\n")
+    made.append("predictors")
 
 
 def _unload_figure(react, removal_runs, unload_runs, out: Path, made: list, missing: list, judge):
@@ -295,6 +344,7 @@ def make_report(*, react=(), runs=(), removal_runs=(), out="figures/out", judge:
                                     title=f"Figure 1: tool calls by type per step ({who}; numbers: calls at that step)")
             made.append("fig1_tool_calls")
         _pooled_figure2(react, out, made, missing)
+        _predictors(react, out, made, missing, judge)
     _run_tables(list(runs), out, made, missing, judge)
     if removal_runs:
         try:

@@ -17,7 +17,8 @@ from agent.lazy import lazy_module
 
 pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
 
-__all__ = ["bootstrap_ci", "wilson_ci", "wilcoxon_p", "mcnemar_p", "summarise_by", "removal_summary"]
+__all__ = ["bootstrap_ci", "wilson_ci", "wilcoxon_p", "mcnemar_p", "summarise_by", "removal_summary", "auroc",
+           "auroc_ci"]
 
 
 def bootstrap_ci(values, *, level: float = 0.95, reps: int = 2000, seed: int = 0) -> tuple[float, float]:
@@ -146,3 +147,40 @@ def removal_summary(outcomes):
                      "lost": int((before & ~after).sum()), "gained": int((~before & after).sum()),
                      "mcnemar_p": mcnemar_p(before, after) if len(ok) else float("nan")})
     return pd.DataFrame(rows).sort_values(["paper_category", "k"]).reset_index(drop=True)
+
+
+def auroc(scores, labels) -> float:
+    """The area under the ROC curve of ``scores`` for the positive ``labels`` (True): the chance that a random
+    positive scores above a random negative, ties counting half (Mann-Whitney's U / (n_pos x n_neg),
+    ``scipy.stats.mannwhitneyu``); NaN without both classes."""
+    x = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(labels, dtype=bool)
+    ok = np.isfinite(x)
+    pos, neg = x[ok & y], x[ok & ~y]
+    if not len(pos) or not len(neg):
+        return float("nan")
+    from scipy.stats import mannwhitneyu  # SciPy loads on first use
+
+    return float(mannwhitneyu(pos, neg, alternative="two-sided").statistic) / (len(pos) * len(neg))
+
+
+def auroc_ci(scores, labels, *, level: float = 0.95, reps: int = 1000, seed: int = 0) -> tuple[float, float]:
+    """A percentile bootstrap CI of :func:`auroc`, resampling (score, label) pairs (a resample with one class only
+    is skipped); (nan, nan) when fewer than 20 resamples have both classes."""
+    x = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(labels, dtype=bool)
+    ok = np.isfinite(x)
+    x, y = x[ok], y[ok]
+    if len(x) < 2 or y.all() or not y.any():
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    vals = []
+    for _ in range(reps):
+        i = rng.integers(0, len(x), len(x))
+        if y[i].any() and not y[i].all():
+            vals.append(auroc(x[i], y[i]))
+    if len(vals) < 20:
+        return float("nan"), float("nan")
+    a = (1 - level) / 2
+    return float(np.quantile(vals, a)), float(np.quantile(vals, 1 - a))
+

@@ -19,7 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEMO=0 DEMO_MODEL=scripted BENCHMARK="" ENDPOINTS=() MODEL_DIR="" CONCURRENCY="" OUT="" TRIALS=1 STEPS="1..5" LIMIT="" LOGPROB_MODE="scaled" TEACHER_FORCED=0 SKIP_FIDELITY=()
+DEMO=0 DEMO_MODEL=scripted BENCHMARK="" ENDPOINTS=() MODEL_DIR="" CONCURRENCY="" OUT="" TRIALS="" STEPS="1..5" LIMIT="" LOGPROB_MODE="scaled" TEACHER_FORCED=0 SKIP_FIDELITY=()
 usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -59,7 +59,7 @@ if [[ "$DEMO" == 1 ]]; then
   else
     OUT=${OUT:-runs/fig2-demo}
     echo "== DEMO on the SCRIPTED FAKE backend: planted behaviour and distributions; all numbers are fake =="
-    RUN_ARGS=(--benchmark demo --backend scripted --trials "${TRIALS}")
+    RUN_ARGS=(--benchmark demo --backend scripted --trials "${TRIALS:-3}")  # the paper's 3: answer agreement
     PROBE_BACKEND=(--backend scripted)
     TEACHER_FORCED=1
     ENTROPY_ARGS=()
@@ -73,7 +73,7 @@ else
   OUT=${OUT:-runs/fig2-$(basename "$MODEL_DIR")}
   N_SERVERS=$(( ${#ENDPOINTS[@]} / 2 ))
   RUN_ARGS=(--benchmark "$BENCHMARK" --backend sglang "${ENDPOINTS[@]}" --model-dir "$MODEL_DIR"
-            --logprob-mode "$LOGPROB_MODE" --tools live --trials "$TRIALS" --concurrency "${CONCURRENCY:-$(( 32 * N_SERVERS ))}")
+            --logprob-mode "$LOGPROB_MODE" --tools live --trials "${TRIALS:-1}" --concurrency "${CONCURRENCY:-$(( 32 * N_SERVERS ))}")
   # the probes spread over the same servers, one trajectory per server (its prefix cache); probes/cli.py's default
   PROBE_BACKEND=(--backend sglang "${ENDPOINTS[@]}" --model-dir "$MODEL_DIR" --logprob-mode "$LOGPROB_MODE"
                  ${CONCURRENCY:+--concurrency "$CONCURRENCY"})

@@ -123,6 +123,16 @@ def test_reproduce_figure2_demo_draws_every_panel(tmp_path):
     assert calls.loc[1, "lens_search"] == 100.0 and calls[["search", "visit"]].to_numpy().sum() > 0
     t1 = (figs / "table1_accuracy.md").read_text()
     assert "100.0" in t1  # the scripted model answers the demo's questions
+    # beyond the paper (issue 85): ΔH under every aggregation, a verdict per step, and the predictors of a grade
+    from analysis.entropy import AGGREGATIONS
+
+    assert (figs / "fig2b_robustness.png").is_file() and f"{figs}/fig2b_robustness.png" in stdout
+    rob = pd.read_csv(figs / "robustness.csv")
+    assert set(rob["aggregation"]) == set(AGGREGATIONS) and "All" in set(rob["category"])
+    assert "| step | n | holds | verdict |" in (figs / "robustness.md").read_text()
+    pred = pd.read_csv(figs / "predictors.csv")
+    assert set(pred["predictor"]) == {"agreement across trials", "mean think entropy (-H)", "mean ΔH over probed steps"}
+    assert (pred["n"] == 18).all()  # the demo's 6 questions x the paper's 3 trials
 
 
 @pytest.mark.slow

@@ -45,6 +45,9 @@ class EntropyStep(Derived):
     kl_with_without: float | None = Field(None, description="teacher-forced: mean KL(with || without), nats")
     n_think_without: NonNegativeInt
     fork: dict[str, Any] = Field(description="per-side entropy histograms of the think tokens (forking tokens)")
+    agg: dict[str, list[float | None]] | None = Field(
+        None, description="each aggregation of the step's per-token entropies, [with, without] (analysis/entropy.py "
+                          "AGGREGATIONS; the robustness of ΔH, analysis/robustness.py)")
     regenerated_text: str | None = None
     prompt_tokens: NonNegativeInt | None = None
     cached_tokens: NonNegativeInt | None = None

@@ -22,6 +22,7 @@ from .fig2 import (
                    fig2b_entropy,
                    fig2b_forking,
                    fig2b_kl,
+                   fig2b_robustness,
                    fig2c_removal,
                    grounding_shares,
                    image_needed_within,
@@ -30,5 +31,6 @@ from .fig2 import (
 from .style import COLUMN, DOUBLE, provenance_mark, save, write_csv, write_text, written
 
 __all__ = ["tool_shares", "fig1_tool_calls", "fig2a_grounding", "fig2b_entropy", "fig2b_forking", "fig2b_kl",
+           "fig2b_robustness",
            "fig2c_removal", "fig2_combined", "fig4_context", "fig_unload", "save", "provenance_mark",
            "image_needed_within", "grounding_shares", "removal_tests_table", "context_bins", "COLUMN", "DOUBLE", "write_csv", "write_text", "written"]

@@ -316,6 +316,40 @@ def fig2c_removal(summary, stem, *, title: str | None = None, ax=None, mark: str
     return fig
 
 
+def fig2b_robustness(rob, stem, *, labels: dict | None = None, title: str | None = None, mark: str | None = None):
+    """ΔH per step under each aggregation of the token entropies (``rob``: analysis/robustness.py ``robustness``, its
+    ``All`` rows): the paper's mean bold with its 95 % bootstrap band, the others thin, each in its own colour and
+    marker; a step where an aggregation's sign differs from the paper's is ringed (beyond the paper, issue 85)."""
+    sns, fig, ax, own = panel_axes(None, size=(DOUBLE / 2 + 0.6, 3.1))
+    r = rob[rob["category"] == "All"]
+    aggs = list(dict.fromkeys(r["aggregation"]))
+    colors = dict(zip(aggs, sns.color_palette("colorblind", n_colors=max(3, len(aggs)))))
+    paper = r[r["aggregation"] == "mean"].set_index("step")
+    ax.axhline(0, color="0.5", lw=0.6)
+    for j, a in enumerate(aggs):
+        g = r[r["aggregation"] == a].sort_values("step")
+        main = a == "mean"
+        x = g["step"].to_numpy(dtype=float) + (0 if main else 0.04 * (j - len(aggs) / 2))
+        if main:
+            ax.fill_between(x, g["ci_low"], g["ci_high"], color=colors[a], alpha=0.15, lw=0)
+        ax.plot(x, g["mean"], marker="os^vD<>p"[j % 8], ms=2.5 if not main else 3, lw=1.8 if main else 0.7,
+                color=colors[a], label=(labels or {}).get(a, a))
+        flip = [(xi, y) for xi, y, st in zip(x, g["mean"], g["step"])
+                if st in paper.index and np.sign(y) != np.sign(paper.loc[st, "mean"]) and np.isfinite(y)]
+        if flip:
+            ax.plot(*zip(*flip), "o", mfc="none", mec="crimson", ms=6, mew=0.8,
+                    label="sign differs from the paper's mean" if not ax.get_legend_handles_labels()[1].count(
+                        "sign differs from the paper's mean") else None)
+    ax.set_xlabel("step t (LLM call index)")
+    ax.set_ylabel(DELTA_H)
+    set_title(ax, title, "ΔH per step under each aggregation")
+    steps_axis(ax, r["step"])
+    legend_outside(ax, ncol=2)
+    if stem is not None:
+        save(fig, stem, mark)
+    return fig
+
+
 def fig2_combined(grounding_steps, entropy_summary, removal_summary, stem, *, mark: str | None = None,
                   subtitle: str | None = None, kl_summary=None):
     """Figure 2 (a)(b)(c) side by side at the width of two columns (7 in), and the KL influence as a fourth

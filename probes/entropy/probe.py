@@ -173,8 +173,19 @@ def _read_rows(steps_path: Path, sources: dict) -> list[dict]:
     return list(by_key.values())
 
 
+def _agg_columns(row: dict) -> dict:
+    """A row's ΔH under each aggregation of its tokens' entropies (``dH_agg_<name>``: with - without; NaN where a
+    side is undefined), for the robustness analysis (analysis/robustness.py)."""
+    out = {}
+    for name, pair in (row.get("agg") or {}).items():
+        w, o = pair if isinstance(pair, list) and len(pair) == 2 else (None, None)
+        out[f"dH_agg_{name}"] = float(w) - float(o) if w is not None and o is not None else float("nan")
+    return out
+
+
 def _steps_frame(rows: list[dict], lines: list, run, failures: list) -> pd.DataFrame:
-    steps = pd.DataFrame([{k: v for k, v in r.items() if k not in ("fork", SEAL_KEY)} for r in rows])
+    steps = pd.DataFrame([{**{k: v for k, v in r.items() if k not in ("fork", "agg", SEAL_KEY)}, **_agg_columns(r)}
+                          for r in rows])
     for c in NUMERIC:
         if c in steps:
             steps[c] = pd.to_numeric(steps[c], errors="coerce").astype(float)

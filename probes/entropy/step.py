@@ -10,7 +10,15 @@ from agent.backends.messages import image_shas, strip_query_images
 from agent.lazy import lazy_module
 from agent.rundir import Run, RunError
 from agent.trajectory import recorded_sampling
-from analysis.entropy import entropy_high, entropy_histogram, forking_stats, forking_threshold, grouped_tail_entropy
+from analysis.entropy import (
+    AGGREGATIONS,
+    aggregate_entropies,
+    entropy_high,
+    entropy_histogram,
+    forking_stats,
+    forking_threshold,
+    grouped_tail_entropy,
+)
 from analysis.influence import token_influence
 from analysis.stats import summarise_by
 
@@ -47,6 +55,15 @@ def _alternatives(with_tokens, without_tokens, pos, known: set | None = None) ->
     known.update(texts)
     out["texts"] = texts
     return out
+
+
+def _aggregations(h_with, think_with, top_with, h_without, think_without, top_without) -> dict:
+    """Every aggregation of both sides' per-token entropies (analysis/entropy.py ``AGGREGATIONS``; issue 85), as
+    ``{name: [with, without]}`` (None where undefined): what the robustness analysis compares ΔH under."""
+    w = aggregate_entropies(h_with, think_with, top_with)
+    o = aggregate_entropies(h_without, think_without, top_without)
+    return {a: [None if not np.isfinite(w[a]) else w[a], None if not np.isfinite(o[a]) else o[a]]
+            for a in AGGREGATIONS}
 
 
 def call_slices(call: np.ndarray) -> dict:
@@ -94,6 +111,7 @@ async def _regenerate_side(row: dict, ev: dict, tok: dict, sel, think, without, 
     row["H_without"] = _think_mean(h2, th2)
     # forking-token statistics (the run-wide threshold is applied after the probe): each side's think tokens
     row["fork"] = {"w": entropy_histogram(H[think]), "o": entropy_histogram(np.asarray(h2)[th2])}
+    row["agg"] = _aggregations(H, think, tok["top_logprobs"][sel], h2, th2, top)
     if vocab:
         row["H_high_without"] = _think_mean(entropy_high(top, h2, vocab), th2)
     if out.exact_entropy is not None:
@@ -134,6 +152,8 @@ async def _teacher_forced_side(row: dict, line: dict, ev: dict, tok: dict, sel, 
     row["fork"] = {"w": entropy_histogram(inf["per_token_H_with"][pos], inf["dH"]),
                    "o": entropy_histogram(inf["per_token_H_without"][pos])}
     row["n_think_without"] = row["n_think"]
+    row["agg"] = _aggregations(inf["per_token_H_with"], think, top_matrix(a.tokens, 20, np.float32, copy=False),
+                               inf["per_token_H_without"], think, top_matrix(b.tokens, 20, np.float32, copy=False))
     # per think token: the entropy change and the KL influence (the trajectory viewer colours tokens by them),
     # and the top-5 alternatives under both contexts (shown on hover)
     row["_tokens"] = {"pos": inf["pos"], "dH": inf["dH"].astype(np.float32), "kl": inf["kl"].astype(np.float32),
