@@ -203,7 +203,7 @@ class ClientPool:
 
     def __init__(self, client_kw: dict):
         self._kw = dict(client_kw)
-        if "verify" not in self._kw:  # one TLS context for all members (each costs ~45 ms to make)
+        if "verify" not in self._kw:  # one TLS context for all members (each is costly to make: docs/performance.md)
             self._kw["verify"] = ssl.create_default_context()
         self._clients: list[httpx.AsyncClient] = []
         self._busy: list[int] = []

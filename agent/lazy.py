@@ -3,7 +3,7 @@
     pd = lazy_module("pandas")   # beside the module's imports; pandas loads the first time pd.<name> is read
 
 Every command imports the modules of its work at start-up, and ``--help`` or a refused argument needs none of the
-packages they compute with (pandas alone is ~0.3 s of a command's start on an idle machine; issue 68). The name
+packages they compute with (pandas alone is a large part of a command's start: docs/performance.md). The name
 stands for the package itself: each attribute read imports it (under Python's import lock, so threads are safe)
 and returns the package's own attribute, classes and functions alike (``isinstance(x, pd.DataFrame)`` holds).
 """

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["grouped_tail_entropy", "entropy_bounds", "entropy_high", "entropy_histogram", "forking_threshold",
+__all__ = ["grouped_tail_entropy", "grouped_tail_entropy_reference", "entropy_bounds", "entropy_high", "entropy_histogram", "forking_threshold",
            "forking_stats", "exact_entropy_from_logprobs", "tail_mass", "think_segment_entropy", "AGGREGATIONS",
            "EDGE_TOKENS", "TRIM", "top20_exact_entropy", "aggregate_entropies"]
 
@@ -19,6 +19,24 @@ def tail_mass(top_logprobs) -> np.ndarray:
     lp = np.asarray(top_logprobs, dtype=np.float64)
     p = np.exp(np.nan_to_num(lp, nan=-np.inf, neginf=-np.inf))
     return np.clip(1.0 - p.sum(axis=-1), 0.0, 1.0)
+
+
+def grouped_tail_entropy_reference(top_logprobs) -> np.ndarray:
+    """B.4's grouped-tail entropy as the paper writes it, plainly: with p_i = exp(logprob_i) over the top-k and the
+    rest of the vocabulary as one bin p_rest = 1 - sum_i p_i (clipped at 0),
+
+        H = - sum_i p_i log p_i  -  p_rest log p_rest          (nats; 0 log 0 = 0; NaN / -inf: absent, p = 0)
+
+    The reference :func:`grouped_tail_entropy` (the fast kernel the probes use) is held equal to
+    (tests/test_entropy.py); float64 throughout."""
+    lp = np.asarray(top_logprobs, dtype=np.float64)
+    lp = np.where(np.isnan(lp), -np.inf, np.minimum(lp, 0.0))  # absent entries; a logprob > 0 is rounding
+    p = np.exp(lp)
+    p_rest = np.clip(1.0 - p.sum(axis=-1), 0.0, 1.0)
+
+    def plogp(q):
+        return np.where(q > 0, q * np.log(np.where(q > 0, q, 1.0)), 0.0)
+    return -plogp(p).sum(axis=-1) - plogp(p_rest)
 
 
 def grouped_tail_entropy(top_logprobs, compute=None) -> np.ndarray:
@@ -66,7 +84,7 @@ def grouped_tail_entropy(top_logprobs, compute=None) -> np.ndarray:
             aa = xs
         else:
             aa = a if e - s == chunk else a[: e - s]
-            if ok:  # a plain converting copy is ~2.5x faster than a converting minimum
+            if ok:  # a plain converting copy is faster than a converting minimum
                 np.copyto(aa, xs, casting="unsafe")
             else:
                 np.minimum(xs, 0.0, out=aa, casting="unsafe")  # a logprob can exceed 0 only by rounding
@@ -186,7 +204,7 @@ def entropy_bounds(top_logprobs, vocab: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _bounds_full(lp: np.ndarray, vocab: int) -> tuple[np.ndarray, np.ndarray]:
     """:func:`entropy_bounds` where every entry is finite (m = k everywhere): the same arithmetic without the
-    masks (ours: ~0.25 -> ~0.15 ms on 1,000 x top-20 rows, hot; equal values, tested)."""
+    masks (ours: faster, docs/performance.md; equal values, tested)."""
     k = lp.shape[-1]
     with np.errstate(divide="ignore", invalid="ignore"):
         p = np.exp(np.minimum(lp, 0.0))
@@ -208,7 +226,7 @@ def entropy_high(lp: np.ndarray, low: np.ndarray, vocab: int) -> np.ndarray:
     """:func:`entropy_bounds`' upper bound from the grouped-tail entropy ``low`` of the same rows (already computed,
     :func:`grouped_tail_entropy`; float32 input gives it to ~1e-6, so the bound too):
     H_high = H_low + r (log r - log share), the same quantity with one exp and no log over the (n, k) entries
-    (ours: ~0.14 -> ~0.05 ms on 1,000 x top-20 rows; equal to ~1e-15, tested). Rows with an absent entry take
+    (ours: faster, docs/performance.md; equal to ~1e-15, tested). Rows with an absent entry take
     :func:`entropy_bounds` itself."""
     lp = np.asarray(lp, dtype=np.float64)
     if not (lp.ndim == 2 and lp.size and np.isfinite(lp).all()):

@@ -29,7 +29,7 @@ from agent.cli import done, make_parser
 from agent.errors import ToolkitError
 from agent.lazy import lazy_module
 from agent.rundir import RunDir, RunError, load_run
-from agent.rundir.grades import BrokenGrades
+from agent.rundir.grades import BrokenGrades, MixedJudges
 from analysis.pooling import refuse_mixed_servers
 from analysis.stats import removal_summary, summarise_by
 from analysis.unload import unload_points, unload_steps
@@ -291,11 +291,9 @@ def _run_tables(runs: list, out: Path, made: list, missing: list, judge: str | N
         try:
             tables.write_table(tables.table13(apart, judge), out / "table13_hle_vl")
             made.append("table13_hle_vl")
-        except BrokenGrades:  # a grade that cannot be counted stops the report (never a table without it)
+        except (BrokenGrades, MixedJudges):  # a grade that cannot be counted, or two judges, stops the report
             raise
         except RunError as e:
-            if "different judges" in str(e):
-                raise
             missing.append(str(e))
     if runs:
         tables.write_table(tables.table4(runs), out / "table4_cost")
@@ -306,11 +304,9 @@ def _run_tables(runs: list, out: Path, made: list, missing: list, judge: str | N
         print("cost ledger (table4_ledger.md):\n" + led.to_string(index=False))
         try:
             t1 = tables.table1(runs, judge)
-        except BrokenGrades:  # a grade that cannot be counted stops the report (never a table without it)
+        except (BrokenGrades, MixedJudges):  # a grade that cannot be counted, or two judges, stops the report
             raise
         except RunError as e:
-            if "different judges" in str(e):
-                raise
             missing.append(str(e))
             t1 = None
         if t1 is not None:
@@ -352,11 +348,9 @@ def make_report(*, react=(), runs=(), removal_runs=(), out="figures/out", judge:
             missing += t3.attrs.get("missing", [])
             tables.write_table(t3, out / "table3_removal")
             made.append("table3_removal")
-        except BrokenGrades:  # a grade that cannot be counted stops the report (never a table without it)
+        except (BrokenGrades, MixedJudges):  # a grade that cannot be counted, or two judges, stops the report
             raise
         except RunError as e:
-            if "different judges" in str(e):
-                raise
             missing.append(str(e))
     if unload_runs:
         _unload_figure(react, removal_runs, list(unload_runs), out, made, missing, judge)

@@ -30,7 +30,7 @@ def bootstrap_ci(values, *, level: float = 0.95, reps: int = 2000, seed: int = 0
         return float("nan"), float("nan")
     if np.ptp(x) == 0:  # BCa is undefined on a constant sample (every resample's mean is the same)
         return float(x[0]), float(x[0])
-    from scipy.stats import bootstrap  # SciPy loads on first use: ~0.6 s of every command's start otherwise
+    from scipy.stats import bootstrap  # SciPy loads on first use: a large part of every command's start otherwise
 
     res = bootstrap((x,), np.mean, n_resamples=reps, confidence_level=level, method="BCa",
                     rng=np.random.default_rng(seed), batch=max(1, (1 << 20) // len(x)))

@@ -31,7 +31,7 @@ import numpy as np
 
 from agent.lazy import lazy_module
 from agent.rundir import RunError, load_run
-from agent.rundir.grades import JUDGES, BrokenGrades, grades_of, identical_trials
+from agent.rundir.grades import JUDGES, BrokenGrades, MixedJudges, grades_of, identical_trials
 from agent.rundir.ledger import compute_ledger
 from analysis import frames
 from analysis.figures import write_csv, write_text
@@ -70,7 +70,7 @@ def judged_runs(run_dirs, judge: str | None = None) -> tuple[list[tuple], list[s
         labels.setdefault(label, []).append(str(run.path))
     if len(labels) > 1:
         detail = "; ".join(f"{lab}: {', '.join(paths)}" for lab, paths in labels.items())
-        raise RunError(f"these runs were graded by different judges ({detail}). One table, one judge: pass "
+        raise MixedJudges(f"these runs were graded by different judges ({detail}). One table, one judge: pass "
                        "--judge llm or --judge exact (runs lacking it are listed as missing), or regrade")
     return [(r, g) for r, g, _ in got], missing, next(iter(labels), "")
 

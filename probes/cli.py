@@ -125,7 +125,7 @@ def record_session(prev_json, hardware: dict, started: float, wall_s: float, uni
     GPU-seconds are the hardware *held*: each session's wall time x the GPUs behind its servers (a router's: all
     its workers'), summed (ours).
     The sum of request latencies is not: SGLang batches the requests in flight, so 128 concurrent 18-s requests
-    cost one group ~18 s, not 2,304 s; it is kept as ``request_seconds`` beside. Unknown GPUs: None (never 0)."""
+    cost one group its wall time, not the sum of its requests'; it is kept as ``request_seconds`` beside. Unknown GPUs: None (never 0)."""
 
     sessions = []
     try:

@@ -141,8 +141,13 @@ def test_a_non_ascii_sample_id_runs_and_a_control_character_in_an_id_is_refused_
     (bench / "data_unified.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     run = tmp_path / "run"
     with FakeSGLang(reply="<think>\nred\n</think>\n\n<answer>red</answer>") as srv:
+        refused = _cmd("agent.run", "--method", "react", "--backend", "openai", "--endpoint", srv.url,
+                       "--benchmark", str(bench), "--out", str(run), "--no-progress")
+        # a row that cannot run changes the denominator: named, and refused unless the user opts in (issue 82)
+        assert refused.returncode == 2 and "line 2" in refused.stderr and "control characters" in refused.stderr
+        assert "--skip-bad-rows" in refused.stderr and not srv.bodies
         r = _cmd("agent.run", "--method", "react", "--backend", "openai", "--endpoint", srv.url, "--benchmark",
-                 str(bench), "--out", str(run), "--no-progress")
+                 str(bench), "--out", str(run), "--no-progress", "--skip-bad-rows")
         keys = set(srv.routing_keys)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "line 2" in r.stderr and "control characters" in r.stderr

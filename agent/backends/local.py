@@ -52,7 +52,7 @@ def _import_torch():
 
 #: What a parent process learnt about each model directory's tokenizer: the class ``AutoTokenizer`` chose and a
 #: fingerprint of what it renders. A ``--processes`` worker gets these, imports that class directly and checks the
-#: fingerprint: ``AutoTokenizer`` itself imports torch through transformers' configuration code (~2 s of a
+#: fingerprint: ``AutoTokenizer`` itself imports torch through transformers' configuration code (a large part of a
 #: worker's start on a 2-core machine), the class alone does not.
 _RENDERER_HINTS: dict[str, dict] = {}
 
@@ -102,8 +102,8 @@ def _named_tokenizer(path):
     """The tokenizer class ``tokenizer_config.json`` names (``Qwen3_5Tokenizer`` ->
     ``transformers.models.qwen3_5.tokenization_qwen3_5``), loaded without AutoTokenizer, or None.
 
-    Ours, for memory: AutoTokenizer imports transformers' configuration machinery, which imports torch (+0.5 GB
-    of RSS and ~3 s in every HTTP-path probe and runner process that only renders prompts); the class itself
+    Ours, for memory: AutoTokenizer imports transformers' configuration machinery, which imports torch (its RSS
+    and start-up in every HTTP-path probe and runner process that only renders prompts); the class itself
     does not. AutoTokenizer resolves the same name to the same class; anything unusual (no name, a class
     outside transformers.models, an import error) falls back to it."""
 

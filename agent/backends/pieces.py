@@ -13,7 +13,7 @@ and a step's new pieces (~8K characters: the previous step's reasoning and its t
 once more per probed step, a third of a teacher-forced step's client CPU (docs/performance.md). With the
 run's pieces in a :class:`PieceBook`, a probe sends **the very ids the model was sent during the run** and
 tokenises only what the run never sent (the first user message without its images). The run's client pays for
-the tokenising instead, while the GPU spends ~18 s decoding each reply, and SGLang's own front end no longer
+the tokenising instead, while the GPU decodes each reply, and SGLang's own front end no longer
 tokenises the text.
 """
 from __future__ import annotations
@@ -107,7 +107,7 @@ def lend_pieces(backend, fingerprint: str | None, pieces: dict[bytes, np.ndarray
 
 
 #: zstd level of the record (ours): on Qwen-vocabulary prompt ids, level 3 of the plain little-endian int32 was ~8 %
-#: smaller than level 1 of their byte planes (which break a repeated token's bytes apart), ~1.3 ms a trajectory.
+#: smaller than level 1 of their byte planes (which break a repeated token's bytes apart).
 _ZSTD_LEVEL = 3
 
 

@@ -128,7 +128,7 @@ def _entries_match_output(tokens, resp: dict, where: str) -> None:
 
 def _same_ids(tail: list, ids: list) -> bool:
     """Whether the reply's scored positions carry exactly the recorded ids (``[logprob, id, text]`` triples): the
-    ids taken and compared by C-level iteration in the common case (ours: the Python comprehension cost ~0.3 ms a
+    ids taken and compared by C-level iteration in the common case (ours: the Python comprehension cost more a
     1,000-token reply); a malformed triple takes the element-wise path. Same equality as before (Python's ==)."""
     try:
         return list(map(_second, tail)) == ids

@@ -14,7 +14,7 @@ import numpy as np
 LOGPROB_FLOOR = float(np.finfo(np.float32).min)
 
 
-@dataclass(slots=True)  # not frozen: a frozen dataclass is 3x slower to build, and replies hold thousands
+@dataclass(slots=True)  # not frozen: a frozen dataclass is slower to build, and replies hold thousands
 class TopLogprob:
     """One alternative at a position: token id (None when the server does not say), text, logprob."""
 

@@ -66,12 +66,13 @@ class Problem:
     id: str
     kind: str
     detail: str
+    kept: bool = False  # the row runs all the same (a repeated id under --protocol release: ID#LINE)
 
     @property
     def skips_a_row(self) -> bool:
         """The row is not run (the others are notes on a row that is: an empty gold answer, a category spelled as a
-        JSON list)."""
-        return self.kind in ROW_SKIPPING
+        JSON list, a repeated id the release protocol runs)."""
+        return self.kind in ROW_SKIPPING and not self.kept
 
 
 #: The problems whose row is left out of the manifest's samples: a run over it has another denominator.
@@ -244,7 +245,7 @@ def load_benchmark(path: str | Path, name: str | None = None, *, check_images: b
                 continue
             if sid in seen:
                 problems.append(Problem(n, sid, "duplicate_id", f"id {sid!r} already seen earlier; this row is "
-                                        + (f"kept as {sid}#{n}" if keep_duplicates else "skipped")))
+                                        + (f"kept as {sid}#{n}" if keep_duplicates else "skipped"), kept=keep_duplicates))
                 if not keep_duplicates:
                     continue
                 sid = f"{sid}#{n}"

@@ -13,6 +13,7 @@ from ..backends import make_backend
 from ..backends.base import DEFAULT_TOP_LOGPROBS, BackendError, SamplingParams
 from ..backends.tiny_model import is_tiny_model
 from ..benchmarks import load_selection
+from ..errors import UsageError
 from ..http import RetryPolicy
 from ..methods import Budgets, MethodSpec
 from ..methods.common import WEBWATCHER_OBSERVATION_IMAGES
@@ -24,7 +25,7 @@ from ..rundir import RunDir, RunError, versions
 from ..tools import TOOL_POLICIES
 from ..trajectory import SCHEMA_VERSION
 
-__all__ = ["EMBEDDED_MAX_TOKENS", "SERVED_MAX_TOKENS", "PROCESS_CONCURRENCY", "RunConfig", "make_backends", "header_for",
+__all__ = ["ConfigError", "EMBEDDED_MAX_TOKENS", "SERVED_MAX_TOKENS", "PROCESS_CONCURRENCY", "RunConfig", "make_backends", "header_for",
            "resolve_logprob_mode",
            "select_samples", "all_units", "auto_processes", "trial_seeds"]
 
@@ -39,6 +40,10 @@ EMBEDDED_MAX_TOKENS = 48
 SERVED_MAX_TOKENS = 8192
 #: What the release asks for on every call (``max_completion_tokens``, utils/search_backbone_model.py:118).
 RELEASE_MAX_TOKENS = 8192
+
+
+class ConfigError(UsageError, ValueError):
+    """Flags that cannot go together, or a value none of them takes: said before anything runs (exit 2)."""
 
 
 @dataclass
@@ -109,25 +114,25 @@ class RunConfig:
 
     def spec(self) -> MethodSpec:
         if self.processes != "auto" and (not isinstance(self.processes, int) or self.processes < 1):
-            raise ValueError(f"--processes must be auto or an integer >= 1, not {self.processes!r}")
+            raise ConfigError(f"--processes must be auto or an integer >= 1, not {self.processes!r}")
         if self.concurrency < 1 or self.trials < 1:
-            raise ValueError("--processes, --concurrency and --trials must be >= 1")
+            raise ConfigError("--processes, --concurrency and --trials must be >= 1")
         unload = None
         if self.image_unload not in ("keep", "adaptive"):
-            raise ValueError(f"--image-unload must be keep or adaptive, not {self.image_unload!r}")
+            raise ConfigError(f"--image-unload must be keep or adaptive, not {self.image_unload!r}")
         if self.image_unload == "adaptive":
             if self.backend not in SCORING_BACKENDS:
-                raise ValueError(f"--image-unload adaptive scores every step without the images (teacher-forced); "
+                raise ConfigError(f"--image-unload adaptive scores every step without the images (teacher-forced); "
                                  f"--backend {self.backend} cannot score a fixed continuation. Use one that can: "
                                  f"{', '.join(SCORING_BACKENDS)} (sglang = SGLang's native /generate with --model-dir)")
             unload = UnloadPolicy.from_args(self.unload_signal, self.unload_threshold, self.unload_patience)
         elif any(v is not None for v in (self.unload_signal, self.unload_threshold, self.unload_patience)):
-            raise ValueError("--unload-signal / --unload-threshold / --unload-patience need --image-unload adaptive")
+            raise ConfigError("--unload-signal / --unload-threshold / --unload-patience need --image-unload adaptive")
         if self.protocol == "release":
             self._check_release_protocol()
             return MethodSpec(self.method, budgets=Budgets(CALL_CAP, MAX_BRANCH_TURNS), protocol="release")
         if self.protocol != "paper":
-            raise ValueError(f"--protocol must be paper or release, not {self.protocol!r}")
+            raise ConfigError(f"--protocol must be paper or release, not {self.protocol!r}")
         return MethodSpec(self.method, self.variant, self.remove_images_from_step, Budgets(self.t_max, self.b_max),
                           self.history_reasoning, self.observation_images, unload)
 
@@ -135,17 +140,17 @@ class RunConfig:
         """What --protocol release cannot combine with: it is the release's MM-ContextFold, over chat completions,
         with the release's sampling and budgets."""
         if self.method != "mmcontextfold" or self.variant or self.image_unload != "keep":
-            raise ValueError("--protocol release is the authors' released MM-ContextFold: --method mmcontextfold, "
+            raise ConfigError("--protocol release is the authors' released MM-ContextFold: --method mmcontextfold, "
                              "no --variant or --image-unload")
         if self.backend == "sglang":
-            raise ValueError("--protocol release sends chat completions, as the release does: use --backend openai "
+            raise ConfigError("--protocol release sends chat completions, as the release does: use --backend openai "
                              "--server sglang for an SGLang server (its native /generate renders the prompt itself)")
         fixed = {"--temperature": (self.temperature, 0.2), "--top-p": (self.top_p, 0.95),
                  "--max-tokens": (self.max_tokens, None), "--t-max": (self.t_max, 20), "--b-max": (self.b_max, 5),
                  "--history-reasoning": (self.history_reasoning, "keep")}
         given = [k for k, (v, default) in fixed.items() if v != default]
         if given:
-            raise ValueError(f"--protocol release fixes {', '.join(given)} as the release does (T 0.0, top-p 1.0, "
+            raise ConfigError(f"--protocol release fixes {', '.join(given)} as the release does (T 0.0, top-p 1.0, "
                              f"{RELEASE_MAX_TOKENS} tokens, {MAX_ROUNDS} main rounds, branches of {MAX_BRANCH_TURNS} "
                              "turns, content-only history): drop them")
 

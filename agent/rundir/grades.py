@@ -15,7 +15,7 @@ from .common import RunError
 from .lines import SOURCE_KEY, SealedRows, read_sealed
 from .writer import RunDir
 
-__all__ = ["JUDGES", "BrokenGrades", "GradeFile", "grade_file", "sources_of", "read_grades", "latest_grades",
+__all__ = ["JUDGES", "BrokenGrades", "MixedJudges", "GradeFile", "grade_file", "sources_of", "read_grades", "latest_grades",
            "grades_of", "identical_trials"]
 
 JUDGES = ("llm", "exact")
@@ -41,6 +41,10 @@ class BrokenGrades(RunError):
     """A judge file holding grades that cannot be trusted as they are (edited since written, torn, or of a result
     line the run does not hold): never counted in a table; ``python -m agent.judge RUN`` sets them aside and
     grades those lines again."""
+
+
+class MixedJudges(RunError):
+    """Runs graded by different judges asked into one table: refused (one table, one judge), never a missing panel."""
 
 
 def read_grades(path) -> list[dict]:
