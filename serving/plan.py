@@ -117,7 +117,10 @@ CONTEXT_LENGTH = {"gpu": 131072, "cpu": 16384}
 #: - VLLM_CPU_KVCACHE_SPACE: the KV cache in GiB (its default 4 GiB does not fit beside a test suite on 2 cores);
 #: - VLLM_CPU_OMP_THREADS_BIND=nobind: leave the OpenMP threads unpinned (a container's cores are not the NUMA
 #:   layout vLLM reads, and the engine shares them with its clients).
-VLLM_CPU_ENV = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+#: - VLLM_ENABLE_V1_MULTIPROCESSING=0 (with ``--distributed-executor-backend uni``): the engine core and its one worker
+#:   in the server's own process; three processes each importing vLLM start a minute later on two cores.
+VLLM_CPU_ENV = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 def vllm_python(a) -> str:
@@ -146,7 +149,8 @@ def vllm_command(size: str, port: int, a) -> list[str]:
       (gpu_model_runner.py, ``gen.set_offset``), and a CPU generator cannot rewind ("CPU Generator does not use
       offset": the engine dies). A hybrid model's prefix cache needs chunked prefill ("align" mode splits prefills
       at its blocks), so both go, and every prefill is whole;
-    - ``--enforce-eager``: no torch.compile at start (minutes on a CPU, for a model this size nothing to gain)."""
+    - ``--enforce-eager``: no torch.compile at start (minutes on a CPU, for a model this size nothing to gain);
+    - ``--distributed-executor-backend uni`` and :data:`VLLM_CPU_ENV`'s one process (a CPU serves TP 1)."""
     base = shlex.split(a.server_command) if getattr(a, "server_command", None) else \
         [vllm_python(a), "-m", "vllm.entrypoints.openai.api_server"]
     memory = ["--gpu-memory-utilization", str(a.mem_fraction)] if a.mem_fraction else []
@@ -157,7 +161,8 @@ def vllm_command(size: str, port: int, a) -> list[str]:
            MAMBA_SSM_DTYPE, "--enable-prompt-tokens-details", "--enable-scale-out"]
     if getattr(a, "device", "gpu") == "cpu":
         return cmd + ["--dtype", "bfloat16", "--no-enable-prefix-caching", "--no-enable-chunked-prefill",
-                      "--max-num-batched-tokens", str(a.context_length), "--enforce-eager"]
+                      "--max-num-batched-tokens", str(a.context_length), "--enforce-eager",
+                      "--distributed-executor-backend", "uni"]
     return cmd + memory
 
 
