@@ -161,15 +161,15 @@ def _pooled_figure2(react_runs: list[str], out: Path, made: list, missing: list)
     drawn = 0
     for name, data, fn, title in panels:
         if data is not None and len(data):
-            fn(data, out / name, title=title, mark=mark)
+            figures.draw(fn, (data,), out / name, title=title, mark=mark)  # not again from the same inputs
             figures.write_csv(data, (out / name).with_suffix(".csv"), index=False)  # the plotted numbers, beside the figure
             made.append(name)
             drawn += 1
     if not drawn:  # a figure with no data is not made (the reasons are listed above)
         missing.append("fig2: no probe output for any panel")
         return
-    figures.fig2_combined(gs, es, rs, out / "fig2", mark=mark, subtitle=f"Figure 2 ({who}{pool})",
-                          kl_summary=ks)
+    figures.draw(figures.fig2_combined, (gs, es, rs), out / "fig2", mark=mark, subtitle=f"Figure 2 ({who}{pool})",
+                 kl_summary=ks)
     made.append("fig2")
     if entropy:
         _robustness(pd.concat(entropy, ignore_index=True), out, made, missing, mark,
@@ -194,8 +194,8 @@ def _robustness(steps, out: Path, made: list, missing: list, mark, title: str) -
     lines += [f"| {v.step} | {v.n} | {'yes' if v.holds else 'NO'} | {v.verdict} |" for v in ver.itertuples()]
     lines += ["", "Aggregations: " + "; ".join(f"`{k}`: {v}" for k, v in robustness.AGGREGATION_LABELS.items())]
     figures.write_text(out / "robustness.md", "\n".join(lines) + "\n")
-    figures.fig2b_robustness(rob, out / "fig2b_robustness", labels=robustness.AGGREGATION_LABELS, title=title,
-                             mark=mark)
+    figures.draw(figures.fig2b_robustness, (rob,), out / "fig2b_robustness", labels=robustness.AGGREGATION_LABELS,
+                 title=title, mark=mark)
     made += ["robustness", "fig2b_robustness"]
 
 
@@ -264,7 +264,7 @@ def _figure4(judged, out: Path, made: list, missing: list) -> None:
 
     def draw(d, stem, title):
         marks = [m for m in dict.fromkeys(d["_mark"]) if m]
-        figures.fig4_context(d, out / stem, mark=" | ".join(marks) or None, title=title)
+        figures.draw(figures.fig4_context, (d,), out / stem, mark=" | ".join(marks) or None, title=title)
         made.append(stem)
 
     if len(models) == 1 or covers.nunique() == 1:
@@ -336,8 +336,9 @@ def make_report(*, react=(), runs=(), removal_runs=(), out="figures/out", judge:
         calls = pd.concat([frames.steps(rd) for rd in react], ignore_index=True).rename(columns={"call": "index"})
         if len(calls):
             who = ", ".join(dict.fromkeys(tables.model_label(r) for r in rr))
-            figures.fig1_tool_calls(calls, out / "fig1_tool_calls", mark=figures.provenance_mark([r.header for r in rr]),
-                                    title=f"Figure 1: tool calls by type per step ({who}; numbers: calls at that step)")
+            figures.draw(figures.fig1_tool_calls, (calls,), out / "fig1_tool_calls",
+                         mark=figures.provenance_mark([r.header for r in rr]),
+                         title=f"Figure 1: tool calls by type per step ({who}; numbers: calls at that step)")
             made.append("fig1_tool_calls")
         _pooled_figure2(react, out, made, missing)
         _predictors(react, out, made, missing, judge)

@@ -133,6 +133,18 @@ def test_reproduce_figure2_demo_draws_every_panel(tmp_path):
     pred = pd.read_csv(figs / "predictors.csv")
     assert set(pred["predictor"]) == {"agreement across trials", "mean think entropy (-H)", "mean ΔH over probed steps"}
     assert (pred["n"] == 18).all()  # the demo's 6 questions x the paper's 3 trials
+    # run again with nothing changed: no figure is drawn again (issue 82: a rerun redrew every figure)
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    drawn = {p.name: p.stat().st_mtime_ns for p in figs.glob("*.png")}
+    again = subprocess.run([sys.executable, "-m", "analysis.report", "--react", str(out), "--runs", str(out),
+                            "--judge", "exact", "--out", str(figs)], cwd=REPO, capture_output=True, text=True,
+                           timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert {p.name: p.stat().st_mtime_ns for p in figs.glob("*.png")} == drawn
 
 
 @pytest.mark.slow

@@ -28,9 +28,9 @@ from .fig2 import (
                    image_needed_within,
                    removal_tests_table,
 )
-from .style import COLUMN, DOUBLE, provenance_mark, save, write_csv, write_text, written
+from .style import COLUMN, DOUBLE, draw, provenance_mark, save, write_csv, write_text, written
 
 __all__ = ["tool_shares", "fig1_tool_calls", "fig2a_grounding", "fig2b_entropy", "fig2b_forking", "fig2b_kl",
            "fig2b_robustness",
            "fig2c_removal", "fig2_combined", "fig4_context", "fig_unload", "save", "provenance_mark",
-           "image_needed_within", "grounding_shares", "removal_tests_table", "context_bins", "COLUMN", "DOUBLE", "write_csv", "write_text", "written"]
+           "image_needed_within", "grounding_shares", "removal_tests_table", "context_bins", "COLUMN", "DOUBLE", "write_csv", "write_text", "written", "draw"]

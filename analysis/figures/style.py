@@ -4,6 +4,7 @@ provenance mark of a figure made from a fake or random model, and PNG + PDF outp
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import textwrap
 from pathlib import Path
@@ -117,6 +118,45 @@ def save(fig, stem, mark: str | None = None) -> list[Path]:
 
     plt.close(fig)  # a report draws dozens of figures: release each once written
     return paths
+
+
+def _part(x) -> bytes:
+    """One input of a figure as bytes (a DataFrame as its CSV, anything else as its repr)."""
+    if hasattr(x, "to_csv"):
+        return x.to_csv(index=False).encode()
+    return repr(x).encode()
+
+
+_CODE: list = []
+
+
+def _code_digest() -> str:
+    """The figure code's own bytes (this package): a figure drawn by other code is drawn again."""
+    if not _CODE:
+        h = hashlib.sha256()
+        for f in sorted(Path(__file__).parent.glob("*.py")):
+            h.update(f.read_bytes())
+        _CODE.append(h.hexdigest())
+    return _CODE[0]
+
+
+def draw(fn, args: tuple, stem, **kw):
+    """``fn(*args, stem, **kw)`` unless ``stem``'s PNG and PDF were drawn from exactly these inputs by this code (their
+    digest is kept in ``stem.inputs``): a report run again with nothing changed draws nothing again. Returns what
+    ``fn`` returns, or None when nothing was drawn."""
+    stem = Path(stem)
+    h = hashlib.sha256(_code_digest().encode())
+    for x in args:
+        h.update(_part(x) + b"\0")
+    for k in sorted(kw):
+        h.update(k.encode() + b"=" + _part(kw[k]) + b"\0")
+    digest, record = h.hexdigest(), stem.with_suffix(".inputs")
+    if all(stem.with_suffix(e).is_file() for e in (".png", ".pdf")) and record.is_file() and \
+            record.read_text().strip() == digest:
+        return None
+    out = fn(*args, stem, **kw)
+    write_text(record, digest + "\n")
+    return out
 
 
 def legend_outside(ax, ncol: int | None = None, **kw):
