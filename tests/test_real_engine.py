@@ -69,9 +69,11 @@ def _lines(run) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def react(engine, tmp_path_factory):
-    """A ReAct run at the toolkit's defaults (the paper's sampling, a drawn seed sent with every call)."""
+    """A ReAct run at the toolkit's defaults (the paper's sampling, a drawn seed sent with every call), 8 steps a
+    trajectory (the probes' cost grows with the steps; the engine's behaviour does not)."""
     out = tmp_path_factory.mktemp("runs") / "react"
-    r = _cli("agent.run", "--method", "react", "--benchmark", "demo", "--limit", "2", *engine["model"], "--out", str(out))
+    r = _cli("agent.run", "--method", "react", "--benchmark", "demo", "--limit", "2", "--t-max", "8", *engine["model"],
+             "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     return out
 
@@ -104,7 +106,7 @@ def test_a_react_run_at_the_papers_sampling_records_what_the_engine_returned(eng
     lines = _lines(react)
     assert len(lines) == 2 and all(ln["status"] != "error" for ln in lines)
     calls = [e for ln in lines for e in ln["events"] if e["type"] == "llm_call"]
-    assert len(calls) == 40 and all(e["sampling"]["seed"] is not None for e in calls)
+    assert len(calls) == 16 and all(e["sampling"]["seed"] is not None for e in calls)
     # the engine survived seeded sampling, and every call's tokens are the engine's, by id, with their top 20
     assert urllib.request.urlopen(engine["url"] + "/health", timeout=HANG_GUARD_S).status == 200
     tok = pd.read_parquet(react / "tokens")
@@ -119,7 +121,7 @@ def test_a_react_run_at_the_papers_sampling_records_what_the_engine_returned(eng
     r = _cli("agent.ledger", str(react))
     assert r.returncode == 0, r.stderr
     (led,) = json.loads((react / "ledger.json").read_text())["models"].values()
-    assert led["calls"] == 40 and led["prompt_tokens"] == sum(e["usage"]["prompt_tokens"] for e in calls)
+    assert led["calls"] == 16 and led["prompt_tokens"] == sum(e["usage"]["prompt_tokens"] for e in calls)
     assert led["cached_tokens"] == sum(e["usage"]["cached_tokens"] for e in calls) == 0
     probe = _post(engine["url"] + "/v1/chat/completions", {"model": "qwen3.5-9b", "max_tokens": 2,
                                                            "messages": [{"role": "user", "content": "hi"}]})
