@@ -6,8 +6,13 @@
 - the model server: ``--backend local|sglang|openai|scripted``, ``--endpoint URL`` (repeatable where several
   replicas can share the load, refused when repeated elsewhere), ``--model``, ``--model-dir``,
   ``--logprob-mode raw|scaled``, ``--server sglang|vllm|openrouter|other``, ``--api-key-env VAR``;
-- the grader of a judge or an annotator: ``--judge-endpoint``, ``--judge-model``, ``--judge-api-key-env``
-  (``--judge llm|exact`` picks the judge itself where one grades);
+- the grader of a judge or an annotator: ``--judge-endpoint``, ``--judge-model``, ``--judge-api-key-env``;
+  ``--judge`` picks the judge itself (``llm|exact`` where answers are graded, ``llm|local|scripted`` for the
+  grounding annotator);
+- a directory a command writes: ``--out`` (the launcher's: ``--serve-dir``, which the probes and the ledger read);
+- ``--retries N`` counts transport retries (``serving.check``); ``--re-asks N`` an annotator's re-asks of an unusable
+  reply; ``--retry-errors`` / ``--retry-unparsed`` redo, on a rerun, the units that ended so;
+- an old spelling (:data:`RENAMED`) still works for now, with a one-line notice;
 - ``--concurrency`` defaults to :data:`DEFAULT_CONCURRENCY` everywhere;
 - every option's help says its default, every ``--help`` ends with examples, and every command ends by
   saying where its outputs are and the next command to run (:func:`done`).
@@ -117,7 +122,9 @@ class Parser(argparse.ArgumentParser):
         argv = _renamed(argv, known)
         args = argv
         if any(isinstance(a, argparse._SubParsersAction) for a in self._actions):
-            argv = []  # the subcommand's own parser (a Parser too) checks its flags
+            # the flags before the subcommand are this parser's; the subcommand's own parser (a Parser too) checks
+            # the rest
+            argv = argv[:next((i for i, t in enumerate(argv) if not t.startswith("-")), len(argv))]
         for tok in argv:
             if tok == "--":
                 break
@@ -139,7 +146,9 @@ RENAMED = {"--image-release": "--image-unload", "--release-signal": "--unload-si
            "--release-threshold": "--unload-threshold", "--release-patience": "--unload-patience",
            "--release-runs": "--unload-runs",
            # one spelling per idea (issue 82): the launcher's directory, the logprob mode
-           "--run-dir": "--serve-dir", "--serving-dir": "--serve-dir", "--logprobs": "--logprob-mode"}
+           "--run-dir": "--serve-dir", "--serving-dir": "--serve-dir", "--logprobs": "--logprob-mode",
+           # --judge picks the judge everywhere; --retries is a count of transport retries (serving.check) only
+           "--judge-backend": "--judge", "--retries": "--re-asks"}
 
 
 def _renamed(argv: list, known: set) -> list:

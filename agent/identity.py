@@ -6,7 +6,7 @@
     unverified_facts(recorded, current)        None, or why two servers cannot be compared at all
 
 Pure (no request): the run directory's resume check, merge and the tables' pooling use it, below everything that
-asks a server (agent/preflight.py asks; this module compares).
+asks a server (agent/preflight/ asks; this module compares).
 """
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ and the figures.
     from analysis import frames
     frames.results(RUN)     frames.steps(RUN)     frames.tokens(RUN)     frames.grades(RUN)   # agent/rundir/frames.py
     frames.entropy(RUN)     # Figure 2(b): one row per probed step (probes/entropy)
-    frames.removal(RUN)     # Figure 2(c): one row per (trajectory, k) replay (probes/removal.py)
-    frames.grounding(RUN)   # Figure 2(a): one row per labelled step (probes/grounding.py)
+    frames.removal(RUN)     # Figure 2(c): one row per (trajectory, k) replay (probes/removal/)
+    frames.grounding(RUN)   # Figure 2(a): one row per labelled step (probes/grounding/)
 
 The probe readers take a run directory (its default output under ``RUN/probes/``) or the probe's ``--out``.
 """

@@ -9,7 +9,7 @@ Two parts, one run:
    in ReAct's context), the first prompt ~2.4K tokens (1.2K shared system prompt, the question and its
    image), each later one ~1.1K longer (the previous step's reply and observation). Every request is the
    regenerate probe's: the step's prompt without the query images. Each order and spread is replayed through
-   a token-level LRU radix cache per server (probes/prefix_cache.py) at ``--capacity-tokens`` per server
+   a token-level LRU radix cache per server (probes/prefix_cache/) at ``--capacity-tokens`` per server
    and at 128 and 256 trajectories in flight per server.
 2. **The real path**: a scripted ReAct run on the demo benchmark (``--demo-trials`` trials), its exact request
    token streams rendered with the embedded Qwen3.5's chat template (python -m probes.prefix_cache's code),

@@ -48,7 +48,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-#: The FLOPs model of docs/performance.md (probes/prefix_cache.py): tokens a GPU-second per backbone at H20's
+#: The FLOPs model of docs/performance.md (probes/prefix_cache/): tokens a GPU-second per backbone at H20's
 #: 148 TFLOPS x 0.4 MFU, 2 x active parameters a token.
 ACTIVE_PARAMS = {"9B": 9e9, "27B": 27e9, "35B-A3B": 3e9}
 TOKENS_PER_GPU_S = {k: 148e12 * 0.4 / (2 * p) for k, p in ACTIVE_PARAMS.items()}
@@ -234,9 +234,9 @@ def own_work(root: Path, url: str, tiny: str, trajectories: int) -> float:
     from agent.record import validate
     from agent.rundir import load_run, token_key
     from agent.rundir.lines import SEAL_KEY, SOURCE_KEY, seal
-    from probes.cli import RecordedPrompts
     from probes.entropy.step import call_slices, probe_step, vocab_of
     from probes.entropy.store import TokenStore
+    from probes.session import RecordedPrompts
 
     class Replay(SGLangBackend):
         """Scores from the server once (``replies`` filled), then from ``replies`` (the request still built)."""

@@ -55,7 +55,7 @@ if [[ "$DEMO" == 1 ]]; then
     RUN_ARGS=(--benchmark demo --t-max 6 --max-tokens 24)
     PROBE_BACKEND=()
     ENTROPY_ARGS=(--include-unparsed)   # the random model's first calls never parse: the paper's rule would drop all
-    GROUNDING_ARGS=(--judge-backend local --retries 0 --max-tokens 32 --include-unparsed)
+    GROUNDING_ARGS=(--judge local --re-asks 0 --max-tokens 32 --include-unparsed)
   else
     OUT=${OUT:-runs/fig2-demo}
     echo "== DEMO on the SCRIPTED FAKE backend: planted behaviour and distributions; all numbers are fake =="
@@ -63,7 +63,7 @@ if [[ "$DEMO" == 1 ]]; then
     PROBE_BACKEND=(--backend scripted)
     TEACHER_FORCED=1
     ENTROPY_ARGS=()
-    GROUNDING_ARGS=(--judge-backend scripted)
+    GROUNDING_ARGS=(--judge scripted)
   fi
 else
   [[ -n "$BENCHMARK" && ${#ENDPOINTS[@]} -gt 0 && -n "$MODEL_DIR" ]] || { echo "need --benchmark, --endpoint and --model-dir (or --demo)" >&2; exit 2; }

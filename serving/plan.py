@@ -343,6 +343,10 @@ MAMBA_FULL_MEMORY_RATIO = 0.9
 #: ping-pong track buffers (``HybridReqToTokenPool.alloc``, srt/mem_cache/memory_pool.py; two with the overlap
 #: scheduler, srt/mem_cache/allocation_sizing.py ``get_mamba_tracking_slots``); the rest holds the tree's states.
 SLOTS_PER_REQUEST = 3
+#: SGLang's linear-attention checkpoint grid: ``mamba_checkpoint_grid`` = lcm(the cache chunk, 64, and the tree's
+#: page, 1 here) (srt/runtime_context.py); prompt states are tracked on it, ``--mamba-track-interval`` governs only
+#: decode snapshots, which the probes' regenerated outputs never reuse.
+STATE_GRID = 64
 #: The slots SGLang's scheduler reserves for each running request when it caps ``max_running_requests`` at the
 #: pool's slots / this (``KVCacheConfigurator._calculate_mamba_ratio``: 3, plus the two tracking slots of
 #: ``extra_buffer`` with the overlap schedule; ``resolve_max_num_reqs``, srt/mem_cache/kv_cache_configurator.py; the
@@ -352,7 +356,7 @@ SLOTS_PER_REQUEST = 3
 ADMITTED_SLOTS_PER_REQUEST = 5
 #: The tree's states a trajectory in flight keeps recent: the one its step reused (the match refreshes it) and the
 #: one its step tracked; with fewer, the pool's LRU evicts a trajectory's state before its next step
-#: (probes/prefix_cache.py, checked against SGLang's own eviction: tests/conformance/test_sglang_cache.py).
+#: (probes/prefix_cache/, checked against SGLang's own eviction: tests/conformance/test_sglang_cache.py).
 TREE_STATES_PER_TRAJECTORY = 2
 #: A regenerate request whose output crosses a multiple of 256 tokens (``mamba_track_grid``, srt/runtime_context.py)
 #: also leaves the decode-time state it tracked there, most recent of the three (the prompt's state is checkpointed
@@ -468,7 +472,7 @@ def memory_estimate(weights: str, size: str, tp: int, mem_fraction: float | None
 
 
 # ------------------------------------------------------------------ throughput by the FLOPs model
-#: Ours (docs/serving.md, "Layouts"; the cost model of probes/prefix_cache.py): a prompt token costs 2 x the
+#: Ours (docs/serving.md, "Layouts"; the cost model of probes/prefix_cache/): a prompt token costs 2 x the
 #: backbone's active parameters in FLOPs (attention's own FLOPs left out; 35B-A3B: 3B active a token), at the
 #: paper's GPU (NVIDIA H20, §4: 148 dense bf16 TFLOPS) and a 40 % share of it.
 ACTIVE_PARAMS = {"9b": 9e9, "27b": 27e9, "35b-a3b": 3e9}

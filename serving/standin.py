@@ -86,7 +86,7 @@ class _Standin:
         self.abort_all = False
         # --leak-file: while the file exists, a scoring request whose prompt was
         # scored since the last /flush_cache comes back with its logprobs shifted by the file's value (a prefix
-        # cache reusing another request's state: the fault probes/fidelity.py exists to catch)
+        # cache reusing another request's state: the fault probes/fidelity/ exists to catch)
         self.leak_file = os.environ.get("MMCF_STANDIN_LEAK_FILE")
         self.seen: set = set()
         # SGLang reads SGLANG_RETURN_ORIGINAL_LOGPROB once at start (srt/layers/sampler.py, get_bool_env_var);
@@ -327,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--leak-file", metavar="PATH",
                     help="while this file exists, a scoring request whose prompt was scored since the last "
                          "/flush_cache comes back with its logprobs shifted by the file's number (a prefix cache "
-                         "leaking state: the fault probes/fidelity.py must catch)")
+                         "leaking state: the fault probes/fidelity/ must catch)")
     ap.add_argument("--original-logprob-file", metavar="PATH",
                     help="while this file holds 1, output logprobs are raw, as under SGLANG_RETURN_ORIGINAL_LOGPROB=1 "
                          "(which the stand-in also honours at start); lets one front end serve a test both ways")

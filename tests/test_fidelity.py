@@ -1,4 +1,4 @@
-"""The serving-fidelity check (probes/fidelity.py) against the loopback SGLang: a consistent server passes and
+"""The serving-fidelity check (probes/fidelity/) against the loopback SGLang: a consistent server passes and
 the probe goes on; a server whose cached state leaks into a repeated request is refused before any probing,
 unless --force, which is recorded."""
 from __future__ import annotations

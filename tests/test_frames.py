@@ -12,7 +12,7 @@ import pytest
 from agent.judge import main as judge_main
 from agent.run import main as run_main
 from agent.rundir import RunError, load_run
-from agent.rundir.export import main as export_main
+from agent.rundir.cli import main as rundir_main
 from agent.rundir.probe_outputs import write_outputs
 from analysis import frames
 
@@ -91,7 +91,7 @@ def test_export_opens_in_pyarrow_pandas_duckdb_polars_and_datasets_without_the_t
 
     out, _ = judged
     exp = tmp_path / "exp"
-    assert export_main([str(out), str(exp)]) == 0
+    assert rundir_main(["export", str(out), str(exp)]) == 0
     assert "tokens" in capsys.readouterr().out
     run = load_run(out)
     res = pd.read_parquet(exp / "results.parquet")
@@ -127,8 +127,8 @@ def test_export_opens_in_pyarrow_pandas_duckdb_polars_and_datasets_without_the_t
     assert card.startswith("---\nconfigs:\n- config_name: results") and '"protocol": "paper"' in card
     assert json.dumps("scripted-demo") in card
     # never over an existing directory; a missing run is named
-    assert export_main([str(out), str(exp)]) == 2 and "exists" in capsys.readouterr().err
-    assert export_main([str(tmp_path / "nope"), str(tmp_path / "x")]) == 2
+    assert rundir_main(["export", str(out), str(exp)]) == 2 and "exists" in capsys.readouterr().err
+    assert rundir_main(["export", str(tmp_path / "nope"), str(tmp_path / "x")]) == 2
     assert "not a run directory" in capsys.readouterr().err and not (tmp_path / "x").exists()
 
 

@@ -55,3 +55,17 @@ def test_each_subcommand_is_its_python_m_program():
             assert direct is None or (direct.returncode == 0 and front.stdout == direct.stdout), name
     bad = _run("-m", "mmcf", "run", "--no-such-flag")
     assert bad.returncode == 2 and "--no-such-flag" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_one_spelling_per_idea_the_grounding_judge_and_its_re_asks(tmp_path):
+    """--judge picks the judge in every command (the judge, removal and now grounding); the annotator's re-ask count
+    is --re-asks, since --retries means transport retries (serving.check). The old spellings still parse, noticed."""
+    r = _run("-m", "probes.grounding", str(tmp_path / "absent"), "--judge-backend", "openai", "--retries", "1")
+    notices = [x for x in r.stderr.splitlines() if x.startswith("notice:")]
+    assert notices == ["notice: --judge-backend is now --judge; the old name works in this version only",
+                       "notice: --retries is now --re-asks; the old name works in this version only",
+                       "notice: --judge openai is now --judge llm; the old value works in this version only"]
+    # the flags parsed: the server judge (--judge llm) asks first for its key
+    assert r.returncode != 0 and "is not set: the default annotator" in r.stderr and "Traceback" not in r.stderr
+    r = _run("-m", "probes.grounding", str(tmp_path / "absent"), "--judge", "exact")
+    assert r.returncode == 2 and "invalid choice: 'exact'" in r.stderr

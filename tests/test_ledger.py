@@ -7,10 +7,10 @@ import json
 import pytest
 
 from agent.judge import main as judge_main
-from agent.ledger import PAPER_TABLE4, compute_ledger, load_prices
 from agent.ledger import main as ledger_main
 from agent.run import main as run_main
 from agent.rundir import load_run
+from agent.rundir.ledger import PAPER_TABLE4, compute_ledger, load_prices
 from scripts.soak import agent_policy
 from tests.fakes.sglang_server import FakeSGLang
 

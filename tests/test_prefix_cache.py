@@ -1,9 +1,10 @@
-"""probes/prefix_cache.py: the radix-cache model against a brute-force one, and the request orders it compares."""
+"""probes/prefix_cache/: the radix-cache model against a brute-force one, and the request orders it compares."""
 from __future__ import annotations
 
 import numpy as np
 
-from probes.prefix_cache import ACTIVE_PARAMS, RadixLRU, gpu_cost, main, prefix_keys, simulate
+from probes.prefix_cache import RadixLRU, gpu_cost, main, prefix_keys, simulate
+from serving.plan import ACTIVE_PARAMS
 
 
 class Naive:

@@ -39,7 +39,7 @@ def probed(tmp_path_factory):
              ("probes.entropy", str(run), "--backend", "scripted"),
              ("probes.entropy", str(run), "--mode", "teacher-forced", "--backend", "scripted", "--skip-fidelity"),
              ("probes.removal", str(run), "--steps", "1..2", "--backend", "scripted", "--judge", "exact"),
-             ("probes.grounding", str(run), "--judge-backend", "scripted"),
+             ("probes.grounding", str(run), "--judge", "scripted"),
              ("agent.judge", str(run), "--judge", "exact")]
     for s in steps:
         r = _cmd(*s, "--no-progress")
@@ -155,7 +155,7 @@ def test_a_second_grounding_annotator_on_one_run_is_refused(probed, tmp_path):
     run = _copy(probed, tmp_path)
     shutil.rmtree(run / "probes" / "grounding")
     with output_lock(run / "probes" / "grounding", "grounding annotator"):  # the first one, still at work
-        r = _cmd("probes.grounding", str(run), "--judge-backend", "scripted", "--no-progress")
+        r = _cmd("probes.grounding", str(run), "--judge", "scripted", "--no-progress")
     assert r.returncode == 2 and "another grounding annotator is writing here" in r.stderr
     assert not (run / "probes" / "grounding" / "labels.jsonl").exists()
 

@@ -12,8 +12,8 @@ from agent.judge import main as judge_main
 from agent.record import SCHEMAS, SchemaError, validate
 from agent.run import main as run_main
 from agent.rundir import check_run
+from agent.rundir.cli import main as rundir_main
 from agent.rundir.lines import seal
-from agent.rundir.schema import main as schema_main
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def runs(tmp_path_factory):
         assert run_main([*args, "--backend", "scripted", "--limit", "3", "--out", str(out), "--no-progress"]) == 0
         assert judge_main([str(out), "--judge", "exact", "--no-progress"]) in (0, 1)
         made.append(out)
-    assert schema_main(["--out", str(root / "schemas")]) == 0
+    assert rundir_main(["schema", "--out", str(root / "schemas")]) == 0
     return made, root / "schemas"
 
 

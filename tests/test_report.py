@@ -165,7 +165,7 @@ def test_the_tiny_demo_stages_only_the_tiny_chain_runs(tmp_path, tiny_model_dir,
     tiny = script[script.index('if [[ "$DEMO_MODEL" == tiny ]]'):script.index("  else")]
     run_args = shlex.split(re.search(r"RUN_ARGS=\(([^)]*)\)", tiny).group(1))
     grounding_args = shlex.split(re.search(r"GROUNDING_ARGS=\(([^)]*)\)", tiny).group(1))
-    assert "--judge-backend" in grounding_args and "--benchmark" in run_args
+    assert "--judge" in grounding_args and "--benchmark" in run_args
     out = tmp_path / "tiny"
     assert run_main(["--method", "react", "--out", str(out), *run_args, "--limit", "1", "--no-progress"]) == 0
     assert "RANDOMLY INITIALISED" in caplog.text
@@ -373,7 +373,7 @@ async def test_report_refuses_a_non_react_run_for_figure2_and_draws_figure4_per_
     assert report_main(["--react", str(tmp_path / "r0"), "--runs", *map(str, runs), "--out", str(out)]) == 0
     rep = json.loads((out / "report.json").read_text())
     assert "fig2" not in rep["made"] and not (out / "fig2.png").exists() and "fig1_tool_calls" in rep["made"]
-    assert any(f"probes.grounding {tmp_path / 'r0'} --judge-backend scripted" in m for m in rep["missing"])
+    assert any(f"probes.grounding {tmp_path / 'r0'} --judge scripted" in m for m in rep["missing"])
     # contextfold covers m1 only: Figure 4 per model, never pooled over different model mixes
     assert {"fig4_context-m1", "fig4_context-m2"} <= set(rep["made"]) and "fig4_context" not in rep["made"]
     assert any("not pooled over backbones" in m for m in rep["missing"])

@@ -16,8 +16,8 @@ import pytest
 from agent.judge import main as judge_main
 from agent.run import main as run_main
 from agent.rundir import check_run, load_run
+from agent.rundir.cli import main as rundir_main
 from agent.rundir.lines import seal
-from agent.rundir.merge import main as merge_main
 from agent.rundir.shards import shard_units
 from probes.entropy import main as entropy_main
 
@@ -45,7 +45,7 @@ def runs(tmp_path_factory):
     assert run_main(BASE + ["--out", str(d / "one")]) == 0
     for i in range(3):
         assert run_main(BASE + ["--shard", f"{i}/3", "--out", str(d / f"sh{i}")]) == 0
-    assert merge_main([str(d / "mrg"), *(str(d / f"sh{i}") for i in (2, 0, 1))]) == 0
+    assert rundir_main(["merge", str(d / "mrg"), *(str(d / f"sh{i}") for i in (2, 0, 1))]) == 0
     return d
 
 
@@ -104,7 +104,7 @@ def test_merge_refuses_what_is_not_one_complete_run(runs, tmp_path, capsys):
 
     def refused(args, *needles):
         out = tmp_path / f"out{len(list(tmp_path.iterdir()))}"
-        assert merge_main([str(out), *args]) == 2
+        assert rundir_main(["merge", str(out), *args]) == 2
         err = capsys.readouterr().err
         for n in needles:
             assert n in err, err
@@ -135,18 +135,18 @@ def test_merge_refuses_what_is_not_one_complete_run(runs, tmp_path, capsys):
     # a merge that failed half-way left only its own working directory, which the next merge replaces
     (tmp_path / ".ok.merging").mkdir()
     (tmp_path / ".ok.merging" / "results.jsonl").write_text('{"torn')
-    assert merge_main([str(tmp_path / "ok"), sh[0], sh[1], str(part)]) == 0
+    assert rundir_main(["merge", str(tmp_path / "ok"), sh[0], sh[1], str(part)]) == 0
     assert not (tmp_path / ".ok.merging").exists() and "merge: 10/10 units written" in capsys.readouterr().err
     assert unit_outcomes(tmp_path / "ok") == unit_outcomes(runs / "one")
     # a shard whose tool cache is gone still merges (its lines hold the observations), and says so
     nocache = tmp_path / "nocache"
     shutil.copytree(sh[2], nocache)
     (nocache / "tools.sqlite").unlink()
-    assert merge_main([str(tmp_path / "nc"), sh[0], sh[1], str(nocache)]) == 0
+    assert rundir_main(["merge", str(tmp_path / "nc"), sh[0], sh[1], str(nocache)]) == 0
     assert "no tool cache found for 1 shard" in capsys.readouterr().err
     assert json.loads((tmp_path / "nc" / "merge.json").read_text())["shards_without_tool_cache"] == [str(nocache)]
     # a merge into an existing run directory is refused
-    assert merge_main([str(runs / "one"), *sh]) == 2
+    assert rundir_main(["merge", str(runs / "one"), *sh]) == 2
     assert "exists and is not empty" in capsys.readouterr().err
 
 
@@ -217,7 +217,7 @@ def test_merge_check_and_readers_refuse_a_sidecar_name_that_leads_out_of_the_run
     (shards[0] / "tokens" / "link.parquet").symlink_to(victim)  # a symlink inside, pointing out
     _point_tokens_file(shards[0], name)
     capsys.readouterr()
-    assert merge_main([str(tmp_path / "out"), *map(str, shards)]) != 0
+    assert rundir_main(["merge", str(tmp_path / "out"), *map(str, shards)]) != 0
     err = capsys.readouterr().err
     assert "leads outside" in err and "results.jsonl" in err and name in err
     assert not (tmp_path / "out").exists() and not target.exists() and victim.read_text() == "not a sidecar"
@@ -264,10 +264,10 @@ def test_a_second_merge_into_the_same_out_is_refused_while_the_first_runs(runs, 
 
     shards = [str(runs / f"sh{i}") for i in range(3)]
     with output_lock(tmp_path, "merge into out", ".out.merge.lock"):
-        assert merge_main([str(tmp_path / "out"), *shards]) != 0
+        assert rundir_main(["merge", str(tmp_path / "out"), *shards]) != 0
         assert "another merge into out is writing here" in capsys.readouterr().err
         assert not (tmp_path / "out").exists() and not (tmp_path / ".out.merging").exists()
-    assert merge_main([str(tmp_path / "out"), *shards]) == 0  # once it is released, the merge runs
+    assert rundir_main(["merge", str(tmp_path / "out"), *shards]) == 0  # once it is released, the merge runs
 
 
 @pytest.mark.parametrize("damage", ["truncated sidecar", "missing image"])
@@ -285,7 +285,7 @@ def test_merge_refuses_a_damaged_shard_naming_the_file(runs, tmp_path, capsys, d
         victim.unlink()
         named = "is not stored"
     capsys.readouterr()
-    assert merge_main([str(tmp_path / "out"), *map(str, shards)]) != 0
+    assert rundir_main(["merge", str(tmp_path / "out"), *map(str, shards)]) != 0
     err = capsys.readouterr().err
     assert f"{shards[1]} is damaged" in err and named in err and "python -m agent.rundir check" in err
     assert not (tmp_path / "out").exists()
@@ -296,13 +296,13 @@ def test_a_merge_is_whole_or_absent_and_its_rerun_finishes(runs, tmp_path, capsy
     absent or whole; rerunning the same merge after it finished says so and exits 0."""
     shards = [str(runs / f"sh{i}") for i in range(3)]
     out = tmp_path / "out"
-    assert merge_main([str(out), *shards]) == 0
+    assert rundir_main(["merge", str(out), *shards]) == 0
     led = json.loads((out / "ledger.json").read_text())
     assert led["run_dir"] == str(out) and led["units"] == 10
     before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     capsys.readouterr()
-    assert merge_main([str(out), *shards]) == 0  # the same command again: nothing to do, nothing changed
+    assert rundir_main(["merge", str(out), *shards]) == 0  # the same command again: nothing to do, nothing changed
     assert "already merged from these 3 shards" in capsys.readouterr().err
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
-    assert merge_main([str(out), *shards[:2], str(runs / "sh2")]) == 0  # the same shards named otherwise
-    assert merge_main([str(out), str(runs / "sh0"), str(runs / "sh1")]) != 0  # not these shards: refused
+    assert rundir_main(["merge", str(out), *shards[:2], str(runs / "sh2")]) == 0  # the same shards named otherwise
+    assert rundir_main(["merge", str(out), str(runs / "sh0"), str(runs / "sh1")]) != 0  # not these shards: refused

@@ -31,7 +31,7 @@ def demo_run(tmp_path_factory):
     assert entropy.main([str(out), "--mode", "teacher-forced", "--backend", "scripted", "--no-progress"]) == 0
     from probes import grounding, removal
 
-    assert grounding.main([str(out), "--judge-backend", "scripted", "--no-progress"]) == 0
+    assert grounding.main([str(out), "--judge", "scripted", "--no-progress"]) == 0
     assert removal.main([str(out), "--steps", "1..3", "--backend", "scripted", "--judge", "exact", "--no-progress"]) == 0
     return out
 

@@ -88,7 +88,7 @@ def test_gpu_seconds_come_from_the_launchers_endpoints_and_add_up_over_sessions(
     """probe.json's cost: the hardware held (wall time x servers x GPUs behind each, read from the launcher's
     endpoints.json: a TP=4 server, a router counted by its workers' group), summed over resumed sessions; GPUs
     unknown -> None, never 0."""
-    from probes.cli import record_session, serving_hardware
+    from probes.session import record_session, serving_hardware
     from serving.endpoints import gpus_behind
 
     serve = tmp_path / "serve"

@@ -90,7 +90,7 @@ def test_every_error_the_toolkit_raises_has_one_root():
     from agent.errors import HarnessError, ToolkitError, UsageError
 
     # (ReleaseCrash: what a model's output makes the authors' release raise, reproduced as its answer)
-    model_mistakes = {"agent.parsing.ActionError", "probes.grounding.LabelError",
+    model_mistakes = {"agent.parsing.ActionError", "probes.grounding.annotate.LabelError",
                       "agent.methods.mmcontextfold_release.ReleaseCrash"}
     stray = []
     for rel, _ in _sources():

@@ -26,6 +26,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
+from ..choices import DEFAULT_TOP_LOGPROBS
 from ..errors import HarnessError
 from ..http import HTTPError, ServerDown
 from .tokens import (  # re-exported
@@ -61,8 +62,6 @@ __all__ = [
     "routing_headers",
 ]
 
-#: The paper asks every backend for the top-20 alternatives of each token (B.1).
-DEFAULT_TOP_LOGPROBS = 20
 
 
 #: The trajectory the current task's requests belong to: sent as smg's routing key, so that a gateway with sticky

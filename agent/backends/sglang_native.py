@@ -373,7 +373,7 @@ class SGLangBackend(PromptTokens):
 
     async def flush_cache(self) -> None:
         """SGLang's ``/flush_cache``: empty the server's prefix (radix) cache, so the next request takes the
-        uncached path (probes/fidelity.py compares the two)."""
+        uncached path (probes/fidelity/ compares the two)."""
         url = self.url.removesuffix("/generate") + "/flush_cache"
         try:
             await request_json(self._client, "POST", url, policy=self.policy, what="flush_cache", parse=False)

@@ -8,8 +8,6 @@ from collections import Counter
 from pathlib import Path
 
 from ..cli import HelpFormatter, Parser
-from .manifest import load_benchmark, load_dataset_dir
-from .subsets import incomplete_subset, paper_subset, random_per_benchmark
 
 log = logging.getLogger(__name__)
 
@@ -43,42 +41,51 @@ def main(argv=None) -> int:
     if getattr(a, "max_image_mb", None):
         os.environ["MMCF_MAX_IMAGE_MB"] = str(a.max_image_mb)
     try:
-        if a.cmd == "stats":
-            return _stats(a)
-        if a.random_per_benchmark is not None:
-            if a.random_per_benchmark < 1:
-                raise ValueError("--random-per-benchmark needs N >= 1")
-            sel = random_per_benchmark(load_dataset_dir(a.benchmark_dir, check_images=False), a.random_per_benchmark,
-                                       a.seed)
-            short = {k: len(v) for k, v in sel["benchmarks"].items() if len(v) < a.random_per_benchmark}
-            text = json.dumps(sel, indent=1)
-            if a.out:
-                Path(a.out).write_text(text + "\n")
-                print(f"{sel['total']} samples from {len(sel['benchmarks'])} benchmarks written to {a.out}"
-                      + (f"; fewer than {a.random_per_benchmark} usable in {short}" if short else ""))
-                print(f"next: python -m agent.run --benchmark {a.benchmark_dir}/<benchmark> --selection {a.out} ...")
-            else:
-                print(text)
-            return 0
-        m = load_benchmark(a.benchmark_dir, check_images=False)
-        rows = paper_subset(m, a.seed, a.n)
-        if a.out:
-            lines = {s.line for s in rows}
-            with open(m.path) as src, open(a.out, "w") as dst:
-                for n, line in enumerate(src, 1):
-                    if n in lines:
-                        dst.write(line if line.endswith("\n") else line + "\n")
-            print(f"{len(rows)} rows written to {a.out}")
-        else:
-            print("\n".join(s.id for s in rows))
-        return 0
+        return _stats(a) if a.cmd == "stats" else _subset(a)
     except (FileNotFoundError, ValueError) as e:
         log.error(f"error: {e}")
         return 2
 
 
+def _subset(a) -> int:
+    # the manifests' modules load once the arguments parse (--help needs the standard library only)
+    from .manifest import load_benchmark, load_dataset_dir  # noqa: PLC0415
+    from .subsets import paper_subset, random_per_benchmark  # noqa: PLC0415
+
+    if a.random_per_benchmark is not None:
+        if a.random_per_benchmark < 1:
+            raise ValueError("--random-per-benchmark needs N >= 1")
+        sel = random_per_benchmark(load_dataset_dir(a.benchmark_dir, check_images=False), a.random_per_benchmark,
+                                   a.seed)
+        short = {k: len(v) for k, v in sel["benchmarks"].items() if len(v) < a.random_per_benchmark}
+        text = json.dumps(sel, indent=1)
+        if a.out:
+            Path(a.out).write_text(text + "\n")
+            print(f"{sel['total']} samples from {len(sel['benchmarks'])} benchmarks written to {a.out}"
+                  + (f"; fewer than {a.random_per_benchmark} usable in {short}" if short else ""))
+            print(f"next: python -m agent.run --benchmark {a.benchmark_dir}/<benchmark> --selection {a.out} ...")
+        else:
+            print(text)
+        return 0
+    m = load_benchmark(a.benchmark_dir, check_images=False)
+    rows = paper_subset(m, a.seed, a.n)
+    if a.out:
+        lines = {s.line for s in rows}
+        with open(m.path) as src, open(a.out, "w") as dst:
+            for n, line in enumerate(src, 1):
+                if n in lines:
+                    dst.write(line if line.endswith("\n") else line + "\n")
+        print(f"{len(rows)} rows written to {a.out}")
+    else:
+        print("\n".join(s.id for s in rows))
+    return 0
+
+
 def _stats(a) -> int:
     """Per-benchmark counts and data problems; 1 when a benchmark is incomplete (or, with --strict, has problems)."""
+    from .manifest import load_dataset_dir  # noqa: PLC0415
+    from .subsets import incomplete_subset  # noqa: PLC0415
+
     ms = load_dataset_dir(a.dataset_dir, check_images=not a.no_image_check)
     rep = {"benchmarks": {k: m.stats() for k, m in ms.items()}, "total": sum(len(m.samples) for m in ms.values())}
     partial = {k: why for k, m in ms.items() if (why := incomplete_subset(m))}

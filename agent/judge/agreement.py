@@ -29,13 +29,13 @@ import numpy as np
 
 from analysis.stats import bootstrap_ci
 
-from ..cli import done, make_parser
+from ..cli import done
 from ..rundir import RunError
 from ..rundir.grades import grades_of
 
 log = logging.getLogger(__name__)
 
-__all__ = ["cohen_kappa", "agreement", "main", "LABELS"]
+__all__ = ["cohen_kappa", "agreement", "agree_command", "LABELS"]
 
 LABELS = ("CORRECT", "INCORRECT", "NOT_ATTEMPTED", "UNPARSED")
 BOOTSTRAP = 2000
@@ -128,15 +128,8 @@ def markdown(rep: dict) -> str:
     return "\n".join(md) + "\n"
 
 
-def main(argv=None) -> int:
-    ap = make_parser("python -m agent.judge agree", __doc__, [
-        "python -m agent.judge agree runs/react-27b", "python -m agent.judge agree runs/react-27b --judges llm qwen27b"])
-    ap.add_argument("run_dir", help="a run graded by two judges (python -m agent.judge ... --judge-name NAME)")
-    ap.add_argument("--judges", nargs=2, metavar=("A", "B"),
-                    help="the two judges' names (judge-A.jsonl, judge-B.jsonl); default: the run's only two")
-    ap.add_argument("--common-only", action="store_true", help="compare the units both judges graded (said)")
-    ap.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default 0)")
-    a = ap.parse_args(argv)
+def agree_command(a) -> int:
+    """``python -m agent.judge agree`` once its arguments parse (agent/judge/cli.py holds its flags)."""
     run = Path(a.run_dir)
     names = a.judges
     if names is None:

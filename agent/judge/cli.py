@@ -2,6 +2,9 @@
 
     python -m agent.judge RUN_DIR [--judge llm|exact] [--judge-endpoint URL --judge-model NAME]
     python -m agent.judge agree RUN_DIR [--judges A B]
+
+The flags of both are here; the work (grading.py, agreement.py) loads once they parse, so ``--help`` and a usage
+error need the standard library only.
 """
 from __future__ import annotations
 
@@ -12,21 +15,35 @@ import sys
 from ..cli import DEFAULT_CONCURRENCY, add_judge_args, done, make_parser
 from ..errors import EXIT_DISK_FULL, ToolkitError, disk_full_message
 from ..redact import is_host
-from . import grading
-from .agreement import main as agree_main
-from .grading import judge_run
 
 log = logging.getLogger(__name__)
 
 __all__ = ["main"]
 
+GRADE_DOC = """The judge (paper B.6, appendix E.5): grade a run's answers, then accuracy in the layout of Table 1."""
+AGREE_DOC = """Two judges of one run compared: Cohen's kappa, the confusion of their grades and the gap in accuracy."""
+
+
+def _agree_parser():
+    ap = make_parser("python -m agent.judge agree", AGREE_DOC, [
+        "python -m agent.judge agree runs/react-27b", "python -m agent.judge agree runs/react-27b --judges llm qwen27b"])
+    ap.add_argument("run_dir", help="a run graded by two judges (python -m agent.judge ... --judge-name NAME)")
+    ap.add_argument("--judges", nargs=2, metavar=("A", "B"),
+                    help="the two judges' names (judge-A.jsonl, judge-B.jsonl); default: the run's only two")
+    ap.add_argument("--common-only", action="store_true", help="compare the units both judges graded (said)")
+    ap.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default 0)")
+    return ap
+
 
 def main(argv=None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["agree"]:
-        return agree_main(args[1:])
+        a = _agree_parser().parse_args(args[1:])
+        from .agreement import agree_command  # noqa: PLC0415 - the work loads once the arguments parse
 
-    ap = make_parser("python -m agent.judge", grading.__doc__, [
+        return agree_command(a)
+
+    ap = make_parser("python -m agent.judge", GRADE_DOC, [
         "python -m agent.judge runs/mmsearch-react-27b                      # Gemini-3-Flash on OpenRouter",
         "python -m agent.judge runs/x --judge-endpoint http://gpu:30001 --judge-model qwen3.5-27b",
         "python -m agent.judge runs/demo-react --judge exact                 # offline, labelled exact-match",
@@ -47,6 +64,8 @@ def main(argv=None) -> int:
                          "the new grade is appended and counts")
     ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     a = ap.parse_args(args)
+    from .grading import judge_run  # noqa: PLC0415 - the work loads once the arguments parse
+
     server = "openrouter" if is_host(a.judge_endpoint, "openrouter.ai") else "other"
     try:
         s = asyncio.run(judge_run(a.run_dir, judge=a.judge, endpoint=a.judge_endpoint, model=a.judge_model,

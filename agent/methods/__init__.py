@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..backends.base import BackendError, ModelServerDown, SamplingParams
 from ..backends.images import ImageError
+from ..choices import METHODS, PROTOCOLS
 from ..tools.toolbox import TOOL_NAMES, CacheMiss
 from ..trajectory import Trajectory
 from .agentfold import run_agentfold
@@ -30,8 +31,6 @@ from .unload import UnloadPolicy, UnloadTracker
 
 __all__ = ["MethodSpec", "run_sample", "new_trajectory", "METHODS", "PROTOCOLS", "VARIANTS", "Budgets", "Episode"]
 
-METHODS = ("direct", "react", "mmcontextfold", "agentfold", "contextfold")
-PROTOCOLS = ("paper", "release")
 
 
 @dataclass(frozen=True)

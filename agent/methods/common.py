@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from ..backends.base import BackendError, ModelOutput, SamplingParams
 from ..backends.messages import strip_images
+from ..choices import HISTORY_REASONING, WEBWATCHER_OBSERVATION_IMAGES
 from ..errors import HarnessError
 from ..parsing import Action, ActionError
 from ..prompts import CORRECTION, fill
@@ -25,17 +26,6 @@ __all__ = ["Budgets", "Episode", "BudgetExceeded", "ServedModelChanged", "Turn",
            "tool_reply", "correction_text",
            "strip_images", "chat", "with_turns", "assistant_message", "HISTORY_REASONING", "WEBWATCHER_OBSERVATION_IMAGES"]
 
-#: How an assistant turn goes back into the history: ``keep`` its reasoning as ``reasoning_content``
-#: (the chat template decides what it renders; Qwen3.5 renders it for turns after the last real user
-#: message — paper B.3: "the main-state reasoning ... [is] retained"), or ``drop`` it (visible text only).
-HISTORY_REASONING = ("keep", "drop")
-
-#: How many result images of a lens_search go into the observation, as in WebWatcher's released agent
-#: (paper C.1: observations are appended "including retrieved images"): its VLSearchImage tool keeps the
-#: top 5 results (Alibaba-NLP/DeepResearch, WebAgent/WebWatcher/infer/vl_search_r1/qwen-agent-o1_search/
-#: qwen_agent/tools/vl_search_image.py, ``search_data[:5]``) and its loop puts each result's image into
-#: the tool response (WebAgent/WebWatcher/infer/scripts_eval/agent_eval.py).
-WEBWATCHER_OBSERVATION_IMAGES = 5
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import re
 
+from ..choices import VARIANTS
 from ..parsing import ActionError, parse_action, parse_init_description, strip_answer_tags
 from ..prompts import (
     BRANCH_SUMMARISE,
@@ -46,7 +47,6 @@ from .common import Episode, Turn, assistant_message, chat, correction_text, ima
 
 __all__ = ["run_mmcontextfold", "VARIANTS"]
 
-VARIANTS = ("", "image-caption", "no-init", "no-image-in-branch", "image-in-main")
 
 
 async def _init_cycle(ep: Episode) -> str:

@@ -46,19 +46,15 @@ from analysis.influence import token_influence
 
 from ..backends.base import BackendError, Continuation
 from ..backends.messages import strip_query_images
+from ..choices import DEFAULT_PATIENCE, DEFAULT_THRESHOLD
+from ..choices import UNLOAD_SIGNALS as SIGNALS
 from ..trajectory import EventView
 
 __all__ = ["UnloadPolicy", "UnloadTracker", "SIGNALS", "SCORING_BACKENDS", "DEFAULT_THRESHOLD", "DEFAULT_PATIENCE",
            "influence_of"]
 
-SIGNALS = ("kl", "dH")
 #: Backends that can score a fixed continuation under another context (teacher forcing).
 SCORING_BACKENDS = ("local", "sglang", "scripted")
-#: ε per signal, in nats (ours, uncalibrated: "the images move each think token's distribution by less than
-#: 0.05 nats on average" / "lower its entropy by less than 0.05 nats"); calibrate per model.
-DEFAULT_THRESHOLD = {"kl": 0.05, "dH": 0.05}
-#: M (ours, uncalibrated): two low steps in a row, so that one quiet step (e.g. a correction) does not unload.
-DEFAULT_PATIENCE = 2
 
 
 def influence_of(signal: str, kl_mean: float, dH_mean: float) -> float:

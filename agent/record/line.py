@@ -86,7 +86,7 @@ class ImageUnloadSummary(Record):
 
 
 class ReplayOf(Record):
-    """A step-k removal replay (probes/removal.py): the recorded unit it replays and the step removed from."""
+    """A step-k removal replay (probes/removal/): the recorded unit it replays and the step removed from."""
 
     sample_id: str
     trial: NonNegativeInt

@@ -13,20 +13,27 @@ on disk; each one in flight continues from its last completed call next time (``
 every completed call of an unfinished unit is recorded in ``RUN/inflight/``). ``--timeout`` bounds one sample.
 See ``agent/rundir/`` and ``docs/trajectory.md`` for what is written.
 """
-from .cli import build_parser, config_from_args, main
-from .config import (
-                     EMBEDDED_MAX_TOKENS,
-                     PROCESS_CONCURRENCY,
-                     SERVED_MAX_TOKENS,
-                     RunConfig,
-                     auto_processes,
-                     header_for,
-                     make_backends,
-                     trial_seeds,
-)
-from .execute import UnitStats
-from .runner import identify_backends, run
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy_exports
 
 __all__ = ["RunConfig", "run", "main", "EMBEDDED_MAX_TOKENS", "SERVED_MAX_TOKENS", "trial_seeds", "PROCESS_CONCURRENCY",
            "auto_processes", "header_for", "make_backends", "identify_backends", "build_parser", "config_from_args",
            "UnitStats"]
+
+# loaded when first read: ``python -m agent.run --help`` imports this package and needs none of the work
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "build_parser": ".cli", "main": ".cli", "config_from_args": ".command",
+    "EMBEDDED_MAX_TOKENS": "..choices", "PROCESS_CONCURRENCY": "..choices", "SERVED_MAX_TOKENS": "..choices",
+    "RunConfig": ".config", "auto_processes": ".config", "header_for": ".config", "make_backends": ".config",
+    "trial_seeds": ".config", "UnitStats": ".execute", "identify_backends": ".runner", "run": ".runner"})
+
+if TYPE_CHECKING:
+    from ..choices import EMBEDDED_MAX_TOKENS, PROCESS_CONCURRENCY, SERVED_MAX_TOKENS
+    from .cli import build_parser, main
+    from .command import config_from_args
+    from .config import RunConfig, auto_processes, header_for, make_backends, trial_seeds
+    from .execute import UnitStats
+    from .runner import identify_backends, run

@@ -13,6 +13,7 @@ from ..backends import make_backend
 from ..backends.base import DEFAULT_TOP_LOGPROBS, BackendError, SamplingParams
 from ..backends.tiny_model import is_tiny_model
 from ..benchmarks import load_selection
+from ..choices import EMBEDDED_MAX_TOKENS, PROCESS_CONCURRENCY, SERVED_MAX_TOKENS
 from ..errors import UsageError
 from ..http import RetryPolicy
 from ..methods import Budgets, MethodSpec
@@ -30,14 +31,6 @@ __all__ = ["ConfigError", "EMBEDDED_MAX_TOKENS", "SERVED_MAX_TOKENS", "PROCESS_C
            "select_samples", "all_units", "auto_processes", "trial_seeds"]
 
 
-#: The tiny random model never closes its think block on its own; cap its outputs so the embedded
-#: default finishes in seconds.
-EMBEDDED_MAX_TOKENS = 48
-
-
-#: Served models: the paper's release sends ``max_completion_tokens=8192`` (iLearn-Lab/MM26-MMContextFold,
-#: mmcontextfold/utils/search_backbone_model.py); 4096 cut Qwen3.5's thinking and forced corrections.
-SERVED_MAX_TOKENS = 8192
 #: What the release asks for on every call (``max_completion_tokens``, utils/search_backbone_model.py:118).
 RELEASE_MAX_TOKENS = 8192
 
@@ -255,9 +248,6 @@ def all_units(cfg: RunConfig, samples: list) -> list:
     return [(s, t) for t in range(cfg.trials) for s in samples]
 
 
-#: Samples in flight one runner process serves (ours, scripts/bench_runner.py, docs/performance.md: one process
-#: keeps 0.95 of the ideal call rate at 64 in flight and falls to ~0.7 at 256, where two do better).
-PROCESS_CONCURRENCY = 128
 
 
 def auto_processes(cfg: RunConfig, injected: bool = False) -> int:

@@ -24,23 +24,37 @@ A torn last line (a crash mid-write) is reported and ignored; the pair is rerun 
 """
 from __future__ import annotations
 
-from .check import CheckReport, check_run, main
-from .common import (
-    IDENTITY_KEYS,
-    RESUME_HISTORY,
-    TOKEN_PRECISIONS,
-    RunError,
-    close_fragment,
-    output_lock,
-    token_key,
-    versions,
-    write_json,
-)
-from .index import Lines, summary_of
-from .reader import Run, load_run
-from .sidecar import UNLOAD_COLUMNS, read_parquet  # noqa: F401  (re-exported: older imports keep working)
-from .writer import RunDir
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy_exports
 
 __all__ = ["RunDir", "Run", "load_run", "RunError", "IDENTITY_KEYS", "versions", "token_key", "read_parquet",
            "TOKEN_PRECISIONS", "RESUME_HISTORY", "Lines", "summary_of", "check_run", "CheckReport", "close_fragment",
-           "output_lock", "write_json", "main"]
+           "output_lock", "write_json", "main", "UNLOAD_COLUMNS"]
+
+# loaded when first read: ``python -m agent.rundir --help`` imports this package and needs none of the work
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "CheckReport": ".check", "check_run": ".check", "main": ".cli",
+    **{n: ".common" for n in ("IDENTITY_KEYS", "RESUME_HISTORY", "TOKEN_PRECISIONS", "RunError", "close_fragment",
+                              "output_lock", "token_key", "versions", "write_json")},
+    "Lines": ".index", "summary_of": ".index", "Run": ".reader", "load_run": ".reader",
+    "UNLOAD_COLUMNS": ".sidecar", "read_parquet": ".sidecar", "RunDir": ".writer"})
+
+if TYPE_CHECKING:
+    from .check import CheckReport, check_run
+    from .cli import main
+    from .common import (
+        IDENTITY_KEYS,
+        RESUME_HISTORY,
+        TOKEN_PRECISIONS,
+        RunError,
+        close_fragment,
+        output_lock,
+        token_key,
+        versions,
+        write_json,
+    )
+    from .index import Lines, summary_of
+    from .reader import Run, load_run
+    from .sidecar import UNLOAD_COLUMNS, read_parquet
+    from .writer import RunDir

@@ -8,7 +8,6 @@ import logging
 import os
 import sqlite3
 import stat
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -16,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..benchmarks import resolve_benchmark
-from ..cli import HelpFormatter, done, make_parser
+from ..cli import done
 from ..paths import open_regular
 from ..record import SchemaError, validate
 from .common import RunError, inside, token_key
@@ -426,28 +425,8 @@ def _repair(rd: "RunDir", rep: CheckReport, torn_raw: list) -> None:
         rd.unlock()
 
 
-def main(argv=None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    ap = make_parser("python -m agent.rundir", "Run-directory tools: check a run, export it, merge shards.",
-                     ["python -m agent.rundir check runs/react-27b", "python -m agent.rundir check runs/react-27b --repair"])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("check", help="is this run complete and intact? (exit 0 only when it is)",
-                       formatter_class=HelpFormatter,
-                       description="Units expected vs present, duplicates, torn lines, sidecars against their calls, "
-                                   "orphaned and temporary files, missing images, the tool cache's integrity.",
-                       epilog="examples:\n  python -m agent.rundir check runs/react-27b\n"
-                              "  python -m agent.rundir check runs/react-27b --repair --json")
-    c.add_argument("run_dir", help="a run directory of python -m agent.run")
-    c.add_argument("--repair", action="store_true",
-                   help="move torn lines and orphaned files into RUN_DIR/quarantine/ (never deleted), remove temp files")
-    c.add_argument("--json", action="store_true", help="print the report as JSON")
-    sub.add_parser("export", help="a run as plain Parquet tables with a dataset card: "
-                                  "python -m agent.rundir export RUN_DIR OUT")
-    sub.add_parser("schema", help="write the run record's JSON Schemas, one per record kind: "
-                                  "python -m agent.rundir schema --out DIR")
-    sub.add_parser("merge", help="merge the shards of a run (agent.run --shard I/N) into one run directory: "
-                                 "python -m agent.rundir merge OUT SHARD_DIR... (--help: its own)")
-    a = ap.parse_args(args)
+def check_command(a) -> int:
+    """``python -m agent.rundir check`` once its arguments parse (agent/rundir/cli.py holds its flags)."""
     try:
         rep = check_run(a.run_dir, repair=a.repair)
     except RunError as e:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..cli import done, make_parser
+from ..cli import done
 from . import frames
 from .common import RunError
 from .grades import BrokenGrades
@@ -30,7 +30,7 @@ from .sidecar import UNLOAD_COLUMNS
 
 log = logging.getLogger(__name__)
 
-__all__ = ["export_run", "main"]
+__all__ = ["export_run", "export_command"]
 
 _SPLIT = ["id", "logprob", "top_ids.list.element", "top_logprobs.list.element", "exact_entropy"]
 
@@ -138,12 +138,8 @@ def export_run(run_dir, out) -> dict:
     return {k: n for k, (n, _) in counts.items()}
 
 
-def main(argv=None) -> int:
-    ap = make_parser("python -m agent.rundir export", __doc__,
-                     ["python -m agent.rundir export runs/react-27b exports/react-27b"])
-    ap.add_argument("run_dir", help="a run directory of python -m agent.run")
-    ap.add_argument("out", help="a new directory for the tables and the card")
-    a = ap.parse_args(argv)
+def export_command(a) -> int:
+    """``python -m agent.rundir export`` once its arguments parse (agent/rundir/cli.py holds its flags)."""
     try:
         counts = export_run(a.run_dir, a.out)
     except RunError as e:

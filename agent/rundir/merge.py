@@ -31,7 +31,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from ..cli import done, make_parser
+from ..cli import done
 from ..identity import same_model, server_differences
 from ..tools.cache import ToolCache
 from .check import check_run
@@ -42,7 +42,7 @@ from .writer import RunDir
 
 log = logging.getLogger(__name__)
 
-__all__ = ["merge_runs", "MERGE_KEYS", "main"]
+__all__ = ["merge_runs", "MERGE_KEYS", "merge_command"]
 
 #: Header fields every shard must share (besides IDENTITY_KEYS and the model's identity).
 MERGE_KEYS = tuple(k for k in IDENTITY_KEYS if k != "shard") + (
@@ -292,12 +292,8 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
-def main(argv=None) -> int:
-    ap = make_parser("python -m agent.rundir merge", __doc__.split("\n\n")[0],
-                     ["python -m agent.rundir merge runs/react-27b runs/react-27b-shard*"])
-    ap.add_argument("out", help="the merged run directory (new)")
-    ap.add_argument("shards", nargs="+", help="the shard directories (python -m agent.run … --shard I/N)")
-    a = ap.parse_args(argv)
+def merge_command(a) -> int:
+    """``python -m agent.rundir merge`` once its arguments parse (agent/rundir/cli.py holds its flags)."""
     def progress(done: int, total: int) -> None:  # a paper-scale merge writes thousands of lines
         if done == total or done % max(total // 10, 1) == 0:
             log.info(f"merge: {done}/{total} units written")

@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import logging
 
-from ..cli import done, make_parser
+from ..cli import done
 from ..record import SCHEMAS, write_schemas
 
 log = logging.getLogger(__name__)
 
-__all__ = ["main"]
+__all__ = ["schema_command"]
 
 
-def main(argv=None) -> int:
-    ap = make_parser("python -m agent.rundir schema", __doc__, ["python -m agent.rundir schema --out schemas/"])
-    ap.add_argument("--out", required=True, metavar="DIR", help="the directory to write the schemas into")
-    a = ap.parse_args(argv)
+def schema_command(a) -> int:
+    """``python -m agent.rundir schema`` once its arguments parse (agent/rundir/cli.py holds its flags)."""
     try:
         paths = write_schemas(a.out)
     except OSError as e:

@@ -19,9 +19,21 @@ all of them (the list is read from ``run_files/list-<i>.js`` as it is needed); e
 its own (its data gzip-compressed, rendered when opened) with links back to the index and to its neighbours.
 No page lists every trajectory: each page's size and the writer's memory stay the same as the run grows.
 """
-from .cli import main
-from .data import run_summary, sample_table
-from .html import LIST_CHUNK, build_html, files_dir
-from .text import render_text
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy_exports
 
 __all__ = ["main", "run_summary", "sample_table", "build_html", "files_dir", "LIST_CHUNK", "render_text"]
+
+# loaded when first read: ``python -m agent.show --help`` imports this package and needs none of the work
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "main": ".cli", "run_summary": ".data", "sample_table": ".data", "build_html": ".html", "files_dir": ".html",
+    "LIST_CHUNK": ".html", "render_text": ".text"})
+
+if TYPE_CHECKING:
+    from .cli import main
+    from .data import run_summary, sample_table
+    from .html import LIST_CHUNK, build_html, files_dir
+    from .text import render_text

@@ -1,18 +1,16 @@
-"""``python -m agent.show``: the viewer's command line (the sample list, one trajectory, or the HTML pages)."""
+"""``python -m agent.show``: the viewer's command line (the sample list, one trajectory, or the HTML pages). The
+viewer's modules load once the arguments parse: ``--help`` and a usage error need the standard library only."""
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
+from ..choices import AUTO_TOKENS
 from ..cli import done, make_parser, positive_int, printable
 from ..lazy import lazy_module
-from ..rundir import RunError, load_run
 from . import __doc__ as SHOW_DOC
-from .data import sample_table
-from .html import AUTO_TOKENS, build_html
-from .text import render_text
 
-pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
+pd = lazy_module("pandas")  # loads on first use (agent/lazy.py)
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +32,16 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", choices=("auto", "all", "none"), default="auto",
                     help=f"HTML: embed each call's think tokens, coloured by H / ΔH / KL (auto: when at most "
                          f"{AUTO_TOKENS} trajectories are written; they dominate the page's size)")
-    a = ap.parse_args(argv)
+    return _show(ap.parse_args(argv))
+
+
+def _show(a) -> int:
+    # the work loads once the arguments parse
+    from ..rundir import RunError, load_run  # noqa: PLC0415
+    from .data import sample_table  # noqa: PLC0415
+    from .html import build_html  # noqa: PLC0415
+    from .text import render_text  # noqa: PLC0415
+
     try:
         if a.html is not None:  # reads the run itself, keeping a few hundred bytes a trajectory of its index
             info = build_html(a.run_dir, a.html or Path(a.run_dir) / "run.html", limit=a.limit,

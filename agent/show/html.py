@@ -21,6 +21,7 @@ from probes.entropy import read_step_tokens
 from ..backends.base import model_vocab_size
 from ..backends.scripted import ScriptedBackend
 from ..backends.tiny_model import default_tiny_dir
+from ..choices import AUTO_TOKENS
 from ..paths import read_regular
 from ..rundir import Run, RunError, load_run, token_key
 
@@ -189,9 +190,6 @@ def _sample_detail(run: Run, line: dict, images: dict, missing: list, dH: dict, 
             "removal": (removal or {}).get((line["sample_id"], line["trial"])) or []}
 
 
-#: ``--tokens auto`` embeds the coloured think tokens for runs up to this many trajectories (ours: at ~1,000
-#: think tokens per call a trajectory's token columns take ~50-100 KB in its page, its messages ~10 KB)
-AUTO_TOKENS = 300
 #: Rows per file of the index's trajectory list (``list-<i>.js``, loaded by the index page as it pages or
 #: searches): every file the viewer writes has a size independent of the number of trajectories.
 LIST_CHUNK = 500

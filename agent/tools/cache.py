@@ -22,12 +22,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..choices import CACHE_MODES as MODES
 from ..errors import HarnessError
 from ..paths import require_regular
 
 __all__ = ["ToolCache", "CacheEntry", "CacheCorrupt", "cache_key", "normalise_args", "MODES"]
 
-MODES = ("readwrite", "replay", "off")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tool_cache (

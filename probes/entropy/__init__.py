@@ -27,10 +27,23 @@ estimate are reported too. Writes ``OUT/steps.jsonl`` (resumable: a rerun probes
 ΔH, 95% bootstrap CI, Wilcoxon signed-rank p; calls without think tokens are excluded and counted) and
 the Figure 2(b) panel ``fig2b_entropy.png/.pdf``. OUT defaults to ``RUN_DIR/probes/entropy-<mode>``.
 """
-from .cli import main
-from .probe import MODES, SUPPORTED_METHODS, probe_run
-from .step import bounds_by_step, bounds_calibration, vocab_of
-from .store import PARTIAL, TokenStore, read_step_tokens
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from agent.lazy import lazy_exports
 
 __all__ = ["probe_run", "main", "MODES", "SUPPORTED_METHODS", "TokenStore", "read_step_tokens", "PARTIAL",
            "bounds_by_step", "bounds_calibration", "vocab_of"]
+
+# loaded when first read: ``python -m probes.entropy --help`` imports this package and needs none of the work
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "main": ".cli", "MODES": ".probe", "SUPPORTED_METHODS": ".probe", "probe_run": ".probe",
+    "bounds_by_step": ".step", "bounds_calibration": ".step", "vocab_of": ".step",
+    "PARTIAL": ".store", "TokenStore": ".store", "read_step_tokens": ".store"})
+
+if TYPE_CHECKING:
+    from .cli import main
+    from .probe import MODES, SUPPORTED_METHODS, probe_run
+    from .step import bounds_by_step, bounds_calibration, vocab_of
+    from .store import PARTIAL, TokenStore, read_step_tokens

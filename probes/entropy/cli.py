@@ -1,102 +1,18 @@
-"""``python -m probes.entropy``: the entropy probe's command line (and its embedded demo).
+"""``python -m probes.entropy``: the entropy probe's command line (and its embedded demo); the work
+(probes/entropy/command.py) loads once the arguments parse.
 """
 from __future__ import annotations
 
-import logging
-from pathlib import Path
-
-from agent.backends import make_backend
-from agent.cli import done, make_parser, positive_int
-from agent.preflight import PreflightError
-from agent.run import RunConfig, run
-from agent.rundir import load_run
-from probes.cli import (
-    add_backend_args,
-    add_retokenize_arg,
-    backend_for,
-    keeps_unparsed,
-    probe_concurrency,
-    probe_model_check,
-    run_async,
-    serving_hardware,
-)
-from probes.fidelity import check_servers, refusal
+from agent.cli import make_parser, positive_int
+from probes.cli import ENTROPY_MODES as MODES
+from probes.cli import add_backend_args, add_retokenize_arg
 
 from . import __doc__ as PROBE_DOC
-from .probe import MODES, check_probeable, probe_run
 
-log = logging.getLogger(__name__)
-
-DEMO_BANNER = """\
-==========================================================================================
- probes.entropy DEMO on the EMBEDDED DEFAULT: a tiny, RANDOMLY INITIALISED Qwen3.5 and the
- offline demo world. Every entropy and ΔH below is MEANINGLESS: the point is that the whole
- pipeline (collect ReAct trajectories -> strip images -> regenerate -> ΔH -> Figure 2(b)) runs.
- Run it on a served Qwen3.5 (README: "On a GPU node") for real numbers.
-=========================================================================================="""
+__all__ = ["main"]
 
 
-def _print_summary(s) -> None:
-    cols = [c for c in ("step", "n", "mean", "ci_low", "ci_high", "dH_low", "dH_high", "sign_robust", "wilcoxon_p",
-                        "excluded_no_think", "H_with", "H_without", "kl_with_without", "dH_exact", "gap_with") if c in s]
-    print(s[cols].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
-
-
-async def _demo(args) -> int:
-    print(DEMO_BANNER, flush=True)
-    out = Path(args.demo_dir)
-    print(f"\n[1/2] collecting {args.demo_samples} ReAct trajectories on the demo benchmark -> {out}", flush=True)
-    await run(RunConfig(method="react", out=str(out), benchmark="demo", limit=args.demo_samples, t_max=4,
-                        max_tokens=24, concurrency=1, seed=0, progress=not args.no_progress), [])
-    print(f"\n[2/2] probing every image-bearing step ({args.mode})", flush=True)
-
-    backend = make_backend("local")
-    try:
-        # the tiny random model never emits a valid action: the paper's rule would exclude every trajectory
-        # the serving-fidelity check first, as on a server (in-process: the warm repeat only; probes/fidelity.py)
-        rep = await check_servers(out, backend, samples=args.demo_samples)
-        warm = rep["checks"]["warm"]
-        print(f"serving fidelity: {'ok' if rep['ok'] else 'FAILED'} (warm repeat: max |Δlogprob| "
-              f"{warm.get('max_abs', float('nan')):.2g}; cold, local and paths need a server) -> "
-              f"{out}/probes/fidelity/fidelity.json", flush=True)
-        fidelity = {"ok": rep["ok"], "forced": False, "failed": rep["failed"],
-                    "report": str(out / "probes" / "fidelity" / "fidelity.json")}
-        print("(demo: --include-unparsed, since the random model's first calls never parse)", flush=True)
-        res = await probe_run(out, mode=args.mode, backend=backend, progress=not args.no_progress,
-                              include_unparsed=True, fidelity=fidelity)
-    finally:
-        await backend.aclose()
-    _print_summary(res["summary"])
-    print(f"\nwrote {res['out']}/steps.parquet, summary.csv, forking.csv, bounds per step; fig2b_entropy.png/.pdf "
-          "(with the bound band), fig2b_forking.png/.pdf")
-    print("(random weights: every number above is meaningless)")
-    return 0
-
-
-async def _fidelity_first(args, backend) -> dict:
-    """The serving-fidelity check before a probe (probes/fidelity.py): refused (PreflightError, exit 2) when a
-    check fails, unless --force; skipped (and said so in probe.json) with --skip-fidelity and for backends that
-    cannot score (the OpenAI-compatible chat path). In-process and scripted models get the warm check only."""
-
-    members = list(getattr(backend, "backends", None) or [backend])
-    if args.skip_fidelity:
-        return {"skipped": "--skip-fidelity"}
-    # the OpenAI-compatible chat path has no teacher-forced scoring (its score() refuses)
-    cannot = [getattr(b, "name", "?") for b in members if getattr(b, "name", "") == "openai"
-              or not callable(getattr(b, "score", None))]
-    if cannot:
-        return {"skipped": f"the backend cannot score recorded tokens ({cannot[0]})"}
-    out = Path(args.out).parent / "fidelity" if args.out else None
-    rep = await check_servers(args.run_dir, backend, out_dir=out, force=args.force, retokenize=args.retokenize)
-    if not rep["ok"]:
-        if not args.force:
-            raise PreflightError(refusal(rep))
-        log.warning(f"warning: --force: {refusal(rep)}")
-    return {"ok": rep["ok"], "forced": rep.get("forced", False), "failed": rep["failed"],
-            "report": str((out or Path(args.run_dir) / "probes" / "fidelity") / "fidelity.json")}
-
-
-def main(argv=None) -> int:
+def build_parser():
     ap = make_parser("python -m probes.entropy", PROBE_DOC, [
         "python -m probes.entropy                                   # the embedded demo (random model)",
         "python -m probes.entropy runs/react-27b --mode teacher-forced --backend sglang --endpoint http://gpu:30000 "
@@ -109,7 +25,7 @@ def main(argv=None) -> int:
     ap.add_argument("--force", action="store_true", help="probe with a model other than the run's, or a server that "
                                                           "failed the fidelity check (both recorded)")
     ap.add_argument("--skip-fidelity", action="store_true",
-                    help="do not run the serving-fidelity check first (probes/fidelity.py; recorded in probe.json)")
+                    help="do not run the serving-fidelity check first (probes/fidelity/; recorded in probe.json)")
     ap.add_argument("--include-unparsed", action="store_true",
                     help="keep trajectories whose first call did not parse (the paper excludes them; recorded)")
     ap.add_argument("--concurrency", type=int, default=None,
@@ -119,33 +35,11 @@ def main(argv=None) -> int:
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--demo-dir", default="runs/demo-entropy", help="demo: where the demo run is written")
     ap.add_argument("--demo-samples", type=int, default=3, help="demo: how many demo questions")
-    args = ap.parse_args(argv)
-    if not args.run_dir:
-        rc, code = run_async(_demo(args), "finished steps and trajectories")
-        return code or rc
+    return ap
 
-    async def go():
-        run = load_run(args.run_dir)
-        check_probeable(run)
-        backend = backend_for(args, run.header)
-        try:
-            hw = serving_hardware(backend, gpus_per_server=args.gpus_per_server, serving_dir=args.serving_dir)
-            # the model first: a server of another model would fail the fidelity check for the wrong reason
-            await probe_model_check(run, backend, force=args.force)
-            fidelity = await _fidelity_first(args, backend)
-            return await probe_run(args.run_dir, mode=args.mode, backend=backend, out_dir=args.out, hardware=hw,
-                                   fidelity=fidelity,
-                                   concurrency=probe_concurrency(args, backend), limit=args.limit, progress=not args.no_progress,
-                                   force=args.force, include_unparsed=keeps_unparsed(args.include_unparsed, run.header),
-                                   retokenize=args.retokenize)
-        finally:
-            await backend.aclose()
 
-    res, code = run_async(go(), "finished steps", args.out or Path(args.run_dir) / "probes" / f"entropy-{args.mode}")
-    if code:
-        return code
-    _print_summary(res["summary"])
-    out = res["out"]
-    done([f"{out}/ (steps.parquet, steps.csv, summary.csv, exclusions.csv, probe.json, fig2b_entropy.png/.pdf)"],
-         f"python -m probes.removal {args.run_dir}   |   python -m analysis.report --react {args.run_dir}")
-    return 1 if res["failures"] else 0
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from .command import entropy_command  # noqa: PLC0415 - the work loads once the arguments parse
+
+    return entropy_command(args)

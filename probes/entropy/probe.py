@@ -27,7 +27,8 @@ from analysis.entropy import FORK_SHARE, entropy_high, grouped_tail_entropy
 from analysis.figures import fig2b_entropy, fig2b_forking, fig2b_kl, provenance_mark
 from analysis.selection import select_trajectories
 from analysis.stats import summarise_by
-from probes.cli import RecordedPrompts, probe_model_check, record_session, serving_hardware
+from probes.cli import ENTROPY_MODES as MODES
+from probes.session import RecordedPrompts, probe_model_check, record_session, serving_hardware
 
 from .step import bounds_by_step, bounds_calibration, call_slices, forking_rows, probe_step, serving_totals, vocab_of
 from .store import TokenStore
@@ -38,7 +39,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["probe_run", "MODES", "SUPPORTED_METHODS"]
 
-MODES = ("regenerate", "teacher-forced")
 #: Methods whose trajectories the entropy probe reads (the paper probes ReAct; Removal@k runs have steps
 #: without query images by design, which the selection rule handles).
 SUPPORTED_METHODS = ("react",)
@@ -106,7 +106,7 @@ class _Prober:
         want = self.columns if self.mode == "regenerate" else [c for c in self.columns if c != "text"] + (
             ["text"] if getattr(self.backend, "scores_text", False) else [])
         tok = self.run.tokens(line, want)
-        # the prompt ids the run sent, lent to the backend while this trajectory is probed (probes/cli.py)
+        # the prompt ids the run sent, lent to the backend while this trajectory is probed (probes/session.py)
         return line, tok, self.recorded.lend(self.run, line)
 
     async def trajectory(self, summary, steps) -> None:

@@ -78,7 +78,7 @@ def call_slices(call: np.ndarray) -> dict:
 def serving_totals(rows: list[dict]) -> dict:
     """Over every step row: requests, prompt tokens, those the server's prefix cache served (SGLang's
     ``cached_tokens``), and the summed request time (``server_seconds``: request-seconds, batched requests
-    overlapping; the GPU-seconds held are probe.json's ``cost``, :func:`probes.cli.record_session`)."""
+    overlapping; the GPU-seconds held are probe.json's ``cost``, :func:`probes.session.record_session`)."""
     rs = [r for r in rows if r.get("prompt_tokens") is not None]
     prompt = sum(int(r["prompt_tokens"]) for r in rs)
     cached = sum(int(r.get("cached_tokens") or 0) for r in rs)

@@ -104,7 +104,7 @@ def _hybrid_cache(req):
     """Replay prompts (lists of token ids, in order) through SGLang's own UnifiedRadixCache with its Mamba component
     (the Qwen3.5 layout: full attention + linear attention), built by SGLang's test kit on CPU; per prompt the
     reused prefix SGLang's match gives (``device_prefix_len``) and its branch point. The match is SGLang's code;
-    where the prefill then stores its one state is the scheduler's rule as probes/prefix_cache.py reads it
+    where the prefill then stores its one state is the scheduler's rule as probes/prefix_cache/ reads it
     (``_mamba_radix_cache_v2_req_prepare_for_extend``: the branch point first, else the grid's last multiple of the
     extend from the reused prefix), applied here by inserting the state at that depth. ``state_slots``: the Mamba
     state pool's size under ``extra_buffer``; each request takes its working slot and two ping-pong track slots at

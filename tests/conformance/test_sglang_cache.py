@@ -1,4 +1,4 @@
-"""probes/prefix_cache.py's hybrid cache model against SGLang 0.5.23's own UnifiedRadixCache with its Mamba
+"""probes/prefix_cache/'s hybrid cache model against SGLang 0.5.23's own UnifiedRadixCache with its Mamba
 component, run on CPU by SGLang's test kit (tests/conformance/sglang_oracle.py ``hybrid_cache``): the reused prefix
 of every prompt, token for token, on the probes' own request sequences and on branching families (issue 58).
 
@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from probes.prefix_cache import STATE_GRID, RadixLRU, prefix_keys, probe_requests
+from probes.prefix_cache import RadixLRU, prefix_keys, probe_requests
+from serving.plan import STATE_GRID
 
 
 def _ours(prompts: list[list[int]], caps=None, slots=None) -> list[int]:

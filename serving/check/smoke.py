@@ -1,28 +1,18 @@
-"""Smoke test users run first: one image+text request asking for top-20 logprobs, validated.
-
-    python -m serving.check --endpoint http://localhost:30000 [--model NAME] [--backend openai|sglang --model-dir DIR]
-    python -m serving.check --model-dir DIR            # in-process transformers
-    python -m serving.check                            # the embedded tiny Qwen3.5 (random weights)
-
-Checks: every token has k alternatives (up to k for a deduplicating chat server), sorted best
-first; the chosen token's logprob agrees with its list (equal to its entry, or below the k-th
-when it is not listed); logprobs are finite and <= 0; thinking is separated from the answer.
-``--json`` prints one JSON object; the exit status is 0 only if everything is ok.
-"""
+"""The work of ``python -m serving.check`` once its arguments parse: serving/check/cli.py holds the flags, the
+package's docstring says what it does and writes."""
 from __future__ import annotations
 
 import asyncio
 import json
 import math
 import shlex
-import sys
 import tempfile
 from pathlib import Path
 
 from PIL import Image, ImageDraw
 
 from agent.backends import BackendError, ImageError, ModelOutput, SamplingParams, make_backend
-from agent.cli import add_backend_args, make_parser, positive_float, single_endpoint, top_logprobs
+from agent.cli import single_endpoint
 from agent.http import RetryPolicy
 from agent.preflight import PreflightError, model_identity
 from analysis.entropy import grouped_tail_entropy
@@ -107,7 +97,7 @@ async def run_check(args) -> dict:
     sp = SamplingParams(max_tokens=args.max_tokens, top_logprobs=args.top_logprobs, seed=0)
     try:
         if kind in ("openai", "sglang"):
-            # the runner's own model check first (agent/preflight.py): the served model, and for SGLang's native
+            # the runner's own model check first (agent/preflight/): the served model, and for SGLang's native
             # path the weights it loaded against --model-dir, so a check never passes where agent.run refuses
 
             try:
@@ -144,20 +134,8 @@ def next_command(args) -> str:
     return shlex.join([*cmd, "--out", "runs/first-run"])
 
 
-def main(argv=None) -> int:
-    ap = make_parser("python -m serving.check", __doc__, [
-        "python -m serving.check --endpoint http://localhost:30000                          # OpenAI chat API",
-        "python -m serving.check --backend sglang --endpoint http://localhost:30000 --model-dir /models/Qwen3.5-27B",
-        "python -m serving.check --json                                                     # the embedded tiny model"])
-    add_backend_args(ap, default=None, title="model backend (default: openai with --endpoint, else local)")
-    ap.add_argument("--image", help="image file (default: a generated test image)")
-    ap.add_argument("--prompt", default="Describe this image in one sentence.", help="the request's text")
-    ap.add_argument("--max-tokens", type=int, default=48, help="tokens to generate")
-    ap.add_argument("--top-logprobs", type=top_logprobs, default=20, help="alternatives per token")
-    ap.add_argument("--retries", type=int, default=2, help="retries on 429/5xx/connection errors")
-    ap.add_argument("--timeout", type=positive_float, default=120.0, help="seconds per request")
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
-    args = ap.parse_args(argv)
+def check_command(args) -> int:
+    """``python -m serving.check`` once its arguments parse."""
     try:
         rep = asyncio.run(run_check(args))
     except (BackendError, ImageError) as e:
@@ -177,5 +155,3 @@ def main(argv=None) -> int:
     return 0 if rep["ok"] else 1
 
 
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,43 +1,24 @@
-"""Checks that run before any work: a number is right or refused (exit 2, one clear message).
-
-    from agent.preflight import model_identity, require_keys, check_benchmark_images
-    ident = await model_identity(backend)          # which model a backend really serves (asks the server)
-    agent.identity.same_model(run.header["model"], ident)   # -> None, or why the two differ (no request)
-
-What is checked, and by whom (docs/reliability.md):
-
-- the model server answers and serves the model named (``/v1/models``; SGLang also ``/model_info``, else ``/get_model_info``,
-  whose weights path must match ``--model-dir``); several ``--endpoint``s must serve one model;
-- the benchmark's images exist, are readable and are images (``--allow-missing-images`` runs the rest);
-- every API key a stage needs is set (search/visit/lens for live tools, the judge's, the annotator's),
-  and live lens_search has a public-URL configuration;
-- a probe queries the model that recorded the run (``--force`` overrides and is recorded).
-
-:func:`model_identity` records ``{"backend", "served_model", "weights", "fingerprint"}``: the served
-model id, the weights path the server loaded (or the local directory) and, for an in-process model, a
-fingerprint of its config and weight files, so that a moved directory still matches and another model
-never does.
-"""
+"""The work of ``python -m agent.preflight`` once its arguments parse: agent/preflight/cli.py holds the flags, the
+package's docstring says what it does and writes."""
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
 import os
-import sys
 from dataclasses import replace
 from pathlib import Path
 
-from .backends import BackendError, make_backend
-from .backends.images import ImageError, load_image
-from .backends.spread import Spread
-from .benchmarks import resolve_benchmark
-from .cli import add_backend_args, done, make_parser
-from .errors import UsageError
-from .http import HTTPError, RetryPolicy, request_json
-from .identity import SERVER_FACTS, local_identity, same_model
-from .redact import public_url
-from .tools.live import MissingKeyError, require_live_tools
+from ..backends import BackendError, make_backend
+from ..backends.images import ImageError, load_image
+from ..backends.spread import Spread
+from ..benchmarks import resolve_benchmark
+from ..cli import done
+from ..errors import UsageError
+from ..http import HTTPError, RetryPolicy, request_json
+from ..identity import SERVER_FACTS, local_identity, same_model
+from ..redact import public_url
+from ..tools.live import MissingKeyError, require_live_tools
 
 log = logging.getLogger(__name__)
 
@@ -242,27 +223,8 @@ def describe(ident: dict | None) -> str:
     return json.dumps({k: v for k, v in ident.items() if v is not None}, sort_keys=True)
 
 
-def main(argv=None) -> int:
-    """``python -m agent.preflight``: every check a chain of commands needs, before the first one starts.
-
-    Used by ``scripts/reproduce_figure2.sh``; exit 0 when everything a later stage needs is in place, 2 (with
-    every problem listed) otherwise.
-    """
-
-
-    ap = make_parser("python -m agent.preflight", main.__doc__, [
-        "python -m agent.preflight --benchmark DATA/mmsearch --backend sglang --endpoint http://gpu:30000 "
-        "--model-dir /models/Qwen3.5-27B --tools live --judge-api-key-env OPENROUTER_API_KEY",
-        "python -m agent.preflight --benchmark demo --backend local"])
-    ap.add_argument("--benchmark", help="a benchmark dir whose images must all load (default: none checked)")
-    ap.add_argument("--tools", choices=("offline", "live"), default="offline",
-                    help="live: the search / visit / lens keys and the lens image-URL configuration")
-    ap.add_argument("--judge-api-key-env", action="append", default=[], metavar="VAR",
-                    help="an API key a judge or annotator stage needs (repeatable)")
-    add_backend_args(ap, default=None, repeat_endpoint=True,
-                     title="the model server to check (default: none; several --endpoint must serve one model)")
-    ap.set_defaults(logprob_mode=None)  # the backend's own: scaled for SGLang, raw for vLLM (agent/backends/vllm.py)
-    a = ap.parse_args(argv)
+def preflight_command(a) -> int:
+    """``python -m agent.preflight`` once its arguments parse."""
     a.logprob_mode = a.logprob_mode or ("raw" if a.backend == "vllm" else "scaled")
     problems = []
     if a.tools == "live":
@@ -316,7 +278,3 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(main())

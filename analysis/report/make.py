@@ -1,31 +1,13 @@
-"""Every figure and table the runs and probes allow, in one command.
-
-    python -m analysis.report --react runs/react-9b runs/react-27b runs/react-35b \\
-        --runs runs/direct-* runs/react-* runs/mmcf-* --removal-runs runs/react-27b runs/react-rm1 runs/react-rm3 \\
-        [--judge llm|exact] [--out figures/out]
-
-- ``--react RUN ...``: probed ReAct runs (``probes.grounding``, ``probes.entropy``, ``probes.removal``).
-  Figure 1 (tool-call shares per step) and Figure 2 (a)(b)(c) pool them, as the paper pools its three
-  backbones; panel (b) also draws each run's own curve. Written as one figure and as separate panels.
-- ``--runs RUN ...``: judged runs, one per method x backbone x benchmark: Table 1 (accuracy: one row per
-  method and backbone, one column per benchmark), Table 4 (per method, pooled over its runs), Table 5
-  (MMSearch-Plus by number of images), Figure 4.
-  HLE-VL runs among them make Table 13 (D.1: means over trials) and enter no other table.
-- ``--removal-runs RUN ...``: judged ReAct and ReAct-Removal@k runs: Table 3.
-
-One judge per table (``--judge`` picks one when runs were graded differently). What cannot be made (a
-probe not run, a run not judged) is listed, not faked. Output: ``--out`` (default ``figures/out``), PNG +
-PDF figures and Markdown + CSV tables. Exit status 2 when a table would mix judges.
-"""
+"""The work of ``python -m analysis.report`` once its arguments parse: analysis/report/cli.py holds the flags, the
+package's docstring says what it does and writes."""
 from __future__ import annotations
 
 import json
 import logging
 import re
-import sys
 from pathlib import Path
 
-from agent.cli import done, make_parser
+from agent.cli import done
 from agent.errors import ToolkitError
 from agent.lazy import lazy_module
 from agent.rundir import RunDir, RunError, load_run
@@ -35,14 +17,14 @@ from analysis.stats import removal_summary, summarise_by
 from analysis.unload import unload_points, unload_steps
 from probes.entropy import bounds_by_step
 
-from . import figures, frames, robustness, tables
-from .tables import method_label
+from .. import figures, frames, robustness, tables
+from ..tables import method_label
 
 pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
 
 log = logging.getLogger(__name__)
 
-__all__ = ["make_report", "main"]
+__all__ = ["make_report", "report_command"]
 
 
 def _probe(reader, rd, **kw):
@@ -125,7 +107,7 @@ def _pooled_figure2(react_runs: list[str], out: Path, made: list, missing: list)
             missing.append(f"fig2a_grounding: {rd}: the grounding probe produced no valid labels "
                            f"(see {probes / 'grounding' / 'summary.json'})")
         else:
-            fake = " --judge-backend scripted" if (run.header.get("backend") or {}).get("kind") == "scripted" else ""
+            fake = " --judge scripted" if (run.header.get("backend") or {}).get("kind") == "scripted" else ""
             missing.append(f"fig2a_grounding: run python -m probes.grounding {rd}{fake} first")
         e, mode = _entropy_steps(rd)
         # the KL influence needs the teacher-forced probe (ours: its own panel, even when (b) is regenerated)
@@ -359,22 +341,8 @@ def make_report(*, react=(), runs=(), removal_runs=(), out="figures/out", judge:
     return {"made": made, "missing": missing, "out": out}
 
 
-def main(argv=None) -> int:
-    ap = make_parser("python -m analysis.report", __doc__, [
-        "python -m analysis.report --react runs/react-9b runs/react-27b runs/react-35b --out figures/out",
-        "python -m analysis.report --runs runs/*-mmsearch runs/*-simplevqa --judge llm"])
-    ap.add_argument("--react", nargs="*", default=[], help="probed ReAct runs (Figures 1 and 2; several are pooled)")
-    ap.add_argument("--runs", nargs="*", default=[], help="judged runs (Tables 1, 4, 5; Figure 4)")
-    ap.add_argument("--removal-runs", nargs="*", default=[], help="judged ReAct / ReAct-Removal@k runs (Table 3)")
-    ap.add_argument("--unload-runs", nargs="*", default=[],
-                    help="judged adaptive-unloading runs (--image-unload adaptive): the unloading figure, against the "
-                         "--removal-runs and the --react runs' removal replays")
-    ap.add_argument("--judge", metavar="NAME", help="which judge's grades: llm, exact, or a second judge's --judge-name "
-                                                   "(needed when runs were graded differently)")
-    ap.add_argument("--out", default="figures/out", help="where figures (PNG, PDF, CSV) and tables (MD, CSV) go")
-    a = ap.parse_args(argv)
-    if not (a.react or a.runs or a.removal_runs or a.unload_runs):
-        ap.error("give --react and/or --runs and/or --removal-runs and/or --unload-runs")
+def report_command(a) -> int:
+    """``python -m analysis.report`` once its arguments parse."""
     try:
         r = make_report(react=a.react, runs=a.runs, removal_runs=a.removal_runs, out=a.out, judge=a.judge,
                         unload_runs=a.unload_runs)
@@ -389,5 +357,3 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())

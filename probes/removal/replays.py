@@ -1,30 +1,5 @@
-"""Step-k image-removal replays (paper §3.2.3, Figure 2(c)): accuracy when the query images go from step k on.
-
-    python -m probes.removal RUN_DIR --steps 1..5 [--judge exact | --judge llm --judge-endpoint URL --judge-model M]
-        [--backend sglang --endpoint URL --model-dir DIR] [--concurrency 8] [--out DIR]
-
-RUN_DIR is a ReAct run (``python -m agent.run --method react``). For each trajectory and each k (paper
-§3.2.3, B.5): steps 1..k-1 are kept exactly as recorded (the same responses, reasoning and observations,
-retrieved images included; no tool is called for them, and the rebuilt context of step k is checked
-byte for byte against the recorded one), then from step k on the *query* images are removed (their
-``<image_k>`` identifiers stay; retrieved images stay) and the agent continues live with the run's
-budgets, sampling and history settings. Tool calls after step k go through the run's tool cache in
-``readwrite`` mode: a call the original run made is answered from the cache, a new one is made live
-(or from the offline world, when the run was offline) and written back, so rerunning the probe replays
-it exactly. A trajectory that ended before step k keeps its original outcome. The k replays of one
-trajectory run back to back, so a server's prefix cache is reused.
-
-A replay that ends in ``error`` or ``timeout`` (a backend failure, an unreadable image, a prefix that
-does not rebuild) is a **missing pair**, not a wrong answer: it is left out of that k's accuracy and
-McNemar test, counted in ``n_error``, listed in ``errors.csv``, and the command exits with status 3
-while any remain (a rerun retries exactly those).
-
-Writes ``OUT/k<K>/`` (each a run directory of the replays: judge or probe them like any run),
-``OUT/outcomes.csv`` (one row per (trajectory, k): original and replayed grade), ``OUT/summary.csv``
-(per paper category and overall, per k: pairs ``n``, ``n_error``, accuracy original vs removed on the
-same pairs, exact McNemar p), ``OUT/errors.csv``, ``OUT/probe.json`` and the Figure 2(c) panel
-``fig2c_removal.png/.pdf``. OUT defaults to ``RUN_DIR/probes/removal``. Resumable.
-"""
+"""The work of ``python -m probes.removal`` once its arguments parse: probes/removal/cli.py holds the flags, the
+package's docstring says what it does and writes."""
 from __future__ import annotations
 
 import asyncio
@@ -42,7 +17,7 @@ from agent.backends.base import SamplingParams
 from agent.backends.messages import ImageUsers, record_messages
 from agent.backends.spread import pin
 from agent.benchmarks import Sample
-from agent.cli import add_judge_args, done, make_parser, positive_int
+from agent.cli import done
 from agent.errors import gather_all
 from agent.judge import Grader
 from agent.lazy import lazy_module
@@ -59,10 +34,8 @@ from agent.tools.policy import POLICY_NAMED
 from agent.trajectory import Trajectory
 from analysis.figures import fig2c_removal, provenance_mark
 from analysis.stats import removal_summary
-from probes.cli import (
+from probes.session import (
     RecordedPrompts,
-    add_backend_args,
-    add_retokenize_arg,
     backend_for,
     probe_concurrency,
     probe_model_check,
@@ -75,7 +48,7 @@ pd = lazy_module("pandas")  # loads on first use: a command's --help needs none 
 
 log = logging.getLogger(__name__)
 
-__all__ = ["replay_prefix_turns", "replay_one", "removal_probe", "parse_steps", "main"]
+__all__ = ["replay_prefix_turns", "replay_one", "removal_probe", "parse_steps", "removal_command"]
 
 
 def parse_steps(spec: str) -> list[int]:
@@ -242,7 +215,7 @@ async def _replay_all(run, lines: list, pending: dict, dirs: dict, *, backend, t
             pin(backend, (line["sample_id"], line["trial"]))
             line = run.full(line)
             tokens = run.tokens(line)
-            # the history before step k is the run's: its recorded prompt ids are sent again (probes/cli.py)
+            # the history before step k is the run's: its recorded prompt ids are sent again (probes/session.py)
             give_back = recorded.lend(run, line)
             mine = set()  # its query images leave the image caches when its replays (and its twins') are done
             image_users.use(mine, (line.get("query_images") or {}).values())
@@ -347,24 +320,8 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
             "errors": errors.to_dict("records")}
 
 
-def main(argv=None) -> int:
-    ap = make_parser("python -m probes.removal", __doc__, [
-        "python -m probes.removal runs/react-27b --steps 1..5          # judged by the paper's LLM judge",
-        "python -m probes.removal runs/demo-react --steps 1..3 --judge exact --backend scripted"])
-    ap.add_argument("run_dir", help="a plain ReAct run directory")
-    ap.add_argument("--steps", default="1..5", help="k values: 1..5, or 1,2,4")
-    add_backend_args(ap)
-    add_retokenize_arg(ap)
-    ap.add_argument("--judge", default="llm", choices=("llm", "exact"),
-                    help="llm = the paper's E.5 judge; exact = offline exact match (labelled so)")
-    add_judge_args(ap)
-    ap.add_argument("--concurrency", type=int, default=None,
-                    help="trajectories in flight (default: 128 per model server, 8 in-process; probes/cli.py says why)")
-    ap.add_argument("--limit", type=positive_int, help="the first N trajectories only")
-    ap.add_argument("--force", action="store_true", help="replay with a model other than the run's (recorded)")
-    ap.add_argument("--out", help="output dir (default: RUN_DIR/probes/removal)")
-    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
-    a = ap.parse_args(argv)
+def removal_command(a) -> int:
+    """``python -m probes.removal`` once its arguments parse."""
 
     async def go():
         run = load_run(a.run_dir)
@@ -397,5 +354,3 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,49 +1,8 @@
-"""What a probe's request order costs a server's prefix cache, measured without a GPU.
-
-    python -m probes.prefix_cache RUN_DIR [--mode regenerate|teacher-forced] [--model-dir DIR]
-        [--capacity-tokens 1000000] [--servers 2] [--concurrency 128]
-
-SGLang keeps the KV of recent prompts in a radix tree (its RadixCache: token-level, least recently used
-leaves evicted when the KV pool fills); a request pays prefill only for the tokens after its longest cached
-prefix. A probe sends each trajectory's steps, whose prompts extend one another, so how requests are ordered
-and spread over servers decides how much prefill is paid. This replays the exact token streams the entropy
-probe sends for a run (rendered with the model's own chat template; each image a block of tokens named by its
-sha256, as SGLang's multimodal cache keys them) through one simulated radix cache per server, under:
-
-- ``step-major``: every trajectory's step 1, then every step 2, ... (a flat list of steps), each request
-  on any server (as a balancer without affinity spreads them: drawn at random, seeded);
-- ``per-trajectory``: what the probes do (probes/entropy/, probes/removal.py): ``--concurrency``
-  trajectories in flight, each sending its steps back to back, each kept on one server
-  (agent/backends/spread.py); also shown unpinned, to isolate the pinning.
-
-It reports the share of prompt tokens served from cache, and that share as a percentage of the ideal (an
-unbounded cache on one server: every prefix ever seen stays). That is token-level reuse, the bound for a
-pure-attention model. Qwen3.5 is hybrid (Gated DeltaNet linear attention between full-attention layers): SGLang
-reuses a prefix only up to a stored linear-attention state, and a request's prefill stores one state, on the
-64-token checkpoint grid of its extend or at the branch point its match found (:meth:`RadixLRU.hybrid_match`, with
-SGLang's files); a match stops one token short of the prompt and, for a teacher-forced scoring request, at its
-``logprob_start_len``. The states sit in their own pool (``--state-slots``, as the launcher's dry run prints it),
-each request in flight holding 3 slots, the tree's states evicted least recently used first. The report adds the
-probes' order under that model, said as such; its reused prefixes equal SGLang's own UnifiedRadixCache's on the
-probes' request sequences, with an unbounded and a small state pool (tests/conformance/test_sglang_cache.py).
-``--observed`` sets a probe's recorded ``cached_tokens`` beside the model's prediction, request by request
-(:func:`calibration`). Ours, and a model of the server, not the server: the cache is prompt-only (generated tokens,
-and the decode-time states a regenerate output leaves every 256 tokens, also enter SGLang's tree but are never a
-later prompt's prefix here, because the regenerated text differs from the recorded one; they do take room, so a
-real cache fills sooner), a prompt is one extend (a prompt past SGLang's prefill chunk stores a state per chunk:
-more states, the same reuse within a trajectory), one request is in flight per trajectory and requests complete in
-the order they are sent (round-robin over the trajectories in flight), and an image's token count is Qwen's
-28-pixel grid of its stored size (the processor may resize; counts, not sharing, change).
-
-``--gpu-cost`` adds the prefill GPU-seconds of the uncached tokens per Figure 2 panel and backbone
-(:func:`gpu_cost`), token-level bound beside the hybrid cache: an estimate from a FLOPs model (2 x active
-parameters per prompt token, attention's own FLOPs left out), at ``--gpu-tflops`` (the paper's H20, §4) and
-``--mfu``; ``--prefill-rate SIZE=TOKENS_PER_GPU_SECOND`` replaces it with a rate measured on the node.
-"""
+"""The work of ``python -m probes.prefix_cache`` once its arguments parse: probes/prefix_cache/cli.py holds the flags, the
+package's docstring says what it does and writes."""
 from __future__ import annotations
 
 import logging
-import sys
 from collections import deque
 from pathlib import Path
 
@@ -53,31 +12,20 @@ from agent.backends.local import load_chat_renderer
 from agent.backends.messages import split_text_and_images, strip_query_images
 from agent.backends.tiny_model import ensure_tiny_model
 from agent.backends.vision import UnknownProcessor, VisionGrid
-from agent.cli import done, make_parser, positive_int
+from agent.cli import done
 from agent.errors import ToolkitError
 from agent.rundir import RunError, load_run, write_json
 from agent.rundir.probe_outputs import probe_dir, read_rows
 from analysis.selection import select_trajectories
-from serving.plan import (
-    ACTIVE_PARAMS,
-    ADMITTED_SLOTS_PER_REQUEST,
-    DEFAULT_MFU,
-    H20_TFLOPS,
-    SLOTS_PER_REQUEST,
-    prefill_rate,
-)
+from serving.plan import ADMITTED_SLOTS_PER_REQUEST, SLOTS_PER_REQUEST
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RadixLRU", "prefix_keys", "simulate", "probe_streams", "probe_requests", "gpu_cost", "calibration", "main"]
+__all__ = ["report", "RadixLRU", "prefix_keys", "simulate", "probe_streams", "probe_requests", "gpu_cost", "calibration", "prefix_cache_command"]
 
 # The cost model behind --gpu-cost (docs/performance.md) is the launcher's FLOPs model (serving/plan.py).
 REMOVAL_STEPS = 5  # Figure 2(c)'s k = 1..5 (paper §3.2.3)
 
-#: SGLang's linear-attention checkpoint grid: ``mamba_checkpoint_grid`` = lcm(the cache chunk, 64, and the tree's
-#: page, 1 here) (srt/runtime_context.py); prompt states are tracked on it, ``--mamba-track-interval`` governs only
-#: decode snapshots, which the probes' regenerated outputs never reuse.
-STATE_GRID = 64
 
 _P = np.uint64(0x100000001B3)          # the polynomial's base (FNV's prime: odd, well mixed)
 _LEN = np.uint64(0x9E3779B97F4A7C15)   # mixes the prefix length into its key
@@ -472,58 +420,9 @@ def calibration(run_dir, observed, *, model_dir=None, capacity: int, servers: in
             "per_request": per}
 
 
-def _rates(a, ap) -> dict:
-    """Tokens per GPU-second per backbone: the FLOPs model, then any measured --prefill-rate."""
-    rates = {k: prefill_rate(k, a.gpu_tflops, a.mfu) for k in ACTIVE_PARAMS}
-    for item in a.prefill_rate or []:
-        size, _, v = item.partition("=")
-        try:
-            rates[size] = float(v)
-        except ValueError:
-            rates[size] = -1.0
-        if size not in ACTIVE_PARAMS or rates[size] <= 0:
-            ap.error(f"--prefill-rate {item!r}: want SIZE=TOKENS_PER_GPU_SECOND with SIZE one of "
-                     f"{', '.join(ACTIVE_PARAMS)} and a positive rate")
-    return rates
-
-
-def main(argv=None) -> int:
-    ap = make_parser("python -m probes.prefix_cache", __doc__, [
-        "python -m probes.prefix_cache runs/react-27b --model-dir /models/Qwen3.5-27B --servers 2",
-        "python -m probes.prefix_cache runs/fig2-demo --capacity-tokens 20000   # the demo, a small cache"])
-    ap.add_argument("run_dir", help="a ReAct run directory")
-    ap.add_argument("--mode", choices=("regenerate", "teacher-forced"), default="regenerate")
-    ap.add_argument("--model-dir", help="the model's tokenizer and chat template (default: the run's)")
-    ap.add_argument("--capacity-tokens", type=int, default=1_000_000,
-                    help="each server's KV pool in tokens (default 1M; SGLang logs its max_total_num_tokens at start)")
-    ap.add_argument("--servers", type=int, default=2, help="servers the probe spreads over")
-    ap.add_argument("--concurrency", type=int, default=128, help="trajectories in flight per server (the probes' default)")
-    ap.add_argument("--limit", type=positive_int, help="the first N trajectories")
-    ap.add_argument("--state-grid", type=int, default=STATE_GRID,
-                    help=f"Qwen3.5's hybrid cache: SGLang's linear-attention checkpoint grid (default {STATE_GRID}, "
-                         "its lcm of the cache chunk and the page; 0 = token-level only)")
-    ap.add_argument("--state-slots", type=positive_int, metavar="N",
-                    help="each server's linear-attention state pool in slots, as the launcher's dry run prints it "
-                         f"(each request in flight holds {SLOTS_PER_REQUEST}; default: unbounded)")
-    ap.add_argument("--gpu-cost", action="store_true",
-                    help="add prefill GPU-seconds per Figure 2 panel and backbone (an estimate: see above)")
-    ap.add_argument("--gpu-tflops", type=float, default=H20_TFLOPS, help="dense bf16 TFLOPS per GPU (default: H20's)")
-    ap.add_argument("--mfu", type=float, default=DEFAULT_MFU,
-                    help=f"the share of --gpu-tflops a prefill reaches (default {DEFAULT_MFU:g})")
-    ap.add_argument("--prefill-rate", action="append", metavar="SIZE=RATE",
-                    help="a backbone's measured prefill tokens per GPU-second (replaces the FLOPs model for it)")
-    ap.add_argument("--observed", metavar="PROBE_DIR", nargs="?", const="",
-                    help="set the server's recorded cached_tokens beside the model's prediction, request by request: "
-                         "an entropy probe's regenerate output (default RUN_DIR/probes/entropy-regenerate); pass the "
-                         "--servers and --concurrency it ran with; writes cache_calibration.json there")
-    a = ap.parse_args(argv)
-    if a.servers < 1 or a.capacity_tokens < 1 or a.concurrency < 1 or a.state_grid < 0:
-        ap.error("--servers, --capacity-tokens and --concurrency must be positive, --state-grid >= 0")
-    if not (a.gpu_tflops > 0 and 0 < a.mfu <= 1):
-        ap.error("--gpu-tflops must be positive and --mfu in (0, 1]")
-    if a.gpu_cost and not a.state_grid:
-        ap.error("--gpu-cost compares the token-level bound with the hybrid cache: it needs --state-grid > 0")
-    rates = _rates(a, ap)
+def prefix_cache_command(a) -> int:
+    """``python -m probes.prefix_cache`` once its arguments parse (and are checked: ``a.prefill_rates`` is the
+    backbones' prefill rates, probes/prefix_cache/cli.py)."""
     if a.observed is not None:
         return _calibrate(a)
 
@@ -544,7 +443,7 @@ def main(argv=None) -> int:
               f"({100 * r['of_ideal']:5.1f} % of ideal)")
     if a.gpu_cost:
         _print_cost(gpu_cost(streams, capacity=a.capacity_tokens, servers=a.servers, concurrency=a.concurrency,
-                             state_interval=a.state_grid, rates=rates, caps=caps, state_slots=a.state_slots), a)
+                             state_interval=a.state_grid, rates=a.prefill_rates, caps=caps, state_slots=a.state_slots), a)
     done([], f"python -m probes.entropy {a.run_dir} --mode {a.mode}   (its probe.json: the server's own cached_tokens)")
     return 0
 
@@ -580,5 +479,3 @@ def _print_cost(rows, a) -> None:
               f"{r['token_level_s']:20.1f} {r['hybrid_s']:22.1f}")
 
 
-if __name__ == "__main__":
-    sys.exit(main())

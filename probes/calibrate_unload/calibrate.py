@@ -1,42 +1,14 @@
-"""Calibrate the adaptive image unloading (ε and M) for a model from a ReAct run and its removal replays (ours).
-
-    python -m probes.calibrate_unload RUN_DIR [--signal kl|dH] [--patience 1,2,3] [--out DIR]
-
-RUN_DIR is a ReAct run with images kept throughout, on which both probes have run:
-``python -m probes.entropy RUN_DIR --mode teacher-forced`` (each step's influence: mean KL(with ‖ without)
-over think tokens, and ΔH_t) and ``python -m probes.removal RUN_DIR --steps 1..5`` (the outcome when the
-query images go from step k on). The procedure (ours; the paper proposes adaptive unloading as future work, §5):
-
-1. **Label the steps.** Step t of a trajectory is *still needed* when removing the images from step t+1 on
-   changed the trajectory's outcome (replay of k = t+1 graded differently from the original), *done* when
-   it did not. Only complete pairs count (a failed replay is missing, never a label); trajectories that
-   ended before k carry no label for it; t+1 must be one of the replayed k.
-2. **ε** = the threshold on the step's influence that best separates the two: the maximum of Youden's
-   J = TPR + TNR − 1 (influence ≥ ε on needed steps, < ε on done ones) over the midpoints between observed
-   values; among equal J the smallest ε (the conservative one: it keeps the images longer).
-3. **M** = the patience that, with that ε, gives the best estimated accuracy (ties: fewer query-image steps
-   kept; an estimate that leaves trajectories uncovered ranks after every fully covered one). The estimate replays the policy on the recorded influences: a trajectory unloaded at step r
-   takes the outcome of its k = r replay; one never unloaded (or unloaded after its last step) keeps its
-   original outcome; one unloaded at an r that was not replayed is *uncovered* and left out (counted).
-
-Writes ``OUT/calibration.json`` (the choice, its J / TPR / TNR, the estimated accuracy and image steps,
-the model and judge it holds for), ``OUT/calibration.csv`` (every ε candidate × M: J, estimated accuracy,
-coverage, mean image steps kept, mean unload step) and ``OUT/steps.csv`` (the labelled steps). OUT
-defaults to ``RUN_DIR/probes/calibrate_unload``. Use the choice with
-``python -m agent.run --method react --image-unload adaptive --unload-threshold OUT/calibration.json``.
-The calibration holds for the model, benchmark mix and judge it was made with; the header of every
-adaptive run records the file (and its hash) it took ε and M from.
-"""
+"""The work of ``python -m probes.calibrate_unload`` once its arguments parse: probes/calibrate_unload/cli.py holds the flags, the
+package's docstring says what it does and writes."""
 from __future__ import annotations
 
 import json
 import logging
-import sys
 from pathlib import Path
 
 import numpy as np
 
-from agent.cli import done, make_parser
+from agent.cli import done
 from agent.errors import ToolkitError
 from agent.lazy import lazy_module
 from agent.methods.unload import SIGNALS, influence_of
@@ -47,7 +19,7 @@ pd = lazy_module("pandas")  # loads on first use: a command's --help needs none 
 
 log = logging.getLogger(__name__)
 
-__all__ = ["calibrate", "labelled_steps", "simulate", "main"]
+__all__ = ["calibrate", "labelled_steps", "simulate", "calibrate_command"]
 
 
 def _read_inputs(run_dir: Path):
@@ -176,7 +148,7 @@ def calibrate(run_dir, *, signal: str = "kl", patience=(1, 2, 3), out_dir=None) 
                    "est_accuracy": float(chosen["est_accuracy"]), "mean_image_steps": float(chosen["mean_image_steps"]),
                    "n": int(chosen["n"]), "uncovered": int(chosen["uncovered"])},
         "full_react": {"est_accuracy": full["est_accuracy"], "mean_image_steps": full["mean_image_steps"], "n": full["n"]},
-        "rule": "probes/calibrate_unload.py (ours): max Youden J over influence midpoints (smallest ε on ties); "
+        "rule": "probes/calibrate_unload/ (ours): max Youden J over influence midpoints (smallest ε on ties); "
                 "M by estimated accuracy with that ε (ties: fewer image steps)",
         "mark": "scripted" if (run.header.get("backend") or {}).get("kind") == "scripted" else
                 "random weights" if (run.header.get("backend") or {}).get("embedded_tiny_model") else None,
@@ -187,15 +159,8 @@ def calibrate(run_dir, *, signal: str = "kl", patience=(1, 2, 3), out_dir=None) 
     return res
 
 
-def main(argv=None) -> int:
-    ap = make_parser("python -m probes.calibrate_unload", __doc__, [
-        "python -m probes.calibrate_unload runs/react-27b",
-        "python -m probes.calibrate_unload runs/fig2-demo --signal dH --patience 1,2"])
-    ap.add_argument("run_dir", help="a ReAct run with the teacher-forced entropy probe and the removal probe")
-    ap.add_argument("--signal", choices=SIGNALS, default="kl", help="the influence the threshold applies to")
-    ap.add_argument("--patience", default="1,2,3", help="the M values to consider (comma-separated)")
-    ap.add_argument("--out", help="output dir (default: RUN_DIR/probes/calibrate_unload)")
-    a = ap.parse_args(argv)
+def calibrate_command(a) -> int:
+    """``python -m probes.calibrate_unload`` once its arguments parse."""
     try:
         pat = [int(x) for x in a.patience.split(",") if x.strip()]
         if not pat or min(pat) < 1:
@@ -223,5 +188,3 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,23 +1,5 @@
-"""The grounding annotator (paper §3.2.1, B.4, appendix E.6 / E.7): Image Needed / Image-Derived / Text Only per step.
-
-    python -m probes.grounding RUN_DIR                                  # OpenRouter google/gemini-3-flash-preview ($OPENROUTER_API_KEY)
-    python -m probes.grounding RUN_DIR --endpoint http://gpu:30000 --model qwen3.5-27b [--retries 2] [--limit N]
-
-Two passes per trajectory, with the question, the query images and the steps in chronological order
-(each step: its tool, reasoning, action and the observation it received, the observation cut at
-``--observation-chars``): pass 1 (E.6, verbatim) labels ``image_needed``; pass 2 (E.7, verbatim, the
-steps now carrying their pass-1 label) labels ``image_info_used``. Image Needed = image_needed;
-Image-Derived = not image_needed and image_info_used; Text Only = neither. A reply that is not a JSON
-array with one object per step and boolean labels, or that holds the invalid combination
-(image_needed true, image_info_used false), is asked again up to ``--retries`` times and then
-reported as ``invalid`` with the reason — never guessed.
-
-Trajectories are selected by the same rule as the entropy probe (:mod:`analysis.selection`; the counts
-go to ``exclusions.csv``). Writes ``OUT/labels.jsonl`` (one line per trajectory; resumable), ``steps.csv`` + ``steps.parquet``
-(one row per step), ``summary.json`` (category shares per step, the share of Image Needed steps within
-the first five steps, invalid counts) and the Figure 2(a) panel ``fig2a_grounding.png/.pdf``. OUT
-defaults to ``RUN_DIR/probes/grounding``.
-"""
+"""The work of ``python -m probes.grounding`` once its arguments parse: probes/grounding/cli.py holds the flags, the
+package's docstring says what it does and writes."""
 from __future__ import annotations
 
 import asyncio
@@ -35,7 +17,7 @@ from agent.backends.base import BackendError, ModelServerDown, SamplingParams
 from agent.backends.messages import ImageUsers
 from agent.backends.openai_compat import OpenAIBackend
 from agent.backends.spread import Spread
-from agent.cli import DEFAULT_CONCURRENCY, JUDGE_ENDPOINT, add_judge_args, done, make_parser, positive_int
+from agent.cli import DEFAULT_CONCURRENCY, JUDGE_ENDPOINT, done
 from agent.errors import gather_all, writing
 from agent.judge import judge_key_env
 from agent.lazy import lazy_module
@@ -48,13 +30,13 @@ from agent.rundir.lines import SOURCE_KEY, seal
 from agent.rundir.probe_outputs import resume_rows, sweep_outputs, write_outputs
 from analysis.figures import fig2a_grounding, provenance_mark
 from analysis.selection import select_trajectories
-from probes.cli import keeps_unparsed, run_async
+from probes.session import keeps_unparsed, run_async
 
 pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
 
 log = logging.getLogger(__name__)
 
-__all__ = ["steps_of", "steps_text", "parse_labels", "LabelError", "annotate_run", "CATEGORIES", "main"]
+__all__ = ["steps_of", "steps_text", "parse_labels", "LabelError", "annotate_run", "CATEGORIES", "grounding_command"]
 
 CATEGORIES = ("Image Needed", "Image-Derived", "Text Only")
 
@@ -323,34 +305,14 @@ def annotator_backend(kind: str, *, endpoint, model: str, api_key_env: str | Non
     return OpenAIBackend(endpoint, model, server=server, api_key_env=key_env)
 
 
-def main(argv=None) -> int:
-    ap = make_parser("python -m probes.grounding", __doc__, [
-        "python -m probes.grounding runs/react-27b                      # Gemini-3-Flash on OpenRouter",
-        "python -m probes.grounding runs/react-27b --judge-endpoint http://gpu:30001 --judge-model qwen3.5-27b",
-        "python -m probes.grounding runs/demo-react --judge-backend scripted   # the FAKE demo annotator"])
-    ap.add_argument("run_dir", help="a ReAct run directory")
-    add_judge_args(ap, role="annotator", repeat_endpoint=True)
-    ap.add_argument("--judge-backend", choices=("openai", "local", "scripted"), default="openai",
-                    help="openai = the server above; local = an in-process model (--judge-model-dir, default the "
-                         "embedded tiny model); scripted = the FAKE demo annotator")
-    ap.add_argument("--judge-model-dir", help="the in-process annotator's model directory")
-    ap.add_argument("--retries", type=int, default=2, help="re-asks for an unusable or invalid reply")
-    ap.add_argument("--observation-chars", type=int, default=1500, help="each observation is cut at this length")
-    ap.add_argument("--max-tokens", type=int, default=8192, help="per annotator reply")
-    ap.add_argument("--concurrency", type=int, default=None,
-                    help="trajectories annotated at once (default: 8 per annotator server; OpenRouter's rate limits)")
-    ap.add_argument("--limit", type=positive_int, help="the first N trajectories only")
-    ap.add_argument("--include-unparsed", action="store_true",
-                    help="keep trajectories whose first call did not parse (the paper excludes them)")
-    ap.add_argument("--out", help="output dir (default: RUN_DIR/probes/grounding)")
-    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
-    a = ap.parse_args(argv)
+def grounding_command(a) -> int:
+    """``python -m probes.grounding`` once its arguments parse."""
 
     async def go():
-        backend = annotator_backend(a.judge_backend, endpoint=a.judge_endpoint, model=a.judge_model,
+        backend = annotator_backend(a.judge, endpoint=a.judge_endpoint, model=a.judge_model,
                                     api_key_env=a.judge_api_key_env, model_dir=a.judge_model_dir)
         try:
-            return await annotate_run(a.run_dir, backend=backend, out_dir=a.out, retries=a.retries,
+            return await annotate_run(a.run_dir, backend=backend, out_dir=a.out, retries=a.re_asks,
                                       concurrency=a.concurrency or DEFAULT_CONCURRENCY * len(getattr(backend, 'backends', None) or [backend]), limit=a.limit, observation_chars=a.observation_chars,
                                       max_tokens=a.max_tokens, progress=not a.no_progress,
                                       include_unparsed=a.include_unparsed)
@@ -367,5 +329,3 @@ def main(argv=None) -> int:
     return 1 if s["endpoint_failures"] else 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,64 +1,9 @@
-"""Is the server fit to be probed? Score recorded continuations several ways and compare (ours; issue 25).
-
-    python -m probes.fidelity RUN_DIR [--backend sglang --endpoint URL --model-dir DIR] [--samples 8]
-        [--reference-model-dir DIR] [--force] [--out DIR]
-
-A probe compares log-probabilities of one model under two contexts. If the server's log-probabilities of the
-*same* tokens in the *same* context differ between requests — a prefix-cache state leaking from one request
-into the next (a cached image state reused for another image), the cached and the uncached path disagreeing,
-the server and the reference implementation disagreeing once an image is in the prompt (users report up to
-0.3 nat) — a ΔH drawn from it is noise. On a sample of the run's image-bearing calls (one per trajectory, in
-order) this scores the recorded continuation with its images:
-
-- **warm**: twice in a row (the second request finds the first's prefix in the cache);
-- **cold**: once more after ``/flush_cache`` (SGLang's endpoint; the path without the cache);
-- **local**: with the in-process transformers model when the weights are local (``--reference-model-dir``; a
-  GPU node has them), against the first scoring;
-- **paths**: SGLang serves the same model on its native ``/generate`` (our client renders the chat template) and
-  on ``/v1/chat/completions`` (the server renders it and decodes the images). A chat-path request cannot be
-  teacher-forced, so both generate greedily (temperature 0, ``PATH_TOKENS`` tokens, top-20) from the recorded
-  messages; the prompt token counts must be equal (the same rendered prompt, images expanded alike) and the
-  logprobs agree over the tokens both chose (the greedy prefix they share; a first token that differs fails).
-  Tokens are compared by id where the chat reply carries SGLang's ``meta_info``, by text where it does not
-  (a proxy in front that drops it passes only the OpenAI ``logprobs``, tokens and alternatives as texts; smg
-  passes it).
-  Run on every SGLang native backend unless ``--no-paths``; a probe run on one path and a figure drawn from
-  the other then rest on the same context.
-- **mode**: which logprobs the server returns for what it generates, raw (log_softmax(z), under
-  ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``) or scaled (log_softmax(z / T), SGLang's default): an environment variable
-  that ``/server_info`` does not show. The server generates ``PATH_TOKENS`` tokens at the run's temperature,
-  then scores them teacher-forced (always raw: SGLang's prefill logprobs take no temperature). A raw teacher-forced
-  logprob l with its top-20 predicts the scaled one as l / T − logsumexp(top-20 / T) (the tail beyond the 20th
-  weighs exp(−Δ/T), nothing at T = 0.2); each generated logprob is read against both predictions, over the
-  tokens where they lie ``MODE_SEPARATION`` apart. The verdict must be the run header's ``backend.logprob_mode``,
-  or the run's entropies mean something other than their label. Undecided (not a failure) at T = 0 or 1, or
-  when no token separates the two.
-
-On **vLLM** (``--backend vllm``): **warm** scores each sampled call's recorded continuation with its images
-twice (vLLM's token-in route with the images, agent/backends/vllm.py); **cold** and **paths** are SGLang's
-(skipped); **local** as above (``--reference-model-dir``: the engine against in-process transformers); **mode** runs on
-the call's text, scored by token ids over ``/v1/completions`` (ours: no re-tokenisation can blur it): the server
-generates ``PATH_TOKENS`` tokens at the run's temperature, scores them (also a warm pair), and its output logprobs
-must read as raw (vLLM's default ``--logprobs-mode raw_logprobs``, which a run through vLLM records; a server started
-with ``processed_logprobs`` reads as scaled or neither, and fails).
-
-Per check: the largest and the mean |Δ logprob| of the scored tokens and the mean / smallest top-20 overlap
-(shared ids / 20). Refused (exit 2) beyond the tolerances below unless ``--force`` (recorded); the report is
-written as ``fidelity.json`` (default: ``RUN_DIR/probes/fidelity/``). ``python -m probes.entropy`` runs it first
-on a serving backend unless ``--skip-fidelity`` (recorded in its probe.json).
-
-Tolerances (ours): bf16 inference repeats a prefill to within a few hundredths of a nat per token (batch
-composition changes the reduction order), while the paper's effects are ΔH of ~0.1-0.5 nats per step mean
-over hundreds of think tokens. Repeats of one request on one server (warm, cold) must agree to a mean of
-0.02 nat (max 0.25 on any token) with ≥ 0.95 top-20 overlap; the server against the reference implementation
-(different kernels, bf16 vs the reference's dtype) to a mean of 0.05 nat with ≥ 0.90 overlap. A cache leak of
-the reported size (0.3 nat) fails every one of them.
-"""
+"""The work of ``python -m probes.fidelity`` once its arguments parse: probes/fidelity/cli.py holds the flags, the
+package's docstring says what it does and writes."""
 from __future__ import annotations
 
 import logging
 import re
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -68,15 +13,15 @@ import numpy as np
 from agent.backends import make_backend
 from agent.backends.base import BackendError, Continuation, SamplingParams, TokenArrays
 from agent.backends.openai_compat import OpenAIBackend
-from agent.cli import done, make_parser
+from agent.cli import done
 from agent.rundir import RunError, load_run, write_json
 from agent.trajectory import recorded_sampling
-from probes.cli import RecordedPrompts, add_backend_args, backend_for, run_async
+from probes.session import RecordedPrompts, backend_for, run_async
 
 log = logging.getLogger(__name__)
 
 __all__ = ["fidelity_check", "check_servers", "chat_twin", "refusal", "mode_readings", "mode_verdict", "TOLERANCES",
-           "PATH_TOKENS", "MODE_TOLERANCE", "MODE_SEPARATION", "main"]
+           "PATH_TOKENS", "MODE_TOLERANCE", "MODE_SEPARATION", "fidelity_command"]
 
 #: check -> (mean |Δ logprob| at most, max |Δ| at most, mean top-20 overlap at least)
 TOLERANCES = {"warm": (0.02, 0.25, 0.95), "cold": (0.02, 0.25, 0.95), "local": (0.05, 1.0, 0.90),
@@ -319,7 +264,7 @@ async def fidelity_check(run_dir, backend, *, samples: int = 8, reference=None, 
     modes: list = []
     flush = getattr(backend, "flush_cache", None)
 
-    # the prompt ids the run sent, as the probe that runs this check sends them (probes/cli.py; --retokenize: none)
+    # the prompt ids the run sent, as the probe that runs this check sends them (probes/session.py; --retokenize: none)
     recorded = RecordedPrompts(backend, off=retokenize)
     for summary, step in picked:
         line = run.full(summary)
@@ -422,17 +367,8 @@ def refusal(report: dict) -> str:
             "issue on the server (restart it, try --disable-radix-cache), or pass --force to probe anyway (recorded)")
 
 
-def main(argv=None) -> int:
-    ap = make_parser("python -m probes.fidelity", __doc__, [
-        "python -m probes.fidelity runs/react-27b --backend sglang --endpoint http://gpu:30000 --model-dir /models/Qwen3.5-27B"])
-    ap.add_argument("run_dir", help="a run directory with recorded tokens")
-    add_backend_args(ap)
-    ap.add_argument("--samples", type=int, default=8, help="calls to check (one per trajectory; default 8)")
-    ap.add_argument("--reference-model-dir", help="local weights: also compare with the in-process transformers model")
-    ap.add_argument("--no-paths", action="store_true", help="skip the native-vs-chat path check")
-    ap.add_argument("--force", action="store_true", help="exit 0 even when a check fails (recorded)")
-    ap.add_argument("--out", help="output dir (default: RUN_DIR/probes/fidelity)")
-    a = ap.parse_args(argv)
+def fidelity_command(a) -> int:
+    """``python -m probes.fidelity`` once its arguments parse."""
 
     async def go():
         run = load_run(a.run_dir)
@@ -474,5 +410,3 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
