@@ -226,3 +226,26 @@ def test_fig2b_forking_and_the_release_figure(tmp_path):
     steps = pd.DataFrame({"policy": ["kl"] * 6, "calibrated": [True] * 6, "n_calls": [5, 6, 4, 5, 6, 7],
                           "unload_step": [2, 3, np.nan, 2, 4, 3], "paper_category": ["A", "A", "B", "B", "A", "B"]})
     check_drawing(fig_unload(points, steps, tmp_path / "rel"))
+
+
+def test_counts_above_twenty_bars_at_paper_scale_never_run_together(tmp_path):
+    """At the paper's scale (thousands of trajectories, 20 steps) each count above a bar or point is short (1.7k) and
+    no two overlap (issue 82: "1700147112981144..." read as one number)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from analysis.figures.style import count_label
+
+    assert [count_label(n) for n in (950, 1700, 12_345)] == ["950", "1.7k", "12k"]
+    rows = [{"sample_id": f"s{j}", "trial": 0, "step": t, "category": "Image Needed" if (j + t) % 3 else "Text Only"}
+            for j in range(1700) for t in range(1, 21) if t <= 1 + j % 20]
+    rng = np.random.default_rng(0)
+    e = pd.DataFrame({"step": np.repeat(np.arange(1, 21), 1200), "dH": rng.normal(0, 0.3, 24_000)})
+    for fig in (fig2a_grounding(pd.DataFrame(rows), tmp_path / "a"), fig2b_entropy(summarise_by(e, "step", "dH"),
+                                                                                 tmp_path / "b")):
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+        r = canvas.get_renderer()
+        counts = [t for t in fig.axes[0].texts if t.get_text()[:1].isdigit()]
+        assert len(counts) == 20 and any(t.get_text().endswith("k") for t in counts)
+        boxes = sorted((t.get_window_extent(r) for t in counts), key=lambda b: b.x0)
+        assert all(a.x1 <= b.x0 for a, b in zip(boxes, boxes[1:])), "two counts overlap"

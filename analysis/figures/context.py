@@ -12,12 +12,15 @@ from .style import (
     DOUBLE,
     TOOL_LABEL,
     TOOL_ORDER,
+    count_label,
+    halo,
     legend_outside,
     pyplot,
     save,
     set_title,
     steps_axis,
     subpanels,
+    upright_counts,
     wrap,
     write_csv,
 )
@@ -54,7 +57,8 @@ def fig1_tool_calls(calls, stem, *, max_step: int = 20, title: str | None = None
                width=0.8)
         bottom += shares[tool].to_numpy()
     for x, n in totals.items():
-        ax.text(x, 101.5, f"{n}", ha="center", va="bottom", fontsize=5.5, color="0.35")
+        ax.text(x, 101.5, count_label(n), ha="center", va="bottom", fontsize=5.5, color="0.35",
+                rotation=upright_counts(len(totals)))
     ax.set_xlabel("step t (LLM call index)")
     ax.set_ylabel("share of tool calls (%)")
     ax.set_ylim(0, 110)
@@ -117,7 +121,9 @@ def fig4_context(samples, stem, *, bins=(1, 5, 9, 13, 17, 21), mark: str | None 
     right = min(bins[-1] - 1, int(samples["n_calls"].max()))  # the axis ends at the longest trajectory
     for j, (m, g) in enumerate(samples.groupby("method", sort=False)):
         jitter = rng.uniform(-0.25, 0.25, len(g))
-        a.scatter(g["n_calls"] + jitter, g["max_prompt_tokens"], s=3, alpha=0.25, color=colors[m], linewidths=0)
+        # the points fade as they multiply (thousands at paper scale), so that the bins' means stay readable on them
+        a.scatter(g["n_calls"] + jitter, g["max_prompt_tokens"], s=3, alpha=float(np.clip(150 / len(g), 0.04, 0.25)),
+                  color=colors[m], linewidths=0, zorder=1)
         t = tab[tab["method"] == m]
         # each bin's mean over the lengths it covers (a point at the bin's mean length would sit where no
         # trajectory need be), its 95% bootstrap CI shaded over the same span
@@ -127,13 +133,15 @@ def fig4_context(samples, stem, *, bins=(1, 5, 9, 13, 17, 21), mark: str | None 
             span = [lo - 0.45, min(hi - 1, right) + 0.45]  # across the bin's lengths, within the axis
             a.fill_between(span, clo if np.isfinite(clo) else y, chi if np.isfinite(chi) else y, color=colors[m],
                            alpha=0.15, lw=0)
-            a.plot(span, [y, y], "-", lw=1.4, color=colors[m], label=m if i == 0 else None)
+            a.plot(span, [y, y], "-", lw=1.6, color=colors[m], label=m if i == 0 else None, zorder=3,
+                   path_effects=halo(3.2))
         x = t["bin_index"].to_numpy(dtype=float) + (-off / 2 + 0.08 * j if len(methods) > 1 else 0)
         b.fill_between(x, t["acc_ci_low"], t["acc_ci_high"], color=colors[m], alpha=0.12, lw=0)
         b.plot(x, t["accuracy"], "o-", ms=3, lw=1.1, color=colors[m], label=m)
         for xi, y, c in zip(x, t["accuracy"], t["n"]):
-            b.annotate(f"{c}", (xi, y), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=5,
-                       color=colors[m])
+            # the first method's counts above its points, the second's below: two methods' counts never overlap
+            b.annotate(count_label(c), (xi, y), textcoords="offset points", xytext=(0, 3 if j % 2 == 0 else -4),
+                       va="bottom" if j % 2 == 0 else "top", ha="center", fontsize=5, color=colors[m])
     a.set_xticks(range(bins[0], right + 1, max(1, (right - bins[0]) // 10)))
     a.set_xlim(bins[0] - 0.6, right + 0.6)
     a.set_xlabel("trajectory length (LLM calls); dots: trajectories")
@@ -141,7 +149,7 @@ def fig4_context(samples, stem, *, bins=(1, 5, 9, 13, 17, 21), mark: str | None 
     a.set_title(f"(a) working context: mean per length bin ({', '.join(labels[:3])}, ...), 95% CI shaded",
                 fontsize=7)
     b.set_xticks(range(len(labels)), labels)
-    b.set_xlabel("trajectory length (LLM calls); n above each point")
+    b.set_xlabel("trajectory length (LLM calls); n by each point (the first method's above, the second's below)")
     b.set_ylabel("accuracy (%)")
     b.set_ylim(-3, 108)
     b.set_title("(b) accuracy vs trajectory length (95% Wilson band)")

@@ -14,6 +14,7 @@ from .style import (
     DELTA_H,
     DOUBLE,
     GROUNDING,
+    count_label,
     legend_outside,
     panel_axes,
     pyplot,
@@ -21,6 +22,7 @@ from .style import (
     set_title,
     steps_axis,
     subpanels,
+    upright_counts,
     wrap,
     write_text,
 )
@@ -82,7 +84,8 @@ def fig2a_grounding(steps, stem, *, max_step: int = 20, title: str | None = None
                 ecolor="0.45", elinewidth=0.7, capsize=1.5, clip_on=False,
                 label="95% Wilson CI of the Text Only share (grey, right)")
     for xi, n in zip(x, sh["n"]):
-        ax.text(xi, 101.5, f"{n}", ha="center", va="bottom", fontsize=5, color="0.35")
+        ax.text(xi, 101.5, count_label(n), ha="center", va="bottom", fontsize=5, color="0.35",
+                rotation=upright_counts(len(x)))
     within = image_needed_within(steps)
     default = "Figure 2(a): grounding of each step"
     head = title or default
@@ -121,8 +124,8 @@ def _series_plot(ax, summary, value, lo_col, hi_col, label_fmt, sns):
         ax.plot(x, y, "o-", color=color, lw=1.6 if pooled else 1.0, ms=3, label=label_fmt(name))
         if (name is None or pooled or len(series) == 1) and "n" in s:
             for xi, top, n in zip(x, hi, s["n"]):
-                ax.annotate(f"{int(n)}", (xi, top), textcoords="offset points", xytext=(0, 2), ha="center",
-                            fontsize=5, color="0.3")
+                ax.annotate(count_label(n), (xi, top), textcoords="offset points", xytext=(0, 2), ha="center",
+                            va="bottom", fontsize=5, color="0.3", rotation=upright_counts(len(x)))
 
 
 #: A band narrower than this share of the panel's drawn span (~3 pixels of a paper-sized panel) is not seen as a
@@ -295,7 +298,7 @@ def fig2c_removal(summary, stem, *, title: str | None = None, ax=None, mark: str
                 ls="none", label="images kept (same pairs): hollow, left of k" if last else None)
         if len(ns) > 1:
             for xi, y, n in zip(k, g["accuracy_removed"], g["n"]):
-                ax.annotate(f"{int(n)}", (xi, y), textcoords="offset points", xytext=(0, -8), ha="center",
+                ax.annotate(count_label(n), (xi, y), textcoords="offset points", xytext=(0, -8), ha="center",
                             fontsize=5, color=colors[cat])
     ax.set_xlabel("k (query images removed from step k on);\nunder each k: all categories' n, McNemar p"
                   if "All" in cats else "k (query images removed from step k on)")

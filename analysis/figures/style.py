@@ -159,6 +159,25 @@ def draw(fn, args: tuple, stem, **kw):
     return out
 
 
+def count_label(n: int) -> str:
+    """A count short enough to stand above a bar: 950, 1.7k, 12k."""
+    n = int(n)
+    return str(n) if n < 1000 else f"{n / 1000:.1f}k" if n < 10_000 else f"{n / 1000:.0f}k"
+
+
+def halo(width: float) -> list:
+    """A white outline of ``width`` points around a line, so that it reads on top of many points."""
+    from matplotlib.patheffects import withStroke
+
+    return [withStroke(linewidth=width, foreground="white")]
+
+
+def upright_counts(n_labels: int) -> int:
+    """The rotation of the counts above a row of bars or points: upright beyond 10 of them, where neighbours would
+    run together at a paper's column width."""
+    return 0 if n_labels <= 10 else 90
+
+
 def legend_outside(ax, ncol: int | None = None, **kw):
     """Below the panel, centred, as its (sub)figure's "outside" legend: the constrained layout makes room for
     it under the tick labels and the x label, whatever their height."""
