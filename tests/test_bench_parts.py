@@ -15,6 +15,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 import bench_data  # noqa: E402
 import bench_probe  # noqa: E402
 
+pytestmark = pytest.mark.slow  # seconds of set-up each on a busy 2-core machine: the full suite runs it, the quick loop not
+
 
 @pytest.fixture
 def scored_run(tmp_path, tiny_model_dir, monkeypatch):

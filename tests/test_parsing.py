@@ -100,9 +100,10 @@ async def test_a_unit_with_runaway_nesting_ends_as_a_parse_failure_not_an_error(
     from agent.run import RunConfig, run
     from agent.rundir import load_run
 
-    bad = '<think>\nx\n</think>\n\n<tool_call>\n{"name": "search", "arguments": {"query": ' + DEEP + '}}\n</tool_call>'
+    deep = "[" * 5_000 + "]" * 5_000  # beyond Python's JSON parser too, at a tenth of DEEP's tokens to score
+    bad = '<think>\nx\n</think>\n\n<tool_call>\n{"name": "search", "arguments": {"query": ' + deep + '}}\n</tool_call>'
     if method == "mmcontextfold":
-        bad = '<think>\nx\n</think>\n\n<subtask>\n{"description": "d", "prompt": ' + DEEP + ', "assigned_images": []}\n</subtask>'
+        bad = '<think>\nx\n</think>\n\n<subtask>\n{"description": "d", "prompt": ' + deep + ', "assigned_images": []}\n</subtask>'
     cfg = RunConfig(method=method, out=str(tmp_path / "run"), limit=1, t_max=3, progress=False, retry_errors=retry)
     for _ in range(2 if retry else 1):
         await run(cfg, [], backends=[ScriptedBackend([bad] * 40 + ["<answer>x</answer>"] * 10)])

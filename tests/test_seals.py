@@ -15,6 +15,8 @@ from agent.rundir.lines import seal
 from tests.conftest import REPO
 from tests.guards import HANG_GUARD_S
 
+pytestmark = pytest.mark.slow  # seconds of set-up each on a busy 2-core machine: the full suite runs it, the quick loop not
+
 
 def _cmd(*args):
     return subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True,

@@ -73,6 +73,7 @@ def test_dry_run_default_is_two_models_on_two_gpu_groups():
     assert "SGLang's own --mem-fraction-static" in r.stdout and "WARNING: --mem-fraction" not in r.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,hub", [("9b", "Qwen3.5-9B"), ("27b", "Qwen3.5-27B"), ("35b-a3b", "Qwen3.5-35B-A3B")])
 def test_dry_run_each_model(model, hub):
     r = sh([LAUNCH, "--dry-run", "--logprob-mode", "raw", "--port", "31000", model],

@@ -312,6 +312,7 @@ def test_a_reply_longer_than_its_request_can_be_is_refused_as_it_arrives():
     assert cap < 10 << 20 and sent["bytes"] < 100 << 20  # the client stopped reading long before the 200 MB
 
 
+@pytest.mark.slow
 def test_keys_in_sglang_extra_args_are_never_printed_or_written_and_bad_quoting_is_one_line(tmp_path):
     from tests.test_serving_launch import LAUNCH, sh
 

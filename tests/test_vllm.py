@@ -60,6 +60,7 @@ def vllm(tiny_model_dir):
     p.wait()
 
 
+@pytest.mark.slow
 def test_scoring_over_completions_is_the_models_own_raw_logprobs_and_vllm_reads_the_request_as_meant(vllm, tiny_model_dir):
     v = make_backend("vllm", endpoint=vllm, model_dir=str(tiny_model_dir), logprob_mode="raw")
     local = make_backend("local", model_dir=str(tiny_model_dir), logprob_mode="raw")
@@ -101,6 +102,7 @@ def _image_msgs(red_image):
                                          {"type": "text", "text": "What colour is this?"}]}]
 
 
+@pytest.mark.slow
 def test_a_prompt_with_images_is_scored_by_ids_over_the_token_in_route(vllm, tiny_model_dir, red_image):
     """vLLM's token-in route as its own GenerateRequest reads it: the prompt's and the continuation's ids as sent
     (a split the tokenizer would not make is scored as it is), the images as content_parts, prompt_logprobs in its
@@ -126,6 +128,7 @@ def test_a_prompt_with_images_is_scored_by_ids_over_the_token_in_route(vllm, tin
     np.testing.assert_allclose(got.tokens.logprobs, lps, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_what_vllm_cannot_score_is_refused_naming_why(vllm, tiny_model_dir, red_image):
     v = make_backend("vllm", endpoint=vllm, model_dir=str(tiny_model_dir), logprob_mode="raw")
     cont = Continuation(text="It looks red.")
@@ -157,6 +160,7 @@ def test_what_vllm_cannot_score_is_refused_naming_why(vllm, tiny_model_dir, red_
         v.parse_score(reply, [6], k=1)
 
 
+@pytest.mark.slow
 def test_generated_ids_that_do_not_spell_the_reply_or_are_missing_are_refused(vllm, tiny_model_dir):
     v = make_backend("vllm", endpoint=vllm, model_dir=str(tiny_model_dir), logprob_mode="raw")
     sp = SamplingParams(max_tokens=8, top_logprobs=2)

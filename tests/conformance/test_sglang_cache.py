@@ -17,6 +17,8 @@ import pytest
 from probes.prefix_cache import RadixLRU, prefix_keys, probe_requests
 from serving.plan import STATE_GRID
 
+pytestmark = pytest.mark.slow  # seconds of set-up each on a busy 2-core machine: the full suite runs it, the quick loop not
+
 
 def _ours(prompts: list[list[int]], caps=None, slots=None) -> list[int]:
     cache = RadixLRU(None, STATE_GRID, slots, running=1)
