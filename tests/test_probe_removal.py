@@ -67,8 +67,8 @@ async def test_removal_replays_accuracy_vs_k(tmp_path):
     # only the live part was generated: calls 2..4 for k=2 etc., never the prefix
     assert sum(c["kind"] == "generate" for c in backend.calls) == 4 * (4 + 3 + 1)
     # each outcome names the seal of the line it replays, and of its replay's line (issue 68)
-    seals = {(e["sample_id"], e["trial"]): e["_h"] for e in load_run(rd).index}
-    k2 = {(e["sample_id"], e["trial"]): e["_h"] for e in load_run(out / "k2").index}
+    seals = load_run(rd).seals()
+    k2 = load_run(out / "k2").seals()
     o = res["outcomes"]
     assert all(seals[(r.sample_id, r.trial)] == r.source_sha256 for r in o.itertuples())
     assert all(k2[(r.sample_id, r.trial)] == r.replay_sha256 for r in o[o.k == 2].itertuples())

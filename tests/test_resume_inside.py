@@ -39,7 +39,7 @@ def _cmd(url, out):
 # what differs between two runs of the same units: time, and that a resumed unit's earlier tool calls come from the
 # run's tool cache (the line says so); the sidecar is compared by content, not by its per-attempt name
 VARIES = {"duration_s", "latency_s", "started", "finished", "t", "cache_hit", "paid_calls", "tool_usage", "tokens_file",
-          "_o", "_n", "_h", "line_sha256"}
+          "line_sha256"}
 
 
 def _norm(x):

@@ -171,7 +171,7 @@ class Grader:
 
     async def grade(self, ln: dict) -> dict:
         rec = {"sample_id": ln["sample_id"], "trial": ln["trial"], "answer_key": _answer_key(ln),
-               SOURCE_KEY: ln.get("_h") or ln.get(SEAL_KEY),
+               SOURCE_KEY: ln[SEAL_KEY],
                "benchmark": ln["benchmark"], "category": ln.get("category"), "paper_category": ln.get("paper_category"),
                "method": ln["method"], "variant": ln.get("variant", ""), "answer": ln.get("answer", ""),
                "gold": ln.get("gold"), "judge": self.label}
@@ -283,12 +283,12 @@ async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_END
         grader.name = name
     name, label = grader.name, grader.label
     out_path = rd.path / f"judge-{name}.jsonl"
-    sources = {(ln["sample_id"], ln["trial"]): ln["_h"] for ln in lines}
+    sources = {(ln["sample_id"], ln["trial"]): ln[SEAL_KEY] for ln in lines}
     done = _graded_before(rd, name, label, regrade, sources)
     # an UNPARSED grade is kept as it came (the judge's reply, stored); --retry-unparsed asks the judge again and
     # the new grade, appended, is the unit's (the offline judge's UNPARSED, no gold, would come out the same)
     again = {k for k, r in done.items() if retry_unparsed and judge != "exact" and r.get("grade") == "UNPARSED"}
-    pending = [ln for ln in lines if (key := (ln["sample_id"], ln["trial"], ln["_h"])) not in done or key in again]
+    pending = [ln for ln in lines if (key := (ln["sample_id"], ln["trial"], ln[SEAL_KEY])) not in done or key in again]
     log.info(f"judge [{label}]: {len(lines)} trajectories, {len(lines) - len(pending)} already graded"
              + (f"; {len(again)} UNPARSED asked again" if again else ""))
     judge_server = None
@@ -322,7 +322,7 @@ async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_END
         finally:  # the judge's client closed whatever closing the file raised (no "Unclosed client session")
             await grader.aclose()
     graded = {(r["sample_id"], r["trial"], r[SOURCE_KEY]): r for r in [*done.values(), *results]}
-    current = [graded[(ln["sample_id"], ln["trial"], ln["_h"])] for ln in lines]
+    current = [graded[(ln["sample_id"], ln["trial"], ln[SEAL_KEY])] for ln in lines]
     refused = identical_trials(lines)
     if refused:
         log.warning(f"WARNING: {rd.path}: {refused}")

@@ -152,7 +152,7 @@ def _read_lines(rd: RunDir, rep: CheckReport) -> tuple[list, list]:
                     validate("result", line, f"line {n}")
                 except SchemaError as e:
                     rep.invalid.append((n, str(e)))
-                good.append({**summary_of(line), "_need": _images_needed(line), "_h": line[SEAL_KEY]})
+                good.append({**summary_of(line), "_need": _images_needed(line)})
     return good, torn_raw
 
 
@@ -298,7 +298,7 @@ def _special_files(root: Path) -> list[str]:
 def _check_grades(rd: RunDir, rep: CheckReport, latest: dict) -> dict:
     """The judge's files too, each grade against its seal and the line it grades: ``{file: GradeFile}`` of those
     holding grades that cannot be counted (changed, torn, or of a line the run does not hold)."""
-    sources = {k: ln["_h"] for k, ln in latest.items() if "_h" in ln}
+    sources = {k: ln[SEAL_KEY] for k, ln in latest.items() if SEAL_KEY in ln}
     bad = {}
     for jf in sorted(rd.path.glob("judge-*.jsonl")):
         if jf.name in rep.special:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..trajectory import responses_fingerprint
 from .common import RunError
-from .lines import SOURCE_KEY, SealedRows, read_sealed
+from .lines import SEAL_KEY, SOURCE_KEY, SealedRows, read_sealed
 from .writer import RunDir
 
 __all__ = ["JUDGES", "BrokenGrades", "MixedJudges", "GradeFile", "grade_file", "sources_of", "read_grades", "latest_grades",
@@ -96,7 +96,7 @@ def grade_file(path, sources: dict) -> GradeFile:
 
 def sources_of(run_dir) -> dict:
     """{(sample, trial): the seal of the run's latest line}: what grades and probe rows must name."""
-    return {k: ln["_h"] for k, ln in RunDir(run_dir).latest(lambda s: {}).items()}
+    return {k: ln[SEAL_KEY] for k, ln in RunDir(run_dir).latest(lambda s: {}).items()}
 
 
 def latest_grades(path: Path, sources: dict | None = None) -> dict:

@@ -35,7 +35,7 @@ class RunIndex:
     # the writer appends to it, and a reader checks it against results.jsonl and parses whatever it does not cover
     # (a crash between the two writes, a deleted index), rebuilding it when that is much.
     def index(self, *, warn: bool = True, verify: bool = True, project: Projection | None = None) -> list[dict]:
-        """Summaries of every intact line of results.jsonl in file order (with private ``_o``/``_n``/``_h``).
+        """Summaries of every intact line of results.jsonl in file order (each with the seal its line carries, ``line_sha256``, and its private position ``_o``/``_n``).
 
         ``project``: keep only what a reader needs of each summary (a function of the summary; the line's key and
         position are always kept), applied as each entry is read, so a reader of thousands of lines holds a few
@@ -122,18 +122,19 @@ class RunIndex:
             with open(self.index_path, "ab") as f:
                 if f.tell() == 0:
                     f.write(dumps({"index": INDEX_FORMAT}) + b"\n")
-                f.write(dumps_record({**summary_of(line), "_o": offset, "_n": length, "_h": digest}) + b"\n")
+                f.write(dumps_record({**summary_of(line), SEAL_KEY: digest, "_o": offset, "_n": length}) + b"\n")
         except OSError:
             pass  # the reader parses what the index lacks
 
 
-#: The index's format: entries hold the checksum their line carries (``_h``), nothing about where the file lives.
-INDEX_FORMAT = 2
-SUMMARY_DROP = ("events", "messages", SEAL_KEY)
+#: The index's format: entries hold the checksum their line carries (its own ``line_sha256``), nothing about where
+#: the file lives.
+INDEX_FORMAT = 3
+SUMMARY_DROP = ("events", "messages")
 #: a reader's projection of a line's summary (see :meth:`RunIndex.index`)
 Projection = Callable[[dict], dict]
 #: what every projected entry keeps: the unit's key and where its line is
-KEEP = ("sample_id", "trial", "_o", "_n", "_h")
+KEEP = ("sample_id", "trial", SEAL_KEY, "_o", "_n")
 
 
 def _projected(e: dict, project: Projection | None) -> dict:
@@ -168,7 +169,7 @@ def _entries_intact(f, entries: list[dict]) -> tuple[list[dict], dict]:
     out, suspect = [], {}
     for e in entries:
         f.seek(e["_o"])
-        if e.get("_h") is not None and line_digest(f.read(e["_n"])) == e["_h"]:
+        if e.get(SEAL_KEY) is not None and line_digest(f.read(e["_n"])) == e[SEAL_KEY]:
             out.append(e)
         else:
             suspect[e["_o"]] = e
@@ -198,7 +199,7 @@ def _scan(f, start: int, end: int, path, warn: bool, project: Projection | None 
         elif state == "changed":
             changed.append((line.get("sample_id"), line.get("trial"), o))
         else:
-            out.append(_projected({**summary_of(line), "_o": o, "_n": len(raw), "_h": line[SEAL_KEY]}, project))
+            out.append(_projected({**summary_of(line), "_o": o, "_n": len(raw)}, project))
     return out, pos - start, changed
 
 
@@ -222,24 +223,19 @@ class Lines(Sequence):
         with open_regular(self._results, "rb", RunError) as f:
             for e in self._index:
                 f.seek(e["_o"])
-                yield _full(_checked(f.read(e["_n"]), e, self._results), e)
+                yield _checked(f.read(e["_n"]), e, self._results)
 
     def _read(self, e: dict) -> dict:
         with open_regular(self._results, "rb", RunError) as f:
             f.seek(e["_o"])
-            return _full(_checked(f.read(e["_n"]), e, self._results), e)
+            return _checked(f.read(e["_n"]), e, self._results)
 
 
 def _checked(raw: bytes, entry: dict, path) -> dict:
     """The line at an index entry, refused with the file and byte offset if it changed since it was indexed."""
 
     line, state = read_line(raw)
-    if state != "ok" or line[SEAL_KEY] != entry.get("_h"):
+    if state != "ok" or line[SEAL_KEY] != entry.get(SEAL_KEY):
         raise RunError(f"{path}: the line at byte {entry['_o']} changed since the run was read (its checksum does not "
                        f"match); python -m agent.rundir check {Path(path).parent} reports it")
-    return line
-
-
-def _full(line: dict, entry: dict) -> dict:
-    line["_o"], line["_n"] = entry["_o"], entry["_n"]
     return line

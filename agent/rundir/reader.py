@@ -8,6 +8,7 @@ import numpy as np
 
 from .common import RunError, inside
 from .index import Lines, summary_of
+from .lines import SEAL_KEY
 from .sidecar import decode as _decode_sidecar
 from .sidecar import read_prompt_pieces as _read_prompt_pieces
 from .sidecar import read_sidecar
@@ -35,6 +36,11 @@ class Run:
         if self._lines is not None:
             return self._lines
         return Lines(self.path / "results.jsonl", self.index)
+
+    def seals(self) -> dict[tuple[str, int], str]:
+        """The seal (``line_sha256``) of each latest line by (sample_id, trial): what a grade or a probe's row computed
+        from that line names as its source (``source_sha256``)."""
+        return {(e["sample_id"], int(e["trial"])): e[SEAL_KEY] for e in self.index if e.get(SEAL_KEY)}
 
     def full(self, line: dict) -> dict:
         """The whole line (events and messages) of a summary or a line."""

@@ -24,7 +24,7 @@ def grades_of_run(run: Run) -> tuple[dict, str]:
     for name in JUDGES:
         p = run.path / f"judge-{name}.jsonl"
         if p.exists():
-            gf = grade_file(p, {(e["sample_id"], e["trial"]): e["_h"] for e in run.index if "_h" in e})
+            gf = grade_file(p, run.seals())
             if gf.problem():
                 log.warning(f"warning: {gf.problem()}: shown as SEAL BROKEN; python -m agent.judge {run.path} grades "
                             "those lines again")
@@ -35,7 +35,7 @@ def grades_of_run(run: Run) -> tuple[dict, str]:
 
 def _sources(run: Run) -> dict:
     """{(sample, trial): the seal of the run's line}: a probe's row counts only when computed from it."""
-    return {(e["sample_id"], e["trial"]): e["_h"] for e in run.index if "_h" in e}
+    return run.seals()
 
 
 def probe_steps(run: Run) -> tuple[dict, str | None]:
@@ -89,13 +89,13 @@ def view_fields(summary: dict) -> dict:
     return {"status": summary.get("status"), "benchmark": summary.get("benchmark"),
             "paper_category": summary.get("paper_category"), "n_calls": summary.get("n_calls"),
             "n_tool_calls": summary.get("n_tool_calls"), "answer": short(summary.get("answer"), 80),
-            "gold": short(summary.get("gold"), 80), "_counts": [n, prompt, completion]}
+            "gold": short(summary.get("gold"), 80), "call_counts": [n, prompt, completion]}
 
 
 def _call_counts(ln: dict) -> tuple[int, int, int]:
     """(LLM calls, prompt tokens, completion tokens) of a line (its summary, or what :func:`view_fields` kept)."""
-    if "_counts" in ln:  # private, like the index's own _o/_n/_h: never a field of a result line
-        return tuple(ln["_counts"])
+    if "call_counts" in ln:  # the viewer's own projection (view_fields), never a field of a result line
+        return tuple(ln["call_counts"])
     calls = ln.get("calls") or []
     return (len(calls), sum(int(c.get("prompt_tokens") or 0) for c in calls),
             sum(int(c.get("completion_tokens") or 0) for c in calls))
@@ -108,7 +108,7 @@ def run_summary(run: Run) -> dict:
     statuses = Counter(ln["status"] for ln in idx)
 
     judges = {}
-    sources = {(e["sample_id"], e["trial"]): e["_h"] for e in idx if "_h" in e}
+    sources = run.seals()
     for name in ("llm", "exact"):
         p = run.path / f"judge-{name}.jsonl"
         current = grade_file(p, sources).current  # only intact grades of the lines the run holds count

@@ -274,7 +274,7 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
     out = Path(out_dir) if out_dir else run.path / "probes" / f"entropy-{mode}"
     out.mkdir(parents=True, exist_ok=True)
     steps_path = out / "steps.jsonl"
-    sources = {(e["sample_id"], e["trial"]): e["_h"] for e in run.index}
+    sources = run.seals()
     done = _done_steps(steps_path, sources)
     lines, pending = _plan(run, out, done, limit, include_unparsed)
     n_steps = sum(len(st) for _, st in pending)

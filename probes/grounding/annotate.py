@@ -26,7 +26,7 @@ from agent.prompts import GROUNDING_PASS1, GROUNDING_PASS2, fill
 from agent.record import validate
 from agent.redact import is_host
 from agent.rundir import RunError, close_fragment, load_run, output_lock
-from agent.rundir.lines import SOURCE_KEY, seal
+from agent.rundir.lines import SEAL_KEY, SOURCE_KEY, seal
 from agent.rundir.probe_outputs import resume_rows, sweep_outputs, write_outputs
 from analysis.figures import fig2a_grounding, provenance_mark
 from analysis.selection import select_trajectories
@@ -226,7 +226,7 @@ async def _annotate_run(run_dir, *, out: Path, backend, retries: int = 2, concur
     run = load_run(run_dir)
     sweep_outputs(out)
     path = out / "labels.jsonl"
-    done = _done_labels(path, {(e["sample_id"], e["trial"]): e["_h"] for e in run.index})
+    done = _done_labels(path, run.seals())
     if run.header.get("method") != "react":
         raise RunError(f"{run.path}: the grounding annotator reads ReAct runs (paper §3.2.1); this run is "
                        f"{run.header.get('label') or run.header.get('method')}")
@@ -249,7 +249,7 @@ async def _annotate_run(run_dir, *, out: Path, backend, retries: int = 2, concur
             image_users.use(mine, (line.get("query_images") or {}).values())
             try:
                 rec = await ann.annotate(run, run.full(line))  # the whole line, read now
-                rec[SOURCE_KEY] = line["_h"]  # the line it was computed from
+                rec[SOURCE_KEY] = line[SEAL_KEY]  # the line it was computed from
             except ModelServerDown:  # the command ends here, every finished label kept
                 raise
             except BackendError as e:  # the annotator endpoint failed: not written, retried on the next run

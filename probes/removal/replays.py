@@ -28,6 +28,7 @@ from agent.prompts import CORRECTION, fill
 from agent.record import validate
 from agent.redact import is_host
 from agent.rundir import Run, RunDir, RunError, load_run, output_lock, write_json
+from agent.rundir.lines import SEAL_KEY
 from agent.rundir.probe_outputs import sweep_outputs, write_outputs
 from agent.tools import make_toolbox
 from agent.tools.policy import POLICY_NAMED
@@ -246,7 +247,7 @@ async def _outcomes(grader: Grader, lines: list, dirs: dict) -> pd.DataFrame:
             o = orig_grades[key]["grade"] == "CORRECT"
             base = {"sample_id": key[0], "trial": key[1], "k": k, "benchmark": orig["benchmark"],
                     "paper_category": orig.get("paper_category"), "original_correct": o,
-                    "source_sha256": orig["_h"], "replay_sha256": replays[key]["_h"] if key in replays else None}
+                    "source_sha256": orig[SEAL_KEY], "replay_sha256": replays[key][SEAL_KEY] if key in replays else None}
             if orig["n_calls"] < k:  # ended before step k: keeps its original outcome
                 rows.append({**base, "replay_correct": o, "replayed": False, "replay_status": orig["status"],
                              "error": None})
