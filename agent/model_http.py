@@ -41,7 +41,7 @@ KEEPALIVE_S = 60.0
 class ModelClient(Liveness):
     """One aiohttp session (and its connection pool) per event loop, made on first use. ``trust_env``: proxies
     from the environment (``HTTP_PROXY``, ``NO_PROXY``), as httpx reads them, looked up once per origin (ours:
-    aiohttp's own ``trust_env`` reads ~/.netrc in a thread on every request, ~40 % of its CPU a request, and would
+    aiohttp's own ``trust_env`` reads ~/.netrc in a thread on every request, much of its CPU a request, and would
     send that file's credentials); a URL's ``user:password`` is sent as Basic auth, as httpx sends it
     (agent/redact.py registers both forms)."""
 

@@ -32,8 +32,8 @@ def kl_union_tail_rows(ids_p, lps_p, ids_q, lps_q) -> np.ndarray:
     """:func:`kl_union_tail` for every row of (n, k) id and logprob matrices at once (no Python loop). The
     matches between the two top lists are one comparison cube, summed by one product (ours). Every array is
     turned to (k, n), the rows innermost, so each comparison, product and sum over the k alternatives runs
-    over contiguous rows: an (n, k, k) cube's inner loops are only k = 20 long (ours: 0.95 -> 0.46 ms for a
-    step's 900 x top-20 rows, hot; the values are equal to ~1e-15, tested against the definition). Rows where every
+    over contiguous rows: an (n, k, k) cube's inner loops are only k = 20 long (ours; equal to the definition to
+    ~1e-15, tested). Rows where every
     entry is listed (ids >= 0, finite logprobs: a server's top-k) take a path without masks."""
     ids_p, ids_q, lps_p, lps_q = (np.asarray(x) for x in (ids_p, ids_q, lps_p, lps_q))
     if ids_p.ndim != 2 or ids_p.shape != lps_p.shape or ids_q.shape != lps_q.shape or len(ids_p) != len(ids_q):

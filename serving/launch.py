@@ -125,8 +125,8 @@ def preflight(a, servers: list[Server], routers, ports) -> list[tuple]:
             out.append(("FAIL", what, fail))
 
     if a.standin:
-        # the build's stamp, written only after its import check passed (an import here costs ~10 CPU-s,
-        # and every server the launch starts imports it again, naming any failure in its log)
+        # the build's stamp, written only after its import check passed (importing SGLang here would cost as much
+        # as a server's start, and every server the launch starts imports it again, naming any failure in its log)
         add((SGLANG_SITE / ".mmcf-installed").is_file(), "SGLang's front end is built",
             f"SGLang's front end is not built at {SGLANG_SITE}: run bash scripts/sglang_conformance.sh",
             str(SGLANG_SITE))

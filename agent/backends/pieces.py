@@ -106,8 +106,8 @@ def lend_pieces(backend, fingerprint: str | None, pieces: dict[bytes, np.ndarray
     return bool(lent), give_back
 
 
-#: zstd level of the record (ours): on Qwen-vocabulary prompt ids, level 3 of the plain little-endian int32 was ~8 %
-#: smaller than level 1 of their byte planes (which break a repeated token's bytes apart).
+#: zstd level of the record (ours): the plain little-endian int32 at level 3 compresses Qwen-vocabulary prompt ids
+#: better than level 1 of their byte planes (which break a repeated token's bytes apart; docs/performance.md).
 _ZSTD_LEVEL = 3
 
 

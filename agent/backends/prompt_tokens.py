@@ -24,7 +24,7 @@ _PIECE_CACHE = 4096
 
 def piece_encoder(tok):
     """A prompt piece's ids: the tokenizer's own Rust ``encode_batch_fast`` (tokenizers >= 0.21: the same ids
-    without the character offsets; ~30 % less CPU than ``tok(piece)``, which also builds a BatchEncoding; ours,
+    without the character offsets; less CPU than ``tok(piece)``, which also builds a BatchEncoding; ours,
     tested equal), or ``tok(piece)`` for a tokenizer without it."""
     fast = getattr(getattr(tok, "_tokenizer", None), "encode_batch_fast", None)
     if fast is not None and getattr(tok, "is_fast", False):
