@@ -6,15 +6,34 @@ pydantic, pyarrow or an HTTP client loads (issue 82; tests/test_startup.py).
 """
 from __future__ import annotations
 
-__all__ = ["METHODS", "PROTOCOLS", "VARIANTS", "HISTORY_REASONING", "WEBWATCHER_OBSERVATION_IMAGES",
+from enum import Enum
+
+__all__ = ["METHODS", "PROTOCOLS", "Variant", "VARIANTS", "HISTORY_REASONING", "WEBWATCHER_OBSERVATION_IMAGES",
            "DEFAULT_THRESHOLD", "DEFAULT_PATIENCE", "CACHE_MODES", "DEFAULT_TOP_LOGPROBS", "EMBEDDED_MAX_TOKENS",
            "SERVED_MAX_TOKENS", "PROCESS_CONCURRENCY", "AUTO_TOKENS", "UNLOAD_SIGNALS"]
 
 #: The agents (docs/usage.md: Agents); the protocols MM-ContextFold runs under (docs/fidelity.md).
 METHODS = ("direct", "react", "mmcontextfold", "agentfold", "contextfold")
 PROTOCOLS = ("paper", "release")
-#: MM-ContextFold's ablations (paper §4.3, Table 3); "" is the full method.
-VARIANTS = ("", "image-caption", "no-init", "no-image-in-branch", "image-in-main")
+
+
+class Variant(str, Enum):
+    """MM-ContextFold's ablations (paper §4.3, Table 3), as ``--variant`` spells them; ``FULL`` ("") is the method
+    itself. A ``str``: the record holds the spelling."""
+
+    FULL = ""
+    IMAGE_CAPTION = "image-caption"        # the images as captions only: no pixels, no Lens (Image Caption)
+    NO_INIT = "no-init"                    # no initial perception cycle (w/o Init)
+    NO_IMAGE_IN_BRANCH = "no-image-in-branch"  # branches see no pixels (w/o Image in Branch)
+    IMAGE_IN_MAIN = "image-in-main"        # the main state holds every query image (image in main)
+
+    @property
+    def branch_sees_pixels(self) -> bool:
+        """Whether a branch is shown its assigned images' pixels."""
+        return self in (Variant.FULL, Variant.NO_INIT, Variant.IMAGE_IN_MAIN)
+
+
+VARIANTS = tuple(v.value for v in Variant)
 
 #: How an assistant turn goes back into the history: ``keep`` its reasoning as ``reasoning_content``
 #: (the chat template decides what it renders; Qwen3.5 renders it for turns after the last real user

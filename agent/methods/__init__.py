@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..backends.base import BackendError, ModelServerDown, SamplingParams
 from ..backends.images import ImageError
-from ..choices import METHODS, PROTOCOLS
+from ..choices import METHODS, PROTOCOLS, Variant
 from ..tools.toolbox import TOOL_NAMES, CacheMiss
 from ..trajectory import Trajectory
 from .agentfold import run_agentfold
@@ -90,7 +90,7 @@ class MethodSpec:
         return self.variant
 
     def allowed_tools(self) -> tuple:
-        return tuple(t for t in TOOL_NAMES if not (self.variant == "image-caption" and t == "lens_search"))
+        return tuple(t for t in TOOL_NAMES if not (self.variant == Variant.IMAGE_CAPTION and t == "lens_search"))
 
 
 def new_trajectory(spec: MethodSpec, sample, trial: int) -> Trajectory:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 
-from ..choices import VARIANTS
+from ..choices import VARIANTS, Variant
 from ..parsing import ActionError, parse_action, parse_init_description, strip_answer_tags
 from ..prompts import (
     BRANCH_SUMMARISE,
@@ -81,12 +81,13 @@ def _no_init_context(ep: Episode) -> str:
     return fill(NO_INIT_IMAGE_CONTEXT, n=len(ids), ids=", ".join(ids)) if ids else "No query images."
 
 
-async def run_mmcontextfold(ep: Episode, *, variant: str = "") -> tuple[str, str]:
+async def run_mmcontextfold(ep: Episode, *, variant: Variant | str = Variant.FULL) -> tuple[str, str]:
     if variant not in VARIANTS:
         raise ValueError(f"unknown MM-ContextFold variant {variant!r}; choose from {VARIANTS[1:]}")
-    image_context = _no_init_context(ep) if variant == "no-init" else await _init_cycle(ep)
+    variant = Variant(variant)
+    image_context = _no_init_context(ep) if variant is Variant.NO_INIT else await _init_cycle(ep)
     main_text = fill(MAIN, image_context=image_context, question=ep.sample.question)
-    first = [{"type": "text", "text": main_text}, *image_parts(ep.registry.images, "high")] if variant == "image-in-main" \
+    first = [{"type": "text", "text": main_text}, *image_parts(ep.registry.images, "high")] if variant is Variant.IMAGE_IN_MAIN \
         else main_text
     base = [chat("system", SYSTEM), chat("user", first)]
     turns: list[Turn] = []
@@ -137,17 +138,18 @@ async def run_mmcontextfold(ep: Episode, *, variant: str = "") -> tuple[str, str
     return "no_answer", ""
 
 
-async def _branch(ep: Episode, bid: str, subtask: dict, inherited: list[dict], main_ev: EventView, variant: str) -> str:
+async def _branch(ep: Episode, bid: str, subtask: dict, inherited: list[dict], main_ev: EventView,
+                  variant: Variant) -> str:
     # which pixels a branch may see (§4.3): the default and w/o Init load the assigned query images; w/o Image in
     # Branch and the caption variant see none at all (no Lens result images either)
-    pixels = variant in ("", "no-init", "image-in-main")
+    pixels = variant.branch_sees_pixels
     result_images = None if pixels else 0
     assigned = []
     for x in subtask["assigned_images"]:
         r = ep.registry.resolve(x)
         if r is not None and r not in assigned:
             assigned.append(r)
-    if variant == "image-in-main":  # the inherited main context already holds every image
+    if variant is Variant.IMAGE_IN_MAIN:  # the inherited main context already holds every image
         loaded = []
     else:
         loaded = assigned if pixels else []
@@ -155,7 +157,7 @@ async def _branch(ep: Episode, bid: str, subtask: dict, inherited: list[dict], m
                          assigned_images=[r.image_id for r in assigned],
                          assigned_hashes=[r.sha256 for r in loaded], main_call_index=main_ev["index"])
     # E.3 verbatim, its "at most 5 tool calls" following --b-max (the B_max sweep, D.2)
-    template = branch_prompt(ep.budgets.b_max, lens=variant != "image-caption")
+    template = branch_prompt(ep.budgets.b_max, lens=variant is not Variant.IMAGE_CAPTION)
     prompt = fill(template, task_prompt=subtask["prompt"])
     base = [*inherited, chat("user", [{"type": "text", "text": prompt}, *image_parts(loaded, "high")] if loaded else prompt)]
     turns: list[Turn] = []
