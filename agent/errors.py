@@ -2,7 +2,8 @@
 
     ToolkitError            a command prints it as one line (``error: ...``) and exits non-zero, never a traceback
     ├── UsageError          what was asked cannot be done as asked: a bad argument, a directory that is not a run,
-    │                       a missing key, a refused path, an image that is not one (fix the input, rerun)
+    │   │                   a missing key, a refused path, an image that is not one (fix the input, rerun)
+    │   └── ConfigError     flags that cannot go together, or a value none of them takes (checked once, before work)
     └── HarnessError        what the toolkit depends on failed: a model server, a damaged record, the tool cache
                             (fix the cause, rerun: what finished is kept)
 
@@ -17,7 +18,7 @@ import contextlib
 import errno
 from pathlib import Path
 
-__all__ = ["ToolkitError", "UsageError", "HarnessError", "EXIT_DISK_FULL", "disk_full", "disk_full_message",
+__all__ = ["ToolkitError", "UsageError", "ConfigError", "HarnessError", "EXIT_DISK_FULL", "disk_full", "disk_full_message",
            "writing", "gather_all"]
 
 #: The exit status of every command when the disk is full (ours): not a refusal (2), not failed units (3).
@@ -30,6 +31,10 @@ class ToolkitError(Exception):
 
 class UsageError(ToolkitError):
     """What was asked cannot be done as asked (the input is to fix)."""
+
+
+class ConfigError(UsageError, ValueError):
+    """Flags that cannot go together, or a value none of them takes: said before anything runs (exit 2)."""
 
 
 class HarnessError(ToolkitError):

@@ -18,6 +18,7 @@ from pathlib import Path
 from ..backends.base import BackendError, ModelServerDown, SamplingParams
 from ..backends.images import ImageError
 from ..choices import METHODS, PROTOCOLS, Variant
+from ..errors import ConfigError
 from ..tools.toolbox import TOOL_NAMES, CacheMiss
 from ..trajectory import Trajectory
 from .agentfold import run_agentfold
@@ -46,30 +47,30 @@ class MethodSpec:
 
     def __post_init__(self):
         if self.history_reasoning not in HISTORY_REASONING:
-            raise ValueError(f"--history-reasoning must be one of {HISTORY_REASONING}")
+            raise ConfigError(f"--history-reasoning must be one of {HISTORY_REASONING}")
         if self.observation_images < 0:
-            raise ValueError("--observation-images must be >= 0")
+            raise ConfigError("--observation-images must be >= 0")
         if self.method not in METHODS:
-            raise ValueError(f"unknown method {self.method!r}; choose one of {METHODS}")
+            raise ConfigError(f"unknown method {self.method!r}; choose one of {METHODS}")
         if self.variant and self.method != "mmcontextfold":
-            raise ValueError("--variant applies to --method mmcontextfold only")
+            raise ConfigError("--variant applies to --method mmcontextfold only")
         if self.variant not in VARIANTS:
-            raise ValueError(f"unknown variant {self.variant!r}; choose one of {VARIANTS[1:]}")
+            raise ConfigError(f"unknown variant {self.variant!r}; choose one of {VARIANTS[1:]}")
         if self.remove_images_from_step is not None:
             if self.method != "react":
-                raise ValueError("--remove-images-from-step applies to --method react only")
+                raise ConfigError("--remove-images-from-step applies to --method react only")
             if self.remove_images_from_step < 1:
-                raise ValueError("--remove-images-from-step must be >= 1")
+                raise ConfigError("--remove-images-from-step must be >= 1")
         if self.protocol not in PROTOCOLS:
-            raise ValueError(f"--protocol must be one of {PROTOCOLS}")
+            raise ConfigError(f"--protocol must be one of {PROTOCOLS}")
         if self.protocol == "release" and (self.method != "mmcontextfold" or self.variant):
-            raise ValueError("--protocol release applies to --method mmcontextfold (no --variant) only")
+            raise ConfigError("--protocol release applies to --method mmcontextfold (no --variant) only")
         if self.unload is not None:
             if self.method != "react":
-                raise ValueError("--image-unload adaptive applies to --method react only")
+                raise ConfigError("--image-unload adaptive applies to --method react only")
             if self.remove_images_from_step is not None:
-                raise ValueError("--image-unload adaptive and --remove-images-from-step are two removal policies; "
-                                 "choose one")
+                raise ConfigError("--image-unload adaptive and --remove-images-from-step are two removal policies; "
+                                  "choose one")
 
     @property
     def label(self) -> str:

@@ -82,8 +82,7 @@ def run_command(a, argv=None) -> int:
 
         set_image_cache_mb(a.image_cache_mb)  # and the environment, which worker processes inherit
     try:
-        cfg = config_from_args(a)
-        cfg.spec()  # validate method/variant/removal before touching anything
+        cfg = config_from_args(a)  # validates the flags together before touching anything (ConfigError)
         if a.dry_run:
             return _dry_run(cfg, a)
         summary = asyncio.run(run(cfg, argv))

@@ -14,7 +14,7 @@ from ..backends.base import DEFAULT_TOP_LOGPROBS, BackendError, SamplingParams
 from ..backends.tiny_model import is_tiny_model
 from ..benchmarks import load_selection
 from ..choices import EMBEDDED_MAX_TOKENS, PROCESS_CONCURRENCY, SERVED_MAX_TOKENS
-from ..errors import UsageError
+from ..errors import ConfigError
 from ..http import RetryPolicy
 from ..methods import Budgets, MethodSpec
 from ..methods.common import WEBWATCHER_OBSERVATION_IMAGES
@@ -33,10 +33,6 @@ __all__ = ["ConfigError", "EMBEDDED_MAX_TOKENS", "SERVED_MAX_TOKENS", "PROCESS_C
 
 #: What the release asks for on every call (``max_completion_tokens``, utils/search_backbone_model.py:118).
 RELEASE_MAX_TOKENS = 8192
-
-
-class ConfigError(UsageError, ValueError):
-    """Flags that cannot go together, or a value none of them takes: said before anything runs (exit 2)."""
 
 
 @dataclass
@@ -95,6 +91,14 @@ class RunConfig:
     worker: tuple[int, int] | None = None  # internal: worker process i of n in a --processes run
     job_keys: list | None = None           # internal: the parent's job list ([sample id, trial], in order)
 
+    def __post_init__(self):
+        # the flags checked together once, when the config is made (ConfigError names what cannot go together)
+        self._method_spec = self._validated_spec()
+
+    def spec(self) -> MethodSpec:
+        """What the run runs: the method and its settings, validated when the config was made."""
+        return self._method_spec
+
     @property
     def embedded(self) -> bool:
         return self.backend == "local" and not self.model_dir
@@ -105,7 +109,7 @@ class RunConfig:
         writes an answer, so its calls get the embedded default length."""
         return self.embedded or is_tiny_model(self.model_dir)
 
-    def spec(self) -> MethodSpec:
+    def _validated_spec(self) -> MethodSpec:
         if self.processes != "auto" and (not isinstance(self.processes, int) or self.processes < 1):
             raise ConfigError(f"--processes must be auto or an integer >= 1, not {self.processes!r}")
         if self.concurrency < 1 or self.trials < 1:
