@@ -105,7 +105,7 @@ def test_html_token_columns_carry_the_probe(demo_run, tmp_path):
     """The think tokens are embedded as columns: H of each token, and the teacher-forced ΔH / KL per token."""
     import numpy as np
 
-    from analysis.entropy import grouped_tail_entropy
+    from analysis.entropy import entropy_bounds, grouped_tail_entropy
 
     show.build_html(demo_run, tmp_path / "a.html", tokens="all")
     run = load_run(demo_run)
@@ -118,6 +118,9 @@ def test_html_token_columns_carry_the_probe(demo_run, tmp_path):
         assert "".join(col["text"]) == "".join(tok["text"][sel])
         assert col["H"] == np.rint(grouped_tail_entropy(tok["top_logprobs"][sel]) * 100).astype(int).tolist()
         assert len(col["dH"]) == len(col["kl"]) == int(sel.sum())
+        # the hover's exact-entropy bound over the vocabulary the run's header records (the scripted model's)
+        assert col["Hhi"] == np.rint(entropy_bounds(tok["top_logprobs"][sel], 248_320)[1] * 100).astype(int).tolist()
+    assert run.header["backend"]["vocab_size"] == 248_320
     # demo_3 is planted with two grounding steps: the images lower the entropy at step 1, raise it at step 5
     assert all(v < 0 for v in d["tokens"]["1"]["dH"]) and all(v > 0 for v in d["tokens"]["5"]["dH"])
     assert all(v > 0 for v in d["tokens"]["1"]["kl"])

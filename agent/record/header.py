@@ -43,6 +43,8 @@ class BackendRecord(Record):
     server: str
     embedded_tiny_model: bool
     api_key_env: str | None = Field(description="the name of the key's variable, never its value")
+    vocab_size: int | None = Field(None, description="the model's vocabulary (its logits' width), as the run's "
+                                   "backend knew it; None if unknown (the viewer's exact-entropy bound)")
 
 
 class ToolsRecord(Record):

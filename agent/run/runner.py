@@ -10,9 +10,10 @@ import threading
 import time
 from collections import Counter as _C
 
+from ..backends.base import model_vocab_size
 from ..backends.local import set_renderer_hints
 from ..backends.scripted import ScriptedBackend
-from ..backends.tiny_model import ensure_tiny_model
+from ..backends.tiny_model import default_tiny_dir, ensure_tiny_model
 from ..benchmarks import incomplete_subset, load_selection, resolve_benchmark
 from ..cli import setup_logging
 from ..identity import deterministic_cost, local_identity, server_differences
@@ -192,6 +193,7 @@ async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends,
 
         if all(isinstance(b, ScriptedBackend) for b in backends):
             head["backend"] = {**head["backend"], "kind": "scripted", "embedded_tiny_model": False}
+    head["backend"]["vocab_size"] = _vocab_size(cfg, backends)
     if cfg.shard is not None:
         head["shard"] = shard_record(all_units(cfg, samples), *cfg.shard)
     header = rd.write_header({**head, "selection": selection, "seed_source": seed_source}, force=cfg.force,
@@ -253,3 +255,14 @@ def _child(cfg_fields: dict, i: int, n: int, results, counter=None, hints=None) 
         results.put({**part, "interrupted": True})
     except Exception as e:  # reported by the parent; the lines already written stay
         results.put({"error": f"{type(e).__name__}: {e}"})
+
+
+def _vocab_size(cfg: RunConfig, backends) -> int | None:
+    """The model's vocabulary as the run's backends know it (one size, or None), else its model directory's."""
+    if backends:
+        sizes = {getattr(b, "vocab", None) for b in backends}
+        return sizes.pop() if len(sizes) == 1 else None
+    if cfg.backend == "scripted":
+        return ScriptedBackend.vocab
+    md = cfg.model_dir or (default_tiny_dir() if cfg.embedded else None)
+    return model_vocab_size(md) if md else None

@@ -19,7 +19,6 @@ from analysis.figures import provenance_mark
 from probes.entropy import read_step_tokens
 
 from ..backends.base import model_vocab_size
-from ..backends.scripted import ScriptedBackend
 from ..backends.tiny_model import default_tiny_dir
 from ..choices import AUTO_TOKENS
 from ..paths import read_regular
@@ -130,11 +129,12 @@ def _call_tokens(run: Run, line: dict, tf_dir: Path | None, warnings: list) -> d
 
 
 def _run_vocab(run: Run) -> int | None:
-    """The run's model vocabulary size (for the entropy upper bound), from its model directory; None if unknown."""
+    """The run's model vocabulary size (for the entropy upper bound), as its header records it; for a run recorded
+    before the header held it, its model directory's; None if unknown."""
 
     b = run.header.get("backend") or {}
-    if b.get("kind") == "scripted":
-        return ScriptedBackend.vocab
+    if b.get("vocab_size"):
+        return int(b["vocab_size"])
     md = b.get("model_dir")
     if not md and (b.get("kind") == "local" or b.get("embedded_tiny_model")):
         md = default_tiny_dir()
