@@ -234,7 +234,7 @@ def own_work(root: Path, url: str, tiny: str, trajectories: int) -> float:
     from agent.record import validate
     from agent.rundir import load_run, token_key
     from agent.rundir.lines import SEAL_KEY, SOURCE_KEY, seal
-    from probes.entropy.step import call_slices, probe_step, vocab_of
+    from probes.entropy.step import StepContext, probe_step, vocab_of
     from probes.entropy.store import TokenStore
     from probes.session import RecordedPrompts
 
@@ -260,11 +260,11 @@ def own_work(root: Path, url: str, tiny: str, trajectories: int) -> float:
         for summary in run.index[:trajectories]:
             line = run.full(summary)
             tok = run.tokens(line, ["call", "think", "id"])
-            give_back, slices, known = recorded.lend(run, line), call_slices(tok["call"]), set()
+            give_back, ctx = recorded.lend(run, line), StepContext(run, line, tok, b, "teacher-forced", vocab)
             key = token_key(line["sample_id"], line["trial"])
             try:
                 for ev in (e for e in line["events"] if e["type"] == "llm_call"):
-                    row = await probe_step(run, line, ev, tok, b, "teacher-forced", None, slices, vocab, None, known)
+                    row = await probe_step(ctx, ev)
                     store.append(key, ev["index"], row.pop("_tokens"))
                     row[SOURCE_KEY] = line[SEAL_KEY]
                     validate("entropy_step", row, key)

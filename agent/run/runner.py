@@ -189,11 +189,7 @@ async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends,
                              "trial repeated. Give --seed S (a new --out), or serve without --deterministic")
     resuming = rd.results.exists()
     head = header_for(cfg, manifest, argv, ident)
-    if backends is not None:  # backends handed in (a notebook, the tests): record what they are, not cfg's default
-
-        if all(isinstance(b, ScriptedBackend) for b in backends):
-            head["backend"] = {**head["backend"], "kind": "scripted", "embedded_tiny_model": False}
-    head["backend"]["vocab_size"] = _vocab_size(cfg, backends)
+    head["backend"] = _backend_record(head["backend"], cfg, backends)
     if cfg.shard is not None:
         head["shard"] = shard_record(all_units(cfg, samples), *cfg.shard)
     header = rd.write_header({**head, "selection": selection, "seed_source": seed_source}, force=cfg.force,
@@ -257,12 +253,17 @@ def _child(cfg_fields: dict, i: int, n: int, results, counter=None, hints=None) 
         results.put({"error": f"{type(e).__name__}: {e}"})
 
 
-def _vocab_size(cfg: RunConfig, backends) -> int | None:
-    """The model's vocabulary as the run's backends know it (one size, or None), else its model directory's."""
+def _backend_record(record: dict, cfg: RunConfig, backends) -> dict:
+    """The header's backend with what the backends are: those handed in (a notebook, the tests) as they are, not
+    cfg's default; ``vocab_size`` as the backends know it (one size, or None), else the model directory's."""
+    if backends is not None and all(isinstance(b, ScriptedBackend) for b in backends):
+        record = {**record, "kind": "scripted", "embedded_tiny_model": False}
     if backends:
         sizes = {getattr(b, "vocab", None) for b in backends}
-        return sizes.pop() if len(sizes) == 1 else None
-    if cfg.backend == "scripted":
-        return ScriptedBackend.vocab
-    md = cfg.model_dir or (default_tiny_dir() if cfg.embedded else None)
-    return model_vocab_size(md) if md else None
+        vocab = sizes.pop() if len(sizes) == 1 else None
+    elif cfg.backend == "scripted":
+        vocab = ScriptedBackend.vocab
+    else:
+        md = cfg.model_dir or (default_tiny_dir() if cfg.embedded else None)
+        vocab = model_vocab_size(md) if md else None
+    return {**record, "vocab_size": vocab}

@@ -23,14 +23,14 @@ from agent.record import validate
 from agent.rundir import RunError, close_fragment, load_run, output_lock, token_key, write_json
 from agent.rundir.lines import SEAL_KEY, SOURCE_KEY, seal
 from agent.rundir.probe_outputs import read_rows, resume_rows, sweep_outputs, write_outputs
-from analysis.entropy import FORK_SHARE, entropy_high, grouped_tail_entropy
+from analysis.entropy import FORK_SHARE
 from analysis.figures import fig2b_entropy, fig2b_forking, fig2b_kl, provenance_mark
 from analysis.selection import select_trajectories
 from analysis.stats import summarise_by
 from probes.cli import ENTROPY_MODES as MODES
 from probes.session import RecordedPrompts, probe_model_check, record_session, serving_hardware
 
-from .step import bounds_by_step, bounds_calibration, call_slices, forking_rows, probe_step, serving_totals, vocab_of
+from .step import StepContext, bounds_by_step, bounds_calibration, forking_rows, probe_step, serving_totals, vocab_of
 from .store import TokenStore
 
 pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
@@ -124,21 +124,17 @@ class _Prober:
                 give_back()
 
     async def _steps(self, line: dict, tok: dict, steps: list) -> None:
-        regen = self.mode == "regenerate"
-        H_all = grouped_tail_entropy(tok["top_logprobs"]) if regen else None
-        Hhi_all = entropy_high(tok["top_logprobs"], H_all, self.vocab) if regen and self.vocab else None
-        slices = call_slices(tok["call"])
+        # what its steps share; the images its steps send, counted for the probe's image cache
+        ctx = StepContext(self.run, line, tok, self.backend, self.mode, self.vocab, images=(self.image_users, set()))
         events = {e["index"]: e for e in line["events"] if e["type"] == "llm_call"}
         key, kept_any = token_key(line["sample_id"], line["trial"]), False
-        known_texts, my_images = set(), set()  # alternatives' ids whose texts are kept; the images its steps send
         try:
             for step in steps:
                 ev = events.get(step)
                 try:
                     if ev is None:
                         raise RunError(f"no llm_call event for step {step}")
-                    row = await probe_step(self.run, line, ev, tok, self.backend, self.mode, H_all, slices,
-                                            self.vocab, Hhi_all, known_texts, (self.image_users, my_images))
+                    row = await probe_step(ctx, ev)
                 except ModelServerDown:  # the command ends here, every finished step kept
                     raise
                 except (BackendError, RunError) as e:
@@ -158,7 +154,7 @@ class _Prober:
                     self.kept += 1
                 self.bar.update(1)
         finally:
-            self.image_users.done(my_images)
+            self.image_users.done(ctx.images[1])
         if kept_any:  # the trajectory is done: its partial file folded into its Parquet file (an interrupt leaves it)
             self.store.commit(key)
 

@@ -3,6 +3,9 @@ its bounds, and (teacher-forced) KL(with ‖ without) per token; plus the forkin
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
+
 import numpy as np
 
 from agent.backends.base import BackendError, Continuation, model_vocab_size, top_id_matrix, top_matrix
@@ -160,24 +163,52 @@ async def _teacher_forced_side(row: dict, line: dict, ev: dict, tok: dict, sel, 
                       **_alternatives(a.tokens, b.tokens, inf["pos"], known_texts)}
 
 
-async def probe_step(run: Run, line: dict, ev: dict, tok: dict, backend, mode: str, H_all=None, slices=None,
-                      vocab: int | None = None, Hhi_all=None, known_texts: set | None = None,
-                      images: tuple | None = None) -> dict:
-    sel = (slices or call_slices(tok["call"])).get(ev["index"], slice(0, 0))
+@dataclass
+class StepContext:
+    """What every probed step of one trajectory shares: the run, the trajectory's line and token arrays, the backend
+    and mode, and what is derived once per trajectory (the calls' token slices; regenerate: the recorded tokens'
+    entropies and their upper bounds). ``known_texts``: the alternatives' ids whose texts earlier steps kept;
+    ``images``: (the probe's image users, this trajectory's images), or None."""
+
+    run: Run
+    line: dict
+    tok: dict
+    backend: Any
+    mode: str
+    vocab: int | None = None
+    known_texts: set = field(default_factory=set)
+    images: tuple | None = None
+    slices: dict = field(init=False)
+    H_all: np.ndarray | None = field(init=False, default=None)
+    Hhi_all: np.ndarray | None = field(init=False, default=None)
+
+    def __post_init__(self):
+        self.slices = call_slices(self.tok["call"])
+        if self.mode == "regenerate":
+            self.H_all = grouped_tail_entropy(self.tok["top_logprobs"])
+            if self.vocab:
+                self.Hhi_all = entropy_high(self.tok["top_logprobs"], self.H_all, self.vocab)
+
+
+async def probe_step(ctx: StepContext, ev: dict) -> dict:
+    """One step's row (paper §3.2.2): the recorded call ``ev`` with and without the trajectory's query images."""
+    line, tok, vocab = ctx.line, ctx.tok, ctx.vocab
+    sel = ctx.slices.get(ev["index"], slice(0, 0))
     think = np.asarray(tok["think"][sel], dtype=bool)
     row = {"sample_id": line["sample_id"], "trial": line["trial"], "benchmark": line["benchmark"],
            "paper_category": line.get("paper_category"), "category": line.get("category"), "step": ev["index"],
            "state": ev["state"], "n_images": ev["n_images"], "n_query_images": ev.get("n_query_images", 0),
-           "n_tokens": int(len(think)), "n_think": int(think.sum()), "mode": mode, "semantics": ev.get("semantics"),
+           "n_tokens": int(len(think)), "n_think": int(think.sum()), "mode": ctx.mode, "semantics": ev.get("semantics"),
            "model": line.get("model")}
-    with_imgs = run.sendable_messages(line, ev)
-    if images is not None:  # (the probe's image users, this trajectory's images)
-        images[0].use(images[1], image_shas(with_imgs))
+    with_imgs = ctx.run.sendable_messages(line, ev)
+    if ctx.images is not None:
+        ctx.images[0].use(ctx.images[1], image_shas(with_imgs))
     without = strip_query_images(with_imgs)  # the query images, by position (never by content)
-    if mode == "regenerate":
-        await _regenerate_side(row, ev, tok, sel, think, without, backend, H_all, Hhi_all, vocab)
+    if ctx.mode == "regenerate":
+        await _regenerate_side(row, ev, tok, sel, think, without, ctx.backend, ctx.H_all, ctx.Hhi_all, vocab)
     else:
-        await _teacher_forced_side(row, line, ev, tok, sel, think, with_imgs, without, backend, vocab, known_texts)
+        await _teacher_forced_side(row, line, ev, tok, sel, think, with_imgs, without, ctx.backend, vocab,
+                                   ctx.known_texts)
     row["dH"] = row["H_with"] - row["H_without"]
     if vocab:  # the interval the true ΔH lies in (per-token bounds averaged: the means are bounded the same way)
         row["vocab"] = int(vocab)
