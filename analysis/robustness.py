@@ -15,7 +15,7 @@ Predictors of the judge's grade, per trajectory: answer agreement across trials 
 trials whose answer is the same, normalised; needs two trials or more, Wang et al. 2022's self-consistency), the
 mean think entropy (grouped tail, over the trajectory's think tokens; lower predicts CORRECT, so its AUROC is of
 -H), and the trajectory's mean ΔH over its probed steps (as measured: 0.5 is no signal). AUROC with a bootstrap CI.
-Both read the run and the probes through the one reader (analysis/frames.py), which refuses what the record refuses.
+Both read the run and the probes through the one reader (agent/rundir/frames.py), which refuses what the record refuses.
 """
 from __future__ import annotations
 
@@ -24,10 +24,9 @@ import re
 import numpy as np
 
 from agent.lazy import lazy_module
-from agent.rundir import RunError, load_run
+from agent.rundir import RunError, frames, load_run
 from agent.rundir.grades import grades_of
 
-from . import frames
 from .entropy import AGGREGATIONS, EDGE_TOKENS, TRIM
 from .stats import auroc, auroc_ci, bootstrap_ci, wilcoxon_p
 

@@ -30,10 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from agent.lazy import lazy_module
-from agent.rundir import RunError, load_run
+from agent.rundir import RunError, frames, load_run
 from agent.rundir.grades import JUDGES, BrokenGrades, MixedJudges, grades_of, identical_trials
 from agent.rundir.ledger import compute_ledger
-from analysis import frames
 from analysis.figures import write_csv, write_text
 from analysis.pooling import (
     comparability_note,
@@ -52,7 +51,7 @@ __all__ = ["grades_of", "judged_runs", "table1", "table4", "table5", "table13", 
 SUPPLEMENTARY = {"hle_vl": "Table 13"}
 
 def judged_runs(run_dirs, judge: str | None = None) -> tuple[list[tuple], list[str], str]:
-    """``([(run, grades)], missing, judge label)`` for a table, each run's grades as :func:`analysis.frames.grades`
+    """``([(run, grades)], missing, judge label)`` for a table, each run's grades as :func:`agent.rundir.frames.grades`
     gives them; refuses runs graded by different judges."""
     got, missing = [], []
     for rd in run_dirs:

@@ -22,9 +22,9 @@ import json
 import numpy as np
 
 from agent.lazy import lazy_module
-from agent.rundir import RunError, load_run
+from agent.rundir import RunError, frames, load_run
 
-from . import frames, tables
+from . import tables
 
 pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
 

@@ -10,7 +10,7 @@ each size, then measures each route in a fresh process whose parent is this smal
 - ``report``: ``analysis.report --react RUN`` (Figure 1 from every call's summary; what a user runs);
 - ``steps``: ``frames.steps(RUN)``, the per-call frame every table of calls is built from;
 - ``scan``: the mean think-token entropy per step by the docs/frames.md lazy scan over ``frames.token_files``;
-- ``step_entropies``: the same by ``analysis.frames.step_entropies`` (one trajectory's arrays at a time);
+- ``step_entropies``: the same by ``agent.rundir.frames.step_entropies`` (one trajectory's arrays at a time);
 - ``tokens``: the same from ``frames.tokens(run, ["call", "think", "top_logprobs"])`` held in memory.
 
 It prints a table (MB at peak, seconds) per size, then each route's growth (peak at the largest size over peak at
@@ -36,10 +36,10 @@ ROUTES = {
     "report": "from analysis.report import main; import tempfile; r = main(['--react', RUN, '--out', "
               "tempfile.mkdtemp()])",
     "steps": "from agent.rundir import frames; r = frames.steps(RUN)",
-    "scan": "from analysis.frames import think_entropy_by_step as f; r = f(RUN)",
-    "step_entropies": "from agent.rundir import load_run; from analysis.frames import step_entropies; "
+    "scan": "from agent.rundir.frames import think_entropy_by_step as f; r = f(RUN)",
+    "step_entropies": "from agent.rundir import load_run; from agent.rundir.frames import step_entropies; "
                       "r = step_entropies(load_run(RUN)).groupby('step').H.mean()",
-    "tokens": "import numpy as np; from analysis import frames; from analysis.entropy import grouped_tail_entropy; "
+    "tokens": "import numpy as np; from agent.rundir import frames; from analysis.entropy import grouped_tail_entropy; "
               "t = frames.tokens(RUN, ['call', 'think', 'top_logprobs'], max_mb=1e9); t = t[t.think]; "
               "k = max(map(len, t.top_logprobs)); m = np.full((len(t), k), np.nan, np.float32); "
               "[m.__setitem__((i, slice(0, len(x))), x) for i, x in enumerate(t.top_logprobs)]; "

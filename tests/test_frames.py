@@ -1,4 +1,4 @@
-"""analysis.frames (agent/rundir/frames.py): a run and the probes' outputs as tidy DataFrames, and the export of a run
+"""agent.rundir.frames (agent/rundir/frames.py): a run and the probes' outputs as tidy DataFrames, and the export of a run
 as plain Parquet that other tools open without the toolkit."""
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ import pytest
 
 from agent.judge import main as judge_main
 from agent.run import main as run_main
-from agent.rundir import RunError, load_run
+from agent.rundir import RunError, frames, load_run
 from agent.rundir.cli import main as rundir_main
 from agent.rundir.probe_outputs import write_outputs
-from analysis import frames
 
 
 @pytest.fixture(scope="module")
@@ -139,8 +138,7 @@ def test_a_run_wide_token_aggregate_scans_without_holding_and_agrees_with_sql_an
     import duckdb
 
     from agent.run import main as run_main
-    from agent.rundir import RunError
-    from analysis import frames
+    from agent.rundir import RunError, frames
     from analysis.entropy import grouped_tail_entropy
 
     out = tmp_path / "run"

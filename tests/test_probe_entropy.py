@@ -12,10 +12,9 @@ import pytest
 from agent.backends.base import LogprobSemantics
 from agent.backends.scripted import ScriptedBackend
 from agent.run import RunConfig, run
-from agent.rundir import RunError
+from agent.rundir import RunError, frames
 from agent.rundir.lines import line_digest, seal
 from agent.rundir.probe_outputs import write_outputs
-from analysis import frames
 from analysis.influence import kl_union_tail
 from analysis.stats import bootstrap_ci, mcnemar_p, wilcoxon_p
 from probes.entropy import main as entropy_main
@@ -116,7 +115,7 @@ async def test_an_edited_or_foreign_row_is_set_aside_and_probed_again(tmp_path, 
     """Probe rows are sealed to the line they were computed from (issue 68): a row whose ΔH was edited after it was
     written, and a row naming another line's seal, are both left out of the result, set aside into quarantine/
     with a warning naming the file, and probed again; a table whose rows name a line the run does not hold is
-    refused by analysis.frames."""
+    refused by agent.rundir.frames."""
     backend = await _run(tmp_path)
     res = await probe_run(tmp_path / "run", backend=backend, progress=False)
     path = res["out"] / "steps.jsonl"

@@ -9,11 +9,10 @@ import pytest
 from agent.backends.scripted import ScriptedBackend
 from agent.judge import Grader
 from agent.run import RunConfig, run
-from agent.rundir import RunDir, RunError, load_run
+from agent.rundir import RunDir, RunError, frames, load_run
 from agent.rundir.lines import seal
 from agent.rundir.probe_outputs import write_outputs
 from agent.tools.demo_world import QUESTIONS
-from analysis import frames
 from probes.removal import parse_steps, removal_probe
 
 GOLD = {q[1]: q[3] for q in QUESTIONS}

@@ -17,8 +17,7 @@ import sys
 import pandas as pd
 import pytest
 
-from agent.rundir import RunError
-from analysis import frames
+from agent.rundir import RunError, frames
 from tests.conftest import REPO
 from tests.guards import HANG_GUARD_S
 

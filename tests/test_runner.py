@@ -48,7 +48,7 @@ async def test_run_writes_header_lines_sidecars_images(tmp_path):
     assert header["sampling"]["temperature"] == 0.2 and header["sampling"]["top_p"] == 0.95
     assert header["sampling"]["top_logprobs"] == 20 and "numpy" in header["versions"]
     run_ = load_run(tmp_path / "run")
-    from analysis import frames
+    from agent.rundir import frames
 
     df = frames.results(run_)
     assert len(df) == 12 and set(df.trial) == {0, 1} and (df.status == "ok").all()
@@ -286,7 +286,7 @@ async def test_step_entropies_recover_planted_entropy(tmp_path):
     import math
 
     from agent.backends.scripted import uniform_top
-    from analysis.frames import step_entropies
+    from agent.rundir.frames import step_entropies
 
     await run(cfg(tmp_path, limit=3), [], backends=[ScriptedBackend([react_policy] * 10, top_fn=uniform_top(8))])
     df = step_entropies(load_run(tmp_path / "run"))

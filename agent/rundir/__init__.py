@@ -14,7 +14,7 @@ Reading (a notebook can do the same):
 
     from agent.rundir import load_run
     run = load_run("runs/demo")
-    frames.results(run)    # pandas, one row per (sample, trial)   (agent.rundir.frames / analysis.frames)
+    frames.results(run)    # pandas, one row per (sample, trial)   (agent.rundir.frames)
     frames.steps(run)      # pandas, one row per LLM call
     run.tokens(line)       # dict of numpy arrays for that line (call, id, logprob, think, top_logprobs, …)
     run.call_messages(line, call_event)   # the exact messages of that call (images as sha256 parts)

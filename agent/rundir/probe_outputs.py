@@ -13,7 +13,7 @@ an output without seals is refused, naming the file and the rerun that writes it
 file the one way every reader does: line by line as bytes (a line a kill cut, even inside a multi-byte character,
 is one bad line, never a crash), each line a valid record of its kind, sealed as a result line is and naming the seal
 of the line it was computed from (``source_sha256``), or left out (and counted). The viewer, the
-frames of ``analysis.frames`` and the probes' own resume read through here; nobody reads a probe's file by name
+frames of ``agent.rundir.frames`` and the probes' own resume read through here; nobody reads a probe's file by name
 elsewhere.
 """
 from __future__ import annotations

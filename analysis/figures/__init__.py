@@ -1,6 +1,6 @@
 """The paper's figures from run directories and probe outputs (seaborn, colour-blind safe, PNG + PDF).
 
-    from analysis import frames
+    from agent.rundir import frames
     from analysis.figures import fig1_tool_calls, fig2b_entropy, provenance_mark
     fig1_tool_calls(frames.steps("runs/react").rename(columns={"call": "index"}), "figures/out/fig1")
     fig2b_entropy(pd.read_csv("runs/react/probes/entropy-regenerate/summary.csv"), "figures/out/fig2b")

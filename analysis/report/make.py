@@ -10,14 +10,14 @@ from pathlib import Path
 from agent.cli import done
 from agent.errors import ToolkitError
 from agent.lazy import lazy_module
-from agent.rundir import RunDir, RunError, load_run
+from agent.rundir import RunDir, RunError, frames, load_run
 from agent.rundir.grades import BrokenGrades, MixedJudges
 from analysis.pooling import refuse_mixed_servers
 from analysis.stats import removal_summary, summarise_by
 from analysis.unload import unload_points, unload_steps
 from probes.entropy import bounds_by_step
 
-from .. import figures, frames, robustness, tables
+from .. import figures, robustness, tables
 from ..tables import method_label
 
 pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
@@ -28,7 +28,7 @@ __all__ = ["make_report", "report_command"]
 
 
 def _probe(reader, rd, **kw):
-    """A probe's output as :mod:`analysis.frames` reads it; None when that probe has not run on ``rd``."""
+    """A probe's output as :mod:`agent.rundir.frames` reads it; None when that probe has not run on ``rd``."""
     try:
         return reader(rd, **kw)
     except frames.NoProbeOutput:
