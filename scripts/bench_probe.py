@@ -5,7 +5,7 @@
 
 What a user with a GPU node runs: ``python -m probes.entropy RUN --mode teacher-forced --backend sglang
 --endpoint URL --model-dir DIR``, at its default concurrency (128 trajectories in flight per server: one endpoint
-128, two endpoints 256). The servers are the loopback SGLang stand-in (tests/fakes/sglang_server.py), each in its
+128, two endpoints 256). The servers are the loopback SGLang stand-in (serving/fakes/sglang_server.py), each in its
 own process, replying to every ``/generate`` with a ~``--reply-tokens`` reply and top-20 alternatives per token in
 SGLang's native JSON; the run is paper-shaped (scripts/bench_data.py: 10 calls of ~1,000 tokens per trajectory, a
 distinct ~320 KB photo-sized query image each). Each probe runs as one process; its CPU time comes from the kernel
@@ -304,7 +304,7 @@ def tiny_reply(tiny: str, n_tokens: int) -> str:
 
 def _stand_in(tiny: str, reply: str):
     port = free_port()
-    p = subprocess.Popen([sys.executable, str(REPO / "tests" / "fakes" / "sglang_server.py"), "--port", str(port),
+    p = subprocess.Popen([sys.executable, str(REPO / "serving" / "fakes" / "sglang_server.py"), "--port", str(port),
                           "--tokenizer", tiny, "--model-name", tiny, "--reply", reply, "--keep-alive"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     return f"http://127.0.0.1:{port}", p

@@ -3,7 +3,7 @@
     python scripts/soak.py                                  # 20 kills, 6 samples x 60 trials = 360 units, --processes 2
     python scripts/soak.py --kills 5 --trials 4 --processes 1 --fault-rate 0.2 --method mmcontextfold
 
-A loopback SGLang stand-in (tests/fakes/sglang_server.py) answers with a fixed latency and injects faults
+A loopback SGLang stand-in (serving/fakes/sglang_server.py) answers with a fixed latency and injects faults
 into ``--fault-rate`` of the requests (429, 5xx, dropped connections, truncated bodies, slow replies, and
 garbage model outputs: no tags, an unclosed <think>, invalid JSON, an unknown tool, 200 KB outputs, empty or
 null content, lone surrogates, control characters, a <subtask> with missing fields). ``python -m
@@ -31,22 +31,6 @@ sys.path.insert(0, str(REPO))
 __all__ = ["soak", "main"]
 
 
-def agent_policy(req: dict) -> str:
-    """The stand-in's model: two searches, then an answer (ReAct grammar); MM-ContextFold gets a subtask
-    in its main state and a return in its branches."""
-    text = str(req.get("messages") or req.get("text") or "")  # chat messages, or a native /generate prompt
-    if "STATE: MAIN" in text and "STATE: BRANCH" not in text:
-        if "completed" in text:
-            return "Enough evidence.</think>\n\n<answer>1911</answer>"
-        return ('Plan.</think>\n\n<subtask>\n{"description": "look", "prompt": "search it", '
-                '"assigned_images": ["<image_0>"]}\n</subtask>')
-    if "STATE: BRANCH" in text:
-        return 'Found it.</think>\n\n<tool_call>\n{"name": "return", "parameters": {"message": "It is 1911."}}\n</tool_call>'
-    if text.count("<tool_response>") >= 2:
-        return "So the answer.</think>\n\n<answer>1911</answer>"
-    return 'Search.</think>\n\n<tool_call>\n{"name": "search", "arguments": {"query": "kestrel", "goal": "g"}}\n</tool_call>'
-
-
 def soak(out: Path, *, kills: int = 20, trials: int = 40, processes: int = 2, concurrency: int = 8,
          fault_rate: float = 0.1, latency: float = 0.05, method: str = "react", seed: int = 0,
          min_lines: int = 1, max_lines: int = 6, jitter_s: float = 0.05, stall_s: float = 300.0,
@@ -55,7 +39,8 @@ def soak(out: Path, *, kills: int = 20, trials: int = 40, processes: int = 2, co
     lines (plus a random 0..``jitter_s`` s, so some kills land mid-write; ``stall_s`` bounds a run that makes
     no progress), then let it finish and check the run directory."""
     from agent.rundir import check_run
-    from tests.fakes.sglang_server import FakeServer
+    from serving.fakes.policy import agent_policy
+    from serving.fakes.sglang_server import FakeServer
 
     rng = random.Random(seed)
     srv = FakeServer(latency_s=latency, fault_rate=fault_rate, seed=seed, slow_s=6.0, reply=agent_policy)

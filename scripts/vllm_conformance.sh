@@ -2,7 +2,7 @@
 # Build the vLLM conformance layer: vLLM's own Python code (its OpenAI-compatible request and response models:
 # CompletionRequest, CompletionResponse, ChatCompletionRequest, Logprob, and the sampling parameters they build)
 # importable on a CPU machine, so that the toolkit's vLLM scoring is tested against vLLM's models rather than our
-# reading of them (tests/fakes/vllm_server.py speaks them; tests/test_vllm.py).
+# reading of them (serving/fakes/vllm_server.py speaks them; tests/test_vllm.py).
 #
 #   bash scripts/vllm_conformance.sh            # builds .venv-vllm/site (~70 MB, under a minute)
 #   bash scripts/vllm_conformance.sh install    # only the files, then

@@ -338,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--reply", help="scripted mode: the planted reply text")
     ap.add_argument("--policy", metavar="MODULE:FUNCTION",
                     help="scripted mode: a function of {'messages': prompt text} returning the reply (e.g. "
-                         "scripts.soak:agent_policy, which makes the agents act)")
+                         "serving.fakes.policy:agent_policy, which makes the agents act)")
     return ap
 
 

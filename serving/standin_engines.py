@@ -51,7 +51,7 @@ class ScriptedEngine:
 
     def start(self, ids, mm, sp, k, *, want_input, input_from, original_logprobs=False):
         policy = self._policy()
-        if policy is not None:  # the reply depends on the prompt (e.g. scripts/soak.py's agent policy)
+        if policy is not None:  # the reply depends on the prompt (e.g. serving/fakes/policy.py's agent policy)
             prompt = self.tok.decode(ids, skip_special_tokens=False)
             reply = policy({"messages": prompt, "text": prompt})
         else:

@@ -108,7 +108,7 @@ def local_backends(tiny_model_dir):
 
 @pytest.fixture
 def fake_sglang(tiny_model_dir):
-    from tests.fakes.sglang_server import FakeSGLang
+    from serving.fakes.sglang_server import FakeSGLang
 
     with FakeSGLang(tokenizer_dir=str(tiny_model_dir)) as srv:
         yield srv
@@ -132,9 +132,9 @@ def shared_dir() -> Path:
 
 @pytest.fixture
 def live_web(monkeypatch):
-    """The live tools pointed at tests/fakes/web_apis.py (Serper search and Lens, Jina Reader, Serper scrape),
+    """The live tools pointed at serving/fakes/web_apis.py (Serper search and Lens, Jina Reader, Serper scrape),
     with fake keys; ``web.log`` lists every request the fake APIs received."""
-    from tests.fakes.web_apis import FakeWeb
+    from serving.fakes.web_apis import FakeWeb
 
     with FakeWeb() as web:
         monkeypatch.setenv("SERPER_API_KEY", "sk-fake")
@@ -174,8 +174,8 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture
 def web(monkeypatch):
-    """Loopback Serper / Lens / Jina (tests/fakes/web_apis.py), the live tools pointed at it."""
-    from tests.fakes.web_apis import FakeWeb
+    """Loopback Serper / Lens / Jina (serving/fakes/web_apis.py), the live tools pointed at it."""
+    from serving.fakes.web_apis import FakeWeb
 
     with FakeWeb() as w:
         for var, value in (("SERPER_API_KEY", "serper-test-key-1"), ("JINA_API_KEY", "jina-test-key-1"),

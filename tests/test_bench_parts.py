@@ -23,7 +23,7 @@ def scored_run(tmp_path, tiny_model_dir, monkeypatch):
     from agent.backends.base import model_vocab_size
     from agent.backends.local import load_chat_renderer
     from agent.backends.sglang_native import SGLangBackend
-    from tests.fakes.sglang_server import FakeSGLang
+    from serving.fakes.sglang_server import FakeSGLang
 
     tiny = str(tiny_model_dir)
     with FakeSGLang(tokenizer_dir=tiny, model_name=tiny, reply=bench_probe.tiny_reply(tiny, 120)) as srv:

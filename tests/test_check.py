@@ -29,7 +29,7 @@ def test_check_against_sglang_chat_and_native(capsys, fake_sglang, tiny_model_di
     # would refuse it (the fixture serves "fake-qwen3.5", not the --model-dir's weights)
     rc, rep = run(capsys, "--endpoint", fake_sglang.url, "--backend", "sglang", "--model-dir", str(tiny_model_dir))
     assert rc == 1 and "serves the weights 'fake-qwen3.5'" in rep["problems"][0]
-    from tests.fakes.sglang_server import FakeSGLang
+    from serving.fakes.sglang_server import FakeSGLang
 
     with FakeSGLang(tokenizer_dir=str(tiny_model_dir), model_name=str(tiny_model_dir)) as srv:
         rc, rep = run(capsys, "--endpoint", srv.url, "--backend", "sglang", "--model-dir", str(tiny_model_dir))
@@ -37,10 +37,10 @@ def test_check_against_sglang_chat_and_native(capsys, fake_sglang, tiny_model_di
 
 
 def test_check_fails_on_unsorted_alternatives(capsys, fake_sglang, monkeypatch):
-    from tests.fakes import sglang_server
+    from serving.fakes import sglang_tokens
 
-    orig = sglang_server._top
-    monkeypatch.setattr(sglang_server, "_top", lambda *a: list(reversed(orig(*a))))
+    orig = sglang_tokens.top
+    monkeypatch.setattr(sglang_tokens, "top", lambda *a: list(reversed(orig(*a))))
     rc, rep = run(capsys, "--endpoint", fake_sglang.url, "--server", "other")
     # the chat parser sorts alternatives itself, but the chosen token then disagrees with its list
     assert rc == 1 and not rep["ok"] and rep["problems"]
@@ -63,7 +63,7 @@ def test_the_next_command_it_prints_runs(capsys, tiny_model_dir, tmp_path):
     import shlex
 
     from agent.run import main as run_main
-    from tests.fakes.sglang_server import FakeSGLang
+    from serving.fakes.sglang_server import FakeSGLang
 
     with FakeSGLang(tokenizer_dir=str(tiny_model_dir), model_name=str(tiny_model_dir)) as srv:  # serves those weights
         rc = main(["--endpoint", srv.url, "--backend", "sglang", "--model-dir", str(tiny_model_dir), "--max-tokens", "8"])

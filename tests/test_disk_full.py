@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from agent.rundir import check_run
-from scripts.soak import agent_policy
+from serving.fakes.policy import agent_policy
+from serving.fakes.sglang_server import FakeSGLang
 from tests.conftest import REPO
-from tests.fakes.sglang_server import FakeSGLang
 from tests.guards import HANG_GUARD_S
 
 pytestmark = pytest.mark.slow

@@ -1,6 +1,6 @@
 """Fault tests: no model output, transport fault, kill or bad file loses a unit or aborts a run.
 
-The loopback SGLang stand-in injects the faults (tests/fakes/sglang_server.py: TRANSPORT_FAULTS, GARBAGE);
+The loopback SGLang stand-in injects the faults (serving/fakes/sglang_server.py: TRANSPORT_FAULTS, GARBAGE);
 ``scripts/soak.py`` is the long version of the kill loop below.
 """
 from __future__ import annotations
@@ -17,10 +17,11 @@ import pytest
 from agent.run import main as run_main
 from agent.rundir import RunDir, check_run, load_run
 from agent.rundir.lines import seal
-from scripts.soak import agent_policy, soak
+from scripts.soak import soak
+from serving.fakes.policy import agent_policy
+from serving.fakes.sglang_server import GARBAGE, FakeSGLang
+from tests import records
 from tests.conftest import REPO
-from tests.fakes import records
-from tests.fakes.sglang_server import GARBAGE, FakeSGLang
 from tests.guards import HANG_GUARD_S
 
 #: Client timeouts far above what any normal reply of the loopback stand-in takes on a loaded 2-core machine,
@@ -207,8 +208,8 @@ def test_no_key_is_written_anywhere(tmp_path, monkeypatch, capsys):
     errors, run, probe and judge, then grep every file they wrote."""
     from http.server import ThreadingHTTPServer
 
-    from tests.fakes.http_base import JSONHandler
-    from tests.fakes.web_apis import FakeWeb
+    from serving.fakes.http_base import JSONHandler
+    from serving.fakes.web_apis import FakeWeb
 
     for k, v in SECRETS.items():
         monkeypatch.setenv(k, v)

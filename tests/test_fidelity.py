@@ -9,8 +9,9 @@ import pytest
 
 from probes.entropy import main as entropy_main
 from probes.fidelity import main as fidelity_main
-from scripts.soak import agent_policy
-from tests.fakes.sglang_server import FakeSGLang, record_react_run
+from serving.fakes.policy import agent_policy
+from serving.fakes.sglang_server import FakeSGLang
+from tests.records import record_react_run
 
 
 @pytest.fixture(scope="module")

@@ -82,7 +82,7 @@ async def test_native_score_over_a_kept_alive_connection(tiny_model_dir, red_ima
     """The benches' fake speaks HTTP/1.1 with persistent connections, as SGLang's server does: consecutive
     scorings reuse one connection (the default fake closes it after every reply) and score the same."""
     from agent.backends.local import load_chat_renderer
-    from tests.fakes.sglang_server import FakeSGLang
+    from serving.fakes.sglang_server import FakeSGLang
 
     ids = load_chat_renderer(str(tiny_model_dir))("It is red.", add_special_tokens=False)["input_ids"]
     got = {}
@@ -116,7 +116,7 @@ async def test_native_score_flat_top_logprobs_are_the_nested_ones(tiny_model_dir
     give, with and without an image. A server that ignores the fields answers nested (parsed as before); one that
     refuses them with a 400 is asked again without them, once, said on stderr, and nested from then on."""
     from agent.backends.local import load_chat_renderer
-    from tests.fakes.sglang_server import FakeSGLang
+    from serving.fakes.sglang_server import FakeSGLang
 
     ids = load_chat_renderer(str(tiny_model_dir))("It is red, I think.", add_special_tokens=False)["input_ids"]
     text_only = [{"role": "user", "content": [{"type": "text", "text": "What is this?"}]}]
@@ -477,7 +477,7 @@ async def test_a_hung_server_is_found_by_its_health_while_a_request_waits_not_at
 
     from agent.backends.base import ModelServerDown
     from agent.http import RetryPolicy
-    from tests.fakes.sglang_server import FakeSGLang
+    from serving.fakes.sglang_server import FakeSGLang
 
     watch = RetryPolicy(retries=0, timeout_s=600, liveness_every_s=0.5)
     with FakeSGLang(tokenizer_dir=str(tiny_model_dir), model_name=str(tiny_model_dir), latency_s=1.5) as srv:

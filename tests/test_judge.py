@@ -13,7 +13,7 @@ from agent.judge import main as judge_main
 from agent.prompts import JUDGE
 from agent.run import RunConfig, run
 from agent.rundir.grades import latest_grades
-from tests.fakes.sglang_server import FakeSGLang
+from serving.fakes.sglang_server import FakeSGLang
 
 
 @pytest.mark.parametrize("reply,grade,extracted", [

@@ -12,7 +12,7 @@ import pytest
 from agent.http import HTTPError, RetryPolicy, make_client, request_json
 from agent.model_http import ModelClient
 from agent.redact import is_host, redact, redact_console, register_key_var
-from tests.fakes.http_base import JSONHandler
+from serving.fakes.http_base import JSONHandler
 from tests.guards import HANG_GUARD_S
 
 #: the clients request_json is given: httpx for the live tools, aiohttp for the model servers (the backends, a judge)
@@ -439,8 +439,8 @@ def test_a_key_the_server_echoes_is_in_no_file_of_the_run_and_never_printed(tmp_
     import subprocess
     import sys
 
+    from serving.fakes.sglang_server import FakeSGLang
     from tests.conftest import REPO
-    from tests.fakes.sglang_server import FakeSGLang
 
     key = "zq-echoed-9f8e7d6c5b4a3210"
     env = {**os.environ, "MMCF_PLAIN_VAR": key, "PYTHONPATH": str(REPO)}

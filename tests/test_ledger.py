@@ -11,8 +11,8 @@ from agent.ledger import main as ledger_main
 from agent.run import main as run_main
 from agent.rundir import load_run
 from agent.rundir.ledger import PAPER_TABLE4, compute_ledger, load_prices
-from scripts.soak import agent_policy
-from tests.fakes.sglang_server import FakeSGLang
+from serving.fakes.policy import agent_policy
+from serving.fakes.sglang_server import FakeSGLang
 
 PRICES = {"models": {"fake-qwen3.5": {"input_per_1m": 1.0, "output_per_1m": 2.0}},
           "tools": {"search": {"per_call": 0.001}, "visit": {"per_call": 0.002}, "lens_search": {"per_call": 0.003}},

@@ -180,7 +180,8 @@ def test_the_servers_cached_tokens_beside_the_models_prediction(tmp_path, tiny_m
     import json
 
     from probes.entropy import main as entropy_main
-    from tests.fakes.sglang_server import FakeSGLang, record_react_run
+    from serving.fakes.sglang_server import FakeSGLang
+    from tests.records import record_react_run
 
     run = tmp_path / "r"
     record_react_run(run, tiny_model_dir, limit=3)

@@ -5,7 +5,7 @@ import pytest
 
 from agent.identity import same_model
 from agent.preflight import main as preflight_main
-from tests.fakes.sglang_server import FakeSGLang
+from serving.fakes.sglang_server import FakeSGLang
 
 
 def test_every_missing_key_is_listed(monkeypatch, capsys):

@@ -11,7 +11,7 @@ from agent.backends.scripted import ScriptedBackend
 from agent.prompts import GROUNDING_PASS1, GROUNDING_PASS2
 from agent.run import RunConfig, run
 from probes.grounding import LabelError, annotate_run, parse_labels
-from tests.fakes.sglang_server import FakeSGLang
+from serving.fakes.sglang_server import FakeSGLang
 
 
 def policy(messages):

@@ -180,8 +180,9 @@ def test_a_probe_killed_again_and_again_finishes_with_nothing_lost_doubled_or_le
     import signal
     import time
 
-    from scripts.soak import agent_policy
-    from tests.fakes.sglang_server import FakeSGLang, record_react_run
+    from serving.fakes.policy import agent_policy
+    from serving.fakes.sglang_server import FakeSGLang
+    from tests.records import record_react_run
 
     run = tmp_path / "run"
     record_react_run(run, tiny_model_dir, limit=2)

@@ -21,8 +21,9 @@ from agent.backends.sglang_native import SGLangBackend
 from agent.rundir import load_run
 from agent.rundir.sidecar import encode, read_prompt_pieces
 from probes.entropy import main as entropy_main
-from scripts.soak import agent_policy
-from tests.fakes.sglang_server import FakeSGLang, record_react_run
+from serving.fakes.policy import agent_policy
+from serving.fakes.sglang_server import FakeSGLang
+from tests.records import record_react_run
 
 
 def _pieces(rng, n):

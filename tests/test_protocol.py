@@ -9,8 +9,8 @@ import pytest
 from agent.run import SERVED_MAX_TOKENS
 from agent.run import main as run_main
 from agent.rundir import RunDir, load_run
-from scripts.soak import agent_policy
-from tests.fakes.sglang_server import FakeSGLang
+from serving.fakes.policy import agent_policy
+from serving.fakes.sglang_server import FakeSGLang
 
 
 def _cli(url, out, *extra):

@@ -14,7 +14,7 @@ import pytest
 from agent import prompts_release as R
 from agent.run import main as run_main
 from agent.rundir import load_run
-from tests.fakes.sglang_server import FakeSGLang
+from serving.fakes.sglang_server import FakeSGLang
 
 FIELDS = {"model", "messages", "max_completion_tokens", "temperature", "top_p"}
 

@@ -63,7 +63,7 @@ def test_a_key_equal_to_a_name_the_run_records_is_not_redacted(monkeypatch, caps
 def test_secret_looking_variables_holding_numbers_and_names_leave_every_record_parseable(tmp_path):
     """MAX_NEW_TOKENS=131072 and TOKENIZER_NAME=<the served model> in the environment: header.json and every
     result line parse, with their true values (the name-based redaction wrote ``"max_tokens": [REDACTED]``)."""
-    from tests.fakes.sglang_server import FakeSGLang
+    from serving.fakes.sglang_server import FakeSGLang
 
     run = tmp_path / "run"
     env = {**os.environ, "MAX_NEW_TOKENS": "131072", "TOKENIZER_NAME": "fake-qwen3.5", "PYTHONPATH": str(REPO)}
@@ -84,7 +84,7 @@ def test_an_endpoint_password_is_in_no_file_and_no_console_line_even_when_the_se
     """``--endpoint http://alice:PW@host`` sends ``Authorization: Basic base64(alice:PW)``; a server that puts that
     header, the pair and the password into its replies and its error bodies gets none of them into any file of the
     run or the console of the run, the judge and the viewer."""
-    from tests.fakes.sglang_server import FakeSGLang
+    from serving.fakes.sglang_server import FakeSGLang
 
     pw = "s3cret-Pw-4711"
     pair = f"alice:{pw}"

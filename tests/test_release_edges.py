@@ -13,8 +13,8 @@ import pytest
 from agent import prompts_release as R
 from agent.run import main as run_main
 from agent.rundir import load_run
-from tests.fakes.sglang_server import FakeSGLang
-from tests.fakes.web_apis import thumbnail
+from serving.fakes.sglang_server import FakeSGLang
+from serving.fakes.web_apis import thumbnail
 
 
 def texts(msg) -> list[str]:

@@ -1,6 +1,6 @@
 """``--protocol release`` under faults, odd input and malformed actions (issue 81): what the authors' release
 (iLearn-Lab/MM26-MMContextFold @16fa474) does at each, asserted from its code (file:line beside each), and the default
-protocol's own choice beside it (docs/fidelity.md). Loopback Serper / Lens / Jina (tests/fakes/web_apis.py) and a
+protocol's own choice beside it (docs/fidelity.md). Loopback Serper / Lens / Jina (serving/fakes/web_apis.py) and a
 scripted model (tests/test_release_edges.py's harness)."""
 from __future__ import annotations
 

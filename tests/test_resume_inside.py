@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from agent.rundir import check_run, load_run, token_key
-from tests.fakes.sglang_server import FakeSGLang
+from serving.fakes.sglang_server import FakeSGLang
 from tests.guards import HANG_GUARD_S
 
 from .conftest import REPO

@@ -18,8 +18,8 @@ from agent.backends.scripted import ScriptedBackend
 from agent.run import RunConfig, run
 from agent.run import main as run_main
 from agent.rundir import RunDir, RunError, load_run
+from serving.fakes.sglang_server import FakeSGLang
 from tests.conftest import REPO
-from tests.fakes.sglang_server import FakeSGLang
 from tests.guards import HANG_GUARD_S
 
 
@@ -383,7 +383,7 @@ def test_errors_give_exit_3_with_the_retry_command_and_a_streak_stops_the_run(tm
 
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_header_records_whether_the_server_is_deterministic(tmp_path, capsys, deterministic):
-    from tests.fakes.sglang_server import FakeServer
+    from serving.fakes.sglang_server import FakeServer
 
     srv = FakeServer(deterministic=deterministic)
     import threading
@@ -454,7 +454,7 @@ def test_a_server_that_changes_model_mid_run_is_caught_and_nothing_of_the_other_
     """F6: SGLang's native replies do not name the model; after each trajectory the runner asks the server which
     weights it serves. Once they change, every trajectory ends `error` (ServedModelChanged) without its calls,
     and the command says why."""
-    from tests.fakes.sglang_server import FakeSGLang
+    from serving.fakes.sglang_server import FakeSGLang
 
     calls = {"n": 0}
     with FakeSGLang(tokenizer_dir=str(tiny_model_dir), model_name=str(tiny_model_dir)) as srv:

@@ -18,7 +18,7 @@ from tests.guards import HANG_GUARD_S
 
 LAUNCH = str(REPO / "serving" / "launch_qwen35.sh")
 STOP = str(REPO / "serving" / "stop.sh")
-STANDIN = f"{sys.executable} {REPO / 'tests' / 'fakes' / 'sglang_server.py'}"
+STANDIN = f"{sys.executable} {REPO / 'serving' / 'fakes' / 'sglang_server.py'}"
 
 
 def _bindable(port: int) -> bool:
@@ -301,7 +301,7 @@ def test_progress_while_waiting_and_stop_finds_other_run_dirs(tmp_path):
     run_dir = tmp_path / "elsewhere"
     env = {"MMCF_STATE_DIR": str(tmp_path / "state")}
     r = sh([LAUNCH, "--port", str(p), "--serve-dir", str(run_dir), "--timeout", "60", "--progress-every", "0.5",
-            "--server-command", f"{sys.executable} {slow} {REPO / 'tests' / 'fakes' / 'sglang_server.py'}",
+            "--server-command", f"{sys.executable} {slow} {REPO / 'serving' / 'fakes' / 'sglang_server.py'}",
             "--gpus", "8", "9b"], env=env)
     try:
         assert r.returncode == 0, r.stdout + r.stderr

@@ -11,9 +11,9 @@ import pytest
 from agent.backends.base import routing_key
 from agent.rundir import check_run, load_run
 from agent.rundir.shards import shard_units
-from scripts.soak import agent_policy
+from serving.fakes.policy import agent_policy
+from serving.fakes.sglang_server import FakeSGLang
 from tests.conftest import REPO
-from tests.fakes.sglang_server import FakeSGLang
 from tests.slurm_cluster import Cluster, unavailable
 from tests.test_shards import unit_outcomes
 

@@ -12,8 +12,8 @@ from agent.preflight import PreflightError, model_identity
 from agent.run import main as run_main
 from probes.entropy import main as entropy_main
 from probes.entropy import probe_run
-from scripts.soak import agent_policy
-from tests.fakes.sglang_server import FakeSGLang
+from serving.fakes.policy import agent_policy
+from serving.fakes.sglang_server import FakeSGLang
 from tests.test_probe_entropy import _run, planted, policy
 
 

@@ -19,7 +19,7 @@ from agent.tools import (
 )
 from agent.tools.demo_world import QUESTIONS, build_demo_world
 from agent.tools.policy import DEFAULT_TOOLS
-from tests.fakes.web_apis import FakeWeb
+from serving.fakes.web_apis import FakeWeb
 
 FAST = RetryPolicy(retries=2, backoff_s=0.01, timeout_s=5)
 

@@ -131,7 +131,7 @@ def test_a_non_ascii_sample_id_runs_and_a_control_character_in_an_id_is_refused_
     from PIL import Image
 
     from agent.backends.base import routing_key
-    from tests.fakes.sglang_server import FakeSGLang
+    from serving.fakes.sglang_server import FakeSGLang
 
     bench = tmp_path / "bench"
     (bench / "imgs").mkdir(parents=True)
@@ -162,7 +162,7 @@ def test_a_hung_model_server_ends_the_run_within_its_request_timeout_keeping_wha
     """A server that stops answering (its scheduler hung: no reply, /health 503) ends the run one request timeout
     after it hung, with one line and exit 6; the finished units are written, those in flight resume on the rerun
     (issue 55, item 9: it waited the timeout once per request and retry before)."""
-    from tests.fakes.sglang_server import FakeSGLang
+    from serving.fakes.sglang_server import FakeSGLang
 
     run = tmp_path / "run"
     with FakeSGLang(reply="<think>\nhm\n</think>\n\n<answer>red</answer>") as srv:
@@ -187,7 +187,8 @@ def test_a_model_server_that_dies_mid_probe_ends_the_probe_at_once_keeping_every
     """The entropy probe (teacher-forced, SGLang's native API) against a server that dies part-way: it ends with one
     line (exit 2) at the first request that gets no reply, every finished step kept, instead of retrying every
     remaining step in turn (issue 55, item 9)."""
-    from tests.fakes.sglang_server import FakeSGLang, record_react_run
+    from serving.fakes.sglang_server import FakeSGLang
+    from tests.records import record_react_run
 
     run = tmp_path / "run"
     record_react_run(run, tiny_model_dir, limit=3)

@@ -127,7 +127,7 @@ def test_on_the_embedded_tiny_model(tmp_path, tiny_model_dir, monkeypatch):
 @pytest.mark.slow
 def test_on_sglang_native(tmp_path, tiny_model_dir):
     """SGLang's native /generate: scoring by prompt logprobs (the loopback server's wire format)."""
-    from tests.fakes.sglang_server import FakeSGLang
+    from serving.fakes.sglang_server import FakeSGLang
 
     with FakeSGLang(tokenizer_dir=str(tiny_model_dir), model_name=str(tiny_model_dir)) as srv:
         assert _adaptive(tmp_path / "s", "--limit", "1", "--t-max", "4", "--max-tokens", "16",

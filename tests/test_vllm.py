@@ -1,5 +1,5 @@
 """vLLM as a second engine (agent/backends/vllm.py) against a stand-in that reads and writes vLLM 0.33.0's own request
-and response models (tests/fakes/vllm_server.py, the tiny model's real logprobs): the request shapes vLLM reads, and
+and response models (serving/fakes/vllm_server.py, the tiny model's real logprobs): the request shapes vLLM reads, and
 the faults a real engine cannot be made to show cheaply (another logprobs mode, no token-in route, images reduced,
 other weights under the same name, ids that do not spell the reply). The whole chain on a real vLLM engine is
 tests/test_real_engine.py."""
@@ -36,7 +36,7 @@ MSGS = [{"role": "user", "content": "In which year was the bridge in the photo o
 
 def _standin(tiny_model_dir, *extra):
     port = free_port()
-    p = subprocess.Popen([sys.executable, str(REPO / "tests" / "fakes" / "vllm_server.py"), "--port", str(port),
+    p = subprocess.Popen([sys.executable, str(REPO / "serving" / "fakes" / "vllm_server.py"), "--port", str(port),
                           "--model-dir", str(tiny_model_dir), "--enable-scale-out",
                           *extra], env={**os.environ, "PYTHONPATH": PYPATH},
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -244,7 +244,7 @@ def test_the_launcher_plans_and_starts_vllm_servers_and_clients_read_its_record(
     port, run_dir = free_port(), tmp_path / "serve"
     env = {"PYTHONPATH": PYPATH, "QWEN35_9B_PATH": str(tiny_model_dir), "MMCF_STATE_DIR": str(tmp_path / "state")}
     r = sh([LAUNCH, "--engine", "vllm", "--port", str(port), "--serve-dir", str(run_dir), "--timeout", "600",
-            "--gpus", "8", "--server-command", f"{sys.executable} {REPO / 'tests' / 'fakes' / 'vllm_server.py'}", "9b"],
+            "--gpus", "8", "--server-command", f"{sys.executable} {REPO / 'serving' / 'fakes' / 'vllm_server.py'}", "9b"],
            env=env, timeout=HANG_GUARD_S)
     try:
         assert r.returncode == 0, r.stdout + r.stderr

@@ -89,7 +89,7 @@ class RealSGLang:
                "--mode", mode, "--served-model-name", "tiny-qwen35", "--leak-file", str(self.leak_file),
                "--mode-file", str(self.mode_file), "--original-logprob-file", str(self.original_file)]
         if mode in ("scripted", "both"):
-            cmd += ["--policy", "scripts.soak:agent_policy"]
+            cmd += ["--policy", "serving.fakes.policy:agent_policy"]
         self.p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
                                   start_new_session=True)
         deadline = time.time() + 600  # a bound, not a timing assumption: a loaded 2-core machine takes 60-90 s
@@ -158,7 +158,7 @@ def _real_sglang_both(tmp_path_factory, tiny_model_dir):
 
 @pytest.fixture
 def real_sglang(_real_sglang_both):
-    """Scripted stand-in: the agents act (scripts/soak.py's policy), the reasoning split is exercised."""
+    """Scripted stand-in: the agents act (serving/fakes/policy.py's policy), the reasoning split is exercised."""
     return _real_sglang_both.use("scripted")
 
 

@@ -1,7 +1,7 @@
 """The toolkit's chain against SGLang 0.5.23's own HTTP server, TokenizerManager and DetokenizerManager, with our
 scheduler stand-in (``serving/standin.py``) as the only piece not SGLang's (issue 21).
 
-Each run is also made against the loopback fake (``tests/fakes/sglang_server.py``); the records must agree
+Each run is also made against the loopback fake (``serving/fakes/sglang_server.py``); the records must agree
 (same fields, same token counts per call): a difference is a bug in the client or in the fake.
 """
 from __future__ import annotations
@@ -12,12 +12,12 @@ import pytest
 from agent.identity import SERVER_FACTS
 from agent.run import main as run_main
 from agent.rundir import load_run
-from scripts.soak import agent_policy
-from tests.fakes.sglang_server import FakeSGLang
+from serving.fakes.policy import agent_policy
+from serving.fakes.sglang_server import FakeSGLang
 from tests.guards import HANG_GUARD_S
 
 #: What must be equal call by call, real front end vs fake (the chat path's prompt_tokens excepted: the fake does
-#: not render the chat template there, see tests/fakes/sglang_server.py).
+#: not render the chat template there, see serving/fakes/sglang_server.py).
 SAME = ("n_tokens", "think_tokens", "finish_reason", "text", "reasoning", "n_images", "n_query_images", "state",
         "semantics")
 

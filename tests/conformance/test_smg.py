@@ -1,6 +1,6 @@
 """smg (SGLang Model Gateway 1.13.0, the real gateway binary the conformance layer installs) in front of loopback
 workers: what our requests carry arrives intact, a trajectory's calls stay on one worker (the routing key), and a
-worker lost mid-run is survived by the runner's retries. The workers are tests/fakes/sglang_server.py, which
+worker lost mid-run is survived by the runner's retries. The workers are serving/fakes/sglang_server.py, which
 records every body and header it receives (SGLang's real front end behind smg: tests/conformance/test_gateway.py)."""
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ from agent.backends.sglang_native import SGLangBackend
 from agent.http import RetryPolicy
 from agent.run import main as run_main
 from agent.rundir import check_run, load_run
-from scripts.soak import agent_policy
+from serving.fakes.policy import agent_policy
+from serving.fakes.sglang_server import FakeSGLang
 from serving.plan import router_command
 from tests.conformance.conftest import REPO, SITE, _need_front_end
-from tests.fakes.sglang_server import FakeSGLang
 from tests.test_serving_launch import free_port
 
 #: The fields smg 1.13.0 adds to a /generate body that leaves them out: SGLang's own defaults (GenerateReqInput).

@@ -1,6 +1,6 @@
 """A loopback stand-in for an SGLang server, speaking SGLang's real wire format.
 
-    python tests/fakes/sglang_server.py --port 30000 [--model-name NAME] [--tokenizer DIR] [--latency S] [--reply TEXT]
+    python serving/fakes/sglang_server.py --port 30000 [--model-name NAME] [--tokenizer DIR] [--latency S] [--reply TEXT]
 
 Serves ``/health``, ``/health_generate``, ``/v1/models``, ``/get_model_info``, native
 ``/generate`` (``meta_info`` with ``[logprob, token_id, text_or_null]`` triples; scoring with
@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import struct
 import sys
 import threading
 import time
@@ -36,9 +35,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # runnable as a script too
 
 from agent.jsonio import dumps, loads  # noqa: E402
-from tests.fakes.http_base import JSONHandler  # noqa: E402
-
-IMAGE_EXPANSION = 4  # tokens per image placeholder (unknown to the client, as on a real server)
+from serving.fakes import sglang_tokens as toks  # noqa: E402
+from serving.fakes.http_base import JSONHandler  # noqa: E402
 
 #: Model-output faults: what a confused model can emit (each must become a correction or an error
 #: observation, never abort a run).
@@ -72,142 +70,6 @@ BAD_VALUES = {
     "overfull_top": lambda m: [t.__setitem__(0, -2.4079456) for t in m["output_top_logprobs"][0]],
 }
 DEFAULT_REPLY = "Let me look at the picture.</think>\n\nIt shows a red square."
-
-
-class _Tok:
-    """Tokenizer wrapper: the tiny model's real tokenizer (and processor) when given, else one id per character."""
-
-    def __init__(self, tok_dir: str | None):
-        self.hf = self.proc = None
-        if tok_dir:
-            from transformers import AutoTokenizer
-
-            self.hf = AutoTokenizer.from_pretrained(tok_dir)
-            try:
-                from transformers import AutoProcessor
-
-                self.proc = AutoProcessor.from_pretrained(tok_dir)
-            except Exception:  # noqa: BLE001 - a tokenizer-only directory: fixed expansion
-                self.proc = None
-        self.image_pad = self.encode("<|image_pad|>")[0] if self.hf else 9001
-        # a generation that stops by itself ends with the model's EOS, which SGLang returns as the last output token
-        # (in output_ids, its logprobs and completion_tokens), as its real front end does (serving/standin.py
-        # showed it; the fake left it out before). Only with a real tokenizer (one id per character has none).
-        self.eos = self.encode("<|im_end|>")[0] if self.hf else None
-        self._n_cache: dict[int, int] = {}
-
-    CHUNK0 = 0x200000  # without a tokenizer, very long texts come as 100-character tokens (ids from here on)
-
-    def encode(self, text: str) -> list[int]:
-        if self.hf:
-            return self.hf(text, add_special_tokens=False)["input_ids"]
-        if len(text) > 16384:
-            if not hasattr(self, "_chunks"):
-                self._chunks: list[str] = []
-            ids = []
-            for i in range(0, len(text), 100):
-                self._chunks.append(text[i:i + 100])
-                ids.append(self.CHUNK0 + len(self._chunks) - 1)
-            return ids
-        return [ord(c) for c in text]
-
-    def decode_all(self, ids: list[int]) -> str:
-        """A prompt's text from its ids (what a reply policy reads when the request came as ids)."""
-        if self.hf:
-            return self.hf.decode(list(ids), skip_special_tokens=False)
-        return "".join(self.decode(i) for i in ids)
-
-    def decode(self, i: int) -> str:
-        if self.hf:
-            return self.hf.decode([i], skip_special_tokens=False)
-        if i >= self.CHUNK0:
-            return self._chunks[i - self.CHUNK0]
-        return chr(i) if i < 0x110000 else "?"
-
-    def image_tokens(self, data_uri: str) -> int:
-        """How many tokens one image placeholder becomes: the processor's image_grid_thw / merge_size² (as
-        SGLang's Qwen-VL processing does), or IMAGE_EXPANSION without a processor."""
-        if self.proc is None:
-            return IMAGE_EXPANSION
-        key = hash(data_uri)
-        if key not in self._n_cache:
-            import base64
-            import io
-
-            from PIL import Image
-
-            img = Image.open(io.BytesIO(base64.b64decode(data_uri.split(",", 1)[1]))).convert("RGB")
-            g = self.proc.image_processor(images=[img])["image_grid_thw"][0].tolist()
-            merge = int(getattr(self.proc.image_processor, "merge_size", 2))
-            self._n_cache[key] = int(g[0] * g[1] * g[2]) // (merge * merge)
-        return self._n_cache[key]
-
-
-def _f32(x: float) -> float:
-    """A float32 value as SGLang's JSON carries it (``-1.8349664211273193``: the server's logprobs are float32,
-    printed as doubles), so a reply has a real one's size and parsing cost (shared/data/sglang_responses/)."""
-    return struct.unpack("f", struct.pack("f", x))[0]
-
-
-def _top(tid: int, k: int, pos: int, tok: _Tok, with_text: bool):
-    """A deterministic top-k list (best first) whose first entry is the chosen token: one distribution (its
-    probabilities sum to less than 1, as a true top-k does)."""
-    lps = [_f32(-0.05 - 0.01 * (pos % 7) - 1e-4 * (pos % 97))] + [
-        _f32(-(4.0 + 0.35 * j + 0.02 * (pos % 5) + 1e-4 * (pos % 89))) for j in range(1, k)]
-    ids = [tid] + [(tid + 7 * j) % 600 + 1 for j in range(1, k)]
-    return [[lp, i, tok.decode(i) if with_text else None] for lp, i in zip(lps, ids)]
-
-
-def _tops_arrays(ids: list[int], k: int):
-    """:func:`_top` for positions 1 .. n-1 at once, as (float32 values, int32 ids) of shape (n-1, k): the same
-    numbers (the same float64 arithmetic, then float32), without a Python object per alternative, so the benches'
-    fake spends little CPU beside the client it measures."""
-    import numpy as np
-
-    t = np.asarray(ids[1:], dtype=np.int64)[:, None]
-    pos = np.arange(1, len(ids), dtype=np.int64)[:, None]
-    jj = np.arange(1, k, dtype=np.int64)[None, :]
-    first = -0.05 - 0.01 * (pos % 7) - 1e-4 * (pos % 97)
-    rest = -(4.0 + 0.35 * jj + 0.02 * (pos % 5) + 1e-4 * (pos % 89))
-    val = np.concatenate([first, rest], axis=1)[:, :k]
-    idx = np.concatenate([t, (t + 7 * jj) % 600 + 1], axis=1)[:, :k]
-    return val, idx.astype(np.int32)
-
-
-def _flat_from_arrays(side: str, val, idx, null_prefix: int, b64: bool) -> dict:
-    import base64
-
-    import numpy as np
-
-    pre = f"{side}_top_logprobs"
-    val = np.asarray(val, dtype=np.float32)
-    if b64:
-        fields = {f"{pre}_val_flat_b64": base64.b64encode(val.tobytes()).decode(),
-                  f"{pre}_idx_flat_b64": base64.b64encode(np.asarray(idx, dtype=np.int32).tobytes()).decode(),
-                  f"{pre}_val_flat_b64_dtype": "float32", f"{pre}_idx_flat_b64_dtype": "int32"}
-    else:
-        fields = {f"{pre}_val_flat": val.reshape(-1).tolist(), f"{pre}_idx_flat": np.asarray(idx).reshape(-1).tolist()}
-    return {**fields, f"{pre}_shape": [int(val.shape[0]), int(val.shape[1])], f"{pre}_null_prefix": null_prefix}
-
-
-def _flat_fields(side: str, tops: list, k: int, b64: bool) -> dict:
-    """SGLang 0.5.23's flat top-logprob fields for nested rows (as its TokenizerManager builds them: the leading
-    null rows counted, the rest a rows x k float32 / int32 array, base64 little-endian with dtype markers, or
-    plain lists keeping the rows' own values)."""
-    null_prefix = 0
-    while null_prefix < len(tops) and not tops[null_prefix]:
-        null_prefix += 1
-    rows = tops[null_prefix:]
-    k = len(rows[0]) if rows else k
-    if b64:
-        import numpy as np
-
-        val = np.asarray([[a[0] for a in r] for r in rows], dtype=np.float32).reshape(len(rows), k)
-        idx = np.asarray([[a[1] for a in r] for r in rows], dtype=np.int32).reshape(len(rows), k)
-        return _flat_from_arrays(side, val, idx, null_prefix, True)
-    pre = f"{side}_top_logprobs"
-    return {f"{pre}_val_flat": [a[0] for r in rows for a in r], f"{pre}_idx_flat": [a[1] for r in rows for a in r],
-            f"{pre}_shape": [len(rows), k], f"{pre}_null_prefix": null_prefix}
 
 
 class _Handler(JSONHandler):
@@ -415,21 +277,21 @@ class _Handler(JSONHandler):
             ids = prompt_ids[start:]
             if drift:
                 ids = ids[:-1] + [ids[-1] + 1]
-            # the scored token's logprob is its entry in the top list (:func:`_top` puts it first), as on a real server
-            entries = [[None if j == 0 else _f32(-0.05 - 0.01 * (j % 7) - 1e-4 * (j % 97)), t,
+            # the scored token's logprob is its entry in the top list (:func:`toks.top` puts it first), as on a real server
+            entries = [[None if j == 0 else toks.f32(-0.05 - 0.01 * (j % 7) - 1e-4 * (j % 97)), t,
                         tok.decode(t) if with_text else None] for j, t in enumerate(ids)]
             flat = bool(req.get("return_flat_raw_top_logprobs")) and k > 0 and self.server.flat == "yes"
             if flat and not with_text and len(ids) > 1:  # the arrays straight away (what the benches ask for)
-                val, idx = _tops_arrays(ids, k)
+                val, idx = toks.tops_arrays(ids, k)
                 if self._leaks(ids_in, req):
                     entries = [[e[0] if e[0] is None else e[0] - self.server.leak, *e[1:]] for e in entries]
                     val = val.astype("float32").astype("float64") - self.server.leak
                 meta.update({"finish_reason": {"type": "length", "length": 0}, "completion_tokens": 0,
                              "input_token_logprobs": entries, "output_token_logprobs": [], "output_top_logprobs": [],
-                             **_flat_from_arrays("input", val, idx, 1,
+                             **toks.flat_from_arrays("input", val, idx, 1,
                                                  bool(req.get("return_flat_raw_top_logprobs_b64")))})
                 return {"text": "", "output_ids": [], "meta_info": meta}
-            tops = [None if j == 0 else _top(t, k, j, tok, with_text) for j, t in enumerate(ids)]
+            tops = [None if j == 0 else toks.top(t, k, j, tok, with_text) for j, t in enumerate(ids)]
             if self._leaks(ids_in, req):
                 entries = [[e[0] if e[0] is None else e[0] - self.server.leak, *e[1:]] for e in entries]
                 tops = [t if t is None else [[a[0] - self.server.leak, *a[1:]] for a in t] for t in tops]
@@ -437,7 +299,7 @@ class _Handler(JSONHandler):
                          "input_token_logprobs": entries, "input_top_logprobs": tops,
                          "output_token_logprobs": [], "output_top_logprobs": []})
             if flat:
-                meta.update(_flat_fields("input", tops, k, bool(req.get("return_flat_raw_top_logprobs_b64"))))
+                meta.update(toks.flat_fields("input", tops, k, bool(req.get("return_flat_raw_top_logprobs_b64"))))
                 del meta["input_top_logprobs"]  # flat replaces nested for the input side (SGLang 0.5.23)
             return {"text": "", "output_ids": [], "meta_info": meta}
         if callable(self.server.reply) and req.get("text") is None and req.get("input_ids") is not None:
@@ -457,8 +319,8 @@ class _Handler(JSONHandler):
             with self.server.lock:
                 hit = self.server.chat_cache.get(key)
             if hit is None:
-                hit = ([[_top(t, max(k, 1), j, tok, with_text)[0][0], t, tok.decode(t) if with_text else None]
-                        for j, t in enumerate(out_ids)], [_top(t, k, j, tok, with_text) for j, t in enumerate(out_ids)])
+                hit = ([[toks.top(t, max(k, 1), j, tok, with_text)[0][0], t, tok.decode(t) if with_text else None]
+                        for j, t in enumerate(out_ids)], [toks.top(t, k, j, tok, with_text) for j, t in enumerate(out_ids)])
                 with self.server.lock:
                     self.server.chat_cache[key] = hit
             meta["output_token_logprobs"], meta["output_top_logprobs"] = hit
@@ -534,7 +396,7 @@ class _Handler(JSONHandler):
             content_lp = []
             for j, (t, s) in enumerate(zip(out_ids, texts)):
                 top, seen = [], set()
-                for lp, i, _ in _top(t, k, j, tok, True):
+                for lp, i, _ in toks.top(t, k, j, tok, True):
                     txt = tok.decode(i)
                     if txt in seen:  # SGLang dedupes alternatives by decoded text
                         continue
@@ -547,9 +409,9 @@ class _Handler(JSONHandler):
             if req.get("return_meta_info"):
                 choice["meta_info"] = {"id": "e037366a24d14dedaa779408681a5a5f", "prompt_tokens": n_prompt,
                                        "completion_tokens": len(out_ids), "cached_tokens": 0,
-                                       "output_token_logprobs": [[_top(t, max(k, 1), j, tok, True)[0][0], t, s]
+                                       "output_token_logprobs": [[toks.top(t, max(k, 1), j, tok, True)[0][0], t, s]
                                                                  for j, (t, s) in enumerate(zip(out_ids, texts))],
-                                       "output_top_logprobs": [_top(t, k, j, tok, True) for j, t in enumerate(out_ids)]}
+                                       "output_top_logprobs": [toks.top(t, k, j, tok, True) for j, t in enumerate(out_ids)]}
         else:
             choice["logprobs"] = None
         return {"id": "e037366a24d14dedaa779408681a5a5f", "object": "chat.completion", "created": 1775407536,
@@ -597,7 +459,7 @@ class FakeServer(ThreadingHTTPServer):
         # longest prefix shared with an earlier prompt, at most len - 1, as SGLang caps a match); None: always 0
         self.prompts: list | None = None
         self.model_name = model_name
-        self.tok = _Tok(tokenizer_dir)
+        self.tok = toks.Tok(tokenizer_dir)
         self.reply = reply
         self.latency_s = latency_s
         self.gate = threading.Event()  # cleared: replies wait (see the handler); set by default
@@ -640,20 +502,6 @@ class FakeSGLang:
         self.server.closing = True  # a hung handler lets go
         self.server.shutdown()
         self.server.server_close()
-
-
-def record_react_run(out, tiny_model_dir, *, limit: int) -> list[dict]:
-    """A ReAct run of the demo benchmark recorded through SGLang's native API against this fake, acting by
-    scripts/soak.py's policy with the tiny model's tokenizer (ids that can be scored); returns the request bodies the
-    server received."""
-    from agent.run import main as run_main
-    from scripts.soak import agent_policy
-
-    with FakeSGLang(reply=agent_policy, tokenizer_dir=str(tiny_model_dir), model_name=str(tiny_model_dir)) as srv:
-        assert run_main(["--method", "react", "--backend", "sglang", "--endpoint", srv.url, "--model-dir",
-                         str(tiny_model_dir), "--benchmark", "demo", "--limit", str(limit), "--t-max", "3",
-                         "--out", str(out), "--no-progress"]) == 0
-        return list(srv.bodies)
 
 
 def main() -> None:

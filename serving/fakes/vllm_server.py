@@ -1,7 +1,7 @@
 """A loopback vLLM stand-in speaking vLLM's own request and response models, with the tiny Qwen3.5's real logprobs.
 
-    PYTHONPATH=.:.venv-vllm/site:.venv-sglang/site python tests/fakes/vllm_server.py --port P --model-dir DIR
-    bash serving/launch_qwen35.sh --engine vllm --server-command "python tests/fakes/vllm_server.py" ...  # as vllm serve
+    PYTHONPATH=.:.venv-vllm/site:.venv-sglang/site python serving/fakes/vllm_server.py --port P --model-dir DIR
+    bash serving/launch_qwen35.sh --engine vllm --server-command "python serving/fakes/vllm_server.py" ...  # as vllm serve
 
 Every request body is read by vLLM 0.33.0's ``CompletionRequest`` / ``ChatCompletionRequest`` / ``GenerateRequest``
 (its token-in route, ``/inference/v1/generate``) and turned into vLLM's ``SamplingParams`` (a field vLLM refuses is
@@ -9,7 +9,7 @@ its 400, in its words); every reply is built as vLLM's ``CompletionResponse`` / 
 ``GenerateTokensResponse`` with ``Logprob`` entries and serialised by them. What vLLM's
 engine would compute is the tiny model's, on the CPU: prompt logprobs are log_softmax of its logits at each
 prompt position (the target token and the top k, ranks counted over the vocabulary, as vLLM's prompt-logprob pass
-gathers them); a chat reply's text is the scripted agent's (scripts/soak.py ``agent_policy``) and its logprobs the
+gathers them); a chat reply's text is the scripted agent's (serving/fakes/policy.py ``agent_policy``) and its logprobs the
 model's own for those tokens, raw, as under vLLM's default ``--logprobs-mode raw_logprobs``. Images are counted,
 not seen: on the token-in route each placeholder is expanded to as many tokens as the model's processor gives the
 image (transformers' own), and the model reads them as tokens. Its numbers are meaningless; its shapes, fields and
@@ -49,7 +49,7 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
 from vllm.entrypoints.serve.engine.protocol import UsageInfo
 from vllm.logprobs import Logprob
 
-from scripts.soak import agent_policy
+from serving.fakes.policy import agent_policy
 
 
 class Engine:

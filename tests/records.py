@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 from agent.backends.base import SamplingParams
+from agent.run import main as run_main
+from serving.fakes.policy import agent_policy
+from serving.fakes.sglang_server import FakeSGLang
 
 
 def header(**over) -> dict:
@@ -27,3 +30,14 @@ def line(sample_id: str = "s1", trial: int = 0, status: str = "ok", **over) -> d
             "think_tokens": 0, "backend": "scripted", "model": "scripted-demo", "started": 0.0, "finished": 0.0,
             "responses_sha": "0" * 64, "duration_s": 0.0, "calls": [], "events": [], "messages": [],
             "tokens_file": None, **over}
+
+
+def record_react_run(out, tiny_model_dir, *, limit: int) -> list[dict]:
+    """A ReAct run of the demo benchmark recorded through SGLang's native API against this fake, acting by
+    the fakes' policy (serving/fakes/policy.py) with the tiny model's tokenizer (ids that can be scored); returns the request bodies the
+    server received."""
+    with FakeSGLang(reply=agent_policy, tokenizer_dir=str(tiny_model_dir), model_name=str(tiny_model_dir)) as srv:
+        assert run_main(["--method", "react", "--backend", "sglang", "--endpoint", srv.url, "--model-dir",
+                         str(tiny_model_dir), "--benchmark", "demo", "--limit", str(limit), "--t-max", "3",
+                         "--out", str(out), "--no-progress"]) == 0
+        return list(srv.bodies)

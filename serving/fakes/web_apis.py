@@ -16,7 +16,7 @@ import json
 import threading
 from http.server import ThreadingHTTPServer
 
-from tests.fakes.http_base import JSONHandler
+from serving.fakes.http_base import JSONHandler
 
 
 class _H(JSONHandler):
