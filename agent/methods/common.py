@@ -14,7 +14,7 @@ from ..backends.base import BackendError, ModelOutput, SamplingParams
 from ..backends.messages import strip_images
 from ..choices import HISTORY_REASONING, WEBWATCHER_OBSERVATION_IMAGES
 from ..errors import HarnessError
-from ..parsing import Action, ActionError
+from ..parsing import Action, ActionError, parse_action
 from ..prompts import CORRECTION, fill
 from ..tools.formatting import format_lens_branch
 from ..tools.live import LENS_IMAGES
@@ -204,6 +204,25 @@ class Episode:
         ev = self.traj.llm_call(messages, out, state=state, branch=branch, correction=correction, forced=forced,
                                 parent=parent, sampling=self.sampling.to_dict())
         return out, ev
+
+    async def act(self, messages: list[dict], kinds: tuple[str, ...], *, check=None,
+                  **call) -> tuple[ModelOutput, EventView, Action | ActionError]:
+        """One decision (paper B.3): a call (``call``: :meth:`llm`'s keywords), its reply parsed as one of ``kinds``
+        (``check(action)`` may refuse it too, raising ActionError), the call recorded with its action or with why it
+        was refused, and an answer recorded as the trajectory's final answer. Returns the output, the call's event
+        and the action, or the error the method turns into a correction."""
+        out, ev = await self.llm(messages, **call)
+        try:
+            action = parse_action(out.text, kinds)
+            if check is not None:
+                check(action)
+        except ActionError as e:
+            self.reject(ev, e)
+            return out, ev, e
+        self.accept(ev, action)
+        if action.kind == "answer":
+            self.traj.final_answer(ev, action.answer, forced=call.get("forced", False))
+        return out, ev, action
 
     def accept(self, ev: EventView, act: Action) -> None:
         """Record call ``ev`` with the action parsed from its reply."""

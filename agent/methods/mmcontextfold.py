@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 
 from ..choices import VARIANTS, Variant
-from ..parsing import ActionError, parse_action, parse_init_description, strip_answer_tags
+from ..parsing import ActionError, parse_init_description, strip_answer_tags
 from ..prompts import (
     BRANCH_SUMMARISE,
     CONTINUATION,
@@ -108,25 +108,17 @@ async def run_mmcontextfold(ep: Episode, *, variant: Variant | str = Variant.FUL
         msgs = main_messages()
         if forced and not (turns and turns[-1].reply == FORCE_ANSWER):
             msgs.append(chat("user", FORCE_ANSWER))
-        out, ev = await ep.llm(msgs, state="main", correction=correction, forced=forced)
-        try:
-            act = parse_action(out.text, ("answer",) if forced else ("subtask", "answer"))
-            if act.kind == "subtask":
-                bad = [x for x in act.subtask["assigned_images"] if ep.registry.resolve(x) is None]
-                if bad:
-                    raise ActionError(f"unknown image id(s) {bad} in assigned_images; the query images are "
-                                      f"{ep.registry.ids or 'none'}.")
-        except ActionError as e:
-            ep.reject(ev, e)
+        out, ev, act = await ep.act(msgs, ("answer",) if forced else ("subtask", "answer"),
+                                    check=lambda a: _known_images(ep, a), state="main", correction=correction,
+                                    forced=forced)
+        if isinstance(act, ActionError):
             if forced:
                 break
-            turns.append(Turn(out.text, out.reasoning, FORCE_ANSWER if ep.remaining == 1 else correction_text(e)))
+            turns.append(Turn(out.text, out.reasoning, FORCE_ANSWER if ep.remaining == 1 else correction_text(act)))
             correction = ep.remaining > 1
             continue
-        ep.accept(ev, act)
         correction = False
         if act.kind == "answer":
-            ep.traj.final_answer(ev, act.answer, forced=forced)
             return "ok", act.answer
         if ep.remaining == 1:  # no call left for a branch: the force-answer follows this reply (as in the release)
             turns.append(Turn(out.text, out.reasoning, FORCE_ANSWER))
@@ -174,26 +166,19 @@ async def _branch(ep: Episode, bid: str, subtask: dict, inherited: list[dict], m
         msgs = ep.turns(base, turns)
         if last:  # inside the observation's wrapper: it still counts as a tool response for the template
             msgs = with_note(msgs, BRANCH_SUMMARISE)
-        out, ev = await ep.llm(msgs, state="branch", branch=bid, correction=correction, forced=last)
+        out, ev, act = await ep.act(msgs, ("tool_call",), check=_usable_return, state="branch", branch=bid,
+                                    correction=correction, forced=last)
         # what a branch without a usable return folds back: its visible text, else its reasoning (ours)
         last_text = _visible_without_calls(out.text) or last_text
         last_reasoning = (out.reasoning or "").strip() or last_reasoning
-        try:
-            act = parse_action(out.text, ("tool_call",))
-            if act.name == "return":
-                msg = act.args.get("message")
-                if not isinstance(msg, str) or not msg.strip():
-                    raise ActionError('`return` needs a non-empty "message".')
-        except ActionError as e:
-            ep.reject(ev, e)
+        if isinstance(act, ActionError):
             if last:
-                message = last_text or last_reasoning or f"Branch ended without a usable return ({e})."
+                message = last_text or last_reasoning or f"Branch ended without a usable return ({act})."
                 ep.traj.branch_end(bid, message=message, reason="branch_budget", steps=steps)
                 return message
-            turns.append(Turn(out.text, out.reasoning, correction_text(e)))
+            turns.append(Turn(out.text, out.reasoning, correction_text(act)))
             correction = True
             continue
-        ep.accept(ev, act)
         correction = False
         if act.name == "return":  # <answer> tags dropped from the findings, as the release does (:252-280)
             message = strip_answer_tags(act.args["message"])
@@ -207,6 +192,23 @@ async def _branch(ep: Episode, bid: str, subtask: dict, inherited: list[dict], m
         res = await ep.tool(ev, act.name, act.args, images=result_images, branch_lens=pixels)
         turns.append(Turn(out.text, out.reasoning, ep.observation(res, result_images if not pixels else len(res.images),
                                                                   images_after=pixels, detail="high")))
+
+
+def _known_images(ep: Episode, act) -> None:
+    """A subtask may assign only the query images the registry knows (else the correction re-prompt)."""
+    if act.kind == "subtask":
+        bad = [x for x in act.subtask["assigned_images"] if ep.registry.resolve(x) is None]
+        if bad:
+            raise ActionError(f"unknown image id(s) {bad} in assigned_images; the query images are "
+                              f"{ep.registry.ids or 'none'}.")
+
+
+def _usable_return(act) -> None:
+    """A branch's ``return`` must carry a non-empty message (else the correction re-prompt)."""
+    if act.name == "return":
+        msg = act.args.get("message")
+        if not isinstance(msg, str) or not msg.strip():
+            raise ActionError('`return` needs a non-empty "message".')
 
 
 def _visible_without_calls(text: str) -> str:

@@ -21,7 +21,7 @@ template decides what it renders), unless the run says ``--history-reasoning dro
 from __future__ import annotations
 
 from ..backends.messages import strip_query_images
-from ..parsing import ActionError, parse_action
+from ..parsing import ActionError
 from ..prompts import FORCE_ANSWER, REACT_SYSTEM, REACT_USER, fill
 from .common import Episode, Turn, chat, correction_text, image_parts, with_suffix
 
@@ -53,22 +53,17 @@ async def run_react(ep: Episode, *, remove_from: int | None = None, turns: list 
         forced = ep.remaining == 1
         k = remove_from if unload is None else unload.unload_step
         msgs = react_messages(ep, turns, step=step, remove_from=k, force=forced)
-        out, ev = await ep.llm(msgs, state="react", correction=correction, forced=forced)
+        out, ev, act = await ep.act(msgs, ("tool_call", "answer"), state="react", correction=correction, forced=forced)
         # the adaptive unloading probes every step that saw the query images and does not end the episode
         probe = unload is not None and unload.images_at(step) and ev.get("n_query_images") and not forced
-        try:
-            act = parse_action(out.text, ("tool_call", "answer"))
-        except ActionError as e:
-            ep.reject(ev, e)
+        if isinstance(act, ActionError):
             if probe:
                 await unload.observe(ep, ev, msgs, out)
-            turns.append(Turn(out.text, out.reasoning, correction_text(e)))
+            turns.append(Turn(out.text, out.reasoning, correction_text(act)))
             correction = True
             continue
-        ep.accept(ev, act)
         correction = False
         if act.kind == "answer":
-            ep.traj.final_answer(ev, act.answer, forced=forced)
             return "ok", act.answer
         if forced:
             break
