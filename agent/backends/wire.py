@@ -20,7 +20,7 @@ import numpy as np
 from pybase64 import b64decode
 
 from ..jsonio import loads
-from .base import LOGPROB_FLOOR, BackendError, BadReply, TokenArrays, TokenLogprob, TopList, TopLogprob
+from .base import LOGPROB_FLOOR, BackendError, BadReply, TokenArrays, TokenLogprob, TopLogprob
 
 __all__ = ["decode_generate_reply", "tokens_from_triples", "arrays_from_triples", "flat_top_arrays", "arrays_from_flat", "tokens_from_chat_logprobs", "finish_reason_of",
            "check_values", "MAX_TOKEN_ID", "POSITIVE_ROUNDING"]
@@ -254,30 +254,6 @@ def _triple(t: Any, where: str, decode: Callable[[int], str] | None, vocab: int 
     return TopLogprob(tid, text, _num(t[0], where))
 
 
-def _fast_tops(rows: list, decode: Callable[[int], str] | None, vocab: int | None = None) -> list[TopList] | None:
-    """All positions' top lists in one pass when every row is well-formed, sorted and of equal length.
-
-    Returns None for anything else (ragged rows, null rows, NaN, unsorted): the checked path handles it.
-    """
-    try:
-        k = len(rows[0])
-        if k == 0 or any(len(r) != k for r in rows):
-            return None
-        lps = [float(t[0]) for r in rows for t in r]
-        ids = [int(t[1]) for r in rows for t in r]
-        texts = [t[2] for r in rows for t in r]
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None
-    if min(ids) < 0 or (vocab is not None and max(ids) >= vocab):  # the checked path names it, decoding nothing
-        return None
-    a = np.asarray(lps).reshape(len(rows), k)
-    if not (np.diff(a, axis=1) <= 0).all():  # unsorted or NaN
-        return None
-    has_text = any(x is not None for x in texts)
-    return [TopList(ids[i:i + k], lps[i:i + k], texts[i:i + k] if has_text else None, decode)
-            for i in range(0, len(lps), k)]
-
-
 def arrays_from_triples(token_lps: list, top_lps: list | None, *, decode: Callable[[int], str] | None = None,
                         decode_many: Callable[[list], list] | None = None, vocab: int | None = None) -> TokenArrays | None:
     """The common case straight into arrays: every triple ``[logprob, id, text|null]`` well-formed, every top
@@ -316,24 +292,23 @@ def tokens_from_triples(token_lps: list, top_lps: list | None, *, decode: Callab
                         k: int | None = None, vocab: int | None = None):
     """Tokens from SGLang triples; ``top_lps[i]`` may be None (no alternatives at that position).
 
-    Well-formed replies come back as :class:`TokenArrays` (the fast path); anything else goes through the
-    checked path below, one object per token, with an error naming the first bad entry. Either way the values
+    One parse: well-formed replies go straight into :class:`TokenArrays` (:func:`arrays_from_triples`); anything
+    else is read one triple at a time, with an error naming the first bad entry. Either way the values
     are checked (:func:`check_values`: ``k`` alternatives asked, ``vocab`` the model's vocabulary size)."""
     if not isinstance(token_lps, list):
         raise BackendError(f"{where}: token logprobs missing or not a list (did the server get return_logprob?)")
     if top_lps is not None and len(top_lps) != len(token_lps):
         raise BackendError(f"{where}: {len(token_lps)} token logprobs but {len(top_lps)} top-logprob lists")
-    fast_arrays = arrays_from_triples(token_lps, top_lps, decode=decode, decode_many=decode_many, vocab=vocab)
-    if fast_arrays is not None:
-        return check_values(fast_arrays, where, k=k, vocab=vocab)
-    fast = _fast_tops(top_lps, decode, vocab) if top_lps else None
+    arrays = arrays_from_triples(token_lps, top_lps, decode=decode, decode_many=decode_many, vocab=vocab)
+    if arrays is not None:
+        return check_values(arrays, where, k=k, vocab=vocab)
+    # anything else, one triple at a time: a valid irregular reply (a null or short top list, a null logprob) is
+    # read, a malformed one refused naming its first bad entry
     out = []
     for i, t in enumerate(token_lps):
         tok = _triple(t, where, decode, vocab)
-        top: list | TopList = []
-        if fast is not None:
-            top = fast[i]
-        elif top_lps is not None and top_lps[i] is not None:
+        top: list = []
+        if top_lps is not None and top_lps[i] is not None:
             w = f"{where}.top[{i}]"
             top = [_triple(a, w, decode, vocab) for a in top_lps[i]]
             top.sort(key=lambda a: -a.logprob if not math.isnan(a.logprob) else math.inf)
