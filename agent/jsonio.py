@@ -25,7 +25,7 @@ class PartsString(ABC):
     """A JSON string value written from parts, so that a request body need not hold it whole (an image's base64 data
     URI: ~0.5 MB a photo, in every request in flight). :func:`dumps_parts` leaves it for the sender (agent.http
     writes it part by part into the socket); :func:`dumps` writes it whole. An interface: its one implementation is
-    agent.backends.images.SentDataURI."""
+    agent.images.SentDataURI."""
 
     @abstractmethod
     def nbytes(self) -> int:

@@ -163,8 +163,8 @@ async def test_superseded_lines_keep_their_tokens(tmp_path):
 def test_bad_data_is_reported_not_used(tmp_path, monkeypatch):
     import shutil
 
-    from agent.backends.images import ImageError, load_image
     from agent.benchmarks import load_benchmark
+    from agent.images import ImageError, load_image
     from agent.tools.demo_world import ensure_demo_world
 
     b = tmp_path / "bench"
@@ -349,7 +349,7 @@ def test_image_caches_are_bounded_by_bytes(tmp_path):
     import numpy as np
     from PIL import Image
 
-    from agent.backends import images as I
+    from agent import images as I
 
     rng = np.random.default_rng(0)
     paths = []
@@ -388,7 +388,7 @@ def test_a_probe_lets_go_of_an_image_when_the_last_trajectory_sending_it_is_done
     import numpy as np
     from PIL import Image
 
-    from agent.backends import images as I
+    from agent import images as I
     from agent.backends import messages as M
 
     rng = np.random.default_rng(1)

@@ -441,7 +441,7 @@ async def test_an_image_request_body_is_written_from_the_image_as_it_is_sent(nat
     import numpy as np
     from PIL import Image
 
-    from agent.backends import images as I
+    from agent import images as I
     from agent.jsonio import dumps
 
     p = tmp_path / "photo.png"

@@ -503,8 +503,8 @@ def _png_header_only(width: int, height: int) -> bytes:
 
 def test_a_decompression_bomb_in_a_benchmark_is_a_clear_error_naming_the_image(tmp_path, capsys):
     """I1: a 20000 x 20000 PNG is named (and agent.benchmarks stats reports it), never a traceback."""
-    from agent.backends.images import ImageError, load_image
     from agent.benchmarks import main as bench_main
+    from agent.images import ImageError, load_image
 
     bench = tmp_path / "data" / "simplevqa"
     (bench / "imgs").mkdir(parents=True)

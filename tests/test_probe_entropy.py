@@ -259,7 +259,7 @@ async def test_the_probe_sends_each_image_from_the_caches_and_lets_go_of_it_when
     finds its image in the caches (read once), and once the trajectory is done the image is gone from them (before:
     kept until the caches' 512 MB bound, ~1.1 GB of RSS at paper scale). Teacher-forced: its with-images side is
     sent (the regenerate probe sends only the side without)."""
-    from agent.backends import images as I
+    from agent import images as I
     from agent.backends import messages as M
     from agent.rundir import load_run
 

@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+from ..images import ImageError
 from .base import (
     DEFAULT_TOP_LOGPROBS,
     Backend,
@@ -22,7 +23,6 @@ from .base import (
     Usage,
 )
 from .demo_model import DemoModel
-from .images import ImageError
 from .local import LocalBackend
 from .openai_compat import OpenAIBackend
 from .sglang_native import SGLangBackend

@@ -14,7 +14,7 @@ import os
 import re
 from typing import Any, Iterator
 
-from .images import ImageData, ImageError, forget_images, load_image
+from ..images import ImageData, ImageError, forget_images, load_image
 
 __all__ = [
     "ImageError",

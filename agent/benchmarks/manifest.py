@@ -9,7 +9,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
-from ..backends.images import ImageError, load_image, max_image_bytes
+from ..images import ImageError, load_image, max_image_bytes
 from ..tools.demo_world import ensure_demo_world
 
 __all__ = ["Sample", "Problem", "Manifest", "load_benchmark", "load_dataset_dir", "PAPER_CATEGORY",

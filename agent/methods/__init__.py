@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..backends.base import BackendError, ModelServerDown, SamplingParams
-from ..backends.images import ImageError
 from ..choices import METHODS, PROTOCOLS, Variant
 from ..errors import ConfigError
+from ..images import ImageError
 from ..tools.toolbox import TOOL_NAMES, CacheMiss
 from ..trajectory import Trajectory
 from .agentfold import run_agentfold

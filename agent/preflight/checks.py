@@ -10,13 +10,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..backends import BackendError, make_backend
-from ..backends.images import ImageError, load_image
 from ..backends.spread import Spread
 from ..benchmarks import resolve_benchmark
 from ..cli import done
 from ..errors import UsageError
 from ..http import HTTPError, RetryPolicy, request_json
 from ..identity import SERVER_FACTS, local_identity, same_model
+from ..images import ImageError, load_image
 from ..redact import public_url
 from ..tools.live import MissingKeyError, require_live_tools
 

@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 from ..backends.base import ModelServerDown
-from ..backends.images import set_image_cache_mb
 from ..benchmarks import resolve_benchmark
 from ..choices import DEFAULT_TOP_LOGPROBS
 from ..cli import done
 from ..errors import EXIT_DISK_FULL, ToolkitError, disk_full_message
+from ..images import set_image_cache_mb
 from ..redact import safe_argv
 from ..rundir.ledger import format_projection, load_prices, project
 from ..rundir.shards import shard_units

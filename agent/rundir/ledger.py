@@ -29,7 +29,7 @@ from pathlib import Path
 
 from serving.endpoints import gpus_behind, gpus_held
 
-from ..backends.images import ImageError, load_image
+from ..images import ImageError, load_image
 from ..tools.cache import ToolCache, cache_key
 from .common import write_json
 from .grades import read_grades

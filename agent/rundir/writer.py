@@ -12,8 +12,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..backends.images import ImageError, load_image
 from ..identity import same_model, server_differences, unverified_facts
+from ..images import ImageError, load_image
 from ..paths import read_regular
 from ..record import SchemaError, validate
 from .common import (

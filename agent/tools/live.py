@@ -22,9 +22,9 @@ from pathlib import Path
 import httpx
 from PIL import Image
 
-from ..backends.images import ImageError, load_image
 from ..errors import HarnessError, UsageError
 from ..http import HTTPError, make_client, request_json, requote_uri
+from ..images import ImageError, load_image
 from ..redact import register_key_var, register_secret
 from .formatting import FAILED_VISIT, format_lens, format_search, format_visit, looks_blocked
 from .policy import DEFAULT_TOOLS, RELEASE_SCRAPE_MARKERS, ToolPolicy, release_blocked

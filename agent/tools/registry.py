@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..backends.images import ImageData, load_image
+from ..images import ImageData, load_image
 
 __all__ = ["ImageRegistry", "RegisteredImage"]
 

@@ -19,8 +19,8 @@ from urllib.parse import unquote, urlparse
 import httpx
 from PIL import Image, UnidentifiedImageError
 
-from ..errors import UsageError
-from ..jsonio import PartsString
+from .errors import UsageError
+from .jsonio import PartsString
 
 
 class ImageError(UsageError, ValueError):
