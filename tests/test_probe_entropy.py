@@ -19,6 +19,7 @@ from analysis.influence import kl_union_tail
 from analysis.stats import bootstrap_ci, mcnemar_p, wilcoxon_p
 from probes.entropy import main as entropy_main
 from probes.entropy import probe_run
+from probes.entropy.command import draw_panels
 
 
 def policy(messages):
@@ -60,7 +61,10 @@ async def test_probe_recovers_planted_delta_h(tmp_path, mode):
         assert [c["has_images"] for c in new] == [True, False] * 9 and all(c["kind"] == "score" for c in new)
         assert (steps.kl_with_without > 0).all()
     out = res["out"]
-    assert (out / "steps.parquet").exists() and (out / "summary.csv").exists() and (out / "fig2b_entropy.png").exists()
+    assert (out / "steps.parquet").exists() and (out / "summary.csv").exists()
+    assert not (out / "fig2b_entropy.png").exists()  # probe_run writes tables; the command draws (its view)
+    draw_panels(res)
+    assert (out / "fig2b_entropy.png").exists()
     # the bounds: the grouped value is the lower one; the upper spreads the 0.2 tail evenly over V - m tokens
     V = backend.vocab
     hi_with = -10 * 0.08 * math.log(0.08) - 0.2 * math.log(0.2 / (V - 10))

@@ -11,6 +11,7 @@ from agent.backends.scripted import ScriptedBackend
 from agent.prompts import GROUNDING_PASS1, GROUNDING_PASS2
 from agent.run import RunConfig, run
 from probes.grounding import LabelError, annotate_run, parse_labels
+from probes.grounding.annotate import draw_panel
 from serving.fakes.sglang_server import FakeSGLang
 
 
@@ -71,7 +72,9 @@ async def test_annotate_run(tmp_path, mode):
     assert list(steps[steps.sample_id == "demo_1"].category) == ["Image Needed", "Image-Derived", "Text Only"]
     assert list(steps.tool[:3]) == ["lens_search", "search", "answer"]
     assert s["image_needed_within_first_5"] == 1.0 and s["share_per_step"][1]["Image Needed"] == 1.0
-    assert (res["out"] / "fig2a_grounding.png").exists() and (res["out"] / "steps.csv").exists()
+    assert (res["out"] / "steps.csv").exists() and not (res["out"] / "fig2a_grounding.png").exists()  # tables only
+    draw_panel(res)  # the command's view
+    assert (res["out"] / "fig2a_grounding.png").exists()
     assert len(bodies) == (5 if mode == "bad_then_good" else 4)
     assert any(b["messages"][0]["content"][-1]["text"].startswith(GROUNDING_PASS2[:40]) for b in bodies)
 

@@ -14,6 +14,7 @@ from agent.rundir.lines import seal
 from agent.rundir.probe_outputs import write_outputs
 from agent.tools.demo_world import QUESTIONS
 from probes.removal import parse_steps, removal_probe
+from probes.removal.replays import draw_panel
 
 GOLD = {q[1]: q[3] for q in QUESTIONS}
 
@@ -49,7 +50,9 @@ async def test_removal_replays_accuracy_vs_k(tmp_path):
     assert s.loc[("All", 5), "accuracy_removed"] == 100.0 and s.loc[("All", 5), "replayed"] == 0
     assert s.loc[("All", 1), "mcnemar_p"] < 0.2
     out = res["out"]
-    assert (out / "fig2c_removal.png").exists() and (out / "outcomes.csv").exists()
+    assert (out / "outcomes.csv").exists() and not (out / "fig2c_removal.png").exists()  # tables only
+    draw_panel(res)  # the command's view
+    assert (out / "fig2c_removal.png").exists()
     # each replay is a run directory of its own, with the prefix recorded as it was
     orig = {(ln["sample_id"], ln["trial"]): ln for ln in load_run(rd).lines}
     for ln in load_run(out / "k2").lines:

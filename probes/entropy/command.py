@@ -5,11 +5,15 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import numpy as np
+
 from agent.backends import make_backend
 from agent.cli import done
 from agent.preflight import PreflightError
 from agent.run import RunConfig, run
 from agent.rundir import load_run
+from analysis.entropy import FORK_SHARE
+from analysis.figures import fig2b_entropy, fig2b_forking, fig2b_kl, provenance_mark
 from probes.fidelity import check_servers, refusal
 from probes.session import (
     backend_for,
@@ -41,6 +45,21 @@ def _print_summary(s) -> None:
     print(s[cols].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
 
 
+def draw_panels(res: dict) -> None:
+    """The probe's panels beside its tables (the command's view; :func:`probe_run` draws nothing): Figure 2(b)'s
+    ΔH per step with its bound band, the forking tokens, and (teacher-forced) the KL influence per step."""
+    out, mode, model, summary = res["out"], res["mode"], res["model"], res["summary"]
+    mark = provenance_mark([res["header"]])
+    fig2b_entropy(summary, out / "fig2b_entropy", title=f"Figure 2(b): ΔH per step ({model}, {mode})", mark=mark)
+    fork = res["forking"]
+    if fork is not None and len(fork):
+        fig2b_forking(fork, summary, out / "fig2b_forking",
+                      title=f"Forking tokens (top {FORK_SHARE:.0%} by entropy; {model}, {mode})", mark=mark)
+    if "kl_with_without" in summary and np.isfinite(summary["kl_with_without"]).any():
+        fig2b_kl(summary, out / "fig2b_kl_influence", title=f"Image influence per step ({model}, teacher-forced)",
+                 mark=mark)
+
+
 async def _demo(args) -> int:
     print(DEMO_BANNER, flush=True)
     out = Path(args.demo_dir)
@@ -65,6 +84,7 @@ async def _demo(args) -> int:
                               include_unparsed=True, fidelity=fidelity)
     finally:
         await backend.aclose()
+    draw_panels(res)
     _print_summary(res["summary"])
     print(f"\nwrote {res['out']}/steps.parquet, summary.csv, forking.csv, bounds per step; fig2b_entropy.png/.pdf "
           "(with the bound band), fig2b_forking.png/.pdf")
@@ -121,6 +141,7 @@ def entropy_command(args) -> int:
     res, code = run_async(go(), "finished steps", args.out or Path(args.run_dir) / "probes" / f"entropy-{args.mode}")
     if code:
         return code
+    draw_panels(res)
     _print_summary(res["summary"])
     out = res["out"]
     done([f"{out}/ (steps.parquet, steps.csv, summary.csv, exclusions.csv, probe.json, fig2b_entropy.png/.pdf)"],

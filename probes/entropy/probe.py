@@ -23,8 +23,6 @@ from agent.record import validate
 from agent.rundir import RunError, close_fragment, load_run, output_lock, token_key, write_json
 from agent.rundir.lines import SEAL_KEY, SOURCE_KEY, seal
 from agent.rundir.probe_outputs import read_rows, resume_rows, sweep_outputs, write_outputs
-from analysis.entropy import FORK_SHARE
-from analysis.figures import fig2b_entropy, fig2b_forking, fig2b_kl, provenance_mark
 from analysis.selection import select_trajectories
 from analysis.stats import summarise_by
 from probes.cli import ENTROPY_MODES as MODES
@@ -226,18 +224,6 @@ def _summary(steps: pd.DataFrame, out: Path) -> pd.DataFrame:
     return summary
 
 
-def _draw(summary, fork_summary, out: Path, run, ident, mode: str) -> None:
-    model = (ident or {}).get("served_model") or (run.index[0].get("model") if run.index else None) or "model"
-    mark = provenance_mark([run.header])
-    fig2b_entropy(summary, out / "fig2b_entropy", title=f"Figure 2(b): ΔH per step ({model}, {mode})", mark=mark)
-    if fork_summary is not None and len(fork_summary):
-        fig2b_forking(fork_summary, summary, out / "fig2b_forking",
-                      title=f"Forking tokens (top {FORK_SHARE:.0%} by entropy; {model}, {mode})", mark=mark)
-    if "kl_with_without" in summary and np.isfinite(summary["kl_with_without"]).any():
-        fig2b_kl(summary, out / "fig2b_kl_influence", title=f"Image influence per step ({model}, teacher-forced)",
-                 mark=mark)
-
-
 async def _probe_pending(prober: _Prober, pending: list, steps_path: Path, n_done: int, n_steps: int) -> None:
     try:
         await gather_all(prober.trajectory(line, steps) for line, steps in pending)
@@ -309,7 +295,8 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
         tables["forking.csv"] = fork_summary
     written = [out / "exclusions.csv", out / "bounds_calibration.csv", *sorted((out / "tokens").glob("*.parquet"))]
     write_outputs(out, tables, rows="steps.jsonl", files=[f for f in written if f.is_file()])
-    _draw(summary, fork_summary, out, run, ident, mode)
     for f in prober.failures[:10]:
         log.info(f"failed: {f}")
-    return {"steps": steps, "summary": summary, "out": out, "failures": prober.failures}
+    model = (ident or {}).get("served_model") or (run.index[0].get("model") if run.index else None) or "model"
+    return {"steps": steps, "summary": summary, "forking": fork_summary, "out": out, "failures": prober.failures,
+            "mode": mode, "model": model, "header": run.header}

@@ -274,13 +274,18 @@ async def _annotate_run(run_dir, *, out: Path, backend, retries: int = 2, concur
     tables = {"steps.csv": steps, "steps.parquet": steps} if not steps.empty else {}
     write_outputs(out, {**tables, "summary.json": summary}, rows="labels.jsonl",
                   files=[f for f in (out / "exclusions.csv",) if f.is_file()])
-    if not steps.empty:
-        model = (run.header.get("model") or {}).get("served_model") or ""
-        mark = provenance_mark([run.header]) or ("SCRIPTED FAKE ANNOTATOR: planted labels"
-                                                 if getattr(backend, "name", "") == "scripted" else None)
-        fig2a_grounding(steps, out / "fig2a_grounding", mark=mark,
-                        title=f"Figure 2(a): grounding of each step ({model}; annotator {getattr(backend, 'model', '')})")
-    return {"steps": steps, "summary": summary, "out": out}
+    return {"steps": steps, "summary": summary, "out": out, "header": run.header,
+            "annotator": getattr(backend, "model", ""), "scripted": getattr(backend, "name", "") == "scripted"}
+
+
+def draw_panel(res: dict) -> None:
+    """Figure 2(a)'s panel beside the probe's tables (the command's view; :func:`annotate_run` draws nothing)."""
+    if res["steps"].empty:
+        return
+    model = (res["header"].get("model") or {}).get("served_model") or ""
+    mark = provenance_mark([res["header"]]) or ("SCRIPTED FAKE ANNOTATOR: planted labels" if res["scripted"] else None)
+    fig2a_grounding(res["steps"], res["out"] / "fig2a_grounding", mark=mark,
+                    title=f"Figure 2(a): grounding of each step ({model}; annotator {res['annotator']})")
 
 
 def annotator_backend(kind: str, *, endpoint, model: str, api_key_env: str | None, model_dir: str | None = None):
@@ -322,6 +327,7 @@ def grounding_command(a) -> int:
     res, code = run_async(go(), "annotated trajectories", a.out or Path(a.run_dir) / "probes" / "grounding")
     if code:
         return code
+    draw_panel(res)
     s = res["summary"]
     print(json.dumps({k: v for k, v in s.items() if k not in ("invalid_examples",)}, indent=2))
     done([f"{res['out']}/ (labels.jsonl, steps.csv, summary.json, exclusions.csv, fig2a_grounding.png/.pdf)"],

@@ -315,10 +315,14 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
     write_json(out / "probe.json", {"run_dir": str(run.path), "steps": steps, "model": ident, "cost": cost,
                                                 "forced_model_mismatch": force, "judge": grader.label,
                                                 "prompt_ids": prompt_ids, "n_error": int(len(errors))}, indent=2)
-    fig2c_removal(summary, out / "fig2c_removal", mark=provenance_mark([h]),
-                  title=f"Figure 2(c): step-k image removal ({ident.get('served_model')}; judge: {grader.name})")
-    return {"outcomes": outcomes, "summary": summary, "out": out, "judge": grader.label,
-            "errors": errors.to_dict("records")}
+    return {"outcomes": outcomes, "summary": summary, "out": out, "judge": grader.label, "judge_name": grader.name,
+            "errors": errors.to_dict("records"), "header": h, "model": ident.get("served_model")}
+
+
+def draw_panel(res: dict) -> None:
+    """Figure 2(c)'s panel beside the probe's tables (the command's view; :func:`removal_probe` draws nothing)."""
+    fig2c_removal(res["summary"], res["out"] / "fig2c_removal", mark=provenance_mark([res["header"]]),
+                  title=f"Figure 2(c): step-k image removal ({res['model']}; judge: {res['judge_name']})")
 
 
 def removal_command(a) -> int:
@@ -342,6 +346,7 @@ def removal_command(a) -> int:
     res, code = run_async(go(), "finished replays", a.out or Path(a.run_dir) / "probes" / "removal")
     if code:
         return code
+    draw_panel(res)
     print(f"judge: {res['judge']}")
     print(res["summary"].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     if res["errors"]:
