@@ -264,19 +264,28 @@ def _slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", s).strip("_")[:60]
 
 
+def _table(build, missing: list):
+    """A table of the report, or None with why it is not made added to ``missing``; a grade that cannot be counted,
+    or two judges in one table, stops the report (raised)."""
+    try:
+        return build()
+    except (BrokenGrades, MixedJudges):
+        raise
+    except RunError as e:
+        missing.append(str(e))
+        return None
+
+
 def _run_tables(runs: list, out: Path, made: list, missing: list, judge: str | None) -> None:
     """Tables 1, 4 (with the cost ledger), 5 and Figure 4 from the judged ``--runs``; HLE-VL runs among them make
     Table 13 of their own (D.1) and enter no other table."""
     apart = [rd for rd in runs if RunDir(rd).read_header().get("benchmark") in tables.SUPPLEMENTARY]
     runs = [rd for rd in runs if rd not in apart]
     if apart:  # HLE-VL: Table 13 of its own (D.1), never in Tables 1, 4, 5
-        try:
-            tables.write_table(tables.table13(apart, judge), out / "table13_hle_vl")
+        t13 = _table(lambda: tables.table13(apart, judge), missing)
+        if t13 is not None:
+            tables.write_table(t13, out / "table13_hle_vl")
             made.append("table13_hle_vl")
-        except (BrokenGrades, MixedJudges):  # a grade that cannot be counted, or two judges, stops the report
-            raise
-        except RunError as e:
-            missing.append(str(e))
     if runs:
         tables.write_table(tables.table4(runs), out / "table4_cost")
         made.append("table4_cost")
@@ -284,13 +293,7 @@ def _run_tables(runs: list, out: Path, made: list, missing: list, judge: str | N
         tables.write_table(led, out / "table4_ledger")
         made.append("table4_ledger")
         print("cost ledger (table4_ledger.md):\n" + led.to_string(index=False))
-        try:
-            t1 = tables.table1(runs, judge)
-        except (BrokenGrades, MixedJudges):  # a grade that cannot be counted, or two judges, stops the report
-            raise
-        except RunError as e:
-            missing.append(str(e))
-            t1 = None
+        t1 = _table(lambda: tables.table1(runs, judge), missing)
         if t1 is not None:
             missing += t1.attrs.get("missing", [])
             tables.write_table(t1, out / "table1_accuracy")
@@ -326,15 +329,11 @@ def make_report(*, react=(), runs=(), removal_runs=(), out="figures/out", judge:
         _predictors(react, out, made, missing, judge)
     _run_tables(list(runs), out, made, missing, judge)
     if removal_runs:
-        try:
-            t3 = tables.table1(removal_runs, judge)
+        t3 = _table(lambda: tables.table1(removal_runs, judge), missing)
+        if t3 is not None:
             missing += t3.attrs.get("missing", [])
             tables.write_table(t3, out / "table3_removal")
             made.append("table3_removal")
-        except (BrokenGrades, MixedJudges):  # a grade that cannot be counted, or two judges, stops the report
-            raise
-        except RunError as e:
-            missing.append(str(e))
     if unload_runs:
         _unload_figure(react, removal_runs, list(unload_runs), out, made, missing, judge)
     figures.write_text(out / "report.json", json.dumps({"made": made, "missing": missing}, indent=2))
