@@ -25,7 +25,7 @@ import numpy as np
 
 from agent.lazy import lazy_module
 from agent.rundir import RunError, frames, load_run
-from agent.rundir.grades import grades_of
+from agent.rundir.grades import BrokenGrades, MixedJudges, grades_of
 
 from .entropy import AGGREGATIONS, EDGE_TOKENS, TRIM
 from .stats import auroc, auroc_ci, bootstrap_ci, wilcoxon_p
@@ -98,7 +98,7 @@ def _normalised(answer) -> str:
 def _trajectories(rd, judge: str | None) -> "pd.DataFrame":
     """One row per graded trajectory of a run: its grade, answer agreement, mean think entropy and mean ΔH."""
     run = load_run(rd)
-    recs, _ = grades_of(run.path, judge)
+    recs, label = grades_of(run.path, judge)
     grade = {(r["sample_id"], r["trial"]): r["grade"] == "CORRECT" for r in recs}
     rows = [{"sample_id": ln["sample_id"], "trial": ln["trial"], "benchmark": ln["benchmark"],
              "answer": _normalised(ln.get("answer"))} for ln in run.index]
@@ -122,6 +122,7 @@ def _trajectories(rd, judge: str | None) -> "pd.DataFrame":
     except frames.NoProbeOutput:
         t["dH"] = np.nan
     t["model"] = (run.header.get("model") or {}).get("served_model")
+    t["judge"] = label
     return t
 
 
@@ -131,10 +132,28 @@ PREDICTORS = {"agreement across trials": ("agreement", 1.0), "mean think entropy
               "mean ΔH over probed steps": ("dH", 1.0)}
 
 
-def predictors(runs, judge: str | None = None) -> "pd.DataFrame":
+def predictors(runs, judge: str | None = None, missing: list | None = None) -> "pd.DataFrame":
     """Per model, benchmark and predictor: n trajectories, AUROC for the judge's CORRECT with a 95 % bootstrap CI,
-    and a note where it cannot be computed (one trial: no agreement; no probe: no ΔH)."""
-    return predictor_table(pd.concat([_trajectories(rd, judge) for rd in runs], ignore_index=True))
+    and a note where it cannot be computed (one trial: no agreement; no probe: no ΔH). Runs graded by different
+    judges are refused (:class:`MixedJudges`); with ``missing``, a run lacking the judge asked for is listed there."""
+    parts = []
+    for rd in runs:
+        try:
+            parts.append(_trajectories(rd, judge))
+        except (BrokenGrades, MixedJudges):  # grades that cannot be counted stop the table
+            raise
+        except RunError as e:  # a run without the judge asked for: listed, as the tables list it
+            if missing is None:
+                raise
+            missing.append(f"predictors: {e}")
+    if not parts:  # every run lacked the judge asked for (each listed in missing)
+        return pd.DataFrame()
+    t = pd.concat(parts, ignore_index=True)
+    labels = sorted(set(t["judge"].dropna()))
+    if len(labels) > 1:  # one table, one judge (as every table of the report)
+        raise MixedJudges(f"these runs were graded by different judges ({'; '.join(labels)}). One table, one judge: "
+                          "pass --judge llm or --judge exact, or regrade")
+    return predictor_table(t)
 
 
 def predictor_table(t) -> "pd.DataFrame":

@@ -224,6 +224,12 @@ async def test_tables_refuse_to_mix_judges_and_flag_different_settings(tmp_path)
                     progress=False)
     with pytest.raises(RunError, match="different judges"):
         table1([tmp_path / "a", tmp_path / "b"])
+    from analysis.robustness import predictors
+
+    with pytest.raises(RunError, match="different judges"):  # the predictor table pools no two judges either
+        predictors([tmp_path / "a", tmp_path / "b"])
+    gone: list = []  # one judge asked: a table of the run it graded, the other run listed
+    assert len(predictors([tmp_path / "a", tmp_path / "b"], judge="llm", missing=gone)) and "/a" in gone[0]
     rc = report_main(["--runs", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "o")])
     assert rc == 2
     t = table1([tmp_path / "a", tmp_path / "b"], judge="exact")  # one judge picked: the other run is listed missing

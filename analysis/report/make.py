@@ -189,7 +189,9 @@ def _predictors(react: list, out: Path, made: list, missing: list, judge: str | 
         missing.append(f"predictors: {rd} is not judged (python -m agent.judge {rd})")
     if not judged:
         return
-    p = robustness.predictors(judged, judge)
+    p = robustness.predictors(judged, judge, missing)
+    if p.empty:  # no run had the judge asked for: each is in missing
+        return
     figures.write_csv(p, out / "predictors.csv", index=False)
     lines = ["# What predicts a correct answer? (beyond the paper)", "",
              "AUROC for the judge's CORRECT over trajectories, 95% bootstrap CI (0.5: no signal). Agreement: the "
