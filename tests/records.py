@@ -1,4 +1,5 @@
-"""Valid records for tests that write a run directory by hand (the writer validates every record: agent/record/)."""
+"""Valid records for tests that write a run directory by hand (the writer validates every record: agent/record/),
+and a ReAct run recorded through the SGLang fake (record_react_run)."""
 from __future__ import annotations
 
 from agent.backends.base import SamplingParams
