@@ -27,6 +27,10 @@ class ImageError(UsageError, ValueError):
     """An image part that cannot be used: missing/unreadable file, not an image, bad data URI."""
 
 
+class NotAnImage(ImageError):
+    """Bytes that were read but are no image any decoder here opens (an empty file, a text file named ``.jpg``)."""
+
+
 @dataclass(frozen=True)
 class ImageData:
     sha256: str
@@ -35,6 +39,9 @@ class ImageData:
     source: str
     width: int
     height: int
+    #: False for a file read as bytes that are no image (``load_image(..., undecodable_ok=True)``): it has a hash and
+    #: bytes to send, no pixels, and ``width``/``height`` 0.
+    decoded: bool = True
 
     def data_uri(self) -> str:
         return _data_uri(self)
@@ -44,6 +51,8 @@ class ImageData:
         return SentDataURI(self)
 
     def pil(self):
+        if not self.decoded:
+            raise NotAnImage(f"{self.source}: not a readable image (it has no pixels to decode)")
         img = Image.open(io.BytesIO(self.data))
         img.load()
         return img.convert("RGB") if img.mode not in ("RGB", "L") else img
@@ -173,7 +182,7 @@ def _validate(data: bytes, source: str) -> tuple[str, int, int]:
     except Image.DecompressionBombError as e:  # PIL's own limit on pixels: a few KB can claim gigabytes
         raise ImageError(f"{source}: too many pixels to read safely ({e})") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
-        raise ImageError(f"{source}: not a readable image ({e.__class__.__name__}: {e})") from None
+        raise NotAnImage(f"{source}: not a readable image ({e.__class__.__name__}: {e})") from None
     mime = {"jpeg": "image/jpeg", "jpg": "image/jpeg", "png": "image/png", "webp": "image/webp",
             "gif": "image/gif", "bmp": "image/bmp"}.get(fmt, mimetypes.types_map.get("." + fmt, "image/png"))
     return mime, w, h
@@ -190,10 +199,20 @@ def max_image_bytes() -> int:
         return DEFAULT_MAX_IMAGE_MB * 2**20
 
 
-def load_image(ref: str | os.PathLike, *, base_dir: str | os.PathLike | None = None, fetch_urls: bool = False) -> ImageData:
+def declared_type(name: str) -> str:
+    """The type the release declares for an image file: guessed from its name, ``image/jpeg`` when that guess is no
+    image type (``utils/search_backbone_model.py`` ``get_image_mime_type``: a PNG named ``d.jpg`` is sent as JPEG)."""
+    guess, _ = mimetypes.guess_type(str(name))
+    return guess if guess and guess.startswith("image/") else "image/jpeg"
+
+
+def load_image(ref: str | os.PathLike, *, base_dir: str | os.PathLike | None = None, fetch_urls: bool = False,
+               undecodable_ok: bool = False) -> ImageData:
     """Read and validate an image reference; raises :class:`ImageError` naming it on failure.
 
-    Only regular files are read, and never more than :func:`max_image_bytes`."""
+    Only regular files are read, and never more than :func:`max_image_bytes`. ``undecodable_ok``: a file whose
+    bytes are no image comes back with ``decoded=False``, typed by its name (:func:`declared_type`), as the
+    release reads and sends any file (``--protocol release --allow-missing-images``; ours elsewhere: refused)."""
     ref = os.fspath(ref)
     if ref.startswith("data:"):
         try:
@@ -225,6 +244,12 @@ def load_image(ref: str | os.PathLike, *, base_dir: str | os.PathLike | None = N
     path = Path(unquote(urlparse(ref).path) if ref.startswith("file://") else ref)
     if base_dir is not None and not path.is_absolute():
         path = Path(base_dir) / path
+    return _as_asked(_load_file(path), undecodable_ok)
+
+
+def _load_file(path: Path) -> ImageData:
+    """A regular file's image, from the cache when the file is unchanged; bytes that are no image come back
+    ``decoded=False`` (cached too: :func:`_as_asked` refuses them to a caller that wants pixels)."""
     try:
         st = path.stat()
     except OSError as e:
@@ -254,9 +279,18 @@ def load_image(ref: str | os.PathLike, *, base_dir: str | os.PathLike | None = N
         raise ImageError(f"{path}: cannot read image ({e.strerror})") from None
     if len(data) > cap:
         raise ImageError(f"{path}: over the image size limit of {cap / 2**20:g} MB")
-    mime, w, h = _validate(data, str(path))
-    img = ImageData(hashlib.sha256(data).hexdigest(), data, mime, str(path), w, h)
+    try:
+        mime, w, h = _validate(data, str(path))
+        img = ImageData(hashlib.sha256(data).hexdigest(), data, mime, str(path), w, h)
+    except NotAnImage:
+        img = ImageData(hashlib.sha256(data).hexdigest(), data, declared_type(path.name), str(path), 0, 0, False)
     with _lock:
         _by_key.put(key, img, len(data))
         _by_key.put(fast, img, len(data))  # counted twice: the bound is conservative
+    return img
+
+
+def _as_asked(img: ImageData, undecodable_ok: bool) -> ImageData:
+    if not img.decoded and not undecodable_ok:
+        _validate(img.data, img.source)  # raises NotAnImage with the decoder's own words
     return img

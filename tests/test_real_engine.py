@@ -138,6 +138,33 @@ def test_an_mmcontextfold_run_completes_on_the_engine(engine, tmp_path):
     assert ln["status"] != "error" and calls and all(e["n_tokens"] > 0 for e in calls)
 
 
+def test_the_engine_refuses_a_query_file_that_is_no_image_as_the_release_s_failed_call(engine, tmp_path):
+    """``--protocol release --allow-missing-images`` sends an empty query file's bytes as the release does
+    (``data:image/png;base64,``); vLLM cannot open them and answers 400, which the backend raises as
+    :class:`RequestRefused`: the release's failed call (agent/methods/mmcontextfold_release.py ``REFUSED``; the flow
+    after it: tests/test_release_faults.py). A whole release run is not made here: its 8,192-token calls take
+    minutes each on a CPU."""
+    from agent.backends.base import RequestRefused, SamplingParams
+
+    empty = tmp_path / "empty.png"
+    empty.write_bytes(b"")
+    backend = make_backend("openai", endpoint=engine["url"], server="vllm", wire="release")
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "Describe the image."},
+                                         {"type": "image_url", "image_url": {"url": str(empty), "detail": "high"}}]}]
+    sp = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=4)
+
+    async def both():
+        try:
+            with pytest.raises(RequestRefused, match="answered HTTP 400"):
+                await backend.generate(msgs, sp)
+            return await backend.generate([{"role": "user", "content": "Say hi."}], sp)
+        finally:
+            await backend.aclose()
+
+    # the engine answers the next request: the refusal was that request's
+    assert asyncio.run(both()).usage.completion_tokens > 0
+
+
 def test_scoring_with_images_on_the_engine_matches_transformers_and_proves_the_images_arrived(engine, tiny_model_dir,
                                                                                                red_image):
     """The token-in route: ids as sent (a split the tokenizer would not make is scored as it is), the images

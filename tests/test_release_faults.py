@@ -20,6 +20,9 @@ from agent.http import HTTPError, RetryPolicy, make_client, request_json, requot
 from agent.tools.formatting import LENS_BRANCH_EMPTY
 from tests.conftest import REPO
 from tests.guards import HANG_GUARD_S
+from agent.run import main as run_main
+from agent.rundir import load_run
+from serving.fakes.sglang_server import FakeSGLang
 from tests.test_release_edges import PAPER, RELEASE, branch_policy, run_release, texts, tool
 
 PROTOCOLS = {"release": RELEASE, "paper": PAPER}
@@ -204,3 +207,78 @@ def test_a_slow_but_steady_reply_is_kept_per_read_and_dropped_per_request():
             asyncio.run(get(False))
     finally:
         srv.shutdown()
+
+
+# ------------------------------------------------------------------ a query file that is no image; a refused call
+def _bench_with_empty_image(tmp_path, sample="demo_1"):
+    """The demo benchmark with ``sample``'s query image emptied (0 bytes); its file name."""
+    import shutil
+
+    from agent.tools.demo_world import ensure_demo_world
+
+    bench = tmp_path / "bench"
+    shutil.copytree(ensure_demo_world() / "demo", bench)
+    row = next(json.loads(x) for x in (bench / "data_unified.jsonl").read_text().splitlines() if f'"{sample}"' in x)
+    (bench / "imgs" / row["query_images"][0]).write_bytes(b"")
+    return bench, row["query_images"][0]
+
+
+def test_a_query_file_that_is_no_image_is_sent_under_the_release_and_each_call_carrying_it_fails(tmp_path, capsys):
+    """utils/search_backbone_model.py: ``create_message_content`` base64-encodes whatever the file holds (an empty
+    file too) and ``send_single_message`` / ``send_message`` return ``f"Error: {e}"`` when the server refuses it
+    (SGLang and vLLM open each image with PIL and answer 400); the init block is ``(perception failed)``
+    (pipeline_mmcontextfold.py:113-115) and a branch given the image ends at once with its fixed message
+    (:209, :218-219). The turn the server refused is taken back (``message_history.pop()``)."""
+    bench, name = _bench_with_empty_image(tmp_path)
+    bodies, line = run_release(tmp_path, branch_policy(["<image_0>"], [tool("return", message="found it")]),
+                               "demo_1", "--benchmark", str(bench), "--allow-missing-images")
+    empty = '"data:image/png;base64,"'  # the type from the name (.png), no bytes after the comma
+    sent_empty = [b for b in bodies if empty in json.dumps(b)]
+    assert len(sent_empty) == 2  # the init call and the branch's first call: both sent, both refused
+    assert line["status"] == "ok" and line["answer"] == "1998" and line["undecodable_images"] == [name]
+    main = [b for b in bodies if any(R.fill(R.PERCEPTION_FAILED, image_id="<image_0>") in t
+                                     for m in b["messages"] for t in texts(m))]
+    assert main, "the main prompt carries the release's perception-failed block"
+    refused = [e for e in line["events"] if e["type"] == "error"]
+    assert [e["kind"] for e in refused] == ["RequestRefused", "RequestRefused"]
+    assert "answered HTTP 400" in refused[0]["message"] and "init" in refused[0]["message"]
+    assert _continuation(bodies).count(R.BRANCH_NO_RETURN) == 1
+    end = next(e for e in line["events"] if e["type"] == "branch_end")
+    assert end["reason"] == "failed_call" and end["steps"] == 1
+    # no recorded call holds the image: the record's calls are what the model answered
+    assert all(not e["image_hashes"] for e in line["events"] if e["type"] == "llm_call")
+    assert "sent as the release sends it" in capsys.readouterr().err
+
+
+def test_a_query_file_that_is_no_image_is_refused_by_the_default_protocol(tmp_path, capsys):
+    """Ours (docs/fidelity.md): a question without a readable image is another question; refused before any work,
+    or skipped with ``--allow-missing-images``."""
+    bench, name = _bench_with_empty_image(tmp_path)
+    argv = [*PROTOCOLS["paper"], "--backend", "scripted", "--benchmark", str(bench), "--sample-ids", "demo_1",
+            "--no-progress"]
+    assert run_main([*argv, "--out", str(tmp_path / "a")]) == 2
+    assert name in capsys.readouterr().err
+    # under the release without --allow-missing-images: refused too (the flag is what says to run such samples)
+    assert run_main([*RELEASE, *argv[2:], "--out", str(tmp_path / "b")]) == 2
+
+
+@pytest.mark.parametrize("protocol", ["release", "paper"])
+def test_a_refused_main_call(tmp_path, protocol):
+    """A 400 on the first main call: under the release ``send_message`` pops the turn it could not send and returns
+    ``Error: ...``; the main loop asks "Please continue with your analysis." (pipeline_mmcontextfold.py:463-466) on a
+    history that has lost the main prompt. Ours: the unit ends ``error``, to be rerun."""
+    policy = branch_policy([], [])
+    with FakeSGLang(reply=lambda req: "ok</think>" + policy(req)) as srv:
+        srv.faults = [None, "400"]  # the init call answers; the first main call is refused
+        out = tmp_path / "run"
+        code = run_main([*PROTOCOLS[protocol], "--backend", "openai", "--server", "sglang", "--endpoint", srv.url,
+                         "--sample-ids", "demo_1", "--out", str(out), "--no-progress"])
+        bodies = [b for b in srv.bodies if "messages" in b]
+    line = load_run(out).lines[0]
+    if protocol == "release":
+        assert code == 0 and line["status"] == "ok" and line["answer"] == "1998"
+        assert [m["role"] for m in bodies[2]["messages"]] == ["system", "user"]
+        assert texts(bodies[2]["messages"][1]) == [R.AFTER_FAILED_CALL]
+        assert [e["kind"] for e in line["events"] if e["type"] == "error"] == ["RequestRefused"]
+    else:
+        assert line["status"] == "error" and "answered HTTP 400" in line["error"] and len(bodies) == 2

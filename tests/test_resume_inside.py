@@ -172,3 +172,34 @@ async def test_a_reply_holding_a_key_in_use_is_replayed_and_the_calls_after_it_t
     again = JournaledBackend(ScriptedBackend(["asked again"] * 3, model="m"), Journal(tmp_path, "s1", 0))
     await unit(again)
     assert again.replayed == 3  # every call answered from the journal: none paid twice
+
+
+async def test_a_refused_call_takes_no_place_in_the_journal(tmp_path):
+    """``--protocol release`` goes on after a request the server refuses (agent/methods/mmcontextfold_release.py):
+    the refusal is not journaled, so a resume sends it again (refused again) and replays the calls after it."""
+    from agent.backends.base import RequestRefused, SamplingParams
+    from agent.backends.scripted import ScriptedBackend
+    from agent.run.journal import Journal, JournaledBackend
+
+    class Refusing(ScriptedBackend):
+        async def generate(self, messages, sampling=None):
+            if messages[0]["content"] == "bad":
+                raise RequestRefused("chat completion: http://x answered HTTP 400: cannot identify image file")
+            return await super().generate(messages, sampling)
+
+    sp = SamplingParams(seed=1)
+    asks = [[{"role": "user", "content": c}] for c in ("q0", "bad", "q1")]
+
+    async def run(backend):
+        got = []
+        for m in asks:
+            try:
+                got.append((await backend.generate(m, sp)).text)
+            except RequestRefused:
+                got.append(None)
+        return got
+
+    first = await run(JournaledBackend(Refusing(["one", "two"], model="m"), Journal(tmp_path, "s", 0)))
+    assert first == ["one", None, "two"] and len(Journal(tmp_path, "s", 0).entries) == 2
+    again = JournaledBackend(Refusing(["live"] * 2, model="m"), Journal(tmp_path, "s", 0))
+    assert await run(again) == ["one", None, "two"] and again.replayed == 2

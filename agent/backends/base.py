@@ -44,6 +44,7 @@ __all__ = [
     "BackendError",
     "ModelServerDown",
     "BadReply",
+    "RequestRefused",
     "reported_count",
     "backend_error",
     "TopLogprob",
@@ -103,9 +104,23 @@ class ModelServerDown(BackendError):
     command. The runner and the probes stop at once, keep everything finished, and say so in one line."""
 
 
+class RequestRefused(BackendError):
+    """The server answered that it cannot take this request for what it holds (HTTP 400, 413, 422: an image it
+    cannot decode, more tokens than its context). Never retried; the unit's error, except under ``--protocol
+    release``, where it is the release's failed call (``send_message`` returns ``Error: ...``)."""
+
+
+#: The statuses that refuse a request for its content, not for the server's state (ours: auth, rate limits and
+#: missing routes stay errors of the run in every protocol).
+REFUSED_STATUS = frozenset({400, 413, 422})
+
+
 def backend_error(e: HTTPError) -> BackendError:
-    """The backend's error for a request that failed for good: :class:`ModelServerDown` when the server is down."""
-    return ModelServerDown(str(e)) if isinstance(e, ServerDown) else BackendError(str(e))
+    """The backend's error for a request that failed for good: :class:`ModelServerDown` when the server is down,
+    :class:`RequestRefused` when it refused the request's content."""
+    if isinstance(e, ServerDown):
+        return ModelServerDown(str(e))
+    return RequestRefused(str(e)) if e.status in REFUSED_STATUS else BackendError(str(e))
 
 
 class BadReply(BackendError):

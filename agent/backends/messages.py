@@ -9,12 +9,11 @@ its query image 20 times.
 from __future__ import annotations
 
 import copy
-import mimetypes
 import os
 import re
 from typing import Any, Iterator
 
-from ..images import ImageData, ImageError, forget_images, load_image
+from ..images import ImageData, ImageError, declared_type, forget_images, load_image
 
 __all__ = [
     "ImageError",
@@ -215,8 +214,8 @@ def strip_images(messages: list[dict], hashes=None) -> list[dict]:
 
 def to_openai_messages(messages: list[dict], base_dir=None, *, type_by_name: bool = False) -> list[dict]:
     """Messages for an OpenAI-compatible server: local images become (cached) data URIs, their type read from the
-    bytes (ours: what the image is), or with ``type_by_name`` from the file's name as the release declares it
-    (:func:`declared_type`)."""
+    bytes (ours: what the image is), or with ``type_by_name`` as the release sends a file: typed from its name
+    (:func:`agent.images.declared_type`), and sent whether or not its bytes are an image (the server answers)."""
     out = []
     for m in messages:
         c = m.get("content")
@@ -227,7 +226,8 @@ def to_openai_messages(messages: list[dict], base_dir=None, *, type_by_name: boo
         for p in c:
             if is_image_part(p):
                 ref = image_ref(p)
-                url = ref if ref.startswith(("http://", "https://", "data:")) else _image_of(p, base_dir).data_uri()
+                url = ref if ref.startswith(("http://", "https://", "data:")) else \
+                    load_image(ref, base_dir=base_dir, undecodable_ok=type_by_name).data_uri()
                 if type_by_name and not ref.startswith(("http://", "https://", "data:")):
                     url = f"data:{declared_type(ref)};base64," + url.split(",", 1)[1]
                 if ref.startswith("data:"):
@@ -239,13 +239,6 @@ def to_openai_messages(messages: list[dict], base_dir=None, *, type_by_name: boo
                 parts.append(p)
         out.append({**m, "content": parts})
     return out
-
-
-def declared_type(name: str) -> str:
-    """The type the release declares for an image file: guessed from its name, ``image/jpeg`` when that guess is no
-    image type (``utils/search_backbone_model.py`` ``get_image_mime_type``: a PNG named ``d.jpg`` is sent as JPEG)."""
-    guess, _ = mimetypes.guess_type(str(name))
-    return guess if guess and guess.startswith("image/") else "image/jpeg"
 
 
 def split_text_and_images(messages: list[dict], base_dir=None, fetch_urls: bool = False) -> tuple[list[dict], list[ImageData]]:

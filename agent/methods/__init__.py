@@ -98,6 +98,8 @@ def new_trajectory(spec: MethodSpec, sample, trial: int) -> Trajectory:
     traj = Trajectory(sample, trial, spec.method, spec.variant_label)
     if sample.extra.get("dropped_images"):  # --protocol release: ran without the images whose files are missing
         traj.extra["dropped_images"] = list(sample.extra["dropped_images"])
+    if sample.extra.get("undecodable_images"):  # --protocol release: files sent although they are no image
+        traj.extra["undecodable_images"] = list(sample.extra["undecodable_images"])
     return traj
 
 

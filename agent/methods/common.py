@@ -168,7 +168,8 @@ class Episode:
         self.history_reasoning = history_reasoning
         self.observation_images = int(observation_images)
         self.served_model = served_model  # every reply must name it (when the reply names a model at all)
-        self.registry = ImageRegistry.from_paths(sample.image_paths, sample.benchmark)
+        self.registry = ImageRegistry.from_paths(sample.image_paths, sample.benchmark,
+                                                 undecodable_ok=bool(sample.extra.get("undecodable_images")))
         traj.query_hashes = [r.sha256 for r in self.registry.images]
 
     @property

@@ -11,15 +11,18 @@ Its texts are in :mod:`agent.prompts_release`; what it sends is asserted, call b
 ``tests/test_protocol_release.py``.
 
 Its tools run under the release's tool policy (:data:`agent.tools.policy.RELEASE_TOOLS`: arguments as given, no
-cache, its retries, texts and thumbnails). Ours (docs/fidelity.md): a model call that fails at the HTTP level
-(the server down, retries spent) ends the unit ``error`` (to be rerun) where the release carries on with a
-placeholder; a reply whose content is null or starts with ``Error:`` is the release's failed call.
+cache, its retries, texts and thumbnails). A call whose request the server refuses (:data:`REFUSED`: an image it
+cannot decode) is the release's failed call, as is a reply whose content is null or starts with ``Error:``. Ours
+(docs/fidelity.md): a call that gets no answer at all (the server down, retries spent) ends the unit ``error``, to be
+rerun, where the release carries on with a placeholder.
 """
 from __future__ import annotations
 
 import json
 import re
 
+from ..backends.base import RequestRefused
+from ..images import NotAnImage
 from ..prompts_release import (
     AFTER_FAILED_CALL,
     BRANCH,
@@ -144,6 +147,21 @@ def user(text: str, images=()) -> dict:
     return {"role": "user", "content": parts or [{"type": "text", "text": ""}]}
 
 
+#: What the release's ``send_message`` and ``send_single_message`` catch (``except Exception``) and return as
+#: ``f"Error: {e}"``, taking the user turn back (``utils/search_backbone_model.py``), that belongs to the request:
+#: the server refused it (an empty or undecodable image: vLLM and SGLang answer 400), or this client could not
+#: decode an image it must expand itself (the local and SGLang-native backends), which no server could either.
+REFUSED = (RequestRefused, NotAnImage)
+
+
+def refused(ep: Episode, e: Exception, state: str, branch: str | None = None) -> str:
+    """Record a refused call (an ``error`` event ``RequestRefused``; no ``llm_call``: nothing was answered) and
+    return the release's text for it."""
+    where = f"{state} call" + (f" in branch {branch}" if branch else "")
+    ep.traj.error("RequestRefused", f"{where}: {e} (the release's failed call)")
+    return f"Error: {e}"
+
+
 def failed(reply: str | None) -> bool:
     """A call the release treats as failed: null content, or content starting with ``Error:`` (how its client
     reports an API error, and so how it reads a model that writes one; ``pipelines/pipeline_mmcontextfold.py:155-163``).
@@ -159,11 +177,16 @@ class _Chat:
         self.ep = ep
         self.history: list[dict] = [{"role": "system", "content": SYSTEM}]
 
-    async def send(self, text: str, images=(), **record) -> tuple[str | None, EventView]:
+    async def send(self, text: str, images=(), **record) -> tuple[str | None, EventView | None]:
         """The reply's content as it arrived (unstripped; None when null), appended as it is
-        (``utils/search_backbone_model.py:124-125``)."""
+        (``utils/search_backbone_model.py:124-125``); a refused request: the release's ``Error: ...`` text, the
+        turn taken back, and no event."""
         self.history.append(user(text, images))
-        out, ev = await self.ep.llm(list(self.history), **record)
+        try:
+            out, ev = await self.ep.llm(list(self.history), **record)
+        except REFUSED as e:
+            self.history.pop()
+            return refused(self.ep, e, record["state"], record.get("branch")), None
         reply = None if out.content_null else out.text
         self.history.append({"role": "assistant", "content": reply})
         return reply, ev
@@ -195,10 +218,14 @@ async def _init(ep: Episode) -> str:
     blocks, parsed = [], {}
     for img in ep.registry.images:
         msgs = [{"role": "system", "content": INIT_SYSTEM}, user(INIT, [img.path])]
-        out, ev = await ep.llm(msgs, state="init", parent="init")
-        text = None if out.content_null else out.text
+        try:
+            out, ev = await ep.llm(msgs, state="init", parent="init")
+            text = None if out.content_null else out.text
+        except REFUSED as e:  # send_single_message's Error: text
+            text, ev = refused(ep, e, f"init ({img.image_id})"), None
         if not text or failed(text):  # pipelines/pipeline_mmcontextfold.py:113-115
-            ep.traj.settle(ev, error="perception failed (the reply is empty, null or starts with 'Error:')")
+            if ev is not None:
+                ep.traj.settle(ev, error="perception failed (the reply is empty, null or starts with 'Error:')")
             parsed[img.image_id] = False
             blocks.append(fill(PERCEPTION_FAILED, image_id=img.image_id))
             continue
@@ -237,7 +264,8 @@ async def _run(ep: Episode) -> tuple[str, str]:
     branches = 0
     for _ in range(MAX_ROUNDS):
         if failed(response):  # pipelines/pipeline_mmcontextfold.py:463-466: a round spent asking again
-            ep.traj.settle(ev, error="failed call (null content or 'Error:')")
+            if ev is not None:
+                ep.traj.settle(ev, error="failed call (null content or 'Error:')")
             response, ev = await chat.send(AFTER_FAILED_CALL, state="main", correction=True)
             continue
         assert response is not None
@@ -289,7 +317,8 @@ async def _branch(ep: Episode, chat: _Chat, bid: str, subtask: dict, main_ev: di
     message, reason, failures = None, "budget", 0
     for turn in range(MAX_BRANCH_TURNS):
         if failed(response):  # pipelines/pipeline_mmcontextfold.py:209, :218-219
-            ep.traj.settle(ev, error="failed call (null content or 'Error:')")
+            if ev is not None:
+                ep.traj.settle(ev, error="failed call (null content or 'Error:')")
             message, reason = BRANCH_NO_RETURN, "failed_call"
             break
         assert response is not None

@@ -186,26 +186,30 @@ def check_benchmark_images(manifest, samples, *, allow_missing: bool = False, dr
     ``allow_missing``: then the samples with a bad image are left out, and the caller says how many.
     ``drop_missing`` (``--protocol release``): an image whose file does not exist is dropped and the sample runs with
     the rest, renumbered, as the release does (``pipelines/base_pipeline.py``, ``_prepare_images``); the names go to
-    ``sample.extra["dropped_images"]``. A file that exists but is no image is still refused (ours: the release would
-    send its bytes as an image).
+    ``sample.extra["dropped_images"]``. With both, a file that exists but is no image is kept and sent as the release
+    sends it (its bytes; the server cannot decode them and the call carrying it fails, as there); the names go to
+    ``sample.extra["undecodable_images"]``. Otherwise such a file is refused (ours: nothing can be learnt from it).
     """
 
     bad: list[tuple[str, str]] = []
     keep = []
     for s in samples:
         gone = [f for f, p in zip(s.query_images, s.image_paths) if drop_missing and not os.path.exists(p)]
+        extra = {k: v for k, v in s.extra.items() if k not in ("dropped_images", "undecodable_images")}
         if gone:
-            s = replace(s, query_images=[f for f in s.query_images if f not in gone],
-                        extra={**s.extra, "dropped_images": gone})
-        why = None
-        for p in s.image_paths:
+            s = replace(s, query_images=[f for f in s.query_images if f not in gone], extra={**extra, "dropped_images": gone})
+        else:
+            s = replace(s, extra=extra)
+        why, undecodable = None, []
+        for f, p in zip(s.query_images, s.image_paths):
             try:
-                load_image(p)
+                if not load_image(p, undecodable_ok=drop_missing and allow_missing).decoded:
+                    undecodable.append(f)
             except ImageError as e:
                 why = str(e)
                 break
         if why is None:
-            keep.append(s)
+            keep.append(replace(s, extra={**s.extra, "undecodable_images": undecodable}) if undecodable else s)
         else:
             bad.append((s.id, why))
     if bad and not allow_missing:

@@ -132,5 +132,8 @@ class ResultLine(Record):
     replay_of: ReplayOf | None = None
     dropped_images: list[str] | None = Field(None, description="query images a --protocol release unit ran without: "
                                              "their files are missing (the release's _prepare_images)")
+    undecodable_images: list[str] | None = Field(None, description="query files a --protocol release unit sent as "
+                                                 "the release does although they are no image (each call carrying "
+                                                 "one was refused by the server: a failed call)")
     line_sha256: str | None = Field(None, description="the seal: sha256 of the line's bytes before it "
                                                        "(agent/rundir/lines.py); always the last field")

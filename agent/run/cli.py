@@ -133,7 +133,8 @@ def _control_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--max-consecutive-errors", type=int, default=10, metavar="N",
                    help="stop the run after N harness errors in a row (0 = never)")
     g.add_argument("--allow-missing-images", action="store_true",
-                   help="run the samples whose images load, skip (and list) the others")
+                   help="run the samples whose images load, skip (and list) the others; with --protocol release, "
+                        "a file that is no image is sent as the release sends it (its calls fail there as here)")
     g.add_argument("--skip-bad-rows", action="store_true",
                    help="run the manifest's rows that can be run when some cannot (broken JSON, no id, no image "
                         "listed...); without it such a manifest is refused (the rows are recorded in header.json)")

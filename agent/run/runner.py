@@ -127,6 +127,23 @@ async def _run_locked(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends
     return await execute(cfg, spec, rd, header, jobs, skipped, skipped_images, backends, toolbox)
 
 
+def _say_images(samples, skipped_images) -> None:
+    """One line each for the samples run without an image, with a file that is no image, and skipped."""
+    dropped = [s for s in samples if s.extra.get("dropped_images")]
+    if dropped:
+        log.info(f"--protocol release: {len(dropped)} samples run without a query image whose file is missing, as the "
+                 f"release does (first: {dropped[0].id}: {', '.join(dropped[0].extra['dropped_images'])}); each "
+                 "line lists them (dropped_images)")
+    sent = [s for s in samples if s.extra.get("undecodable_images")]
+    if sent:
+        log.info(f"--protocol release: {len(sent)} samples run with a query file that is no image, sent as the release "
+                 f"sends it; each call carrying it fails there as here (first: {sent[0].id}: "
+                 f"{', '.join(sent[0].extra['undecodable_images'])}); each line lists them (undecodable_images)")
+    if skipped_images:
+        log.info(f"--allow-missing-images: {len(skipped_images)} samples skipped for a missing or unreadable image "
+                 f"(first: {skipped_images[0][0]}: {skipped_images[0][1]})")
+
+
 async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends, toolbox):
     """Every check before any work (nothing is written and nothing runs until all pass: exit 2 otherwise), then the
     header. Returns ``(cfg with the run's seed, header, samples, skipped_images)``."""
@@ -165,14 +182,7 @@ async def _preflight(cfg: RunConfig, argv, spec, manifest, rd: RunDir, backends,
                  + "; python -m agent.benchmarks stats lists them all")
     samples, skipped_images = check_benchmark_images(manifest, samples, allow_missing=cfg.allow_missing_images,
                                                      drop_missing=cfg.protocol == "release")
-    dropped = [s for s in samples if s.extra.get("dropped_images")]
-    if dropped:
-        log.info(f"--protocol release: {len(dropped)} samples run without a query image whose file is missing, as the "
-                 f"release does (first: {dropped[0].id}: {', '.join(dropped[0].extra['dropped_images'])}); each "
-                 "line lists them (dropped_images)")
-    if skipped_images:
-        log.info(f"--allow-missing-images: {len(skipped_images)} samples skipped for a missing or unreadable image "
-                 f"(first: {skipped_images[0][0]}: {skipped_images[0][1]})")
+    _say_images(samples, skipped_images)
     ident = await identify_backends(cfg, backends)
     exempt(ident.get("served_model"), ident.get("weights"), cfg.model_dir)  # recorded as names: never "secrets"
     check_output_room(ident, cfg.sampling().max_tokens)

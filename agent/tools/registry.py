@@ -32,11 +32,14 @@ class ImageRegistry:
     images: list[RegisteredImage] = field(default_factory=list)
 
     @classmethod
-    def from_paths(cls, paths: list, benchmark: str = "") -> "ImageRegistry":
+    def from_paths(cls, paths: list, benchmark: str = "", *, undecodable_ok: bool = False) -> "ImageRegistry":
+        """``undecodable_ok``: a file whose bytes are no image is registered by its bytes' hash (``--protocol
+        release --allow-missing-images``: the release sends it, and the call that carries it fails)."""
         reg = cls()
         for i, p in enumerate(paths):
             p = Path(p)
-            reg.images.append(RegisteredImage(f"<image_{i}>", load_image(p), p, benchmark, p.name))
+            reg.images.append(RegisteredImage(f"<image_{i}>", load_image(p, undecodable_ok=undecodable_ok), p,
+                                              benchmark, p.name))
         return reg
 
     @property

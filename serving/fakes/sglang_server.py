@@ -24,13 +24,17 @@ in-process (``FakeSGLang``) and as a command (the launcher's tests, ``scripts/so
 from __future__ import annotations
 
 import argparse
+import base64
 import collections
+import io
 import json
 import sys
 import threading
 import time
 from http.server import ThreadingHTTPServer
 from pathlib import Path
+
+from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # runnable as a script too
 
@@ -163,6 +167,10 @@ class _Handler(JSONHandler):
         if self.server.flat == "refuse" and any(key.startswith("return_flat_raw") for key in req):
             return self._send(400, {"object": "error", "message": "unexpected keyword argument "
                                     "'return_flat_raw_top_logprobs'", "type": "BadRequestError", "code": 400})
+        bad = self._undecodable_image(req) if self.path in ("/generate", "/v1/chat/completions") else None
+        if bad:  # SGLang opens each image with PIL while it prepares the request; what it cannot open is a 400
+            return self._send(400, {"object": "error", "message": f"Failed to load image: {bad}",
+                                    "type": "BadRequestError", "code": 400})
         fault = self._fault()
         self._wait_if_held()
         if self.server.latency_s:
@@ -342,6 +350,26 @@ class _Handler(JSONHandler):
                 self.server.chat_cache[key] = hit
         return hit
 
+    def _undecodable_image(self, req: dict) -> str | None:
+        """Why the first image of the request that PIL cannot open is no image (None: all open)."""
+        uris = [it["image_url"]["url"] for m in req.get("messages") or [] if isinstance(m.get("content"), list)
+                for it in m["content"] if isinstance(it, dict) and it.get("type") == "image_url"]
+        uris += [u for u in req.get("image_data") or [] if isinstance(u, str)]
+        for uri in uris:
+            if not uri.startswith("data:"):
+                continue
+            key = hash(uri)
+            if key not in self.server.opened:
+                try:
+                    with Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[-1]))) as im:
+                        im.verify()
+                    self.server.opened[key] = None
+                except Exception as e:  # noqa: BLE001 - whatever PIL raises, the server's answer is the same
+                    self.server.opened[key] = f"{type(e).__name__}: {e}"
+            if self.server.opened[key]:
+                return self.server.opened[key]
+        return None
+
     def _chat_prompt_tokens(self, req: dict) -> int:
         """The prompt's length as SGLang's chat layer counts it: the model's chat template rendered server-side,
         each image placeholder expanded (with the tiny model's tokenizer); 17 without one."""
@@ -455,6 +483,7 @@ class FakeServer(ThreadingHTTPServer):
         self.cost_per_token = 0.0  # > 0: replies carry OpenRouter's usage.cost (this times the call's tokens)
         self.chat_template = chat_template  # the chat path's own template (a server started with --chat-template)
         self.seen: set = set()
+        self.opened: dict = {}  # hash of an image's data URI -> why PIL cannot open it (None: it opens)
         # a list: generation requests report cached_tokens as an unbounded token-level prefix cache would (the
         # longest prefix shared with an earlier prompt, at most len - 1, as SGLang caps a match); None: always 0
         self.prompts: list | None = None
