@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 
 from agent.identity import server_differences
+from agent.record import RunHeader
 from agent.rundir import RunError
 
 __all__ = ["duplicates_note", "comparability_note", "refuse_mixed_protocols", "refuse_mixed_servers", "serving_engine", "COMPARED"]
@@ -21,11 +22,10 @@ __all__ = ["duplicates_note", "comparability_note", "refuse_mixed_protocols", "r
 COMPARED = ("budgets", "sampling", "history_reasoning", "observation_images", "protocol")
 
 
-def serving_engine(header: dict) -> str | None:
+def serving_engine(header: RunHeader) -> str | None:
     """The engine that computed a run's numbers: sglang, vllm, transformers (the local backend), scripted; None for
     a chat API whose server the run did not name."""
-    b = header.get("backend") or {}
-    kind, server = b.get("kind"), b.get("server")
+    kind, server = header.backend.kind, header.backend.server
     if kind in ("sglang", "vllm"):
         return kind
     if kind == "local":
@@ -45,8 +45,8 @@ def refuse_mixed_servers(what: str, runs) -> None:
         if None not in engines and engines[0] != engines[1]:
             raise RunError(f"{what}: {runs[0].path} and {r.path} cannot be pooled: served by different engines "
                            f"({engines[0]} vs {engines[1]}); one pooled row, one engine")
-        why = server_differences(runs[0].header.get("model"), r.header.get("model"))
-        modes = [(x.header.get("backend") or {}).get("logprob_mode") for x in (runs[0], r)]
+        why = server_differences(*[x.header.model.as_recorded() if x.header.model else None for x in (runs[0], r)])
+        modes = [x.header.backend.logprob_mode for x in (runs[0], r)]
         if not why and None not in modes and modes[0] != modes[1]:
             why = f"their logprob modes differ ({modes[0]} vs {modes[1]}: raw and scaled logprobs differ at T != 1)"
         if why:
@@ -55,7 +55,7 @@ def refuse_mixed_servers(what: str, runs) -> None:
 
 def refuse_mixed_protocols(key, runs) -> None:
     """One table row pools runs of one protocol only (a header without one predates it: the paper's)."""
-    protocols = {r.header.get("protocol", "paper") for r in runs}
+    protocols = {r.header.protocol for r in runs}
     if len(protocols) > 1:
         raise RunError(f"{key[0]} on {key[1]}: runs of different protocols ({', '.join(sorted(protocols))}) in one "
                        f"row ({', '.join(str(r.path) for r in runs)}); each protocol is its own method")
@@ -68,9 +68,9 @@ def duplicates_note(runs) -> str:
     per: dict[str, tuple[int, int]] = {}
     for run in runs:
         h = run.header
-        dups = int((h.get("manifest_problems") or {}).get("duplicate_id", 0))
-        if h.get("benchmark") and isinstance(h.get("n_samples"), int):
-            per[h["benchmark"]] = (h["n_samples"], dups)
+        dups = h.manifest_problems.get("duplicate_id", 0)
+        if h.benchmark and h.n_samples is not None:
+            per[h.benchmark] = (h.n_samples, dups)
     if not any(d for _, d in per.values()):
         return ""
     named = "; ".join(f"{b}: {n + d} rows, {d} repeating an earlier id, n = {n}" for b, (n, d) in sorted(per.items()) if d)
@@ -83,7 +83,8 @@ def comparability_note(runs) -> str:
     seen: dict = {}
     for run in runs:
         for k in COMPARED:
-            v = run.header.get(k)
+            v = getattr(run.header, k)
+            v = v.as_recorded() if hasattr(v, "as_recorded") else v
             if k == "sampling" and isinstance(v, dict):  # each run draws its own seed (per-trial seeds): not a difference
                 v = {a: b for a, b in v.items() if a != "seed"}
             seen.setdefault(k, {}).setdefault(json.dumps(v, sort_keys=True), []).append(run.path.name)

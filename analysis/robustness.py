@@ -121,7 +121,7 @@ def _trajectories(rd, judge: str | None) -> "pd.DataFrame":
         t = t.merge(dh, on=["sample_id", "trial"], how="left")
     except frames.NoProbeOutput:
         t["dH"] = np.nan
-    t["model"] = (run.header.get("model") or {}).get("served_model")
+    t["model"] = run.header.model.served_model if run.header.model else None
     t["judge"] = label
     return t
 

@@ -75,15 +75,13 @@ def judged_runs(run_dirs, judge: str | None = None) -> tuple[list[tuple], list[s
 
 
 def method_label(run) -> str:
-    h = run.header
-    return h.get("label") or h.get("method") or "?"
+    return run.header.label or run.header.method or "?"
 
 
 def model_label(run) -> str:
     h = run.header
-    m = h.get("model") or {}
-    return (m.get("served_model") or (run.index[0].get("model") if run.index else None)
-            or (h.get("backend") or {}).get("model") or "")
+    return ((h.model.served_model if h.model else None) or (run.index[0].get("model") if run.index else None)
+            or h.backend.model or "")
 
 
 def _per_trial_acc(df, refused: bool = False) -> tuple[float, float | None, list[float]]:
@@ -258,7 +256,7 @@ def table4(run_dirs) -> "pd.DataFrame":
     pooled: dict = {}
     for rd in run_dirs:
         run = load_run(rd)
-        if run.header.get("method") == "direct":  # Table 4 compares the agentic methods (§4.4)
+        if run.header.method == "direct":  # Table 4 compares the agentic methods (§4.4)
             continue
         s = _trajectory_frame(run)
         s["run"] = run.path.name
@@ -392,7 +390,7 @@ def table13(run_dirs, judge: str | None = None) -> "pd.DataFrame":
         benches = sorted(set(g["benchmark"]))
         if benches != ["hle_vl"]:
             raise RunError(f"{run.path}: Table 13 is HLE-VL only (paper D.1); this run is on {', '.join(benches)}")
-        digests.setdefault(run.header.get("benchmark_sha256"), []).append(str(run.path))
+        digests.setdefault(run.header.benchmark_sha256, []).append(str(run.path))
         refuse_mixed_protocols((method_label(run), model_label(run)), [run])
         m, _, per = _per_trial_acc(g)
         row = rows.setdefault(method_label(run), {"method": method_label(run)})

@@ -39,17 +39,17 @@ def _kept(line: dict) -> tuple[int, int]:
 
 def _kind(run) -> tuple[str, dict]:
     h = run.header
-    if h.get("image_unload"):
-        ir = h["image_unload"]
+    if h.image_unload:
+        ir = h.image_unload
         return "adaptive", {"threshold": ir.get("threshold"), "patience": ir.get("patience"), "signal": ir.get("signal"),
                             "label": f"adaptive {ir.get('signal')} ε={ir.get('threshold'):g}, M={ir.get('patience')}"}
-    if h.get("remove_images_from_step") is not None:
-        k = int(h["remove_images_from_step"])
+    if h.remove_images_from_step is not None:
+        k = h.remove_images_from_step
         return "R@k (runs)", {"k": k, "label": f"R@{k}"}
-    if h.get("method") == "react" and not h.get("variant"):
+    if h.method == "react" and not h.variant:
         return "ReAct (images kept)", {"label": "ReAct"}
     raise RunError(f"{run.path}: the unloading figure compares ReAct, ReAct-Removal@k and adaptive ReAct runs; "
-                   f"this one is {h.get('label')}")
+                   f"this one is {h.label}")
 
 
 def unload_points(runs=(), adaptive=(), *, react_runs=(), judge: str | None = None):
@@ -112,7 +112,7 @@ def unload_steps(adaptive=()):
     rows = []
     for rd in adaptive:
         run = load_run(rd)
-        ir = run.header.get("image_unload")
+        ir = run.header.image_unload
         if not ir:
             raise RunError(f"{rd}: not an adaptive run (python -m agent.run --method react --image-unload adaptive)")
         name = f"ε={ir['threshold']:.3g}, M={ir['patience']} ({ir['signal']})"

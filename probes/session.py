@@ -19,6 +19,7 @@ from agent.backends.tiny_model import is_tiny_model
 from agent.errors import EXIT_DISK_FULL, ToolkitError, disk_full_message
 from agent.identity import deterministic_cost, same_model, server_differences
 from agent.preflight import PreflightError, check_output_room, model_identity
+from agent.record import RunHeader
 from serving.endpoints import gpus_behind, gpus_held
 
 from .cli import PROBE_CONCURRENCY
@@ -124,33 +125,33 @@ def record_session(prev_json, hardware: dict, started: float, wall_s: float, uni
             "gpu_hours": None if held is None else round(held / 3600, 3)}
 
 
-def backend_for(args, run_header: dict):
+def backend_for(args, run_header: RunHeader):
     """The probe's backend: the one given on the command line, else the one the run used. Several
     ``--endpoint`` s (or a run recorded over several, when none is given) make one
     :class:`~agent.backends.spread.Spread`: each trajectory keeps one server (its prefix cache)."""
 
-    b = run_header.get("backend") or {}
-    mode = args.logprob_mode or b.get("logprob_mode", "scaled")
-    kind = args.backend or b.get("kind")
+    b = run_header.backend
+    mode = args.logprob_mode or b.logprob_mode
+    kind = args.backend or b.kind
     if kind == "local":
-        return make_backend("local", model_dir=args.model_dir or (None if args.backend else b.get("model_dir")),
+        return make_backend("local", model_dir=args.model_dir or (None if args.backend else b.model_dir),
                             logprob_mode=mode)
     if kind == "scripted":
         return make_backend("scripted")
     if kind in ("sglang", "vllm", "openai"):
-        endpoints = list(args.endpoint or []) or ([e for e in b.get("endpoints") or [] if e] if not args.backend else [])
+        endpoints = list(args.endpoint or []) or ([e for e in b.endpoints if e] if not args.backend else [])
         endpoints = list(dict.fromkeys(endpoints))
         if endpoints:
             extra = {"flat_logprobs": False} if kind == "sglang" and getattr(args, "nested_logprobs", False) else {}
-            made = [make_backend(kind, endpoint=e, model=args.model or (None if args.backend else b.get("model")),
-                                 model_dir=args.model_dir or (None if args.backend else b.get("model_dir")),
+            made = [make_backend(kind, endpoint=e, model=args.model or (None if args.backend else b.model),
+                                 model_dir=args.model_dir or (None if args.backend else b.model_dir),
                                  logprob_mode=mode, server=args.server, api_key_env=args.api_key_env, **extra)
                     for e in endpoints]
             if len(made) == 1:
                 return made[0]
 
             return Spread(made)
-    raise BackendError(f"no usable backend: the run header names {b.get('kind')!r} with endpoints {b.get('endpoints')}; "
+    raise BackendError(f"no usable backend: the run header names {b.kind!r} with endpoints {b.endpoints}; "
                        "pass --backend / --endpoint / --model-dir")
 
 
@@ -171,9 +172,9 @@ async def probe_model_check(run, backend, *, force: bool = False) -> dict:
     cost = deterministic_cost(ident.get("server"))
     if cost:  # the serving check's word on what the probe will cost
         log.warning(f"WARNING: {cost}")
-    recorded = run.header.get("model")
+    recorded = run.header.model.as_recorded() if run.header.model else None
     # a regenerated step asks for the run's output length: one the server cannot give any call is refused here
-    check_output_room(ident, (run.header.get("sampling") or {}).get("max_tokens"), flag="the run's max_tokens")
+    check_output_room(ident, run.header.sampling.max_tokens, flag="the run's max_tokens")
     # the same model, computing the same way: other weights under the same name (a redeployed checkpoint) differ
     # in the server's model_path, as a resume would find (agent/rundir/writer.py)
     why = "the run header records no model identity (made by an older version?)" if not recorded else \
@@ -187,14 +188,14 @@ async def probe_model_check(run, backend, *, force: bool = False) -> dict:
     return ident
 
 
-def keeps_unparsed(asked: bool, header: dict) -> bool:
+def keeps_unparsed(asked: bool, header: RunHeader) -> bool:
     """``--include-unparsed``, or a run of the embedded tiny model, in process or served (random weights: no first
     call of it parses, so the paper's rule, analysis/selection.py, would keep nothing to probe); said when taken,
     and recorded by the probe as ``include_unparsed``."""
     if asked:
         return True
-    b, m = header.get("backend") or {}, header.get("model") or {}
-    if b.get("embedded_tiny_model") or is_tiny_model(b.get("model_dir")) or is_tiny_model(m.get("weights")):
+    b, weights = header.backend, header.model.weights if header.model else None
+    if b.embedded_tiny_model or is_tiny_model(b.model_dir) or is_tiny_model(weights):
         log.info("NOTE: the run is the embedded tiny model's (random weights: none of its first calls parses): its "
                  "trajectories are kept as --include-unparsed keeps them (recorded); its numbers are meaningless")
         return True

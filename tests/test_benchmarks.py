@@ -179,4 +179,4 @@ def test_a_manifest_with_rows_that_cannot_run_is_refused_unless_the_user_opts_in
     assert not (tmp_path / "r1" / "results.jsonl").exists()
     assert run_main([*base, "--skip-bad-rows", "--out", str(tmp_path / "r2")]) == 0
     run = load_run(tmp_path / "r2")
-    assert len(run.index) == 3 and run.header["manifest_problems"] == {"torn_line": 1}
+    assert len(run.index) == 3 and run.header.manifest_problems == {"torn_line": 1}

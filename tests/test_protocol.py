@@ -226,7 +226,7 @@ def test_a_run_over_a_selection_records_it(tmp_path, capsys):
                      "--no-progress"]) == 0
     run = load_run(tmp_path / "r")
     assert sorted(ln["sample_id"] for ln in run.lines) == sorted(ids)
-    rec = run.header["selection"]["selection_file"]
+    rec = run.header.selection.selection_file
     assert rec["kind"] == "random-per-benchmark" and rec["seed"] == 1 and len(rec["sha256"]) == 64
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"benchmarks": {"mmsearch": ["x"]}}))
@@ -406,7 +406,7 @@ def test_openrouter_asks_for_logprobs_only_when_told_and_the_entropy_probe_refus
         assert run_main([*args, "--top-logprobs", "20", "--out", str(tmp_path / "asked")]) == 0
         assert srv.bodies[-1]["logprobs"] is True and srv.bodies[-1]["top_logprobs"] == 20
     plain, asked = load_run(tmp_path / "plain"), load_run(tmp_path / "asked")
-    assert plain.header["logprobs"] == "absent" and asked.header["logprobs"] == "requested"
+    assert plain.header.logprobs == "absent" and asked.header.logprobs == "requested"
     assert [ln["status"] for ln in asked.lines] == ["ok", "ok"]  # no logprobs in the replies: accepted
     capsys.readouterr()
     assert entropy.main([str(tmp_path / "plain"), "--mode", "teacher-forced", "--no-progress"]) == 2
@@ -428,7 +428,7 @@ def test_server_facts_are_recorded_and_runs_from_servers_that_compute_differentl
     with FakeSGLang(reply=agent_policy) as a, FakeSGLang(reply=agent_policy) as b:
         b.server_args = {"dtype": "float16"}
         assert run_main(_cli(a.url, tmp_path / "r", "--limit", "1")) == 0
-        facts = load_run(tmp_path / "r").header["model"]["server"]
+        facts = load_run(tmp_path / "r").header.model.server
         assert facts["dtype"] == "auto" and facts["version"] == "0.5.23" and facts["attention_backend"] == "fa3"
         capsys.readouterr()
         assert run_main(_cli(b.url, tmp_path / "r", "--limit", "2")) == 2             # resume on another server
@@ -438,8 +438,8 @@ def test_server_facts_are_recorded_and_runs_from_servers_that_compute_differentl
         a.server_args = {"enable_deterministic_inference": True, "disable_radix_cache": True, "attention_backend": "flashinfer"}
         assert run_main(_cli(a.url, tmp_path / "det", "--limit", "1", "--seed", "1")) == 0
         assert "turned its radix cache off" in capsys.readouterr().err
-    h = load_run(tmp_path / "det").header["model"]
-    assert server_differences(load_run(tmp_path / "r").header["model"], h).startswith(
+    h = load_run(tmp_path / "det").header.model.as_recorded()
+    assert server_differences(load_run(tmp_path / "r").header.model.as_recorded(), h).startswith(
         "the servers differ in enable_deterministic_inference: False vs True")
     for d in ("r", "det"):
         asyncio.run(judge_run(tmp_path / d, judge="exact", progress=False))
@@ -464,7 +464,7 @@ def test_a_server_that_cannot_say_its_facts_is_never_pooled_with_the_run_unless_
         assert run_main(_cli(srv.url, out, "--limit", "2", "--allow-unverified-server")) == 0
         assert "resumed with --allow-unverified-server" in capsys.readouterr().err
     header = load_run(out).header
-    assert "this server gives none" in header["resumed"][-1]["unverified_server"] and len(load_run(out).index) == 2
+    assert "this server gives none" in header.resumed[-1].unverified_server and len(load_run(out).index) == 2
 
 
 def test_the_logprob_mode_is_recorded_with_its_source_and_runs_that_differ_in_it_are_never_pooled(
@@ -499,11 +499,11 @@ def test_the_logprob_mode_is_recorded_with_its_source_and_runs_that_differ_in_it
         assert "logprob mode: raw -> scaled" in capsys.readouterr().err
         elsewhere.server_args = {"mamba_ssm_dtype": "bfloat16"}
         assert run_main(_cli(elsewhere.url, tmp_path / "bf16", "--limit", "1")) == 0
-    backend = {d: load_run(tmp_path / d).header["backend"] for d in ("raw", "scaled", "flag", "bf16")}
+    backend = {d: load_run(tmp_path / d).header.backend.as_recorded() for d in ("raw", "scaled", "flag", "bf16")}
     assert (backend["raw"]["logprob_mode"], backend["raw"]["logprob_mode_source"]) == ("raw", "launcher")
     assert (backend["scaled"]["logprob_mode"], backend["scaled"]["logprob_mode_source"]) == ("scaled", "default")
     assert (backend["flag"]["logprob_mode"], backend["flag"]["logprob_mode_source"]) == ("raw", "flag")
-    assert load_run(tmp_path / "bf16").header["model"]["server"]["mamba_ssm_dtype"] == "bfloat16"
+    assert load_run(tmp_path / "bf16").header.model.server["mamba_ssm_dtype"] == "bfloat16"
     for d in ("raw", "scaled", "bf16"):
         asyncio.run(judge_run(tmp_path / d, judge="exact", progress=False))
     with pytest.raises(RunError, match=r"cannot be pooled: their logprob modes differ \(raw vs scaled"):

@@ -12,9 +12,11 @@ import re
 import pytest
 
 from agent import prompts_release as R
+from agent.record import RunHeader
 from agent.run import main as run_main
 from agent.rundir import load_run
 from serving.fakes.sglang_server import FakeSGLang
+from tests import records
 
 FIELDS = {"model", "messages", "max_completion_tokens", "temperature", "top_p"}
 
@@ -198,8 +200,8 @@ def test_malformed_outputs_are_handled_as_the_release_handles_them(tmp_path):
 def test_the_release_protocol_is_recorded_labelled_and_never_pooled(tmp_path, capsys):
     bodies, line = run(tmp_path, normal_policy())
     run_dir = load_run(tmp_path / "run")
-    assert run_dir.header["protocol"] == "release" and run_dir.header["label"] == "mmcontextfold@release"
-    assert run_dir.header["sampling"]["temperature"] == 0.0 and run_dir.header["logprobs"] == "absent"
+    assert run_dir.header.protocol == "release" and run_dir.header.label == "mmcontextfold@release"
+    assert run_dir.header.sampling.temperature == 0.0 and run_dir.header.logprobs == "absent"
     # resuming it under the paper's protocol is another run
     assert run_main(["--method", "mmcontextfold", "--backend", "scripted", "--out", str(tmp_path / "run"),
                      "--no-progress"]) == 2
@@ -236,8 +238,11 @@ def test_tables_show_the_two_protocols_as_two_methods_and_never_pool_them(tmp_pa
     t = table1([tmp_path / "run", tmp_path / "paper"])
     assert sorted(t["method"]) == ["mmcontextfold", "mmcontextfold@release"]
     assert "protocol differs" in t.attrs["note"]
-    paper, before, release = (NS(header=h, path=tmp_path / n) for n, h in
-                              (("p", {"protocol": "paper"}), ("b", {}), ("r", {"protocol": "release"})))
+    old = records.header()
+    del old["protocol"]
+    paper, before, release = (NS(header=RunHeader.model_validate(h), path=tmp_path / n) for n, h in
+                              (("p", records.header(protocol="paper")), ("b", old),
+                               ("r", records.header(protocol="release"))))
     refuse_mixed_protocols(("m", "x"), [paper, before])  # a header from before --protocol followed the paper
     with pytest.raises(RunError, match=r"different protocols \(paper, release\)"):
         refuse_mixed_protocols(("m", "x"), [paper, release])

@@ -246,7 +246,7 @@ def test_the_release_s_tool_requests_and_observations_at_every_edge(tmp_path, we
     assert obs[6] == ("## text_search Results\n\n**Query:** fail me\n**Goal:** \n**Status:** Failed\n\n"
                       "No results found. Try to fix the current query or use a different tool.")
     assert line["answer"] == "1911"
-    assert load_run(tmp_path / "run").header["tools"]["policy"] == "release"
+    assert load_run(tmp_path / "run").header.tools.policy == "release"
 
 
 def _failing_last_search(web, policy):

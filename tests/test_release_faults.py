@@ -17,12 +17,12 @@ import pytest
 
 from agent import prompts_release as R
 from agent.http import HTTPError, RetryPolicy, make_client, request_json, requote_uri
-from agent.tools.formatting import LENS_BRANCH_EMPTY
-from tests.conftest import REPO
-from tests.guards import HANG_GUARD_S
 from agent.run import main as run_main
 from agent.rundir import load_run
+from agent.tools.formatting import LENS_BRANCH_EMPTY
 from serving.fakes.sglang_server import FakeSGLang
+from tests.conftest import REPO
+from tests.guards import HANG_GUARD_S
 from tests.test_release_edges import PAPER, RELEASE, branch_policy, run_release, texts, tool
 
 PROTOCOLS = {"release": RELEASE, "paper": PAPER}

@@ -275,7 +275,7 @@ async def test_float16_storage_is_smaller_and_close(tmp_path):
         await run(cfg(tmp_path / prec, limit=2, token_precision=prec), [],
                   backends=[ScriptedBackend([react_policy] * 10, top_fn=lambda h, p: [-0.1234567, -2.7654321] + [-9.87654] * 18)])
         run_ = load_run(tmp_path / prec / "run")
-        assert run_.header["token_precision"] == prec
+        assert run_.header.token_precision == prec
         outs[prec] = run_.tokens(run_.lines[0])["top_logprobs"]
     assert outs["float32"][0, 0] == np.float32(-0.1234567)
     assert outs["float16"][0, 0] != outs["float32"][0, 0]
@@ -491,10 +491,10 @@ def test_force_into_another_methods_run_moves_it_aside_and_starts_afresh(tmp_pat
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("x.replaced-")]
     assert len(aside) == 1 and str(aside[0]) in err and "0 already done, 2 to run" in err
     run = load_run(out)
-    assert run.header["method"] == "mmcontextfold" and not run.header.get("resumed")
+    assert run.header.method == "mmcontextfold" and not run.header.resumed
     assert [ln["method"] for ln in run.lines] == ["mmcontextfold"] * 2
     old = load_run(aside[0])
-    assert old.header["method"] == "react" and [ln["method"] for ln in old.lines] == ["react"] * 2
+    assert old.header.method == "react" and [ln["method"] for ln in old.lines] == ["react"] * 2
     assert run_main(["--method", "mmcontextfold", *base, "--force"]) == 0  # the same run again: a plain resume
     assert "2 already done, 0 to run" in capsys.readouterr().err
     assert len([p for p in tmp_path.iterdir() if p.name.startswith("x.replaced-")]) == 1

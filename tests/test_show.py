@@ -120,7 +120,7 @@ def test_html_token_columns_carry_the_probe(demo_run, tmp_path):
         assert len(col["dH"]) == len(col["kl"]) == int(sel.sum())
         # the hover's exact-entropy bound over the vocabulary the run's header records (the scripted model's)
         assert col["Hhi"] == np.rint(entropy_bounds(tok["top_logprobs"][sel], 248_320)[1] * 100).astype(int).tolist()
-    assert run.header["backend"]["vocab_size"] == 248_320
+    assert run.header.backend.vocab_size == 248_320
     # demo_3 is planted with two grounding steps: the images lower the entropy at step 1, raise it at step 5
     assert all(v < 0 for v in d["tokens"]["1"]["dH"]) and all(v > 0 for v in d["tokens"]["5"]["dH"])
     assert all(v > 0 for v in d["tokens"]["1"]["kl"])

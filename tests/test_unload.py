@@ -30,8 +30,8 @@ def _adaptive(out, *extra, backend=("--backend", "scripted")):
 def test_releases_at_the_planted_step_per_category(tmp_path, patience):
     assert _adaptive(tmp_path / "a", "--unload-threshold", "0.5", "--unload-patience", str(patience)) == 0
     run = load_run(tmp_path / "a")
-    assert run.header["image_unload"]["threshold_source"] == "given (--unload-threshold)"
-    assert run.header["label"] == f"react-adaptive-kl<0.5-m{patience}"
+    assert run.header.image_unload["threshold_source"] == "given (--unload-threshold)"
+    assert run.header.label == f"react-adaptive-kl<0.5-m{patience}"
     seen = set()
     for ln in run.lines:
         g = GROUNDING_STEPS[ln["paper_category"]]
@@ -190,7 +190,7 @@ def test_calibrated_run_and_the_release_figure(calibrated):
         assert _adaptive(out, "--unload-threshold", eps) == 0
         assert judge.main([str(out), "--judge", "exact", "--no-progress"]) == 0
         runs.append(str(out))
-    h = load_run(runs[0]).header["image_unload"]
+    h = load_run(runs[0]).header.image_unload
     assert h["threshold_source"].startswith(f"calibrated: {cal}") and h["patience"] == 1
     rep = make_report(react=[str(react)], unload_runs=runs, out=calibrated / "fig", judge="exact")
     assert "fig_unload" in rep["made"]

@@ -20,8 +20,10 @@ import pytest
 from agent.backends import Continuation, make_backend
 from agent.backends.base import BackendError, BadReply, SamplingParams
 from agent.backends.vllm import check_logprobs_mode
+from agent.record import RunHeader
 from agent.rundir import RunError
 from analysis.pooling import refuse_mixed_servers
+from tests import records
 from tests.conftest import REPO
 from tests.guards import HANG_GUARD_S
 from tests.test_serving_launch import free_port
@@ -217,8 +219,10 @@ def test_a_server_with_other_logprobs_or_other_weights_under_the_same_name_is_re
 
 def test_runs_of_two_engines_are_not_pooled():
     def run(kind, server, path):
-        return SimpleNamespace(path=path, header={"backend": {"kind": kind, "server": server, "logprob_mode": "raw"},
-                                                  "model": {"served_model": "qwen3.5-9b"}})
+        h = records.header()
+        h["backend"].update(kind=kind, server=server, logprob_mode="raw")
+        h["model"].update(backend=kind, served_model="qwen3.5-9b")
+        return SimpleNamespace(path=path, header=RunHeader.model_validate(h))
     refuse_mixed_servers("Table 1", [run("vllm", "vllm", "a"), run("openai", "vllm", "b")])  # one engine, two APIs
     with pytest.raises(RunError, match="different engines \\(sglang vs vllm\\)"):
         refuse_mixed_servers("Table 1", [run("sglang", "sglang", "a"), run("vllm", "vllm", "b")])

@@ -2,7 +2,7 @@
 
     from agent.preflight import model_identity, require_keys, check_benchmark_images
     ident = await model_identity(backend)          # which model a backend really serves (asks the server)
-    agent.identity.same_model(run.header["model"], ident)   # -> None, or why the two differ (no request)
+    agent.identity.same_model(run.header.model.as_recorded(), ident)   # -> None, or why the two differ (no request)
 
 What is checked, and by whom (docs/reliability.md):
 

@@ -60,14 +60,13 @@ class SchemaError(HarnessError, ValueError):
     """A record that does not match its model: named with where it is and the first field that is wrong."""
 
 
-def validate(kind: str, obj, where: str) -> None:
-    """Raise :class:`SchemaError` unless ``obj`` (a dict, or JSON bytes) is a valid ``kind`` record."""
+def validate(kind: str, obj, where: str):
+    """``obj`` (a dict, or JSON bytes) as its ``kind``'s model; :class:`SchemaError` unless it is a valid record."""
     model = SCHEMAS[kind]
     try:
         if isinstance(obj, (bytes, str)):
-            model.model_validate_json(obj)
-        else:
-            model.model_validate(obj)
+            return model.model_validate_json(obj)
+        return model.model_validate(obj)
     except ValidationError as e:
         err = e.errors()[0]
         at = ".".join(str(x) for x in err.get("loc", ())) or "(the record)"

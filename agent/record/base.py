@@ -6,13 +6,19 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = ["Record", "Open", "Derived"]
 
 
-class Record(BaseModel):
+class _Read(BaseModel):
+    def as_recorded(self) -> dict:
+        """The fields as the file holds them: JSON values, no default the file did not write."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+class Record(_Read):
     """A record the toolkit writes: exactly these fields (a field of another version or a typo is refused)."""
 
     model_config = ConfigDict(extra="forbid")
 
 
-class Open(BaseModel):
+class Open(_Read):
     """A record that carries fields of a protocol we do not own (an OpenAI message's provider fields): the named
     ones are checked, the others kept as they came."""
 

@@ -52,7 +52,7 @@ def _write_tokens(run, path: Path) -> int:
     writer: pq.ParquetWriter | None = None
     schema: pa.Schema | None = None
     rows = 0
-    has_release = bool((run.header.get("image_unload") or {}).get("policy"))
+    has_release = bool((run.header.image_unload or {}).get("policy"))
     try:
         for line in run.index:
             t = _line_tokens(run, line)
@@ -75,7 +75,7 @@ def _write_tokens(run, path: Path) -> int:
 
 
 def _card(run, counts: dict) -> str:
-    h = run.header
+    h = run.header.as_recorded()  # the card shows what the header holds
     facts = {"method": h.get("label") or h.get("method"), "protocol": h.get("protocol", "paper"),
              "benchmark": h.get("benchmark"), "model": h.get("model"), "server": (h.get("model") or {}).get("server"),
              "sampling": h.get("sampling"), "logprobs": h.get("logprobs"), "budgets": h.get("budgets"),

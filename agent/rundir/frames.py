@@ -83,7 +83,7 @@ def results(run, judge: str | None = None) -> pd.DataFrame:
     reported), ``duration_s``, ``n_query_images``, and ``tool_<name>`` (calls per tool). ``judge``: which grades
     (``llm`` or ``exact``; default: the LLM judge's when there are any)."""
     run = _run(run)
-    label = run.header.get("label") or run.header.get("method")
+    label = run.header.label or run.header.method
     total = "prompt_tokens", "completion_tokens"
     rows = []
     for ln in run.index:

@@ -300,7 +300,7 @@ def project(method: str, units: int, samples, *, pilot=None, cache_path=None, pr
         led = json.loads((Path(pilot) / "ledger.json").read_text()) if (Path(pilot) / "ledger.json").exists() \
             else compute_ledger(pilot, prices=prices)
 
-        pm = load_run(pilot).header.get("method")
+        pm = load_run(pilot).header.method
         if pm != method:
             raise ValueError(f"--pilot {pilot} ran {pm!r}, this run is {method!r}: a pilot projects its own method")
         pu = _per_unit(led)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..record import RunHeader
 from .common import RunError, inside
 from .index import Lines, summary_of
 from .lines import SEAL_KEY
@@ -16,10 +17,10 @@ from .writer import RunDir
 
 
 class Run:
-    """A run directory opened for reading: ``header``, ``index`` (every latest line's summary: the line without
+    """A run directory opened for reading: ``header`` (its model, :class:`agent.record.RunHeader`), ``index`` (every latest line's summary: the line without
     its events and messages, kept in memory), ``lines`` (the whole lines, read on access, see :class:`Lines`)."""
 
-    def __init__(self, path, header: dict, index: list[dict] | None = None, *, lines: list[dict] | None = None):
+    def __init__(self, path, header: RunHeader, index: list[dict] | None = None, *, lines: list[dict] | None = None):
         self.path = Path(path)
         self.changed: list = []  # (sample_id, trial, byte offset) of lines changed since written (left out)
         self.header = header
@@ -149,7 +150,7 @@ def load_run(path, project=None) -> Run:
     """The run at ``path``; ``project``: keep only that of each line's summary in ``run.index`` (a function of the
     summary: see :meth:`agent.rundir.index.RunIndex.index`), for readers of thousands of lines."""
     rd = RunDir(path)
-    header = rd.read_header()
+    header = rd.read_header_record()
     run = Run(rd.path, header, list(rd.latest(project).values()))  # summaries; whole lines are read on access
     run.changed = list(rd.changed)  # lines left out: changed since they were written (warned by the index)
     return run

@@ -15,7 +15,7 @@ from pathlib import Path
 from ..identity import same_model, server_differences, unverified_facts
 from ..images import ImageError, load_image
 from ..paths import read_regular
-from ..record import SchemaError, validate
+from ..record import RunHeader, SchemaError, validate
 from .common import (
     IDENTITY_KEYS,
     RESUME_HISTORY,
@@ -173,6 +173,17 @@ class RunDir(RunIndex):
             self._lock_fd = None
 
     def read_header(self) -> dict:
+        """The header as written (a dict: the writer extends it on resume and merge), checked against its model;
+        readers take :meth:`read_header_record`."""
+        return self._read_header()[0]
+
+    def read_header_record(self) -> RunHeader:
+        """The header as its model (agent/record/header.py)."""
+        return self._read_header()[1]
+
+    def _read_header(self) -> tuple[dict, RunHeader]:
+        """(the header's JSON, its model); an edited or damaged header is a :class:`RunError` naming it, never a
+        traceback."""
         try:
             header = json.loads(read_regular(self.header_path, RunError))
         except FileNotFoundError:
@@ -181,11 +192,10 @@ class RunDir(RunIndex):
             raise RunError(f"{self.header_path}: unreadable header ({e})") from None
         if not isinstance(header, dict):
             raise RunError(f"{self.header_path}: the header is a {type(header).__name__}, not an object")
-        try:  # read through its model (agent/record/header.py): an edited header is named here, never a traceback
-            validate("header", header, str(self.header_path))
+        try:
+            return header, validate("header", header, str(self.header_path))
         except SchemaError as e:
             raise RunError(str(e)) from None
-        return header
 
     # ------------------------------------------------------------------ lines
     def latest(self, project=None) -> dict[tuple[str, int], dict]:

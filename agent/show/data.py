@@ -142,13 +142,13 @@ def run_summary(run: Run) -> dict:
                 probes[d.name] = f"not shown: {e}"
         else:
             probes[d.name] = "present"
-    if (run.header.get("image_unload") or {}).get("policy"):
+    if (run.header.image_unload or {}).get("policy"):
         probes["adaptive image unloading"] = "online (unload_probe events in each trajectory)"
     return {"trajectories": len(idx), "statuses": dict(statuses), "judges": judges, "llm_calls": n_calls,
             "mean_calls": round(n_calls / len(idx), 2) if idx else None,
             "prompt_tokens": prompt, "completion_tokens": completion,
             "tool_calls": sum(int(ln.get("n_tool_calls") or 0) for ln in idx), "probes": probes,
-            "method": run.header.get("label"), "trials": run.header.get("trials")}
+            "method": run.header.label, "trials": run.header.trials}
 
 
 def sample_table(run: Run):

@@ -132,11 +132,11 @@ def _run_vocab(run: Run) -> int | None:
     """The run's model vocabulary size (for the entropy upper bound), as its header records it; for a run recorded
     before the header held it, its model directory's; None if unknown."""
 
-    b = run.header.get("backend") or {}
-    if b.get("vocab_size"):
-        return int(b["vocab_size"])
-    md = b.get("model_dir")
-    if not md and (b.get("kind") == "local" or b.get("embedded_tiny_model")):
+    b = run.header.backend
+    if b.vocab_size:
+        return b.vocab_size
+    md = b.model_dir
+    if not md and (b.kind == "local" or b.embedded_tiny_model):
         md = default_tiny_dir()
     return model_vocab_size(md) if md else None
 
@@ -231,7 +231,7 @@ def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[
     dH, mode = probe_steps(run)
     tf_dir = run.path / "probes" / "entropy-teacher-forced" / "tokens"
     tf_dir = tf_dir if tf_dir.is_dir() else None
-    has_release = bool((run.header.get("image_unload") or {}).get("policy"))
+    has_release = bool((run.header.image_unload or {}).get("policy"))
     lines = sorted(run.index, key=lambda ln: (ln["sample_id"], ln["trial"]))  # summaries; whole lines one at a time
     if sample_ids:
         lines = [ln for ln in lines if ln["sample_id"] in set(sample_ids)]
@@ -245,12 +245,12 @@ def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[
     options = {k: sorted({str(ln.get(f) or "") for ln in lines} - {""}) for k, f in
                (("status", "status"), ("benchmark", "benchmark"))}
     options["grade"] = sorted({g for g in grades.values() if g})
-    meta = {"run": str(run.path), "label": h.get("label"), "model": (h.get("model") or {}).get("served_model"),
-            "t_max": (h.get("budgets") or {}).get("t_max"), "judge": judge, "probe_mode": mode,
-            "has_token_probe": tf_dir is not None or has_release, "mark": provenance_mark([h]), "benchmark": h.get("benchmark"),
+    meta = {"run": str(run.path), "label": h.label, "model": h.model.served_model if h.model else None,
+            "t_max": h.budgets.t_max, "judge": judge, "probe_mode": mode,
+            "has_token_probe": tf_dir is not None or has_release, "mark": provenance_mark([h]), "benchmark": h.benchmark,
             "n_lines": len(run.index), "shown": len(lines), "tokens": with_tokens, "options": options,
             "index": out_path.name, "files": fdir.name, "chunks": -(-len(lines) // LIST_CHUNK), "per_page": INDEX_ROWS}
-    title = html.escape(f"{h.get('label')} — {run.path.name}")
+    title = html.escape(f"{h.label} — {run.path.name}")
     # the list's rows (a few hundred bytes each) are made before the pages, and only counters outlive a
     # trajectory: small objects kept across a trajectory's churn would pin the allocator's arenas, and the
     # writer's memory would grow with the run although nothing else is held

@@ -45,8 +45,7 @@ def _llm_call(ev: dict, pad: str, t_max, reasoning: bool) -> list[str]:
 
 def render_text(run: Run, line: dict, *, reasoning: bool = False, observation_chars: int = 400) -> str:
     """A readable rendering of one trajectory (plain text)."""
-    h = run.header
-    t_max = (h.get("budgets") or {}).get("t_max", "?")
+    t_max = run.header.budgets.t_max
     grades, judge = grades_of_run(run)
     out = [f"{line['sample_id']} / trial {line['trial']}  [{line.get('method')}{'/' + line['variant'] if line.get('variant') else ''}]"
            f"  model {line.get('model')}  status {line['status']}"

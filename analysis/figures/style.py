@@ -7,9 +7,12 @@ import contextlib
 import hashlib
 import os
 import textwrap
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
+
+from agent.record import RunHeader
 
 GROUNDING = ["Image Needed", "Image-Derived", "Text Only"]
 
@@ -65,14 +68,13 @@ def subpanels(plt, n_rows: int, n_cols: int, size):
     return fig, [sf.subplots() for sf in subs]
 
 
-def provenance_mark(headers) -> str | None:
+def provenance_mark(headers: Iterable[RunHeader]) -> str | None:
     """The stamp a figure gets when any of its runs came from a model whose numbers mean nothing."""
     marks = []
     for h in headers:
-        b = (h or {}).get("backend") or {}
-        if b.get("kind") == "scripted":
+        if h.backend.kind == "scripted":
             marks.append("SCRIPTED FAKE BACKEND: planted numbers, not a result")
-        elif b.get("embedded_tiny_model"):
+        elif h.backend.embedded_tiny_model:
             marks.append("RANDOM WEIGHTS (embedded tiny model): meaningless numbers")
     return " | ".join(dict.fromkeys(marks)) or None
 

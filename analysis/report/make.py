@@ -107,7 +107,7 @@ def _pooled_figure2(react_runs: list[str], out: Path, made: list, missing: list)
             missing.append(f"fig2a_grounding: {rd}: the grounding probe produced no valid labels "
                            f"(see {probes / 'grounding' / 'summary.json'})")
         else:
-            fake = " --judge scripted" if (run.header.get("backend") or {}).get("kind") == "scripted" else ""
+            fake = " --judge scripted" if run.header.backend.kind == "scripted" else ""
             missing.append(f"fig2a_grounding: run python -m probes.grounding {rd}{fake} first")
         e, mode = _entropy_steps(rd)
         # the KL influence needs the teacher-forced probe (ours: its own panel, even when (b) is regenerated)
@@ -123,7 +123,7 @@ def _pooled_figure2(react_runs: list[str], out: Path, made: list, missing: list)
         o = _probe(frames.removal, rd)
         if o is not None and len(o):
             outcomes.append(o)
-        elif run.header.get("remove_images_from_step") is not None:  # the replays need the images kept
+        elif run.header.remove_images_from_step is not None:  # the replays need the images kept
             missing.append(f"fig2c_removal: {rd} is a Removal@k run; step-k replays start from a plain ReAct run")
         else:
             missing.append(f"fig2c_removal: run python -m probes.removal {rd} first")
@@ -209,7 +209,7 @@ def _predictors(react: list, out: Path, made: list, missing: list, judge: str | 
 def _unload_figure(react, removal_runs, unload_runs, out: Path, made: list, missing: list, judge):
     """The adaptive-unloading figure (ours): needs the adaptive runs and at least one reference policy."""
 
-    plain = [rd for rd in react if not load_run(rd, project=_model_only).header.get("variant")]
+    plain = [rd for rd in react if not load_run(rd, project=_model_only).header.variant]
     refs = list(dict.fromkeys([*removal_runs, *plain]))  # ReAct (images kept) and Removal@k runs
     pts = unload_points(refs, unload_runs, react_runs=plain, judge=judge)
     missing += pts.attrs.get("missing", [])
@@ -230,7 +230,7 @@ def _figure4(judged, out: Path, made: list, missing: list) -> None:
 
     samples = []
     for run, g in judged:
-        if run.header.get("method") == "direct":  # Figure 4 compares the agentic methods (§4.4)
+        if run.header.method == "direct":  # Figure 4 compares the agentic methods (§4.4)
             continue
         ok = dict(zip(zip(g["sample_id"], g["trial"]), g["correct"]))
         s = tables._trajectory_frame(run)
@@ -281,7 +281,7 @@ def _table(build, missing: list):
 def _run_tables(runs: list, out: Path, made: list, missing: list, judge: str | None) -> None:
     """Tables 1, 4 (with the cost ledger), 5 and Figure 4 from the judged ``--runs``; HLE-VL runs among them make
     Table 13 of their own (D.1) and enter no other table."""
-    apart = [rd for rd in runs if RunDir(rd).read_header().get("benchmark") in tables.SUPPLEMENTARY]
+    apart = [rd for rd in runs if RunDir(rd).read_header_record().benchmark in tables.SUPPLEMENTARY]
     runs = [rd for rd in runs if rd not in apart]
     if apart:  # HLE-VL: Table 13 of its own (D.1), never in Tables 1, 4, 5
         t13 = _table(lambda: tables.table13(apart, judge), missing)
@@ -316,7 +316,7 @@ def make_report(*, react=(), runs=(), removal_runs=(), out="figures/out", judge:
     react = [react] if isinstance(react, (str, Path)) else list(react)
     rr = [load_run(rd, project=_model_only) for rd in react]
     for rd, r in zip(react, rr):  # before any work: Figures 1 and 2 are the ReAct probes' (paper §3.2)
-        if r.header.get("method") != "react":
+        if r.header.method != "react":
             raise RunError(f"--react {rd}: this is a {method_label(r)} run; Figures 1 and 2 read probed ReAct runs "
                            f"(paper §3.2). Pass it with --runs (Tables 1, 4, 5; Figure 4) instead")
     if react:

@@ -111,9 +111,9 @@ def calibrate(run_dir, *, signal: str = "kl", patience=(1, 2, 3), out_dir=None) 
     if signal not in SIGNALS:
         raise ValueError(f"--signal must be one of {SIGNALS}")
     run = load_run(run_dir)
-    if run.header.get("method") != "react" or run.header.get("variant"):
+    if run.header.method != "react" or run.header.variant:
         raise RunError(f"{run.path}: calibration reads a plain ReAct run (images kept at every step); this run is "
-                       f"{run.header.get('label')}")
+                       f"{run.header.label}")
     steps, outcomes, probe = _read_inputs(run.path)
     lab = labelled_steps(steps, outcomes, signal)
     known = lab[lab["needed"].notna() & np.isfinite(lab["influence"])]
@@ -140,7 +140,7 @@ def calibrate(run_dir, *, signal: str = "kl", patience=(1, 2, 3), out_dir=None) 
     lab.to_csv(out / "steps.csv", index=False)
     g.to_csv(out / "calibration.csv", index=False)
     res = {
-        "signal": signal, "run_dir": str(run.path), "model": run.header.get("model"),
+        "signal": signal, "run_dir": str(run.path), "model": run.header.model.as_recorded() if run.header.model else None,
         "judge": probe.get("judge"), "removal_steps": probe.get("steps"),
         "n_steps_labelled": int(len(known)), "n_needed": int(needed.sum()), "n_done": int((~needed).sum()),
         "chosen": {"threshold": float(chosen["threshold"]), "patience": int(chosen["patience"]),
@@ -150,8 +150,8 @@ def calibrate(run_dir, *, signal: str = "kl", patience=(1, 2, 3), out_dir=None) 
         "full_react": {"est_accuracy": full["est_accuracy"], "mean_image_steps": full["mean_image_steps"], "n": full["n"]},
         "rule": "probes/calibrate_unload/ (ours): max Youden J over influence midpoints (smallest ε on ties); "
                 "M by estimated accuracy with that ε (ties: fewer image steps)",
-        "mark": "scripted" if (run.header.get("backend") or {}).get("kind") == "scripted" else
-                "random weights" if (run.header.get("backend") or {}).get("embedded_tiny_model") else None,
+        "mark": "scripted" if run.header.backend.kind == "scripted" else
+                "random weights" if run.header.backend.embedded_tiny_model else None,
     }
     write_json(out / "calibration.json", res, indent=1, default=str)
     res["out"] = str(out)

@@ -235,10 +235,10 @@ async def _probe_pending(prober: _Prober, pending: list, steps_path: Path, n_don
 
 def check_probeable(run) -> None:
     """Refuse, before any server is asked, a run the entropy probe cannot read: not ReAct, or without logprobs."""
-    if run.header.get("method") not in SUPPORTED_METHODS:
+    if run.header.method not in SUPPORTED_METHODS:
         raise RunError(f"{run.path}: the entropy probe reads ReAct runs (paper §3.2.2); this run is "
-                       f"{run.header.get('label') or run.header.get('method')}")
-    if run.header.get("logprobs") == "absent" or (run.header.get("sampling") or {}).get("top_logprobs") == 0:
+                       f"{run.header.label or run.header.method}")
+    if run.header.logprobs == "absent" or run.header.sampling.top_logprobs == 0:
         raise RunError(f"{run.path}: this run recorded no logprobs (it asked for none: --server openrouter sends no "
                        "logprob fields unless --top-logprobs is given), so it has no token ids to probe; the entropy "
                        "probe needs a run with the paper's top-20 logprobs (B.4)")

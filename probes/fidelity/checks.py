@@ -278,7 +278,7 @@ async def fidelity_check(run_dir, backend, *, samples: int = 8, reference=None, 
             if give_back is not None:
                 give_back()
     checks, failed = _verdicts(results, path_notes)
-    recorded_mode = (run.header.get("backend") or {}).get("logprob_mode")
+    recorded_mode = run.header.backend.logprob_mode
     checks["mode"] = (mode_verdict(np.concatenate([m[0] for m in modes]), np.concatenate([m[1] for m in modes]),
                                    modes[0][2], recorded_mode) if modes else
                       {"skipped": "no call with token ids to generate from", "ok": True, "server": None,

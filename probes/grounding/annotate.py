@@ -227,9 +227,9 @@ async def _annotate_run(run_dir, *, out: Path, backend, retries: int = 2, concur
     sweep_outputs(out)
     path = out / "labels.jsonl"
     done = _done_labels(path, run.seals())
-    if run.header.get("method") != "react":
+    if run.header.method != "react":
         raise RunError(f"{run.path}: the grounding annotator reads ReAct runs (paper §3.2.1); this run is "
-                       f"{run.header.get('label') or run.header.get('method')}")
+                       f"{run.header.label or run.header.method}")
     lines = sorted(run.index, key=lambda ln: (ln["sample_id"], ln["trial"]))[: limit or None]  # summaries
     include_unparsed = keeps_unparsed(include_unparsed, run.header)
     lines, exclusions = select_trajectories(lines, include_unparsed=include_unparsed)  # the same rule as the entropy probe (analysis/selection.py)
@@ -282,7 +282,7 @@ def draw_panel(res: dict) -> None:
     """Figure 2(a)'s panel beside the probe's tables (the command's view; :func:`annotate_run` draws nothing)."""
     if res["steps"].empty:
         return
-    model = (res["header"].get("model") or {}).get("served_model") or ""
+    model = (res["header"].model.served_model if res["header"].model else None) or ""
     mark = provenance_mark([res["header"]]) or ("SCRIPTED FAKE ANNOTATOR: planted labels" if res["scripted"] else None)
     fig2a_grounding(res["steps"], res["out"] / "fig2a_grounding", mark=mark,
                     title=f"Figure 2(a): grounding of each step ({model}; annotator {res['annotator']})")

@@ -269,7 +269,7 @@ def probe_requests(run_dir, *, mode: str = "regenerate", model_dir=None, limit: 
     (:func:`_cap`); ``keep``: only these ``(sample_id, trial)`` trajectories."""
 
     run = load_run(run_dir)
-    md = model_dir or (run.header.get("backend") or {}).get("model_dir") or ensure_tiny_model(quiet=True)
+    md = model_dir or run.header.backend.model_dir or ensure_tiny_model(quiet=True)
     tok = load_chat_renderer(str(md))
     pad = tok.convert_tokens_to_ids("<|image_pad|>")
 

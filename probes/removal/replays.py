@@ -22,10 +22,10 @@ from agent.errors import gather_all
 from agent.judge import Grader
 from agent.lazy import lazy_module
 from agent.methods import HARNESS_ERRORS, Budgets, Episode, MethodSpec
-from agent.methods.common import WEBWATCHER_OBSERVATION_IMAGES, Turn, tool_reply
+from agent.methods.common import Turn, tool_reply
 from agent.methods.react import react_messages, run_react
 from agent.prompts import CORRECTION, fill
-from agent.record import validate
+from agent.record import RunHeader, validate
 from agent.redact import is_host
 from agent.rundir import Run, RunDir, RunError, load_run, output_lock, write_json
 from agent.rundir.lines import SEAL_KEY
@@ -154,11 +154,10 @@ async def replay_one(run: Run, line: dict, tokens: dict, k: int, *, backend, too
     return out, traj
 
 
-def replay_spec(header: dict) -> MethodSpec:
+def replay_spec(header: RunHeader) -> MethodSpec:
     """The method settings of the run being replayed (budgets, history, observation images)."""
-    return MethodSpec("react", budgets=Budgets(**header["budgets"]),
-                      history_reasoning=header.get("history_reasoning", "keep"),
-                      observation_images=int(header.get("observation_images", WEBWATCHER_OBSERVATION_IMAGES)))
+    return MethodSpec("react", budgets=Budgets(t_max=header.budgets.t_max, b_max=header.budgets.b_max),
+                      history_reasoning=header.history_reasoning, observation_images=header.observation_images)
 
 
 def replay_toolbox(run: Run):
@@ -167,11 +166,10 @@ def replay_toolbox(run: Run):
     A call the original run made is answered from the cache; a new one goes to the live tools (their
     keys are checked here, before any work) or to the offline world, and is written back to the cache.
     """
-    tools_h = run.header.get("tools") or {}
-    provider = tools_h.get("provider") or "offline"
-    toolbox = make_toolbox(provider, world_dir=tools_h.get("world"),
-                           cache_path=tools_h.get("cache") or str(run.path / "tools.sqlite"), mode="readwrite",
-                           tools=POLICY_NAMED[tools_h.get("policy") or "default"])
+    tools_h = run.header.tools
+    provider = tools_h.provider or "offline"
+    toolbox = make_toolbox(provider, world_dir=tools_h.world, cache_path=tools_h.cache or str(run.path / "tools.sqlite"),
+                           mode="readwrite", tools=POLICY_NAMED[tools_h.policy])
     if provider == "live":
         toolbox.require()
     return toolbox
@@ -267,17 +265,17 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
                          hardware: dict | None = None, retokenize: bool = False) -> dict:
     run = load_run(run_dir)
     h = run.header
-    if h.get("method") != "react" or h.get("remove_images_from_step") is not None:
-        raise RunError(f"{run.path}: step-k removal replays need a plain ReAct run (this is {h.get('label')})")
+    if h.method != "react" or h.remove_images_from_step is not None:
+        raise RunError(f"{run.path}: step-k removal replays need a plain ReAct run (this is {h.label})")
     ident = await probe_model_check(run, backend, force=force)
     out = Path(out_dir) if out_dir else run.path / "probes" / "removal"
-    sp = h.get("sampling") or {}
+    sp = h.sampling.as_recorded()
     sampling = SamplingParams(**{k: sp[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                                                     "max_tokens", "top_logprobs", "seed", "enable_thinking") if k in sp})
     if grader.needs_client([{"status": "ok", "answer": "x"}]):
         grader.client()  # fail early (a missing judge key) before any replay
     toolbox = replay_toolbox(run)
-    dirs = _replay_dirs(out, h, ident, steps, run.path)
+    dirs = _replay_dirs(out, h.as_recorded(), ident, steps, run.path)
     done = {k: rd.done_keys(retry_errors=True) for k, rd in dirs.items()}
     # summaries from the run's index; each trajectory's whole line is read when its replays start
     lines = sorted(run.index, key=lambda ln: (ln["sample_id"], ln["trial"]))[: limit or None]

@@ -54,9 +54,9 @@ def test_the_agents_run_against_sglangs_real_server_and_record_what_the_fake_rec
     with FakeSGLang(tokenizer_dir=str(tiny_model_dir), reply=agent_policy, model_name="tiny-qwen35") as fake:
         assert _run(fake.url, tmp_path / "fake", backend, tiny_model_dir, method) == 0
     real, fake = load_run(tmp_path / "real"), load_run(tmp_path / "fake")
-    assert real.header["model"]["served_model"] == "tiny-qwen35"
-    assert real.header["model"]["weights"] == (str(tiny_model_dir) if backend == "native" else None)
-    facts = real.header["model"]["server"]  # what SGLang's /server_info says about how it computes
+    assert real.header.model.served_model == "tiny-qwen35"
+    assert real.header.model.weights == (str(tiny_model_dir) if backend == "native" else None)
+    facts = real.header.model.server  # what SGLang's /server_info says about how it computes
     assert facts["version"] == "0.5.23" and facts["model_path"] == str(tiny_model_dir) and set(facts) == set(SERVER_FACTS)
     assert facts["enable_deterministic_inference"] is False and facts["mamba_radix_cache_strategy"]
     rl = sorted(real.lines, key=lambda ln: ln["sample_id"])
