@@ -19,9 +19,10 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from ..jsonio import dumps_record, loads
-from ..paths import read_regular
+from ..paths import open_regular, read_regular
 from .common import RunError
 
 __all__ = ["SEAL_KEY", "SOURCE_KEY", "seal", "read_line", "line_digest", "SealedRows", "read_sealed", "set_aside"]
@@ -82,6 +83,7 @@ class SealedRows:
     changed: list = field(default_factory=list)
     torn: list = field(default_factory=list)
     changed_keys: list = field(default_factory=list)  # (sample_id, trial) of each changed line
+    left_out: int = 0  # a reader's count of the lines it could not use (agent.rundir.probe_outputs.iter_rows)
 
     def problem(self) -> str | None:
         """One sentence naming the file and the lines that cannot be used as they are, or None."""
@@ -99,29 +101,34 @@ def _some(numbers: list, n: int = 8) -> str:
 
 
 def read_sealed(path) -> SealedRows:
-    """Every line of a sealed JSONL file (grades, a probe's rows), read as bytes: intact, changed or torn; an
-    absent file holds no rows."""
-    path = Path(path)
-    out = SealedRows(path)
-    try:
-        data = read_regular(path, RunError)
-    except FileNotFoundError:
-        return out
-    for n, raw in enumerate(data.split(b"\n"), 1):
-        if not raw.strip():
-            continue
-        row, state = read_line(raw + b"\n")
-        if state == "ok":
-            row["_lineno"] = n
-            out.rows.append(row)
-        elif state == "changed":
-            out.changed.append(n)
-            out.changed_keys.append((row["sample_id"], row["trial"]))
-        else:
-            out.torn.append(n)
-    if data and not data.endswith(b"\n") and out.rows and out.rows[-1]["_lineno"] == data.count(b"\n") + 1:
-        out.torn.append(out.rows.pop()["_lineno"])  # a last line without its newline: cut, however it parses
+    """Every line of a sealed JSONL file (grades, a probe's rows): intact, changed or torn; an absent file holds no
+    rows."""
+    out = SealedRows(Path(path))
+    out.rows = list(iter_sealed(out))
     return out
+
+
+def iter_sealed(tally: SealedRows) -> Iterator[dict]:
+    """The intact rows of the sealed JSONL file ``tally.path``, one at a time (each with its ``_lineno``), read line
+    by line: memory holds one row, never the file (a paper-scale probe's rows are ~190 MB). The changed and torn
+    lines are noted in ``tally`` as they pass; an absent file yields nothing."""
+    try:
+        f = open_regular(tally.path, "rb", RunError)
+    except FileNotFoundError:
+        return
+    with f:
+        for n, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            row, state = read_line(raw)  # a last line without its newline: cut, however it parses
+            if state == "ok":
+                row["_lineno"] = n
+                yield row
+            elif state == "changed":
+                tally.changed.append(n)
+                tally.changed_keys.append((row["sample_id"], row["trial"]))
+            else:
+                tally.torn.append(n)
 
 
 def set_aside(rows: SealedRows, also=()) -> Path | None:

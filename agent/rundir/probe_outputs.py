@@ -23,14 +23,14 @@ import io
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from ..lazy import lazy_module
 from ..paths import NotAFile, file_sha256
 from ..record import SchemaError, validate
 from .common import RunError, atomic_write, stale_temporaries
 from .grades import sources_of
-from .lines import SOURCE_KEY, read_sealed, set_aside
+from .lines import SOURCE_KEY, SealedRows, iter_sealed, read_sealed, set_aside
 
 if TYPE_CHECKING:  # the types mypy checks against
     import pandas as pd
@@ -78,20 +78,26 @@ def read_rows(path, kind: str, sources: dict | None = None) -> tuple[list[dict],
     exist), and how many lines were left out: torn, changed since written (their seal does not match), not a valid
     record, or (with ``sources``, {(sample, trial): the seal of the run's line}) computed from a line the run does
     not hold now."""
-    sealed = read_sealed(path)
-    rows, bad = [], len(sealed.changed) + len(sealed.torn)
-    for row in sealed.rows:
+    tally = SealedRows(Path(path))
+    rows = list(iter_rows(tally, kind, sources))
+    return rows, tally.left_out
+
+
+def iter_rows(tally: SealedRows, kind: str, sources: dict | None = None) -> Iterator[dict]:
+    """:func:`read_rows`' rows one at a time, as the file is read (:func:`agent.rundir.lines.iter_sealed`); those
+    left out are counted in ``tally.left_out``."""
+    for row in iter_sealed(tally):
         row.pop("_lineno")
         try:
-            validate(kind, row, str(path))
+            validate(kind, row, str(tally.path))
         except SchemaError:
-            bad += 1
+            tally.left_out += 1
             continue
         if sources is not None and row.get(SOURCE_KEY) != sources.get((row["sample_id"], row["trial"])):
-            bad += 1
+            tally.left_out += 1
             continue
-        rows.append(row)
-    return rows, bad
+        yield row
+    tally.left_out += len(tally.changed) + len(tally.torn)
 
 
 def resume_rows(path, kind: str, sources: dict) -> list[dict]:

@@ -22,14 +22,15 @@ from agent.lazy import lazy_module
 from agent.record import validate
 from agent.rundir import RunError, close_fragment, load_run, output_lock, token_key, write_json
 from agent.rundir.lines import SEAL_KEY, SOURCE_KEY, seal
-from agent.rundir.probe_outputs import read_rows, resume_rows, sweep_outputs, write_outputs
+from agent.rundir.probe_outputs import resume_rows, sweep_outputs, write_outputs
 from analysis.selection import select_trajectories
 from analysis.stats import summarise_by
 from probes.cli import ENTROPY_MODES as MODES
 from probes.session import RecordedPrompts, probe_model_check, record_session, serving_hardware
 
-from .step import StepContext, bounds_by_step, bounds_calibration, forking_rows, probe_step, serving_totals, vocab_of
+from .step import StepContext, bounds_by_step, bounds_calibration, probe_step, vocab_of
 from .store import TokenStore
+from .table import read_step_table, serving
 
 pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
 
@@ -157,29 +158,8 @@ class _Prober:
             self.store.commit(key)
 
 
-def _read_rows(steps_path: Path, sources: dict) -> list[dict]:
-    """One row per step of the run's lines from ``steps.jsonl`` (torn and changed lines left out; of duplicates the
-    last counts, said so)."""
-    rows, _ = read_rows(steps_path, "entropy_step", sources)
-    by_key = {(r["sample_id"], r["trial"], r["step"]): r for r in rows}
-    if len(by_key) < len(rows):
-        log.warning(f"{steps_path}: {len(rows) - len(by_key)} duplicate step row(s) ignored (the last of each is kept)")
-    return list(by_key.values())
-
-
-def _agg_columns(row: dict) -> dict:
-    """A row's ΔH under each aggregation of its tokens' entropies (``dH_agg_<name>``: with - without; NaN where a
-    side is undefined), for the robustness analysis (analysis/robustness.py)."""
-    out = {}
-    for name, pair in (row.get("agg") or {}).items():
-        w, o = pair if isinstance(pair, list) and len(pair) == 2 else (None, None)
-        out[f"dH_agg_{name}"] = float(w) - float(o) if w is not None and o is not None else float("nan")
-    return out
-
-
-def _steps_frame(rows: list[dict], lines: list, run, failures: list) -> pd.DataFrame:
-    steps = pd.DataFrame([{**{k: v for k, v in r.items() if k not in ("fork", "agg", SEAL_KEY)}, **_agg_columns(r)}
-                          for r in rows])
+def _steps_frame(steps: pd.DataFrame, lines: list, run, failures: list) -> pd.DataFrame:
+    steps = steps.copy()
     for c in NUMERIC:
         if c in steps:
             steps[c] = pd.to_numeric(steps[c], errors="coerce").astype(float)
@@ -279,16 +259,17 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
             await _probe_pending(prober, pending, steps_path, len(done), n_steps)
         finally:
             bar.close()
-    rows = _read_rows(steps_path, sources)
+    read, table = read_step_table(steps_path, sources, mode)
     cost = record_session(out / "probe.json", hardware or serving_hardware(backend), started,
                           time.perf_counter() - t0, prober.kept)
     write_json(out / "probe.json", {
-        "run_dir": str(run.path), "mode": mode, "finished": time.time(), "serving": serving_totals(rows),
+        "run_dir": str(run.path), "mode": mode, "finished": time.time(), "serving": serving(read),
         "cost": cost, "fidelity": fidelity or {"skipped": "not run (probe_run called directly)"}, "model": ident,
         "forced_model_mismatch": force, "include_unparsed": include_unparsed, "prompt_ids": prober.recorded.summary(),
         "failures": prober.failures}, indent=2)
-    fork_summary = forking_rows(rows, mode)
-    steps = _steps_frame(rows, lines, run, prober.failures)
+    fork_summary = table.forking(read)
+    steps = _steps_frame(read, lines, run, prober.failures)
+    del read, table
     summary = _summary(steps, out)
     tables = {"steps.parquet": steps, "steps.csv": steps, "summary.csv": summary}
     if fork_summary is not None:

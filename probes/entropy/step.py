@@ -13,17 +13,8 @@ from agent.backends.messages import image_shas, strip_query_images
 from agent.lazy import lazy_module
 from agent.rundir import Run, RunError
 from agent.trajectory import recorded_sampling
-from analysis.entropy import (
-    AGGREGATIONS,
-    aggregate_entropies,
-    entropy_high,
-    entropy_histogram,
-    forking_stats,
-    forking_threshold,
-    grouped_tail_entropy,
-)
+from analysis.entropy import AGGREGATIONS, aggregate_entropies, entropy_high, entropy_histogram, grouped_tail_entropy
 from analysis.influence import token_influence
-from analysis.stats import summarise_by
 
 from .store import ALTERNATIVES
 
@@ -76,18 +67,6 @@ def call_slices(call: np.ndarray) -> dict:
         ends = np.r_[start[1:], len(call)]
         return {int(call[a]): slice(int(a), int(b)) for a, b in zip(start.tolist(), ends.tolist())}
     return {int(c): np.flatnonzero(call == c) for c in np.unique(call)}
-
-
-def serving_totals(rows: list[dict]) -> dict:
-    """Over every step row: requests, prompt tokens, those the server's prefix cache served (SGLang's
-    ``cached_tokens``), and the summed request time (``server_seconds``: request-seconds, batched requests
-    overlapping; the GPU-seconds held are probe.json's ``cost``, :func:`probes.session.record_session`)."""
-    rs = [r for r in rows if r.get("prompt_tokens") is not None]
-    prompt = sum(int(r["prompt_tokens"]) for r in rs)
-    cached = sum(int(r.get("cached_tokens") or 0) for r in rs)
-    return {"requests": len(rs), "prompt_tokens": prompt, "cached_tokens": cached,
-            "cached_share": round(cached / prompt, 4) if prompt else None,
-            "server_seconds": round(sum(float(r.get("latency_s") or 0.0) for r in rs), 2)}
 
 
 async def _regenerate_side(row: dict, ev: dict, tok: dict, sel, think, without, backend, H_all, Hhi_all, vocab) -> None:
@@ -218,52 +197,6 @@ async def probe_step(ctx: StepContext, ev: dict) -> dict:
         row["dH_exact"] = row["H_exact_with"] - row["H_exact_without"]
         row["gap_with"] = row["H_exact_with"] - row["H_with"]
     return row
-
-
-def forking_rows(rows: list[dict], mode: str):
-    """Per step: the share of forking think tokens (the run's top 20 % by entropy with the images, arXiv
-    2506.01939's high-entropy minority: one threshold for the whole run) with and without the query images, and
-    the forking tokens' part of ΔH, ``dH_fork`` (ΔH = dH_fork + dH_rest, both per think token of the step;
-    teacher-forced: Σ over the tokens that fork with the images of their H with − without, / n; regenerate:
-    each response's own forking tokens, Σ H / n with − the same without), with a bootstrap CI: whether the
-    images move a few forking tokens or every token (ours). Also written per (trajectory, step) into the rows.
-    None when no row carries histograms (a probe from before this was recorded)."""
-
-
-    hist_rows = [r for r in rows if isinstance(r.get("fork"), dict)]
-    if not hist_rows:
-        return None
-    j, theta = forking_threshold(r["fork"].get("w") for r in hist_rows)
-    per = []
-    for r in hist_rows:
-        nw, fw, sw, dw = forking_stats(r["fork"].get("w"), j)
-        no, fo, so, _ = forking_stats(r["fork"].get("o"), j)
-        # the forking tokens' part of ΔH (per think token of the step: ΔH = dH_fork + dH_rest)
-        if not nw or not no:
-            d = float("nan")
-        elif mode == "teacher-forced":
-            d = dw / nw
-        else:
-            d = sw / nw - so / no
-        r["share_fork_with"] = fw / nw if nw else float("nan")
-        r["share_fork_without"] = fo / no if no else float("nan")
-        r["dH_fork"] = d
-        dh = r.get("dH")
-        r["dH_rest"] = float(dh) - d if isinstance(dh, (int, float)) and np.isfinite(dh) else float("nan")
-        per.append({"step": r["step"], "share_fork_with": r["share_fork_with"],
-                    "share_fork_without": r["share_fork_without"], "dH_fork": d, "dH_rest": r["dH_rest"],
-                    "n_fork": fw})
-    df = pd.DataFrame(per)
-    out = summarise_by(df[np.isfinite(df["dH_fork"])], "step", "dH_fork")
-    if out.empty:  # no step has forking tokens on both sides: the shares still say where they are
-        out = pd.DataFrame(columns=["step", "n", "mean", "ci_low", "ci_high", "wilcoxon_p"])
-    out = out.rename(columns={"mean": "dH_fork", "ci_low": "fork_ci_low", "ci_high": "fork_ci_high", "n": "n_steps"})
-    shares = df.groupby("step").agg(share_fork_with=("share_fork_with", "mean"),
-                                    share_fork_without=("share_fork_without", "mean"),
-                                    dH_rest=("dH_rest", "mean"), forking_tokens=("n_fork", "sum")).reset_index()
-    out = shares.merge(out, on="step", how="left")
-    out["threshold_nats"] = theta
-    return out
 
 
 def bounds_by_step(steps):
