@@ -37,6 +37,74 @@ sys.path.insert(0, str(REPO))
 
 VOCAB = 248_320
 K = 20
+#: The special tokens' ids [lo, hi) that recorded and planted ids skip (None: none); set by :func:`bench_model`.
+SPECIALS: tuple[int, int] | None = None
+
+
+def ordinary(ids: np.ndarray) -> np.ndarray:
+    """``ids`` with those that fall on a special token moved onto ordinary ones."""
+    if SPECIALS is None:
+        return ids
+    lo, hi = SPECIALS
+    return np.where((ids >= lo) & (ids < hi), (ids - lo) % max(lo, 1), ids)
+
+
+def bench_model(tiny: str, dst: Path, vocab: int = VOCAB) -> str:
+    """The tiny model's directory with a tokenizer of ``vocab`` ids laid out as Qwen3.5's (248,320: the ordinary
+    tokens, then the special ones), for the benches: its own ordinary tokens, synthetic ones up to the specials
+    (1-4 letters, two in three after a space), its special tokens moved to the top of the vocabulary with every
+    config id that names one, and ``vocab_size`` in config.json; no weights (a stand-in serves it). Sets
+    :data:`VOCAB` and :data:`SPECIALS`. Its texts are not the pool's (the pool's are the recorded ones)."""
+    import json
+    import shutil
+
+    global SPECIALS, VOCAB
+    dst = Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in Path(tiny).iterdir():
+        if f.is_file() and f.suffix != ".safetensors":
+            shutil.copyfile(f, dst / f.name)
+    tj = json.loads((dst / "tokenizer.json").read_text())
+    table, added = tj["model"]["vocab"], tj["added_tokens"]
+    lo = min(a["id"] for a in added)
+    if len(table) != lo or sorted(a["id"] for a in added) != list(range(lo, lo + len(added))):
+        raise SystemExit(f"{tiny}: not the layout bench_model expects (ordinary ids, then the specials)")
+    top = vocab - len(added)  # where the specials go
+    letters, n, i = "abcdefghijklmnopqrstuvwxyz", len(table), 0
+    while n < top:
+        word, x = "", i
+        while True:  # i in base 26: every word distinct
+            word, x = letters[x % 26] + word, x // 26 - 1
+            if x < 0:
+                break
+        text = ("\u0120" if i % 3 else "") + word  # Ġ: the byte-level BPE's space
+        i += 1
+        if text not in table:
+            table[text] = n
+            n += 1
+    moved = {a["id"]: a["id"] - lo + top for a in added}
+    for a in added:
+        a["id"] = moved[a["id"]]
+    (dst / "tokenizer.json").write_text(json.dumps(tj))
+    for name in ("config.json", "generation_config.json"):
+        if (dst / name).exists():
+            cfg = _moved_ids(json.loads((dst / name).read_text()), moved)
+            if name == "config.json":
+                cfg["vocab_size"] = vocab
+                if isinstance(cfg.get("text_config"), dict):
+                    cfg["text_config"]["vocab_size"] = vocab
+            (dst / name).write_text(json.dumps(cfg, indent=2))
+    VOCAB, SPECIALS = vocab, (top, vocab)
+    return str(dst)
+
+
+def _moved_ids(cfg, moved: dict):
+    """Every ``*_id`` / ``*_ids`` value of a config (nested) that names a moved special token, moved."""
+    if isinstance(cfg, dict):
+        return {k: (_moved_ids(v, moved) if isinstance(v, (dict, list)) and not k.endswith(("_id", "_ids")) else
+                    ([moved.get(x, x) for x in v] if isinstance(v, list) else moved.get(v, v))
+                    if k.endswith(("_id", "_ids")) and not isinstance(v, dict) else v) for k, v in cfg.items()}
+    return [_moved_ids(v, moved) for v in cfg] if isinstance(cfg, list) else cfg
 
 
 class RowPool:
@@ -77,7 +145,7 @@ class RowPool:
                     rows[i] = got[:k]
                 top[s:e] = rows
             top = perm[top]
-        self.top_ids = top.astype(np.int32)
+        self.top_ids = ordinary(top).astype(np.int32)
         alpha = np.exp(rng.uniform(np.log(0.02), np.log(2.0), size=(n_rows, 1)))
         lp = np.empty((n_rows, k), dtype=np.float32)
         for s in range(0, n_rows, 1 << 16):
@@ -102,7 +170,7 @@ class RowPool:
         ids = ti[np.arange(n), at].astype(np.int64)
         lps = tl[np.arange(n), at].astype(np.float64)
         out = u > 0.97
-        ids[out] = rng.integers(0, VOCAB, size=int(out.sum()))
+        ids[out] = ordinary(rng.integers(0, VOCAB, size=int(out.sum())))
         lps[out] = tl[out, -1] - rng.exponential(1.0, size=int(out.sum())).astype(np.float32)
         texts = [self.vocab[i] for i in ids.tolist()]
         return {"ids": ids, "texts": texts, "logprobs": lps, "top_ids": ti.astype(np.int64),

@@ -302,10 +302,23 @@ def tiny_reply(tiny: str, n_tokens: int) -> str:
     return make(n)
 
 
+def bench_model() -> str:
+    """The tiny model with Qwen3.5's vocabulary (248,320 ids; scripts/bench_data.py ``bench_model``): the recorded
+    ids and the stand-in's alternatives spread over all of it, so no cache of token texts is hot by construction."""
+    import bench_data
+
+    from agent.backends.tiny_model import ensure_tiny_model
+
+    return bench_data.bench_model(str(ensure_tiny_model(quiet=True)), REPO / ".cache" / "bench-model")
+
+
 def _stand_in(tiny: str, reply: str):
+    import bench_data
+
     port = free_port()
     p = subprocess.Popen([sys.executable, str(REPO / "serving" / "fakes" / "sglang_server.py"), "--port", str(port),
-                          "--tokenizer", tiny, "--model-name", tiny, "--reply", reply, "--keep-alive"],
+                          "--tokenizer", tiny, "--model-name", tiny, "--reply", reply, "--keep-alive",
+                          "--alternatives-vocab", str(bench_data.VOCAB)],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     return f"http://127.0.0.1:{port}", p
 
@@ -315,12 +328,9 @@ def measure(scales: list[int], reply_tokens: int, against: list[str], endpoints:
     tree, in turn, on one endpoint); returns the rows and the floor."""
     import bench_data
 
-    from agent.backends.base import model_vocab_size
-    from agent.backends.local import load_chat_renderer
     from agent.backends.sglang_native import SGLangBackend
-    from agent.backends.tiny_model import ensure_tiny_model
 
-    tiny = str(ensure_tiny_model(quiet=True))
+    tiny = bench_model()
     reply = tiny_reply(tiny, reply_tokens)
     servers = [_stand_in(tiny, reply) for _ in range(max(endpoints))]
     urls = [u for u, _ in servers]
@@ -329,8 +339,6 @@ def measure(scales: list[int], reply_tokens: int, against: list[str], endpoints:
         for u, p in servers:
             wait_up(u, p)
         with tempfile.TemporaryDirectory() as d:
-            # recorded ids are scored: the model's ordinary tokens only
-            bench_data.VOCAB = min([model_vocab_size(tiny), *load_chat_renderer(tiny).all_special_ids])
             pool = bench_data.RowPool(seed=0, n_rows=1 << 16)
             trees = {"today": REPO, **{f"@{r}": tree_at(r, Path(d) / f"tree-{r}") for r in against}}
             for n in scales:
@@ -371,18 +379,14 @@ def fault(how: str, trajectories: int = 300, reply_tokens: int = 1000, after_ste
     """The probe against a server that dies (SIGKILL) or hangs (SIGSTOP) after ``after_steps`` steps."""
     import bench_data
 
-    from agent.backends.base import model_vocab_size
-    from agent.backends.local import load_chat_renderer
     from agent.backends.sglang_native import SGLangBackend
-    from agent.backends.tiny_model import ensure_tiny_model
 
-    tiny = str(ensure_tiny_model(quiet=True))
+    tiny = bench_model()
     url, server = _stand_in(tiny, tiny_reply(tiny, reply_tokens))
     try:
         wait_up(url, server)
         with tempfile.TemporaryDirectory() as d:
             root, out = Path(d) / "run", Path(d) / "probe"
-            bench_data.VOCAB = min([model_vocab_size(tiny), *load_chat_renderer(tiny).all_special_ids])
             bench_data.write_run(root, trajectories, bench_data.RowPool(seed=0, n_rows=1 << 16), progress=False,
                                  distinct_images=True, prompts=SGLangBackend(url, tiny))
             probe = subprocess.Popen([sys.executable, "-m", "probes.entropy", str(root), "--backend", "sglang",

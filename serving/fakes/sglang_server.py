@@ -1,6 +1,7 @@
 """A loopback stand-in for an SGLang server, speaking SGLang's real wire format.
 
     python serving/fakes/sglang_server.py --port 30000 [--model-name NAME] [--tokenizer DIR] [--latency S] [--reply TEXT]
+        [--alternatives-vocab N]
 
 Serves ``/health``, ``/health_generate``, ``/v1/models``, ``/get_model_info``, native
 ``/generate`` (``meta_info`` with ``[logprob, token_id, text_or_null]`` triples; scoring with
@@ -290,7 +291,7 @@ class _Handler(JSONHandler):
                         tok.decode(t) if with_text else None] for j, t in enumerate(ids)]
             flat = bool(req.get("return_flat_raw_top_logprobs")) and k > 0 and self.server.flat == "yes"
             if flat and not with_text and len(ids) > 1:  # the arrays straight away (what the benches ask for)
-                val, idx = toks.tops_arrays(ids, k)
+                val, idx = toks.tops_arrays(ids, k, tok)
                 if self._leaks(ids_in, req):
                     entries = [[e[0] if e[0] is None else e[0] - self.server.leak, *e[1:]] for e in entries]
                     val = val.astype("float32").astype("float64") - self.server.leak
@@ -467,7 +468,8 @@ class FakeServer(ThreadingHTTPServer):
     def __init__(self, port: int = 0, *, model_name: str = "fake-qwen3.5", tokenizer_dir: str | None = None,
                  reply: str = DEFAULT_REPLY, latency_s: float = 0.0, deterministic: bool = False,
                  fault_rate: float = 0.0, fault_kinds=None, seed: int = 0, slow_s: float = 3.0, leak: float = 0.0,
-                 chat_template: str | None = None, keep_alive: bool = False, flat: str = "yes"):
+                 chat_template: str | None = None, keep_alive: bool = False, flat: str = "yes",
+                 alternatives_vocab: int | None = None):
         super().__init__(("127.0.0.1", port), _KeepAliveHandler if keep_alive else _Handler)
         # SGLang's flat top-logprob format: "yes" (0.5.23), "ignore" (a server without it: nested lists), "refuse"
         # (a server that rejects the fields with a 400)
@@ -488,7 +490,7 @@ class FakeServer(ThreadingHTTPServer):
         # longest prefix shared with an earlier prompt, at most len - 1, as SGLang caps a match); None: always 0
         self.prompts: list | None = None
         self.model_name = model_name
-        self.tok = toks.Tok(tokenizer_dir)
+        self.tok = toks.Tok(tokenizer_dir, alternatives_vocab)
         self.reply = reply
         self.latency_s = latency_s
         self.gate = threading.Event()  # cleared: replies wait (see the handler); set by default
@@ -546,13 +548,16 @@ def main() -> None:
     ap.add_argument("--fault-kinds", help="comma-separated subset of the faults (default: all)")
     ap.add_argument("--fault-seed", type=int, default=0)
     ap.add_argument("--slow-s", type=float, default=3.0, help="delay of a 'slow' fault")
+    ap.add_argument("--alternatives-vocab", type=int,
+                    help="spread the top-k alternatives over every ordinary id of a vocabulary this size (the benches: "
+                         "248320, Qwen3.5's) rather than near the chosen token")
     ap.add_argument("--keep-alive", action="store_true",
                     help="HTTP/1.1 persistent connections, as SGLang's server (default: HTTP/1.0, one per request)")
     args, _unknown = ap.parse_known_args()
     srv = FakeServer(args.port, model_name=args.model_name, tokenizer_dir=args.tokenizer, reply=args.reply,
                      latency_s=args.latency, deterministic=args.deterministic, fault_rate=args.fault_rate,
                      fault_kinds=args.fault_kinds.split(",") if args.fault_kinds else None, seed=args.fault_seed,
-                     slow_s=args.slow_s, keep_alive=args.keep_alive)
+                     slow_s=args.slow_s, keep_alive=args.keep_alive, alternatives_vocab=args.alternatives_vocab)
     # as its own process nobody reads what it received: keep none of it (the bodies hold every image sent; a
     # benchmark's ~13,000 requests grew it past 10 GB)
     srv.bodies, srv.routing_keys, srv.requests, srv.framing = (collections.deque(maxlen=0) for _ in range(4))

@@ -2,15 +2,17 @@
 expansion, and the planted top-k logprobs of every position in SGLang's wire formats (triples, flat arrays)."""
 from __future__ import annotations
 
+import math
 import struct
 
 IMAGE_EXPANSION = 4  # tokens per image placeholder (unknown to the client, as on a real server)
+ALT_STEP = 104_729  # a prime: j x it (mod the ordinary ids) walks distinct ids
 
 
 class Tok:
     """Tokenizer wrapper: the tiny model's real tokenizer (and processor) when given, else one id per character."""
 
-    def __init__(self, tok_dir: str | None):
+    def __init__(self, tok_dir: str | None, alternatives_vocab: int | None = None):
         self.hf = self.proc = None
         if tok_dir:
             from transformers import AutoTokenizer
@@ -28,6 +30,30 @@ class Tok:
         # showed it; the fake left it out before). Only with a real tokenizer (one id per character has none).
         self.eos = self.encode("<|im_end|>")[0] if self.hf else None
         self._n_cache: dict[int, int] = {}
+        # the alternatives' ids: near the chosen one among the first 600 (the tests' planted lists), or, with
+        # ``alternatives_vocab`` (the benches: Qwen3.5's 248,320), spread over every ordinary id of that vocabulary,
+        # the special tokens' ids skipped
+        self.spread = None
+        if alternatives_vocab:
+            added = sorted(self.hf.added_tokens_decoder) if self.hf else [alternatives_vocab]
+            lo, hi = added[0], added[-1] + 1
+            span = alternatives_vocab - (hi - lo)
+            if math.gcd(span, ALT_STEP) != 1 or span < 20:
+                raise ValueError(f"--alternatives-vocab {alternatives_vocab}: no spread of distinct ids over it")
+            self.spread = (lo, hi, span)
+
+    def alternative(self, t, j):
+        """The ``j``-th alternative's id (j >= 1) of chosen token ``t``: ints or numpy arrays; distinct from ``t``
+        and from each other for j < 20."""
+        if self.spread is None:
+            return (t + 7 * j) % 600 + 1
+        import numpy as np
+
+        lo, hi, span = self.spread
+        o = np.where(t >= hi, t - (hi - lo), np.minimum(t, lo))  # the chosen token's place among the ordinary
+        x = (o + j * ALT_STEP) % span
+        out = np.where(x >= lo, x + (hi - lo), x)
+        return int(out) if np.ndim(out) == 0 else out
 
     CHUNK0 = 0x200000  # without a tokenizer, very long texts come as 100-character tokens (ids from here on)
 
@@ -87,11 +113,11 @@ def top(tid: int, k: int, pos: int, tok: Tok, with_text: bool):
     probabilities sum to less than 1, as a true top-k does)."""
     lps = [f32(-0.05 - 0.01 * (pos % 7) - 1e-4 * (pos % 97))] + [
         f32(-(4.0 + 0.35 * j + 0.02 * (pos % 5) + 1e-4 * (pos % 89))) for j in range(1, k)]
-    ids = [tid] + [(tid + 7 * j) % 600 + 1 for j in range(1, k)]
+    ids = [tid] + [tok.alternative(tid, j) for j in range(1, k)]
     return [[lp, i, tok.decode(i) if with_text else None] for lp, i in zip(lps, ids)]
 
 
-def tops_arrays(ids: list[int], k: int):
+def tops_arrays(ids: list[int], k: int, tok: Tok):
     """:func:`top` for positions 1 .. n-1 at once, as (float32 values, int32 ids) of shape (n-1, k): the same
     numbers (the same float64 arithmetic, then float32), without a Python object per alternative, so the benches'
     fake spends little CPU beside the client it measures."""
@@ -103,7 +129,7 @@ def tops_arrays(ids: list[int], k: int):
     first = -0.05 - 0.01 * (pos % 7) - 1e-4 * (pos % 97)
     rest = -(4.0 + 0.35 * jj + 0.02 * (pos % 5) + 1e-4 * (pos % 89))
     val = np.concatenate([first, rest], axis=1)[:, :k]
-    idx = np.concatenate([t, (t + 7 * jj) % 600 + 1], axis=1)[:, :k]
+    idx = np.concatenate([t, tok.alternative(t, jj)], axis=1)[:, :k]
     return val, idx.astype(np.int32)
 
 
