@@ -32,15 +32,14 @@ from tqdm import tqdm
 from ..backends.base import BackendError, ModelServerDown, SamplingParams
 from ..backends.openai_compat import OpenAIBackend
 from ..cli import JUDGE_ENDPOINT, JUDGE_MODEL
-from ..errors import gather_all, writing
+from ..errors import gather_all
 from ..preflight import server_facts
 from ..prompts import JUDGE, fill
-from ..record import validate
 from ..redact import is_host, public_url, redact
 from ..rundir import RunDir, RunError, close_fragment, output_lock, write_json
 from ..rundir.accuracy import accuracy_table
 from ..rundir.grades import grade_file, identical_trials, read_grades
-from ..rundir.lines import SEAL_KEY, SOURCE_KEY, seal, set_aside
+from ..rundir.lines import SEAL_KEY, SOURCE_KEY, RowWriter, set_aside
 from ..trajectory import responses_fingerprint  # re-exported
 
 log = logging.getLogger(__name__)
@@ -300,15 +299,12 @@ async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_END
     bar = tqdm(total=len(pending), desc="judge", unit="answer", disable=not progress, file=sys.stderr, mininterval=1.0)
 
     close_fragment(out_path)  # a grade cut by a kill stays a torn line of its own, skipped by every reader
-    out = open(out_path, "ab")
+    out = RowWriter(out_path, "grade")
 
     async def grade(ln: dict) -> dict:
         rec = await grader.grade(ln)
         if not rec.get("failed"):  # each paid grade lands as soon as it comes: a kill loses none of them
-            validate("grade", rec, f"{out_path} ({rec['sample_id']} trial {rec['trial']})")
-            with writing(out_path):
-                out.write(seal(rec) + b"\n")
-                out.flush()
+            out.append(rec, f"{out_path} ({rec['sample_id']} trial {rec['trial']})")
         bar.update(1)
         return rec
 
@@ -317,8 +313,7 @@ async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_END
     finally:
         bar.close()
         try:
-            with writing(out_path):  # what a full disk left in its buffer fails again here
-                out.close()
+            out.close()
         finally:  # the judge's client closed whatever closing the file raised (no "Unclosed client session")
             await grader.aclose()
     graded = {(r["sample_id"], r["trial"], r[SOURCE_KEY]): r for r in [*done.values(), *results]}

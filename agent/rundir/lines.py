@@ -21,8 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from ..errors import writing
 from ..jsonio import dumps_record, loads
 from ..paths import open_regular, read_regular
+from ..record import validate
 from .common import RunError
 
 __all__ = ["SEAL_KEY", "SOURCE_KEY", "seal", "read_line", "line_digest", "SealedRows", "read_sealed", "set_aside"]
@@ -98,6 +100,35 @@ class SealedRows:
 def _some(numbers: list, n: int = 8) -> str:
     head = ", ".join(map(str, numbers[:n]))
     return head + (f" and {len(numbers) - n} more" if len(numbers) > n else "")
+
+
+class RowWriter:
+    """The one writer of sealed rows (the grades, the probes' rows): each row checked against its record model
+    (``kind``, agent/record/), sealed (redacted: :func:`seal`), written whole and flushed, so a kill keeps every row
+    written (a torn last one is skipped by every reader) and a full disk names the file (agent.errors.writing),
+    closing included. A context manager."""
+
+    def __init__(self, path, kind: str):
+        self.path, self.kind = Path(path), kind
+        with writing(self.path):
+            self.f = open(self.path, "ab")
+
+    def append(self, row: dict, where: str) -> None:
+        """Write ``row`` (``where``: what a row that is no valid record is named by)."""
+        validate(self.kind, row, where)
+        with writing(self.path):
+            self.f.write(seal(row) + b"\n")
+            self.f.flush()
+
+    def close(self) -> None:
+        with writing(self.path):  # what a full disk left in its buffer fails again here
+            self.f.close()
+
+    def __enter__(self) -> "RowWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def read_sealed(path) -> SealedRows:

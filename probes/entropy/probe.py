@@ -17,11 +17,10 @@ from tqdm import tqdm
 from agent.backends.base import BackendError, ModelServerDown
 from agent.backends.messages import ImageUsers
 from agent.backends.spread import pin
-from agent.errors import gather_all, writing
+from agent.errors import gather_all
 from agent.lazy import lazy_module
-from agent.record import validate
 from agent.rundir import RunError, close_fragment, load_run, output_lock, token_key, write_json
-from agent.rundir.lines import SEAL_KEY, SOURCE_KEY, seal
+from agent.rundir.lines import SEAL_KEY, SOURCE_KEY, RowWriter
 from agent.rundir.probe_outputs import resume_rows, sweep_outputs, write_outputs
 from analysis.selection import select_trajectories
 from analysis.stats import summarise_by
@@ -146,10 +145,7 @@ class _Prober:
                         kept_any = True
                     # one whole line, flushed: an interrupt keeps every finished step, the rerun probes the rest
                     row[SOURCE_KEY] = line[SEAL_KEY]  # the line (and so the sidecar) it was computed from
-                    validate("entropy_step", row, f"{line['sample_id']}/t{line['trial']} step {step}")
-                    with writing(self.sink.name):
-                        self.sink.write(seal(row) + b"\n")
-                        self.sink.flush()
+                    self.sink.append(row, f"{line['sample_id']}/t{line['trial']} step {step}")
                     self.kept += 1
                 self.bar.update(1)
         finally:
@@ -246,7 +242,7 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
     bar = tqdm(total=n_steps, desc=f"entropy/{mode}", unit="step", disable=not progress, file=sys.stderr,
                mininterval=1.0)
     started, t0 = time.time(), time.perf_counter()
-    with writing(steps_path), open(steps_path, "ab") as sink:  # closing it may fail too (a full disk)
+    with RowWriter(steps_path, "entropy_step") as sink:
         prober = _Prober(run, backend, mode, out, sink, bar, concurrency=concurrency, retokenize=retokenize)
         prober.failures += [f"{sid}/t{t}: its line changed since it was written (left out)" for sid, t, _ in run.changed]
         if not prober.vocab:

@@ -18,15 +18,14 @@ from agent.backends.messages import ImageUsers
 from agent.backends.openai_compat import OpenAIBackend
 from agent.backends.spread import Spread
 from agent.cli import DEFAULT_CONCURRENCY, JUDGE_ENDPOINT, done
-from agent.errors import gather_all, writing
+from agent.errors import gather_all
 from agent.judge import judge_key_env
 from agent.lazy import lazy_module
 from agent.parsing import load_json
 from agent.prompts import GROUNDING_PASS1, GROUNDING_PASS2, fill
-from agent.record import validate
 from agent.redact import is_host
 from agent.rundir import RunError, close_fragment, load_run, output_lock
-from agent.rundir.lines import SEAL_KEY, SOURCE_KEY, seal
+from agent.rundir.lines import SEAL_KEY, SOURCE_KEY, RowWriter
 from agent.rundir.probe_outputs import resume_rows, sweep_outputs, write_outputs
 from analysis.figures import fig2a_grounding, provenance_mark
 from analysis.selection import select_trajectories
@@ -257,16 +256,14 @@ async def _annotate_run(run_dir, *, out: Path, backend, retries: int = 2, concur
                 rec = None
             finally:
                 image_users.done(mine)
-        if rec is not None:
-            validate("grounding_label", rec, f"{path} ({rec['sample_id']} trial {rec['trial']})")
-            with writing(path), open(path, "ab") as f:
-                f.write(seal(rec) + b"\n")  # sealed and redacted (an annotator's echoed key: not kept)
+        if rec is not None:  # sealed and redacted (an annotator's echoed key: not kept)
+            sink.append(rec, f"{path} ({rec['sample_id']} trial {rec['trial']})")
             done[(rec["sample_id"], rec["trial"])] = rec
         bar.update(1)
 
     try:
-        work = [one(ln) for ln in pending]
-        await gather_all(work)
+        with RowWriter(path, "grounding_label") as sink:
+            await gather_all([one(ln) for ln in pending])
     finally:
         bar.close()
     keep = {(ln["sample_id"], ln["trial"]) for ln in lines}
