@@ -208,3 +208,15 @@ def test_the_kernel_equals_the_papers_formula_as_written():
     lp[6, 0] = 1e-7  # rounding above 0
     for x, tol in ((lp, 1e-12), (lp.astype(np.float32), 2e-6)):
         np.testing.assert_allclose(grouped_tail_entropy(x), grouped_tail_entropy_reference(x), atol=tol, rtol=0)
+
+
+def test_a_trajectorys_known_alternatives_are_decoded_once_and_held_compactly():
+    """The viewer's alternatives' texts are decoded once per id a trajectory (probes/entropy/step.py KnownIds): a
+    step gets the texts of the ids no earlier step carried, and what is remembered is 4 bytes an id."""
+    from probes.entropy.step import KnownIds
+
+    known = KnownIds()
+    assert known.new(np.array([3, 7, 200_000])).tolist() == [3, 7, 200_000]
+    assert known.new(np.array([2, 3, 7, 9])).tolist() == [2, 9]
+    assert known.new(np.array([2, 3])).tolist() == []
+    assert known.ids.tolist() == [2, 3, 7, 9, 200_000] and known.ids.dtype == np.int32

@@ -28,14 +28,30 @@ def _think_mean(values: np.ndarray, think: np.ndarray) -> float:
 
 
 
-def _alternatives(with_tokens, without_tokens, pos, known: set | None = None) -> dict:
+class KnownIds:
+    """The alternatives' ids whose texts a trajectory's earlier steps already carry, as one sorted int32 array (ours:
+    a set of Python ints held ~1 MB a trajectory in flight over a real vocabulary, ~16k ids each; this holds
+    64 KB)."""
+
+    def __init__(self):
+        self.ids = np.zeros(0, dtype=np.int32)
+
+    def new(self, u: np.ndarray) -> np.ndarray:
+        """Of the sorted distinct ids ``u``, those not known yet; they are known from now on."""
+        fresh = u[~np.isin(u, self.ids, assume_unique=True)]
+        if len(fresh):
+            self.ids = np.union1d(self.ids, fresh.astype(np.int32))
+        return fresh
+
+
+def _alternatives(with_tokens, without_tokens, pos, known: KnownIds | None = None) -> dict:
     """The top-:data:`ALTERNATIVES` ids and logprobs of each think token under both contexts, and the texts of
     those ids (``texts``: {id: text}, decoded once per id by the backend's tokenizer). ``known``: the ids whose
     texts the trajectory's earlier steps already carry (updated here); only new ones are decoded and kept, since a
     trajectory's file holds one text table for all its steps (ours: most alternatives recur from step to step)."""
 
-    known = set() if known is None else known
-    out, texts = {}, {}
+    known = KnownIds() if known is None else known
+    out = {}
     for side, toks in (("w", with_tokens), ("o", without_tokens)):
         out[f"{side}_ids"] = top_id_matrix(toks, ALTERNATIVES)[pos].astype(np.int64)
         out[f"{side}_lp"] = top_matrix(toks, ALTERNATIVES, np.float32)[pos]
@@ -43,11 +59,9 @@ def _alternatives(with_tokens, without_tokens, pos, known: set | None = None) ->
     u = np.sort(np.concatenate([out["w_ids"].ravel(), out["o_ids"].ravel()]))
     if len(u):
         u = u[np.concatenate(([True], u[1:] != u[:-1]))]
-    need = [i for i in u[u >= 0].tolist() if i not in known]  # ascending, each id once
+    need = known.new(u[u >= 0]).tolist()  # ascending, each id once
     dec = getattr(with_tokens, "_decode", None) or getattr(without_tokens, "_decode", None)
-    texts = {i: (dec(i) if dec else "") for i in need}
-    known.update(texts)
-    out["texts"] = texts
+    out["texts"] = {i: (dec(i) if dec else "") for i in need}
     return out
 
 
@@ -155,7 +169,7 @@ class StepContext:
     backend: Any
     mode: str
     vocab: int | None = None
-    known_texts: set = field(default_factory=set)
+    known_texts: KnownIds = field(default_factory=KnownIds)
     images: tuple | None = None
     slices: dict = field(init=False)
     H_all: np.ndarray | None = field(init=False, default=None)
