@@ -141,7 +141,7 @@ def read_sealed(path) -> SealedRows:
 
 def iter_sealed(tally: SealedRows) -> Iterator[dict]:
     """The intact rows of the sealed JSONL file ``tally.path``, one at a time (each with its ``_lineno``), read line
-    by line: memory holds one row, never the file (a paper-scale probe's rows are ~190 MB). The changed and torn
+    by line: memory holds one row, never the file (a probe's rows grow with the run). The changed and torn
     lines are noted in ``tally`` as they pass; an absent file yields nothing."""
     try:
         f = open_regular(tally.path, "rb", RunError)

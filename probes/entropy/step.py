@@ -29,9 +29,9 @@ def _think_mean(values: np.ndarray, think: np.ndarray) -> float:
 
 
 class KnownIds:
-    """The alternatives' ids whose texts a trajectory's earlier steps already carry, as one sorted int32 array (ours:
-    a set of Python ints held ~1 MB a trajectory in flight over a real vocabulary, ~16k ids each; this holds
-    64 KB)."""
+    """The alternatives' ids whose texts a trajectory's earlier steps already carry, as one sorted int32 array: four
+    bytes an id for each trajectory in flight, where a trajectory meets thousands of ids of a real vocabulary (ours;
+    docs/performance.md)."""
 
     def __init__(self):
         self.ids = np.zeros(0, dtype=np.int32)

@@ -1,9 +1,8 @@
 """The entropy probe's rows read back into its tables (the probe's end phase), one row at a time and twice: the
 first pass keeps each row's scalars (columns, a chunk of rows at a time) and adds its with-images histogram to the
 run's, which sets the forking threshold; the second computes each row's forking sums at that threshold. No row is
-held as a dict and no histogram is kept, so the end phase holds a few hundred bytes a step (each row as a dict was
-~4 KB: 1.2 GB at paper scale's ~51k steps; docs/performance.md). Then the forking tokens' part of ΔH per step
-(ours) and the serving totals.
+held as a dict and no histogram is kept, so what the end phase holds grows by a few hundred bytes a step, not by
+each row (ours; docs/performance.md). Then the forking tokens' part of ΔH per step (ours) and the serving totals.
 """
 from __future__ import annotations
 
