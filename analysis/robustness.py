@@ -99,7 +99,7 @@ def _trajectories(rd, judge: str | None) -> "pd.DataFrame":
     """One row per graded trajectory of a run: its grade, answer agreement, mean think entropy and mean ΔH."""
     run = load_run(rd)
     recs, label = grades_of(run.path, judge)
-    grade = {(r["sample_id"], r["trial"]): r["grade"] == "CORRECT" for r in recs}
+    grade = {(r.sample_id, r.trial): r.grade == "CORRECT" for r in recs}
     rows = [{"sample_id": ln["sample_id"], "trial": ln["trial"], "benchmark": ln["benchmark"],
              "answer": _normalised(ln.get("answer"))} for ln in run.index]
     t = pd.DataFrame(rows)

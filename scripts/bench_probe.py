@@ -264,8 +264,8 @@ def own_work(root: Path, url: str, tiny: str, trajectories: int) -> float:
             key = token_key(line["sample_id"], line["trial"])
             try:
                 for ev in (e for e in line["events"] if e["type"] == "llm_call"):
-                    row = await probe_step(ctx, ev)
-                    store.append(key, ev["index"], row.pop("_tokens"))
+                    row, t = await probe_step(ctx, ev)
+                    store.append(key, ev["index"], t)
                     row[SOURCE_KEY] = line[SEAL_KEY]
                     validate("entropy_step", row, key)
                     seal(row)

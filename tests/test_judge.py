@@ -11,6 +11,7 @@ from agent.backends.scripted import ScriptedBackend
 from agent.judge import accuracy_table, exact_grade, judge_run, parse_grade, read_grades
 from agent.judge import main as judge_main
 from agent.prompts import JUDGE
+from agent.record import Grade
 from agent.run import RunConfig, run
 from agent.rundir.grades import latest_grades
 from serving.fakes.sglang_server import FakeSGLang
@@ -130,7 +131,7 @@ async def test_unparsed_grades_are_said_and_asked_again_with_retry_unparsed(tmp_
     err = capsys.readouterr().err
     assert "2 UNPARSED asked again" in err and "graded UNPARSED" not in err
     grades = latest_grades(rd / "judge-llm.jsonl")
-    assert grades[("demo_3", 0)]["grade"] == grades[("demo_3", 1)]["grade"] == "INCORRECT"
+    assert grades[("demo_3", 0)].grade == grades[("demo_3", 1)].grade == "INCORRECT"
     assert json.loads((rd / "judge-llm-summary.json").read_text())["unparsed"] == 0
 
 
@@ -157,8 +158,10 @@ def test_accuracy_mean_std_over_trials_and_weighted_avg():
     grades = {0: ("C", "I", "C", "C", "C", "I"), 1: ("C", "C", "I", "I", "C", "I"), 2: ("I", "I", "C", "C", "C", "C")}
     for t, gs in grades.items():
         for i, g in enumerate(gs):
-            recs.append({"sample_id": f"s{i}", "trial": t, "benchmark": "a" if i < 2 else "b", "category": None,
-                         "paper_category": "x", "grade": "CORRECT" if g == "C" else "INCORRECT"})
+            recs.append(Grade(sample_id=f"s{i}", trial=t, answer_key="k", benchmark="a" if i < 2 else "b",
+                              category=None, paper_category="x", method="react", variant="", answer="a", gold="a",
+                              judge="t", grade="CORRECT" if g == "C" else "INCORRECT", extracted=None, reply=None,
+                              reason="t"))
     s = accuracy_table(recs, label="t")
     a = s["benchmarks"]["a"]
     assert a["n"] == 2 and a["per_trial"] == [50.0, 100.0, 0.0] and a["mean"] == pytest.approx(50.0)
@@ -207,7 +210,7 @@ async def test_grades_land_as_they_come_and_a_torn_grades_file_is_read_past(tmp_
         p.wait()
         asked = len(srv.bodies)
         kept = read_grades(out)
-        assert len(kept) >= 2 and asked <= sum(r["reason"] == "llm" for r in kept) + 1  # on disk (one in flight)
+        assert len(kept) >= 2 and asked <= sum(r.reason == "llm" for r in kept) + 1  # on disk (one in flight)
         srv.latency_s = 0
         # what a kill mid-write leaves: a cut multi-byte character at the end of a torn line
         with open(out, "ab") as f:
@@ -222,14 +225,14 @@ async def test_grades_land_as_they_come_and_a_torn_grades_file_is_read_past(tmp_
         question = {ln["question"]: ln["sample_id"] for ln in lines}
         again = [question[re.search(r"Question: (.*)", b["messages"][0]["content"]).group(1)]
                  for b in list(srv.bodies)[asked:]]
-        graded = {r["sample_id"] for r in kept if r["reason"] == "llm"}
+        graded = {r.sample_id for r in kept if r.reason == "llm"}
         # the units a judge call grades: finished with an answer (the others are NOT_ATTEMPTED without a call)
         judged = {ln["sample_id"] for ln in lines if ln["status"] == "ok" and (ln.get("answer") or "").strip()}
         ungraded = judged - graded
         assert not graded & set(again) and ungraded <= set(again)
         assert len(again) <= len(ungraded) + 1
     recs = read_grades(out)
-    assert len({(r["sample_id"], r["trial"]) for r in recs}) == 6 and s["overall"]["n"] == 6
+    assert len({(r.sample_id, r.trial) for r in recs}) == 6 and s["overall"]["n"] == 6
     from analysis.tables import table1
 
     assert len(table1([rd])) == 1  # the tables read past the torn line too

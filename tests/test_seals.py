@@ -57,7 +57,7 @@ def _sed(graded, tmp_path, rewrite_answer: bool):
 @pytest.mark.parametrize("rewrite_answer", [False, True])
 def test_an_edited_grade_is_caught_by_every_reader_and_graded_again(graded, tmp_path, rewrite_answer):
     run = _sed(graded, tmp_path, rewrite_answer)
-    before = {(r["sample_id"], r["trial"]): r["grade"] for r in read_grades(graded / "judge-exact.jsonl")}
+    before = {(r.sample_id, r.trial): r.grade for r in read_grades(graded / "judge-exact.jsonl")}
     wrong = sorted(k for k, g in before.items() if g == "INCORRECT")
     rep = _cmd("agent.rundir", "check", str(run))
     assert rep.returncode == 1 and "DAMAGED" in rep.stdout and "judge-exact.jsonl: line(s)" in rep.stdout
@@ -76,7 +76,7 @@ def test_an_edited_grade_is_caught_by_every_reader_and_graded_again(graded, tmp_
     assert j.returncode == 0 and "set aside" in j.stderr and f"{len(before) - len(wrong)} already graded" in j.stderr
     assert (run / "quarantine" / "judge-exact.jsonl").read_text().count('"grade":"CORRECT"') == len(wrong)
     recs, _ = grades_of(run, "exact")
-    assert {(r["sample_id"], r["trial"]): r["grade"] for r in recs} == before
+    assert {(r.sample_id, r.trial): r.grade for r in recs} == before
     assert _cmd("agent.rundir", "check", str(run)).returncode == 0
 
 
@@ -85,10 +85,9 @@ def test_a_grade_of_another_line_is_not_that_lines_grade(graded, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(graded, run)
     recs = read_grades(run / "judge-exact.jsonl")
-    right = next(r for r in recs if r["grade"] == "CORRECT")
-    victim = next(r for r in recs if r["grade"] != "CORRECT")
-    forged = {k: v for k, v in right.items() if k != "_lineno"} | {"sample_id": victim["sample_id"],
-                                                                  "trial": victim["trial"]}
+    right = next(r for r in recs if r.grade == "CORRECT")
+    victim = next(r for r in recs if r.grade != "CORRECT")
+    forged = right.as_recorded() | {"sample_id": victim.sample_id, "trial": victim.trial}
     with open(run / "judge-exact.jsonl", "ab") as f:
         f.write(seal(forged) + b"\n")
     with pytest.raises(BrokenGrades, match="grade\\(s\\) result line\\(s\\) the run does not hold"):
@@ -103,4 +102,4 @@ def test_a_grade_of_another_line_is_not_that_lines_grade(graded, tmp_path):
     j = _cmd("agent.judge", str(again), "--judge", "exact", "--no-progress")  # or the judge sets it aside itself
     assert j.returncode == 0 and "set aside" in j.stderr and _cmd("agent.rundir", "check", str(again)).returncode == 0
     got, _ = grades_of(run, "exact")
-    assert {(r["sample_id"], r["trial"]): r["grade"] for r in got}[(victim["sample_id"], victim["trial"])] == victim["grade"]
+    assert {(r.sample_id, r.trial): r.grade for r in got}[(victim.sample_id, victim.trial)] == victim.grade

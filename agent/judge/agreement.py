@@ -54,12 +54,12 @@ def cohen_kappa(a: list[str], b: list[str]) -> float | None:
 
 def _grades(run_dir: Path, name: str) -> dict:
     recs, label = grades_of(run_dir, name)  # refuses a mixed or rerouted judge file
-    return {"label": label, "recs": {(r["sample_id"], r["trial"]): r for r in recs}}
+    return {"label": label, "recs": {(r.sample_id, r.trial): r for r in recs}}
 
 
 def _block(units: list, A: dict, B: dict, seed: int) -> dict:
-    ga = [A[u]["grade"] for u in units]
-    gb = [B[u]["grade"] for u in units]
+    ga = [A[u].grade for u in units]
+    gb = [B[u].grade for u in units]
     ca = np.array([g == "CORRECT" for g in ga], float)
     cb = np.array([g == "CORRECT" for g in gb], float)
     n = len(units)
@@ -86,19 +86,19 @@ def agreement(run_dir, a: str, b: str, *, common_only: bool = False, seed: int =
         raise RunError(f"{run_dir}: the judges graded different units ({detail}). Grade them with both judges, or "
                        "pass --common-only to compare the units both graded (the rest is reported as left out)")
     units = sorted(ka & kb)
-    stale = [u for u in units if A["recs"][u].get("answer_key") != B["recs"][u].get("answer_key")]
+    stale = [u for u in units if A["recs"][u].answer_key != B["recs"][u].answer_key]
     if stale:
         raise RunError(f"{run_dir}: {len(stale)} unit(s) were graded for different answers by the two judges (first: "
                        f"{stale[0][0]} trial {stale[0][1]}): one judge's grade is stale. Rerun python -m agent.judge "
                        "for both judges, then compare")
     if not units:
         raise RunError(f"{run_dir}: no unit graded by both judges")
-    benches = sorted({A["recs"][u].get("benchmark") or "?" for u in units})
+    benches = sorted({A["recs"][u].benchmark or "?" for u in units})
     out = {"run_dir": str(run_dir), "judge_a": {"name": a, "label": A["label"]}, "judge_b": {"name": b, "label": B["label"]},
            "left_out": {k: len(v) for k, v in only.items()}, "bootstrap": {"resamples": BOOTSTRAP, "seed": seed},
            "benchmarks": {}}
     for bench in benches:
-        us = [u for u in units if (A["recs"][u].get("benchmark") or "?") == bench]
+        us = [u for u in units if (A["recs"][u].benchmark or "?") == bench]
         out["benchmarks"][bench] = _block(us, A["recs"], B["recs"], seed)
     out["all"] = _block(units, A["recs"], B["recs"], seed)
     return out

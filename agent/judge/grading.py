@@ -35,6 +35,7 @@ from ..cli import JUDGE_ENDPOINT, JUDGE_MODEL
 from ..errors import gather_all
 from ..preflight import server_facts
 from ..prompts import JUDGE, fill
+from ..record import Grade, validate
 from ..redact import is_host, public_url, redact
 from ..rundir import RunDir, RunError, close_fragment, output_lock, write_json
 from ..rundir.accuracy import accuracy_table
@@ -236,7 +237,7 @@ def _graded_before(rd: RunDir, name: str, label: str, regrade: bool, sources: di
     and their units graded again."""
     out_path = rd.path / f"judge-{name}.jsonl"
     if out_path.exists():
-        labels = {r.get("judge") for r in read_grades(out_path)}
+        labels = {r.judge for r in read_grades(out_path)}
         if labels - {label}:
             if not regrade:
                 raise RunError(f"{out_path} was graded by {', '.join(sorted(map(str, labels - {label})))}; this judge is "
@@ -254,7 +255,7 @@ def _graded_before(rd: RunDir, name: str, label: str, regrade: bool, sources: di
     if problem:
         q = set_aside(gf.sealed, gf.foreign)
         log.warning(f"warning: {problem}: set aside in {q}; those units are graded again")
-    return {(r["sample_id"], r["trial"], r[SOURCE_KEY]): r for r in gf.current.values()}
+    return {(r.sample_id, r.trial, r.source_sha256): r for r in gf.current.values()}
 
 
 async def judge_run(run_dir, **kw) -> dict:
@@ -286,7 +287,7 @@ async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_END
     done = _graded_before(rd, name, label, regrade, sources)
     # an UNPARSED grade is kept as it came (the judge's reply, stored); --retry-unparsed asks the judge again and
     # the new grade, appended, is the unit's (the offline judge's UNPARSED, no gold, would come out the same)
-    again = {k for k, r in done.items() if retry_unparsed and judge != "exact" and r.get("grade") == "UNPARSED"}
+    again = {k for k, r in done.items() if retry_unparsed and judge != "exact" and r.grade == "UNPARSED"}
     pending = [ln for ln in lines if (key := (ln["sample_id"], ln["trial"], ln[SEAL_KEY])) not in done or key in again]
     log.info(f"judge [{label}]: {len(lines)} trajectories, {len(lines) - len(pending)} already graded"
              + (f"; {len(again)} UNPARSED asked again" if again else ""))
@@ -301,12 +302,13 @@ async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_END
     close_fragment(out_path)  # a grade cut by a kill stays a torn line of its own, skipped by every reader
     out = RowWriter(out_path, "grade")
 
-    async def grade(ln: dict) -> dict:
+    async def grade(ln: dict) -> Grade:
         rec = await grader.grade(ln)
-        if not rec.get("failed"):  # each paid grade lands as soon as it comes: a kill loses none of them
-            out.append(rec, f"{out_path} ({rec['sample_id']} trial {rec['trial']})")
+        where = f"{out_path} ({rec['sample_id']} trial {rec['trial']})"
+        # each paid grade lands as soon as it comes: a kill loses none of them; a failed call is counted, not kept
+        g = validate("grade", rec, where) if rec.get("failed") else out.append(rec, where)
         bar.update(1)
-        return rec
+        return g
 
     try:
         results = await gather_all(grade(ln) for ln in pending)
@@ -316,7 +318,7 @@ async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_END
             out.close()
         finally:  # the judge's client closed whatever closing the file raised (no "Unclosed client session")
             await grader.aclose()
-    graded = {(r["sample_id"], r["trial"], r[SOURCE_KEY]): r for r in [*done.values(), *results]}
+    graded = {(r.sample_id, r.trial, r.source_sha256): r for r in [*done.values(), *results]}
     current = [graded[(ln["sample_id"], ln["trial"], ln[SEAL_KEY])] for ln in lines]
     refused = identical_trials(lines)
     if refused:
@@ -326,7 +328,7 @@ async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_END
     summary["judge"] = label
     summary["judge_server"] = judge_server or _previous(rd.path / f"judge-{name}-summary.json", "judge_server")
     summary["lines_changed"] = list(rd.changed)  # left out of the grading, edited or damaged in place
-    summary["failed_judge_calls"] = sum(1 for r in results if r.get("failed"))
+    summary["failed_judge_calls"] = sum(1 for r in results if r.failed)
     table = summary.pop("table")
     write_json(rd.path / f"judge-{name}-summary.json", summary, indent=2)  # redacted as it is serialised
     (rd.path / f"table1-{name}.md").write_text(redact(summary["markdown"]))

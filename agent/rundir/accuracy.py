@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..lazy import lazy_module
+from ..record import Grade
 from .common import RunError
 
 if TYPE_CHECKING:  # the types mypy checks against
@@ -19,6 +20,9 @@ else:
     pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
 
 __all__ = ["accuracy_table", "fmt_mean_std"]
+
+#: What Table 1 reads of each grade.
+_COLUMNS = {"trial", "benchmark", "category", "paper_category", "grade"}
 
 
 def _mean_std(vals: list[float], refused: bool = False) -> tuple[float, float | None]:
@@ -31,11 +35,11 @@ def fmt_mean_std(mean: float, std: float | None) -> str:
     return f"{mean:.1f} ± {std:.1f}" if std is not None else f"{mean:.1f} ± —"
 
 
-def accuracy_table(records: list[dict], *, label: str = "", run_label: str = "", std_refused: str | None = None) -> dict:
+def accuracy_table(records: "list[Grade]", *, label: str = "", run_label: str = "", std_refused: str | None = None) -> dict:
     """Accuracy (%) per benchmark, per category and weighted overall: mean ± std over trials.
 
     ``std_refused``: why no std may be given (identical trials); the std is then None and the note says why."""
-    df = pd.DataFrame(records)
+    df = pd.DataFrame([r.model_dump(include=_COLUMNS) for r in records], columns=list(_COLUMNS))
     if df.empty:
         raise RunError("nothing to grade: the run has no finished trajectories")
     df["correct"] = df["grade"] == "CORRECT"

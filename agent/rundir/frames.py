@@ -64,7 +64,7 @@ def _grade_frame(run: Run, judge: str | None) -> pd.DataFrame | None:
     if judge is None and not any((run.path / f"judge-{name}.jsonl").exists() for name in JUDGES):
         return None
     recs, label = grades_of(run.path, judge)
-    df = pd.DataFrame(recs)
+    df = pd.DataFrame([r.model_dump() for r in recs])
     if df.empty:
         return None
     df["trial"] = df["trial"].astype(int)

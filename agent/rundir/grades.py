@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..record import Grade, validate
 from ..trajectory import responses_fingerprint
 from .common import RunError
 from .lines import SEAL_KEY, SOURCE_KEY, SealedRows, read_sealed
@@ -47,10 +48,15 @@ class MixedJudges(RunError):
     """Runs graded by different judges asked into one table: refused (one table, one judge), never a missing panel."""
 
 
-def read_grades(path) -> list[dict]:
+def read_grades(path) -> list[Grade]:
     """The intact grades of a ``judge-*.jsonl`` in file order (each one whose seal matches its bytes): a changed or
     torn line is left out here; :func:`grade_file` says which."""
-    return read_sealed(path).rows
+    return [_grade(r, path) for r in read_sealed(path).rows]
+
+
+def _grade(row: dict, path) -> Grade:
+    """A sealed grade as its model; one its model refuses (another version's) is a :class:`SchemaError` naming it."""
+    return validate("grade", {k: v for k, v in row.items() if k != "_lineno"}, f"{path} line {row.get('_lineno')}")
 
 
 @dataclass
@@ -61,7 +67,7 @@ class GradeFile:
     from another line, of a unit the run does not hold, or of a line since replaced and not graded again)."""
 
     sealed: SealedRows
-    current: dict = field(default_factory=dict)
+    current: dict[tuple[str, int], Grade] = field(default_factory=dict)
     foreign: list = field(default_factory=list)
 
     def broken_keys(self) -> set:
@@ -86,7 +92,7 @@ def grade_file(path, sources: dict) -> GradeFile:
     for i, r in enumerate(out.sealed.rows):
         k = (r["sample_id"], r["trial"])
         if r.get(SOURCE_KEY) is not None and r[SOURCE_KEY] == sources.get(k):
-            out.current[k], last[k] = r, i
+            out.current[k], last[k] = _grade(r, path), i
     # a grade of another line after the unit's last grade of its own (a replaced line's grades before it are history)
     out.foreign = [r["_lineno"] for i, r in enumerate(out.sealed.rows)
                    if i > last.get((r["sample_id"], r["trial"]), -1) and r.get(SOURCE_KEY) != sources.get(
@@ -99,14 +105,14 @@ def sources_of(run_dir) -> dict:
     return {k: ln[SEAL_KEY] for k, ln in RunDir(run_dir).latest(lambda s: {}).items()}
 
 
-def latest_grades(path: Path, sources: dict | None = None) -> dict:
+def latest_grades(path: Path, sources: dict | None = None) -> dict[tuple[str, int], Grade]:
     """{(sample, trial): latest intact grade}; with ``sources``, only grades of the run's current lines."""
     if sources is not None:
         return grade_file(path, sources).current
-    return {(r["sample_id"], r["trial"]): r for r in read_grades(path)}
+    return {(r.sample_id, r.trial): r for r in read_grades(path)}
 
 
-def grades_of(run_dir, judge: str | None = None) -> tuple[list[dict], str]:
+def grades_of(run_dir, judge: str | None = None) -> tuple[list[Grade], str]:
     """The latest grade per (sample, trial) of a run, and the judge's label.
 
     ``judge=None`` takes the LLM judge's output when there is one, else exact match. A file holding the
@@ -124,12 +130,12 @@ def grades_of(run_dir, judge: str | None = None) -> tuple[list[dict], str]:
                 raise BrokenGrades(f"{problem}: these grades are not counted in any table. python -m agent.judge "
                                    f"{run_dir} sets them aside and grades those lines again")
             recs = gf.current
-            labels = sorted({r.get("judge", name) for r in recs.values()})
+            labels = sorted({r.judge for r in recs.values()})
             if len(labels) > 1:
                 raise RunError(f"{p} holds grades of {len(labels)} judges ({'; '.join(labels)}); regrade with one "
                                f"judge (python -m agent.judge {run_dir} --regrade)")
             label = labels[0] if labels else name
-            served = sorted({r["judge_served_model"] for r in recs.values() if r.get("judge_served_model")})
+            served = sorted({r.judge_served_model for r in recs.values() if r.judge_served_model})
             if len(served) > 1:  # the judge's replies named different models: rerouted mid-run
                 raise RunError(f"{p}: the judge's replies name {len(served)} models ({', '.join(served)}): the judge "
                                f"was rerouted while grading. Regrade with one (python -m agent.judge {run_dir} --regrade)")

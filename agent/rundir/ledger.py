@@ -197,17 +197,16 @@ def _judges(run_path: Path, prices: dict, unknown: list) -> dict:
     """Per judge file: its LLM calls, tokens and money."""
     judges: dict = {}
     for f in sorted(Path(run_path).glob("judge-*.jsonl")):
-        used = [r for r in read_grades(f) if r.get("usage")]
+        used = [(r, r.usage) for r in read_grades(f) if r.usage]
         if not used:
             continue
-        model = next((r.get("judge_served_model") for r in used if r.get("judge_served_model")), None) or \
-            used[0].get("judge")
+        model = next((r.judge_served_model for r, _ in used if r.judge_served_model), None) or used[0][0].judge
         j = {"file": f.name, "model": model, "calls": len(used),
-             "prompt_tokens": sum(int(r["usage"].get("prompt_tokens") or 0) for r in used),
-             "completion_tokens": sum(int(r["usage"].get("completion_tokens") or 0) for r in used)}
-        costs = [r["usage"].get("cost") for r in used]
+             "prompt_tokens": sum(int(u.get("prompt_tokens") or 0) for _, u in used),
+             "completion_tokens": sum(int(u.get("completion_tokens") or 0) for _, u in used)}
+        costs = [u["cost"] for _, u in used if u.get("cost") is not None]
         price = (prices.get("models") or {}).get(model) or {}
-        if all(c is not None for c in costs):  # the provider's own bill for every grade
+        if len(costs) == len(used):  # the provider's own bill for every grade
             j["money"], j["priced_by"] = round(sum(costs), 6), "provider-reported cost (usage.cost)"
         else:
             j["money"] = None if price.get("input_per_1m") is None or price.get("output_per_1m") is None else round(

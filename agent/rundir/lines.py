@@ -113,12 +113,14 @@ class RowWriter:
         with writing(self.path):
             self.f = open(self.path, "ab")
 
-    def append(self, row: dict, where: str) -> None:
-        """Write ``row`` (``where``: what a row that is no valid record is named by)."""
-        validate(self.kind, row, where)
+    def append(self, row: dict, where: str):
+        """Write ``row`` (``where``: what a row that is no valid record is named by); the record written, as its
+        model."""
+        record = validate(self.kind, row, where)
         with writing(self.path):
             self.f.write(seal(row) + b"\n")
             self.f.flush()
+        return record
 
     def close(self) -> None:
         with writing(self.path):  # what a full disk left in its buffer fails again here

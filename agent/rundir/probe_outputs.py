@@ -1,6 +1,6 @@
 """The probes' outputs, read back: the one reader of what the probes write beside a run (records layer).
 
-    rows = read_rows(run / "probes" / "entropy-regenerate" / "steps.jsonl", "entropy_step")
+    rows = read_rows(run / "probes" / "entropy-regenerate" / "steps.jsonl", EntropyStep)   # [EntropyStep]
     d = probe_dir(run, ("removal",), "probes.removal")          # a run's default output, or a probe's --out
     table = read_table(d, ("outcomes",))                          # its Parquet (or CSV) table
 
@@ -23,11 +23,12 @@ import io
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator, TypeVar
 
 from ..lazy import lazy_module
 from ..paths import NotAFile, file_sha256
-from ..record import SchemaError, validate
+from ..record import SCHEMAS, EntropyStep, GroundingLabel, SchemaError, validate
+from ..record.base import Derived
 from .common import RunError, atomic_write, stale_temporaries
 from .grades import sources_of
 from .lines import SOURCE_KEY, SealedRows, iter_sealed, read_sealed, set_aside
@@ -38,6 +39,7 @@ else:
     pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
 
 log = logging.getLogger(__name__)
+R = TypeVar("R", bound=Derived)
 
 __all__ = ["NoProbeOutput", "probe_dir", "read_rows", "resume_rows", "check_sources", "read_table", "PROBE_OUTPUTS",
            "SEALS", "write_outputs", "verify_output", "seal_problems", "PROBE_COMMANDS", "sweep_outputs"]
@@ -48,10 +50,10 @@ SEALS = "seals.json"
 PROBE_COMMANDS = {"entropy-regenerate": "probes.entropy", "entropy-teacher-forced": "probes.entropy --mode teacher-forced",
                   "grounding": "probes.grounding", "removal": "probes.removal"}
 
-#: Each probe's output directory under ``RUN/probes/``, its row file and the record kind of a row.
-PROBE_OUTPUTS = {"entropy-regenerate": ("steps.jsonl", "entropy_step"),
-                 "entropy-teacher-forced": ("steps.jsonl", "entropy_step"),
-                 "grounding": ("labels.jsonl", "grounding_label")}
+#: Each probe's output directory under ``RUN/probes/``, its row file and the model of a row.
+PROBE_OUTPUTS: dict[str, tuple[str, type[Derived]]] = {"entropy-regenerate": ("steps.jsonl", EntropyStep),
+                                                     "entropy-teacher-forced": ("steps.jsonl", EntropyStep),
+                                                     "grounding": ("labels.jsonl", GroundingLabel)}
 
 
 class NoProbeOutput(RunError):
@@ -73,41 +75,47 @@ def probe_dir(path, names: tuple[str, ...], command: str) -> Path:
     return p
 
 
-def read_rows(path, kind: str, sources: dict | None = None) -> tuple[list[dict], int]:
-    """``(rows, left_out)``: the valid ``kind`` records of a probe's JSONL file in file order (none when it does not
-    exist), and how many lines were left out: torn, changed since written (their seal does not match), not a valid
-    record, or (with ``sources``, {(sample, trial): the seal of the run's line}) computed from a line the run does
-    not hold now."""
+def read_rows(path, model: type[R], sources: dict | None = None) -> tuple[list[R], int]:
+    """``(rows, left_out)``: the valid records of a probe's JSONL file as ``model`` (agent/record/probes.py) in file
+    order (none when it does not exist), and how many lines were left out: torn, changed since written (their seal
+    does not match), not a valid record, or (with ``sources``, {(sample, trial): the seal of the run's line})
+    computed from a line the run does not hold now."""
     tally = SealedRows(Path(path))
-    rows = list(iter_rows(tally, kind, sources))
+    rows = list(iter_rows(tally, model, sources))
     return rows, tally.left_out
 
 
-def iter_rows(tally: SealedRows, kind: str, sources: dict | None = None) -> Iterator[dict]:
+def iter_rows(tally: SealedRows, model: type[R], sources: dict | None = None) -> Iterator[R]:
     """:func:`read_rows`' rows one at a time, as the file is read (:func:`agent.rundir.lines.iter_sealed`); those
     left out are counted in ``tally.left_out``."""
-    for row in iter_sealed(tally):
-        row.pop("_lineno")
+    kind = kind_of(model)
+    for raw in iter_sealed(tally):
+        raw.pop("_lineno")
         try:
-            validate(kind, row, str(tally.path))
+            row = validate(kind, raw, str(tally.path))
         except SchemaError:
             tally.left_out += 1
             continue
-        if sources is not None and row.get(SOURCE_KEY) != sources.get((row["sample_id"], row["trial"])):
+        if sources is not None and row.source_sha256 != sources.get((row.sample_id, row.trial)):
             tally.left_out += 1
             continue
         yield row
     tally.left_out += len(tally.changed) + len(tally.torn)
 
 
-def resume_rows(path, kind: str, sources: dict) -> list[dict]:
+def kind_of(model: type) -> str:
+    """The record kind (its schema's name) of a row model."""
+    return next(k for k, m in SCHEMAS.items() if m is model)
+
+
+def resume_rows(path, model: type[R], sources: dict) -> list[R]:
     """The rows a probe resumes from: those changed since written or torn are set aside into ``quarantine/`` beside
     the file (warned, naming it) and redone, like rows computed from a line the run no longer holds."""
     sealed = read_sealed(path)
     problem = sealed.problem()
     if problem:
         log.warning(f"warning: {problem}: set aside in {set_aside(sealed)}; those rows are computed again")
-    return read_rows(path, kind, sources)[0]
+    return read_rows(path, model, sources)[0]
 
 
 def check_sources(df: pd.DataFrame, out, what: str, command: str) -> pd.DataFrame:

@@ -5,6 +5,7 @@ import logging
 from collections import Counter
 
 from ..lazy import lazy_module
+from ..record import EntropyStep, GroundingLabel
 from ..rundir import Run, RunError
 from ..rundir.grades import JUDGES, grade_file
 from ..rundir.lines import SOURCE_KEY
@@ -28,7 +29,7 @@ def grades_of_run(run: Run) -> tuple[dict, str]:
             if gf.problem():
                 log.warning(f"warning: {gf.problem()}: shown as SEAL BROKEN; python -m agent.judge {run.path} grades "
                             "those lines again")
-            grades = {k: r.get("grade") for k, r in gf.current.items()}
+            grades = {k: r.grade for k, r in gf.current.items()}
             return grades | dict.fromkeys(gf.broken_keys(), SEAL_BROKEN), name
     return {}, ""
 
@@ -42,20 +43,19 @@ def probe_steps(run: Run) -> tuple[dict, str | None]:
     """{(sample, trial, step): ΔH} from the entropy probe, and its mode (teacher-forced preferred)."""
     for mode in ("teacher-forced", "regenerate"):
         name = f"entropy-{mode}"
-        rows, _ = read_rows(run.path / "probes" / name / PROBE_OUTPUTS[name][0], "entropy_step", _sources(run))
+        rows, _ = read_rows(run.path / "probes" / name / PROBE_OUTPUTS[name][0], EntropyStep, _sources(run))
         if rows:
-            return {(r["sample_id"], r["trial"], r["step"]): r.get("dH") for r in rows}, mode
+            return {(r.sample_id, r.trial, r.step): r.dH for r in rows}, mode
     return {}, None
 
 
 def grounding_labels(run: Run) -> dict:
     """{(sample, trial): {step: {category, reasons}}} from the grounding annotator."""
-    rows, _ = read_rows(run.path / "probes" / "grounding" / PROBE_OUTPUTS["grounding"][0], "grounding_label",
+    rows, _ = read_rows(run.path / "probes" / "grounding" / PROBE_OUTPUTS["grounding"][0], GroundingLabel,
                         _sources(run))
-    return {(r["sample_id"], r["trial"]): {
-        int(st["step"]): {"category": st.get("category"),
-                          "reasons": [st[k] for k in sorted(st) if k.startswith("reason") and st[k]]}
-        for st in r.get("steps") or []} for r in rows}
+    return {(r.sample_id, r.trial): {st.step: {"category": st.category,
+                                               "reasons": [x for x in (st.reason_1, st.reason_2) if x]}
+                                     for st in r.steps} for r in rows}
 
 
 def removal_outcomes(run: Run) -> dict:
@@ -112,8 +112,8 @@ def run_summary(run: Run) -> dict:
     for name in ("llm", "exact"):
         p = run.path / f"judge-{name}.jsonl"
         current = grade_file(p, sources).current  # only intact grades of the lines the run holds count
-        grades = {k: r["grade"] for k, r in current.items()}
-        label = next((r.get("judge") for r in current.values() if r.get("judge")), name)
+        grades = {k: r.grade for k, r in current.items()}
+        label = next((r.judge for r in current.values() if r.judge), name)
         if not grades:
             continue
         n = len(grades)

@@ -19,6 +19,7 @@ from agent.backends.messages import ImageUsers
 from agent.backends.spread import pin
 from agent.errors import gather_all
 from agent.lazy import lazy_module
+from agent.record import EntropyStep
 from agent.rundir import RunError, close_fragment, load_run, output_lock, token_key, write_json
 from agent.rundir.lines import SEAL_KEY, SOURCE_KEY, RowWriter
 from agent.rundir.probe_outputs import resume_rows, sweep_outputs, write_outputs
@@ -58,7 +59,7 @@ def _done_steps(steps_path: Path, sources: dict) -> set:
     """The (sample, trial, step) rows already written of the run's lines; a torn or changed row is set aside and
     its step probed again, as is a step of a line rerun since."""
     close_fragment(steps_path)  # an interrupted append left a fragment: new rows start on a line of their own
-    return {(r["sample_id"], r["trial"], r["step"]) for r in resume_rows(steps_path, "entropy_step", sources)}
+    return {(r.sample_id, r.trial, r.step) for r in resume_rows(steps_path, EntropyStep, sources)}
 
 
 def _plan(run, out: Path, done: set, limit, include_unparsed: bool) -> tuple[list, list]:
@@ -132,14 +133,13 @@ class _Prober:
                 try:
                     if ev is None:
                         raise RunError(f"no llm_call event for step {step}")
-                    row = await probe_step(ctx, ev)
+                    row, t = await probe_step(ctx, ev)
                 except ModelServerDown:  # the command ends here, every finished step kept
                     raise
                 except (BackendError, RunError) as e:
                     self.failures.append(f"{line['sample_id']}/t{line['trial']} step {step}: {e}")
                     row = None
                 if row is not None:
-                    t = row.pop("_tokens", None)
                     if t is not None:  # the step's tokens first (its partial file), then its row; not held here
                         self.store.append(key, step, t)
                         kept_any = True

@@ -120,8 +120,9 @@ async def _regenerate_side(row: dict, ev: dict, tok: dict, sel, think, without, 
 
 
 async def _teacher_forced_side(row: dict, line: dict, ev: dict, tok: dict, sel, think, with_imgs, without, backend,
-                               vocab, known_texts) -> None:
-    """Teacher-forced mode: the recorded response scored under both contexts, with the KL influence per token."""
+                               vocab, known_texts) -> dict:
+    """Teacher-forced mode: the recorded response scored under both contexts, with the KL influence per token;
+    returns the step's per-token columns (probes/entropy/store.py)."""
     ids = np.asarray(tok["id"][sel]).astype(np.int64, copy=False).tolist()  # Python ints, by one C-level pass
     if not ids or min(ids) < 0:
         raise RunError(f"{line['sample_id']} step {ev['index']}: the record has no token ids "
@@ -152,8 +153,8 @@ async def _teacher_forced_side(row: dict, line: dict, ev: dict, tok: dict, sel, 
                                inf["per_token_H_without"], think, top_matrix(b.tokens, 20, np.float32, copy=False))
     # per think token: the entropy change and the KL influence (the trajectory viewer colours tokens by them),
     # and the top-5 alternatives under both contexts (shown on hover)
-    row["_tokens"] = {"pos": inf["pos"], "dH": inf["dH"].astype(np.float32), "kl": inf["kl"].astype(np.float32),
-                      **_alternatives(a.tokens, b.tokens, inf["pos"], known_texts)}
+    return {"pos": inf["pos"], "dH": inf["dH"].astype(np.float32), "kl": inf["kl"].astype(np.float32),
+            **_alternatives(a.tokens, b.tokens, inf["pos"], known_texts)}
 
 
 @dataclass
@@ -183,8 +184,10 @@ class StepContext:
                 self.Hhi_all = entropy_high(self.tok["top_logprobs"], self.H_all, self.vocab)
 
 
-async def probe_step(ctx: StepContext, ev: dict) -> dict:
-    """One step's row (paper §3.2.2): the recorded call ``ev`` with and without the trajectory's query images."""
+async def probe_step(ctx: StepContext, ev: dict) -> tuple[dict, dict | None]:
+    """One step's row (paper §3.2.2): the recorded call ``ev`` with and without the trajectory's query images; and,
+    teacher-forced, its per-token columns (ΔH, KL and the top-5 alternatives of each think token; None
+    regenerating)."""
     line, tok, vocab = ctx.line, ctx.tok, ctx.vocab
     sel = ctx.slices.get(ev["index"], slice(0, 0))
     think = np.asarray(tok["think"][sel], dtype=bool)
@@ -197,11 +200,12 @@ async def probe_step(ctx: StepContext, ev: dict) -> dict:
     if ctx.images is not None:
         ctx.images[0].use(ctx.images[1], image_shas(with_imgs))
     without = strip_query_images(with_imgs)  # the query images, by position (never by content)
+    tokens = None
     if ctx.mode == "regenerate":
         await _regenerate_side(row, ev, tok, sel, think, without, ctx.backend, ctx.H_all, ctx.Hhi_all, vocab)
     else:
-        await _teacher_forced_side(row, line, ev, tok, sel, think, with_imgs, without, ctx.backend, vocab,
-                                   ctx.known_texts)
+        tokens = await _teacher_forced_side(row, line, ev, tok, sel, think, with_imgs, without, ctx.backend, vocab,
+                                            ctx.known_texts)
     row["dH"] = row["H_with"] - row["H_without"]
     if vocab:  # the interval the true ΔH lies in (per-token bounds averaged: the means are bounded the same way)
         row["vocab"] = int(vocab)
@@ -210,7 +214,7 @@ async def probe_step(ctx: StepContext, ev: dict) -> dict:
     if np.isfinite(row.get("H_exact_with", np.nan)) and np.isfinite(row.get("H_exact_without", np.nan)):
         row["dH_exact"] = row["H_exact_with"] - row["H_exact_without"]
         row["gap_with"] = row["H_exact_with"] - row["H_with"]
-    return row
+    return row, tokens
 
 
 def bounds_by_step(steps):

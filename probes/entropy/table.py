@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from agent.lazy import lazy_module
+from agent.record import EntropyStep
 from agent.rundir import RunError
 from agent.rundir.lines import SEAL_KEY, SealedRows
 from agent.rundir.probe_outputs import iter_rows
@@ -29,6 +30,8 @@ __all__ = ["StepTable", "read_step_table", "serving"]
 CHUNK = 4096
 #: Per row, from :func:`analysis.entropy.forking_stats` of each side: think tokens, forking tokens, their summed
 #: entropy (both sides), and their summed dH (the with side of a teacher-forced probe).
+#: What a row's scalar columns leave out: its histograms and aggregations (columns of their own) and its seal.
+_NOT_SCALAR = {"fork", "agg", SEAL_KEY}
 _SUMS = ("n_with", "fork_with", "sum_with", "dsum_with", "n_without", "fork_without", "sum_without")
 
 
@@ -49,17 +52,17 @@ class StepTable:
         self.sums: np.ndarray | None = None
         self.n_fork = None            # per row of frame(): its forking tokens (NaN without histograms)
 
-    def add(self, row: dict) -> None:
-        key = (row["sample_id"], row["trial"], row["step"])
+    def add(self, row: EntropyStep) -> None:
+        key = (row.sample_id, row.trial, row.step)
         self.last[key] = len(self.order)  # of duplicates the last counts
         self.order.append(key)
-        fork = row.pop("fork", None)
-        self.forked.append(isinstance(fork, dict))
-        self._count(fork)
-        self.pending_agg.append(_agg_columns(row.pop("agg", None)))
-        row.pop(SEAL_KEY, None)
-        # a run's labels repeat on every row (its benchmark, a trajectory's id and source): one object each
-        self.pending.append({k: sys.intern(v) if type(v) is str else v for k, v in row.items()})
+        self.forked.append(isinstance(row.fork, dict))
+        self._count(row.fork)
+        self.pending_agg.append(_agg_columns(row.agg))
+        # the fields the row holds (none its model adds); a run's labels repeat on every row (its benchmark, a
+        # trajectory's id and source): one object each
+        scalars = row.model_dump(exclude_unset=True, exclude=_NOT_SCALAR)
+        self.pending.append({k: sys.intern(v) if type(v) is str else v for k, v in scalars.items()})
         if len(self.pending) >= CHUNK:
             self._flush()
 
@@ -81,7 +84,7 @@ class StepTable:
         kept = self._kept()
         for i, row in enumerate(rows):
             if kept[i]:
-                self._count(row.get("fork"))
+                self._count(row.fork)
 
     def threshold(self) -> tuple[int, float]:
         """The run-wide forking threshold (bin, nats) over the rows with histograms that count (the last of each
@@ -89,13 +92,13 @@ class StepTable:
         images (:func:`analysis.entropy.forking_threshold`)."""
         return forking_threshold([{"bin": np.arange(FORK_BINS), "n": self.total}])
 
-    def add_forking(self, i: int, row: dict, j: int) -> None:
+    def add_forking(self, i: int, row: EntropyStep, j: int) -> None:
         """The ``i``-th row again: its forking sums at the threshold bin ``j``."""
-        if i >= len(self.order) or self.order[i] != (row["sample_id"], row["trial"], row["step"]):
+        if i >= len(self.order) or self.order[i] != (row.sample_id, row.trial, row.step):
             raise RunError(f"row {i + 1} of the probe's rows changed while they were read; run the command again")
         if self.sums is None:
             self.sums = np.full((len(self.order), len(_SUMS)), np.nan)
-        fork = row.get("fork")
+        fork = row.fork
         if isinstance(fork, dict):
             nw, fw, sw, dw = forking_stats(fork.get("w"), j)
             no, fo, so, _ = forking_stats(fork.get("o"), j)
@@ -183,15 +186,15 @@ def read_step_table(steps_path: Path, sources: dict, mode: str) -> tuple["pd.Dat
     """``steps.jsonl``'s rows of the run's lines as one frame (torn and changed lines left out; of duplicates the
     last counts, said so), and the table that read them (:meth:`StepTable.forking`)."""
     table = StepTable(mode)
-    for row in iter_rows(SealedRows(Path(steps_path)), "entropy_step", sources):
+    for row in iter_rows(SealedRows(Path(steps_path)), EntropyStep, sources):
         table.add(row)
     if len(table.last) < len(table.order):
         log.warning(f"{steps_path}: {len(table.order) - len(table.last)} duplicate step row(s) ignored (the last "
                     "of each is kept)")
     if np.frombuffer(table.forked, dtype=np.int8).any():
         if len(table.last) < len(table.order):
-            table.recount(iter_rows(SealedRows(Path(steps_path)), "entropy_step", sources))
+            table.recount(iter_rows(SealedRows(Path(steps_path)), EntropyStep, sources))
         j = table.threshold()[0]
-        for i, row in enumerate(iter_rows(SealedRows(Path(steps_path)), "entropy_step", sources)):
+        for i, row in enumerate(iter_rows(SealedRows(Path(steps_path)), EntropyStep, sources)):
             table.add_forking(i, row, j)
     return table.frame(), table

@@ -23,6 +23,7 @@ from agent.judge import judge_key_env
 from agent.lazy import lazy_module
 from agent.parsing import load_json
 from agent.prompts import GROUNDING_PASS1, GROUNDING_PASS2, fill
+from agent.record import GroundingLabel
 from agent.redact import is_host
 from agent.rundir import RunError, close_fragment, load_run, output_lock
 from agent.rundir.lines import SEAL_KEY, SOURCE_KEY, RowWriter
@@ -185,17 +186,16 @@ def _done_labels(path: Path, sources: dict) -> dict:
     """The trajectories of the run's lines already annotated; a torn or changed label is set aside and its
     trajectory annotated again, as is one rerun since."""
     close_fragment(path)  # an interrupted append left a fragment: new labels start on a line of their own
-    return {(r["sample_id"], r["trial"]): r for r in resume_rows(path, "grounding_label", sources)}
+    return {(r.sample_id, r.trial): r for r in resume_rows(path, GroundingLabel, sources)}
 
 
-def _steps_and_summary(recs: list[dict], failed: list) -> tuple[pd.DataFrame, dict]:
+def _steps_and_summary(recs: list[GroundingLabel], failed: list) -> tuple[pd.DataFrame, dict]:
     """One row per labelled step, and the summary: counts, invalid annotations, the shares per step."""
-    rows = [{"sample_id": r["sample_id"], "trial": r["trial"], "benchmark": r["benchmark"],
-             "paper_category": r.get("paper_category"), SOURCE_KEY: r.get(SOURCE_KEY), **s}
-            for r in recs if r["status"] == "ok" for s in r["steps"]]
+    rows = [{"sample_id": r.sample_id, "trial": r.trial, "benchmark": r.benchmark,
+             "paper_category": r.paper_category, SOURCE_KEY: r.source_sha256, **s.model_dump()}
+            for r in recs if r.status == "ok" for s in r.steps]
     steps = pd.DataFrame(rows)
-    invalid = [{"sample_id": r["sample_id"], "trial": r["trial"], "errors": r["errors"]} for r in recs
-               if r["status"] != "ok"]
+    invalid = [{"sample_id": r.sample_id, "trial": r.trial, "errors": r.errors} for r in recs if r.status != "ok"]
     summary = {"trajectories": len(recs), "annotated": len(recs) - len(invalid), "invalid": len(invalid),
                "invalid_examples": invalid[:20], "endpoint_failures": failed}
     if not steps.empty:
@@ -257,8 +257,7 @@ async def _annotate_run(run_dir, *, out: Path, backend, retries: int = 2, concur
             finally:
                 image_users.done(mine)
         if rec is not None:  # sealed and redacted (an annotator's echoed key: not kept)
-            sink.append(rec, f"{path} ({rec['sample_id']} trial {rec['trial']})")
-            done[(rec["sample_id"], rec["trial"])] = rec
+            done[(rec["sample_id"], rec["trial"])] = sink.append(rec, f"{path} ({rec['sample_id']} trial {rec['trial']})")
         bar.update(1)
 
     try:

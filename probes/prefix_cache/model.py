@@ -14,6 +14,7 @@ from agent.backends.tiny_model import ensure_tiny_model
 from agent.backends.vision import UnknownProcessor, VisionGrid
 from agent.cli import done
 from agent.errors import ToolkitError
+from agent.record import EntropyStep
 from agent.rundir import RunError, load_run, write_json
 from agent.rundir.probe_outputs import probe_dir, read_rows
 from analysis.selection import select_trajectories
@@ -382,14 +383,14 @@ def calibration(run_dir, observed, *, model_dir=None, capacity: int, servers: in
     (regenerate mode, whose rows carry the server's counts) sent: totals, and per request the prompt tokens (the
     server's count against our rendering: the image expansion and template) and the cached tokens. Ours: the first
     GPU run calibrates the model in one command."""
-    rows, bad = read_rows(Path(observed) / "steps.jsonl", "entropy_step")
-    rows = [r for r in rows if r.get("prompt_tokens") is not None and r.get("mode") == "regenerate"]
+    rows, bad = read_rows(Path(observed) / "steps.jsonl", EntropyStep)
+    rows = [r for r in rows if r.prompt_tokens is not None and r.mode == "regenerate"]
     if not rows:
         raise RunError(f"{observed}: no regenerate-mode step with the server's prompt_tokens and cached_tokens "
                        "(python -m probes.entropy RUN --mode regenerate records them)")
-    seen = {(r["sample_id"], r["trial"], r["step"]): r for r in rows}
+    seen = {(r.sample_id, r.trial, r.step): r for r in rows}
     streams, names, _ = probe_requests(run_dir, mode="regenerate", model_dir=model_dir,
-                                       keep={(r["sample_id"], r["trial"]) for r in rows})
+                                       keep={(r.sample_id, r.trial) for r in rows})
     pred = {name: simulate(streams, capacity=capacity, servers=servers, concurrency=concurrency * servers,
                            state_interval=si, per_request=True, state_slots=state_slots) for name, si in
             (("hybrid", state_interval or None), ("token_level", None))}
@@ -399,8 +400,8 @@ def calibration(run_dir, observed, *, model_dir=None, capacity: int, servers: in
             got = seen.get((sid, trial, step))
             if got is not None:
                 per.append({"sample_id": sid, "trial": trial, "step": step,
-                            "prompt_tokens": got["prompt_tokens"], "predicted_prompt_tokens": len(streams[t][r]),
-                            "cached_tokens": got["cached_tokens"] or 0,
+                            "prompt_tokens": got.prompt_tokens, "predicted_prompt_tokens": len(streams[t][r]),
+                            "cached_tokens": got.cached_tokens or 0,
                             "predicted_cached_hybrid": pred["hybrid"]["hits"][(t, r)],
                             "predicted_cached_token_level": pred["token_level"]["hits"][(t, r)]})
     if not per:
