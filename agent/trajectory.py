@@ -27,6 +27,7 @@ import numpy as np
 from .backends.base import ModelOutput, SamplingParams, top_id_matrix, top_matrix
 from .backends.messages import query_image_flags, record_messages
 from .jsonio import dumps
+from .record import LlmCall, Sampling
 
 __all__ = ["EventView", "Trajectory", "SCHEMA_VERSION", "token_arrays"]
 
@@ -266,9 +267,9 @@ def responses_fingerprint(line: dict) -> str:
     return hashlib.sha256(json.dumps(said, ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def recorded_sampling(event: dict) -> SamplingParams:
+def recorded_sampling(event: LlmCall) -> SamplingParams:
     """The sampling parameters a recorded ``llm_call`` event was sent with (the probes replay calls with them)."""
-    s = dict(event.get("sampling") or {})
+    s = event.sampling.as_recorded() if isinstance(event.sampling, Sampling) else dict(event.sampling)
     keep = {k: s[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens",
                                "top_logprobs", "seed", "stop", "enable_thinking", "chat_template_kwargs") if k in s}
     return SamplingParams(**keep)

@@ -100,8 +100,8 @@ def _trajectories(rd, judge: str | None) -> "pd.DataFrame":
     run = load_run(rd)
     recs, label = grades_of(run.path, judge)
     grade = {(r.sample_id, r.trial): r.grade == "CORRECT" for r in recs}
-    rows = [{"sample_id": ln["sample_id"], "trial": ln["trial"], "benchmark": ln["benchmark"],
-             "answer": _normalised(ln.get("answer"))} for ln in run.index]
+    rows = [{"sample_id": ln.sample_id, "trial": ln.trial, "benchmark": ln.benchmark,
+             "answer": _normalised(ln.answer)} for ln in run.index]
     t = pd.DataFrame(rows)
     t["correct"] = [grade.get(k) for k in zip(t["sample_id"], t["trial"])]
     t = t[t["correct"].notna()].copy()

@@ -23,43 +23,43 @@ valid action, so its demo would otherwise have nothing to probe.
 from __future__ import annotations
 
 from collections import Counter
+from typing import TypeVar
 
 from agent.lazy import lazy_module
+from agent.record import LineSummary
 
 pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
 
 __all__ = ["REASONS", "exclusion_reason", "select_trajectories"]
 
+L = TypeVar("L", bound=LineSummary)
+
 REASONS = ("harness_error", "no_calls", "first_call_unparsed", "no_image_call")
 
 
-def exclusion_reason(line: dict, *, include_unparsed: bool = False) -> str | None:
-    """Why this result line is left out of the analyses (one of :data:`REASONS`), or None to keep it."""
-    if line.get("status") in ("error", "timeout"):
+def exclusion_reason(line: LineSummary, *, include_unparsed: bool = False) -> str | None:
+    """Why this result line (its summary, or the whole line) is left out of the analyses (one of :data:`REASONS`),
+    or None to keep it."""
+    if line.status in ("error", "timeout"):
         return "harness_error"
-    if "calls" in line:  # the per-call summaries (also in a run's index: no need to read the events)
-        calls = [{"unparsed": c.get("action") == "malformed", "n_query_images": c.get("n_query_images", 0)}
-                 for c in line.get("calls") or []]
-    else:
-        calls = [{"unparsed": bool(e.get("action_error")), "n_query_images": e.get("n_query_images", 0)}
-                 for e in line.get("events") or [] if e.get("type") == "llm_call"]
+    calls = line.calls  # the per-call summaries (a run's index holds them: no need to read the events)
     if not calls:
         return "no_calls"
-    if calls[0]["unparsed"] and not include_unparsed:
+    if calls[0].action == "malformed" and not include_unparsed:
         return "first_call_unparsed"
-    if not any(c["n_query_images"] > 0 for c in calls):
+    if not any(c.n_query_images > 0 for c in calls):
         return "no_image_call"
     return None
 
 
-def select_trajectories(lines: list[dict], *, include_unparsed: bool = False):
+def select_trajectories(lines: list[L], *, include_unparsed: bool = False) -> tuple[list[L], "pd.DataFrame"]:
     """(kept lines, exclusion table): the table has one row per (model, benchmark) with ``total``, one
     column per reason and ``kept``, plus an ``All`` row per model — the layout of the paper's Table 10."""
 
     kept, counts = [], Counter()
     keys = set()
     for ln in lines:
-        key = (ln.get("model") or "?", ln.get("benchmark") or "?")
+        key = (ln.model or "?", ln.benchmark or "?")
         keys.add(key)
         why = exclusion_reason(ln, include_unparsed=include_unparsed)
         counts[(*key, "total")] += 1

@@ -80,7 +80,7 @@ def method_label(run) -> str:
 
 def model_label(run) -> str:
     h = run.header
-    return ((h.model.served_model if h.model else None) or (run.index[0].get("model") if run.index else None)
+    return ((h.model.served_model if h.model else None) or (run.index[0].model if run.index else None)
             or h.backend.model or "")
 
 
@@ -175,9 +175,7 @@ def table1(run_dirs, judge: str | None = None) -> "pd.DataFrame":
     groups, by_key, expected = _table1_groups(runs)
     rows, numeric, notes_n, notes_id = [], [], [], []
     for (method, model), df in by_key.items():
-        # the summaries carry each line's digest; only lines recorded before it are read whole
-        refused = identical_trials([ln if ln.get("responses_sha") else run.full(ln)
-                                    for run, _ in groups[(method, model)] for ln in run.index])
+        refused = identical_trials(ln for run, _ in groups[(method, model)] for ln in run.index)
         if refused:
             notes_id.append(f"{method} / {model}: {refused}")
         row = {"method": method, "model": model}

@@ -22,6 +22,7 @@ import json
 import numpy as np
 
 from agent.lazy import lazy_module
+from agent.record import LineSummary
 from agent.rundir import RunError, frames, load_run
 
 from . import tables
@@ -31,10 +32,9 @@ pd = lazy_module("pandas")  # loads on first use: a command's --help needs none 
 __all__ = ["unload_points", "unload_steps"]
 
 
-def _kept(line: dict) -> tuple[int, int]:
-    calls = line.get("calls") or []
-    return (sum(int(c.get("n_query_images") or 0) for c in calls),
-            max((int(c.get("prompt_tokens") or 0) for c in calls), default=0))
+def _kept(line: LineSummary) -> tuple[int, int]:
+    """(query images sent over the calls, the largest prompt): the images kept and the working context."""
+    return (sum(c.n_query_images for c in line.calls), max((c.prompt_tokens for c in line.calls), default=0))
 
 
 def _kind(run) -> tuple[str, dict]:
@@ -60,8 +60,8 @@ def unload_points(runs=(), adaptive=(), *, react_runs=(), judge: str | None = No
     for run, g in judged:
         kind, info = _kind(run)
         ok = dict(zip(zip(g["sample_id"], g["trial"]), g["correct"]))
-        kept = [_kept(ln) for ln in run.index if (ln["sample_id"], int(ln["trial"])) in ok]
-        corr = [ok[(ln["sample_id"], int(ln["trial"]))] for ln in run.index if (ln["sample_id"], int(ln["trial"])) in ok]
+        kept = [_kept(ln) for ln in run.index if ln.key in ok]
+        corr = [ok[ln.key] for ln in run.index if ln.key in ok]
         models.setdefault(tables.model_label(run), []).append(str(run.path))
         rows.append({"series": kind, **info, "accuracy": 100.0 * float(np.mean(corr)) if corr else np.nan,
                      "n": len(corr), "image_steps": float(np.mean([k[0] for k in kept])) if kept else np.nan,
@@ -83,10 +83,10 @@ def unload_points(runs=(), adaptive=(), *, react_runs=(), judge: str | None = No
         # complete pairs only: a failed replay is missing, never a wrong answer; unreplayed = ended before k
         o = o[(o["replayed"].astype(bool) & o["replay_status"].isin(["ok", "no_answer"]) & o["error"].isna())
               | ~o["replayed"].astype(bool)]
-        orig = {(ln["sample_id"], int(ln["trial"])): ln for ln in run.index}
+        orig = {ln.key: ln for ln in run.index}
         for k, g in o.groupby("k"):
             kd = pdir / f"k{int(k)}"
-            rep = {(ln["sample_id"], int(ln["trial"])): ln for ln in load_run(kd).index} if (kd / "header.json").exists() else {}
+            rep = {ln.key: ln for ln in load_run(kd).index} if (kd / "header.json").exists() else {}
             kept, corr = [], []
             for r in g.itertuples():
                 key = (r.sample_id, int(r.trial))
@@ -117,13 +117,13 @@ def unload_steps(adaptive=()):
             raise RunError(f"{rd}: not an adaptive run (python -m agent.run --method react --image-unload adaptive)")
         name = f"ε={ir['threshold']:.3g}, M={ir['patience']} ({ir['signal']})"
         for ln in run.index:
-            s = ln.get("image_unload") or {}
+            s = ln.image_unload
             rows.append({"run": str(run.path), "policy": name, "calibrated": str(ir.get("threshold_source", "")).startswith("calibrated"),
-                         "sample_id": ln["sample_id"], "trial": ln["trial"], "paper_category": ln.get("paper_category"),
-                         "status": ln["status"], "n_calls": ln.get("n_calls"),
-                         "detect_step": s.get("detect_step"), "unload_step": s.get("unload_step"),
-                         "probes": s.get("probes"), "scoring_calls": s.get("scoring_calls"),
-                         "probe_seconds": s.get("probe_seconds")})
+                         "sample_id": ln.sample_id, "trial": ln.trial, "paper_category": ln.paper_category,
+                         "status": ln.status, "n_calls": ln.n_calls,
+                         "detect_step": s.detect_step if s else None, "unload_step": s.unload_step if s else None,
+                         "probes": s.probes if s else None, "scoring_calls": s.scoring_calls if s else None,
+                         "probe_seconds": s.probe_seconds if s else None})
     df = pd.DataFrame(rows)
     for c in ("detect_step", "unload_step"):
         if c in df:

@@ -120,6 +120,7 @@ def step_requests(root: Path, url: str, tiny: str, trajectories: int) -> list:
     from agent.backends.base import Continuation
     from agent.backends.messages import strip_query_images
     from agent.backends.sglang_native import SGLangBackend
+    from agent.record import LlmCall
     from agent.rundir import load_run
 
     run = load_run(root)
@@ -128,8 +129,8 @@ def step_requests(root: Path, url: str, tiny: str, trajectories: int) -> list:
     for summary in run.index[:trajectories]:
         line = run.full(summary)
         tok = run.tokens(line, ["call", "id"])
-        for ev in (e for e in line["events"] if e["type"] == "llm_call"):
-            ids = [int(i) for i in tok["id"][tok["call"] == ev["index"]]]
+        for ev in (e for e in line.events if isinstance(e, LlmCall)):
+            ids = [int(i) for i in tok["id"][tok["call"] == ev.index]]
             msgs = run.sendable_messages(line, ev)
             work.append([(b.score_payload(m, Continuation(ids=ids))[0], ids)
                          for m in (msgs, strip_query_images(msgs))])
@@ -231,9 +232,9 @@ def own_work(root: Path, url: str, tiny: str, trajectories: int) -> float:
     from collections import deque
 
     from agent.backends.sglang_native import SGLangBackend
-    from agent.record import validate
+    from agent.record import LlmCall, validate
     from agent.rundir import load_run, token_key
-    from agent.rundir.lines import SEAL_KEY, SOURCE_KEY, seal
+    from agent.rundir.lines import SOURCE_KEY, seal
     from probes.entropy.step import StepContext, probe_step, vocab_of
     from probes.entropy.store import TokenStore
     from probes.session import RecordedPrompts
@@ -261,12 +262,12 @@ def own_work(root: Path, url: str, tiny: str, trajectories: int) -> float:
             line = run.full(summary)
             tok = run.tokens(line, ["call", "think", "id"])
             give_back, ctx = recorded.lend(run, line), StepContext(run, line, tok, b, "teacher-forced", vocab)
-            key = token_key(line["sample_id"], line["trial"])
+            key = token_key(line.sample_id, line.trial)
             try:
-                for ev in (e for e in line["events"] if e["type"] == "llm_call"):
+                for ev in (e for e in line.events if isinstance(e, LlmCall)):
                     row, t = await probe_step(ctx, ev)
-                    store.append(key, ev["index"], t)
-                    row[SOURCE_KEY] = line[SEAL_KEY]
+                    store.append(key, ev.index, t)
+                    row[SOURCE_KEY] = line.line_sha256
                     validate("entropy_step", row, key)
                     seal(row)
                     n += 1

@@ -33,6 +33,14 @@ def line(sample_id: str = "s1", trial: int = 0, status: str = "ok", **over) -> d
             "tokens_file": None, **over}
 
 
+def call(index: int = 1, **over) -> dict:
+    """A complete call summary (a result line's ``calls`` entry) of a ReAct call; ``over`` replaces fields."""
+    return {"index": index, "state": "react", "branch": None, "correction": False, "forced": False, "n_images": 1,
+            "n_query_images": 1, "image_hashes": [None], "prompt_tokens": 100, "completion_tokens": 10,
+            "cached_tokens": 0, "think_tokens": 5, "n_tokens": 10, "latency_s": 0.1, "finish_reason": "stop",
+            "action": "tool_call", "tool": None, **over}
+
+
 def record_react_run(out, tiny_model_dir, *, limit: int) -> list[dict]:
     """A ReAct run of the demo benchmark recorded through SGLang's native API against this fake, acting by
     the fakes' policy (serving/fakes/policy.py) with the tiny model's tokenizer (ids that can be scored); returns the request bodies the
@@ -42,3 +50,11 @@ def record_react_run(out, tiny_model_dir, *, limit: int) -> list[dict]:
                          str(tiny_model_dir), "--benchmark", "demo", "--limit", str(limit), "--t-max", "3",
                          "--out", str(out), "--no-progress"]) == 0
         return list(srv.bodies)
+
+
+def recorded_lines(run) -> list[dict]:
+    """A run's latest lines as the file records them (JSON values, only the fields written): what a test asserts
+    the record holds; ``run``: a run directory or a loaded :class:`agent.rundir.Run`."""
+    from agent.rundir import Run, load_run
+
+    return [ln.as_recorded() for ln in (run if isinstance(run, Run) else load_run(run)).lines]

@@ -283,5 +283,5 @@ def test_embedded_default_runs_each_baseline(tmp_path, tiny_model_dir, monkeypat
                    "--out", str(tmp_path / "r"), "--no-progress"])
     assert rc == 0
     run = load_run(tmp_path / "r")
-    assert len(run.lines) == 2 and all(ln["method"] == method and ln["n_calls"] == 4 for ln in run.lines)
+    assert len(run.lines) == 2 and all(ln.method == method and ln.n_calls == 4 for ln in run.lines)
     assert check_run(tmp_path / "r").intact

@@ -61,8 +61,8 @@ def test_the_bench_model_has_qwen35s_vocabulary_and_its_alternatives_span_it(sco
     recorded = run.tokens(run.lines[0], ["top_ids"])["top_ids"]
     assert recorded.max() > 100_000 and not ((recorded >= 248_300) & (recorded < 248_320)).any()
     line = run.full(run.index[0])
-    ev = next(e for e in line["events"] if e["type"] == "llm_call")
-    ids = [int(i) for i in run.tokens(line, ["call", "id"])["id"][run.tokens(line, ["call"])["call"] == ev["index"]]]
+    ev = run.call_event(line, 1)
+    ids = [int(i) for i in run.tokens(line, ["call", "id"])["id"][run.tokens(line, ["call"])["call"] == ev.index]]
 
     async def score():
         b = SGLangBackend(url, model)

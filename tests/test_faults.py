@@ -15,7 +15,7 @@ import time
 import pytest
 
 from agent.run import main as run_main
-from agent.rundir import RunDir, check_run, load_run
+from agent.rundir import RunDir, check_run
 from agent.rundir.lines import seal
 from scripts.soak import soak
 from serving.fakes.policy import agent_policy
@@ -23,6 +23,7 @@ from serving.fakes.sglang_server import GARBAGE, FakeSGLang
 from tests import records
 from tests.conftest import REPO
 from tests.guards import HANG_GUARD_S
+from tests.records import recorded_lines
 
 #: Client timeouts far above what any normal reply of the loopback stand-in takes on a loaded 2-core machine,
 #: and "slow" faults far above those: no assertion depends on how busy the CPU is (a 1 s timeout did, and a
@@ -44,7 +45,7 @@ def test_no_model_output_aborts_a_run(tmp_path, kind):
         srv.faults = [None, kind] if method == "mmcontextfold" else [kind]
         rc = run_main(_cli(srv.url, tmp_path / "r", "--limit", "2", "--concurrency", "1", method=method))
     assert rc == 0
-    lines = {ln["sample_id"]: ln for ln in load_run(tmp_path / "r").lines}
+    lines = {ln["sample_id"]: ln for ln in recorded_lines(tmp_path / "r")}
     assert set(lines) == {"demo_1", "demo_2"} and all(ln["status"] in ("ok", "no_answer") for ln in lines.values())
     first = [e for e in lines["demo_1"]["events"] if e["type"] == "llm_call"][1 if method == "mmcontextfold" else 0]
     if kind in ("surrogate_body", "control_chars"):  # a parseable answer with odd text: scrubbed and kept
@@ -66,7 +67,7 @@ def test_transport_faults_are_retried(tmp_path, kind):
         srv.faults = [kind]
         rc = run_main(_cli(srv.url, tmp_path / "r", "--limit", "1", request_timeout=SLOW_TIMEOUT_S))
         posts = srv.requests.count("/v1/chat/completions")
-    line = load_run(tmp_path / "r").lines[0]
+    line = recorded_lines(tmp_path / "r")[0]
     assert rc == 0 and line["status"] == "ok"
     assert posts == line["n_calls"] + 1  # every call, plus the one that was retried
 
@@ -82,7 +83,7 @@ def test_a_run_under_20_percent_faults_accounts_for_every_unit(tmp_path, method)
     assert sum(injected.values()) >= 0.1 * posts and len(injected) >= 4
     rep = check_run(tmp_path / "r")
     assert rep.intact and rep.complete and rep.present == rep.expected == 24
-    for ln in load_run(tmp_path / "r").lines:
+    for ln in recorded_lines(tmp_path / "r"):
         assert ln["status"] in ("ok", "no_answer", "error", "timeout")
         assert ln["status"] != "error" or ln["error"]
 

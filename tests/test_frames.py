@@ -33,7 +33,7 @@ def test_one_row_per_line_per_call_and_per_stored_token(judged):
     run = load_run(out)
     res, st, tok = frames.results(out), frames.steps(out), frames.tokens(out)
     assert len(res) == len(run.index) == 12 and not res.duplicated(["sample_id", "trial"]).any()
-    assert len(st) == sum(len(ln["calls"]) for ln in run.index) == res["n_calls"].sum()
+    assert len(st) == sum(len(ln.calls) for ln in run.index) == res["n_calls"].sum()
     # a path reads only the steps' values of each summary; a loaded run gives the same frame from its full summaries
     pd.testing.assert_frame_equal(st, frames.steps(run))
     assert st.prompt_tokens.dtype.kind == "i" and st.state.notna().all() and set(st.action) >= {"answer"}
@@ -101,7 +101,7 @@ def test_export_opens_in_pyarrow_pandas_duckdb_polars_and_datasets_without_the_t
     ln = run.index[0]
     arr = run.tokens(ln)
     first = tok.filter(pq.ParquetFile(exp / "tokens.parquet").read(columns=["sample_id"]).column(0).to_numpy(
-        zero_copy_only=False) == ln["sample_id"]).slice(0, 1).to_pylist()[0]
+        zero_copy_only=False) == ln.sample_id).slice(0, 1).to_pylist()[0]
     assert first["top_ids"] == [i for i in arr["top_ids"][0].tolist() if i >= 0] and len(first["top_ids"]) > 1
     assert np.float32(first["logprob"]) == arr["logprob"][0]
     con = duckdb.connect()

@@ -222,12 +222,12 @@ async def test_grades_land_as_they_come_and_a_torn_grades_file_is_read_past(tmp_
         from agent.rundir import load_run
 
         lines = load_run(rd).index
-        question = {ln["question"]: ln["sample_id"] for ln in lines}
+        question = {ln.question: ln.sample_id for ln in lines}
         again = [question[re.search(r"Question: (.*)", b["messages"][0]["content"]).group(1)]
                  for b in list(srv.bodies)[asked:]]
         graded = {r.sample_id for r in kept if r.reason == "llm"}
         # the units a judge call grades: finished with an answer (the others are NOT_ATTEMPTED without a call)
-        judged = {ln["sample_id"] for ln in lines if ln["status"] == "ok" and (ln.get("answer") or "").strip()}
+        judged = {ln.sample_id for ln in lines if ln.status == "ok" and ln.answer.strip()}
         ungraded = judged - graded
         assert not graded & set(again) and ungraded <= set(again)
         assert len(again) <= len(ungraded) + 1

@@ -14,6 +14,7 @@ from agent.model_http import ModelClient
 from agent.redact import is_host, redact, redact_console, register_key_var
 from serving.fakes.http_base import JSONHandler
 from tests.guards import HANG_GUARD_S
+from tests.records import recorded_lines
 
 #: the clients request_json is given: httpx for the live tools, aiohttp for the model servers (the backends, a judge)
 CLIENTS = {"httpx": lambda: make_client(follow_redirects=False), "aiohttp": ModelClient}
@@ -281,7 +282,7 @@ def test_a_line_damaged_in_place_is_seen_by_every_reader(tmp_path, capsys):
 
     from agent.judge import main as judge_main
     from agent.run import main as run_main
-    from agent.rundir import Lines, RunDir, RunError, load_run
+    from agent.rundir import Lines, RunDir, RunError
 
     run = tmp_path / "r"
     args = ["--method", "react", "--backend", "scripted", "--out", str(run), "--limit", "3", "--no-progress"]
@@ -305,7 +306,7 @@ def test_a_line_damaged_in_place_is_seen_by_every_reader(tmp_path, capsys):
     graded = [json.loads(x)["sample_id"] for x in (run / "judge-exact.jsonl").read_text().splitlines()]
     assert victim not in graded and len(graded) == 2
     assert run_main(args) == 0  # resume: the damaged unit runs again
-    assert victim in {ln["sample_id"] for ln in load_run(run).lines}
+    assert victim in {ln["sample_id"] for ln in recorded_lines(run)}
 
 
 @pytest.mark.slow
@@ -564,7 +565,7 @@ def test_a_line_edited_in_place_that_still_parses_is_left_out_by_every_reader_an
     rep = check_run(run)
     assert not rep.intact and rep.changed == [(1, f"{first['sample_id']}/t{first['trial']}")]
     capsys.readouterr()
-    assert first["sample_id"] not in {s["sample_id"] for s in load_run(run).index}
+    assert first["sample_id"] not in {s.sample_id for s in load_run(run).index}
     assert "changed since they were written" in capsys.readouterr().err
     assert judge_main([str(run), "--judge", "exact", "--no-progress"]) == 1
     graded = {json.loads(x)["sample_id"] for x in (run / "judge-exact.jsonl").read_text().splitlines()}

@@ -24,7 +24,7 @@ def _hand(run_dir) -> dict:
     r = load_run(run_dir)
     h = {"calls": 0, "prompt": 0, "cached": 0, "completion": 0, "latency": 0.0, "tools": {}, "t0": 1e30, "t1": 0}
     for s in r.index:
-        ln = r.full(s)
+        ln = r.full(s).as_recorded()
         h["t0"], h["t1"] = min(h["t0"], ln["started"]), max(h["t1"], ln["finished"])
         for e in ln["events"]:
             if e["type"] == "llm_call":
@@ -111,9 +111,9 @@ def test_dry_run_projects_from_a_pilot_or_the_paper_and_writes_nothing(tmp_path,
     assert f"lens_search: {3 * lens:,} calls" in text
     # the pilot searched each query image with Lens: those first searches are in its cache
     r = load_run(pilot)
-    searched = {(s["sample_id"], e["args"]["image_id"]) for s in r.index for e in r.full(s)["events"]
-                if e["type"] == "tool_call" and e["name"] == "lens_search" and e["args"]["image_id"] in s["query_images"]}
-    n_images = sum(len(s["query_images"]) for s in r.index)
+    searched = {(s.sample_id, e.args["image_id"]) for s in r.index for e in r.full(s).events
+                if e.type == "tool_call" and e.name == "lens_search" and e.args["image_id"] in s.query_images}
+    n_images = sum(len(s.query_images) for s in r.index)
     assert f"the first Lens search of {len(searched)} of the {n_images} query images is already cached" in text
     assert not out.exists()
     # no pilot: the paper's Table 4 tokens per sample; GPU time and tools unknown
@@ -137,9 +137,9 @@ def test_a_providers_reported_cost_is_the_bill_and_the_projection_uses_it(tmp_pa
         assert run_main(["--method", "react", *common, "--out", str(pilot), "--no-progress"]) == 0
         assert judge_main([str(pilot), "--judge-endpoint", srv.url, "--judge-model", "fake-qwen3.5",
                            "--judge-api-key-env", "OPENROUTER_API_KEY", "--no-progress"]) == 0
-    calls = [c for s in load_run(pilot).index for c in s["calls"]]
-    bill = sum(1e-3 * (c["prompt_tokens"] + c["completion_tokens"]) for c in calls)
-    assert all(c["cost"] > 0 for c in calls)
+    calls = [c for s in load_run(pilot).index for c in s.calls]
+    bill = sum(1e-3 * (c.prompt_tokens + c.completion_tokens) for c in calls)
+    assert all(c.cost > 0 for c in calls)
     led = compute_ledger(pilot, prices={"models": {}, "tools": {}})  # no price file: the provider's bill still counts
     m = led["models"]["fake-qwen3.5"]
     assert m["provider_cost"] == pytest.approx(bill) and m["money"] == pytest.approx(bill)

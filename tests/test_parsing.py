@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from agent.parsing import ActionError, parse_action, parse_init_description
+from tests.records import recorded_lines
 
 
 @pytest.mark.parametrize("text,kind,detail", [
@@ -98,7 +99,6 @@ async def test_a_unit_with_runaway_nesting_ends_as_a_parse_failure_not_an_error(
     ``--retry-errors`` too; nothing is a harness error."""
     from agent.backends.scripted import ScriptedBackend
     from agent.run import RunConfig, run
-    from agent.rundir import load_run
 
     deep = "[" * 5_000 + "]" * 5_000  # beyond Python's JSON parser too, at a tenth of DEEP's tokens to score
     bad = '<think>\nx\n</think>\n\n<tool_call>\n{"name": "search", "arguments": {"query": ' + deep + '}}\n</tool_call>'
@@ -107,7 +107,7 @@ async def test_a_unit_with_runaway_nesting_ends_as_a_parse_failure_not_an_error(
     cfg = RunConfig(method=method, out=str(tmp_path / "run"), limit=1, t_max=3, progress=False, retry_errors=retry)
     for _ in range(2 if retry else 1):
         await run(cfg, [], backends=[ScriptedBackend([bad] * 40 + ["<answer>x</answer>"] * 10)])
-    (line,) = load_run(tmp_path / "run").lines
+    (line,) = recorded_lines(tmp_path / "run")
     assert line["status"] != "error", line.get("error")
     # told to the model: a correction (ReAct, MM-ContextFold) or the tool's error reply (AgentFold, as released)
     assert "nested deeper than 64 levels" in str([line["events"], line["messages"]])

@@ -269,7 +269,7 @@ async def test_the_probe_sends_each_image_from_the_caches_and_lets_go_of_it_when
 
     mode = "teacher-forced"
     await _run(tmp_path)
-    shas = {sha for ln in load_run(tmp_path / "run").index for sha in (ln.get("query_images") or {}).values()}
+    shas = {sha for ln in load_run(tmp_path / "run").index for sha in ln.query_images.values()}
     I.forget_images(shas)  # the probe starts with none cached (another test in this process may have read them)
     seen = []
 
@@ -446,7 +446,7 @@ async def test_a_damaged_sidecar_skips_its_trajectory_names_it_and_the_rest_is_p
     victim.write_bytes(victim.read_bytes()[: len(victim.read_bytes()) // 2])
     res = await probe_run(tmp_path / "run", mode=mode, backend=backend, progress=False)
     assert len(res["steps"]) == 6 and len(res["failures"]) == 1  # the two intact trajectories' 3 steps each
-    assert victim.name in res["failures"][0] and run.index[0]["sample_id"] in res["failures"][0]
+    assert victim.name in res["failures"][0] and run.index[0].sample_id in res["failures"][0]
 
 
 def test_the_command_with_its_fidelity_check_skips_a_damaged_sidecar_and_exits_1(tmp_path, capsys):
@@ -459,11 +459,11 @@ def test_the_command_with_its_fidelity_check_skips_a_damaged_sidecar_and_exits_1
     assert run_main(["--method", "react", "--backend", "scripted", "--limit", "3", "--out", str(run_dir),
                      "--no-progress"]) == 0
     run = load_run(run_dir)
-    first = min(run.index, key=lambda s: (s["sample_id"], s["trial"]))  # the one the fidelity check takes first
+    first = min(run.index, key=lambda s: s.key)  # the one the fidelity check takes first
     victim = run.tokens_path(first)
     victim.write_bytes(victim.read_bytes()[: len(victim.read_bytes()) // 2])
     capsys.readouterr()
     assert entropy_main([str(run_dir), "--backend", "scripted", "--no-progress"]) == 1
     err = capsys.readouterr().err
-    assert f"failed: {first['sample_id']}/t{first['trial']}" in err and victim.name in err
+    assert f"failed: {first.sample_id}/t{first.trial}" in err and victim.name in err
     assert (run_dir / "probes" / "entropy-regenerate" / "summary.csv").exists()

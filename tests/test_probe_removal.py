@@ -15,6 +15,7 @@ from agent.rundir.probe_outputs import write_outputs
 from agent.tools.demo_world import QUESTIONS
 from probes.removal import parse_steps, removal_probe
 from probes.removal.replays import draw_panel
+from tests.records import recorded_lines
 
 GOLD = {q[1]: q[3] for q in QUESTIONS}
 
@@ -54,8 +55,8 @@ async def test_removal_replays_accuracy_vs_k(tmp_path):
     draw_panel(res)  # the command's view
     assert (out / "fig2c_removal.png").exists()
     # each replay is a run directory of its own, with the prefix recorded as it was
-    orig = {(ln["sample_id"], ln["trial"]): ln for ln in load_run(rd).lines}
-    for ln in load_run(out / "k2").lines:
+    orig = {(ln["sample_id"], ln["trial"]): ln for ln in recorded_lines(rd)}
+    for ln in recorded_lines(out / "k2"):
         o = orig[(ln["sample_id"], ln["trial"])]
         ev = [e for e in ln["events"] if e["type"] == "llm_call"]
         oe = [e for e in o["events"] if e["type"] == "llm_call"]
@@ -209,8 +210,8 @@ async def test_policy_needing_the_image_at_step_1_loses_it_only_at_k1(tmp_path, 
     # the prefix carried the lens result images (retrieved, kept) from the run's image store
     k2 = load_run(res["out"] / "k2")
     first = next(ln for ln in k2.lines)
-    ev2 = [e for e in first["events"] if e["type"] == "llm_call"][1]
-    assert ev2["n_query_images"] == 0 and ev2["n_images"] == 5
+    ev2 = [e for e in first.events if e.type == "llm_call"][1]
+    assert ev2.n_query_images == 0 and ev2.n_images == 5
 
 
 async def test_a_failed_replay_is_a_missing_pair_not_a_wrong_answer(tmp_path):

@@ -114,7 +114,7 @@ def test_a_run_records_the_ids_it_sent_by_message_piece(recorded, tiny_model_dir
         line = run.full(summary)
         fp, pieces = run.prompt_pieces(line)
         assert fp == tokenizer_fingerprint(tiny_model_dir) and pieces
-        for ev in (e for e in line["events"] if e["type"] == "llm_call"):
+        for ev in (e for e in line.events if e.type == "llm_call"):
             prompt, _ = b.render(run.sendable_messages(line, ev), {"enable_thinking": True})
             ids = b.prompt_ids(prompt)
             # the ids the server was sent for this call: exactly the recorded pieces, joined, and the whole prompt's
@@ -182,7 +182,7 @@ def test_another_tokenizer_or_an_unreadable_record_never_sends_wrong_ids(recorde
     shutil.copytree(out, broken, ignore=shutil.ignore_patterns("probes"))
     run = load_run(broken)
     victim = run.index[0]
-    path = broken / victim["tokens_file"]
+    path = broken / victim.tokens_file
     blob = pq.read_metadata(path).metadata[b"mmcf.prompt_pieces"]
     data = path.read_bytes()
     at = data.index(blob)  # the record's compressed bytes damaged in place (the footer keeps its lengths)
@@ -205,9 +205,9 @@ def test_another_tokenizer_or_an_unreadable_record_never_sends_wrong_ids(recorde
         # (the serving-fidelity check first: it checks the server with that trajectory tokenised, then the probe names it)
         assert _probe(srv.url, tiny_model_dir, broken, broken / "probes" / "e", fidelity=True) == 1
         err = capsys.readouterr().err
-        assert "unreadable prompt ids" in err and victim["tokens_file"] in err and "--retokenize" in err
+        assert "unreadable prompt ids" in err and victim.tokens_file in err and "--retokenize" in err
         steps = pd.read_csv(broken / "probes" / "e" / "steps.csv")
-        assert victim["sample_id"] not in set(steps["sample_id"]) and len(steps) > 0
+        assert victim.sample_id not in set(steps["sample_id"]) and len(steps) > 0
         # --retokenize reads no record: the trajectory is probed
         assert _probe(srv.url, tiny_model_dir, broken, broken / "probes" / "e2", "--retokenize") == 0
 

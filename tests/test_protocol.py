@@ -11,6 +11,7 @@ from agent.run import main as run_main
 from agent.rundir import RunDir, load_run
 from serving.fakes.policy import agent_policy
 from serving.fakes.sglang_server import FakeSGLang
+from tests.records import recorded_lines
 
 
 def _cli(url, out, *extra):
@@ -32,7 +33,7 @@ def test_each_trial_samples_with_its_own_recorded_seed(tmp_path):
         seeds = _seeds(srv)
         assert set(seeds) == {base, base + 1, base + 2}  # one per trial, every request carries it
         by_trial = {}
-        for ln in load_run(tmp_path / "r").lines:
+        for ln in recorded_lines(tmp_path / "r"):
             ev = next(e for e in ln["events"] if e["type"] == "llm_call")
             by_trial.setdefault(ln["trial"], set()).add(ev["sampling"]["seed"])
         assert by_trial == {0: {base}, 1: {base + 1}, 2: {base + 2}}  # and each call records its seed
@@ -73,7 +74,7 @@ def test_a_reply_from_another_model_ends_the_unit_and_the_run_says_so(tmp_path, 
         srv.reply = policy
         rc = run_main(_cli(srv.url, tmp_path / "r", "--limit", "3", "--concurrency", "1"))
     err = capsys.readouterr().err
-    lines = load_run(tmp_path / "r").lines
+    lines = recorded_lines(tmp_path / "r")
     changed = [ln for ln in lines if ln["status"] == "error"]
     assert rc == 3 and changed and all("ServedModelChanged" in ln["error"] and "other-model" in ln["error"] for ln in changed)
     assert "because the served model changed" in err and "named another model" in err
@@ -88,7 +89,7 @@ def test_served_models_get_the_release_generation_length_and_length_cuts_are_cou
         capsys.readouterr()
         rc = run_main(_cli(srv.url, tmp_path / "cut", "--limit", "2", "--max-tokens", "6"))
     err = capsys.readouterr().err
-    lines = load_run(tmp_path / "cut").lines
+    lines = recorded_lines(tmp_path / "cut")
     cut = sum(c["finish_reason"] == "length" for ln in lines for c in ln["calls"])
     assert rc in (0, 3) and cut > 0
     assert f"{cut} of " in err and "ended by length (max_tokens 6; step 1:" in err
@@ -225,7 +226,7 @@ def test_a_run_over_a_selection_records_it(tmp_path, capsys):
     assert run_main(["--method", "direct", "--backend", "scripted", "--out", str(tmp_path / "r"), "--selection", str(sel),
                      "--no-progress"]) == 0
     run = load_run(tmp_path / "r")
-    assert sorted(ln["sample_id"] for ln in run.lines) == sorted(ids)
+    assert sorted(ln.sample_id for ln in run.lines) == sorted(ids)
     rec = run.header.selection.selection_file
     assert rec["kind"] == "random-per-benchmark" and rec["seed"] == 1 and len(rec["sha256"]) == 64
     bad = tmp_path / "bad.json"
@@ -407,7 +408,7 @@ def test_openrouter_asks_for_logprobs_only_when_told_and_the_entropy_probe_refus
         assert srv.bodies[-1]["logprobs"] is True and srv.bodies[-1]["top_logprobs"] == 20
     plain, asked = load_run(tmp_path / "plain"), load_run(tmp_path / "asked")
     assert plain.header.logprobs == "absent" and asked.header.logprobs == "requested"
-    assert [ln["status"] for ln in asked.lines] == ["ok", "ok"]  # no logprobs in the replies: accepted
+    assert [ln.status for ln in asked.lines] == ["ok", "ok"]  # no logprobs in the replies: accepted
     capsys.readouterr()
     assert entropy.main([str(tmp_path / "plain"), "--mode", "teacher-forced", "--no-progress"]) == 2
     err = capsys.readouterr().err

@@ -17,6 +17,7 @@ from agent.run import main as run_main
 from agent.rundir import load_run
 from serving.fakes.sglang_server import FakeSGLang
 from tests import records
+from tests.records import recorded_lines
 
 FIELDS = {"model", "messages", "max_completion_tokens", "temperature", "top_p"}
 
@@ -50,7 +51,7 @@ def run(tmp_path, policy, sample="demo_6", *extra):
                 "--endpoint", srv.url, "--sample-ids", sample, "--out", str(out), "--no-progress", *extra]
         assert run_main(argv) == 0
         bodies = [b for b in srv.bodies if "messages" in b]
-    return bodies, load_run(out).lines[0]
+    return bodies, recorded_lines(out)[0]
 
 
 def last_text(req) -> str:

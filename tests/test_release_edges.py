@@ -15,6 +15,7 @@ from agent.run import main as run_main
 from agent.rundir import load_run
 from serving.fakes.sglang_server import FakeSGLang
 from serving.fakes.web_apis import thumbnail
+from tests.records import recorded_lines
 
 
 def texts(msg) -> list[str]:
@@ -54,7 +55,7 @@ def run_release(tmp_path, policy, sample="demo_1", *extra, method=RELEASE):
                 "--endpoint", srv.url, "--sample-ids", sample, "--out", str(out), "--no-progress", *extra]
         assert run_main(argv) == 0
         bodies = [b for b in srv.bodies if "messages" in b]
-    return bodies, load_run(out).lines[0]
+    return bodies, recorded_lines(out)[0]
 
 
 # ------------------------------------------------------------------ 1. replies are appended raw
@@ -422,7 +423,7 @@ def test_a_branch_given_every_image_in_reverse_order_loads_them_so(tmp_path):
             first = _branch_bodies(bodies)[0]
             assert "loaded in this conversation: <image_1>, <image_0>" in last_text(first)
             uris = _images_in(first)[-2:]
-            crest, stadium = (load_run(out / "run").lines[0]["query_images"][k] for k in ("<image_0>", "<image_1>"))
+            crest, stadium = (recorded_lines(out / "run")[0]["query_images"][k] for k in ("<image_0>", "<image_1>"))
             assert [__import__("hashlib").sha256(__import__("base64").b64decode(u.split(",", 1)[1])).hexdigest()
                     for u in uris] == [stadium, crest]
 

@@ -18,11 +18,11 @@ import pytest
 from agent import prompts_release as R
 from agent.http import HTTPError, RetryPolicy, make_client, request_json, requote_uri
 from agent.run import main as run_main
-from agent.rundir import load_run
 from agent.tools.formatting import LENS_BRANCH_EMPTY
 from serving.fakes.sglang_server import FakeSGLang
 from tests.conftest import REPO
 from tests.guards import HANG_GUARD_S
+from tests.records import recorded_lines
 from tests.test_release_edges import PAPER, RELEASE, branch_policy, run_release, texts, tool
 
 PROTOCOLS = {"release": RELEASE, "paper": PAPER}
@@ -274,7 +274,7 @@ def test_a_refused_main_call(tmp_path, protocol):
         code = run_main([*PROTOCOLS[protocol], "--backend", "openai", "--server", "sglang", "--endpoint", srv.url,
                          "--sample-ids", "demo_1", "--out", str(out), "--no-progress"])
         bodies = [b for b in srv.bodies if "messages" in b]
-    line = load_run(out).lines[0]
+    line = recorded_lines(out)[0]
     if protocol == "release":
         assert code == 0 and line["status"] == "ok" and line["answer"] == "1998"
         assert [m["role"] for m in bodies[2]["messages"]] == ["system", "user"]

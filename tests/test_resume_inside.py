@@ -52,7 +52,7 @@ def _norm(x):
 
 def _lines(out) -> dict:
     run = load_run(out)
-    return {(ln["sample_id"], ln["trial"]): (_norm(run.full(ln)), run.tokens(ln)) for ln in run.index}
+    return {ln.key: (_norm(run.full(ln).as_recorded()), run.tokens(ln)) for ln in run.index}
 
 
 def _mid_trajectory(out) -> bool:

@@ -21,6 +21,7 @@ from agent.rundir import RunDir, RunError, load_run
 from serving.fakes.sglang_server import FakeSGLang
 from tests.conftest import REPO
 from tests.guards import HANG_GUARD_S
+from tests.records import recorded_lines
 
 
 def react_policy(messages):
@@ -62,18 +63,18 @@ async def test_run_writes_header_lines_sidecars_images(tmp_path):
     line = run_.lines[0]
     tok = run_.tokens(line)
     assert tok["top_logprobs"].shape[1] == 20 and tok["top_logprobs"].dtype == np.float32
-    for c in line["calls"]:
-        assert (tok["call"] == c["index"]).sum() == c["n_tokens"]
-        assert tok["think"][tok["call"] == c["index"]].sum() == c["think_tokens"]
+    for c in line.calls:
+        assert (tok["call"] == c.index).sum() == c.n_tokens
+        assert tok["think"][tok["call"] == c.index].sum() == c.think_tokens
     # images are stored once, by content hash: the query images and the lens result images shown
-    hashes = {h for ln in run_.lines for h in ln["query_images"].values()}
-    shown = {h for ln in run_.lines for e in ln["events"] if e["type"] == "tool_call" for h in e["result_images"]}
+    hashes = {h for ln in run_.lines for h in ln.query_images.values()}
+    shown = {h for ln in run_.lines for e in ln.events if e.type == "tool_call" for h in e.result_images}
     stored = {p.name.split(".")[0] for p in (tmp_path / "run" / "images").iterdir()}
     assert len(hashes) == 7 and shown and stored == hashes | shown
     # messages are recorded with images as hashes, and can be rebuilt per call
-    ev = next(e for e in line["events"] if e["type"] == "llm_call")
-    msgs = run_.call_messages(line, ev)
-    assert msgs[1]["content"][1] == {"type": "image", "sha256": line["query_images"]["<image_0>"],
+    ev = next(e for e in line.events if e.type == "llm_call")
+    msgs = [m.as_recorded() for m in run_.call_messages(line, ev)]
+    assert msgs[1]["content"][1] == {"type": "image", "sha256": line.query_images["<image_0>"],
                                      "source": msgs[1]["content"][1]["source"]}
     assert "data:" not in (tmp_path / "run" / "results.jsonl").read_text()
 
@@ -127,7 +128,7 @@ async def test_timeout_keeps_partial_record(tmp_path):
     b = SlowBackend([react_policy] * 100)
     out = await run(cfg(tmp_path, limit=2, timeout=1.0), [], backends=[b])
     assert out["counts"] == {"timeout": 1, "ok": 1}
-    line = next(ln for ln in load_run(tmp_path / "run").lines if ln["status"] == "timeout")
+    line = next(ln for ln in recorded_lines(tmp_path / "run") if ln["status"] == "timeout")
     assert line["sample_id"] == "demo_1" and "timeout" in line["error"] and line["events"][-1]["type"] == "error"
 
 
@@ -261,12 +262,12 @@ def test_embedded_default_runs_end_to_end(tmp_path, tiny_model_dir, monkeypatch,
     offered = next(ln for ln in err.splitlines() if "never write an answer" in ln).split(": python -m agent.run ")[1]
     assert "--backend scripted" in offered and "falling back to its reference PyTorch" not in err
     assert run_main([*offered.split(), "--no-progress"]) == 0
-    assert {ln["status"] for ln in load_run(tmp_path / "emb-scripted").lines} == {"ok"}
+    assert {ln["status"] for ln in recorded_lines(tmp_path / "emb-scripted")} == {"ok"}
     run_ = load_run(tmp_path / "emb")
     line = run_.lines[0]
-    assert line["n_calls"] == 4 and line["calls"][0]["state"] == "init" and line["backend"] == "local"
+    assert line.n_calls == 4 and line.calls[0].state == "init" and line.backend == "local"
     tok = run_.tokens(line)
-    assert len(tok["id"]) == line["generated_tokens"] > 0 and np.isfinite(tok["exact_entropy"]).all()
+    assert len(tok["id"]) == line.generated_tokens > 0 and np.isfinite(tok["exact_entropy"]).all()
 
 
 async def test_float16_storage_is_smaller_and_close(tmp_path):
@@ -469,7 +470,7 @@ def test_a_server_that_changes_model_mid_run_is_caught_and_nothing_of_the_other_
                        str(tiny_model_dir), "--limit", "6", "--concurrency", "1", "--t-max", "3", "--out",
                        str(tmp_path / "run"), "--no-progress"])
     err = capsys.readouterr().err
-    lines = load_run(tmp_path / "run").lines
+    lines = recorded_lines(tmp_path / "run")
     changed = [ln for ln in lines if str(ln.get("error") or "").startswith("ServedModelChanged")]
     assert rc != 0 and changed and "because the served model changed under the run" in err
     assert all(ln["n_calls"] == 0 and not ln.get("tokens_file") for ln in changed)  # nothing of theirs kept
@@ -492,9 +493,9 @@ def test_force_into_another_methods_run_moves_it_aside_and_starts_afresh(tmp_pat
     assert len(aside) == 1 and str(aside[0]) in err and "0 already done, 2 to run" in err
     run = load_run(out)
     assert run.header.method == "mmcontextfold" and not run.header.resumed
-    assert [ln["method"] for ln in run.lines] == ["mmcontextfold"] * 2
+    assert [ln.method for ln in run.lines] == ["mmcontextfold"] * 2
     old = load_run(aside[0])
-    assert old.header.method == "react" and [ln["method"] for ln in old.lines] == ["react"] * 2
+    assert old.header.method == "react" and [ln.method for ln in old.lines] == ["react"] * 2
     assert run_main(["--method", "mmcontextfold", *base, "--force"]) == 0  # the same run again: a plain resume
     assert "2 already done, 0 to run" in capsys.readouterr().err
     assert len([p for p in tmp_path.iterdir() if p.name.startswith("x.replaced-")]) == 1

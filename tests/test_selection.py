@@ -1,17 +1,18 @@
 """The one rule for which trajectories enter the probes' analyses (paper B.1, Table 10)."""
 from __future__ import annotations
 
+from agent.record import LineSummary
 from analysis.selection import REASONS, exclusion_reason, select_trajectories
+from tests import records
 
 
-def line(sid, status="ok", calls=(("ok", 1),), model="m", bench="b"):
-    events = []
-    for i, (kind, nq) in enumerate(calls, 1):
-        ev = {"type": "llm_call", "index": i, "n_query_images": nq}
-        if kind == "bad":
-            ev["action_error"] = "no action found"
-        events.append(ev)
-    return {"sample_id": sid, "trial": 0, "status": status, "events": events, "model": model, "benchmark": bench}
+def line(sid, status="ok", calls=(("ok", 1),), model="m", bench="b") -> LineSummary:
+    """A line's summary whose calls are ``(ok | bad, query images in context)``: bad is a call without a valid
+    action (the summary's ``malformed``)."""
+    summary = [records.call(i, action="malformed" if kind == "bad" else "tool_call", n_query_images=nq)
+               for i, (kind, nq) in enumerate(calls, 1)]
+    rec = records.line(sid, status=status, model=model, benchmark=bench, calls=summary, n_calls=len(summary))
+    return LineSummary.model_validate({k: v for k, v in rec.items() if k not in ("events", "messages")})
 
 
 def test_each_reason_in_order():
@@ -31,7 +32,7 @@ def test_table10_layout_counts_per_model_and_benchmark():
     lines = [line("1"), line("2", status="error"), line("3", calls=(("bad", 1),)), line("4", bench="c"),
              line("5", model="n", calls=(("ok", 0),))]
     kept, t = select_trajectories(lines)
-    assert [ln["sample_id"] for ln in kept] == ["1", "4"]
+    assert [ln.sample_id for ln in kept] == ["1", "4"]
     assert list(t.columns) == ["model", "benchmark", "total", *REASONS, "kept"]
     r = t.set_index(["model", "benchmark"])
     assert r.loc[("m", "b"), "total"] == 3 and r.loc[("m", "b"), "harness_error"] == 1

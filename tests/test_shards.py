@@ -31,7 +31,7 @@ def unit_outcomes(run_dir) -> dict:
     r = load_run(run_dir)
     out = {}
     for s in r.index:
-        ln = r.full(s)
+        ln = r.full(s).as_recorded()
         calls = [(e.get("index"), e.get("n_tokens"), e.get("finish_reason")) for e in ln["events"] if e["type"] == "llm_call"]
         tools = [(e.get("tool"), e.get("observation")) for e in ln["events"] if e["type"] == "tool_call"]
         out[(ln["sample_id"], ln["trial"])] = (ln["status"], ln.get("answer"), ln.get("responses_sha"), calls, tools)

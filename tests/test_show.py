@@ -41,20 +41,20 @@ def test_sample_list_and_trajectory_in_the_terminal(demo_run, capsys):
     listing = capsys.readouterr().out
     run = load_run(demo_run)
     for ln in run.lines:
-        assert re.search(rf"^\s*{ln['sample_id']}\s+0\s+demo\s+ok\s+{ln['n_calls']}\b", listing, re.M), listing
+        assert re.search(rf"^\s*{ln.sample_id}\s+0\s+demo\s+ok\s+{ln.n_calls}\b", listing, re.M), listing
     assert listing.count("CORRECT") == 3 and "judge: exact" in listing
 
-    line = next(ln for ln in run.lines if ln["sample_id"] == "demo_3")
+    line = next(ln for ln in run.lines if ln.sample_id == "demo_3")
     assert show.main([str(demo_run), "demo_3"]) == 0
     text = capsys.readouterr().out
-    q = line["query_images"]["<image_0>"]
+    q = line.query_images["<image_0>"]
     assert f"image_0>={q[:12]}" in text                       # the query image by hash
     assert re.search(r"^#1/20 react\s+images 1 \(query 1: " + q[:8], text, re.M)
     assert "-> lens_search(" in text and "result images" in text  # the tool call and its observation
-    assert f"ANSWER: {line['answer']}" in text
+    assert f"ANSWER: {line.answer}" in text
     assert "grade CORRECT (exact)" in text
     # reasoning is collapsed to its first line unless asked for
-    r = next(ev["reasoning"] for ev in line["events"] if ev["type"] == "llm_call")
+    r = next(ev.reasoning for ev in line.events if ev.type == "llm_call")
     assert show.main([str(demo_run), "demo_3", "--reasoning"]) == 0
     assert r.strip() in capsys.readouterr().out
 
@@ -65,15 +65,15 @@ def test_sample_list_and_trajectory_in_the_terminal(demo_run, capsys):
 def test_call_messages_accepts_an_index_or_the_event(demo_run):
     run = load_run(demo_run)
     line = run.lines[0]
-    ev = next(e for e in line["events"] if e["type"] == "llm_call" and e["index"] == 2)
+    ev = next(e for e in line.events if e.type == "llm_call" and e.index == 2)
     assert run.call_messages(line, 2) == run.call_messages(line, ev)
-    assert run.call_messages(line, 2)[-1]["role"] in ("user", "tool")
+    assert run.call_messages(line, 2)[-1].role in ("user", "tool")
     with pytest.raises(RunError, match="no LLM call #99"):
         run.call_messages(line, 99)
 
 
 def _page_of(out, ln) -> str:
-    return (show.files_dir(out) / (token_key(ln["sample_id"], ln["trial"]) + ".html")).read_text()
+    return (show.files_dir(out) / (token_key(ln.sample_id, ln.trial) + ".html")).read_text()
 
 
 def test_html_is_self_contained(demo_run, tmp_path):
@@ -88,7 +88,7 @@ def test_html_is_self_contained(demo_run, tmp_path):
         assert "SCRIPTED FAKE BACKEND" in page            # the provenance mark travels with every page
     for ln in run.lines:                                # a trajectory's query images are embedded in its page, once
         page = _page_of(tmp_path / "run.html", ln)
-        for sha in ln["query_images"].values():
+        for sha in ln.query_images.values():
             assert page.count(f'"{sha}": "data:image/') == 1
 
 
@@ -109,7 +109,7 @@ def test_html_token_columns_carry_the_probe(demo_run, tmp_path):
 
     show.build_html(demo_run, tmp_path / "a.html", tokens="all")
     run = load_run(demo_run)
-    line = next(ln for ln in run.lines if ln["sample_id"] == "demo_3")
+    line = next(ln for ln in run.lines if ln.sample_id == "demo_3")
     d = _details(_page_of(tmp_path / "a.html", line))["demo_3__t0"]
     tok = run.tokens(line)
     for call in (1, 5):
@@ -127,7 +127,7 @@ def test_html_token_columns_carry_the_probe(demo_run, tmp_path):
 
     info = show.build_html(demo_run, tmp_path / "n.html", tokens="none")
     assert all(_details(_page_of(tmp_path / "n.html", ln))["demo_3__t0" if ln is line else
-                                                         f"{ln['sample_id']}__t0"]["tokens"] == {} for ln in run.lines)
+                                                         f"{ln.sample_id}__t0"]["tokens"] == {} for ln in run.lines)
     assert info["largest_page_bytes"] < show.build_html(demo_run, tmp_path / "a.html", tokens="all")["largest_page_bytes"]
 
 
@@ -148,7 +148,7 @@ def test_page_renders_in_a_browser(demo_run, tmp_path):
     html = tmp_path / "run.html"
     show.build_html(demo_run, html)
     run = load_run(demo_run)
-    line = next(ln for ln in run.lines if ln["sample_id"] == "demo_3")
+    line = next(ln for ln in run.lines if ln.sample_id == "demo_3")
     url = f"{html.resolve().as_uri()}#sample=demo_3__t0&open=2&show=messages,reasoning,tool&colour=dH"
 
     dom = subprocess.run(_headless(browser, tmp_path / "profile", "--dump-dom", url),
@@ -163,13 +163,13 @@ def test_page_renders_in_a_browser(demo_run, tmp_path):
     m = re.search(r'<details class="call" data-index="2" open="">(.*?)</details><details class="call"', page, re.S)
     assert m, "call 2 is not open"
     call = m.group(1)
-    ev = next(e for e in line["events"] if e["type"] == "llm_call" and e["index"] == 2)
+    ev = run.call_event(line, 2)
     thumbs = re.findall(r'<img class="thumb"[^>]*title="sha256 ([0-9a-f]{64})"', call)
-    assert thumbs and set(thumbs) == set(ev["image_hashes"])
+    assert thumbs and set(thumbs) == set(ev.image_hashes)
     assert all(src.startswith("data:image/") for src in re.findall(r'<img class="thumb"[^>]*src="([^"]+)"', call))
     # the reasoning is coloured token by token (ΔH from the teacher-forced probe), with a legend
     titles = re.findall(r'<span class="tok" title="(H=[0-9.]+ ΔH=-?[0-9.]+ KL=[0-9.]+[^"]*)"', call)
-    assert len(titles) == ev["think_tokens"]
+    assert len(titles) == ev.think_tokens
     # on hover: the bounds on the token's exact entropy and its top-5 alternatives under both contexts
     for t in titles:
         lo, hi = map(float, re.search(r"exact H in \[([0-9.]+), ([0-9.]+)\]", t).groups())
@@ -203,11 +203,11 @@ def test_page_renders_in_a_browser(demo_run, tmp_path):
     m = re.search(r'<div id="landing">(.*?)</div>', land, re.S)
     assert m, land[-3000:]
     rows = re.findall(r'<tr class="sample-row[^"]*" data-key="([^"]+)"', land)  # the index lists every sample
-    assert sorted(rows) == sorted(f"{ln['sample_id']}__t0" for ln in run.lines)
+    assert sorted(rows) == sorted(f"{ln.sample_id}__t0" for ln in run.lines)
     pane = m.group(1)
     n = len(run.lines)
     assert f"{n} (1 trial(s)); statuses: " in pane and "accuracy (exact-match" in pane and "graded)" in pane
-    assert f"{sum(ln['n_calls'] for ln in run.lines)} (" in pane
+    assert f"{sum(ln.n_calls for ln in run.lines)} (" in pane
     for probe in ("entropy-teacher-forced", "grounding: 3 trajectories annotated", "removal: 9 replays"):
         assert probe in pane, probe
 
@@ -233,15 +233,15 @@ def test_one_page_per_trajectory_none_listing_the_others(demo_run, tmp_path, mon
     assert sorted(p.name for p in fdir.glob("list-*.js")) == ["list-0.js", "list-1.js"]
     listed = [r["key"] for f in sorted(fdir.glob("list-*.js"))
               for r in json.loads(re.fullmatch(r"MMCF_LIST\((.*)\);\n", f.read_text(), re.S).group(1))]
-    assert sorted(listed) == sorted(f"{ln['sample_id']}__t{ln['trial']}" for ln in run.lines)
+    assert sorted(listed) == sorted(f"{ln.sample_id}__t{ln.trial}" for ln in run.lines)
     index = out.read_text()
     assert _samples(index) == [] and _details(index) == {} and "data:image/" not in index
     for ln in run.lines:
-        page, key = _page_of(out, ln), f"{ln['sample_id']}__t{ln['trial']}"
+        page, key = _page_of(out, ln), f"{ln.sample_id}__t{ln.trial}"
         assert [r["key"] for r in _samples(page)] == [key] and list(_details(page)) == [key]
         for other in run.lines:  # a query image only in its own trajectory's page
-            sha = next(iter(other["query_images"].values()))
-            assert (f'"{sha}": "data:image/' in page) == (other is ln or sha in ln["query_images"].values())
+            sha = next(iter(other.query_images.values()))
+            assert (f'"{sha}": "data:image/' in page) == (other is ln or sha in ln.query_images.values())
     assert info["largest_page_bytes"] == max(p.stat().st_size for p in fdir.glob("*.html"))
     small = show.build_html(demo_run, out, limit=1)
     assert len(list(fdir.glob("*.html"))) == 1 and sorted(p.name for p in fdir.glob("list-*.js")) == ["list-0.js"]
@@ -256,7 +256,7 @@ def test_the_index_pages_and_searches_in_a_browser(demo_run, tmp_path, monkeypat
     browser = _chromium()
     out = tmp_path / "run.html"
     show.build_html(demo_run, out)
-    keys = sorted(f"{ln['sample_id']}__t{ln['trial']}" for ln in load_run(demo_run).lines)
+    keys = sorted(f"{ln.sample_id}__t{ln.trial}" for ln in load_run(demo_run).index)
 
     def rows(hash_):
         dom = subprocess.run(_headless(browser, tmp_path / "profile", "--dump-dom", f"{out.resolve().as_uri()}#{hash_}"),

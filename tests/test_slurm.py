@@ -84,6 +84,6 @@ def test_an_array_job_with_a_task_cancelled_and_resubmitted_merges_into_the_unsh
     rep = check_run(out)
     assert rep.intact and rep.complete and rep.present == rep.expected == len(units) and not rep.orphans, rep.lines()
     merged = load_run(out)
-    assert sorted((ln["sample_id"], int(ln["trial"])) for ln in merged.index) == sorted(units)  # each unit once
+    assert sorted(ln.key for ln in merged.index) == sorted(units)  # each unit once
     assert unit_outcomes(out) == unit_outcomes(one)
     record_property("slurm", "\n".join(said))

@@ -18,6 +18,7 @@ from agent.rundir.lines import seal
 from agent.rundir.sidecar import sha256_of
 from tests.conftest import REPO
 from tests.guards import HANG_GUARD_S
+from tests.records import recorded_lines
 
 #: a guard against a hang, never a verdict on speed: each command here takes seconds on an idle machine
 GUARD_S = HANG_GUARD_S
@@ -151,7 +152,7 @@ def test_a_non_ascii_sample_id_runs_and_a_control_character_in_an_id_is_refused_
         keys = set(srv.routing_keys)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "line 2" in r.stderr and "control characters" in r.stderr
-    (line,) = load_run(run).lines
+    (line,) = recorded_lines(run)
     assert line["sample_id"] == "样本_1" and line["status"] == "ok"
     assert keys == {routing_key(("样本_1", 0))} and all(k.isascii() for k in keys)
     assert not routing_key(("s", 1)).endswith(("_t1", "_r1"))  # smg strips such suffixes (issue 58)

@@ -19,6 +19,7 @@ from agent.backends.demo_model import GROUNDING_STEPS
 from agent.methods.unload import DEFAULT_PATIENCE, DEFAULT_THRESHOLD, UnloadPolicy
 from agent.rundir import load_run
 from probes import calibrate_unload, entropy, removal
+from tests.records import recorded_lines
 
 
 def _adaptive(out, *extra, backend=("--backend", "scripted")):
@@ -33,7 +34,7 @@ def test_releases_at_the_planted_step_per_category(tmp_path, patience):
     assert run.header.image_unload["threshold_source"] == "given (--unload-threshold)"
     assert run.header.label == f"react-adaptive-kl<0.5-m{patience}"
     seen = set()
-    for ln in run.lines:
+    for ln in recorded_lines(run):
         g = GROUNDING_STEPS[ln["paper_category"]]
         ir = ln["image_unload"]
         assert ir["detect_step"] == g + patience and ir["unload_step"] == g + patience + 1, (ln["sample_id"], ir)
@@ -69,17 +70,17 @@ def test_probe_calls_do_not_consume_the_budget_and_match_the_entropy_probe(tmp_p
     assert entropy.main([str(tmp_path / "plain"), "--mode", "teacher-forced", "--no-progress"]) == 0
     tf = pd.read_parquet(tmp_path / "plain" / "probes" / "entropy-teacher-forced" / "steps.parquet")
     assert _adaptive(tmp_path / "a", "--unload-threshold", "0.5", "--unload-patience", "1") == 0
-    plain = {ln["sample_id"]: ln for ln in load_run(tmp_path / "plain").lines}
+    plain = {ln.sample_id: ln for ln in load_run(tmp_path / "plain").lines}
     run = load_run(tmp_path / "a")
     for ln in run.lines:
-        assert ln["n_calls"] == plain[ln["sample_id"]]["n_calls"]  # same agent steps: probes are not LLM calls
-        for e in (e for e in ln["events"] if e["type"] == "unload_probe"):
-            row = tf[(tf.sample_id == ln["sample_id"]) & (tf.step == e["call_index"])].iloc[0]
-            assert e["kl"] == pytest.approx(row.kl_with_without, abs=1e-5)
-            assert e["dH"] == pytest.approx(row.dH, abs=1e-5)
+        assert ln.n_calls == plain[ln.sample_id].n_calls  # same agent steps: probes are not LLM calls
+        for e in (e for e in ln.events if e.type == "unload_probe"):
+            row = tf[(tf.sample_id == ln.sample_id) & (tf.step == e.call_index)].iloc[0]
+            assert e.kl == pytest.approx(row.kl_with_without, abs=1e-5)
+            assert e.dH == pytest.approx(row.dH, abs=1e-5)
         # per token, in the sidecar: KL / ΔH on the probed calls' think tokens, NaN elsewhere
         tok = run.tokens(ln)
-        probed = {e["call_index"] for e in ln["events"] if e["type"] == "unload_probe"}
+        probed = {e.call_index for e in ln.events if e.type == "unload_probe"}
         on = np.isin(tok["call"], list(probed)) & tok["think"]
         assert np.isfinite(tok["unload_kl"][on]).all() and np.isnan(tok["unload_kl"][~on]).all()
 
@@ -116,8 +117,7 @@ def test_on_the_embedded_tiny_model(tmp_path, tiny_model_dir, monkeypatch):
     monkeypatch.setenv("MMCF_TINY_MODEL_DIR", str(tiny_model_dir))
     assert _adaptive(tmp_path / "t", "--limit", "2", "--t-max", "4", "--max-tokens", "16",
                      backend=("--backend", "local")) == 0
-    run = load_run(tmp_path / "t")
-    for ln in run.lines:
+    for ln in recorded_lines(tmp_path / "t"):
         probes = [e for e in ln["events"] if e["type"] == "unload_probe"]
         assert probes and all(e["scoring_calls"] == 2 for e in probes)   # scaled generation: raw on both sides
         assert all(e["kl"] is not None and e["kl"] >= 0 for e in probes)
@@ -134,7 +134,7 @@ def test_on_sglang_native(tmp_path, tiny_model_dir):
                          "--unload-patience", "1", "--unload-threshold", "0.01",
                          backend=("--backend", "sglang", "--endpoint", srv.url, "--model-dir", str(tiny_model_dir))) == 0
         scored = [b for b in srv.bodies if b.get("max_new_tokens") == 0 or (b.get("sampling_params") or {}).get("max_new_tokens") == 0]
-    ln = load_run(tmp_path / "s").lines[0]
+    ln = recorded_lines(tmp_path / "s")[0]
     probes = [e for e in ln["events"] if e["type"] == "unload_probe"]
     # the stand-in's distributions ignore images: influence 0, unloaded after the first probed step
     assert probes[0]["kl"] == pytest.approx(0.0, abs=1e-6) and ln["image_unload"]["unload_step"] == 2

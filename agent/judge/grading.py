@@ -35,12 +35,12 @@ from ..cli import JUDGE_ENDPOINT, JUDGE_MODEL
 from ..errors import gather_all
 from ..preflight import server_facts
 from ..prompts import JUDGE, fill
-from ..record import Grade, validate
+from ..record import Grade, LineSummary, validate
 from ..redact import is_host, public_url, redact
-from ..rundir import RunDir, RunError, close_fragment, output_lock, write_json
+from ..rundir import RunDir, RunError, close_fragment, load_run, output_lock, write_json
 from ..rundir.accuracy import accuracy_table
 from ..rundir.grades import grade_file, identical_trials, read_grades
-from ..rundir.lines import SEAL_KEY, SOURCE_KEY, RowWriter, set_aside
+from ..rundir.lines import SOURCE_KEY, RowWriter, set_aside
 from ..trajectory import responses_fingerprint  # re-exported
 
 log = logging.getLogger(__name__)
@@ -123,8 +123,8 @@ def exact_grade(answer: str, gold: str) -> str:
     return "CORRECT" if ok else "INCORRECT"
 
 
-def _answer_key(line: dict) -> str:
-    return hashlib.sha256(json.dumps([line["status"], line.get("answer"), line.get("gold")]).encode()).hexdigest()[:16]
+def _answer_key(line: LineSummary) -> str:
+    return hashlib.sha256(json.dumps([line.status, line.answer, line.gold]).encode()).hexdigest()[:16]
 
 
 class Grader:
@@ -166,23 +166,21 @@ class Grader:
             self._own = True
         return self.backend
 
-    def needs_client(self, lines) -> bool:
-        return self.judge == "llm" and any(ln["status"] == "ok" and (ln.get("answer") or "").strip() for ln in lines)
+    def needs_client(self, lines: list[LineSummary]) -> bool:
+        return self.judge == "llm" and any(ln.status == "ok" and ln.answer.strip() for ln in lines)
 
-    async def grade(self, ln: dict) -> dict:
-        rec = {"sample_id": ln["sample_id"], "trial": ln["trial"], "answer_key": _answer_key(ln),
-               SOURCE_KEY: ln[SEAL_KEY],
-               "benchmark": ln["benchmark"], "category": ln.get("category"), "paper_category": ln.get("paper_category"),
-               "method": ln["method"], "variant": ln.get("variant", ""), "answer": ln.get("answer", ""),
-               "gold": ln.get("gold"), "judge": self.label}
-        answer = (ln.get("answer") or "").strip()
-        if ln["status"] != "ok" or not answer:
+    async def grade(self, ln: LineSummary) -> dict:
+        rec = {"sample_id": ln.sample_id, "trial": ln.trial, "answer_key": _answer_key(ln), SOURCE_KEY: ln.line_sha256,
+               "benchmark": ln.benchmark, "category": ln.category, "paper_category": ln.paper_category,
+               "method": ln.method, "variant": ln.variant, "answer": ln.answer, "gold": ln.gold, "judge": self.label}
+        answer = ln.answer.strip()
+        if ln.status != "ok" or not answer:
             rec.update(grade="NOT_ATTEMPTED", extracted=None, reply=None,
-                       reason=f"trajectory status {ln['status']}" if ln["status"] != "ok" else "empty answer")
+                       reason=f"trajectory status {ln.status}" if ln.status != "ok" else "empty answer")
         elif self.judge == "exact":
-            rec.update(grade=exact_grade(answer, ln.get("gold", "")), extracted=answer, reply=None, reason="exact")
+            rec.update(grade=exact_grade(answer, ln.gold), extracted=answer, reply=None, reason="exact")
         else:
-            prompt = fill(JUDGE, question=ln["question"], correct_answer=ln.get("gold", ""), response=answer)
+            prompt = fill(JUDGE, question=ln.question, correct_answer=ln.gold, response=answer)
             client = self.client()
             async with self.sem:
                 try:
@@ -271,9 +269,9 @@ async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_END
                      api_key_env: str | None = None, server: str = "openrouter", concurrency: int = 8,
                      backend=None, progress: bool = True, regrade: bool = False, name: str | None = None,
                      retry_unparsed: bool = False) -> dict:
-    rd = RunDir(run_dir)
-    header = rd.read_header()
-    lines = list(rd.latest().values())
+    run = load_run(run_dir)
+    rd = RunDir(run.path)
+    lines = run.index
     grader = Grader(judge, endpoint=endpoint, model=model, api_key_env=api_key_env, server=server,
                     concurrency=concurrency, backend=backend)
     if name is not None:
@@ -283,12 +281,12 @@ async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_END
         grader.name = name
     name, label = grader.name, grader.label
     out_path = rd.path / f"judge-{name}.jsonl"
-    sources = {(ln["sample_id"], ln["trial"]): ln[SEAL_KEY] for ln in lines}
+    sources = run.seals()
     done = _graded_before(rd, name, label, regrade, sources)
     # an UNPARSED grade is kept as it came (the judge's reply, stored); --retry-unparsed asks the judge again and
     # the new grade, appended, is the unit's (the offline judge's UNPARSED, no gold, would come out the same)
     again = {k for k, r in done.items() if retry_unparsed and judge != "exact" and r.grade == "UNPARSED"}
-    pending = [ln for ln in lines if (key := (ln["sample_id"], ln["trial"], ln[SEAL_KEY])) not in done or key in again]
+    pending = [ln for ln in lines if (key := (*ln.key, ln.line_sha256)) not in done or key in again]
     log.info(f"judge [{label}]: {len(lines)} trajectories, {len(lines) - len(pending)} already graded"
              + (f"; {len(again)} UNPARSED asked again" if again else ""))
     judge_server = None
@@ -302,7 +300,7 @@ async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_END
     close_fragment(out_path)  # a grade cut by a kill stays a torn line of its own, skipped by every reader
     out = RowWriter(out_path, "grade")
 
-    async def grade(ln: dict) -> Grade:
+    async def grade(ln: LineSummary) -> Grade:
         rec = await grader.grade(ln)
         where = f"{out_path} ({rec['sample_id']} trial {rec['trial']})"
         # each paid grade lands as soon as it comes: a kill loses none of them; a failed call is counted, not kept
@@ -319,15 +317,15 @@ async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_END
         finally:  # the judge's client closed whatever closing the file raised (no "Unclosed client session")
             await grader.aclose()
     graded = {(r.sample_id, r.trial, r.source_sha256): r for r in [*done.values(), *results]}
-    current = [graded[(ln["sample_id"], ln["trial"], ln[SEAL_KEY])] for ln in lines]
+    current = [graded[(*ln.key, ln.line_sha256)] for ln in lines]
     refused = identical_trials(lines)
     if refused:
         log.warning(f"WARNING: {rd.path}: {refused}")
-    summary = accuracy_table(current, label=label, run_label=header.get("label") or header.get("method", ""),
+    summary = accuracy_table(current, label=label, run_label=run.header.label or run.header.method,
                              std_refused=refused)
     summary["judge"] = label
     summary["judge_server"] = judge_server or _previous(rd.path / f"judge-{name}-summary.json", "judge_server")
-    summary["lines_changed"] = list(rd.changed)  # left out of the grading, edited or damaged in place
+    summary["lines_changed"] = list(run.changed)  # left out of the grading, edited or damaged in place
     summary["failed_judge_calls"] = sum(1 for r in results if r.failed)
     table = summary.pop("table")
     write_json(rd.path / f"judge-{name}-summary.json", summary, indent=2)  # redacted as it is serialised

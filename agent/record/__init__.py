@@ -20,18 +20,18 @@ from ..errors import HarnessError
 from .events import EVENT_TYPES, Action, Event, LlmCall, Sampling, ToolCall, Usage
 from .grade import GRADES, Grade
 from .header import RunHeader
-from .line import SCHEMA_VERSION, STATUSES, CallSummary, Message, ResultLine
+from .line import SCHEMA_VERSION, STATUSES, CallSummary, LineSummary, Message, ResultLine
 from .probes import EntropyStep, GroundingLabel, GroundingStep, RemovalOutcome, TeacherForcedToken
 from .tokens import TokenRecord
 
-__all__ = ["RunHeader", "ResultLine", "CallSummary", "Message", "Event", "EVENT_TYPES", "Action", "LlmCall",
+__all__ = ["RunHeader", "ResultLine", "LineSummary", "CallSummary", "Message", "Event", "EVENT_TYPES", "Action", "LlmCall",
            "ToolCall", "Usage", "Sampling", "Grade", "GRADES", "EntropyStep", "GroundingLabel", "GroundingStep",
            "RemovalOutcome", "TeacherForcedToken", "TokenRecord", "SCHEMAS", "SCHEMA_VERSION", "STATUSES",
            "write_schemas", "schema_of", "SchemaError", "validate"]
 
 #: Every record kind a run holds, by the name of its schema file (``<kind>.schema.json``).
 SCHEMAS: dict[str, type[BaseModel]] = {
-    "header": RunHeader, "result": ResultLine, "grade": Grade, "token": TokenRecord,
+    "header": RunHeader, "result": ResultLine, "summary": LineSummary, "grade": Grade, "token": TokenRecord,
     "entropy_step": EntropyStep, "grounding_label": GroundingLabel, "removal_outcome": RemovalOutcome,
     "teacher_forced_token": TeacherForcedToken,
 }

@@ -77,6 +77,7 @@ Action = Annotated[Union[ToolCallAction, AnswerAction, SubtaskAction, DescribeAc
 
 
 class _Event(Record):
+    type: str  # each kind names itself (its Literal below); declared first, where the writer puts it
     id: NonNegativeInt
     parent: str | None
     t: float

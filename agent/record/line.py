@@ -8,7 +8,7 @@ from pydantic import Field, NonNegativeInt, PositiveInt
 from .base import Open, Record
 from .events import Event
 
-__all__ = ["ResultLine", "CallSummary", "Message", "TextPart", "ImagePart", "ToolUsage", "ImageUnloadSummary",
+__all__ = ["ResultLine", "LineSummary", "CallSummary", "Message", "TextPart", "ImagePart", "ToolUsage", "ImageUnloadSummary",
            "ReplayOf", "STATUSES", "SCHEMA_VERSION"]
 
 #: The record's version (2: reasoning kept in the history, retrieved images in observations, n_query_images).
@@ -93,8 +93,9 @@ class ReplayOf(Record):
     k: PositiveInt
 
 
-class ResultLine(Record):
-    """One line of ``results.jsonl``: written once, when the unit is complete; sealed by ``line_sha256``."""
+class LineSummary(Record):
+    """A result line without its ``events`` and ``messages``: what a run's index holds of each line (a reader lists
+    thousands of lines by their summaries and reads a whole line, :class:`ResultLine`, when it needs one)."""
 
     schema_version: Literal[2]
     sample_id: str
@@ -123,8 +124,6 @@ class ResultLine(Record):
     responses_sha: str = Field(description="sha256 of every call's visible text and reasoning")
     duration_s: float
     calls: list[CallSummary]
-    events: list[Event]
-    messages: list[Message]
     tokens_file: str | None = Field(None, description="the token sidecar, relative to the run directory")
     tokens_sha256: str | None = Field(None, description="the sidecar's sha256: its bytes as written")
     endpoint: str | None = Field(None, description="the server that answered (no credentials)")
@@ -137,3 +136,15 @@ class ResultLine(Record):
                                                  "one was refused by the server: a failed call)")
     line_sha256: str | None = Field(None, description="the seal: sha256 of the line's bytes before it "
                                                        "(agent/rundir/lines.py); always the last field")
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """The unit it records: (sample_id, trial)."""
+        return self.sample_id, self.trial
+
+
+class ResultLine(LineSummary):
+    """One line of ``results.jsonl``: written once, when the unit is complete; sealed by ``line_sha256``."""
+
+    events: list[Event]
+    messages: list[Message]

@@ -42,8 +42,8 @@ def _line_tokens(run, line) -> pa.Table | None:
         return None
     n = t.num_rows
     t = t.replace_schema_metadata(None)
-    t = t.add_column(0, "trial", pa.array([int(line["trial"])] * n, pa.int32()))
-    return t.add_column(0, "sample_id", pa.array([str(line["sample_id"])] * n, pa.string()))
+    t = t.add_column(0, "trial", pa.array([line.trial] * n, pa.int32()))
+    return t.add_column(0, "sample_id", pa.array([line.sample_id] * n, pa.string()))
 
 
 def _write_tokens(run, path: Path) -> int:

@@ -32,6 +32,7 @@ from .grades import JUDGES, grades_of
 from .probe_outputs import NoProbeOutput, check_sources, probe_dir, read_table
 from .reader import Run, load_run
 from .sidecar import read_footer, verify_file
+from .writer import RunDir
 
 if TYPE_CHECKING:  # the types mypy checks against
     import pandas as pd
@@ -87,20 +88,19 @@ def results(run, judge: str | None = None) -> pd.DataFrame:
     total = "prompt_tokens", "completion_tokens"
     rows = []
     for ln in run.index:
-        calls = ln.get("calls") or []
-        costs = [c["cost"] for c in calls if c.get("cost") is not None]
-        r = {"sample_id": ln.get("sample_id"), "benchmark": ln.get("benchmark"), "trial": int(ln.get("trial", 0)),
-             "method": ln.get("method"), "label": label, "model": ln.get("model"),
-             "paper_category": ln.get("paper_category"), "status": ln.get("status"), "answer": ln.get("answer"),
-             "gold": ln.get("gold"), "n_calls": ln.get("n_calls", len(calls)), "n_tool_calls": ln.get("n_tool_calls", 0),
-             "prompt_tokens": sum(c.get("prompt_tokens", 0) for c in calls),
-             "completion_tokens": sum(c.get("completion_tokens", 0) for c in calls),
-             "think_tokens": sum(c.get("think_tokens", 0) for c in calls),
-             "max_prompt_tokens": max((c.get("prompt_tokens", 0) for c in calls), default=0),
-             "length_calls": sum(c.get("finish_reason") == "length" for c in calls),
-             "cost": sum(costs) if costs else None, "duration_s": ln.get("duration_s"),
-             "n_query_images": len(ln.get("query_images") or {})}
-        for name, n in (ln.get("tool_calls") or {}).items():
+        calls = ln.calls
+        costs = [c.cost for c in calls if c.cost is not None]
+        r = {"sample_id": ln.sample_id, "benchmark": ln.benchmark, "trial": ln.trial, "method": ln.method,
+             "label": label, "model": ln.model, "paper_category": ln.paper_category, "status": ln.status,
+             "answer": ln.answer, "gold": ln.gold, "n_calls": ln.n_calls, "n_tool_calls": ln.n_tool_calls,
+             "prompt_tokens": sum(c.prompt_tokens for c in calls),
+             "completion_tokens": sum(c.completion_tokens for c in calls),
+             "think_tokens": sum(c.think_tokens for c in calls),
+             "max_prompt_tokens": max((c.prompt_tokens for c in calls), default=0),
+             "length_calls": sum(c.finish_reason == "length" for c in calls),
+             "cost": sum(costs) if costs else None, "duration_s": ln.duration_s,
+             "n_query_images": len(ln.query_images)}
+        for name, n in ln.tool_calls.items():
             r[f"tool_{name}"] = n
         rows.append(r)
     df = pd.DataFrame(rows, columns=None if rows else [c for c in RESULT_COLUMNS if c not in ("correct", "judge")])
@@ -127,11 +127,15 @@ def steps(run) -> pd.DataFrame:
 
     Given a path, each line's summary is cut to these values as the index is read (a tuple a call, ours: the
     summaries of a 10,000-line run are ~200 MB, its steps ~20 MB; scripts/bench_frames.py)."""
-    lines = run.index if isinstance(run, Run) else load_run(run, project=_step_values).index
-    per = [ln["_steps"] if "_steps" in ln else _step_values(ln)["_steps"] for ln in lines]
+    if isinstance(run, Run):
+        lines = [(ln.sample_id, ln.trial, _step_values(ln.benchmark, [c.model_dump() for c in ln.calls]))
+                 for ln in run.index]
+    else:  # each summary cut to its calls' values as the index is read
+        lines = [(*k, e["_steps"]) for k, e in RunDir(run).latest(_steps_only).items()]
+    per = [calls for _, _, calls in lines]
     n = [len(calls) for calls in per]
-    cols = {"sample_id": np.repeat(np.array([ln["sample_id"] for ln in lines], dtype=object), n),
-            "trial": np.repeat(np.array([int(ln["trial"]) for ln in lines], dtype=np.int64), n)}
+    cols = {"sample_id": np.repeat(np.array([sid for sid, _, _ in lines], dtype=object), n),
+            "trial": np.repeat(np.array([trial for _, trial, _ in lines], dtype=np.int64), n)}
     for j, name in enumerate(STEP_COLUMNS[2:]):  # column by column: one column's values held at a time
         cols[name] = pd.Series([call[j] for calls in per for call in calls])
     return pd.DataFrame(cols, columns=list(STEP_COLUMNS))
@@ -140,12 +144,16 @@ def steps(run) -> pd.DataFrame:
 _CALL_KEYS = ("index", *STEP_COLUMNS[4:])
 
 
-def _step_values(summary: dict) -> dict:
-    """What :func:`steps` keeps of a line's summary: per call, its values in ``STEP_COLUMNS`` order (after the key),
+def _step_values(benchmark: str, calls: list[dict]) -> list[tuple]:
+    """What :func:`steps` keeps of a line's calls: per call, its values in ``STEP_COLUMNS`` order (after the key),
     each string interned (a run's few states, actions, tools and finish reasons held once, not once a call)."""
-    b = summary.get("benchmark")
-    return {"_steps": [tuple(sys.intern(v) if type(v) is str else v for v in (b, *map(c.get, _CALL_KEYS)))
-                       for c in summary.get("calls") or []]}
+    return [tuple(sys.intern(v) if type(v) is str else v for v in (benchmark, *map(c.get, _CALL_KEYS)))
+            for c in calls]
+
+
+def _steps_only(summary: dict) -> dict:
+    """An index entry cut to :func:`_step_values` as it is read (the run directory's own projection)."""
+    return {"_steps": _step_values(summary["benchmark"], summary["calls"])}
 
 
 #: What one token holds in a pandas frame, by column (measured on a paper-shaped run, ``scripts/bench_frames.py``;
@@ -179,8 +187,8 @@ def token_files(run) -> pd.DataFrame:
             n = read_footer(p).num_rows
         except (OSError, ValueError) as e:
             raise RunError(f"{p}: unreadable token sidecar ({e}); python -m agent.rundir check {run.path}") from None
-        rows.append({"sample_id": ln["sample_id"], "trial": int(ln["trial"]), "path": str(p.resolve()),
-                     "sha256": ln.get("tokens_sha256"), "rows": n})
+        rows.append({"sample_id": ln.sample_id, "trial": ln.trial, "path": str(p.resolve()),
+                     "sha256": ln.tokens_sha256, "rows": n})
     return pd.DataFrame(rows, columns=["sample_id", "trial", "path", "sha256", "rows"])
 
 
@@ -206,7 +214,7 @@ def tokens(run, columns: list[str] | None = None, *, sample_ids=None, filters=No
                        f"{', '.join(want)}), over max_mb={max_mb:g}. Read fewer columns, sample_ids= or filters=, "
                        "or aggregate without holding the tokens (docs/frames.md: paper-scale)")
     parts = []
-    by_key = {(ln["sample_id"], int(ln["trial"])): ln for ln in run.index}
+    by_key = {ln.key: ln for ln in run.index}
     for sid, trial in zip(files["sample_id"], files["trial"]):
         t = run.token_table(by_key[(sid, trial)], want, filters=filters)
         if t is None or not t.num_rows:
@@ -278,11 +286,12 @@ def step_entropies(run):
             continue
         e = think_segment_entropy(tok["call"], tok["top_logprobs"], tok["think"], tok.get("exact_entropy"))
         by_call = {int(c): i for i, c in enumerate(e["call"])}
-        for c in line.get("calls", []):
-            i = by_call.get(c["index"])
-            rows.append({"sample_id": line["sample_id"], "trial": line["trial"], "benchmark": line["benchmark"],
-                         "paper_category": line.get("paper_category"), "step": c["index"], "state": c["state"],
-                         "n_images": c["n_images"], "n_query_images": c.get("n_query_images", 0), "n_think": int(e["n_think"][i]) if i is not None else 0,
+        for c in line.calls:
+            i = by_call.get(c.index)
+            rows.append({"sample_id": line.sample_id, "trial": line.trial, "benchmark": line.benchmark,
+                         "paper_category": line.paper_category, "step": c.index, "state": c.state,
+                         "n_images": c.n_images, "n_query_images": c.n_query_images,
+                         "n_think": int(e["n_think"][i]) if i is not None else 0,
                          "H": float(e["H"][i]) if i is not None else np.nan,
                          "H_exact": float(e["H_exact"][i]) if i is not None else np.nan,
                          "gap": float(e["gap"][i]) if i is not None else np.nan})

@@ -7,11 +7,11 @@ Accuracy over them, as Table 1 lays it out: accuracy.py.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..record import Grade, validate
-from ..trajectory import responses_fingerprint
+from ..record import Grade, LineSummary, validate
 from .common import RunError
 from .lines import SEAL_KEY, SOURCE_KEY, SealedRows, read_sealed
 from .writer import RunDir
@@ -22,13 +22,13 @@ __all__ = ["JUDGES", "BrokenGrades", "MixedJudges", "GradeFile", "grade_file", "
 JUDGES = ("llm", "exact")
 
 
-def identical_trials(lines) -> str | None:
+def identical_trials(lines: "Iterable[LineSummary]") -> str | None:
     """Why a std over these trials would be meaningless, or None: every sample run in several trials has the
     very same responses in each (one trial repeated: a deterministic server without per-trial seeds, or a
     scripted backend). Table 1's "± std over three independent trials" needs them to differ somewhere."""
     by_sample: dict = {}
-    for ln in lines:  # a line's summary carries its digest (runs recorded before it: computed from the events)
-        by_sample.setdefault(ln["sample_id"], {})[ln["trial"]] = ln.get("responses_sha") or responses_fingerprint(ln)
+    for ln in lines:  # a line's summary carries the digest of its responses
+        by_sample.setdefault(ln.sample_id, {})[ln.trial] = ln.responses_sha
     multi = {s: d for s, d in by_sample.items() if len(d) > 1}
     if not multi or any(len(set(d.values())) > 1 for d in multi.values()):
         return None

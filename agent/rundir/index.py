@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ..jsonio import dumps, dumps_record
 from ..paths import open_regular
+from ..record import LineSummary, ResultLine, SchemaError, validate
 from .common import RunError, atomic_write
 from .lines import SEAL_KEY, line_digest, read_line
 
@@ -135,6 +136,37 @@ SUMMARY_DROP = ("events", "messages")
 Projection = Callable[[dict], dict]
 #: what every projected entry keeps: the unit's key and where its line is
 KEEP = ("sample_id", "trial", SEAL_KEY, "_o", "_n")
+#: the summary's fields every reader's summary keeps: the unit's key and its line's seal
+KEY_FIELDS = frozenset(("sample_id", "trial", SEAL_KEY))
+
+
+def position(entry: dict) -> dict:
+    """Where an entry's line is in results.jsonl (offset, length) and the seal it carries: what :class:`Lines`
+    reads it by."""
+    return {"_o": entry["_o"], "_n": entry["_n"], SEAL_KEY: entry.get(SEAL_KEY)}
+
+
+def summary_model(entry: dict, where: str, fields: frozenset[str] | None = None) -> LineSummary:
+    """An index entry as the summary's model: validated whole, or (``fields``) only those fields, taken as the
+    sealed line holds them (a field it does not name is refused when read)."""
+    summary = {k: v for k, v in entry.items() if k not in ("_o", "_n")}
+    if fields is not None:
+        bad = [f for f in fields if f not in LineSummary.model_fields]
+        nested = [f for f in fields if f in NESTED]
+        if bad or nested:
+            raise ValueError(f"not a plain field of a line's summary: {', '.join(bad + nested)}")
+        kept = LineSummary.model_construct(_fields_set=set(summary), **summary)
+        for name in set(kept.__dict__) - set(summary):  # no default stands in for a field not kept: reading it fails
+            del kept.__dict__[name]
+        return kept
+    try:
+        return validate("summary", summary, f"{where} ({entry.get('sample_id')} trial {entry.get('trial')})")
+    except SchemaError as e:
+        raise RunError(f"{e}; python -m agent.rundir check {Path(where).parent} lists such lines") from None
+
+
+#: the summary's fields that hold records of their own (validated only with the whole summary)
+NESTED = ("calls", "tool_usage", "image_unload", "replay_of")
 
 
 def _projected(e: dict, project: Projection | None) -> dict:
@@ -204,8 +236,9 @@ def _scan(f, start: int, end: int, path, warn: bool, project: Projection | None 
 
 
 class Lines(Sequence):
-    """A run's latest lines, read from results.jsonl one at a time when accessed (nothing is kept):
-    ``for line in run.lines`` holds one line in memory at a time; ``run.lines[i]`` parses line i."""
+    """A run's latest lines as :class:`agent.record.ResultLine`, read from results.jsonl one at a time when accessed
+    (nothing is kept): ``for line in run.lines`` holds one line in memory at a time; ``run.lines[i]`` parses line i.
+    ``index``: each line's :func:`position`."""
 
     def __init__(self, results: Path, index: list[dict]):
         self._results = results
@@ -219,23 +252,39 @@ class Lines(Sequence):
             return [self._read(e) for e in self._index[i]]
         return self._read(self._index[i])
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[ResultLine]:
         with open_regular(self._results, "rb", RunError) as f:
             for e in self._index:
                 f.seek(e["_o"])
                 yield _checked(f.read(e["_n"]), e, self._results)
 
-    def _read(self, e: dict) -> dict:
+    def _read(self, e: dict) -> ResultLine:
         with open_regular(self._results, "rb", RunError) as f:
             f.seek(e["_o"])
             return _checked(f.read(e["_n"]), e, self._results)
 
 
-def _checked(raw: bytes, entry: dict, path) -> dict:
-    """The line at an index entry, refused with the file and byte offset if it changed since it was indexed."""
+def raw_line(results: Path, entry: dict) -> dict:
+    """The line at an index entry (or :func:`position`) as the file holds it (a dict, for the writer's own use: a
+    merge writes it again), refused as :class:`Lines` refuses it."""
+    with open_regular(results, "rb", RunError) as f:
+        f.seek(entry["_o"])
+        return _intact(f.read(entry["_n"]), entry, results)
 
+
+def _intact(raw: bytes, entry: dict, path) -> dict:
     line, state = read_line(raw)
     if state != "ok" or line[SEAL_KEY] != entry.get(SEAL_KEY):
         raise RunError(f"{path}: the line at byte {entry['_o']} changed since the run was read (its checksum does not "
                        f"match); python -m agent.rundir check {Path(path).parent} reports it")
     return line
+
+
+def _checked(raw: bytes, entry: dict, path) -> ResultLine:
+    """The line at an index entry as its model, refused with the file and byte offset if it changed since it was
+    indexed or is no valid result record."""
+    line = _intact(raw, entry, path)
+    try:
+        return validate("result", line, f"{path} (line at byte {entry['_o']})")
+    except SchemaError as e:
+        raise RunError(f"{e}; python -m agent.rundir check {Path(path).parent} lists such lines") from None

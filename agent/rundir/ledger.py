@@ -119,48 +119,36 @@ def _count(run, serving_dir, gpus_per_server, cache: dict) -> tuple[dict, dict, 
     endpoints: set = set()
     t0 = t1 = None
     for s in run.index:
-        t0 = s.get("started") if t0 is None else min(t0, s.get("started") or t0)
-        t1 = s.get("finished") if t1 is None else max(t1, s.get("finished") or t1)
-        m = models.setdefault(s.get("model") or "?", {"calls": 0, "prompt_tokens": 0, "cached_tokens": 0,
+        t0 = s.started if t0 is None else min(t0, s.started)
+        t1 = s.finished if t1 is None else max(t1, s.finished)
+        m = models.setdefault(s.model or "?", {"calls": 0, "prompt_tokens": 0, "cached_tokens": 0,
                                                       "completion_tokens": 0, "latency_s": 0.0,
                                                       "request_gpu_seconds": 0.0, "_gpus_unknown": 0,
                                                       "provider_cost": 0.0, "calls_with_cost": 0})
-        url = s.get("endpoint")
+        url = s.endpoint
         endpoints.add(url)
         gpus = _gpus_for(url, serving_dir, gpus_per_server, cache)
-        for c in s.get("calls") or []:
+        for c in s.calls:
             m["calls"] += 1
-            for k in ("prompt_tokens", "cached_tokens", "completion_tokens"):
-                m[k] += int(c.get(k) or 0)
-            if c.get("cost") is not None:  # what the provider said this call cost
-                m["provider_cost"] += float(c["cost"])
+            m["prompt_tokens"] += c.prompt_tokens
+            m["cached_tokens"] += c.cached_tokens
+            m["completion_tokens"] += c.completion_tokens
+            if c.cost is not None:  # what the provider said this call cost
+                m["provider_cost"] += c.cost
                 m["calls_with_cost"] += 1
-            lat = float(c.get("latency_s") or 0.0)
+            lat = c.latency_s
             m["latency_s"] += lat
             if gpus is None:
                 m["_gpus_unknown"] += 1
             else:
                 m["request_gpu_seconds"] += lat * gpus
-        for name, u in _tool_usage(run, s).items():
+        for name, u in s.tool_usage.items():
             t = tools.setdefault(name, {"calls": 0, "cached": 0, "paid_calls": 0})
-            t["calls"] += u["calls"]
-            t["cached"] += u["cached"]
-            t["paid_calls"] += u["paid"]
+            t["calls"] += u.calls
+            t["cached"] += u.cached
+            t["paid_calls"] += u.paid
     span = (t1 - t0) if t0 is not None and t1 is not None else 0.0
     return models, tools, endpoints, span
-
-
-def _tool_usage(run, s: dict) -> dict:
-    usage = s.get("tool_usage")
-    if usage is None:  # a line written before tool_usage: count from its events
-        usage = {}
-        for e in run.full(s).get("events") or []:
-            if e.get("type") == "tool_call":
-                u = usage.setdefault(e["name"], {"calls": 0, "cached": 0, "paid": 0})
-                u["calls"] += 1
-                u["cached"] += bool(e.get("cache_hit"))
-                u["paid"] += int(e.get("paid_calls") or 0)
-    return usage
 
 
 def _price_models(models: dict, prices: dict, held_gpus, span: float, unknown: list) -> None:

@@ -36,8 +36,8 @@ from ..identity import same_model, server_differences
 from ..tools.cache import ToolCache
 from .check import check_run
 from .common import IDENTITY_KEYS, RunError, inside, output_lock, write_json
+from .index import raw_line
 from .ledger import compute_ledger
-from .reader import load_run
 from .writer import RunDir
 
 log = logging.getLogger(__name__)
@@ -186,15 +186,14 @@ def _merged_header(first: dict, shards: list) -> dict:
 def _copy_lines(rd: RunDir, out: Path, shards: list, progress) -> tuple[int, int]:
     """Each unit's latest line with its sidecar, shard by shard in the order each shard wrote them (a runner's file is
     in completion order too: every reader sorts what it needs). ``(lines, sidecars)``."""
-    readers = [load_run(p) for p, _, _ in shards]
     n_lines = n_tokens = 0
     order = [(si, kv) for si, (_, _, latest) in enumerate(shards)
              for kv in sorted(latest.items(), key=lambda kv: kv[1].get("_o", 0))]
     for si, (key, summary) in order:
         src = shards[si][0]
-        line = readers[si].full(summary)
-        line = {k: v for k, v in line.items() if not k.startswith("_")}
-        tf = readers[si].tokens_path(line)  # refused when it leads out of the shard
+        line = raw_line(src / "results.jsonl", summary)  # as written: sealed again as it is
+        where = f"{src / 'results.jsonl'} ({key[0]} trial {key[1]}): tokens_file"
+        tf = inside(src, line["tokens_file"], where) if line.get("tokens_file") else None  # never out of the shard
         if tf is not None:
             dst = inside(out, line["tokens_file"], f"{src / 'results.jsonl'} ({key[0]} trial {key[1]}): tokens_file")
             if not tf.is_file():

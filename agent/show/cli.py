@@ -68,7 +68,7 @@ def _show(a) -> int:
             done([], f"python -m agent.show {a.run_dir} {df.iloc[0]['sample_id']}   |   "
                      f"python -m agent.show {a.run_dir} --html")
             return 0
-        line = next((ln for ln in run.index if ln["sample_id"] == a.sample_id and int(ln["trial"]) == a.trial), None)
+        line = next((ln for ln in run.index if ln.key == (a.sample_id, a.trial)), None)
         if line is None:
             log.error(f"error: {run.path}: no trajectory {a.sample_id} trial {a.trial}")
             return 2

@@ -6,7 +6,7 @@ from collections import Counter
 
 from ..lazy import lazy_module
 from ..record import EntropyStep, GroundingLabel
-from ..rundir import Run, RunError
+from ..rundir import Run, RunError, frames
 from ..rundir.grades import JUDGES, grade_file
 from ..rundir.lines import SOURCE_KEY
 from ..rundir.probe_outputs import PROBE_OUTPUTS, NoProbeOutput, probe_dir, read_rows, read_table
@@ -81,31 +81,17 @@ def removal_outcomes(run: Run) -> dict:
     return out
 
 
-def view_fields(summary: dict) -> dict:
-    """What the HTML viewer keeps of a line's summary (``load_run(path, project=view_fields)``): its row in the list
-    and its counts for :func:`run_summary`, a few hundred bytes a trajectory, so the writer's memory does not grow
-    with the run's calls (the whole line is read again, one at a time, for its page)."""
-    n, prompt, completion = _call_counts(summary)
-    return {"status": summary.get("status"), "benchmark": summary.get("benchmark"),
-            "paper_category": summary.get("paper_category"), "n_calls": summary.get("n_calls"),
-            "n_tool_calls": summary.get("n_tool_calls"), "answer": short(summary.get("answer"), 80),
-            "gold": short(summary.get("gold"), 80), "call_counts": [n, prompt, completion]}
-
-
-def _call_counts(ln: dict) -> tuple[int, int, int]:
-    """(LLM calls, prompt tokens, completion tokens) of a line (its summary, or what :func:`view_fields` kept)."""
-    if "call_counts" in ln:  # the viewer's own projection (view_fields), never a field of a result line
-        return tuple(ln["call_counts"])
-    calls = ln.get("calls") or []
-    return (len(calls), sum(int(c.get("prompt_tokens") or 0) for c in calls),
-            sum(int(c.get("completion_tokens") or 0) for c in calls))
+#: What the HTML viewer keeps of each line's summary (``load_run(path, fields=VIEW_FIELDS)``): its row in the list,
+#: a few hundred bytes a trajectory, so the writer's memory does not grow with the run's calls (the whole line is
+#: read again, one at a time, for its page; the calls' counts come from :func:`agent.rundir.frames.steps`).
+VIEW_FIELDS = ("status", "benchmark", "paper_category", "n_calls", "n_tool_calls", "answer", "gold")
 
 
 def run_summary(run: Run) -> dict:
     """The landing pane's numbers: statuses, accuracy per judge, calls and tokens, and which probes ran."""
 
     idx = run.index
-    statuses = Counter(ln["status"] for ln in idx)
+    statuses = Counter(ln.status for ln in idx)
 
     judges = {}
     sources = run.seals()
@@ -119,8 +105,9 @@ def run_summary(run: Run) -> dict:
         n = len(grades)
         judges[label] = {"graded": n, "correct": sum(g == "CORRECT" for g in grades.values()),
                          "accuracy": round(100.0 * sum(g == "CORRECT" for g in grades.values()) / n, 1) if n else None}
-    counts = [_call_counts(ln) for ln in idx]
-    n_calls, prompt, completion = (sum(c[i] for c in counts) for i in range(3))
+    calls = frames.steps(run.path)  # one row per call, read from the index as it goes
+    n_calls = len(calls)
+    prompt, completion = (int(calls[c].fillna(0).sum()) for c in ("prompt_tokens", "completion_tokens"))
     probes = {}
     pd_ = run.path / "probes"
     for d in sorted(pd_.iterdir()) if pd_.is_dir() else []:
@@ -147,7 +134,7 @@ def run_summary(run: Run) -> dict:
     return {"trajectories": len(idx), "statuses": dict(statuses), "judges": judges, "llm_calls": n_calls,
             "mean_calls": round(n_calls / len(idx), 2) if idx else None,
             "prompt_tokens": prompt, "completion_tokens": completion,
-            "tool_calls": sum(int(ln.get("n_tool_calls") or 0) for ln in idx), "probes": probes,
+            "tool_calls": sum(ln.n_tool_calls for ln in idx), "probes": probes,
             "method": run.header.label, "trials": run.header.trials}
 
 
@@ -155,9 +142,9 @@ def sample_table(run: Run):
     """One row per (sample, trial): status, calls, answer, gold, grade."""
 
     grades, judge = grades_of_run(run)
-    rows = [{"sample_id": ln["sample_id"], "trial": ln["trial"], "benchmark": ln.get("benchmark"),
-             "status": ln["status"], "calls": ln.get("n_calls"), "answer": ln.get("answer", ""), "gold": ln.get("gold", ""),
-             "grade": grades.get((ln["sample_id"], ln["trial"]), "")} for ln in run.index]
+    rows = [{"sample_id": ln.sample_id, "trial": ln.trial, "benchmark": ln.benchmark, "status": ln.status,
+             "calls": ln.n_calls, "answer": ln.answer, "gold": ln.gold, "grade": grades.get(ln.key, "")}
+            for ln in run.index]
     df = pd.DataFrame(rows)
     df.attrs["judge"] = judge
     return df.sort_values(["sample_id", "trial"]).reset_index(drop=True) if len(df) else df

@@ -22,6 +22,8 @@ from ..backends.base import model_vocab_size
 from ..backends.tiny_model import default_tiny_dir
 from ..choices import AUTO_TOKENS
 from ..paths import read_regular
+from ..record import LineSummary, LlmCall, ResultLine
+from ..record.line import ImagePart
 from ..rundir import Run, RunError, load_run, token_key
 
 __all__ = ["build_html", "files_dir", "LIST_CHUNK", "INDEX_ROWS", "AUTO_TOKENS", "EMBED_PX", "PAGE_TEMPLATE"]
@@ -31,7 +33,7 @@ __all__ = ["build_html", "files_dir", "LIST_CHUNK", "INDEX_ROWS", "AUTO_TOKENS",
 #: Images larger than this (pixels on the longer side) are embedded downscaled (JPEG, quality 85; ours): a 322 KB
 #: photo is ~430 KB of base64 in the page, its 768-pixel copy ~60 KB; the originals stay in RUN/images/.
 EMBED_PX = 768
-from .data import grades_of_run, grounding_labels, probe_steps, removal_outcomes, run_summary, short, view_fields
+from .data import VIEW_FIELDS, grades_of_run, grounding_labels, probe_steps, removal_outcomes, run_summary, short
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +71,12 @@ def _image_uri(run: Run, sha: str, cache: dict, missing: list, max_px: int | Non
     return cache[sha]
 
 
-def _call_tokens(run: Run, line: dict, tf_dir: Path | None, warnings: list) -> dict:
+def _call_tokens(run: Run, line: ResultLine, tf_dir: Path | None, warnings: list) -> dict:
     """Per call, its think tokens as columns: text, H (centinats), and where the teacher-forced probe ran on
     this run ΔH (centinats) and KL (millinats). Integers compress well; the colour scale needs no more. What cannot
     be shown (a damaged sidecar, a per-token probe file not as sealed) is said in ``warnings``, never hidden."""
 
-    if not line.get("tokens_file"):
+    if not line.tokens_file:
         return {}
     try:
         try:  # an adaptive-unloading run carries its online per-token KL / ΔH (agent/methods/unload.py)
@@ -85,7 +87,7 @@ def _call_tokens(run: Run, line: dict, tf_dir: Path | None, warnings: list) -> d
             tok = run.tokens(line, ["call", "text", "think", "top_logprobs"])
     except RunError as e:
         warnings.append(f"no tokens shown: {e}")
-        log.warning(f"warning: {line['sample_id']}#{line['trial']}: no tokens shown: {e}")
+        log.warning(f"warning: {line.sample_id}#{line.trial}: no tokens shown: {e}")
         return {}
     if "text" not in tok:  # a record from before token texts were kept
         return {}
@@ -99,10 +101,10 @@ def _call_tokens(run: Run, line: dict, tf_dir: Path | None, warnings: list) -> d
     probed = {}
     if tf_dir is not None:  # the teacher-forced probe's per-token ΔH / KL of this trajectory (one file), as sealed
         try:
-            probed = read_step_tokens(tf_dir, token_key(line["sample_id"], line["trial"]))
+            probed = read_step_tokens(tf_dir, token_key(line.sample_id, line.trial))
         except RunError as e:
             warnings.append(f"no per-token ΔH / KL shown: {e}")
-            log.warning(f"warning: {line['sample_id']}#{line['trial']}: no per-token ΔH / KL shown: {e}")
+            log.warning(f"warning: {line.sample_id}#{line.trial}: no per-token ΔH / KL shown: {e}")
     for c in np.unique(tok["call"]):
         idx = np.flatnonzero(tok["call"] == c)
         think = tok["think"][idx].astype(bool)
@@ -155,39 +157,35 @@ def _alternatives_of(t: dict, pos, ok, n: int, think) -> list:
     return [rows[i] for i in np.flatnonzero(think)]
 
 
-def _sample_detail(run: Run, line: dict, images: dict, missing: list, dH: dict, tf_dir: Path | None,
+def _sample_detail(run: Run, line: ResultLine, images: dict, missing: list, dH: dict, tf_dir: Path | None,
                    with_tokens: bool = True, grounding: dict | None = None, removal: dict | None = None) -> dict:
     msgs = []
-    for m in line.get("messages") or []:
-        c = m.get("content")
+    for m in line.messages:
         parts = []
-        if isinstance(c, list):
-            for p in c:
-                if isinstance(p, dict) and p.get("type") == "image":
-                    sha = p.get("sha256")
-                    if sha:
-                        _image_uri(run, sha, images, missing)
-                    parts.append({"img": sha, "url": p.get("url")})
+        if isinstance(m.content, list):
+            for p in m.content:
+                if isinstance(p, ImagePart):
+                    if p.sha256:
+                        _image_uri(run, p.sha256, images, missing)
+                    parts.append({"img": p.sha256, "url": p.url})
                 else:
-                    parts.append({"text": (p or {}).get("text", "")})
+                    parts.append({"text": p.text})
         else:
-            parts.append({"text": c or ""})
-        msgs.append({"role": m.get("role"), "parts": parts, "reasoning": m.get("reasoning_content")})
-    for h in (line.get("query_images") or {}).values():
+            parts.append({"text": m.content or ""})
+        msgs.append({"role": m.role, "parts": parts, "reasoning": m.reasoning_content})
+    for h in line.query_images.values():
         _image_uri(run, h, images, missing)
     events = []
-    for ev in line.get("events") or []:
-        e = {k: v for k, v in ev.items() if k not in ("sampling",)}
-        if ev["type"] == "llm_call":
-            e["dH"] = dH.get((line["sample_id"], line["trial"], ev["index"]))
+    for ev in line.events:  # as recorded (the page's script reads the record's field names)
+        e = ev.model_dump(mode="json", exclude_unset=True, exclude={"sampling"})
+        if isinstance(ev, LlmCall):
+            e["dH"] = dH.get((line.sample_id, line.trial, ev.index))
         events.append(e)
     warnings: list = []
     return {"events": events, "messages": msgs, "tokens": _call_tokens(run, line, tf_dir, warnings) if with_tokens else {},
-            "warnings": warnings,
-            "question": line.get("question"), "gold": line.get("gold"), "answer": line.get("answer"),
-            "query_images": line.get("query_images"), "error": line.get("error"), "status": line["status"],
-            "grounding": (grounding or {}).get((line["sample_id"], line["trial"])) or {},
-            "removal": (removal or {}).get((line["sample_id"], line["trial"])) or []}
+            "warnings": warnings, "question": line.question, "gold": line.gold, "answer": line.answer,
+            "query_images": line.query_images, "error": line.error, "status": line.status,
+            "grounding": (grounding or {}).get(line.key) or {}, "removal": (removal or {}).get(line.key) or []}
 
 
 #: Rows per file of the index's trajectory list (``list-<i>.js``, loaded by the index page as it pages or
@@ -202,12 +200,11 @@ def files_dir(out_path: Path) -> Path:
     return out_path.with_name(f"{out_path.stem}_files")
 
 
-def _row(ln: dict, grades: dict) -> dict:
-    key = f"{ln['sample_id']}__t{ln['trial']}"
-    return {"key": key, "file": token_key(ln["sample_id"], ln["trial"]) + ".html", "id": ln["sample_id"],
-            "trial": ln["trial"], "status": ln["status"], "benchmark": ln.get("benchmark"),
-            "category": ln.get("paper_category"), "grade": grades.get((ln["sample_id"], ln["trial"]), ""),
-            "calls": ln.get("n_calls"), "answer": short(ln.get("answer"), 80), "gold": short(ln.get("gold"), 80)}
+def _row(ln: LineSummary, grades: dict) -> dict:
+    return {"key": f"{ln.sample_id}__t{ln.trial}", "file": token_key(ln.sample_id, ln.trial) + ".html",
+            "id": ln.sample_id, "trial": ln.trial, "status": ln.status, "benchmark": ln.benchmark,
+            "category": ln.paper_category, "grade": grades.get(ln.key, ""), "calls": ln.n_calls,
+            "answer": short(ln.answer, 80), "gold": short(ln.gold, 80)}
 
 
 def _page(fill: dict) -> str:
@@ -226,15 +223,15 @@ def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[
     all when at most :data:`AUTO_TOKENS` trajectories are written, else none (the page says so)."""
     if tokens not in ("auto", "all", "none"):
         raise ValueError(f"tokens must be auto, all or none, not {tokens!r}")
-    run = load_run(run_dir, project=view_fields)  # a few hundred bytes a trajectory; each line read for its page
+    run = load_run(run_dir, fields=VIEW_FIELDS)  # a few hundred bytes a trajectory; each line read for its page
     grades, judge = grades_of_run(run)
     dH, mode = probe_steps(run)
     tf_dir = run.path / "probes" / "entropy-teacher-forced" / "tokens"
     tf_dir = tf_dir if tf_dir.is_dir() else None
     has_release = bool((run.header.image_unload or {}).get("policy"))
-    lines = sorted(run.index, key=lambda ln: (ln["sample_id"], ln["trial"]))  # summaries; whole lines one at a time
+    lines = sorted(run.index, key=lambda ln: ln.key)  # summaries; whole lines one at a time
     if sample_ids:
-        lines = [ln for ln in lines if ln["sample_id"] in set(sample_ids)]
+        lines = [ln for ln in lines if ln.sample_id in set(sample_ids)]
     lines = lines[: limit or None]
     with_tokens = tokens == "all" or (tokens == "auto" and len(lines) <= AUTO_TOKENS)
     grounding, removal = grounding_labels(run), removal_outcomes(run)
@@ -242,8 +239,7 @@ def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[
     fdir = files_dir(out_path)
     fdir.mkdir(parents=True, exist_ok=True)
     h = run.header
-    options = {k: sorted({str(ln.get(f) or "") for ln in lines} - {""}) for k, f in
-               (("status", "status"), ("benchmark", "benchmark"))}
+    options = {"status": sorted({ln.status for ln in lines} - {""}), "benchmark": sorted({ln.benchmark for ln in lines} - {""})}
     options["grade"] = sorted({g for g in grades.values() if g})
     meta = {"run": str(run.path), "label": h.label, "model": h.model.served_model if h.model else None,
             "t_max": h.budgets.t_max, "judge": judge, "probe_mode": mode,

@@ -79,24 +79,23 @@ def _kl_summary(tf: list):
     return pd.concat(kparts, ignore_index=True)
 
 
-def _model_only(summary: dict) -> dict:
-    """What the report keeps of each line's summary where it needs only the run's headers and model (ours: a
-    paper-scale run's summaries are ~200 MB held; the readers below read what they need themselves)."""
-    return {"model": summary.get("model")}
+#: What the report keeps of each line's summary where it needs only the run's headers and model (ours: a
+#: paper-scale run's summaries are ~200 MB held; the readers below read what they need themselves).
+_MODEL_ONLY = ("model",)
 
 
 def _pooled_figure2(react_runs: list[str], out: Path, made: list, missing: list):
     """Figure 2 panels pooled over the given ReAct runs (and, for (b), one curve per run)."""
     by_model: dict = {}
     for rd in react_runs:  # a model's runs pool only if their servers computed alike
-        run = load_run(rd, project=_model_only)
+        run = load_run(rd, fields=_MODEL_ONLY)
         by_model.setdefault(tables.model_label(run) or Path(rd).name, []).append(run)
     for label, runs in by_model.items():
         refuse_mixed_servers(f"Figure 2, {label}", runs)
     grounding, entropy, outcomes, modes, headers, labels, tf = [], [], [], set(), [], [], []
     for rd in react_runs:
         probes = Path(rd) / "probes"
-        run = load_run(rd, project=_model_only)
+        run = load_run(rd, fields=_MODEL_ONLY)
         headers.append(run.header)
         label = tables.model_label(run) or Path(rd).name
         labels.append(label)
@@ -209,12 +208,12 @@ def _predictors(react: list, out: Path, made: list, missing: list, judge: str | 
 def _unload_figure(react, removal_runs, unload_runs, out: Path, made: list, missing: list, judge):
     """The adaptive-unloading figure (ours): needs the adaptive runs and at least one reference policy."""
 
-    plain = [rd for rd in react if not load_run(rd, project=_model_only).header.variant]
+    plain = [rd for rd in react if not load_run(rd, fields=_MODEL_ONLY).header.variant]
     refs = list(dict.fromkeys([*removal_runs, *plain]))  # ReAct (images kept) and Removal@k runs
     pts = unload_points(refs, unload_runs, react_runs=plain, judge=judge)
     missing += pts.attrs.get("missing", [])
     st = unload_steps(unload_runs)
-    heads = [load_run(rd, project=_model_only).header for rd in [*refs, *unload_runs, *plain]]
+    heads = [load_run(rd, fields=_MODEL_ONLY).header for rd in [*refs, *unload_runs, *plain]]
     mark = figures.provenance_mark(heads)
     figures.fig_unload(pts, st, out / "fig_unload", mark=mark,
                         subtitle=f"Adaptive image unloading ({pts.attrs.get('model') or '?'}; judge: {pts.attrs.get('judge')})")
@@ -314,7 +313,7 @@ def make_report(*, react=(), runs=(), removal_runs=(), out="figures/out", judge:
     out.mkdir(parents=True, exist_ok=True)
     made, missing = [], []
     react = [react] if isinstance(react, (str, Path)) else list(react)
-    rr = [load_run(rd, project=_model_only) for rd in react]
+    rr = [load_run(rd, fields=_MODEL_ONLY) for rd in react]
     for rd, r in zip(react, rr):  # before any work: Figures 1 and 2 are the ReAct probes' (paper §3.2)
         if r.header.method != "react":
             raise RunError(f"--react {rd}: this is a {method_label(r)} run; Figures 1 and 2 read probed ReAct runs "

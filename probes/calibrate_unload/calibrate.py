@@ -76,8 +76,7 @@ def simulate(steps, outcomes, run, signal: str, threshold: float, patience: int)
     infl = {}
     for r in steps.itertuples():
         infl.setdefault((r.sample_id, int(r.trial)), {})[int(r.step)] = influence_of(signal, r.kl_with_without, r.dH)
-    img_steps = {(ln["sample_id"], int(ln["trial"])): [c.get("n_query_images", 0) for c in ln.get("calls", [])]
-                 for ln in run.index}
+    img_steps = {ln.key: [c.n_query_images for c in ln.calls] for ln in run.index}
     correct, kept, rel, uncovered = [], [], [], 0
     for key, orig in original.items():
         calls = img_steps.get(key, [])

@@ -19,9 +19,9 @@ from agent.backends.messages import ImageUsers
 from agent.backends.spread import pin
 from agent.errors import gather_all
 from agent.lazy import lazy_module
-from agent.record import EntropyStep
+from agent.record import EntropyStep, LlmCall
 from agent.rundir import RunError, close_fragment, load_run, output_lock, token_key, write_json
-from agent.rundir.lines import SEAL_KEY, SOURCE_KEY, RowWriter
+from agent.rundir.lines import SOURCE_KEY, RowWriter
 from agent.rundir.probe_outputs import resume_rows, sweep_outputs, write_outputs
 from analysis.selection import select_trajectories
 from analysis.stats import summarise_by
@@ -66,13 +66,12 @@ def _plan(run, out: Path, done: set, limit, include_unparsed: bool) -> tuple[lis
     """The selected trajectories (paper B.1 rule, exclusions written) and ``[(line summary, steps to probe)]``."""
     # the run's index (line summaries) decides what to probe; each trajectory's whole line and token columns
     # are read when its turn comes and dropped when its steps are done: memory stays bounded at any run size
-    index = sorted(run.index, key=lambda ln: (ln["sample_id"], ln["trial"]))[: limit or None]
+    index = sorted(run.index, key=lambda ln: ln.key)[: limit or None]
     lines, exclusions = select_trajectories(index, include_unparsed=include_unparsed)
     exclusions.to_csv(out / "exclusions.csv", index=False)
     pending = []
     for line in lines:
-        steps = [c["index"] for c in line.get("calls") or []
-                 if c.get("n_query_images", 0) > 0 and (line["sample_id"], line["trial"], c["index"]) not in done]
+        steps = [c.index for c in line.calls if c.n_query_images > 0 and (*line.key, c.index) not in done]
         if steps:
             pending.append((line, steps))
     log.info("trajectories entering the analysis (rule: analysis/selection.py):\n"
@@ -99,7 +98,7 @@ class _Prober:
     def _open(self, summary):
         """The trajectory's whole line and token columns, and the lending of its recorded prompt ids."""
         line = self.run.full(summary)
-        if not line.get("tokens_file"):
+        if not line.tokens_file:
             raise RunError("no token sidecar (the run recorded no tokens)")
         # the token texts only for a backend that scores by text (the scripted fake): the model backends score ids
         want = self.columns if self.mode == "regenerate" else [c for c in self.columns if c != "text"] + (
@@ -110,11 +109,11 @@ class _Prober:
 
     async def trajectory(self, summary, steps) -> None:
         async with self.sem:  # at most `concurrency` trajectories (and requests) at a time
-            pin(self.backend, (summary["sample_id"], summary["trial"]))  # one server per trajectory (its prefix cache)
+            pin(self.backend, summary.key)  # one server per trajectory (its prefix cache)
             try:
                 line, tok, give_back = self._open(summary)
             except RunError as e:
-                self.failures.append(f"{summary['sample_id']}/t{summary['trial']}: {e}")
+                self.failures.append(f"{summary.sample_id}/t{summary.trial}: {e}")
                 self.bar.update(len(steps))
                 return
             try:
@@ -125,8 +124,8 @@ class _Prober:
     async def _steps(self, line: dict, tok: dict, steps: list) -> None:
         # what its steps share; the images its steps send, counted for the probe's image cache
         ctx = StepContext(self.run, line, tok, self.backend, self.mode, self.vocab, images=(self.image_users, set()))
-        events = {e["index"]: e for e in line["events"] if e["type"] == "llm_call"}
-        key, kept_any = token_key(line["sample_id"], line["trial"]), False
+        events = {e.index: e for e in line.events if isinstance(e, LlmCall)}
+        key, kept_any = token_key(line.sample_id, line.trial), False
         try:
             for step in steps:
                 ev = events.get(step)
@@ -137,15 +136,15 @@ class _Prober:
                 except ModelServerDown:  # the command ends here, every finished step kept
                     raise
                 except (BackendError, RunError) as e:
-                    self.failures.append(f"{line['sample_id']}/t{line['trial']} step {step}: {e}")
+                    self.failures.append(f"{line.sample_id}/t{line.trial} step {step}: {e}")
                     row = None
                 if row is not None:
                     if t is not None:  # the step's tokens first (its partial file), then its row; not held here
                         self.store.append(key, step, t)
                         kept_any = True
                     # one whole line, flushed: an interrupt keeps every finished step, the rerun probes the rest
-                    row[SOURCE_KEY] = line[SEAL_KEY]  # the line (and so the sidecar) it was computed from
-                    self.sink.append(row, f"{line['sample_id']}/t{line['trial']} step {step}")
+                    row[SOURCE_KEY] = line.line_sha256  # the line (and so the sidecar) it was computed from
+                    self.sink.append(row, f"{line.sample_id}/t{line.trial} step {step}")
                     self.kept += 1
                 self.bar.update(1)
         finally:
@@ -162,7 +161,7 @@ def _steps_frame(steps: pd.DataFrame, lines: list, run, failures: list) -> pd.Da
     if steps.empty:
         raise RunError(f"{run.path}: no step with query images was probed ({len(failures)} failed"
                        + (f"; first: {failures[0]}" if failures else "") + ")")
-    keep = {(ln["sample_id"], ln["trial"]) for ln in lines}  # a rerun after a selection change drops stale rows
+    keep = {ln.key for ln in lines}  # a rerun after a selection change drops stale rows
     steps = steps[[(a, b) in keep for a, b in zip(steps["sample_id"], steps["trial"])]]
     steps = steps.sort_values(["sample_id", "trial", "step"]).reset_index(drop=True)
     if "dH_low" in steps:  # +1 / -1: the interval holds only positive / negative ΔH; 0: it holds 0
@@ -274,6 +273,6 @@ async def _probe_run(run_dir, *, mode: str = "regenerate", backend=None, out_dir
     write_outputs(out, tables, rows="steps.jsonl", files=[f for f in written if f.is_file()])
     for f in prober.failures[:10]:
         log.info(f"failed: {f}")
-    model = (ident or {}).get("served_model") or (run.index[0].get("model") if run.index else None) or "model"
+    model = (ident or {}).get("served_model") or (run.index[0].model if run.index else None) or "model"
     return {"steps": steps, "summary": summary, "forking": fork_summary, "out": out, "failures": prober.failures,
             "mode": mode, "model": model, "header": run.header}

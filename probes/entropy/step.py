@@ -11,6 +11,7 @@ import numpy as np
 from agent.backends.base import BackendError, Continuation, model_vocab_size, top_id_matrix, top_matrix
 from agent.backends.messages import image_shas, strip_query_images
 from agent.lazy import lazy_module
+from agent.record import LlmCall, ResultLine
 from agent.rundir import Run, RunError
 from agent.trajectory import recorded_sampling
 from analysis.entropy import AGGREGATIONS, aggregate_entropies, entropy_high, entropy_histogram, grouped_tail_entropy
@@ -83,7 +84,7 @@ def call_slices(call: np.ndarray) -> dict:
     return {int(c): np.flatnonzero(call == c) for c in np.unique(call)}
 
 
-async def _regenerate_side(row: dict, ev: dict, tok: dict, sel, think, without, backend, H_all, Hhi_all, vocab) -> None:
+async def _regenerate_side(row: dict, ev: LlmCall, tok: dict, sel, think, without, backend, H_all, Hhi_all, vocab) -> None:
     """Regenerate mode (the paper's): H(τ_t) from the recorded response, H(τ_t^IR) from a new one sampled without
     the query images with the recorded sampling parameters and logprob semantics."""
     H = H_all[sel] if H_all is not None else grouped_tail_entropy(tok["top_logprobs"][sel])
@@ -95,8 +96,8 @@ async def _regenerate_side(row: dict, ev: dict, tok: dict, sel, think, without, 
     row["H_exact_with"] = float(np.mean(ex, dtype=np.float64)) if len(ex) and np.isfinite(ex).all() else float("nan")
     sp = recorded_sampling(ev)
     out = await backend.generate(without, sp)
-    if ev.get("semantics") and out.semantics.label() != ev["semantics"]:
-        raise BackendError(f"regenerated logprobs are {out.semantics.label()} but the record's are {ev['semantics']}: "
+    if ev.semantics and out.semantics.label() != ev.semantics:
+        raise BackendError(f"regenerated logprobs are {out.semantics.label()} but the record's are {ev.semantics}: "
                            "the two sides would describe different distributions (use the same --logprob-mode)")
     th2 = out.think_mask()
     row["n_think_without"] = int(th2.sum())
@@ -119,13 +120,13 @@ async def _regenerate_side(row: dict, ev: dict, tok: dict, sel, think, without, 
     row["latency_s"] = round(float(out.latency_s), 4)
 
 
-async def _teacher_forced_side(row: dict, line: dict, ev: dict, tok: dict, sel, think, with_imgs, without, backend,
+async def _teacher_forced_side(row: dict, line: ResultLine, ev: LlmCall, tok: dict, sel, think, with_imgs, without, backend,
                                vocab, known_texts) -> dict:
     """Teacher-forced mode: the recorded response scored under both contexts, with the KL influence per token;
     returns the step's per-token columns (probes/entropy/store.py)."""
     ids = np.asarray(tok["id"][sel]).astype(np.int64, copy=False).tolist()  # Python ints, by one C-level pass
     if not ids or min(ids) < 0:
-        raise RunError(f"{line['sample_id']} step {ev['index']}: the record has no token ids "
+        raise RunError(f"{line.sample_id} step {ev.index}: the record has no token ids "
                        "(teacher-forced scoring needs them; use --mode regenerate)")
     texts = tok.get("text")
     # ids are what is scored; the text rides along for backends that cannot map ids back (the scripted fake)
@@ -165,7 +166,7 @@ class StepContext:
     ``images``: (the probe's image users, this trajectory's images), or None."""
 
     run: Run
-    line: dict
+    line: ResultLine
     tok: dict
     backend: Any
     mode: str
@@ -184,18 +185,18 @@ class StepContext:
                 self.Hhi_all = entropy_high(self.tok["top_logprobs"], self.H_all, self.vocab)
 
 
-async def probe_step(ctx: StepContext, ev: dict) -> tuple[dict, dict | None]:
+async def probe_step(ctx: StepContext, ev: LlmCall) -> tuple[dict, dict | None]:
     """One step's row (paper §3.2.2): the recorded call ``ev`` with and without the trajectory's query images; and,
     teacher-forced, its per-token columns (ΔH, KL and the top-5 alternatives of each think token; None
     regenerating)."""
     line, tok, vocab = ctx.line, ctx.tok, ctx.vocab
-    sel = ctx.slices.get(ev["index"], slice(0, 0))
+    sel = ctx.slices.get(ev.index, slice(0, 0))
     think = np.asarray(tok["think"][sel], dtype=bool)
-    row = {"sample_id": line["sample_id"], "trial": line["trial"], "benchmark": line["benchmark"],
-           "paper_category": line.get("paper_category"), "category": line.get("category"), "step": ev["index"],
-           "state": ev["state"], "n_images": ev["n_images"], "n_query_images": ev.get("n_query_images", 0),
-           "n_tokens": int(len(think)), "n_think": int(think.sum()), "mode": ctx.mode, "semantics": ev.get("semantics"),
-           "model": line.get("model")}
+    row = {"sample_id": line.sample_id, "trial": line.trial, "benchmark": line.benchmark,
+           "paper_category": line.paper_category, "category": line.category, "step": ev.index,
+           "state": ev.state, "n_images": ev.n_images, "n_query_images": ev.n_query_images,
+           "n_tokens": int(len(think)), "n_think": int(think.sum()), "mode": ctx.mode, "semantics": ev.semantics,
+           "model": line.model}
     with_imgs = ctx.run.sendable_messages(line, ev)
     if ctx.images is not None:
         ctx.images[0].use(ctx.images[1], image_shas(with_imgs))

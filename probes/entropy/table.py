@@ -16,7 +16,7 @@ import numpy as np
 from agent.lazy import lazy_module
 from agent.record import EntropyStep
 from agent.rundir import RunError
-from agent.rundir.lines import SEAL_KEY, SealedRows
+from agent.rundir.lines import SEAL_KEY, SOURCE_KEY, SealedRows
 from agent.rundir.probe_outputs import iter_rows
 from analysis.entropy import FORK_BINS, forking_stats, forking_threshold
 from analysis.stats import summarise_by
@@ -59,9 +59,10 @@ class StepTable:
         self.forked.append(isinstance(row.fork, dict))
         self._count(row.fork)
         self.pending_agg.append(_agg_columns(row.agg))
-        # the fields the row holds (none its model adds); a run's labels repeat on every row (its benchmark, a
+        # the fields the row holds (none its model adds), in the record's order (one order for both modes); a run's labels repeat on every row (its benchmark, a
         # trajectory's id and source): one object each
         scalars = row.model_dump(exclude_unset=True, exclude=_NOT_SCALAR)
+        scalars[SOURCE_KEY] = scalars.pop(SOURCE_KEY, None)  # the record's own fields first, then its source
         self.pending.append({k: sys.intern(v) if type(v) is str else v for k, v in scalars.items()})
         if len(self.pending) >= CHUNK:
             self._flush()

@@ -14,6 +14,7 @@ from agent.backends import make_backend
 from agent.backends.base import BackendError, Continuation, SamplingParams, TokenArrays
 from agent.backends.openai_compat import OpenAIBackend
 from agent.cli import done
+from agent.record import LlmCall
 from agent.rundir import RunError, load_run, write_json
 from agent.trajectory import recorded_sampling
 from probes.session import RecordedPrompts, backend_for, run_async
@@ -64,22 +65,22 @@ def _pool(parts: list[dict]) -> dict:
 
 def _sample_calls(run, samples: int) -> list:
     out = []
-    for summary in sorted(run.index, key=lambda ln: (ln["sample_id"], ln["trial"])):
-        call = next((c for c in summary.get("calls") or [] if c.get("n_query_images", 0) > 0), None)
-        if call is None or not summary.get("tokens_file"):
+    for summary in sorted(run.index, key=lambda ln: ln.key):
+        call = next((c for c in summary.calls if c.n_query_images > 0), None)
+        if call is None or not summary.tokens_file:
             continue
         try:  # a damaged sidecar is the probe's to skip and count, not a reason to stop before it starts
             run.tokens(summary, ["call"])
         except RunError as e:
             log.info(f"serving fidelity: {e}; checking another trajectory")
             continue
-        out.append((summary, call["index"]))
+        out.append((summary, call.index))
         if len(out) >= samples:
             break
     return out
 
 
-async def _two_paths(native, chat, msgs: list[dict], ev: dict) -> tuple[dict, str | None]:
+async def _two_paths(native, chat, msgs: list[dict], ev: LlmCall) -> tuple[dict, str | None]:
     """Greedy generations of the same messages on the native and the chat path: the comparison over the tokens
     both chose, and what disagreed (None when nothing did)."""
 
@@ -154,7 +155,7 @@ def mode_verdict(d_raw: np.ndarray, d_scaled: np.ndarray, temperature: float, re
     return {**out, "server": server, "mean_abs_raw": m_raw, "mean_abs_scaled": m_scaled, "ok": server == recorded}
 
 
-async def _mode_call(backend, msgs: list[dict], ev: dict) -> tuple[np.ndarray, np.ndarray, float]:
+async def _mode_call(backend, msgs: list[dict], ev: LlmCall) -> tuple[np.ndarray, np.ndarray, float]:
     """Generate at the recorded call's sampling, score the same tokens teacher-forced: the mode readings."""
     sp = recorded_sampling(ev)
     sp = SamplingParams(**{**sp.to_dict(), "max_tokens": PATH_TOKENS, "top_logprobs": 20, "stop": None})
@@ -186,7 +187,7 @@ def text_only(msgs: list[dict]) -> list[dict]:
             if isinstance(m.get("content"), list) else m for m in msgs]
 
 
-async def _vllm_call(backend, msgs: list[dict], ev: dict, results: dict, modes: list) -> None:
+async def _vllm_call(backend, msgs: list[dict], ev: LlmCall, results: dict, modes: list) -> None:
     """The mode reading on one recorded call's text (ours: scored by token ids over /v1/completions, the route
     every vLLM server serves; agent/backends/vllm.py): the server generates at the call's sampling, scores those tokens
     twice (a warm pair) and its output logprobs are read against the scored ones (raw under --logprobs-mode
@@ -206,7 +207,7 @@ async def _vllm_call(backend, msgs: list[dict], ev: dict, results: dict, modes: 
 async def _check_call(run, line, step, backend, reference, chat, flush, results, path_notes, summary,
                       modes=None) -> None:
     """The checks on one recorded call (its scored tokens appended to ``results``)."""
-    ev = next(e for e in line["events"] if e["type"] == "llm_call" and e["index"] == step)
+    ev = run.call_event(line, step)
     if getattr(backend, "name", "") == "vllm":  # the mode on the call's text (exact ids), then the checks with images
         await _vllm_call(backend, run.sendable_messages(line, ev), ev, results, modes if modes is not None else [])
         modes = None
@@ -236,7 +237,7 @@ async def _check_call(run, line, step, backend, reference, chat, flush, results,
         part, note = await _two_paths(backend, chat, msgs, ev)
         results["paths"].append(part)
         if note:
-            path_notes.append(f"{summary['sample_id']}#{summary['trial']} call {step}: {note}")
+            path_notes.append(f"{summary.sample_id}#{summary.trial} call {step}: {note}")
 
 
 def chat_twin(backend):

@@ -23,10 +23,10 @@ from agent.judge import judge_key_env
 from agent.lazy import lazy_module
 from agent.parsing import load_json
 from agent.prompts import GROUNDING_PASS1, GROUNDING_PASS2, fill
-from agent.record import GroundingLabel
+from agent.record import GroundingLabel, LlmCall, ResultLine, ToolCall
 from agent.redact import is_host
 from agent.rundir import RunError, close_fragment, load_run, output_lock
-from agent.rundir.lines import SEAL_KEY, SOURCE_KEY, RowWriter
+from agent.rundir.lines import SOURCE_KEY, RowWriter
 from agent.rundir.probe_outputs import resume_rows, sweep_outputs, write_outputs
 from analysis.figures import fig2a_grounding, provenance_mark
 from analysis.selection import select_trajectories
@@ -45,19 +45,18 @@ class LabelError(ValueError):
     """The annotator's reply cannot be used as labels (it is asked again, then reported)."""
 
 
-def steps_of(line: dict) -> list[dict]:
+def steps_of(line: ResultLine) -> list[dict]:
     """The trajectory's steps: one per LLM call, with its tool and the observation that followed."""
-    tools = {e["call_index"]: e for e in line["events"] if e["type"] == "tool_call"}
+    tools = {e.call_index: e for e in line.events if isinstance(e, ToolCall)}
     out = []
-    for ev in line["events"]:
-        if ev["type"] != "llm_call":
+    for ev in line.events:
+        if not isinstance(ev, LlmCall):
             continue
-        t = tools.get(ev["index"])
-        act = ev.get("action") or {}
-        tool = t["name"] if t else ("answer" if act.get("kind") == "answer" else act.get("kind") or "none")
-        out.append({"step": ev["index"], "tool": tool, "reasoning": ev.get("reasoning") or "", "action": ev.get("text") or "",
-                    "observation": t["observation"] if t else (f"(format error: {ev['action_error']})"
-                                                                if ev.get("action_error") else "")})
+        t = tools.get(ev.index)
+        tool = t.name if t else (ev.action.kind if ev.action else "none")
+        out.append({"step": ev.index, "tool": tool, "reasoning": ev.reasoning or "", "action": ev.text or "",
+                    "observation": t.observation if t else (f"(format error: {ev.action_error})"
+                                                            if ev.action_error else "")})
     return out
 
 
@@ -148,24 +147,24 @@ class Annotator:
                 errors.append(str(e))
         return None, errors
 
-    async def annotate(self, run, line: dict) -> dict:
+    async def annotate(self, run, line: ResultLine) -> dict:
         steps = steps_of(line)
         n = len(steps)
-        rec = {"sample_id": line["sample_id"], "trial": line["trial"], "benchmark": line["benchmark"],
-               "paper_category": line.get("paper_category"), "n_steps": n}
+        rec = {"sample_id": line.sample_id, "trial": line.trial, "benchmark": line.benchmark,
+               "paper_category": line.paper_category, "n_steps": n}
         if n == 0:
             return {**rec, "status": "invalid", "errors": ["no steps"], "steps": []}
         images = []
-        for ident, sha in (line.get("query_images") or {}).items():
+        for ident, sha in line.query_images.items():
             p = run.image_path(sha)
             if p is None:
-                raise RunError(f"{run.path}/images: query image {ident} of {line['sample_id']} is not stored")
+                raise RunError(f"{run.path}/images: query image {ident} of {line.sample_id} is not stored")
             images += [{"type": "text", "text": ident}, {"type": "image_url", "image_url": {"url": str(p)}}]
-        text1 = fill(GROUNDING_PASS1, question=line["question"], steps_text=steps_text(steps, observation_chars=self.observation_chars))
+        text1 = fill(GROUNDING_PASS1, question=line.question, steps_text=steps_text(steps, observation_chars=self.observation_chars))
         p1, err1 = await self._ask([*images, {"type": "text", "text": text1}], n, ("image_needed",))
         if p1 is None:
             return {**rec, "status": "invalid", "pass": 1, "errors": err1, "steps": []}
-        text2 = fill(GROUNDING_PASS2, question=line["question"],
+        text2 = fill(GROUNDING_PASS2, question=line.question,
                      steps_text=steps_text(steps, observation_chars=self.observation_chars, labels=p1))
 
         def consistent(labels):
@@ -229,11 +228,11 @@ async def _annotate_run(run_dir, *, out: Path, backend, retries: int = 2, concur
     if run.header.method != "react":
         raise RunError(f"{run.path}: the grounding annotator reads ReAct runs (paper §3.2.1); this run is "
                        f"{run.header.label or run.header.method}")
-    lines = sorted(run.index, key=lambda ln: (ln["sample_id"], ln["trial"]))[: limit or None]  # summaries
+    lines = sorted(run.index, key=lambda ln: ln.key)[: limit or None]  # summaries
     include_unparsed = keeps_unparsed(include_unparsed, run.header)
     lines, exclusions = select_trajectories(lines, include_unparsed=include_unparsed)  # the same rule as the entropy probe (analysis/selection.py)
     exclusions.to_csv(out / "exclusions.csv", index=False)
-    pending = [ln for ln in lines if (ln["sample_id"], ln["trial"]) not in done]
+    pending = [ln for ln in lines if ln.key not in done]
     log.info(f"grounding annotation: {len(lines)} trajectories, {len(pending)} to annotate -> {out}")
     ann = Annotator(backend, retries=retries, observation_chars=observation_chars, max_tokens=max_tokens)
     sem = asyncio.Semaphore(concurrency)
@@ -245,14 +244,14 @@ async def _annotate_run(run_dir, *, out: Path, backend, retries: int = 2, concur
     async def one(line):
         async with sem:
             mine = set()  # its query images leave the image caches when it (and its twins in flight) are done
-            image_users.use(mine, (line.get("query_images") or {}).values())
+            image_users.use(mine, line.query_images.values())
             try:
                 rec = await ann.annotate(run, run.full(line))  # the whole line, read now
-                rec[SOURCE_KEY] = line[SEAL_KEY]  # the line it was computed from
+                rec[SOURCE_KEY] = line.line_sha256  # the line it was computed from
             except ModelServerDown:  # the command ends here, every finished label kept
                 raise
             except BackendError as e:  # the annotator endpoint failed: not written, retried on the next run
-                failed.append(f"{line['sample_id']}/t{line['trial']}: {e}")
+                failed.append(f"{line.sample_id}/t{line.trial}: {e}")
                 rec = None
             finally:
                 image_users.done(mine)
@@ -265,7 +264,7 @@ async def _annotate_run(run_dir, *, out: Path, backend, retries: int = 2, concur
             await gather_all([one(ln) for ln in pending])
     finally:
         bar.close()
-    keep = {(ln["sample_id"], ln["trial"]) for ln in lines}
+    keep = {ln.key for ln in lines}
     steps, summary = _steps_and_summary([r for k, r in done.items() if k in keep], failed)
     tables = {"steps.csv": steps, "steps.parquet": steps} if not steps.empty else {}
     write_outputs(out, {**tables, "summary.json": summary}, rows="labels.jsonl",

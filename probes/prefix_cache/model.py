@@ -14,7 +14,7 @@ from agent.backends.tiny_model import ensure_tiny_model
 from agent.backends.vision import UnknownProcessor, VisionGrid
 from agent.cli import done
 from agent.errors import ToolkitError
-from agent.record import EntropyStep
+from agent.record import EntropyStep, LlmCall
 from agent.rundir import RunError, load_run, write_json
 from agent.rundir.probe_outputs import probe_dir, read_rows
 from analysis.selection import select_trajectories
@@ -278,7 +278,7 @@ def probe_requests(run_dir, *, mode: str = "regenerate", model_dir=None, limit: 
         grid = VisionGrid.from_model_dir(md)
     except UnknownProcessor:
         grid = VisionGrid()
-    lines, _ = select_trajectories(sorted(run.index, key=lambda ln: (ln["sample_id"], ln["trial"]))[: limit or None],
+    lines, _ = select_trajectories(sorted(run.index, key=lambda ln: ln.key)[: limit or None],
                                    include_unparsed=True)
 
     def ids_of(messages, continuation=()):
@@ -298,15 +298,15 @@ def probe_requests(run_dir, *, mode: str = "regenerate", model_dir=None, limit: 
 
     streams, names, caps = [], [], []
     for summary in lines:
-        if keep is not None and (summary["sample_id"], summary["trial"]) not in keep:
+        if keep is not None and summary.key not in keep:
             continue
         line = run.full(summary)
-        steps = [c["index"] for c in line.get("calls") or [] if c.get("n_query_images", 0) > 0]
+        steps = [c.index for c in line.calls if c.n_query_images > 0]
         if not steps:
             continue
-        events = {e["index"]: e for e in line["events"] if e["type"] == "llm_call"}
+        events = {e.index: e for e in line.events if isinstance(e, LlmCall)}
         cont = {}
-        if mode == "teacher-forced" and line.get("tokens_file"):
+        if mode == "teacher-forced" and line.tokens_file:
             t = run.tokens(line, ["call", "id"])
             cont = {int(c): t["id"][t["call"] == c].tolist() for c in np.unique(t["call"])}
         reqs, req_caps = [], []
@@ -321,7 +321,7 @@ def probe_requests(run_dir, *, mode: str = "regenerate", model_dir=None, limit: 
                     req_caps.append(_cap(reqs[-1], cont.get(s, ())))
         streams.append(reqs)
         caps.append(req_caps)
-        names.append((summary["sample_id"], summary["trial"], steps))
+        names.append((summary.sample_id, summary.trial, steps))
     return streams, names, caps
 
 

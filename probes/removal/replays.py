@@ -25,10 +25,9 @@ from agent.methods import HARNESS_ERRORS, Budgets, Episode, MethodSpec
 from agent.methods.common import Turn, tool_reply
 from agent.methods.react import react_messages, run_react
 from agent.prompts import CORRECTION, fill
-from agent.record import RunHeader, validate
+from agent.record import LineSummary, LlmCall, ResultLine, RunHeader, ToolCall, validate
 from agent.redact import is_host
 from agent.rundir import Run, RunDir, RunError, load_run, output_lock, write_json
-from agent.rundir.lines import SEAL_KEY
 from agent.rundir.probe_outputs import sweep_outputs, write_outputs
 from agent.tools import make_toolbox
 from agent.tools.policy import POLICY_NAMED
@@ -70,47 +69,47 @@ def parse_steps(spec: str) -> list[int]:
     return sorted(out)
 
 
-def replay_prefix_turns(run: Run, line: dict, upto: int) -> tuple[list[Turn], bool]:
+def replay_prefix_turns(run: Run, line: ResultLine, upto: int) -> tuple[list[Turn], bool]:
     """The ReAct turns of calls 1..upto exactly as recorded (output, reasoning, and the reply that followed).
 
     Observations are rebuilt from the record, with their result images from the run's image store: no
     tool is called. Returns (turns, correction): whether call upto+1 answers a correction re-prompt.
     """
-    tools = {e["call_index"]: e for e in line["events"] if e["type"] == "tool_call"}
+    tools = {e.call_index: e for e in line.events if isinstance(e, ToolCall)}
     turns, correction = [], False
-    for ev in line["events"]:
-        if ev["type"] != "llm_call" or ev["index"] > upto:
+    for ev in line.events:
+        if not isinstance(ev, LlmCall) or ev.index > upto:
             continue
-        if ev.get("action_error"):
-            turns.append(Turn(ev["text"], ev.get("reasoning") or "", fill(CORRECTION, error=ev["action_error"])))
+        if ev.action_error:
+            turns.append(Turn(ev.text, ev.reasoning or "", fill(CORRECTION, error=ev.action_error)))
             correction = True
-        elif ev["index"] in tools:
-            t = tools[ev["index"]]
+        elif ev.index in tools:
+            t = tools[ev.index]
             images = []
-            for sha in t.get("result_images") or []:
+            for sha in t.result_images:
                 p = run.image_path(sha)
                 if p is None:
-                    raise RunError(f"{run.path}/images: result image {sha[:12]}… of {line['sample_id']} "
-                                   f"(call {ev['index']}) is not stored")
+                    raise RunError(f"{run.path}/images: result image {sha[:12]}… of {line.sample_id} "
+                                   f"(call {ev.index}) is not stored")
                 images.append(str(p))
-            turns.append(Turn(ev["text"], ev.get("reasoning") or "", tool_reply(t["observation"], images)))
+            turns.append(Turn(ev.text, ev.reasoning or "", tool_reply(t.observation, images)))
             correction = False
         else:
-            raise RunError(f"{line['sample_id']}: call {ev['index']} ended the trajectory; it cannot be a replay prefix")
+            raise RunError(f"{line.sample_id}: call {ev.index} ended the trajectory; it cannot be a replay prefix")
     return turns, correction
 
 
-def _sample_of(run: Run, line: dict) -> Sample:
+def _sample_of(run: Run, line: LineSummary) -> Sample:
     """The sample as the agent saw it, with the query images from the run's image store."""
     paths = []
-    for i, (ident, sha) in enumerate(sorted((line.get("query_images") or {}).items(), key=lambda kv: int(kv[0][7:-1]))):
+    for ident, sha in sorted(line.query_images.items(), key=lambda kv: int(kv[0][7:-1])):
         p = run.image_path(sha)
         if p is None:
-            raise RunError(f"{run.path}/images: query image {ident} of {line['sample_id']} is not stored")
+            raise RunError(f"{run.path}/images: query image {ident} of {line.sample_id} is not stored")
         paths.append(str(p))
-    return Sample(id=line["sample_id"], query=line["question"], query_images=paths, answer=line.get("gold", ""),
-                  benchmark=line["benchmark"], line=0, image_dir="", category=line.get("category"),
-                  paper_category=line.get("paper_category") or "")
+    return Sample(id=line.sample_id, query=line.question, query_images=paths, answer=line.gold,
+                  benchmark=line.benchmark, line=0, image_dir="", category=line.category,
+                  paper_category=line.paper_category)
 
 
 def _sent(messages: list[dict]) -> str:
@@ -122,35 +121,36 @@ def _sent(messages: list[dict]) -> str:
                         else m.get("content")} for m in messages], sort_keys=True, ensure_ascii=False)
 
 
-async def replay_one(run: Run, line: dict, tokens: dict, k: int, *, backend, toolbox, spec: MethodSpec,
+async def replay_one(run: Run, line: ResultLine, tokens: dict, k: int, *, backend, toolbox, spec: MethodSpec,
                      sampling: SamplingParams) -> tuple[dict, Trajectory]:
     """Replay ``line`` from step k with the query images removed; returns the replay's result line."""
     sample = _sample_of(run, line)
-    traj = Trajectory(sample, line["trial"], "react", f"replay-removal@{k}")
+    traj = Trajectory(sample, line.trial, "react", f"replay-removal@{k}")
     try:
         turns, correction = replay_prefix_turns(run, line, k - 1)
-        traj.seed_prefix(line, tokens, k - 1)
+        traj.seed_prefix(run.recorded(line), tokens, k - 1)  # the prefix's events and messages as recorded
         for e in traj.events:  # the prefix's retrieved images are stored with the replay too
             for sha in e.get("result_images") or []:
                 traj.image_files.setdefault(sha, str(run.image_path(sha)))
         if sampling.seed is not None:  # the trial's own seed, as the run sampled it (agent.run: seed + trial)
 
-            sampling = dataclasses.replace(sampling, seed=sampling.seed + int(line["trial"]))
-        ep = Episode(sample, line["trial"], backend=backend, toolbox=toolbox, sampling=sampling, traj=traj,
+            sampling = dataclasses.replace(sampling, seed=sampling.seed + line.trial)
+        ep = Episode(sample, line.trial, backend=backend, toolbox=toolbox, sampling=sampling, traj=traj,
                      budgets=spec.budgets, history_reasoning=spec.history_reasoning,
                      observation_images=spec.observation_images)
         # the prefix must reproduce the original context of step k exactly (before the images go)
-        ev_k = next(e for e in line["events"] if e["type"] == "llm_call" and e["index"] == k)
-        rebuilt = record_messages(react_messages(ep, turns, step=k, remove_from=None, force=ev_k["forced"]))
-        if _sent(rebuilt) != _sent(run.call_messages(line, ev_k)):
-            raise RunError(f"{line['sample_id']}/t{line['trial']}: the recorded prefix does not rebuild step {k}'s "
+        ev_k = run.call_event(line, k)
+        rebuilt = record_messages(react_messages(ep, turns, step=k, remove_from=None, force=ev_k.forced))
+        recorded = [m.model_dump(exclude_unset=True) for m in run.call_messages(line, ev_k)]
+        if _sent(rebuilt) != _sent(recorded):
+            raise RunError(f"{line.sample_id}/t{line.trial}: the recorded prefix does not rebuild step {k}'s "
                            "context byte for byte (was the run made by another version of the agent?)")
         status, answer = await run_react(ep, remove_from=k, turns=turns, correction=correction)
         out = traj.to_line(status, answer)
     except (*HARNESS_ERRORS, RunError) as e:  # recorded on this replay (a missing pair); the others go on
         traj.error(type(e).__name__, f"{type(e).__name__}: {e}")
         out = traj.to_line("error", "", error=f"{type(e).__name__}: {e}")
-    out.update(replay_of={"sample_id": line["sample_id"], "trial": line["trial"], "k": k})
+    out.update(replay_of={"sample_id": line.sample_id, "trial": line.trial, "k": k})
     return out, traj
 
 
@@ -206,18 +206,18 @@ async def _replay_all(run, lines: list, pending: dict, dirs: dict, *, backend, t
     image_users = ImageUsers()
     recorded = RecordedPrompts(backend, off=retokenize)
 
-    async def trajectory_group(line):
-        ks = pending[(line["sample_id"], line["trial"])]
+    async def trajectory_group(summary: LineSummary):
+        ks = pending[summary.key]
         if not ks:
             return
         async with sem:
-            pin(backend, (line["sample_id"], line["trial"]))
-            line = run.full(line)
+            pin(backend, summary.key)
+            line = run.full(summary)
             tokens = run.tokens(line)
             # the history before step k is the run's: its recorded prompt ids are sent again (probes/session.py)
             give_back = recorded.lend(run, line)
-            mine = set()  # its query images leave the image caches when its replays (and its twins') are done
-            image_users.use(mine, (line.get("query_images") or {}).values())
+            mine: set = set()  # its query images leave the image caches when its replays (and its twins') are done
+            image_users.use(mine, line.query_images.values())
             try:
                 for k in ks:
                     rl, traj = await replay_one(run, line, tokens, k, backend=backend, toolbox=toolbox, spec=spec,
@@ -234,27 +234,27 @@ async def _replay_all(run, lines: list, pending: dict, dirs: dict, *, backend, t
 
 async def _outcomes(grader: Grader, lines: list, dirs: dict) -> pd.DataFrame:
     """The originals and every replay graded by the same grader: one row per (trajectory, k)."""
-    originals = {(ln["sample_id"], ln["trial"]): ln for ln in lines}
+    originals = {ln.key: ln for ln in lines}
     orig_grades = dict(zip(originals, await asyncio.gather(*(grader.grade(ln) for ln in originals.values()))))
     rows = []
     for k, rd in dirs.items():
-        replays = {key: ln for key, ln in rd.latest().items() if key in originals}
-        ok_replays = {key: ln for key, ln in replays.items() if ln["status"] not in ("error", "timeout")}
+        replays = {ln.key: ln for ln in load_run(rd.path).index if ln.key in originals}
+        ok_replays = {key: ln for key, ln in replays.items() if ln.status not in ("error", "timeout")}
         graded = dict(zip(ok_replays, await asyncio.gather(*(grader.grade(ln) for ln in ok_replays.values()))))
         for key, orig in originals.items():
             o = orig_grades[key]["grade"] == "CORRECT"
-            base = {"sample_id": key[0], "trial": key[1], "k": k, "benchmark": orig["benchmark"],
-                    "paper_category": orig.get("paper_category"), "original_correct": o,
-                    "source_sha256": orig[SEAL_KEY], "replay_sha256": replays[key][SEAL_KEY] if key in replays else None}
-            if orig["n_calls"] < k:  # ended before step k: keeps its original outcome
-                rows.append({**base, "replay_correct": o, "replayed": False, "replay_status": orig["status"],
+            base = {"sample_id": key[0], "trial": key[1], "k": k, "benchmark": orig.benchmark,
+                    "paper_category": orig.paper_category, "original_correct": o,
+                    "source_sha256": orig.line_sha256, "replay_sha256": replays[key].line_sha256 if key in replays else None}
+            if orig.n_calls < k:  # ended before step k: keeps its original outcome
+                rows.append({**base, "replay_correct": o, "replayed": False, "replay_status": orig.status,
                              "error": None})
             elif key in graded:
                 rows.append({**base, "replay_correct": graded[key]["grade"] == "CORRECT", "replayed": True,
-                             "replay_status": replays[key]["status"], "error": None})
+                             "replay_status": replays[key].status, "error": None})
             elif key in replays:  # ended in error/timeout: a missing pair, never a wrong answer
-                rows.append({**base, "replay_correct": None, "replayed": True, "replay_status": replays[key]["status"],
-                             "error": replays[key].get("error")})
+                rows.append({**base, "replay_correct": None, "replayed": True, "replay_status": replays[key].status,
+                             "error": replays[key].error})
     for r in rows:
         validate("removal_outcome", r, f"removal outcome {r['sample_id']}/t{r['trial']} k={r['k']}")
     return pd.DataFrame(rows)
@@ -272,16 +272,15 @@ async def _removal_probe(run_dir, steps: list[int], *, backend, grader: Grader, 
     sp = h.sampling.as_recorded()
     sampling = SamplingParams(**{k: sp[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                                                     "max_tokens", "top_logprobs", "seed", "enable_thinking") if k in sp})
-    if grader.needs_client([{"status": "ok", "answer": "x"}]):
+    if grader.judge == "llm":
         grader.client()  # fail early (a missing judge key) before any replay
     toolbox = replay_toolbox(run)
     dirs = _replay_dirs(out, h.as_recorded(), ident, steps, run.path)
     done = {k: rd.done_keys(retry_errors=True) for k, rd in dirs.items()}
     # summaries from the run's index; each trajectory's whole line is read when its replays start
-    lines = sorted(run.index, key=lambda ln: (ln["sample_id"], ln["trial"]))[: limit or None]
-    lines = [ln for ln in lines if ln["status"] in ("ok", "no_answer")]  # harness failures are not trajectories
-    pending = {(ln["sample_id"], ln["trial"]): [k for k in steps if ln["n_calls"] >= k
-                                             and (ln["sample_id"], ln["trial"]) not in done[k]] for ln in lines}
+    lines = sorted(run.index, key=lambda ln: ln.key)[: limit or None]
+    lines = [ln for ln in lines if ln.status in ("ok", "no_answer")]  # harness failures are not trajectories
+    pending = {ln.key: [k for k in steps if ln.n_calls >= k and ln.key not in done[k]] for ln in lines}
     n_jobs = sum(len(v) for v in pending.values())
     log.info(f"removal replays: {len(lines)} trajectories x steps {steps}: {n_jobs} replays to run -> {out}")
     bar = tqdm(total=n_jobs, desc="removal", unit="replay", disable=not progress, file=sys.stderr, mininterval=1.0)

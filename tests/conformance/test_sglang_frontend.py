@@ -49,7 +49,7 @@ def test_the_agents_run_against_sglangs_real_server_and_record_what_the_fake_rec
         real_sglang, tiny_model_dir, tmp_path, backend, method):
     before = _served(real_sglang)
     assert _run(real_sglang.url, tmp_path / "real", backend, tiny_model_dir, method) == 0, real_sglang.tail()
-    n_calls = sum(ln["n_calls"] for ln in load_run(tmp_path / "real").lines)
+    n_calls = sum(ln.n_calls for ln in load_run(tmp_path / "real").index)
     assert _served(real_sglang) - before == n_calls  # every call answered once: nothing lost, nothing retried
     with FakeSGLang(tokenizer_dir=str(tiny_model_dir), reply=agent_policy, model_name="tiny-qwen35") as fake:
         assert _run(fake.url, tmp_path / "fake", backend, tiny_model_dir, method) == 0
@@ -59,8 +59,8 @@ def test_the_agents_run_against_sglangs_real_server_and_record_what_the_fake_rec
     facts = real.header.model.server  # what SGLang's /server_info says about how it computes
     assert facts["version"] == "0.5.23" and facts["model_path"] == str(tiny_model_dir) and set(facts) == set(SERVER_FACTS)
     assert facts["enable_deterministic_inference"] is False and facts["mamba_radix_cache_strategy"]
-    rl = sorted(real.lines, key=lambda ln: ln["sample_id"])
-    fl = sorted(fake.lines, key=lambda ln: ln["sample_id"])
+    rl = sorted((ln.as_recorded() for ln in real.lines), key=lambda ln: ln["sample_id"])
+    fl = sorted((ln.as_recorded() for ln in fake.lines), key=lambda ln: ln["sample_id"])
     assert [ln["status"] for ln in rl] == ["ok", "ok"] and len(rl) == len(fl)
     for a, b in zip(rl, fl):
         assert set(a) == set(b)
@@ -75,7 +75,7 @@ def test_the_agents_run_against_sglangs_real_server_and_record_what_the_fake_rec
                 assert x["usage"]["prompt_tokens"] == y["usage"]["prompt_tokens"]
             assert x["finish_reason"] == "stop" and x["reasoning"] and x["think_tokens"] > 0
         # every token of the real server's reply is in the sidecar, with 20 alternatives each
-        tok = real.tokens(a)
+        tok = real.tokens(real.full(next(s for s in real.index if s.sample_id == a["sample_id"])))
         assert tok["top_logprobs"].shape[1] == 20 and len(tok["id"]) == sum(c["n_tokens"] for c in ca)
         assert np.isfinite(tok["logprob"]).all() and (tok["logprob"] <= 0).all()
     if backend == "native" and method == "react":  # the probes' records too: same steps, same token counts
@@ -120,8 +120,8 @@ def test_the_agents_run_against_sglangs_real_server_and_record_what_the_fake_rec
             o = pd.read_csv(tmp_path / name / "probes" / "removal" / "outcomes.csv")
             outs.append(o.sort_values(["sample_id", "trial", "k"]).reset_index(drop=True))
             reps = [load_run(tmp_path / name / "probes" / "removal" / f"k{k}") for k in (1, 2)]
-            outs.append([[(c["index"], c["n_tokens"], c["finish_reason"], c["n_query_images"]) for c in ln["calls"]]
-                         for rr in reps for ln in sorted(rr.lines, key=lambda x: x["sample_id"])])
+            outs.append([[(c.index, c.n_tokens, c.finish_reason, c.n_query_images) for c in ln.calls]
+                         for rr in reps for ln in sorted(rr.index, key=lambda x: x.sample_id)])
         cols = [c for c in ("sample_id", "trial", "k", "replay_status", "replay_correct") if c in outs[0]]
         assert len(outs[0]) > 0 and outs[0][cols].equals(outs[2][cols])
         assert outs[1] == outs[3] and outs[1]

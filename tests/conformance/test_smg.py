@@ -155,13 +155,13 @@ def test_a_trajectorys_calls_stay_on_one_worker(two_workers, tiny_model_dir, tmp
                      str(tiny_model_dir), "--limit", "6", "--t-max", "4", "--out", str(tmp_path / "run"),
                      "--no-progress"]) == 0
     on_a, on_b = set(a.routing_keys) - {None}, set(b.routing_keys) - {None}
-    units = {routing_key((ln["sample_id"], ln["trial"])) for ln in load_run(tmp_path / "run").lines}
+    units = {routing_key(ln.key) for ln in load_run(tmp_path / "run").index}
     assert on_a | on_b == units and not on_a & on_b  # every trajectory on exactly one worker
     # smg strips a trailing _t<n> / _r<n> from a key (two trajectories would share one), and a body's rid
     # overrides the header: our keys are mmcf-<32 hex>, and no body carries a rid
     assert all(re.fullmatch(r"mmcf-[0-9a-f]{32}", k) for k in units)
     assert not any("rid" in body for w in (a, b) for body in w.bodies)
-    assert len(a.bodies) + len(b.bodies) >= sum(ln["n_calls"] for ln in load_run(tmp_path / "run").lines)
+    assert len(a.bodies) + len(b.bodies) >= sum(ln.n_calls for ln in load_run(tmp_path / "run").index)
 
 
 @pytest.mark.slow
@@ -180,8 +180,8 @@ def test_a_worker_lost_mid_run_is_survived(two_workers, tiny_model_dir, tmp_path
     assert run_main(["--method", "react", "--backend", "sglang", "--endpoint", gw.url, "--model-dir",
                      str(tiny_model_dir), "--limit", "6", "--t-max", "4", "--out", str(run), "--no-progress"]) == 0
     assert killed and check_run(run).complete
-    lines = load_run(run).lines
-    assert len(lines) == 6 and {ln["status"] for ln in lines} <= {"ok", "no_answer"}
+    lines = load_run(run).index
+    assert len(lines) == 6 and {ln.status for ln in lines} <= {"ok", "no_answer"}
     # the lost worker's trajectories finished on the other one
     lost = set(killed[0].routing_keys) - {None}
-    assert lost and lost <= {routing_key((ln["sample_id"], ln["trial"])) for ln in lines if ln["status"] == "ok"}
+    assert lost and lost <= {routing_key(ln.key) for ln in lines if ln.status == "ok"}
