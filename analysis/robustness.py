@@ -6,7 +6,7 @@ aggregation of a step's token entropies, and which signal predicts a correct ans
     verdicts(rob)                                   # per step: does ΔH's sign (and significance) hold under all?
     predictors([RUN], judge="llm")                  # per model and benchmark: AUROC of each signal for CORRECT
 
-Aggregations (analysis/entropy.py ``AGGREGATIONS``; computed by the entropy probe from each step's tokens, both
+Aggregations (analysis/estimators/entropy.py ``AGGREGATIONS``; computed by the entropy probe from each step's tokens, both
 sides the same way): the paper's mean over the think tokens (B.4), the median, the 10 % trimmed mean, the first and
 the last 32 think tokens, the maximum, the exact entropy of the top-20 alone (no tail bin), and the mean over the
 whole generated segment (thinking and answer). Each with a 95 % BCa bootstrap CI and Wilcoxon p over the steps.
@@ -27,8 +27,8 @@ from agent.lazy import lazy_module
 from agent.rundir import RunError, frames, load_run
 from agent.rundir.grades import BrokenGrades, MixedJudges, grades_of
 
-from .entropy import AGGREGATIONS, EDGE_TOKENS, TRIM
-from .stats import auroc, auroc_ci, bootstrap_ci, wilcoxon_p
+from .estimators.entropy import AGGREGATIONS, EDGE_TOKENS, TRIM
+from .estimators.stats import auroc, auroc_ci, bootstrap_ci, wilcoxon_p
 
 pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
 

@@ -45,7 +45,7 @@ from analysis.pooling import (
 pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
 
 __all__ = ["grades_of", "judged_runs", "table1", "table4", "table5", "table13", "ledger_table", "write_table", "method_label",
-           "model_label", "JUDGES", "SUPPLEMENTARY"]
+           "model_label", "trajectory_frame", "JUDGES", "SUPPLEMENTARY"]
 
 #: Benchmarks reported apart from Table 1 (paper D.1: HLE-VL is Table 13, outside the seven of the main suite).
 SUPPLEMENTARY = {"hle_vl": "Table 13"}
@@ -233,7 +233,7 @@ def table1(run_dirs, judge: str | None = None) -> "pd.DataFrame":
     return out
 
 
-def _trajectory_frame(run):
+def trajectory_frame(run):
     s = frames.results(run)
     s = s[s.status.isin(["ok", "no_answer"])].copy()  # harness errors and timeouts are not trajectories
     for t in ("lens_search", "search", "visit"):
@@ -256,7 +256,7 @@ def table4(run_dirs) -> "pd.DataFrame":
         run = load_run(rd)
         if run.header.method == "direct":  # Table 4 compares the agentic methods (§4.4)
             continue
-        s = _trajectory_frame(run)
+        s = trajectory_frame(run)
         s["run"] = run.path.name
         pooled.setdefault((method_label(run), model_label(run)), []).append(s)
 

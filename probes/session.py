@@ -190,7 +190,7 @@ async def probe_model_check(run, backend, *, force: bool = False) -> dict:
 
 def keeps_unparsed(asked: bool, header: RunHeader) -> bool:
     """``--include-unparsed``, or a run of the embedded tiny model, in process or served (random weights: no first
-    call of it parses, so the paper's rule, analysis/selection.py, would keep nothing to probe); said when taken,
+    call of it parses, so the paper's rule, analysis/estimators/selection.py, would keep nothing to probe); said when taken,
     and recorded by the probe as ``include_unparsed``."""
     if asked:
         return True

@@ -39,7 +39,7 @@ ROUTES = {
     "scan": "from agent.rundir.frames import think_entropy_by_step as f; r = f(RUN)",
     "step_entropies": "from agent.rundir import load_run; from agent.rundir.frames import step_entropies; "
                       "r = step_entropies(load_run(RUN)).groupby('step').H.mean()",
-    "tokens": "import numpy as np; from agent.rundir import frames; from analysis.entropy import grouped_tail_entropy; "
+    "tokens": "import numpy as np; from agent.rundir import frames; from analysis.estimators.entropy import grouped_tail_entropy; "
               "t = frames.tokens(RUN, ['call', 'think', 'top_logprobs'], max_mb=1e9); t = t[t.think]; "
               "k = max(map(len, t.top_logprobs)); m = np.full((len(t), k), np.nan, np.float32); "
               "[m.__setitem__((i, slice(0, len(x))), x) for i, x in enumerate(t.top_logprobs)]; "

@@ -11,8 +11,8 @@ import pytest
 
 from agent.backends.base import TokenArrays, top_id_matrix, top_matrix
 from agent.backends.wire import tokens_from_triples
-from analysis import entropy as E
-from analysis import influence as I
+from analysis.estimators import entropy as E
+from analysis.estimators import influence as I
 
 
 def _triples(rng, n=40, k=5, vocab=500):
@@ -65,7 +65,7 @@ def _kl_reference(ids_p, lps_p, ids_q, lps_q):
 
 
 def test_vectorised_kl_equals_the_definition():
-    """400 rows: two chunks of analysis.influence._KL_CHUNK, the first with absent entries (the masked path), the
+    """400 rows: two chunks of analysis.estimators.influence._KL_CHUNK, the first with absent entries (the masked path), the
     second without (the path without masks)."""
     assert I._KL_CHUNK < 400
     rng = np.random.default_rng(1)
@@ -88,7 +88,7 @@ def test_vectorised_kl_equals_the_definition():
 
 
 def test_the_kl_of_fully_listed_rows_equals_the_masked_arithmetic():
-    """Rows where every alternative is listed take a path without masks (analysis.influence._kl_full): the same
+    """Rows where every alternative is listed take a path without masks (analysis.estimators.influence._kl_full): the same
     values as the masked path (reached by giving one row an absent entry), also with underflowed probabilities,
     logprobs rounded above 0, lists of different lengths, identical lists and disjoint ones."""
     rng = np.random.default_rng(5)

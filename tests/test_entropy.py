@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from analysis.entropy import exact_entropy_from_logprobs, grouped_tail_entropy, tail_mass
+from analysis.estimators.entropy import exact_entropy_from_logprobs, grouped_tail_entropy, tail_mass
 
 
 def test_uniform_topk_without_tail():
@@ -53,7 +53,7 @@ def test_grouped_is_lower_bound_of_exact():
 def test_think_segment_entropy_per_call():
     import math
 
-    from analysis.entropy import think_segment_entropy
+    from analysis.estimators.entropy import think_segment_entropy
 
     k = 4
     uniform4 = [math.log(0.25)] * k          # H = log 4
@@ -81,10 +81,10 @@ def test_float32_input_matches_float64():
 
 
 def test_entropy_bounds_hold_the_exact_entropy_and_are_tight_without_a_tail():
-    """The grouped lower bound and the even-tail upper bound (analysis.entropy.entropy_bounds) against exact
+    """The grouped lower bound and the even-tail upper bound (analysis.estimators.entropy.entropy_bounds) against exact
     entropies of random distributions, flat to peaked, over several vocabulary sizes: never violated; equal
     when the top-k is the whole vocabulary (no tail) or leaves one token."""
-    from analysis.entropy import entropy_bounds, grouped_tail_entropy
+    from analysis.estimators.entropy import entropy_bounds, grouped_tail_entropy
 
     rng = np.random.default_rng(0)
     k = 20
@@ -119,7 +119,7 @@ def test_forking_threshold_takes_the_top_fifth_and_the_parts_add_up():
     """The histogram route (entropy_histogram → forking_threshold → forking_stats) picks, at 0.05-nat resolution,
     the highest threshold that keeps at least 20 % of the run's tokens, and the forking tokens' summed entropy /
     dH are those of the tokens at or above it."""
-    from analysis.entropy import FORK_BIN, entropy_histogram, forking_stats, forking_threshold
+    from analysis.estimators.entropy import FORK_BIN, entropy_histogram, forking_stats, forking_threshold
 
     rng = np.random.default_rng(1)
     steps = [rng.gamma(2.0, 0.6, size=n) for n in (50, 300, 700)]
@@ -156,10 +156,10 @@ def _top_rows(rng, trial: int):
 
 
 def test_entropy_bounds_of_full_rows_equal_the_masked_arithmetic():
-    """Rows with every alternative listed take a path without masks (analysis.entropy._bounds_full): the same
+    """Rows with every alternative listed take a path without masks (analysis.estimators.entropy._bounds_full): the same
     values as the masked arithmetic (reached by appending one absent alternative, which changes nothing), also
     with underflowed probabilities, a logprob rounded above 0, and vocabularies with no or one tail token."""
-    from analysis.entropy import _bounds_full, entropy_bounds
+    from analysis.estimators.entropy import _bounds_full, entropy_bounds
 
     rng = np.random.default_rng(3)
     for trial in range(24):
@@ -172,11 +172,11 @@ def test_entropy_bounds_of_full_rows_equal_the_masked_arithmetic():
 
 
 def test_the_upper_bound_from_the_grouped_entropy_equals_entropy_bounds():
-    """token_influence takes the upper bound from the grouped-tail entropy it already has (analysis.entropy.
+    """token_influence takes the upper bound from the grouped-tail entropy it already has (analysis.estimators.entropy.
     entropy_high): the same values as entropy_bounds, also with underflowed probabilities, a logprob rounded
     above 0, an empty tail, vocabularies with no or one tail token, and a row with an absent entry (which takes
     entropy_bounds itself)."""
-    from analysis.entropy import entropy_bounds, entropy_high, grouped_tail_entropy
+    from analysis.estimators.entropy import entropy_bounds, entropy_high, grouped_tail_entropy
 
     rng = np.random.default_rng(4)
     for trial in range(24):
@@ -197,7 +197,7 @@ def test_the_kernel_equals_the_papers_formula_as_written():
     """B.4's estimator in plain numpy (grouped_tail_entropy_reference) and the chunked kernel the probes use agree,
     on every case the kernel handles: float32 and float64, NaN and -inf padding, a top-k summing past 1 by
     rounding, a logprob a hair above 0, more rows than one chunk (issue 83)."""
-    from analysis.entropy import grouped_tail_entropy_reference
+    from analysis.estimators.entropy import grouped_tail_entropy_reference
 
     rng = np.random.default_rng(7)
     n = 3 * 4096 + 37  # several of the kernel's chunks, and a part of one

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from agent.rundir.lines import seal
-from analysis.entropy import FORK_BIN, entropy_histogram, forking_stats, forking_threshold
+from analysis.estimators.entropy import FORK_BIN, entropy_histogram, forking_stats, forking_threshold
 from probes.entropy import table as T
 
 AGGS = ("mean", "median", "trimmed", "first", "last", "max", "top20_exact", "whole")

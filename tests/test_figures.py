@@ -12,9 +12,9 @@ from matplotlib.container import BarContainer, ErrorbarContainer
 from matplotlib.lines import Line2D
 from scipy.stats import bootstrap
 
+from analysis.estimators.stats import bootstrap_ci, removal_summary, summarise_by
 from analysis.figures import fig1_tool_calls, fig2_combined, fig2a_grounding, fig2b_entropy, fig2b_kl, fig2c_removal
 from analysis.figures.context import fig4_context
-from analysis.stats import bootstrap_ci, removal_summary, summarise_by
 
 NONE = ("None", "none", "", " ", None)
 

@@ -139,7 +139,7 @@ def test_a_run_wide_token_aggregate_scans_without_holding_and_agrees_with_sql_an
 
     from agent.run import main as run_main
     from agent.rundir import RunError, frames
-    from analysis.entropy import grouped_tail_entropy
+    from analysis.estimators.entropy import grouped_tail_entropy
 
     out = tmp_path / "run"
     assert run_main(["--method", "react", "--backend", "scripted", "--limit", "4", "--out", str(out),

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from agent.backends import BackendError, Continuation, ImageError, SamplingParams
-from analysis.entropy import grouped_tail_entropy
+from analysis.estimators.entropy import grouped_tail_entropy
 
 pytestmark = pytest.mark.model
 

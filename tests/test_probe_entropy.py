@@ -15,8 +15,8 @@ from agent.run import RunConfig, run
 from agent.rundir import RunError, frames
 from agent.rundir.lines import line_digest, seal
 from agent.rundir.probe_outputs import write_outputs
-from analysis.influence import kl_union_tail
-from analysis.stats import bootstrap_ci, mcnemar_p, wilcoxon_p
+from analysis.estimators.influence import kl_union_tail
+from analysis.estimators.stats import bootstrap_ci, mcnemar_p, wilcoxon_p
 from probes.entropy import main as entropy_main
 from probes.entropy import probe_run
 from probes.entropy.command import draw_panels

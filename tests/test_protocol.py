@@ -259,8 +259,8 @@ def test_a_short_top_list_is_refused_and_sglangs_floor_is_probability_zero():
 
     from agent.backends.base import LOGPROB_FLOOR, BadReply
     from agent.backends.wire import tokens_from_triples
-    from analysis.entropy import grouped_tail_entropy
-    from analysis.influence import kl_union_tail
+    from analysis.estimators.entropy import grouped_tail_entropy
+    from analysis.estimators.influence import kl_union_tail
 
     row = [[-0.1, 1, "a"], [-2.5, 2, "b"], [-3.0, 3, "c"]]
     with pytest.raises(BadReply, match="top list 0 has 2 alternatives, 3 were asked"):

@@ -124,7 +124,7 @@ def test_reproduce_figure2_demo_draws_every_panel(tmp_path):
     t1 = (figs / "table1_accuracy.md").read_text()
     assert "100.0" in t1  # the scripted model answers the demo's questions
     # beyond the paper (issue 85): ΔH under every aggregation, a verdict per step, and the predictors of a grade
-    from analysis.entropy import AGGREGATIONS
+    from analysis.estimators.entropy import AGGREGATIONS
 
     assert (figs / "fig2b_robustness.png").is_file() and f"{figs}/fig2b_robustness.png" in stdout
     rob = pd.read_csv(figs / "robustness.csv")

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.entropy import AGGREGATIONS, EDGE_TOKENS, aggregate_entropies, top20_exact_entropy
+from analysis.estimators.entropy import AGGREGATIONS, EDGE_TOKENS, aggregate_entropies, top20_exact_entropy
 from analysis.robustness import predictor_table, robustness, verdicts
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from agent.backends import Backend, BackendError, Continuation
 from agent.backends.scripted import ScriptedBackend, uniform_top
-from analysis.entropy import grouped_tail_entropy
+from analysis.estimators.entropy import grouped_tail_entropy
 
 
 def planted(has_images, pos):

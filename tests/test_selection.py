@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from agent.record import LineSummary
-from analysis.selection import REASONS, exclusion_reason, select_trajectories
+from analysis.estimators.selection import REASONS, exclusion_reason, select_trajectories
 from tests import records
 
 

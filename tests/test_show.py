@@ -105,7 +105,7 @@ def test_html_token_columns_carry_the_probe(demo_run, tmp_path):
     """The think tokens are embedded as columns: H of each token, and the teacher-forced ΔH / KL per token."""
     import numpy as np
 
-    from analysis.entropy import entropy_bounds, grouped_tail_entropy
+    from analysis.estimators.entropy import entropy_bounds, grouped_tail_entropy
 
     show.build_html(demo_run, tmp_path / "a.html", tokens="all")
     run = load_run(demo_run)

@@ -49,7 +49,7 @@ def test_help_and_a_usage_error_load_nothing_but_the_standard_library(module):
 def test_a_statistic_and_a_figure_load_their_packages_on_first_use():
     code = """
 import sys
-from analysis.stats import wilcoxon_p
+from analysis.estimators.stats import wilcoxon_p
 from analysis.figures.style import pyplot
 assert "scipy" not in sys.modules and "matplotlib" not in sys.modules
 p = wilcoxon_p([0.3, -0.1, 0.4, 0.2, 0.5, 0.1])

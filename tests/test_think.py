@@ -5,7 +5,7 @@ import numpy as np
 
 from agent.backends.base import TokenArrays
 from agent.backends.think import mark_think, mark_think_by_text, split_think
-from analysis.entropy import think_segment_entropy
+from analysis.estimators.entropy import think_segment_entropy
 
 
 def toks(*texts):

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.stats import bootstrap_ci
+from analysis.estimators.stats import bootstrap_ci
 
 from ..cli import done
 from ..rundir import RunError

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.influence import token_influence
+from analysis.estimators.influence import token_influence
 
 from ..backends.base import BackendError, Continuation
 from ..backends.messages import strip_query_images

@@ -46,7 +46,7 @@ class EntropyStep(Derived):
     n_think_without: NonNegativeInt
     fork: dict[str, Any] = Field(description="per-side entropy histograms of the think tokens (forking tokens)")
     agg: dict[str, list[float | None]] | None = Field(
-        None, description="each aggregation of the step's per-token entropies, [with, without] (analysis/entropy.py "
+        None, description="each aggregation of the step's per-token entropies, [with, without] (analysis/estimators/entropy.py "
                           "AGGREGATIONS; the robustness of ΔH, analysis/robustness.py)")
     regenerated_text: str | None = None
     prompt_tokens: NonNegativeInt | None = None

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analysis.entropy import grouped_tail_entropy, think_segment_entropy
+from analysis.estimators.entropy import grouped_tail_entropy, think_segment_entropy
 
 from ..lazy import lazy_module
 from .common import RunError

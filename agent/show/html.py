@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from analysis.entropy import entropy_bounds, grouped_tail_entropy
+from analysis.estimators.entropy import entropy_bounds, grouped_tail_entropy
 from analysis.figures import provenance_mark
 from probes.entropy import read_step_tokens
 
@@ -94,7 +94,7 @@ def _call_tokens(run: Run, line: ResultLine, tf_dir: Path | None, warnings: list
     H = grouped_tail_entropy(tok["top_logprobs"])
     vocab = _run_vocab(run)
     H_hi = None
-    if vocab:  # the upper bound of each token's exact entropy (analysis.entropy.entropy_bounds), for the hover
+    if vocab:  # the upper bound of each token's exact entropy (analysis.estimators.entropy.entropy_bounds), for the hover
 
         H_hi = entropy_bounds(tok["top_logprobs"], vocab)[1]
     out = {}

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 
 from agent.lazy import lazy_module
-from analysis.stats import bootstrap_ci, wilson_ci
+from analysis.estimators.stats import bootstrap_ci, wilson_ci
 
 from .style import (
     DOUBLE,

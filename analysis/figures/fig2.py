@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from agent.lazy import lazy_module
-from analysis.stats import wilson_ci
+from analysis.estimators.stats import wilson_ci
 
 from .style import (
     DELTA_H,
@@ -142,7 +142,7 @@ def fig2b_entropy(summary, stem, *, title: str | None = None, ax=None, mark: str
     sns, fig, ax, own = panel_axes(ax)
     ax.axhline(0.0, color="0.5", lw=0.8)
     if {"dH_low", "dH_high"} <= set(summary.columns):
-        # where the true ΔH can lie given only the top-20 and the vocabulary (analysis.entropy.entropy_bounds)
+        # where the true ΔH can lie given only the top-20 and the vocabulary (analysis.estimators.entropy.entropy_bounds)
         one = "series" in summary and summary["series"].nunique() == 1
         b = summary if "series" not in summary or one else summary[summary["series"] == "pooled"]
         b = b.sort_values("step")

@@ -12,8 +12,8 @@ from agent.errors import ToolkitError
 from agent.lazy import lazy_module
 from agent.rundir import RunDir, RunError, frames, load_run
 from agent.rundir.grades import BrokenGrades, MixedJudges
+from analysis.estimators.stats import removal_summary, summarise_by
 from analysis.pooling import refuse_mixed_servers
-from analysis.stats import removal_summary, summarise_by
 from analysis.unload import unload_points, unload_steps
 from probes.entropy import bounds_by_step
 
@@ -232,7 +232,7 @@ def _figure4(judged, out: Path, made: list, missing: list) -> None:
         if run.header.method == "direct":  # Figure 4 compares the agentic methods (§4.4)
             continue
         ok = dict(zip(zip(g["sample_id"], g["trial"]), g["correct"]))
-        s = tables._trajectory_frame(run)
+        s = tables.trajectory_frame(run)
         s["method"] = method_label(run)
         s["model"] = tables.model_label(run) or "?"
         s["correct"] = [bool(ok.get((a, b), False)) for a, b in zip(s.sample_id, s.trial)]

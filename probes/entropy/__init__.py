@@ -8,7 +8,7 @@ For every LLM call (step t) of every trajectory in RUN_DIR whose context held qu
 call's recorded messages (each step's reasoning included, as the agent saw it) and τ_t^IR the same
 messages with the *query* image parts dropped (their ``<image_k>`` text identifiers kept; images that a
 tool retrieved stay, paper B.5). Trajectories are selected by the shared rule of
-:mod:`analysis.selection` (paper B.1, Table 10); the exclusion counts are printed and saved as
+:mod:`analysis.estimators.selection` (paper B.1, Table 10); the exclusion counts are printed and saved as
 ``exclusions.csv``. The probe must query the model that recorded the run (checked; ``--force``). H(τ) is the mean grouped-tail entropy (top-20 + one tail bin, nats; a lower
 bound on the exact entropy) over the think tokens of the response; ΔH_t = H(τ_t) - H(τ_t^IR)
 (positive: the images raise the entropy).

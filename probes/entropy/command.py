@@ -12,7 +12,7 @@ from agent.cli import done
 from agent.preflight import PreflightError
 from agent.run import RunConfig, run
 from agent.rundir import load_run
-from analysis.entropy import FORK_SHARE
+from analysis.estimators.entropy import FORK_SHARE
 from analysis.figures import fig2b_entropy, fig2b_forking, fig2b_kl, provenance_mark
 from probes.fidelity import check_servers, refusal
 from probes.session import (

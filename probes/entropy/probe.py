@@ -23,8 +23,8 @@ from agent.record import EntropyStep, LlmCall
 from agent.rundir import RunError, close_fragment, load_run, output_lock, token_key, write_json
 from agent.rundir.lines import SOURCE_KEY, RowWriter
 from agent.rundir.probe_outputs import resume_rows, sweep_outputs, write_outputs
-from analysis.selection import select_trajectories
-from analysis.stats import summarise_by
+from analysis.estimators.selection import select_trajectories
+from analysis.estimators.stats import summarise_by
 from probes.cli import ENTROPY_MODES as MODES
 from probes.session import RecordedPrompts, probe_model_check, record_session, serving_hardware
 
@@ -74,7 +74,7 @@ def _plan(run, out: Path, done: set, limit, include_unparsed: bool) -> tuple[lis
         steps = [c.index for c in line.calls if c.n_query_images > 0 and (*line.key, c.index) not in done]
         if steps:
             pending.append((line, steps))
-    log.info("trajectories entering the analysis (rule: analysis/selection.py):\n"
+    log.info("trajectories entering the analysis (rule: analysis/estimators/selection.py):\n"
              + exclusions.to_string(index=False))
     return lines, pending
 

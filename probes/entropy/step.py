@@ -14,8 +14,14 @@ from agent.lazy import lazy_module
 from agent.record import LlmCall, ResultLine
 from agent.rundir import Run, RunError
 from agent.trajectory import recorded_sampling
-from analysis.entropy import AGGREGATIONS, aggregate_entropies, entropy_high, entropy_histogram, grouped_tail_entropy
-from analysis.influence import token_influence
+from analysis.estimators.entropy import (
+    AGGREGATIONS,
+    aggregate_entropies,
+    entropy_high,
+    entropy_histogram,
+    grouped_tail_entropy,
+)
+from analysis.estimators.influence import token_influence
 
 from .store import ALTERNATIVES
 
@@ -67,7 +73,7 @@ def _alternatives(with_tokens, without_tokens, pos, known: KnownIds | None = Non
 
 
 def _aggregations(h_with, think_with, top_with, h_without, think_without, top_without) -> dict:
-    """Every aggregation of both sides' per-token entropies (analysis/entropy.py ``AGGREGATIONS``; issue 85), as
+    """Every aggregation of both sides' per-token entropies (analysis/estimators/entropy.py ``AGGREGATIONS``; issue 85), as
     ``{name: [with, without]}`` (None where undefined): what the robustness analysis compares ΔH under."""
     w = aggregate_entropies(h_with, think_with, top_with)
     o = aggregate_entropies(h_without, think_without, top_without)
@@ -139,7 +145,7 @@ async def _teacher_forced_side(row: dict, line: ResultLine, ev: LlmCall, tok: di
             raise BackendError(f"scoring returned {len(sc.tokens)} positions for {len(ids)} tokens")
         if sc.exact_entropy is not None:
             row[f"H_exact_{side}"] = _think_mean(np.asarray(sc.exact_entropy, dtype=np.float64), think)
-    # the same quantities the adaptive image unloading computes online (analysis.entropy.token_influence)
+    # the same quantities the adaptive image unloading computes online (analysis.estimators.entropy.token_influence)
     inf = token_influence(a.tokens, b.tokens, think, vocab=vocab)
     row["H_with"], row["H_without"] = inf["H_with"], inf["H_without"]
     if vocab:

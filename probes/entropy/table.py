@@ -18,8 +18,8 @@ from agent.record import EntropyStep
 from agent.rundir import RunError
 from agent.rundir.lines import SEAL_KEY, SOURCE_KEY, SealedRows
 from agent.rundir.probe_outputs import iter_rows
-from analysis.entropy import FORK_BINS, forking_stats, forking_threshold
-from analysis.stats import summarise_by
+from analysis.estimators.entropy import FORK_BINS, forking_stats, forking_threshold
+from analysis.estimators.stats import summarise_by
 
 pd = lazy_module("pandas")
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ __all__ = ["StepTable", "read_step_table", "serving"]
 
 #: Rows gathered as dicts before they become a DataFrame chunk.
 CHUNK = 4096
-#: Per row, from :func:`analysis.entropy.forking_stats` of each side: think tokens, forking tokens, their summed
+#: Per row, from :func:`analysis.estimators.entropy.forking_stats` of each side: think tokens, forking tokens, their summed
 #: entropy (both sides), and their summed dH (the with side of a teacher-forced probe).
 #: What a row's scalar columns leave out: its histograms and aggregations (columns of their own) and its seal.
 _NOT_SCALAR = {"fork", "agg", SEAL_KEY}
@@ -90,7 +90,7 @@ class StepTable:
     def threshold(self) -> tuple[int, float]:
         """The run-wide forking threshold (bin, nats) over the rows with histograms that count (the last of each
         step): arXiv 2506.01939's high-entropy minority, the run's top 20 % of think tokens by entropy with the
-        images (:func:`analysis.entropy.forking_threshold`)."""
+        images (:func:`analysis.estimators.entropy.forking_threshold`)."""
         return forking_threshold([{"bin": np.arange(FORK_BINS), "n": self.total}])
 
     def add_forking(self, i: int, row: EntropyStep, j: int) -> None:

@@ -12,7 +12,7 @@ array with one object per step and boolean labels, or that holds the invalid com
 (image_needed true, image_info_used false), is asked again up to ``--re-asks`` times and then
 reported as ``invalid`` with the reason — never guessed.
 
-Trajectories are selected by the same rule as the entropy probe (:mod:`analysis.selection`; the counts
+Trajectories are selected by the same rule as the entropy probe (:mod:`analysis.estimators.selection`; the counts
 go to ``exclusions.csv``). Writes ``OUT/labels.jsonl`` (one line per trajectory; resumable), ``steps.csv`` + ``steps.parquet``
 (one row per step), ``summary.json`` (category shares per step, the share of Image Needed steps within
 the first five steps, invalid counts) and the Figure 2(a) panel ``fig2a_grounding.png/.pdf``. OUT

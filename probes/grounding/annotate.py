@@ -28,8 +28,8 @@ from agent.redact import is_host
 from agent.rundir import RunError, close_fragment, load_run, output_lock
 from agent.rundir.lines import SOURCE_KEY, RowWriter
 from agent.rundir.probe_outputs import resume_rows, sweep_outputs, write_outputs
+from analysis.estimators.selection import select_trajectories
 from analysis.figures import fig2a_grounding, provenance_mark
-from analysis.selection import select_trajectories
 from probes.session import keeps_unparsed, run_async
 
 pd = lazy_module("pandas")  # loads on first use: a command's --help needs none of it (agent/lazy.py)
@@ -230,7 +230,7 @@ async def _annotate_run(run_dir, *, out: Path, backend, retries: int = 2, concur
                        f"{run.header.label or run.header.method}")
     lines = sorted(run.index, key=lambda ln: ln.key)[: limit or None]  # summaries
     include_unparsed = keeps_unparsed(include_unparsed, run.header)
-    lines, exclusions = select_trajectories(lines, include_unparsed=include_unparsed)  # the same rule as the entropy probe (analysis/selection.py)
+    lines, exclusions = select_trajectories(lines, include_unparsed=include_unparsed)  # the same rule as the entropy probe (analysis/estimators/selection.py)
     exclusions.to_csv(out / "exclusions.csv", index=False)
     pending = [ln for ln in lines if ln.key not in done]
     log.info(f"grounding annotation: {len(lines)} trajectories, {len(pending)} to annotate -> {out}")

@@ -17,7 +17,7 @@ from agent.errors import ToolkitError
 from agent.record import EntropyStep, LlmCall
 from agent.rundir import RunError, load_run, write_json
 from agent.rundir.probe_outputs import probe_dir, read_rows
-from analysis.selection import select_trajectories
+from analysis.estimators.selection import select_trajectories
 from serving.plan import ADMITTED_SLOTS_PER_REQUEST, SLOTS_PER_REQUEST
 
 log = logging.getLogger(__name__)

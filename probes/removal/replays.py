@@ -32,8 +32,8 @@ from agent.rundir.probe_outputs import sweep_outputs, write_outputs
 from agent.tools import make_toolbox
 from agent.tools.policy import POLICY_NAMED
 from agent.trajectory import Trajectory
+from analysis.estimators.stats import removal_summary
 from analysis.figures import fig2c_removal, provenance_mark
-from analysis.stats import removal_summary
 from probes.session import (
     RecordedPrompts,
     backend_for,

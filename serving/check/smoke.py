@@ -15,7 +15,7 @@ from agent.backends import BackendError, ImageError, ModelOutput, SamplingParams
 from agent.cli import single_endpoint
 from agent.http import RetryPolicy
 from agent.preflight import PreflightError, model_identity
-from analysis.entropy import grouped_tail_entropy
+from analysis.estimators.entropy import grouped_tail_entropy
 
 TOL = 1e-3
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from agent.backends.base import TokenArrays, top_id_matrix, top_matrix
-
 from .entropy import entropy_high, grouped_tail_entropy
 
 __all__ = ["kl_union_tail", "kl_union_tail_rows", "token_influence"]
@@ -133,7 +131,8 @@ def _kl_full(ip, lp, iq, lq) -> np.ndarray:
 def token_influence(with_tokens, without_tokens, think, vocab: int | None = None) -> dict[str, np.ndarray | float]:
     """The images' influence on each token of one step, from its top-k under two contexts (same tokens).
 
-    ``with_tokens`` / ``without_tokens``: the step's tokens (objects with ``.top``: ids and logprobs) scored
+    ``with_tokens`` / ``without_tokens``: the step's tokens (``top_ids`` and ``top_logprobs``, (n, k) arrays, as an
+    ``agent.backends.TokenArrays`` holds them) scored
     with and without the query images; ``think``: the step's think mask. Returns per think token ``dH`` (the
     grouped-tail entropy with minus without) and ``kl`` (:func:`kl_union_tail`, KL(with ‖ without)), their
     positions ``pos`` in the step, and the means over think tokens ``dH_mean``, ``kl_mean``, ``H_with``,
@@ -148,23 +147,28 @@ def token_influence(with_tokens, without_tokens, think, vocab: int | None = None
         raise ValueError(f"token_influence: {len(with_tokens)} tokens with, {len(without_tokens)} without, "
                          f"{len(think)} think flags")
     k = max(1, with_tokens.top_logprobs.shape[1], without_tokens.top_logprobs.shape[1])
-    w = TokenArrays(with_tokens.ids, with_tokens.texts, with_tokens.logprobs, top_id_matrix(with_tokens, k),
-                    top_matrix(with_tokens, k), with_tokens.think, with_tokens.counts)
-    o = TokenArrays(without_tokens.ids, without_tokens.texts, without_tokens.logprobs,
-                    top_id_matrix(without_tokens, k), top_matrix(without_tokens, k), without_tokens.think,
-                    without_tokens.counts)
-    hw = grouped_tail_entropy(w.top_logprobs)
-    ho = grouped_tail_entropy(o.top_logprobs)
+    w_ids, w_lp = _columns(with_tokens.top_ids, k, -1, np.int32), _columns(with_tokens.top_logprobs, k, np.nan, np.float64)
+    o_ids, o_lp = (_columns(without_tokens.top_ids, k, -1, np.int32),
+                   _columns(without_tokens.top_logprobs, k, np.nan, np.float64))
+    hw = grouped_tail_entropy(w_lp)
+    ho = grouped_tail_entropy(o_lp)
     pos = np.flatnonzero(think)
     bounds = {}
     if vocab:  # the upper bounds too (entropy_bounds; the lower ones are hw / ho)
-        bounds = {"per_token_H_high_with": entropy_high(w.top_logprobs, hw, vocab),
-                  "per_token_H_high_without": entropy_high(o.top_logprobs, ho, vocab)}
+        bounds = {"per_token_H_high_with": entropy_high(w_lp, hw, vocab),
+                  "per_token_H_high_without": entropy_high(o_lp, ho, vocab)}
         bounds["H_high_with"] = float(np.mean(bounds["per_token_H_high_with"][pos])) if len(pos) else float("nan")
         bounds["H_high_without"] = float(np.mean(bounds["per_token_H_high_without"][pos])) if len(pos) else float("nan")
-    kl = kl_union_tail_rows(w.top_ids[pos], w.top_logprobs[pos], o.top_ids[pos], o.top_logprobs[pos]) \
+    kl = kl_union_tail_rows(w_ids[pos], w_lp[pos], o_ids[pos], o_lp[pos]) \
         if len(pos) else np.zeros(0)
     dH = (hw - ho)[pos]
     mean = (lambda a: float(np.mean(a)) if len(a) else float("nan"))
     return {"pos": pos.astype(np.int32), "dH": dH, "kl": kl, "H_with": mean(hw[pos]), "H_without": mean(ho[pos]),
             "dH_mean": mean(dH), "kl_mean": mean(kl), "per_token_H_with": hw, "per_token_H_without": ho, **bounds}
+
+
+def _columns(a: np.ndarray, k: int, fill, dtype) -> np.ndarray:
+    """``a`` (n, m <= k) as (n, k) of ``dtype``, the missing columns ``fill`` (a server gave fewer than k)."""
+    out = np.full((a.shape[0], k), fill, dtype=dtype)
+    out[:, :a.shape[1]] = a
+    return out

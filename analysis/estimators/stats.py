@@ -1,6 +1,6 @@
 """Statistics for the probes: bootstrap confidence intervals, Wilcoxon signed-rank, McNemar.
 
-    from analysis.stats import bootstrap_ci, wilcoxon_p, mcnemar_p
+    from analysis.estimators.stats import bootstrap_ci, wilcoxon_p, mcnemar_p
     lo, hi = bootstrap_ci(delta_h)            # 95% BCa bootstrap CI of the mean (scipy.stats.bootstrap), seeded
     p = wilcoxon_p(delta_h)                   # paired: H(with) - H(without) against 0
     p = mcnemar_p(correct_before, correct_after)

@@ -1,6 +1,6 @@
 """Entropy of next-token distributions from top-k log-probabilities (paper §3.2.2, B.4).
 
-    from analysis.entropy import grouped_tail_entropy
+    from analysis.estimators.entropy import grouped_tail_entropy
     H = grouped_tail_entropy(top_logprobs)        # (..., k) -> (...), nats
 
 Everything here is in nats and vectorised with numpy; nothing loops over tokens in Python.
@@ -318,7 +318,7 @@ def aggregate_entropies(H, think, top_logprobs=None) -> dict[str, float]:
     """One side of a step, every :data:`AGGREGATIONS` of its per-token grouped-tail entropies ``H`` (all generated
     tokens, in order) over the think tokens (``think``, a boolean mask); NaN where it is undefined (no think token;
     ``top20_exact`` without the top-k)."""
-    from scipy.stats import trim_mean  # noqa: PLC0415 - SciPy loads on first use (analysis/stats.py)
+    from scipy.stats import trim_mean  # noqa: PLC0415 - SciPy loads on first use (analysis/estimators/stats.py)
 
     H = np.asarray(H, dtype=np.float64)
     t = np.asarray(think, dtype=bool)

@@ -1,6 +1,6 @@
 """Which trajectories enter the probes' analyses: one written rule, shared by every probe (paper B.1, Table 10).
 
-    from analysis.selection import select_trajectories
+    from analysis.estimators.selection import select_trajectories
     kept, table = select_trajectories(run.index)      # table: Table 10 layout (model x benchmark counts)
 
 The paper runs each backbone on all 1,727 samples and excludes "samples where the agent produced no
