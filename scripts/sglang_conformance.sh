@@ -2,7 +2,7 @@
 # Build the SGLang conformance layer: SGLang's own pure-Python code (request models, sampling-parameter
 # checks, the qwen3 reasoning parser, the server's argument parser, smg (the gateway, a native binary), and its real HTTP server,
 # TokenizerManager and DetokenizerManager) importable on a CPU machine, so that tests/conformance/ checks the
-# toolkit against SGLang itself rather than against our reading of it (serving/standin.py stands in for the
+# toolkit against SGLang itself rather than against our reading of it (serving/fakes/standin.py stands in for the
 # scheduler only).
 #
 #   bash scripts/sglang_conformance.sh          # builds .venv-sglang/site (a --target dir, ~350-450 MB, ~1-2 min)
@@ -35,7 +35,7 @@ PKGS=(
   openai==2.8.0 dill==0.4.1 apache-tvm-ffi==0.1.11 sentencepiece==0.2.1 compressed-tensors==0.18.0
   distro==1.9.0 jiter==0.19.0
   loguru==0.7.3 gguf==0.19.0 partial-json-parser==0.2.1.1.post7
-  # SGLang's real HTTP front end on CPU (serving/standin.py): FastAPI / uvicorn, the multimodal processor's needs
+  # SGLang's real HTTP front end on CPU (serving/fakes/standin.py): FastAPI / uvicorn, the multimodal processor's needs
   fastapi==0.165.0 uvicorn==0.54.0 h11==0.16.0 click==8.5.1 uvloop==0.23.0 python-multipart==0.0.34
   opentelemetry-api==1.45.2 setproctitle==1.3.8 einops==0.8.2 xgrammar==0.2.7 soundfile==0.13.1 cffi==2.1.1
   pycparser==3.12 jsonschema==4.26.0 referencing==0.37.0 rpds-py==2026.9.1 jsonschema-specifications==2025.9.1

@@ -211,7 +211,7 @@ def _announce(a, servers: list[Server], routers, ports, gpu_gb, run_dir: Path) -
         print(line)
     if a.standin:
         print(f"stand-in: SGLang's own HTTP server / TokenizerManager / DetokenizerManager from {SGLANG_SITE}, the "
-              f"scheduler is serving/standin.py ({a.standin} mode) on the CPU: the numbers are meaningless")
+              f"scheduler is serving/fakes/standin.py ({a.standin} mode) on the CPU: the numbers are meaningless")
     if a.dry_run:
         for s in servers:
             print(command_line(["env", *(f"{k}={v}" for k, v in s.env.items()), *s.cmd]))
@@ -435,7 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--progress-every", type=positive_float, default=15, metavar="S",
                    help="while a server loads, its elapsed time and last log line every S seconds")
     ap.add_argument("--standin", choices=("scripted", "model"),
-                    help="no GPU: SGLang's real front end on the CPU with serving/standin.py as its scheduler and the "
+                    help="no GPU: SGLang's real front end on the CPU with serving/fakes/standin.py as its scheduler and the "
                          "embedded tiny Qwen3.5 for every model (needs bash scripts/sglang_conformance.sh); routers are "
                          "the real smg gateway")
     return ap

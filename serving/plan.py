@@ -90,8 +90,8 @@ def server_command(size: str, port: int, a, nccl_port: int | None = None) -> lis
     nccl = ["--nccl-port", str(nccl_port)] if nccl_port else []
     if getattr(a, "engine", "sglang") == "vllm":
         return vllm_command(size, port, a)
-    if getattr(a, "standin", None):  # SGLang's own front end, our scheduler stand-in (serving/standin.py)
-        return [a.python, "-m", "serving.standin", "--model-path", weights_for(size, a.standin), "--served-model-name",
+    if getattr(a, "standin", None):  # SGLang's own front end, our scheduler stand-in (serving/fakes/standin.py)
+        return [a.python, "-m", "serving.fakes.standin", "--model-path", weights_for(size, a.standin), "--served-model-name",
                 MODELS[size][1], "--host", a.host, "--port", str(port), "--mode", a.standin, *nccl]
     base = shlex.split(a.server_command) if getattr(a, "server_command", None) else \
         [a.python, "-m", "sglang.launch_server"]

@@ -26,7 +26,7 @@ class Tok:
                 self.proc = None
         self.image_pad = self.encode("<|image_pad|>")[0] if self.hf else 9001
         # a generation that stops by itself ends with the model's EOS, which SGLang returns as the last output token
-        # (in output_ids, its logprobs and completion_tokens), as its real front end does (serving/standin.py
+        # (in output_ids, its logprobs and completion_tokens), as its real front end does (serving/fakes/standin.py
         # showed it; the fake left it out before). Only with a real tokenizer (one id per character has none).
         self.eos = self.encode("<|im_end|>")[0] if self.hf else None
         self._n_cache: dict[int, int] = {}

@@ -62,10 +62,10 @@ def sglang():
     o.close()
 
 
-# ------------------------------------------------------------------ SGLang's real front end (serving/standin.py)
+# ------------------------------------------------------------------ SGLang's real front end (serving/fakes/standin.py)
 class RealSGLang:
     """SGLang's own HTTP server, TokenizerManager and DetokenizerManager on 127.0.0.1, with our scheduler
-    stand-in (``python -m serving.standin``); ``mode`` is ``scripted`` (the agents' policy), ``model``, or ``both``
+    stand-in (``python -m serving.fakes.standin``); ``mode`` is ``scripted`` (the agents' policy), ``model``, or ``both``
     (either, as :meth:`use` chose)."""
 
     def __init__(self, site: Path, model_dir: Path, mode: str, log: Path):
@@ -78,14 +78,14 @@ class RealSGLang:
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.model_dir, self.log = model_dir, log
-        # write a number here to make the stand-in leak cached state into repeated scorings (serving/standin.py)
+        # write a number here to make the stand-in leak cached state into repeated scorings (serving/fakes/standin.py)
         self.leak_file = log.with_suffix(".leak")
         # with mode "both", the engine that serves the next requests: see use()
         self.mode_file = log.with_suffix(".mode")
         # write 1 here to make the stand-in return raw logprobs (as SGLANG_RETURN_ORIGINAL_LOGPROB=1 does)
         self.original_file = log.with_suffix(".original")
         env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{site}", "PYTHONWARNINGS": "ignore"}
-        cmd = [sys.executable, "-m", "serving.standin", "--model-path", str(model_dir), "--port", str(self.port),
+        cmd = [sys.executable, "-m", "serving.fakes.standin", "--model-path", str(model_dir), "--port", str(self.port),
                "--mode", mode, "--served-model-name", "tiny-qwen35", "--leak-file", str(self.leak_file),
                "--mode-file", str(self.mode_file), "--original-logprob-file", str(self.original_file)]
         if mode in ("scripted", "both"):

@@ -1,5 +1,5 @@
 """The toolkit's chain against SGLang 0.5.23's own HTTP server, TokenizerManager and DetokenizerManager, with our
-scheduler stand-in (``serving/standin.py``) as the only piece not SGLang's (issue 21).
+scheduler stand-in (``serving/fakes/standin.py``) as the only piece not SGLang's (issue 21).
 
 Each run is also made against the loopback fake (``serving/fakes/sglang_server.py``); the records must agree
 (same fields, same token counts per call): a difference is a bug in the client or in the fake.

@@ -1,6 +1,6 @@
 """SGLang's own HTTP server on a CPU machine, with a stand-in for its scheduler (issue 21).
 
-    python -m serving.standin --model-path .cache/tiny-qwen35 --port 30000 [--mode model|scripted]
+    python -m serving.fakes.standin --model-path .cache/tiny-qwen35 --port 30000 [--mode model|scripted]
 
 Everything in front of the scheduler is SGLang's (0.5.23): FastAPI routing and request validation, the OpenAI
 chat layer (the model's chat template, image decoding, ``reasoning_content`` via the qwen3 parser, OpenAI
@@ -309,10 +309,10 @@ def _arr(xs):
 
 # ====================================================================== the command
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m serving.standin", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m serving.fakes.standin", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="examples:\n  python -m serving.standin --model-path .cache/tiny-qwen35 --port 30000\n"
-                                        "  python -m serving.standin --model-path .cache/tiny-qwen35 --mode scripted "
+                                 epilog="examples:\n  python -m serving.fakes.standin --model-path .cache/tiny-qwen35 --port 30000\n"
+                                        "  python -m serving.fakes.standin --model-path .cache/tiny-qwen35 --mode scripted "
                                         "--reply 'ok</think>\\n\\n<answer>1911</answer>'")
     ap.add_argument("--model-path", required=True, help="the tiny model's directory (tokenizer, chat template, weights)")
     ap.add_argument("--port", type=int, default=30000)
