@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ..jsonio import dumps, dumps_record
-from ..paths import open_regular
-from ..record import LineSummary, ResultLine, SchemaError, validate
+from ..paths import open_regular, read_regular
+from ..record import LineSummary, ResultLine, RunHeader, SchemaError, validate
 from .common import RunError, atomic_write
 from .lines import SEAL_KEY, line_digest, read_line
 
@@ -22,10 +22,23 @@ log = logging.getLogger(__name__)
 
 
 class RunIndex:
-    """The index half of :class:`agent.rundir.RunDir` (``self.path``, ``self.results``)."""
+    """A run's lines as its index lists them (``self.path``, ``self.results``): what :func:`agent.rundir.load_run`
+    reads through, and the index half of the writer, :class:`agent.rundir.RunDir`."""
 
     path: Path
     results: Path
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.results = self.path / "results.jsonl"
+
+    def latest(self, project: Projection | None = None) -> dict[tuple[str, int], dict]:
+        """The last line of each (sample, trial), as its summary (the line without ``events`` and ``messages``;
+        :meth:`Run.full` reads the whole line), or what ``project`` keeps of it (:meth:`index`)."""
+        out = {}
+        for line in self.index(project=project):
+            out[(line["sample_id"], int(line["trial"]))] = line
+        return out
 
     #: ``(sample_id, trial, byte offset)`` of each line the last :meth:`index` found changed since it was written
     changed: list = []
@@ -126,6 +139,27 @@ class RunIndex:
                 f.write(dumps_record({**summary_of(line), SEAL_KEY: digest, "_o": offset, "_n": length}) + b"\n")
         except OSError:
             pass  # the reader parses what the index lacks
+
+
+def read_header(path) -> tuple[dict, RunHeader]:
+    """A run directory's header: (its JSON, its model); an edited or damaged header is a :class:`RunError` naming
+    it, never a traceback."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise RunError(f"{path} is a file, not a run directory (give a directory, new or of a run)")
+    header_path = path / "header.json"
+    try:
+        header = json.loads(read_regular(header_path, RunError))
+    except FileNotFoundError:
+        raise RunError(f"{path}: no header.json — not a run directory") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RunError(f"{header_path}: unreadable header ({e})") from None
+    if not isinstance(header, dict):
+        raise RunError(f"{header_path}: the header is a {type(header).__name__}, not an object")
+    try:
+        return header, validate("header", header, str(header_path))
+    except SchemaError as e:
+        raise RunError(str(e)) from None
 
 
 #: The index's format: entries hold the checksum their line carries (its own ``line_sha256``), nothing about where

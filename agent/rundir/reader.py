@@ -9,12 +9,11 @@ import numpy as np
 from ..record import LineSummary, LlmCall, Message, ResultLine, RunHeader
 from ..record.line import ImagePart
 from .common import RunError, inside
-from .index import KEY_FIELDS, Lines, position, raw_line, summary_model
+from .index import KEY_FIELDS, Lines, RunIndex, position, raw_line, read_header, summary_model
 from .lines import SEAL_KEY
 from .sidecar import decode as _decode_sidecar
 from .sidecar import read_prompt_pieces as _read_prompt_pieces
 from .sidecar import read_sidecar
-from .writer import RunDir
 
 
 class Run:
@@ -152,10 +151,10 @@ def load_run(path, fields=None) -> Run:
     """The run at ``path``; ``fields``: keep only these fields of each line's summary in ``run.index`` (its key and
     seal always kept; no field holding records of its own, such as ``calls``), for readers of thousands of lines
     that need a few of them: a few hundred bytes a line rather than its summary."""
-    rd = RunDir(path)
-    header = rd.read_header_record()
+    header = read_header(path)[1]
+    listing = RunIndex(path)
     keep = None if fields is None else frozenset(fields) | KEY_FIELDS
     project = None if keep is None else (lambda e: {k: e[k] for k in keep if k in e})
-    run = Run(rd.path, header, list(rd.latest(project).values()), keep)  # summaries; whole lines read on access
-    run.changed = list(rd.changed)  # lines left out: changed since they were written (warned by the index)
+    run = Run(listing.path, header, list(listing.latest(project).values()), keep)  # whole lines read on access
+    run.changed = list(listing.changed)  # lines left out: changed since they were written (warned by the index)
     return run

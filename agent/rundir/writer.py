@@ -3,7 +3,6 @@ finished line (sidecar and images first), the image store."""
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 import shutil
@@ -14,8 +13,7 @@ from pathlib import Path
 
 from ..identity import same_model, server_differences, unverified_facts
 from ..images import ImageError, load_image
-from ..paths import read_regular
-from ..record import RunHeader, SchemaError, validate
+from ..record import validate
 from .common import (
     IDENTITY_KEYS,
     RESUME_HISTORY,
@@ -27,7 +25,7 @@ from .common import (
     token_key,
     write_json,
 )
-from .index import RunIndex
+from .index import RunIndex, read_header
 from .lines import line_digest, seal
 from .sidecar import encode as _encode_sidecar
 from .sidecar import sha256_of
@@ -174,38 +172,10 @@ class RunDir(RunIndex):
 
     def read_header(self) -> dict:
         """The header as written (a dict: the writer extends it on resume and merge), checked against its model;
-        readers take :meth:`read_header_record`."""
-        return self._read_header()[0]
-
-    def read_header_record(self) -> RunHeader:
-        """The header as its model (agent/record/header.py)."""
-        return self._read_header()[1]
-
-    def _read_header(self) -> tuple[dict, RunHeader]:
-        """(the header's JSON, its model); an edited or damaged header is a :class:`RunError` naming it, never a
-        traceback."""
-        try:
-            header = json.loads(read_regular(self.header_path, RunError))
-        except FileNotFoundError:
-            raise RunError(f"{self.path}: no header.json — not a run directory") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise RunError(f"{self.header_path}: unreadable header ({e})") from None
-        if not isinstance(header, dict):
-            raise RunError(f"{self.header_path}: the header is a {type(header).__name__}, not an object")
-        try:
-            return header, validate("header", header, str(self.header_path))
-        except SchemaError as e:
-            raise RunError(str(e)) from None
+        readers take :func:`agent.rundir.load_run`'s ``header``."""
+        return read_header(self.path)[0]
 
     # ------------------------------------------------------------------ lines
-    def latest(self, project=None) -> dict[tuple[str, int], dict]:
-        """The last line of each (sample, trial), as its summary (the line without ``events`` and ``messages``;
-        :meth:`Run.full` reads the whole line), or what ``project`` keeps of it (:meth:`RunIndex.index`)."""
-        out = {}
-        for line in self.index(project=project):
-            out[(line["sample_id"], int(line["trial"]))] = line
-        return out
-
     def done_keys(self, *, retry_errors: bool = False) -> set[tuple[str, int]]:
         return {k for k, line in self.latest().items() if not (retry_errors and line.get("status") in ("error", "timeout"))}
 

@@ -18,8 +18,6 @@ from analysis.estimators.entropy import entropy_bounds, grouped_tail_entropy
 from analysis.figures import provenance_mark
 from probes.entropy import read_step_tokens
 
-from ..backends.base import model_vocab_size
-from ..backends.tiny_model import default_tiny_dir
 from ..choices import AUTO_TOKENS
 from ..paths import read_regular
 from ..record import LineSummary, LlmCall, ResultLine
@@ -131,16 +129,9 @@ def _call_tokens(run: Run, line: ResultLine, tf_dir: Path | None, warnings: list
 
 
 def _run_vocab(run: Run) -> int | None:
-    """The run's model vocabulary size (for the entropy upper bound), as its header records it; for a run recorded
-    before the header held it, its model directory's; None if unknown."""
-
-    b = run.header.backend
-    if b.vocab_size:
-        return b.vocab_size
-    md = b.model_dir
-    if not md and (b.kind == "local" or b.embedded_tiny_model):
-        md = default_tiny_dir()
-    return model_vocab_size(md) if md else None
+    """The run's model vocabulary size (for the entropy upper bound), as its header records it; None when it does
+    not (the hover then shows no upper bound): the viewer reads the record, never a model's files."""
+    return run.header.backend.vocab_size
 
 
 def _alternatives_of(t: dict, pos, ok, n: int, think) -> list:

@@ -10,7 +10,7 @@ from pathlib import Path
 from agent.cli import done
 from agent.errors import ToolkitError
 from agent.lazy import lazy_module
-from agent.rundir import RunDir, RunError, frames, load_run
+from agent.rundir import RunError, frames, load_run
 from agent.rundir.grades import BrokenGrades, MixedJudges
 from analysis.estimators.stats import removal_summary, summarise_by
 from analysis.pooling import refuse_mixed_servers
@@ -280,7 +280,7 @@ def _table(build, missing: list):
 def _run_tables(runs: list, out: Path, made: list, missing: list, judge: str | None) -> None:
     """Tables 1, 4 (with the cost ledger), 5 and Figure 4 from the judged ``--runs``; HLE-VL runs among them make
     Table 13 of their own (D.1) and enter no other table."""
-    apart = [rd for rd in runs if RunDir(rd).read_header_record().benchmark in tables.SUPPLEMENTARY]
+    apart = [rd for rd in runs if load_run(rd, fields=_MODEL_ONLY).header.benchmark in tables.SUPPLEMENTARY]
     runs = [rd for rd in runs if rd not in apart]
     if apart:  # HLE-VL: Table 13 of its own (D.1), never in Tables 1, 4, 5
         t13 = _table(lambda: tables.table13(apart, judge), missing)
