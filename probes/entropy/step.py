@@ -145,7 +145,7 @@ async def _teacher_forced_side(row: dict, line: ResultLine, ev: LlmCall, tok: di
             raise BackendError(f"scoring returned {len(sc.tokens)} positions for {len(ids)} tokens")
         if sc.exact_entropy is not None:
             row[f"H_exact_{side}"] = _think_mean(np.asarray(sc.exact_entropy, dtype=np.float64), think)
-    # the same quantities the adaptive image unloading computes online (analysis.estimators.entropy.token_influence)
+    # the same quantities the adaptive image unloading computes online (analysis.estimators.influence.token_influence)
     inf = token_influence(a.tokens, b.tokens, think, vocab=vocab)
     row["H_with"], row["H_without"] = inf["H_with"], inf["H_without"]
     if vocab:
