@@ -80,7 +80,7 @@ def _kl_summary(tf: list):
 
 
 #: What the report keeps of each line's summary where it needs only the run's headers and model (ours: a
-#: paper-scale run's summaries are ~200 MB held; the readers below read what they need themselves).
+#: paper-scale run's whole summaries are large to hold, docs/performance.md; the readers below read what they need).
 _MODEL_ONLY = ("model",)
 
 
