@@ -94,7 +94,7 @@ def agreement(run_dir, a: str, b: str, *, common_only: bool = False, seed: int =
     if not units:
         raise RunError(f"{run_dir}: no unit graded by both judges")
     benches = sorted({A["recs"][u].benchmark or "?" for u in units})
-    out = {"run_dir": str(run_dir), "judge_a": {"name": a, "label": A["label"]}, "judge_b": {"name": b, "label": B["label"]},
+    out: dict = {"run_dir": str(run_dir), "judge_a": {"name": a, "label": A["label"]}, "judge_b": {"name": b, "label": B["label"]},
            "left_out": {k: len(v) for k, v in only.items()}, "bootstrap": {"resamples": BOOTSTRAP, "seed": seed},
            "benchmarks": {}}
     for bench in benches:

@@ -98,9 +98,10 @@ def parse_grade(reply: str) -> tuple[str, str | None]:
     if not grades:  # the bare reply is just a grade
         g = _grade_token(text) if len(text) <= 20 else None
         return (g, extracted) if g else ("UNPARSED", extracted)
-    if None in grades or len(set(grades)) != 1:
+    first = grades[0]
+    if first is None or any(g != first for g in grades):
         return "UNPARSED", extracted
-    return grades[0], extracted
+    return first, extracted
 
 
 def _norm(s: str) -> str:
@@ -196,7 +197,8 @@ class Grader:
         """One grade from the judge. A reply cut by its token limit is no grade, whatever it holds (a tentative
         "Grade: B" in cut reasoning is not the judge's verdict): it is asked again with ``JUDGE_RETRY_TOKENS``; cut
         again, it is UNPARSED with the reason said (never silently)."""
-        msgs, usage = [{"role": "user", "content": prompt}], {}
+        msgs: list[dict] = [{"role": "user", "content": prompt}]
+        usage: dict = {}
         for attempt, sp in enumerate((self.sp, replace(self.sp, max_tokens=JUDGE_RETRY_TOKENS))):
             out = await client.generate(msgs, sp)
             for k in ("prompt_tokens", "completion_tokens", "cached_tokens"):  # for the run's cost ledger
@@ -286,7 +288,7 @@ async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_END
     # an UNPARSED grade is kept as it came (the judge's reply, stored); --retry-unparsed asks the judge again and
     # the new grade, appended, is the unit's (the offline judge's UNPARSED, no gold, would come out the same)
     again = {k for k, r in done.items() if retry_unparsed and judge != "exact" and r.grade == "UNPARSED"}
-    pending = [ln for ln in lines if (key := (*ln.key, ln.line_sha256)) not in done or key in again]
+    pending = [ln for ln in lines if (key := (ln.sample_id, ln.trial, ln.line_sha256)) not in done or key in again]
     log.info(f"judge [{label}]: {len(lines)} trajectories, {len(lines) - len(pending)} already graded"
              + (f"; {len(again)} UNPARSED asked again" if again else ""))
     judge_server = None
@@ -317,7 +319,7 @@ async def _judge_run(run_dir, *, judge: str = "llm", endpoint: str = DEFAULT_END
         finally:  # the judge's client closed whatever closing the file raised (no "Unclosed client session")
             await grader.aclose()
     graded = {(r.sample_id, r.trial, r.source_sha256): r for r in [*done.values(), *results]}
-    current = [graded[(*ln.key, ln.line_sha256)] for ln in lines]
+    current = [graded[(ln.sample_id, ln.trial, ln.line_sha256)] for ln in lines]
     refused = identical_trials(lines)
     if refused:
         log.warning(f"WARNING: {rd.path}: {refused}")

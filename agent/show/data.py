@@ -150,6 +150,6 @@ def sample_table(run: Run):
     return df.sort_values(["sample_id", "trial"]).reset_index(drop=True) if len(df) else df
 
 
-def short(text: str, n: int) -> str:
+def short(text: str | None, n: int) -> str:
     text = " ".join(str(text or "").split())
     return text if len(text) <= n else text[: n - 1] + "…"

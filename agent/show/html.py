@@ -48,7 +48,7 @@ def _image_uri(run: Run, sha: str, cache: dict, missing: list, max_px: int | Non
     except (RunError, OSError) as e:  # leads out of the run directory, or a FIFO: never read, never embedded
         log.warning(f"warning: {e}")
         data = None
-    if data is None:
+    if data is None or p is None:
         missing.append(sha)
         cache[sha] = None
         return None
@@ -217,8 +217,8 @@ def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[
     run = load_run(run_dir, fields=VIEW_FIELDS)  # a few hundred bytes a trajectory; each line read for its page
     grades, judge = grades_of_run(run)
     dH, mode = probe_steps(run)
-    tf_dir = run.path / "probes" / "entropy-teacher-forced" / "tokens"
-    tf_dir = tf_dir if tf_dir.is_dir() else None
+    tokens_dir = run.path / "probes" / "entropy-teacher-forced" / "tokens"
+    tf_dir = tokens_dir if tokens_dir.is_dir() else None
     has_release = bool((run.header.image_unload or {}).get("policy"))
     lines = sorted(run.index, key=lambda ln: ln.key)  # summaries; whole lines one at a time
     if sample_ids:
@@ -242,7 +242,8 @@ def build_html(run_dir, out_path, *, limit: int | None = None, sample_ids: list[
     # trajectory: small objects kept across a trajectory's churn would pin the allocator's arenas, and the
     # writer's memory would grow with the run although nothing else is held
     rows = [_row(ln, grades) for ln in lines]
-    total, largest, n_images, missing = 0, 0, 0, []
+    total, largest, n_images = 0, 0, 0
+    missing: list[str] = []
     for i, ln in enumerate(lines):  # one trajectory's details and images in memory at a time
         row = rows[i]
         images: dict = {}

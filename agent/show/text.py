@@ -41,7 +41,7 @@ def _llm_call(ev: LlmCall, pad: str, t_max, reasoning: bool) -> list[str]:
     if ev.action_error:
         out.append(f"{pad}  REJECTED: {ev.action_error}")
     elif act is not None:
-        desc = act.kind
+        desc: str = act.kind
         if isinstance(act, ToolCallAction):
             desc += f" {act.name or ''}"
         elif isinstance(act, AnswerAction):
