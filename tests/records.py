@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from agent.backends.base import SamplingParams
 from agent.run import main as run_main
+from agent.rundir import Run, load_run
 from serving.fakes.policy import agent_policy
 from serving.fakes.sglang_server import FakeSGLang
 
@@ -55,6 +56,4 @@ def record_react_run(out, tiny_model_dir, *, limit: int) -> list[dict]:
 def recorded_lines(run) -> list[dict]:
     """A run's latest lines as the file records them (JSON values, only the fields written): what a test asserts
     the record holds; ``run``: a run directory or a loaded :class:`agent.rundir.Run`."""
-    from agent.rundir import Run, load_run
-
     return [ln.as_recorded() for ln in (run if isinstance(run, Run) else load_run(run)).lines]

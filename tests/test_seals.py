@@ -103,3 +103,26 @@ def test_a_grade_of_another_line_is_not_that_lines_grade(graded, tmp_path):
     assert j.returncode == 0 and "set aside" in j.stderr and _cmd("agent.rundir", "check", str(again)).returncode == 0
     got, _ = grades_of(run, "exact")
     assert {(r.sample_id, r.trial): r.grade for r in got}[(victim.sample_id, victim.trial)] == victim.grade
+
+
+def test_a_sealed_grade_that_is_no_valid_grade_record_is_never_counted_and_graded_again(graded, tmp_path):
+    """A grade whose seal holds but whose fields its model refuses (another version's, or edited and sealed again)
+    is not a grade: every reader leaves it out and says so (never a traceback), and the judge sets it aside."""
+    run = tmp_path / "run"
+    shutil.copytree(graded, run)
+    first = json.loads((run / "judge-exact.jsonl").read_bytes().splitlines()[0])
+    victim = {k: v for k, v in first.items() if k not in ("line_sha256", "reason")}
+    lines = [ln for ln in (run / "judge-exact.jsonl").read_bytes().splitlines() if json.loads(ln)["sample_id"] !=
+             first["sample_id"]]
+    (run / "judge-exact.jsonl").write_bytes(b"".join(ln + b"\n" for ln in lines) + seal(victim) + b"\n")
+    assert first["sample_id"] not in {g.sample_id for g in read_grades(run / "judge-exact.jsonl")}
+    rep = _cmd("agent.rundir", "check", str(run))
+    assert rep.returncode == 1 and "no valid grade record" in rep.stdout and "Traceback" not in rep.stderr
+    shown = _cmd("agent.show", str(run), first["sample_id"])
+    assert shown.returncode == 0 and "grade SEAL BROKEN" in shown.stdout, shown.stderr
+    with pytest.raises(BrokenGrades, match="no valid grade record"):
+        grades_of(run, "exact")
+    j = _cmd("agent.judge", str(run), "--judge", "exact", "--no-progress")
+    assert j.returncode == 0 and "set aside" in j.stderr
+    assert _cmd("agent.rundir", "check", str(run)).returncode == 0
+    assert first["sample_id"] in {r.sample_id for r in grades_of(run, "exact")[0]}

@@ -253,7 +253,7 @@ def _graded_before(rd: RunDir, name: str, label: str, regrade: bool, sources: di
     gf = grade_file(out_path, sources)
     problem = gf.problem()
     if problem:
-        q = set_aside(gf.sealed, gf.foreign)
+        q = set_aside(gf.sealed, gf.unusable())
         log.warning(f"warning: {problem}: set aside in {q}; those units are graded again")
     return {(r.sample_id, r.trial, r.source_sha256): r for r in gf.current.values()}
 

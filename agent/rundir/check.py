@@ -366,7 +366,7 @@ def check_run(path, *, deep: bool = True, repair: bool = False, heal_torn: bool 
     if repair:
         _repair(rd, rep, torn_raw)
         for jf, gf in bad_grades.items():
-            q = set_aside(gf.sealed, gf.foreign)
+            q = set_aside(gf.sealed, gf.unusable())
             if q is not None:  # bad_grades holds only files with a problem, so something moved
                 rep.repaired.append(f"{jf.name}: the grades that cannot be counted moved to {q.relative_to(rd.path)} "
                                     "(python -m agent.judge grades those units again)")

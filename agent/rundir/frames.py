@@ -128,8 +128,8 @@ def steps(run) -> pd.DataFrame:
     Given a path, each line's summary is cut to these values as the index is read (a tuple a call, ours: the
     summaries of a 10,000-line run are ~200 MB, its steps ~20 MB; scripts/bench_frames.py)."""
     if isinstance(run, Run):
-        lines = [(ln.sample_id, ln.trial, _step_values(ln.benchmark, [c.model_dump() for c in ln.calls]))
-                 for ln in run.index]
+        lines = [(ln.sample_id, ln.trial, _step_values(ln.benchmark, (tuple(getattr(c, k) for k in _CALL_KEYS)
+                                                                      for c in ln.calls))) for ln in run.index]
     else:  # each summary cut to its calls' values as the index is read
         lines = [(*k, e["_steps"]) for k, e in RunDir(run).latest(_steps_only).items()]
     per = [calls for _, _, calls in lines]
@@ -144,16 +144,16 @@ def steps(run) -> pd.DataFrame:
 _CALL_KEYS = ("index", *STEP_COLUMNS[4:])
 
 
-def _step_values(benchmark: str, calls: list[dict]) -> list[tuple]:
-    """What :func:`steps` keeps of a line's calls: per call, its values in ``STEP_COLUMNS`` order (after the key),
-    each string interned (a run's few states, actions, tools and finish reasons held once, not once a call)."""
-    return [tuple(sys.intern(v) if type(v) is str else v for v in (benchmark, *map(c.get, _CALL_KEYS)))
-            for c in calls]
+def _step_values(benchmark: str, calls) -> list[tuple]:
+    """What :func:`steps` keeps of a line's calls (each its values of ``_CALL_KEYS``): per call, its values in
+    ``STEP_COLUMNS`` order (after the key), each string interned (a run's few states, actions, tools and finish
+    reasons held once, not once a call)."""
+    return [tuple(sys.intern(v) if type(v) is str else v for v in (benchmark, *values)) for values in calls]
 
 
 def _steps_only(summary: dict) -> dict:
     """An index entry cut to :func:`_step_values` as it is read (the run directory's own projection)."""
-    return {"_steps": _step_values(summary["benchmark"], summary["calls"])}
+    return {"_steps": _step_values(summary["benchmark"], (map(c.get, _CALL_KEYS) for c in summary["calls"]))}
 
 
 #: What one token holds in a pandas frame, by column (measured on a paper-shaped run, ``scripts/bench_frames.py``;

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..record import Grade, LineSummary, validate
+from ..record import Grade, LineSummary, SchemaError, validate
 from .common import RunError
 from .lines import SEAL_KEY, SOURCE_KEY, SealedRows, read_sealed
 from .writer import RunDir
@@ -49,39 +49,51 @@ class MixedJudges(RunError):
 
 
 def read_grades(path) -> list[Grade]:
-    """The intact grades of a ``judge-*.jsonl`` in file order (each one whose seal matches its bytes): a changed or
-    torn line is left out here; :func:`grade_file` says which."""
-    return [_grade(r, path) for r in read_sealed(path).rows]
+    """The intact grades of a ``judge-*.jsonl`` in file order (each one whose seal matches its bytes and that is a
+    valid grade record): a changed, torn or invalid line is left out here; :func:`grade_file` says which."""
+    return [g for r in read_sealed(path).rows if (g := _grade(r, path)) is not None]
 
 
-def _grade(row: dict, path) -> Grade:
-    """A sealed grade as its model; one its model refuses (another version's) is a :class:`SchemaError` naming it."""
-    return validate("grade", {k: v for k, v in row.items() if k != "_lineno"}, f"{path} line {row.get('_lineno')}")
+def _grade(row: dict, path) -> Grade | None:
+    """A sealed grade as its model; None for one its model refuses (another version's, or edited and sealed again)."""
+    try:
+        return validate("grade", {k: v for k, v in row.items() if k != "_lineno"}, f"{path} line {row['_lineno']}")
+    except SchemaError:
+        return None
 
 
 @dataclass
 class GradeFile:
     """A judge file read against the run it grades: ``current`` {(sample, trial): the latest intact grade of the line
-    the run holds now}, ``sealed`` (the file's lines as :func:`read_sealed` read them) and ``foreign`` (line numbers of
+    the run holds now}, ``sealed`` (the file's lines as :func:`read_sealed` read them), ``foreign`` (line numbers of
     intact grades whose source is not the run's line, and that no grade of the run's line follows: a grade copied
-    from another line, of a unit the run does not hold, or of a line since replaced and not graded again)."""
+    from another line, of a unit the run does not hold, or of a line since replaced and not graded again) and
+    ``invalid`` (line numbers of sealed lines that are no valid grade record)."""
 
     sealed: SealedRows
     current: dict[tuple[str, int], Grade] = field(default_factory=dict)
     foreign: list = field(default_factory=list)
+    invalid: list = field(default_factory=list)
+
+    def unusable(self) -> list:
+        """The line numbers beside the changed and torn ones that are never counted: what is set aside."""
+        return sorted(self.foreign + self.invalid)
 
     def broken_keys(self) -> set:
-        """The (sample, trial) of every unit whose grade cannot be counted: changed, or of another line."""
-        foreign = {(r["sample_id"], r["trial"]) for r in self.sealed.rows if r["_lineno"] in self.foreign}
-        return (set(self.sealed.changed_keys) | foreign) - set(self.current)
+        """The (sample, trial) of every unit whose grade cannot be counted: changed, invalid, or of another line."""
+        bad = {(r["sample_id"], r["trial"]) for r in self.sealed.rows if r["_lineno"] in self.unusable()}
+        return (set(self.sealed.changed_keys) | bad) - set(self.current)
 
     def problem(self) -> str | None:
         """One sentence naming the file and every line that cannot be counted, or None."""
         p = self.sealed.problem()
-        if self.foreign:
-            what = (f"line(s) {', '.join(map(str, self.foreign[:8]))} grade(s) result line(s) the run does not hold "
-                    "(the grade's source_sha256 is not the line's seal)")
-            p = f"{p}; {what}" if p else f"{self.sealed.path}: {what}"
+        for lines, what in ((self.foreign, "grade(s) result line(s) the run does not hold (the grade's source_sha256 "
+                                           "is not the line's seal)"),
+                            (self.invalid, "are no valid grade record (another version's, or edited and sealed "
+                                           "again)")):
+            if lines:
+                said = f"line(s) {', '.join(map(str, lines[:8]))} {what}"
+                p = f"{p}; {said}" if p else f"{self.sealed.path}: {said}"
         return p
 
 
@@ -89,12 +101,18 @@ def grade_file(path, sources: dict) -> GradeFile:
     """The grades of ``path`` against ``sources`` {(sample, trial): the seal of the run's line}."""
     out = GradeFile(read_sealed(path))
     last: dict = {}  # unit -> the position of its last grade of the run's line
-    for i, r in enumerate(out.sealed.rows):
+    valid = []
+    for r in out.sealed.rows:
+        g = _grade(r, path)
+        if g is None:
+            out.invalid.append(r["_lineno"])
+            continue
+        valid.append(r)
         k = (r["sample_id"], r["trial"])
         if r.get(SOURCE_KEY) is not None and r[SOURCE_KEY] == sources.get(k):
-            out.current[k], last[k] = _grade(r, path), i
+            out.current[k], last[k] = g, len(valid) - 1
     # a grade of another line after the unit's last grade of its own (a replaced line's grades before it are history)
-    out.foreign = [r["_lineno"] for i, r in enumerate(out.sealed.rows)
+    out.foreign = [r["_lineno"] for i, r in enumerate(valid)
                    if i > last.get((r["sample_id"], r["trial"]), -1) and r.get(SOURCE_KEY) != sources.get(
                        (r["sample_id"], r["trial"]))]
     return out

@@ -184,11 +184,7 @@ def summary_model(entry: dict, where: str, fields: frozenset[str] | None = None)
     """An index entry as the summary's model: validated whole, or (``fields``) only those fields, taken as the
     sealed line holds them (a field it does not name is refused when read)."""
     summary = {k: v for k, v in entry.items() if k not in ("_o", "_n")}
-    if fields is not None:
-        bad = [f for f in fields if f not in LineSummary.model_fields]
-        nested = [f for f in fields if f in NESTED]
-        if bad or nested:
-            raise ValueError(f"not a plain field of a line's summary: {', '.join(bad + nested)}")
+    if fields is not None:  # checked once by the reader (plain_fields)
         kept = LineSummary.model_construct(_fields_set=set(summary), **summary)
         for name in set(kept.__dict__) - set(summary):  # no default stands in for a field not kept: reading it fails
             del kept.__dict__[name]
@@ -201,6 +197,16 @@ def summary_model(entry: dict, where: str, fields: frozenset[str] | None = None)
 
 #: the summary's fields that hold records of their own (validated only with the whole summary)
 NESTED = ("calls", "tool_usage", "image_unload", "replay_of")
+
+
+def plain_fields(fields) -> frozenset[str]:
+    """``fields`` with the unit's key and seal: what a reader may keep of each summary (each a field of the summary
+    that holds no records of its own); ValueError naming the others."""
+    keep = frozenset(fields) | KEY_FIELDS
+    bad = sorted(f for f in keep if f not in LineSummary.model_fields or f in NESTED)
+    if bad:
+        raise ValueError(f"not a plain field of a line's summary: {', '.join(bad)}")
+    return keep
 
 
 def _projected(e: dict, project: Projection | None) -> dict:

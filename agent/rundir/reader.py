@@ -9,7 +9,7 @@ import numpy as np
 from ..record import LineSummary, LlmCall, Message, ResultLine, RunHeader
 from ..record.line import ImagePart
 from .common import RunError, inside
-from .index import KEY_FIELDS, Lines, RunIndex, position, raw_line, read_header, summary_model
+from .index import Lines, RunIndex, plain_fields, position, raw_line, read_header, summary_model
 from .lines import SEAL_KEY
 from .sidecar import decode as _decode_sidecar
 from .sidecar import read_prompt_pieces as _read_prompt_pieces
@@ -43,18 +43,18 @@ class Run:
         """The whole line (events and messages) of a summary or a line."""
         if isinstance(line, ResultLine):
             return line
-        at = self._at.get(line.key)
-        if at is None:
-            raise RunError(f"{line.sample_id} trial {line.trial}: not a line of {self.path}")
-        return Lines(self.path / "results.jsonl", [at])[0]
+        return Lines(self.path / "results.jsonl", [self._position(line)])[0]
 
     def recorded(self, line: LineSummary) -> dict:
         """The whole line exactly as the file holds it (its JSON, seal included): for a writer that copies recorded
         events and messages into a new line (a replay's prefix), byte for byte; every reader reads :meth:`full`."""
+        return raw_line(self.path / "results.jsonl", self._position(line))
+
+    def _position(self, line: LineSummary) -> dict:
         at = self._at.get(line.key)
         if at is None:
             raise RunError(f"{line.sample_id} trial {line.trial}: not a line of {self.path}")
-        return raw_line(self.path / "results.jsonl", at)
+        return at
 
     def tokens_path(self, line: LineSummary) -> Path | None:
         """The line's token sidecar, checked to lie inside the run directory (None when it recorded no tokens)."""
@@ -153,7 +153,7 @@ def load_run(path, fields=None) -> Run:
     that need a few of them: a few hundred bytes a line rather than its summary."""
     header = read_header(path)[1]
     listing = RunIndex(path)
-    keep = None if fields is None else frozenset(fields) | KEY_FIELDS
+    keep = None if fields is None else plain_fields(fields)
     project = None if keep is None else (lambda e: {k: e[k] for k in keep if k in e})
     run = Run(listing.path, header, list(listing.latest(project).values()), keep)  # whole lines read on access
     run.changed = list(listing.changed)  # lines left out: changed since they were written (warned by the index)
