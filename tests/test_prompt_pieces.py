@@ -70,6 +70,7 @@ def test_a_shared_piece_stays_lent_until_its_last_trajectory_gives_it_back(tiny_
     assert fp and all(s.fingerprint == fp for s in servers)
     lent, give_back = lend_pieces(Spread(servers), fp, a)
     assert lent and all(len(s.book) == 3 for s in servers)
+    assert servers[0].book is servers[1].book and servers[0].book._refs[shared] == 1  # one book, lent once
     give_back()
     assert all(len(s.book) == 0 for s in servers)
     assert lend_pieces(Spread(servers), "0" * 64, a)[0] is False  # another tokenizer's pieces: never lent
@@ -161,6 +162,28 @@ def test_the_probe_sends_the_recorded_ids_and_tokenises_only_what_the_run_never_
 
 
 @pytest.mark.slow
+def test_servers_of_one_model_share_one_tokenizer_and_a_changed_file_loads_it_again(tiny_model_dir, tmp_path):
+    # a probe over several servers of one model loads its tokenizer once (~95 MB for Qwen3.5's vocabulary)
+    d = tmp_path / "tiny"
+    shutil.copytree(tiny_model_dir, d)
+    a, b = (SGLangBackend(f"http://127.0.0.1:{p}", str(d)) for p in (1, 2))
+    assert a.tok is b.tok and a._decode_cache is b._decode_cache and a._piece_ids is b._piece_ids
+    assert a._decode(5) == b.tok.decode([5]) and 5 in b._decode_cache  # decoded once for both
+    a.prompt_ids("<|im_start|>user\nhello<|im_end|>\n")
+    assert a.piece_stats["tokenised"] == b.piece_stats["tokenised"] == 1
+    # the tokenizer's files or the template changed: another tokenizer, nothing of the old one's caches
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    (d / "tokenizer_config.json").write_text(json.dumps({**cfg, "mmcf_test": 1}))
+    c = SGLangBackend("http://127.0.0.1:3", str(d))
+    assert c.tok is not a.tok and c.fingerprint != a.fingerprint and not c._decode_cache
+    (d / "chat_template.jinja").write_text((d / "chat_template.jinja").read_text() + "{# changed #}")
+    e = SGLangBackend("http://127.0.0.1:4", str(d))
+    assert e.tok is not c.tok and e.tok.chat_template.endswith("{# changed #}")
+    # a backend given its own renderer shares nothing
+    f = SGLangBackend("http://127.0.0.1:5", str(d), renderer=e.tok)
+    assert f._decode_cache is not e._decode_cache
+
+
 def test_another_tokenizer_or_an_unreadable_record_never_sends_wrong_ids(recorded, tiny_model_dir, tmp_path, capsys):
     out, _ = recorded
     # a model directory whose tokenizer files differ (one harmless key more): its fingerprint is another, so the run's

@@ -95,7 +95,8 @@ def lend_pieces(backend, fingerprint: str | None, pieces: dict[bytes, np.ndarray
     if pieces and fingerprint:
         for b in getattr(backend, "backends", None) or [backend]:
             book = getattr(b, "book", None)
-            if book is not None and getattr(b, "fingerprint", None) == fingerprint:
+            if (book is not None and getattr(b, "fingerprint", None) == fingerprint
+                    and all(book is not other for other, _ in lent)):  # servers of one model share one book
                 lent.append((book, book.lend(pieces)))
 
     def give_back() -> None:

@@ -7,17 +7,21 @@ A mixin of :class:`agent.backends.sglang_native.SGLangBackend` and :class:`agent
 """
 from __future__ import annotations
 
+import hashlib
+import weakref
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from .base import BackendError, model_vocab_size
+from .local import load_chat_renderer
 from .pieces import PieceBook, piece_digest, tokenizer_fingerprint
 from .vision import UnknownProcessor, VisionGrid
 
 #: Where a rendered prompt is cut for :meth:`SGLangBackend.prompt_ids` (before each message's start token).
 _IM_START = "<|im_start|>"
-#: Message pieces remembered per backend (ours: ~2 new per step, so 4,096 cover the last steps of every
+#: Message pieces remembered per backend sharing a tokenizer (ours: ~2 new per step, so 4,096 cover the last steps of every
 #: trajectory in flight at the probes' 128 per server; a piece is its text and 4 bytes per id: ~10 KB).
 _PIECE_CACHE = 4096
 
@@ -38,6 +42,45 @@ def joined_ids(pieces: list) -> np.ndarray:
 
 
 
+class TokenizerState:
+    """A model directory's tokenizer and what the methods below remember with it: decoded texts, message pieces,
+    lent recorded pieces, image token counts. One per model directory and process, shared by every backend of it
+    (:func:`tokenizer_state`)."""
+
+    def __init__(self, tok, model_dir: str, fingerprint: str | None):
+        self.tok, self.model_dir, self.fingerprint = tok, model_dir, fingerprint
+        self.encode = piece_encoder(tok)
+        self.vocab = model_vocab_size(model_dir)  # token ids at or above it are refused (check_values)
+        self.decode_cache: dict[int, str] = {}
+        self.piece_ids: dict = {}                      # prompt_pieces: (digest, int32 ids) per message piece
+        self.users: weakref.WeakSet = weakref.WeakSet()  # the backends sharing it: _PIECE_CACHE pieces each
+        # pieces a run recorded, lent by a probe while their trajectory is in flight (agent/backends/pieces.py)
+        self.book = PieceBook()
+        self.piece_stats = {"tokenised": 0, "tokenised_chars": 0, "recorded": 0}
+        self.image_tokens: dict = {}                   # image_tokens: expanded length per image sha256
+
+
+#: The states in use, by model directory and the bytes of its tokenizer files and chat template: a backend holds
+#: its state, and a state nobody holds is gone (ours: a probe over several servers of one model loaded one
+#: tokenizer a server, ~95 MB apiece for Qwen3.5's vocabulary, each with its own caches; docs/performance.md).
+_STATES: "weakref.WeakValueDictionary[tuple, TokenizerState]" = weakref.WeakValueDictionary()
+
+
+def tokenizer_state(model_dir: str) -> TokenizerState:
+    """The shared :class:`TokenizerState` of ``model_dir``, its tokenizer loaded (with its chat template) the first
+    time, and again when the tokenizer's files or the template file changed."""
+    fingerprint = tokenizer_fingerprint(model_dir)
+    jinja = Path(model_dir) / "chat_template.jinja"
+    template = hashlib.sha256(jinja.read_bytes()).hexdigest() if jinja.is_file() else None
+    key = (str(model_dir), fingerprint, template)
+    state = _STATES.get(key) if fingerprint else None  # files that cannot be told apart are never shared
+    if state is None:
+        state = TokenizerState(load_chat_renderer(model_dir), model_dir, fingerprint)
+        if fingerprint:
+            _STATES[key] = state
+    return state
+
+
 class PromptTokens:
     """The prompt's token ids by message piece, and the images' expanded token counts (see the module)."""
 
@@ -48,22 +91,18 @@ class PromptTokens:
     book: dict | PieceBook
     piece_stats: dict
 
-    def setup_prompt_tokens(self, tok, model_dir: str) -> None:
-        """The tokenizer ``tok`` of ``model_dir`` and the caches the methods below keep."""
-        self.tok = tok
-        self._encode = piece_encoder(tok)
-        self.model_dir = model_dir
-        self.vocab = model_vocab_size(model_dir)  # token ids at or above it are refused (check_values)
-        self._decode_cache: dict[int, str] = {}
+    def setup_prompt_tokens(self, model_dir: str, renderer=None) -> None:
+        """The tokenizer of ``model_dir`` and the caches the methods below keep: those every backend of the model
+        directory shares (:func:`tokenizer_state`), or, given a ``renderer``, this backend's own."""
+        state = (tokenizer_state(model_dir) if renderer is None
+                 else TokenizerState(renderer, model_dir, tokenizer_fingerprint(model_dir)))
+        state.users.add(self)
+        self._tokens_state = state
+        self.tok, self._encode, self.model_dir, self.vocab = state.tok, state.encode, model_dir, state.vocab
+        self._decode_cache, self._piece_ids, self._image_tokens = state.decode_cache, state.piece_ids, state.image_tokens
+        self.book, self.fingerprint, self.piece_stats = state.book, state.fingerprint, state.piece_stats
         self._proc = None
         self._grid = False                             # image_tokens: the processor's resize rule (None: unknown)
-        self._piece_ids = {}                           # prompt_pieces: (digest, int32 ids) per message piece
-        # pieces a run recorded, lent by a probe while their trajectory is in flight (agent/backends/pieces.py), and
-        # the fingerprint of this tokenizer (pieces made by another one are never lent)
-        self.book = PieceBook()
-        self.fingerprint = tokenizer_fingerprint(model_dir)
-        self.piece_stats = {"tokenised": 0, "tokenised_chars": 0, "recorded": 0}
-        self._image_tokens = {}                        # image_tokens: expanded length per image sha256
 
     def _decode(self, tid: int) -> str:
         s = self._decode_cache.get(tid)
@@ -162,7 +201,7 @@ class PromptTokens:
                     stats["tokenised_chars"] += len(piece)
                 else:
                     stats["recorded"] += 1
-                if len(cache) >= _PIECE_CACHE:
+                if len(cache) >= _PIECE_CACHE * max(1, len(self._tokens_state.users)):
                     cache.pop(next(iter(cache)))  # oldest first: a bounded memory
                 cache[piece] = hit = (d, ids)
             out.append(hit)

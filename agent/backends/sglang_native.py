@@ -57,7 +57,6 @@ from .base import (
     routing_headers,
 )
 from .hub import resolve_model_dir
-from .local import load_chat_renderer
 from .messages import record_messages, split_text_and_images
 from .prompt_tokens import PromptTokens, joined_ids
 from .think import THINK_OPEN, mark_think, split_think
@@ -152,7 +151,7 @@ class SGLangBackend(PromptTokens):
         name = str(model_dir).rstrip("/").split("/")[-1]  # "Qwen3.5-27B" for a path or a hub id
         if renderer is None:
             model_dir = str(resolve_model_dir(model_dir))  # a directory, or a hub id in the local HF cache
-        self.setup_prompt_tokens(renderer or load_chat_renderer(model_dir), model_dir)
+        self.setup_prompt_tokens(model_dir, renderer)
         self.model = model or name
         self.model_arg = model   # the served name the user asked for (None: whatever the server serves)
         self.model_dir_name = name

@@ -56,7 +56,6 @@ from .base import (
     routing_headers,
 )
 from .hub import resolve_model_dir
-from .local import load_chat_renderer
 from .messages import record_messages, split_text_and_images
 from .openai_compat import OpenAIBackend
 from .prompt_tokens import PromptTokens
@@ -96,7 +95,7 @@ class VLLMBackend(PromptTokens, OpenAIBackend):
         self.model_dir_name = str(model_dir).rstrip("/").split("/")[-1]  # what the served weights' name must be
         if renderer is None:
             model_dir = str(resolve_model_dir(model_dir))
-        self.setup_prompt_tokens(renderer or load_chat_renderer(model_dir), model_dir)
+        self.setup_prompt_tokens(model_dir, renderer)
 
     def _payload(self, messages: list[dict], sp) -> dict:
         body = super()._payload(messages, sp)
