@@ -24,7 +24,7 @@ from urllib.parse import quote, urljoin, urlsplit
 import httpx
 
 from .errors import HarnessError
-from .jsonio import PartsString, dumps_parts, loads
+from .jsonio import PartsJSON, dumps_parts, loads
 from .redact import public_url, redact
 
 __all__ = ["HTTPError", "ServerDown", "NoReply", "Reply", "Liveness", "RetryPolicy", "LIVENESS_TIMEOUT_S", "request_json",
@@ -265,9 +265,9 @@ def _origin(u: str) -> tuple:
 
 
 async def _written(pieces: list):
-    """A body's pieces as sent: bytes as they are, each :class:`PartsString` part by part."""
+    """A body's pieces as sent: bytes as they are, each :class:`PartsJSON` part by part."""
     for p in pieces:
-        if isinstance(p, PartsString):
+        if isinstance(p, PartsJSON):
             for part in p.parts():
                 yield part
         else:
@@ -277,9 +277,9 @@ async def _written(pieces: list):
 def _content(pieces: list):
     """What a client sends for a body of these pieces: its bytes, or (a value written from parts inside) a fresh stream
     of them, its length given so that no chunked encoding is used (SGLang and smg read it as a plain body)."""
-    if len(pieces) == 1:
+    if len(pieces) == 1 and isinstance(pieces[0], bytes):
         return pieces[0], {}
-    n = sum(p.nbytes() if isinstance(p, PartsString) else len(p) for p in pieces)
+    n = sum(p.nbytes() if isinstance(p, PartsJSON) else len(p) for p in pieces)
     return _written(pieces), {"Content-Length": str(n)}
 
 

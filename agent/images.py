@@ -32,9 +32,42 @@ class NotAnImage(ImageError):
 
 
 @dataclass(frozen=True)
+class FileRef:
+    """The file an image was read from, as it was then: its bytes are read again from it when they are needed,
+    hashed as they are read, and refused (:class:`ImageError`) unless they are the bytes its sha256 names."""
+
+    path: str
+    size: int
+
+    def read(self, sha256: str, n: int):
+        """The file's bytes ``n`` at a time; the last piece comes only once all of them have been hashed and found
+        to be the image's, so a file changed since it was read never goes out whole (no reply can answer it)."""
+        try:
+            f = open(self.path, "rb")
+        except OSError as e:
+            raise ImageError(f"{self.path}: image file not found or unreadable ({e.strerror})") from None
+        h, held, total = hashlib.sha256(), None, 0
+        with f:
+            while chunk := f.read(n):
+                total += len(chunk)
+                if total > self.size:
+                    break
+                h.update(chunk)
+                if held is not None:
+                    yield held
+                held = chunk
+        if total != self.size or h.hexdigest() != sha256:
+            raise ImageError(f"{self.path}: the image file changed after it was read and hashed; refusing to send "
+                             "bytes its recorded sha256 does not name")
+        if held is not None:
+            yield held
+
+
+@dataclass(frozen=True)
 class ImageData:
     sha256: str
-    data: bytes
+    #: the bytes, where they are held (a data URI, a download); None for a file's image, read again from ``file``
+    content: bytes | None
     mime: str
     source: str
     width: int
@@ -42,6 +75,30 @@ class ImageData:
     #: False for a file read as bytes that are no image (``load_image(..., undecodable_ok=True)``): it has a hash and
     #: bytes to send, no pixels, and ``width``/``height`` 0.
     decoded: bool = True
+    file: FileRef | None = None
+
+    @property
+    def data(self) -> bytes:
+        """The image's bytes (a file's read again and checked against its sha256: ours, so that no photo is held
+        between the requests that send it; hundreds of trajectories are in flight in a probe; docs/performance.md)."""
+        if self.content is not None:
+            return self.content
+        assert self.file is not None
+        return b"".join(self.file.read(self.sha256, self.file.size or 1))
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.content) if self.content is not None else self.file.size  # type: ignore[union-attr]
+
+    def chunks(self, n: int):
+        """The bytes ``n`` at a time (a file's read and checked as they go, never whole: :meth:`FileRef.read`)."""
+        if self.content is not None:
+            view = memoryview(self.content)
+            for i in range(0, len(view), n):
+                yield view[i:i + n]
+            return
+        assert self.file is not None
+        yield from self.file.read(self.sha256, n)
 
     def data_uri(self) -> str:
         return _data_uri(self)
@@ -60,8 +117,9 @@ class ImageData:
 
 class SentDataURI(PartsString):
     """An image's base64 data URI written into a request body as it is sent, 48 KB of the image at a time: neither
-    the URI (4/3 of the image) nor the body holding it is ever whole in memory, for each request in flight (ours:
-    a probe keeps 128-256 trajectories in flight, each with a ~0.5 MB photo URI; docs/performance.md)."""
+    the URI (4/3 of the image), the body holding it, nor (for a file) the image itself is ever whole in memory, for
+    each request in flight (ours: a probe keeps 128-384 trajectories in flight, each with a ~0.5 MB photo URI;
+    docs/performance.md)."""
 
     CHUNK = 3 * 2**14  # a multiple of 3: each chunk's base64 ends without padding, so the chunks concatenate
 
@@ -70,13 +128,12 @@ class SentDataURI(PartsString):
         self.head = f"data:{img.mime};base64,".encode("ascii")
 
     def nbytes(self) -> int:
-        return len(self.head) + 4 * ((len(self.img.data) + 2) // 3)
+        return len(self.head) + 4 * ((self.img.nbytes + 2) // 3)
 
     def parts(self):
         yield self.head
-        data = memoryview(self.img.data)
-        for i in range(0, len(data), self.CHUNK):
-            yield base64.b64encode(data[i:i + self.CHUNK])
+        for chunk in self.img.chunks(self.CHUNK):
+            yield base64.b64encode(chunk)
 
 
 class _ByteLRU:
@@ -129,6 +186,8 @@ def _cache_budget() -> int:
 
 
 _lock = threading.Lock()
+#: What the cache counts for a file's image: the entry itself (its bytes are read again from the file when sent).
+_FILE_ENTRY_BYTES = 1024
 _by_key = _ByteLRU(_cache_budget() // 2)    # (path, size, mtime[, inode]) -> ImageData
 _uri_by_sha = _ByteLRU(_cache_budget() // 2)  # sha256 -> data URI
 
@@ -270,7 +329,7 @@ def _load_file(path: Path) -> ImageData:
         hit = _by_key.get(key)
     if hit is not None:
         with _lock:
-            _by_key.put(fast, hit, len(hit.data))
+            _by_key.put(fast, hit, _FILE_ENTRY_BYTES)
         return hit
     try:
         with open(path, "rb") as f:
@@ -279,14 +338,16 @@ def _load_file(path: Path) -> ImageData:
         raise ImageError(f"{path}: cannot read image ({e.strerror})") from None
     if len(data) > cap:
         raise ImageError(f"{path}: over the image size limit of {cap / 2**20:g} MB")
+    # the file as read: what its bytes are read again from, and refused from once it is another
+    ref = FileRef(str(path), len(data))
     try:
         mime, w, h = _validate(data, str(path))
-        img = ImageData(hashlib.sha256(data).hexdigest(), data, mime, str(path), w, h)
+        img = ImageData(hashlib.sha256(data).hexdigest(), None, mime, str(path), w, h, file=ref)
     except NotAnImage:
-        img = ImageData(hashlib.sha256(data).hexdigest(), data, declared_type(path.name), str(path), 0, 0, False)
+        img = ImageData(hashlib.sha256(data).hexdigest(), None, declared_type(path.name), str(path), 0, 0, False, ref)
     with _lock:
-        _by_key.put(key, img, len(data))
-        _by_key.put(fast, img, len(data))  # counted twice: the bound is conservative
+        _by_key.put(key, img, _FILE_ENTRY_BYTES)
+        _by_key.put(fast, img, _FILE_ENTRY_BYTES)
     return img
 
 

@@ -1,7 +1,7 @@
 """The one JSON codec of the toolkit: what every record, request body and reply goes through.
 
     dumps(obj) -> bytes         compact UTF-8 JSON (orjson; numpy values as theirs; non-finite floats null)
-    dumps_parts(obj) -> list    the same bytes as pieces, each PartsString value left for the sender to write
+    dumps_parts(obj) -> list    the same bytes as pieces, each PartsJSON value left for the sender to write
     dumps_record(obj) -> bytes  the same, its strings redacted first (agent/redact.py): what a record file gets
     loads(bytes)                orjson, or the standard library for what orjson refuses (an escaped lone surrogate)
     scrub(text)                 lone surrogates replaced, where model text enters the toolkit
@@ -18,14 +18,14 @@ import orjson
 
 from .redact import redact_obj
 
-__all__ = ["loads", "dumps", "dumps_parts", "dumps_record", "scrub", "PartsString"]
+__all__ = ["loads", "dumps", "dumps_parts", "dumps_record", "scrub", "PartsJSON", "PartsString"]
 
 
-class PartsString(ABC):
-    """A JSON string value written from parts, so that a request body need not hold it whole (an image's base64 data
-    URI: ~0.5 MB a photo, in every request in flight). :func:`dumps_parts` leaves it for the sender (agent.http
-    writes it part by part into the socket); :func:`dumps` writes it whole. An interface: its one implementation is
-    agent.images.SentDataURI."""
+class PartsJSON(ABC):
+    """A JSON value written from parts, so that a request body need not hold it whole while its request is in flight
+    (a prompt's token ids: ~7 bytes of JSON an id, ~0.4 MB for a 60,000-token prompt). :func:`dumps_parts` leaves
+    it for the sender (agent.http writes it part by part into the socket); :func:`dumps` writes it whole.
+    Implementations: agent.backends.prompt_tokens.JsonIds and :class:`PartsString`."""
 
     @abstractmethod
     def nbytes(self) -> int:
@@ -33,10 +33,19 @@ class PartsString(ABC):
 
     @abstractmethod
     def parts(self) -> Iterator[bytes]:
-        """Its characters as ASCII bytes with nothing to escape, in order."""
+        """Its JSON text in order, as UTF-8 bytes."""
+
+    def whole(self) -> bytes:
+        return b"".join(self.parts())
+
+
+class PartsString(PartsJSON):
+    """A JSON string value written from parts (an image's base64 data URI: ~0.5 MB a photo, in every request in
+    flight): :meth:`parts` are its characters without the quotes, ASCII with nothing to escape. Its one
+    implementation is agent.images.SentDataURI."""
 
     def __str__(self) -> str:
-        return b"".join(self.parts()).decode("ascii")
+        return self.whole().decode("ascii")
 
 
 def loads(data: bytes):
@@ -65,15 +74,16 @@ def dumps(obj, *, sort_keys: bool = False, int_keys: bool = False) -> bytes:
 
 
 def dumps_parts(obj) -> list:
-    """:func:`dumps` of ``obj`` as its pieces in order: ``bytes``, and each :class:`PartsString` value left whole
-    (between the bytes that hold its quotes), so a sender writes the same bytes without holding them all at once.
+    """:func:`dumps` of ``obj`` as its pieces in order: ``bytes``, and each :class:`PartsJSON` value left whole
+    (a :class:`PartsString` between the bytes that hold its quotes), so a sender writes the same bytes without
+    holding them all at once.
     Ours: each such value is serialised as a placeholder (a NUL-delimited random nonce and its index, which no other
     string carries) and the bytes split there."""
     found: list = []
     nonce = os.urandom(8).hex()
 
     def mark(o):
-        if isinstance(o, PartsString):
+        if isinstance(o, PartsJSON):
             found.append(o)
             return f"\x00{nonce}{len(found) - 1}\x00"
         return _default(o)
@@ -84,9 +94,11 @@ def dumps_parts(obj) -> list:
     out: list = []
     for i, value in enumerate(found):
         head, data = data.split(f'"\\u0000{nonce}{i}\\u0000"'.encode(), 1)
-        out += [head + b'"', value, b'"']
+        quote = b'"' if isinstance(value, PartsString) else b""  # a string's quotes stay with the bytes around it
+        out += [head + quote, value]
+        data = quote + data if quote else data
     out.append(data)
-    return out
+    return [x for x in out if not isinstance(x, bytes) or x]
 
 
 def dumps_record(obj) -> bytes:
@@ -103,6 +115,8 @@ def _plain(o):
         return [_plain(v) for v in o]
     if hasattr(o, "tolist"):
         return _plain(o.tolist())
+    if isinstance(o, PartsJSON):
+        return str(o) if isinstance(o, PartsString) else loads(o.whole())
     if isinstance(o, float) and not math.isfinite(o):
         return None
     return o
@@ -122,6 +136,8 @@ def scrub(text):
 
 
 def _default(o):
+    if isinstance(o, PartsJSON) and not isinstance(o, PartsString):
+        return orjson.Fragment(o.whole())  # its JSON as it is
     if hasattr(o, "item"):  # numpy scalars
         return o.item()
     if hasattr(o, "tolist"):

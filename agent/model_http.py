@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from .errors import ToolkitError
 from .http import HTTPError, Liveness, NoReply, Reply, ReplyTooLarge
 from .redact import public_url
 
@@ -94,6 +95,8 @@ class ModelClient(Liveness):
         except aiohttp.InvalidURL as e:
             raise HTTPError(f"{method} {e}: not a URL a request can be sent to") from None
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:  # (aiohttp's timeouts are TimeoutErrors)
+            if isinstance(e.__cause__, ToolkitError):  # the body refused as it was written (an image file that
+                raise e.__cause__ from None            # changed): ours, not the server's, and never asked again
             raise NoReply(f"{e.__class__.__name__}: {e}" if str(e) else e.__class__.__name__,
                           isinstance(e, asyncio.TimeoutError)) from None
 

@@ -469,6 +469,93 @@ async def test_an_image_request_body_is_written_from_the_image_as_it_is_sent(nat
     assert int(headers["Content-Length"]) == len(dumps(body)) > 300 * 300
 
 
+async def test_a_photo_is_read_from_its_file_as_it_is_sent_and_a_changed_file_is_refused_before_it_goes_out_whole(
+        native, fake_sglang, tmp_path):
+    """A file's image holds no bytes between the requests that send it; they are read and hashed as they are sent.
+    A file changed since it was hashed, even one that keeps its size and time (the cache's identity), is refused
+    naming it before its last byte is sent: the server never answers for bytes its recorded sha256 does not name."""
+    import os
+
+    from PIL import Image
+
+    from agent import images as I
+
+    p = tmp_path / "photo.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (200, 200, 3), dtype=np.uint8)).save(p)
+    img = I.load_image(str(p))
+    assert img.content is None and img.data == p.read_bytes()
+    await native.generate(msgs(p), SamplingParams(max_tokens=8))
+    assert fake_sglang.bodies[-1]["image_data"] == [img.data_uri()]
+    sent = len(fake_sglang.bodies)
+    st = os.stat(p)
+    with open(p, "r+b") as f:  # other bytes, the same size and modification time
+        f.seek(st.st_size // 2)
+        f.write(bytes(64))
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert I.load_image(str(p)) is img  # the cache still takes it for the file it hashed
+    with pytest.raises(I.ImageError, match="changed after it was read and hashed"):
+        await native.generate(msgs(p), SamplingParams(max_tokens=8))
+    assert len(fake_sglang.bodies) == sent  # nothing reached the server whole, nothing was asked again
+    with pytest.raises(I.ImageError, match="changed after it was read"):
+        img.data
+
+
+def test_token_ids_are_written_as_sent_from_the_arrays_that_hold_them_with_their_exact_length():
+    """A request's token ids (a prompt's pieces, then a continuation) are written piece by piece as the body is sent:
+    the same bytes and length as the whole array's JSON, across chunk boundaries, empty pieces and any number."""
+    import orjson
+
+    from agent.backends.prompt_tokens import JsonIds, json_len
+    from agent.http import _content
+    from agent.jsonio import dumps, dumps_parts
+
+    rng = np.random.default_rng(3)
+    arrays = [rng.integers(0, 248_320, n).astype(np.int32) for n in (0, 1, 9, JsonIds.CHUNK + 5, 0, 3)]
+    arrays.append(np.array([0, 9, 10, 99, 100, 2**31 - 1, -1, -12], dtype=np.int32))  # every digit count, a sign
+    whole = np.concatenate(arrays)
+    want = orjson.dumps(whole, option=orjson.OPT_SERIALIZE_NUMPY)
+    ids = JsonIds(arrays)
+    assert all(json_len(a) == len(orjson.dumps(a, option=orjson.OPT_SERIALIZE_NUMPY)) - 2 for a in arrays)
+    assert ids.whole() == want and ids.nbytes() == len(want) and len(ids) == len(whole)
+    assert JsonIds([]).whole() == b"[]" == dumps([]) and JsonIds([]).nbytes() == 2
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 0}, "return_logprob": True}
+    plain = dumps({**body, "input_ids": whole})
+    assert dumps(body) == plain  # written whole where a whole body is wanted
+    pieces = dumps_parts(body)
+    assert any(p is ids for p in pieces)  # left for the sender, not written into the body's bytes
+    stream, headers = _content(pieces)
+    assert int(headers["Content-Length"]) == len(plain)
+
+    async def drain():
+        return b"".join([part async for part in stream])
+    assert asyncio.run(drain()) == plain
+
+
+async def test_a_scoring_request_sends_its_token_ids_as_a_stream_and_the_server_reads_them_exactly(native, fake_sglang):
+    """No joined array and no body text of a prompt's ids is held while its request is in flight: the client is
+    handed a stream of the length given, and the server reads the very ids a whole body would have carried."""
+    sent: list = []
+    real = ModelClient.request
+
+    async def spy(self, method, url, **kw):
+        sent.append((kw.get("content"), dict(kw.get("headers") or {})))
+        return await real(self, method, url, **kw)
+    messages = [{"role": "user", "content": "What colour is it? " * 40}]
+    cont = Continuation(ids=native.tok("It is red.", add_special_tokens=False)["input_ids"])
+    ModelClient.request = spy
+    try:
+        await native.score(messages, cont)
+    finally:
+        ModelClient.request = real
+    content, headers = sent[-1]
+    assert not isinstance(content, (bytes, str)) and "Transfer-Encoding" not in headers
+    length, chunked = fake_sglang.framing[-1]
+    assert chunked is None and int(length) == int(headers["Content-Length"])
+    prompt, _ = native.render(messages, {"enable_thinking": True})
+    want = native.tok(prompt, add_special_tokens=False)["input_ids"] + list(cont.ids)
+    assert fake_sglang.bodies[-1]["input_ids"] == want
+
+
 @pytest.mark.slow
 async def test_a_hung_server_is_found_by_its_health_while_a_request_waits_not_at_the_request_timeout(tiny_model_dir):
     """A hung scheduler (no reply, /health 503) ends a request at the next liveness check, well before its own

@@ -187,7 +187,7 @@ def test_scoring_with_images_on_the_engine_matches_transformers_and_proves_the_i
     assert list(got.tokens.ids) == list(cont.ids) and got.request["endpoint"].endswith("/inference/v1/generate")
     hf, images = split_text_and_images(msgs)
     prompt = v.tok.apply_chat_template(hf, add_generation_prompt=True, tokenize=False, enable_thinking=True)
-    assert got.request["prompt_tokens"] == v.expanded_prompt_len(v.prompt_ids(prompt), images) + len(cont.ids)
+    assert got.request["prompt_tokens"] == v.expanded_prompt_len(len(v.prompt_ids(prompt)), images) + len(cont.ids)
     assert got.request["prompt_tokens"] > len(v.prompt_ids(prompt)) + len(cont.ids)  # the image took its tokens
     diff = np.abs(np.asarray(got.tokens.logprobs) - np.asarray(ref.tokens.logprobs))
     assert diff.mean() <= 0.05 and diff.max() <= 1.0

@@ -84,7 +84,7 @@ def test_scoring_over_completions_is_the_models_own_raw_logprobs_and_vllm_reads_
     assert sp["prompt_logprobs"] == 20 and sp["temperature"] == 0.0 and sp["max_tokens"] == 1 and sp["top_p"] == 1.0
     assert sp["skip_reading_prefix_cache"] is True  # vLLM reuses no cached prefix for a scoring request
     body, ids, _, images, expected = v.score_payload(MSGS, cont)
-    assert [int(i) for i in body["prompt"][-len(ids):]] == ids and not images and expected == len(body["prompt"])
+    assert body["prompt"].ids()[-len(ids):].tolist() == ids and not images and expected == len(body["prompt"])
 
 
 async def _closing(backend, work):
@@ -120,7 +120,7 @@ def test_a_prompt_with_images_is_scored_by_ids_over_the_token_in_route(vllm, tin
     assert sp["prompt_logprobs"] == 20 and sp["temperature"] == 0.0 and sp["max_tokens"] == 1
     body, ids, _, images, expected = v.score_payload(_image_msgs(red_image), cont)
     assert len(images) == 1 and body["content_parts"][0]["type"] == "image_url" and body["return_token_ids"]
-    ref = _post(vllm + "/inference/v1/generate", {**body, "token_ids": [int(i) for i in body["token_ids"]],
+    ref = _post(vllm + "/inference/v1/generate", {**body, "token_ids": body["token_ids"].ids().tolist(),
                                                    "content_parts": [{"type": "image_url", "url": images[0].data_uri()}]})
     expanded = ref["prompt_token_ids"]
     assert len(expanded) == expected == got.request["prompt_tokens"] and expanded[-len(ids):] == ids

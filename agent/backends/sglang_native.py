@@ -58,7 +58,7 @@ from .base import (
 )
 from .hub import resolve_model_dir
 from .messages import record_messages, split_text_and_images
-from .prompt_tokens import PromptTokens, joined_ids
+from .prompt_tokens import JsonIds, PromptTokens
 from .think import THINK_OPEN, mark_think, split_think
 from .wire import (
     arrays_from_flat,
@@ -199,8 +199,9 @@ class SGLangBackend(PromptTokens):
             params["sampling_seed"] = sp.seed  # only honoured by a server started with --enable-deterministic-inference
         # token ids, as scoring sends them (SGLang 0.5.23's TokenizerManager expands each image placeholder in them
         # itself; tests/conformance): what the model is sent is exactly what the run records (ModelOutput.prompt_pieces)
-        pieces = self.prompt_pieces(prompt)
-        payload = {"input_ids": joined_ids(pieces), "sampling_params": params, "return_logprob": True,
+        hits = self.piece_hits(prompt)
+        pieces = [(d, ids) for d, ids, _ in hits]
+        payload = {"input_ids": JsonIds([ids for _, ids, _ in hits], [n for *_, n in hits]), "sampling_params": params, "return_logprob": True,
                    "top_logprobs_num": sp.top_logprobs}
         if images:
             payload["image_data"] = [im.sent_data_uri() for im in images]  # written as sent (agent/http.py)
@@ -262,16 +263,16 @@ class SGLangBackend(PromptTokens):
         common = {"sampling_params": params, "return_logprob": True, "top_logprobs_num": int(top_logprobs)}
         if self.flat_logprobs and int(top_logprobs) > 0:
             common.update(FLAT_REQUEST)
-        prompt_ids = self.prompt_ids(prompt)
-        input_ids = np.concatenate([prompt_ids, np.asarray(ids, dtype=np.int32)])
+        input_ids = self.prompt_json(prompt, then=ids)  # written as sent: no joined array or text held
+        n_prompt = len(input_ids) - len(ids)
         if not images:
-            return ({"input_ids": input_ids, "logprob_start_len": max(len(prompt_ids) - 1, 0), **common},
+            return ({"input_ids": input_ids, "logprob_start_len": max(n_prompt - 1, 0), **common},
                     ids, prompt, images)
         # token ids with the images too: SGLang 0.5.23's TokenizerManager takes input_ids together with image_data
         # and expands each image placeholder itself (checked against its real front end, tests/conformance/
         # test_sglang_frontend.py), so nothing is re-tokenised and "\n" after the <think>\n pre-fill cannot merge.
         # logprob_start_len indexes the *expanded* prompt: the processor's image_grid_thw says how long it is.
-        start = self.expanded_prompt_len(prompt_ids, images) - 1
+        start = self.expanded_prompt_len(n_prompt, images) - 1
         return ({"input_ids": input_ids, "image_data": [im.sent_data_uri() for im in images],
                  "logprob_start_len": max(start, 0), **common}, ids, prompt, images)
 
@@ -281,6 +282,8 @@ class SGLangBackend(PromptTokens):
             raise BackendError("SGLang's prompt (input) logprobs are raw; scaled scoring is not available")
         payload, ids, prompt, images = self.score_payload(messages, continuation, top_logprobs=top_logprobs,
                                                           enable_thinking=enable_thinking)
+        starts_in_think = prompt.rstrip().endswith(THINK_OPEN)
+        del prompt  # not held while the request is in flight (~75 KB a paper-shaped prompt)
         box = {}
 
         async def attempt():
@@ -311,9 +314,10 @@ class SGLangBackend(PromptTokens):
 
         tokens = await retry_bad_replies(attempt, f"score @ {self.public}")
         resp = box["resp"]
-        mark_think(tokens, prompt.rstrip().endswith(THINK_OPEN))
+        mark_think(tokens, starts_in_think)
+        # what was asked, as the probes report it (the messages are the caller's: not copied for each scoring)
         return ScoredTokens(tokens=tokens, semantics=LogprobSemantics("raw"), backend=self.name, model=self.model,
-                            request={"endpoint": self.public, "messages": record_messages(messages), "continuation_ids": ids,
+                            request={"endpoint": self.public, "continuation_ids": ids,
                                      "image_sha256": [im.sha256 for im in images], "by": "ids",
                                      "logprob_start_len": payload["logprob_start_len"],
                                      "top_logprobs_wire": box.get("wire", "nested")},

@@ -56,7 +56,7 @@ from .base import (
     routing_headers,
 )
 from .hub import resolve_model_dir
-from .messages import record_messages, split_text_and_images
+from .messages import split_text_and_images
 from .openai_compat import OpenAIBackend
 from .prompt_tokens import PromptTokens
 from .think import THINK_OPEN, mark_think
@@ -144,12 +144,11 @@ class VLLMBackend(PromptTokens, OpenAIBackend):
         kw = {"enable_thinking": enable_thinking} if enable_thinking is not None else {}
         prompt = self.tok.apply_chat_template(hf, add_generation_prompt=True, tokenize=False, **kw)
         ids = self._continuation_ids(continuation)
-        prompt_ids = self.prompt_ids(prompt)
-        token_ids = np.concatenate([prompt_ids, np.asarray(ids, dtype=np.int32)])
+        token_ids = self.prompt_json(prompt, then=ids)  # written as sent: no joined array or text held
         # scoring samples nothing that is kept: one greedy token, the neutral set spelled out (no server default)
         sampling = {"max_tokens": 1, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
                     "repetition_penalty": 1.0, "prompt_logprobs": int(top_logprobs)}
-        expected = self.expanded_prompt_len(prompt_ids, images) + len(ids)
+        expected = self.expanded_prompt_len(len(token_ids) - len(ids), images) + len(ids)
         if not images:
             body = {"model": self.model, "prompt": token_ids, **sampling, "add_special_tokens": False}
         else:
@@ -190,8 +189,7 @@ class VLLMBackend(PromptTokens, OpenAIBackend):
         kept = {**{k: v for k, v in resp.items() if k not in heavy},
                 "choices": [{k: v for k, v in c.items() if k not in heavy} for c in resp.get("choices") or []]}
         return ScoredTokens(tokens=tokens, semantics=LogprobSemantics("raw"), backend=self.name, model=self.model,
-                            request={"endpoint": public_url(url), "messages": record_messages(messages),
-                                     "continuation_ids": ids, "image_sha256": [im.sha256 for im in images],
+                            request={"endpoint": public_url(url), "continuation_ids": ids, "image_sha256": [im.sha256 for im in images],
                                      "by": "ids", "prompt_tokens": expected,
                                      "prompt_logprobs": int(top_logprobs), "latency_s": time.perf_counter() - t0},
                             response=kept, top_k_requested=int(top_logprobs))

@@ -19,7 +19,7 @@ from agent.backends.messages import ImageUsers
 from agent.backends.spread import pin
 from agent.errors import gather_all
 from agent.lazy import lazy_module
-from agent.record import EntropyStep, LlmCall
+from agent.record import EntropyStep, LlmCall, ResultLine
 from agent.rundir import RunError, close_fragment, load_run, output_lock, token_key, write_json
 from agent.rundir.lines import SOURCE_KEY, RowWriter
 from agent.rundir.probe_outputs import resume_rows, sweep_outputs, write_outputs
@@ -79,6 +79,14 @@ def _plan(run, out: Path, done: set, limit, include_unparsed: bool) -> tuple[lis
     return lines, pending
 
 
+def _what_steps_read(line: ResultLine) -> ResultLine:
+    """The line as its steps read it while it is in flight: its messages and its calls without their reply texts
+    (the messages hold what was sent); the tool calls and the replies' reasoning are let go (ours: ~half a paper-
+    shaped line, for each of the hundreds of trajectories in flight; docs/performance.md)."""
+    calls = [e.model_copy(update={"text": None, "reasoning": None}) for e in line.events if isinstance(e, LlmCall)]
+    return line.model_copy(update={"events": calls})
+
+
 class _Prober:
     """Probes trajectories one after another within a bound on those in flight; every finished step is written
     to ``sink`` at once (one whole flushed line) and its tokens to the :class:`TokenStore`."""
@@ -105,7 +113,7 @@ class _Prober:
             ["text"] if getattr(self.backend, "scores_text", False) else [])
         tok = self.run.tokens(line, want)
         # the prompt ids the run sent, lent to the backend while this trajectory is probed (probes/session.py)
-        return line, tok, self.recorded.lend(self.run, line)
+        return _what_steps_read(line), tok, self.recorded.lend(self.run, line)
 
     async def trajectory(self, summary, steps) -> None:
         async with self.sem:  # at most `concurrency` trajectories (and requests) at a time
