@@ -220,3 +220,9 @@ def test_a_trajectorys_known_alternatives_are_decoded_once_and_held_compactly():
     assert known.new(np.array([2, 3, 7, 9])).tolist() == [2, 9]
     assert known.new(np.array([2, 3])).tolist() == []
     assert known.ids.tolist() == [2, 3, 7, 9, 200_000] and known.ids.dtype == np.int32
+    rng, seen = np.random.default_rng(0), set(known.ids.tolist())  # steps of a real vocabulary: a set's answers
+    for _ in range(30):
+        u = np.unique(rng.integers(0, 248_320, 400))
+        assert known.new(u).tolist() == sorted(set(u.tolist()) - seen)
+        seen |= set(u.tolist())
+        assert known.ids.tolist() == sorted(seen)

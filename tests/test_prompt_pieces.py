@@ -184,6 +184,19 @@ def test_servers_of_one_model_share_one_tokenizer_and_a_changed_file_loads_it_ag
     assert f._decode_cache is not e._decode_cache
 
 
+def test_ids_decoded_together_are_what_the_tokenizer_decodes_one_by_one(tiny_model_dir):
+    """The texts of ids a reply brings are decoded in one call: each is the tokenizer's own ``decode([id])``, for
+    every id of the vocabulary (special tokens and byte pieces included), in order, repeats and cached ones too."""
+    b = SGLangBackend("http://127.0.0.1:1", str(tiny_model_dir), renderer=None)
+    b._decode_cache.clear()
+    every = list(range(len(b.tok)))
+    want = [b.tok.decode([i], skip_special_tokens=False) for i in every]
+    b._decode(7)  # one already known
+    ids = every[::-1] + [7, 3, 3]
+    assert b._decode_many(ids) == want[::-1] + [want[7], want[3], want[3]]
+    assert all(b._decode_cache[i] == want[i] for i in every)
+
+
 def test_another_tokenizer_or_an_unreadable_record_never_sends_wrong_ids(recorded, tiny_model_dir, tmp_path, capsys):
     out, _ = recorded
     # a model directory whose tokenizer files differ (one harmless key more): its fingerprint is another, so the run's

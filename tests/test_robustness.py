@@ -3,11 +3,19 @@ answer. Planted data: a ΔH that flips sign under one aggregation, an agreement 
 The demo pipeline's tables and panel: tests/test_report.py::test_reproduce_figure2_demo_draws_every_panel."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.estimators.entropy import AGGREGATIONS, EDGE_TOKENS, aggregate_entropies, top20_exact_entropy
+from analysis.estimators.entropy import (
+    AGGREGATIONS,
+    EDGE_TOKENS,
+    aggregate_entropies,
+    top20_exact_entropy,
+    trimmed_mean,
+)
 from analysis.robustness import predictor_table, robustness, verdicts
 
 
@@ -29,6 +37,13 @@ def test_each_aggregation_is_what_it_says():
     assert top20_exact_entropy(top[:1])[0] == pytest.approx(entropy(np.exp(top[0]) / np.exp(top[0]).sum()))
     none = aggregate_entropies(H, np.zeros(100, bool), top)
     assert np.isnan(none["mean"]) and none["whole"] == pytest.approx(H.mean())
+    for n in (1, 2, 9, 10, 11, 19, 20, 21, 137):  # the trimmed mean is scipy's at every length and cut
+        x = rng.random(n)
+        for cut in (0.0, 0.1, 0.25, 0.5):
+            with np.errstate(invalid="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # scipy's mean of nothing (n even, cut 0.5)
+                want = trim_mean(x, cut)
+            np.testing.assert_allclose(trimmed_mean(x, cut), want, rtol=1e-12, atol=1e-15, equal_nan=True)
 
 
 def _steps(flip_step: int | None):

@@ -11,7 +11,7 @@ import numpy as np
 
 __all__ = ["grouped_tail_entropy", "grouped_tail_entropy_reference", "entropy_bounds", "entropy_high", "entropy_histogram", "forking_threshold",
            "forking_stats", "exact_entropy_from_logprobs", "tail_mass", "think_segment_entropy", "AGGREGATIONS",
-           "EDGE_TOKENS", "TRIM", "top20_exact_entropy", "aggregate_entropies"]
+           "EDGE_TOKENS", "TRIM", "top20_exact_entropy", "trimmed_mean", "aggregate_entropies"]
 
 
 def tail_mass(top_logprobs) -> np.ndarray:
@@ -314,19 +314,28 @@ def top20_exact_entropy(top_logprobs) -> np.ndarray:
     return terms.sum(axis=-1)
 
 
+def trimmed_mean(h: np.ndarray, cut: float) -> float:
+    """The mean of ``h`` without its ``int(cut * len(h))`` lowest and highest values: scipy.stats.trim_mean's
+    definition (tested equal to it), without its argument handling, ~0.1 ms a call on every probed step (ours;
+    docs/performance.md)."""
+    n = len(h)
+    low = int(cut * n)
+    if low >= n - low:  # nothing left (scipy: NaN, or an error past one half)
+        return float("nan")
+    return float(np.partition(h, (low, n - low - 1))[low:n - low].mean())
+
+
 def aggregate_entropies(H, think, top_logprobs=None) -> dict[str, float]:
     """One side of a step, every :data:`AGGREGATIONS` of its per-token grouped-tail entropies ``H`` (all generated
     tokens, in order) over the think tokens (``think``, a boolean mask); NaN where it is undefined (no think token;
     ``top20_exact`` without the top-k)."""
-    from scipy.stats import trim_mean  # noqa: PLC0415 - SciPy loads on first use (analysis/estimators/stats.py)
-
     H = np.asarray(H, dtype=np.float64)
     t = np.asarray(think, dtype=bool)
     h = H[t]
     nan = float("nan")
     if not len(h):
         return {a: (float(H.mean()) if a == "whole" and len(H) else nan) for a in AGGREGATIONS}
-    out = {"mean": float(h.mean()), "median": float(np.median(h)), "trimmed": float(trim_mean(h, TRIM)),
+    out = {"mean": float(h.mean()), "median": float(np.median(h)), "trimmed": trimmed_mean(h, TRIM),
            "first": float(h[:EDGE_TOKENS].mean()), "last": float(h[-EDGE_TOKENS:].mean()), "max": float(h.max()),
            "whole": float(H.mean())}
     out["top20_exact"] = float(top20_exact_entropy(np.asarray(top_logprobs)[t]).mean()) if top_logprobs is not None \

@@ -17,7 +17,6 @@ is plain Parquet (one row per think token: the :class:`agent.record.TeacherForce
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from agent.errors import writing
-from agent.jsonio import dumps
+from agent.jsonio import dumps, loads
 from agent.rundir import read_parquet
 from agent.rundir.common import atomic_write
 from agent.rundir.probe_outputs import verify_output
@@ -60,8 +59,13 @@ def _table(steps: dict[int, dict]) -> pa.Table:
 
 
 def _texts_of(table: pa.Table) -> dict[int, str]:
+    return {int(k): v for k, v in _written_texts(table).items()}
+
+
+def _written_texts(table: pa.Table) -> dict[str, str]:
+    """The texts as the metadata holds them (ids as strings): what a merge copies on without converting each id."""
     meta = (table.schema.metadata or {}).get(_TEXTS)
-    return {int(k): v for k, v in json.loads(meta).items()} if meta else {}
+    return loads(meta) if meta else {}
 
 
 def _parquet_bytes(table: pa.Table) -> bytes:
@@ -108,9 +112,9 @@ def _merge(tables: list[pa.Table]) -> pa.Table:
     if all(t.schema.equals(tables[0].schema, check_metadata=False) for t in tables) and np.all(np.diff(steps) > 0):
         texts: dict = {}  # each step once, in order (a probe's own appends): the tables as they are
         for t in tables:
-            texts.update(_texts_of(t))
+            texts.update(_written_texts(t))
         out = pa.concat_tables([t.replace_schema_metadata(None) for t in tables])
-        return out.replace_schema_metadata({_TEXTS: dumps(texts, int_keys=True)}) if texts else out
+        return out.replace_schema_metadata({_TEXTS: dumps(texts)}) if texts else out
     merged: dict[int, dict] = {}
     for t in tables:
         merged.update(_steps_of(t))
