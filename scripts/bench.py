@@ -2,10 +2,11 @@
 
     python scripts/bench.py [--quick] [--against REV] [--write]
 
-1. The entropy probe (teacher-forced, the probe with the most client work a step) at two scales: client CPU per step
-   against the floor of the same steps (both requests sent, both replies read and decoded) and as a share of a GPU
-   step's server time, what a step is made of (the floor, each asynchronous client, the probe's own work), and
-   peak memory at each scale (scripts/bench_probe.py). ``--against REV``: the same command from commit REV, in turn
+1. The entropy probe (teacher-forced, the probe with the most client work a step) at two scales, at 128, 256 and 384
+   in flight over one, two and three endpoints (three: the launcher's largest default): client CPU per step against
+   its paired floor (the same steps' floor, sampled just before and just after its own runs: both requests sent,
+   both replies read and decoded) and as a share of a GPU step's server time, what a step is made of (the floor,
+   each asynchronous client, the probe's own work), and peak memory at each scale (scripts/bench_probe.py). ``--against REV``: the same command from commit REV, in turn
    on the same run.
 2. The runner's call rate against the ideal at 64 and 256 samples in flight (scripts/bench_runner.py).
 
@@ -40,13 +41,14 @@ def probe_rows(scales: list[int], against: list[str]) -> list[str]:
            f"a time; the median of {len(fl['samples_ms'])} samples across the bench, "
            f"{fl['samples_ms'][0]:.1f}-{fl['samples_ms'][-1]:.1f} ms).", "",
            f"| entropy probe, teacher-forced, client CPU per step (marginal {scales[0] * 10} -> {scales[-1] * 10} "
-           "steps) | x the floor | share of a GPU step | peak RSS of the probe process |", "|---|---:|---|---|"]
+           "steps) | x its paired floor | share of a GPU step | peak RSS of the probe process |", "|---|---:|---|---|"]
     for s in summary:
         gpu = ", ".join(f"{share:.1%} of a {s['gpu_step_s'][k]:.2f} s {k} step" for k, share in s["gpu_share"].items())
         rss = "; ".join(f"{mb:.0f} MB at {n} steps, {f} in flight" for f, n, mb in s["rss"])
         e = s["endpoints"]
         out.append(f"| {s['code']}, {s['in_flight']} in flight ({e} endpoint{'s' if e > 1 else ''}): "
-                   f"{s['ms_per_step']:.1f} ms a step | {s['floor_ratio']:.2f} | {gpu} | {rss} |")
+                   f"{s['ms_per_step']:.1f} ms a step | {s['floor_ratio']:.2f} (of {s['paired_floor_ms']:.1f} ms) | "
+                   f"{gpu} | {rss} |")
     today = next(s for s in summary if s["code"] == "today" and s["endpoints"] == 1)
     for s in summary:
         if s["code"] != "today":
@@ -87,7 +89,7 @@ def main(argv=None) -> int:
     ap.add_argument("--against", default="", help="comma-separated git revisions for the paired probe comparison")
     ap.add_argument("--write", action="store_true", help="write the table into docs/performance.md")
     a = ap.parse_args(argv)
-    scales = [10, 40] if a.quick else [30, 300]
+    scales = [10, 40] if a.quick else [40, 400]  # 400 trajectories fill the launcher's largest default (384 in flight)
     rows = probe_rows(scales, [r for r in a.against.split(",") if r]) + runner_rows(256 if a.quick else 512)
     head = (f"Measured {datetime.date.today().isoformat()} with `python scripts/bench.py"
             f"{' --quick' if a.quick else ''}{' --against ' + a.against if a.against else ''} --write` on "

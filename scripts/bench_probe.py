@@ -324,9 +324,10 @@ def _stand_in(tiny: str, reply: str):
     return f"http://127.0.0.1:{port}", p
 
 
-def measure(scales: list[int], reply_tokens: int, against: list[str], endpoints: tuple[int, ...] = (1, 2)) -> dict:
+def measure(scales: list[int], reply_tokens: int, against: list[str], endpoints: tuple[int, ...] = (1, 2, 3)) -> dict:
     """The probe at each scale, at its default concurrency over each number of ``endpoints`` (and each --against
-    tree, in turn, on one endpoint); returns the rows and the floor."""
+    tree, in turn, on one endpoint); returns the rows and the floor. Each row carries its paired floor: the mean of
+    the floors sampled just before and just after its own run (the machine's speed moves within a bench)."""
     import bench_data
 
     from agent.backends.sglang_native import SGLangBackend
@@ -364,6 +365,8 @@ def measure(scales: list[int], reply_tokens: int, against: list[str], endpoints:
                                  "steps": steps, "cpu_s": cpu, "peak_rss_mb": rss})
             # the parts of a step, back to back on the same steps: what the ratio is made of
             samples.append(floor(work, urls[0], tiny))
+            for i, row in enumerate(rows):  # sample i was taken just before run i, sample i + 1 just after it
+                row["floor_ms"] = (samples[i]["ms_per_step"] + samples[i + 1]["ms_per_step"]) / 2
             parts = {"floor": samples[-1]["ms_per_step"],
                      **{k: client_exchange(work, urls[0], tiny, k) for k in EXCHANGES},
                      "own_work": own_work(work_root, urls[0], tiny, FLOOR_TRAJECTORIES)}
@@ -422,8 +425,9 @@ def summarise(m: dict) -> list[dict]:
         mine = [r for r in m["rows"] if r["code"] == code and r["endpoints"] == e]
         a, b = mine[0], mine[-1]
         ms = 1000 * (b["cpu_s"] - a["cpu_s"]) / max(b["steps"] - a["steps"], 1)
+        paired = (a["floor_ms"] + b["floor_ms"]) / 2  # the floors around its own two runs
         out.append({"code": code, "endpoints": e, "in_flight": b["in_flight"], "ms_per_step": ms,
-                    "floor_ratio": ms / m["floor"]["ms_per_step"], "gpu_step_s": gpu_s,
+                    "floor_ratio": ms / paired, "paired_floor_ms": paired, "gpu_step_s": gpu_s,
                     "gpu_share": {k: ms / 1000 / g for k, g in gpu_s.items()},
                     "rss": [(r["in_flight"], r["steps"], r["peak_rss_mb"]) for r in mine]})
     return out
@@ -431,8 +435,8 @@ def summarise(m: dict) -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--scales", default="30,300", help="trajectories per scale (x 10 steps each; the larger one "
-                                                        "fills 128 and 256 in flight)")
+    ap.add_argument("--scales", default="40,400", help="trajectories per scale (x 10 steps each; the larger one "
+                                                        "fills 128, 256 and 384 in flight)")
     ap.add_argument("--reply-tokens", type=int, default=1000)
     ap.add_argument("--against", default="", help="comma-separated git revisions run in turn on the same run")
     ap.add_argument("--fault", choices=("dead", "hung"), help="instead: the probe's server killed or stopped mid-probe")

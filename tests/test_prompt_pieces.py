@@ -175,7 +175,7 @@ def test_servers_of_one_model_share_one_tokenizer_and_a_changed_file_loads_it_ag
     cfg = json.loads((d / "tokenizer_config.json").read_text())
     (d / "tokenizer_config.json").write_text(json.dumps({**cfg, "mmcf_test": 1}))
     c = SGLangBackend("http://127.0.0.1:3", str(d))
-    assert c.tok is not a.tok and c.fingerprint != a.fingerprint and not c._decode_cache
+    assert c.tok is not a.tok and c.fingerprint != a.fingerprint and 5 not in c._decode_cache
     (d / "chat_template.jinja").write_text((d / "chat_template.jinja").read_text() + "{# changed #}")
     e = SGLangBackend("http://127.0.0.1:4", str(d))
     assert e.tok is not c.tok and e.tok.chat_template.endswith("{# changed #}")
@@ -188,13 +188,14 @@ def test_ids_decoded_together_are_what_the_tokenizer_decodes_one_by_one(tiny_mod
     """The texts of ids a reply brings are decoded in one call: each is the tokenizer's own ``decode([id])``, for
     every id of the vocabulary (special tokens and byte pieces included), in order, repeats and cached ones too."""
     b = SGLangBackend("http://127.0.0.1:1", str(tiny_model_dir), renderer=None)
-    b._decode_cache.clear()
+    b._decode_cache.texts[:] = [None] * len(b._decode_cache.texts)
     every = list(range(len(b.tok)))
     want = [b.tok.decode([i], skip_special_tokens=False) for i in every]
     b._decode(7)  # one already known
     ids = every[::-1] + [7, 3, 3]
     assert b._decode_many(ids) == want[::-1] + [want[7], want[3], want[3]]
-    assert all(b._decode_cache[i] == want[i] for i in every)
+    assert b._decode_cache.texts[:len(every)] == want
+    assert b._decode_many([len(b._decode_cache.texts) + 3]) == [b.tok.decode([len(b._decode_cache.texts) + 3])]
 
 
 def test_another_tokenizer_or_an_unreadable_record_never_sends_wrong_ids(recorded, tiny_model_dir, tmp_path, capsys):

@@ -91,6 +91,48 @@ class JsonIds(PartsJSON):
         yield b"".join(buf)
 
 
+class TokenTexts:
+    """Each token id's text as ``tok.decode([id])`` gives it, decoded once and kept in a list indexed by id (ours: a
+    real vocabulary's ids, ~248,000, are met over a run; a list holds no key per id and is read in one C-level pass
+    a reply). Ids outside the vocabulary are decoded each time, never kept (a reply's checks refuse them)."""
+
+    def __init__(self, tok, size: int):
+        self.tok = tok
+        self.texts: list = [None] * size
+        rust = getattr(tok, "_tokenizer", None)
+        # a fast tokenizer without clean-up decodes an id as its Rust decoder does: all the new ones in one call
+        self._batch = (rust.decode_batch if rust is not None and getattr(tok, "is_fast", False)
+                       and not getattr(tok, "clean_up_tokenization_spaces", False) else None)
+
+    def __contains__(self, tid: int) -> bool:
+        return 0 <= tid < len(self.texts) and self.texts[tid] is not None
+
+    def one(self, tid: int) -> str:
+        if 0 <= tid < len(self.texts):
+            s = self.texts[tid]
+            if s is None:
+                s = self.texts[tid] = self.tok.decode([tid], skip_special_tokens=False)
+            return s
+        return self.tok.decode([tid], skip_special_tokens=False)
+
+    def many(self, ids: list[int]) -> list[str]:
+        t = self.texts
+        a = np.asarray(ids)
+        if not len(a) or a.dtype.kind not in "iu" or int(a.min()) < 0 or int(a.max()) >= len(t):
+            return [self.one(int(i)) for i in ids]
+        out = list(map(t.__getitem__, ids))
+        if None not in out:  # the usual case once a run is under way: a C-level scan
+            return out
+        missing = np.unique(a[np.fromiter((x is None for x in out), bool, len(out))]).tolist()
+        if self._batch is not None:
+            for i, text in zip(missing, self._batch([[i] for i in missing], skip_special_tokens=False)):
+                t[i] = text
+        else:
+            for i in missing:
+                self.one(i)
+        return list(map(t.__getitem__, ids))
+
+
 class TokenizerState:
     """A model directory's tokenizer and what the methods below remember with it: decoded texts, message pieces,
     lent recorded pieces, image token counts. One per model directory and process, shared by every backend of it
@@ -100,7 +142,7 @@ class TokenizerState:
         self.tok, self.model_dir, self.fingerprint = tok, model_dir, fingerprint
         self.encode = piece_encoder(tok)
         self.vocab = model_vocab_size(model_dir)  # token ids at or above it are refused (check_values)
-        self.decode_cache: dict[int, str] = {}
+        self.decode_cache = TokenTexts(tok, max(self.vocab or 0, len(tok)))
         self.piece_ids: dict = {}                      # prompt_pieces: (digest, int32 ids) per message piece
         self.users: weakref.WeakSet = weakref.WeakSet()  # the backends sharing it: _PIECE_CACHE pieces each
         # pieces a run recorded, lent by a probe while their trajectory is in flight (agent/backends/pieces.py)
@@ -154,27 +196,10 @@ class PromptTokens:
         self._grid = False                             # image_tokens: the processor's resize rule (None: unknown)
 
     def _decode(self, tid: int) -> str:
-        s = self._decode_cache.get(tid)
-        if s is None:
-            s = self._decode_cache[tid] = self.tok.decode([tid], skip_special_tokens=False)
-        return s
+        return self._decode_cache.one(tid)
 
     def _decode_many(self, ids: list[int]) -> list[str]:
-        c = self._decode_cache
-        try:  # every id seen before (the usual case after a few replies): one C-level pass
-            return list(map(c.__getitem__, ids))
-        except KeyError:
-            pass
-        missing = list(dict.fromkeys(i for i in ids if i not in c))
-        rust = getattr(self.tok, "_tokenizer", None)
-        if rust is not None and getattr(self.tok, "is_fast", False) and not self.tok.clean_up_tokenization_spaces:
-            # what tok.decode([i]) is for such a tokenizer (its Rust decode, no clean-up), in one call for all of
-            # them: a real vocabulary's replies bring hundreds of new ids a step (ours; tested equal)
-            c.update(zip(missing, rust.decode_batch([[i] for i in missing], skip_special_tokens=False)))
-        else:
-            for i in missing:
-                self._decode(i)
-        return list(map(c.__getitem__, ids))
+        return self._decode_cache.many(ids)
 
     def _processor(self):
         if self._proc is None:
