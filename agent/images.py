@@ -170,10 +170,11 @@ class _ByteLRU:
             self.bytes -= n
 
 
-#: The image caches' memory bound (MB, both together; MMCF_IMAGE_CACHE_MB, agent.run --image-cache-mb; ours): a
-#: read image is held as its bytes and its base64 data URI, so without a bound every image a process ever read
-#: would stay (docs/performance.md). A sample's images are read again at each of its calls, so a few hundred MB
-#: holds every image of the samples in flight; an evicted image is read and encoded again if it comes back.
+#: The image caches' memory bound (MB, both together; MMCF_IMAGE_CACHE_MB, agent.run --image-cache-mb; ours): what
+#: is held is the images that came as bytes (a data URI, a download) and the base64 data URIs the chat paths build
+#: (a file's image is only its hash, size and path: its bytes are read again when sent), so without a bound every
+#: such image a process ever met would stay (docs/performance.md). An evicted image is read and encoded again if
+#: it comes back.
 DEFAULT_IMAGE_CACHE_MB = 512
 
 

@@ -91,7 +91,7 @@ class PieceBook:
 def lend_pieces(backend, fingerprint: str | None, pieces: dict[bytes, np.ndarray]):
     """Lend a trajectory's recorded pieces to ``backend`` (each server of a ``Spread``) where its tokenizer is the one
     that made them. Returns ``(lent, give_back)``: whether any backend took them, and the call that returns them."""
-    lent = []
+    lent: list[tuple[PieceBook, list[bytes]]] = []
     if pieces and fingerprint:
         for b in getattr(backend, "backends", None) or [backend]:
             book = getattr(b, "book", None)

@@ -265,7 +265,8 @@ class PromptTokens:
     def prompt_json(self, prompt: str, then=None) -> JsonIds:
         """The rendered prompt's ids, then ``then``'s (a continuation), as a request body writes them."""
         hits = self.piece_hits(prompt)
-        arrays, lengths = [ids for _, ids, _ in hits], [n for _, _, n in hits]
+        arrays = [ids for _, ids, _ in hits]
+        lengths: list[int | None] = [n for _, _, n in hits]
         if then is not None:
             arrays.append(np.asarray(then, dtype=np.int32))
             lengths.append(None)

@@ -140,8 +140,9 @@ def _control_args(ap: argparse.ArgumentParser) -> None:
                         "listed...); without it such a manifest is refused (the rows are recorded in header.json)")
     g.add_argument("--max-image-mb", type=float, help="image size limit in MB (default 20; MMCF_MAX_IMAGE_MB)")
     g.add_argument("--image-cache-mb", type=float,
-                   help="memory for read and encoded images, per process, least recently used out first (default "
-                        "512; MMCF_IMAGE_CACHE_MB; 0: no cache)")
+                   help="memory for images held as bytes (data URIs, downloads) and encoded data URIs, per process, "
+                        "least recently used out first (default 512; MMCF_IMAGE_CACHE_MB; 0: no cache); a file's "
+                        "image is read again from its file when sent")
     g.add_argument("--request-timeout", type=positive_float, default=600.0, metavar="S",
                    help="seconds one model-server request may take before it is retried (default 600)")
     g.add_argument("--allow-unverified-server", action="store_true",
