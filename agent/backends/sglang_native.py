@@ -201,7 +201,8 @@ class SGLangBackend(PromptTokens):
         # itself; tests/conformance): what the model is sent is exactly what the run records (ModelOutput.prompt_pieces)
         hits = self.piece_hits(prompt)
         pieces = [(d, ids) for d, ids, _ in hits]
-        payload = {"input_ids": JsonIds([ids for _, ids, _ in hits], [n for *_, n in hits]), "sampling_params": params, "return_logprob": True,
+        ids_json = JsonIds([ids for _, ids, _ in hits], [n for *_, n in hits])  # written as sent
+        payload = {"input_ids": ids_json, "sampling_params": params, "return_logprob": True,
                    "top_logprobs_num": sp.top_logprobs}
         if images:
             payload["image_data"] = [im.sent_data_uri() for im in images]  # written as sent (agent/http.py)
