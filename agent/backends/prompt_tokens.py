@@ -307,8 +307,7 @@ class PromptTokens:
         return out
 
     def prompt_ids(self, prompt: str) -> np.ndarray:
-        """The rendered prompt's token ids (:meth:`prompt_pieces` joined): one int32 array, never a list of Python
-        ints: the request body's JSON writes it straight from the buffer (agent.http.dumps, orjson's numpy support;
-        ours: a tenth of the list's cost on a long prompt, docs/performance.md)."""
+        """The rendered prompt's token ids (:meth:`prompt_pieces` joined) as one int32 array, for a caller that wants
+        them whole; a request body writes them from the pieces instead (:meth:`prompt_json`)."""
         return joined_ids(self.prompt_pieces(prompt))
 
